@@ -1,0 +1,325 @@
+// Package config loads and validates the configuration of a process: an
+// optional file named by SERVICE_CONFIG (YAML or JSON, unknown keys
+// refused), then the environment variables of the interface
+// specification, which override the file. Every option of the
+// specification's Configuration options table is parsed and validated here,
+// including those of features that come later, so that a deployment learns
+// of a mistake at startup and before any connection is opened: Load reads
+// the file and the environment and nothing else.
+//
+// A problem is an *Error naming the option by its dotted path in the file
+// (capacity.maxBatch, sinks.events[1].url); its text starts with
+// INVALID_CONFIG.
+package config
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// Environment variables read by Load. SERVICE_TOKEN, SERVICE_URL and
+// SERVICE_TENANT belong to the CLI and are not read here.
+const (
+	EnvConfig            = "SERVICE_CONFIG"
+	EnvDatabaseURL       = "SERVICE_DATABASE_URL"
+	EnvSecret            = "SERVICE_SECRET"
+	EnvBaseURL           = "SERVICE_BASE_URL"
+	EnvPKI               = "SERVICE_PKI"
+	EnvRoles             = "SERVICE_ROLES"
+	EnvPort              = "PORT"
+	EnvHost              = "HOST"
+	EnvMetricsToken      = "SERVICE_METRICS_TOKEN"
+	EnvGatewayURL        = "SERVICE_GATEWAY_URL"
+	EnvGatewayServerName = "SERVICE_GATEWAY_SERVER_NAME"
+	EnvDownloadsDir      = "SERVICE_DOWNLOADS_DIR"
+)
+
+// Defaults of the specification.
+const (
+	DefaultBaseURL       = "http://localhost:3000"
+	DefaultBasePath      = "/api/compute"
+	DefaultTypePrefix    = "compute-"
+	DefaultRootTenantID  = "root"
+	DefaultPKIFile       = ".service/pki.json"
+	DefaultHost          = "0.0.0.0"
+	DefaultPort          = 3000
+	DefaultMetricsPath   = "/metrics"
+	DefaultIAMEventsPath = "/iam/events"
+	MinSecretLength      = 32
+	MinMetricsToken      = 16
+)
+
+// Config is the validated configuration of a process. Every default is
+// filled in; optional features that are not configured are nil.
+type Config struct {
+	// Database is the connection string of the store. It holds a password
+	// at times: never log it.
+	Database string
+	// Secret seals secrets at rest, the PKI bundle and webhook signing
+	// secrets; at least 32 characters. Never log it.
+	Secret string
+	// BaseURL is the public origin of the API (scheme://host[:port], no
+	// trailing slash).
+	BaseURL string
+	IAM     IAM
+	// RootTenantID is the tenant owning platform resources.
+	RootTenantID string
+	// BasePath prefixes every API route: absolute, no trailing slash.
+	BasePath string
+	// TypePrefix prefixes identity-service resource types (compute-node).
+	TypePrefix string
+	Modules    []string
+	// Plugins are mounted under {basePath}/plugins/{pluginId}, with
+	// actions compute:<pluginId>:*.
+	Plugins   []string
+	Drivers   []string
+	Providers []string
+	Attestors []string
+	// Tunnels is nil when tunnels are not configured (the group is absent).
+	Tunnels *Tunnels
+	PKI     PKI
+	// PKIFile is where the sealed PKI bundle is kept (SERVICE_PKI).
+	PKIFile string
+	// Notifier is nil when none is configured.
+	Notifier *Notifier
+	Sinks    Sinks
+	// AcceptIAMCookie accepts the identity-service session cookie on
+	// same-origin requests.
+	AcceptIAMCookie bool
+	// TrustedProxies holds the proxies whose forwarding headers are
+	// believed; a single address is a /32 or /128 prefix.
+	TrustedProxies []netip.Prefix
+	// Gateway is nil when no gateway is configured.
+	Gateway *Gateway
+	// Downloads is nil when daemon downloads are not served.
+	Downloads *Downloads
+	// SupportBundles is nil when support bundles are not configured.
+	SupportBundles *SupportBundles
+	Capacity       Capacity
+	Scheduler      Scheduler
+	Clock          Clock
+	Log            Log
+	Workers        Workers
+	Metrics        Metrics
+	// Host and Port are where the api role listens.
+	Host string
+	Port int
+	// Roles are the roles this process runs, expanded (all is never
+	// present) and in the order of AllRoles.
+	Roles []Role
+}
+
+// HasRole reports whether the process runs role r.
+func (c *Config) HasRole(r Role) bool {
+	return slices.Contains(c.Roles, r)
+}
+
+// IAM selects the port to the identity service.
+type IAM struct {
+	// Kind is the adapter; embedded (the identity service in the same
+	// PostgreSQL) is the only one of this build.
+	Kind IAMKind
+	// RootTenantID is the root tenant the port names, if it names one.
+	RootTenantID string
+	// Events is nil unless the signed identity-event webhook is configured.
+	Events *IAMEvents
+}
+
+// IAMKind names an identity-service adapter.
+type IAMKind string
+
+// IAMEmbedded is the identity service kept in the same PostgreSQL.
+const IAMEmbedded IAMKind = "embedded"
+
+// IAMEvents configures the signed identity-service event webhook.
+type IAMEvents struct {
+	Path   string // default /iam/events
+	Secret string // signing secret, at least 32 characters
+}
+
+// Tunnels configures interactive access through gateway and daemon.
+type Tunnels struct {
+	// Issuer signs tunnel tickets; it is the origin of baseURL.
+	Issuer         string
+	SSH            bool
+	SSHRequiresMFA bool     // default true
+	SSHAccounts    []string // default [root]; principal <account>@<nodeId>
+	Limits         TunnelLimits
+}
+
+// TunnelLimits are per identity and per api replica.
+type TunnelLimits struct {
+	TunnelsPerMinute       int // default 10
+	SSHCertificatesPerHour int // default 20
+}
+
+// PKI configures the certificate authorities and signing keys. Each
+// material is nil when not configured; the service then keeps its own in
+// the sealed bundle at PKIFile.
+type PKI struct {
+	NodeCA              *KeyPair
+	ServingCA           *KeyPair
+	Join                *KeyPair
+	CommandSigning      *KeyPair
+	CommandSigningRoots []PEM
+	// TrustVersion is the lowest trust bundle version; default 1.
+	TrustVersion int
+}
+
+// KeyPair is a certificate and its private key. Each half is either inline
+// PEM or a file path (re-read every 60 s by the gateway), never both.
+type KeyPair struct {
+	Cert PEM
+	Key  PEM
+}
+
+// PEM is PEM text given inline or as a path to a file holding it.
+type PEM struct {
+	Inline string
+	File   string
+}
+
+// IsZero reports whether neither form is given.
+func (p PEM) IsZero() bool { return p.Inline == "" && p.File == "" }
+
+// Notifier carries best-effort wake-ups after commit.
+type Notifier struct {
+	Kind NotifierKind
+}
+
+// NotifierKind names a notifier.
+type NotifierKind string
+
+// Notifier kinds.
+const (
+	NotifierPostgres NotifierKind = "postgres" // LISTEN/NOTIFY on the store
+	NotifierNone     NotifierKind = "none"
+)
+
+// Sinks receive every committed outbox row, per kind.
+type Sinks struct {
+	Events []Sink
+	Audit  []Sink
+}
+
+// Sink is one destination; its id keys its durable cursor.
+type Sink struct {
+	ID   string
+	Kind SinkKind
+	URL  string // http sinks
+	Path string // file sinks
+}
+
+// SinkKind names a sink transport.
+type SinkKind string
+
+// Sink kinds.
+const (
+	SinkHTTP SinkKind = "http"
+	SinkFile SinkKind = "file"
+)
+
+// Gateway is the mutual-TLS endpoint daemons dial, published in the
+// well-known document.
+type Gateway struct {
+	URL        string // https, no credentials, query or fragment
+	ServerName string // DNS name for TLS; empty when the URL's host serves
+	Region     string // region of this gateway (Region shape); optional
+}
+
+// Downloads serves daemon binaries and a plugin archive.
+type Downloads struct {
+	Dir  string
+	Blob string
+}
+
+// SupportBundles receives log bundles through presigned PUTs.
+type SupportBundles struct {
+	Blob     string
+	MaxBytes int64 // default 256 MiB
+}
+
+// Capacity tunes admission and placement.
+type Capacity struct {
+	Placer       Placer        // default inline
+	MaxBatch     int           // 1..64, default 64
+	MaxAttempts  int           // >= 1, default 3
+	RollupEvery  time.Duration // default 5m
+	UsageEvery   time.Duration // default 5m
+	SpotNoticeMs int64         // default 120000
+}
+
+// Placer names where placement runs.
+type Placer string
+
+// Placers.
+const (
+	PlacerInline    Placer = "inline"
+	PlacerPoolLease Placer = "pool-lease"
+)
+
+// Scheduler tunes scoring.
+type Scheduler struct {
+	Plugins []string
+	Weights map[string]float64
+	TopN    int // default 5
+}
+
+// Clock names the source of business time.
+type Clock string
+
+// Clocks.
+const (
+	ClockDatabase Clock = "database"
+	ClockSystem   Clock = "system"
+)
+
+// Log configures the process logger.
+type Log struct {
+	Level string // debug, info, warn or error; default warn
+}
+
+// Workers tunes the worker roles.
+type Workers struct {
+	ID          string // empty: derived at startup
+	BatchSize   int    // 1..1000, default 32
+	Concurrency int    // 1..64, default 4
+	PollMs      int    // 10..60000, default 1000
+	ClaimTTLMs  int    // 1000..3600000, default 60000
+	ResyncMs    int    // 1000..86400000, default 300000
+}
+
+// Metrics configures GET {path}; it is served only when Token is set.
+type Metrics struct {
+	Token string
+	Path  string
+}
+
+// Role is a process role.
+type Role string
+
+// Roles of the specification. RoleAll is accepted in SERVICE_ROLES and
+// the roles option and expanded by Load.
+const (
+	RoleAPI         Role = "api"
+	RoleControllers Role = "controllers"
+	RoleScheduler   Role = "scheduler"
+	RoleSinks       Role = "sinks"
+	RoleIAM         Role = "iam"
+	RoleGateway     Role = "gateway"
+	RoleAll         Role = "all"
+)
+
+// AllRoles lists the roles in the order Config.Roles keeps.
+var AllRoles = []Role{RoleAPI, RoleControllers, RoleScheduler, RoleSinks, RoleIAM, RoleGateway}
+
+// Error is an invalid configuration: INVALID_CONFIG, naming the option.
+type Error struct {
+	Option  string
+	Message string
+}
+
+func (e *Error) Error() string {
+	return "INVALID_CONFIG: " + e.Option + ": " + e.Message
+}

@@ -1,0 +1,863 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Load reads the file named by SERVICE_CONFIG (when set), applies the
+// environment on top and validates the result. getenv is os.Getenv in a
+// process; tests pass their own. The error is an *Error.
+func Load(getenv func(string) string) (*Config, error) {
+	return load(getenv, os.ReadFile)
+}
+
+func load(getenv func(string) string, readFile func(string) ([]byte, error)) (*Config, error) {
+	fc := &fileConfig{}
+	if path := getenv(EnvConfig); path != "" {
+		data, err := readFile(path)
+		if err != nil {
+			return nil, &Error{Option: EnvConfig, Message: fmt.Sprintf("cannot read %s: %v", path, unwrapPathError(err))}
+		}
+		if fc, err = parseFile(data); err != nil {
+			return nil, err
+		}
+	}
+	b := &builder{env: map[string]string{}}
+	if err := b.applyEnv(fc, getenv); err != nil {
+		return nil, err
+	}
+	return b.build(fc)
+}
+
+func unwrapPathError(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		return pe.Err
+	}
+	return err
+}
+
+// builder validates the file form and builds the Config. env records which
+// options the environment set, to say so in errors.
+type builder struct {
+	env     map[string]string
+	pkiFile string
+}
+
+func (b *builder) errorf(option, format string, args ...any) *Error {
+	msg := fmt.Sprintf(format, args...)
+	if v, ok := b.env[option]; ok {
+		msg += " (set by " + v + ")"
+	}
+	return &Error{Option: option, Message: msg}
+}
+
+// applyEnv lets the environment override the file. An empty variable is
+// unset.
+func (b *builder) applyEnv(fc *fileConfig, getenv func(string) string) error {
+	str := func(option, name string, dst **string) {
+		if v := getenv(name); v != "" {
+			*dst = &v
+			b.env[option] = name
+		}
+	}
+	str("database", EnvDatabaseURL, &fc.Database)
+	str("secret", EnvSecret, &fc.Secret)
+	str("baseURL", EnvBaseURL, &fc.BaseURL)
+	str("host", EnvHost, &fc.Host)
+	if v := getenv(EnvPort); v != "" {
+		b.env["port"] = EnvPort
+		p, err := strconv.Atoi(v)
+		if err != nil {
+			return b.errorf("port", "must be an integer from 0 to 65535")
+		}
+		fc.Port = &p
+	}
+	if v := getenv(EnvRoles); v != "" {
+		b.env["roles"] = EnvRoles
+		fc.Roles = strings.Split(v, ",")
+		for i := range fc.Roles {
+			fc.Roles[i] = strings.TrimSpace(fc.Roles[i])
+		}
+	}
+	if v := getenv(EnvMetricsToken); v != "" {
+		if fc.Metrics == nil {
+			fc.Metrics = &fileMetrics{}
+		}
+		fc.Metrics.Token = &v
+		b.env["metrics.token"] = EnvMetricsToken
+	}
+	gwURL, gwName := getenv(EnvGatewayURL), getenv(EnvGatewayServerName)
+	if gwURL != "" || gwName != "" {
+		if fc.Gateway == nil {
+			fc.Gateway = &fileGateway{}
+		}
+		str("gateway.url", EnvGatewayURL, &fc.Gateway.URL)
+		str("gateway.serverName", EnvGatewayServerName, &fc.Gateway.ServerName)
+	}
+	if v := getenv(EnvDownloadsDir); v != "" {
+		if fc.Downloads == nil {
+			fc.Downloads = &fileDownloads{}
+		}
+		fc.Downloads.Dir = &v
+		b.env["downloads.dir"] = EnvDownloadsDir
+	}
+	if v := getenv(EnvPKI); v != "" {
+		b.env["pkiFile"] = EnvPKI
+		b.pkiFile = v
+	}
+	return nil
+}
+
+// Shapes of the specification.
+var (
+	tenantIDRe   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+	runtimeRe    = regexp.MustCompile(`^[a-z][a-z0-9-]{0,63}$`) // RuntimeName: plugin, module, driver ... ids
+	name63Re     = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	regionRe     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+	workerIDRe   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+	typePrefixRe = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
+	accountRe    = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`) // POSIX user name
+	dnsLabelRe   = regexp.MustCompile(`^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+)
+
+func (b *builder) build(fc *fileConfig) (*Config, error) {
+	c := &Config{}
+	steps := []func(*fileConfig, *Config) error{
+		b.core, b.iam, b.lists, b.tunnels, b.pki, b.notifier, b.sinks,
+		b.proxies, b.gateway, b.downloads, b.supportBundles, b.capacity,
+		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles,
+	}
+	for _, step := range steps {
+		if err := step(fc, c); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// core: database, secret, baseURL, basePath, typePrefix.
+func (b *builder) core(fc *fileConfig, c *Config) error {
+	c.Database = deref(fc.Database, "")
+	if c.Database == "" {
+		return b.errorf("database", "is required (set SERVICE_DATABASE_URL)")
+	}
+	if err := checkDatabase(c.Database); err != "" {
+		return b.errorf("database", "%s", err) // never echo it: it may hold a password
+	}
+
+	c.Secret = deref(fc.Secret, "")
+	if c.Secret == "" {
+		return b.errorf("secret", "is required (set SERVICE_SECRET)")
+	}
+	if n := utf8.RuneCountInString(c.Secret); n < MinSecretLength {
+		return b.errorf("secret", "must be at least %d characters, got %d", MinSecretLength, n)
+	}
+
+	base, msg := checkOrigin(deref(fc.BaseURL, DefaultBaseURL))
+	if msg != "" {
+		return b.errorf("baseURL", "%s", msg)
+	}
+	c.BaseURL = base
+
+	c.BasePath = deref(fc.BasePath, DefaultBasePath)
+	if msg := checkAbsPath(c.BasePath); msg != "" {
+		return b.errorf("basePath", "%s", msg)
+	}
+	if c.BasePath == "/" {
+		return b.errorf("basePath", "must not be / (use a path such as %s)", DefaultBasePath)
+	}
+
+	c.TypePrefix = deref(fc.TypePrefix, DefaultTypePrefix)
+	if !typePrefixRe.MatchString(c.TypePrefix) {
+		return b.errorf("typePrefix", "must be 1 to 32 characters of a-z, 0-9 and -, starting with a letter")
+	}
+	return nil
+}
+
+func checkDatabase(s string) string {
+	if strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") {
+		if _, err := url.Parse(s); err != nil {
+			return "must be a valid postgres:// URL"
+		}
+		return ""
+	}
+	if strings.Contains(s, "=") && !strings.Contains(s, "://") {
+		return "" // key=value form; the driver checks the keys
+	}
+	return "must be a postgres:// URL or a key=value connection string"
+}
+
+// checkOrigin checks an origin: an absolute http or https URL without
+// credentials, query, fragment or path. It returns the
+// origin without a trailing slash.
+func checkOrigin(s string) (string, string) {
+	u, err := url.Parse(s)
+	if err != nil || !u.IsAbs() || u.Host == "" || u.Opaque != "" {
+		return "", "must be an absolute URL such as https://compute.example.com"
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", "must use http or https"
+	case u.User != nil:
+		return "", "must not hold credentials"
+	case u.RawQuery != "" || u.ForceQuery:
+		return "", "must not have a query"
+	case u.Fragment != "" || strings.Contains(s, "#"):
+		return "", "must not have a fragment"
+	case u.Path != "" && u.Path != "/":
+		return "", "must be an origin, without a path"
+	}
+	if port := u.Port(); port != "" {
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return "", "has an invalid port"
+		}
+	}
+	if u.Hostname() == "" {
+		return "", "must name a host"
+	}
+	return u.Scheme + "://" + u.Host, ""
+}
+
+func checkAbsPath(p string) string {
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return "must be an absolute path starting with /"
+	case p != "/" && strings.HasSuffix(p, "/"):
+		return "must not end with /"
+	case strings.ContainsAny(p, "?# \t\r\n"), strings.Contains(p, "//"):
+		return "must be a plain path without query, fragment, spaces or empty segments"
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return "must not contain . or .. segments"
+		}
+	}
+	return ""
+}
+
+func (b *builder) iam(fc *fileConfig, c *Config) error {
+	fi := deref(fc.IAM, fileIAM{})
+	kind := deref(fi.Kind, string(IAMEmbedded))
+	if kind != string(IAMEmbedded) {
+		return b.errorf("iam.kind", "must be embedded (the identity adapter this build has), got %q", kind)
+	}
+	c.IAM.Kind = IAMKind(kind)
+	if fi.RootTenantID != nil {
+		if !tenantIDRe.MatchString(*fi.RootTenantID) {
+			return b.errorf("iam.rootTenantId", "must be a TenantId: 1 to 128 characters of A-Z, a-z, 0-9 and . _ : -")
+		}
+		c.IAM.RootTenantID = *fi.RootTenantID
+	}
+	if fi.Events != nil {
+		ev := &IAMEvents{Path: deref(fi.Events.Path, DefaultIAMEventsPath), Secret: deref(fi.Events.Secret, "")}
+		if msg := checkAbsPath(ev.Path); msg != "" {
+			return b.errorf("iam.events.path", "%s", msg)
+		}
+		if ev.Secret == "" {
+			return b.errorf("iam.events.secret", "is required when iam.events is configured")
+		}
+		if n := utf8.RuneCountInString(ev.Secret); n < MinSecretLength {
+			return b.errorf("iam.events.secret", "must be at least %d characters, got %d", MinSecretLength, n)
+		}
+		c.IAM.Events = ev
+	}
+
+	switch {
+	case fc.RootTenantID == nil:
+		c.RootTenantID = cmpOr(c.IAM.RootTenantID, DefaultRootTenantID)
+	case !tenantIDRe.MatchString(*fc.RootTenantID):
+		return b.errorf("rootTenantId", "must be a TenantId: 1 to 128 characters of A-Z, a-z, 0-9 and . _ : -")
+	case c.IAM.RootTenantID != "" && *fc.RootTenantID != c.IAM.RootTenantID:
+		return b.errorf("rootTenantId", "must agree with iam.rootTenantId (%q)", c.IAM.RootTenantID)
+	default:
+		c.RootTenantID = *fc.RootTenantID
+	}
+	return nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// checkNames validates a list of ids: shape, no duplicates.
+func (b *builder) checkNames(option string, names []string, re *regexp.Regexp, shape string) ([]string, error) {
+	seen := map[string]bool{}
+	for i, n := range names {
+		opt := fmt.Sprintf("%s[%d]", option, i)
+		if !re.MatchString(n) {
+			return nil, b.errorf(opt, "must be %s, got %q", shape, n)
+		}
+		if seen[n] {
+			return nil, b.errorf(opt, "duplicates %q", n)
+		}
+		seen[n] = true
+	}
+	return slices.Clone(names), nil
+}
+
+const runtimeShape = "1 to 64 characters of a-z, 0-9 and -, starting with a letter"
+
+func (b *builder) lists(fc *fileConfig, c *Config) error {
+	var err error
+	for _, l := range []struct {
+		option string
+		in     []string
+		out    *[]string
+	}{
+		{"modules", fc.Modules, &c.Modules},
+		{"plugins", fc.Plugins, &c.Plugins},
+		{"drivers", fc.Drivers, &c.Drivers},
+		{"providers", fc.Providers, &c.Providers},
+		{"attestors", fc.Attestors, &c.Attestors},
+	} {
+		if *l.out, err = b.checkNames(l.option, l.in, runtimeRe, runtimeShape); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *builder) tunnels(fc *fileConfig, c *Config) error {
+	ft := fc.Tunnels
+	if ft == nil {
+		return nil
+	}
+	t := &Tunnels{
+		SSH:            deref(ft.SSH, false),
+		SSHRequiresMFA: deref(ft.SSHRequiresMFA, true),
+		SSHAccounts:    []string{"root"},
+	}
+	issuer := deref(ft.Issuer, "")
+	if issuer == "" {
+		return b.errorf("tunnels.issuer", "is required when tunnels are configured")
+	}
+	origin, msg := checkOrigin(issuer)
+	if msg != "" {
+		return b.errorf("tunnels.issuer", "%s", msg)
+	}
+	if origin != c.BaseURL {
+		return b.errorf("tunnels.issuer", "must be the origin of baseURL (%s)", c.BaseURL)
+	}
+	t.Issuer = origin
+	if ft.SSHAccounts != nil {
+		if len(ft.SSHAccounts) == 0 {
+			return b.errorf("tunnels.sshAccounts", "must name at least one account")
+		}
+		accounts, err := b.checkNames("tunnels.sshAccounts", ft.SSHAccounts, accountRe, "a user name (1 to 32 characters of a-z, 0-9, _ and -)")
+		if err != nil {
+			return err
+		}
+		t.SSHAccounts = accounts
+	}
+	fl := deref(ft.Limits, fileTunnelLimits{})
+	t.Limits.TunnelsPerMinute = deref(fl.TunnelsPerMinute, 10)
+	if t.Limits.TunnelsPerMinute < 1 {
+		return b.errorf("tunnels.limits.tunnelsPerMinute", "must be at least 1")
+	}
+	t.Limits.SSHCertificatesPerHour = deref(fl.SSHCertificatesPerHour, 20)
+	if t.Limits.SSHCertificatesPerHour < 1 {
+		return b.errorf("tunnels.limits.sshCertificatesPerHour", "must be at least 1")
+	}
+	c.Tunnels = t
+	return nil
+}
+
+func (b *builder) pki(fc *fileConfig, c *Config) error {
+	c.PKIFile = cmpOr(b.pkiFile, DefaultPKIFile)
+	fp := deref(fc.PKI, filePKI{})
+	var err error
+	for _, kp := range []struct {
+		option   string
+		in       *fileKeyPair
+		out      **KeyPair
+		needCert bool
+	}{
+		{"pki.nodeCa", fp.NodeCA, &c.PKI.NodeCA, true},
+		{"pki.servingCa", fp.ServingCA, &c.PKI.ServingCA, true},
+		{"pki.join", fp.Join, &c.PKI.Join, false},
+		{"pki.commandSigning", fp.CommandSigning, &c.PKI.CommandSigning, false},
+	} {
+		if *kp.out, err = b.keyPair(kp.option, kp.in, kp.needCert); err != nil {
+			return err
+		}
+	}
+	for i, r := range fp.CommandSigningRoots {
+		opt := fmt.Sprintf("pki.commandSigningRoots[%d]", i)
+		p, err := b.pem(opt, "pem", "file", r.PEM, r.File, "CERTIFICATE")
+		if err != nil {
+			return err
+		}
+		if p.IsZero() {
+			return b.errorf(opt, "needs pem or file")
+		}
+		c.PKI.CommandSigningRoots = append(c.PKI.CommandSigningRoots, p)
+	}
+	c.PKI.TrustVersion = deref(fp.TrustVersion, 1)
+	if c.PKI.TrustVersion < 1 {
+		return b.errorf("pki.trustVersion", "must be at least 1")
+	}
+	return nil
+}
+
+func (b *builder) keyPair(option string, in *fileKeyPair, needCert bool) (*KeyPair, error) {
+	if in == nil {
+		return nil, nil
+	}
+	cert, err := b.pem(option, "cert", "certFile", in.Cert, in.CertFile, "CERTIFICATE")
+	if err != nil {
+		return nil, err
+	}
+	key, err := b.pem(option, "key", "keyFile", in.Key, in.KeyFile, "PRIVATE KEY")
+	if err != nil {
+		return nil, err
+	}
+	if key.IsZero() {
+		return nil, b.errorf(option+".key", "is required: give key (PEM) or keyFile")
+	}
+	if needCert && cert.IsZero() {
+		return nil, b.errorf(option+".cert", "is required: give cert (PEM) or certFile")
+	}
+	return &KeyPair{Cert: cert, Key: key}, nil
+}
+
+// pem reads one PEM given inline (key inlineKey) or as a file (fileKey).
+func (b *builder) pem(option, inlineKey, fileKey string, inline, file *string, kind string) (PEM, error) {
+	p := PEM{Inline: deref(inline, ""), File: deref(file, "")}
+	switch {
+	case p.Inline != "" && p.File != "":
+		return PEM{}, b.errorf(join(option, inlineKey), "give %s or %s, not both", inlineKey, fileKey)
+	case p.Inline != "" && !(strings.Contains(p.Inline, "-----BEGIN ") && strings.Contains(p.Inline, kind)):
+		return PEM{}, b.errorf(join(option, inlineKey), "must be PEM text holding a %s block", kind)
+	case strings.ContainsRune(p.File, 0):
+		return PEM{}, b.errorf(join(option, fileKey), "must be a file path")
+	}
+	return p, nil
+}
+
+func (b *builder) notifier(fc *fileConfig, c *Config) error {
+	if fc.Notifier == nil {
+		return nil
+	}
+	switch k := deref(fc.Notifier.Kind, ""); NotifierKind(k) {
+	case NotifierPostgres, NotifierNone:
+		c.Notifier = &Notifier{Kind: NotifierKind(k)}
+	case "":
+		return b.errorf("notifier.kind", "is required: postgres or none")
+	default:
+		return b.errorf("notifier.kind", "must be postgres or none, got %q", k)
+	}
+	return nil
+}
+
+func (b *builder) sinks(fc *fileConfig, c *Config) error {
+	if fc.Sinks == nil {
+		return nil
+	}
+	if fc.Sinks.Usage != nil {
+		return b.errorf("sinks.usage", "usage sinks are invalid: usage goes to billing through the identity bridge")
+	}
+	var err error
+	if c.Sinks.Events, err = b.sinkList("sinks.events", fc.Sinks.Events); err != nil {
+		return err
+	}
+	if c.Sinks.Audit, err = b.sinkList("sinks.audit", fc.Sinks.Audit); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (b *builder) sinkList(option string, in []fileSink) ([]Sink, error) {
+	var out []Sink
+	seen := map[string]bool{}
+	for i, fs := range in {
+		opt := fmt.Sprintf("%s[%d]", option, i)
+		s := Sink{ID: deref(fs.ID, ""), Kind: SinkKind(deref(fs.Kind, "")), URL: deref(fs.URL, ""), Path: deref(fs.Path, "")}
+		switch {
+		case s.ID == "":
+			return nil, b.errorf(opt+".id", "is required")
+		case !name63Re.MatchString(s.ID):
+			return nil, b.errorf(opt+".id", "must be 1 to 63 characters of a-z, 0-9, . _ and -, starting with a letter or digit")
+		case seen[s.ID]:
+			return nil, b.errorf(opt+".id", "duplicates %q: sink ids are unique among their kind", s.ID)
+		}
+		seen[s.ID] = true
+		switch s.Kind {
+		case SinkHTTP:
+			if s.Path != "" {
+				return nil, b.errorf(opt+".path", "belongs to file sinks; http sinks take url")
+			}
+			if s.URL == "" {
+				return nil, b.errorf(opt+".url", "is required for an http sink")
+			}
+			if msg := checkEndpoint(s.URL); msg != "" {
+				return nil, b.errorf(opt+".url", "%s", msg)
+			}
+		case SinkFile:
+			if s.URL != "" {
+				return nil, b.errorf(opt+".url", "belongs to http sinks; file sinks take path")
+			}
+			if s.Path == "" || strings.ContainsRune(s.Path, 0) {
+				return nil, b.errorf(opt+".path", "is required for a file sink")
+			}
+		case "":
+			return nil, b.errorf(opt+".kind", "is required: http or file")
+		default:
+			return nil, b.errorf(opt+".kind", "must be http or file, got %q", s.Kind)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// checkEndpoint checks an absolute http(s) URL without credentials or
+// fragment; a path and query are allowed.
+func checkEndpoint(s string) string {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil || !u.IsAbs() || u.Hostname() == "":
+		return "must be an absolute http or https URL"
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "must use http or https"
+	case u.User != nil:
+		return "must not hold credentials"
+	case u.Fragment != "" || strings.Contains(s, "#"):
+		return "must not have a fragment"
+	}
+	return ""
+}
+
+func (b *builder) proxies(fc *fileConfig, c *Config) error {
+	for i, s := range fc.TrustedProxies {
+		opt := fmt.Sprintf("trustedProxies[%d]", i)
+		var p netip.Prefix
+		if strings.Contains(s, "/") {
+			pp, err := netip.ParsePrefix(s)
+			if err != nil {
+				return b.errorf(opt, "must be an IPv4 or IPv6 address or CIDR range, got %q", s)
+			}
+			p = pp.Masked()
+		} else {
+			a, err := netip.ParseAddr(s)
+			if err != nil || a.Zone() != "" {
+				return b.errorf(opt, "must be an IPv4 or IPv6 address or CIDR range, got %q", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		c.TrustedProxies = append(c.TrustedProxies, p)
+	}
+	return nil
+}
+
+func (b *builder) gateway(fc *fileConfig, c *Config) error {
+	fg := fc.Gateway
+	if fg == nil {
+		return nil
+	}
+	g := &Gateway{URL: deref(fg.URL, ""), ServerName: deref(fg.ServerName, ""), Region: deref(fg.Region, "")}
+	if g.URL == "" {
+		return b.errorf("gateway.url", "is required when a gateway is configured")
+	}
+	u, err := url.Parse(g.URL)
+	switch {
+	case err != nil || !u.IsAbs() || u.Hostname() == "":
+		return b.errorf("gateway.url", "must be an absolute https URL")
+	case u.Scheme != "https":
+		return b.errorf("gateway.url", "must use https")
+	case u.User != nil:
+		return b.errorf("gateway.url", "must not hold credentials")
+	case u.RawQuery != "" || u.ForceQuery:
+		return b.errorf("gateway.url", "must not have a query")
+	case u.Fragment != "" || strings.Contains(g.URL, "#"):
+		return b.errorf("gateway.url", "must not have a fragment")
+	}
+	if g.ServerName != "" {
+		if msg := checkDNSName(g.ServerName); msg != "" {
+			return b.errorf("gateway.serverName", "%s", msg)
+		}
+	}
+	if g.Region != "" && !regionRe.MatchString(g.Region) {
+		return b.errorf("gateway.region", "must be a Region: 1 to 63 characters of a-z, 0-9 and -, starting with a letter")
+	}
+	c.Gateway = g
+	return nil
+}
+
+func checkDNSName(s string) string {
+	if _, err := netip.ParseAddr(s); err == nil {
+		return "must be a DNS name, not an IP address"
+	}
+	name := strings.TrimSuffix(s, ".")
+	if name == "" || len(name) > 253 {
+		return "must be a DNS name of at most 253 characters"
+	}
+	for _, label := range strings.Split(name, ".") {
+		if !dnsLabelRe.MatchString(label) {
+			return fmt.Sprintf("must be a DNS name; label %q is not valid", label)
+		}
+	}
+	return ""
+}
+
+func (b *builder) downloads(fc *fileConfig, c *Config) error {
+	fd := fc.Downloads
+	if fd == nil {
+		return nil
+	}
+	d := &Downloads{Dir: deref(fd.Dir, ""), Blob: deref(fd.Blob, "")}
+	if d.Dir == "" && d.Blob == "" {
+		return b.errorf("downloads", "needs dir or blob (or both)")
+	}
+	if strings.ContainsRune(d.Dir, 0) {
+		return b.errorf("downloads.dir", "must be a directory path")
+	}
+	if d.Blob != "" {
+		if msg := checkBlob(d.Blob); msg != "" {
+			return b.errorf("downloads.blob", "%s", msg)
+		}
+	}
+	c.Downloads = d
+	return nil
+}
+
+// checkBlob checks a blob store location: an absolute URL (s3://bucket/prefix,
+// https://...) without credentials; keys come from the environment.
+func checkBlob(s string) string {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil || !u.IsAbs() || (u.Host == "" && u.Path == ""):
+		return "must be an absolute URL of a blob store, such as s3://bucket/prefix"
+	case u.User != nil:
+		return "must not hold credentials"
+	}
+	return ""
+}
+
+const defaultSupportBundleBytes = 256 << 20
+
+func (b *builder) supportBundles(fc *fileConfig, c *Config) error {
+	fs := fc.SupportBundles
+	if fs == nil {
+		return nil
+	}
+	sb := &SupportBundles{Blob: deref(fs.Blob, ""), MaxBytes: deref(fs.MaxBytes, defaultSupportBundleBytes)}
+	if sb.Blob == "" {
+		return b.errorf("supportBundles.blob", "is required when support bundles are configured")
+	}
+	if msg := checkBlob(sb.Blob); msg != "" {
+		return b.errorf("supportBundles.blob", "%s", msg)
+	}
+	if sb.MaxBytes < 1 {
+		return b.errorf("supportBundles.maxBytes", "must be a positive integer")
+	}
+	c.SupportBundles = sb
+	return nil
+}
+
+func (b *builder) capacity(fc *fileConfig, c *Config) error {
+	fcap := deref(fc.Capacity, fileCapacity{})
+	switch p := Placer(deref(fcap.Placer, string(PlacerInline))); p {
+	case PlacerInline, PlacerPoolLease:
+		c.Capacity.Placer = p
+	default:
+		return b.errorf("capacity.placer", "must be inline or pool-lease, got %q", p)
+	}
+	c.Capacity.MaxBatch = deref(fcap.MaxBatch, 64)
+	if c.Capacity.MaxBatch < 1 || c.Capacity.MaxBatch > 64 {
+		return b.errorf("capacity.maxBatch", "must be from 1 to 64")
+	}
+	c.Capacity.MaxAttempts = deref(fcap.MaxAttempts, 3)
+	if c.Capacity.MaxAttempts < 1 {
+		return b.errorf("capacity.maxAttempts", "must be at least 1")
+	}
+	var err error
+	if c.Capacity.RollupEvery, err = b.period("capacity.rollupEvery", fcap.RollupEvery); err != nil {
+		return err
+	}
+	if c.Capacity.UsageEvery, err = b.period("capacity.usageEvery", fcap.UsageEvery); err != nil {
+		return err
+	}
+	c.Capacity.SpotNoticeMs = deref(fcap.SpotNoticeMs, 120000)
+	if c.Capacity.SpotNoticeMs < 0 {
+		return b.errorf("capacity.spotNoticeMs", "must be at least 0")
+	}
+	return nil
+}
+
+func (b *builder) period(option string, s *string) (time.Duration, error) {
+	if s == nil {
+		return 5 * time.Minute, nil
+	}
+	d, err := time.ParseDuration(*s)
+	if err != nil {
+		return 0, b.errorf(option, "must be a duration such as 5m or 30s, got %q", *s)
+	}
+	if d < time.Second {
+		return 0, b.errorf(option, "must be at least 1s")
+	}
+	return d, nil
+}
+
+func (b *builder) scheduler(fc *fileConfig, c *Config) error {
+	fs := deref(fc.Scheduler, fileScheduler{})
+	var err error
+	if c.Scheduler.Plugins, err = b.checkNames("scheduler.plugins", fs.Plugins, runtimeRe, runtimeShape); err != nil {
+		return err
+	}
+	keys := make([]string, 0, len(fs.Weights))
+	for k := range fs.Weights {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys) // report the same problem first every time
+	for _, k := range keys {
+		w := fs.Weights[k]
+		opt := "scheduler.weights." + k
+		if !runtimeRe.MatchString(k) {
+			return b.errorf(opt, "must name a scorer: %s", runtimeShape)
+		}
+		if math.IsNaN(w) || math.IsInf(w, 0) || w < 0 {
+			return b.errorf(opt, "must be a number at least 0")
+		}
+	}
+	if len(fs.Weights) > 0 {
+		c.Scheduler.Weights = fs.Weights
+	}
+	c.Scheduler.TopN = deref(fs.TopN, 5)
+	if c.Scheduler.TopN < 1 {
+		return b.errorf("scheduler.topN", "must be at least 1")
+	}
+	return nil
+}
+
+// misc: acceptIamCookie, clock, log.
+func (b *builder) misc(fc *fileConfig, c *Config) error {
+	c.AcceptIAMCookie = deref(fc.AcceptIAMCookie, false)
+	switch k := Clock(deref(fc.Clock, string(ClockDatabase))); k {
+	case ClockDatabase, ClockSystem:
+		c.Clock = k
+	default:
+		return b.errorf("clock", "must be database or system, got %q", k)
+	}
+	level := deref(deref(fc.Log, fileLog{}).Level, "warn")
+	switch level {
+	case "debug", "info", "warn", "error":
+		c.Log.Level = level
+	default:
+		return b.errorf("log.level", "must be debug, info, warn or error, got %q", level)
+	}
+	return nil
+}
+
+func (b *builder) workers(fc *fileConfig, c *Config) error {
+	fw := deref(fc.Workers, fileWorkers{})
+	c.Workers.ID = deref(fw.ID, "")
+	if fw.ID != nil && !workerIDRe.MatchString(c.Workers.ID) {
+		return b.errorf("workers.id", "must be 1 to 128 characters of A-Z, a-z, 0-9 and . _ : -")
+	}
+	for _, r := range []struct {
+		option        string
+		in            *int
+		out           *int
+		def, min, max int
+	}{
+		{"workers.batchSize", fw.BatchSize, &c.Workers.BatchSize, 32, 1, 1000},
+		{"workers.concurrency", fw.Concurrency, &c.Workers.Concurrency, 4, 1, 64},
+		{"workers.pollMs", fw.PollMs, &c.Workers.PollMs, 1000, 10, 60000},
+		{"workers.claimTtlMs", fw.ClaimTTLMs, &c.Workers.ClaimTTLMs, 60000, 1000, 3600000},
+		{"workers.resyncMs", fw.ResyncMs, &c.Workers.ResyncMs, 300000, 1000, 86400000},
+	} {
+		*r.out = deref(r.in, r.def)
+		if *r.out < r.min || *r.out > r.max {
+			return b.errorf(r.option, "must be from %d to %d", r.min, r.max)
+		}
+	}
+	return nil
+}
+
+func (b *builder) metrics(fc *fileConfig, c *Config) error {
+	fm := deref(fc.Metrics, fileMetrics{})
+	c.Metrics.Token = deref(fm.Token, "")
+	if c.Metrics.Token != "" && utf8.RuneCountInString(c.Metrics.Token) < MinMetricsToken {
+		return b.errorf("metrics.token", "must be at least %d characters", MinMetricsToken)
+	}
+	c.Metrics.Path = deref(fm.Path, DefaultMetricsPath)
+	if msg := checkAbsPath(c.Metrics.Path); msg != "" {
+		return b.errorf("metrics.path", "%s", msg)
+	}
+	if c.Metrics.Path == "/" {
+		return b.errorf("metrics.path", "must not be /")
+	}
+	return nil
+}
+
+func (b *builder) listen(fc *fileConfig, c *Config) error {
+	c.Host = deref(fc.Host, DefaultHost)
+	if _, err := netip.ParseAddr(c.Host); err != nil {
+		if msg := checkDNSName(c.Host); msg != "" {
+			return b.errorf("host", "must be an IP address or a host name")
+		}
+	}
+	c.Port = deref(fc.Port, DefaultPort)
+	if c.Port < 0 || c.Port > 65535 {
+		return b.errorf("port", "must be an integer from 0 to 65535")
+	}
+	return nil
+}
+
+func (b *builder) roles(fc *fileConfig, c *Config) error {
+	names := fc.Roles
+	if len(names) == 0 {
+		names = []string{string(RoleAll)}
+	}
+	want := map[Role]bool{}
+	for i, n := range names {
+		opt := "roles"
+		if b.env["roles"] == "" {
+			opt = fmt.Sprintf("roles[%d]", i)
+		}
+		switch r := Role(n); r {
+		case RoleAll:
+			for _, r := range AllRoles {
+				if r != RoleGateway || c.Gateway != nil {
+					want[r] = true
+				}
+			}
+		case RoleAPI, RoleControllers, RoleScheduler, RoleSinks, RoleIAM:
+			want[r] = true
+		case RoleGateway:
+			if c.Gateway == nil {
+				return b.errorf(opt, "the gateway role needs the gateway option (gateway.url)")
+			}
+			want[r] = true
+		case "":
+			return b.errorf(opt, "has an empty role name")
+		default:
+			return b.errorf(opt, "unknown role %q: use api, controllers, scheduler, sinks, iam, gateway or all", n)
+		}
+	}
+	for _, r := range AllRoles {
+		if want[r] {
+			c.Roles = append(c.Roles, r)
+		}
+	}
+	return nil
+}

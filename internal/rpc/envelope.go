@@ -1,0 +1,298 @@
+// Package rpc is the call envelope: the one path every RPC method takes, from
+// the route to the answer. It looks the method up in the generated registry,
+// checks headers and body, decodes and validates the input, hands the call to
+// the Gate (authentication and the one decision), runs the business function
+// in one transaction (READ ONLY for reads) and writes {data} or {error}.
+// docs/protocol.md describes the wire protocol it implements.
+package rpc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"computeplane/gen/api"
+	"computeplane/internal/metrics"
+	"computeplane/internal/reqmeta"
+	"computeplane/internal/store"
+	"computeplane/internal/wire"
+)
+
+// MaxBody is the largest request body an RPC method accepts.
+const MaxBody = 64 << 10
+
+// Header names of the envelope.
+const (
+	HeaderService = "X-Service"
+	// internalErrorMessage is all a caller learns of a failure that is not a
+	// service error.
+	internalErrorMessage = "Internal server error"
+)
+
+// Call is one RPC call as the envelope sees it after validation.
+type Call struct {
+	Method *api.Method
+	// Input is the typed, validated input (a pointer to <Group><Method>Input).
+	Input any
+	// Fields is the parsed body, for generic reads of the tenant and
+	// resource id fields named by the registry.
+	Fields      map[string]any
+	RequestID   string
+	Traceparent string
+	// Credential is the bearer token, "" when none was presented.
+	Credential string
+	Request    *http.Request
+}
+
+// TenantID is the input's tenantId, "" for methods that take none.
+func (c *Call) TenantID() string {
+	s, _ := c.Fields["tenantId"].(string)
+	return s
+}
+
+// Gate is the seam where authentication and the one authorization decision
+// sit. Admit runs after validation and before any transaction; an error
+// refuses the call and opens no transaction. The returned context is the one
+// the business function sees (it carries the caller).
+type Gate interface {
+	Admit(ctx context.Context, call *Call) (context.Context, error)
+}
+
+// Transactor runs a function in one transaction.
+type Transactor interface {
+	WithTx(ctx context.Context, readOnly bool, fn func(ctx context.Context, tx pgx.Tx) error) error
+}
+
+// Handler serves POST {basePath}/{group}/{method}.
+type Handler struct {
+	BasePath string
+	Services *api.Services
+	Gate     Gate
+	Store    Transactor
+	Metrics  *metrics.RPC // nil records nothing
+	Log      *slog.Logger
+	// Now is the clock of durations; tests may replace it.
+	Now func() time.Time
+}
+
+// ServeHTTP implements the envelope.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := h.now()
+	meta := reqmeta.Meta{RequestID: reqmeta.RequestID(r.Header.Get(reqmeta.HeaderRequestID))}
+	if tp, ok := reqmeta.Traceparent(r.Header.Get(reqmeta.HeaderTraceparent)); ok {
+		meta.Traceparent = tp
+	}
+	w.Header().Set(reqmeta.HeaderRequestID, meta.RequestID)
+	ctx := reqmeta.WithRequest(r.Context(), meta)
+	log := h.logger().With("requestId", meta.RequestID)
+
+	route := strings.TrimPrefix(r.URL.Path, h.BasePath)
+	m := api.Lookup(route)
+	name := "(unknown)"
+	if m != nil {
+		name = m.FullName
+	}
+	data, err := h.serve(ctx, log, r, m, meta)
+	status := h.write(w, log, data, err)
+	code := metrics.CodeOK
+	if err != nil {
+		code = string(asServiceError(err).Code)
+	}
+	h.Metrics.Observe(name, code, status, h.now().Sub(start))
+	log.Debug("rpc", "method", name, "status", status, "code", code)
+}
+
+func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, m *api.Method, meta reqmeta.Meta) (any, error) {
+	if m == nil {
+		return nil, api.Errorf(api.CodeNotFound, "no method at %s", r.URL.Path)
+	}
+	if r.Method != http.MethodPost {
+		return nil, errMethodNotAllowed
+	}
+	if err := checkHeaders(r); err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, api.Errorf(api.CodeInvalidInput, "body exceeds %d bytes", MaxBody)
+		}
+		return nil, api.Errorf(api.CodeInvalidInput, "body could not be read")
+	}
+	obj, issue := wire.ParseObject(body)
+	if issue != nil {
+		return nil, invalidInput(&wire.Issues{List: []wire.Issue{*issue}})
+	}
+	var iss wire.Issues
+	in := m.Decode(obj, &iss)
+	if !iss.Empty() {
+		return nil, invalidInput(&iss)
+	}
+	if !m.Registered() || m.Invoke == nil {
+		return nil, api.NotImplemented(m)
+	}
+	call := &Call{
+		Method: m, Input: in, Fields: obj, Request: r,
+		RequestID: meta.RequestID, Traceparent: meta.Traceparent,
+		Credential: bearer(r.Header.Get("Authorization")),
+	}
+	if h.Gate != nil {
+		if ctx, err = h.Gate.Admit(ctx, call); err != nil {
+			return nil, err
+		}
+	}
+	if m.Kind == api.KindPublic || h.Store == nil {
+		return m.Invoke(ctx, h.Services, in)
+	}
+	var out any
+	err = h.Store.WithTx(ctx, m.Kind == api.KindRead, func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		out, err = m.Invoke(store.ContextWithTx(ctx, tx), h.Services, in)
+		return err
+	})
+	return out, err
+}
+
+var errMethodNotAllowed = api.Errorf(api.CodeMethodNotAllowed, "RPC methods accept POST only")
+
+// checkHeaders enforces X-Service: 1 and a JSON content type, the guard
+// against cross-site form posts.
+func checkHeaders(r *http.Request) error {
+	if r.Header.Get(HeaderService) != "1" {
+		return api.Errorf(api.CodeCsrfRejected, "the X-Service: 1 header is required")
+	}
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != "application/json" {
+		return api.Errorf(api.CodeCsrfRejected, "Content-Type must be application/json")
+	}
+	return nil
+}
+
+func bearer(h string) string {
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(token)
+}
+
+func invalidInput(iss *wire.Issues) *api.Error {
+	return api.Errorf(api.CodeInvalidInput, "%s", iss.First()).WithDetails(map[string]any{"issues": iss.List})
+}
+
+// asServiceError maps any error to the service error the caller sees:
+// anything that is not a service error, and INTERNAL_ERROR itself, becomes
+// INTERNAL_ERROR with a fixed message.
+func asServiceError(err error) *api.Error {
+	var se *api.Error
+	if errors.As(err, &se) && se.Code != api.CodeInternalError {
+		return se
+	}
+	return &api.Error{Code: api.CodeInternalError, Message: internalErrorMessage}
+}
+
+type errorBody struct {
+	Error        errorPayload `json:"error"`
+	RetryAfterMs *int64       `json:"retryAfterMs,omitempty"`
+}
+
+type errorPayload struct {
+	Code         api.Code       `json:"code"`
+	Message      string         `json:"message"`
+	RetryAfterMs *int64         `json:"retryAfterMs,omitempty"`
+	Details      map[string]any `json:"details,omitempty"`
+}
+
+// write answers {data} or {error} and returns the status written.
+func (h *Handler) write(w http.ResponseWriter, log *slog.Logger, data any, err error) int {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if err == nil {
+		buf, merr := json.Marshal(struct {
+			Data any `json:"data"`
+		}{data})
+		if merr == nil {
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(buf)
+			return http.StatusOK
+		}
+		err = merr
+	}
+	se := asServiceError(err)
+	if se.Code == api.CodeInternalError {
+		log.Error("internal error", "error", err.Error())
+	}
+	body := errorBody{Error: errorPayload{Code: se.Code, Message: se.Message}}
+	details := se.Details
+	if ms, ok := retryAfterMs(details); ok {
+		details = withoutKey(details, "retryAfterMs")
+		body.RetryAfterMs, body.Error.RetryAfterMs = &ms, &ms
+		w.Header().Set("Retry-After", strconv.FormatInt((ms+999)/1000, 10))
+	}
+	if len(details) > 0 {
+		body.Error.Details = details
+	}
+	if se.Code == api.CodeMethodNotAllowed {
+		w.Header().Set("Allow", http.MethodPost)
+	}
+	status := se.HTTPStatus()
+	buf, merr := json.Marshal(body)
+	if merr != nil {
+		log.Error("error body could not be encoded", "error", merr.Error())
+		status = http.StatusInternalServerError
+		buf = []byte(`{"error":{"code":"INTERNAL_ERROR","message":"Internal server error"}}`)
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(buf)
+	return status
+}
+
+// retryAfterMs reads a numeric details.retryAfterMs.
+func retryAfterMs(details map[string]any) (int64, bool) {
+	switch v := details["retryAfterMs"].(type) {
+	case int:
+		return int64(max(v, 0)), true
+	case int64:
+		return max(v, 0), true
+	case float64:
+		return int64(max(v, 0)), true
+	case json.Number:
+		f, err := v.Float64()
+		return int64(max(f, 0)), err == nil
+	}
+	return 0, false
+}
+
+func withoutKey(m map[string]any, key string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		if k != key {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func (h *Handler) now() time.Time {
+	if h.Now != nil {
+		return h.Now()
+	}
+	return time.Now()
+}
+
+func (h *Handler) logger() *slog.Logger {
+	if h.Log != nil {
+		return h.Log
+	}
+	return slog.Default()
+}

@@ -1,0 +1,126 @@
+// Package server assembles the HTTP surface of the api role: the RPC
+// envelope under the base path and the host routes beside it (health,
+// readiness, the well-known document, metrics, openapi.yaml and the docs).
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"computeplane/gen/api"
+	"computeplane/internal/metrics"
+)
+
+// Pinger answers a trivial store query.
+type Pinger interface {
+	Ping(ctx context.Context) (dbTime time.Time, latency time.Duration, err error)
+}
+
+// Options are what the routes need.
+type Options struct {
+	BasePath string
+	RPC      http.Handler
+	Store    Pinger
+	Document api.ServerDocument
+	// MetricsToken mounts GET MetricsPath when at least 16 chars long.
+	MetricsToken string
+	MetricsPath  string
+	Metrics      *metrics.Registry
+	OpenAPI      []byte
+	DocsHTML     []byte
+	Log          *slog.Logger
+}
+
+// WellKnownMaxAge is how long the well-known document may be cached.
+const WellKnownMaxAge = 300 * time.Second
+
+// New returns the handler of the api role.
+func New(o Options) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", getOnly(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+	}))
+	mux.HandleFunc("/readyz", getOnly(func(w http.ResponseWriter, r *http.Request) {
+		if _, _, err := o.Store.Ping(r.Context()); err != nil {
+			o.Log.WarnContext(r.Context(), "readiness probe failed", "error", err.Error())
+			writeJSON(w, http.StatusServiceUnavailable, map[string]bool{"ok": false})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+	}))
+	wellKnown := getOnly(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "public, max-age="+strconv.Itoa(int(WellKnownMaxAge.Seconds())))
+		writeJSON(w, http.StatusOK, o.Document)
+	})
+	mux.HandleFunc("/.well-known/service", wellKnown)
+	mux.HandleFunc(o.BasePath+"/.well-known/service", wellKnown)
+	mux.HandleFunc(o.BasePath+"/health", getOnly(func(w http.ResponseWriter, r *http.Request) {
+		health(w, r, o.Store, o.Log)
+	}))
+	mux.HandleFunc(o.BasePath+"/openapi.yaml", getOnly(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(o.OpenAPI)
+	}))
+	docs := getOnly(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+		_, _ = w.Write(o.DocsHTML)
+	})
+	mux.HandleFunc(o.BasePath+"/docs", docs)
+	mux.HandleFunc(o.BasePath+"/docs/", docs)
+	if metrics.Enabled(o.MetricsToken) {
+		path := o.MetricsPath
+		if path == "" {
+			path = metrics.DefaultPath
+		}
+		mux.Handle(path, metrics.Handler(o.MetricsToken, o.Metrics))
+	}
+	// Everything else under the base path is the RPC envelope, which answers
+	// unknown methods with NOT_FOUND in its own envelope.
+	mux.Handle(o.BasePath+"/", o.RPC)
+	return mux
+}
+
+// health answers GET {basePath}/health.
+func health(w http.ResponseWriter, r *http.Request, s Pinger, log *slog.Logger) {
+	dbTime, latency, err := s.Ping(r.Context())
+	body := map[string]any{
+		"status":    "ok",
+		"database":  "ok",
+		"latencyMs": float64(latency.Microseconds()) / 1000,
+		"time":      formatTime(dbTime),
+	}
+	status := http.StatusOK
+	if err != nil {
+		log.WarnContext(r.Context(), "health probe failed", "error", err.Error())
+		body["status"], body["database"], body["time"] = "degraded", "unreachable", formatTime(time.Now())
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, body)
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+// getOnly answers 405 to anything but GET and HEAD.
+func getOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": map[string]string{
+				"code": string(api.CodeMethodNotAllowed), "message": "only GET is allowed here",
+			}})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,144 @@
+// Package store owns the PostgreSQL connection, the schema migrations and
+// transactions. Everything else reaches the database through a Store: it
+// runs sqlc's typed queries (gen/db) on the pool or inside WithTx, and it
+// refuses to migrate a database that a newer build has migrated.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"computeplane/gen/db"
+)
+
+// ErrNotFound is returned, possibly wrapped, when a row the caller asked for
+// does not exist.
+var ErrNotFound = errors.New("store: not found")
+
+// MapNoRows turns pgx.ErrNoRows into ErrNotFound and returns every other
+// error (nil included) unchanged, so that callers need not know about pgx.
+func MapNoRows(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	return err
+}
+
+// Store is a pool of connections to one PostgreSQL database.
+type Store struct {
+	pool    *pgxpool.Pool
+	queries *db.Queries
+}
+
+// Pool bounds used when the URL does not set pool_max_conns. Every call of
+// the api role holds one connection for its transaction, so the pool scales
+// with the CPUs that run those calls, within what a PostgreSQL with the
+// default max_connections (100) can give to several processes.
+const (
+	minPoolConns       = 8
+	maxPoolConns       = 32
+	poolConnsPerCPU    = 4
+	poolMaxConnIdle    = 5 * time.Minute
+	applicationNameKey = "application_name"
+	applicationName    = "computed"
+)
+
+// Open connects to the database at url (a postgres:// URL or a key=value
+// string, as pgx accepts) and checks that it answers. The pool size comes
+// from pool_max_conns in the URL when present.
+func Open(ctx context.Context, url string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// pgx's parse errors can quote the URL, password included.
+		return nil, errors.New("store: invalid database URL")
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = int32(min(max(poolConnsPerCPU*runtime.GOMAXPROCS(0), minPoolConns), maxPoolConns))
+	}
+	if !strings.Contains(url, "pool_max_conn_idle_time") {
+		cfg.MaxConnIdleTime = poolMaxConnIdle
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams[applicationNameKey]; !ok {
+		cfg.ConnConfig.RuntimeParams[applicationNameKey] = applicationName
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: open: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store: connect: %w", err)
+	}
+	return &Store{pool: pool, queries: db.New(pool)}, nil
+}
+
+// Close closes every connection; it waits for connections in use to be
+// released.
+func (s *Store) Close() {
+	s.pool.Close()
+}
+
+// Pool returns the underlying pool, for code that needs pgx directly
+// (COPY, LISTEN). Queries and WithTx cover everything else.
+func (s *Store) Pool() *pgxpool.Pool {
+	return s.pool
+}
+
+// Queries returns the typed queries bound to the pool: each call runs in its
+// own implicit transaction. Inside WithTx use db.New(tx) instead.
+func (s *Store) Queries() *db.Queries {
+	return s.queries
+}
+
+// WithTx runs fn in one transaction: READ ONLY when readOnly is set,
+// READ WRITE otherwise, at the database's default isolation (READ
+// COMMITTED). The transaction commits when fn returns nil and rolls back
+// when fn returns an error or panics (the panic continues after the
+// rollback). The error of fn is returned unchanged.
+func (s *Store) WithTx(ctx context.Context, readOnly bool, fn func(ctx context.Context, tx pgx.Tx) error) (retErr error) {
+	opts := pgx.TxOptions{AccessMode: pgx.ReadWrite}
+	if readOnly {
+		opts.AccessMode = pgx.ReadOnly
+	}
+	tx, err := s.pool.BeginTx(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("store: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if committed {
+			return
+		}
+		// The caller's context may be why fn failed; roll back regardless.
+		rbErr := tx.Rollback(context.WithoutCancel(ctx))
+		if rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) && retErr != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("store: rollback: %w", rbErr))
+		}
+	}()
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	committed = true
+	return nil
+}
+
+// Ping asks the database for its time and measures the round trip.
+func (s *Store) Ping(ctx context.Context) (dbTime time.Time, latency time.Duration, err error) {
+	start := time.Now()
+	dbTime, err = s.queries.DatabaseNow(ctx)
+	latency = time.Since(start)
+	if err != nil {
+		return time.Time{}, latency, fmt.Errorf("store: ping: %w", err)
+	}
+	return dbTime.UTC(), latency, nil
+}

@@ -1,0 +1,137 @@
+package gogen
+
+// staticSource is the part of gen/api that does not depend on the catalog:
+// the registry row type and the error type. It is written as Go source and
+// formatted like the rest.
+const staticSource = `package api
+
+import (
+	"context"
+	"fmt"
+
+	"computeplane/internal/wire"
+)
+
+// Kind is how a method is called: read, mutation or public.
+type Kind string
+
+// Method kinds.
+const (
+	KindRead     Kind = "read"
+	KindMutation Kind = "mutation"
+	KindPublic   Kind = "public"
+)
+
+// Status tells whether a method is served.
+type Status string
+
+// Method statuses.
+const (
+	StatusRegistered Status = "registered"
+	StatusPlanned    Status = "planned"
+)
+
+// ResourceRef is a resource type (without the typePrefix) and the input
+// field that holds its id ("global" for the fleet).
+type ResourceRef struct {
+	Type    string
+	IDField string
+}
+
+// Alternate is another resource the decision is made on when WhenField is
+// present (WhenIn empty) or holds one of WhenIn.
+type Alternate struct {
+	ResourceRef
+	WhenField string
+	WhenIn    []string
+}
+
+// Resource is what the one decision of a call is made on.
+type Resource struct {
+	ResourceRef
+	Parent     *ResourceRef
+	Draft      bool
+	Attributes []string
+	Items      string
+	Alternates []Alternate
+}
+
+// Idempotency names a method's idempotency key, the id it derives and the
+// fields whose difference under one key is CONFLICT.
+type Idempotency struct {
+	Key       string
+	DerivesID string
+	Compare   []string
+}
+
+// Method is one row of the registry.
+type Method struct {
+	Group       string
+	Name        string
+	FullName    string // group.method
+	Route       string // below the base path: /group/method
+	Phase       string
+	Status      Status
+	Kind        Kind
+	Action      string // empty for public methods
+	Resource    *Resource
+	Idempotency *Idempotency
+	Wait        bool
+	Events      []string
+	Errors      []Code
+	Description string
+	// TenantScoped is true when the input has tenantId.
+	TenantScoped bool
+	// Decode checks a parsed body and returns the typed input (a pointer).
+	Decode func(obj map[string]any, iss *wire.Issues) any
+	// Invoke calls the group's service; nil for planned methods.
+	Invoke func(ctx context.Context, s *Services, in any) (any, error)
+}
+
+// Registered reports whether the method is served.
+func (m *Method) Registered() bool { return m.Status == StatusRegistered }
+
+// Lookup returns the method at route (below the base path), or nil.
+func Lookup(route string) *Method { return methodsByRoute[route] }
+
+// Error is a service error: a code of the catalog, a message for people and
+// optional structured details.
+type Error struct {
+	Code    Code
+	Message string
+	Details map[string]any
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+
+// HTTPStatus is the status the code answers with.
+func (e *Error) HTTPStatus() int { return e.Code.HTTPStatus() }
+
+// Errorf builds a service error.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// WithDetails returns e with details set.
+func (e *Error) WithDetails(details map[string]any) *Error {
+	e.Details = details
+	return e
+}
+
+// NotImplemented is the answer of a planned method.
+func NotImplemented(m *Method) *Error {
+	phase := m.Phase
+	if phase == "none" {
+		return Errorf(CodeNotImplemented, "%s is not implemented yet: it is planned without a phase", m.FullName)
+	}
+	return Errorf(CodeNotImplemented, "%s is not implemented yet: it is planned for %s", m.FullName, phase)
+}
+
+// HTTPStatus is the status the code answers with; an unknown code is 500.
+func (c Code) HTTPStatus() int {
+	if s, ok := codeStatus[c]; ok {
+		return s
+	}
+	return 500
+}
+`
