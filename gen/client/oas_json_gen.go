@@ -1727,7 +1727,7 @@ func (s *GatewayInfo) encodeFields(e *jx.Encoder) {
 	}
 	{
 		e.FieldStart("url")
-		json.EncodeURI(e, s.URL)
+		e.Str(s.URL)
 	}
 }
 
@@ -1769,8 +1769,8 @@ func (s *GatewayInfo) Decode(d *jx.Decoder) error {
 		case "url":
 			requiredBitSet[0] |= 1 << 2
 			if err := func() error {
-				v, err := json.DecodeURI(d)
-				s.URL = v
+				v, err := d.Str()
+				s.URL = string(v)
 				if err != nil {
 					return err
 				}
@@ -3098,41 +3098,6 @@ func (s OptString) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *OptString) UnmarshalJSON(data []byte) error {
-	d := jx.DecodeBytes(data)
-	return s.Decode(d)
-}
-
-// Encode encodes url.URL as json.
-func (o OptURI) Encode(e *jx.Encoder) {
-	if !o.Set {
-		return
-	}
-	json.EncodeURI(e, o.Value)
-}
-
-// Decode decodes url.URL from json.
-func (o *OptURI) Decode(d *jx.Decoder) error {
-	if o == nil {
-		return errors.New("invalid: unable to decode OptURI to nil")
-	}
-	o.Set = true
-	v, err := json.DecodeURI(d)
-	if err != nil {
-		return err
-	}
-	o.Value = v
-	return nil
-}
-
-// MarshalJSON implements stdjson.Marshaler.
-func (s OptURI) MarshalJSON() ([]byte, error) {
-	e := jx.Encoder{}
-	s.Encode(&e)
-	return e.Bytes(), nil
-}
-
-// UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *OptURI) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -16736,7 +16701,7 @@ func (s *Webhook) encodeFields(e *jx.Encoder) {
 	}
 	{
 		e.FieldStart("url")
-		json.EncodeURI(e, s.URL)
+		e.Str(s.URL)
 	}
 	{
 		e.FieldStart("version")
@@ -16852,8 +16817,8 @@ func (s *Webhook) Decode(d *jx.Decoder) error {
 		case "url":
 			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
-				v, err := json.DecodeURI(d)
-				s.URL = v
+				v, err := d.Str()
+				s.URL = string(v)
 				if err != nil {
 					return err
 				}
@@ -17284,7 +17249,7 @@ func (s *WebhooksCreateInput) encodeFields(e *jx.Encoder) {
 	}
 	{
 		e.FieldStart("url")
-		json.EncodeURI(e, s.URL)
+		e.Str(s.URL)
 	}
 }
 
@@ -17349,8 +17314,8 @@ func (s *WebhooksCreateInput) Decode(d *jx.Decoder) error {
 		case "url":
 			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
-				v, err := json.DecodeURI(d)
-				s.URL = v
+				v, err := d.Str()
+				s.URL = string(v)
 				if err != nil {
 					return err
 				}

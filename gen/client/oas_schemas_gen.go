@@ -4,7 +4,6 @@ package client
 
 import (
 	"fmt"
-	"net/url"
 	"time"
 
 	"github.com/go-faster/errors"
@@ -714,7 +713,7 @@ type GatewayInfo struct {
 	ServerName OptString `json:"serverName"`
 	// Pin of the gateway serving CA.
 	ServingCaPin OptString `json:"servingCaPin"`
-	URL          url.URL   `json:"url"`
+	URL          string    `json:"url"`
 }
 
 // GetServerName returns the value of ServerName.
@@ -728,7 +727,7 @@ func (s *GatewayInfo) GetServingCaPin() OptString {
 }
 
 // GetURL returns the value of URL.
-func (s *GatewayInfo) GetURL() url.URL {
+func (s *GatewayInfo) GetURL() string {
 	return s.URL
 }
 
@@ -743,7 +742,7 @@ func (s *GatewayInfo) SetServingCaPin(val OptString) {
 }
 
 // SetURL sets the value of URL.
-func (s *GatewayInfo) SetURL(val url.URL) {
+func (s *GatewayInfo) SetURL(val string) {
 	s.URL = val
 }
 
@@ -1938,52 +1937,6 @@ func (o OptString) Get() (v string, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptString) Or(d string) string {
-	if v, ok := o.Get(); ok {
-		return v
-	}
-	return d
-}
-
-// NewOptURI returns new OptURI with value set to v.
-func NewOptURI(v url.URL) OptURI {
-	return OptURI{
-		Value: v,
-		Set:   true,
-	}
-}
-
-// OptURI is optional url.URL.
-type OptURI struct {
-	Value url.URL
-	Set   bool
-}
-
-// IsSet returns true if OptURI was set.
-func (o OptURI) IsSet() bool { return o.Set }
-
-// Reset unsets value.
-func (o *OptURI) Reset() {
-	var v url.URL
-	o.Value = v
-	o.Set = false
-}
-
-// SetTo sets value to v.
-func (o *OptURI) SetTo(v url.URL) {
-	o.Set = true
-	o.Value = v
-}
-
-// Get returns value and boolean that denotes whether value was set.
-func (o OptURI) Get() (v url.URL, ok bool) {
-	if !o.Set {
-		return v, false
-	}
-	return o.Value, true
-}
-
-// Or returns value if set, or given parameter if does not.
-func (o OptURI) Or(d url.URL) url.URL {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -6609,7 +6562,7 @@ type Webhook struct {
 	// Tenant identifier.
 	TenantId  string    `json:"tenantId"`
 	UpdatedAt time.Time `json:"updatedAt"`
-	URL       url.URL   `json:"url"`
+	URL       string    `json:"url"`
 	// Incremented on update.
 	Version int64 `json:"version"`
 	// Webhook identifier.
@@ -6647,7 +6600,7 @@ func (s *Webhook) GetUpdatedAt() time.Time {
 }
 
 // GetURL returns the value of URL.
-func (s *Webhook) GetURL() url.URL {
+func (s *Webhook) GetURL() string {
 	return s.URL
 }
 
@@ -6692,7 +6645,7 @@ func (s *Webhook) SetUpdatedAt(val time.Time) {
 }
 
 // SetURL sets the value of URL.
-func (s *Webhook) SetURL(val url.URL) {
+func (s *Webhook) SetURL(val string) {
 	s.URL = val
 }
 
@@ -6770,8 +6723,8 @@ type WebhooksCreateInput struct {
 	Description OptString `json:"description"`
 	Events      []string  `json:"events"`
 	// Tenant identifier.
-	TenantId string  `json:"tenantId"`
-	URL      url.URL `json:"url"`
+	TenantId string `json:"tenantId"`
+	URL      string `json:"url"`
 }
 
 // GetDescription returns the value of Description.
@@ -6790,7 +6743,7 @@ func (s *WebhooksCreateInput) GetTenantId() string {
 }
 
 // GetURL returns the value of URL.
-func (s *WebhooksCreateInput) GetURL() url.URL {
+func (s *WebhooksCreateInput) GetURL() string {
 	return s.URL
 }
 
@@ -6810,7 +6763,7 @@ func (s *WebhooksCreateInput) SetTenantId(val string) {
 }
 
 // SetURL sets the value of URL.
-func (s *WebhooksCreateInput) SetURL(val url.URL) {
+func (s *WebhooksCreateInput) SetURL(val string) {
 	s.URL = val
 }
 
@@ -7265,8 +7218,8 @@ type WebhooksUpdateInput struct {
 	Description OptString `json:"description"`
 	Events      []string  `json:"events"`
 	// Tenant identifier.
-	TenantId string `json:"tenantId"`
-	URL      OptURI `json:"url"`
+	TenantId string    `json:"tenantId"`
+	URL      OptString `json:"url"`
 	// Webhook identifier.
 	WebhookId string `json:"webhookId"`
 }
@@ -7292,7 +7245,7 @@ func (s *WebhooksUpdateInput) GetTenantId() string {
 }
 
 // GetURL returns the value of URL.
-func (s *WebhooksUpdateInput) GetURL() OptURI {
+func (s *WebhooksUpdateInput) GetURL() OptString {
 	return s.URL
 }
 
@@ -7322,7 +7275,7 @@ func (s *WebhooksUpdateInput) SetTenantId(val string) {
 }
 
 // SetURL sets the value of URL.
-func (s *WebhooksUpdateInput) SetURL(val OptURI) {
+func (s *WebhooksUpdateInput) SetURL(val OptString) {
 	s.URL = val
 }
 

@@ -467,6 +467,12 @@ func (b *builder) Schema(s *catalog.Schema) *openapi3.SchemaRef {
 			o.Enum = append(o.Enum, e)
 		}
 		o.Format = s.Format
+		if s.Format == "uri" {
+			// ogen maps format uri to url.URL and drops the length bound;
+			// a plain string keeps the client simple and the bound checked.
+			o.Format = ""
+			o.Extensions = map[string]any{"x-format": "uri"}
+		}
 	case catalog.TInteger, catalog.TNumber:
 		o.Type = &openapi3.Types{openapi3.TypeNumber}
 		if s.Type == catalog.TInteger {

@@ -99,15 +99,9 @@ func TestOperations(t *testing.T) {
 		if !m.Registered() {
 			assert.Contains(t, op.Description, "NOT_IMPLEMENTED", m.FullName())
 		}
-		var headers []string
-		for _, p := range op.Parameters {
-			headers = append(headers, p.Value.Name)
-			if p.Value.Name == "X-Service" {
-				assert.True(t, p.Value.Required)
-				assert.Equal(t, []any{"1"}, p.Value.Schema.Value.Enum)
-			}
-		}
-		assert.Equal(t, []string{"X-Service", "X-Request-Id", "traceparent"}, headers)
+		// Headers travel through security schemes and documented
+		// components, never per-call parameters.
+		assert.Empty(t, op.Parameters)
 		require.True(t, op.RequestBody.Value.Required)
 		assert.Equal(t, "#/components/schemas/"+m.TypeName()+"Input",
 			op.RequestBody.Value.Content.Get("application/json").Schema.Ref)
@@ -117,9 +111,9 @@ func TestOperations(t *testing.T) {
 		assert.Equal(t, "#/components/responses/"+ErrorResponseName, op.Responses.Default().Ref)
 		require.NotNil(t, op.Security)
 		if m.Kind == catalog.KindPublic {
-			assert.Equal(t, openapi3.SecurityRequirements{{}, {BearerScheme: {}}}, *op.Security)
+			assert.Equal(t, openapi3.SecurityRequirements{{ServiceScheme: {}}, {ServiceScheme: {}, BearerScheme: {}}}, *op.Security)
 		} else {
-			assert.Equal(t, openapi3.SecurityRequirements{{BearerScheme: {}}}, *op.Security)
+			assert.Equal(t, openapi3.SecurityRequirements{{ServiceScheme: {}, BearerScheme: {}}}, *op.Security)
 		}
 	}
 }
@@ -129,10 +123,17 @@ func TestErrorEnvelope(t *testing.T) {
 	require.NoError(t, err)
 	doc := load(t, generate(t, repoCatalog))
 	code := doc.Components.Schemas[ErrorCodeSchema].Value
-	require.Len(t, code.Enum, len(c.Errors))
+	assert.Empty(t, code.Enum, "an open list: clients must not fail on a code added later")
+	known, ok := code.Extensions[ExtEnum].([]any)
+	require.True(t, ok)
+	require.Len(t, known, len(c.Errors))
 	for i, e := range c.Errors {
-		assert.Equal(t, e.Code, code.Enum[i])
+		assert.Equal(t, e.Code, known[i])
 	}
+	service := doc.Components.SecuritySchemes[ServiceScheme].Value
+	assert.Equal(t, "apiKey", service.Type)
+	assert.Equal(t, "header", service.In)
+	assert.Equal(t, "X-Service", service.Name)
 	env := doc.Components.Schemas[ErrorResponseSchema].Value
 	assert.Equal(t, []string{"error"}, env.Required)
 	inner := env.Properties["error"].Value
@@ -166,7 +167,7 @@ func TestSchemaFragments(t *testing.T) {
 		{"ThingsCreateInput", "ratio", `{"type":"number","minimum":0}`},
 		{"ThingsCreateInput", "network", `{"type":"string","enum":["egress","private","none"]}`},
 		{"ThingsCreateInput", "note", `{"type":"string","maxLength":256,"nullable":true}`},
-		{"ThingsCreateInput", "url", `{"type":"string","format":"uri","maxLength":2048}`},
+		{"ThingsCreateInput", "url", `{"type":"string","x-format":"uri","maxLength":2048}`},
 		{"ThingsCreateInput", "warm", `{"$ref":"#/components/schemas/Warm"}`},
 		{"ThingsCreateInput", "env", `{"type":"object","maxProperties":64,
 			"additionalProperties":{"type":"string","maxLength":1024},

@@ -1,0 +1,116 @@
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-builtin-rules --no-print-directory
+
+DEVDB := scripts/devdb.sh
+SECRET_FILE := .service/secret
+
+# Fuzz targets run by fuzz-short (and so by test): space-separated
+# <package>:<FuzzName> entries, e.g. ./internal/wire:FuzzDecode.
+FUZZ_TARGETS ?= ./internal/rpc:FuzzDecoders ./internal/wire:FuzzParseObject ./internal/config:FuzzLoadFile ./internal/reqmeta:FuzzRequestID ./internal/reqmeta:FuzzTraceparent
+FUZZ_TIME ?= 10s
+
+# SERVICE_ENV runs first in recipes that need the service's environment.
+# Unless the caller set them, SERVICE_DATABASE_URL points at the private
+# cluster under .service/ (started on demand) and SERVICE_SECRET is the one
+# kept in .service/secret.
+SERVICE_ENV = \
+	if [[ -z "$${SERVICE_DATABASE_URL:-}" ]]; then \
+		SERVICE_DATABASE_URL="$$($(DEVDB) start)"; export SERVICE_DATABASE_URL; \
+	fi; \
+	if [[ -z "$${SERVICE_SECRET:-}" ]]; then \
+		SERVICE_SECRET="$$(cat $(SECRET_FILE))"; export SERVICE_SECRET; \
+	fi
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: gen
+gen: ## Regenerate gen/, openapi.yaml and the client from catalog/, queries/ and migrations/
+	go run ./tools/catalogc gen
+	go tool sqlc generate
+	go tool ogen --loglevel warn --target gen/client --package client --clean --config tools/ogen.yaml openapi.yaml
+
+.PHONY: freeze
+freeze: ## Record the current API surface in catalog/frozen/
+	go run ./tools/catalogc freeze
+
+.PHONY: verify
+verify: ## Regenerate and fail if that changed or added any file
+	$(MAKE) gen
+	@status="$$(git status --porcelain)"; \
+	if [[ -n "$$status" ]]; then \
+		echo "verify: the tree differs from the commit after make gen:" >&2; \
+		echo "$$status" >&2; \
+		git --no-pager diff --stat >&2; \
+		git --no-pager diff | head -n 200 >&2 || true; \
+		exit 1; \
+	fi
+
+.PHONY: db
+db: ## Start the dev PostgreSQL cluster (when SERVICE_DATABASE_URL is unset) and print its URL
+	@if [[ -n "$${SERVICE_DATABASE_URL:-}" ]]; then \
+		echo "SERVICE_DATABASE_URL is set: not starting the dev cluster" >&2; \
+	else \
+		$(DEVDB) start; \
+	fi
+
+.PHONY: stop
+stop: ## Stop the dev PostgreSQL cluster
+	@$(DEVDB) stop
+
+$(SECRET_FILE):
+	@mkdir -p $(@D)
+	@umask 077; head -c 36 /dev/urandom | base64 | tr -d '\n' | tr '+/' '-_' >$@.tmp
+	@mv $@.tmp $@
+
+.PHONY: run
+run: $(SECRET_FILE) ## Run the service, every role, on PORT (default 3000)
+	@$(SERVICE_ENV); \
+	export SERVICE_BASE_URL="$${SERVICE_BASE_URL:-http://localhost:3000}"; \
+	exec go run ./cmd/computed
+
+.PHONY: test
+test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
+	@$(SERVICE_ENV); go test -count=1 ./...
+	@$(MAKE) fuzz-short
+
+.PHONY: fuzz-short
+fuzz-short: $(SECRET_FILE) ## Fuzz each FUZZ_TARGETS entry for FUZZ_TIME (default 10s)
+	@$(SERVICE_ENV); \
+	for target in $(FUZZ_TARGETS); do \
+		pkg="$${target%%:*}"; name="$${target##*:}"; \
+		echo "fuzz $$name in $$pkg for $(FUZZ_TIME)"; \
+		go test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZ_TIME) "$$pkg"; \
+	done
+
+.PHONY: bench
+bench: $(SECRET_FILE) ## Run the benchmarks
+	@$(SERVICE_ENV); go test -run='^$$' -bench=. ./...
+
+.PHONY: lint
+lint: ## go vet, and golangci-lint when installed
+	go vet ./...
+	@if command -v golangci-lint >/dev/null; then \
+		golangci-lint run ./...; \
+	else \
+		echo "lint: golangci-lint is not installed; ran go vet only" >&2; \
+	fi
+
+.PHONY: ci
+ci: ## What CI runs: test, then verify
+	$(MAKE) test
+	$(MAKE) verify
+
+.PHONY: clean
+clean: ## Stop the dev cluster and delete .service/ (its data, secret and PKI) and build output
+	@$(DEVDB) stop
+	@if [[ -s .service/pg.base ]]; then \
+		base="$$(cat .service/pg.base)"; \
+		case "$$base" in /tmp/computeplane-devdb-*) rm -rf "$$base" ;; esac; \
+	fi
+	rm -rf .service bin
+	go clean -testcache

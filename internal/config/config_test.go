@@ -1,0 +1,577 @@
+package config
+
+import (
+	"errors"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	testSecret = "0123456789abcdef0123456789abcdef"
+	testDB     = "postgres://app:hunter2@db.internal:5432/compute?sslmode=require"
+)
+
+// run loads with a minimal valid environment (database and secret), the
+// given overrides, and file as the SERVICE_CONFIG file when non-empty.
+func run(file string, env map[string]string) (*Config, error) {
+	vars := map[string]string{EnvDatabaseURL: testDB, EnvSecret: testSecret}
+	for k, v := range env {
+		vars[k] = v
+	}
+	if file != "" && vars[EnvConfig] == "" {
+		vars[EnvConfig] = "service.yaml"
+	}
+	read := func(name string) ([]byte, error) {
+		if name != "service.yaml" {
+			return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+		}
+		return []byte(file), nil
+	}
+	return load(func(k string) string { return vars[k] }, read)
+}
+
+func TestErrorText(t *testing.T) {
+	t.Parallel()
+	err := error(&Error{Option: "capacity.maxBatch", Message: "must be from 1 to 64"})
+	require.EqualError(t, err, "INVALID_CONFIG: capacity.maxBatch: must be from 1 to 64")
+}
+
+func TestDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := run("", nil)
+	require.NoError(t, err)
+	want := &Config{
+		Database:     testDB,
+		Secret:       testSecret,
+		BaseURL:      "http://localhost:3000",
+		IAM:          IAM{Kind: IAMEmbedded},
+		RootTenantID: "root",
+		BasePath:     "/api/compute",
+		TypePrefix:   "compute-",
+		PKI:          PKI{TrustVersion: 1},
+		PKIFile:      ".service/pki.json",
+		Capacity: Capacity{
+			Placer: PlacerInline, MaxBatch: 64, MaxAttempts: 3,
+			RollupEvery: 5 * time.Minute, UsageEvery: 5 * time.Minute, SpotNoticeMs: 120000,
+		},
+		Scheduler: Scheduler{TopN: 5},
+		Clock:     ClockDatabase,
+		Log:       Log{Level: "warn"},
+		Workers:   Workers{BatchSize: 32, Concurrency: 4, PollMs: 1000, ClaimTTLMs: 60000, ResyncMs: 300000},
+		Metrics:   Metrics{Path: "/metrics"},
+		Host:      "0.0.0.0",
+		Port:      3000,
+		Roles:     []Role{RoleAPI, RoleControllers, RoleScheduler, RoleSinks, RoleIAM},
+	}
+	require.Equal(t, want, c)
+	require.True(t, c.HasRole(RoleAPI))
+	require.False(t, c.HasRole(RoleGateway))
+}
+
+const fullYAML = `
+database: postgres://file@db/compute
+secret: file-secret-file-secret-file-secret-00
+baseURL: https://compute.example.com/
+iam:
+  kind: embedded
+  rootTenantId: platform
+  events:
+    path: /hooks/iam
+    secret: iam-events-secret-iam-events-secret-0
+rootTenantId: platform
+basePath: /compute
+typePrefix: cp-
+modules: [billing-export]
+plugins: [gpu-burn, firmware]
+drivers: [ipmi, redfish]
+providers: [hetzner]
+attestors: [tpm]
+tunnels:
+  issuer: https://compute.example.com
+  ssh: true
+  sshRequiresMfa: false
+  sshAccounts: [root, ops]
+  limits: {tunnelsPerMinute: 30, sshCertificatesPerHour: 5}
+pki:
+  nodeCa: {certFile: /etc/cp/node-ca.pem, keyFile: /etc/cp/node-ca.key}
+  servingCa:
+    cert: |
+      -----BEGIN CERTIFICATE-----
+      MIIB
+      -----END CERTIFICATE-----
+    keyFile: /etc/cp/serving.key
+  join: {keyFile: /etc/cp/join.key}
+  commandSigning: {keyFile: /etc/cp/cmd.key}
+  commandSigningRoots:
+    - file: /etc/cp/cmd-root.pem
+  trustVersion: 3
+notifier: {kind: postgres}
+sinks:
+  events:
+    - {id: siem, kind: http, url: "https://siem.example.com/ingest?src=cp"}
+  audit:
+    - {id: siem, kind: file, path: /var/log/cp/audit.jsonl}
+acceptIamCookie: true
+trustedProxies: [10.0.0.0/8, 192.168.1.7, "2001:db8::/32", "::1", 10.1.2.3/8]
+gateway:
+  url: https://gw.example.com:8443
+  serverName: gw.example.com
+  region: eu-west
+downloads: {dir: /srv/downloads, blob: "s3://bucket/downloads"}
+supportBundles: {blob: "s3://bucket/bundles", maxBytes: 1048576}
+capacity:
+  placer: pool-lease
+  maxBatch: 16
+  maxAttempts: 5
+  rollupEvery: 1m
+  usageEvery: 10m
+  spotNoticeMs: 30000
+scheduler:
+  plugins: [gpu-affinity]
+  weights: {pack: 1, spread: 0.5}
+  topN: 3
+clock: system
+log: {level: debug}
+workers:
+  id: worker-1.eu:a
+  batchSize: 100
+  concurrency: 8
+  pollMs: 500
+  claimTtlMs: 30000
+  resyncMs: 60000
+metrics: {token: metrics-token-0123456789, path: /internal/metrics}
+host: 127.0.0.1
+port: 8080
+roles: [sinks, api, gateway]
+`
+
+func TestFullFile(t *testing.T) {
+	t.Parallel()
+	// Only the file: clear what run sets in the environment.
+	c, err := run(fullYAML, map[string]string{EnvDatabaseURL: "", EnvSecret: ""})
+	require.NoError(t, err)
+	want := &Config{
+		Database: "postgres://file@db/compute",
+		Secret:   "file-secret-file-secret-file-secret-00",
+		BaseURL:  "https://compute.example.com",
+		IAM: IAM{Kind: IAMEmbedded, RootTenantID: "platform", Events: &IAMEvents{
+			Path: "/hooks/iam", Secret: "iam-events-secret-iam-events-secret-0",
+		}},
+		RootTenantID: "platform",
+		BasePath:     "/compute",
+		TypePrefix:   "cp-",
+		Modules:      []string{"billing-export"},
+		Plugins:      []string{"gpu-burn", "firmware"},
+		Drivers:      []string{"ipmi", "redfish"},
+		Providers:    []string{"hetzner"},
+		Attestors:    []string{"tpm"},
+		Tunnels: &Tunnels{
+			Issuer: "https://compute.example.com", SSH: true, SSHRequiresMFA: false,
+			SSHAccounts: []string{"root", "ops"},
+			Limits:      TunnelLimits{TunnelsPerMinute: 30, SSHCertificatesPerHour: 5},
+		},
+		PKI: PKI{
+			NodeCA: &KeyPair{Cert: PEM{File: "/etc/cp/node-ca.pem"}, Key: PEM{File: "/etc/cp/node-ca.key"}},
+			ServingCA: &KeyPair{
+				Cert: PEM{Inline: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"},
+				Key:  PEM{File: "/etc/cp/serving.key"},
+			},
+			Join:                &KeyPair{Key: PEM{File: "/etc/cp/join.key"}},
+			CommandSigning:      &KeyPair{Key: PEM{File: "/etc/cp/cmd.key"}},
+			CommandSigningRoots: []PEM{{File: "/etc/cp/cmd-root.pem"}},
+			TrustVersion:        3,
+		},
+		PKIFile:  ".service/pki.json",
+		Notifier: &Notifier{Kind: NotifierPostgres},
+		Sinks: Sinks{
+			Events: []Sink{{ID: "siem", Kind: SinkHTTP, URL: "https://siem.example.com/ingest?src=cp"}},
+			Audit:  []Sink{{ID: "siem", Kind: SinkFile, Path: "/var/log/cp/audit.jsonl"}},
+		},
+		AcceptIAMCookie: true,
+		TrustedProxies: []netip.Prefix{
+			netip.MustParsePrefix("10.0.0.0/8"),
+			netip.MustParsePrefix("192.168.1.7/32"),
+			netip.MustParsePrefix("2001:db8::/32"),
+			netip.MustParsePrefix("::1/128"),
+			netip.MustParsePrefix("10.0.0.0/8"),
+		},
+		Gateway:        &Gateway{URL: "https://gw.example.com:8443", ServerName: "gw.example.com", Region: "eu-west"},
+		Downloads:      &Downloads{Dir: "/srv/downloads", Blob: "s3://bucket/downloads"},
+		SupportBundles: &SupportBundles{Blob: "s3://bucket/bundles", MaxBytes: 1048576},
+		Capacity: Capacity{
+			Placer: PlacerPoolLease, MaxBatch: 16, MaxAttempts: 5,
+			RollupEvery: time.Minute, UsageEvery: 10 * time.Minute, SpotNoticeMs: 30000,
+		},
+		Scheduler: Scheduler{Plugins: []string{"gpu-affinity"}, Weights: map[string]float64{"pack": 1, "spread": 0.5}, TopN: 3},
+		Clock:     ClockSystem,
+		Log:       Log{Level: "debug"},
+		Workers:   Workers{ID: "worker-1.eu:a", BatchSize: 100, Concurrency: 8, PollMs: 500, ClaimTTLMs: 30000, ResyncMs: 60000},
+		Metrics:   Metrics{Token: "metrics-token-0123456789", Path: "/internal/metrics"},
+		Host:      "127.0.0.1",
+		Port:      8080,
+		Roles:     []Role{RoleAPI, RoleSinks, RoleGateway},
+	}
+	require.Equal(t, want, c)
+}
+
+func TestJSONFile(t *testing.T) {
+	t.Parallel()
+	c, err := run(`{"basePath": "/c", "capacity": {"maxBatch": 8}, "trustedProxies": ["::/0"]}`, nil)
+	require.NoError(t, err)
+	require.Equal(t, "/c", c.BasePath)
+	require.Equal(t, 8, c.Capacity.MaxBatch)
+	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("::/0")}, c.TrustedProxies)
+}
+
+func TestEmptyFile(t *testing.T) {
+	t.Parallel()
+	for _, file := range []string{"# nothing\n", "---\n", "null\n"} {
+		c, err := run(file, nil)
+		require.NoError(t, err, file)
+		require.Equal(t, "/api/compute", c.BasePath)
+	}
+}
+
+func TestEnvironmentOverridesFile(t *testing.T) {
+	t.Parallel()
+	file := `
+database: postgres://file@db/x
+secret: file-secret-file-secret-file-secret-00
+baseURL: https://file.example.com
+host: 10.0.0.1
+port: 1
+roles: [api]
+metrics: {token: file-token-0123456789, path: /m}
+gateway: {url: "https://file-gw.example.com", region: eu}
+downloads: {blob: "s3://b/d"}
+`
+	env := map[string]string{
+		EnvDatabaseURL:       "postgres://env@db/x",
+		EnvSecret:            "env-secret-env-secret-env-secret-0000",
+		EnvBaseURL:           "https://env.example.com",
+		EnvHost:              "::",
+		EnvPort:              "0",
+		EnvRoles:             " sinks , gateway ",
+		EnvMetricsToken:      "env-token-0123456789",
+		EnvGatewayURL:        "https://env-gw.example.com",
+		EnvGatewayServerName: "gw.env.example.com",
+		EnvDownloadsDir:      "/env/downloads",
+		EnvPKI:               "/env/pki.json",
+	}
+	c, err := run(file, env)
+	require.NoError(t, err)
+	require.Equal(t, "postgres://env@db/x", c.Database)
+	require.Equal(t, env[EnvSecret], c.Secret)
+	require.Equal(t, "https://env.example.com", c.BaseURL)
+	require.Equal(t, "::", c.Host)
+	require.Equal(t, 0, c.Port)
+	require.Equal(t, []Role{RoleSinks, RoleGateway}, c.Roles)
+	require.Equal(t, Metrics{Token: "env-token-0123456789", Path: "/m"}, c.Metrics)
+	require.Equal(t, &Gateway{URL: "https://env-gw.example.com", ServerName: "gw.env.example.com", Region: "eu"}, c.Gateway)
+	require.Equal(t, &Downloads{Dir: "/env/downloads", Blob: "s3://b/d"}, c.Downloads)
+	require.Equal(t, "/env/pki.json", c.PKIFile)
+}
+
+func TestGatewayFromEnvironmentOnly(t *testing.T) {
+	t.Parallel()
+	c, err := run("", map[string]string{EnvGatewayURL: "https://gw.example.com"})
+	require.NoError(t, err)
+	require.Equal(t, &Gateway{URL: "https://gw.example.com"}, c.Gateway)
+	require.True(t, c.HasRole(RoleGateway), "all includes the gateway once one is configured")
+}
+
+func TestRoles(t *testing.T) {
+	t.Parallel()
+	workers := []Role{RoleControllers, RoleScheduler, RoleSinks, RoleIAM}
+	tests := []struct {
+		name    string
+		roles   string
+		gateway bool
+		want    []Role
+	}{
+		{"default is all without a gateway", "", false, append([]Role{RoleAPI}, workers...)},
+		{"all without a gateway", "all", false, append([]Role{RoleAPI}, workers...)},
+		{"all with a gateway", "all", true, append(append([]Role{RoleAPI}, workers...), RoleGateway)},
+		{"one role", "api", false, []Role{RoleAPI}},
+		{"kept in canonical order", "iam,api", false, []Role{RoleAPI, RoleIAM}},
+		{"duplicates collapse", "sinks,sinks", false, []Role{RoleSinks}},
+		{"all plus a role", "all,api", false, append([]Role{RoleAPI}, workers...)},
+		{"gateway alone", "gateway", true, []Role{RoleGateway}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{EnvRoles: tc.roles}
+			if tc.gateway {
+				env[EnvGatewayURL] = "https://gw.example.com"
+			}
+			c, err := run("", env)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, c.Roles)
+		})
+	}
+}
+
+func TestRootTenant(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, file, want string
+	}{
+		{"default", "", "root"},
+		{"named by the port", "iam: {rootTenantId: platform}", "platform"},
+		{"named by the option", "rootTenantId: platform", "platform"},
+		{"both agree", "rootTenantId: p\niam: {rootTenantId: p}", "p"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := run(tc.file, nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, c.RootTenantID)
+		})
+	}
+}
+
+func TestDatabaseIsNeverEchoed(t *testing.T) {
+	t.Parallel()
+	_, err := run("", map[string]string{EnvDatabaseURL: "mysql://u:hunter2@h/db"})
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "hunter2")
+}
+
+func TestSecretIsNeverEchoed(t *testing.T) {
+	t.Parallel()
+	_, err := run("", map[string]string{EnvSecret: "tooshort-hunter2"})
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "hunter2")
+}
+
+func TestLoadReadsTheFileNamedBySERVICE_CONFIG(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "service.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("basePath: /x\n"), 0o600))
+	env := map[string]string{EnvConfig: path, EnvDatabaseURL: testDB, EnvSecret: testSecret}
+	c, err := Load(func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Equal(t, "/x", c.BasePath)
+
+	env[EnvConfig] = filepath.Join(t.TempDir(), "missing.yaml")
+	_, err = Load(func(k string) string { return env[k] })
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	require.Equal(t, EnvConfig, cerr.Option)
+	require.Contains(t, cerr.Message, "no such file")
+}
+
+// TestInvalid holds one row per rule: the file and environment that break
+// it, the option the error must name and a part of its message.
+func TestInvalid(t *testing.T) {
+	t.Parallel()
+	type row struct {
+		name   string
+		file   string
+		env    map[string]string
+		option string
+		msg    string
+	}
+	env := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	const (
+		pem = "\"-----BEGIN CERTIFICATE-----\\nx\\n-----END CERTIFICATE-----\""
+	)
+	tests := []row{
+		// The file itself.
+		{"unreadable file", "", env(EnvConfig, "missing.yaml"), "SERVICE_CONFIG", "cannot read missing.yaml"},
+		{"not YAML", "basePath: [", nil, "SERVICE_CONFIG", "not valid YAML or JSON"},
+		{"not JSON", `{"basePath": "/x"`, nil, "SERVICE_CONFIG", "not valid YAML or JSON"},
+		{"two documents", "basePath: /a\n---\nbasePath: /b\n", nil, "SERVICE_CONFIG", "more than one document"},
+		{"not an object", "- a\n- b\n", nil, "SERVICE_CONFIG", "must hold an object"},
+		{"unknown option", "basepath: /x", nil, "basepath", "unknown option"},
+		{"unknown nested option", "capacity: {maxbatch: 3}", nil, "capacity.maxbatch", "unknown option"},
+		{"unknown option in a list item", "sinks: {events: [{id: a, kind: file, path: p, extra: 1}]}", nil, "sinks.events[0].extra", "unknown option"},
+		{"unknown JSON option", `{"capacity": {"placr": "inline"}}`, nil, "capacity.placr", "unknown option"},
+		{"option given twice", "basePath: /a\nbasePath: /b\n", nil, "basePath", "given more than once"},
+		{"wrong type: string for integer", "capacity: {maxBatch: many}", nil, "capacity.maxBatch", "must be an integer"},
+		{"wrong type: quoted integer", `capacity: {maxBatch: "8"}`, nil, "capacity.maxBatch", "must be an integer"},
+		{"wrong type: integer for string", "basePath: 12", nil, "basePath", "must be a string"},
+		{"wrong type: string for bool", "acceptIamCookie: sure", nil, "acceptIamCookie", "must be true or false"},
+		{"wrong type: scalar for object", "capacity: 3", nil, "capacity", "must be an object"},
+		{"wrong type: scalar for list", "plugins: gpu", nil, "plugins", "must be a list"},
+		{"wrong type: object for string", "basePath: {a: b}", nil, "basePath", "must be a string"},
+		{"integer out of range", "port: 99999999999999999999", nil, "port", "must be an integer"},
+
+		// database, secret, baseURL, basePath, typePrefix.
+		{"database required", "", env(EnvDatabaseURL, ""), "database", "is required"},
+		{"database not postgres", "", env(EnvDatabaseURL, "mysql://h/db"), "database", "postgres:// URL"},
+		{"secret required", "", env(EnvSecret, ""), "secret", "is required"},
+		{"secret at least 32 characters", "", env(EnvSecret, strings.Repeat("s", 31)), "secret", "at least 32 characters, got 31 (set by SERVICE_SECRET)"},
+		{"baseURL http or https", "baseURL: ftp://h", nil, "baseURL", "http or https"},
+		{"baseURL absolute", "baseURL: /relative", nil, "baseURL", "absolute URL"},
+		{"baseURL without credentials", "baseURL: https://u:p@h", nil, "baseURL", "credentials"},
+		{"baseURL without query", "baseURL: https://h?a=b", nil, "baseURL", "query"},
+		{"baseURL without fragment", "baseURL: https://h#f", nil, "baseURL", "fragment"},
+		{"baseURL is an origin", "baseURL: https://h/api", nil, "baseURL", "without a path"},
+		{"baseURL port", "baseURL: https://h:99999", nil, "baseURL", "port"},
+		{"baseURL from the environment", "", env(EnvBaseURL, "h:3000"), "baseURL", "(set by SERVICE_BASE_URL)"},
+		{"basePath absolute", "basePath: api", nil, "basePath", "absolute path"},
+		{"basePath without trailing slash", "basePath: /api/", nil, "basePath", "must not end with /"},
+		{"basePath not root", "basePath: /", nil, "basePath", "must not be /"},
+		{"basePath plain", "basePath: /a?b", nil, "basePath", "plain path"},
+		{"basePath without dot segments", "basePath: /a/../b", nil, "basePath", ". or .."},
+		{"typePrefix shape", "typePrefix: Compute_", nil, "typePrefix", "a-z, 0-9 and -"},
+
+		// iam and rootTenantId.
+		{"iam kind", "iam: {kind: openfga}", nil, "iam.kind", "must be embedded"},
+		{"iam rootTenantId shape", "iam: {rootTenantId: 'a b'}", nil, "iam.rootTenantId", "TenantId"},
+		{"iam events secret required", "iam: {events: {path: /e}}", nil, "iam.events.secret", "is required"},
+		{"iam events secret length", "iam: {events: {secret: short}}", nil, "iam.events.secret", "at least 32"},
+		{"iam events path absolute", "iam: {events: {path: e, secret: " + testSecret + "}}", nil, "iam.events.path", "absolute path"},
+		{"rootTenantId shape", "rootTenantId: 'a/b'", nil, "rootTenantId", "TenantId"},
+		{"rootTenantId length", "rootTenantId: " + strings.Repeat("a", 129), nil, "rootTenantId", "TenantId"},
+		{"rootTenantId agrees with the port", "rootTenantId: a\niam: {rootTenantId: b}", nil, "rootTenantId", "must agree with iam.rootTenantId"},
+
+		// modules, plugins, drivers, providers, attestors.
+		{"modules shape", "modules: [Billing]", nil, "modules[0]", "1 to 64 characters"},
+		{"plugins shape", "plugins: [gpu, 9lives]", nil, "plugins[1]", "1 to 64 characters"},
+		{"plugins unique", "plugins: [gpu, gpu]", nil, "plugins[1]", "duplicates"},
+		{"drivers shape", "drivers: [ipmi_v2]", nil, "drivers[0]", "1 to 64 characters"},
+		{"providers shape", "providers: ['']", nil, "providers[0]", "1 to 64 characters"},
+		{"attestors shape", "attestors: [" + strings.Repeat("a", 65) + "]", nil, "attestors[0]", "1 to 64 characters"},
+
+		// tunnels.
+		{"tunnels issuer required", "tunnels: {ssh: true}", nil, "tunnels.issuer", "is required"},
+		{"tunnels issuer is the origin of baseURL", "tunnels: {issuer: 'https://other.example.com'}", nil, "tunnels.issuer", "origin of baseURL (http://localhost:3000)"},
+		{"tunnels issuer is a URL", "tunnels: {issuer: issuer}", nil, "tunnels.issuer", "absolute URL"},
+		{"tunnels sshAccounts not empty", "tunnels: {issuer: 'http://localhost:3000', sshAccounts: []}", nil, "tunnels.sshAccounts", "at least one"},
+		{"tunnels sshAccounts shape", "tunnels: {issuer: 'http://localhost:3000', sshAccounts: [Root]}", nil, "tunnels.sshAccounts[0]", "user name"},
+		{"tunnels tunnelsPerMinute", "tunnels: {issuer: 'http://localhost:3000', limits: {tunnelsPerMinute: 0}}", nil, "tunnels.limits.tunnelsPerMinute", "at least 1"},
+		{"tunnels sshCertificatesPerHour", "tunnels: {issuer: 'http://localhost:3000', limits: {sshCertificatesPerHour: -1}}", nil, "tunnels.limits.sshCertificatesPerHour", "at least 1"},
+
+		// pki.
+		{"pki trustVersion at least 1", "pki: {trustVersion: 0}", nil, "pki.trustVersion", "at least 1"},
+		{"pki CA needs a key", "pki: {nodeCa: {certFile: a}}", nil, "pki.nodeCa.key", "is required"},
+		{"pki CA needs a cert", "pki: {servingCa: {keyFile: a}}", nil, "pki.servingCa.cert", "is required"},
+		{"pki inline or file, not both", "pki: {nodeCa: {cert: " + pem + ", certFile: a, keyFile: b}}", nil, "pki.nodeCa.cert", "not both"},
+		{"pki inline is PEM", "pki: {join: {key: notpem}}", nil, "pki.join.key", "PEM text"},
+		{"pki commandSigning needs a key", "pki: {commandSigning: {}}", nil, "pki.commandSigning.key", "is required"},
+		{"pki commandSigningRoots entries", "pki: {commandSigningRoots: [{}]}", nil, "pki.commandSigningRoots[0]", "needs pem or file"},
+
+		// notifier.
+		{"notifier kind required", "notifier: {}", nil, "notifier.kind", "is required"},
+		{"notifier kind", "notifier: {kind: redis}", nil, "notifier.kind", "postgres or none"},
+
+		// sinks.
+		{"sinks usage invalid", "sinks: {usage: [{id: a, kind: file, path: p}]}", nil, "sinks.usage", "usage goes to billing through the identity bridge"},
+		{"sinks id required", "sinks: {events: [{kind: file, path: p}]}", nil, "sinks.events[0].id", "is required"},
+		{"sinks id shape", "sinks: {audit: [{id: A!, kind: file, path: p}]}", nil, "sinks.audit[0].id", "1 to 63 characters"},
+		{"sinks id unique per kind", "sinks: {events: [{id: a, kind: file, path: p}, {id: a, kind: file, path: q}]}", nil, "sinks.events[1].id", "unique among their kind"},
+		{"sinks kind required", "sinks: {events: [{id: a}]}", nil, "sinks.events[0].kind", "is required"},
+		{"sinks kind", "sinks: {events: [{id: a, kind: kafka}]}", nil, "sinks.events[0].kind", "http or file"},
+		{"sinks http needs url", "sinks: {events: [{id: a, kind: http}]}", nil, "sinks.events[0].url", "is required"},
+		{"sinks http url scheme", "sinks: {events: [{id: a, kind: http, url: 'ftp://h'}]}", nil, "sinks.events[0].url", "http or https"},
+		{"sinks http url credentials", "sinks: {events: [{id: a, kind: http, url: 'https://u:p@h'}]}", nil, "sinks.events[0].url", "credentials"},
+		{"sinks http takes no path", "sinks: {events: [{id: a, kind: http, url: 'https://h', path: p}]}", nil, "sinks.events[0].path", "file sinks"},
+		{"sinks file needs path", "sinks: {audit: [{id: a, kind: file}]}", nil, "sinks.audit[0].path", "is required"},
+		{"sinks file takes no url", "sinks: {audit: [{id: a, kind: file, path: p, url: 'https://h'}]}", nil, "sinks.audit[0].url", "http sinks"},
+
+		// trustedProxies.
+		{"trustedProxies name", "trustedProxies: [proxy.local]", nil, "trustedProxies[0]", "IPv4 or IPv6"},
+		{"trustedProxies prefix length", "trustedProxies: [10.0.0.0/8, 10.0.0.1/33]", nil, "trustedProxies[1]", "IPv4 or IPv6"},
+		{"trustedProxies zone", "trustedProxies: ['fe80::1%eth0']", nil, "trustedProxies[0]", "IPv4 or IPv6"},
+
+		// gateway.
+		{"gateway url required", "gateway: {serverName: gw}", nil, "gateway.url", "is required"},
+		{"gateway url required (environment)", "", env(EnvGatewayServerName, "gw"), "gateway.url", "is required"},
+		{"gateway url https", "gateway: {url: 'http://gw'}", nil, "gateway.url", "https"},
+		{"gateway url credentials", "gateway: {url: 'https://u@gw'}", nil, "gateway.url", "credentials"},
+		{"gateway url query", "gateway: {url: 'https://gw?a=1'}", nil, "gateway.url", "query"},
+		{"gateway url fragment", "gateway: {url: 'https://gw#x'}", nil, "gateway.url", "fragment"},
+		{"gateway url from the environment", "", env(EnvGatewayURL, "gw:443"), "gateway.url", "(set by SERVICE_GATEWAY_URL)"},
+		{"gateway serverName DNS name", "gateway: {url: 'https://gw', serverName: 'gw_1.example.com'}", nil, "gateway.serverName", "DNS name"},
+		{"gateway serverName IP", "gateway: {url: 'https://gw', serverName: '10.0.0.1'}", nil, "gateway.serverName", "not an IP address"},
+		{"gateway region shape", "gateway: {url: 'https://gw', region: EU}", nil, "gateway.region", "Region"},
+
+		// downloads and supportBundles.
+		{"downloads needs dir or blob", "downloads: {}", nil, "downloads", "dir or blob"},
+		{"downloads blob URL", "downloads: {blob: bucket}", nil, "downloads.blob", "absolute URL"},
+		{"supportBundles blob required", "supportBundles: {maxBytes: 10}", nil, "supportBundles.blob", "is required"},
+		{"supportBundles blob credentials", "supportBundles: {blob: 's3://k:s@bucket'}", nil, "supportBundles.blob", "credentials"},
+		{"supportBundles maxBytes positive", "supportBundles: {blob: 's3://b', maxBytes: 0}", nil, "supportBundles.maxBytes", "positive"},
+
+		// capacity.
+		{"capacity placer", "capacity: {placer: batch}", nil, "capacity.placer", "inline or pool-lease"},
+		{"capacity maxBatch at least 1", "capacity: {maxBatch: 0}", nil, "capacity.maxBatch", "from 1 to 64"},
+		{"capacity maxBatch at most 64", "capacity: {maxBatch: 65}", nil, "capacity.maxBatch", "from 1 to 64"},
+		{"capacity maxAttempts", "capacity: {maxAttempts: 0}", nil, "capacity.maxAttempts", "at least 1"},
+		{"capacity rollupEvery duration", "capacity: {rollupEvery: 5}", nil, "capacity.rollupEvery", "must be a string"},
+		{"capacity rollupEvery syntax", "capacity: {rollupEvery: five}", nil, "capacity.rollupEvery", "duration"},
+		{"capacity usageEvery positive", "capacity: {usageEvery: 0s}", nil, "capacity.usageEvery", "at least 1s"},
+		{"capacity spotNoticeMs", "capacity: {spotNoticeMs: -1}", nil, "capacity.spotNoticeMs", "at least 0"},
+
+		// scheduler.
+		{"scheduler plugins shape", "scheduler: {plugins: [Pack]}", nil, "scheduler.plugins[0]", "1 to 64 characters"},
+		{"scheduler weights key", "scheduler: {weights: {Pack: 1}}", nil, "scheduler.weights.Pack", "scorer"},
+		{"scheduler weights value", "scheduler: {weights: {pack: -1}}", nil, "scheduler.weights.pack", "at least 0"},
+		{"scheduler weights number", "scheduler: {weights: {pack: high}}", nil, "scheduler.weights.pack", "must be a number"},
+		{"scheduler weights finite", "scheduler: {weights: {pack: .inf}}", nil, "scheduler.weights.pack", "at least 0"},
+		{"scheduler topN", "scheduler: {topN: 0}", nil, "scheduler.topN", "at least 1"},
+
+		// clock, log.
+		{"clock", "clock: ntp", nil, "clock", "database or system"},
+		{"log level", "log: {level: trace}", nil, "log.level", "debug, info, warn or error"},
+
+		// workers.
+		{"workers id shape", "workers: {id: 'a b'}", nil, "workers.id", "1 to 128 characters"},
+		{"workers id length", "workers: {id: ''}", nil, "workers.id", "1 to 128 characters"},
+		{"workers batchSize min", "workers: {batchSize: 0}", nil, "workers.batchSize", "from 1 to 1000"},
+		{"workers batchSize max", "workers: {batchSize: 1001}", nil, "workers.batchSize", "from 1 to 1000"},
+		{"workers concurrency min", "workers: {concurrency: 0}", nil, "workers.concurrency", "from 1 to 64"},
+		{"workers concurrency max", "workers: {concurrency: 65}", nil, "workers.concurrency", "from 1 to 64"},
+		{"workers pollMs min", "workers: {pollMs: 9}", nil, "workers.pollMs", "from 10 to 60000"},
+		{"workers pollMs max", "workers: {pollMs: 60001}", nil, "workers.pollMs", "from 10 to 60000"},
+		{"workers claimTtlMs min", "workers: {claimTtlMs: 999}", nil, "workers.claimTtlMs", "from 1000 to 3600000"},
+		{"workers claimTtlMs max", "workers: {claimTtlMs: 3600001}", nil, "workers.claimTtlMs", "from 1000 to 3600000"},
+		{"workers resyncMs min", "workers: {resyncMs: 999}", nil, "workers.resyncMs", "from 1000 to 86400000"},
+		{"workers resyncMs max", "workers: {resyncMs: 86400001}", nil, "workers.resyncMs", "from 1000 to 86400000"},
+
+		// metrics.
+		{"metrics token at least 16", "metrics: {token: short}", nil, "metrics.token", "at least 16"},
+		{"metrics token from the environment", "", env(EnvMetricsToken, "short"), "metrics.token", "(set by SERVICE_METRICS_TOKEN)"},
+		{"metrics path absolute", "metrics: {path: metrics}", nil, "metrics.path", "absolute path"},
+		{"metrics path not root", "metrics: {path: /}", nil, "metrics.path", "must not be /"},
+
+		// host, port.
+		{"host", "host: 'not a host'", nil, "host", "IP address or a host name"},
+		{"port range", "port: 65536", nil, "port", "from 0 to 65535"},
+		{"port integer (environment)", "", env(EnvPort, "http"), "port", "(set by PORT)"},
+
+		// roles.
+		{"roles unknown (environment)", "", env(EnvRoles, "api,web"), "roles", `unknown role "web"`},
+		{"roles unknown (file)", "roles: [api, web]", nil, "roles[1]", `unknown role "web"`},
+		{"roles empty name", "", env(EnvRoles, "api,,iam"), "roles", "empty role name"},
+		{"roles gateway needs a gateway", "", env(EnvRoles, "gateway"), "roles", "needs the gateway option"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := run(tc.file, tc.env)
+			var cerr *Error
+			require.True(t, errors.As(err, &cerr), "want *Error, got %v", err)
+			require.Equal(t, tc.option, cerr.Option, cerr.Error())
+			require.Contains(t, cerr.Message, tc.msg)
+			require.True(t, strings.HasPrefix(err.Error(), "INVALID_CONFIG: "+tc.option+": "))
+		})
+	}
+}
