@@ -4,6 +4,117 @@
 
 package db
 
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+type IamApiKey struct {
+	ID           string
+	TenantID     string
+	IdentityID   string
+	TokenHash    []byte
+	Mfa          bool
+	AgentID      pgtype.Text
+	DelegationID pgtype.Text
+	CreatedAt    time.Time
+	RevokedAt    *time.Time
+}
+
+type IamConfirmation struct {
+	ID           string
+	DelegationID string
+	Action       string
+	ResourceType string
+	ResourceID   string
+	CreatedAt    time.Time
+	ExpiresAt    time.Time
+}
+
+type IamDelegation struct {
+	ID             string
+	TenantID       string
+	IdentityID     string
+	AgentID        string
+	ConfirmActions []string
+	CreatedAt      time.Time
+}
+
+type IamIdentity struct {
+	ID        string
+	TenantID  string
+	Kind      string
+	CreatedAt time.Time
+}
+
+type IamInbox struct {
+	Seq        int64
+	EventID    string
+	Type       string
+	IdentityID string
+	Session    string
+	At         time.Time
+}
+
+type IamRelationship struct {
+	ResourceType string
+	ResourceID   string
+	Relation     string
+	IdentityID   string
+	CreatedAt    time.Time
+}
+
+type IamResource struct {
+	Type       string
+	ID         string
+	TenantID   string
+	ParentType pgtype.Text
+	ParentID   pgtype.Text
+	OwnerID    pgtype.Text
+	Attributes []byte
+	Draft      bool
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
+type IamRoleBinding struct {
+	TenantID   string
+	IdentityID string
+	Role       string
+	CreatedAt  time.Time
+}
+
+type IamTenant struct {
+	ID        string
+	CreatedAt time.Time
+}
+
+type IamUsageDeadLetter struct {
+	ID          int64
+	Key         string
+	TenantID    string
+	Meter       string
+	Quantity    float64
+	WindowStart time.Time
+	WindowEnd   time.Time
+	Tags        []byte
+	Error       string
+	At          time.Time
+}
+
+type IamUsageRecord struct {
+	Key         string
+	TenantID    string
+	Meter       string
+	Quantity    float64
+	WindowStart time.Time
+	WindowEnd   time.Time
+	Tags        []byte
+	Outcome     string
+	RecordedAt  time.Time
+}
+
 type ServiceMeta struct {
 	Key   string
 	Value string

@@ -551,6 +551,12 @@ func TestInvalid(t *testing.T) {
 		{"metrics token from the environment", "", env(EnvMetricsToken, "short"), "metrics.token", "(set by SERVICE_METRICS_TOKEN)"},
 		{"metrics path absolute", "metrics: {path: metrics}", nil, "metrics.path", "absolute path"},
 		{"metrics path not root", "metrics: {path: /}", nil, "metrics.path", "must not be /"},
+		{"metrics path outside the base path", "metrics: {path: /api/compute/metrics}", nil, "metrics.path", "outside the base path"},
+		{"metrics path not the base path", "metrics: {path: /api/compute}", nil, "metrics.path", "outside the base path"},
+		{"metrics path not a built-in route", "metrics: {path: /healthz}", nil, "metrics.path", "built-in route /healthz"},
+		{"metrics path not the well-known route", "metrics: {path: /.well-known/service}", nil, "metrics.path", "built-in route"},
+		{"iam events path outside the base path", "iam: {events: {path: /api/compute/iam, secret: 0123456789abcdef0123456789abcdef}}", nil, "iam.events.path", "outside the base path"},
+		{"metrics and iam events paths differ", "iam: {events: {path: /hooks, secret: 0123456789abcdef0123456789abcdef}}\nmetrics: {path: /hooks}", nil, "metrics.path", "must differ"},
 
 		// host, port.
 		{"host", "host: 'not a host'", nil, "host", "IP address or a host name"},

@@ -235,6 +235,26 @@ func checkOrigin(s string) (string, string) {
 	return u.Scheme + "://" + u.Host, ""
 }
 
+// builtinRoutes are the host routes every deployment serves.
+var builtinRoutes = []string{"/healthz", "/readyz", "/.well-known/service", "/watch"}
+
+// checkHostRoute is checkAbsPath plus the rule for configurable host routes:
+// outside the base path and not reusing a built-in path.
+func checkHostRoute(p, basePath string) string {
+	if msg := checkAbsPath(p); msg != "" {
+		return msg
+	}
+	switch {
+	case p == "/":
+		return "must not be /"
+	case p == basePath || strings.HasPrefix(p, basePath+"/"):
+		return "must be outside the base path " + basePath
+	case slices.Contains(builtinRoutes, p):
+		return "must not reuse the built-in route " + p
+	}
+	return ""
+}
+
 func checkAbsPath(p string) string {
 	switch {
 	case !strings.HasPrefix(p, "/"):
@@ -267,7 +287,7 @@ func (b *builder) iam(fc *fileConfig, c *Config) error {
 	}
 	if fi.Events != nil {
 		ev := &IAMEvents{Path: deref(fi.Events.Path, DefaultIAMEventsPath), Secret: deref(fi.Events.Secret, "")}
-		if msg := checkAbsPath(ev.Path); msg != "" {
+		if msg := checkHostRoute(ev.Path, c.BasePath); msg != "" {
 			return b.errorf("iam.events.path", "%s", msg)
 		}
 		if ev.Secret == "" {
@@ -800,11 +820,11 @@ func (b *builder) metrics(fc *fileConfig, c *Config) error {
 		return b.errorf("metrics.token", "must be at least %d characters", MinMetricsToken)
 	}
 	c.Metrics.Path = deref(fm.Path, DefaultMetricsPath)
-	if msg := checkAbsPath(c.Metrics.Path); msg != "" {
+	if msg := checkHostRoute(c.Metrics.Path, c.BasePath); msg != "" {
 		return b.errorf("metrics.path", "%s", msg)
 	}
-	if c.Metrics.Path == "/" {
-		return b.errorf("metrics.path", "must not be /")
+	if c.IAM.Events != nil && c.IAM.Events.Path == c.Metrics.Path {
+		return b.errorf("metrics.path", "must differ from iam.events.path")
 	}
 	return nil
 }

@@ -1,0 +1,409 @@
+package main
+
+// Tests of run, the process without the process: configuration errors come
+// before any connection (interface specification, "Configuration
+// options"), serve starts in the specification's order and shuts down on
+// cancel ("Host startup and shutdown"), migrate applies the embedded
+// migrations, and a database a newer build migrated is refused, naming the
+// unknown migrations (Versioning, rule 7).
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"computeplane/internal/buildinfo"
+	"computeplane/internal/dbtest"
+	"computeplane/internal/host"
+	"computeplane/internal/store"
+	"computeplane/internal/testenv"
+	"computeplane/migrations"
+)
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func getenv(env map[string]string) func(string) string {
+	return func(k string) string { return env[k] }
+}
+
+// fakeDatabase listens where a database URL points and counts the
+// connections made to it; each is closed at once.
+type fakeDatabase struct {
+	url      string
+	accepted atomic.Int64
+}
+
+func newFakeDatabase(t *testing.T) *fakeDatabase {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	f := &fakeDatabase{url: "postgres://nobody@" + ln.Addr().String() + "/x?sslmode=disable&connect_timeout=5"}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			f.accepted.Add(1)
+			_ = c.Close()
+		}
+	}()
+	return f
+}
+
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "computed.yaml")
+	require.NoError(t, os.WriteFile(p, []byte(yaml), 0o600))
+	return p
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	return port
+}
+
+func TestInvalidConfigBeforeAnyConnection(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		env    map[string]string
+		file   string // SERVICE_CONFIG content, when set
+		option string
+	}{
+		{name: "secret too short", env: map[string]string{"SERVICE_SECRET": "too-short"}, option: "secret"},
+		{name: "secret missing", env: map[string]string{"SERVICE_SECRET": ""}, option: "secret"},
+		{name: "baseURL with query", env: map[string]string{"SERVICE_BASE_URL": "https://compute.example.com/?x=1"}, option: "baseURL"},
+		{name: "baseURL with credentials", env: map[string]string{"SERVICE_BASE_URL": "https://u:p@compute.example.com"}, option: "baseURL"},
+		{name: "unknown key in file", file: "database: postgres://x@127.0.0.1:1/x\nbogusOption: 1\n", option: "bogusOption"},
+		{name: "basePath trailing slash", file: "basePath: /api/compute/\n", option: "basePath"},
+		{name: "trustedProxies bad entry", file: "trustedProxies:\n  - 10.0.0.0/8\n  - not-an-address\n", option: "trustedProxies[1]"},
+		{name: "capacity.maxBatch 65", file: "capacity:\n  maxBatch: 65\n", option: "capacity.maxBatch"},
+		{name: "metrics token too short", env: map[string]string{"SERVICE_METRICS_TOKEN": "fifteen-chars.."}, option: "metrics.token"},
+		{name: "gateway url not https", env: map[string]string{"SERVICE_GATEWAY_URL": "http://gw.example.com"}, option: "gateway.url"},
+		{name: "unknown role", env: map[string]string{"SERVICE_ROLES": "api,web"}, option: "roles"},
+		{name: "port not a number", env: map[string]string{"PORT": "http"}, option: "port"},
+		{name: "config file missing", env: map[string]string{"SERVICE_CONFIG": "/nonexistent/computed.yaml"}, option: "SERVICE_CONFIG"},
+	}
+	for _, tc := range cases {
+		for _, cmd := range []string{"serve", "migrate"} {
+			t.Run(tc.name+"/"+cmd, func(t *testing.T) {
+				t.Parallel()
+				db := newFakeDatabase(t)
+				env := map[string]string{
+					"SERVICE_DATABASE_URL": db.url,
+					"SERVICE_SECRET":       testenv.TestSecret,
+					"HOST":                 "127.0.0.1",
+					"PORT":                 strconv.Itoa(freePort(t)),
+				}
+				if tc.file != "" {
+					env["SERVICE_CONFIG"] = writeConfig(t, tc.file)
+				}
+				for k, v := range tc.env {
+					env[k] = v
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+				defer cancel()
+				var stdout, stderr syncBuffer
+				code := run(ctx, []string{cmd}, getenv(env), &stdout, &stderr)
+				assert.Equal(t, 2, code)
+				assert.Empty(t, stdout.String())
+				assert.Contains(t, stderr.String(), "INVALID_CONFIG: "+tc.option+": ")
+				assert.NotContains(t, stderr.String(), "connect")
+				assert.Zero(t, db.accepted.Load(), "no connection is opened")
+			})
+		}
+	}
+}
+
+// The probe above sees a connection when there is one.
+func TestValidConfigConnects(t *testing.T) {
+	t.Parallel()
+	db := newFakeDatabase(t)
+	env := map[string]string{
+		"SERVICE_DATABASE_URL": db.url,
+		"SERVICE_SECRET":       testenv.TestSecret,
+		"HOST":                 "127.0.0.1",
+		"PORT":                 strconv.Itoa(freePort(t)),
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	var stdout, stderr syncBuffer
+	assert.Equal(t, 1, run(ctx, nil, getenv(env), &stdout, &stderr), stderr.String())
+	assert.Positive(t, db.accepted.Load())
+	assert.NotContains(t, stderr.String(), "INVALID_CONFIG")
+	assert.Contains(t, stderr.String(), "startup failed")
+	assert.NotContains(t, stderr.String(), db.url, "the database URL is not logged")
+}
+
+func TestUnknownCommand(t *testing.T) {
+	t.Parallel()
+	db := newFakeDatabase(t)
+	env := map[string]string{"SERVICE_DATABASE_URL": db.url, "SERVICE_SECRET": testenv.TestSecret}
+	var stdout, stderr syncBuffer
+	assert.Equal(t, 2, run(t.Context(), []string{"bogus"}, getenv(env), &stdout, &stderr))
+	assert.Contains(t, stderr.String(), "usage: computed")
+	assert.Zero(t, db.accepted.Load())
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr syncBuffer
+	// No configuration is needed to print the version.
+	code := run(t.Context(), []string{"version"}, getenv(nil), &stdout, &stderr)
+	assert.Equal(t, 0, code)
+	assert.Equal(t, buildinfo.Version()+"\n", stdout.String())
+	assert.NotEmpty(t, strings.TrimSpace(stdout.String()))
+	assert.Empty(t, stderr.String())
+}
+
+type process struct {
+	addr   string
+	cancel context.CancelFunc
+	done   chan int
+	stderr *syncBuffer
+}
+
+// start runs `computed serve` (no args) on a free port until the test ends.
+func start(t *testing.T, env map[string]string) *process {
+	t.Helper()
+	port := freePort(t)
+	env["HOST"] = "127.0.0.1"
+	env["PORT"] = strconv.Itoa(port)
+	if env["SERVICE_SECRET"] == "" {
+		env["SERVICE_SECRET"] = testenv.TestSecret
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &process{
+		addr:   net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		cancel: cancel, done: make(chan int, 1), stderr: &syncBuffer{},
+	}
+	go func() { p.done <- run(ctx, nil, getenv(env), io.Discard, p.stderr) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-p.done:
+			p.done <- code
+		case <-time.After(10 * time.Second):
+			t.Error("run did not return after cancel")
+		}
+	})
+	return p
+}
+
+func (p *process) get(path string) (int, []byte, error) {
+	resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + p.addr + path)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}
+
+func (p *process) waitHealthy(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		select {
+		case code := <-p.done:
+			p.done <- code
+			t.Fatalf("run returned %d before serving: %s", code, p.stderr.String())
+		default:
+		}
+		status, _, err := p.get("/healthz")
+		return err == nil && status == http.StatusOK
+	}, 20*time.Second, 20*time.Millisecond, "GET /healthz answers 200")
+}
+
+func (p *process) stop(t *testing.T) int {
+	t.Helper()
+	p.cancel()
+	select {
+	case code := <-p.done:
+		p.done <- code
+		return code
+	case <-time.After(host.ShutdownGrace + 5*time.Second):
+		t.Fatal("run did not return after cancel")
+		return -1
+	}
+}
+
+func TestServeAnswersAndShutsDown(t *testing.T) {
+	t.Parallel()
+	p := start(t, map[string]string{"SERVICE_DATABASE_URL": dbtest.URL(t)})
+	p.waitHealthy(t)
+
+	status, body, err := p.get("/healthz")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, status)
+	assert.JSONEq(t, `{"ok":true}`, string(body))
+	status, body, err = p.get("/readyz")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, status)
+	assert.JSONEq(t, `{"ok":true}`, string(body))
+	status, body, err = p.get("/.well-known/service")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, status)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(body, &doc))
+	assert.Equal(t, buildinfo.Version(), doc["version"])
+
+	start := time.Now()
+	assert.Equal(t, 0, p.stop(t), p.stderr.String())
+	assert.Less(t, time.Since(start), host.ShutdownGrace+time.Second)
+	_, err = net.DialTimeout("tcp", p.addr, time.Second)
+	assert.Error(t, err, "the listener is closed")
+	assert.NotContains(t, p.stderr.String(), `"level":"ERROR"`)
+}
+
+// serve migrates an empty database before it listens.
+func TestServeMigratesAtStartup(t *testing.T) {
+	t.Parallel()
+	u := dbtest.EmptyURL(t)
+	p := start(t, map[string]string{"SERVICE_DATABASE_URL": u})
+	p.waitHealthy(t)
+	assert.Equal(t, embeddedVersions(t), applied(t, u))
+	assert.Equal(t, 0, p.stop(t), p.stderr.String())
+}
+
+// SERVICE_SKIP_MIGRATIONS=1 serves without migrating.
+func TestServeSkipsMigrations(t *testing.T) {
+	t.Parallel()
+	u := dbtest.EmptyURL(t)
+	p := start(t, map[string]string{"SERVICE_DATABASE_URL": u, "SERVICE_SKIP_MIGRATIONS": "1"})
+	p.waitHealthy(t)
+	assert.Empty(t, applied(t, u))
+	assert.Equal(t, 0, p.stop(t), p.stderr.String())
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	u := dbtest.EmptyURL(t)
+	require.Empty(t, applied(t, u))
+	env := map[string]string{"SERVICE_DATABASE_URL": u, "SERVICE_SECRET": testenv.TestSecret}
+	var stdout, stderr syncBuffer
+	require.Equal(t, 0, run(t.Context(), []string{"migrate"}, getenv(env), &stdout, &stderr), stderr.String())
+	assert.Equal(t, embeddedVersions(t), applied(t, u))
+	assert.Empty(t, stdout.String())
+
+	// A second run finds nothing to do.
+	require.Equal(t, 0, run(t.Context(), []string{"migrate"}, getenv(env), &stdout, &stderr), stderr.String())
+	assert.Equal(t, embeddedVersions(t), applied(t, u))
+	assert.NotContains(t, stderr.String(), `"level":"ERROR"`)
+}
+
+// A database holding a migration this build does not know (a newer build
+// migrated it) is refused by serve and migrate, naming the migration.
+func TestUnknownAppliedMigrationIsRefused(t *testing.T) {
+	t.Parallel()
+	u := dbtest.URL(t)
+	conn, err := pgx.Connect(t.Context(), u)
+	require.NoError(t, err)
+	_, err = conn.Exec(t.Context(), "INSERT INTO goose_db_version (version_id, is_applied) VALUES (99999, true)")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(t.Context()))
+
+	port := freePort(t)
+	env := map[string]string{
+		"SERVICE_DATABASE_URL": u,
+		"SERVICE_SECRET":       testenv.TestSecret,
+		"HOST":                 "127.0.0.1",
+		"PORT":                 strconv.Itoa(port),
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var stdout, stderr syncBuffer
+	code := run(ctx, nil, getenv(env), &stdout, &stderr)
+	require.Equal(t, 1, code, "serve: %s", stderr.String())
+	line := errorLine(t, stderr.String(), "startup failed")
+	assert.Contains(t, line, "99999")
+	_, err = net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
+	assert.Error(t, err, "nothing listens")
+
+	var migrateErr syncBuffer
+	code = run(ctx, []string{"migrate"}, getenv(env), &stdout, &migrateErr)
+	require.Equal(t, 1, code, "migrate: %s", migrateErr.String())
+	assert.Contains(t, errorLine(t, migrateErr.String(), "migrate failed"), "99999")
+
+	// Nothing was applied or removed.
+	assert.Equal(t, append(embeddedVersions(t), 99999), applied(t, u))
+}
+
+// errorLine returns the JSON log line at level ERROR whose msg is msg.
+func errorLine(t *testing.T, logs, msg string) string {
+	t.Helper()
+	for _, l := range strings.Split(logs, "\n") {
+		var rec struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+		}
+		if json.Unmarshal([]byte(l), &rec) == nil && rec.Level == "ERROR" && rec.Msg == msg {
+			return l
+		}
+	}
+	t.Fatalf("no ERROR line %q in:\n%s", msg, logs)
+	return ""
+}
+
+// embeddedVersions lists the versions of the embedded migrations, ascending.
+func embeddedVersions(t *testing.T) []int64 {
+	t.Helper()
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	require.NotEmpty(t, names)
+	out := make([]int64, 0, len(names))
+	for _, n := range names {
+		num, _, ok := strings.Cut(n, "_")
+		require.True(t, ok, n)
+		v, err := strconv.ParseInt(num, 10, 64)
+		require.NoError(t, err, n)
+		out = append(out, v)
+	}
+	return out
+}
+
+func applied(t *testing.T, u string) []int64 {
+	t.Helper()
+	st, err := store.Open(t.Context(), u)
+	require.NoError(t, err)
+	defer st.Close()
+	v, err := st.AppliedMigrations(t.Context())
+	require.NoError(t, err)
+	return v
+}

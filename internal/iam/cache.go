@@ -1,0 +1,137 @@
+package iam
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"sync"
+	"time"
+)
+
+// Cache windows of the specification's Limits table.
+const (
+	CredentialTTL = 30 * time.Second
+	AllowTTL      = 10 * time.Second
+	// maxEntries bounds each cache; past it expired entries are swept and,
+	// if that is not enough, the cache starts over (a miss is only a call).
+	maxEntries = 100_000
+)
+
+// Cached wraps a Port with the two caches the specification allows:
+// authenticated credentials for 30 s, keyed by a hash of the credential and
+// the source address, and allowed read decisions for 10 s per session.
+// Require is never cached, and neither is any refusal.
+type Cached struct {
+	Port
+	now func() time.Time
+
+	mu     sync.Mutex
+	creds  map[string]credEntry
+	allows map[string]time.Time
+}
+
+type credEntry struct {
+	caller  *Caller
+	expires time.Time
+}
+
+// NewCached returns p behind the caches; now is the clock (time.Now when nil).
+func NewCached(p Port, now func() time.Time) *Cached {
+	if now == nil {
+		now = time.Now
+	}
+	return &Cached{Port: p, now: now, creds: map[string]credEntry{}, allows: map[string]time.Time{}}
+}
+
+func credentialKey(c Credential) string {
+	h := sha256.New()
+	h.Write([]byte(c.Token))
+	h.Write([]byte{0})
+	if c.Cookie {
+		h.Write([]byte("cookie"))
+	}
+	h.Write([]byte{0})
+	h.Write([]byte(c.SourceIP.String()))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Authenticate answers from the cache when the same credential came from the
+// same address within CredentialTTL.
+func (c *Cached) Authenticate(ctx context.Context, cred Credential) (*Caller, error) {
+	key := credentialKey(cred)
+	now := c.now()
+	c.mu.Lock()
+	e, ok := c.creds[key]
+	c.mu.Unlock()
+	if ok && now.Before(e.expires) {
+		caller := *e.caller
+		return &caller, nil
+	}
+	caller, err := c.Port.Authenticate(ctx, cred)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if len(c.creds) >= maxEntries {
+		sweep(c.creds, now, func(e credEntry) time.Time { return e.expires })
+	}
+	stored := *caller
+	c.creds[key] = credEntry{caller: &stored, expires: now.Add(CredentialTTL)}
+	c.mu.Unlock()
+	return caller, nil
+}
+
+func allowKey(caller *Caller, action string, r Resource) string {
+	return caller.Session + "\x00" + action + "\x00" + r.Type + "\x00" + r.ID + "\x00" + r.TenantID
+}
+
+// Authorize answers an allow from the cache for AllowTTL per session.
+func (c *Cached) Authorize(ctx context.Context, caller *Caller, action string, r Resource) error {
+	key := allowKey(caller, action, r)
+	now := c.now()
+	c.mu.Lock()
+	exp, ok := c.allows[key]
+	c.mu.Unlock()
+	if ok && now.Before(exp) {
+		return nil
+	}
+	if err := c.Port.Authorize(ctx, caller, action, r); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if len(c.allows) >= maxEntries {
+		sweep(c.allows, now, func(t time.Time) time.Time { return t })
+	}
+	c.allows[key] = now.Add(AllowTTL)
+	c.mu.Unlock()
+	return nil
+}
+
+// DropSession forgets everything cached for a session, as an identity event
+// (a revoked credential or session) requires.
+func (c *Cached) DropSession(session string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, e := range c.creds {
+		if e.caller.Session == session {
+			delete(c.creds, k)
+		}
+	}
+	prefix := session + "\x00"
+	for k := range c.allows {
+		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
+			delete(c.allows, k)
+		}
+	}
+}
+
+func sweep[V any](m map[string]V, now time.Time, expires func(V) time.Time) {
+	for k, v := range m {
+		if !now.Before(expires(v)) {
+			delete(m, k)
+		}
+	}
+	if len(m) >= maxEntries {
+		clear(m)
+	}
+}

@@ -1,0 +1,163 @@
+// Package iam is the identity port: what the service asks of the external
+// identity service (authenticate a credential, decide an action on a
+// resource, keep the authorization projection and relationships, hand usage
+// to billing) and the caches and envelope gate built on it. Adapters
+// implement Port; the embedded adapter (internal/iam/embedded) keeps
+// everything in the service's own PostgreSQL.
+package iam
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Credential is what a caller presented, with the address the host verified.
+type Credential struct {
+	// Token is the bearer token (API key, session token or session JWT) or
+	// the session cookie's value.
+	Token string
+	// Cookie is set when Token came from the identity session cookie.
+	Cookie bool
+	// SourceIP is the caller's address as verified by the host (see
+	// SourceIP); invalid when the host has none.
+	SourceIP netip.Addr
+	// RequestID is forwarded to the identity service.
+	RequestID string
+}
+
+// Caller is an authenticated identity. The session id is kept for the
+// caches and never leaves the service.
+type Caller struct {
+	IdentityID   string
+	IdentityKind string // user, service, agent
+	TenantID     string
+	SessionKind  string // api-key, session, jwt
+	MFA          bool
+	AgentID      string // set for delegated agent sessions
+	DelegationID string // set for delegated agent sessions
+	// Session identifies the session for the allow cache; never returned.
+	Session string
+}
+
+// Resource is an object of the authorization projection.
+type Resource struct {
+	// Type carries the configured prefix (compute-site, compute-fleet ...).
+	Type     string
+	ID       string
+	TenantID string
+	Parent   *Ref
+	// Owner is the identity that created it; owners manage their own.
+	Owner      string
+	Attributes map[string]string
+	// Draft marks a resource written only so that a create can be decided
+	// on it; it becomes real when the create commits.
+	Draft bool
+}
+
+// Ref names a resource by type and id.
+type Ref struct {
+	Type, ID string
+}
+
+// Decision errors. Adapters return them (possibly wrapped); the gate maps
+// them to the envelope's codes.
+var (
+	// ErrUnauthenticated: the credential is unknown, revoked or expired.
+	ErrUnauthenticated = errors.New("iam: unauthenticated")
+	// ErrDenied: the identity may not do this.
+	ErrDenied = errors.New("iam: access denied")
+	// ErrUnavailable: the identity service cannot be reached; nothing changed.
+	ErrUnavailable = errors.New("iam: unavailable")
+)
+
+// ConfirmationRequired is the refusal of an action a delegated agent session
+// holds for confirmation.
+type ConfirmationRequired struct {
+	ConfirmationID string
+	ExpiresAt      time.Time // zero when it does not expire
+	Action         string
+	Resource       Ref
+}
+
+func (e *ConfirmationRequired) Error() string {
+	return "iam: confirmation required for " + e.Action + " on " + e.Resource.Type + "/" + e.Resource.ID
+}
+
+// Port is the identity service as the control plane uses it.
+type Port interface {
+	// RootTenant is the tenant that owns platform resources.
+	RootTenant() string
+	// Authenticate turns a credential into a caller (ErrUnauthenticated
+	// when it is not valid).
+	Authenticate(ctx context.Context, cred Credential) (*Caller, error)
+	// Require decides a mutation; it is never cached.
+	Require(ctx context.Context, c *Caller, action string, r Resource) error
+	// Authorize decides a read; the gate caches its allows per session.
+	Authorize(ctx context.Context, c *Caller, action string, r Resource) error
+	// Projection keeps the resources decisions are made on.
+	Projection() Projection
+	// Billing hands usage windows to billing.
+	Billing() Billing
+}
+
+// Projection is the authorization projection and its relationships. Writes
+// take the transaction of the call, so they commit or roll back with it.
+type Projection interface {
+	// PutDraft writes a draft resource outside any call transaction, so the
+	// decision can be made on it; DropDraft removes it after a refusal.
+	PutDraft(ctx context.Context, r Resource) error
+	DropDraft(ctx context.Context, r Ref) error
+	// Put writes (or makes real) a resource in the call's transaction.
+	Put(ctx context.Context, tx pgx.Tx, r Resource) error
+	// Delete removes a resource in the call's transaction.
+	Delete(ctx context.Context, tx pgx.Tx, r Ref) error
+	// Relate and Unrelate keep relationships such as project membership
+	// (relation member of an identity on compute-project/{id}).
+	Relate(ctx context.Context, tx pgx.Tx, r Ref, relation, identityID string) error
+	Unrelate(ctx context.Context, tx pgx.Tx, r Ref, relation, identityID string) error
+}
+
+// Usage outcomes of the billing bridge.
+const (
+	OutcomeRecorded     = "recorded"
+	OutcomeDuplicate    = "duplicate"
+	OutcomeReattributed = "reattributed"
+	OutcomeDeadLettered = "dead-lettered"
+)
+
+// UsageWindow is one hourly usage window handed to billing.
+type UsageWindow struct {
+	// Key is cmp:<allocationId>:<windowStartMs>.
+	Key        string
+	TenantID   string
+	Meter      string
+	Quantity   float64
+	Start, End time.Time
+	Tags       map[string]string
+}
+
+// Billing is the bridge usage windows cross to billing.
+type Billing interface {
+	// Record hands a window over by its idempotency key and answers the
+	// outcome (recorded, duplicate, reattributed or dead-lettered).
+	Record(ctx context.Context, w UsageWindow) (string, error)
+}
+
+// Event is an identity-service event drained from the inbox.
+type Event struct {
+	ID         string
+	Type       string // e.g. credential.revoked, session.revoked
+	IdentityID string
+	Session    string
+	At         time.Time
+}
+
+// Inbox yields identity events; workers drain it and react (drop caches,
+// close streams and tunnels).
+type Inbox interface {
+	Next(ctx context.Context, after string, limit int) ([]Event, error)
+}

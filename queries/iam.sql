@@ -1,0 +1,201 @@
+-- Queries of the embedded identity service (internal/iam/embedded), on the
+-- iam schema of migrations/00002_iam.sql.
+
+-- name: IAMEnsureTenant :exec
+INSERT INTO iam.tenants (id, created_at) VALUES (sqlc.arg(id), sqlc.arg(created_at))
+ON CONFLICT (id) DO NOTHING;
+
+-- IAMEnsureIdentity creates the identity when absent and answers the row as
+-- it is now, so the caller can see whether it lives in another tenant.
+-- name: IAMEnsureIdentity :one
+WITH ins AS (
+    INSERT INTO iam.identities (id, tenant_id, kind, created_at)
+    VALUES (sqlc.arg(id), sqlc.arg(tenant_id), sqlc.arg(kind), sqlc.arg(created_at))
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, tenant_id, kind
+)
+SELECT ins.id, ins.tenant_id, ins.kind FROM ins
+UNION ALL
+SELECT i.id, i.tenant_id, i.kind FROM iam.identities i WHERE i.id = sqlc.arg(id)
+LIMIT 1;
+
+-- IAMEnsureRoleBinding binds the role when the identity holds none in the
+-- tenant and answers the role it holds now.
+-- name: IAMEnsureRoleBinding :one
+WITH ins AS (
+    INSERT INTO iam.role_bindings (tenant_id, identity_id, role, created_at)
+    VALUES (sqlc.arg(tenant_id), sqlc.arg(identity_id), sqlc.arg(role), sqlc.arg(created_at))
+    ON CONFLICT (tenant_id, identity_id) DO NOTHING
+    RETURNING role
+)
+SELECT ins.role FROM ins
+UNION ALL
+SELECT b.role FROM iam.role_bindings b
+WHERE b.tenant_id = sqlc.arg(tenant_id) AND b.identity_id = sqlc.arg(identity_id)
+LIMIT 1;
+
+-- name: IAMGetRole :one
+SELECT role FROM iam.role_bindings WHERE tenant_id = $1 AND identity_id = $2;
+
+-- name: IAMInsertDelegation :exec
+INSERT INTO iam.delegations (id, tenant_id, identity_id, agent_id, confirm_actions, created_at)
+VALUES ($1, $2, $3, $4, sqlc.arg(confirm_actions)::text[], $5);
+
+-- name: IAMGetDelegation :one
+SELECT id, tenant_id, identity_id, agent_id, confirm_actions FROM iam.delegations WHERE id = $1;
+
+-- name: IAMInsertKey :exec
+INSERT INTO iam.api_keys (id, tenant_id, identity_id, token_hash, mfa, agent_id, delegation_id, created_at)
+VALUES ($1, $2, $3, $4, $5, sqlc.narg(agent_id), sqlc.narg(delegation_id), $6);
+
+-- name: IAMKeyByHash :one
+SELECT k.id, k.tenant_id, k.identity_id, k.mfa, k.agent_id, k.delegation_id, k.revoked_at, i.kind AS identity_kind
+FROM iam.api_keys k JOIN iam.identities i ON i.id = k.identity_id
+WHERE k.token_hash = $1;
+
+-- name: IAMRevokeKey :one
+UPDATE iam.api_keys SET revoked_at = sqlc.arg(revoked_at)
+WHERE id = sqlc.arg(id) AND revoked_at IS NULL
+RETURNING id, identity_id;
+
+-- name: IAMKeyExists :one
+SELECT EXISTS (SELECT 1 FROM iam.api_keys WHERE id = $1) AS found;
+
+-- name: IAMListKeys :many
+SELECT k.id, k.tenant_id, k.identity_id, i.kind AS identity_kind,
+       coalesce(b.role, '')::text AS role, k.mfa, k.agent_id, k.delegation_id,
+       coalesce(d.confirm_actions, '{}')::text[] AS confirm_actions,
+       k.created_at, k.revoked_at
+FROM iam.api_keys k
+JOIN iam.identities i ON i.id = k.identity_id
+LEFT JOIN iam.role_bindings b ON b.tenant_id = k.tenant_id AND b.identity_id = k.identity_id
+LEFT JOIN iam.delegations d ON d.id = k.delegation_id
+WHERE sqlc.arg(tenant_id)::text = '' OR k.tenant_id = sqlc.arg(tenant_id)::text
+ORDER BY k.tenant_id, k.created_at, k.id;
+
+-- name: IAMTenantHasAdminKey :one
+SELECT EXISTS (
+    SELECT 1 FROM iam.api_keys k
+    JOIN iam.role_bindings b ON b.tenant_id = k.tenant_id AND b.identity_id = k.identity_id
+    WHERE k.tenant_id = $1 AND k.revoked_at IS NULL AND b.role IN ('owner', 'admin')
+) AS found;
+
+-- name: IAMInsertConfirmation :exec
+INSERT INTO iam.confirmations (id, delegation_id, action, resource_type, resource_id, created_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: IAMGetConfirmation :one
+SELECT * FROM iam.confirmations WHERE id = $1;
+
+-- Projection.
+
+-- name: IAMGetResource :one
+SELECT * FROM iam.resources WHERE type = $1 AND id = $2;
+
+-- IAMPutDraft writes a draft; it never turns a real resource back into a
+-- draft nor changes it (a retried create is decided on what exists).
+-- name: IAMPutDraft :exec
+INSERT INTO iam.resources (type, id, tenant_id, parent_type, parent_id, owner_id, attributes, draft, created_at, updated_at)
+VALUES (sqlc.arg(type), sqlc.arg(id), sqlc.arg(tenant_id), sqlc.narg(parent_type), sqlc.narg(parent_id),
+        sqlc.narg(owner_id), sqlc.arg(attributes), true, sqlc.arg(now), sqlc.arg(now))
+ON CONFLICT (type, id) DO UPDATE SET
+    tenant_id = excluded.tenant_id,
+    parent_type = excluded.parent_type,
+    parent_id = excluded.parent_id,
+    owner_id = excluded.owner_id,
+    attributes = excluded.attributes,
+    updated_at = excluded.updated_at
+WHERE iam.resources.draft;
+
+-- name: IAMDropDraft :exec
+DELETE FROM iam.resources WHERE type = $1 AND id = $2 AND draft;
+
+-- IAMPutResource writes a real resource (or makes a draft real). An empty
+-- owner keeps the one recorded: writers that update need not know it.
+-- name: IAMPutResource :exec
+INSERT INTO iam.resources (type, id, tenant_id, parent_type, parent_id, owner_id, attributes, draft, created_at, updated_at)
+VALUES (sqlc.arg(type), sqlc.arg(id), sqlc.arg(tenant_id), sqlc.narg(parent_type), sqlc.narg(parent_id),
+        sqlc.narg(owner_id), sqlc.arg(attributes), false, sqlc.arg(now), sqlc.arg(now))
+ON CONFLICT (type, id) DO UPDATE SET
+    tenant_id = excluded.tenant_id,
+    parent_type = excluded.parent_type,
+    parent_id = excluded.parent_id,
+    owner_id = coalesce(excluded.owner_id, iam.resources.owner_id),
+    attributes = excluded.attributes,
+    draft = false,
+    updated_at = excluded.updated_at;
+
+-- name: IAMDeleteResource :exec
+DELETE FROM iam.resources WHERE type = $1 AND id = $2;
+
+-- name: IAMDeleteRelationshipsOf :exec
+DELETE FROM iam.relationships WHERE resource_type = $1 AND resource_id = $2;
+
+-- name: IAMRelate :exec
+INSERT INTO iam.relationships (resource_type, resource_id, relation, identity_id, created_at)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT DO NOTHING;
+
+-- name: IAMUnrelate :exec
+DELETE FROM iam.relationships
+WHERE resource_type = $1 AND resource_id = $2 AND relation = $3 AND identity_id = $4;
+
+-- IAMProjectMember reports whether the identity holds relation member on a
+-- project of the tenant that is the resource itself or one of its
+-- ancestors (followed through the projection, at most 8 levels up).
+-- name: IAMProjectMember :one
+WITH RECURSIVE chain (type, id, depth) AS (
+    SELECT sqlc.arg(type)::text, sqlc.arg(id)::text, 0
+    UNION ALL
+    SELECT sqlc.arg(parent_type)::text, sqlc.arg(parent_id)::text, 1
+    WHERE sqlc.arg(parent_type)::text <> ''
+    UNION ALL
+    SELECT r.parent_type, r.parent_id, c.depth + 1
+    FROM chain c JOIN iam.resources r ON r.type = c.type AND r.id = c.id
+    WHERE r.parent_type IS NOT NULL AND c.depth BETWEEN 1 AND 7
+)
+SELECT EXISTS (
+    SELECT 1 FROM chain c
+    JOIN iam.resources p ON p.type = c.type AND p.id = c.id AND p.tenant_id = sqlc.arg(tenant_id)::text AND NOT p.draft
+    JOIN iam.relationships rel ON rel.resource_type = c.type AND rel.resource_id = c.id
+    WHERE c.type = sqlc.arg(project_type)::text
+      AND rel.relation = 'member' AND rel.identity_id = sqlc.arg(identity_id)::text
+) AS member;
+
+-- Inbox.
+
+-- name: IAMInsertEvent :exec
+INSERT INTO iam.inbox (event_id, type, identity_id, session, at) VALUES ($1, $2, $3, $4, $5);
+
+-- name: IAMEventSeq :one
+SELECT seq FROM iam.inbox WHERE event_id = $1;
+
+-- name: IAMEventsAfter :many
+SELECT seq, event_id, type, identity_id, session, at FROM iam.inbox
+WHERE seq > sqlc.arg(after_seq)::bigint
+ORDER BY seq
+LIMIT sqlc.arg(max_rows)::int;
+
+-- Billing bridge.
+
+-- name: IAMInsertUsage :one
+INSERT INTO iam.usage_records (key, tenant_id, meter, quantity, window_start, window_end, tags, outcome, recorded_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, 'recorded', $8)
+ON CONFLICT (key) DO NOTHING
+RETURNING key;
+
+-- name: IAMGetUsageForUpdate :one
+SELECT * FROM iam.usage_records WHERE key = $1 FOR UPDATE;
+
+-- name: IAMReattributeUsage :exec
+UPDATE iam.usage_records SET tenant_id = $2, outcome = 'reattributed', recorded_at = $3 WHERE key = $1;
+
+-- name: IAMGetUsage :one
+SELECT * FROM iam.usage_records WHERE key = $1;
+
+-- name: IAMInsertDeadLetter :exec
+INSERT INTO iam.usage_dead_letters (key, tenant_id, meter, quantity, window_start, window_end, tags, error, at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: IAMListDeadLetters :many
+SELECT * FROM iam.usage_dead_letters WHERE key = $1 ORDER BY id;
