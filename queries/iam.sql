@@ -5,34 +5,23 @@
 INSERT INTO iam.tenants (id, created_at) VALUES (sqlc.arg(id), sqlc.arg(created_at))
 ON CONFLICT (id) DO NOTHING;
 
--- IAMEnsureIdentity creates the identity when absent and answers the row as
--- it is now, so the caller can see whether it lives in another tenant.
--- name: IAMEnsureIdentity :one
-WITH ins AS (
-    INSERT INTO iam.identities (id, tenant_id, kind, created_at)
-    VALUES (sqlc.arg(id), sqlc.arg(tenant_id), sqlc.arg(kind), sqlc.arg(created_at))
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id, tenant_id, kind
-)
-SELECT ins.id, ins.tenant_id, ins.kind FROM ins
-UNION ALL
-SELECT i.id, i.tenant_id, i.kind FROM iam.identities i WHERE i.id = sqlc.arg(id)
-LIMIT 1;
+-- IAMEnsureIdentity creates the identity when absent; IAMGetIdentity, a
+-- statement of its own (so it sees a row a concurrent writer committed),
+-- then tells whether it lives in another tenant.
+-- name: IAMEnsureIdentity :exec
+INSERT INTO iam.identities (id, tenant_id, kind, created_at)
+VALUES (sqlc.arg(id), sqlc.arg(tenant_id), sqlc.arg(kind), sqlc.arg(created_at))
+ON CONFLICT (id) DO NOTHING;
+
+-- name: IAMGetIdentity :one
+SELECT id, tenant_id, kind FROM iam.identities WHERE id = $1;
 
 -- IAMEnsureRoleBinding binds the role when the identity holds none in the
--- tenant and answers the role it holds now.
--- name: IAMEnsureRoleBinding :one
-WITH ins AS (
-    INSERT INTO iam.role_bindings (tenant_id, identity_id, role, created_at)
-    VALUES (sqlc.arg(tenant_id), sqlc.arg(identity_id), sqlc.arg(role), sqlc.arg(created_at))
-    ON CONFLICT (tenant_id, identity_id) DO NOTHING
-    RETURNING role
-)
-SELECT ins.role FROM ins
-UNION ALL
-SELECT b.role FROM iam.role_bindings b
-WHERE b.tenant_id = sqlc.arg(tenant_id) AND b.identity_id = sqlc.arg(identity_id)
-LIMIT 1;
+-- tenant; IAMGetRole then answers the role it holds.
+-- name: IAMEnsureRoleBinding :exec
+INSERT INTO iam.role_bindings (tenant_id, identity_id, role, created_at)
+VALUES (sqlc.arg(tenant_id), sqlc.arg(identity_id), sqlc.arg(role), sqlc.arg(created_at))
+ON CONFLICT (tenant_id, identity_id) DO NOTHING;
 
 -- name: IAMGetRole :one
 SELECT role FROM iam.role_bindings WHERE tenant_id = $1 AND identity_id = $2;
@@ -72,6 +61,11 @@ LEFT JOIN iam.role_bindings b ON b.tenant_id = k.tenant_id AND b.identity_id = k
 LEFT JOIN iam.delegations d ON d.id = k.delegation_id
 WHERE sqlc.arg(tenant_id)::text = '' OR k.tenant_id = sqlc.arg(tenant_id)::text
 ORDER BY k.tenant_id, k.created_at, k.id;
+
+-- IAMKeyRowsText returns every key row as PostgreSQL prints it, for the
+-- tests that prove no token is stored.
+-- name: IAMKeyRowsText :many
+SELECT k::text AS row FROM iam.api_keys k ORDER BY k.id;
 
 -- name: IAMTenantHasAdminKey :one
 SELECT EXISTS (
@@ -141,8 +135,9 @@ DELETE FROM iam.relationships
 WHERE resource_type = $1 AND resource_id = $2 AND relation = $3 AND identity_id = $4;
 
 -- IAMProjectMember reports whether the identity holds relation member on a
--- project of the tenant that is the resource itself or one of its
--- ancestors (followed through the projection, at most 8 levels up).
+-- real project of the tenant that is one of the resource's ancestors
+-- (followed through the projection, at most 8 levels up) or, with
+-- include_self, the resource itself.
 -- name: IAMProjectMember :one
 WITH RECURSIVE chain (type, id, depth) AS (
     SELECT sqlc.arg(type)::text, sqlc.arg(id)::text, 0
@@ -159,6 +154,7 @@ SELECT EXISTS (
     JOIN iam.resources p ON p.type = c.type AND p.id = c.id AND p.tenant_id = sqlc.arg(tenant_id)::text AND NOT p.draft
     JOIN iam.relationships rel ON rel.resource_type = c.type AND rel.resource_id = c.id
     WHERE c.type = sqlc.arg(project_type)::text
+      AND (c.depth > 0 OR sqlc.arg(include_self)::boolean)
       AND rel.relation = 'member' AND rel.identity_id = sqlc.arg(identity_id)::text
 ) AS member;
 

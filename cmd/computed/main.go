@@ -3,6 +3,8 @@
 //
 //	computed            serve the configured roles
 //	computed migrate    apply the embedded migrations and exit
+//	computed iam ...    operator commands of the embedded identity service
+//	                    (create-key, revoke-key, list-keys)
 //	computed version    print the release version
 package main
 
@@ -14,10 +16,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"computeplane/internal/buildinfo"
 	"computeplane/internal/config"
 	"computeplane/internal/host"
+	"computeplane/internal/iam/embedded"
 	"computeplane/internal/logging"
 	"computeplane/internal/store"
 )
@@ -52,11 +56,34 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			log.Error("startup failed", "error", err.Error())
 			return 1
 		}
+		// A fresh install gets one root admin key, printed once, so that
+		// its operator can make the first call.
+		token, created, err := h.Identity().EnsureRootAdminKey(ctx)
+		if err != nil {
+			log.Error("startup failed", "error", err.Error())
+			h.Close()
+			return 1
+		}
+		if created {
+			fmt.Fprintf(stdout, "Root admin API key of tenant %s (shown once, stored only as a hash):\n%s\n", cfg.RootTenantID, token)
+		}
 		if err := h.Serve(ctx); err != nil {
 			log.Error("serve failed", "error", err.Error())
 			return 1
 		}
 		return 0
+	case "iam":
+		st, err := store.Open(ctx, cfg.Database)
+		if err != nil {
+			log.Error("iam: open store", "error", err.Error())
+			return 1
+		}
+		defer st.Close()
+		if err := st.Migrate(ctx); err != nil {
+			log.Error("iam: migrate", "error", err.Error())
+			return 1
+		}
+		return embedded.RunCommand(ctx, embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, time.Now), args[1:], stdout, stderr)
 	case "migrate":
 		st, err := store.Open(ctx, cfg.Database)
 		if err == nil {
@@ -69,7 +96,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return 0
 	default:
-		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|version]"))
+		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|iam|version]"))
 		return 2
 	}
 }

@@ -197,6 +197,7 @@ type process struct {
 	addr   string
 	cancel context.CancelFunc
 	done   chan int
+	stdout *syncBuffer
 	stderr *syncBuffer
 }
 
@@ -212,9 +213,9 @@ func start(t *testing.T, env map[string]string) *process {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &process{
 		addr:   net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		cancel: cancel, done: make(chan int, 1), stderr: &syncBuffer{},
+		cancel: cancel, done: make(chan int, 1), stdout: &syncBuffer{}, stderr: &syncBuffer{},
 	}
-	go func() { p.done <- run(ctx, nil, getenv(env), io.Discard, p.stderr) }()
+	go func() { p.done <- run(ctx, nil, getenv(env), p.stdout, p.stderr) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -305,11 +306,35 @@ func TestServeMigratesAtStartup(t *testing.T) {
 // SERVICE_SKIP_MIGRATIONS=1 serves without migrating.
 func TestServeSkipsMigrations(t *testing.T) {
 	t.Parallel()
-	u := dbtest.EmptyURL(t)
-	p := start(t, map[string]string{"SERVICE_DATABASE_URL": u, "SERVICE_SKIP_MIGRATIONS": "1"})
+	// Migrated by another process: serve starts without migrating.
+	p := start(t, map[string]string{"SERVICE_DATABASE_URL": dbtest.URL(t), "SERVICE_SKIP_MIGRATIONS": "1"})
 	p.waitHealthy(t)
-	assert.Empty(t, applied(t, u))
 	assert.Equal(t, 0, p.stop(t), p.stderr.String())
+
+	// An empty database stays empty: startup fails instead of migrating.
+	u := dbtest.EmptyURL(t)
+	env := map[string]string{"SERVICE_DATABASE_URL": u, "SERVICE_SKIP_MIGRATIONS": "1", "SERVICE_SECRET": testenv.TestSecret,
+		"HOST": "127.0.0.1", "PORT": strconv.Itoa(freePort(t))}
+	var stdout, stderr syncBuffer
+	assert.Equal(t, 1, run(t.Context(), nil, getenv(env), &stdout, &stderr))
+	assert.Empty(t, applied(t, u))
+}
+
+// A fresh install prints one root admin key, once; the key authenticates.
+func TestServePrintsRootAdminKeyOnce(t *testing.T) {
+	t.Parallel()
+	u := dbtest.URL(t)
+	p := start(t, map[string]string{"SERVICE_DATABASE_URL": u})
+	p.waitHealthy(t)
+	lines := strings.Split(strings.TrimSpace(p.stdout.String()), "\n")
+	token := lines[len(lines)-1]
+	assert.Regexp(t, `^cpk_[0-9a-hjkmnp-tv-z]{16}_[0-9a-hjkmnp-tv-z]{32}$`, token)
+	assert.Equal(t, 0, p.stop(t), p.stderr.String())
+
+	again := start(t, map[string]string{"SERVICE_DATABASE_URL": u})
+	again.waitHealthy(t)
+	assert.Empty(t, again.stdout.String(), "printed only on the first start")
+	assert.Equal(t, 0, again.stop(t), again.stderr.String())
 }
 
 func TestMigrate(t *testing.T) {

@@ -54,17 +54,10 @@ func (q *Queries) IAMDropDraft(ctx context.Context, arg IAMDropDraftParams) erro
 	return err
 }
 
-const iAMEnsureIdentity = `-- name: IAMEnsureIdentity :one
-WITH ins AS (
-    INSERT INTO iam.identities (id, tenant_id, kind, created_at)
-    VALUES ($1, $2, $3, $4)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id, tenant_id, kind
-)
-SELECT ins.id, ins.tenant_id, ins.kind FROM ins
-UNION ALL
-SELECT i.id, i.tenant_id, i.kind FROM iam.identities i WHERE i.id = $1
-LIMIT 1
+const iAMEnsureIdentity = `-- name: IAMEnsureIdentity :exec
+INSERT INTO iam.identities (id, tenant_id, kind, created_at)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (id) DO NOTHING
 `
 
 type IAMEnsureIdentityParams struct {
@@ -74,38 +67,23 @@ type IAMEnsureIdentityParams struct {
 	CreatedAt time.Time
 }
 
-type IAMEnsureIdentityRow struct {
-	ID       string
-	TenantID string
-	Kind     string
-}
-
-// IAMEnsureIdentity creates the identity when absent and answers the row as
-// it is now, so the caller can see whether it lives in another tenant.
-func (q *Queries) IAMEnsureIdentity(ctx context.Context, arg IAMEnsureIdentityParams) (IAMEnsureIdentityRow, error) {
-	row := q.db.QueryRow(ctx, iAMEnsureIdentity,
+// IAMEnsureIdentity creates the identity when absent; IAMGetIdentity, a
+// statement of its own (so it sees a row a concurrent writer committed),
+// then tells whether it lives in another tenant.
+func (q *Queries) IAMEnsureIdentity(ctx context.Context, arg IAMEnsureIdentityParams) error {
+	_, err := q.db.Exec(ctx, iAMEnsureIdentity,
 		arg.ID,
 		arg.TenantID,
 		arg.Kind,
 		arg.CreatedAt,
 	)
-	var i IAMEnsureIdentityRow
-	err := row.Scan(&i.ID, &i.TenantID, &i.Kind)
-	return i, err
+	return err
 }
 
-const iAMEnsureRoleBinding = `-- name: IAMEnsureRoleBinding :one
-WITH ins AS (
-    INSERT INTO iam.role_bindings (tenant_id, identity_id, role, created_at)
-    VALUES ($1, $2, $3, $4)
-    ON CONFLICT (tenant_id, identity_id) DO NOTHING
-    RETURNING role
-)
-SELECT ins.role FROM ins
-UNION ALL
-SELECT b.role FROM iam.role_bindings b
-WHERE b.tenant_id = $1 AND b.identity_id = $2
-LIMIT 1
+const iAMEnsureRoleBinding = `-- name: IAMEnsureRoleBinding :exec
+INSERT INTO iam.role_bindings (tenant_id, identity_id, role, created_at)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant_id, identity_id) DO NOTHING
 `
 
 type IAMEnsureRoleBindingParams struct {
@@ -116,17 +94,15 @@ type IAMEnsureRoleBindingParams struct {
 }
 
 // IAMEnsureRoleBinding binds the role when the identity holds none in the
-// tenant and answers the role it holds now.
-func (q *Queries) IAMEnsureRoleBinding(ctx context.Context, arg IAMEnsureRoleBindingParams) (string, error) {
-	row := q.db.QueryRow(ctx, iAMEnsureRoleBinding,
+// tenant; IAMGetRole then answers the role it holds.
+func (q *Queries) IAMEnsureRoleBinding(ctx context.Context, arg IAMEnsureRoleBindingParams) error {
+	_, err := q.db.Exec(ctx, iAMEnsureRoleBinding,
 		arg.TenantID,
 		arg.IdentityID,
 		arg.Role,
 		arg.CreatedAt,
 	)
-	var role string
-	err := row.Scan(&role)
-	return role, err
+	return err
 }
 
 const iAMEnsureTenant = `-- name: IAMEnsureTenant :exec
@@ -238,6 +214,23 @@ func (q *Queries) IAMGetDelegation(ctx context.Context, id string) (IAMGetDelega
 		&i.AgentID,
 		&i.ConfirmActions,
 	)
+	return i, err
+}
+
+const iAMGetIdentity = `-- name: IAMGetIdentity :one
+SELECT id, tenant_id, kind FROM iam.identities WHERE id = $1
+`
+
+type IAMGetIdentityRow struct {
+	ID       string
+	TenantID string
+	Kind     string
+}
+
+func (q *Queries) IAMGetIdentity(ctx context.Context, id string) (IAMGetIdentityRow, error) {
+	row := q.db.QueryRow(ctx, iAMGetIdentity, id)
+	var i IAMGetIdentityRow
+	err := row.Scan(&i.ID, &i.TenantID, &i.Kind)
 	return i, err
 }
 
@@ -549,6 +542,32 @@ func (q *Queries) IAMKeyExists(ctx context.Context, id string) (bool, error) {
 	return found, err
 }
 
+const iAMKeyRowsText = `-- name: IAMKeyRowsText :many
+SELECT k::text AS row FROM iam.api_keys k ORDER BY k.id
+`
+
+// IAMKeyRowsText returns every key row as PostgreSQL prints it, for the
+// tests that prove no token is stored.
+func (q *Queries) IAMKeyRowsText(ctx context.Context) ([]string, error) {
+	rows, err := q.db.Query(ctx, iAMKeyRowsText)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var row string
+		if err := rows.Scan(&row); err != nil {
+			return nil, err
+		}
+		items = append(items, row)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const iAMListDeadLetters = `-- name: IAMListDeadLetters :many
 SELECT id, key, tenant_id, meter, quantity, window_start, window_end, tags, error, at FROM iam.usage_dead_letters WHERE key = $1 ORDER BY id
 `
@@ -645,10 +664,10 @@ func (q *Queries) IAMListKeys(ctx context.Context, tenantID string) ([]IAMListKe
 
 const iAMProjectMember = `-- name: IAMProjectMember :one
 WITH RECURSIVE chain (type, id, depth) AS (
-    SELECT $4::text, $5::text, 0
+    SELECT $5::text, $6::text, 0
     UNION ALL
-    SELECT $6::text, $7::text, 1
-    WHERE $6::text <> ''
+    SELECT $7::text, $8::text, 1
+    WHERE $7::text <> ''
     UNION ALL
     SELECT r.parent_type, r.parent_id, c.depth + 1
     FROM chain c JOIN iam.resources r ON r.type = c.type AND r.id = c.id
@@ -659,13 +678,15 @@ SELECT EXISTS (
     JOIN iam.resources p ON p.type = c.type AND p.id = c.id AND p.tenant_id = $1::text AND NOT p.draft
     JOIN iam.relationships rel ON rel.resource_type = c.type AND rel.resource_id = c.id
     WHERE c.type = $2::text
-      AND rel.relation = 'member' AND rel.identity_id = $3::text
+      AND (c.depth > 0 OR $3::boolean)
+      AND rel.relation = 'member' AND rel.identity_id = $4::text
 ) AS member
 `
 
 type IAMProjectMemberParams struct {
 	TenantID    string
 	ProjectType string
+	IncludeSelf bool
 	IdentityID  string
 	Type        string
 	ID          string
@@ -674,12 +695,14 @@ type IAMProjectMemberParams struct {
 }
 
 // IAMProjectMember reports whether the identity holds relation member on a
-// project of the tenant that is the resource itself or one of its
-// ancestors (followed through the projection, at most 8 levels up).
+// real project of the tenant that is one of the resource's ancestors
+// (followed through the projection, at most 8 levels up) or, with
+// include_self, the resource itself.
 func (q *Queries) IAMProjectMember(ctx context.Context, arg IAMProjectMemberParams) (bool, error) {
 	row := q.db.QueryRow(ctx, iAMProjectMember,
 		arg.TenantID,
 		arg.ProjectType,
+		arg.IncludeSelf,
 		arg.IdentityID,
 		arg.Type,
 		arg.ID,

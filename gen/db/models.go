@@ -10,6 +10,22 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type AuditLog struct {
+	ID           int64
+	At           time.Time
+	TenantID     string
+	IdentityID   string
+	IdentityKind string
+	AgentID      pgtype.Text
+	DelegationID pgtype.Text
+	Method       string
+	ResourceType string
+	ResourceID   string
+	RequestID    string
+	Traceparent  pgtype.Text
+	Outcome      string
+}
+
 type IamApiKey struct {
 	ID           string
 	TenantID     string

@@ -15,7 +15,10 @@ import (
 	"computeplane"
 	"computeplane/gen/api"
 	gendocs "computeplane/gen/docs"
+	"computeplane/internal/audit"
 	"computeplane/internal/config"
+	"computeplane/internal/iam"
+	"computeplane/internal/iam/embedded"
 	"computeplane/internal/metrics"
 	"computeplane/internal/rpc"
 	"computeplane/internal/server"
@@ -28,10 +31,11 @@ const ShutdownGrace = 2 * time.Second
 
 // Host is one running process.
 type Host struct {
-	cfg     *config.Config
-	log     *slog.Logger
-	store   *store.Store
-	handler http.Handler
+	cfg      *config.Config
+	log      *slog.Logger
+	store    *store.Store
+	handler  http.Handler
+	identity *embedded.Service
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -41,10 +45,12 @@ type Options struct {
 }
 
 // Overrides replace parts of the host, for tests of the envelope: a gate
-// that admits what the identity port would, or a service double.
+// that admits what the identity port would, a service double, or the clock
+// of the identity caches.
 type Overrides struct {
 	Gate     rpc.Gate
 	Services func(*api.Services)
+	Now      func() time.Time
 }
 
 // New loads nothing itself: it opens the store, migrates (unless skipped),
@@ -86,7 +92,17 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if ov.Services != nil {
 		ov.Services(services)
 	}
-	var gate rpc.Gate = rpc.PublicOnly{}
+	now := time.Now
+	if ov.Now != nil {
+		now = ov.Now
+	}
+	identity := embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, now)
+	var gate rpc.Gate = &iam.Gate{
+		Port:         iam.NewCached(identity, now),
+		TypePrefix:   cfg.TypePrefix,
+		AcceptCookie: cfg.AcceptIAMCookie,
+		Origin:       cfg.BaseURL,
+	}
 	if ov.Gate != nil {
 		gate = ov.Gate
 	}
@@ -104,6 +120,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Gate:     gate,
 		Store:    st,
 		Metrics:  rpcMetrics,
+		Audit:    audit.Record,
 		Log:      log,
 	}
 	handler := server.New(server.Options{
@@ -118,8 +135,13 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		DocsHTML:     gendocs.IndexHTML,
 		Log:          log,
 	})
-	return &Host{cfg: cfg, log: log, store: st, handler: handler}, nil
+	// Forwarding headers are resolved and stripped before anything else.
+	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
+	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity}, nil
 }
+
+// Identity is the embedded identity service.
+func (h *Host) Identity() *embedded.Service { return h.identity }
 
 // Handler is the HTTP surface of the api role.
 func (h *Host) Handler() http.Handler { return h.handler }

@@ -62,7 +62,7 @@ func (g *Gate) Admit(ctx context.Context, call *rpc.Call) (context.Context, erro
 		}
 	}
 	res := g.resource(m, call.Fields, caller)
-	s := &Session{Caller: caller, gate: g}
+	s := &Session{Caller: caller, Resource: res, gate: g}
 	if m.Kind == api.KindMutation {
 		err = g.Port.Require(ctx, caller, m.Action, res)
 	} else {
@@ -183,7 +183,10 @@ func (g *Gate) refusal(err error) error {
 // business function may still need (list methods decide items one by one).
 type Session struct {
 	Caller *Caller
-	gate   *Gate
+	// Resource is what the call was decided on; a create that makes a new
+	// id sets it so the audit row names what was made.
+	Resource Resource
+	gate     *Gate
 }
 
 // CanRead decides a read of one item; lists leave out what it refuses.

@@ -79,6 +79,9 @@ type Handler struct {
 	Gate     Gate
 	Store    Transactor
 	Metrics  *metrics.RPC // nil records nothing
+	// Audit writes the audit row of a mutation in its transaction, after
+	// the business function succeeded; nil writes none.
+	Audit func(ctx context.Context, tx pgx.Tx, call *Call) error
 	Log      *slog.Logger
 	// Now is the clock of durations; tests may replace it.
 	Now func() time.Time
@@ -156,9 +159,15 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 	}
 	var out any
 	err = h.Store.WithTx(ctx, m.Kind == api.KindRead, func(ctx context.Context, tx pgx.Tx) error {
+		ctx = store.ContextWithTx(ctx, tx)
 		var err error
-		out, err = m.Invoke(store.ContextWithTx(ctx, tx), h.Services, in)
-		return err
+		if out, err = m.Invoke(ctx, h.Services, in); err != nil {
+			return err
+		}
+		if m.Kind == api.KindMutation && h.Audit != nil {
+			return h.Audit(ctx, tx, call)
+		}
+		return nil
 	})
 	return out, err
 }

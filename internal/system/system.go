@@ -7,6 +7,7 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/internal/buildinfo"
+	"computeplane/internal/iam"
 )
 
 // Service implements api.SystemService.
@@ -57,8 +58,27 @@ func (s *Service) Version(context.Context, *api.SystemVersionInput) (*api.Server
 	return &doc, nil
 }
 
-// Whoami answers system.whoami. Until the identity port lands no credential
-// is authenticated, so every caller is anonymous.
-func (s *Service) Whoami(context.Context, *api.SystemWhoamiInput) (*api.Caller, error) {
-	return &api.Caller{Authenticated: false}, nil
+// Whoami answers system.whoami: authenticated false without a valid
+// credential; otherwise the caller, never its session id.
+func (s *Service) Whoami(ctx context.Context, _ *api.SystemWhoamiInput) (*api.Caller, error) {
+	sess := iam.SessionFromContext(ctx)
+	if sess == nil {
+		return &api.Caller{Authenticated: false}, nil
+	}
+	c := sess.Caller
+	out := &api.Caller{
+		Authenticated: true,
+		IdentityID:    &c.IdentityID,
+		IdentityKind:  &c.IdentityKind,
+		TenantID:      &c.TenantID,
+		SessionKind:   &c.SessionKind,
+		MFA:           &c.MFA,
+	}
+	if c.AgentID != "" {
+		out.AgentID = &c.AgentID
+	}
+	if c.DelegationID != "" {
+		out.DelegationID = &c.DelegationID
+	}
+	return out, nil
 }

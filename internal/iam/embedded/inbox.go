@@ -1,0 +1,66 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"computeplane/gen/db"
+	"computeplane/internal/iam"
+)
+
+// Inbox event types this service writes.
+const (
+	EventCredentialRevoked = "credential.revoked"
+)
+
+// Inbox page bounds.
+const (
+	defaultInboxLimit = 100
+	maxInboxLimit     = 1000
+)
+
+// Next returns up to limit events written after the event whose id is
+// after (from the first event when after is empty), in the order they
+// committed. An id the inbox does not hold is an error: starting over
+// silently would hide a lost cursor.
+func (s *Service) Next(ctx context.Context, after string, limit int) ([]iam.Event, error) {
+	if limit <= 0 {
+		limit = defaultInboxLimit
+	}
+	limit = min(limit, maxInboxLimit)
+	q := s.st.Queries()
+	var seq int64
+	if after != "" {
+		var err error
+		seq, err = q.IAMEventSeq(ctx, after)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("iam: inbox: unknown event id %q", after)
+		}
+		if err != nil {
+			return nil, unavailable(err)
+		}
+	}
+	rows, err := q.IAMEventsAfter(ctx, db.IAMEventsAfterParams{AfterSeq: seq, MaxRows: int32(limit)})
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	out := make([]iam.Event, len(rows))
+	for i, r := range rows {
+		out[i] = iam.Event{ID: r.EventID, Type: r.Type, IdentityID: r.IdentityID, Session: r.Session, At: r.At}
+	}
+	return out, nil
+}
+
+// writeEvent appends an event in tx, under the inbox lock (see
+// inboxLockID).
+func (s *Service) writeEvent(ctx context.Context, q *db.Queries, typ, identity, session string) error {
+	if err := q.AdvisoryXactLock(ctx, inboxLockID); err != nil {
+		return err
+	}
+	return q.IAMInsertEvent(ctx, db.IAMInsertEventParams{
+		EventID: newID("iev_"), Type: typ, IdentityID: identity, Session: session, At: s.now(),
+	})
+}

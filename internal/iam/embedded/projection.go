@@ -1,0 +1,144 @@
+package embedded
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"computeplane/gen/db"
+	"computeplane/internal/iam"
+)
+
+// projection is the authorization projection in iam.resources and
+// iam.relationships.
+type projection struct{ s *Service }
+
+// PutDraft writes a draft on the pool, in its own short transaction, so
+// the decision can be made on it before the call's transaction opens. It
+// never touches a real resource of the same type and id: a retried create
+// is then decided on what exists.
+func (p projection) PutDraft(ctx context.Context, r iam.Resource) error {
+	arg, err := p.s.resourceParams(r)
+	if err != nil {
+		return err
+	}
+	return wrapStore(p.s.st.Queries().IAMPutDraft(ctx, db.IAMPutDraftParams(arg)))
+}
+
+// DropDraft removes a draft after a refusal; a resource made real stays.
+func (p projection) DropDraft(ctx context.Context, r iam.Ref) error {
+	return wrapStore(p.s.st.Queries().IAMDropDraft(ctx, db.IAMDropDraftParams{Type: r.Type, ID: r.ID}))
+}
+
+// Put writes (or makes real) a resource in the call's transaction; tx nil
+// means the transaction carried by ctx.
+func (p projection) Put(ctx context.Context, tx pgx.Tx, r iam.Resource) error {
+	arg, err := p.s.resourceParams(r)
+	if err != nil {
+		return err
+	}
+	q, err := txOf(ctx, tx)
+	if err != nil {
+		return err
+	}
+	return wrapStore(q.IAMPutResource(ctx, arg))
+}
+
+// Delete removes a resource and its relationships in the call's
+// transaction.
+func (p projection) Delete(ctx context.Context, tx pgx.Tx, r iam.Ref) error {
+	q, err := txOf(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if err := q.IAMDeleteRelationshipsOf(ctx, db.IAMDeleteRelationshipsOfParams{ResourceType: r.Type, ResourceID: r.ID}); err != nil {
+		return wrapStore(err)
+	}
+	return wrapStore(q.IAMDeleteResource(ctx, db.IAMDeleteResourceParams{Type: r.Type, ID: r.ID}))
+}
+
+// Relate records relation (member, ...) of an identity on a resource; it
+// is idempotent.
+func (p projection) Relate(ctx context.Context, tx pgx.Tx, r iam.Ref, relation, identityID string) error {
+	if err := p.s.checkRelation(r, relation, identityID); err != nil {
+		return err
+	}
+	q, err := txOf(ctx, tx)
+	if err != nil {
+		return err
+	}
+	return wrapStore(q.IAMRelate(ctx, db.IAMRelateParams{
+		ResourceType: r.Type, ResourceID: r.ID, Relation: relation, IdentityID: identityID, CreatedAt: p.s.now(),
+	}))
+}
+
+// Unrelate removes a relationship; removing one that does not exist is not
+// an error.
+func (p projection) Unrelate(ctx context.Context, tx pgx.Tx, r iam.Ref, relation, identityID string) error {
+	q, err := txOf(ctx, tx)
+	if err != nil {
+		return err
+	}
+	return wrapStore(q.IAMUnrelate(ctx, db.IAMUnrelateParams{
+		ResourceType: r.Type, ResourceID: r.ID, Relation: relation, IdentityID: identityID,
+	}))
+}
+
+func (s *Service) checkType(typ string) error {
+	if !strings.HasPrefix(typ, s.prefix) || len(typ) == len(s.prefix) {
+		return fmt.Errorf("iam: resource type %q lacks the prefix %q", typ, s.prefix)
+	}
+	return nil
+}
+
+func (s *Service) checkRelation(r iam.Ref, relation, identityID string) error {
+	if err := s.checkType(r.Type); err != nil {
+		return err
+	}
+	if r.ID == "" || relation == "" || identityID == "" {
+		return errors.New("iam: a relationship needs a resource id, a relation and an identity")
+	}
+	return nil
+}
+
+func (s *Service) resourceParams(r iam.Resource) (db.IAMPutResourceParams, error) {
+	if err := s.checkType(r.Type); err != nil {
+		return db.IAMPutResourceParams{}, err
+	}
+	if r.ID == "" || r.TenantID == "" {
+		return db.IAMPutResourceParams{}, fmt.Errorf("iam: resource %s needs an id and a tenant", r.Type)
+	}
+	attrs := r.Attributes
+	if attrs == nil {
+		attrs = map[string]string{}
+	}
+	b, err := json.Marshal(attrs)
+	if err != nil {
+		return db.IAMPutResourceParams{}, fmt.Errorf("iam: attributes: %w", err)
+	}
+	arg := db.IAMPutResourceParams{
+		Type:       r.Type,
+		ID:         r.ID,
+		TenantID:   r.TenantID,
+		OwnerID:    text(r.Owner),
+		Attributes: b,
+		Now:        s.now(),
+	}
+	if r.Parent != nil && r.Parent.Type != "" && r.Parent.ID != "" {
+		arg.ParentType, arg.ParentID = text(r.Parent.Type), text(r.Parent.ID)
+	}
+	return arg, nil
+}
+
+// wrapStore keeps nil nil and marks store failures as the identity
+// service being unavailable.
+func wrapStore(err error) error {
+	if err == nil {
+		return nil
+	}
+	return unavailable(err)
+}
