@@ -82,7 +82,7 @@ type Handler struct {
 	// Audit writes the audit row of a mutation in its transaction, after
 	// the business function succeeded; nil writes none.
 	Audit func(ctx context.Context, tx pgx.Tx, call *Call) error
-	Log      *slog.Logger
+	Log   *slog.Logger
 	// Now is the clock of durations; tests may replace it.
 	Now func() time.Time
 }
