@@ -23,6 +23,9 @@ type Services struct {
 
 // Check reports the first group that has a registered method and no implementation.
 func (s *Services) Check() error {
+	if s.Sites == nil {
+		return errors.New("group sites has registered methods and no service")
+	}
 	if s.System == nil {
 		return errors.New("group system has registered methods and no service")
 	}
@@ -194,6 +197,7 @@ var Methods = []*Method{
 		Idempotency: &Idempotency{
 			Compare:   []string{"provider", "name"},
 			DerivesID: "accountId",
+			IDPrefix:  "pacct",
 			Key:       "idempotencyKey",
 		},
 		Kind:  KindMutation,
@@ -463,6 +467,7 @@ var Methods = []*Method{
 		Idempotency: &Idempotency{
 			Compare:   []string{"poolId", "name", "sizeGiB"},
 			DerivesID: "volumeId",
+			IDPrefix:  "vol",
 			Key:       "idempotencyKey",
 		},
 		Kind:  KindMutation,
@@ -470,6 +475,7 @@ var Methods = []*Method{
 		Phase: "v1.0",
 		Resource: &Resource{
 			Attributes: []string{"sizeGiB"},
+			Creates:    "sandbox-volume",
 			Draft:      true,
 			Parent: &ResourceRef{
 				IDField: "poolId",
@@ -648,9 +654,16 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "sites.list",
 		Group:       "sites",
-		Kind:        KindRead,
-		Name:        "list",
-		Phase:       "v0.1",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sites.List(ctx, in.(*SitesListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v0.1",
 		Resource: &Resource{
 			Items: "site",
 			ResourceRef: ResourceRef{
@@ -659,7 +672,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/sites/list",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -672,15 +685,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "sites.get",
 		Group:       "sites",
-		Kind:        KindRead,
-		Name:        "get",
-		Phase:       "v0.1",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sites.Get(ctx, in.(*SitesGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v0.1",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "siteId",
 			Type:    "site",
 		}},
 		Route:        "/sites/get",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -697,7 +717,15 @@ var Methods = []*Method{
 		Idempotency: &Idempotency{
 			Compare:   []string{"kind", "region", "iamRegion"},
 			DerivesID: "siteId",
+			IDPrefix:  "site",
 			Key:       "idempotencyKey",
+		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sites.Create(ctx, in.(*SitesCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
 		},
 		Kind:  KindMutation,
 		Name:  "create",
@@ -712,6 +740,7 @@ var Methods = []*Method{
 				WhenIn:    []string{"shared", "dedicated"},
 			}},
 			Attributes: []string{"kind", "region"},
+			Creates:    "site",
 			Draft:      true,
 			ResourceRef: ResourceRef{
 				IDField: "tenantId",
@@ -719,7 +748,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/sites/create",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -733,15 +762,22 @@ var Methods = []*Method{
 		Events:      []string{"site.updated"},
 		FullName:    "sites.update",
 		Group:       "sites",
-		Kind:        KindMutation,
-		Name:        "update",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sites.Update(ctx, in.(*SitesUpdateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "update",
+		Phase: "v0.2",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "siteId",
 			Type:    "site",
 		}},
 		Route:        "/sites/update",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -755,15 +791,22 @@ var Methods = []*Method{
 		Events:      []string{"site.deleted"},
 		FullName:    "sites.delete",
 		Group:       "sites",
-		Kind:        KindMutation,
-		Name:        "delete",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sites.Delete(ctx, in.(*SitesDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v0.2",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "siteId",
 			Type:    "site",
 		}},
 		Route:        "/sites/delete",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{

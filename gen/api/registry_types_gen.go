@@ -46,8 +46,11 @@ type Alternate struct {
 // Resource is what the one decision of a call is made on.
 type Resource struct {
 	ResourceRef
-	Parent     *ResourceRef
-	Draft      bool
+	Parent *ResourceRef
+	Draft  bool
+	// Creates is the type of the object a draft create makes (the draft
+	// written to the projection); Type when they are the same.
+	Creates    string
 	Attributes []string
 	Items      string
 	Alternates []Alternate
@@ -59,6 +62,8 @@ type Idempotency struct {
 	Key       string
 	DerivesID string
 	Compare   []string
+	// IDPrefix starts the derived id (site for site_...).
+	IDPrefix string
 }
 
 // Method is one row of the registry.

@@ -365,10 +365,10 @@ type SitesInvoker interface {
 	// Creates a site. Shared and dedicated sites are decided on fleet/global and belong to the root
 	// tenant. The id derives from tenant, calling identity and key.
 	//
-	// Planned for v0.1: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:sites:manage on
-	// tenant/tenantId alt=fleet/global when kind in shared|dedicated. Idempotent under idempotencyKey (a
-	// repeat with different kind, region, iamRegion is CONFLICT). Publishes site.created. Errors:
-	// INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.1. Kind: mutation. Action compute:sites:manage on tenant/tenantId alt=fleet/global
+	// when kind in shared|dedicated. Idempotent under idempotencyKey (a repeat with different kind,
+	// region, iamRegion is CONFLICT). Publishes site.created. Errors: INVALID_INPUT (400), CONFLICT (409),
+	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sites/create
 	SitesCreate(ctx context.Context, request *SitesCreateInput) (*SitesCreateResponse, error)
@@ -376,9 +376,9 @@ type SitesInvoker interface {
 	//
 	// Deletes a site; tombstoned while still referenced; a retry after deletion answers deleted false.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:sites:manage on
-	// site/siteId. Publishes site.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE
-	// (409), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.2. Kind: mutation. Action compute:sites:manage on site/siteId. Publishes
+	// site.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409),
+	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sites/delete
 	SitesDelete(ctx context.Context, request *SitesDeleteInput) (*SitesDeleteResponse, error)
@@ -386,9 +386,8 @@ type SitesInvoker interface {
 	//
 	// One site; a site the tenant cannot see is NOT_FOUND.
 	//
-	// Planned for v0.1: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sites:read on
-	// site/siteId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
-	// (403).
+	// Served since v0.1. Kind: read. Action compute:sites:read on site/siteId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sites/get
 	SitesGet(ctx context.Context, request *SitesGetInput) (*SitesGetResponse, error)
@@ -396,8 +395,8 @@ type SitesInvoker interface {
 	//
 	// Sites visible to the tenant in id order; unreadable ones are left out.
 	//
-	// Planned for v0.1: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sites:read on
-	// tenant/tenantId items=site. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.1. Kind: read. Action compute:sites:read on tenant/tenantId items=site. Errors:
+	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sites/list
 	SitesList(ctx context.Context, request *SitesListInput) (*SitesListResponse, error)
@@ -405,9 +404,9 @@ type SitesInvoker interface {
 	//
 	// Changes region or IAM region; only the owner tenant; stale version is CONFLICT.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:sites:manage on
-	// site/siteId. Publishes site.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
-	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.2. Kind: mutation. Action compute:sites:manage on site/siteId. Publishes
+	// site.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /sites/update
 	SitesUpdate(ctx context.Context, request *SitesUpdateInput) (*SitesUpdateResponse, error)
@@ -3107,10 +3106,10 @@ func (c *Client) sendSecretsPut(ctx context.Context, request *SecretsPutInput) (
 // Creates a site. Shared and dedicated sites are decided on fleet/global and belong to the root
 // tenant. The id derives from tenant, calling identity and key.
 //
-// Planned for v0.1: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:sites:manage on
-// tenant/tenantId alt=fleet/global when kind in shared|dedicated. Idempotent under idempotencyKey (a
-// repeat with different kind, region, iamRegion is CONFLICT). Publishes site.created. Errors:
-// INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.1. Kind: mutation. Action compute:sites:manage on tenant/tenantId alt=fleet/global
+// when kind in shared|dedicated. Idempotent under idempotencyKey (a repeat with different kind,
+// region, iamRegion is CONFLICT). Publishes site.created. Errors: INVALID_INPUT (400), CONFLICT (409),
+// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sites/create
 func (c *Client) SitesCreate(ctx context.Context, request *SitesCreateInput) (*SitesCreateResponse, error) {
@@ -3202,9 +3201,9 @@ func (c *Client) sendSitesCreate(ctx context.Context, request *SitesCreateInput)
 //
 // Deletes a site; tombstoned while still referenced; a retry after deletion answers deleted false.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:sites:manage on
-// site/siteId. Publishes site.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE
-// (409), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.2. Kind: mutation. Action compute:sites:manage on site/siteId. Publishes
+// site.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409),
+// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sites/delete
 func (c *Client) SitesDelete(ctx context.Context, request *SitesDeleteInput) (*SitesDeleteResponse, error) {
@@ -3296,9 +3295,8 @@ func (c *Client) sendSitesDelete(ctx context.Context, request *SitesDeleteInput)
 //
 // One site; a site the tenant cannot see is NOT_FOUND.
 //
-// Planned for v0.1: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sites:read on
-// site/siteId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
-// (403).
+// Served since v0.1. Kind: read. Action compute:sites:read on site/siteId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sites/get
 func (c *Client) SitesGet(ctx context.Context, request *SitesGetInput) (*SitesGetResponse, error) {
@@ -3390,8 +3388,8 @@ func (c *Client) sendSitesGet(ctx context.Context, request *SitesGetInput) (res 
 //
 // Sites visible to the tenant in id order; unreadable ones are left out.
 //
-// Planned for v0.1: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sites:read on
-// tenant/tenantId items=site. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.1. Kind: read. Action compute:sites:read on tenant/tenantId items=site. Errors:
+// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sites/list
 func (c *Client) SitesList(ctx context.Context, request *SitesListInput) (*SitesListResponse, error) {
@@ -3483,9 +3481,9 @@ func (c *Client) sendSitesList(ctx context.Context, request *SitesListInput) (re
 //
 // Changes region or IAM region; only the owner tenant; stale version is CONFLICT.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:sites:manage on
-// site/siteId. Publishes site.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
-// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.2. Kind: mutation. Action compute:sites:manage on site/siteId. Publishes
+// site.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /sites/update
 func (c *Client) SitesUpdate(ctx context.Context, request *SitesUpdateInput) (*SitesUpdateResponse, error) {

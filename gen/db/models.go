@@ -131,7 +131,34 @@ type IamUsageRecord struct {
 	RecordedAt  time.Time
 }
 
+type Outbox struct {
+	Seq         int64
+	ID          string
+	Type        string
+	Source      string
+	Subject     string
+	TenantID    string
+	Time        time.Time
+	Data        []byte
+	RequestID   pgtype.Text
+	Traceparent pgtype.Text
+}
+
 type ServiceMeta struct {
 	Key   string
 	Value string
+}
+
+type Site struct {
+	SiteID      string
+	TenantID    string
+	Kind        string
+	Region      string
+	IamRegion   pgtype.Text
+	Version     int64
+	Tombstoned  bool
+	CreatedBy   string
+	IdemRequest []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
 }

@@ -17,11 +17,13 @@ import (
 	gendocs "computeplane/gen/docs"
 	"computeplane/internal/audit"
 	"computeplane/internal/config"
+	"computeplane/internal/cursor"
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/metrics"
 	"computeplane/internal/rpc"
 	"computeplane/internal/server"
+	"computeplane/internal/sites"
 	"computeplane/internal/store"
 	"computeplane/internal/system"
 )
@@ -82,7 +84,11 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		gw = &system.Gateway{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
 	}
 	sys := system.New(cfg.BasePath, gw)
-	services := &api.Services{System: sys}
+	cursors := cursor.New(cfg.Secret)
+	services := &api.Services{
+		System: sys,
+		Sites:  sites.New(cfg.RootTenantID, cursors, nil),
+	}
 	sys.WithChecks(
 		system.CatalogCheck(services),
 		system.MigrationsCheck(st),

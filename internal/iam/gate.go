@@ -7,7 +7,10 @@ import (
 	"net/url"
 	"slices"
 
+	"github.com/jackc/pgx/v5"
+
 	"computeplane/gen/api"
+	"computeplane/internal/ids"
 	"computeplane/internal/rpc"
 )
 
@@ -27,7 +30,10 @@ type Gate struct {
 	Origin       string
 }
 
-var _ rpc.Gate = (*Gate)(nil)
+var (
+	_ rpc.Gate     = (*Gate)(nil)
+	_ rpc.Finisher = (*Gate)(nil)
+)
 
 // Admit implements rpc.Gate in the specification's order: a credential
 // (none on a non-public method is UNAUTHENTICATED before any identity call),
@@ -63,15 +69,145 @@ func (g *Gate) Admit(ctx context.Context, call *rpc.Call) (context.Context, erro
 	}
 	res := g.resource(m, call.Fields, caller)
 	s := &Session{Caller: caller, Resource: res, gate: g}
+	if m.Resource.Draft {
+		return g.admit(ctx, call, s)
+	}
+	if err := g.visible(ctx, m, res); err != nil {
+		return nil, err
+	}
+	if err := g.decide(ctx, m, caller, res); err != nil {
+		return nil, err
+	}
+	return withCaller(ctx, s), nil
+}
+
+func (g *Gate) decide(ctx context.Context, m *api.Method, caller *Caller, res Resource) error {
+	var err error
 	if m.Kind == api.KindMutation {
 		err = g.Port.Require(ctx, caller, m.Action, res)
 	} else {
 		err = g.Port.Authorize(ctx, caller, m.Action, res)
 	}
 	if err != nil {
+		return g.refusal(err)
+	}
+	return nil
+}
+
+// visible answers NOT_FOUND, before any decision, for a call naming an
+// object the projection holds in another tenant (or only as a draft): the
+// specification answers other tenants' objects as absent. Shared platform
+// objects are visible to every tenant's reads. An object the projection
+// does not hold is left to the decision and then to the method, which
+// knows whether it exists.
+func (g *Gate) visible(ctx context.Context, m *api.Method, res Resource) error {
+	switch m.Resource.Type {
+	case "tenant", "fleet", "project":
+		return nil
+	}
+	if res.ID == "" {
+		return nil
+	}
+	obj, err := g.Port.Projection().Get(ctx, Ref{Type: res.Type, ID: res.ID})
+	if err != nil {
+		return g.refusal(err)
+	}
+	if obj == nil {
+		return nil
+	}
+	root := g.Port.RootTenant()
+	switch {
+	case obj.Draft:
+	case obj.TenantID == res.TenantID:
+		return nil
+	case m.Kind == api.KindRead && obj.TenantID == root && obj.Attributes[AttrShared] == "true":
+		return nil
+	case res.TenantID == "" || res.TenantID == root:
+		return nil // the fleet operators name objects of every tenant
+	}
+	return api.Errorf(api.CodeNotFound, "%s %s not found in tenant %s", m.Resource.Type, res.ID, res.TenantID)
+}
+
+// admit is admission of a create: the object it would make is written as a
+// draft with its attributes to the projection, the decision is made (on the
+// draft when the method decides on the new object itself), and a refusal
+// drops the draft so nothing is left. A retry of a create whose derived id
+// already exists is answered by the method without a second decision.
+func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session) (context.Context, error) {
+	m, caller := call.Method, s.Caller
+	tenant := s.Resource.TenantID
+	if t := str(call.Fields["tenantId"]); t != "" {
+		tenant = t
+	}
+	draft := Resource{
+		Type:       g.TypePrefix + m.Resource.Creates,
+		TenantID:   tenant,
+		Owner:      caller.IdentityID,
+		Attributes: s.Resource.Attributes,
+		Draft:      true,
+	}
+	if p := s.Resource.Parent; p != nil {
+		draft.Parent = p
+	} else if m.Resource.Creates != m.Resource.Type {
+		draft.Parent = &Ref{Type: s.Resource.Type, ID: s.Resource.ID}
+	}
+	if id := m.Idempotency; id != nil && id.DerivesID != "" {
+		draft.ID = DerivedID(m, tenant, caller.IdentityID, str(call.Fields[id.Key]))
+		existing, err := g.Port.Projection().Get(ctx, Ref{Type: draft.Type, ID: draft.ID})
+		if err != nil {
+			return nil, g.refusal(err)
+		}
+		if existing != nil && !existing.Draft {
+			s.Replay = true
+			s.Resource = *existing
+			return withCaller(ctx, s), nil
+		}
+	}
+	if draft.ID == "" {
+		// Without a derived id there is no object to draft before the
+		// method makes one: decide on what the method asks for.
+		if err := g.decide(ctx, m, caller, s.Resource); err != nil {
+			return nil, err
+		}
+		return withCaller(ctx, s), nil
+	}
+	if draft.Attributes == nil {
+		draft.Attributes = map[string]string{}
+	}
+	if err := g.Port.Projection().PutDraft(ctx, draft); err != nil {
 		return nil, g.refusal(err)
 	}
+	target := s.Resource
+	if m.Resource.Creates == m.Resource.Type {
+		target = draft
+	}
+	if err := g.decide(ctx, m, caller, target); err != nil {
+		g.dropDraft(ctx, draft)
+		return nil, err
+	}
+	s.Draft = &draft
+	s.Resource = draft
 	return withCaller(ctx, s), nil
+}
+
+func (g *Gate) dropDraft(ctx context.Context, d Resource) {
+	// Best effort: a draft left by a crash is only a draft, never decided
+	// on as real, and a retry writes it again.
+	_ = g.Port.Projection().DropDraft(context.WithoutCancel(ctx), Ref{Type: d.Type, ID: d.ID})
+}
+
+// Finish implements rpc.Finisher: a create that failed after admission
+// drops its draft; one that committed made it real in its transaction.
+func (g *Gate) Finish(ctx context.Context, err error) {
+	if s := SessionFromContext(ctx); s != nil && s.Draft != nil && err != nil {
+		g.dropDraft(ctx, *s.Draft)
+	}
+}
+
+// DerivedID is the id an idempotent create derives from its tenant, the
+// calling identity and its idempotency key.
+func DerivedID(m *api.Method, tenant, identity, key string) string {
+	return ids.Derive(m.Idempotency.IDPrefix, tenant, identity, key)
 }
 
 // credential reads the bearer token or, when accepted, the session cookie
@@ -183,11 +319,38 @@ func (g *Gate) refusal(err error) error {
 // business function may still need (list methods decide items one by one).
 type Session struct {
 	Caller *Caller
-	// Resource is what the call was decided on; a create that makes a new
-	// id sets it so the audit row names what was made.
+	// Resource is what the call was decided on; for an admitted create, the
+	// draft of the new object, so the audit row names what was made.
 	Resource Resource
-	gate     *Gate
+	// Draft is the admitted create's draft; the method makes it real with
+	// Projection().Put in its transaction (see MakeReal).
+	Draft *Resource
+	// Replay is set when a create's derived id exists already: the method
+	// returns what exists, and no decision was made.
+	Replay bool
+	gate   *Gate
 }
+
+// MakeReal writes the admitted draft as a real resource in the call's
+// transaction, with the attributes the method settled on.
+func (s *Session) MakeReal(ctx context.Context, tx pgx.Tx, attrs map[string]string) error {
+	if s.Draft == nil {
+		return errors.New("iam: no admitted draft to make real")
+	}
+	r := *s.Draft
+	r.Draft = false
+	if attrs != nil {
+		r.Attributes = attrs
+	}
+	return s.gate.Port.Projection().Put(ctx, tx, r)
+}
+
+// Projection is the port's projection, for methods that update or delete
+// what they made.
+func (s *Session) Projection() Projection { return s.gate.Port.Projection() }
+
+// TypePrefix is the configured prefix of resource types.
+func (s *Session) TypePrefix() string { return s.gate.TypePrefix }
 
 // CanRead decides a read of one item; lists leave out what it refuses.
 func (s *Session) CanRead(ctx context.Context, action, typ, id, tenant string) bool {

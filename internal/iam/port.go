@@ -58,6 +58,10 @@ type Resource struct {
 	Draft bool
 }
 
+// AttrShared is the attribute ("true") that makes a root-tenant resource
+// readable by every tenant, as shared sites are.
+const AttrShared = "shared"
+
 // Ref names a resource by type and id.
 type Ref struct {
 	Type, ID string
@@ -110,6 +114,8 @@ type Projection interface {
 	// PutDraft writes a draft resource outside any call transaction, so the
 	// decision can be made on it; DropDraft removes it after a refusal.
 	PutDraft(ctx context.Context, r Resource) error
+	// Get returns the resource, nil when the projection does not hold it.
+	Get(ctx context.Context, r Ref) (*Resource, error)
 	DropDraft(ctx context.Context, r Ref) error
 	// Put writes (or makes real) a resource in the call's transaction.
 	Put(ctx context.Context, tx pgx.Tx, r Resource) error

@@ -67,6 +67,12 @@ type Gate interface {
 	Admit(ctx context.Context, call *Call) (context.Context, error)
 }
 
+// Finisher is a Gate that must hear how an admitted call ended: err is nil
+// when the transaction committed.
+type Finisher interface {
+	Finish(ctx context.Context, err error)
+}
+
 // Transactor runs a function in one transaction.
 type Transactor interface {
 	WithTx(ctx context.Context, readOnly bool, fn func(ctx context.Context, tx pgx.Tx) error) error
@@ -114,7 +120,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	log.Debug("rpc", "method", name, "status", status, "code", code)
 }
 
-func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, m *api.Method, meta reqmeta.Meta) (any, error) {
+func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, m *api.Method, meta reqmeta.Meta) (_ any, err error) {
 	if m == nil {
 		return nil, api.Errorf(api.CodeNotFound, "no method at %s", r.URL.Path)
 	}
@@ -158,6 +164,9 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 		return m.Invoke(ctx, h.Services, in)
 	}
 	var out any
+	if f, ok := h.Gate.(Finisher); ok {
+		defer func() { f.Finish(ctx, err) }()
+	}
 	err = h.Store.WithTx(ctx, m.Kind == api.KindRead, func(ctx context.Context, tx pgx.Tx) error {
 		ctx = store.ContextWithTx(ctx, tx)
 		var err error

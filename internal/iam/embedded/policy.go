@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -80,6 +81,7 @@ type target struct {
 	typ, id, tenant      string
 	parentType, parentID string
 	owner                string // only from the projection
+	shared               bool   // a real resource marked shared (AttrShared)
 }
 
 // decide applies the policy of docs/identity.md. The order matters: the
@@ -134,6 +136,17 @@ func (s *Service) allowed(ctx context.Context, q *db.Queries, c *iam.Caller, ver
 	}
 
 	if c.TenantID != t.tenant {
+		// Platform resources marked shared (shared sites) are read by every
+		// tenant's viewers and above.
+		if verb == verbRead && t.shared && t.tenant == s.root {
+			rl, err := s.roleOf(ctx, q, c.TenantID, c.IdentityID)
+			if err != nil {
+				return err
+			}
+			if rl >= roleViewer {
+				return nil
+			}
+		}
 		// The fleet operators: owners and admins of the root tenant act in
 		// every tenant.
 		if c.TenantID == s.root {
@@ -214,6 +227,7 @@ func (s *Service) resolve(ctx context.Context, q *db.Queries, r iam.Resource) (t
 			t.tenant = row.TenantID
 			t.parentType, t.parentID = row.ParentType.String, row.ParentID.String
 			t.owner = row.OwnerID.String
+			t.shared = !row.Draft && attributeTrue(row.Attributes, iam.AttrShared)
 		case !errors.Is(err, pgx.ErrNoRows):
 			return t, unavailable(err)
 		}
@@ -297,4 +311,13 @@ func (s *Service) checkDelegation(ctx context.Context, q *db.Queries, c *iam.Cal
 
 func denied(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", iam.ErrDenied, fmt.Sprintf(format, args...))
+}
+
+// attributeTrue reports whether the JSON attributes hold name: "true".
+func attributeTrue(raw []byte, name string) bool {
+	var attrs map[string]string
+	if json.Unmarshal(raw, &attrs) != nil {
+		return false
+	}
+	return attrs[name] == "true"
 }

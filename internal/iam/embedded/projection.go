@@ -29,6 +29,27 @@ func (p projection) PutDraft(ctx context.Context, r iam.Resource) error {
 	return wrapStore(p.s.st.Queries().IAMPutDraft(ctx, db.IAMPutDraftParams(arg)))
 }
 
+// Get returns the projected resource, nil when it is absent.
+func (p projection) Get(ctx context.Context, r iam.Ref) (*iam.Resource, error) {
+	row, err := p.s.st.Queries().IAMGetResource(ctx, db.IAMGetResourceParams{Type: r.Type, ID: r.ID})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, wrapStore(err)
+	}
+	out := &iam.Resource{Type: row.Type, ID: row.ID, TenantID: row.TenantID, Owner: row.OwnerID.String, Draft: row.Draft}
+	if row.ParentType.Valid {
+		out.Parent = &iam.Ref{Type: row.ParentType.String, ID: row.ParentID.String}
+	}
+	if len(row.Attributes) > 0 {
+		if err := json.Unmarshal(row.Attributes, &out.Attributes); err != nil {
+			return nil, fmt.Errorf("iam: attributes of %s/%s: %w", r.Type, r.ID, err)
+		}
+	}
+	return out, nil
+}
+
 // DropDraft removes a draft after a refusal; a resource made real stays.
 func (p projection) DropDraft(ctx context.Context, r iam.Ref) error {
 	return wrapStore(p.s.st.Queries().IAMDropDraft(ctx, db.IAMDropDraftParams{Type: r.Type, ID: r.ID}))

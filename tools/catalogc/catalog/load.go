@@ -21,13 +21,14 @@ const (
 )
 
 var (
-	identRe  = regexp.MustCompile(`^[a-z][A-Za-z0-9]*$`)
-	typeRe   = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
-	codeRe   = regexp.MustCompile(`^[A-Z][A-Z_]*[A-Z]$`)
-	actionRe = regexp.MustCompile(`^compute:[a-z][a-z0-9-]{0,63}:[a-z][a-z0-9-]{0,63}$`)
-	phaseRe  = regexp.MustCompile(`^(v[0-9]+\.[0-9]+|none)$`)
-	resTypRe = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
-	eventRe  = regexp.MustCompile(`^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)+$`)
+	identRe    = regexp.MustCompile(`^[a-z][A-Za-z0-9]*$`)
+	typeRe     = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
+	codeRe     = regexp.MustCompile(`^[A-Z][A-Z_]*[A-Z]$`)
+	actionRe   = regexp.MustCompile(`^compute:[a-z][a-z0-9-]{0,63}:[a-z][a-z0-9-]{0,63}$`)
+	phaseRe    = regexp.MustCompile(`^(v[0-9]+\.[0-9]+|none)$`)
+	resTypRe   = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+	idPrefixRe = regexp.MustCompile(`^\^([a-z]+)_`)
+	eventRe    = regexp.MustCompile(`^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)+$`)
 
 	yamlLineRe = regexp.MustCompile(`^yaml: line ([0-9]+): (.*)$`)
 )
@@ -601,7 +602,7 @@ func resourceRef(n node, what string) (*ResourceRef, error) {
 }
 
 func resource(n node) (*Resource, error) {
-	keys, vals, err := n.pairs("resource", "type", "id", "parent", "draft", "attributes", "items", "alternates")
+	keys, vals, err := n.pairs("resource", "type", "id", "parent", "draft", "creates", "attributes", "items", "alternates")
 	if err != nil {
 		return nil, err
 	}
@@ -619,6 +620,10 @@ func resource(n node) (*Resource, error) {
 			r.Parent, err = resourceRef(v, "parent")
 		case "draft":
 			r.Draft, err = v.boolean("draft")
+		case "creates":
+			if r.Creates, err = v.str("creates"); err == nil && !resTypRe.MatchString(r.Creates) {
+				err = v.errf("creates %q must be a resource type without the prefix", r.Creates)
+			}
 		case "attributes":
 			r.Attributes, err = v.strings("attributes")
 		case "items":
@@ -1061,6 +1066,18 @@ func (c *Catalog) checkMethods() error {
 					return at("resource", "attribute %q is not an input field", a)
 				}
 			}
+		}
+		if id := m.Idempotency; id != nil && id.DerivesID != "" {
+			f := m.Output.Field(id.DerivesID)
+			if f == nil || f.Schema.Shape == "" {
+				return at("derivesId %q must be an output field with an id shape", id.DerivesID)
+			}
+			sh := c.shapes[f.Schema.Shape]
+			mm := idPrefixRe.FindStringSubmatch(sh.Pattern)
+			if mm == nil {
+				return at("the shape %s of %s has no id prefix", sh.Name, id.DerivesID)
+			}
+			id.IDPrefix = mm[1]
 		}
 		if id := m.Idempotency; id != nil {
 			if m.Input.Field(id.Key) == nil {

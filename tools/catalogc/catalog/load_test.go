@@ -262,7 +262,7 @@ func TestPositiveFull(t *testing.T) {
 		{Type: "project", ID: "projectId", WhenField: "projectId"},
 	}, r.Alternates)
 	require.Equal(t, "tenant/tenantId alt=fleet/global when kind in shared|dedicated alt=project/projectId when projectId", r.String())
-	require.Equal(t, &catalog.Idempotency{Key: "idempotencyKey", DerivesID: "thingId", Compare: []string{"kind", "name"}}, create.Idempotency)
+	require.Equal(t, &catalog.Idempotency{Key: "idempotencyKey", DerivesID: "thingId", Compare: []string{"kind", "name"}, IDPrefix: "thg"}, create.Idempotency)
 	require.Equal(t, "tenant/tenantId items=thing", c.Method("things.list").Resource.String())
 	attach := c.Method("extras.attach")
 	require.Equal(t, "thing/thingId parent=tenant/tenantId", attach.Resource.String())

@@ -137,6 +137,7 @@ type Resource struct {
 	ID         string // input field holding the id, or "global"
 	Parent     *ResourceRef
 	Draft      bool
+	Creates    string // type of the object a draft create makes; default Type
 	Attributes []string
 	Items      string
 	Alternates []*Alternate
@@ -183,6 +184,7 @@ type Idempotency struct {
 	Key       string
 	DerivesID string
 	Compare   []string
+	IDPrefix  string // prefix of the derived id, from the shape of DerivesID
 }
 
 // Schema types.

@@ -45,6 +45,7 @@ func Files(c *catalog.Catalog) (map[string][]byte, error) {
 		"errors_gen.go":   g.errorsFile(),
 		"types_gen.go":    g.typesFile(),
 		"registry_gen.go": g.registryFile(),
+		"events_gen.go":   g.eventsFile(),
 	}
 	for _, grp := range c.Groups {
 		files[strings.ToLower(grp.Name)+"_gen.go"] = g.groupFile(grp)
@@ -698,6 +699,11 @@ func (g *generator) methodRow(m *catalog.Method) jen.Code {
 		}
 		if r.Draft {
 			rd[jen.Id("Draft")] = jen.True()
+			creates := r.Creates
+			if creates == "" {
+				creates = r.Type
+			}
+			rd[jen.Id("Creates")] = jen.Lit(creates)
 		}
 		if len(r.Attributes) > 0 {
 			rd[jen.Id("Attributes")] = strList(r.Attributes)
@@ -726,6 +732,9 @@ func (g *generator) methodRow(m *catalog.Method) jen.Code {
 		if len(id.Compare) > 0 {
 			idd[jen.Id("Compare")] = strList(id.Compare)
 		}
+		if id.IDPrefix != "" {
+			idd[jen.Id("IDPrefix")] = jen.Lit(id.IDPrefix)
+		}
 		d[jen.Id("Idempotency")] = jen.Op("&").Id("Idempotency").Values(idd)
 	}
 	if m.Registered() {
@@ -738,6 +747,57 @@ func (g *generator) methodRow(m *catalog.Method) jen.Code {
 		)
 	}
 	return jen.Values(d)
+}
+
+// eventsFile holds one constant and one payload type per event type of
+// events.yaml, and the event catalog.
+func (g *generator) eventsFile() *jen.File {
+	f := newFile()
+	f.Comment("EventSpec describes one event type of catalog/events.yaml.")
+	f.Type().Id("EventSpec").Struct(
+		jen.Id("Type").String().Tag(map[string]string{"json": "type"}),
+		jen.Id("Subject").String().Tag(map[string]string{"json": "subject"}),
+		jen.Id("Module").String().Tag(map[string]string{"json": "module"}),
+		jen.Id("Description").String().Tag(map[string]string{"json": "description"}),
+	)
+	if len(g.cat.Events) == 0 {
+		f.Var().Id("EventTypes").Index().Id("EventSpec")
+		return f
+	}
+	f.Comment("Event types.")
+	f.Const().DefsFunc(func(d *jen.Group) {
+		for _, e := range g.cat.Events {
+			d.Id(eventConst(e.Type)).Op("=").Lit(e.Type)
+		}
+	})
+	f.Comment("EventTypes is the event catalog, in catalog order.")
+	f.Var().Id("EventTypes").Op("=").Index().Id("EventSpec").ValuesFunc(func(v *jen.Group) {
+		for _, e := range g.cat.Events {
+			v.Line().Values(jen.Dict{
+				jen.Id("Type"):        jen.Id(eventConst(e.Type)),
+				jen.Id("Subject"):     jen.Lit(e.Subject),
+				jen.Id("Module"):      jen.Lit(e.Module),
+				jen.Id("Description"): jen.Lit(oneLine(e.Description)),
+			})
+		}
+		v.Line()
+	})
+	for _, e := range g.cat.Events {
+		if e.Payload != nil && len(e.Payload.Fields) > 0 {
+			g.structType(f, eventConst(e.Type)[len("Event"):]+"Payload", e.Payload, false, false, "Payload of "+e.Type+".")
+		}
+	}
+	return f
+}
+
+// eventConst names the constant of an event type: site.created -> EventSiteCreated.
+func eventConst(typ string) string {
+	var b strings.Builder
+	b.WriteString("Event")
+	for _, part := range strings.FieldsFunc(typ, func(r rune) bool { return r == '.' || r == '-' }) {
+		b.WriteString(exported(part))
+	}
+	return b.String()
 }
 
 // sortedKeys is used where map order would leak into output.

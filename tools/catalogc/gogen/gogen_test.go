@@ -92,7 +92,7 @@ func TestFilesLayout(t *testing.T) {
 	}
 	slices.Sort(names)
 	require.Equal(t, []string{
-		"errors_gen.go", "extras_gen.go", "registry_gen.go", "registry_types_gen.go", "rules_gen.go", "things_gen.go", "types_gen.go",
+		"errors_gen.go", "events_gen.go", "extras_gen.go", "registry_gen.go", "registry_types_gen.go", "rules_gen.go", "things_gen.go", "types_gen.go",
 	}, names)
 
 	// Deterministic: a second run gives the same bytes.
@@ -312,6 +312,7 @@ func TestRegistry(t *testing.T) {
 		Idempotency: &Idempotency{
 			Compare: []string{"kind", "name"},
 			DerivesID: "thingId",
+			IDPrefix: "thg",
 			Key: "idempotencyKey",
 		},
 		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
@@ -336,6 +337,7 @@ func TestRegistry(t *testing.T) {
 				WhenIn: nil,
 			}},
 			Attributes: []string{"kind", "name"},
+			Creates: "tenant",
 			Draft: true,
 			ResourceRef: ResourceRef{
 				IDField: "tenantId",

@@ -51,6 +51,9 @@ type Resource struct {
 	ResourceRef
 	Parent     *ResourceRef
 	Draft      bool
+	// Creates is the type of the object a draft create makes (the draft
+	// written to the projection); Type when they are the same.
+	Creates    string
 	Attributes []string
 	Items      string
 	Alternates []Alternate
@@ -62,6 +65,8 @@ type Idempotency struct {
 	Key       string
 	DerivesID string
 	Compare   []string
+	// IDPrefix starts the derived id (site for site_...).
+	IDPrefix string
 }
 
 // Method is one row of the registry.

@@ -1,0 +1,107 @@
+// Package outbox writes the events a change publishes into the outbox table
+// in the change's own transaction, so an event exists exactly when its change
+// committed; and it renders rows as CloudEvents 1.0 envelopes for the
+// consumers (sinks, webhooks, /watch) that read them.
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/ids"
+	"computeplane/internal/reqmeta"
+)
+
+// SourcePrefix starts the CloudEvents source of every event; the publishing
+// module follows (computeplane/sites).
+const SourcePrefix = "computeplane/"
+
+// Event is one event to publish.
+type Event struct {
+	Type     string // a type of catalog/events.yaml (api.EventSiteCreated ...)
+	Subject  string // what it is about: a site id, a secret reference ...
+	TenantID string // the tenant whose stream carries it
+	Data     any    // the payload (api.<Name>Payload)
+}
+
+var modules = func() map[string]string {
+	m := make(map[string]string, len(api.EventTypes))
+	for _, e := range api.EventTypes {
+		m[e.Type] = e.Module
+	}
+	return m
+}()
+
+// Write adds e to the outbox in tx.
+func Write(ctx context.Context, tx pgx.Tx, e Event) error {
+	module, ok := modules[e.Type]
+	if !ok {
+		return fmt.Errorf("outbox: event type %q is not in the event catalog", e.Type)
+	}
+	data, err := json.Marshal(e.Data)
+	if err != nil {
+		return fmt.Errorf("outbox: %s payload: %w", e.Type, err)
+	}
+	meta := reqmeta.FromContext(ctx)
+	_, err = db.New(tx).InsertOutbox(ctx, db.InsertOutboxParams{
+		ID:          ids.New("evt"),
+		Type:        e.Type,
+		Source:      SourcePrefix + module,
+		Subject:     e.Subject,
+		TenantID:    e.TenantID,
+		Data:        data,
+		RequestID:   text(meta.RequestID),
+		Traceparent: text(meta.Traceparent),
+	})
+	return err
+}
+
+func text(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }
+
+// CloudEvent is the JSON envelope of an event (CloudEvents 1.0, structured
+// mode) plus the tenantid extension.
+type CloudEvent struct {
+	SpecVersion     string          `json:"specversion"`
+	ID              string          `json:"id"`
+	Source          string          `json:"source"`
+	Type            string          `json:"type"`
+	Subject         string          `json:"subject"`
+	Time            string          `json:"time"`
+	DataContentType string          `json:"datacontenttype"`
+	Data            json.RawMessage `json:"data"`
+	TenantID        string          `json:"tenantid"`
+}
+
+// Envelope renders an outbox row.
+func Envelope(r db.ListOutboxByTenantRow) CloudEvent {
+	return CloudEvent{
+		SpecVersion:     "1.0",
+		ID:              r.ID,
+		Source:          r.Source,
+		Type:            r.Type,
+		Subject:         r.Subject,
+		Time:            r.Time.UTC().Format("2006-01-02T15:04:05.000Z"),
+		DataContentType: "application/json",
+		Data:            r.Data,
+		TenantID:        r.TenantID,
+	}
+}
+
+// List returns the tenant's events after seq, oldest first.
+func List(ctx context.Context, q *db.Queries, tenant string, afterSeq int64, limit int32) ([]CloudEvent, error) {
+	rows, err := q.ListOutboxByTenant(ctx, db.ListOutboxByTenantParams{TenantID: tenant, AfterSeq: afterSeq, MaxRows: limit})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]CloudEvent, len(rows))
+	for i, r := range rows {
+		out[i] = Envelope(r)
+	}
+	return out, nil
+}
