@@ -23,6 +23,9 @@ type Services struct {
 
 // Check reports the first group that has a registered method and no implementation.
 func (s *Services) Check() error {
+	if s.Secrets == nil {
+		return errors.New("group secrets has registered methods and no service")
+	}
 	if s.Sites == nil {
 		return errors.New("group sites has registered methods and no service")
 	}
@@ -585,15 +588,22 @@ var Methods = []*Method{
 			in := decodeSecretsPutInput(obj, "", iss)
 			return &in
 		},
-		Description: "Writes a new version of a secret (scope fleet only in the root tenant); a retry with the key that wrote the current version returns it and writes nothing; the value is never returned.",
+		Description: "Writes a new version of the secret secret://tenants/{tenantId}/{name} (scope tenant) or secret://fleet/{name} (scope fleet, only in the root tenant); a retry whose key equals the key of the put that wrote the current version returns that version and writes nothing (the key is not scoped to the identity); the value is never returned; UNAVAILABLE when no secret store is configured, INVALID_STATE when the secret lives in another store.",
 		Errors:      []Code{CodeInvalidInput, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
 		Events:      []string{"security.secret.put"},
 		FullName:    "secrets.put",
 		Group:       "secrets",
 		Idempotency: &Idempotency{Key: "idempotencyKey"},
-		Kind:        KindMutation,
-		Name:        "put",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Secrets.Put(ctx, in.(*SecretsPutInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "put",
+		Phase: "v0.2",
 		Resource: &Resource{
 			Alternates: []Alternate{{
 				ResourceRef: ResourceRef{
@@ -609,7 +619,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/secrets/put",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -618,14 +628,21 @@ var Methods = []*Method{
 			in := decodeSecretsDeleteInput(obj, "", iss)
 			return &in
 		},
-		Description: "Deletes a secret (scope fleet only in the root tenant); deleted is false when none exists.",
+		Description: "Deletes every version of a secret (scope fleet only in the root tenant); deleted is false when none exists; a later put continues after the last version; UNAVAILABLE when no secret store is configured, INVALID_STATE when the secret lives in another store.",
 		Errors:      []Code{CodeInvalidInput, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
 		Events:      []string{"security.secret.deleted"},
 		FullName:    "secrets.delete",
 		Group:       "secrets",
-		Kind:        KindMutation,
-		Name:        "delete",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Secrets.Delete(ctx, in.(*SecretsDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v0.2",
 		Resource: &Resource{
 			Alternates: []Alternate{{
 				ResourceRef: ResourceRef{
@@ -641,7 +658,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/secrets/delete",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{

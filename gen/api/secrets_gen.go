@@ -15,9 +15,9 @@ const (
 
 // SecretsPutInput: Input of secrets.put.
 type SecretsPutInput struct {
-	TenantID       string `json:"tenantId"` // Tenant identifier.
-	Name           string `json:"name"`     // Secret name.
-	Value          string `json:"value"`
+	TenantID       string `json:"tenantId"`       // Tenant identifier.
+	Name           string `json:"name"`           // Secret name.
+	Value          string `json:"value"`          // Write-only: never returned, logged or published.
 	IdempotencyKey string `json:"idempotencyKey"` // Idempotency key (wide alphabet).
 	Scope          string `json:"scope,omitempty"`
 }
@@ -97,11 +97,11 @@ func decodeSecretsDeleteInput(obj map[string]any, path string, iss *wire.Issues)
 	return
 }
 
-// SecretsService implements the secrets group: Write-only secret storage.
+// SecretsService implements the secrets group: Write-only secret storage. A secret is named by a reference: secret://tenants/{tenantId}/{name} for scope tenant and secret://fleet/{name} for scope fleet (root tenant only); configs and user data hold references, never values, and no method returns a value.
 type SecretsService interface {
-	// Put: Writes a new version of a secret (scope fleet only in the root tenant); a retry with the key that wrote the current version returns it and writes nothing; the value is never returned.
+	// Put: Writes a new version of the secret secret://tenants/{tenantId}/{name} (scope tenant) or secret://fleet/{name} (scope fleet, only in the root tenant); a retry whose key equals the key of the put that wrote the current version returns that version and writes nothing (the key is not scoped to the identity); the value is never returned; UNAVAILABLE when no secret store is configured, INVALID_STATE when the secret lives in another store.
 	Put(ctx context.Context, in *SecretsPutInput) (*SecretVersion, error)
-	// Delete: Deletes a secret (scope fleet only in the root tenant); deleted is false when none exists.
+	// Delete: Deletes every version of a secret (scope fleet only in the root tenant); deleted is false when none exists; a later put continues after the last version; UNAVAILABLE when no secret store is configured, INVALID_STATE when the secret lives in another store.
 	Delete(ctx context.Context, in *SecretsDeleteInput) (*SecretDeleted, error)
 }
 

@@ -243,8 +243,8 @@ type SecretDeleted struct {
 
 // SecretVersion: Where a secret version is stored; never its value.
 type SecretVersion struct {
-	Reference string `json:"reference"` // secret://<...> reference usable in configs and user data.
-	Version   int64  `json:"version"`
+	Reference string `json:"reference"` // secret://tenants/{tenantId}/{name} (scope tenant) or secret://fleet/{name} (scope fleet); usable in configs and user data.
+	Version   int64  `json:"version"`   // Versions of a reference count up from 1 and are never reused, not even after a delete.
 }
 
 // SelfCheck: Findings of every check; ok is false when any finding is an error.

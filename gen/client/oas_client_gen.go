@@ -333,24 +333,28 @@ type SandboxVolumesInvoker interface {
 type SecretsInvoker interface {
 	// SecretsDelete invokes secretsDelete operation.
 	//
-	// Deletes a secret (scope fleet only in the root tenant); deleted is false when none exists.
+	// Deletes every version of a secret (scope fleet only in the root tenant); deleted is false when none
+	// exists; a later put continues after the last version; UNAVAILABLE when no secret store is
+	// configured, INVALID_STATE when the secret lives in another store.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:secrets:manage
-	// on tenant/tenantId alt=fleet/global when scope in fleet. Publishes security.secret.deleted. Errors:
-	// INVALID_INPUT (400), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED
-	// (403).
+	// Served since v0.2. Kind: mutation. Action compute:secrets:manage on tenant/tenantId alt=fleet/global
+	// when scope in fleet. Publishes security.secret.deleted. Errors: INVALID_INPUT (400), INVALID_STATE
+	// (409), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /secrets/delete
 	SecretsDelete(ctx context.Context, request *SecretsDeleteInput) (*SecretsDeleteResponse, error)
 	// SecretsPut invokes secretsPut operation.
 	//
-	// Writes a new version of a secret (scope fleet only in the root tenant); a retry with the key that
-	// wrote the current version returns it and writes nothing; the value is never returned.
+	// Writes a new version of the secret secret://tenants/{tenantId}/{name} (scope tenant) or
+	// secret://fleet/{name} (scope fleet, only in the root tenant); a retry whose key equals the key of
+	// the put that wrote the current version returns that version and writes nothing (the key is not
+	// scoped to the identity); the value is never returned; UNAVAILABLE when no secret store is
+	// configured, INVALID_STATE when the secret lives in another store.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:secrets:manage
-	// on tenant/tenantId alt=fleet/global when scope in fleet. Idempotent under idempotencyKey. Publishes
-	// security.secret.put. Errors: INVALID_INPUT (400), INVALID_STATE (409), UNAVAILABLE (503),
-	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.2. Kind: mutation. Action compute:secrets:manage on tenant/tenantId alt=fleet/global
+	// when scope in fleet. Idempotent under idempotencyKey. Publishes security.secret.put. Errors:
+	// INVALID_INPUT (400), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
 	//
 	// POST /secrets/put
 	SecretsPut(ctx context.Context, request *SecretsPutInput) (*SecretsPutResponse, error)
@@ -2912,12 +2916,13 @@ func (c *Client) sendSandboxVolumesResize(ctx context.Context, request *SandboxV
 
 // SecretsDelete invokes secretsDelete operation.
 //
-// Deletes a secret (scope fleet only in the root tenant); deleted is false when none exists.
+// Deletes every version of a secret (scope fleet only in the root tenant); deleted is false when none
+// exists; a later put continues after the last version; UNAVAILABLE when no secret store is
+// configured, INVALID_STATE when the secret lives in another store.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:secrets:manage
-// on tenant/tenantId alt=fleet/global when scope in fleet. Publishes security.secret.deleted. Errors:
-// INVALID_INPUT (400), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED
-// (403).
+// Served since v0.2. Kind: mutation. Action compute:secrets:manage on tenant/tenantId alt=fleet/global
+// when scope in fleet. Publishes security.secret.deleted. Errors: INVALID_INPUT (400), INVALID_STATE
+// (409), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /secrets/delete
 func (c *Client) SecretsDelete(ctx context.Context, request *SecretsDeleteInput) (*SecretsDeleteResponse, error) {
@@ -3007,13 +3012,16 @@ func (c *Client) sendSecretsDelete(ctx context.Context, request *SecretsDeleteIn
 
 // SecretsPut invokes secretsPut operation.
 //
-// Writes a new version of a secret (scope fleet only in the root tenant); a retry with the key that
-// wrote the current version returns it and writes nothing; the value is never returned.
+// Writes a new version of the secret secret://tenants/{tenantId}/{name} (scope tenant) or
+// secret://fleet/{name} (scope fleet, only in the root tenant); a retry whose key equals the key of
+// the put that wrote the current version returns that version and writes nothing (the key is not
+// scoped to the identity); the value is never returned; UNAVAILABLE when no secret store is
+// configured, INVALID_STATE when the secret lives in another store.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:secrets:manage
-// on tenant/tenantId alt=fleet/global when scope in fleet. Idempotent under idempotencyKey. Publishes
-// security.secret.put. Errors: INVALID_INPUT (400), INVALID_STATE (409), UNAVAILABLE (503),
-// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.2. Kind: mutation. Action compute:secrets:manage on tenant/tenantId alt=fleet/global
+// when scope in fleet. Idempotent under idempotencyKey. Publishes security.secret.put. Errors:
+// INVALID_INPUT (400), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
 //
 // POST /secrets/put
 func (c *Client) SecretsPut(ctx context.Context, request *SecretsPutInput) (*SecretsPutResponse, error) {

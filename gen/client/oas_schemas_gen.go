@@ -4848,9 +4848,11 @@ func (s *SecretDeleted) SetDeleted(val bool) {
 // Where a secret version is stored; never its value.
 // Ref: #/components/schemas/SecretVersion
 type SecretVersion struct {
-	// Secret://<...> reference usable in configs and user data.
+	// Secret://tenants/{tenantId}/{name} (scope tenant) or secret://fleet/{name} (scope fleet); usable in
+	// configs and user data.
 	Reference string `json:"reference"`
-	Version   int64  `json:"version"`
+	// Versions of a reference count up from 1 and are never reused, not even after a delete.
+	Version int64 `json:"version"`
 }
 
 // GetReference returns the value of Reference.
@@ -4980,7 +4982,8 @@ type SecretsPutInput struct {
 	Scope OptSecretsPutInputScope `json:"scope"`
 	// Tenant identifier.
 	TenantId string `json:"tenantId"`
-	Value    string `json:"value"`
+	// Write-only: never returned, logged or published.
+	Value string `json:"value"`
 }
 
 // GetIdempotencyKey returns the value of IdempotencyKey.

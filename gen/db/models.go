@@ -144,6 +144,28 @@ type Outbox struct {
 	Traceparent pgtype.Text
 }
 
+type Secret struct {
+	Reference string
+	TenantID  string
+	Scope     string
+	Name      string
+	Store     string
+	Version   int64
+	IdemKey   pgtype.Text
+	Deleted   bool
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+type SecretVersion struct {
+	Reference string
+	Version   int64
+	Nonce     []byte
+	Sealed    []byte
+	CreatedBy string
+	CreatedAt time.Time
+}
+
 type ServiceMeta struct {
 	Key   string
 	Value string

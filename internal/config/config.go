@@ -96,6 +96,7 @@ type Config struct {
 	Downloads *Downloads
 	// SupportBundles is nil when support bundles are not configured.
 	SupportBundles *SupportBundles
+	Secrets        Secrets // the secret store (default database)
 	Capacity       Capacity
 	Scheduler      Scheduler
 	Clock          Clock
@@ -239,6 +240,25 @@ type SupportBundles struct {
 	Blob     string
 	MaxBytes int64 // default 256 MiB
 }
+
+// Secrets configures the secret store (an option of this build, not of the
+// specification's table): the store secrets.put and secrets.delete use and
+// secret:// references resolve through.
+type Secrets struct {
+	Store SecretStore // default database
+}
+
+// SecretStore names a secret store.
+type SecretStore string
+
+// Secret stores. With none the secrets methods and the resolver answer
+// UNAVAILABLE.
+const (
+	// SecretStoreDatabase seals values with AES-256-GCM under a key derived
+	// from the service secret and keeps them in the service's database.
+	SecretStoreDatabase SecretStore = "database"
+	SecretStoreNone     SecretStore = "none"
+)
 
 // Capacity tunes admission and placement.
 type Capacity struct {

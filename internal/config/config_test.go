@@ -57,6 +57,7 @@ func TestDefaults(t *testing.T) {
 		TypePrefix:   "compute-",
 		PKI:          PKI{TrustVersion: 1},
 		PKIFile:      ".service/pki.json",
+		Secrets:      Secrets{Store: SecretStoreDatabase},
 		Capacity: Capacity{
 			Placer: PlacerInline, MaxBatch: 64, MaxAttempts: 3,
 			RollupEvery: 5 * time.Minute, UsageEvery: 5 * time.Minute, SpotNoticeMs: 120000,
@@ -126,6 +127,7 @@ gateway:
   region: eu-west
 downloads: {dir: /srv/downloads, blob: "s3://bucket/downloads"}
 supportBundles: {blob: "s3://bucket/bundles", maxBytes: 1048576}
+secrets: {store: none}
 capacity:
   placer: pool-lease
   maxBatch: 16
@@ -205,6 +207,7 @@ func TestFullFile(t *testing.T) {
 		Gateway:        &Gateway{URL: "https://gw.example.com:8443", ServerName: "gw.example.com", Region: "eu-west"},
 		Downloads:      &Downloads{Dir: "/srv/downloads", Blob: "s3://bucket/downloads"},
 		SupportBundles: &SupportBundles{Blob: "s3://bucket/bundles", MaxBytes: 1048576},
+		Secrets:        Secrets{Store: SecretStoreNone},
 		Capacity: Capacity{
 			Placer: PlacerPoolLease, MaxBatch: 16, MaxAttempts: 5,
 			RollupEvery: time.Minute, UsageEvery: 10 * time.Minute, SpotNoticeMs: 30000,
@@ -335,6 +338,28 @@ func TestRootTenant(t *testing.T) {
 			c, err := run(tc.file, nil)
 			require.NoError(t, err)
 			require.Equal(t, tc.want, c.RootTenantID)
+		})
+	}
+}
+
+func TestSecretStore(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, file string
+		want       SecretStore
+	}{
+		{"default", "", SecretStoreDatabase},
+		{"empty group", "secrets: {}", SecretStoreDatabase},
+		{"database", "secrets: {store: database}", SecretStoreDatabase},
+		{"none", "secrets: {store: none}", SecretStoreNone},
+		{"JSON", `{"secrets": {"store": "none"}}`, SecretStoreNone},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := run(tc.file, nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, c.Secrets.Store)
 		})
 	}
 }
@@ -509,6 +534,12 @@ func TestInvalid(t *testing.T) {
 		{"supportBundles blob required", "supportBundles: {maxBytes: 10}", nil, "supportBundles.blob", "is required"},
 		{"supportBundles blob credentials", "supportBundles: {blob: 's3://k:s@bucket'}", nil, "supportBundles.blob", "credentials"},
 		{"supportBundles maxBytes positive", "supportBundles: {blob: 's3://b', maxBytes: 0}", nil, "supportBundles.maxBytes", "positive"},
+
+		// secrets.
+		{"secrets store", "secrets: {store: vault}", nil, "secrets.store", "database or none"},
+		{"secrets store empty", "secrets: {store: ''}", nil, "secrets.store", "database or none"},
+		{"secrets store type", "secrets: {store: 1}", nil, "secrets.store", "must be a string"},
+		{"secrets unknown option", "secrets: {kind: database}", nil, "secrets.kind", "unknown option"},
 
 		// capacity.
 		{"capacity placer", "capacity: {placer: batch}", nil, "capacity.placer", "inline or pool-lease"},

@@ -36,6 +36,7 @@ type fileConfig struct {
 	Gateway         *fileGateway        `yaml:"gateway"`
 	Downloads       *fileDownloads      `yaml:"downloads"`
 	SupportBundles  *fileSupportBundles `yaml:"supportBundles"`
+	Secrets         *fileSecrets        `yaml:"secrets"`
 	Capacity        *fileCapacity       `yaml:"capacity"`
 	Scheduler       *fileScheduler      `yaml:"scheduler"`
 	Clock           *string             `yaml:"clock"`
@@ -124,6 +125,10 @@ type fileDownloads struct {
 type fileSupportBundles struct {
 	Blob     *string `yaml:"blob"`
 	MaxBytes *int64  `yaml:"maxBytes"`
+}
+
+type fileSecrets struct {
+	Store *string `yaml:"store"`
 }
 
 type fileCapacity struct {

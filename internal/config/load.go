@@ -134,7 +134,7 @@ func (b *builder) build(fc *fileConfig) (*Config, error) {
 	c := &Config{}
 	steps := []func(*fileConfig, *Config) error{
 		b.core, b.iam, b.lists, b.tunnels, b.pki, b.notifier, b.sinks,
-		b.proxies, b.gateway, b.downloads, b.supportBundles, b.capacity,
+		b.proxies, b.gateway, b.downloads, b.supportBundles, b.secrets, b.capacity,
 		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles,
 	}
 	for _, step := range steps {
@@ -690,6 +690,17 @@ func (b *builder) supportBundles(fc *fileConfig, c *Config) error {
 		return b.errorf("supportBundles.maxBytes", "must be a positive integer")
 	}
 	c.SupportBundles = sb
+	return nil
+}
+
+func (b *builder) secrets(fc *fileConfig, c *Config) error {
+	fs := deref(fc.Secrets, fileSecrets{})
+	switch st := SecretStore(deref(fs.Store, string(SecretStoreDatabase))); st {
+	case SecretStoreDatabase, SecretStoreNone:
+		c.Secrets.Store = st
+	default:
+		return b.errorf("secrets.store", "must be database or none, got %q", st)
+	}
 	return nil
 }
 

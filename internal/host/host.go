@@ -20,8 +20,10 @@ import (
 	"computeplane/internal/cursor"
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
+	"computeplane/internal/keys"
 	"computeplane/internal/metrics"
 	"computeplane/internal/rpc"
+	"computeplane/internal/secrets"
 	"computeplane/internal/server"
 	"computeplane/internal/sites"
 	"computeplane/internal/store"
@@ -86,8 +88,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	sys := system.New(cfg.BasePath, gw)
 	cursors := cursor.New(cfg.Secret)
 	services := &api.Services{
-		System: sys,
-		Sites:  sites.New(cfg.RootTenantID, cursors, nil),
+		System:  sys,
+		Sites:   sites.New(cfg.RootTenantID, cursors, nil),
+		Secrets: secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
 	}
 	sys.WithChecks(
 		system.CatalogCheck(services),

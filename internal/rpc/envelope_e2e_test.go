@@ -240,14 +240,12 @@ func TestPlannedMethodsAnswerNotImplementedNamingTheirPhase(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	c := env.Client(t, computeclient.WithToken("any"))
-	_, err := c.SitesCreate(t.Context(), &client.SitesCreateInput{
-		TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu-west", IdempotencyKey: "k1",
-	})
+	_, err := c.WebhooksList(t.Context(), &client.WebhooksListInput{TenantId: "acme"})
 	e := apiError(t, err)
 	assert.Equal(t, "NOT_IMPLEMENTED", e.Code)
 	assert.Equal(t, http.StatusNotImplemented, e.Status)
-	assert.Contains(t, e.Message, "sites.create")
-	assert.Contains(t, e.Message, "v0.1")
+	assert.Contains(t, e.Message, "webhooks.list")
+	assert.Contains(t, e.Message, "v0.3")
 
 	_, err = c.WebhooksEventTypes(t.Context(), &client.WebhooksEventTypesInput{TenantId: "acme"})
 	e = apiError(t, err)

@@ -1,7 +1,8 @@
 // Command catalogc generates everything the API catalog implies.
 //
-//	catalogc gen     writes gen/api, openapi.yaml and the HTML reference
-//	                 (gen/docs), then checks the frozen surface
+//	catalogc gen     writes gen/api, openapi.yaml, the HTML reference
+//	                 (gen/docs) and the computectl commands (gen/cli), then
+//	                 checks the frozen surface
 //	catalogc check   loads the catalog and checks the frozen surface
 //	catalogc freeze  records additions to catalog/frozen/surface.txt
 //
@@ -19,6 +20,7 @@ import (
 	"strings"
 
 	"computeplane/tools/catalogc/catalog"
+	"computeplane/tools/catalogc/cligen"
 	"computeplane/tools/catalogc/docs"
 	"computeplane/tools/catalogc/freeze"
 	"computeplane/tools/catalogc/gogen"
@@ -39,6 +41,7 @@ func run(args []string) error {
 	openapiPath := fl.String("openapi", "openapi.yaml", "output path of the OpenAPI document")
 	apiVersion := fl.String("api-version", openapi.DefaultAPIVersion, "info.version of the OpenAPI document")
 	docsDir := fl.String("docs", "gen/docs", "output directory of the HTML reference")
+	cliDir := fl.String("cli", "gen/cli", "output directory of the computectl commands")
 	surface := fl.String("surface", "", "frozen surface file (default <catalog>/frozen/surface.txt)")
 	if len(args) == 0 {
 		return fmt.Errorf("usage: catalogc gen|check|freeze [flags]")
@@ -77,6 +80,13 @@ func run(args []string) error {
 			return err
 		}
 		if err := docs.Write(*docsDir, pages); err != nil {
+			return err
+		}
+		commands, err := cligen.Files(cat)
+		if err != nil {
+			return err
+		}
+		if err := cligen.Write(*cliDir, commands); err != nil {
 			return err
 		}
 		return checkSurface(*surface, cat)

@@ -1,0 +1,335 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ogen-go/ogen/ogenerrors"
+
+	"computeplane/computeclient"
+)
+
+// Environment variables and defaults.
+const (
+	EnvURL      = "SERVICE_URL"       // origin of the service
+	EnvBasePath = "SERVICE_BASE_PATH" // API base path
+	EnvToken    = "SERVICE_TOKEN"     // bearer credential
+	EnvTenant   = "SERVICE_TENANT"    // default tenantId
+
+	DefaultURL      = "http://localhost:3000"
+	DefaultBasePath = "/api/compute"
+	DefaultTimeout  = 60 * time.Second // keep the help of --timeout in step
+)
+
+// Program is the command's name in messages and help.
+const Program = "computectl"
+
+// Global flags.
+const (
+	flagURL      = "url"
+	flagBasePath = "base-path"
+	flagToken    = "token"
+	flagOutput   = "output"
+	flagInput    = "input"
+	flagTimeout  = "timeout"
+)
+
+// globalFlags take a value each; --help (-h) is the one flag without.
+var globalFlags = []struct{ name, arg, help string }{
+	{flagURL, "URL", "origin of the service (default $" + EnvURL + ", else " + DefaultURL + ")"},
+	{flagBasePath, "PATH", "API base path (default $" + EnvBasePath + ", else " + DefaultBasePath + ")"},
+	{flagToken, "TOKEN", "bearer credential (default $" + EnvToken + ")"},
+	{flagOutput, "FORMAT", "table or json (default table)"},
+	{flagInput, "FILE", "JSON object used as the whole input; - reads stdin; flags override its fields"},
+	{flagTimeout, "DURATION", "give up after this long, e.g. 10s; 0 waits forever (default 60s)"},
+}
+
+func isGlobal(name string) bool {
+	for _, g := range globalFlags {
+		if g.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Streams are a run's standard streams.
+type Streams struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+}
+
+// Run runs computectl with args (without the program name) over the
+// commands of groups and returns the exit code. getenv reads the
+// environment (SERVICE_URL, SERVICE_BASE_PATH, SERVICE_TOKEN,
+// SERVICE_TENANT).
+func Run(ctx context.Context, groups []Group, args []string, getenv func(string) string, s Streams) int {
+	inv, err := parse(groups, args)
+	if err != nil {
+		fmt.Fprintf(s.Stderr, "error: %v\n", err)
+		fmt.Fprintf(s.Stderr, "Run '%s' for usage.\n", inv.helpCommand())
+		return ExitUsage
+	}
+	switch {
+	case inv.help:
+		inv.writeHelp(s.Stdout, groups)
+		return ExitOK
+	case inv.group == nil:
+		writeMainHelp(s.Stderr, groups)
+		return ExitUsage
+	case inv.method == nil:
+		writeGroupHelp(s.Stderr, inv.group)
+		return ExitUsage
+	}
+	code, err := inv.call(ctx, getenv, s)
+	if err != nil {
+		var ue *UsageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(s.Stderr, "error: %v\n", err)
+			fmt.Fprintf(s.Stderr, "Run '%s' for usage.\n", inv.helpCommand())
+			return ExitUsage
+		}
+		fmt.Fprintf(s.Stderr, "error: %v\n", err)
+		return ExitError
+	}
+	return code
+}
+
+// invocation is a parsed command line.
+type invocation struct {
+	group  *Group
+	method *Method
+	help   bool
+	global map[string]string
+	flags  []FlagValue
+}
+
+// parse reads the command line: global flags anywhere; the group; the
+// method; then the method's flags. After the method name a method flag
+// wins over a global flag of the same name (webhooks create --url is the
+// webhook's URL), so such a global flag must come before the group.
+// Flags are --name value, --name=value, and a bool flag alone is true;
+// one dash works as well as two.
+func parse(groups []Group, args []string) (*invocation, error) {
+	inv := &invocation{global: map[string]string{}}
+	helpCmd := false
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if len(a) < 2 || a[0] != '-' {
+			switch {
+			case inv.group == nil && !helpCmd && a == "help" && i == firstPositional(args):
+				helpCmd, inv.help = true, true
+			case inv.group == nil:
+				if inv.group = findGroup(groups, a); inv.group == nil {
+					return inv, usagef("unknown group %q", a)
+				}
+			case inv.method == nil:
+				if inv.method = inv.group.method(a); inv.method == nil {
+					return inv, usagef("unknown command %q of group %s", a, inv.group.Name)
+				}
+			default:
+				return inv, usagef("unexpected argument %q", a)
+			}
+			continue
+		}
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if name == "h" || name == "help" {
+			inv.help = true
+			continue
+		}
+		var f *Flag
+		if inv.method != nil {
+			f = inv.method.flagNamed(name)
+		}
+		if f == nil && !isGlobal(name) {
+			if inv.method == nil && inv.group != nil {
+				return inv, usagef("unknown flag %s (a command's flags come after its name)", a)
+			}
+			return inv, usagef("unknown flag %s", a)
+		}
+		if !hasValue {
+			if f != nil && f.Type == Bool {
+				value = "true"
+			} else {
+				if i+1 >= len(args) {
+					return inv, usagef("flag --%s needs a value", name)
+				}
+				i++
+				value = args[i]
+			}
+		}
+		if f != nil {
+			inv.flags = append(inv.flags, FlagValue{Name: name, Value: value})
+		} else {
+			inv.global[name] = value
+		}
+	}
+	return inv, nil
+}
+
+// firstPositional is the index of the first argument that is not a flag
+// or a global flag's value.
+func firstPositional(args []string) int {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if len(a) < 2 || a[0] != '-' {
+			return i
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !hasValue && isGlobal(name) {
+			i++
+		}
+	}
+	return -1
+}
+
+func (inv *invocation) helpCommand() string {
+	switch {
+	case inv.method != nil:
+		return fmt.Sprintf("%s %s %s --help", Program, inv.group.Name, inv.method.Name)
+	case inv.group != nil:
+		return fmt.Sprintf("%s %s --help", Program, inv.group.Name)
+	}
+	return Program + " --help"
+}
+
+func (inv *invocation) writeHelp(w io.Writer, groups []Group) {
+	switch {
+	case inv.method != nil:
+		writeMethodHelp(w, inv.group, inv.method)
+	case inv.group != nil:
+		writeGroupHelp(w, inv.group)
+	default:
+		writeMainHelp(w, groups)
+	}
+}
+
+// settings are the resolved global flags and environment.
+type settings struct {
+	apiURL  string
+	token   string
+	tenant  string
+	output  string
+	timeout time.Duration
+}
+
+func (inv *invocation) settings(getenv func(string) string) (*settings, error) {
+	pick := func(flag, env, def string) string {
+		if v, ok := inv.global[flag]; ok {
+			return v
+		}
+		if env != "" {
+			if v := getenv(env); v != "" {
+				return v
+			}
+		}
+		return def
+	}
+	s := &settings{
+		token:  pick(flagToken, EnvToken, ""),
+		tenant: getenv(EnvTenant),
+		output: pick(flagOutput, "", OutputTable),
+	}
+	if s.output != OutputTable && s.output != OutputJSON {
+		return nil, usagef("--output must be table or json, not %q", s.output)
+	}
+	origin := pick(flagURL, EnvURL, DefaultURL)
+	u, err := url.Parse(origin)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, usagef("the service URL %q is not an http or https URL", origin)
+	}
+	base := strings.TrimRight(pick(flagBasePath, EnvBasePath, DefaultBasePath), "/")
+	if base != "" && !strings.HasPrefix(base, "/") {
+		base = "/" + base
+	}
+	s.apiURL = strings.TrimRight(origin, "/") + base
+	s.timeout = DefaultTimeout
+	if v, ok := inv.global[flagTimeout]; ok {
+		if s.timeout, err = time.ParseDuration(v); err != nil || s.timeout < 0 {
+			return nil, usagef("--timeout must be a duration such as 30s, not %q", v)
+		}
+	}
+	return s, nil
+}
+
+// call sends the method's input and prints the answer; it returns the exit
+// code, or an error the answer never got to (UsageError: exit 2).
+func (inv *invocation) call(ctx context.Context, getenv func(string) string, s Streams) (int, error) {
+	set, err := inv.settings(getenv)
+	if err != nil {
+		return 0, err
+	}
+	var input []byte
+	if path, ok := inv.global[flagInput]; ok {
+		if input, err = readInput(path, s.Stdin); err != nil {
+			return 0, err
+		}
+	}
+	body, err := BuildInput(inv.method, set.tenant, input, inv.flags)
+	if err != nil {
+		return 0, err
+	}
+	c, err := computeclient.New(set.apiURL,
+		computeclient.WithToken(set.token),
+		computeclient.WithHTTPClient(&http.Client{Transport: exchangeTransport{base: http.DefaultTransport}}))
+	if err != nil {
+		return 0, err
+	}
+	if set.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, set.timeout)
+		defer cancel()
+	}
+	x := &exchange{body: body}
+	if err := inv.method.Call(withExchange(ctx, x), c); err != nil {
+		if e, ok := computeclient.AsError(err); ok {
+			writeAPIError(s.Stderr, e)
+			return ExitCode(e.Code), nil
+		}
+		if errors.Is(err, ogenerrors.ErrSecurityRequirementIsNotSatisfied) {
+			// The generated client sends no call that needs a credential
+			// without one: the server would answer UNAUTHENTICATED.
+			fmt.Fprintf(s.Stderr, "error: no credential: %s %s needs one; set %s or --token\n",
+				inv.group.Name, inv.method.Name, EnvToken)
+			return ExitAccess, nil
+		}
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			return 0, fmt.Errorf("no answer within --timeout %s", set.timeout)
+		}
+		return 0, err
+	}
+	data, err := x.data()
+	if err != nil {
+		return 0, err
+	}
+	if err := WriteOutput(s.Stdout, set.output, data); err != nil {
+		return 0, fmt.Errorf("print the answer: %w", err)
+	}
+	return ExitOK, nil
+}
+
+// readInput reads --input: a file, or stdin for "-".
+func readInput(path string, stdin io.Reader) ([]byte, error) {
+	if path == "-" {
+		if stdin == nil {
+			return nil, usagef("--input -: no standard input")
+		}
+		data, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, usagef("--input -: %v", err)
+		}
+		return data, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, usagef("--input: %v", err)
+	}
+	return data, nil
+}

@@ -1,0 +1,72 @@
+package secrets
+
+import (
+	"fmt"
+	"strings"
+
+	"computeplane/gen/api"
+)
+
+// Scopes of a secret.
+const (
+	ScopeTenant = "tenant"
+	ScopeFleet  = "fleet"
+)
+
+// Prefixes of the two reference forms.
+const (
+	tenantPrefix = "secret://tenants/"
+	fleetPrefix  = "secret://fleet/"
+)
+
+// Reference names a secret: secret://tenants/<tenantId>/<name> for scope
+// tenant, secret://fleet/<name> for scope fleet (owned by the root tenant,
+// so TenantID is empty in the parsed form). Every secret has exactly one
+// reference string: String of a parsed reference gives back its input.
+type Reference struct {
+	Scope    string // ScopeTenant or ScopeFleet
+	TenantID string // the owner tenant of a tenant secret; empty for fleet
+	Name     string // a SecretName
+}
+
+// String is the reference's canonical form.
+func (r Reference) String() string {
+	if r.Scope == ScopeFleet {
+		return fleetPrefix + r.Name
+	}
+	return tenantPrefix + r.TenantID + "/" + r.Name
+}
+
+// ParseReference reads a secret:// reference. Tenant ids and names never
+// hold a slash, so the form is read exactly, without URL normalization:
+// anything but the two forms with a TenantId and a SecretName is an error.
+func ParseReference(s string) (Reference, error) {
+	var r Reference
+	switch {
+	case strings.HasPrefix(s, fleetPrefix):
+		r = Reference{Scope: ScopeFleet, Name: s[len(fleetPrefix):]}
+	case strings.HasPrefix(s, tenantPrefix):
+		tenant, name, ok := strings.Cut(s[len(tenantPrefix):], "/")
+		if !ok {
+			return Reference{}, fmt.Errorf("secret reference: want secret://tenants/<tenantId>/<name>")
+		}
+		if !api.ShapeTenantId.MatchString(tenant) {
+			return Reference{}, fmt.Errorf("secret reference: the tenant id is not a TenantId")
+		}
+		r = Reference{Scope: ScopeTenant, TenantID: tenant, Name: name}
+	default:
+		return Reference{}, fmt.Errorf("secret reference: want secret://tenants/<tenantId>/<name> or secret://fleet/<name>")
+	}
+	if !api.ShapeSecretName.MatchString(r.Name) {
+		return Reference{}, fmt.Errorf("secret reference: the name is not a SecretName")
+	}
+	return r, nil
+}
+
+// owner is the tenant that owns the secret: its tenant, or root for fleet.
+func (r Reference) owner(root string) string {
+	if r.Scope == ScopeFleet {
+		return root
+	}
+	return r.TenantID
+}
