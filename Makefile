@@ -88,8 +88,9 @@ fuzz-short: $(SECRET_FILE) ## Fuzz each FUZZ_TARGETS entry for FUZZ_TIME (defaul
 	done
 
 .PHONY: bench
-bench: $(SECRET_FILE) ## Run the benchmarks
-	@$(SERVICE_ENV); go test -run='^$$' -bench=. ./...
+bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks
+	scripts/bench.sh
+	@$(SERVICE_ENV); go test -run='^$$' -bench=. -benchtime=2s ./...
 
 .PHONY: lint
 lint: ## go vet, and golangci-lint when installed

@@ -13,6 +13,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -51,6 +54,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	log := logging.New(stderr, logging.ParseLevel(cfg.Log.Level))
 	switch cmd {
 	case "serve":
+		if addr := getenv("SERVICE_PPROF_ADDR"); addr != "" {
+			servePprof(ctx, addr, log)
+		}
 		h, err := host.New(ctx, cfg, log, host.Options{SkipMigrations: getenv("SERVICE_SKIP_MIGRATIONS") == "1"})
 		if err != nil {
 			log.Error("startup failed", "error", err.Error())
@@ -99,4 +105,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|iam|version]"))
 		return 2
 	}
+}
+
+// servePprof serves net/http/pprof on a private address (SERVICE_PPROF_ADDR,
+// e.g. 127.0.0.1:6060) for profiling a running process; never on the API
+// listener.
+func servePprof(ctx context.Context, addr string, log *slog.Logger) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("pprof listener failed", "error", err.Error())
+		}
+	}()
+	context.AfterFunc(ctx, func() { _ = srv.Close() })
 }

@@ -11,29 +11,28 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const countAudit = `-- name: CountAudit :one
-SELECT count(*) FROM audit_log
-`
-
-func (q *Queries) CountAudit(ctx context.Context) (int64, error) {
-	row := q.db.QueryRow(ctx, countAudit)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
-}
-
-const insertAudit = `-- name: InsertAudit :exec
-INSERT INTO audit_log (
-    tenant_id, identity_id, identity_kind, agent_id, delegation_id, method,
-    resource_type, resource_id, request_id, traceparent, outcome
-) VALUES (
-    $1, $2, $3, $4,
-    $5, $6, $7, $8,
-    $9, $10, $11
+const insertAuditWithEvents = `-- name: InsertAuditWithEvents :exec
+WITH audit AS (
+    INSERT INTO audit_log (
+        tenant_id, identity_id, identity_kind, agent_id, delegation_id, method,
+        resource_type, resource_id, request_id, traceparent, outcome
+    ) VALUES (
+        $4, $5, $6, $7,
+        $8, $9, $10, $11,
+        $1, $2, $12
+    )
 )
+INSERT INTO outbox (id, type, source, subject, tenant_id, data, request_id, traceparent)
+SELECT x.ev->>'id', x.ev->>'type', x.ev->>'source', x.ev->>'subject', x.ev->>'tenantId', x.ev->'data',
+       $1, $2
+FROM jsonb_array_elements($3::jsonb) WITH ORDINALITY AS x(ev, ord)
+ORDER BY x.ord
 `
 
-type InsertAuditParams struct {
+type InsertAuditWithEventsParams struct {
+	RequestID    pgtype.Text
+	Traceparent  pgtype.Text
+	Events       []byte
 	TenantID     string
 	IdentityID   string
 	IdentityKind string
@@ -42,13 +41,16 @@ type InsertAuditParams struct {
 	Method       string
 	ResourceType string
 	ResourceID   string
-	RequestID    string
-	Traceparent  pgtype.Text
 	Outcome      string
 }
 
-func (q *Queries) InsertAudit(ctx context.Context, arg InsertAuditParams) error {
-	_, err := q.db.Exec(ctx, insertAudit,
+// InsertAuditWithEvents writes a mutation's audit row and its events in one
+// statement (one round trip before commit); the events keep their order.
+func (q *Queries) InsertAuditWithEvents(ctx context.Context, arg InsertAuditWithEventsParams) error {
+	_, err := q.db.Exec(ctx, insertAuditWithEvents,
+		arg.RequestID,
+		arg.Traceparent,
+		arg.Events,
 		arg.TenantID,
 		arg.IdentityID,
 		arg.IdentityKind,
@@ -57,8 +59,6 @@ func (q *Queries) InsertAudit(ctx context.Context, arg InsertAuditParams) error 
 		arg.Method,
 		arg.ResourceType,
 		arg.ResourceID,
-		arg.RequestID,
-		arg.Traceparent,
 		arg.Outcome,
 	)
 	return err

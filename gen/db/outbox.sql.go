@@ -12,43 +12,24 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const insertOutbox = `-- name: InsertOutbox :one
+const insertEvents = `-- name: InsertEvents :exec
 INSERT INTO outbox (id, type, source, subject, tenant_id, data, request_id, traceparent)
-VALUES ($1, $2, $3, $4, $5,
-        $6, $7, $8)
-RETURNING seq, time
+SELECT x.ev->>'id', x.ev->>'type', x.ev->>'source', x.ev->>'subject', x.ev->>'tenantId', x.ev->'data',
+       $1, $2
+FROM jsonb_array_elements($3::jsonb) WITH ORDINALITY AS x(ev, ord)
+ORDER BY x.ord
 `
 
-type InsertOutboxParams struct {
-	ID          string
-	Type        string
-	Source      string
-	Subject     string
-	TenantID    string
-	Data        []byte
+type InsertEventsParams struct {
 	RequestID   pgtype.Text
 	Traceparent pgtype.Text
+	Events      []byte
 }
 
-type InsertOutboxRow struct {
-	Seq  int64
-	Time time.Time
-}
-
-func (q *Queries) InsertOutbox(ctx context.Context, arg InsertOutboxParams) (InsertOutboxRow, error) {
-	row := q.db.QueryRow(ctx, insertOutbox,
-		arg.ID,
-		arg.Type,
-		arg.Source,
-		arg.Subject,
-		arg.TenantID,
-		arg.Data,
-		arg.RequestID,
-		arg.Traceparent,
-	)
-	var i InsertOutboxRow
-	err := row.Scan(&i.Seq, &i.Time)
-	return i, err
+// InsertEvents writes the events of one call in one statement, in order.
+func (q *Queries) InsertEvents(ctx context.Context, arg InsertEventsParams) error {
+	_, err := q.db.Exec(ctx, insertEvents, arg.RequestID, arg.Traceparent, arg.Events)
+	return err
 }
 
 const listOutboxByTenant = `-- name: ListOutboxByTenant :many

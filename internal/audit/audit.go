@@ -12,21 +12,24 @@ import (
 
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
+	"computeplane/internal/outbox"
 	"computeplane/internal/rpc"
 )
 
 // OutcomeOK is the outcome of a committed mutation.
 const OutcomeOK = "ok"
 
-// Record writes the audit row of call in tx; the envelope calls it after the
-// business function succeeded and before commit.
-func Record(ctx context.Context, tx pgx.Tx, call *rpc.Call) error {
+// Record writes the audit row of call in tx, together with the events the
+// call held (outbox.WithPending) in the same statement: one round trip
+// before commit. The envelope calls it after the business function
+// succeeded.
+func Record(ctx context.Context, tx pgx.Tx, call *rpc.Call, events *outbox.Pending) error {
 	s := iam.SessionFromContext(ctx)
 	if s == nil {
 		return errors.New("audit: a mutation ran without an authenticated session")
 	}
 	c := s.Caller
-	return db.New(tx).InsertAudit(ctx, db.InsertAuditParams{
+	return db.New(tx).InsertAuditWithEvents(ctx, db.InsertAuditWithEventsParams{
 		TenantID:     s.Resource.TenantID,
 		IdentityID:   c.IdentityID,
 		IdentityKind: c.IdentityKind,
@@ -35,9 +38,10 @@ func Record(ctx context.Context, tx pgx.Tx, call *rpc.Call) error {
 		Method:       call.Method.FullName,
 		ResourceType: s.Resource.Type,
 		ResourceID:   s.Resource.ID,
-		RequestID:    call.RequestID,
+		RequestID:    text(call.RequestID),
 		Traceparent:  text(call.Traceparent),
 		Outcome:      OutcomeOK,
+		Events:       events.JSON(),
 	})
 }
 

@@ -865,6 +865,21 @@ func TestRefusedCallsLeaveNoRow(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, counter.selfChecks.Load())
 	assert.Equal(t, txsBefore+1, txs.finished.Load())
+
+	// Nor is the census: an admitted mutation shows in it (its audit row).
+	for _, m := range registered(api.KindMutation) {
+		for _, mc := range matrix[m.FullName] {
+			in := mc.inputs(m, root)[0]
+			if ok, _ := expectAdmitted(m, mc, root, rootOwner, in); !ok {
+				continue
+			}
+			_, err := mc.call(t, env.Client(t, computeclient.WithToken(rootOwner.token)), fx, in)
+			require.NoError(t, err, mc.label(m))
+			admitted := countRows(t, env.Store)
+			assert.Equal(t, after["public.audit_log"]+1, admitted["public.audit_log"], mc.label(m))
+			return
+		}
+	}
 }
 
 // ---------------------------------------------------------------------------

@@ -72,10 +72,12 @@ func (g *Gate) Admit(ctx context.Context, call *rpc.Call) (context.Context, erro
 	if m.Resource.Draft {
 		return g.admit(ctx, call, s)
 	}
-	if err := g.visible(ctx, m, res); err != nil {
-		return nil, err
-	}
 	if err := g.decide(ctx, m, caller, res); err != nil {
+		// Only a refusal asks whether the object is another tenant's, so
+		// the allowed path costs no projection lookup.
+		if nf := g.visible(ctx, m, res); nf != nil {
+			return nil, nf
+		}
 		return nil, err
 	}
 	return withCaller(ctx, s), nil
@@ -94,7 +96,7 @@ func (g *Gate) decide(ctx context.Context, m *api.Method, caller *Caller, res Re
 	return nil
 }
 
-// visible answers NOT_FOUND, before any decision, for a call naming an
+// visible answers NOT_FOUND, instead of the refusal, for a call naming an
 // object the projection holds in another tenant (or only as a draft): the
 // specification answers other tenants' objects as absent. Shared platform
 // objects are visible to every tenant's reads. An object the projection

@@ -38,28 +38,78 @@ var modules = func() map[string]string {
 	return m
 }()
 
-// Write adds e to the outbox in tx.
+// Write adds e to the outbox in tx. Inside an RPC call (a context from
+// WithPending) the event is held and written with the call's audit row in
+// one statement before commit (see Flush); elsewhere it is written at once.
 func Write(ctx context.Context, tx pgx.Tx, e Event) error {
+	r, err := newRow(e)
+	if err != nil {
+		return err
+	}
+	if p, ok := ctx.Value(pendingKey{}).(*Pending); ok {
+		p.rows = append(p.rows, r)
+		return nil
+	}
+	return Flush(ctx, tx, &Pending{rows: []row{r}})
+}
+
+// row is an event as the insert statements read it (a JSON array element).
+type row struct {
+	ID       string          `json:"id"`
+	Type     string          `json:"type"`
+	Source   string          `json:"source"`
+	Subject  string          `json:"subject"`
+	TenantID string          `json:"tenantId"`
+	Data     json.RawMessage `json:"data"`
+}
+
+func newRow(e Event) (row, error) {
 	module, ok := modules[e.Type]
 	if !ok {
-		return fmt.Errorf("outbox: event type %q is not in the event catalog", e.Type)
+		return row{}, fmt.Errorf("outbox: event type %q is not in the event catalog", e.Type)
 	}
 	data, err := json.Marshal(e.Data)
 	if err != nil {
-		return fmt.Errorf("outbox: %s payload: %w", e.Type, err)
+		return row{}, fmt.Errorf("outbox: %s payload: %w", e.Type, err)
+	}
+	return row{ID: ids.New("evt"), Type: e.Type, Source: SourcePrefix + module, Subject: e.Subject, TenantID: e.TenantID, Data: data}, nil
+}
+
+// Pending holds the events of one call until it is about to commit.
+type Pending struct{ rows []row }
+
+type pendingKey struct{}
+
+// WithPending returns a context whose Write calls are held in p.
+func WithPending(ctx context.Context) (context.Context, *Pending) {
+	p := &Pending{}
+	return context.WithValue(ctx, pendingKey{}, p), p
+}
+
+// Len is the number of events held.
+func (p *Pending) Len() int { return len(p.rows) }
+
+// JSON is the held events as the insert statements read them.
+func (p *Pending) JSON() []byte {
+	if len(p.rows) == 0 {
+		return []byte("[]") // an array even when empty: null is a scalar to jsonb
+	}
+	b, err := json.Marshal(p.rows)
+	if err != nil {
+		panic(err) // rows hold strings and marshalled JSON only
+	}
+	return b
+}
+
+// Flush writes the held events in tx in one statement.
+func Flush(ctx context.Context, tx pgx.Tx, p *Pending) error {
+	if p.Len() == 0 {
+		return nil
 	}
 	meta := reqmeta.FromContext(ctx)
-	_, err = db.New(tx).InsertOutbox(ctx, db.InsertOutboxParams{
-		ID:          ids.New("evt"),
-		Type:        e.Type,
-		Source:      SourcePrefix + module,
-		Subject:     e.Subject,
-		TenantID:    e.TenantID,
-		Data:        data,
-		RequestID:   text(meta.RequestID),
-		Traceparent: text(meta.Traceparent),
+	return db.New(tx).InsertEvents(ctx, db.InsertEventsParams{
+		RequestID: text(meta.RequestID), Traceparent: text(meta.Traceparent), Events: p.JSON(),
 	})
-	return err
 }
 
 func text(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }

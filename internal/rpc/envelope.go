@@ -22,6 +22,7 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/internal/metrics"
+	"computeplane/internal/outbox"
 	"computeplane/internal/reqmeta"
 	"computeplane/internal/store"
 	"computeplane/internal/wire"
@@ -85,9 +86,10 @@ type Handler struct {
 	Gate     Gate
 	Store    Transactor
 	Metrics  *metrics.RPC // nil records nothing
-	// Audit writes the audit row of a mutation in its transaction, after
-	// the business function succeeded; nil writes none.
-	Audit func(ctx context.Context, tx pgx.Tx, call *Call) error
+	// Audit writes the audit row of a mutation and the events it held in
+	// its transaction, after the business function succeeded; nil writes
+	// the events alone.
+	Audit func(ctx context.Context, tx pgx.Tx, call *Call, events *outbox.Pending) error
 	Log   *slog.Logger
 	// Now is the clock of durations; tests may replace it.
 	Now func() time.Time
@@ -169,14 +171,22 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 	}
 	err = h.Store.WithTx(ctx, m.Kind == api.KindRead, func(ctx context.Context, tx pgx.Tx) error {
 		ctx = store.ContextWithTx(ctx, tx)
+		if m.Kind != api.KindMutation {
+			var err error
+			out, err = m.Invoke(ctx, h.Services, in)
+			return err
+		}
+		// A mutation's events are held and written with its audit row in
+		// one statement just before commit.
+		ctx, events := outbox.WithPending(ctx)
 		var err error
 		if out, err = m.Invoke(ctx, h.Services, in); err != nil {
 			return err
 		}
-		if m.Kind == api.KindMutation && h.Audit != nil {
-			return h.Audit(ctx, tx, call)
+		if h.Audit != nil {
+			return h.Audit(ctx, tx, call, events)
 		}
-		return nil
+		return outbox.Flush(ctx, tx, events)
 	})
 	return out, err
 }

@@ -217,6 +217,12 @@ func (s *Service) allowed(ctx context.Context, q *db.Queries, c *iam.Caller, ver
 // projection recorded.
 func (s *Service) resolve(ctx context.Context, q *db.Queries, r iam.Resource) (target, error) {
 	t := target{typ: r.Type, id: r.ID, tenant: r.TenantID}
+	if r.Type == s.prefix+"tenant" && r.ID != "" {
+		// A tenant is its own tenant and has no owner or parent: no lookup,
+		// which saves every create and tenant-level call a round trip.
+		t.tenant = r.ID
+		return t, nil
+	}
 	if r.Parent != nil {
 		t.parentType, t.parentID = r.Parent.Type, r.Parent.ID
 	}
