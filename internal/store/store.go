@@ -98,38 +98,12 @@ func (s *Store) Queries() *db.Queries {
 }
 
 // WithTx runs fn in one transaction: READ ONLY when readOnly is set,
-// READ WRITE otherwise, at the database's default isolation (READ
-// COMMITTED). The transaction commits when fn returns nil and rolls back
-// when fn returns an error or panics (the panic continues after the
-// rollback). The error of fn is returned unchanged.
-func (s *Store) WithTx(ctx context.Context, readOnly bool, fn func(ctx context.Context, tx pgx.Tx) error) (retErr error) {
-	opts := pgx.TxOptions{AccessMode: pgx.ReadWrite}
-	if readOnly {
-		opts.AccessMode = pgx.ReadOnly
-	}
-	tx, err := s.pool.BeginTx(ctx, opts)
-	if err != nil {
-		return fmt.Errorf("store: begin: %w", err)
-	}
-	committed := false
-	defer func() {
-		if committed {
-			return
-		}
-		// The caller's context may be why fn failed; roll back regardless.
-		rbErr := tx.Rollback(context.WithoutCancel(ctx))
-		if rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) && retErr != nil {
-			retErr = errors.Join(retErr, fmt.Errorf("store: rollback: %w", rbErr))
-		}
-	}()
-	if err := fn(ctx, tx); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("store: commit: %w", err)
-	}
-	committed = true
-	return nil
+// READ WRITE otherwise, at READ COMMITTED. The transaction commits when fn
+// returns nil and rolls back when fn returns an error or panics (the panic
+// continues after the rollback). The error of fn is returned unchanged. Its
+// BEGIN is sent together with the first statement (see lazyTx).
+func (s *Store) WithTx(ctx context.Context, readOnly bool, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return withLazyTx(ctx, s.pool, readOnly, fn)
 }
 
 // Ping asks the database for its time and measures the round trip.
