@@ -40,6 +40,7 @@ type Host struct {
 	store    *store.Store
 	handler  http.Handler
 	identity *embedded.Service
+	caches   *iam.Cached
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -106,8 +107,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		now = ov.Now
 	}
 	identity := embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, now)
+	cached := iam.NewCached(identity, now)
 	var gate rpc.Gate = &iam.Gate{
-		Port:         iam.NewCached(identity, now),
+		Port:         cached,
 		TypePrefix:   cfg.TypePrefix,
 		AcceptCookie: cfg.AcceptIAMCookie,
 		Origin:       cfg.BaseURL,
@@ -146,7 +148,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	})
 	// Forwarding headers are resolved and stripped before anything else.
 	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
-	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity}, nil
+	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached}, nil
 }
 
 // Identity is the embedded identity service.
@@ -167,6 +169,9 @@ func (h *Host) Serve(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
+	// Identity events (revocations) reach this process's caches within
+	// about a second.
+	go iam.DrainInbox(ctx, h.identity, h.caches.React, iam.InboxPoll, h.log)
 	addr := net.JoinHostPort(h.cfg.Host, fmt.Sprint(h.cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -232,16 +233,39 @@ func (g *Gate) credential(call *rpc.Call) (Credential, error) {
 }
 
 // sameOrigin checks Origin (or, without it, Referer) against the baseURL's
-// origin. The envelope has already required X-Service: 1.
+// origin, both normalized (case of scheme and host, default ports). The
+// envelope has already required X-Service: 1.
 func sameOrigin(r *http.Request, origin string) bool {
-	if o := r.Header.Get("Origin"); o != "" {
-		return o == origin
-	}
-	ref, err := url.Parse(r.Header.Get("Referer"))
-	if err != nil || ref.Scheme == "" {
+	want, ok := normalizeOrigin(origin)
+	if !ok {
 		return false
 	}
-	return ref.Scheme+"://"+ref.Host == origin
+	o := r.Header.Get("Origin")
+	if o == "" {
+		o = r.Header.Get("Referer")
+	}
+	got, ok := normalizeOrigin(o)
+	return ok && got == want
+}
+
+// normalizeOrigin reduces a URL to scheme://host[:port] in lower case,
+// without the scheme's default port.
+func normalizeOrigin(s string) (string, bool) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", false
+	}
+	host, port := strings.ToLower(u.Hostname()), u.Port()
+	if (u.Scheme == "http" && port == "80") || (u.Scheme == "https" && port == "443") {
+		port = ""
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	if port != "" {
+		host += ":" + port
+	}
+	return strings.ToLower(u.Scheme) + "://" + host, true
 }
 
 // resource builds the resource the decision is made on from the registry

@@ -58,3 +58,23 @@ func FuzzSourceIP(f *testing.F) {
 		}
 	})
 }
+
+func TestNormalizeOrigin(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"https://Compute.Example.com":         "https://compute.example.com",
+		"https://compute.example.com:443":     "https://compute.example.com",
+		"http://localhost:80":                 "http://localhost",
+		"http://localhost:3000":               "http://localhost:3000",
+		"https://compute.example.com/app?x=1": "https://compute.example.com",
+		"HTTPS://compute.example.com:8443/":   "https://compute.example.com:8443",
+		"http://[::1]:3000":                   "http://[::1]:3000",
+		"null":                                "",
+		"":                                    "",
+		"ftp://compute.example.com":           "",
+	} {
+		got, ok := normalizeOrigin(in)
+		assert.Equal(t, want, got, in)
+		assert.Equal(t, want != "", ok, in)
+	}
+}

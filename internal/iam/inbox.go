@@ -1,0 +1,68 @@
+package iam
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// InboxPoll is how often a process reads the identity inbox for events that
+// invalidate its caches.
+const InboxPoll = time.Second
+
+// React applies one identity event to the caches: a revoked credential or
+// session is forgotten at once, so revocation does not wait out the 30 s
+// credential cache.
+func (c *Cached) React(e Event) {
+	if e.Session != "" {
+		c.DropSession(e.Session)
+	}
+}
+
+// DrainInbox reads the inbox until ctx ends and hands every event to react.
+// Every process runs it for its own caches (no lease: each process must see
+// every event). It starts after the events that exist when it starts, which
+// no cache of this process can hold yet.
+func DrainInbox(ctx context.Context, in Inbox, react func(Event), every time.Duration, log *slog.Logger) {
+	after, err := latest(ctx, in)
+	if err != nil {
+		log.WarnContext(ctx, "identity inbox unreadable", "error", err.Error())
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		for {
+			events, err := in.Next(ctx, after, 500)
+			if err != nil {
+				if ctx.Err() == nil {
+					log.WarnContext(ctx, "identity inbox unreadable", "error", err.Error())
+				}
+				break
+			}
+			for _, e := range events {
+				react(e)
+				after = e.ID
+			}
+			if len(events) < 500 {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// latest is the id of the newest event in the inbox, "" when it is empty.
+func latest(ctx context.Context, in Inbox) (string, error) {
+	after := ""
+	for {
+		events, err := in.Next(ctx, after, 1000)
+		if err != nil || len(events) == 0 {
+			return after, err
+		}
+		after = events[len(events)-1].ID
+	}
+}
