@@ -1,10 +1,3 @@
--- name: ListOutboxByTenant :many
-SELECT seq, id, type, source, subject, tenant_id, time, data
-FROM outbox
-WHERE tenant_id = sqlc.arg(tenant_id) AND seq > sqlc.arg(after_seq)
-ORDER BY seq
-LIMIT sqlc.arg(max_rows);
-
 -- InsertEvents writes the events of one call in one statement, in order.
 -- name: InsertEvents :exec
 INSERT INTO outbox (id, type, source, subject, tenant_id, data, request_id, traceparent)
@@ -12,3 +5,15 @@ SELECT x.ev->>'id', x.ev->>'type', x.ev->>'source', x.ev->>'subject', x.ev->>'te
        sqlc.narg(request_id), sqlc.narg(traceparent)
 FROM jsonb_array_elements(sqlc.arg(events)::jsonb) WITH ORDINALITY AS x(ev, ord)
 ORDER BY x.ord;
+-- ListOutboxCommitted reads the outbox in visibility order after a cursor
+-- (xid, seq): only rows of transactions older than this snapshot's xmin,
+-- which can no longer change, so a reader never passes a row that commits
+-- later. An empty tenant reads every tenant.
+-- name: ListOutboxCommitted :many
+SELECT seq, xid::text AS xid, id, type, source, subject, tenant_id, time, data
+FROM outbox
+WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+  AND (xid, seq) > (sqlc.arg(after_xid)::text::xid8, sqlc.arg(after_seq)::bigint)
+  AND (sqlc.arg(tenant_id)::text = '' OR tenant_id = sqlc.arg(tenant_id))
+ORDER BY xid, seq
+LIMIT sqlc.arg(max_rows);

@@ -142,6 +142,7 @@ type Outbox struct {
 	Data        []byte
 	RequestID   pgtype.Text
 	Traceparent pgtype.Text
+	Xid         pgtype.Uint64
 }
 
 type Secret struct {

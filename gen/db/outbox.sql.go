@@ -32,22 +32,26 @@ func (q *Queries) InsertEvents(ctx context.Context, arg InsertEventsParams) erro
 	return err
 }
 
-const listOutboxByTenant = `-- name: ListOutboxByTenant :many
-SELECT seq, id, type, source, subject, tenant_id, time, data
+const listOutboxCommitted = `-- name: ListOutboxCommitted :many
+SELECT seq, xid::text AS xid, id, type, source, subject, tenant_id, time, data
 FROM outbox
-WHERE tenant_id = $1 AND seq > $2
-ORDER BY seq
-LIMIT $3
+WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+  AND (xid, seq) > ($1::text::xid8, $2::bigint)
+  AND ($3::text = '' OR tenant_id = $3)
+ORDER BY xid, seq
+LIMIT $4
 `
 
-type ListOutboxByTenantParams struct {
-	TenantID string
+type ListOutboxCommittedParams struct {
+	AfterXid string
 	AfterSeq int64
+	TenantID string
 	MaxRows  int32
 }
 
-type ListOutboxByTenantRow struct {
+type ListOutboxCommittedRow struct {
 	Seq      int64
+	Xid      string
 	ID       string
 	Type     string
 	Source   string
@@ -57,17 +61,27 @@ type ListOutboxByTenantRow struct {
 	Data     []byte
 }
 
-func (q *Queries) ListOutboxByTenant(ctx context.Context, arg ListOutboxByTenantParams) ([]ListOutboxByTenantRow, error) {
-	rows, err := q.db.Query(ctx, listOutboxByTenant, arg.TenantID, arg.AfterSeq, arg.MaxRows)
+// ListOutboxCommitted reads the outbox in visibility order after a cursor
+// (xid, seq): only rows of transactions older than this snapshot's xmin,
+// which can no longer change, so a reader never passes a row that commits
+// later. An empty tenant reads every tenant.
+func (q *Queries) ListOutboxCommitted(ctx context.Context, arg ListOutboxCommittedParams) ([]ListOutboxCommittedRow, error) {
+	rows, err := q.db.Query(ctx, listOutboxCommitted,
+		arg.AfterXid,
+		arg.AfterSeq,
+		arg.TenantID,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []ListOutboxByTenantRow
+	var items []ListOutboxCommittedRow
 	for rows.Next() {
-		var i ListOutboxByTenantRow
+		var i ListOutboxCommittedRow
 		if err := rows.Scan(
 			&i.Seq,
+			&i.Xid,
 			&i.ID,
 			&i.Type,
 			&i.Source,

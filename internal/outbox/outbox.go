@@ -8,6 +8,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -128,8 +130,46 @@ type CloudEvent struct {
 	TenantID        string          `json:"tenantid"`
 }
 
+// Position is a reader's place in the outbox: the (transaction id, seq) of
+// the last row it took. The zero Position is the start.
+type Position struct {
+	Xid string // xid8 as text; "" is 0
+	Seq int64
+}
+
+// String is the position as "xid.seq".
+func (p Position) String() string {
+	x := p.Xid
+	if x == "" {
+		x = "0"
+	}
+	return x + "." + strconv.FormatInt(p.Seq, 10)
+}
+
+// ParsePosition reads a String.
+func ParsePosition(s string) (Position, error) {
+	x, seq, ok := strings.Cut(s, ".")
+	if !ok {
+		return Position{}, fmt.Errorf("outbox: bad position %q", s)
+	}
+	if _, err := strconv.ParseUint(x, 10, 64); err != nil {
+		return Position{}, fmt.Errorf("outbox: bad position %q", s)
+	}
+	n, err := strconv.ParseInt(seq, 10, 64)
+	if err != nil || n < 0 {
+		return Position{}, fmt.Errorf("outbox: bad position %q", s)
+	}
+	return Position{Xid: x, Seq: n}, nil
+}
+
+// Row is a committed outbox row with its position.
+type Row struct {
+	Position Position
+	Event    CloudEvent
+}
+
 // Envelope renders an outbox row.
-func Envelope(r db.ListOutboxByTenantRow) CloudEvent {
+func Envelope(r db.ListOutboxCommittedRow) CloudEvent {
 	return CloudEvent{
 		SpecVersion:     "1.0",
 		ID:              r.ID,
@@ -143,15 +183,23 @@ func Envelope(r db.ListOutboxByTenantRow) CloudEvent {
 	}
 }
 
-// List returns the tenant's events after seq, oldest first.
-func List(ctx context.Context, q *db.Queries, tenant string, afterSeq int64, limit int32) ([]CloudEvent, error) {
-	rows, err := q.ListOutboxByTenant(ctx, db.ListOutboxByTenantParams{TenantID: tenant, AfterSeq: afterSeq, MaxRows: limit})
+// Committed returns up to limit rows after pos in the order they became
+// visible, only from transactions that can no longer commit later (see
+// migrations/00007_outbox_order.sql). tenant "" reads every tenant.
+func Committed(ctx context.Context, q *db.Queries, tenant string, after Position, limit int32) ([]Row, error) {
+	xid := after.Xid
+	if xid == "" {
+		xid = "0"
+	}
+	rows, err := q.ListOutboxCommitted(ctx, db.ListOutboxCommittedParams{
+		AfterXid: xid, AfterSeq: after.Seq, TenantID: tenant, MaxRows: limit,
+	})
 	if err != nil {
 		return nil, err
 	}
-	out := make([]CloudEvent, len(rows))
+	out := make([]Row, len(rows))
 	for i, r := range rows {
-		out[i] = Envelope(r)
+		out[i] = Row{Position: Position{Xid: r.Xid, Seq: r.Seq}, Event: Envelope(r)}
 	}
 	return out, nil
 }

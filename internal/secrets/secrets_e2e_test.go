@@ -703,9 +703,10 @@ func TestPlaintextIsNowhere(t *testing.T) {
 	q := db.New(f.env.Store.Pool())
 	events := 0
 	for _, tenant := range []string{"acme", "root", "globex"} {
-		evs, err := outbox.List(t.Context(), q, tenant, 0, 1000)
+		rows, err := outbox.Committed(t.Context(), q, tenant, outbox.Position{}, 1000)
 		require.NoError(t, err)
-		for _, ev := range evs {
+		for _, row := range rows {
+			ev := row.Event
 			events++
 			raw, err := json.Marshal(ev)
 			require.NoError(t, err)

@@ -119,7 +119,7 @@ func TestAppliedMigrationsNewestRowWins(t *testing.T) {
 	s := dbtest.NewStore(t)
 	ctx := t.Context()
 	// Older goose releases recorded a down as a new row with is_applied false.
-	_, err := s.Pool().Exec(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES (7, true), (7, false)")
+	_, err := s.Pool().Exec(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES (70007, true), (70007, false)")
 	require.NoError(t, err)
 	applied, err := s.AppliedMigrations(ctx)
 	require.NoError(t, err)

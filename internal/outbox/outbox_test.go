@@ -1,0 +1,75 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"computeplane/gen/api"
+	"computeplane/internal/dbtest"
+	"computeplane/internal/outbox"
+)
+
+func write(t *testing.T, tx pgx.Tx, tenant, subject string) {
+	t.Helper()
+	require.NoError(t, outbox.Write(t.Context(), tx, outbox.Event{
+		Type: api.EventSiteDeleted, Subject: subject, TenantID: tenant,
+		Data: api.SiteDeletedPayload{SiteID: subject},
+	}))
+}
+
+// A row of a transaction still open is not read, nor any row after it in
+// visibility order, until it commits; then the reader finds it after its
+// cursor even though its seq is smaller than rows it already took.
+func TestCommittedNeverSkipsALateCommit(t *testing.T) {
+	t.Parallel()
+	st := dbtest.NewStore(t)
+	ctx := t.Context()
+	q := st.Queries()
+
+	slow, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = slow.Rollback(context.WithoutCancel(ctx)) }()
+	write(t, slow, "acme", "late") // smaller seq, commits last
+
+	require.NoError(t, st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		write(t, tx, "acme", "early")
+		return nil
+	}))
+	rows, err := outbox.Committed(ctx, q, "", outbox.Position{}, 100)
+	require.NoError(t, err)
+	assert.Empty(t, rows, "an open older transaction holds back what follows it")
+
+	require.NoError(t, slow.Commit(ctx))
+	rows, err = outbox.Committed(ctx, q, "", outbox.Position{}, 100)
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	assert.Equal(t, "late", rows[0].Event.Subject, "visibility order: the older transaction first")
+	assert.Equal(t, "early", rows[1].Event.Subject)
+
+	// Paging by position; tenant filter.
+	page, err := outbox.Committed(ctx, q, "", rows[0].Position, 100)
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	assert.Equal(t, "early", page[0].Event.Subject)
+	none, err := outbox.Committed(ctx, q, "globex", outbox.Position{}, 100)
+	require.NoError(t, err)
+	assert.Empty(t, none)
+
+	p, err := outbox.ParsePosition(rows[1].Position.String())
+	require.NoError(t, err)
+	assert.Equal(t, rows[1].Position, p)
+	for _, bad := range []string{"", "x.1", "1", "1.-1", "-1.1"} {
+		_, err := outbox.ParsePosition(bad)
+		assert.Error(t, err, bad)
+	}
+	env := rows[0].Event
+	assert.Equal(t, "1.0", env.SpecVersion)
+	assert.Equal(t, "computeplane/sites", env.Source)
+	assert.Equal(t, "application/json", env.DataContentType)
+	assert.Equal(t, "acme", env.TenantID)
+	assert.Regexp(t, `^evt_`, env.ID)
+}
