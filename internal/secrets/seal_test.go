@@ -30,7 +30,9 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		assert.Len(t, nonce, 12)
 		assert.Len(t, sealed, len(plain)+16, "ciphertext plus the GCM tag")
-		assert.NotContains(t, string(sealed), string(plain))
+		if len(plain) >= 4 { // a shorter plaintext can occur in random bytes by chance
+			assert.NotContains(t, string(sealed), string(plain))
+		}
 		got, err := s.open(refA, 3, nonce, sealed)
 		require.NoError(t, err)
 		assert.Equal(t, plain, got)
