@@ -90,6 +90,9 @@ type Handler struct {
 	// its transaction, after the business function succeeded; nil writes
 	// the events alone.
 	Audit func(ctx context.Context, tx pgx.Tx, call *Call, events *outbox.Pending) error
+	// AfterCommit runs after a mutation committed, outside its transaction
+	// (the notifier's wake-up); nil does nothing.
+	AfterCommit func(ctx context.Context, call *Call)
 	Log   *slog.Logger
 	// Now is the clock of durations; tests may replace it.
 	Now func() time.Time
@@ -168,6 +171,13 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 	var out any
 	if f, ok := h.Gate.(Finisher); ok {
 		defer func() { f.Finish(ctx, err) }()
+	}
+	if m.Kind == api.KindMutation && h.AfterCommit != nil {
+		defer func() {
+			if err == nil {
+				h.AfterCommit(ctx, call)
+			}
+		}()
 	}
 	err = h.Store.WithTx(ctx, m.Kind == api.KindRead, func(ctx context.Context, tx pgx.Tx) error {
 		ctx = store.ContextWithTx(ctx, tx)
