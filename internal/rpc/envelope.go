@@ -93,7 +93,7 @@ type Handler struct {
 	// AfterCommit runs after a mutation committed, outside its transaction
 	// (the notifier's wake-up); nil does nothing.
 	AfterCommit func(ctx context.Context, call *Call)
-	Log   *slog.Logger
+	Log         *slog.Logger
 	// Now is the clock of durations; tests may replace it.
 	Now func() time.Time
 }
