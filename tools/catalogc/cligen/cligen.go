@@ -9,10 +9,9 @@ package cligen
 
 import (
 	"bytes"
+	"computeplane/tools/catalogc/genfile"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"unicode"
 
@@ -299,24 +298,5 @@ func list(elems []jen.Code) []jen.Code { return append(elems, jen.Line()) }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
-// Write replaces every *_gen.go file of dir with files.
-func Write(dir string, files map[string][]byte) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	old, err := filepath.Glob(filepath.Join(dir, "*_gen.go"))
-	if err != nil {
-		return err
-	}
-	for _, f := range old {
-		if err := os.Remove(f); err != nil {
-			return err
-		}
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// Write replaces every *_gen.go file of dir with files (genfile.Write).
+func Write(dir string, files map[string][]byte) error { return genfile.Write(dir, files) }

@@ -6,10 +6,9 @@ package gogen
 
 import (
 	"bytes"
+	"computeplane/tools/catalogc/genfile"
 	"fmt"
 	"go/format"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -61,28 +60,8 @@ func Files(c *catalog.Catalog) (map[string][]byte, error) {
 	return out, nil
 }
 
-// Write replaces every *_gen.go file of dir with a fresh set, so no stale
-// file survives a removed group.
-func Write(dir string, files map[string][]byte) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	old, err := filepath.Glob(filepath.Join(dir, "*_gen.go"))
-	if err != nil {
-		return err
-	}
-	for _, f := range old {
-		if err := os.Remove(f); err != nil {
-			return err
-		}
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// Write replaces every *_gen.go file of dir with a fresh set (genfile.Write).
+func Write(dir string, files map[string][]byte) error { return genfile.Write(dir, files) }
 
 type generator struct {
 	cat *catalog.Catalog
