@@ -10,6 +10,7 @@ import (
 
 // Services holds the implementation of each group; a group with a registered method must be set.
 type Services struct {
+	Events           EventsService
 	Profiles         ProfilesService
 	ProviderAccounts ProviderAccountsService
 	SandboxTemplates SandboxTemplatesService
@@ -23,6 +24,9 @@ type Services struct {
 
 // Check reports the first group that has a registered method and no implementation.
 func (s *Services) Check() error {
+	if s.Events == nil {
+		return errors.New("group events has registered methods and no service")
+	}
 	if s.Secrets == nil {
 		return errors.New("group secrets has registered methods and no service")
 	}
@@ -32,11 +36,42 @@ func (s *Services) Check() error {
 	if s.System == nil {
 		return errors.New("group system has registered methods and no service")
 	}
+	if s.Webhooks == nil {
+		return errors.New("group webhooks has registered methods and no service")
+	}
 	return nil
 }
 
 // Methods is the registry: every method of the catalog, groups by name.
 var Methods = []*Method{
+	{
+		Action: "compute:events:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeEventsListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's committed events in the order they became visible, after the cursor, filtered by type patterns (exact type, family.* or *; each must match the event catalog). A page shorter than limit means the reader has caught up for now. GET /watch streams the same events.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "events.list",
+		Group:       "events",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Events.List(ctx, in.(*EventsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/events/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
 	{
 		Action: "compute:profiles:manage",
 		Decode: func(obj map[string]any, iss *wire.Issues) any {
@@ -972,15 +1007,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeQuotaExceeded, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.create",
 		Group:       "webhooks",
-		Kind:        KindMutation,
-		Name:        "create",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.Create(ctx, in.(*WebhooksCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/create",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -993,15 +1035,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.list",
 		Group:       "webhooks",
-		Kind:        KindRead,
-		Name:        "list",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.List(ctx, in.(*WebhooksListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/list",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1014,15 +1063,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.get",
 		Group:       "webhooks",
-		Kind:        KindRead,
-		Name:        "get",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.Get(ctx, in.(*WebhooksGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/get",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1031,19 +1087,26 @@ var Methods = []*Method{
 			in := decodeWebhooksUpdateInput(obj, "", iss)
 			return &in
 		},
-		Description: "Changes url, patterns, description or active and increments version; url and patterns are checked as on create; pausing (active false) cancels pending deliveries.",
+		Description: "Changes url, patterns, description or active and increments version; url and patterns are checked as on create; naming no field is INVALID_INPUT and values equal to the stored ones change nothing; pausing (active false) cancels pending deliveries; after re-activation only events committed after it are delivered.",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.update",
 		Group:       "webhooks",
-		Kind:        KindMutation,
-		Name:        "update",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.Update(ctx, in.(*WebhooksUpdateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "update",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/update",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1056,15 +1119,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.rotateSecret",
 		Group:       "webhooks",
-		Kind:        KindMutation,
-		Name:        "rotateSecret",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.RotateSecret(ctx, in.(*WebhooksRotateSecretInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "rotateSecret",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/rotateSecret",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1077,15 +1147,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.delete",
 		Group:       "webhooks",
-		Kind:        KindMutation,
-		Name:        "delete",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.Delete(ctx, in.(*WebhooksDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/delete",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1094,20 +1171,26 @@ var Methods = []*Method{
 			in := decodeWebhooksPingInput(obj, "", iss)
 			return &in
 		},
-		Description: "Queues a webhook.ping delivery due now; a delivery only, never written to the outbox.",
+		Description: "Queues a webhook.ping delivery due now; a delivery only, never written to the outbox. A ping of a paused webhook is cancelled by the delivery worker.",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
-		Events:      []string{"webhook.ping"},
 		FullName:    "webhooks.ping",
 		Group:       "webhooks",
-		Kind:        KindMutation,
-		Name:        "ping",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.Ping(ctx, in.(*WebhooksPingInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "ping",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/ping",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1120,15 +1203,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.deliveries",
 		Group:       "webhooks",
-		Kind:        KindRead,
-		Name:        "deliveries",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.Deliveries(ctx, in.(*WebhooksDeliveriesInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "deliveries",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/deliveries",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1137,19 +1227,26 @@ var Methods = []*Method{
 			in := decodeWebhooksRedeliverInput(obj, "", iss)
 			return &in
 		},
-		Description: "Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND.",
-		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		Description: "Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND; a delivery still pending is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.redeliver",
 		Group:       "webhooks",
-		Kind:        KindMutation,
-		Name:        "redeliver",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.Redeliver(ctx, in.(*WebhooksRedeliverInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "redeliver",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/redeliver",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1162,15 +1259,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.eventTypes",
 		Group:       "webhooks",
-		Kind:        KindRead,
-		Name:        "eventTypes",
-		Phase:       "none",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Webhooks.EventTypes(ctx, in.(*WebhooksEventTypesInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "eventTypes",
+		Phase: "none",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/eventTypes",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 }

@@ -101,6 +101,28 @@ var (
 		Max:    int64(64),
 		Min:    int64(0),
 	}
+	ruleEventsListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleEventsListInputTypes = &wire.CountRule{
+		Max: 20,
+		Min: 1,
+	}
+	ruleEventsListInputTypesItem = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   regexp.MustCompile("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
+	}
+	ruleEventsListInputCursor = &wire.StringRule{
+		MaxLength: 256,
+		Pattern:   regexp.MustCompile("^[A-Za-z0-9._:-]{1,256}$"),
+	}
+	ruleEventsListInputLimit = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(500),
+		Min:    int64(1),
+	}
 	ruleProfilesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,

@@ -34,20 +34,39 @@ type Caller struct {
 	DelegationID  *string `json:"delegationId,omitempty"`
 }
 
+// CloudEvent: One committed event in its CloudEvents 1.0 JSON envelope, with the tenantid extension.
+type CloudEvent struct {
+	Specversion     string `json:"specversion"`     // Always 1.0.
+	ID              string `json:"id"`              // Event id (evt_...), unique; consumers deduplicate on it.
+	Source          string `json:"source"`          // The publishing module after computeplane/ (computeplane/sites).
+	Type            string `json:"type"`            // A type of the event catalog.
+	Subject         string `json:"subject"`         // What the event is about (see the catalog's subject).
+	Time            string `json:"time"`            // When the change was written.
+	Datacontenttype string `json:"datacontenttype"` // Always application/json.
+	Data            any    `json:"data"`            // The payload the catalog gives for the type.
+	Tenantid        string `json:"tenantid"`        // The tenant whose stream carries the event.
+}
+
 // Delivery: One delivery of one event (or ping) to one webhook.
 type Delivery struct {
 	DeliveryID    string  `json:"deliveryId"` // Webhook delivery identifier.
 	WebhookID     string  `json:"webhookId"`  // Webhook identifier.
+	EventID       string  `json:"eventId"`    // Id of the event delivered (the CloudEvents id, evt_...); a ping has an id of its own.
 	EventType     string  `json:"eventType"`
 	State         string  `json:"state"`
 	Attempts      int64   `json:"attempts"`
 	NextAttemptAt *string `json:"nextAttemptAt"` // Null unless pending.
 	LastStatus    *int64  `json:"lastStatus"`    // HTTP status of the last attempt.
 	LastError     *string `json:"lastError"`     // Error of the last attempt when no status came back.
+	LastAttemptAt *string `json:"lastAttemptAt"` // When the last attempt ended; null before the first.
 	CreatedAt     string  `json:"createdAt"`
 }
 type DeliveryList struct {
 	Items []Delivery `json:"items"`
+}
+type EventPage struct {
+	Items  []CloudEvent `json:"items"`  // Events in visibility order.
+	Cursor *string      `json:"cursor"` // Position after the last event looked at, matching or not (the given cursor when there was nothing new); pass it back to read what commits later. Null only when no cursor was given and the tenant has no committed event yet.
 }
 
 // EventType: One entry of the event catalog.
@@ -380,15 +399,16 @@ func decodeWarm(obj map[string]any, path string, iss *wire.Issues) (out Warm) {
 
 // Webhook: A subscription receiving matching events committed after its creation; paused when active is false.
 type Webhook struct {
-	TenantID    string   `json:"tenantId"`  // Tenant identifier.
-	WebhookID   string   `json:"webhookId"` // Webhook identifier.
-	URL         string   `json:"url"`
-	Events      []string `json:"events"`
-	Description string   `json:"description"` // Empty when none was given.
-	Active      bool     `json:"active"`
-	Version     int64    `json:"version"` // Incremented on update.
-	CreatedAt   string   `json:"createdAt"`
-	UpdatedAt   string   `json:"updatedAt"`
+	TenantID                string   `json:"tenantId"`  // Tenant identifier.
+	WebhookID               string   `json:"webhookId"` // Webhook identifier.
+	URL                     string   `json:"url"`
+	Events                  []string `json:"events"`
+	Description             string   `json:"description"` // Empty when none was given.
+	Active                  bool     `json:"active"`
+	Version                 int64    `json:"version"`                 // Incremented by every change: update, rotateSecret, a pause on 410 Gone.
+	PreviousSecretExpiresAt *string  `json:"previousSecretExpiresAt"` // Until when the previous signing secret still signs alongside the current one (rotation overlap); null when it does not.
+	CreatedAt               string   `json:"createdAt"`
+	UpdatedAt               string   `json:"updatedAt"`
 }
 type WebhookDeleted struct {
 	Deleted bool `json:"deleted"`

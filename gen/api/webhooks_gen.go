@@ -358,17 +358,17 @@ type WebhooksService interface {
 	List(ctx context.Context, in *WebhooksListInput) (*WebhookList, error)
 	// Get: One webhook without its secret; another tenant's is NOT_FOUND.
 	Get(ctx context.Context, in *WebhooksGetInput) (*Webhook, error)
-	// Update: Changes url, patterns, description or active and increments version; url and patterns are checked as on create; pausing (active false) cancels pending deliveries.
+	// Update: Changes url, patterns, description or active and increments version; url and patterns are checked as on create; naming no field is INVALID_INPUT and values equal to the stored ones change nothing; pausing (active false) cancels pending deliveries; after re-activation only events committed after it are delivered.
 	Update(ctx context.Context, in *WebhooksUpdateInput) (*Webhook, error)
 	// RotateSecret: Issues a new signing secret, shown once; the old one keeps signing alongside it for keepPreviousSeconds (0 stops it at once).
 	RotateSecret(ctx context.Context, in *WebhooksRotateSecretInput) (*WebhookWithSecret, error)
 	// Delete: Deletes a webhook with its delivery queue and history.
 	Delete(ctx context.Context, in *WebhooksDeleteInput) (*WebhookDeleted, error)
-	// Ping: Queues a webhook.ping delivery due now; a delivery only, never written to the outbox.
+	// Ping: Queues a webhook.ping delivery due now; a delivery only, never written to the outbox. A ping of a paused webhook is cancelled by the delivery worker.
 	Ping(ctx context.Context, in *WebhooksPingInput) (*Delivery, error)
 	// Deliveries: A webhook's deliveries newest first with attempts, next attempt time and last status or error.
 	Deliveries(ctx context.Context, in *WebhooksDeliveriesInput) (*DeliveryList, error)
-	// Redeliver: Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND.
+	// Redeliver: Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND; a delivery still pending is INVALID_STATE.
 	Redeliver(ctx context.Context, in *WebhooksRedeliverInput) (*Delivery, error)
 	// EventTypes: The event catalog (built-in and configured plugin families) with type, subject, publishing module and description.
 	EventTypes(ctx context.Context, in *WebhooksEventTypesInput) (*EventTypeList, error)

@@ -14,6 +14,28 @@ import (
 // methods keep catalog order. Planned methods are left out.
 var Groups = []cliruntime.Group{
 	{
+		Name:        "events",
+		Description: "The tenant's committed events, read in the order they became visible (the event catalog is events.yaml).",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "list",
+				Description: "The tenant's committed events in the order they became visible, after the cursor, filtered by type patterns (exact type, family.* or *; each must match the event catalog). A page shorter than limit means the reader has caught up for now. GET /watch streams the same events.",
+				Kind:        "read",
+				Action:      "compute:events:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "types", Field: "types", Type: cliruntime.JSON, Help: "Type patterns; absent means every type."},
+					{Name: "cursor", Field: "cursor", Type: cliruntime.String, Help: "Opaque; returned by a list method and passed back unchanged; one the method did not return is INVALID_INPUT."},
+					{Name: "limit", Field: "limit", Type: cliruntime.Int, Default: "100"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.EventsList(ctx, new(client.EventsListInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "secrets",
 		Description: "Write-only secret storage. A secret is named by a reference: secret://tenants/{tenantId}/{name} for scope tenant and secret://fleet/{name} for scope fleet (root tenant only); configs and user data hold references, never values, and no method returns a value.",
 		Methods: []cliruntime.Method{
@@ -167,6 +189,159 @@ var Groups = []cliruntime.Group{
 				Action:      "compute:fleet:admin",
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.SystemSelfCheck(ctx, new(client.SystemSelfCheckInput))
+					return err
+				},
+			},
+		},
+	},
+	{
+		Name:        "webhooks",
+		Description: "Per-tenant signed event subscriptions.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Subscribes a public https URL to event patterns (exact type, family.* or *; each must match the catalog); at most 20 webhooks per tenant by default; no idempotency key, so a retry creates a second webhook.",
+				Kind:        "mutation",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "url", Field: "url", Type: cliruntime.String, Required: true},
+					{Name: "events", Field: "events", Type: cliruntime.JSON, Required: true},
+					{Name: "description", Field: "description", Type: cliruntime.String},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksCreate(ctx, new(client.WebhooksCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The tenant's webhooks oldest first, without secrets.",
+				Kind:        "read",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksList(ctx, new(client.WebhooksListInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One webhook without its secret; another tenant's is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksGet(ctx, new(client.WebhooksGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "update",
+				Description: "Changes url, patterns, description or active and increments version; url and patterns are checked as on create; naming no field is INVALID_INPUT and values equal to the stored ones change nothing; pausing (active false) cancels pending deliveries; after re-activation only events committed after it are delivered.",
+				Kind:        "mutation",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
+					{Name: "url", Field: "url", Type: cliruntime.String},
+					{Name: "events", Field: "events", Type: cliruntime.JSON},
+					{Name: "description", Field: "description", Type: cliruntime.String},
+					{Name: "active", Field: "active", Type: cliruntime.Bool},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksUpdate(ctx, new(client.WebhooksUpdateInput))
+					return err
+				},
+			},
+			{
+				Name:        "rotateSecret",
+				Description: "Issues a new signing secret, shown once; the old one keeps signing alongside it for keepPreviousSeconds (0 stops it at once).",
+				Kind:        "mutation",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
+					{Name: "keep-previous-seconds", Field: "keepPreviousSeconds", Type: cliruntime.Int, Default: "0"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksRotateSecret(ctx, new(client.WebhooksRotateSecretInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Deletes a webhook with its delivery queue and history.",
+				Kind:        "mutation",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksDelete(ctx, new(client.WebhooksDeleteInput))
+					return err
+				},
+			},
+			{
+				Name:        "ping",
+				Description: "Queues a webhook.ping delivery due now; a delivery only, never written to the outbox. A ping of a paused webhook is cancelled by the delivery worker.",
+				Kind:        "mutation",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksPing(ctx, new(client.WebhooksPingInput))
+					return err
+				},
+			},
+			{
+				Name:        "deliveries",
+				Description: "A webhook's deliveries newest first with attempts, next attempt time and last status or error.",
+				Kind:        "read",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
+					{Name: "state", Field: "state", Type: cliruntime.String, Enum: []string{"pending", "delivered", "dead", "cancelled"}},
+					{Name: "limit", Field: "limit", Type: cliruntime.Int, Default: "50"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksDeliveries(ctx, new(client.WebhooksDeliveriesInput))
+					return err
+				},
+			},
+			{
+				Name:        "redeliver",
+				Description: "Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND; a delivery still pending is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "delivery-id", Field: "deliveryId", Type: cliruntime.String, Required: true, Help: "Webhook delivery identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksRedeliver(ctx, new(client.WebhooksRedeliverInput))
+					return err
+				},
+			},
+			{
+				Name:        "eventTypes",
+				Description: "The event catalog (built-in and configured plugin families) with type, subject, publishing module and description.",
+				Kind:        "read",
+				Action:      "compute:webhooks:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WebhooksEventTypes(ctx, new(client.WebhooksEventTypesInput))
 					return err
 				},
 			},

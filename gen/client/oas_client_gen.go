@@ -21,6 +21,7 @@ func trimTrailingSlashes(u *url.URL) {
 
 // Invoker invokes operations described by OpenAPI v3 specification.
 type Invoker interface {
+	EventsInvoker
 	ProfilesInvoker
 	ProviderAccountsInvoker
 	SandboxTemplatesInvoker
@@ -30,6 +31,23 @@ type Invoker interface {
 	SystemInvoker
 	UsageInvoker
 	WebhooksInvoker
+}
+
+// EventsInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Events
+type EventsInvoker interface {
+	// EventsList invokes eventsList operation.
+	//
+	// The tenant's committed events in the order they became visible, after the cursor, filtered by type
+	// patterns (exact type, family.* or *; each must match the event catalog). A page shorter than limit
+	// means the reader has caught up for now. GET /watch streams the same events.
+	//
+	// Served since v1.1. Kind: read. Action compute:events:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /events/list
+	EventsList(ctx context.Context, request *EventsListInput) (*EventsListResponse, error)
 }
 
 // ProfilesInvoker invokes operations described by OpenAPI v3 specification.
@@ -486,9 +504,8 @@ type WebhooksInvoker interface {
 	// catalog); at most 20 webhooks per tenant by default; no idempotency key, so a retry creates a second
 	// webhook.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-	// on tenant/tenantId. Errors: INVALID_INPUT (400), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/create
 	WebhooksCreate(ctx context.Context, request *WebhooksCreateInput) (*WebhooksCreateResponse, error)
@@ -496,9 +513,8 @@ type WebhooksInvoker interface {
 	//
 	// Deletes a webhook with its delivery queue and history.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-	// on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/delete
 	WebhooksDelete(ctx context.Context, request *WebhooksDeleteInput) (*WebhooksDeleteResponse, error)
@@ -506,9 +522,8 @@ type WebhooksInvoker interface {
 	//
 	// A webhook's deliveries newest first with attempts, next attempt time and last status or error.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:webhooks:manage on
-	// tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
-	// (403).
+	// Served since v0.3. Kind: read. Action compute:webhooks:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/deliveries
 	WebhooksDeliveries(ctx context.Context, request *WebhooksDeliveriesInput) (*WebhooksDeliveriesResponse, error)
@@ -517,8 +532,8 @@ type WebhooksInvoker interface {
 	// The event catalog (built-in and configured plugin families) with type, subject, publishing module
 	// and description.
 	//
-	// Planned, without a phase yet: answers NOT_IMPLEMENTED. Kind: read. Action compute:webhooks:manage on
-	// tenant/tenantId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served, without a stable phase. Kind: read. Action compute:webhooks:manage on tenant/tenantId.
+	// Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/eventTypes
 	WebhooksEventTypes(ctx context.Context, request *WebhooksEventTypesInput) (*WebhooksEventTypesResponse, error)
@@ -526,9 +541,8 @@ type WebhooksInvoker interface {
 	//
 	// One webhook without its secret; another tenant's is NOT_FOUND.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:webhooks:manage on
-	// tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
-	// (403).
+	// Served since v0.3. Kind: read. Action compute:webhooks:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/get
 	WebhooksGet(ctx context.Context, request *WebhooksGetInput) (*WebhooksGetResponse, error)
@@ -536,29 +550,30 @@ type WebhooksInvoker interface {
 	//
 	// The tenant's webhooks oldest first, without secrets.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:webhooks:manage on
-	// tenant/tenantId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.3. Kind: read. Action compute:webhooks:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/list
 	WebhooksList(ctx context.Context, request *WebhooksListInput) (*WebhooksListResponse, error)
 	// WebhooksPing invokes webhooksPing operation.
 	//
-	// Queues a webhook.ping delivery due now; a delivery only, never written to the outbox.
+	// Queues a webhook.ping delivery due now; a delivery only, never written to the outbox. A ping of a
+	// paused webhook is cancelled by the delivery worker.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-	// on tenant/tenantId. Publishes webhook.ping. Errors: INVALID_INPUT (400), NOT_FOUND (404),
-	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/ping
 	WebhooksPing(ctx context.Context, request *WebhooksPingInput) (*WebhooksPingResponse, error)
 	// WebhooksRedeliver invokes webhooksRedeliver operation.
 	//
 	// Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and
-	// its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND.
+	// its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND; a delivery still
+	// pending is INVALID_STATE.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-	// on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
 	//
 	// POST /webhooks/redeliver
 	WebhooksRedeliver(ctx context.Context, request *WebhooksRedeliverInput) (*WebhooksRedeliverResponse, error)
@@ -567,20 +582,20 @@ type WebhooksInvoker interface {
 	// Issues a new signing secret, shown once; the old one keeps signing alongside it for
 	// keepPreviousSeconds (0 stops it at once).
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-	// on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/rotateSecret
 	WebhooksRotateSecret(ctx context.Context, request *WebhooksRotateSecretInput) (*WebhooksRotateSecretResponse, error)
 	// WebhooksUpdate invokes webhooksUpdate operation.
 	//
 	// Changes url, patterns, description or active and increments version; url and patterns are checked as
-	// on create; pausing (active false) cancels pending deliveries.
+	// on create; naming no field is INVALID_INPUT and values equal to the stored ones change nothing;
+	// pausing (active false) cancels pending deliveries; after re-activation only events committed after
+	// it are delivered.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-	// on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/update
 	WebhooksUpdate(ctx context.Context, request *WebhooksUpdateInput) (*WebhooksUpdateResponse, error)
@@ -625,6 +640,101 @@ func (c *Client) requestURL(ctx context.Context) *url.URL {
 		return c.serverURL
 	}
 	return u
+}
+
+// EventsList invokes eventsList operation.
+//
+// The tenant's committed events in the order they became visible, after the cursor, filtered by type
+// patterns (exact type, family.* or *; each must match the event catalog). A page shorter than limit
+// means the reader has caught up for now. GET /watch streams the same events.
+//
+// Served since v1.1. Kind: read. Action compute:events:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /events/list
+func (c *Client) EventsList(ctx context.Context, request *EventsListInput) (*EventsListResponse, error) {
+	res, err := c.sendEventsList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendEventsList(ctx context.Context, request *EventsListInput) (res *EventsListResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/events/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeEventsListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, EventsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, EventsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeEventsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
 }
 
 // ProfilesCreate invokes profilesCreate operation.
@@ -4055,9 +4165,8 @@ func (c *Client) sendUsageList(ctx context.Context, request *UsageListInput) (re
 // catalog); at most 20 webhooks per tenant by default; no idempotency key, so a retry creates a second
 // webhook.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-// on tenant/tenantId. Errors: INVALID_INPUT (400), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/create
 func (c *Client) WebhooksCreate(ctx context.Context, request *WebhooksCreateInput) (*WebhooksCreateResponse, error) {
@@ -4149,9 +4258,8 @@ func (c *Client) sendWebhooksCreate(ctx context.Context, request *WebhooksCreate
 //
 // Deletes a webhook with its delivery queue and history.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-// on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/delete
 func (c *Client) WebhooksDelete(ctx context.Context, request *WebhooksDeleteInput) (*WebhooksDeleteResponse, error) {
@@ -4243,9 +4351,8 @@ func (c *Client) sendWebhooksDelete(ctx context.Context, request *WebhooksDelete
 //
 // A webhook's deliveries newest first with attempts, next attempt time and last status or error.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:webhooks:manage on
-// tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
-// (403).
+// Served since v0.3. Kind: read. Action compute:webhooks:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/deliveries
 func (c *Client) WebhooksDeliveries(ctx context.Context, request *WebhooksDeliveriesInput) (*WebhooksDeliveriesResponse, error) {
@@ -4338,8 +4445,8 @@ func (c *Client) sendWebhooksDeliveries(ctx context.Context, request *WebhooksDe
 // The event catalog (built-in and configured plugin families) with type, subject, publishing module
 // and description.
 //
-// Planned, without a phase yet: answers NOT_IMPLEMENTED. Kind: read. Action compute:webhooks:manage on
-// tenant/tenantId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served, without a stable phase. Kind: read. Action compute:webhooks:manage on tenant/tenantId.
+// Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/eventTypes
 func (c *Client) WebhooksEventTypes(ctx context.Context, request *WebhooksEventTypesInput) (*WebhooksEventTypesResponse, error) {
@@ -4431,9 +4538,8 @@ func (c *Client) sendWebhooksEventTypes(ctx context.Context, request *WebhooksEv
 //
 // One webhook without its secret; another tenant's is NOT_FOUND.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:webhooks:manage on
-// tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
-// (403).
+// Served since v0.3. Kind: read. Action compute:webhooks:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/get
 func (c *Client) WebhooksGet(ctx context.Context, request *WebhooksGetInput) (*WebhooksGetResponse, error) {
@@ -4525,8 +4631,8 @@ func (c *Client) sendWebhooksGet(ctx context.Context, request *WebhooksGetInput)
 //
 // The tenant's webhooks oldest first, without secrets.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:webhooks:manage on
-// tenant/tenantId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.3. Kind: read. Action compute:webhooks:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/list
 func (c *Client) WebhooksList(ctx context.Context, request *WebhooksListInput) (*WebhooksListResponse, error) {
@@ -4616,11 +4722,11 @@ func (c *Client) sendWebhooksList(ctx context.Context, request *WebhooksListInpu
 
 // WebhooksPing invokes webhooksPing operation.
 //
-// Queues a webhook.ping delivery due now; a delivery only, never written to the outbox.
+// Queues a webhook.ping delivery due now; a delivery only, never written to the outbox. A ping of a
+// paused webhook is cancelled by the delivery worker.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-// on tenant/tenantId. Publishes webhook.ping. Errors: INVALID_INPUT (400), NOT_FOUND (404),
-// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/ping
 func (c *Client) WebhooksPing(ctx context.Context, request *WebhooksPingInput) (*WebhooksPingResponse, error) {
@@ -4711,11 +4817,12 @@ func (c *Client) sendWebhooksPing(ctx context.Context, request *WebhooksPingInpu
 // WebhooksRedeliver invokes webhooksRedeliver operation.
 //
 // Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and
-// its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND.
+// its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND; a delivery still
+// pending is INVALID_STATE.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-// on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
 //
 // POST /webhooks/redeliver
 func (c *Client) WebhooksRedeliver(ctx context.Context, request *WebhooksRedeliverInput) (*WebhooksRedeliverResponse, error) {
@@ -4808,9 +4915,8 @@ func (c *Client) sendWebhooksRedeliver(ctx context.Context, request *WebhooksRed
 // Issues a new signing secret, shown once; the old one keeps signing alongside it for
 // keepPreviousSeconds (0 stops it at once).
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-// on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/rotateSecret
 func (c *Client) WebhooksRotateSecret(ctx context.Context, request *WebhooksRotateSecretInput) (*WebhooksRotateSecretResponse, error) {
@@ -4901,11 +5007,12 @@ func (c *Client) sendWebhooksRotateSecret(ctx context.Context, request *Webhooks
 // WebhooksUpdate invokes webhooksUpdate operation.
 //
 // Changes url, patterns, description or active and increments version; url and patterns are checked as
-// on create; pausing (active false) cancels pending deliveries.
+// on create; naming no field is INVALID_INPUT and values equal to the stored ones change nothing;
+// pausing (active false) cancels pending deliveries; after re-activation only events committed after
+// it are delivered.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:webhooks:manage
-// on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:webhooks:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/update
 func (c *Client) WebhooksUpdate(ctx context.Context, request *WebhooksUpdateInput) (*WebhooksUpdateResponse, error) {

@@ -3,6 +3,14 @@
 package client
 
 // setDefaults set default value of fields.
+func (s *EventsListInput) setDefaults() {
+	{
+		val := int64(100)
+		s.Limit.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *ProfilesCreateInput) setDefaults() {
 	{
 		val := ProfilesCreateInputVisibility("private")

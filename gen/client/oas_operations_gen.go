@@ -6,6 +6,7 @@ package client
 type OperationName = string
 
 const (
+	EventsListOperation                OperationName = "EventsList"
 	ProfilesCreateOperation            OperationName = "ProfilesCreate"
 	ProfilesDeleteOperation            OperationName = "ProfilesDelete"
 	ProfilesGetOperation               OperationName = "ProfilesGet"

@@ -256,6 +256,119 @@ func (s *Caller) SetTenantId(val OptString) {
 	s.TenantId = val
 }
 
+// One committed event in its CloudEvents 1.0 JSON envelope, with the tenantid extension.
+// Ref: #/components/schemas/CloudEvent
+type CloudEvent struct {
+	// The payload the catalog gives for the type.
+	Data jx.Raw `json:"data"`
+	// Always application/json.
+	Datacontenttype string `json:"datacontenttype"`
+	// Event id (evt_...), unique; consumers deduplicate on it.
+	ID string `json:"id"`
+	// The publishing module after computeplane/ (computeplane/sites).
+	Source string `json:"source"`
+	// Always 1.0.
+	Specversion string `json:"specversion"`
+	// What the event is about (see the catalog's subject).
+	Subject string `json:"subject"`
+	// The tenant whose stream carries the event.
+	Tenantid string `json:"tenantid"`
+	// When the change was written.
+	Time time.Time `json:"time"`
+	// A type of the event catalog.
+	Type string `json:"type"`
+}
+
+// GetData returns the value of Data.
+func (s *CloudEvent) GetData() jx.Raw {
+	return s.Data
+}
+
+// GetDatacontenttype returns the value of Datacontenttype.
+func (s *CloudEvent) GetDatacontenttype() string {
+	return s.Datacontenttype
+}
+
+// GetID returns the value of ID.
+func (s *CloudEvent) GetID() string {
+	return s.ID
+}
+
+// GetSource returns the value of Source.
+func (s *CloudEvent) GetSource() string {
+	return s.Source
+}
+
+// GetSpecversion returns the value of Specversion.
+func (s *CloudEvent) GetSpecversion() string {
+	return s.Specversion
+}
+
+// GetSubject returns the value of Subject.
+func (s *CloudEvent) GetSubject() string {
+	return s.Subject
+}
+
+// GetTenantid returns the value of Tenantid.
+func (s *CloudEvent) GetTenantid() string {
+	return s.Tenantid
+}
+
+// GetTime returns the value of Time.
+func (s *CloudEvent) GetTime() time.Time {
+	return s.Time
+}
+
+// GetType returns the value of Type.
+func (s *CloudEvent) GetType() string {
+	return s.Type
+}
+
+// SetData sets the value of Data.
+func (s *CloudEvent) SetData(val jx.Raw) {
+	s.Data = val
+}
+
+// SetDatacontenttype sets the value of Datacontenttype.
+func (s *CloudEvent) SetDatacontenttype(val string) {
+	s.Datacontenttype = val
+}
+
+// SetID sets the value of ID.
+func (s *CloudEvent) SetID(val string) {
+	s.ID = val
+}
+
+// SetSource sets the value of Source.
+func (s *CloudEvent) SetSource(val string) {
+	s.Source = val
+}
+
+// SetSpecversion sets the value of Specversion.
+func (s *CloudEvent) SetSpecversion(val string) {
+	s.Specversion = val
+}
+
+// SetSubject sets the value of Subject.
+func (s *CloudEvent) SetSubject(val string) {
+	s.Subject = val
+}
+
+// SetTenantid sets the value of Tenantid.
+func (s *CloudEvent) SetTenantid(val string) {
+	s.Tenantid = val
+}
+
+// SetTime sets the value of Time.
+func (s *CloudEvent) SetTime(val time.Time) {
+	s.Time = val
+}
+
+// SetType sets the value of Type.
+func (s *CloudEvent) SetType(val string) {
+	s.Type = val
+}
+
 // One delivery of one event (or ping) to one webhook.
 // Ref: #/components/schemas/Delivery
 type Delivery struct {
@@ -263,7 +376,11 @@ type Delivery struct {
 	CreatedAt time.Time `json:"createdAt"`
 	// Webhook delivery identifier.
 	DeliveryId string `json:"deliveryId"`
-	EventType  string `json:"eventType"`
+	// Id of the event delivered (the CloudEvents id, evt_...); a ping has an id of its own.
+	EventId   string `json:"eventId"`
+	EventType string `json:"eventType"`
+	// When the last attempt ended; null before the first.
+	LastAttemptAt NilDateTime `json:"lastAttemptAt"`
 	// Error of the last attempt when no status came back.
 	LastError NilString `json:"lastError"`
 	// HTTP status of the last attempt.
@@ -290,9 +407,19 @@ func (s *Delivery) GetDeliveryId() string {
 	return s.DeliveryId
 }
 
+// GetEventId returns the value of EventId.
+func (s *Delivery) GetEventId() string {
+	return s.EventId
+}
+
 // GetEventType returns the value of EventType.
 func (s *Delivery) GetEventType() string {
 	return s.EventType
+}
+
+// GetLastAttemptAt returns the value of LastAttemptAt.
+func (s *Delivery) GetLastAttemptAt() NilDateTime {
+	return s.LastAttemptAt
 }
 
 // GetLastError returns the value of LastError.
@@ -335,9 +462,19 @@ func (s *Delivery) SetDeliveryId(val string) {
 	s.DeliveryId = val
 }
 
+// SetEventId sets the value of EventId.
+func (s *Delivery) SetEventId(val string) {
+	s.EventId = val
+}
+
 // SetEventType sets the value of EventType.
 func (s *Delivery) SetEventType(val string) {
 	s.EventType = val
+}
+
+// SetLastAttemptAt sets the value of LastAttemptAt.
+func (s *Delivery) SetLastAttemptAt(val NilDateTime) {
+	s.LastAttemptAt = val
 }
 
 // SetLastError sets the value of LastError.
@@ -553,6 +690,36 @@ func (s *ErrorStatusCode) SetResponse(val ErrorResponse) {
 	s.Response = val
 }
 
+// Ref: #/components/schemas/EventPage
+type EventPage struct {
+	// Position after the last event looked at, matching or not (the given cursor when there was nothing
+	// new); pass it back to read what commits later. Null only when no cursor was given and the tenant has
+	// no committed event yet.
+	Cursor NilString `json:"cursor"`
+	// Events in visibility order.
+	Items []CloudEvent `json:"items"`
+}
+
+// GetCursor returns the value of Cursor.
+func (s *EventPage) GetCursor() NilString {
+	return s.Cursor
+}
+
+// GetItems returns the value of Items.
+func (s *EventPage) GetItems() []CloudEvent {
+	return s.Items
+}
+
+// SetCursor sets the value of Cursor.
+func (s *EventPage) SetCursor(val NilString) {
+	s.Cursor = val
+}
+
+// SetItems sets the value of Items.
+func (s *EventPage) SetItems(val []CloudEvent) {
+	s.Items = val
+}
+
 // One entry of the event catalog.
 // Ref: #/components/schemas/EventType
 type EventType struct {
@@ -617,6 +784,75 @@ func (s *EventTypeList) GetItems() []EventType {
 // SetItems sets the value of Items.
 func (s *EventTypeList) SetItems(val []EventType) {
 	s.Items = val
+}
+
+// Input of events.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/EventsListInput
+type EventsListInput struct {
+	// Opaque; returned by a list method and passed back unchanged; one the method did not return is
+	// INVALID_INPUT.
+	Cursor OptString `json:"cursor"`
+	Limit  OptInt64  `json:"limit"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// Type patterns; absent means every type.
+	Types []string `json:"types"`
+}
+
+// GetCursor returns the value of Cursor.
+func (s *EventsListInput) GetCursor() OptString {
+	return s.Cursor
+}
+
+// GetLimit returns the value of Limit.
+func (s *EventsListInput) GetLimit() OptInt64 {
+	return s.Limit
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *EventsListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTypes returns the value of Types.
+func (s *EventsListInput) GetTypes() []string {
+	return s.Types
+}
+
+// SetCursor sets the value of Cursor.
+func (s *EventsListInput) SetCursor(val OptString) {
+	s.Cursor = val
+}
+
+// SetLimit sets the value of Limit.
+func (s *EventsListInput) SetLimit(val OptInt64) {
+	s.Limit = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *EventsListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTypes sets the value of Types.
+func (s *EventsListInput) SetTypes(val []string) {
+	s.Types = val
+}
+
+// Success envelope of events.list.
+// Ref: #/components/schemas/EventsListResponse
+type EventsListResponse struct {
+	Data EventPage `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *EventsListResponse) GetData() EventPage {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *EventsListResponse) SetData(val EventPage) {
+	s.Data = val
 }
 
 // One result of a self check.
@@ -6562,11 +6798,14 @@ type Webhook struct {
 	// Empty when none was given.
 	Description string   `json:"description"`
 	Events      []string `json:"events"`
+	// Until when the previous signing secret still signs alongside the current one (rotation overlap);
+	// null when it does not.
+	PreviousSecretExpiresAt NilDateTime `json:"previousSecretExpiresAt"`
 	// Tenant identifier.
 	TenantId  string    `json:"tenantId"`
 	UpdatedAt time.Time `json:"updatedAt"`
 	URL       string    `json:"url"`
-	// Incremented on update.
+	// Incremented by every change: update, rotateSecret, a pause on 410 Gone.
 	Version int64 `json:"version"`
 	// Webhook identifier.
 	WebhookId string `json:"webhookId"`
@@ -6590,6 +6829,11 @@ func (s *Webhook) GetDescription() string {
 // GetEvents returns the value of Events.
 func (s *Webhook) GetEvents() []string {
 	return s.Events
+}
+
+// GetPreviousSecretExpiresAt returns the value of PreviousSecretExpiresAt.
+func (s *Webhook) GetPreviousSecretExpiresAt() NilDateTime {
+	return s.PreviousSecretExpiresAt
 }
 
 // GetTenantId returns the value of TenantId.
@@ -6635,6 +6879,11 @@ func (s *Webhook) SetDescription(val string) {
 // SetEvents sets the value of Events.
 func (s *Webhook) SetEvents(val []string) {
 	s.Events = val
+}
+
+// SetPreviousSecretExpiresAt sets the value of PreviousSecretExpiresAt.
+func (s *Webhook) SetPreviousSecretExpiresAt(val NilDateTime) {
+	s.PreviousSecretExpiresAt = val
 }
 
 // SetTenantId sets the value of TenantId.

@@ -23,6 +23,7 @@ type SecuritySource interface {
 
 // operationRolesBearerAuth is a private map storing roles per operation.
 var operationRolesBearerAuth = map[string][]string{
+	EventsListOperation:                []string{},
 	ProfilesCreateOperation:            []string{},
 	ProfilesDeleteOperation:            []string{},
 	ProfilesGetOperation:               []string{},
@@ -94,6 +95,7 @@ func GetRolesForBearerAuth(operation string) []string {
 
 // operationRolesServiceHeader is a private map storing roles per operation.
 var operationRolesServiceHeader = map[string][]string{
+	EventsListOperation:                []string{},
 	ProfilesCreateOperation:            []string{},
 	ProfilesDeleteOperation:            []string{},
 	ProfilesGetOperation:               []string{},

@@ -24,6 +24,7 @@ type AuditLog struct {
 	RequestID    string
 	Traceparent  pgtype.Text
 	Outcome      string
+	Xid          pgtype.Uint64
 }
 
 type IamApiKey struct {
@@ -131,6 +132,14 @@ type IamUsageRecord struct {
 	RecordedAt  time.Time
 }
 
+type Lease struct {
+	Name       string
+	Holder     string
+	Epoch      int64
+	AcquiredAt time.Time
+	ExpiresAt  time.Time
+}
+
 type Outbox struct {
 	Seq         int64
 	ID          string
@@ -172,6 +181,26 @@ type ServiceMeta struct {
 	Value string
 }
 
+type SinkCursor struct {
+	SinkKind     string
+	SinkID       string
+	AfterXid     pgtype.Uint64
+	AfterSeq     int64
+	Delivered    int64
+	DeadLettered int64
+	UpdatedAt    time.Time
+}
+
+type SinkDeadLetter struct {
+	ID       int64
+	SinkKind string
+	SinkID   string
+	EventID  string
+	Payload  []byte
+	Error    string
+	At       time.Time
+}
+
 type Site struct {
 	SiteID      string
 	TenantID    string
@@ -184,4 +213,62 @@ type Site struct {
 	IdemRequest []byte
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
+}
+
+type Webhook struct {
+	WebhookID         string
+	TenantID          string
+	Url               string
+	Events            []string
+	Description       string
+	Active            bool
+	Version           int64
+	SecretGen         int64
+	SecretNonce       []byte
+	SecretSealed      []byte
+	PreviousGen       pgtype.Int8
+	PreviousNonce     []byte
+	PreviousSealed    []byte
+	PreviousExpiresAt *time.Time
+	SinceSnapshot     string
+	CreatedBy         string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+}
+
+type WebhookDelivery struct {
+	DeliveryID    string
+	WebhookID     string
+	TenantID      string
+	EventID       string
+	EventType     string
+	EventTime     time.Time
+	Body          []byte
+	State         string
+	Attempts      int32
+	NextAttemptAt *time.Time
+	ClaimedUntil  *time.Time
+	ClaimToken    pgtype.Text
+	LastStatus    pgtype.Int4
+	LastError     pgtype.Text
+	LastAttemptAt *time.Time
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+type WebhookFanout struct {
+	ID        string
+	AfterXid  pgtype.Uint64
+	AfterSeq  int64
+	UpdatedAt time.Time
+}
+
+type Worker struct {
+	ID          string
+	Host        string
+	Pid         int32
+	Jobs        []string
+	Reconcilers []string
+	StartedAt   time.Time
+	HeartbeatAt time.Time
 }

@@ -97,6 +97,7 @@ type Config struct {
 	// SupportBundles is nil when support bundles are not configured.
 	SupportBundles *SupportBundles
 	Secrets        Secrets // the secret store (default database)
+	Webhooks       Webhooks
 	Capacity       Capacity
 	Scheduler      Scheduler
 	Clock          Clock
@@ -259,6 +260,20 @@ const (
 	SecretStoreDatabase SecretStore = "database"
 	SecretStoreNone     SecretStore = "none"
 )
+
+// Webhooks tunes the webhooks group (an option of this build; the
+// specification names the switches, not their names).
+type Webhooks struct {
+	// AllowPrivateTargets lets webhook URLs and connections reach private,
+	// loopback and other non-public addresses (tests, on-premises installs).
+	AllowPrivateTargets bool
+	// MaxPerTenant is the number of webhooks one tenant may hold; 1..1000,
+	// default 20.
+	MaxPerTenant int
+	// AcceptAnyPattern accepts event patterns that match nothing in the
+	// event catalog.
+	AcceptAnyPattern bool
+}
 
 // Capacity tunes admission and placement.
 type Capacity struct {

@@ -58,6 +58,7 @@ func TestDefaults(t *testing.T) {
 		PKI:          PKI{TrustVersion: 1},
 		PKIFile:      ".service/pki.json",
 		Secrets:      Secrets{Store: SecretStoreDatabase},
+		Webhooks:     Webhooks{MaxPerTenant: 20},
 		Capacity: Capacity{
 			Placer: PlacerInline, MaxBatch: 64, MaxAttempts: 3,
 			RollupEvery: 5 * time.Minute, UsageEvery: 5 * time.Minute, SpotNoticeMs: 120000,
@@ -128,6 +129,7 @@ gateway:
 downloads: {dir: /srv/downloads, blob: "s3://bucket/downloads"}
 supportBundles: {blob: "s3://bucket/bundles", maxBytes: 1048576}
 secrets: {store: none}
+webhooks: {allowPrivateTargets: true, maxPerTenant: 50, acceptAnyPattern: true}
 capacity:
   placer: pool-lease
   maxBatch: 16
@@ -208,6 +210,7 @@ func TestFullFile(t *testing.T) {
 		Downloads:      &Downloads{Dir: "/srv/downloads", Blob: "s3://bucket/downloads"},
 		SupportBundles: &SupportBundles{Blob: "s3://bucket/bundles", MaxBytes: 1048576},
 		Secrets:        Secrets{Store: SecretStoreNone},
+		Webhooks:       Webhooks{AllowPrivateTargets: true, MaxPerTenant: 50, AcceptAnyPattern: true},
 		Capacity: Capacity{
 			Placer: PlacerPoolLease, MaxBatch: 16, MaxAttempts: 5,
 			RollupEvery: time.Minute, UsageEvery: 10 * time.Minute, SpotNoticeMs: 30000,
@@ -360,6 +363,30 @@ func TestSecretStore(t *testing.T) {
 			c, err := run(tc.file, nil)
 			require.NoError(t, err)
 			require.Equal(t, tc.want, c.Secrets.Store)
+		})
+	}
+}
+
+func TestWebhooks(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, file string
+		want       Webhooks
+	}{
+		{"default", "", Webhooks{MaxPerTenant: 20}},
+		{"empty group", "webhooks: {}", Webhooks{MaxPerTenant: 20}},
+		{"private targets", "webhooks: {allowPrivateTargets: true}", Webhooks{AllowPrivateTargets: true, MaxPerTenant: 20}},
+		{"any pattern", "webhooks: {acceptAnyPattern: true}", Webhooks{AcceptAnyPattern: true, MaxPerTenant: 20}},
+		{"limit", "webhooks: {maxPerTenant: 1}", Webhooks{MaxPerTenant: 1}},
+		{"largest limit", "webhooks: {maxPerTenant: 1000}", Webhooks{MaxPerTenant: 1000}},
+		{"JSON", `{"webhooks": {"allowPrivateTargets": false, "maxPerTenant": 5}}`, Webhooks{MaxPerTenant: 5}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := run(tc.file, nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, c.Webhooks)
 		})
 	}
 }
@@ -540,6 +567,15 @@ func TestInvalid(t *testing.T) {
 		{"secrets store empty", "secrets: {store: ''}", nil, "secrets.store", "database or none"},
 		{"secrets store type", "secrets: {store: 1}", nil, "secrets.store", "must be a string"},
 		{"secrets unknown option", "secrets: {kind: database}", nil, "secrets.kind", "unknown option"},
+
+		// webhooks.
+		{"webhooks maxPerTenant at least 1", "webhooks: {maxPerTenant: 0}", nil, "webhooks.maxPerTenant", "from 1 to 1000"},
+		{"webhooks maxPerTenant at most 1000", "webhooks: {maxPerTenant: 1001}", nil, "webhooks.maxPerTenant", "from 1 to 1000"},
+		{"webhooks maxPerTenant integer", "webhooks: {maxPerTenant: many}", nil, "webhooks.maxPerTenant", "must be an integer"},
+		{"webhooks allowPrivateTargets boolean", "webhooks: {allowPrivateTargets: yes please}", nil, "webhooks.allowPrivateTargets", "must be true or false"},
+		{"webhooks acceptAnyPattern boolean", "webhooks: {acceptAnyPattern: 1}", nil, "webhooks.acceptAnyPattern", "must be true or false"},
+		{"webhooks unknown option", "webhooks: {allowPrivate: true}", nil, "webhooks.allowPrivate", "unknown option"},
+		{"webhooks object", "webhooks: true", nil, "webhooks", "must be an object"},
 
 		// capacity.
 		{"capacity placer", "capacity: {placer: batch}", nil, "capacity.placer", "inline or pool-lease"},

@@ -37,6 +37,7 @@ type fileConfig struct {
 	Downloads       *fileDownloads      `yaml:"downloads"`
 	SupportBundles  *fileSupportBundles `yaml:"supportBundles"`
 	Secrets         *fileSecrets        `yaml:"secrets"`
+	Webhooks        *fileWebhooks       `yaml:"webhooks"`
 	Capacity        *fileCapacity       `yaml:"capacity"`
 	Scheduler       *fileScheduler      `yaml:"scheduler"`
 	Clock           *string             `yaml:"clock"`
@@ -129,6 +130,12 @@ type fileSupportBundles struct {
 
 type fileSecrets struct {
 	Store *string `yaml:"store"`
+}
+
+type fileWebhooks struct {
+	AllowPrivateTargets *bool `yaml:"allowPrivateTargets"`
+	MaxPerTenant        *int  `yaml:"maxPerTenant"`
+	AcceptAnyPattern    *bool `yaml:"acceptAnyPattern"`
 }
 
 type fileCapacity struct {

@@ -134,7 +134,7 @@ func (b *builder) build(fc *fileConfig) (*Config, error) {
 	c := &Config{}
 	steps := []func(*fileConfig, *Config) error{
 		b.core, b.iam, b.lists, b.tunnels, b.pki, b.notifier, b.sinks,
-		b.proxies, b.gateway, b.downloads, b.supportBundles, b.secrets, b.capacity,
+		b.proxies, b.gateway, b.downloads, b.supportBundles, b.secrets, b.webhooks, b.capacity,
 		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles,
 	}
 	for _, step := range steps {
@@ -700,6 +700,17 @@ func (b *builder) secrets(fc *fileConfig, c *Config) error {
 		c.Secrets.Store = st
 	default:
 		return b.errorf("secrets.store", "must be database or none, got %q", st)
+	}
+	return nil
+}
+
+func (b *builder) webhooks(fc *fileConfig, c *Config) error {
+	fw := deref(fc.Webhooks, fileWebhooks{})
+	c.Webhooks.AllowPrivateTargets = deref(fw.AllowPrivateTargets, false)
+	c.Webhooks.AcceptAnyPattern = deref(fw.AcceptAnyPattern, false)
+	c.Webhooks.MaxPerTenant = deref(fw.MaxPerTenant, 20)
+	if c.Webhooks.MaxPerTenant < 1 || c.Webhooks.MaxPerTenant > 1000 {
+		return b.errorf("webhooks.maxPerTenant", "must be from 1 to 1000")
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"computeplane"
@@ -18,20 +19,33 @@ import (
 	"computeplane/internal/audit"
 	"computeplane/internal/config"
 	"computeplane/internal/cursor"
+	"computeplane/internal/events"
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/keys"
 	"computeplane/internal/metrics"
+	"computeplane/internal/notify"
 	"computeplane/internal/rpc"
 	"computeplane/internal/secrets"
 	"computeplane/internal/server"
+	"computeplane/internal/sinks"
 	"computeplane/internal/sites"
 	"computeplane/internal/store"
 	"computeplane/internal/system"
+	"computeplane/internal/webhooks"
+	"computeplane/internal/workers"
 )
 
 // ShutdownGrace is how long open requests get to finish when the listener closes.
 const ShutdownGrace = 2 * time.Second
+
+// WorkerStopGrace bounds the wait for background work to end at shutdown:
+// a lease lifetime, after which its leases would have expired anyway; work
+// still running then is fenced out of the database.
+const WorkerStopGrace = 15 * time.Second
+
+// workerRoles run the Runner.
+var workerRoles = []config.Role{config.RoleControllers, config.RoleScheduler, config.RoleSinks, config.RoleIAM}
 
 // Host is one running process.
 type Host struct {
@@ -41,6 +55,11 @@ type Host struct {
 	handler  http.Handler
 	identity *embedded.Service
 	caches   *iam.Cached
+	watch    *events.Watch
+	sinks    []sinks.Sink
+	dispatch *sinks.Dispatcher
+	notifier *notify.Notifier
+	workers  *workers.Runner // nil without a worker role
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -88,16 +107,23 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	}
 	sys := system.New(cfg.BasePath, gw)
 	cursors := cursor.New(cfg.Secret)
+	sinkList, err := sinks.FromConfig(cfg.Sinks)
+	if err != nil {
+		return nil, err
+	}
 	services := &api.Services{
-		System:  sys,
-		Sites:   sites.New(cfg.RootTenantID, cursors, nil),
-		Secrets: secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
+		System:   sys,
+		Sites:    sites.New(cfg.RootTenantID, cursors, nil),
+		Secrets:  secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
+		Events:   events.New(cursors),
+		Webhooks: webhooks.New(webhooks.OptionsFrom(cfg)),
 	}
 	sys.WithChecks(
 		system.CatalogCheck(services),
 		system.MigrationsCheck(st),
 		system.ExtensionCheck(),
 		system.ClockCheck(time.Now),
+		sinks.Check(sinkList),
 	)
 	if ov.Services != nil {
 		ov.Services(services)
@@ -117,6 +143,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if ov.Gate != nil {
 		gate = ov.Gate
 	}
+	// GET /watch is decided through the same gate as events.list; revoked
+	// sessions close their streams; the notifier wakes them (below).
+	watch := &events.Watch{Gate: gate, Store: st, Cursors: cursors, Revocations: cached, Log: log}
 	if err := services.Check(); err != nil {
 		return nil, fmt.Errorf("registry check: %w", err)
 	}
@@ -125,6 +154,16 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if err != nil {
 		return nil, err
 	}
+	sinkMetrics, err := sinks.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	// The notifier's connections open in Serve; until then wakes stay in
+	// the process.
+	notifier := notify.New(cfg.Notifier, st.Pool(), log)
+	// Open /watch streams read at once after a commit instead of at their
+	// next poll.
+	watch.Wake = func() (<-chan struct{}, func()) { return notifier.Subscribe(notify.TopicOutbox) }
 	envelope := &rpc.Handler{
 		BasePath: cfg.BasePath,
 		Services: services,
@@ -132,7 +171,20 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Store:    st,
 		Metrics:  rpcMetrics,
 		Audit:    audit.Record,
-		Log:      log,
+		// A committed mutation may have written outbox rows: wake their
+		// consumers.
+		AfterCommit: func(context.Context, *rpc.Call) { notifier.Wake(notify.TopicOutbox) },
+		Log:         log,
+	}
+	dispatch := &sinks.Dispatcher{Store: st, Metrics: sinkMetrics, Log: log}
+	var runner *workers.Runner
+	if slices.ContainsFunc(workerRoles, cfg.HasRole) {
+		runner = workers.New(st, workers.Options{Workers: cfg.Workers, Log: log})
+	}
+	if runner != nil && cfg.HasRole(config.RoleSinks) {
+		if err := registerDispatch(runner, st, cfg, reg, notifier, dispatch.Jobs(sinkList, 0), log); err != nil {
+			return nil, err
+		}
 	}
 	handler := server.New(server.Options{
 		BasePath:     cfg.BasePath,
@@ -144,34 +196,102 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Metrics:      reg,
 		OpenAPI:      computeplane.OpenAPI,
 		DocsHTML:     gendocs.IndexHTML,
+		Watch:        watch,
 		Log:          log,
 	})
 	// Forwarding headers are resolved and stripped before anything else.
 	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
-	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached}, nil
+	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached, watch: watch,
+		sinks: sinkList, dispatch: dispatch,
+		notifier: notifier, workers: runner,
+	}, nil
 }
+
+// DispatchPoll is how often outbox consumers look for work when no wake-up
+// came (a notifier is best effort, never the source of truth).
+const DispatchPoll = time.Second
+
+// registerDispatch puts the outbox consumers of the sinks role on the
+// runner: one singleton job per configured sink and one for webhook
+// delivery, each under its own lease, woken by the notifier after commits,
+// every write fenced by the lease's epoch.
+func registerDispatch(runner *workers.Runner, st *store.Store, cfg *config.Config, reg *metrics.Registry,
+	n *notify.Notifier, jobs []sinks.Job, log *slog.Logger) error {
+	for _, j := range jobs {
+		runner.RegisterSingleton(j.Name, func(ctx context.Context, l workers.Lease) error {
+			wake, stop := n.Subscribe(notify.TopicOutbox)
+			defer stop()
+			return j.Loop(ctx, l.Fence, DispatchPoll, wake)
+		})
+	}
+	engine, err := webhooks.NewEngine(st, webhooks.OptionsFrom(cfg), webhooks.EngineOptions{Metrics: reg, Log: log})
+	if err != nil {
+		return err
+	}
+	runner.RegisterSingleton("webhooks", func(ctx context.Context, l workers.Lease) error {
+		wake, stop := n.Subscribe(notify.TopicOutbox)
+		defer stop()
+		engine.Run(ctx, l.Fence, wake, DispatchPoll)
+		return nil
+	})
+	return nil
+}
+
+// SinkJobs are the singleton jobs of the configured sinks, one per sink,
+// for the worker runner of the sinks role (see sinks.Job).
+func (h *Host) SinkJobs() []sinks.Job { return h.dispatch.Jobs(h.sinks, 0) }
 
 // Identity is the embedded identity service.
 func (h *Host) Identity() *embedded.Service { return h.identity }
 
+// Caches are the identity caches in front of the identity service; their
+// React applies identity events (and closes revoked /watch streams).
+func (h *Host) Caches() *iam.Cached { return h.caches }
+
 // Handler is the HTTP surface of the api role.
 func (h *Host) Handler() http.Handler { return h.handler }
+
+// Notifier carries the wake-ups after commit; subscribe to its topics
+// (notify.TopicOutbox) to start work without waiting for a poll.
+func (h *Host) Notifier() *notify.Notifier { return h.notifier }
+
+// Workers is the process's Runner, nil without a worker role. Register
+// singleton jobs and reconcilers on it before Serve.
+func (h *Host) Workers() *workers.Runner { return h.workers }
 
 // Close releases the store.
 func (h *Host) Close() { h.store.Close() }
 
-// Serve runs the roles until ctx is done, then shuts down in order: the
-// HTTP listener closes with a grace period, then the store.
+// Serve runs the roles until ctx is done, then shuts down in the
+// specification's order: the HTTP listener closes with a grace period, the
+// workers stop (releasing their leases and leaving the workers table), then
+// the notifier and the store close.
 func (h *Host) Serve(ctx context.Context) error {
 	defer h.Close()
+	h.notifier.Start()
+	defer h.notifier.Close()
+	if h.cfg.HasRole(config.RoleAPI) {
+		// Identity events (revocations) reach this process's caches
+		// within about a second.
+		go iam.DrainInbox(ctx, h.identity, h.caches.React, iam.InboxPoll, h.log)
+	}
+	if h.workers != nil {
+		if err := h.workers.Start(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), WorkerStopGrace)
+			defer cancel()
+			if err := h.workers.Stop(sctx); err != nil {
+				h.log.Warn("workers stop", "error", err.Error())
+			}
+		}()
+	}
 	if !h.cfg.HasRole(config.RoleAPI) {
 		h.log.Info("no api role: nothing to listen on")
 		<-ctx.Done()
 		return nil
 	}
-	// Identity events (revocations) reach this process's caches within
-	// about a second.
-	go iam.DrainInbox(ctx, h.identity, h.caches.React, iam.InboxPoll, h.log)
 	addr := net.JoinHostPort(h.cfg.Host, fmt.Sprint(h.cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -184,6 +304,8 @@ func (h *Host) Serve(ctx context.Context) error {
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 	}
+	// Event streams never go idle: end them when shutdown begins.
+	srv.RegisterOnShutdown(h.watch.Close)
 	h.log.Info("serving", "addr", ln.Addr().String(), "basePath", h.cfg.BasePath)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -28,6 +28,12 @@ type Cached struct {
 	mu     sync.Mutex
 	creds  map[string]credEntry
 	allows map[string]time.Time
+
+	// Revocation listeners (OnRevoke), under their own lock so that React
+	// never calls out while holding mu.
+	subMu   sync.Mutex
+	subs    map[int]func(session string)
+	nextSub int
 }
 
 type credEntry struct {
@@ -122,6 +128,39 @@ func (c *Cached) DropSession(session string) {
 		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
 			delete(c.allows, k)
 		}
+	}
+}
+
+// OnRevoke registers fn to hear the session of every identity event React
+// applies (a revoked credential or session), after the caches dropped it:
+// open streams (/watch) close on it. fn runs on React's goroutine and must
+// not block. The returned stop unregisters fn.
+func (c *Cached) OnRevoke(fn func(session string)) (stop func()) {
+	c.subMu.Lock()
+	defer c.subMu.Unlock()
+	if c.subs == nil {
+		c.subs = map[int]func(string){}
+	}
+	id := c.nextSub
+	c.nextSub++
+	c.subs[id] = fn
+	return func() {
+		c.subMu.Lock()
+		defer c.subMu.Unlock()
+		delete(c.subs, id)
+	}
+}
+
+// revoked tells every listener that session was revoked.
+func (c *Cached) revoked(session string) {
+	c.subMu.Lock()
+	fns := make([]func(string), 0, len(c.subs))
+	for _, fn := range c.subs {
+		fns = append(fns, fn)
+	}
+	c.subMu.Unlock()
+	for _, fn := range fns {
+		fn(session)
 	}
 }
 

@@ -173,3 +173,49 @@ func TestRequireIsNeverCached(t *testing.T) {
 	}
 	assert.Equal(t, 3, p.reqCalls)
 }
+
+// React tells the OnRevoke listeners the revoked session after dropping it
+// from the caches; a stopped listener hears nothing more, and events
+// without a session reach none.
+func TestOnRevokeHearsReactedSessions(t *testing.T) {
+	t.Parallel()
+	c, p, _ := newCached()
+	p.valid["tok"] = &Caller{IdentityID: "alice", Session: "key:a"}
+	_, err := c.Authenticate(t.Context(), Credential{Token: "tok"})
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	var first, second []string
+	cachedWhenHeard := true
+	stop1 := c.OnRevoke(func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		first = append(first, s)
+		// The caches no longer hold the session when listeners hear it.
+		c.mu.Lock()
+		cachedWhenHeard = false
+		for _, e := range c.creds {
+			if e.caller.Session == s {
+				cachedWhenHeard = true
+			}
+		}
+		c.mu.Unlock()
+	})
+	stop2 := c.OnRevoke(func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		second = append(second, s)
+	})
+	defer stop2()
+
+	c.React(Event{Type: "credential.revoked", IdentityID: "alice", Session: "key:a"})
+	c.React(Event{Type: "identity.updated", IdentityID: "alice"})
+	stop1()
+	c.React(Event{Type: "credential.revoked", IdentityID: "bob", Session: "key:b"})
+
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"key:a"}, first)
+	assert.Equal(t, []string{"key:a", "key:b"}, second)
+	assert.False(t, cachedWhenHeard)
+}

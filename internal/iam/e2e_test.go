@@ -109,6 +109,18 @@ var matrix = map[string][]matrixCase{
 			}
 		},
 	}},
+	"events.list": {{
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.EventsList(t.Context(), &client.EventsListInput{TenantId: tenant})
+		},
+		tenantRoles: []string{owner, admin, member, viewer},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, tenant string) {
+			for _, e := range res.(*client.EventsListResponse).Data.Items {
+				assert.Equal(t, tenant, e.Tenantid)
+			}
+		},
+	}},
 	"sites.get": {{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			return c.SitesGet(t.Context(), &client.SitesGetInput{TenantId: tenant, SiteId: fx.site(t, tenant)})
@@ -227,20 +239,269 @@ var matrix = map[string][]matrixCase{
 			assert.True(t, res.(*client.SecretsDeleteResponse).Data.Deleted)
 		},
 	}},
+	// Webhooks are not projected: every method is decided with
+	// compute:webhooks:manage on the tenant, which members of the tenant
+	// may do (docs/identity.md row 6) and viewers may not, reads included.
+	// Per tenant the matrix makes at most 5 webhooks per create case (3
+	// tenant roles, 2 root roles), the fixture webhook and one spare for
+	// delete: 12 of the 20 a tenant may hold.
+	"webhooks.create": {{
+		name: "types",
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.WebhooksCreate(t.Context(), &client.WebhooksCreateInput{
+				TenantId: tenant, URL: matrixHookURL, Events: []string{"site.created", "site.*"},
+				Description: client.NewOptString("matrix"),
+			})
+		},
+		tenantRoles: []string{owner, admin, member}, // manage on the tenant: members too (row 6)
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, tenant string) {
+			d := res.(*client.WebhooksCreateResponse).Data
+			w := d.Webhook
+			assert.Equal(t, tenant, w.TenantId)
+			assert.True(t, strings.HasPrefix(w.WebhookId, "whk_"), w.WebhookId)
+			assert.Equal(t, matrixHookURL, w.URL)
+			assert.Equal(t, []string{"site.created", "site.*"}, w.Events)
+			assert.Equal(t, "matrix", w.Description)
+			assert.True(t, w.Active)
+			assert.EqualValues(t, 1, w.Version)
+			assert.True(t, w.PreviousSecretExpiresAt.Null, "no rotation overlap")
+			assert.True(t, strings.HasPrefix(d.Secret, "whsec_"), "the secret is shown once, on create")
+		},
+	}, {
+		name: "wildcard",
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.WebhooksCreate(t.Context(), &client.WebhooksCreateInput{
+				TenantId: tenant, URL: matrixHookURL + "/all", Events: []string{"*"},
+			})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, tenant string) {
+			d := res.(*client.WebhooksCreateResponse).Data
+			assert.Equal(t, tenant, d.Webhook.TenantId)
+			assert.Equal(t, []string{"*"}, d.Webhook.Events)
+			assert.Empty(t, d.Webhook.Description, "empty when none was given")
+			assert.True(t, strings.HasPrefix(d.Secret, "whsec_"))
+		},
+	}},
+	"webhooks.list": {{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			fx.webhook(t, tenant) // never an empty list
+			return c.WebhooksList(t.Context(), &client.WebhooksListInput{TenantId: tenant})
+		},
+		tenantRoles: []string{owner, admin, member}, // a read decided with manage: no viewer
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, tenant string) {
+			items := res.(*client.WebhooksListResponse).Data.Items
+			require.NotEmpty(t, items)
+			for i, w := range items {
+				assert.Equal(t, tenant, w.TenantId)
+				if i > 0 {
+					assert.False(t, w.CreatedAt.Before(items[i-1].CreatedAt), "oldest first")
+				}
+			}
+		},
+	}},
+	"webhooks.get": {{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.WebhooksGet(t.Context(), &client.WebhooksGetInput{TenantId: tenant, WebhookId: fx.webhook(t, tenant)})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, tenant string) {
+			w := res.(*client.WebhooksGetResponse).Data
+			assert.Equal(t, tenant, w.TenantId)
+			assert.True(t, strings.HasPrefix(w.URL, matrixHookURL), w.URL)
+			assert.True(t, w.Active)
+		},
+	}},
+	"webhooks.update": {{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			// A description never stored before, so every call is a change.
+			return c.WebhooksUpdate(t.Context(), &client.WebhooksUpdateInput{
+				TenantId: tenant, WebhookId: fx.webhook(t, tenant), Description: client.NewOptString(fx.unique()),
+				Events: []string{"site.*", "webhook.ping"},
+			})
+		},
+		tenantRoles: []string{owner, admin, member}, // the webhook's creator is its tenant's owner: not projected, decided on the tenant
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, tenant string) {
+			w := res.(*client.WebhooksUpdateResponse).Data
+			assert.Equal(t, tenant, w.TenantId)
+			assert.True(t, strings.HasPrefix(w.Description, "matrix-"), w.Description)
+			assert.Equal(t, []string{"site.*", "webhook.ping"}, w.Events)
+			assert.Greater(t, w.Version, int64(1), "an update raises version")
+			assert.True(t, w.Active, "an update naming no active keeps it")
+		},
+	}},
+	"webhooks.rotateSecret": {{
+		name: "overlap",
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.WebhooksRotateSecret(t.Context(), &client.WebhooksRotateSecretInput{
+				TenantId: tenant, WebhookId: fx.webhook(t, tenant), KeepPreviousSeconds: client.NewOptInt64(3600),
+			})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, tenant string) {
+			d := res.(*client.WebhooksRotateSecretResponse).Data
+			assert.Equal(t, tenant, d.Webhook.TenantId)
+			assert.True(t, strings.HasPrefix(d.Secret, "whsec_"), "the new secret is shown once")
+			assert.Greater(t, d.Webhook.Version, int64(1), "a rotation raises version")
+			until, ok := d.Webhook.PreviousSecretExpiresAt.Get()
+			if assert.True(t, ok, "the previous secret keeps signing") {
+				assert.True(t, until.After(time.Now()), until)
+			}
+		},
+	}, {
+		name: "immediate",
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.WebhooksRotateSecret(t.Context(), &client.WebhooksRotateSecretInput{
+				TenantId: tenant, WebhookId: fx.webhook(t, tenant),
+			})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, tenant string) {
+			d := res.(*client.WebhooksRotateSecretResponse).Data
+			assert.Equal(t, tenant, d.Webhook.TenantId)
+			assert.True(t, strings.HasPrefix(d.Secret, "whsec_"))
+			assert.True(t, d.Webhook.PreviousSecretExpiresAt.Null, "keepPreviousSeconds 0 stops the previous secret at once")
+		},
+	}},
+	"webhooks.delete": {{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			id := fx.spareWebhook(t, tenant)
+			res, err := c.WebhooksDelete(t.Context(), &client.WebhooksDeleteInput{TenantId: tenant, WebhookId: id})
+			if err == nil {
+				fx.used("spare-webhook", tenant, id)
+			}
+			return res, err
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, _ string) {
+			assert.True(t, res.(*client.WebhooksDeleteResponse).Data.Deleted)
+		},
+	}},
+	"webhooks.ping": {{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.WebhooksPing(t.Context(), &client.WebhooksPingInput{TenantId: tenant, WebhookId: fx.webhook(t, tenant)})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, _ string) {
+			d := res.(*client.WebhooksPingResponse).Data
+			assert.True(t, strings.HasPrefix(d.DeliveryId, "dlv_"), d.DeliveryId)
+			assert.Equal(t, "webhook.ping", d.EventType)
+			assert.Equal(t, client.DeliveryStatePending, d.State, "a ping is a pending delivery")
+			assert.Zero(t, d.Attempts)
+			assert.True(t, !d.NextAttemptAt.Null, "a pending delivery is due")
+			assert.True(t, d.LastAttemptAt.Null)
+		},
+	}},
+	"webhooks.deliveries": {{
+		name: "all",
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			fx.delivery(t, tenant) // never an empty history
+			return c.WebhooksDeliveries(t.Context(), &client.WebhooksDeliveriesInput{TenantId: tenant, WebhookId: fx.webhook(t, tenant)})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, _ string) {
+			items := res.(*client.WebhooksDeliveriesResponse).Data.Items
+			require.NotEmpty(t, items)
+			for i, d := range items {
+				assert.Equal(t, items[0].WebhookId, d.WebhookId, "one webhook's deliveries")
+				if i > 0 {
+					assert.False(t, d.CreatedAt.After(items[i-1].CreatedAt), "newest first")
+				}
+			}
+		},
+	}, {
+		name: "dead",
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			fx.delivery(t, tenant) // a dead one to list
+			return c.WebhooksDeliveries(t.Context(), &client.WebhooksDeliveriesInput{
+				TenantId: tenant, WebhookId: fx.webhook(t, tenant), Limit: client.NewOptInt64(5),
+				State: client.NewOptWebhooksDeliveriesInputState(client.WebhooksDeliveriesInputStateDead),
+			})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, _ string) {
+			items := res.(*client.WebhooksDeliveriesResponse).Data.Items
+			require.NotEmpty(t, items)
+			assert.LessOrEqual(t, len(items), 5)
+			for _, d := range items {
+				assert.Equal(t, client.DeliveryStateDead, d.State)
+			}
+		},
+	}},
+	"webhooks.redeliver": {{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			id := fx.delivery(t, tenant)
+			res, err := c.WebhooksRedeliver(t.Context(), &client.WebhooksRedeliverInput{TenantId: tenant, DeliveryId: id})
+			if err == nil {
+				fx.used("dead-delivery", tenant, id) // pending again: a second redeliver would be INVALID_STATE
+			}
+			return res, err
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, _ string) {
+			d := res.(*client.WebhooksRedeliverResponse).Data
+			assert.True(t, strings.HasPrefix(d.DeliveryId, "dlv_"), d.DeliveryId)
+			assert.Equal(t, client.DeliveryStatePending, d.State, "dead becomes pending")
+			assert.Zero(t, d.Attempts, "attempts reset")
+			assert.True(t, !d.NextAttemptAt.Null, "due now")
+			assert.True(t, d.LastStatus.Null, "last status cleared")
+			assert.True(t, d.LastAttemptAt.Null)
+		},
+	}},
+	"webhooks.eventTypes": {{
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.WebhooksEventTypes(t.Context(), &client.WebhooksEventTypesInput{TenantId: tenant})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, _ string) {
+			items := res.(*client.WebhooksEventTypesResponse).Data.Items
+			require.NotEmpty(t, items)
+			types := map[string]string{}
+			for _, e := range items {
+				assert.NotEmpty(t, e.Type)
+				assert.NotEmpty(t, e.Module, e.Type)
+				types[e.Type] = e.Module
+			}
+			assert.Contains(t, types, "site.created")
+			assert.Equal(t, "webhooks", types["webhook.ping"])
+		},
+	}},
 }
 
 // fixture gives matrix cases what their input names: fresh idempotency
 // keys, and sites made by an owner of the tenant (a fresh one per call, or
-// the one prepared per tenant when prepare was called).
+// the one prepared per tenant when prepare was called); webhooks and
+// deliveries made by an owner of the tenant, kept per tenant (see webhook).
 type fixture struct {
 	env      *testenv.Env
 	owners   map[string]string // tenant -> an owner's key
 	prepared map[string]string // kind/tenant -> object
 	n        atomic.Int64
+
+	mu   sync.Mutex
+	kept map[string]string // kind/tenant -> object made on first use, until used up
 }
 
+// matrixHookURL is the URL of the matrix's webhooks: public https, a DNS
+// name accepted without being resolved; nothing is delivered (the api role
+// of testenv runs no worker).
+const matrixHookURL = "https://hooks.example.com/matrix"
+
 func newFixture(env *testenv.Env, keys []keyOf) *fixture {
-	fx := &fixture{env: env, owners: map[string]string{}}
+	fx := &fixture{env: env, owners: map[string]string{}, kept: map[string]string{}}
 	for _, k := range keys {
 		if k.role == owner {
 			fx.owners[k.tenant] = k.token
@@ -283,6 +544,80 @@ func (fx *fixture) secret(t *testing.T, tenant string, fleet bool) string {
 	return in.Name
 }
 
+// keep returns the object of kind kept for tenant, a new one when there
+// is none (or the last was used up): made by mk.
+func (fx *fixture) keep(kind, tenant string, mk func() string) string {
+	key := kind + "/" + tenant
+	fx.mu.Lock()
+	id, ok := fx.kept[key]
+	fx.mu.Unlock()
+	if ok {
+		return id
+	}
+	id = mk()
+	fx.mu.Lock()
+	defer fx.mu.Unlock()
+	fx.kept[key] = id
+	return id
+}
+
+// used forgets the object of kind kept for tenant once a call used it up
+// (deleted it, made it pending): the next call is given a new one.
+func (fx *fixture) used(kind, tenant, id string) {
+	fx.mu.Lock()
+	defer fx.mu.Unlock()
+	if fx.kept[kind+"/"+tenant] == id {
+		delete(fx.kept, kind+"/"+tenant)
+	}
+}
+
+// newWebhook creates a webhook of tenant as an owner of the tenant.
+func (fx *fixture) newWebhook(t *testing.T, tenant, description string) string {
+	t.Helper()
+	res, err := fx.env.Client(t, computeclient.WithToken(fx.owners[tenant])).WebhooksCreate(t.Context(), &client.WebhooksCreateInput{
+		TenantId: tenant, URL: matrixHookURL, Events: []string{"site.created"}, Description: client.NewOptString(description),
+	})
+	require.NoError(t, err, "fixture: a webhook in %s", tenant)
+	return res.Data.Webhook.WebhookId
+}
+
+// webhook returns the webhook of tenant every call that reads or changes
+// one names (made once per tenant by an owner of it): the webhooks a
+// matrix makes stay well under the 20 a tenant may hold.
+func (fx *fixture) webhook(t *testing.T, tenant string) string {
+	t.Helper()
+	return fx.keep("webhook", tenant, func() string { return fx.newWebhook(t, tenant, "fixture") })
+}
+
+// spareWebhook returns a webhook of tenant for webhooks.delete to delete:
+// a fresh one after each delete, the same one while calls are refused
+// (delete marks it used).
+func (fx *fixture) spareWebhook(t *testing.T, tenant string) string {
+	t.Helper()
+	return fx.keep("spare-webhook", tenant, func() string { return fx.newWebhook(t, tenant, "fixture to delete") })
+}
+
+// delivery returns a dead delivery of tenant for webhooks.redeliver: a ping
+// of the tenant's webhook, made dead in the table (a pending delivery is
+// INVALID_STATE); a fresh one after each redeliver, the same one while calls
+// are refused (redeliver marks it used).
+func (fx *fixture) delivery(t *testing.T, tenant string) string {
+	t.Helper()
+	return fx.keep("dead-delivery", tenant, func() string {
+		res, err := fx.env.Client(t, computeclient.WithToken(fx.owners[tenant])).WebhooksPing(t.Context(), &client.WebhooksPingInput{
+			TenantId: tenant, WebhookId: fx.webhook(t, tenant),
+		})
+		require.NoError(t, err, "fixture: a ping in %s", tenant)
+		id := res.Data.DeliveryId
+		tag, err := fx.env.Store.Pool().Exec(t.Context(), `UPDATE webhook_deliveries
+			SET state = 'dead', next_attempt_at = NULL, attempts = 10, last_status = 500, last_attempt_at = now()
+			WHERE delivery_id = $1`, id)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, tag.RowsAffected(), "fixture: delivery %s made dead", id)
+		return id
+	})
+}
+
 // prepare makes the objects every later call names: one of each kind per
 // tenant (fleet secrets in the root tenant only).
 func (fx *fixture) prepare(t *testing.T, root string, tenants ...string) {
@@ -294,6 +629,10 @@ func (fx *fixture) prepare(t *testing.T, root string, tenants ...string) {
 		if tenant == root {
 			objs["fleet-secret/"+tenant] = fx.secret(t, tenant, true)
 		}
+		// Kept until a call uses them up, which no refused call does.
+		fx.webhook(t, tenant)
+		fx.spareWebhook(t, tenant)
+		fx.delivery(t, tenant)
 	}
 	fx.prepared = objs
 }

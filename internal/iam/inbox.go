@@ -12,10 +12,11 @@ const InboxPoll = time.Second
 
 // React applies one identity event to the caches: a revoked credential or
 // session is forgotten at once, so revocation does not wait out the 30 s
-// credential cache.
+// credential cache; then the OnRevoke listeners hear it.
 func (c *Cached) React(e Event) {
 	if e.Session != "" {
 		c.DropSession(e.Session)
+		c.revoked(e.Session)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -701,6 +702,12 @@ func TestPlaintextIsNowhere(t *testing.T) {
 	}
 	// Every outbox event, rendered as sinks and /watch see it.
 	q := db.New(f.env.Store.Pool())
+	// Outbox rows are read once their transactions are behind the
+	// cluster-wide horizon, which parallel tests can hold back a moment.
+	require.Eventually(t, func() bool {
+		rows, err := outbox.Committed(t.Context(), q, "", outbox.Position{}, 1000)
+		return err == nil && len(rows) >= 6
+	}, 10*time.Second, 10*time.Millisecond)
 	events := 0
 	for _, tenant := range []string{"acme", "root", "globex"} {
 		rows, err := outbox.Committed(t.Context(), q, tenant, outbox.Position{}, 1000)

@@ -1,6 +1,7 @@
 // Package server assembles the HTTP surface of the api role: the RPC
 // envelope under the base path and the host routes beside it (health,
-// readiness, the well-known document, metrics, openapi.yaml and the docs).
+// readiness, the well-known document, metrics, openapi.yaml, the docs and
+// the /watch event stream).
 package server
 
 import (
@@ -32,7 +33,10 @@ type Options struct {
 	Metrics      *metrics.Registry
 	OpenAPI      []byte
 	DocsHTML     []byte
-	Log          *slog.Logger
+	// Watch serves GET /watch (the events module's stream); nil mounts
+	// nothing.
+	Watch http.Handler
+	Log   *slog.Logger
 }
 
 // WellKnownMaxAge is how long the well-known document may be cached.
@@ -72,6 +76,9 @@ func New(o Options) http.Handler {
 	})
 	mux.HandleFunc(o.BasePath+"/docs", docs)
 	mux.HandleFunc(o.BasePath+"/docs/", docs)
+	if o.Watch != nil {
+		mux.Handle("/watch", getOnly(o.Watch.ServeHTTP))
+	}
 	if metrics.Enabled(o.MetricsToken) {
 		path := o.MetricsPath
 		if path == "" {

@@ -29,6 +29,8 @@ func (m *Method) OperationID() string { return m.Group.Name + UpperFirst(m.Name)
 // PhaseNote says when a method is served, in one sentence for references.
 func (m *Method) PhaseNote() string {
 	switch {
+	case m.Registered() && m.Phase == "none":
+		return "Served, without a stable phase."
 	case m.Registered():
 		return fmt.Sprintf("Served since %s.", m.Phase)
 	case m.Phase == "none":

@@ -20,6 +20,12 @@ const (
 	EventsFile = "events.yaml"
 )
 
+// MethodsSuffix ends the name of a group file that cannot be <group>.yaml
+// because that name is taken: the events group lives in events.methods.yaml
+// beside the event catalog events.yaml. The group's name is the part before
+// the suffix.
+const MethodsSuffix = ".methods.yaml"
+
 var (
 	identRe    = regexp.MustCompile(`^[a-z][A-Za-z0-9]*$`)
 	typeRe     = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
@@ -374,11 +380,17 @@ func (c *Catalog) declareGroup(path string, root *yaml.Node) (*Group, error) {
 		switch k {
 		case "group":
 			g.Name, err = vals[i].str("group")
-			if err == nil && g.Name+".yaml" != filepath.Base(path) {
-				err = vals[i].errf("group %q must be defined in %s.yaml", g.Name, g.Name)
+			if base := filepath.Base(path); err == nil && g.Name+".yaml" != base && g.Name+MethodsSuffix != base {
+				err = vals[i].errf("group %q must be defined in %s.yaml or %s%s", g.Name, g.Name, g.Name, MethodsSuffix)
 			}
 			if err == nil && !identRe.MatchString(g.Name) {
 				err = vals[i].errf("group %q must be lowerCamelCase", g.Name)
+			}
+			// Two file names fit a group, so two files may define it.
+			for _, other := range c.Groups {
+				if err == nil && other.Name == g.Name {
+					err = vals[i].errf("group %s is already defined in %s", g.Name, other.File)
+				}
 			}
 		case "description":
 			g.Description, err = vals[i].str("description")

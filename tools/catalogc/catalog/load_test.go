@@ -37,7 +37,9 @@ func TestNegative(t *testing.T) {
 		"bad_action":                     {"things.yaml", 12, `action "things:read" must match ^compute:`},
 		"bad_action_case":                {"things.yaml", 12, `action "compute:Things:read" must match ^compute:`},
 		"unknown_error_code":             {"things.yaml", 14, "things.get: unknown error code GONE"},
-		"group_name_mismatch":            {"things.yaml", 1, `group "thing" must be defined in thing.yaml`},
+		"group_name_mismatch":            {"things.yaml", 1, `group "thing" must be defined in thing.yaml or thing.methods.yaml`},
+		"methods_file_name_mismatch":     {"things.methods.yaml", 1, `group "thing" must be defined in thing.yaml or thing.methods.yaml`},
+		"group_defined_twice":            {"things.yaml", 1, "group things is already defined in "},
 		"duplicate_type_across_groups":   {"things.yaml", 4, "type Thing is already defined at "},
 		"required_with_default":          {"things.yaml", 18, "field limit: a required field takes no default"},
 		"nullable_with_default":          {"things.yaml", 18, "field note: a nullable field takes no default"},
@@ -316,6 +318,30 @@ func TestPositiveMinimal(t *testing.T) {
 	require.Equal(t, "none", m.Phase)
 	require.NotNil(t, m.Output.Fields)
 	require.Empty(t, m.Output.Fields)
+}
+
+// A group may live in <group>.methods.yaml, beside a file of the same name
+// that is not a group: the events group next to the event catalog.
+func TestPositiveMethodsFile(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join("testdata", "positive", "methods_file")
+	c, err := catalog.Load(dir)
+	require.NoError(t, err)
+	require.Len(t, c.Groups, 1)
+	require.Equal(t, "events", c.Groups[0].Name)
+	require.Equal(t, filepath.Join(dir, "events.methods.yaml"), c.Groups[0].File)
+	m := c.Method("events.list")
+	require.NotNil(t, m)
+	require.Equal(t, "/events/list", m.Route())
+	require.Equal(t, "v1.1", m.Phase)
+	require.Len(t, c.Events, 1, "events.yaml is still the event catalog")
+	require.Equal(t, "thing.created", c.Events[0].Type)
+}
+
+func TestNegativeGroupDefinedTwiceNamesTheOtherFile(t *testing.T) {
+	t.Parallel()
+	_, err := catalog.Load(filepath.Join("testdata", "negative", "group_defined_twice"))
+	require.ErrorContains(t, err, filepath.Join("testdata", "negative", "group_defined_twice", "things.methods.yaml"))
 }
 
 // TestRealCatalog loads catalog/ and checks that every method and type is

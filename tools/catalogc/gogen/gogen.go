@@ -47,7 +47,16 @@ func Files(c *catalog.Catalog) (map[string][]byte, error) {
 		"events_gen.go":   g.eventsFile(),
 	}
 	for _, grp := range c.Groups {
-		files[strings.ToLower(grp.Name)+"_gen.go"] = g.groupFile(grp)
+		// A group of <group>.methods.yaml shares its name with another
+		// catalog file (events.yaml, whose Go is events_gen.go).
+		name := strings.ToLower(grp.Name) + "_gen.go"
+		if strings.HasSuffix(grp.File, catalog.MethodsSuffix) {
+			name = strings.ToLower(grp.Name) + "_methods_gen.go"
+		}
+		if _, taken := files[name]; taken || name == staticGen || name == "rules_gen.go" {
+			return nil, fmt.Errorf("%s: group %s would overwrite %s", grp.File, grp.Name, name)
+		}
+		files[name] = g.groupFile(grp)
 	}
 	files["rules_gen.go"] = g.rulesFile() // last: the other files register rules
 	for name, f := range files {

@@ -434,6 +434,15 @@ func TestMinimal(t *testing.T) {
 	require.NotContains(t, string(files["rules_gen.go"]), "Rules of the input fields")
 }
 
+// The group of events.methods.yaml gets its own file beside the event
+// catalog's events_gen.go.
+func TestMethodsFileGroup(t *testing.T) {
+	t.Parallel()
+	files := generate(t, "methods_file")
+	requireSnippets(t, files["events_gen.go"], "EventThingCreated = \"thing.created\"")
+	requireSnippets(t, files["events_methods_gen.go"], "type EventsService interface {")
+}
+
 func TestFilesNeedsNotImplemented(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
