@@ -8,7 +8,6 @@ package main
 // unknown migrations (Versioning, rule 7).
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -19,7 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,22 +34,7 @@ import (
 	"computeplane/migrations"
 )
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = testenv.SyncBuffer
 
 func getenv(env map[string]string) func(string) string {
 	return func(k string) string { return env[k] }

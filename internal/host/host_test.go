@@ -39,22 +39,7 @@ func TestShutdownGraceIsTheSpecifications(t *testing.T) {
 	assert.Equal(t, specGrace, host.ShutdownGrace)
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = testenv.SyncBuffer
 
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func freePort(t *testing.T) int {

@@ -5,7 +5,6 @@ package testenv
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
@@ -28,7 +27,7 @@ type Env struct {
 	URL, APIURL string
 	Config      *config.Config
 	Store       *store.Store
-	logs        *syncBuffer
+	logs        *SyncBuffer
 }
 
 type settings struct {
@@ -61,7 +60,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 	}
 	cfg, err := config.Load(func(k string) string { return s.env[k] })
 	require.NoError(t, err)
-	logs := &syncBuffer{}
+	logs := &SyncBuffer{}
 	log := logging.New(logs, slog.LevelDebug)
 	h, err := host.Assemble(cfg, st, log, s.overrides)
 	require.NoError(t, err)
@@ -92,21 +91,20 @@ func (e *Env) LogLines(substr string) []string {
 	return out
 }
 
-// Ctx is a test context.
-func Ctx(t testing.TB) context.Context { return t.Context() }
-
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe for a writer and a reader in different
+// goroutines (a process's log and the test reading it).
+type SyncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *SyncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
