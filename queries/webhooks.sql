@@ -219,3 +219,11 @@ SELECT EXISTS (
     SELECT 1 FROM outbox
     WHERE (xid, seq) > (sqlc.arg(after_xid)::text::xid8, sqlc.arg(after_seq)::bigint)
 ) AS held;
+
+-- ReleaseClaims gives back every live claim. The delivery engine runs under
+-- one lease; a new holder calls it first, since the claims it finds were
+-- made under an older epoch whose holder can no longer record a result.
+-- name: ReleaseClaims :execrows
+UPDATE webhook_deliveries
+SET claimed_until = NULL, claim_token = NULL, updated_at = sqlc.arg(now)::timestamptz
+WHERE state = 'pending' AND claimed_until IS NOT NULL AND claimed_until > sqlc.arg(now)::timestamptz;

@@ -846,6 +846,23 @@ func (q *Queries) RedeliverDelivery(ctx context.Context, arg RedeliverDeliveryPa
 	return i, err
 }
 
+const releaseClaims = `-- name: ReleaseClaims :execrows
+UPDATE webhook_deliveries
+SET claimed_until = NULL, claim_token = NULL, updated_at = $1::timestamptz
+WHERE state = 'pending' AND claimed_until IS NOT NULL AND claimed_until > $1::timestamptz
+`
+
+// ReleaseClaims gives back every live claim. The delivery engine runs under
+// one lease; a new holder calls it first, since the claims it finds were
+// made under an older epoch whose holder can no longer record a result.
+func (q *Queries) ReleaseClaims(ctx context.Context, now time.Time) (int64, error) {
+	result, err := q.db.Exec(ctx, releaseClaims, now)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const releaseDelivery = `-- name: ReleaseDelivery :execrows
 UPDATE webhook_deliveries SET claimed_until = NULL, claim_token = NULL, updated_at = $1::timestamptz
 WHERE delivery_id = $2 AND claim_token = $3::text AND state = 'pending'

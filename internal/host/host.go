@@ -182,7 +182,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		runner = workers.New(st, workers.Options{Workers: cfg.Workers, Log: log})
 	}
 	if runner != nil && cfg.HasRole(config.RoleSinks) {
-		if err := registerDispatch(runner, st, cfg, reg, notifier, dispatch.Jobs(sinkList, 0), log); err != nil {
+		if err := registerDispatch(runner, st, cfg, reg, notifier, dispatch.Jobs(sinkList, cfg.Workers.BatchSize), log); err != nil {
 			return nil, err
 		}
 	}
@@ -224,7 +224,12 @@ func registerDispatch(runner *workers.Runner, st *store.Store, cfg *config.Confi
 			return j.Loop(ctx, l.Fence, DispatchPoll, wake)
 		})
 	}
-	engine, err := webhooks.NewEngine(st, webhooks.OptionsFrom(cfg), webhooks.EngineOptions{Metrics: reg, Log: log})
+	engine, err := webhooks.NewEngine(st, webhooks.OptionsFrom(cfg), webhooks.EngineOptions{
+		Metrics: reg, Log: log,
+		Batch: cfg.Workers.BatchSize,
+		// A delivery claim must outlive its 15 s attempt.
+		ClaimTTL: max(time.Duration(cfg.Workers.ClaimTTLMs)*time.Millisecond, webhooks.DefaultTimeout+time.Second),
+	})
 	if err != nil {
 		return err
 	}

@@ -557,6 +557,18 @@ func (e *Engine) Run(ctx context.Context, fence Fence, wake <-chan struct{}, pol
 	if poll <= 0 {
 		poll = time.Second
 	}
+	// Run holds the engine's one lease: claims it finds were made under an
+	// older epoch (a killed or fenced-off holder) and would otherwise hold
+	// their webhooks' places until ClaimTTL; give them back at once.
+	if err := e.tx(ctx, fence, func(q *db.Queries) error {
+		n, err := q.ReleaseClaims(ctx, e.now())
+		if n > 0 {
+			e.log.Info("released the claims of an earlier lease holder", "claims", n)
+		}
+		return err
+	}); err != nil && ctx.Err() == nil {
+		e.log.Warn("releasing earlier claims failed", "error", err.Error())
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	lastGauge := time.Time{}
