@@ -89,7 +89,7 @@ fuzz-short: $(SECRET_FILE) ## Fuzz each FUZZ_TARGETS entry for FUZZ_TIME (defaul
 
 .PHONY: bench
 bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks
-	scripts/bench.sh
+	NOTIFIER_BENCH=$${NOTIFIER_BENCH:-1} scripts/bench.sh
 	@$(SERVICE_ENV); go test -run='^$$' -bench=. -benchtime=2s ./...
 
 .PHONY: lint
