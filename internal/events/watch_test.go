@@ -471,6 +471,9 @@ func TestWatchWakesEarly(t *testing.T) {
 	s := open(t, watchURL(o.url, "acme"), token, nil)
 	subscribed.Wait()
 	s.comment(t, "connected", 5*time.Second)
+	// "connected" comes before the stream's first read: let that read pass
+	// so the event below can only be read because of the wake-up.
+	s.quiet(t, 300*time.Millisecond)
 	publish(t, o.st, "acme", api.EventSiteCreated, "a1")
 	s.quiet(t, 200*time.Millisecond) // no poll for an hour
 	wake <- struct{}{}
