@@ -94,14 +94,6 @@ func subjectsOf(p client.EventPage) []string {
 	return out
 }
 
-func apiError(t *testing.T, err error) *computeclient.Error {
-	t.Helper()
-	require.Error(t, err)
-	e, ok := computeclient.AsError(err)
-	require.Truef(t, ok, "not an API error: %v", err)
-	return e
-}
-
 // all pages through the tenant's events with limit and returns them.
 func all(t *testing.T, c *computeclient.Client, tenant string, limit int64, types ...string) ([]string, string) {
 	t.Helper()
@@ -246,7 +238,7 @@ func TestPatternsMustMatchTheCatalog(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			_, err := list(t, f.acme, client.EventsListInput{TenantId: "acme", Types: tt.types})
-			e := apiError(t, err)
+			e := testenv.APIError(t, err)
 			assert.Equal(t, "INVALID_INPUT", e.Code)
 			assert.Equal(t, http.StatusBadRequest, e.Status)
 			assert.Contains(t, e.Message, tt.msg)
@@ -254,7 +246,7 @@ func TestPatternsMustMatchTheCatalog(t *testing.T) {
 	}
 	for _, limit := range []int64{0, 501} {
 		_, err := list(t, f.acme, client.EventsListInput{TenantId: "acme", Limit: client.NewOptInt64(limit)})
-		assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, "limit %d", limit)
+		assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "limit %d", limit)
 	}
 }
 
@@ -272,7 +264,7 @@ func TestCursorIsBoundToMethodAndTenant(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a2"}, subjectsOf(page))
 	_, err = list(t, f.root, client.EventsListInput{TenantId: "globex", Cursor: client.NewOptString(acmeCursor)})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code)
 	assert.Contains(t, e.Message, "cursor")
 
@@ -284,7 +276,7 @@ func TestCursorIsBoundToMethodAndTenant(t *testing.T) {
 		"not base64":              "not.a.cursor",
 	} {
 		_, err := list(t, f.acme, client.EventsListInput{TenantId: "acme", Cursor: client.NewOptString(c)})
-		assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, name)
+		assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, name)
 	}
 	// A position sealed with the service secret for events.list and acme is a
 	// cursor: what /watch sends as ids continues here too.
@@ -306,7 +298,7 @@ func TestTenantIsolation(t *testing.T) {
 
 	// Another tenant's stream is refused before anything is read.
 	_, err = list(t, f.glbx, client.EventsListInput{TenantId: "acme"})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "ACCESS_DENIED", e.Code)
 	assert.Equal(t, http.StatusForbidden, e.Status)
 
@@ -318,7 +310,7 @@ func TestTenantIsolation(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = list(t, f.anonymous, client.EventsListInput{TenantId: "acme"})
-	e = apiError(t, err)
+	e = testenv.APIError(t, err)
 	assert.Equal(t, "UNAUTHENTICATED", e.Code)
 	assert.Equal(t, http.StatusUnauthorized, e.Status)
 }

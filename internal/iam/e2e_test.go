@@ -757,17 +757,9 @@ func expectAdmitted(m *api.Method, mc matrixCase, root string, k keyOf, in strin
 	return slices.Contains(mc.tenantRoles, k.role), "wrong role (" + k.role + ")"
 }
 
-func apiError(t *testing.T, err error, msgAndArgs ...any) *computeclient.Error {
-	t.Helper()
-	require.Error(t, err, msgAndArgs...)
-	e, ok := computeclient.AsError(err)
-	require.Truef(t, ok, "not an API error: %v", err)
-	return e
-}
-
 func requireCode(t *testing.T, err error, code string, status int, msgAndArgs ...any) *computeclient.Error {
 	t.Helper()
-	e := apiError(t, err, msgAndArgs...)
+	e := testenv.APIError(t, err, msgAndArgs...)
 	assert.Equal(t, code, e.Code, msgAndArgs...)
 	assert.Equal(t, status, e.Status, msgAndArgs...)
 	return e
@@ -1507,7 +1499,7 @@ func TestSourceAddressKeysTheCredentialCache(t *testing.T) {
 			"True-Client-IP is not belived": {"True-Client-IP": "203.0.113.7"},
 			"malformed hop: none":           {"X-Forwarded-For": "203.0.113.7, garbage"},
 		} {
-			assert.Equal(t, "UNAUTHENTICATED", apiError(t, call(h), name).Code, "%s: a fresh lookup sees the revocation", name)
+			assert.Equal(t, "UNAUTHENTICATED", testenv.APIError(t, call(h), name).Code, "%s: a fresh lookup sees the revocation", name)
 		}
 	})
 	t.Run("untrusted peer", func(t *testing.T) {

@@ -46,14 +46,6 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func (r *recorder) header(name string) string { return r.last.Load().Header.Get(name) }
 
-func apiError(t *testing.T, err error) *computeclient.Error {
-	t.Helper()
-	require.Error(t, err)
-	e, ok := computeclient.AsError(err)
-	require.Truef(t, ok, "not an API error: %v", err)
-	return e
-}
-
 func setBody(r *http.Request, body string) {
 	r.Body = io.NopCloser(strings.NewReader(body))
 	r.ContentLength = int64(len(body))
@@ -93,7 +85,7 @@ func TestOtherHTTPMethodsAreMethodNotAllowed(t *testing.T) {
 		c := env.Client(t, computeclient.WithHTTPClient(&http.Client{Transport: rec}),
 			computeclient.WithRequestEditor(func(r *http.Request) { r.Method = method }))
 		_, err := version(t, c)
-		e := apiError(t, err)
+		e := testenv.APIError(t, err)
 		assert.Equal(t, "METHOD_NOT_ALLOWED", e.Code, method)
 		assert.Equal(t, http.StatusMethodNotAllowed, e.Status, method)
 		assert.Equal(t, "POST", rec.header("Allow"), method)
@@ -106,7 +98,7 @@ func TestUnknownMethodIsNotFoundInTheEnvelope(t *testing.T) {
 	for _, path := range []string{"/system/nope", "/nogroup/version", "/system", "/system/version/extra"} {
 		c := env.Client(t, computeclient.WithRequestEditor(func(r *http.Request) { r.URL.Path = "/api/compute" + path }))
 		_, err := version(t, c)
-		e := apiError(t, err)
+		e := testenv.APIError(t, err)
 		assert.Equal(t, "NOT_FOUND", e.Code, path)
 		assert.Equal(t, http.StatusNotFound, e.Status, path)
 	}
@@ -124,7 +116,7 @@ func TestMissingServiceHeaderIsCSRFRejected(t *testing.T) {
 		"text":    func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") },
 	} {
 		_, err := version(t, env.Client(t, computeclient.WithRequestEditor(edit)))
-		e := apiError(t, err)
+		e := testenv.APIError(t, err)
 		assert.Equal(t, "CSRF_REJECTED", e.Code, name)
 		assert.Equal(t, http.StatusForbidden, e.Status, name)
 	}
@@ -150,7 +142,7 @@ func TestBodyIsAtMost64KiB(t *testing.T) {
 
 	over := exact + " "
 	_, err = version(t, env.Client(t, computeclient.WithRequestEditor(func(r *http.Request) { setBody(r, over) })))
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code)
 	assert.Contains(t, e.Message, "65536")
 }
@@ -175,7 +167,7 @@ func TestBodyMustBeOneJSONObject(t *testing.T) {
 		"\xff\xfe{}": "not valid UTF-8",
 	} {
 		_, err := version(t, env.Client(t, computeclient.WithRequestEditor(func(r *http.Request) { setBody(r, body) })))
-		e := apiError(t, err)
+		e := testenv.APIError(t, err)
 		assert.Equal(t, "INVALID_INPUT", e.Code, body)
 		assert.Contains(t, e.Message, want, body)
 	}
@@ -185,7 +177,7 @@ func TestUnknownFieldAndWrongTypeNameThePath(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	_, err := version(t, env.Client(t, computeclient.WithRequestEditor(func(r *http.Request) { setBody(r, `{"extra":1}`) })))
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code)
 	assert.Equal(t, "extra: unknown field", e.Message)
 	assert.Equal(t, []computeclient.Issue{{Message: "unknown field", Path: "extra"}}, e.Issues())
@@ -194,7 +186,7 @@ func TestUnknownFieldAndWrongTypeNameThePath(t *testing.T) {
 		setBody(r, `{"tenantId":5,"kind":"custom","region":"eu-west","idempotencyKey":"k1"}`)
 	}))
 	_, err = c.SitesCreate(t.Context(), &client.SitesCreateInput{})
-	e = apiError(t, err)
+	e = testenv.APIError(t, err)
 	assert.Equal(t, "tenantId: must be a string, got number", e.Message)
 }
 
@@ -205,7 +197,7 @@ func TestValidationReportsFirstProblemAndEveryIssue(t *testing.T) {
 		setBody(r, `{"kind":"other","region":"Not-A-Region","iamRegion":7,"bogus":true}`)
 	}))
 	_, err := c.SitesCreate(t.Context(), &client.SitesCreateInput{})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code)
 	assert.Equal(t, http.StatusBadRequest, e.Status)
 	assert.Equal(t, "bogus: unknown field", e.Message)
@@ -227,7 +219,7 @@ func TestNestedIssuePaths(t *testing.T) {
 			`"imageId":"ubuntu","warm":{"min":65},"env":{"lower":"x"},"volumes":[{"name":"v","mountPath":"/data"},{"mountPath":"rel"}]}`)
 	}))
 	_, err := c.SandboxTemplatesCreate(t.Context(), &client.SandboxTemplatesCreateInput{})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	var paths []string
 	for _, i := range e.Issues() {
 		paths = append(paths, i.Path)
@@ -241,7 +233,7 @@ func TestPlannedMethodsAnswerNotImplementedNamingTheirPhase(t *testing.T) {
 	env := testenv.Start(t)
 	c := env.Client(t, computeclient.WithToken("any"))
 	_, err := c.ProviderAccountsList(t.Context(), &client.ProviderAccountsListInput{TenantId: "acme"})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "NOT_IMPLEMENTED", e.Code)
 	assert.Equal(t, http.StatusNotImplemented, e.Status)
 	assert.Contains(t, e.Message, "providerAccounts.list")
@@ -252,7 +244,7 @@ func TestPlannedMethodsAnswerNotImplementedNamingTheirPhase(t *testing.T) {
 
 	// Planned methods still validate their input first.
 	_, err = c.UsageList(t.Context(), &client.UsageListInput{TenantId: "acme", Limit: client.NewOptInt64(0)})
-	e = apiError(t, err)
+	e = testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code)
 	assert.Equal(t, "limit: must be at least 1", e.Message)
 }
@@ -269,7 +261,7 @@ func TestEveryPlannedMethodIsNotImplemented(t *testing.T) {
 		c := env.Client(t, computeclient.WithToken("any"),
 			computeclient.WithRequestEditor(func(r *http.Request) { r.URL.Path = "/api/compute" + m.Route }))
 		_, err := version(t, c)
-		e := apiError(t, err)
+		e := testenv.APIError(t, err)
 		assert.Contains(t, []string{"INVALID_INPUT", "NOT_IMPLEMENTED"}, e.Code, m.FullName)
 	}
 }
@@ -312,7 +304,7 @@ func TestRetryAfterMovesToTopLevelAndHeader(t *testing.T) {
 	}}))
 	rec := &recorder{}
 	_, err := version(t, env.Client(t, computeclient.WithHTTPClient(&http.Client{Transport: rec})))
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "UNAVAILABLE", e.Code)
 	assert.Equal(t, http.StatusServiceUnavailable, e.Status)
 	require.NotNil(t, e.RetryAfterMs)
@@ -335,7 +327,7 @@ func TestNonServiceErrorsBecomeInternalError(t *testing.T) {
 		c := env.Client(t, computeclient.WithHTTPClient(&http.Client{Transport: rec}),
 			computeclient.WithRequestEditor(func(r *http.Request) { r.Header.Set("X-Request-Id", "req-internal-1") }))
 		_, err := version(t, c)
-		e := apiError(t, err)
+		e := testenv.APIError(t, err)
 		assert.Equal(t, "INTERNAL_ERROR", e.Code, name)
 		assert.Equal(t, http.StatusInternalServerError, e.Status, name)
 		assert.Equal(t, "Internal server error", e.Message, name)
@@ -417,7 +409,7 @@ func TestValidationRunsBeforeAuthentication(t *testing.T) {
 	env := testenv.Start(t, testenv.WithOverrides(host.Overrides{Gate: spy}))
 	c := env.Client(t, computeclient.WithToken("t"), computeclient.WithRequestEditor(func(r *http.Request) { setBody(r, `{"unexpected":1}`) }))
 	_, err := c.SystemSelfCheck(t.Context(), &client.SystemSelfCheckInput{})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code)
 	assert.Zero(t, spy.calls.Load(), "a malformed request costs no identity call")
 
@@ -434,14 +426,14 @@ func TestNonPublicMethodWithoutCredentialIsUnauthenticated(t *testing.T) {
 	c := env.Client(t, computeclient.WithToken("dropped"),
 		computeclient.WithRequestEditor(func(r *http.Request) { r.Header.Del("Authorization") }))
 	_, err := c.SystemSelfCheck(t.Context(), &client.SystemSelfCheckInput{})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "UNAUTHENTICATED", e.Code)
 	assert.Equal(t, http.StatusUnauthorized, e.Status)
 	assert.Contains(t, e.Message, "credential is required")
 
 	// A credential nobody can authenticate yet is refused as well.
 	_, err = env.Client(t, computeclient.WithToken("unknown")).SystemSelfCheck(t.Context(), &client.SystemSelfCheckInput{})
-	assert.Equal(t, "UNAUTHENTICATED", apiError(t, err).Code)
+	assert.Equal(t, "UNAUTHENTICATED", testenv.APIError(t, err).Code)
 }
 
 func TestPublicMethodsRunWithoutCredential(t *testing.T) {
@@ -470,7 +462,7 @@ func TestReadMethodsRunInReadOnlyTransaction(t *testing.T) {
 			}}
 		}}))
 	_, err := env.Client(t, computeclient.WithToken("t")).SystemSelfCheck(t.Context(), &client.SystemSelfCheckInput{})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INTERNAL_ERROR", e.Code, "a read that writes fails")
 	assert.NotEmpty(t, env.LogLines("read-only transaction"))
 	var n int

@@ -100,15 +100,7 @@ func setup(t *testing.T, opts ...testenv.Option) *fixture {
 	}
 }
 
-func apiError(t *testing.T, err error) *computeclient.Error {
-	t.Helper()
-	require.Error(t, err)
-	e, ok := computeclient.AsError(err)
-	require.Truef(t, ok, "not an API error: %v", err)
-	return e
-}
-
-func code(t *testing.T, err error) string { t.Helper(); return apiError(t, err).Code }
+func code(t *testing.T, err error) string { t.Helper(); return testenv.APIError(t, err).Code }
 
 type putIn struct {
 	tenant, name, value, key string
@@ -302,7 +294,7 @@ func TestFleetScope(t *testing.T) {
 	assert.Equal(t, "ACCESS_DENIED", code(t, err))
 	// Only in the root tenant.
 	_, err = put(t, f.root, putIn{tenant: "acme", name: "registry-token", value: "x", key: "k1", fleet: true})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code)
 	assert.Contains(t, e.Message, "root tenant")
 	_, err = del(t, f.root, "acme", "registry-token", true)
@@ -362,7 +354,7 @@ func TestLimits(t *testing.T) {
 
 	// value: 1 to 65536 characters.
 	_, err := put(t, f.acmeMember, in("n", "", "k"))
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code, "empty value")
 	assert.Equal(t, "value", e.Issues()[0].Path)
 	_, err = put(t, f.acmeMember, in("n", strings.Repeat("v", 65537), "k"))
@@ -378,11 +370,11 @@ func TestLimits(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, largest, value)
 	_, err = put(t, f.acmeMember, in("n", largest+"v", "k2"))
-	e = apiError(t, err)
+	e = testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code)
 	assert.Contains(t, e.Message, "body exceeds")
 	_, err = put(t, f.acmeMember, in("n", strings.Repeat("v", 65536), "k2"))
-	e = apiError(t, err)
+	e = testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code, "65536 characters exceed the 64 KiB body")
 	assert.Contains(t, e.Message, "body exceeds")
 	// Characters, not bytes: 2-byte characters.
@@ -473,7 +465,7 @@ func TestNoStoreIsUnavailable(t *testing.T) {
 	require.Equal(t, "none", string(f.env.Config.Secrets.Store))
 
 	_, err := put(t, f.acmeMember, putIn{tenant: "acme", name: "n", value: "v", key: "k"})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "UNAVAILABLE", e.Code)
 	assert.Equal(t, 503, e.Status)
 	assert.Nil(t, e.RetryAfterMs, "waiting does not configure a store")
@@ -501,7 +493,7 @@ func TestSecretInAnotherStoreIsInvalidState(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = put(t, f.acmeMember, putIn{tenant: "acme", name: "n", value: "v", key: "k2"})
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_STATE", e.Code)
 	assert.Contains(t, e.Message, "vault")
 	_, err = put(t, f.acmeMember, in)

@@ -42,14 +42,6 @@ func setup(t *testing.T) *fixture {
 	}
 }
 
-func apiError(t *testing.T, err error) *computeclient.Error {
-	t.Helper()
-	require.Error(t, err)
-	e, ok := computeclient.AsError(err)
-	require.Truef(t, ok, "not an API error: %v", err)
-	return e
-}
-
 func create(t *testing.T, c *computeclient.Client, tenant, kind, region, key string) (*client.Site, error) {
 	t.Helper()
 	res, err := c.SitesCreate(t.Context(), &client.SitesCreateInput{
@@ -139,7 +131,7 @@ func TestRetryReturnsTheSiteWithoutASecondDecision(t *testing.T) {
 	assert.Equal(t, *first, *again)
 	assert.Equal(t, 1, f.events(t, "site.created", first.SiteId), "no second event")
 	_, err = create(t, f.acmeMember, "acme", "custom", "eu-west", "k2")
-	assert.Equal(t, "ACCESS_DENIED", apiError(t, err).Code, "a new create is decided")
+	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code, "a new create is decided")
 }
 
 func TestSameKeyDifferentRequestIsConflict(t *testing.T) {
@@ -147,7 +139,7 @@ func TestSameKeyDifferentRequestIsConflict(t *testing.T) {
 	f := setup(t)
 	mustCreate(t, f.acmeMember, "acme", "custom", "eu-west", "k1")
 	_, err := create(t, f.acmeMember, "acme", "custom", "us-east", "k1")
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "CONFLICT", e.Code)
 	assert.Equal(t, "region", e.Details["field"])
 
@@ -155,11 +147,11 @@ func TestSameKeyDifferentRequestIsConflict(t *testing.T) {
 		TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu-west", IdempotencyKey: "k1",
 		IamRegion: client.NewOptString("eu-west"),
 	})
-	assert.Equal(t, "iamRegion", apiError(t, err).Details["field"], "an IAM region given versus absent differs")
+	assert.Equal(t, "iamRegion", testenv.APIError(t, err).Details["field"], "an IAM region given versus absent differs")
 
 	root := mustCreate(t, f.root, "root", "shared", "eu-west", "rk")
 	_, err = create(t, f.root, "root", "dedicated", "eu-west", "rk")
-	assert.Equal(t, "kind", apiError(t, err).Details["field"])
+	assert.Equal(t, "kind", testenv.APIError(t, err).Details["field"])
 	assert.Equal(t, 1, f.count(t, "SELECT count(*) FROM sites WHERE site_id = $1", root.SiteId))
 	assert.Equal(t, 2, f.count(t, "SELECT count(*) FROM outbox WHERE type = 'site.created'"), "conflicts publish nothing")
 }
@@ -169,9 +161,9 @@ func TestPlatformSitesAreDecidedOnTheFleetInTheRootTenant(t *testing.T) {
 	f := setup(t)
 	for _, kind := range []string{"shared", "dedicated"} {
 		_, err := create(t, f.acmeOwner, "acme", kind, "eu-west", "k-"+kind)
-		assert.Equal(t, "ACCESS_DENIED", apiError(t, err).Code, "decided on compute-fleet/global: %s", kind)
+		assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code, "decided on compute-fleet/global: %s", kind)
 		_, err = create(t, f.root, "acme", kind, "eu-west", "k-"+kind)
-		e := apiError(t, err)
+		e := testenv.APIError(t, err)
 		assert.Equal(t, "INVALID_INPUT", e.Code, "its tenantId must be the root tenant")
 		assert.Contains(t, e.Message, "root tenant")
 	}
@@ -182,14 +174,14 @@ func TestPlatformSitesAreDecidedOnTheFleetInTheRootTenant(t *testing.T) {
 	_, err := f.acmeViewer.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: shared.SiteId})
 	require.NoError(t, err)
 	_, err = f.acmeViewer.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: dedicated.SiteId})
-	assert.Equal(t, "NOT_FOUND", apiError(t, err).Code)
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
 	list, err := f.acmeViewer.SitesList(t.Context(), &client.SitesListInput{TenantId: "acme"})
 	require.NoError(t, err)
 	require.Len(t, list.Data.Items, 1)
 	assert.Equal(t, shared.SiteId, list.Data.Items[0].SiteId)
 	// Nobody but the fleet changes them.
 	_, err = f.acmeOwner.SitesUpdate(t.Context(), &client.SitesUpdateInput{TenantId: "acme", SiteId: shared.SiteId, Region: client.NewOptString("us-east")})
-	assert.Equal(t, "NOT_FOUND", apiError(t, err).Code)
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
 }
 
 func TestOtherTenantsSitesAreNotFound(t *testing.T) {
@@ -197,17 +189,17 @@ func TestOtherTenantsSitesAreNotFound(t *testing.T) {
 	f := setup(t)
 	s := mustCreate(t, f.acmeMember, "acme", "custom", "eu-west", "k1")
 	_, err := f.globex.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "globex", SiteId: s.SiteId})
-	assert.Equal(t, "NOT_FOUND", apiError(t, err).Code)
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
 	_, err = f.globex.SitesUpdate(t.Context(), &client.SitesUpdateInput{TenantId: "globex", SiteId: s.SiteId, Region: client.NewOptString("us-east")})
-	assert.Equal(t, "NOT_FOUND", apiError(t, err).Code)
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
 	_, err = f.globex.SitesDelete(t.Context(), &client.SitesDeleteInput{TenantId: "globex", SiteId: s.SiteId})
-	assert.Equal(t, "NOT_FOUND", apiError(t, err).Code)
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
 	// Naming the other tenant is refused before any data is read.
 	_, err = f.globex.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: s.SiteId})
-	assert.Equal(t, "ACCESS_DENIED", apiError(t, err).Code)
+	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code)
 	// A site that never existed.
 	_, err = f.acmeViewer.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: "site_0000000000000000000000000z"})
-	assert.Equal(t, "NOT_FOUND", apiError(t, err).Code)
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
 	// The fleet operators act in every tenant, naming it.
 	got, err := f.root.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: s.SiteId})
 	require.NoError(t, err)
@@ -230,18 +222,18 @@ func TestUpdateRules(t *testing.T) {
 	base := client.SitesUpdateInput{TenantId: "acme", SiteId: s.SiteId}
 
 	_, err := update(t, f.acmeMember, base)
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "INVALID_INPUT", e.Code, "no change named")
 
 	both := base
 	both.IamRegion, both.ClearIamRegion = client.NewOptString("eu-central"), client.NewOptBool(true)
 	_, err = update(t, f.acmeMember, both)
-	assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, "iamRegion and clearIamRegion")
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "iamRegion and clearIamRegion")
 
 	stale := base
 	stale.Region, stale.Version = client.NewOptString("us-east"), client.NewOptInt64(7)
 	_, err = update(t, f.acmeMember, stale)
-	e = apiError(t, err)
+	e = testenv.APIError(t, err)
 	assert.Equal(t, "CONFLICT", e.Code, "stale version")
 
 	noop := base
@@ -279,9 +271,9 @@ func TestUpdateRules(t *testing.T) {
 
 	// Members change only what they own; admins and owners change anything.
 	_, err = update(t, f.acmeMember2, moved)
-	assert.Equal(t, "ACCESS_DENIED", apiError(t, err).Code)
+	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code)
 	_, err = update(t, f.acmeViewer, moved)
-	assert.Equal(t, "ACCESS_DENIED", apiError(t, err).Code)
+	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code)
 	byOwner := base
 	byOwner.Region = client.NewOptString("ap-south")
 	_, err = update(t, f.acmeOwner, byOwner)
@@ -293,7 +285,7 @@ func TestDeleteStateTable(t *testing.T) {
 	f := setup(t)
 	s := mustCreate(t, f.acmeMember, "acme", "custom", "eu-west", "k1")
 	_, err := f.acmeMember.SitesDelete(t.Context(), &client.SitesDeleteInput{TenantId: "acme", SiteId: s.SiteId, Version: client.NewOptInt64(5)})
-	assert.Equal(t, "CONFLICT", apiError(t, err).Code, "stale version")
+	assert.Equal(t, "CONFLICT", testenv.APIError(t, err).Code, "stale version")
 
 	res, err := f.acmeMember.SitesDelete(t.Context(), &client.SitesDeleteInput{TenantId: "acme", SiteId: s.SiteId, Version: client.NewOptInt64(1)})
 	require.NoError(t, err)
@@ -305,9 +297,9 @@ func TestDeleteStateTable(t *testing.T) {
 
 	// Deleted is NOT_FOUND for reads and updates; a retried delete answers deleted false.
 	_, err = f.acmeMember.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: s.SiteId})
-	assert.Equal(t, "NOT_FOUND", apiError(t, err).Code)
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
 	_, err = update(t, f.acmeOwner, client.SitesUpdateInput{TenantId: "acme", SiteId: s.SiteId, Region: client.NewOptString("us-east")})
-	assert.Equal(t, "NOT_FOUND", apiError(t, err).Code)
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
 	again, err := f.acmeOwner.SitesDelete(t.Context(), &client.SitesDeleteInput{TenantId: "acme", SiteId: s.SiteId})
 	require.NoError(t, err)
 	assert.False(t, again.Data.Deleted)
@@ -360,15 +352,15 @@ func TestListPagesCursorsAndFilters(t *testing.T) {
 	acmeCursor := first.Data.Cursor.Value
 	for _, bad := range []string{"garbage", acmeCursor[:len(acmeCursor)-2] + "xx"} {
 		_, err = f.acmeViewer.SitesList(t.Context(), &client.SitesListInput{TenantId: "acme", Cursor: client.NewOptString(bad)})
-		assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, bad)
+		assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, bad)
 	}
 	_, err = f.globex.SitesList(t.Context(), &client.SitesListInput{TenantId: "globex", Cursor: client.NewOptString(acmeCursor)})
-	assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, "bound to the tenant")
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "bound to the tenant")
 
 	// Pages hold at most 50; limit is 1 to 50.
 	for _, limit := range []int64{0, 51} {
 		_, err = f.acmeViewer.SitesList(t.Context(), &client.SitesListInput{TenantId: "acme", Limit: client.NewOptInt64(limit)})
-		assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, limit)
+		assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, limit)
 	}
 }
 
@@ -391,13 +383,13 @@ func TestLimits(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	_, err := create(t, f.acmeMember, strings.Repeat("a", 129), "custom", "eu-west", "k1")
-	assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, "tenantId at most 128")
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "tenantId at most 128")
 	_, err = create(t, f.acmeMember, "acme", "custom", "EU", "k1")
-	assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, "region shape")
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "region shape")
 	_, err = create(t, f.acmeMember, "acme", "custom", "eu-west", strings.Repeat("k", 129))
-	assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, "idempotency key at most 128")
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "idempotency key at most 128")
 	_, err = create(t, f.acmeMember, "acme", "custom", "eu-west", "a key")
-	assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, "IdemKeyB alphabet")
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "IdemKeyB alphabet")
 	_, err = create(t, f.acmeMember, "acme", "custom", "eu-west", "k~/+=:.-_1")
 	require.NoError(t, err, "the whole IdemKeyB alphabet")
 }
@@ -411,13 +403,13 @@ func TestRefusedCreateLeavesNothing(t *testing.T) {
 		before[tb] = f.count(t, "SELECT count(*) FROM "+tb)
 	}
 	_, err := create(t, f.acmeViewer, "acme", "custom", "eu-west", "k1")
-	assert.Equal(t, "ACCESS_DENIED", apiError(t, err).Code)
+	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code)
 	_, err = create(t, f.globex, "acme", "custom", "eu-west", "k1")
-	assert.Equal(t, "ACCESS_DENIED", apiError(t, err).Code)
+	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code)
 	_, err = create(t, f.acmeOwner, "acme", "shared", "eu-west", "k1")
-	assert.Equal(t, "ACCESS_DENIED", apiError(t, err).Code)
+	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code)
 	_, err = create(t, f.root, "acme", "shared", "eu-west", "k1")
-	assert.Equal(t, "INVALID_INPUT", apiError(t, err).Code, "refused after admission: the draft goes too")
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "refused after admission: the draft goes too")
 	for _, tb := range tables {
 		assert.Equal(t, before[tb], f.count(t, "SELECT count(*) FROM "+tb), tb)
 	}
@@ -499,7 +491,7 @@ func TestEventsAreWrittenOnlyWhenTheChangeCommits(t *testing.T) {
 		CREATE TRIGGER fail_outbox BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION fail_outbox();`)
 	require.NoError(t, err)
 	_, err = create(t, f.acmeMember, "acme", "custom", "eu-west", "k1")
-	assert.Equal(t, "INTERNAL_ERROR", apiError(t, err).Code)
+	assert.Equal(t, "INTERNAL_ERROR", testenv.APIError(t, err).Code)
 	assert.Zero(t, f.count(t, "SELECT count(*) FROM sites"))
 	assert.Zero(t, f.count(t, "SELECT count(*) FROM audit_log"))
 	assert.Zero(t, f.count(t, "SELECT count(*) FROM iam.resources WHERE type = 'compute-site'"), "the draft is dropped")

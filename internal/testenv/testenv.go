@@ -109,3 +109,12 @@ func (b *SyncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// APIError requires err to be an error answer of the API and returns it.
+func APIError(t testing.TB, err error, msgAndArgs ...any) *computeclient.Error {
+	t.Helper()
+	require.Error(t, err, msgAndArgs...)
+	e, ok := computeclient.AsError(err)
+	require.Truef(t, ok, "not an API error: %v", err)
+	return e
+}

@@ -54,17 +54,9 @@ func setup(t *testing.T, webhooksOptions string) *fixture {
 	}
 }
 
-func apiError(t *testing.T, err error) *computeclient.Error {
-	t.Helper()
-	require.Error(t, err)
-	e, ok := computeclient.AsError(err)
-	require.Truef(t, ok, "not an API error: %v", err)
-	return e
-}
-
 func code(t *testing.T, err error) string {
 	t.Helper()
-	return apiError(t, err).Code
+	return testenv.APIError(t, err).Code
 }
 
 func (f *fixture) count(t *testing.T, query string, args ...any) int {

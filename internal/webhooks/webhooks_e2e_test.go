@@ -18,6 +18,7 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/gen/client"
+	"computeplane/internal/testenv"
 )
 
 const hookURL = "https://hooks.example.com/in"
@@ -74,7 +75,7 @@ func TestPatterns(t *testing.T) {
 	}
 	for _, bad := range [][]string{{"reservation.*"}, {"site.exploded"}, {"site"}, {"sites.*"}, {"site.*", "nope.*"}} {
 		_, err := create(t, f.acme, "acme", hookURL, bad...)
-		e := apiError(t, err)
+		e := testenv.APIError(t, err)
 		assert.Equal(t, "INVALID_INPUT", e.Code, bad)
 		assert.Contains(t, e.Message, "matches no event type", bad)
 	}
@@ -149,7 +150,7 @@ func TestPerTenantLimitAndNoIdempotency(t *testing.T) {
 		mustCreate(t, f.acme2, "acme", hookURL, "*")
 	}
 	_, err := create(t, f.acme, "acme", hookURL, "*")
-	e := apiError(t, err)
+	e := testenv.APIError(t, err)
 	assert.Equal(t, "QUOTA_EXCEEDED", e.Code)
 	assert.EqualValues(t, 20, e.Details["limit"])
 	mustCreate(t, f.globex, "globex", hookURL, "*") // per tenant
