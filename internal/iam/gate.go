@@ -11,8 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"computeplane/gen/api"
+	"computeplane/gen/db"
 	"computeplane/internal/ids"
 	"computeplane/internal/rpc"
+	"computeplane/internal/store"
 )
 
 // CookieName is the identity service's session cookie.
@@ -394,4 +396,17 @@ func withCaller(ctx context.Context, s *Session) context.Context {
 func SessionFromContext(ctx context.Context) *Session {
 	s, _ := ctx.Value(sessionKey{}).(*Session)
 	return s
+}
+
+// CallFromContext is what a group's business function works with: the
+// authenticated session and the call's transaction with its queries. It
+// fails outside an authenticated call (a wiring error, answered as
+// INTERNAL_ERROR).
+func CallFromContext(ctx context.Context) (*Session, pgx.Tx, *db.Queries, error) {
+	s := SessionFromContext(ctx)
+	tx, ok := store.TxFromContext(ctx)
+	if s == nil || !ok {
+		return nil, nil, nil, errors.New("iam: a business function ran outside an authenticated call")
+	}
+	return s, tx, db.New(tx), nil
 }

@@ -38,7 +38,6 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
 	"computeplane/internal/outbox"
-	"computeplane/internal/store"
 )
 
 // Store names (config.SecretStore values).
@@ -68,14 +67,6 @@ func New(rootTenant, store string, key []byte) *Service {
 	return &Service{root: rootTenant, store: store, seal: s}
 }
 
-func call(ctx context.Context) (*iam.Session, pgx.Tx, *db.Queries, error) {
-	s := iam.SessionFromContext(ctx)
-	tx, ok := store.TxFromContext(ctx)
-	if s == nil || !ok {
-		return nil, nil, nil, errors.New("secrets: called outside an authenticated call")
-	}
-	return s, tx, db.New(tx), nil
-}
 
 // reference checks the input's scope against its tenant and returns the
 // secret's reference.
@@ -120,7 +111,7 @@ func (s *Service) Put(ctx context.Context, in *api.SecretsPutInput) (*api.Secret
 	if err := s.available(); err != nil {
 		return nil, err
 	}
-	sess, tx, q, err := call(ctx)
+	sess, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +205,7 @@ func (s *Service) Delete(ctx context.Context, in *api.SecretsDeleteInput) (*api.
 	if err := s.available(); err != nil {
 		return nil, err
 	}
-	sess, tx, q, err := call(ctx)
+	sess, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}

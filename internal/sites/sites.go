@@ -18,7 +18,6 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
 	"computeplane/internal/outbox"
-	"computeplane/internal/store"
 )
 
 // Kinds of sites.
@@ -50,14 +49,6 @@ func New(rootTenant string, cursors *cursor.Sealer, refs References) *Service {
 	return &Service{root: rootTenant, cursors: cursors, refs: refs}
 }
 
-func call(ctx context.Context) (*iam.Session, pgx.Tx, *db.Queries, error) {
-	s := iam.SessionFromContext(ctx)
-	tx, ok := store.TxFromContext(ctx)
-	if s == nil || !ok {
-		return nil, nil, nil, errors.New("sites: called outside an authenticated call")
-	}
-	return s, tx, db.New(tx), nil
-}
 
 func text(s *string) pgtype.Text {
 	if s == nil {
@@ -98,7 +89,7 @@ func (s *Service) Create(ctx context.Context, in *api.SitesCreateInput) (*api.Si
 	if in.Kind != KindCustom && in.TenantID != s.root {
 		return nil, api.Errorf(api.CodeInvalidInput, "tenantId: a %s site belongs to the root tenant %s", in.Kind, s.root)
 	}
-	sess, tx, q, err := call(ctx)
+	sess, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +130,7 @@ func (s *Service) visible(r db.Site, tenant string) bool {
 
 // Get answers sites.get: a site the tenant cannot see is NOT_FOUND.
 func (s *Service) Get(ctx context.Context, in *api.SitesGetInput) (*api.Site, error) {
-	_, _, q, err := call(ctx)
+	_, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +147,7 @@ func (s *Service) Get(ctx context.Context, in *api.SitesGetInput) (*api.Site, er
 // List answers sites.list: visible sites in id order, pages of at most 50;
 // sites the caller may not read are left out, so a page may hold fewer.
 func (s *Service) List(ctx context.Context, in *api.SitesListInput) (*api.SiteList, error) {
-	sess, _, q, err := call(ctx)
+	sess, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +209,7 @@ func (s *Service) Update(ctx context.Context, in *api.SitesUpdateInput) (*api.Si
 	case in.Region == nil && in.IAMRegion == nil && !in.ClearIAMRegion:
 		return nil, api.Errorf(api.CodeInvalidInput, "no change named: give region, iamRegion or clearIamRegion")
 	}
-	sess, tx, q, err := call(ctx)
+	sess, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +251,7 @@ func (s *Service) Update(ctx context.Context, in *api.SitesUpdateInput) (*api.Si
 // site still referenced is tombstoned, otherwise removed; a retry after
 // deletion answers deleted false.
 func (s *Service) Delete(ctx context.Context, in *api.SitesDeleteInput) (*api.SiteDeleted, error) {
-	sess, tx, q, err := call(ctx)
+	sess, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}

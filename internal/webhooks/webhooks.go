@@ -50,7 +50,6 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/ids"
 	"computeplane/internal/outbox"
-	"computeplane/internal/store"
 )
 
 // Delivery states.
@@ -83,14 +82,6 @@ func New(o Options) *Service {
 	return &Service{opt: o, seal: newSealer(o.Key), types: o.eventTypes(), now: o.clock()}
 }
 
-func call(ctx context.Context) (*iam.Session, pgx.Tx, *db.Queries, error) {
-	s := iam.SessionFromContext(ctx)
-	tx, ok := store.TxFromContext(ctx)
-	if s == nil || !ok {
-		return nil, nil, nil, errors.New("webhooks: called outside an authenticated call")
-	}
-	return s, tx, db.New(tx), nil
-}
 
 func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
@@ -168,7 +159,7 @@ func (s *Service) Create(ctx context.Context, in *api.WebhooksCreateInput) (*api
 	if err := CheckURL(in.URL, s.opt.AllowPrivateTargets); err != nil {
 		return nil, err
 	}
-	sess, _, q, err := call(ctx)
+	sess, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +200,7 @@ func (s *Service) Create(ctx context.Context, in *api.WebhooksCreateInput) (*api
 
 // List answers webhooks.list: the tenant's webhooks oldest first.
 func (s *Service) List(ctx context.Context, in *api.WebhooksListInput) (*api.WebhookList, error) {
-	_, _, q, err := call(ctx)
+	_, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +217,7 @@ func (s *Service) List(ctx context.Context, in *api.WebhooksListInput) (*api.Web
 
 // Get answers webhooks.get.
 func (s *Service) Get(ctx context.Context, in *api.WebhooksGetInput) (*api.Webhook, error) {
-	_, _, q, err := call(ctx)
+	_, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +245,7 @@ func (s *Service) Update(ctx context.Context, in *api.WebhooksUpdateInput) (*api
 			return nil, err
 		}
 	}
-	sess, _, q, err := call(ctx)
+	sess, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +289,7 @@ func (s *Service) Update(ctx context.Context, in *api.WebhooksUpdateInput) (*api
 // RotateSecret answers webhooks.rotateSecret (rule 5): a new secret, shown
 // once; the current one keeps signing for keepPreviousSeconds.
 func (s *Service) RotateSecret(ctx context.Context, in *api.WebhooksRotateSecretInput) (*api.WebhookWithSecret, error) {
-	sess, _, q, err := call(ctx)
+	sess, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -333,7 +324,7 @@ func (s *Service) RotateSecret(ctx context.Context, in *api.WebhooksRotateSecret
 // Delete answers webhooks.delete: the webhook with its delivery queue and
 // history.
 func (s *Service) Delete(ctx context.Context, in *api.WebhooksDeleteInput) (*api.WebhookDeleted, error) {
-	sess, _, q, err := call(ctx)
+	sess, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -358,7 +349,7 @@ const pingModule = "webhooks"
 // Ping answers webhooks.ping (rule 6): a webhook.ping delivery due now,
 // never written to the outbox.
 func (s *Service) Ping(ctx context.Context, in *api.WebhooksPingInput) (*api.Delivery, error) {
-	sess, _, q, err := call(ctx)
+	sess, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -394,7 +385,7 @@ func (s *Service) Ping(ctx context.Context, in *api.WebhooksPingInput) (*api.Del
 // Deliveries answers webhooks.deliveries: newest first, optionally one
 // state.
 func (s *Service) Deliveries(ctx context.Context, in *api.WebhooksDeliveriesInput) (*api.DeliveryList, error) {
-	_, _, q, err := call(ctx)
+	_, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -419,7 +410,7 @@ func (s *Service) Deliveries(ctx context.Context, in *api.WebhooksDeliveriesInpu
 // Redeliver answers webhooks.redeliver (rule 7): a delivered, dead or
 // cancelled delivery becomes pending, due now, attempts reset, same id.
 func (s *Service) Redeliver(ctx context.Context, in *api.WebhooksRedeliverInput) (*api.Delivery, error) {
-	sess, _, q, err := call(ctx)
+	sess, _, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
