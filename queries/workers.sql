@@ -84,3 +84,11 @@ ORDER BY name;
 -- (one transaction, so one commit of the notification queue) for the batch.
 -- name: Notify :exec
 SELECT pg_notify(sqlc.arg(channel)::text, t) FROM unnest(sqlc.arg(topics)::text[]) AS t;
+
+-- ListWorkers lists every registered worker with whether it is live, for
+-- the self check.
+-- name: ListWorkers :many
+SELECT id, host, pid, heartbeat_at,
+       (heartbeat_at > coalesce(sqlc.narg('now')::timestamptz, now()) - interval '30 seconds')::boolean AS live
+FROM workers
+ORDER BY id;

@@ -225,6 +225,49 @@ func (q *Queries) ListLiveWorkers(ctx context.Context, arg ListLiveWorkersParams
 	return items, nil
 }
 
+const listWorkers = `-- name: ListWorkers :many
+SELECT id, host, pid, heartbeat_at,
+       (heartbeat_at > coalesce($1::timestamptz, now()) - interval '30 seconds')::boolean AS live
+FROM workers
+ORDER BY id
+`
+
+type ListWorkersRow struct {
+	ID          string
+	Host        string
+	Pid         int32
+	HeartbeatAt time.Time
+	Live        bool
+}
+
+// ListWorkers lists every registered worker with whether it is live, for
+// the self check.
+func (q *Queries) ListWorkers(ctx context.Context, now *time.Time) ([]ListWorkersRow, error) {
+	rows, err := q.db.Query(ctx, listWorkers, now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ListWorkersRow
+	for rows.Next() {
+		var i ListWorkersRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Host,
+			&i.Pid,
+			&i.HeartbeatAt,
+			&i.Live,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const notify = `-- name: Notify :exec
 SELECT pg_notify($1::text, t) FROM unnest($2::text[]) AS t
 `

@@ -124,6 +124,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		system.ExtensionCheck(),
 		system.ClockCheck(time.Now),
 		sinks.Check(sinkList),
+		workers.Check(),
 	)
 	if ov.Services != nil {
 		ov.Services(services)
