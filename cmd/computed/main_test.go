@@ -14,8 +14,6 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -66,22 +64,6 @@ func newFakeDatabase(t *testing.T) *fakeDatabase {
 	return f
 }
 
-func writeConfig(t *testing.T, yaml string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "computed.yaml")
-	require.NoError(t, os.WriteFile(p, []byte(yaml), 0o600))
-	return p
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return port
-}
-
 func TestInvalidConfigBeforeAnyConnection(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -113,10 +95,10 @@ func TestInvalidConfigBeforeAnyConnection(t *testing.T) {
 					"SERVICE_DATABASE_URL": db.url,
 					"SERVICE_SECRET":       testenv.TestSecret,
 					"HOST":                 "127.0.0.1",
-					"PORT":                 strconv.Itoa(freePort(t)),
+					"PORT":                 strconv.Itoa(testenv.FreePort(t)),
 				}
 				if tc.file != "" {
-					env["SERVICE_CONFIG"] = writeConfig(t, tc.file)
+					env["SERVICE_CONFIG"] = testenv.ConfigFile(t, tc.file)
 				}
 				for k, v := range tc.env {
 					env[k] = v
@@ -143,7 +125,7 @@ func TestValidConfigConnects(t *testing.T) {
 		"SERVICE_DATABASE_URL": db.url,
 		"SERVICE_SECRET":       testenv.TestSecret,
 		"HOST":                 "127.0.0.1",
-		"PORT":                 strconv.Itoa(freePort(t)),
+		"PORT":                 strconv.Itoa(testenv.FreePort(t)),
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
@@ -187,7 +169,7 @@ type process struct {
 // start runs `computed serve` (no args) on a free port until the test ends.
 func start(t *testing.T, env map[string]string) *process {
 	t.Helper()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	env["HOST"] = "127.0.0.1"
 	env["PORT"] = strconv.Itoa(port)
 	if env["SERVICE_SECRET"] == "" {
@@ -297,7 +279,7 @@ func TestServeSkipsMigrations(t *testing.T) {
 	// An empty database stays empty: startup fails instead of migrating.
 	u := dbtest.EmptyURL(t)
 	env := map[string]string{"SERVICE_DATABASE_URL": u, "SERVICE_SKIP_MIGRATIONS": "1", "SERVICE_SECRET": testenv.TestSecret,
-		"HOST": "127.0.0.1", "PORT": strconv.Itoa(freePort(t))}
+		"HOST": "127.0.0.1", "PORT": strconv.Itoa(testenv.FreePort(t))}
 	var stdout, stderr syncBuffer
 	assert.Equal(t, 1, run(t.Context(), nil, getenv(env), &stdout, &stderr))
 	assert.Empty(t, applied(t, u))
@@ -347,7 +329,7 @@ func TestUnknownAppliedMigrationIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, conn.Close(t.Context()))
 
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	env := map[string]string{
 		"SERVICE_DATABASE_URL": u,
 		"SERVICE_SECRET":       testenv.TestSecret,

@@ -100,12 +100,7 @@ func (h *Watch) closed() <-chan struct{} {
 
 // ServeHTTP answers GET (and HEAD) /watch.
 func (h *Watch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	meta := reqmeta.Meta{RequestID: reqmeta.RequestID(r.Header.Get(reqmeta.HeaderRequestID))}
-	if tp, ok := reqmeta.Traceparent(r.Header.Get(reqmeta.HeaderTraceparent)); ok {
-		meta.Traceparent = tp
-	}
-	w.Header().Set(reqmeta.HeaderRequestID, meta.RequestID)
-	ctx := reqmeta.WithRequest(r.Context(), meta)
+	ctx, meta := reqmeta.Begin(w, r)
 	log := h.logger().With("requestId", meta.RequestID)
 
 	call, m, after, err := h.validate(r, meta)

@@ -41,16 +41,6 @@ func TestShutdownGraceIsTheSpecifications(t *testing.T) {
 
 type syncBuffer = testenv.SyncBuffer
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return port
-}
-
 type served struct {
 	addr   string
 	cancel context.CancelFunc
@@ -62,7 +52,7 @@ type served struct {
 // the test ends or cancel is called.
 func serve(t *testing.T, roles string, ov host.Overrides) *served {
 	t.Helper()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	env := map[string]string{
 		"SERVICE_DATABASE_URL": dbtest.URL(t),
 		"SERVICE_SECRET":       testenv.TestSecret,

@@ -16,8 +16,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -39,9 +37,8 @@ import (
 func TestServeRunsWorkersAndWakesAfterCommit(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t)
-	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
-	require.NoError(t, os.WriteFile(cfgFile, []byte("notifier: {kind: postgres}\nworkers: {id: host-test-worker}\n"), 0o600))
-	port := freePort(t)
+	cfgFile := testenv.ConfigFile(t, "notifier: {kind: postgres}\nworkers: {id: host-test-worker}\n")
+	port := testenv.FreePort(t)
 	env := map[string]string{
 		"SERVICE_DATABASE_URL": url,
 		"SERVICE_SECRET":       testenv.TestSecret,

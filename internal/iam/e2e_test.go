@@ -19,8 +19,6 @@ import (
 	"maps"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -857,13 +855,6 @@ func withClock(clk *fakeClock) testenv.Option {
 	return testenv.WithOverrides(host.Overrides{Now: clk.Now})
 }
 
-func writeConfig(t *testing.T, yaml string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "service.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(yaml), 0o600))
-	return path
-}
-
 // setRole changes the role an identity holds in a tenant. The embedded
 // service has no operation for it (create-key refuses another role as a
 // conflict), so the test writes iam.role_bindings itself.
@@ -1472,7 +1463,7 @@ func TestSourceAddressKeysTheCredentialCache(t *testing.T) {
 	t.Run("trusted proxy", func(t *testing.T) {
 		t.Parallel()
 		env := testenv.Start(t, withClock(clk),
-			testenv.WithEnv("SERVICE_CONFIG", writeConfig(t, "trustedProxies: [127.0.0.1/32]\n")))
+			testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "trustedProxies: [127.0.0.1/32]\n")))
 		tok, keyID := env.NewKey(t, env.Config.RootTenantID, "ops@root", admin)
 		call := func(h map[string]string) error {
 			_, err := selfCheck(t, env.Client(t, computeclient.WithToken(tok), withHeaders(h)))
@@ -1587,7 +1578,7 @@ func TestForwardingHeadersNeverReachTheHandler(t *testing.T) {
 				Services: func(s *api.Services) { s.System = versionFromAddress{s.System} },
 			})}
 			if trusted {
-				opts = append(opts, testenv.WithEnv("SERVICE_CONFIG", writeConfig(t, "trustedProxies: [127.0.0.1/32]\n")))
+				opts = append(opts, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "trustedProxies: [127.0.0.1/32]\n")))
 			}
 			env := testenv.Start(t, opts...)
 			port := &observingPort{Port: embedded.New(env.Store, env.Config.RootTenantID, env.Config.TypePrefix, nil)}
@@ -1663,7 +1654,7 @@ func TestSessionCookie(t *testing.T) {
 	t.Parallel()
 	t.Run("accepted on same-origin requests", func(t *testing.T) {
 		t.Parallel()
-		env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", writeConfig(t, "acceptIamCookie: true\n")))
+		env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "acceptIamCookie: true\n")))
 		tok := env.Key(t, env.Config.RootTenantID, "ops@root", admin)
 		cookie := iam.CookieName + "=" + tok
 		origin := env.Config.BaseURL

@@ -108,7 +108,7 @@ func TestKillDuringDispatch(t *testing.T) {
 	cfgB := writeConfig(t, dir, "b.yaml", idB, sinkPath)
 
 	// A: api and sinks. It holds both jobs until B joins.
-	portA := freePort(t)
+	portA := testenv.FreePort(t)
 	a := startProcess(t, "A", bin, envOf(cfgA, "api,sinks", portA), "serve")
 	addrA := net.JoinHostPort("127.0.0.1", strconv.Itoa(portA))
 	a.waitHealthy(t, addrA)
@@ -128,7 +128,7 @@ func TestKillDuringDispatch(t *testing.T) {
 
 	// B: sinks only. It wins both jobs by rendezvous hashing; A releases
 	// them at its next tick.
-	b := startProcess(t, "B", bin, envOf(cfgB, "sinks", freePort(t)), "serve")
+	b := startProcess(t, "B", bin, envOf(cfgB, "sinks", testenv.FreePort(t)), "serve")
 	require.Eventually(t, func() bool {
 		b.requireRunning(t)
 		held := leaseHolders(t, pool, leaseNames)
@@ -343,15 +343,6 @@ func buildComputed(t *testing.T) string {
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 	return bin
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return port
 }
 
 // createKey runs `computed iam create-key` and returns the key, the last

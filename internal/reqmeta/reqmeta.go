@@ -181,6 +181,14 @@ func FromHeader(h http.Header) Meta {
 	}
 }
 
+// Begin starts a request: it reads its metadata, answers its request id in
+// the X-Request-Id response header and returns the context carrying both.
+func Begin(w http.ResponseWriter, r *http.Request) (context.Context, Meta) {
+	m := FromHeader(r.Header)
+	w.Header().Set(HeaderRequestID, m.RequestID)
+	return WithRequest(r.Context(), m), m
+}
+
 type ctxKey struct{}
 
 // WithRequest returns a copy of ctx carrying m.

@@ -101,12 +101,7 @@ type Handler struct {
 // ServeHTTP implements the envelope.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := h.now()
-	meta := reqmeta.Meta{RequestID: reqmeta.RequestID(r.Header.Get(reqmeta.HeaderRequestID))}
-	if tp, ok := reqmeta.Traceparent(r.Header.Get(reqmeta.HeaderTraceparent)); ok {
-		meta.Traceparent = tp
-	}
-	w.Header().Set(reqmeta.HeaderRequestID, meta.RequestID)
-	ctx := reqmeta.WithRequest(r.Context(), meta)
+	ctx, meta := reqmeta.Begin(w, r)
 	log := h.logger().With("requestId", meta.RequestID)
 
 	route := strings.TrimPrefix(r.URL.Path, h.BasePath)

@@ -11,8 +11,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -70,7 +68,7 @@ func TestRouteServesMethodsUnderBasePath(t *testing.T) {
 
 func TestConfiguredBasePath(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", writeConfig(t, "basePath: /compute/v\n")))
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "basePath: /compute/v\n")))
 	require.Equal(t, env.URL+"/compute/v", env.APIURL)
 	res, err := version(t, env.Client(t))
 	require.NoError(t, err)
@@ -483,11 +481,4 @@ func TestSelfCheckFindingsWhenAdmitted(t *testing.T) {
 	for _, name := range []string{"catalog", "migrations", "btree_gist", "clock"} {
 		assert.Equal(t, "info", checks[name], name)
 	}
-}
-
-func writeConfig(t *testing.T, yaml string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "service.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(yaml), 0o600))
-	return path
 }

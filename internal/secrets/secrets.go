@@ -67,7 +67,6 @@ func New(rootTenant, store string, key []byte) *Service {
 	return &Service{root: rootTenant, store: store, seal: s}
 }
 
-
 // reference checks the input's scope against its tenant and returns the
 // secret's reference.
 func (s *Service) reference(tenant, scope, name string) (Reference, error) {

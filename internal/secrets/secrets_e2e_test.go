@@ -15,8 +15,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -459,9 +457,7 @@ func TestDelete(t *testing.T) {
 
 func TestNoStoreIsUnavailable(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "service.yaml")
-	require.NoError(t, os.WriteFile(path, []byte("secrets: {store: none}\n"), 0o600))
-	f := setup(t, testenv.WithEnv("SERVICE_CONFIG", path))
+	f := setup(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "secrets: {store: none}\n")))
 	require.Equal(t, "none", string(f.env.Config.Secrets.Store))
 
 	_, err := put(t, f.acmeMember, putIn{tenant: "acme", name: "n", value: "v", key: "k"})

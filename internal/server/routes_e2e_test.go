@@ -11,8 +11,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -68,14 +66,6 @@ func do(t *testing.T, method, url string, header map[string]string) answer {
 }
 
 func get(t *testing.T, url string) answer { return do(t, http.MethodGet, url, nil) }
-
-// configFile writes a SERVICE_CONFIG file and returns its path.
-func configFile(t *testing.T, yaml string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "config.yaml")
-	require.NoError(t, os.WriteFile(p, []byte(yaml), 0o600))
-	return p
-}
 
 func TestHealthz(t *testing.T) {
 	t.Parallel()
@@ -200,7 +190,7 @@ func TestWellKnownDocumentWithGateway(t *testing.T) {
 // A configured base path moves the routes under it; the root routes stay.
 func TestRoutesFollowConfiguredBasePath(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", configFile(t, "basePath: /compute/v\n")))
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "basePath: /compute/v\n")))
 	require.Equal(t, env.URL+"/compute/v", env.APIURL)
 
 	doc := get(t, env.URL+"/.well-known/service")
@@ -461,7 +451,7 @@ func TestMetricsConfiguredPath(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t,
 		testenv.WithEnv("SERVICE_METRICS_TOKEN", metricsToken),
-		testenv.WithEnv("SERVICE_CONFIG", configFile(t, "metrics:\n  path: /internal/metrics\n")),
+		testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "metrics:\n  path: /internal/metrics\n")),
 	)
 	auth := map[string]string{"Authorization": "Bearer " + metricsToken}
 	assert.Equal(t, http.StatusOK, do(t, http.MethodGet, env.URL+"/internal/metrics", auth).status)

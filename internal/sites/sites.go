@@ -49,7 +49,6 @@ func New(rootTenant string, cursors *cursor.Sealer, refs References) *Service {
 	return &Service{root: rootTenant, cursors: cursors, refs: refs}
 }
 
-
 func text(s *string) pgtype.Text {
 	if s == nil {
 		return pgtype.Text{}

@@ -6,7 +6,10 @@ package testenv
 import (
 	"bytes"
 	"log/slog"
+	"net"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -117,4 +120,22 @@ func APIError(t testing.TB, err error, msgAndArgs ...any) *computeclient.Error {
 	e, ok := computeclient.AsError(err)
 	require.Truef(t, ok, "not an API error: %v", err)
 	return e
+}
+
+// ConfigFile writes a SERVICE_CONFIG file holding yaml and returns its path.
+func ConfigFile(t testing.TB, yaml string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "service.yaml")
+	require.NoError(t, os.WriteFile(p, []byte(yaml), 0o600))
+	return p
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	return port
 }

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -35,9 +33,7 @@ func BenchmarkCommitToDelivery(b *testing.B) {
 		wake bool
 	}{{"notifier", true}, {"poll-1s", false}} {
 		b.Run(mode.name, func(b *testing.B) {
-			path := filepath.Join(b.TempDir(), "service.yaml")
-			require.NoError(b, os.WriteFile(path, []byte("webhooks: {allowPrivateTargets: true}\n"), 0o600))
-			env := testenv.Start(b, testenv.WithEnv("SERVICE_CONFIG", path))
+			env := testenv.Start(b, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(b, "webhooks: {allowPrivateTargets: true}\n")))
 			c := env.Client(b, computeclient.WithToken(env.Key(b, "acme", "mia", "member")))
 
 			var mu sync.Mutex

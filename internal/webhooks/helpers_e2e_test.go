@@ -7,8 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,9 +34,7 @@ func setup(t *testing.T, webhooksOptions string) *fixture {
 	t.Helper()
 	var opts []testenv.Option
 	if webhooksOptions != "" {
-		path := filepath.Join(t.TempDir(), "service.yaml")
-		require.NoError(t, os.WriteFile(path, []byte("webhooks: "+webhooksOptions+"\n"), 0o600))
-		opts = append(opts, testenv.WithEnv("SERVICE_CONFIG", path))
+		opts = append(opts, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "webhooks: "+webhooksOptions+"\n")))
 	}
 	env := testenv.Start(t, opts...)
 	c := func(tenant, identity, role string) *computeclient.Client {

@@ -82,7 +82,6 @@ func New(o Options) *Service {
 	return &Service{opt: o, seal: newSealer(o.Key), types: o.eventTypes(), now: o.clock()}
 }
 
-
 func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
 func optTime(t *time.Time) *string {
