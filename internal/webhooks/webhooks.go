@@ -132,20 +132,28 @@ func audited(sess *iam.Session, typ, id, tenant string) {
 	sess.Resource = iam.Resource{Type: sess.TypePrefix() + typ, ID: id, TenantID: tenant}
 }
 
-// owned reads the tenant's webhook, locked for a change when lock is set;
-// absent or another tenant's is NOT_FOUND (rule 8).
-func owned(ctx context.Context, q *db.Queries, tenant, id string, lock bool) (db.Webhook, error) {
+// owned starts a call on one webhook: it reads the tenant's webhook,
+// locked for a change when lock is set (absent or another tenant's is
+// NOT_FOUND, rule 8), and names it as the call's audited resource.
+func owned(ctx context.Context, tenant, id string, lock bool) (*iam.Session, *db.Queries, db.Webhook, error) {
+	sess, _, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, nil, db.Webhook{}, err
+	}
 	var row db.Webhook
-	var err error
 	if lock {
 		row, err = q.GetWebhookForUpdate(ctx, id)
 	} else {
 		row, err = q.GetWebhook(ctx, id)
 	}
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.TenantID != tenant) {
-		return db.Webhook{}, notFound(id)
+		return nil, nil, db.Webhook{}, notFound(id)
 	}
-	return row, err
+	if err != nil {
+		return nil, nil, db.Webhook{}, err
+	}
+	audited(sess, "webhook", row.WebhookID, row.TenantID)
+	return sess, q, row, nil
 }
 
 // Create answers webhooks.create: patterns and URL checked (rules 1, 2),
@@ -216,11 +224,7 @@ func (s *Service) List(ctx context.Context, in *api.WebhooksListInput) (*api.Web
 
 // Get answers webhooks.get.
 func (s *Service) Get(ctx context.Context, in *api.WebhooksGetInput) (*api.Webhook, error) {
-	_, _, q, err := iam.CallFromContext(ctx)
-	if err != nil {
-		return nil, err
-	}
-	row, err := owned(ctx, q, in.TenantID, in.WebhookID, false)
+	_, _, row, err := owned(ctx, in.TenantID, in.WebhookID, false)
 	if err != nil {
 		return nil, err
 	}
@@ -244,15 +248,10 @@ func (s *Service) Update(ctx context.Context, in *api.WebhooksUpdateInput) (*api
 			return nil, err
 		}
 	}
-	sess, _, q, err := iam.CallFromContext(ctx)
+	_, q, row, err := owned(ctx, in.TenantID, in.WebhookID, true)
 	if err != nil {
 		return nil, err
 	}
-	row, err := owned(ctx, q, in.TenantID, in.WebhookID, true)
-	if err != nil {
-		return nil, err
-	}
-	audited(sess, "webhook", row.WebhookID, row.TenantID)
 	p := db.UpdateWebhookParams{
 		WebhookID: row.WebhookID, Url: row.Url, Events: row.Events, Description: row.Description, Active: row.Active,
 	}
@@ -288,15 +287,10 @@ func (s *Service) Update(ctx context.Context, in *api.WebhooksUpdateInput) (*api
 // RotateSecret answers webhooks.rotateSecret (rule 5): a new secret, shown
 // once; the current one keeps signing for keepPreviousSeconds.
 func (s *Service) RotateSecret(ctx context.Context, in *api.WebhooksRotateSecretInput) (*api.WebhookWithSecret, error) {
-	sess, _, q, err := iam.CallFromContext(ctx)
+	_, q, row, err := owned(ctx, in.TenantID, in.WebhookID, true)
 	if err != nil {
 		return nil, err
 	}
-	row, err := owned(ctx, q, in.TenantID, in.WebhookID, true)
-	if err != nil {
-		return nil, err
-	}
-	audited(sess, "webhook", row.WebhookID, row.TenantID)
 	secret, key, err := newSecret()
 	if err != nil {
 		return nil, err
@@ -323,15 +317,10 @@ func (s *Service) RotateSecret(ctx context.Context, in *api.WebhooksRotateSecret
 // Delete answers webhooks.delete: the webhook with its delivery queue and
 // history.
 func (s *Service) Delete(ctx context.Context, in *api.WebhooksDeleteInput) (*api.WebhookDeleted, error) {
-	sess, _, q, err := iam.CallFromContext(ctx)
+	_, q, row, err := owned(ctx, in.TenantID, in.WebhookID, false)
 	if err != nil {
 		return nil, err
 	}
-	row, err := owned(ctx, q, in.TenantID, in.WebhookID, false)
-	if err != nil {
-		return nil, err
-	}
-	audited(sess, "webhook", row.WebhookID, row.TenantID)
 	n, err := q.DeleteWebhook(ctx, row.WebhookID)
 	if err != nil {
 		return nil, err
@@ -348,15 +337,10 @@ const pingModule = "webhooks"
 // Ping answers webhooks.ping (rule 6): a webhook.ping delivery due now,
 // never written to the outbox.
 func (s *Service) Ping(ctx context.Context, in *api.WebhooksPingInput) (*api.Delivery, error) {
-	sess, _, q, err := iam.CallFromContext(ctx)
+	_, q, row, err := owned(ctx, in.TenantID, in.WebhookID, false)
 	if err != nil {
 		return nil, err
 	}
-	row, err := owned(ctx, q, in.TenantID, in.WebhookID, false)
-	if err != nil {
-		return nil, err
-	}
-	audited(sess, "webhook", row.WebhookID, row.TenantID)
 	now := s.now()
 	eventID := ids.New(eventPrefix)
 	data, err := json.Marshal(api.WebhookPingPayload{WebhookID: row.WebhookID})
@@ -384,11 +368,8 @@ func (s *Service) Ping(ctx context.Context, in *api.WebhooksPingInput) (*api.Del
 // Deliveries answers webhooks.deliveries: newest first, optionally one
 // state.
 func (s *Service) Deliveries(ctx context.Context, in *api.WebhooksDeliveriesInput) (*api.DeliveryList, error) {
-	_, _, q, err := iam.CallFromContext(ctx)
+	_, q, _, err := owned(ctx, in.TenantID, in.WebhookID, false)
 	if err != nil {
-		return nil, err
-	}
-	if _, err := owned(ctx, q, in.TenantID, in.WebhookID, false); err != nil {
 		return nil, err
 	}
 	p := db.ListDeliveriesParams{WebhookID: in.WebhookID, MaxRows: int32(in.Limit)}
@@ -424,7 +405,7 @@ func (s *Service) Redeliver(ctx context.Context, in *api.WebhooksRedeliverInput)
 		return nil, missing
 	}
 	// The webhook first, as every writer of both does.
-	w, err := owned(ctx, q, in.TenantID, d.WebhookID, true)
+	_, _, w, err := owned(ctx, in.TenantID, d.WebhookID, true)
 	if err != nil {
 		return nil, missing
 	}
