@@ -39,13 +39,19 @@ func (s *Sealer) tag(method, tenant string, pos []byte) []byte {
 // Seal returns the cursor of pos for method and tenant.
 func (s *Sealer) Seal(method, tenant string, pos []byte) string {
 	buf := append(append([]byte{}, pos...), s.tag(method, tenant, pos)...)
-	return base64.RawURLEncoding.EncodeToString(buf)
+	return encoding.EncodeToString(buf)
 }
+
+// encoding is strict: a last character whose unused low bits are set
+// decodes to the same bytes as the canonical one, and would make a changed
+// cursor open. The decoder also skips CR and LF, so Open compares the
+// cursor with the canonical spelling of what it decoded.
+var encoding = base64.RawURLEncoding.Strict()
 
 // Open returns the position inside a cursor, or ErrInvalid.
 func (s *Sealer) Open(method, tenant, c string) ([]byte, error) {
-	buf, err := base64.RawURLEncoding.DecodeString(c)
-	if err != nil || len(buf) < tagLen {
+	buf, err := encoding.DecodeString(c)
+	if err != nil || len(buf) < tagLen || encoding.EncodeToString(buf) != c {
 		return nil, ErrInvalid
 	}
 	pos, tag := buf[:len(buf)-tagLen], buf[len(buf)-tagLen:]

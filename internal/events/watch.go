@@ -315,7 +315,12 @@ func (s *stream) send(ctx context.Context) (bool, error) {
 
 func (s *stream) comment(text string) error { return s.write(": " + text + "\n\n") }
 
+// StreamWriteTimeout bounds each write of a stream: a client that stops
+// reading is dropped when the next event or heartbeat cannot reach it.
+const StreamWriteTimeout = 30 * time.Second
+
 func (s *stream) write(text string) error {
+	_ = s.rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
 	if _, err := s.w.Write([]byte(text)); err != nil {
 		return clientWriteError{err}
 	}

@@ -60,6 +60,7 @@ type Host struct {
 	dispatch *sinks.Dispatcher
 	notifier *notify.Notifier
 	workers  *workers.Runner // nil without a worker role
+	pools    []*store.Store  // the background pools, closed with the store
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -100,7 +101,15 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger, opt Options)
 
 // Assemble builds the host around an open store: services, registry check,
 // envelope and routes. Tests use it with a store of their own.
-func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Overrides) (*Host, error) {
+func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Overrides) (_ *Host, err error) {
+	// Pools opened beside st (see Store.Sibling) close with the host, or
+	// here when assembling fails.
+	var pools []*store.Store
+	defer func() {
+		if err != nil {
+			closeAll(pools)
+		}
+	}()
 	var gw *system.Gateway
 	if cfg.Gateway != nil {
 		gw = &system.Gateway{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
@@ -133,7 +142,15 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if ov.Now != nil {
 		now = ov.Now
 	}
-	identity := embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, now)
+	// The embedded identity service is a dependency like an external one
+	// would be: its own connections, so that calls queued on the API's
+	// pool (behind a held lock, say) never keep decisions from being made.
+	iamStore, err := st.Sibling(context.Background(), "computed-iam", st.Pool().Config().MaxConns)
+	if err != nil {
+		return nil, err
+	}
+	pools = append(pools, iamStore)
+	identity := embedded.New(iamStore, cfg.RootTenantID, cfg.TypePrefix, now)
 	cached := iam.NewCached(identity, now)
 	var gate rpc.Gate = &iam.Gate{
 		Port:         cached,
@@ -177,13 +194,27 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		AfterCommit: func(context.Context, *rpc.Call) { notifier.Wake(notify.TopicOutbox) },
 		Log:         log,
 	}
-	dispatch := &sinks.Dispatcher{Store: st, Metrics: sinkMetrics, Log: log}
+	// Background work runs on pools of its own: API load, however heavy,
+	// never keeps a worker from its connections, and lease renewal has a
+	// pool nothing else uses, so a busy job cannot cost a lease either.
+	work, leases := st, st
+	if slices.ContainsFunc(workerRoles, cfg.HasRole) {
+		if work, err = st.Sibling(context.Background(), "computed-workers", int32(cfg.Workers.Concurrency)+4); err != nil {
+			return nil, err
+		}
+		pools = append(pools, work)
+		if leases, err = st.Sibling(context.Background(), "computed-leases", 2); err != nil {
+			return nil, err
+		}
+		pools = append(pools, leases)
+	}
+	dispatch := &sinks.Dispatcher{Store: work, Metrics: sinkMetrics, Log: log}
 	var runner *workers.Runner
 	if slices.ContainsFunc(workerRoles, cfg.HasRole) {
-		runner = workers.New(st, workers.Options{Workers: cfg.Workers, Log: log})
+		runner = workers.New(leases, workers.Options{Workers: cfg.Workers, Log: log})
 	}
 	if runner != nil && cfg.HasRole(config.RoleSinks) {
-		if err := registerDispatch(runner, st, cfg, reg, notifier, dispatch.Jobs(sinkList, cfg.Workers.BatchSize), log); err != nil {
+		if err := registerDispatch(runner, work, cfg, reg, notifier, dispatch.Jobs(sinkList, cfg.Workers.BatchSize), log); err != nil {
 			return nil, err
 		}
 	}
@@ -204,7 +235,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
 	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached, watch: watch,
 		sinks: sinkList, dispatch: dispatch,
-		notifier: notifier, workers: runner,
+		notifier: notifier, workers: runner, pools: pools,
 	}, nil
 }
 
@@ -265,8 +296,17 @@ func (h *Host) Notifier() *notify.Notifier { return h.notifier }
 // singleton jobs and reconcilers on it before Serve.
 func (h *Host) Workers() *workers.Runner { return h.workers }
 
-// Close releases the store.
-func (h *Host) Close() { h.store.Close() }
+// Close releases the store and the background pools.
+func (h *Host) Close() {
+	closeAll(h.pools)
+	h.store.Close()
+}
+
+func closeAll(pools []*store.Store) {
+	for _, p := range pools {
+		p.Close()
+	}
+}
 
 // Serve runs the roles until ctx is done, then shuts down in the
 // specification's order: the HTTP listener closes with a grace period, the

@@ -84,6 +84,10 @@ type Handler struct {
 	BasePath string
 	Services *api.Services
 	Gate     Gate
+	// Precheck runs after the input decoded and before the Gate: the
+	// validation rules that need deployment facts (the root tenant) and
+	// must still run before authentication. nil checks nothing.
+	Precheck func(ctx context.Context, call *Call) error
 	Store    Transactor
 	Metrics  *metrics.RPC // nil records nothing
 	// Audit writes the audit row of a mutation and the events it held in
@@ -96,6 +100,38 @@ type Handler struct {
 	Log         *slog.Logger
 	// Now is the clock of durations; tests may replace it.
 	Now func() time.Time
+	// CallTimeout bounds the decision and the transaction of one call;
+	// 0 means DefaultCallTimeout.
+	CallTimeout time.Duration
+}
+
+// DefaultCallTimeout bounds a call's decision and transaction.
+const DefaultCallTimeout = 10 * time.Second
+
+// DefaultRetryAfterMs is the retry hint of an UNAVAILABLE or RATE_LIMITED
+// answer whose error named none: the specification promises one on both.
+const DefaultRetryAfterMs = 1000
+
+func (h *Handler) callTimeout() time.Duration {
+	if h.CallTimeout > 0 {
+		return h.CallTimeout
+	}
+	return DefaultCallTimeout
+}
+
+// unavailable turns a database fault that reached the envelope (the
+// database restarting or unreachable, a terminated session, a lock or
+// statement timeout, no free connection) into UNAVAILABLE with a retry
+// hint: the transaction rolled back, so nothing changed and a retry is
+// safe. Every other error is left as it is.
+func unavailable(log *slog.Logger, err error) error {
+	var se *api.Error
+	if errors.As(err, &se) || !store.Unavailable(err) {
+		return err
+	}
+	log.Warn("database unavailable", "error", err.Error())
+	return api.Errorf(api.CodeUnavailable, "the database is unavailable or busy; retry later").
+		WithDetails(map[string]any{"retryAfterMs": DefaultRetryAfterMs})
 }
 
 // ServeHTTP implements the envelope.
@@ -111,6 +147,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		name = m.FullName
 	}
 	data, err := h.serve(ctx, log, r, m, meta)
+	if err != nil {
+		err = unavailable(log, err)
+	}
 	status := h.write(w, log, data, err)
 	code := metrics.CodeOK
 	if err != nil {
@@ -150,10 +189,20 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 	if !m.Registered() || m.Invoke == nil {
 		return nil, api.NotImplemented(m)
 	}
+	// Every call is bounded: the decision and the transaction share one
+	// deadline, from which the transaction's statement and lock timeouts
+	// are derived (store.limitsOf).
+	ctx, cancel := context.WithTimeout(ctx, h.callTimeout())
+	defer cancel()
 	call := &Call{
 		Method: m, Input: in, Fields: obj, Request: r,
 		RequestID: meta.RequestID, Traceparent: meta.Traceparent,
 		Credential: bearer(r.Header.Get("Authorization")),
+	}
+	if h.Precheck != nil {
+		if err := h.Precheck(ctx, call); err != nil {
+			return nil, err
+		}
 	}
 	if h.Gate != nil {
 		if ctx, err = h.Gate.Admit(ctx, call); err != nil {
@@ -267,7 +316,11 @@ func (h *Handler) write(w http.ResponseWriter, log *slog.Logger, data any, err e
 	}
 	body := errorBody{Error: errorPayload{Code: se.Code, Message: se.Message}}
 	details := se.Details
-	if ms, ok := retryAfterMs(details); ok {
+	ms, ok := retryAfterMs(details)
+	if !ok && (se.Code == api.CodeUnavailable || se.Code == api.CodeRateLimited) {
+		ms, ok = DefaultRetryAfterMs, true
+	}
+	if ok {
 		details = withoutKey(details, "retryAfterMs")
 		body.RetryAfterMs, body.Error.RetryAfterMs = &ms, &ms
 		w.Header().Set("Retry-After", strconv.FormatInt((ms+999)/1000, 10))

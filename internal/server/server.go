@@ -49,7 +49,9 @@ func New(o Options) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
 	}))
 	mux.HandleFunc("/readyz", getOnly(func(w http.ResponseWriter, r *http.Request) {
-		if _, _, err := o.Store.Ping(r.Context()); err != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), ProbeTimeout)
+		defer cancel()
+		if _, _, err := o.Store.Ping(ctx); err != nil {
 			o.Log.WarnContext(r.Context(), "readiness probe failed", "error", err.Error())
 			writeJSON(w, http.StatusServiceUnavailable, map[string]bool{"ok": false})
 			return
@@ -89,12 +91,14 @@ func New(o Options) http.Handler {
 	// Everything else under the base path is the RPC envelope, which answers
 	// unknown methods with NOT_FOUND in its own envelope.
 	mux.Handle(o.BasePath+"/", o.RPC)
-	return mux
+	return withWriteDeadline(mux)
 }
 
 // health answers GET {basePath}/health.
 func health(w http.ResponseWriter, r *http.Request, s Pinger, log *slog.Logger) {
-	dbTime, latency, err := s.Ping(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), ProbeTimeout)
+	defer cancel()
+	dbTime, latency, err := s.Ping(ctx)
 	body := map[string]any{
 		"status":    "ok",
 		"database":  "ok",

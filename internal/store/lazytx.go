@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -23,16 +25,27 @@ type lazyTx struct {
 
 var _ pgx.Tx = (*lazyTx)(nil)
 
-// pipeline sends BEGIN and the first statement together.
+// pipeline sends BEGIN, the call's time limits and the first statement
+// together.
 func (t *lazyTx) pipeline(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(t.opts)
+	limits, hasLimits := limitsOf(ctx)
+	if hasLimits {
+		b.Queue(setLimits, limits...)
+	}
 	b.Queue(sql, args...)
 	br := t.conn.SendBatch(ctx, b)
 	t.tx = br.Tx()
 	if _, err := br.Exec(); err != nil { // the BEGIN's result
 		_ = br.Close()
 		return nil, err
+	}
+	if hasLimits {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
 	}
 	return br, nil
 }
@@ -47,7 +60,33 @@ func (t *lazyTx) ensure(ctx context.Context) error {
 		return err
 	}
 	t.tx = tx
-	return nil
+	if limits, ok := limitsOf(ctx); ok {
+		_, err = tx.Exec(ctx, setLimits, limits...)
+	}
+	return err
+}
+
+// setLimits bounds each statement of the transaction, and each wait for a
+// lock, by what is left of the call's time.
+const setLimits = `select set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)`
+
+// MaxLockWait bounds how long a statement of a call waits for a row lock.
+// A lock held elsewhere (a stuck transaction, a slow writer) then costs the
+// calls that need that row an UNAVAILABLE answer after this long, and their
+// connections come back to the pool instead of piling up behind the lock.
+const MaxLockWait = time.Second
+
+// limitsOf derives statement_timeout and lock_timeout (milliseconds, as
+// set_config wants them) from ctx's deadline; without a deadline the
+// server's settings stand.
+func limitsOf(ctx context.Context) ([]any, bool) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return nil, false
+	}
+	left := max(time.Until(deadline).Milliseconds(), 1)
+	lock := min(left, MaxLockWait.Milliseconds())
+	return []any{strconv.FormatInt(left, 10), strconv.FormatInt(lock, 10)}, true
 }
 
 func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -170,13 +209,24 @@ type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
 
+// AcquireTimeout bounds the wait for a free connection. Past it the call is
+// shed (ErrBusy, answered UNAVAILABLE with a retry hint): a queue of calls
+// behind an exhausted pool would only time out later, holding their
+// clients.
+const AcquireTimeout = 2 * time.Second
+
 // withLazyTx runs fn in a lazy transaction on a connection of the pool: it
 // commits when fn returns nil, rolls back otherwise (and on panic), and
 // drops a connection it could not roll back, so the pool never hands out a
 // connection inside a transaction.
 func withLazyTx(ctx context.Context, pool *pgxpool.Pool, readOnly bool, fn func(ctx context.Context, tx pgx.Tx) error) (retErr error) {
-	conn, err := pool.Acquire(ctx)
+	actx, cancel := context.WithTimeout(ctx, AcquireTimeout)
+	conn, err := pool.Acquire(actx)
+	cancel()
 	if err != nil {
+		if ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("%w: %w", ErrBusy, err)
+		}
 		return fmt.Errorf("store: acquire: %w", err)
 	}
 	tx := &lazyTx{conn: conn, opts: pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite}}

@@ -79,6 +79,21 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	return &Store{pool: pool, queries: db.New(pool)}, nil
 }
 
+// Sibling opens a second pool to the same database, of at most maxConns
+// connections, named name in pg_stat_activity. Background work runs on its
+// own pools so that API load, however heavy, can never keep a worker from
+// renewing its leases. It connects lazily.
+func (s *Store) Sibling(ctx context.Context, name string, maxConns int32) (*Store, error) {
+	cfg := s.pool.Config() // a copy
+	cfg.MaxConns, cfg.MinConns = maxConns, 0
+	cfg.ConnConfig.RuntimeParams[applicationNameKey] = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s pool: %w", name, err)
+	}
+	return &Store{pool: pool, queries: db.New(pool)}, nil
+}
+
 // Close closes every connection; it waits for connections in use to be
 // released.
 func (s *Store) Close() {

@@ -30,12 +30,15 @@ type Env struct {
 	URL, APIURL string
 	Config      *config.Config
 	Store       *store.Store
-	logs        *SyncBuffer
+	// Host is the assembled process; its workers are not started.
+	Host *host.Host
+	logs *SyncBuffer
 }
 
 type settings struct {
 	env       map[string]string
 	overrides host.Overrides
+	store     *store.Store
 }
 
 // Option changes how Start builds the env.
@@ -43,6 +46,10 @@ type Option func(*settings)
 
 // WithEnv sets an environment variable the configuration is loaded from.
 func WithEnv(key, value string) Option { return func(s *settings) { s.env[key] = value } }
+
+// WithStore runs the env on st (a database the test prepared, on a cluster
+// of its own) instead of a fresh database of the shared test cluster.
+func WithStore(st *store.Store) Option { return func(s *settings) { s.store = st } }
 
 // WithOverrides replaces parts of the host (a gate, a service double).
 func WithOverrides(ov host.Overrides) Option { return func(s *settings) { s.overrides = ov } }
@@ -53,7 +60,6 @@ const TestSecret = "test-secret-0123456789abcdefghijklmnopqrstuvwxyz"
 // Start runs the api role on a fresh database until the test ends.
 func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
-	st := dbtest.NewStore(t)
 	s := settings{env: map[string]string{
 		"SERVICE_DATABASE_URL": "postgres://unused", // the store is already open
 		"SERVICE_SECRET":       TestSecret,
@@ -61,15 +67,20 @@ func Start(t testing.TB, opts ...Option) *Env {
 	for _, o := range opts {
 		o(&s)
 	}
+	st := s.store
+	if st == nil {
+		st = dbtest.NewStore(t)
+	}
 	cfg, err := config.Load(func(k string) string { return s.env[k] })
 	require.NoError(t, err)
 	logs := &SyncBuffer{}
 	log := logging.New(logs, slog.LevelDebug)
 	h, err := host.Assemble(cfg, st, log, s.overrides)
 	require.NoError(t, err)
+	t.Cleanup(h.Close) // before the database is dropped (cleanups run last first)
 	srv := httptest.NewServer(h.Handler())
 	t.Cleanup(srv.Close)
-	return &Env{URL: srv.URL, APIURL: srv.URL + cfg.BasePath, Config: cfg, Store: st, logs: logs}
+	return &Env{URL: srv.URL, APIURL: srv.URL + cfg.BasePath, Config: cfg, Store: st, Host: h, logs: logs}
 }
 
 // Client returns a generated client for the env.

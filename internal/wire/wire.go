@@ -63,8 +63,16 @@ func Index(parent string, i int) string {
 	return parent + "[" + strconv.Itoa(i) + "]"
 }
 
+// MaxDepth bounds the nesting of objects and arrays in a body.
+const MaxDepth = 64
+
 // ParseObject parses a request body. An empty body is the empty object;
-// anything but one JSON object (with nothing after it) is an issue.
+// anything but one JSON object (with nothing after it) is an issue. Two
+// more things are refused here, once for every field of every method:
+// a key that appears twice in one object (two parsers reading one body
+// differently is a classic bypass, so there is no "last one wins"), and
+// the NUL character (U+0000) in any string or key, which PostgreSQL text
+// and jsonb cannot store.
 func ParseObject(body []byte) (map[string]any, *Issue) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return map[string]any{}, nil
@@ -85,7 +93,62 @@ func ParseObject(body []byte) (map[string]any, *Issue) {
 	if !ok {
 		return nil, &Issue{Message: "body must be a JSON object, got " + TypeName(v)}
 	}
+	// The body is valid JSON: walk its tokens once more for what the
+	// decoder lets through.
+	tokens := json.NewDecoder(bytes.NewReader(body))
+	tokens.UseNumber()
+	if issue := checkValue(tokens, "", 0); issue != nil {
+		return nil, issue
+	}
 	return obj, nil
+}
+
+// NULMessage is the issue of a string holding U+0000.
+const NULMessage = "must not contain the NUL character (U+0000)"
+
+// checkValue reads one value of a valid JSON document from dec's token
+// stream and names the first duplicate key, NUL or excess nesting in it.
+func checkValue(dec *json.Decoder, path string, depth int) *Issue {
+	tok, err := dec.Token()
+	if err != nil {
+		return &Issue{Message: "body is not valid JSON: " + jsonProblem(err)}
+	}
+	switch t := tok.(type) {
+	case string:
+		if strings.ContainsRune(t, 0) {
+			return &Issue{Path: path, Message: NULMessage}
+		}
+	case json.Delim:
+		if depth >= MaxDepth {
+			return &Issue{Path: path, Message: fmt.Sprintf("nesting is deeper than %d levels", MaxDepth)}
+		}
+		if t == '[' {
+			for i := 0; dec.More(); i++ {
+				if issue := checkValue(dec, Index(path, i), depth+1); issue != nil {
+					return issue
+				}
+			}
+		} else {
+			seen := map[string]struct{}{}
+			for dec.More() {
+				tok, _ := dec.Token() // a key: the document is valid
+				key, _ := tok.(string)
+				if strings.ContainsRune(key, 0) {
+					return &Issue{Path: path, Message: "field names " + NULMessage}
+				}
+				at := Join(path, key)
+				if _, dup := seen[key]; dup {
+					return &Issue{Path: at, Message: "appears more than once"}
+				}
+				seen[key] = struct{}{}
+				if issue := checkValue(dec, at, depth+1); issue != nil {
+					return issue
+				}
+			}
+		}
+		_, _ = dec.Token() // the closing delimiter
+	}
+	return nil
 }
 
 func jsonProblem(err error) string {

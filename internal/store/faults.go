@@ -1,0 +1,60 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrBusy is returned, wrapped, when no connection of the pool came free
+// within AcquireTimeout: the process sheds the call rather than queue it
+// without bound.
+var ErrBusy = errors.New("store: every connection is busy")
+
+// Unavailable reports whether err means the database could not do the work
+// now and nothing was changed: it was unreachable, restarting or shutting
+// down, it terminated the session, the call ran out of its time (a lock
+// held elsewhere, a slow statement) or the pool had no connection free.
+// Such a call is worth retrying; the envelope answers UNAVAILABLE with
+// retryAfterMs rather than INTERNAL_ERROR.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrBusy) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
+		switch pgErr.Code[:2] {
+		case "08", // connection exception
+			"53", // insufficient resources (too many connections, out of memory or disk)
+			"57": // operator intervention: admin_shutdown 57P01, crash_shutdown 57P02,
+			// cannot_connect_now 57P03, query_canceled 57014 (statement_timeout)
+			return true
+		}
+		return pgErr.Code == "55P03" // lock_not_available (lock_timeout)
+	}
+	if errors.As(err, &pgErr) {
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) ||
+		errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		pgconn.Timeout(err) || isClosedConn(err)
+}
+
+// isClosedConn matches pgx's answers on a connection that an earlier fault
+// closed (the server terminated it mid-call), or that never sent the query.
+func isClosedConn(err error) bool {
+	return errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) || errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.Is(err, pgx.ErrTxClosed)
+}
