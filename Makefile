@@ -80,12 +80,7 @@ test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
 
 .PHONY: fuzz-short
 fuzz-short: $(SECRET_FILE) ## Fuzz each FUZZ_TARGETS entry for FUZZ_TIME (default 10s)
-	@$(SERVICE_ENV); \
-	for target in $(FUZZ_TARGETS); do \
-		pkg="$${target%%:*}"; name="$${target##*:}"; \
-		echo "fuzz $$name in $$pkg for $(FUZZ_TIME)"; \
-		go test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZ_TIME) "$$pkg"; \
-	done
+	@$(SERVICE_ENV); scripts/fuzz-short.sh $(FUZZ_TIME) $(FUZZ_TARGETS)
 
 .PHONY: bench
 bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -347,39 +346,5 @@ func (h *Watch) logger() *slog.Logger {
 // writeError answers a refusal before the stream starts in the RPC error
 // envelope (docs/protocol.md), with the code's status.
 func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
-	var se *api.Error
-	if !errors.As(err, &se) || se.Code == api.CodeInternalError {
-		log.Error("internal error", "error", err.Error())
-		se = &api.Error{Code: api.CodeInternalError, Message: "Internal server error"}
-	}
-	type payload struct {
-		Code         api.Code       `json:"code"`
-		Message      string         `json:"message"`
-		RetryAfterMs *int64         `json:"retryAfterMs,omitempty"`
-		Details      map[string]any `json:"details,omitempty"`
-	}
-	var body struct {
-		Error        payload `json:"error"`
-		RetryAfterMs *int64  `json:"retryAfterMs,omitempty"`
-	}
-	body.Error = payload{Code: se.Code, Message: se.Message}
-	for k, v := range se.Details {
-		if ms, ok := v.(int); ok && k == "retryAfterMs" {
-			n := int64(ms)
-			body.RetryAfterMs, body.Error.RetryAfterMs = &n, &n
-			w.Header().Set("Retry-After", strconv.FormatInt((n+999)/1000, 10))
-			continue
-		}
-		if body.Error.Details == nil {
-			body.Error.Details = map[string]any{}
-		}
-		body.Error.Details[k] = v
-	}
-	if se.Code == api.CodeUnauthenticated {
-		w.Header().Set("WWW-Authenticate", "Bearer")
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(se.HTTPStatus())
-	_ = json.NewEncoder(w).Encode(body)
+	_, _ = rpc.WriteError(w, log, err)
 }

@@ -147,13 +147,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		name = m.FullName
 	}
 	data, err := h.serve(ctx, log, r, m, meta)
-	if err != nil {
-		err = unavailable(log, err)
+	status, code := http.StatusOK, metrics.CodeOK
+	if err == nil {
+		err = writeData(w, data)
 	}
-	status := h.write(w, log, data, err)
-	code := metrics.CodeOK
 	if err != nil {
-		code = string(asServiceError(err).Code)
+		var c api.Code
+		status, c = WriteError(w, log, err)
+		code = string(c)
 	}
 	h.Metrics.Observe(name, code, status, h.now().Sub(start))
 	log.Debug("rpc", "method", name, "status", status, "code", code)
@@ -295,22 +296,30 @@ type errorPayload struct {
 	Details      map[string]any `json:"details,omitempty"`
 }
 
-// write answers {data} or {error} and returns the status written.
-func (h *Handler) write(w http.ResponseWriter, log *slog.Logger, data any, err error) int {
+// writeData answers {data}; an output that does not encode is returned as
+// the error to answer instead, with nothing written.
+func writeData(w http.ResponseWriter, data any) error {
+	buf, err := json.Marshal(struct {
+		Data any `json:"data"`
+	}{data})
+	if err != nil {
+		return err
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	if err == nil {
-		buf, merr := json.Marshal(struct {
-			Data any `json:"data"`
-		}{data})
-		if merr == nil {
-			w.WriteHeader(http.StatusOK)
-			_, _ = w.Write(buf)
-			return http.StatusOK
-		}
-		err = merr
-	}
-	se := asServiceError(err)
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(buf)
+	return nil
+}
+
+// WriteError answers err in the error envelope and returns the status and
+// code written. Database faults become UNAVAILABLE, anything that is not a
+// service error INTERNAL_ERROR (logged, never shown); a numeric
+// details.retryAfterMs moves to the top level and the Retry-After header,
+// and UNAVAILABLE and RATE_LIMITED always carry one. Host routes that
+// answer in the envelope's shape (GET /watch) use it too.
+func WriteError(w http.ResponseWriter, log *slog.Logger, err error) (int, api.Code) {
+	se := asServiceError(unavailable(log, err))
 	if se.Code == api.CodeInternalError {
 		log.Error("internal error", "error", err.Error())
 	}
@@ -328,8 +337,11 @@ func (h *Handler) write(w http.ResponseWriter, log *slog.Logger, data any, err e
 	if len(details) > 0 {
 		body.Error.Details = details
 	}
-	if se.Code == api.CodeMethodNotAllowed {
+	switch se.Code {
+	case api.CodeMethodNotAllowed:
 		w.Header().Set("Allow", http.MethodPost)
+	case api.CodeUnauthenticated:
+		w.Header().Set("WWW-Authenticate", "Bearer")
 	}
 	status := se.HTTPStatus()
 	buf, merr := json.Marshal(body)
@@ -338,9 +350,11 @@ func (h *Handler) write(w http.ResponseWriter, log *slog.Logger, data any, err e
 		status = http.StatusInternalServerError
 		buf = []byte(`{"error":{"code":"INTERNAL_ERROR","message":"Internal server error"}}`)
 	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write(buf)
-	return status
+	return status, se.Code
 }
 
 // retryAfterMs reads a numeric details.retryAfterMs.

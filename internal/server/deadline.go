@@ -16,9 +16,9 @@ const ResponseWriteTimeout = 30 * time.Second
 // a probe answers within it even when the database stalls.
 const ProbeTimeout = 2 * time.Second
 
-func withWriteDeadline(next http.Handler) http.Handler {
+func withWriteDeadline(next http.Handler, timeout time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(ResponseWriteTimeout))
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(timeout))
 		next.ServeHTTP(w, r)
 	})
 }

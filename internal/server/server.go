@@ -5,6 +5,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -33,6 +34,9 @@ type Options struct {
 	Metrics      *metrics.Registry
 	OpenAPI      []byte
 	DocsHTML     []byte
+	// WriteTimeout bounds the writing of one response; 0 means
+	// ResponseWriteTimeout.
+	WriteTimeout time.Duration
 	// Watch serves GET /watch (the events module's stream); nil mounts
 	// nothing.
 	Watch http.Handler
@@ -91,7 +95,7 @@ func New(o Options) http.Handler {
 	// Everything else under the base path is the RPC envelope, which answers
 	// unknown methods with NOT_FOUND in its own envelope.
 	mux.Handle(o.BasePath+"/", o.RPC)
-	return withWriteDeadline(mux)
+	return withWriteDeadline(mux, cmp.Or(o.WriteTimeout, ResponseWriteTimeout))
 }
 
 // health answers GET {basePath}/health.
