@@ -27,6 +27,35 @@ type AuditLog struct {
 	Xid          pgtype.Uint64
 }
 
+type Booking struct {
+	BookingID string
+	NodeID    string
+	PoolID    string
+	TenantID  string
+	OwnerType string
+	OwnerID   string
+	Whole     bool
+	Vcpu      int32
+	MemoryMib int64
+	DiskGib   int64
+	Gpus      int32
+	During    pgtype.Range[pgtype.Timestamptz]
+	Released  bool
+	CreatedAt time.Time
+}
+
+type Flavor struct {
+	PoolID    string
+	Name      string
+	Vcpu      int32
+	MemoryMib int64
+	DiskGib   int64
+	GpuModel  pgtype.Text
+	Gpus      int32
+	Archived  bool
+	CreatedAt time.Time
+}
+
 type IamApiKey struct {
 	ID           string
 	TenantID     string
@@ -140,6 +169,29 @@ type Lease struct {
 	ExpiresAt  time.Time
 }
 
+type Node struct {
+	NodeID          string
+	PoolID          string
+	SiteID          string
+	Hostname        string
+	State           string
+	Labels          []byte
+	CapVcpu         int32
+	CapMemoryMib    int64
+	CapDiskGib      int64
+	GpuModel        pgtype.Text
+	CapGpus         int32
+	BookedVcpu      int32
+	BookedMemoryMib int64
+	BookedDiskGib   int64
+	BookedGpus      int32
+	FreeVcpu        pgtype.Int4
+	FreeMemoryMib   pgtype.Int8
+	Version         int64
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+}
+
 type Outbox struct {
 	Seq         int64
 	ID          string
@@ -152,6 +204,33 @@ type Outbox struct {
 	RequestID   pgtype.Text
 	Traceparent pgtype.Text
 	Xid         pgtype.Uint64
+}
+
+type Pool struct {
+	PoolID    string
+	TenantID  string
+	SiteID    string
+	Name      string
+	Class     string
+	Hosting   string
+	AccountID pgtype.Text
+	Runtime   pgtype.Text
+	Agent     pgtype.Text
+	Archived  bool
+	Version   int64
+	CreatedBy string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+type Quota struct {
+	TenantID  string
+	PoolID    string
+	Resource  string
+	Max       int64
+	Used      int64
+	Offered   bool
+	UpdatedAt time.Time
 }
 
 type Secret struct {

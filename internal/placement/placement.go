@@ -1,0 +1,367 @@
+// Package placement is the one placement engine: every admission that needs
+// capacity (instances, reservations, sandboxes, volumes) books it here, in
+// the admission's own transaction, and every release gives it back.
+//
+// An admission filters the pool's ready nodes (room for the shape, GPU
+// model, a pinned node such as a volume's host), scores the best few with
+// the configured weights, picks one of the top N at random so concurrent
+// admissions do not herd onto one node, books it with one conditional
+// UPDATE, and charges the tenant's quota rows last (the hot rows of a
+// tenant are then locked only for the end of the transaction). The
+// database has the last word: a node's booked amounts cannot pass its
+// capacity, a quota's used cannot pass its max, and whole-node bookings
+// of one node cannot overlap (migrations/00011_fleet.sql), so a bug here
+// can fail an admission but never over-commit.
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/ids"
+)
+
+// Quota resources.
+const (
+	ResourceVCPU      = "vcpu"
+	ResourceMemoryMiB = "memoryMiB"
+	ResourceDiskGiB   = "diskGiB"
+	ResourceGPUs      = "gpus"
+	ResourceInstances = "instances"
+	ResourceSandboxes = "sandboxes"
+	ResourceNodes     = "nodes"
+)
+
+// Resources lists every quota resource, in the order rows are charged.
+var Resources = []string{ResourceDiskGiB, ResourceGPUs, ResourceInstances, ResourceMemoryMiB, ResourceNodes, ResourceSandboxes, ResourceVCPU}
+
+// Shape is what a booking holds on one node.
+type Shape struct {
+	VCPU      int32
+	MemoryMiB int64
+	DiskGiB   int64
+	GPUs      int32
+	GPUModel  string // required model when GPUs > 0; "" for any
+}
+
+// Owner is what a booking is for.
+type Owner struct {
+	Type string // instance, reservation, sandbox, volume ...
+	ID   string
+}
+
+// Request is one admission.
+type Request struct {
+	TenantID, PoolID string
+	Owner            Owner
+	Shape            Shape
+	// Whole books an entire empty node (metal reservations); Shape is then
+	// taken from the node.
+	Whole bool
+	// NodeID pins the booking to one node (a volume's host); "" places
+	// anywhere in the pool.
+	NodeID string
+	// Count charges counted resources besides the shape's (instances: 1).
+	Count map[string]int64
+	// Until ends the booking's time range; nil leaves it open.
+	Until *time.Time
+}
+
+// Booking is capacity held on one node.
+type Booking struct {
+	ID     string
+	NodeID string
+	Shape  Shape
+	Whole  bool
+}
+
+// Weights are the scorers' weights; both zero means pack.
+type Weights struct {
+	// Pack prefers the most used nodes (bin packing: fewer nodes busy).
+	Pack float64
+	// Spread prefers the least used nodes (spreading load and failures).
+	Spread float64
+}
+
+// Options configure an Engine.
+type Options struct {
+	Weights Weights
+	// TopN is how many of the best-scored nodes one is picked from at
+	// random (scheduler.topN, default 5).
+	TopN int
+	// Attempts bounds how often an admission looks again after the nodes it
+	// picked filled up under it (capacity.maxAttempts, default 3).
+	Attempts int
+}
+
+// Engine places admissions. It holds no state of its own: every fact is in
+// the database, so any number of processes can place into one pool.
+type Engine struct {
+	w        Weights
+	topN     int
+	attempts int
+}
+
+// New returns an engine.
+func New(o Options) *Engine {
+	if o.Weights == (Weights{}) {
+		o.Weights.Pack = 1
+	}
+	if o.TopN <= 0 {
+		o.TopN = 5
+	}
+	if o.Attempts <= 0 {
+		o.Attempts = 3
+	}
+	return &Engine{w: o.Weights, topN: o.TopN, attempts: o.Attempts}
+}
+
+// candidatesPerPick is how many more candidates than TopN are read and
+// scored, so the weights have room to reorder what the index returns.
+const candidatesPerPick = 4
+
+// Admit books capacity for req in tx and charges the tenant's quota. Any
+// error leaves tx to be rolled back by the caller; the error is
+// CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED (with details) or a database
+// error.
+func (e *Engine) Admit(ctx context.Context, tx pgx.Tx, req Request) (*Booking, error) {
+	q := db.New(tx)
+	shape := req.Shape
+	for attempt := 0; attempt < e.attempts; attempt++ {
+		if attempt > 0 {
+			// Every candidate was taken or held by a concurrent admission:
+			// look again after a moment.
+			if err := pause(ctx, attempt); err != nil {
+				return nil, err
+			}
+		}
+		rows, err := q.PlacementCandidates(ctx, db.PlacementCandidatesParams{
+			PoolID: req.PoolID, Vcpu: shape.VCPU, MemoryMib: shape.MemoryMiB, DiskGib: shape.DiskGiB, Gpus: shape.GPUs,
+			GpuModel: text(shape.GPUModel), NodeID: text(req.NodeID), Whole: req.Whole,
+			Spread: e.w.Spread > e.w.Pack, Lim: int32(e.topN * candidatesPerPick),
+		})
+		if err != nil {
+			return nil, err
+		}
+		if len(rows) == 0 {
+			return nil, e.refusal(ctx, q, req)
+		}
+		for _, n := range e.order(rows) {
+			held := shape
+			if req.Whole {
+				held = Shape{VCPU: n.CapVcpu, MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, GPUs: n.CapGpus, GPUModel: shape.GPUModel}
+			}
+			booked, err := q.BookNode(ctx, db.BookNodeParams{
+				NodeID: n.NodeID, Vcpu: held.VCPU, MemoryMib: held.MemoryMiB, DiskGib: held.DiskGiB, Gpus: held.GPUs, Whole: req.Whole,
+			})
+			if err != nil {
+				return nil, err
+			}
+			if booked == 0 {
+				continue // filled or held by another admission: the next one
+			}
+			b := &Booking{ID: ids.New("bkg_"), NodeID: n.NodeID, Shape: held, Whole: req.Whole}
+			if err := q.InsertBooking(ctx, db.InsertBookingParams{
+				BookingID: b.ID, NodeID: b.NodeID, PoolID: req.PoolID, TenantID: req.TenantID,
+				OwnerType: req.Owner.Type, OwnerID: req.Owner.ID, Whole: req.Whole,
+				Vcpu: held.VCPU, MemoryMib: held.MemoryMiB, DiskGib: held.DiskGiB, Gpus: held.GPUs, Until: req.Until,
+			}); err != nil {
+				return nil, err
+			}
+			if err := e.charge(ctx, q, req.TenantID, req.PoolID, charges(held, req)); err != nil {
+				return nil, err
+			}
+			return b, nil
+		}
+	}
+	return nil, e.refusal(ctx, q, req)
+}
+
+// refusal explains an admission that found no room: a spent quota is the
+// answer the tenant can act on, so it is named before the pool's capacity.
+func (e *Engine) refusal(ctx context.Context, q *db.Queries, req Request) error {
+	held := req.Shape
+	if req.Whole {
+		held = Shape{}
+	}
+	for _, c := range charges(held, req) {
+		row, err := q.GetQuota(ctx, db.GetQuotaParams{TenantID: req.TenantID, PoolID: req.PoolID, Resource: c.resource})
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && (!row.Offered || row.Used+c.amount > row.Max)) {
+			return quotaExceeded(ctx, q, req.TenantID, req.PoolID, c)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return noCapacity(req)
+}
+
+// Release gives a booking's capacity back to its node and refunds the
+// tenant's quota, in tx. extra refunds the counted resources the admission
+// charged besides the shape (as Request.Count). Releasing a booking twice
+// is NOT_FOUND the second time.
+func (e *Engine) Release(ctx context.Context, tx pgx.Tx, bookingID string, extra map[string]int64) error {
+	q := db.New(tx)
+	r, err := q.ReleaseBooking(ctx, bookingID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return api.Errorf(api.CodeNotFound, "booking %s is not held", bookingID)
+	}
+	if err != nil {
+		return err
+	}
+	if err := q.UnbookNode(ctx, db.UnbookNodeParams{
+		NodeID: r.NodeID, Vcpu: r.Vcpu, MemoryMib: r.MemoryMib, DiskGib: r.DiskGib, Gpus: r.Gpus,
+	}); err != nil {
+		return err
+	}
+	held := Shape{VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, GPUs: r.Gpus}
+	for _, c := range charges(held, Request{Whole: r.Whole, Count: extra}) {
+		if err := q.RefundQuota(ctx, db.RefundQuotaParams{TenantID: r.TenantID, PoolID: r.PoolID, Resource: c.resource, Amount: c.amount}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type charge struct {
+	resource string
+	amount   int64
+}
+
+// charges lists what an admission charges, in the fixed order of
+// Resources so that concurrent admissions lock quota rows in one order.
+// A whole-node booking is charged as one node, a slice by its shape.
+func charges(held Shape, req Request) []charge {
+	amounts := map[string]int64{}
+	if req.Whole {
+		amounts[ResourceNodes] = 1
+	} else {
+		amounts[ResourceVCPU] = int64(held.VCPU)
+		amounts[ResourceMemoryMiB] = held.MemoryMiB
+		amounts[ResourceDiskGiB] = held.DiskGiB
+		amounts[ResourceGPUs] = int64(held.GPUs)
+	}
+	for r, n := range req.Count {
+		amounts[r] += n
+	}
+	var out []charge
+	for _, r := range Resources {
+		if n := amounts[r]; n > 0 {
+			out = append(out, charge{r, n})
+		}
+	}
+	return out
+}
+
+func (e *Engine) charge(ctx context.Context, q *db.Queries, tenant, pool string, cs []charge) error {
+	for _, c := range cs {
+		n, err := q.ChargeQuota(ctx, db.ChargeQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource, Amount: c.amount})
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return quotaExceeded(ctx, q, tenant, pool, c)
+		}
+	}
+	return nil
+}
+
+// quotaExceeded explains a refused charge: no row (grants nothing), a pool
+// no longer offered, or max reached.
+func quotaExceeded(ctx context.Context, q *db.Queries, tenant, pool string, c charge) error {
+	details := map[string]any{"resource": c.resource, "requested": c.amount}
+	row, err := q.GetQuota(ctx, db.GetQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		details["max"], details["used"] = 0, 0
+		return api.Errorf(api.CodeQuotaExceeded, "tenant %s has no %s quota in pool %s", tenant, c.resource, pool).WithDetails(details)
+	case err != nil:
+		return err
+	case !row.Offered:
+		return api.Errorf(api.CodeQuotaExceeded, "pool %s is no longer offered to tenant %s", pool, tenant).WithDetails(details)
+	}
+	details["max"], details["used"] = row.Max, row.Used
+	return api.Errorf(api.CodeQuotaExceeded, "%s quota of tenant %s in pool %s is spent: %d of %d used, %d more asked",
+		c.resource, tenant, pool, row.Used, row.Max, c.amount).WithDetails(details)
+}
+
+func noCapacity(req Request) error {
+	s := req.Shape
+	details := map[string]any{
+		"poolId": req.PoolID, "vcpu": s.VCPU, "memoryMiB": s.MemoryMiB, "diskGiB": s.DiskGiB, "gpus": s.GPUs,
+	}
+	what := fmt.Sprintf("%d vCPU, %d MiB, %d GiB disk", s.VCPU, s.MemoryMiB, s.DiskGiB)
+	if s.GPUs > 0 {
+		details["gpuModel"] = s.GPUModel
+		what += fmt.Sprintf(", %d GPU %s", s.GPUs, s.GPUModel)
+	}
+	if req.Whole {
+		details["whole"] = true
+		what = "a whole empty node"
+	}
+	if req.NodeID != "" {
+		details["nodeId"] = req.NodeID
+		return api.Errorf(api.CodeCapacityUnavailable, "node %s has no room for %s", req.NodeID, what).WithDetails(details)
+	}
+	return api.Errorf(api.CodeCapacityUnavailable, "no ready node of pool %s has room for %s", req.PoolID, what).WithDetails(details)
+}
+
+// order scores candidates and returns them best first, the first pick
+// drawn at random from the top N.
+func (e *Engine) order(rows []db.PlacementCandidatesRow) []db.PlacementCandidatesRow {
+	score := func(n db.PlacementCandidatesRow) float64 {
+		used := 1 - (frac(n.FreeVcpu, n.CapVcpu)+frac64(n.FreeMemoryMib, n.CapMemoryMib))/2
+		return e.w.Pack*used + e.w.Spread*(1-used)
+	}
+	slices.SortStableFunc(rows, func(a, b db.PlacementCandidatesRow) int {
+		switch sa, sb := score(a), score(b); {
+		case sa > sb:
+			return -1
+		case sa < sb:
+			return 1
+		}
+		return 0
+	})
+	if top := min(e.topN, len(rows)); top > 1 {
+		i := rand.IntN(top)
+		rows[0], rows[i] = rows[i], rows[0]
+	}
+	return rows
+}
+
+func frac(free, capacity int32) float64 {
+	if capacity <= 0 {
+		return 0
+	}
+	return float64(free) / float64(capacity)
+}
+
+func frac64(free, capacity int64) float64 {
+	if capacity <= 0 {
+		return 0
+	}
+	return float64(free) / float64(capacity)
+}
+
+// pause waits a few random milliseconds, more after each attempt.
+func pause(ctx context.Context, attempt int) error {
+	t := time.NewTimer(time.Duration(1+rand.IntN(4*attempt)) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func text(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }

@@ -1,0 +1,73 @@
+-- Placement: candidate nodes, bookings and quota charges. Every write is
+-- conditional, and the tables' constraints refuse what a wrong condition
+-- would let through (migrations/00011_fleet.sql).
+
+-- name: PlacementCandidates :many
+-- Ready nodes of a pool with room for the shape, in pack order (least free
+-- vCPU first) or spread order, at most lim of them.
+SELECT node_id, cap_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+       free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
+FROM nodes
+WHERE pool_id = sqlc.arg(pool_id) AND state = 'ready'
+  AND free_vcpu >= sqlc.arg(vcpu)::integer AND free_memory_mib >= sqlc.arg(memory_mib)::bigint
+  AND cap_disk_gib - booked_disk_gib >= sqlc.arg(disk_gib)::bigint AND cap_gpus - booked_gpus >= sqlc.arg(gpus)::integer
+  AND (sqlc.narg(gpu_model)::text IS NULL OR gpu_model = sqlc.narg(gpu_model))
+  AND (sqlc.narg(node_id)::text IS NULL OR node_id = sqlc.narg(node_id))
+  AND (NOT sqlc.arg(whole)::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
+ORDER BY CASE WHEN sqlc.arg(spread)::boolean THEN -free_vcpu ELSE free_vcpu END, node_id
+LIMIT sqlc.arg(lim);
+
+-- name: BookNode :execrows
+-- Adds a booking's amounts to a node if they still fit (a whole-node
+-- booking only on an empty node). A node another admission holds is
+-- skipped, never waited for: an UPDATE that waits and then finds the row
+-- no longer matches keeps it locked, and two admissions each holding one
+-- node while waiting for the other's would deadlock.
+UPDATE nodes SET
+    booked_vcpu = booked_vcpu + sqlc.arg(vcpu)::integer,
+    booked_memory_mib = booked_memory_mib + sqlc.arg(memory_mib)::bigint,
+    booked_disk_gib = booked_disk_gib + sqlc.arg(disk_gib)::bigint,
+    booked_gpus = booked_gpus + sqlc.arg(gpus)::integer,
+    updated_at = now()
+WHERE node_id = (SELECT l.node_id FROM nodes l WHERE l.node_id = sqlc.arg(node_id) FOR NO KEY UPDATE SKIP LOCKED)
+  AND state = 'ready'
+  AND free_vcpu >= sqlc.arg(vcpu)::integer AND free_memory_mib >= sqlc.arg(memory_mib)::bigint
+  AND cap_disk_gib - booked_disk_gib >= sqlc.arg(disk_gib)::bigint AND cap_gpus - booked_gpus >= sqlc.arg(gpus)::integer
+  AND (NOT sqlc.arg(whole)::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0));
+
+-- name: UnbookNode :exec
+UPDATE nodes SET
+    booked_vcpu = booked_vcpu - sqlc.arg(vcpu)::integer,
+    booked_memory_mib = booked_memory_mib - sqlc.arg(memory_mib)::bigint,
+    booked_disk_gib = booked_disk_gib - sqlc.arg(disk_gib)::bigint,
+    booked_gpus = booked_gpus - sqlc.arg(gpus)::integer,
+    updated_at = now()
+WHERE node_id = sqlc.arg(node_id);
+
+-- name: InsertBooking :exec
+INSERT INTO bookings (booking_id, node_id, pool_id, tenant_id, owner_type, owner_id, whole,
+                      vcpu, memory_mib, disk_gib, gpus, during)
+VALUES (sqlc.arg(booking_id), sqlc.arg(node_id), sqlc.arg(pool_id), sqlc.arg(tenant_id), sqlc.arg(owner_type),
+        sqlc.arg(owner_id), sqlc.arg(whole), sqlc.arg(vcpu), sqlc.arg(memory_mib), sqlc.arg(disk_gib), sqlc.arg(gpus),
+        tstzrange(now(), sqlc.narg(until)::timestamptz));
+
+-- name: ReleaseBooking :one
+-- Closes a live booking's range now and returns what it held.
+UPDATE bookings SET released = true, during = tstzrange(lower(during), greatest(lower(during), now()))
+WHERE booking_id = sqlc.arg(booking_id) AND NOT released
+RETURNING node_id, pool_id, tenant_id, whole, vcpu, memory_mib, disk_gib, gpus;
+
+-- name: ChargeQuota :execrows
+-- Adds amount to a tenant's used in a pool if it stays within max and the
+-- pool is still offered to the tenant.
+UPDATE quotas SET used = used + sqlc.arg(amount), updated_at = now()
+WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resource = sqlc.arg(resource)
+  AND offered AND used + sqlc.arg(amount) <= max;
+
+-- name: RefundQuota :exec
+UPDATE quotas SET used = used - sqlc.arg(amount), updated_at = now()
+WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resource = sqlc.arg(resource);
+
+-- name: GetQuota :one
+SELECT tenant_id, pool_id, resource, max, used, offered FROM quotas
+WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resource = sqlc.arg(resource);
