@@ -19,21 +19,31 @@ LIMIT sqlc.arg(lim);
 
 -- name: BookNode :execrows
 -- Adds a booking's amounts to a node if they still fit (a whole-node
--- booking only on an empty node). A node another admission holds is
--- skipped, never waited for: an UPDATE that waits and then finds the row
--- no longer matches keeps it locked, and two admissions each holding one
--- node while waiting for the other's would deadlock.
-UPDATE nodes SET
-    booked_vcpu = booked_vcpu + sqlc.arg(vcpu)::integer,
-    booked_memory_mib = booked_memory_mib + sqlc.arg(memory_mib)::bigint,
-    booked_disk_gib = booked_disk_gib + sqlc.arg(disk_gib)::bigint,
-    booked_gpus = booked_gpus + sqlc.arg(gpus)::integer,
-    updated_at = now()
-WHERE node_id = (SELECT l.node_id FROM nodes l WHERE l.node_id = sqlc.arg(node_id) FOR NO KEY UPDATE SKIP LOCKED)
-  AND state = 'ready'
-  AND free_vcpu >= sqlc.arg(vcpu)::integer AND free_memory_mib >= sqlc.arg(memory_mib)::bigint
-  AND cap_disk_gib - booked_disk_gib >= sqlc.arg(disk_gib)::bigint AND cap_gpus - booked_gpus >= sqlc.arg(gpus)::integer
-  AND (NOT sqlc.arg(whole)::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0));
+-- booking only on an empty node) and writes the booking, in one statement.
+-- A node another admission holds is skipped, never waited for: an UPDATE
+-- that waits and then finds the row no longer matches keeps it locked, and
+-- two admissions each holding one node while waiting for the other's would
+-- deadlock.
+WITH booked AS (
+    UPDATE nodes SET
+        booked_vcpu = booked_vcpu + sqlc.arg(vcpu)::integer,
+        booked_memory_mib = booked_memory_mib + sqlc.arg(memory_mib)::bigint,
+        booked_disk_gib = booked_disk_gib + sqlc.arg(disk_gib)::bigint,
+        booked_gpus = booked_gpus + sqlc.arg(gpus)::integer,
+        updated_at = now()
+    WHERE node_id = (SELECT l.node_id FROM nodes l WHERE l.node_id = sqlc.arg(node_id) FOR NO KEY UPDATE SKIP LOCKED)
+      AND state = 'ready'
+      AND free_vcpu >= sqlc.arg(vcpu)::integer AND free_memory_mib >= sqlc.arg(memory_mib)::bigint
+      AND cap_disk_gib - booked_disk_gib >= sqlc.arg(disk_gib)::bigint AND cap_gpus - booked_gpus >= sqlc.arg(gpus)::integer
+      AND (NOT sqlc.arg(whole)::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
+    RETURNING node_id
+)
+INSERT INTO bookings (booking_id, node_id, pool_id, tenant_id, owner_type, owner_id, whole,
+                      vcpu, memory_mib, disk_gib, gpus, during)
+SELECT sqlc.arg(booking_id), booked.node_id, sqlc.arg(pool_id), sqlc.arg(tenant_id), sqlc.arg(owner_type),
+       sqlc.arg(owner_id), sqlc.arg(whole), sqlc.arg(vcpu), sqlc.arg(memory_mib), sqlc.arg(disk_gib), sqlc.arg(gpus),
+       tstzrange(now(), sqlc.narg(until)::timestamptz)
+FROM booked;
 
 -- name: UnbookNode :exec
 UPDATE nodes SET
@@ -43,13 +53,6 @@ UPDATE nodes SET
     booked_gpus = booked_gpus - sqlc.arg(gpus)::integer,
     updated_at = now()
 WHERE node_id = sqlc.arg(node_id);
-
--- name: InsertBooking :exec
-INSERT INTO bookings (booking_id, node_id, pool_id, tenant_id, owner_type, owner_id, whole,
-                      vcpu, memory_mib, disk_gib, gpus, during)
-VALUES (sqlc.arg(booking_id), sqlc.arg(node_id), sqlc.arg(pool_id), sqlc.arg(tenant_id), sqlc.arg(owner_type),
-        sqlc.arg(owner_id), sqlc.arg(whole), sqlc.arg(vcpu), sqlc.arg(memory_mib), sqlc.arg(disk_gib), sqlc.arg(gpus),
-        tstzrange(now(), sqlc.narg(until)::timestamptz));
 
 -- name: ReleaseBooking :one
 -- Closes a live booking's range now and returns what it held.

@@ -13,41 +13,63 @@ import (
 )
 
 const bookNode = `-- name: BookNode :execrows
-UPDATE nodes SET
-    booked_vcpu = booked_vcpu + $1::integer,
-    booked_memory_mib = booked_memory_mib + $2::bigint,
-    booked_disk_gib = booked_disk_gib + $3::bigint,
-    booked_gpus = booked_gpus + $4::integer,
-    updated_at = now()
-WHERE node_id = (SELECT l.node_id FROM nodes l WHERE l.node_id = $5 FOR NO KEY UPDATE SKIP LOCKED)
-  AND state = 'ready'
-  AND free_vcpu >= $1::integer AND free_memory_mib >= $2::bigint
-  AND cap_disk_gib - booked_disk_gib >= $3::bigint AND cap_gpus - booked_gpus >= $4::integer
-  AND (NOT $6::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
+WITH booked AS (
+    UPDATE nodes SET
+        booked_vcpu = booked_vcpu + $7::integer,
+        booked_memory_mib = booked_memory_mib + $8::bigint,
+        booked_disk_gib = booked_disk_gib + $9::bigint,
+        booked_gpus = booked_gpus + $10::integer,
+        updated_at = now()
+    WHERE node_id = (SELECT l.node_id FROM nodes l WHERE l.node_id = $12 FOR NO KEY UPDATE SKIP LOCKED)
+      AND state = 'ready'
+      AND free_vcpu >= $7::integer AND free_memory_mib >= $8::bigint
+      AND cap_disk_gib - booked_disk_gib >= $9::bigint AND cap_gpus - booked_gpus >= $10::integer
+      AND (NOT $6::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
+    RETURNING node_id
+)
+INSERT INTO bookings (booking_id, node_id, pool_id, tenant_id, owner_type, owner_id, whole,
+                      vcpu, memory_mib, disk_gib, gpus, during)
+SELECT $1, booked.node_id, $2, $3, $4,
+       $5, $6, $7, $8, $9, $10,
+       tstzrange(now(), $11::timestamptz)
+FROM booked
 `
 
 type BookNodeParams struct {
+	BookingID string
+	PoolID    string
+	TenantID  string
+	OwnerType string
+	OwnerID   string
+	Whole     bool
 	Vcpu      int32
 	MemoryMib int64
 	DiskGib   int64
 	Gpus      int32
+	Until     *time.Time
 	NodeID    string
-	Whole     bool
 }
 
 // Adds a booking's amounts to a node if they still fit (a whole-node
-// booking only on an empty node). A node another admission holds is
-// skipped, never waited for: an UPDATE that waits and then finds the row
-// no longer matches keeps it locked, and two admissions each holding one
-// node while waiting for the other's would deadlock.
+// booking only on an empty node) and writes the booking, in one statement.
+// A node another admission holds is skipped, never waited for: an UPDATE
+// that waits and then finds the row no longer matches keeps it locked, and
+// two admissions each holding one node while waiting for the other's would
+// deadlock.
 func (q *Queries) BookNode(ctx context.Context, arg BookNodeParams) (int64, error) {
 	result, err := q.db.Exec(ctx, bookNode,
+		arg.BookingID,
+		arg.PoolID,
+		arg.TenantID,
+		arg.OwnerType,
+		arg.OwnerID,
+		arg.Whole,
 		arg.Vcpu,
 		arg.MemoryMib,
 		arg.DiskGib,
 		arg.Gpus,
+		arg.Until,
 		arg.NodeID,
-		arg.Whole,
 	)
 	if err != nil {
 		return 0, err
@@ -115,47 +137,6 @@ func (q *Queries) GetQuota(ctx context.Context, arg GetQuotaParams) (GetQuotaRow
 		&i.Offered,
 	)
 	return i, err
-}
-
-const insertBooking = `-- name: InsertBooking :exec
-INSERT INTO bookings (booking_id, node_id, pool_id, tenant_id, owner_type, owner_id, whole,
-                      vcpu, memory_mib, disk_gib, gpus, during)
-VALUES ($1, $2, $3, $4, $5,
-        $6, $7, $8, $9, $10, $11,
-        tstzrange(now(), $12::timestamptz))
-`
-
-type InsertBookingParams struct {
-	BookingID string
-	NodeID    string
-	PoolID    string
-	TenantID  string
-	OwnerType string
-	OwnerID   string
-	Whole     bool
-	Vcpu      int32
-	MemoryMib int64
-	DiskGib   int64
-	Gpus      int32
-	Until     *time.Time
-}
-
-func (q *Queries) InsertBooking(ctx context.Context, arg InsertBookingParams) error {
-	_, err := q.db.Exec(ctx, insertBooking,
-		arg.BookingID,
-		arg.NodeID,
-		arg.PoolID,
-		arg.TenantID,
-		arg.OwnerType,
-		arg.OwnerID,
-		arg.Whole,
-		arg.Vcpu,
-		arg.MemoryMib,
-		arg.DiskGib,
-		arg.Gpus,
-		arg.Until,
-	)
-	return err
 }
 
 const placementCandidates = `-- name: PlacementCandidates :many

@@ -160,22 +160,17 @@ func (e *Engine) Admit(ctx context.Context, tx pgx.Tx, req Request) (*Booking, e
 			if req.Whole {
 				held = Shape{VCPU: n.CapVcpu, MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, GPUs: n.CapGpus, GPUModel: shape.GPUModel}
 			}
+			b := &Booking{ID: ids.New("bkg_"), NodeID: n.NodeID, Shape: held, Whole: req.Whole}
 			booked, err := q.BookNode(ctx, db.BookNodeParams{
-				NodeID: n.NodeID, Vcpu: held.VCPU, MemoryMib: held.MemoryMiB, DiskGib: held.DiskGiB, Gpus: held.GPUs, Whole: req.Whole,
+				BookingID: b.ID, NodeID: n.NodeID, PoolID: req.PoolID, TenantID: req.TenantID,
+				OwnerType: req.Owner.Type, OwnerID: req.Owner.ID, Whole: req.Whole,
+				Vcpu: held.VCPU, MemoryMib: held.MemoryMiB, DiskGib: held.DiskGiB, Gpus: held.GPUs, Until: req.Until,
 			})
 			if err != nil {
 				return nil, err
 			}
 			if booked == 0 {
 				continue // filled or held by another admission: the next one
-			}
-			b := &Booking{ID: ids.New("bkg_"), NodeID: n.NodeID, Shape: held, Whole: req.Whole}
-			if err := q.InsertBooking(ctx, db.InsertBookingParams{
-				BookingID: b.ID, NodeID: b.NodeID, PoolID: req.PoolID, TenantID: req.TenantID,
-				OwnerType: req.Owner.Type, OwnerID: req.Owner.ID, Whole: req.Whole,
-				Vcpu: held.VCPU, MemoryMib: held.MemoryMiB, DiskGib: held.DiskGiB, Gpus: held.GPUs, Until: req.Until,
-			}); err != nil {
-				return nil, err
 			}
 			if err := e.charge(ctx, q, req.TenantID, req.PoolID, charges(held, req)); err != nil {
 				return nil, err
@@ -193,14 +188,8 @@ func (e *Engine) refusal(ctx context.Context, q *db.Queries, req Request) error 
 	if req.Whole {
 		held = Shape{}
 	}
-	for _, c := range charges(held, req) {
-		row, err := q.GetQuota(ctx, db.GetQuotaParams{TenantID: req.TenantID, PoolID: req.PoolID, Resource: c.resource})
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && (!row.Offered || row.Used+c.amount > row.Max)) {
-			return quotaExceeded(ctx, q, req.TenantID, req.PoolID, c)
-		}
-		if err != nil {
-			return err
-		}
+	if err := e.refusalOfQuota(ctx, q, req.TenantID, req.PoolID, charges(held, req)); err != nil {
+		return err
 	}
 	return noCapacity(req)
 }
@@ -237,9 +226,8 @@ type charge struct {
 	amount   int64
 }
 
-// charges lists what an admission charges, in the fixed order of
-// Resources so that concurrent admissions lock quota rows in one order.
-// A whole-node booking is charged as one node, a slice by its shape.
+// charges lists what an admission charges, in the order of Resources. A
+// whole-node booking is charged as one node, a slice by its shape.
 func charges(held Shape, req Request) []charge {
 	amounts := map[string]int64{}
 	if req.Whole {
@@ -262,6 +250,8 @@ func charges(held Shape, req Request) []charge {
 	return out
 }
 
+// charge charges cs one row at a time, in the order of Resources, so that
+// concurrent admissions lock a tenant's quota rows in one order.
 func (e *Engine) charge(ctx context.Context, q *db.Queries, tenant, pool string, cs []charge) error {
 	for _, c := range cs {
 		n, err := q.ChargeQuota(ctx, db.ChargeQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource, Amount: c.amount})
@@ -270,6 +260,21 @@ func (e *Engine) charge(ctx context.Context, q *db.Queries, tenant, pool string,
 		}
 		if n == 0 {
 			return quotaExceeded(ctx, q, tenant, pool, c)
+		}
+	}
+	return nil
+}
+
+// refusalOfQuota names the first charge of cs the tenant's quota refuses,
+// or nil when every one fits.
+func (e *Engine) refusalOfQuota(ctx context.Context, q *db.Queries, tenant, pool string, cs []charge) error {
+	for _, c := range cs {
+		row, err := q.GetQuota(ctx, db.GetQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource})
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && (!row.Offered || row.Used+c.amount > row.Max)) {
+			return quotaExceeded(ctx, q, tenant, pool, c)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
