@@ -18,6 +18,7 @@ CREATE TABLE pools (
     archived boolean NOT NULL DEFAULT false,
     version bigint NOT NULL DEFAULT 1 CHECK (version >= 1),
     created_by text NOT NULL,
+    idem_request jsonb NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
     CHECK ((hosting = 'provider') = (account_id IS NOT NULL))

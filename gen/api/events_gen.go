@@ -27,6 +27,11 @@ const (
 	EventSecuritySecretDeleted      = "security.secret.deleted"
 	EventWebhookPing                = "webhook.ping"
 	EventNodeCordoned               = "node.cordoned"
+	EventPoolCreated                = "pool.created"
+	EventPoolUpdated                = "pool.updated"
+	EventPoolArchived               = "pool.archived"
+	EventPoolOffered                = "pool.offered"
+	EventPoolUnoffered              = "pool.unoffered"
 )
 
 // EventTypes is the event catalog, in catalog order.
@@ -120,6 +125,36 @@ var EventTypes = []EventSpec{
 		Module:      "nodes",
 		Subject:     "node id",
 		Type:        EventNodeCordoned,
+	},
+	{
+		Description: "A pool was created.",
+		Module:      "pools",
+		Subject:     "pool id",
+		Type:        EventPoolCreated,
+	},
+	{
+		Description: "A pool was renamed.",
+		Module:      "pools",
+		Subject:     "pool id",
+		Type:        EventPoolUpdated,
+	},
+	{
+		Description: "A pool was archived; it refuses new work.",
+		Module:      "pools",
+		Subject:     "pool id",
+		Type:        EventPoolArchived,
+	},
+	{
+		Description: "A pool was offered to another tenant, or its limits changed.",
+		Module:      "pools",
+		Subject:     "pool id",
+		Type:        EventPoolOffered,
+	},
+	{
+		Description: "A pool stopped admitting another tenant's new work.",
+		Module:      "pools",
+		Subject:     "pool id",
+		Type:        EventPoolUnoffered,
 	},
 }
 
@@ -234,4 +269,38 @@ type WebhookPingPayload struct {
 // NodeCordonedPayload: Payload of node.cordoned.
 type NodeCordonedPayload struct {
 	NodeID string `json:"nodeId"`
+}
+
+// PoolCreatedPayload: Payload of pool.created.
+type PoolCreatedPayload struct {
+	PoolID  string `json:"poolId"` // Pool identifier.
+	SiteID  string `json:"siteId"` // Site identifier.
+	Name    string `json:"name"`   // Lowercase DNS-like name.
+	Class   string `json:"class"`
+	Hosting string `json:"hosting"`
+}
+
+// PoolUpdatedPayload: Payload of pool.updated.
+type PoolUpdatedPayload struct {
+	PoolID  string `json:"poolId"` // Pool identifier.
+	Name    string `json:"name"`   // Lowercase DNS-like name.
+	Version int64  `json:"version"`
+}
+
+// PoolArchivedPayload: Payload of pool.archived.
+type PoolArchivedPayload struct {
+	PoolID string `json:"poolId"` // Pool identifier.
+}
+
+// PoolOfferedPayload: Payload of pool.offered.
+type PoolOfferedPayload struct {
+	PoolID     string         `json:"poolId"`     // Pool identifier.
+	ToTenantID string         `json:"toTenantId"` // Tenant identifier.
+	Limits     map[string]any `json:"limits"`     // Max per resource.
+}
+
+// PoolUnofferedPayload: Payload of pool.unoffered.
+type PoolUnofferedPayload struct {
+	PoolID     string `json:"poolId"`     // Pool identifier.
+	ToTenantID string `json:"toTenantId"` // Tenant identifier.
 }

@@ -11,6 +11,7 @@ import (
 // Services holds the implementation of each group; a group with a registered method must be set.
 type Services struct {
 	Events           EventsService
+	Pools            PoolsService
 	Profiles         ProfilesService
 	ProviderAccounts ProviderAccountsService
 	SandboxTemplates SandboxTemplatesService
@@ -26,6 +27,9 @@ type Services struct {
 func (s *Services) Check() error {
 	if s.Events == nil {
 		return errors.New("group events has registered methods and no service")
+	}
+	if s.Pools == nil {
+		return errors.New("group pools has registered methods and no service")
 	}
 	if s.Secrets == nil {
 		return errors.New("group secrets has registered methods and no service")
@@ -69,6 +73,218 @@ var Methods = []*Method{
 			Type:    "tenant",
 		}},
 		Route:        "/events/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodePoolsCreateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. The id derives from tenant, caller and key.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeUnsupported, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"pool.created"},
+		FullName:    "pools.create",
+		Group:       "pools",
+		Idempotency: &Idempotency{
+			Compare:   []string{"siteId", "name", "class", "hosting", "accountId", "runtime", "agent", "ownerLimits"},
+			DerivesID: "poolId",
+			IDPrefix:  "pool",
+			Key:       "idempotencyKey",
+		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Pools.Create(ctx, in.(*PoolsCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v1.1",
+		Resource: &Resource{
+			Attributes: []string{"class", "hosting", "siteId"},
+			Creates:    "pool",
+			Draft:      true,
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+		},
+		Route:        "/pools/create",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodePoolsGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "A pool the tenant owns or is offered; anything else is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "pools.get",
+		Group:       "pools",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Pools.Get(ctx, in.(*PoolsGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/pools/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodePoolsListInput(obj, "", iss)
+			return &in
+		},
+		Description: "Pools the tenant owns or is offered, in name order; archived ones only when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "pools.list",
+		Group:       "pools",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Pools.List(ctx, in.(*PoolsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/pools/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodePoolsUpdateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"pool.updated"},
+		FullName:    "pools.update",
+		Group:       "pools",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Pools.Update(ctx, in.(*PoolsUpdateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "update",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "poolId",
+			Type:    "pool",
+		}},
+		Route:        "/pools/update",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodePoolsArchiveInput(obj, "", iss)
+			return &in
+		},
+		Description: "Archives a pool; it refuses new work from then on while what runs on it lives on. Archiving twice returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"pool.archived"},
+		FullName:    "pools.archive",
+		Group:       "pools",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Pools.Archive(ctx, in.(*PoolsArchiveInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "archive",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "poolId",
+			Type:    "pool",
+		}},
+		Route:        "/pools/archive",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodePoolsOfferInput(obj, "", iss)
+			return &in
+		},
+		Description: "Offers the pool to another tenant within limits: writes that tenant's quota rows (max per resource; a resource left out grants nothing) and admits its work again after an unoffer. An offer again replaces the limits; a max below what the tenant uses is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"pool.offered"},
+		FullName:    "pools.offer",
+		Group:       "pools",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Pools.Offer(ctx, in.(*PoolsOfferInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "offer",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "poolId",
+			Type:    "pool",
+		}},
+		Route:        "/pools/offer",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodePoolsUnofferInput(obj, "", iss)
+			return &in
+		},
+		Description: "Stops new admissions of the tenant in the pool; its existing work lives on and its quota rows keep their used counts.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"pool.unoffered"},
+		FullName:    "pools.unoffer",
+		Group:       "pools",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Pools.Unoffer(ctx, in.(*PoolsUnofferInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "unoffer",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "poolId",
+			Type:    "pool",
+		}},
+		Route:        "/pools/unoffer",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

@@ -45,10 +45,40 @@ var (
 	ShapeSecretName = regexp.MustCompile("^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 	// MeterName: Usage meter name.
 	ShapeMeterName = regexp.MustCompile("^[a-z][a-z0-9_.-]{0,127}$")
+	// NodeId: Node identifier.
+	ShapeNodeId = regexp.MustCompile("^node_[0-9a-hjkmnp-tv-z]{26,52}$")
 )
 
 // Rules of the input fields, built once.
 var (
+	ruleLimitsVcpu = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(0),
+	}
+	ruleLimitsMemoryMiB = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(0),
+	}
+	ruleLimitsDiskGiB = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(0),
+	}
+	ruleLimitsGpus = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(0),
+	}
+	ruleLimitsInstances = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(0),
+	}
+	ruleLimitsSandboxes = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(0),
+	}
+	ruleLimitsNodes = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(0),
+	}
 	ruleOfferQueryKind   = &wire.StringRule{Enum: []string{"metal", "vps"}}
 	ruleOfferQueryRegion = &wire.StringRule{
 		MaxLength: 63,
@@ -122,6 +152,101 @@ var (
 		HasMin: true,
 		Max:    int64(500),
 		Min:    int64(1),
+	}
+	rulePoolsCreateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	rulePoolsCreateInputSiteID = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   ShapeSiteId,
+	}
+	rulePoolsCreateInputName = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
+	}
+	rulePoolsCreateInputClass     = &wire.StringRule{Enum: []string{"metal-host", "vps-host"}}
+	rulePoolsCreateInputHosting   = &wire.StringRule{Enum: []string{"hosted", "provider"}}
+	rulePoolsCreateInputAccountID = &wire.StringRule{
+		MaxLength: 58,
+		Pattern:   ShapeAccountId,
+	}
+	rulePoolsCreateInputRuntime = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   ShapeRuntimeName,
+	}
+	rulePoolsCreateInputAgent          = &wire.StringRule{Enum: []string{"node-daemon"}}
+	rulePoolsCreateInputIdempotencyKey = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeIdemKeyB,
+	}
+	rulePoolsGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	rulePoolsGetInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	rulePoolsListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	rulePoolsListInputSiteID = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   ShapeSiteId,
+	}
+	rulePoolsUpdateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	rulePoolsUpdateInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	rulePoolsUpdateInputName = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
+	}
+	rulePoolsUpdateInputVersion = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(1),
+	}
+	rulePoolsArchiveInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	rulePoolsArchiveInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	rulePoolsArchiveInputVersion = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(1),
+	}
+	rulePoolsOfferInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	rulePoolsOfferInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	rulePoolsOfferInputToTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	rulePoolsUnofferInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	rulePoolsUnofferInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	rulePoolsUnofferInputToTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
 	}
 	ruleProfilesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,

@@ -94,6 +94,68 @@ type GatewayInfo struct {
 	ServingCaPin *string `json:"servingCaPin,omitempty"` // Pin of the gateway serving CA.
 }
 
+// Limits: Quota limits per resource; a resource left out grants nothing.
+type Limits struct {
+	Vcpu      *int64 `json:"vcpu,omitempty"`
+	MemoryMiB *int64 `json:"memoryMiB,omitempty"`
+	DiskGiB   *int64 `json:"diskGiB,omitempty"`
+	Gpus      *int64 `json:"gpus,omitempty"`
+	Instances *int64 `json:"instances,omitempty"`
+	Sandboxes *int64 `json:"sandboxes,omitempty"`
+	Nodes     *int64 `json:"nodes,omitempty"`
+}
+
+var fieldsLimits = map[string]struct{}{
+	"diskGiB":   {},
+	"gpus":      {},
+	"instances": {},
+	"memoryMiB": {},
+	"nodes":     {},
+	"sandboxes": {},
+	"vcpu":      {},
+}
+
+// decodeLimits checks obj against the schema of Limits, collecting every issue.
+func decodeLimits(obj map[string]any, path string, iss *wire.Issues) (out Limits) {
+	wire.Unknown(obj, path, fieldsLimits, iss)
+	if v, ok := obj["vcpu"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "vcpu"), ruleLimitsVcpu, iss); ok {
+			out.Vcpu = &x1
+		}
+	}
+	if v, ok := obj["memoryMiB"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "memoryMiB"), ruleLimitsMemoryMiB, iss); ok {
+			out.MemoryMiB = &x1
+		}
+	}
+	if v, ok := obj["diskGiB"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "diskGiB"), ruleLimitsDiskGiB, iss); ok {
+			out.DiskGiB = &x1
+		}
+	}
+	if v, ok := obj["gpus"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "gpus"), ruleLimitsGpus, iss); ok {
+			out.Gpus = &x1
+		}
+	}
+	if v, ok := obj["instances"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "instances"), ruleLimitsInstances, iss); ok {
+			out.Instances = &x1
+		}
+	}
+	if v, ok := obj["sandboxes"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "sandboxes"), ruleLimitsSandboxes, iss); ok {
+			out.Sandboxes = &x1
+		}
+	}
+	if v, ok := obj["nodes"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "nodes"), ruleLimitsNodes, iss); ok {
+			out.Nodes = &x1
+		}
+	}
+	return
+}
+
 // MeterTotal: Windows and summed quantity of one meter.
 type MeterTotal struct {
 	Windows  int64   `json:"windows"`
@@ -156,6 +218,32 @@ func decodeOfferQuery(obj map[string]any, path string, iss *wire.Issues) (out Of
 		}
 	}
 	return
+}
+
+// Pool: A set of hosts in one site.
+type Pool struct {
+	PoolID    string  `json:"poolId"`   // Pool identifier.
+	TenantID  string  `json:"tenantId"` // Owner tenant.
+	SiteID    string  `json:"siteId"`   // Site identifier.
+	Name      string  `json:"name"`     // Lowercase DNS-like name.
+	Class     string  `json:"class"`
+	Hosting   string  `json:"hosting"`   // hosted: our node daemons; provider: machines of a provider account.
+	AccountID *string `json:"accountId"` // The provider account of a provider pool.
+	Runtime   *string `json:"runtime"`   // The VM runtime of a vps-host pool.
+	Agent     *string `json:"agent"`     // The host agent of a hosted pool: node-daemon.
+	Archived  bool    `json:"archived"`
+	Offered   bool    `json:"offered"` // True when the caller's tenant sees the pool through an offer rather than as its owner.
+	Version   int64   `json:"version"`
+	CreatedAt string  `json:"createdAt"`
+	UpdatedAt string  `json:"updatedAt"`
+}
+type PoolList struct {
+	Items []Pool `json:"items"` // Pools in name order.
+}
+type PoolOffer struct {
+	PoolID     string `json:"poolId"`     // Pool identifier.
+	ToTenantID string `json:"toTenantId"` // Tenant identifier.
+	Offered    bool   `json:"offered"`
 }
 
 // Profile: One stored profile version; its document becomes immutable the first time a workflow uses it.

@@ -36,6 +36,125 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "pools",
+		Description: "Sets of hosts in one site that admissions place work on. A pool belongs to its tenant (the root tenant for platform pools); pools.offer opens it to another tenant within limits (that tenant's quota rows). An archived pool refuses new work; what runs on it lives on.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. The id derives from tenant, caller and key.",
+				Kind:        "mutation",
+				Action:      "compute:pools:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "site-id", Field: "siteId", Type: cliruntime.String, Required: true, Help: "Site identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "class", Field: "class", Type: cliruntime.String, Required: true, Enum: []string{"metal-host", "vps-host"}},
+					{Name: "hosting", Field: "hosting", Type: cliruntime.String, Enum: []string{"hosted", "provider"}, Default: "hosted"},
+					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Help: "Provider account identifier."},
+					{Name: "runtime", Field: "runtime", Type: cliruntime.String, Help: "Runtime or provider name."},
+					{Name: "agent", Field: "agent", Type: cliruntime.String, Enum: []string{"node-daemon"}},
+					{Name: "owner-limits", Field: "ownerLimits", Type: cliruntime.JSON, Help: "Quota limits per resource; a resource left out grants nothing."},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.PoolsCreate(ctx, new(client.PoolsCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "A pool the tenant owns or is offered; anything else is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:pools:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.PoolsGet(ctx, new(client.PoolsGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "Pools the tenant owns or is offered, in name order; archived ones only when asked.",
+				Kind:        "read",
+				Action:      "compute:pools:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "site-id", Field: "siteId", Type: cliruntime.String, Help: "Site identifier."},
+					{Name: "include-archived", Field: "includeArchived", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.PoolsList(ctx, new(client.PoolsListInput))
+					return err
+				},
+			},
+			{
+				Name:        "update",
+				Description: "Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:pools:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "version", Field: "version", Type: cliruntime.Int},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.PoolsUpdate(ctx, new(client.PoolsUpdateInput))
+					return err
+				},
+			},
+			{
+				Name:        "archive",
+				Description: "Archives a pool; it refuses new work from then on while what runs on it lives on. Archiving twice returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:pools:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "version", Field: "version", Type: cliruntime.Int},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.PoolsArchive(ctx, new(client.PoolsArchiveInput))
+					return err
+				},
+			},
+			{
+				Name:        "offer",
+				Description: "Offers the pool to another tenant within limits: writes that tenant's quota rows (max per resource; a resource left out grants nothing) and admits its work again after an unoffer. An offer again replaces the limits; a max below what the tenant uses is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:pools:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "to-tenant-id", Field: "toTenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "limits", Field: "limits", Type: cliruntime.JSON, Required: true, Help: "Quota limits per resource; a resource left out grants nothing."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.PoolsOffer(ctx, new(client.PoolsOfferInput))
+					return err
+				},
+			},
+			{
+				Name:        "unoffer",
+				Description: "Stops new admissions of the tenant in the pool; its existing work lives on and its quota rows keep their used counts.",
+				Kind:        "mutation",
+				Action:      "compute:pools:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "to-tenant-id", Field: "toTenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.PoolsUnoffer(ctx, new(client.PoolsUnofferInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "secrets",
 		Description: "Write-only secret storage. A secret is named by a reference: secret://tenants/{tenantId}/{name} for scope tenant and secret://fleet/{name} for scope fleet (root tenant only); configs and user data hold references, never values, and no method returns a value.",
 		Methods: []cliruntime.Method{

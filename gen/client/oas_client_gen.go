@@ -22,6 +22,7 @@ func trimTrailingSlashes(u *url.URL) {
 // Invoker invokes operations described by OpenAPI v3 specification.
 type Invoker interface {
 	EventsInvoker
+	PoolsInvoker
 	ProfilesInvoker
 	ProviderAccountsInvoker
 	SandboxTemplatesInvoker
@@ -48,6 +49,88 @@ type EventsInvoker interface {
 	//
 	// POST /events/list
 	EventsList(ctx context.Context, request *EventsListInput) (*EventsListResponse, error)
+}
+
+// PoolsInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Pools
+type PoolsInvoker interface {
+	// PoolsArchive invokes poolsArchive operation.
+	//
+	// Archives a pool; it refuses new work from then on while what runs on it lives on. Archiving twice
+	// returns it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
+	// pool.archived. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /pools/archive
+	PoolsArchive(ctx context.Context, request *PoolsArchiveInput) (*PoolsArchiveResponse, error)
+	// PoolsCreate invokes poolsCreate operation.
+	//
+	// Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the
+	// owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool
+	// has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs
+	// accountId. The id derives from tenant, caller and key.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:pools:manage on tenant/tenantId. Idempotent under
+	// idempotencyKey (a repeat with different siteId, name, class, hosting, accountId, runtime, agent,
+	// ownerLimits is CONFLICT). Publishes pool.created. Errors: INVALID_INPUT (400), NOT_FOUND (404),
+	// CONFLICT (409), UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /pools/create
+	PoolsCreate(ctx context.Context, request *PoolsCreateInput) (*PoolsCreateResponse, error)
+	// PoolsGet invokes poolsGet operation.
+	//
+	// A pool the tenant owns or is offered; anything else is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: read. Action compute:pools:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /pools/get
+	PoolsGet(ctx context.Context, request *PoolsGetInput) (*PoolsGetResponse, error)
+	// PoolsList invokes poolsList operation.
+	//
+	// Pools the tenant owns or is offered, in name order; archived ones only when asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:pools:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /pools/list
+	PoolsList(ctx context.Context, request *PoolsListInput) (*PoolsListResponse, error)
+	// PoolsOffer invokes poolsOffer operation.
+	//
+	// Offers the pool to another tenant within limits: writes that tenant's quota rows (max per resource;
+	// a resource left out grants nothing) and admits its work again after an unoffer. An offer again
+	// replaces the limits; a max below what the tenant uses is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
+	// pool.offered. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /pools/offer
+	PoolsOffer(ctx context.Context, request *PoolsOfferInput) (*PoolsOfferResponse, error)
+	// PoolsUnoffer invokes poolsUnoffer operation.
+	//
+	// Stops new admissions of the tenant in the pool; its existing work lives on and its quota rows keep
+	// their used counts.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
+	// pool.unoffered. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /pools/unoffer
+	PoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (*PoolsUnofferResponse, error)
+	// PoolsUpdate invokes poolsUpdate operation.
+	//
+	// Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
+	// pool.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE (409),
+	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /pools/update
+	PoolsUpdate(ctx context.Context, request *PoolsUpdateInput) (*PoolsUpdateResponse, error)
 }
 
 // ProfilesInvoker invokes operations described by OpenAPI v3 specification.
@@ -730,6 +813,670 @@ func (c *Client) sendEventsList(ctx context.Context, request *EventsListInput) (
 	}()
 
 	result, err := decodeEventsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// PoolsArchive invokes poolsArchive operation.
+//
+// Archives a pool; it refuses new work from then on while what runs on it lives on. Archiving twice
+// returns it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
+// pool.archived. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /pools/archive
+func (c *Client) PoolsArchive(ctx context.Context, request *PoolsArchiveInput) (*PoolsArchiveResponse, error) {
+	res, err := c.sendPoolsArchive(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendPoolsArchive(ctx context.Context, request *PoolsArchiveInput) (res *PoolsArchiveResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/pools/archive"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodePoolsArchiveRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, PoolsArchiveOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, PoolsArchiveOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodePoolsArchiveResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// PoolsCreate invokes poolsCreate operation.
+//
+// Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the
+// owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool
+// has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs
+// accountId. The id derives from tenant, caller and key.
+//
+// Served since v1.1. Kind: mutation. Action compute:pools:manage on tenant/tenantId. Idempotent under
+// idempotencyKey (a repeat with different siteId, name, class, hosting, accountId, runtime, agent,
+// ownerLimits is CONFLICT). Publishes pool.created. Errors: INVALID_INPUT (400), NOT_FOUND (404),
+// CONFLICT (409), UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /pools/create
+func (c *Client) PoolsCreate(ctx context.Context, request *PoolsCreateInput) (*PoolsCreateResponse, error) {
+	res, err := c.sendPoolsCreate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendPoolsCreate(ctx context.Context, request *PoolsCreateInput) (res *PoolsCreateResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/pools/create"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodePoolsCreateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, PoolsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, PoolsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodePoolsCreateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// PoolsGet invokes poolsGet operation.
+//
+// A pool the tenant owns or is offered; anything else is NOT_FOUND.
+//
+// Served since v1.1. Kind: read. Action compute:pools:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /pools/get
+func (c *Client) PoolsGet(ctx context.Context, request *PoolsGetInput) (*PoolsGetResponse, error) {
+	res, err := c.sendPoolsGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendPoolsGet(ctx context.Context, request *PoolsGetInput) (res *PoolsGetResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/pools/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodePoolsGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, PoolsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, PoolsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodePoolsGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// PoolsList invokes poolsList operation.
+//
+// Pools the tenant owns or is offered, in name order; archived ones only when asked.
+//
+// Served since v1.1. Kind: read. Action compute:pools:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /pools/list
+func (c *Client) PoolsList(ctx context.Context, request *PoolsListInput) (*PoolsListResponse, error) {
+	res, err := c.sendPoolsList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendPoolsList(ctx context.Context, request *PoolsListInput) (res *PoolsListResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/pools/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodePoolsListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, PoolsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, PoolsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodePoolsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// PoolsOffer invokes poolsOffer operation.
+//
+// Offers the pool to another tenant within limits: writes that tenant's quota rows (max per resource;
+// a resource left out grants nothing) and admits its work again after an unoffer. An offer again
+// replaces the limits; a max below what the tenant uses is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
+// pool.offered. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /pools/offer
+func (c *Client) PoolsOffer(ctx context.Context, request *PoolsOfferInput) (*PoolsOfferResponse, error) {
+	res, err := c.sendPoolsOffer(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendPoolsOffer(ctx context.Context, request *PoolsOfferInput) (res *PoolsOfferResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/pools/offer"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodePoolsOfferRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, PoolsOfferOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, PoolsOfferOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodePoolsOfferResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// PoolsUnoffer invokes poolsUnoffer operation.
+//
+// Stops new admissions of the tenant in the pool; its existing work lives on and its quota rows keep
+// their used counts.
+//
+// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
+// pool.unoffered. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /pools/unoffer
+func (c *Client) PoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (*PoolsUnofferResponse, error) {
+	res, err := c.sendPoolsUnoffer(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendPoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (res *PoolsUnofferResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/pools/unoffer"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodePoolsUnofferRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, PoolsUnofferOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, PoolsUnofferOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodePoolsUnofferResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// PoolsUpdate invokes poolsUpdate operation.
+//
+// Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
+// pool.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE (409),
+// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /pools/update
+func (c *Client) PoolsUpdate(ctx context.Context, request *PoolsUpdateInput) (*PoolsUpdateResponse, error) {
+	res, err := c.sendPoolsUpdate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendPoolsUpdate(ctx context.Context, request *PoolsUpdateInput) (res *PoolsUpdateResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/pools/update"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodePoolsUpdateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, PoolsUpdateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, PoolsUpdateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodePoolsUpdateResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -11,6 +11,22 @@ func (s *EventsListInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *PoolsCreateInput) setDefaults() {
+	{
+		val := PoolsCreateInputHosting("hosted")
+		s.Hosting.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *PoolsListInput) setDefaults() {
+	{
+		val := bool(false)
+		s.IncludeArchived.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *ProfilesCreateInput) setDefaults() {
 	{
 		val := ProfilesCreateInputVisibility("private")

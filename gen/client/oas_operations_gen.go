@@ -7,6 +7,13 @@ type OperationName = string
 
 const (
 	EventsListOperation                OperationName = "EventsList"
+	PoolsArchiveOperation              OperationName = "PoolsArchive"
+	PoolsCreateOperation               OperationName = "PoolsCreate"
+	PoolsGetOperation                  OperationName = "PoolsGet"
+	PoolsListOperation                 OperationName = "PoolsList"
+	PoolsOfferOperation                OperationName = "PoolsOffer"
+	PoolsUnofferOperation              OperationName = "PoolsUnoffer"
+	PoolsUpdateOperation               OperationName = "PoolsUpdate"
 	ProfilesCreateOperation            OperationName = "ProfilesCreate"
 	ProfilesDeleteOperation            OperationName = "ProfilesDelete"
 	ProfilesGetOperation               OperationName = "ProfilesGet"

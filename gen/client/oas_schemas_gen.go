@@ -982,6 +982,88 @@ func (s *GatewayInfo) SetURL(val string) {
 	s.URL = val
 }
 
+// Quota limits per resource; a resource left out grants nothing.
+// Ref: #/components/schemas/Limits
+type Limits struct {
+	DiskGiB   OptInt64 `json:"diskGiB"`
+	Gpus      OptInt64 `json:"gpus"`
+	Instances OptInt64 `json:"instances"`
+	MemoryMiB OptInt64 `json:"memoryMiB"`
+	Nodes     OptInt64 `json:"nodes"`
+	Sandboxes OptInt64 `json:"sandboxes"`
+	Vcpu      OptInt64 `json:"vcpu"`
+}
+
+// GetDiskGiB returns the value of DiskGiB.
+func (s *Limits) GetDiskGiB() OptInt64 {
+	return s.DiskGiB
+}
+
+// GetGpus returns the value of Gpus.
+func (s *Limits) GetGpus() OptInt64 {
+	return s.Gpus
+}
+
+// GetInstances returns the value of Instances.
+func (s *Limits) GetInstances() OptInt64 {
+	return s.Instances
+}
+
+// GetMemoryMiB returns the value of MemoryMiB.
+func (s *Limits) GetMemoryMiB() OptInt64 {
+	return s.MemoryMiB
+}
+
+// GetNodes returns the value of Nodes.
+func (s *Limits) GetNodes() OptInt64 {
+	return s.Nodes
+}
+
+// GetSandboxes returns the value of Sandboxes.
+func (s *Limits) GetSandboxes() OptInt64 {
+	return s.Sandboxes
+}
+
+// GetVcpu returns the value of Vcpu.
+func (s *Limits) GetVcpu() OptInt64 {
+	return s.Vcpu
+}
+
+// SetDiskGiB sets the value of DiskGiB.
+func (s *Limits) SetDiskGiB(val OptInt64) {
+	s.DiskGiB = val
+}
+
+// SetGpus sets the value of Gpus.
+func (s *Limits) SetGpus(val OptInt64) {
+	s.Gpus = val
+}
+
+// SetInstances sets the value of Instances.
+func (s *Limits) SetInstances(val OptInt64) {
+	s.Instances = val
+}
+
+// SetMemoryMiB sets the value of MemoryMiB.
+func (s *Limits) SetMemoryMiB(val OptInt64) {
+	s.MemoryMiB = val
+}
+
+// SetNodes sets the value of Nodes.
+func (s *Limits) SetNodes(val OptInt64) {
+	s.Nodes = val
+}
+
+// SetSandboxes sets the value of Sandboxes.
+func (s *Limits) SetSandboxes(val OptInt64) {
+	s.Sandboxes = val
+}
+
+// SetVcpu sets the value of Vcpu.
+func (s *Limits) SetVcpu(val OptInt64) {
+	s.Vcpu = val
+}
+
 // Windows and summed quantity of one meter.
 // Ref: #/components/schemas/MeterTotal
 type MeterTotal struct {
@@ -1513,6 +1595,52 @@ func (o OptInt64) Or(d int64) int64 {
 	return d
 }
 
+// NewOptLimits returns new OptLimits with value set to v.
+func NewOptLimits(v Limits) OptLimits {
+	return OptLimits{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptLimits is optional Limits.
+type OptLimits struct {
+	Value Limits
+	Set   bool
+}
+
+// IsSet returns true if OptLimits was set.
+func (o OptLimits) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptLimits) Reset() {
+	var v Limits
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptLimits) SetTo(v Limits) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptLimits) Get() (v Limits, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptLimits) Or(d Limits) Limits {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptNilString returns new OptNilString with value set to v.
 func NewOptNilString(v string) OptNilString {
 	return OptNilString{
@@ -1667,6 +1795,98 @@ func (o OptOfferQueryKind) Get() (v OfferQueryKind, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptOfferQueryKind) Or(d OfferQueryKind) OfferQueryKind {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptPoolsCreateInputAgent returns new OptPoolsCreateInputAgent with value set to v.
+func NewOptPoolsCreateInputAgent(v PoolsCreateInputAgent) OptPoolsCreateInputAgent {
+	return OptPoolsCreateInputAgent{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptPoolsCreateInputAgent is optional PoolsCreateInputAgent.
+type OptPoolsCreateInputAgent struct {
+	Value PoolsCreateInputAgent
+	Set   bool
+}
+
+// IsSet returns true if OptPoolsCreateInputAgent was set.
+func (o OptPoolsCreateInputAgent) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptPoolsCreateInputAgent) Reset() {
+	var v PoolsCreateInputAgent
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptPoolsCreateInputAgent) SetTo(v PoolsCreateInputAgent) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptPoolsCreateInputAgent) Get() (v PoolsCreateInputAgent, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptPoolsCreateInputAgent) Or(d PoolsCreateInputAgent) PoolsCreateInputAgent {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptPoolsCreateInputHosting returns new OptPoolsCreateInputHosting with value set to v.
+func NewOptPoolsCreateInputHosting(v PoolsCreateInputHosting) OptPoolsCreateInputHosting {
+	return OptPoolsCreateInputHosting{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptPoolsCreateInputHosting is optional PoolsCreateInputHosting.
+type OptPoolsCreateInputHosting struct {
+	Value PoolsCreateInputHosting
+	Set   bool
+}
+
+// IsSet returns true if OptPoolsCreateInputHosting was set.
+func (o OptPoolsCreateInputHosting) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptPoolsCreateInputHosting) Reset() {
+	var v PoolsCreateInputHosting
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptPoolsCreateInputHosting) SetTo(v PoolsCreateInputHosting) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptPoolsCreateInputHosting) Get() (v PoolsCreateInputHosting, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptPoolsCreateInputHosting) Or(d PoolsCreateInputHosting) PoolsCreateInputHosting {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -2315,6 +2535,915 @@ func (o OptWebhooksDeliveriesInputState) Or(d WebhooksDeliveriesInputState) Webh
 		return v
 	}
 	return d
+}
+
+// A set of hosts in one site.
+// Ref: #/components/schemas/Pool
+type Pool struct {
+	// The provider account of a provider pool.
+	AccountId NilString `json:"accountId"`
+	// The host agent of a hosted pool: node-daemon.
+	Agent     NilString `json:"agent"`
+	Archived  bool      `json:"archived"`
+	Class     PoolClass `json:"class"`
+	CreatedAt time.Time `json:"createdAt"`
+	// Hosted: our node daemons; provider: machines of a provider account.
+	Hosting PoolHosting `json:"hosting"`
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// True when the caller's tenant sees the pool through an offer rather than as its owner.
+	Offered bool `json:"offered"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// The VM runtime of a vps-host pool.
+	Runtime NilString `json:"runtime"`
+	// Site identifier.
+	SiteId string `json:"siteId"`
+	// Owner tenant.
+	TenantId  string    `json:"tenantId"`
+	UpdatedAt time.Time `json:"updatedAt"`
+	Version   int64     `json:"version"`
+}
+
+// GetAccountId returns the value of AccountId.
+func (s *Pool) GetAccountId() NilString {
+	return s.AccountId
+}
+
+// GetAgent returns the value of Agent.
+func (s *Pool) GetAgent() NilString {
+	return s.Agent
+}
+
+// GetArchived returns the value of Archived.
+func (s *Pool) GetArchived() bool {
+	return s.Archived
+}
+
+// GetClass returns the value of Class.
+func (s *Pool) GetClass() PoolClass {
+	return s.Class
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Pool) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetHosting returns the value of Hosting.
+func (s *Pool) GetHosting() PoolHosting {
+	return s.Hosting
+}
+
+// GetName returns the value of Name.
+func (s *Pool) GetName() string {
+	return s.Name
+}
+
+// GetOffered returns the value of Offered.
+func (s *Pool) GetOffered() bool {
+	return s.Offered
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *Pool) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetRuntime returns the value of Runtime.
+func (s *Pool) GetRuntime() NilString {
+	return s.Runtime
+}
+
+// GetSiteId returns the value of SiteId.
+func (s *Pool) GetSiteId() string {
+	return s.SiteId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Pool) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *Pool) GetUpdatedAt() time.Time {
+	return s.UpdatedAt
+}
+
+// GetVersion returns the value of Version.
+func (s *Pool) GetVersion() int64 {
+	return s.Version
+}
+
+// SetAccountId sets the value of AccountId.
+func (s *Pool) SetAccountId(val NilString) {
+	s.AccountId = val
+}
+
+// SetAgent sets the value of Agent.
+func (s *Pool) SetAgent(val NilString) {
+	s.Agent = val
+}
+
+// SetArchived sets the value of Archived.
+func (s *Pool) SetArchived(val bool) {
+	s.Archived = val
+}
+
+// SetClass sets the value of Class.
+func (s *Pool) SetClass(val PoolClass) {
+	s.Class = val
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Pool) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetHosting sets the value of Hosting.
+func (s *Pool) SetHosting(val PoolHosting) {
+	s.Hosting = val
+}
+
+// SetName sets the value of Name.
+func (s *Pool) SetName(val string) {
+	s.Name = val
+}
+
+// SetOffered sets the value of Offered.
+func (s *Pool) SetOffered(val bool) {
+	s.Offered = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *Pool) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetRuntime sets the value of Runtime.
+func (s *Pool) SetRuntime(val NilString) {
+	s.Runtime = val
+}
+
+// SetSiteId sets the value of SiteId.
+func (s *Pool) SetSiteId(val string) {
+	s.SiteId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Pool) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *Pool) SetUpdatedAt(val time.Time) {
+	s.UpdatedAt = val
+}
+
+// SetVersion sets the value of Version.
+func (s *Pool) SetVersion(val int64) {
+	s.Version = val
+}
+
+type PoolClass string
+
+const (
+	PoolClassMetalHost PoolClass = "metal-host"
+	PoolClassVpsHost   PoolClass = "vps-host"
+)
+
+// AllValues returns all PoolClass values.
+func (PoolClass) AllValues() []PoolClass {
+	return []PoolClass{
+		PoolClassMetalHost,
+		PoolClassVpsHost,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s PoolClass) MarshalText() ([]byte, error) {
+	switch s {
+	case PoolClassMetalHost:
+		return []byte(s), nil
+	case PoolClassVpsHost:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *PoolClass) UnmarshalText(data []byte) error {
+	switch PoolClass(data) {
+	case PoolClassMetalHost:
+		*s = PoolClassMetalHost
+		return nil
+	case PoolClassVpsHost:
+		*s = PoolClassVpsHost
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Hosted: our node daemons; provider: machines of a provider account.
+type PoolHosting string
+
+const (
+	PoolHostingHosted   PoolHosting = "hosted"
+	PoolHostingProvider PoolHosting = "provider"
+)
+
+// AllValues returns all PoolHosting values.
+func (PoolHosting) AllValues() []PoolHosting {
+	return []PoolHosting{
+		PoolHostingHosted,
+		PoolHostingProvider,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s PoolHosting) MarshalText() ([]byte, error) {
+	switch s {
+	case PoolHostingHosted:
+		return []byte(s), nil
+	case PoolHostingProvider:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *PoolHosting) UnmarshalText(data []byte) error {
+	switch PoolHosting(data) {
+	case PoolHostingHosted:
+		*s = PoolHostingHosted
+		return nil
+	case PoolHostingProvider:
+		*s = PoolHostingProvider
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Ref: #/components/schemas/PoolList
+type PoolList struct {
+	// Pools in name order.
+	Items []Pool `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *PoolList) GetItems() []Pool {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *PoolList) SetItems(val []Pool) {
+	s.Items = val
+}
+
+// Ref: #/components/schemas/PoolOffer
+type PoolOffer struct {
+	Offered bool `json:"offered"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	ToTenantId string `json:"toTenantId"`
+}
+
+// GetOffered returns the value of Offered.
+func (s *PoolOffer) GetOffered() bool {
+	return s.Offered
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *PoolOffer) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetToTenantId returns the value of ToTenantId.
+func (s *PoolOffer) GetToTenantId() string {
+	return s.ToTenantId
+}
+
+// SetOffered sets the value of Offered.
+func (s *PoolOffer) SetOffered(val bool) {
+	s.Offered = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *PoolOffer) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetToTenantId sets the value of ToTenantId.
+func (s *PoolOffer) SetToTenantId(val string) {
+	s.ToTenantId = val
+}
+
+// Input of pools.archive. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/PoolsArchiveInput
+type PoolsArchiveInput struct {
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string   `json:"tenantId"`
+	Version  OptInt64 `json:"version"`
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *PoolsArchiveInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *PoolsArchiveInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetVersion returns the value of Version.
+func (s *PoolsArchiveInput) GetVersion() OptInt64 {
+	return s.Version
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *PoolsArchiveInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *PoolsArchiveInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetVersion sets the value of Version.
+func (s *PoolsArchiveInput) SetVersion(val OptInt64) {
+	s.Version = val
+}
+
+// Success envelope of pools.archive.
+// Ref: #/components/schemas/PoolsArchiveResponse
+type PoolsArchiveResponse struct {
+	Data Pool `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *PoolsArchiveResponse) GetData() Pool {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *PoolsArchiveResponse) SetData(val Pool) {
+	s.Data = val
+}
+
+// Input of pools.create. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/PoolsCreateInput
+type PoolsCreateInput struct {
+	// Provider account identifier.
+	AccountId OptString                  `json:"accountId"`
+	Agent     OptPoolsCreateInputAgent   `json:"agent"`
+	Class     PoolsCreateInputClass      `json:"class"`
+	Hosting   OptPoolsCreateInputHosting `json:"hosting"`
+	// Idempotency key (wide alphabet).
+	IdempotencyKey string `json:"idempotencyKey"`
+	// Lowercase DNS-like name.
+	Name        string    `json:"name"`
+	OwnerLimits OptLimits `json:"ownerLimits"`
+	// Runtime or provider name.
+	Runtime OptString `json:"runtime"`
+	// Site identifier.
+	SiteId string `json:"siteId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetAccountId returns the value of AccountId.
+func (s *PoolsCreateInput) GetAccountId() OptString {
+	return s.AccountId
+}
+
+// GetAgent returns the value of Agent.
+func (s *PoolsCreateInput) GetAgent() OptPoolsCreateInputAgent {
+	return s.Agent
+}
+
+// GetClass returns the value of Class.
+func (s *PoolsCreateInput) GetClass() PoolsCreateInputClass {
+	return s.Class
+}
+
+// GetHosting returns the value of Hosting.
+func (s *PoolsCreateInput) GetHosting() OptPoolsCreateInputHosting {
+	return s.Hosting
+}
+
+// GetIdempotencyKey returns the value of IdempotencyKey.
+func (s *PoolsCreateInput) GetIdempotencyKey() string {
+	return s.IdempotencyKey
+}
+
+// GetName returns the value of Name.
+func (s *PoolsCreateInput) GetName() string {
+	return s.Name
+}
+
+// GetOwnerLimits returns the value of OwnerLimits.
+func (s *PoolsCreateInput) GetOwnerLimits() OptLimits {
+	return s.OwnerLimits
+}
+
+// GetRuntime returns the value of Runtime.
+func (s *PoolsCreateInput) GetRuntime() OptString {
+	return s.Runtime
+}
+
+// GetSiteId returns the value of SiteId.
+func (s *PoolsCreateInput) GetSiteId() string {
+	return s.SiteId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *PoolsCreateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetAccountId sets the value of AccountId.
+func (s *PoolsCreateInput) SetAccountId(val OptString) {
+	s.AccountId = val
+}
+
+// SetAgent sets the value of Agent.
+func (s *PoolsCreateInput) SetAgent(val OptPoolsCreateInputAgent) {
+	s.Agent = val
+}
+
+// SetClass sets the value of Class.
+func (s *PoolsCreateInput) SetClass(val PoolsCreateInputClass) {
+	s.Class = val
+}
+
+// SetHosting sets the value of Hosting.
+func (s *PoolsCreateInput) SetHosting(val OptPoolsCreateInputHosting) {
+	s.Hosting = val
+}
+
+// SetIdempotencyKey sets the value of IdempotencyKey.
+func (s *PoolsCreateInput) SetIdempotencyKey(val string) {
+	s.IdempotencyKey = val
+}
+
+// SetName sets the value of Name.
+func (s *PoolsCreateInput) SetName(val string) {
+	s.Name = val
+}
+
+// SetOwnerLimits sets the value of OwnerLimits.
+func (s *PoolsCreateInput) SetOwnerLimits(val OptLimits) {
+	s.OwnerLimits = val
+}
+
+// SetRuntime sets the value of Runtime.
+func (s *PoolsCreateInput) SetRuntime(val OptString) {
+	s.Runtime = val
+}
+
+// SetSiteId sets the value of SiteId.
+func (s *PoolsCreateInput) SetSiteId(val string) {
+	s.SiteId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *PoolsCreateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+type PoolsCreateInputAgent string
+
+const (
+	PoolsCreateInputAgentNodeDaemon PoolsCreateInputAgent = "node-daemon"
+)
+
+// AllValues returns all PoolsCreateInputAgent values.
+func (PoolsCreateInputAgent) AllValues() []PoolsCreateInputAgent {
+	return []PoolsCreateInputAgent{
+		PoolsCreateInputAgentNodeDaemon,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s PoolsCreateInputAgent) MarshalText() ([]byte, error) {
+	switch s {
+	case PoolsCreateInputAgentNodeDaemon:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *PoolsCreateInputAgent) UnmarshalText(data []byte) error {
+	switch PoolsCreateInputAgent(data) {
+	case PoolsCreateInputAgentNodeDaemon:
+		*s = PoolsCreateInputAgentNodeDaemon
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+type PoolsCreateInputClass string
+
+const (
+	PoolsCreateInputClassMetalHost PoolsCreateInputClass = "metal-host"
+	PoolsCreateInputClassVpsHost   PoolsCreateInputClass = "vps-host"
+)
+
+// AllValues returns all PoolsCreateInputClass values.
+func (PoolsCreateInputClass) AllValues() []PoolsCreateInputClass {
+	return []PoolsCreateInputClass{
+		PoolsCreateInputClassMetalHost,
+		PoolsCreateInputClassVpsHost,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s PoolsCreateInputClass) MarshalText() ([]byte, error) {
+	switch s {
+	case PoolsCreateInputClassMetalHost:
+		return []byte(s), nil
+	case PoolsCreateInputClassVpsHost:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *PoolsCreateInputClass) UnmarshalText(data []byte) error {
+	switch PoolsCreateInputClass(data) {
+	case PoolsCreateInputClassMetalHost:
+		*s = PoolsCreateInputClassMetalHost
+		return nil
+	case PoolsCreateInputClassVpsHost:
+		*s = PoolsCreateInputClassVpsHost
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+type PoolsCreateInputHosting string
+
+const (
+	PoolsCreateInputHostingHosted   PoolsCreateInputHosting = "hosted"
+	PoolsCreateInputHostingProvider PoolsCreateInputHosting = "provider"
+)
+
+// AllValues returns all PoolsCreateInputHosting values.
+func (PoolsCreateInputHosting) AllValues() []PoolsCreateInputHosting {
+	return []PoolsCreateInputHosting{
+		PoolsCreateInputHostingHosted,
+		PoolsCreateInputHostingProvider,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s PoolsCreateInputHosting) MarshalText() ([]byte, error) {
+	switch s {
+	case PoolsCreateInputHostingHosted:
+		return []byte(s), nil
+	case PoolsCreateInputHostingProvider:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *PoolsCreateInputHosting) UnmarshalText(data []byte) error {
+	switch PoolsCreateInputHosting(data) {
+	case PoolsCreateInputHostingHosted:
+		*s = PoolsCreateInputHostingHosted
+		return nil
+	case PoolsCreateInputHostingProvider:
+		*s = PoolsCreateInputHostingProvider
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of pools.create.
+// Ref: #/components/schemas/PoolsCreateResponse
+type PoolsCreateResponse struct {
+	Data Pool `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *PoolsCreateResponse) GetData() Pool {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *PoolsCreateResponse) SetData(val Pool) {
+	s.Data = val
+}
+
+// Input of pools.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/PoolsGetInput
+type PoolsGetInput struct {
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *PoolsGetInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *PoolsGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *PoolsGetInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *PoolsGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of pools.get.
+// Ref: #/components/schemas/PoolsGetResponse
+type PoolsGetResponse struct {
+	Data Pool `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *PoolsGetResponse) GetData() Pool {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *PoolsGetResponse) SetData(val Pool) {
+	s.Data = val
+}
+
+// Input of pools.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/PoolsListInput
+type PoolsListInput struct {
+	IncludeArchived OptBool `json:"includeArchived"`
+	// Site identifier.
+	SiteId OptString `json:"siteId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetIncludeArchived returns the value of IncludeArchived.
+func (s *PoolsListInput) GetIncludeArchived() OptBool {
+	return s.IncludeArchived
+}
+
+// GetSiteId returns the value of SiteId.
+func (s *PoolsListInput) GetSiteId() OptString {
+	return s.SiteId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *PoolsListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetIncludeArchived sets the value of IncludeArchived.
+func (s *PoolsListInput) SetIncludeArchived(val OptBool) {
+	s.IncludeArchived = val
+}
+
+// SetSiteId sets the value of SiteId.
+func (s *PoolsListInput) SetSiteId(val OptString) {
+	s.SiteId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *PoolsListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of pools.list.
+// Ref: #/components/schemas/PoolsListResponse
+type PoolsListResponse struct {
+	Data PoolList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *PoolsListResponse) GetData() PoolList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *PoolsListResponse) SetData(val PoolList) {
+	s.Data = val
+}
+
+// Input of pools.offer. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/PoolsOfferInput
+type PoolsOfferInput struct {
+	Limits Limits `json:"limits"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// Tenant identifier.
+	ToTenantId string `json:"toTenantId"`
+}
+
+// GetLimits returns the value of Limits.
+func (s *PoolsOfferInput) GetLimits() Limits {
+	return s.Limits
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *PoolsOfferInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *PoolsOfferInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetToTenantId returns the value of ToTenantId.
+func (s *PoolsOfferInput) GetToTenantId() string {
+	return s.ToTenantId
+}
+
+// SetLimits sets the value of Limits.
+func (s *PoolsOfferInput) SetLimits(val Limits) {
+	s.Limits = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *PoolsOfferInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *PoolsOfferInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetToTenantId sets the value of ToTenantId.
+func (s *PoolsOfferInput) SetToTenantId(val string) {
+	s.ToTenantId = val
+}
+
+// Success envelope of pools.offer.
+// Ref: #/components/schemas/PoolsOfferResponse
+type PoolsOfferResponse struct {
+	Data PoolOffer `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *PoolsOfferResponse) GetData() PoolOffer {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *PoolsOfferResponse) SetData(val PoolOffer) {
+	s.Data = val
+}
+
+// Input of pools.unoffer. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/PoolsUnofferInput
+type PoolsUnofferInput struct {
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// Tenant identifier.
+	ToTenantId string `json:"toTenantId"`
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *PoolsUnofferInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *PoolsUnofferInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetToTenantId returns the value of ToTenantId.
+func (s *PoolsUnofferInput) GetToTenantId() string {
+	return s.ToTenantId
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *PoolsUnofferInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *PoolsUnofferInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetToTenantId sets the value of ToTenantId.
+func (s *PoolsUnofferInput) SetToTenantId(val string) {
+	s.ToTenantId = val
+}
+
+// Success envelope of pools.unoffer.
+// Ref: #/components/schemas/PoolsUnofferResponse
+type PoolsUnofferResponse struct {
+	Data PoolOffer `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *PoolsUnofferResponse) GetData() PoolOffer {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *PoolsUnofferResponse) SetData(val PoolOffer) {
+	s.Data = val
+}
+
+// Input of pools.update. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/PoolsUpdateInput
+type PoolsUpdateInput struct {
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string   `json:"tenantId"`
+	Version  OptInt64 `json:"version"`
+}
+
+// GetName returns the value of Name.
+func (s *PoolsUpdateInput) GetName() string {
+	return s.Name
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *PoolsUpdateInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *PoolsUpdateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetVersion returns the value of Version.
+func (s *PoolsUpdateInput) GetVersion() OptInt64 {
+	return s.Version
+}
+
+// SetName sets the value of Name.
+func (s *PoolsUpdateInput) SetName(val string) {
+	s.Name = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *PoolsUpdateInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *PoolsUpdateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetVersion sets the value of Version.
+func (s *PoolsUpdateInput) SetVersion(val OptInt64) {
+	s.Version = val
+}
+
+// Success envelope of pools.update.
+// Ref: #/components/schemas/PoolsUpdateResponse
+type PoolsUpdateResponse struct {
+	Data Pool `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *PoolsUpdateResponse) GetData() Pool {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *PoolsUpdateResponse) SetData(val Pool) {
+	s.Data = val
 }
 
 // One stored profile version; its document becomes immutable the first time a workflow uses it.

@@ -24,6 +24,13 @@ type SecuritySource interface {
 // operationRolesBearerAuth is a private map storing roles per operation.
 var operationRolesBearerAuth = map[string][]string{
 	EventsListOperation:                []string{},
+	PoolsArchiveOperation:              []string{},
+	PoolsCreateOperation:               []string{},
+	PoolsGetOperation:                  []string{},
+	PoolsListOperation:                 []string{},
+	PoolsOfferOperation:                []string{},
+	PoolsUnofferOperation:              []string{},
+	PoolsUpdateOperation:               []string{},
 	ProfilesCreateOperation:            []string{},
 	ProfilesDeleteOperation:            []string{},
 	ProfilesGetOperation:               []string{},
@@ -96,6 +103,13 @@ func GetRolesForBearerAuth(operation string) []string {
 // operationRolesServiceHeader is a private map storing roles per operation.
 var operationRolesServiceHeader = map[string][]string{
 	EventsListOperation:                []string{},
+	PoolsArchiveOperation:              []string{},
+	PoolsCreateOperation:               []string{},
+	PoolsGetOperation:                  []string{},
+	PoolsListOperation:                 []string{},
+	PoolsOfferOperation:                []string{},
+	PoolsUnofferOperation:              []string{},
+	PoolsUpdateOperation:               []string{},
 	ProfilesCreateOperation:            []string{},
 	ProfilesDeleteOperation:            []string{},
 	ProfilesGetOperation:               []string{},

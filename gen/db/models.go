@@ -207,20 +207,21 @@ type Outbox struct {
 }
 
 type Pool struct {
-	PoolID    string
-	TenantID  string
-	SiteID    string
-	Name      string
-	Class     string
-	Hosting   string
-	AccountID pgtype.Text
-	Runtime   pgtype.Text
-	Agent     pgtype.Text
-	Archived  bool
-	Version   int64
-	CreatedBy string
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	PoolID      string
+	TenantID    string
+	SiteID      string
+	Name        string
+	Class       string
+	Hosting     string
+	AccountID   pgtype.Text
+	Runtime     pgtype.Text
+	Agent       pgtype.Text
+	Archived    bool
+	Version     int64
+	CreatedBy   string
+	IdemRequest []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
 }
 
 type Quota struct {

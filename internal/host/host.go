@@ -25,6 +25,7 @@ import (
 	"computeplane/internal/keys"
 	"computeplane/internal/metrics"
 	"computeplane/internal/notify"
+	"computeplane/internal/pools"
 	"computeplane/internal/rpc"
 	"computeplane/internal/secrets"
 	"computeplane/internal/server"
@@ -60,7 +61,7 @@ type Host struct {
 	dispatch *sinks.Dispatcher
 	notifier *notify.Notifier
 	workers  *workers.Runner // nil without a worker role
-	pools    []*store.Store  // the background pools, closed with the store
+	siblings []*store.Store  // the connection pools beside the store's, closed with it
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -104,10 +105,10 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger, opt Options)
 func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Overrides) (_ *Host, err error) {
 	// Pools opened beside st (see Store.Sibling) close with the host, or
 	// here when assembling fails.
-	var pools []*store.Store
+	var siblings []*store.Store
 	defer func() {
 		if err != nil {
-			closeAll(pools)
+			closeAll(siblings)
 		}
 	}()
 	var gw *system.Gateway
@@ -122,7 +123,8 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	}
 	services := &api.Services{
 		System:   sys,
-		Sites:    sites.New(cfg.RootTenantID, cursors, nil),
+		Sites:    sites.New(cfg.RootTenantID, cursors, pools.SiteReferences),
+		Pools:    pools.New(cfg.RootTenantID),
 		Secrets:  secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
 		Events:   events.New(cursors),
 		Webhooks: webhooks.New(webhooks.OptionsFrom(cfg)),
@@ -149,7 +151,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if err != nil {
 		return nil, err
 	}
-	pools = append(pools, iamStore)
+	siblings = append(siblings, iamStore)
 	identity := embedded.New(iamStore, cfg.RootTenantID, cfg.TypePrefix, now)
 	cached := iam.NewCached(identity, now)
 	var gate rpc.Gate = &iam.Gate{
@@ -202,11 +204,11 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		if work, err = st.Sibling(context.Background(), "computed-workers", int32(cfg.Workers.Concurrency)+4); err != nil {
 			return nil, err
 		}
-		pools = append(pools, work)
+		siblings = append(siblings, work)
 		if leases, err = st.Sibling(context.Background(), "computed-leases", 2); err != nil {
 			return nil, err
 		}
-		pools = append(pools, leases)
+		siblings = append(siblings, leases)
 	}
 	dispatch := &sinks.Dispatcher{Store: work, Metrics: sinkMetrics, Log: log}
 	var runner *workers.Runner
@@ -235,7 +237,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
 	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached, watch: watch,
 		sinks: sinkList, dispatch: dispatch,
-		notifier: notifier, workers: runner, pools: pools,
+		notifier: notifier, workers: runner, siblings: siblings,
 	}, nil
 }
 
@@ -298,12 +300,12 @@ func (h *Host) Workers() *workers.Runner { return h.workers }
 
 // Close releases the store and the background pools.
 func (h *Host) Close() {
-	closeAll(h.pools)
+	closeAll(h.siblings)
 	h.store.Close()
 }
 
-func closeAll(pools []*store.Store) {
-	for _, p := range pools {
+func closeAll(siblings []*store.Store) {
+	for _, p := range siblings {
 		p.Close()
 	}
 }

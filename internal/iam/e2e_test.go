@@ -631,6 +631,9 @@ func (fx *fixture) prepare(t *testing.T, root string, tenants ...string) {
 		fx.webhook(t, tenant)
 		fx.spareWebhook(t, tenant)
 		fx.delivery(t, tenant)
+		for _, prep := range preparers {
+			prep(t, fx, tenant, objs)
+		}
 	}
 	fx.prepared = objs
 }

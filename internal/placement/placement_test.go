@@ -34,8 +34,8 @@ func newFleet(t testing.TB, st *store.Store, nodes int, nodeVCPU int32, nodeMemM
 	_, err := p.Exec(ctx, `insert into sites (site_id, tenant_id, kind, region, created_by, idem_request)
 		values ('site_test0000000000000000000000', 'root', 'shared', 'eu-west', 'test', '{}') on conflict do nothing`)
 	require.NoError(t, err)
-	_, err = p.Exec(ctx, `insert into pools (pool_id, tenant_id, site_id, name, class, hosting, runtime, agent, created_by)
-		values ($1, 'root', 'site_test0000000000000000000000', $1, 'vps-host', 'hosted', 'qemu', 'node-daemon', 'test')`, f.pool)
+	_, err = p.Exec(ctx, `insert into pools (pool_id, tenant_id, site_id, name, class, hosting, runtime, agent, created_by, idem_request)
+		values ($1, 'root', 'site_test0000000000000000000000', $1, 'vps-host', 'hosted', 'qemu', 'node-daemon', 'test', '{}')`, f.pool)
 	require.NoError(t, err)
 	_, err = p.Exec(ctx, `insert into nodes (node_id, pool_id, site_id, hostname, state, cap_vcpu, cap_memory_mib, cap_disk_gib)
 		select $1 || '-' || lpad(i::text, 5, '0'), $1, 'site_test0000000000000000000000', 'host' || i, 'ready', $2, $3, 1000

@@ -1,0 +1,120 @@
+package iam_test
+
+// Matrix rows of the fleet groups (pools ...), kept beside the others'
+// (e2e_test.go) so the groups grow without one file growing without end.
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"computeplane/computeclient"
+	"computeplane/gen/api"
+	"computeplane/gen/client"
+)
+
+// preparers make, for fixture.prepare, the objects of the fleet groups
+// that refused calls name, into objs by kind/tenant.
+var preparers = []func(t *testing.T, fx *fixture, tenant string, objs map[string]string){
+	func(t *testing.T, fx *fixture, tenant string, objs map[string]string) { objs["pool/"+tenant] = fx.pool(t, tenant) },
+}
+
+// pool returns a new vps-host pool of tenant in one of its sites, made by
+// an owner of the tenant (the prepared one, once there is one).
+func (fx *fixture) pool(t *testing.T, tenant string) string {
+	t.Helper()
+	if id, ok := fx.prepared["pool/"+tenant]; ok {
+		return id
+	}
+	res, err := fx.env.Client(t, computeclient.WithToken(fx.owners[tenant])).PoolsCreate(t.Context(), &client.PoolsCreateInput{
+		TenantId: tenant, SiteId: fx.site(t, tenant), Name: fx.unique(), Class: client.PoolsCreateInputClassVpsHost,
+		IdempotencyKey: fx.unique(),
+	})
+	require.NoError(t, err, "fixture: a pool in %s", tenant)
+	return res.Data.PoolId
+}
+
+func init() {
+	readers := []string{owner, admin, member, viewer}
+	operators := []string{owner, admin}
+	matrix[api.MethodPoolsCreate] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.PoolsCreate(t.Context(), &client.PoolsCreateInput{
+				TenantId: tenant, SiteId: fx.site(t, tenant), Name: fx.unique(), Class: client.PoolsCreateInputClassMetalHost,
+				IdempotencyKey: fx.unique(),
+			})
+		},
+		tenantRoles: []string{owner, admin, member}, // members create (docs/identity.md, row 6)
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			p := res.(*client.PoolsCreateResponse).Data
+			assert.Equal(t, tenant, p.TenantId)
+			assert.Equal(t, "metal-host", string(p.Class))
+		},
+	}}
+	matrix[api.MethodPoolsGet] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.PoolsGet(t.Context(), &client.PoolsGetInput{TenantId: tenant, PoolId: fx.keep("pool", tenant, func() string { return fx.pool(t, tenant) })})
+		},
+		tenantRoles: readers,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			assert.Equal(t, tenant, res.(*client.PoolsGetResponse).Data.TenantId)
+		},
+	}}
+	matrix[api.MethodPoolsList] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.PoolsList(t.Context(), &client.PoolsListInput{TenantId: tenant})
+		},
+		tenantRoles: readers,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			for _, p := range res.(*client.PoolsListResponse).Data.Items {
+				assert.Equal(t, tenant, p.TenantId)
+			}
+		},
+	}}
+	matrix[api.MethodPoolsUpdate] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.PoolsUpdate(t.Context(), &client.PoolsUpdateInput{TenantId: tenant, PoolId: fx.pool(t, tenant), Name: fx.unique()})
+		},
+		tenantRoles: operators, // the pool's creator is another identity (its tenant's owner key)
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Equal(t, int64(2), res.(*client.PoolsUpdateResponse).Data.Version)
+		},
+	}}
+	matrix[api.MethodPoolsArchive] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.PoolsArchive(t.Context(), &client.PoolsArchiveInput{TenantId: tenant, PoolId: fx.pool(t, tenant)})
+		},
+		tenantRoles: operators,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.True(t, res.(*client.PoolsArchiveResponse).Data.Archived)
+		},
+	}}
+	matrix[api.MethodPoolsOffer] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.PoolsOffer(t.Context(), &client.PoolsOfferInput{
+				TenantId: tenant, PoolId: fx.pool(t, tenant), ToTenantId: "partner", Limits: client.Limits{Vcpu: client.NewOptInt64(4)},
+			})
+		},
+		tenantRoles: operators,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.True(t, res.(*client.PoolsOfferResponse).Data.Offered)
+		},
+	}}
+	matrix[api.MethodPoolsUnoffer] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.PoolsUnoffer(t.Context(), &client.PoolsUnofferInput{TenantId: tenant, PoolId: fx.pool(t, tenant), ToTenantId: "partner"})
+		},
+		tenantRoles: operators,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.False(t, res.(*client.PoolsUnofferResponse).Data.Offered)
+		},
+	}}
+}

@@ -1,0 +1,381 @@
+// Package pools implements the pools group: sets of hosts in one site that
+// admissions place work on. It owns the pools table and, with
+// internal/placement, the quota rows: pools.create writes the owner's,
+// pools.offer another tenant's, pools.unoffer closes them to new work.
+package pools
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/iam"
+	"computeplane/internal/idem"
+	"computeplane/internal/outbox"
+	"computeplane/internal/placement"
+	"computeplane/internal/sites"
+)
+
+// Unlimited is the max of an owner's quota row for a resource its
+// ownerLimits leave out: 2^53-1, the largest integer every JSON client
+// reads exactly.
+const Unlimited = 1<<53 - 1
+
+// Defaults of hosted vps-host pools.
+const (
+	DefaultRuntime = "qemu"
+	AgentDaemon    = "node-daemon"
+)
+
+// Service implements api.PoolsService.
+type Service struct {
+	root string
+}
+
+var _ api.PoolsService = (*Service)(nil)
+
+// New returns the pools service of a deployment.
+func New(rootTenant string) *Service { return &Service{root: rootTenant} }
+
+// SiteReferences tells sites.delete what still uses a site: unarchived
+// pools and nodes not retired forbid deletion, any pool or node keeps a
+// tombstone.
+func SiteReferences(ctx context.Context, tx pgx.Tx, siteID string) (live, referenced bool, err error) {
+	r, err := db.New(tx).SiteReferences(ctx, siteID)
+	return r.Live, r.Referenced, err
+}
+
+var _ sites.References = SiteReferences
+
+func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+func ptr(t pgtype.Text) *string {
+	if !t.Valid {
+		return nil
+	}
+	return &t.String
+}
+
+func text(s *string) pgtype.Text {
+	if s == nil {
+		return pgtype.Text{}
+	}
+	return pgtype.Text{String: *s, Valid: true}
+}
+
+// output is the pool as tenant sees it.
+func output(r db.Pool, tenant string) *api.Pool {
+	return &api.Pool{
+		PoolID: r.PoolID, TenantID: r.TenantID, SiteID: r.SiteID, Name: r.Name, Class: r.Class, Hosting: r.Hosting,
+		AccountID: ptr(r.AccountID), Runtime: ptr(r.Runtime), Agent: ptr(r.Agent), Archived: r.Archived,
+		Offered: r.TenantID != tenant, Version: r.Version, CreatedAt: formatTime(r.CreatedAt), UpdatedAt: formatTime(r.UpdatedAt),
+	}
+}
+
+func notFound(id string) error { return api.Errorf(api.CodeNotFound, "pool %s not found", id) }
+
+var createMethod = api.Lookup("/pools/create")
+
+// Create answers pools.create.
+func (s *Service) Create(ctx context.Context, in *api.PoolsCreateInput) (*api.Pool, error) {
+	runtime, agent, err := shape(in)
+	if err != nil {
+		return nil, err
+	}
+	sess, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
+	fp := idem.FingerprintOf(createMethod, in)
+	if existing, err := q.GetPool(ctx, id); err == nil {
+		// A retry: the same request returns the pool, another is CONFLICT.
+		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
+			return nil, err
+		}
+		return output(existing, in.TenantID), nil
+	} else if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+	site, err := q.GetSite(ctx, in.SiteID)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (site.Tombstoned ||
+		!(site.TenantID == in.TenantID || (site.TenantID == s.root && site.Kind == sites.KindShared)))) {
+		return nil, api.Errorf(api.CodeNotFound, "siteId: site %s not found", in.SiteID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if taken, err := q.PoolNameTaken(ctx, db.PoolNameTakenParams{TenantID: in.TenantID, Name: in.Name, PoolID: id}); err != nil {
+		return nil, err
+	} else if taken {
+		return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a live pool named %s", in.TenantID, in.Name)
+	}
+	row, err := q.InsertPool(ctx, db.InsertPoolParams{
+		PoolID: id, TenantID: in.TenantID, SiteID: in.SiteID, Name: in.Name, Class: in.Class, Hosting: in.Hosting,
+		AccountID: text(in.AccountID), Runtime: text(runtime), Agent: text(agent), CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
+	})
+	if err != nil {
+		return nil, err // a concurrent retry won the id: its transaction answers
+	}
+	if err := setLimits(ctx, q, in.TenantID, id, in.OwnerLimits, Unlimited); err != nil {
+		return nil, err
+	}
+	if err := sess.MakeReal(ctx, tx, map[string]string{"class": row.Class, "hosting": row.Hosting, "siteId": row.SiteID}); err != nil {
+		return nil, err
+	}
+	return output(row, in.TenantID), outbox.Write(ctx, tx, outbox.Event{
+		Type: api.EventPoolCreated, Subject: row.PoolID, TenantID: row.TenantID,
+		Data: api.PoolCreatedPayload{PoolID: row.PoolID, SiteID: row.SiteID, Name: row.Name, Class: row.Class, Hosting: row.Hosting},
+	})
+}
+
+// shape checks the combination of class, hosting, account, runtime and
+// agent, and fills the defaults of hosted pools.
+func shape(in *api.PoolsCreateInput) (runtime, agent *string, err error) {
+	runtime, agent = in.Runtime, in.Agent
+	switch {
+	case in.Hosting == "provider":
+		if in.AccountID == nil {
+			return nil, nil, api.Errorf(api.CodeInvalidInput, "accountId: a provider pool needs its provider account")
+		}
+		if agent != nil {
+			return nil, nil, api.Errorf(api.CodeInvalidInput, "agent: a provider pool's machines are run by the provider")
+		}
+		// Provider accounts are not served yet (providerAccounts, phase v0.3).
+		return nil, nil, api.Errorf(api.CodeUnsupported, "hosting: provider pools need provider accounts, which this deployment does not serve yet")
+	case in.AccountID != nil:
+		return nil, nil, api.Errorf(api.CodeInvalidInput, "accountId: only a provider pool has a provider account")
+	}
+	if in.Class == "metal-host" && runtime != nil {
+		return nil, nil, api.Errorf(api.CodeInvalidInput, "runtime: a metal-host pool runs no VM runtime")
+	}
+	if in.Class == "vps-host" && runtime == nil {
+		r := DefaultRuntime
+		runtime = &r
+	}
+	if runtime != nil && *runtime != DefaultRuntime {
+		return nil, nil, api.Errorf(api.CodeInvalidInput, "runtime: %s is not a runtime of this deployment (known: %s)", *runtime, DefaultRuntime)
+	}
+	if agent == nil {
+		a := AgentDaemon
+		agent = &a
+	}
+	return runtime, agent, nil
+}
+
+// limitsOf lists the max of each resource given, in placement.Resources
+// order; an absent one is fill (0 and it is skipped).
+func limitsOf(l *api.Limits, fill int64) map[string]int64 {
+	given := map[string]*int64{}
+	if l != nil {
+		given = map[string]*int64{
+			placement.ResourceVCPU: l.Vcpu, placement.ResourceMemoryMiB: l.MemoryMiB, placement.ResourceDiskGiB: l.DiskGiB,
+			placement.ResourceGPUs: l.Gpus, placement.ResourceInstances: l.Instances, placement.ResourceSandboxes: l.Sandboxes,
+			placement.ResourceNodes: l.Nodes,
+		}
+	}
+	out := map[string]int64{}
+	for _, r := range placement.Resources {
+		switch v := given[r]; {
+		case v != nil:
+			out[r] = *v
+		case fill > 0:
+			out[r] = fill
+		}
+	}
+	return out
+}
+
+// setLimits writes tenant's quota rows in pool; a max below what the
+// tenant already uses is INVALID_STATE.
+func setLimits(ctx context.Context, q *db.Queries, tenant, pool string, l *api.Limits, fill int64) error {
+	for _, r := range placement.Resources {
+		max, ok := limitsOf(l, fill)[r]
+		if !ok {
+			continue
+		}
+		_, err := q.SetQuota(ctx, db.SetQuotaParams{TenantID: tenant, PoolID: pool, Resource: r, Max: max})
+		if errors.Is(err, pgx.ErrNoRows) {
+			cur, err := q.GetQuota(ctx, db.GetQuotaParams{TenantID: tenant, PoolID: pool, Resource: r})
+			if err != nil {
+				return err
+			}
+			return api.Errorf(api.CodeInvalidState, "limits.%s: tenant %s uses %d, more than %d", r, tenant, cur.Used, max).
+				WithDetails(map[string]any{"resource": r, "used": cur.Used})
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readable loads a pool tenant owns or is offered.
+func readable(ctx context.Context, q *db.Queries, tenant, id string) (db.Pool, error) {
+	row, err := q.GetPool(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return db.Pool{}, notFound(id)
+	}
+	if err != nil || row.TenantID == tenant {
+		return row, err
+	}
+	offered, err := q.PoolOfferedTo(ctx, db.PoolOfferedToParams{PoolID: id, TenantID: tenant})
+	if err != nil {
+		return db.Pool{}, err
+	}
+	if !offered {
+		return db.Pool{}, notFound(id)
+	}
+	return row, nil
+}
+
+// Get answers pools.get.
+func (s *Service) Get(ctx context.Context, in *api.PoolsGetInput) (*api.Pool, error) {
+	_, _, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	row, err := readable(ctx, q, in.TenantID, in.PoolID)
+	if err != nil {
+		return nil, err
+	}
+	return output(row, in.TenantID), nil
+}
+
+// List answers pools.list.
+func (s *Service) List(ctx context.Context, in *api.PoolsListInput) (*api.PoolList, error) {
+	_, _, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := q.ListPoolsOfTenant(ctx, db.ListPoolsOfTenantParams{TenantID: in.TenantID, IncludeArchived: in.IncludeArchived, SiteID: text(in.SiteID)})
+	if err != nil {
+		return nil, err
+	}
+	out := &api.PoolList{Items: make([]api.Pool, 0, len(rows))}
+	for _, r := range rows {
+		out.Items = append(out.Items, *output(r, in.TenantID))
+	}
+	return out, nil
+}
+
+// owned loads a pool for a change by its owner: absent or another tenant's
+// is NOT_FOUND, a stale version CONFLICT.
+func owned(ctx context.Context, q *db.Queries, tenant, id string, version *int64) (db.Pool, error) {
+	row, err := q.GetPoolForUpdate(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.TenantID != tenant) {
+		return db.Pool{}, notFound(id)
+	}
+	if err != nil {
+		return db.Pool{}, err
+	}
+	if version != nil && *version != row.Version {
+		return db.Pool{}, api.Errorf(api.CodeConflict, "pool %s is at version %d, not %d", id, row.Version, *version).
+			WithDetails(map[string]any{"version": row.Version})
+	}
+	return row, nil
+}
+
+// Update answers pools.update.
+func (s *Service) Update(ctx context.Context, in *api.PoolsUpdateInput) (*api.Pool, error) {
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	row, err := owned(ctx, q, in.TenantID, in.PoolID, in.Version)
+	if err != nil || row.Name == in.Name {
+		return output(row, in.TenantID), err
+	}
+	if row.Archived {
+		return nil, api.Errorf(api.CodeInvalidState, "pool %s is archived", row.PoolID)
+	}
+	if taken, err := q.PoolNameTaken(ctx, db.PoolNameTakenParams{TenantID: in.TenantID, Name: in.Name, PoolID: row.PoolID}); err != nil {
+		return nil, err
+	} else if taken {
+		return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a live pool named %s", in.TenantID, in.Name)
+	}
+	if row, err = q.RenamePool(ctx, db.RenamePoolParams{PoolID: row.PoolID, Name: in.Name}); err != nil {
+		return nil, err
+	}
+	return output(row, in.TenantID), outbox.Write(ctx, tx, outbox.Event{
+		Type: api.EventPoolUpdated, Subject: row.PoolID, TenantID: row.TenantID,
+		Data: api.PoolUpdatedPayload{PoolID: row.PoolID, Name: row.Name, Version: row.Version},
+	})
+}
+
+// Archive answers pools.archive.
+func (s *Service) Archive(ctx context.Context, in *api.PoolsArchiveInput) (*api.Pool, error) {
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	row, err := owned(ctx, q, in.TenantID, in.PoolID, in.Version)
+	if err != nil || row.Archived {
+		return output(row, in.TenantID), err
+	}
+	if row, err = q.ArchivePool(ctx, row.PoolID); err != nil {
+		return nil, err
+	}
+	return output(row, in.TenantID), outbox.Write(ctx, tx, outbox.Event{
+		Type: api.EventPoolArchived, Subject: row.PoolID, TenantID: row.TenantID,
+		Data: api.PoolArchivedPayload{PoolID: row.PoolID},
+	})
+}
+
+// Offer answers pools.offer.
+func (s *Service) Offer(ctx context.Context, in *api.PoolsOfferInput) (*api.PoolOffer, error) {
+	if in.ToTenantID == in.TenantID {
+		return nil, api.Errorf(api.CodeInvalidInput, "toTenantId: a pool is not offered to its owner; set its quotas instead")
+	}
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	row, err := owned(ctx, q, in.TenantID, in.PoolID, nil)
+	if err != nil {
+		return nil, err
+	}
+	if row.Archived {
+		return nil, api.Errorf(api.CodeInvalidState, "pool %s is archived", row.PoolID)
+	}
+	if err := setLimits(ctx, q, in.ToTenantID, row.PoolID, &in.Limits, 0); err != nil {
+		return nil, err
+	}
+	limits := map[string]any{}
+	for r, max := range limitsOf(&in.Limits, 0) {
+		limits[r] = max
+	}
+	return &api.PoolOffer{PoolID: row.PoolID, ToTenantID: in.ToTenantID, Offered: true}, outbox.Write(ctx, tx, outbox.Event{
+		Type: api.EventPoolOffered, Subject: row.PoolID, TenantID: row.TenantID,
+		Data: api.PoolOfferedPayload{PoolID: row.PoolID, ToTenantID: in.ToTenantID, Limits: limits},
+	})
+}
+
+// Unoffer answers pools.unoffer.
+func (s *Service) Unoffer(ctx context.Context, in *api.PoolsUnofferInput) (*api.PoolOffer, error) {
+	if in.ToTenantID == in.TenantID {
+		return nil, api.Errorf(api.CodeInvalidInput, "toTenantId: a pool is not offered to its owner; archive it instead")
+	}
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	row, err := owned(ctx, q, in.TenantID, in.PoolID, nil)
+	if err != nil {
+		return nil, err
+	}
+	n, err := q.UnofferPool(ctx, db.UnofferPoolParams{PoolID: row.PoolID, TenantID: in.ToTenantID})
+	if err != nil || n == 0 {
+		// Not offered: nothing changes, nothing published.
+		return &api.PoolOffer{PoolID: row.PoolID, ToTenantID: in.ToTenantID, Offered: false}, err
+	}
+	return &api.PoolOffer{PoolID: row.PoolID, ToTenantID: in.ToTenantID, Offered: false}, outbox.Write(ctx, tx, outbox.Event{
+		Type: api.EventPoolUnoffered, Subject: row.PoolID, TenantID: row.TenantID,
+		Data: api.PoolUnofferedPayload{PoolID: row.PoolID, ToTenantID: in.ToTenantID},
+	})
+}

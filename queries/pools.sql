@@ -1,0 +1,65 @@
+-- name: InsertPool :one
+-- A row for the id exists already when this is a retry: nothing is written
+-- and no row returns.
+INSERT INTO pools (pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, created_by, idem_request)
+VALUES (sqlc.arg(pool_id), sqlc.arg(tenant_id), sqlc.arg(site_id), sqlc.arg(name), sqlc.arg(class), sqlc.arg(hosting),
+        sqlc.narg(account_id), sqlc.narg(runtime), sqlc.narg(agent), sqlc.arg(created_by), sqlc.arg(idem_request))
+ON CONFLICT (pool_id) DO NOTHING
+RETURNING *;
+
+-- name: GetPool :one
+SELECT * FROM pools WHERE pool_id = sqlc.arg(pool_id);
+
+-- name: GetPoolForUpdate :one
+SELECT * FROM pools WHERE pool_id = sqlc.arg(pool_id) FOR UPDATE;
+
+-- name: PoolNameTaken :one
+SELECT EXISTS (SELECT 1 FROM pools WHERE tenant_id = sqlc.arg(tenant_id) AND name = sqlc.arg(name)
+               AND NOT archived AND pool_id <> sqlc.arg(pool_id))::boolean;
+
+-- name: PoolOfferedTo :one
+-- Whether a pool is offered to a tenant (that tenant has an offered quota
+-- row in it).
+SELECT EXISTS (SELECT 1 FROM quotas WHERE pool_id = sqlc.arg(pool_id) AND tenant_id = sqlc.arg(tenant_id) AND offered)::boolean;
+
+-- name: ListPoolsOfTenant :many
+-- Pools a tenant owns or is offered, in name order.
+SELECT * FROM pools p
+WHERE (p.tenant_id = sqlc.arg(tenant_id)
+       OR EXISTS (SELECT 1 FROM quotas q WHERE q.pool_id = p.pool_id AND q.tenant_id = sqlc.arg(tenant_id) AND q.offered))
+  AND (sqlc.arg(include_archived)::boolean OR NOT p.archived)
+  AND (sqlc.narg(site_id)::text IS NULL OR p.site_id = sqlc.narg(site_id))
+ORDER BY p.name, p.pool_id;
+
+-- name: RenamePool :one
+UPDATE pools SET name = sqlc.arg(name), version = version + 1, updated_at = now()
+WHERE pool_id = sqlc.arg(pool_id)
+RETURNING *;
+
+-- name: ArchivePool :one
+UPDATE pools SET archived = true, version = version + 1, updated_at = now()
+WHERE pool_id = sqlc.arg(pool_id)
+RETURNING *;
+
+-- name: SetQuota :one
+-- Writes a tenant's max for one resource of a pool and (re)opens the pool to
+-- it; a max below what is used leaves the row unchanged and returns none.
+INSERT INTO quotas (tenant_id, pool_id, resource, max, offered)
+VALUES (sqlc.arg(tenant_id), sqlc.arg(pool_id), sqlc.arg(resource), sqlc.arg(max), true)
+ON CONFLICT (tenant_id, pool_id, resource) DO UPDATE
+SET max = excluded.max, offered = true, updated_at = now()
+WHERE quotas.used <= excluded.max
+RETURNING *;
+
+-- name: UnofferPool :execrows
+UPDATE quotas SET offered = false, updated_at = now()
+WHERE pool_id = sqlc.arg(pool_id) AND tenant_id = sqlc.arg(tenant_id) AND offered;
+
+-- name: SiteReferences :one
+-- What still uses a site: live (unarchived pools, nodes not retired) and
+-- any reference at all.
+SELECT
+    (EXISTS (SELECT 1 FROM pools p WHERE p.site_id = sqlc.arg(site_id) AND NOT p.archived)
+     OR EXISTS (SELECT 1 FROM nodes n WHERE n.site_id = sqlc.arg(site_id) AND n.state <> 'retired'))::boolean AS live,
+    (EXISTS (SELECT 1 FROM pools p WHERE p.site_id = sqlc.arg(site_id))
+     OR EXISTS (SELECT 1 FROM nodes n WHERE n.site_id = sqlc.arg(site_id)))::boolean AS referenced;
