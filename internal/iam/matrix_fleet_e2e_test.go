@@ -17,7 +17,9 @@ import (
 // preparers make, for fixture.prepare, the objects of the fleet groups
 // that refused calls name, into objs by kind/tenant.
 var preparers = []func(t *testing.T, fx *fixture, tenant string, objs map[string]string){
-	func(t *testing.T, fx *fixture, tenant string, objs map[string]string) { objs["pool/"+tenant] = fx.pool(t, tenant) },
+	func(t *testing.T, fx *fixture, tenant string, objs map[string]string) {
+		objs["pool/"+tenant] = fx.pool(t, tenant)
+	},
 }
 
 // pool returns a new vps-host pool of tenant in one of its sites, made by
