@@ -63,3 +63,38 @@ SELECT
      OR EXISTS (SELECT 1 FROM nodes n WHERE n.site_id = sqlc.arg(site_id) AND n.state <> 'retired'))::boolean AS live,
     (EXISTS (SELECT 1 FROM pools p WHERE p.site_id = sqlc.arg(site_id))
      OR EXISTS (SELECT 1 FROM nodes n WHERE n.site_id = sqlc.arg(site_id)))::boolean AS referenced;
+
+-- name: SetQuotaMax :one
+-- Sets a tenant's max for one resource of a pool, keeping whether it is
+-- offered (a new row is); a max below what is used returns none.
+INSERT INTO quotas (tenant_id, pool_id, resource, max, offered)
+VALUES (sqlc.arg(tenant_id), sqlc.arg(pool_id), sqlc.arg(resource), sqlc.arg(max), true)
+ON CONFLICT (tenant_id, pool_id, resource) DO UPDATE
+SET max = excluded.max, updated_at = now()
+WHERE quotas.used <= excluded.max
+RETURNING *;
+
+-- name: ListQuotas :many
+-- Quota rows of a tenant (every pool, or one), or of every tenant in a pool
+-- (all_tenants, for its owner).
+SELECT * FROM quotas
+WHERE (sqlc.arg(all_tenants)::boolean OR tenant_id = sqlc.arg(tenant_id))
+  AND (sqlc.narg(pool_id)::text IS NULL OR pool_id = sqlc.narg(pool_id))
+ORDER BY pool_id, tenant_id, resource;
+
+-- name: InsertFlavor :one
+INSERT INTO flavors (pool_id, name, vcpu, memory_mib, disk_gib, gpu_model, gpus)
+VALUES (sqlc.arg(pool_id), sqlc.arg(name), sqlc.arg(vcpu), sqlc.arg(memory_mib), sqlc.arg(disk_gib), sqlc.narg(gpu_model), sqlc.arg(gpus))
+ON CONFLICT (pool_id, name) DO NOTHING
+RETURNING *;
+
+-- name: GetFlavor :one
+SELECT * FROM flavors WHERE pool_id = sqlc.arg(pool_id) AND name = sqlc.arg(name);
+
+-- name: ListFlavors :many
+SELECT * FROM flavors WHERE pool_id = sqlc.arg(pool_id) AND (sqlc.arg(include_archived)::boolean OR NOT archived)
+ORDER BY name;
+
+-- name: ArchiveFlavor :one
+UPDATE flavors SET archived = true WHERE pool_id = sqlc.arg(pool_id) AND name = sqlc.arg(name)
+RETURNING *;

@@ -11,9 +11,11 @@ import (
 // Services holds the implementation of each group; a group with a registered method must be set.
 type Services struct {
 	Events           EventsService
+	Flavors          FlavorsService
 	Pools            PoolsService
 	Profiles         ProfilesService
 	ProviderAccounts ProviderAccountsService
+	Quotas           QuotasService
 	SandboxTemplates SandboxTemplatesService
 	SandboxVolumes   SandboxVolumesService
 	Secrets          SecretsService
@@ -28,8 +30,14 @@ func (s *Services) Check() error {
 	if s.Events == nil {
 		return errors.New("group events has registered methods and no service")
 	}
+	if s.Flavors == nil {
+		return errors.New("group flavors has registered methods and no service")
+	}
 	if s.Pools == nil {
 		return errors.New("group pools has registered methods and no service")
+	}
+	if s.Quotas == nil {
+		return errors.New("group quotas has registered methods and no service")
 	}
 	if s.Secrets == nil {
 		return errors.New("group secrets has registered methods and no service")
@@ -73,6 +81,118 @@ var Methods = []*Method{
 			Type:    "tenant",
 		}},
 		Route:        "/events/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeFlavorsCreateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Adds a flavor to a pool of the tenant; a name the pool has (archived or not) is CONFLICT; an archived pool is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "flavors.create",
+		Group:       "flavors",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Flavors.Create(ctx, in.(*FlavorsCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "poolId",
+			Type:    "pool",
+		}},
+		Route:        "/flavors/create",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeFlavorsListInput(obj, "", iss)
+			return &in
+		},
+		Description: "Flavors of a pool the tenant owns or is offered; archived ones only when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "flavors.list",
+		Group:       "flavors",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Flavors.List(ctx, in.(*FlavorsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/flavors/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeFlavorsGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One flavor of a pool the tenant owns or is offered.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "flavors.get",
+		Group:       "flavors",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Flavors.Get(ctx, in.(*FlavorsGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/flavors/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:pools:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeFlavorsArchiveInput(obj, "", iss)
+			return &in
+		},
+		Description: "Archives a flavor; new work refuses it, what runs in it lives on; archiving twice returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "flavors.archive",
+		Group:       "flavors",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Flavors.Archive(ctx, in.(*FlavorsArchiveInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "archive",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "poolId",
+			Type:    "pool",
+		}},
+		Route:        "/flavors/archive",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
@@ -597,6 +717,90 @@ var Methods = []*Method{
 		}},
 		Route:        "/providerAccounts/bootstrap",
 		Status:       StatusPlanned,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:quotas:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeQuotasListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's quota rows, in every pool or in poolId; in a pool the tenant owns, every tenant's rows in it.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "quotas.list",
+		Group:       "quotas",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Quotas.List(ctx, in.(*QuotasListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/quotas/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:quotas:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeQuotasGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One quota of the tenant in a pool it owns or is offered; a missing row reads as max 0 (it grants nothing).",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "quotas.get",
+		Group:       "quotas",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Quotas.Get(ctx, in.(*QuotasGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/quotas/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:quotas:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeQuotasSetInput(obj, "", iss)
+			return &in
+		},
+		Description: "Sets the max of one resource for a tenant (forTenantId, default the owner itself) in a pool of the tenant (its owner; the root tenant's operators act in any tenant). A max below what is used is INVALID_STATE. A new row for another tenant is open to it; an unoffered tenant stays unoffered.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "quotas.set",
+		Group:       "quotas",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Quotas.Set(ctx, in.(*QuotasSetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "set",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "poolId",
+			Type:    "pool",
+		}},
+		Route:        "/quotas/set",
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{

@@ -51,6 +51,16 @@ var (
 
 // Rules of the input fields, built once.
 var (
+	ruleGPUsModel = &wire.StringRule{
+		MaxLength: 32,
+		Pattern:   regexp.MustCompile("^[A-Za-z0-9-]{1,32}$"),
+	}
+	ruleGPUsCount = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(64),
+		Min:    int64(1),
+	}
 	ruleLimitsVcpu = &wire.IntRule{
 		HasMin: true,
 		Min:    int64(0),
@@ -152,6 +162,68 @@ var (
 		HasMin: true,
 		Max:    int64(500),
 		Min:    int64(1),
+	}
+	ruleFlavorsCreateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleFlavorsCreateInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	ruleFlavorsCreateInputName = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
+	}
+	ruleFlavorsCreateInputVcpu = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(1024),
+		Min:    int64(1),
+	}
+	ruleFlavorsCreateInputMemoryMiB = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(16777216),
+		Min:    int64(1),
+	}
+	ruleFlavorsCreateInputDiskGiB = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(65536),
+		Min:    int64(0),
+	}
+	ruleFlavorsListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleFlavorsListInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	ruleFlavorsGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleFlavorsGetInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	ruleFlavorsGetInputName = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
+	}
+	ruleFlavorsArchiveInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleFlavorsArchiveInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	ruleFlavorsArchiveInputName = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
 	}
 	rulePoolsCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
@@ -414,6 +486,42 @@ var (
 	ruleProviderAccountsBootstrapInputOfferID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+	}
+	ruleQuotasListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleQuotasListInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	ruleQuotasGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleQuotasGetInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	ruleQuotasGetInputResource = &wire.StringRule{Enum: []string{"vcpu", "memoryMiB", "diskGiB", "gpus", "instances", "sandboxes", "nodes"}}
+	ruleQuotasSetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleQuotasSetInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	ruleQuotasSetInputForTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleQuotasSetInputResource = &wire.StringRule{Enum: []string{"vcpu", "memoryMiB", "diskGiB", "gpus", "instances", "sandboxes", "nodes"}}
+	ruleQuotasSetInputMax      = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(9007199254740991),
+		Min:    int64(0),
 	}
 	ruleSandboxTemplatesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,

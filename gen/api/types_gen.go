@@ -86,6 +86,44 @@ type Finding struct {
 	Severity string `json:"severity"`
 	Message  string `json:"message"`
 }
+type Flavor struct {
+	PoolID    string `json:"poolId"` // Pool identifier.
+	Name      string `json:"name"`   // Lowercase DNS-like name.
+	Vcpu      int64  `json:"vcpu"`
+	MemoryMiB int64  `json:"memoryMiB"`
+	DiskGiB   int64  `json:"diskGiB"`
+	Gpus      *GPUs  `json:"gpus"`
+	Archived  bool   `json:"archived"`
+	CreatedAt string `json:"createdAt"`
+}
+type FlavorList struct {
+	Items []Flavor `json:"items"` // In name order.
+}
+type GPUs struct {
+	Model string `json:"model"`
+	Count int64  `json:"count"`
+}
+
+var fieldsGPUs = map[string]struct{}{
+	"count": {},
+	"model": {},
+}
+
+// decodeGPUs checks obj against the schema of GPUs, collecting every issue.
+func decodeGPUs(obj map[string]any, path string, iss *wire.Issues) (out GPUs) {
+	wire.Unknown(obj, path, fieldsGPUs, iss)
+	if v, ok := obj["model"]; !ok {
+		wire.Required(wire.Join(path, "model"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "model"), ruleGPUsModel, iss); ok {
+		out.Model = x1
+	}
+	if v, ok := obj["count"]; !ok {
+		wire.Required(wire.Join(path, "count"), iss)
+	} else if x1, ok := wire.Int(v, wire.Join(path, "count"), ruleGPUsCount, iss); ok {
+		out.Count = x1
+	}
+	return
+}
 
 // GatewayInfo: The gateway node daemons dial.
 type GatewayInfo struct {
@@ -299,6 +337,17 @@ type ProviderAccountDeleted struct {
 }
 type ProviderAccountList struct {
 	Items []ProviderAccount `json:"items"`
+}
+type Quota struct {
+	TenantID string `json:"tenantId"` // The tenant the cap applies to.
+	PoolID   string `json:"poolId"`   // Pool identifier.
+	Resource string `json:"resource"`
+	Max      int64  `json:"max"`
+	Used     int64  `json:"used"`
+	Offered  bool   `json:"offered"` // False once the pool's owner stopped admitting the tenant's new work.
+}
+type QuotaList struct {
+	Items []Quota `json:"items"` // By pool, tenant and resource.
 }
 
 // SandboxTemplate: What a tenant's sandboxes run; name unique among the tenant's live templates.

@@ -36,6 +36,76 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "flavors",
+		Description: "Sizes that work in a pool is made in; archived flavors refuse new work.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Adds a flavor to a pool of the tenant; a name the pool has (archived or not) is CONFLICT; an archived pool is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:pools:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "vcpu", Field: "vcpu", Type: cliruntime.Int, Required: true},
+					{Name: "memory-mib", Field: "memoryMiB", Type: cliruntime.Int, Required: true},
+					{Name: "disk-gib", Field: "diskGiB", Type: cliruntime.Int, Default: "0"},
+					{Name: "gpus", Field: "gpus", Type: cliruntime.JSON},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.FlavorsCreate(ctx, new(client.FlavorsCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "Flavors of a pool the tenant owns or is offered; archived ones only when asked.",
+				Kind:        "read",
+				Action:      "compute:pools:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "include-archived", Field: "includeArchived", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.FlavorsList(ctx, new(client.FlavorsListInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One flavor of a pool the tenant owns or is offered.",
+				Kind:        "read",
+				Action:      "compute:pools:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.FlavorsGet(ctx, new(client.FlavorsGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "archive",
+				Description: "Archives a flavor; new work refuses it, what runs in it lives on; archiving twice returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:pools:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.FlavorsArchive(ctx, new(client.FlavorsArchiveInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "pools",
 		Description: "Sets of hosts in one site that admissions place work on. A pool belongs to its tenant (the root tenant for platform pools); pools.offer opens it to another tenant within limits (that tenant's quota rows). An archived pool refuses new work; what runs on it lives on.",
 		Methods: []cliruntime.Method{
@@ -149,6 +219,58 @@ var Groups = []cliruntime.Group{
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.PoolsUnoffer(ctx, new(client.PoolsUnofferInput))
+					return err
+				},
+			},
+		},
+	},
+	{
+		Name:        "quotas",
+		Description: "Caps on how much of one resource a tenant may hold in one pool: a max and a used counter per tenant, pool and resource (vcpu, memoryMiB, diskGiB, gpus, instances, sandboxes, nodes). A missing row grants nothing. pools.create and pools.offer write rows; admissions charge used in their own transaction and releases refund it; the database refuses used above max.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "list",
+				Description: "The tenant's quota rows, in every pool or in poolId; in a pool the tenant owns, every tenant's rows in it.",
+				Kind:        "read",
+				Action:      "compute:quotas:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Help: "Pool identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.QuotasList(ctx, new(client.QuotasListInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One quota of the tenant in a pool it owns or is offered; a missing row reads as max 0 (it grants nothing).",
+				Kind:        "read",
+				Action:      "compute:quotas:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "resource", Field: "resource", Type: cliruntime.String, Required: true, Enum: []string{"vcpu", "memoryMiB", "diskGiB", "gpus", "instances", "sandboxes", "nodes"}},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.QuotasGet(ctx, new(client.QuotasGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "set",
+				Description: "Sets the max of one resource for a tenant (forTenantId, default the owner itself) in a pool of the tenant (its owner; the root tenant's operators act in any tenant). A max below what is used is INVALID_STATE. A new row for another tenant is open to it; an unoffered tenant stays unoffered.",
+				Kind:        "mutation",
+				Action:      "compute:quotas:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "for-tenant-id", Field: "forTenantId", Type: cliruntime.String, Help: "Tenant identifier."},
+					{Name: "resource", Field: "resource", Type: cliruntime.String, Required: true, Enum: []string{"vcpu", "memoryMiB", "diskGiB", "gpus", "instances", "sandboxes", "nodes"}},
+					{Name: "max", Field: "max", Type: cliruntime.Int, Required: true},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.QuotasSet(ctx, new(client.QuotasSetInput))
 					return err
 				},
 			},

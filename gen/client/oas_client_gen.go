@@ -22,9 +22,11 @@ func trimTrailingSlashes(u *url.URL) {
 // Invoker invokes operations described by OpenAPI v3 specification.
 type Invoker interface {
 	EventsInvoker
+	FlavorsInvoker
 	PoolsInvoker
 	ProfilesInvoker
 	ProviderAccountsInvoker
+	QuotasInvoker
 	SandboxTemplatesInvoker
 	SandboxVolumesInvoker
 	SecretsInvoker
@@ -49,6 +51,51 @@ type EventsInvoker interface {
 	//
 	// POST /events/list
 	EventsList(ctx context.Context, request *EventsListInput) (*EventsListResponse, error)
+}
+
+// FlavorsInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Flavors
+type FlavorsInvoker interface {
+	// FlavorsArchive invokes flavorsArchive operation.
+	//
+	// Archives a flavor; new work refuses it, what runs in it lives on; archiving twice returns it
+	// unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /flavors/archive
+	FlavorsArchive(ctx context.Context, request *FlavorsArchiveInput) (*FlavorsArchiveResponse, error)
+	// FlavorsCreate invokes flavorsCreate operation.
+	//
+	// Adds a flavor to a pool of the tenant; a name the pool has (archived or not) is CONFLICT; an
+	// archived pool is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /flavors/create
+	FlavorsCreate(ctx context.Context, request *FlavorsCreateInput) (*FlavorsCreateResponse, error)
+	// FlavorsGet invokes flavorsGet operation.
+	//
+	// One flavor of a pool the tenant owns or is offered.
+	//
+	// Served since v1.1. Kind: read. Action compute:pools:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /flavors/get
+	FlavorsGet(ctx context.Context, request *FlavorsGetInput) (*FlavorsGetResponse, error)
+	// FlavorsList invokes flavorsList operation.
+	//
+	// Flavors of a pool the tenant owns or is offered; archived ones only when asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:pools:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /flavors/list
+	FlavorsList(ctx context.Context, request *FlavorsListInput) (*FlavorsListResponse, error)
 }
 
 // PoolsInvoker invokes operations described by OpenAPI v3 specification.
@@ -298,6 +345,44 @@ type ProviderAccountsInvoker interface {
 	//
 	// POST /providerAccounts/update
 	ProviderAccountsUpdate(ctx context.Context, request *ProviderAccountsUpdateInput) (*ProviderAccountsUpdateResponse, error)
+}
+
+// QuotasInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Quotas
+type QuotasInvoker interface {
+	// QuotasGet invokes quotasGet operation.
+	//
+	// One quota of the tenant in a pool it owns or is offered; a missing row reads as max 0 (it grants
+	// nothing).
+	//
+	// Served since v1.1. Kind: read. Action compute:quotas:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /quotas/get
+	QuotasGet(ctx context.Context, request *QuotasGetInput) (*QuotasGetResponse, error)
+	// QuotasList invokes quotasList operation.
+	//
+	// The tenant's quota rows, in every pool or in poolId; in a pool the tenant owns, every tenant's rows
+	// in it.
+	//
+	// Served since v1.1. Kind: read. Action compute:quotas:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /quotas/list
+	QuotasList(ctx context.Context, request *QuotasListInput) (*QuotasListResponse, error)
+	// QuotasSet invokes quotasSet operation.
+	//
+	// Sets the max of one resource for a tenant (forTenantId, default the owner itself) in a pool of the
+	// tenant (its owner; the root tenant's operators act in any tenant). A max below what is used is
+	// INVALID_STATE. A new row for another tenant is open to it; an unoffered tenant stays unoffered.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:quotas:manage on pool/poolId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /quotas/set
+	QuotasSet(ctx context.Context, request *QuotasSetInput) (*QuotasSetResponse, error)
 }
 
 // SandboxTemplatesInvoker invokes operations described by OpenAPI v3 specification.
@@ -813,6 +898,381 @@ func (c *Client) sendEventsList(ctx context.Context, request *EventsListInput) (
 	}()
 
 	result, err := decodeEventsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// FlavorsArchive invokes flavorsArchive operation.
+//
+// Archives a flavor; new work refuses it, what runs in it lives on; archiving twice returns it
+// unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /flavors/archive
+func (c *Client) FlavorsArchive(ctx context.Context, request *FlavorsArchiveInput) (*FlavorsArchiveResponse, error) {
+	res, err := c.sendFlavorsArchive(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendFlavorsArchive(ctx context.Context, request *FlavorsArchiveInput) (res *FlavorsArchiveResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/flavors/archive"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeFlavorsArchiveRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, FlavorsArchiveOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, FlavorsArchiveOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeFlavorsArchiveResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// FlavorsCreate invokes flavorsCreate operation.
+//
+// Adds a flavor to a pool of the tenant; a name the pool has (archived or not) is CONFLICT; an
+// archived pool is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /flavors/create
+func (c *Client) FlavorsCreate(ctx context.Context, request *FlavorsCreateInput) (*FlavorsCreateResponse, error) {
+	res, err := c.sendFlavorsCreate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendFlavorsCreate(ctx context.Context, request *FlavorsCreateInput) (res *FlavorsCreateResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/flavors/create"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeFlavorsCreateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, FlavorsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, FlavorsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeFlavorsCreateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// FlavorsGet invokes flavorsGet operation.
+//
+// One flavor of a pool the tenant owns or is offered.
+//
+// Served since v1.1. Kind: read. Action compute:pools:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /flavors/get
+func (c *Client) FlavorsGet(ctx context.Context, request *FlavorsGetInput) (*FlavorsGetResponse, error) {
+	res, err := c.sendFlavorsGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendFlavorsGet(ctx context.Context, request *FlavorsGetInput) (res *FlavorsGetResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/flavors/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeFlavorsGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, FlavorsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, FlavorsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeFlavorsGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// FlavorsList invokes flavorsList operation.
+//
+// Flavors of a pool the tenant owns or is offered; archived ones only when asked.
+//
+// Served since v1.1. Kind: read. Action compute:pools:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /flavors/list
+func (c *Client) FlavorsList(ctx context.Context, request *FlavorsListInput) (*FlavorsListResponse, error) {
+	res, err := c.sendFlavorsList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendFlavorsList(ctx context.Context, request *FlavorsListInput) (res *FlavorsListResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/flavors/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeFlavorsListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, FlavorsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, FlavorsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeFlavorsListResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}
@@ -2808,6 +3268,290 @@ func (c *Client) sendProviderAccountsUpdate(ctx context.Context, request *Provid
 	}()
 
 	result, err := decodeProviderAccountsUpdateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// QuotasGet invokes quotasGet operation.
+//
+// One quota of the tenant in a pool it owns or is offered; a missing row reads as max 0 (it grants
+// nothing).
+//
+// Served since v1.1. Kind: read. Action compute:quotas:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /quotas/get
+func (c *Client) QuotasGet(ctx context.Context, request *QuotasGetInput) (*QuotasGetResponse, error) {
+	res, err := c.sendQuotasGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendQuotasGet(ctx context.Context, request *QuotasGetInput) (res *QuotasGetResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/quotas/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeQuotasGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, QuotasGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, QuotasGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeQuotasGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// QuotasList invokes quotasList operation.
+//
+// The tenant's quota rows, in every pool or in poolId; in a pool the tenant owns, every tenant's rows
+// in it.
+//
+// Served since v1.1. Kind: read. Action compute:quotas:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /quotas/list
+func (c *Client) QuotasList(ctx context.Context, request *QuotasListInput) (*QuotasListResponse, error) {
+	res, err := c.sendQuotasList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendQuotasList(ctx context.Context, request *QuotasListInput) (res *QuotasListResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/quotas/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeQuotasListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, QuotasListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, QuotasListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeQuotasListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// QuotasSet invokes quotasSet operation.
+//
+// Sets the max of one resource for a tenant (forTenantId, default the owner itself) in a pool of the
+// tenant (its owner; the root tenant's operators act in any tenant). A max below what is used is
+// INVALID_STATE. A new row for another tenant is open to it; an unoffered tenant stays unoffered.
+//
+// Served since v1.1. Kind: mutation. Action compute:quotas:manage on pool/poolId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /quotas/set
+func (c *Client) QuotasSet(ctx context.Context, request *QuotasSetInput) (*QuotasSetResponse, error) {
+	res, err := c.sendQuotasSet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendQuotasSet(ctx context.Context, request *QuotasSetInput) (res *QuotasSetResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/quotas/set"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeQuotasSetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, QuotasSetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, QuotasSetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeQuotasSetResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

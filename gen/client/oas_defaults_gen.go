@@ -11,6 +11,22 @@ func (s *EventsListInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *FlavorsCreateInput) setDefaults() {
+	{
+		val := int64(0)
+		s.DiskGiB.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *FlavorsListInput) setDefaults() {
+	{
+		val := bool(false)
+		s.IncludeArchived.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *PoolsCreateInput) setDefaults() {
 	{
 		val := PoolsCreateInputHosting("hosted")

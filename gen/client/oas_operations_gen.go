@@ -7,6 +7,10 @@ type OperationName = string
 
 const (
 	EventsListOperation                OperationName = "EventsList"
+	FlavorsArchiveOperation            OperationName = "FlavorsArchive"
+	FlavorsCreateOperation             OperationName = "FlavorsCreate"
+	FlavorsGetOperation                OperationName = "FlavorsGet"
+	FlavorsListOperation               OperationName = "FlavorsList"
 	PoolsArchiveOperation              OperationName = "PoolsArchive"
 	PoolsCreateOperation               OperationName = "PoolsCreate"
 	PoolsGetOperation                  OperationName = "PoolsGet"
@@ -28,6 +32,9 @@ const (
 	ProviderAccountsListOperation      OperationName = "ProviderAccountsList"
 	ProviderAccountsOffersOperation    OperationName = "ProviderAccountsOffers"
 	ProviderAccountsUpdateOperation    OperationName = "ProviderAccountsUpdate"
+	QuotasGetOperation                 OperationName = "QuotasGet"
+	QuotasListOperation                OperationName = "QuotasList"
+	QuotasSetOperation                 OperationName = "QuotasSet"
 	SandboxTemplatesCreateOperation    OperationName = "SandboxTemplatesCreate"
 	SandboxTemplatesDeleteOperation    OperationName = "SandboxTemplatesDelete"
 	SandboxTemplatesGetOperation       OperationName = "SandboxTemplatesGet"

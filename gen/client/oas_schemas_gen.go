@@ -942,6 +942,413 @@ func (s *FindingSeverity) UnmarshalText(data []byte) error {
 	}
 }
 
+// Ref: #/components/schemas/Flavor
+type Flavor struct {
+	Archived  bool      `json:"archived"`
+	CreatedAt time.Time `json:"createdAt"`
+	DiskGiB   int64     `json:"diskGiB"`
+	Gpus      NilGPUs   `json:"gpus"`
+	MemoryMiB int64     `json:"memoryMiB"`
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	Vcpu   int64  `json:"vcpu"`
+}
+
+// GetArchived returns the value of Archived.
+func (s *Flavor) GetArchived() bool {
+	return s.Archived
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Flavor) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetDiskGiB returns the value of DiskGiB.
+func (s *Flavor) GetDiskGiB() int64 {
+	return s.DiskGiB
+}
+
+// GetGpus returns the value of Gpus.
+func (s *Flavor) GetGpus() NilGPUs {
+	return s.Gpus
+}
+
+// GetMemoryMiB returns the value of MemoryMiB.
+func (s *Flavor) GetMemoryMiB() int64 {
+	return s.MemoryMiB
+}
+
+// GetName returns the value of Name.
+func (s *Flavor) GetName() string {
+	return s.Name
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *Flavor) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetVcpu returns the value of Vcpu.
+func (s *Flavor) GetVcpu() int64 {
+	return s.Vcpu
+}
+
+// SetArchived sets the value of Archived.
+func (s *Flavor) SetArchived(val bool) {
+	s.Archived = val
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Flavor) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetDiskGiB sets the value of DiskGiB.
+func (s *Flavor) SetDiskGiB(val int64) {
+	s.DiskGiB = val
+}
+
+// SetGpus sets the value of Gpus.
+func (s *Flavor) SetGpus(val NilGPUs) {
+	s.Gpus = val
+}
+
+// SetMemoryMiB sets the value of MemoryMiB.
+func (s *Flavor) SetMemoryMiB(val int64) {
+	s.MemoryMiB = val
+}
+
+// SetName sets the value of Name.
+func (s *Flavor) SetName(val string) {
+	s.Name = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *Flavor) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetVcpu sets the value of Vcpu.
+func (s *Flavor) SetVcpu(val int64) {
+	s.Vcpu = val
+}
+
+// Ref: #/components/schemas/FlavorList
+type FlavorList struct {
+	// In name order.
+	Items []Flavor `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *FlavorList) GetItems() []Flavor {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *FlavorList) SetItems(val []Flavor) {
+	s.Items = val
+}
+
+// Input of flavors.archive. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/FlavorsArchiveInput
+type FlavorsArchiveInput struct {
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetName returns the value of Name.
+func (s *FlavorsArchiveInput) GetName() string {
+	return s.Name
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *FlavorsArchiveInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *FlavorsArchiveInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetName sets the value of Name.
+func (s *FlavorsArchiveInput) SetName(val string) {
+	s.Name = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *FlavorsArchiveInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *FlavorsArchiveInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of flavors.archive.
+// Ref: #/components/schemas/FlavorsArchiveResponse
+type FlavorsArchiveResponse struct {
+	Data Flavor `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *FlavorsArchiveResponse) GetData() Flavor {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *FlavorsArchiveResponse) SetData(val Flavor) {
+	s.Data = val
+}
+
+// Input of flavors.create. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/FlavorsCreateInput
+type FlavorsCreateInput struct {
+	DiskGiB   OptInt64 `json:"diskGiB"`
+	Gpus      OptGPUs  `json:"gpus"`
+	MemoryMiB int64    `json:"memoryMiB"`
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	Vcpu     int64  `json:"vcpu"`
+}
+
+// GetDiskGiB returns the value of DiskGiB.
+func (s *FlavorsCreateInput) GetDiskGiB() OptInt64 {
+	return s.DiskGiB
+}
+
+// GetGpus returns the value of Gpus.
+func (s *FlavorsCreateInput) GetGpus() OptGPUs {
+	return s.Gpus
+}
+
+// GetMemoryMiB returns the value of MemoryMiB.
+func (s *FlavorsCreateInput) GetMemoryMiB() int64 {
+	return s.MemoryMiB
+}
+
+// GetName returns the value of Name.
+func (s *FlavorsCreateInput) GetName() string {
+	return s.Name
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *FlavorsCreateInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *FlavorsCreateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetVcpu returns the value of Vcpu.
+func (s *FlavorsCreateInput) GetVcpu() int64 {
+	return s.Vcpu
+}
+
+// SetDiskGiB sets the value of DiskGiB.
+func (s *FlavorsCreateInput) SetDiskGiB(val OptInt64) {
+	s.DiskGiB = val
+}
+
+// SetGpus sets the value of Gpus.
+func (s *FlavorsCreateInput) SetGpus(val OptGPUs) {
+	s.Gpus = val
+}
+
+// SetMemoryMiB sets the value of MemoryMiB.
+func (s *FlavorsCreateInput) SetMemoryMiB(val int64) {
+	s.MemoryMiB = val
+}
+
+// SetName sets the value of Name.
+func (s *FlavorsCreateInput) SetName(val string) {
+	s.Name = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *FlavorsCreateInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *FlavorsCreateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetVcpu sets the value of Vcpu.
+func (s *FlavorsCreateInput) SetVcpu(val int64) {
+	s.Vcpu = val
+}
+
+// Success envelope of flavors.create.
+// Ref: #/components/schemas/FlavorsCreateResponse
+type FlavorsCreateResponse struct {
+	Data Flavor `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *FlavorsCreateResponse) GetData() Flavor {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *FlavorsCreateResponse) SetData(val Flavor) {
+	s.Data = val
+}
+
+// Input of flavors.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/FlavorsGetInput
+type FlavorsGetInput struct {
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetName returns the value of Name.
+func (s *FlavorsGetInput) GetName() string {
+	return s.Name
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *FlavorsGetInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *FlavorsGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetName sets the value of Name.
+func (s *FlavorsGetInput) SetName(val string) {
+	s.Name = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *FlavorsGetInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *FlavorsGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of flavors.get.
+// Ref: #/components/schemas/FlavorsGetResponse
+type FlavorsGetResponse struct {
+	Data Flavor `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *FlavorsGetResponse) GetData() Flavor {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *FlavorsGetResponse) SetData(val Flavor) {
+	s.Data = val
+}
+
+// Input of flavors.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/FlavorsListInput
+type FlavorsListInput struct {
+	IncludeArchived OptBool `json:"includeArchived"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetIncludeArchived returns the value of IncludeArchived.
+func (s *FlavorsListInput) GetIncludeArchived() OptBool {
+	return s.IncludeArchived
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *FlavorsListInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *FlavorsListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetIncludeArchived sets the value of IncludeArchived.
+func (s *FlavorsListInput) SetIncludeArchived(val OptBool) {
+	s.IncludeArchived = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *FlavorsListInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *FlavorsListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of flavors.list.
+// Ref: #/components/schemas/FlavorsListResponse
+type FlavorsListResponse struct {
+	Data FlavorList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *FlavorsListResponse) GetData() FlavorList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *FlavorsListResponse) SetData(val FlavorList) {
+	s.Data = val
+}
+
+// Ref: #/components/schemas/GPUs
+type GPUs struct {
+	Count int64  `json:"count"`
+	Model string `json:"model"`
+}
+
+// GetCount returns the value of Count.
+func (s *GPUs) GetCount() int64 {
+	return s.Count
+}
+
+// GetModel returns the value of Model.
+func (s *GPUs) GetModel() string {
+	return s.Model
+}
+
+// SetCount sets the value of Count.
+func (s *GPUs) SetCount(val int64) {
+	s.Count = val
+}
+
+// SetModel sets the value of Model.
+func (s *GPUs) SetModel(val string) {
+	s.Model = val
+}
+
 // The gateway node daemons dial.
 // Ref: #/components/schemas/GatewayInfo
 type GatewayInfo struct {
@@ -1130,6 +1537,51 @@ func (o NilDateTime) Get() (v time.Time, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o NilDateTime) Or(d time.Time) time.Time {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewNilGPUs returns new NilGPUs with value set to v.
+func NewNilGPUs(v GPUs) NilGPUs {
+	return NilGPUs{
+		Value: v,
+	}
+}
+
+// NilGPUs is nullable GPUs.
+type NilGPUs struct {
+	Value GPUs
+	Null  bool
+}
+
+// SetTo sets value to v.
+func (o *NilGPUs) SetTo(v GPUs) {
+	o.Null = false
+	o.Value = v
+}
+
+// IsNull returns true if value is Null.
+func (o NilGPUs) IsNull() bool { return o.Null }
+
+// SetToNull sets value to null.
+func (o *NilGPUs) SetToNull() {
+	o.Null = true
+	var v GPUs
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o NilGPUs) Get() (v GPUs, ok bool) {
+	if o.Null {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o NilGPUs) Or(d GPUs) GPUs {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -1497,6 +1949,52 @@ func (o OptErrorResponseErrorDetails) Get() (v ErrorResponseErrorDetails, ok boo
 
 // Or returns value if set, or given parameter if does not.
 func (o OptErrorResponseErrorDetails) Or(d ErrorResponseErrorDetails) ErrorResponseErrorDetails {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptGPUs returns new OptGPUs with value set to v.
+func NewOptGPUs(v GPUs) OptGPUs {
+	return OptGPUs{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptGPUs is optional GPUs.
+type OptGPUs struct {
+	Value GPUs
+	Set   bool
+}
+
+// IsSet returns true if OptGPUs was set.
+func (o OptGPUs) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptGPUs) Reset() {
+	var v GPUs
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptGPUs) SetTo(v GPUs) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptGPUs) Get() (v GPUs, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptGPUs) Or(d GPUs) GPUs {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -4807,6 +5305,503 @@ func (s *ProviderAccountsUpdateResponse) GetData() ProviderAccount {
 
 // SetData sets the value of Data.
 func (s *ProviderAccountsUpdateResponse) SetData(val ProviderAccount) {
+	s.Data = val
+}
+
+// Ref: #/components/schemas/Quota
+type Quota struct {
+	Max int64 `json:"max"`
+	// False once the pool's owner stopped admitting the tenant's new work.
+	Offered bool `json:"offered"`
+	// Pool identifier.
+	PoolId   string        `json:"poolId"`
+	Resource QuotaResource `json:"resource"`
+	// The tenant the cap applies to.
+	TenantId string `json:"tenantId"`
+	Used     int64  `json:"used"`
+}
+
+// GetMax returns the value of Max.
+func (s *Quota) GetMax() int64 {
+	return s.Max
+}
+
+// GetOffered returns the value of Offered.
+func (s *Quota) GetOffered() bool {
+	return s.Offered
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *Quota) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetResource returns the value of Resource.
+func (s *Quota) GetResource() QuotaResource {
+	return s.Resource
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Quota) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetUsed returns the value of Used.
+func (s *Quota) GetUsed() int64 {
+	return s.Used
+}
+
+// SetMax sets the value of Max.
+func (s *Quota) SetMax(val int64) {
+	s.Max = val
+}
+
+// SetOffered sets the value of Offered.
+func (s *Quota) SetOffered(val bool) {
+	s.Offered = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *Quota) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetResource sets the value of Resource.
+func (s *Quota) SetResource(val QuotaResource) {
+	s.Resource = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Quota) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetUsed sets the value of Used.
+func (s *Quota) SetUsed(val int64) {
+	s.Used = val
+}
+
+// Ref: #/components/schemas/QuotaList
+type QuotaList struct {
+	// By pool, tenant and resource.
+	Items []Quota `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *QuotaList) GetItems() []Quota {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *QuotaList) SetItems(val []Quota) {
+	s.Items = val
+}
+
+type QuotaResource string
+
+const (
+	QuotaResourceVcpu      QuotaResource = "vcpu"
+	QuotaResourceMemoryMiB QuotaResource = "memoryMiB"
+	QuotaResourceDiskGiB   QuotaResource = "diskGiB"
+	QuotaResourceGpus      QuotaResource = "gpus"
+	QuotaResourceInstances QuotaResource = "instances"
+	QuotaResourceSandboxes QuotaResource = "sandboxes"
+	QuotaResourceNodes     QuotaResource = "nodes"
+)
+
+// AllValues returns all QuotaResource values.
+func (QuotaResource) AllValues() []QuotaResource {
+	return []QuotaResource{
+		QuotaResourceVcpu,
+		QuotaResourceMemoryMiB,
+		QuotaResourceDiskGiB,
+		QuotaResourceGpus,
+		QuotaResourceInstances,
+		QuotaResourceSandboxes,
+		QuotaResourceNodes,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s QuotaResource) MarshalText() ([]byte, error) {
+	switch s {
+	case QuotaResourceVcpu:
+		return []byte(s), nil
+	case QuotaResourceMemoryMiB:
+		return []byte(s), nil
+	case QuotaResourceDiskGiB:
+		return []byte(s), nil
+	case QuotaResourceGpus:
+		return []byte(s), nil
+	case QuotaResourceInstances:
+		return []byte(s), nil
+	case QuotaResourceSandboxes:
+		return []byte(s), nil
+	case QuotaResourceNodes:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *QuotaResource) UnmarshalText(data []byte) error {
+	switch QuotaResource(data) {
+	case QuotaResourceVcpu:
+		*s = QuotaResourceVcpu
+		return nil
+	case QuotaResourceMemoryMiB:
+		*s = QuotaResourceMemoryMiB
+		return nil
+	case QuotaResourceDiskGiB:
+		*s = QuotaResourceDiskGiB
+		return nil
+	case QuotaResourceGpus:
+		*s = QuotaResourceGpus
+		return nil
+	case QuotaResourceInstances:
+		*s = QuotaResourceInstances
+		return nil
+	case QuotaResourceSandboxes:
+		*s = QuotaResourceSandboxes
+		return nil
+	case QuotaResourceNodes:
+		*s = QuotaResourceNodes
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Input of quotas.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/QuotasGetInput
+type QuotasGetInput struct {
+	// Pool identifier.
+	PoolId   string                 `json:"poolId"`
+	Resource QuotasGetInputResource `json:"resource"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *QuotasGetInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetResource returns the value of Resource.
+func (s *QuotasGetInput) GetResource() QuotasGetInputResource {
+	return s.Resource
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *QuotasGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *QuotasGetInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetResource sets the value of Resource.
+func (s *QuotasGetInput) SetResource(val QuotasGetInputResource) {
+	s.Resource = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *QuotasGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+type QuotasGetInputResource string
+
+const (
+	QuotasGetInputResourceVcpu      QuotasGetInputResource = "vcpu"
+	QuotasGetInputResourceMemoryMiB QuotasGetInputResource = "memoryMiB"
+	QuotasGetInputResourceDiskGiB   QuotasGetInputResource = "diskGiB"
+	QuotasGetInputResourceGpus      QuotasGetInputResource = "gpus"
+	QuotasGetInputResourceInstances QuotasGetInputResource = "instances"
+	QuotasGetInputResourceSandboxes QuotasGetInputResource = "sandboxes"
+	QuotasGetInputResourceNodes     QuotasGetInputResource = "nodes"
+)
+
+// AllValues returns all QuotasGetInputResource values.
+func (QuotasGetInputResource) AllValues() []QuotasGetInputResource {
+	return []QuotasGetInputResource{
+		QuotasGetInputResourceVcpu,
+		QuotasGetInputResourceMemoryMiB,
+		QuotasGetInputResourceDiskGiB,
+		QuotasGetInputResourceGpus,
+		QuotasGetInputResourceInstances,
+		QuotasGetInputResourceSandboxes,
+		QuotasGetInputResourceNodes,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s QuotasGetInputResource) MarshalText() ([]byte, error) {
+	switch s {
+	case QuotasGetInputResourceVcpu:
+		return []byte(s), nil
+	case QuotasGetInputResourceMemoryMiB:
+		return []byte(s), nil
+	case QuotasGetInputResourceDiskGiB:
+		return []byte(s), nil
+	case QuotasGetInputResourceGpus:
+		return []byte(s), nil
+	case QuotasGetInputResourceInstances:
+		return []byte(s), nil
+	case QuotasGetInputResourceSandboxes:
+		return []byte(s), nil
+	case QuotasGetInputResourceNodes:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *QuotasGetInputResource) UnmarshalText(data []byte) error {
+	switch QuotasGetInputResource(data) {
+	case QuotasGetInputResourceVcpu:
+		*s = QuotasGetInputResourceVcpu
+		return nil
+	case QuotasGetInputResourceMemoryMiB:
+		*s = QuotasGetInputResourceMemoryMiB
+		return nil
+	case QuotasGetInputResourceDiskGiB:
+		*s = QuotasGetInputResourceDiskGiB
+		return nil
+	case QuotasGetInputResourceGpus:
+		*s = QuotasGetInputResourceGpus
+		return nil
+	case QuotasGetInputResourceInstances:
+		*s = QuotasGetInputResourceInstances
+		return nil
+	case QuotasGetInputResourceSandboxes:
+		*s = QuotasGetInputResourceSandboxes
+		return nil
+	case QuotasGetInputResourceNodes:
+		*s = QuotasGetInputResourceNodes
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of quotas.get.
+// Ref: #/components/schemas/QuotasGetResponse
+type QuotasGetResponse struct {
+	Data Quota `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *QuotasGetResponse) GetData() Quota {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *QuotasGetResponse) SetData(val Quota) {
+	s.Data = val
+}
+
+// Input of quotas.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/QuotasListInput
+type QuotasListInput struct {
+	// Pool identifier.
+	PoolId OptString `json:"poolId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *QuotasListInput) GetPoolId() OptString {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *QuotasListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *QuotasListInput) SetPoolId(val OptString) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *QuotasListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of quotas.list.
+// Ref: #/components/schemas/QuotasListResponse
+type QuotasListResponse struct {
+	Data QuotaList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *QuotasListResponse) GetData() QuotaList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *QuotasListResponse) SetData(val QuotaList) {
+	s.Data = val
+}
+
+// Input of quotas.set. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/QuotasSetInput
+type QuotasSetInput struct {
+	// Tenant identifier.
+	ForTenantId OptString `json:"forTenantId"`
+	Max         int64     `json:"max"`
+	// Pool identifier.
+	PoolId   string                 `json:"poolId"`
+	Resource QuotasSetInputResource `json:"resource"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetForTenantId returns the value of ForTenantId.
+func (s *QuotasSetInput) GetForTenantId() OptString {
+	return s.ForTenantId
+}
+
+// GetMax returns the value of Max.
+func (s *QuotasSetInput) GetMax() int64 {
+	return s.Max
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *QuotasSetInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetResource returns the value of Resource.
+func (s *QuotasSetInput) GetResource() QuotasSetInputResource {
+	return s.Resource
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *QuotasSetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetForTenantId sets the value of ForTenantId.
+func (s *QuotasSetInput) SetForTenantId(val OptString) {
+	s.ForTenantId = val
+}
+
+// SetMax sets the value of Max.
+func (s *QuotasSetInput) SetMax(val int64) {
+	s.Max = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *QuotasSetInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetResource sets the value of Resource.
+func (s *QuotasSetInput) SetResource(val QuotasSetInputResource) {
+	s.Resource = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *QuotasSetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+type QuotasSetInputResource string
+
+const (
+	QuotasSetInputResourceVcpu      QuotasSetInputResource = "vcpu"
+	QuotasSetInputResourceMemoryMiB QuotasSetInputResource = "memoryMiB"
+	QuotasSetInputResourceDiskGiB   QuotasSetInputResource = "diskGiB"
+	QuotasSetInputResourceGpus      QuotasSetInputResource = "gpus"
+	QuotasSetInputResourceInstances QuotasSetInputResource = "instances"
+	QuotasSetInputResourceSandboxes QuotasSetInputResource = "sandboxes"
+	QuotasSetInputResourceNodes     QuotasSetInputResource = "nodes"
+)
+
+// AllValues returns all QuotasSetInputResource values.
+func (QuotasSetInputResource) AllValues() []QuotasSetInputResource {
+	return []QuotasSetInputResource{
+		QuotasSetInputResourceVcpu,
+		QuotasSetInputResourceMemoryMiB,
+		QuotasSetInputResourceDiskGiB,
+		QuotasSetInputResourceGpus,
+		QuotasSetInputResourceInstances,
+		QuotasSetInputResourceSandboxes,
+		QuotasSetInputResourceNodes,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s QuotasSetInputResource) MarshalText() ([]byte, error) {
+	switch s {
+	case QuotasSetInputResourceVcpu:
+		return []byte(s), nil
+	case QuotasSetInputResourceMemoryMiB:
+		return []byte(s), nil
+	case QuotasSetInputResourceDiskGiB:
+		return []byte(s), nil
+	case QuotasSetInputResourceGpus:
+		return []byte(s), nil
+	case QuotasSetInputResourceInstances:
+		return []byte(s), nil
+	case QuotasSetInputResourceSandboxes:
+		return []byte(s), nil
+	case QuotasSetInputResourceNodes:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *QuotasSetInputResource) UnmarshalText(data []byte) error {
+	switch QuotasSetInputResource(data) {
+	case QuotasSetInputResourceVcpu:
+		*s = QuotasSetInputResourceVcpu
+		return nil
+	case QuotasSetInputResourceMemoryMiB:
+		*s = QuotasSetInputResourceMemoryMiB
+		return nil
+	case QuotasSetInputResourceDiskGiB:
+		*s = QuotasSetInputResourceDiskGiB
+		return nil
+	case QuotasSetInputResourceGpus:
+		*s = QuotasSetInputResourceGpus
+		return nil
+	case QuotasSetInputResourceInstances:
+		*s = QuotasSetInputResourceInstances
+		return nil
+	case QuotasSetInputResourceSandboxes:
+		*s = QuotasSetInputResourceSandboxes
+		return nil
+	case QuotasSetInputResourceNodes:
+		*s = QuotasSetInputResourceNodes
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of quotas.set.
+// Ref: #/components/schemas/QuotasSetResponse
+type QuotasSetResponse struct {
+	Data Quota `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *QuotasSetResponse) GetData() Quota {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *QuotasSetResponse) SetData(val Quota) {
 	s.Data = val
 }
 

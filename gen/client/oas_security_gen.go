@@ -24,6 +24,10 @@ type SecuritySource interface {
 // operationRolesBearerAuth is a private map storing roles per operation.
 var operationRolesBearerAuth = map[string][]string{
 	EventsListOperation:                []string{},
+	FlavorsArchiveOperation:            []string{},
+	FlavorsCreateOperation:             []string{},
+	FlavorsGetOperation:                []string{},
+	FlavorsListOperation:               []string{},
 	PoolsArchiveOperation:              []string{},
 	PoolsCreateOperation:               []string{},
 	PoolsGetOperation:                  []string{},
@@ -45,6 +49,9 @@ var operationRolesBearerAuth = map[string][]string{
 	ProviderAccountsListOperation:      []string{},
 	ProviderAccountsOffersOperation:    []string{},
 	ProviderAccountsUpdateOperation:    []string{},
+	QuotasGetOperation:                 []string{},
+	QuotasListOperation:                []string{},
+	QuotasSetOperation:                 []string{},
 	SandboxTemplatesCreateOperation:    []string{},
 	SandboxTemplatesDeleteOperation:    []string{},
 	SandboxTemplatesGetOperation:       []string{},
@@ -103,6 +110,10 @@ func GetRolesForBearerAuth(operation string) []string {
 // operationRolesServiceHeader is a private map storing roles per operation.
 var operationRolesServiceHeader = map[string][]string{
 	EventsListOperation:                []string{},
+	FlavorsArchiveOperation:            []string{},
+	FlavorsCreateOperation:             []string{},
+	FlavorsGetOperation:                []string{},
+	FlavorsListOperation:               []string{},
 	PoolsArchiveOperation:              []string{},
 	PoolsCreateOperation:               []string{},
 	PoolsGetOperation:                  []string{},
@@ -124,6 +135,9 @@ var operationRolesServiceHeader = map[string][]string{
 	ProviderAccountsListOperation:      []string{},
 	ProviderAccountsOffersOperation:    []string{},
 	ProviderAccountsUpdateOperation:    []string{},
+	QuotasGetOperation:                 []string{},
+	QuotasListOperation:                []string{},
+	QuotasSetOperation:                 []string{},
 	SandboxTemplatesCreateOperation:    []string{},
 	SandboxTemplatesDeleteOperation:    []string{},
 	SandboxTemplatesGetOperation:       []string{},

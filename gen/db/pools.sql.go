@@ -11,6 +11,33 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const archiveFlavor = `-- name: ArchiveFlavor :one
+UPDATE flavors SET archived = true WHERE pool_id = $1 AND name = $2
+RETURNING pool_id, name, vcpu, memory_mib, disk_gib, gpu_model, gpus, archived, created_at
+`
+
+type ArchiveFlavorParams struct {
+	PoolID string
+	Name   string
+}
+
+func (q *Queries) ArchiveFlavor(ctx context.Context, arg ArchiveFlavorParams) (Flavor, error) {
+	row := q.db.QueryRow(ctx, archiveFlavor, arg.PoolID, arg.Name)
+	var i Flavor
+	err := row.Scan(
+		&i.PoolID,
+		&i.Name,
+		&i.Vcpu,
+		&i.MemoryMib,
+		&i.DiskGib,
+		&i.GpuModel,
+		&i.Gpus,
+		&i.Archived,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
 const archivePool = `-- name: ArchivePool :one
 UPDATE pools SET archived = true, version = version + 1, updated_at = now()
 WHERE pool_id = $1
@@ -36,6 +63,32 @@ func (q *Queries) ArchivePool(ctx context.Context, poolID string) (Pool, error) 
 		&i.IdemRequest,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const getFlavor = `-- name: GetFlavor :one
+SELECT pool_id, name, vcpu, memory_mib, disk_gib, gpu_model, gpus, archived, created_at FROM flavors WHERE pool_id = $1 AND name = $2
+`
+
+type GetFlavorParams struct {
+	PoolID string
+	Name   string
+}
+
+func (q *Queries) GetFlavor(ctx context.Context, arg GetFlavorParams) (Flavor, error) {
+	row := q.db.QueryRow(ctx, getFlavor, arg.PoolID, arg.Name)
+	var i Flavor
+	err := row.Scan(
+		&i.PoolID,
+		&i.Name,
+		&i.Vcpu,
+		&i.MemoryMib,
+		&i.DiskGib,
+		&i.GpuModel,
+		&i.Gpus,
+		&i.Archived,
+		&i.CreatedAt,
 	)
 	return i, err
 }
@@ -90,6 +143,48 @@ func (q *Queries) GetPoolForUpdate(ctx context.Context, poolID string) (Pool, er
 		&i.IdemRequest,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const insertFlavor = `-- name: InsertFlavor :one
+INSERT INTO flavors (pool_id, name, vcpu, memory_mib, disk_gib, gpu_model, gpus)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (pool_id, name) DO NOTHING
+RETURNING pool_id, name, vcpu, memory_mib, disk_gib, gpu_model, gpus, archived, created_at
+`
+
+type InsertFlavorParams struct {
+	PoolID    string
+	Name      string
+	Vcpu      int32
+	MemoryMib int64
+	DiskGib   int64
+	GpuModel  pgtype.Text
+	Gpus      int32
+}
+
+func (q *Queries) InsertFlavor(ctx context.Context, arg InsertFlavorParams) (Flavor, error) {
+	row := q.db.QueryRow(ctx, insertFlavor,
+		arg.PoolID,
+		arg.Name,
+		arg.Vcpu,
+		arg.MemoryMib,
+		arg.DiskGib,
+		arg.GpuModel,
+		arg.Gpus,
+	)
+	var i Flavor
+	err := row.Scan(
+		&i.PoolID,
+		&i.Name,
+		&i.Vcpu,
+		&i.MemoryMib,
+		&i.DiskGib,
+		&i.GpuModel,
+		&i.Gpus,
+		&i.Archived,
+		&i.CreatedAt,
 	)
 	return i, err
 }
@@ -153,6 +248,46 @@ func (q *Queries) InsertPool(ctx context.Context, arg InsertPoolParams) (Pool, e
 	return i, err
 }
 
+const listFlavors = `-- name: ListFlavors :many
+SELECT pool_id, name, vcpu, memory_mib, disk_gib, gpu_model, gpus, archived, created_at FROM flavors WHERE pool_id = $1 AND ($2::boolean OR NOT archived)
+ORDER BY name
+`
+
+type ListFlavorsParams struct {
+	PoolID          string
+	IncludeArchived bool
+}
+
+func (q *Queries) ListFlavors(ctx context.Context, arg ListFlavorsParams) ([]Flavor, error) {
+	rows, err := q.db.Query(ctx, listFlavors, arg.PoolID, arg.IncludeArchived)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Flavor
+	for rows.Next() {
+		var i Flavor
+		if err := rows.Scan(
+			&i.PoolID,
+			&i.Name,
+			&i.Vcpu,
+			&i.MemoryMib,
+			&i.DiskGib,
+			&i.GpuModel,
+			&i.Gpus,
+			&i.Archived,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const listPoolsOfTenant = `-- name: ListPoolsOfTenant :many
 SELECT pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at FROM pools p
 WHERE (p.tenant_id = $1
@@ -193,6 +328,49 @@ func (q *Queries) ListPoolsOfTenant(ctx context.Context, arg ListPoolsOfTenantPa
 			&i.CreatedBy,
 			&i.IdemRequest,
 			&i.CreatedAt,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const listQuotas = `-- name: ListQuotas :many
+SELECT tenant_id, pool_id, resource, max, used, offered, updated_at FROM quotas
+WHERE ($1::boolean OR tenant_id = $2)
+  AND ($3::text IS NULL OR pool_id = $3)
+ORDER BY pool_id, tenant_id, resource
+`
+
+type ListQuotasParams struct {
+	AllTenants bool
+	TenantID   string
+	PoolID     pgtype.Text
+}
+
+// Quota rows of a tenant (every pool, or one), or of every tenant in a pool
+// (all_tenants, for its owner).
+func (q *Queries) ListQuotas(ctx context.Context, arg ListQuotasParams) ([]Quota, error) {
+	rows, err := q.db.Query(ctx, listQuotas, arg.AllTenants, arg.TenantID, arg.PoolID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Quota
+	for rows.Next() {
+		var i Quota
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.PoolID,
+			&i.Resource,
+			&i.Max,
+			&i.Used,
+			&i.Offered,
 			&i.UpdatedAt,
 		); err != nil {
 			return nil, err
@@ -295,6 +473,44 @@ type SetQuotaParams struct {
 // it; a max below what is used leaves the row unchanged and returns none.
 func (q *Queries) SetQuota(ctx context.Context, arg SetQuotaParams) (Quota, error) {
 	row := q.db.QueryRow(ctx, setQuota,
+		arg.TenantID,
+		arg.PoolID,
+		arg.Resource,
+		arg.Max,
+	)
+	var i Quota
+	err := row.Scan(
+		&i.TenantID,
+		&i.PoolID,
+		&i.Resource,
+		&i.Max,
+		&i.Used,
+		&i.Offered,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const setQuotaMax = `-- name: SetQuotaMax :one
+INSERT INTO quotas (tenant_id, pool_id, resource, max, offered)
+VALUES ($1, $2, $3, $4, true)
+ON CONFLICT (tenant_id, pool_id, resource) DO UPDATE
+SET max = excluded.max, updated_at = now()
+WHERE quotas.used <= excluded.max
+RETURNING tenant_id, pool_id, resource, max, used, offered, updated_at
+`
+
+type SetQuotaMaxParams struct {
+	TenantID string
+	PoolID   string
+	Resource string
+	Max      int64
+}
+
+// Sets a tenant's max for one resource of a pool, keeping whether it is
+// offered (a new row is); a max below what is used returns none.
+func (q *Queries) SetQuotaMax(ctx context.Context, arg SetQuotaMaxParams) (Quota, error) {
+	row := q.db.QueryRow(ctx, setQuotaMax,
 		arg.TenantID,
 		arg.PoolID,
 		arg.Resource,

@@ -20,12 +20,14 @@ import (
 	"computeplane/internal/config"
 	"computeplane/internal/cursor"
 	"computeplane/internal/events"
+	"computeplane/internal/flavors"
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/keys"
 	"computeplane/internal/metrics"
 	"computeplane/internal/notify"
 	"computeplane/internal/pools"
+	"computeplane/internal/quotas"
 	"computeplane/internal/rpc"
 	"computeplane/internal/secrets"
 	"computeplane/internal/server"
@@ -125,6 +127,8 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		System:   sys,
 		Sites:    sites.New(cfg.RootTenantID, cursors, pools.SiteReferences),
 		Pools:    pools.New(cfg.RootTenantID),
+		Flavors:  flavors.Service{},
+		Quotas:   quotas.Service{},
 		Secrets:  secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
 		Events:   events.New(cursors),
 		Webhooks: webhooks.New(webhooks.OptionsFrom(cfg)),

@@ -18,7 +18,7 @@ import (
 // that refused calls name, into objs by kind/tenant.
 var preparers = []func(t *testing.T, fx *fixture, tenant string, objs map[string]string){
 	func(t *testing.T, fx *fixture, tenant string, objs map[string]string) {
-		objs["pool/"+tenant] = fx.pool(t, tenant)
+		objs["pool/"+tenant], objs["flavor/"+tenant] = fx.pooledFlavor(t, tenant)
 	},
 }
 
@@ -119,4 +119,93 @@ func init() {
 			assert.False(t, res.(*client.PoolsUnofferResponse).Data.Offered)
 		},
 	}}
+	matrix[api.MethodFlavorsCreate] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.FlavorsCreate(t.Context(), &client.FlavorsCreateInput{TenantId: tenant, PoolId: fx.pool(t, tenant), Name: fx.unique(), Vcpu: 1, MemoryMiB: 512})
+		},
+		tenantRoles: operators, // decided on the pool, which an owner's key made
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Equal(t, int64(512), res.(*client.FlavorsCreateResponse).Data.MemoryMiB)
+		},
+	}}
+	matrix[api.MethodFlavorsArchive] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			pool, flavor := fx.pooledFlavor(t, tenant)
+			return c.FlavorsArchive(t.Context(), &client.FlavorsArchiveInput{TenantId: tenant, PoolId: pool, Name: flavor})
+		},
+		tenantRoles: operators,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.True(t, res.(*client.FlavorsArchiveResponse).Data.Archived)
+		},
+	}}
+	matrix[api.MethodFlavorsGet] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			pool, flavor := fx.pooledFlavor(t, tenant)
+			return c.FlavorsGet(t.Context(), &client.FlavorsGetInput{TenantId: tenant, PoolId: pool, Name: flavor})
+		},
+		tenantRoles: readers,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Equal(t, int64(1), res.(*client.FlavorsGetResponse).Data.Vcpu)
+		},
+	}}
+	matrix[api.MethodFlavorsList] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.FlavorsList(t.Context(), &client.FlavorsListInput{TenantId: tenant, PoolId: fx.pool(t, tenant)})
+		},
+		tenantRoles: readers,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.NotNil(t, res.(*client.FlavorsListResponse).Data.Items)
+		},
+	}}
+	matrix[api.MethodQuotasList] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.QuotasList(t.Context(), &client.QuotasListInput{TenantId: tenant, PoolId: client.NewOptString(fx.pool(t, tenant))})
+		},
+		tenantRoles: readers,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			for _, q := range res.(*client.QuotasListResponse).Data.Items {
+				assert.Equal(t, tenant, q.TenantId)
+			}
+		},
+	}}
+	matrix[api.MethodQuotasGet] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.QuotasGet(t.Context(), &client.QuotasGetInput{TenantId: tenant, PoolId: fx.pool(t, tenant), Resource: client.QuotasGetInputResourceVcpu})
+		},
+		tenantRoles: readers,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			assert.Equal(t, tenant, res.(*client.QuotasGetResponse).Data.TenantId)
+		},
+	}}
+	matrix[api.MethodQuotasSet] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.QuotasSet(t.Context(), &client.QuotasSetInput{TenantId: tenant, PoolId: fx.pool(t, tenant), Resource: client.QuotasSetInputResourceVcpu, Max: 64})
+		},
+		tenantRoles: operators,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Equal(t, int64(64), res.(*client.QuotasSetResponse).Data.Max)
+		},
+	}}
+}
+
+// pooledFlavor returns a pool of tenant and a flavor in it: the prepared
+// ones, once there are some.
+func (fx *fixture) pooledFlavor(t *testing.T, tenant string) (pool, flavor string) {
+	t.Helper()
+	if name, ok := fx.prepared["flavor/"+tenant]; ok {
+		return fx.prepared["pool/"+tenant], name
+	}
+	pool, flavor = fx.pool(t, tenant), fx.unique()
+	_, err := fx.env.Client(t, computeclient.WithToken(fx.owners[tenant])).FlavorsCreate(t.Context(), &client.FlavorsCreateInput{
+		TenantId: tenant, PoolId: pool, Name: flavor, Vcpu: 1, MemoryMiB: 256,
+	})
+	require.NoError(t, err, "fixture: a flavor in %s", tenant)
+	return pool, flavor
 }

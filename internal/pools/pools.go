@@ -168,8 +168,8 @@ func shape(in *api.PoolsCreateInput) (runtime, agent *string, err error) {
 	return runtime, agent, nil
 }
 
-// limitsOf lists the max of each resource given, in placement.Resources
-// order; an absent one is fill (0 and it is skipped).
+// limitsOf is the max of every resource: as given, else fill (Unlimited
+// for an owner, 0 for an offer: a resource left out grants nothing).
 func limitsOf(l *api.Limits, fill int64) map[string]int64 {
 	given := map[string]*int64{}
 	if l != nil {
@@ -181,24 +181,20 @@ func limitsOf(l *api.Limits, fill int64) map[string]int64 {
 	}
 	out := map[string]int64{}
 	for _, r := range placement.Resources {
-		switch v := given[r]; {
-		case v != nil:
+		out[r] = fill
+		if v := given[r]; v != nil {
 			out[r] = *v
-		case fill > 0:
-			out[r] = fill
 		}
 	}
 	return out
 }
 
-// setLimits writes tenant's quota rows in pool; a max below what the
-// tenant already uses is INVALID_STATE.
+// setLimits writes tenant's quota row of every resource in pool; a max
+// below what the tenant already uses is INVALID_STATE.
 func setLimits(ctx context.Context, q *db.Queries, tenant, pool string, l *api.Limits, fill int64) error {
+	limits := limitsOf(l, fill)
 	for _, r := range placement.Resources {
-		max, ok := limitsOf(l, fill)[r]
-		if !ok {
-			continue
-		}
+		max := limits[r]
 		_, err := q.SetQuota(ctx, db.SetQuotaParams{TenantID: tenant, PoolID: pool, Resource: r, Max: max})
 		if errors.Is(err, pgx.ErrNoRows) {
 			cur, err := q.GetQuota(ctx, db.GetQuotaParams{TenantID: tenant, PoolID: pool, Resource: r})
@@ -215,8 +211,9 @@ func setLimits(ctx context.Context, q *db.Queries, tenant, pool string, l *api.L
 	return nil
 }
 
-// readable loads a pool tenant owns or is offered.
-func readable(ctx context.Context, q *db.Queries, tenant, id string) (db.Pool, error) {
+// Readable loads a pool tenant owns or is offered; anything else is
+// NOT_FOUND. The flavors and quotas groups read pools through it.
+func Readable(ctx context.Context, q *db.Queries, tenant, id string) (db.Pool, error) {
 	row, err := q.GetPool(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return db.Pool{}, notFound(id)
@@ -240,7 +237,7 @@ func (s *Service) Get(ctx context.Context, in *api.PoolsGetInput) (*api.Pool, er
 	if err != nil {
 		return nil, err
 	}
-	row, err := readable(ctx, q, in.TenantID, in.PoolID)
+	row, err := Readable(ctx, q, in.TenantID, in.PoolID)
 	if err != nil {
 		return nil, err
 	}
@@ -264,9 +261,9 @@ func (s *Service) List(ctx context.Context, in *api.PoolsListInput) (*api.PoolLi
 	return out, nil
 }
 
-// owned loads a pool for a change by its owner: absent or another tenant's
+// Owned loads a pool for a change by its owner: absent or another tenant's
 // is NOT_FOUND, a stale version CONFLICT.
-func owned(ctx context.Context, q *db.Queries, tenant, id string, version *int64) (db.Pool, error) {
+func Owned(ctx context.Context, q *db.Queries, tenant, id string, version *int64) (db.Pool, error) {
 	row, err := q.GetPoolForUpdate(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.TenantID != tenant) {
 		return db.Pool{}, notFound(id)
@@ -287,7 +284,7 @@ func (s *Service) Update(ctx context.Context, in *api.PoolsUpdateInput) (*api.Po
 	if err != nil {
 		return nil, err
 	}
-	row, err := owned(ctx, q, in.TenantID, in.PoolID, in.Version)
+	row, err := Owned(ctx, q, in.TenantID, in.PoolID, in.Version)
 	if err != nil || row.Name == in.Name {
 		return output(row, in.TenantID), err
 	}
@@ -314,7 +311,7 @@ func (s *Service) Archive(ctx context.Context, in *api.PoolsArchiveInput) (*api.
 	if err != nil {
 		return nil, err
 	}
-	row, err := owned(ctx, q, in.TenantID, in.PoolID, in.Version)
+	row, err := Owned(ctx, q, in.TenantID, in.PoolID, in.Version)
 	if err != nil || row.Archived {
 		return output(row, in.TenantID), err
 	}
@@ -336,7 +333,7 @@ func (s *Service) Offer(ctx context.Context, in *api.PoolsOfferInput) (*api.Pool
 	if err != nil {
 		return nil, err
 	}
-	row, err := owned(ctx, q, in.TenantID, in.PoolID, nil)
+	row, err := Owned(ctx, q, in.TenantID, in.PoolID, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -365,7 +362,7 @@ func (s *Service) Unoffer(ctx context.Context, in *api.PoolsUnofferInput) (*api.
 	if err != nil {
 		return nil, err
 	}
-	row, err := owned(ctx, q, in.TenantID, in.PoolID, nil)
+	row, err := Owned(ctx, q, in.TenantID, in.PoolID, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -248,7 +248,7 @@ func TestOfferAndUnoffer(t *testing.T) {
 	var rows int
 	require.NoError(t, w.env.Store.Pool().QueryRow(t.Context(),
 		`select count(*) from quotas where pool_id = $1 and tenant_id = 'globex' and offered`, p.PoolId).Scan(&rows))
-	assert.Equal(t, 2, rows, "one quota row per resource offered")
+	assert.Equal(t, 7, rows, "one quota row per resource, 0 for those left out")
 
 	// A max below what the tenant uses is refused.
 	_, err = w.env.Store.Pool().Exec(t.Context(), `update quotas set used = 6 where pool_id = $1 and tenant_id = 'globex' and resource = 'vcpu'`, p.PoolId)
