@@ -125,4 +125,3 @@ func (Service) Archive(ctx context.Context, in *api.FlavorsArchiveInput) (*api.F
 	}
 	return output(row), nil
 }
-
