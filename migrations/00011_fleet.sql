@@ -60,6 +60,19 @@ CREATE TABLE nodes (
     booked_memory_mib bigint NOT NULL DEFAULT 0,
     booked_disk_gib bigint NOT NULL DEFAULT 0,
     booked_gpus integer NOT NULL DEFAULT 0,
+    -- The volume store the host reported (bytes); null until it reports.
+    volume_available_bytes bigint,
+    volume_reserved_bytes bigint,
+    volume_outstanding_bytes bigint,
+    volume_reported_at timestamptz,
+    agent_version text,
+    agent_protocol integer,
+    cert_not_after timestamptz,
+    session_gateway text,
+    session_since timestamptz,
+    -- declared: entered by an operator with a declared capacity (computed
+    -- nodes register), run by no daemon, so never down for want of a session.
+    declared boolean NOT NULL DEFAULT false,
     free_vcpu integer GENERATED ALWAYS AS (cap_vcpu - booked_vcpu) STORED,
     free_memory_mib bigint GENERATED ALWAYS AS (cap_memory_mib - booked_memory_mib) STORED,
     version bigint NOT NULL DEFAULT 1,

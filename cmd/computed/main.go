@@ -5,6 +5,8 @@
 //	computed migrate    apply the embedded migrations and exit
 //	computed iam ...    operator commands of the embedded identity service
 //	                    (create-key, revoke-key, list-keys)
+//	computed nodes register ...
+//	                    enter a node with a declared capacity (no daemon)
 //	computed version    print the release version
 package main
 
@@ -26,6 +28,7 @@ import (
 	"computeplane/internal/host"
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/logging"
+	"computeplane/internal/nodes"
 	"computeplane/internal/store"
 )
 
@@ -90,6 +93,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return 1
 		}
 		return embedded.RunCommand(ctx, embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, time.Now), args[1:], stdout, stderr)
+	case "nodes":
+		st, err := store.Open(ctx, cfg.Database)
+		if err != nil {
+			log.Error("nodes: open store", "error", err.Error())
+			return 1
+		}
+		defer st.Close()
+		if err := st.Migrate(ctx); err != nil {
+			log.Error("nodes: migrate", "error", err.Error())
+			return 1
+		}
+		identity := embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, time.Now)
+		return nodes.RunCommand(ctx, st, identity.Projection(), cfg.TypePrefix, args[1:], stdout, stderr)
 	case "migrate":
 		st, err := store.Open(ctx, cfg.Database)
 		if err == nil {
@@ -102,7 +118,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return 0
 	default:
-		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|iam|version]"))
+		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|iam|nodes|version]"))
 		return 2
 	}
 }

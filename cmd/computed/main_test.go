@@ -397,3 +397,38 @@ func applied(t *testing.T, u string) []int64 {
 	require.NoError(t, err)
 	return v
 }
+
+// computed nodes register enters a node with a declared capacity in a pool
+// and prints it; a missing pool is refused with exit code 1.
+func TestNodesRegister(t *testing.T) {
+	t.Parallel()
+	u := dbtest.URL(t)
+	env := map[string]string{"SERVICE_DATABASE_URL": u, "SERVICE_SECRET": testenv.TestSecret}
+	conn, err := pgx.Connect(t.Context(), u)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(t.Context(), `insert into sites (site_id, tenant_id, kind, region, created_by, idem_request)
+		values ('site_0000000000000000000000000a', 'acme', 'custom', 'eu-west', 'ops', '{}');
+		insert into pools (pool_id, tenant_id, site_id, name, class, hosting, runtime, agent, created_by, idem_request)
+		values ('pool_0000000000000000000000000a', 'acme', 'site_0000000000000000000000000a', 'p', 'vps-host', 'hosted', 'qemu', 'node-daemon', 'ops', '{}')`)
+	require.NoError(t, err)
+
+	var stdout, stderr syncBuffer
+	code := run(t.Context(), []string{"nodes", "register", "--pool", "pool_0000000000000000000000000a", "--hostname", "h1",
+		"--vcpu", "8", "--memory-mib", "16384", "--gpu", "L4:1", "--label", "rack=r1"}, getenv(env), &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	var printed map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout.String()), &printed))
+	assert.Equal(t, "ready", printed["state"])
+	assert.Equal(t, "acme", printed["tenantId"])
+	assert.Equal(t, true, printed["declared"])
+	var owner string
+	require.NoError(t, conn.QueryRow(t.Context(), `select tenant_id from iam.resources where id = $1`, printed["nodeId"]).Scan(&owner))
+	assert.Equal(t, "acme", owner, "the node is in the authorization projection, owned by the pool's tenant")
+
+	var refusal syncBuffer
+	assert.Equal(t, 1, run(t.Context(), []string{"nodes", "register", "--pool", "pool_0000000000000000000000000z", "--hostname", "h2"},
+		getenv(env), &stdout, &refusal))
+	assert.Contains(t, refusal.String(), "not found")
+	assert.Equal(t, 2, run(t.Context(), []string{"nodes", "bogus"}, getenv(env), &stdout, &stderr))
+}

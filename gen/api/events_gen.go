@@ -32,6 +32,12 @@ const (
 	EventPoolArchived               = "pool.archived"
 	EventPoolOffered                = "pool.offered"
 	EventPoolUnoffered              = "pool.unoffered"
+	EventNodeRegistered             = "node.registered"
+	EventNodeUncordoned             = "node.uncordoned"
+	EventNodeDraining               = "node.draining"
+	EventNodeRetired                = "node.retired"
+	EventNodeDown                   = "node.down"
+	EventNodeUp                     = "node.up"
 )
 
 // EventTypes is the event catalog, in catalog order.
@@ -121,7 +127,7 @@ var EventTypes = []EventSpec{
 		Type:        EventWebhookPing,
 	},
 	{
-		Description: "A node was cordoned.",
+		Description: "A node was cordoned; it takes no new work, what runs on it stays.",
 		Module:      "nodes",
 		Subject:     "node id",
 		Type:        EventNodeCordoned,
@@ -155,6 +161,42 @@ var EventTypes = []EventSpec{
 		Module:      "pools",
 		Subject:     "pool id",
 		Type:        EventPoolUnoffered,
+	},
+	{
+		Description: "A node entered its pool (joined through the node daemon, or registered by an operator with a declared capacity).",
+		Module:      "nodes",
+		Subject:     "node id",
+		Type:        EventNodeRegistered,
+	},
+	{
+		Description: "A cordoned or draining node takes new work again.",
+		Module:      "nodes",
+		Subject:     "node id",
+		Type:        EventNodeUncordoned,
+	},
+	{
+		Description: "A node takes no new work and its work is to move elsewhere.",
+		Module:      "nodes",
+		Subject:     "node id",
+		Type:        EventNodeDraining,
+	},
+	{
+		Description: "A node left its pool for good.",
+		Module:      "nodes",
+		Subject:     "node id",
+		Type:        EventNodeRetired,
+	},
+	{
+		Description: "A node lost its daemon's session; it takes no new work until it is back.",
+		Module:      "nodes",
+		Subject:     "node id",
+		Type:        EventNodeDown,
+	},
+	{
+		Description: "A down node's daemon is back in session.",
+		Module:      "nodes",
+		Subject:     "node id",
+		Type:        EventNodeUp,
 	},
 }
 
@@ -268,7 +310,8 @@ type WebhookPingPayload struct {
 
 // NodeCordonedPayload: Payload of node.cordoned.
 type NodeCordonedPayload struct {
-	NodeID string `json:"nodeId"`
+	NodeID string  `json:"nodeId"`
+	Reason *string `json:"reason,omitempty"` // Why, as the operator gave it.
 }
 
 // PoolCreatedPayload: Payload of pool.created.
@@ -303,4 +346,37 @@ type PoolOfferedPayload struct {
 type PoolUnofferedPayload struct {
 	PoolID     string `json:"poolId"`     // Pool identifier.
 	ToTenantID string `json:"toTenantId"` // Tenant identifier.
+}
+
+// NodeRegisteredPayload: Payload of node.registered.
+type NodeRegisteredPayload struct {
+	NodeID   string `json:"nodeId"` // Node identifier.
+	PoolID   string `json:"poolId"` // Pool identifier.
+	Hostname string `json:"hostname"`
+	State    string `json:"state"`
+}
+
+// NodeUncordonedPayload: Payload of node.uncordoned.
+type NodeUncordonedPayload struct {
+	NodeID string `json:"nodeId"` // Node identifier.
+}
+
+// NodeDrainingPayload: Payload of node.draining.
+type NodeDrainingPayload struct {
+	NodeID string `json:"nodeId"` // Node identifier.
+}
+
+// NodeRetiredPayload: Payload of node.retired.
+type NodeRetiredPayload struct {
+	NodeID string `json:"nodeId"` // Node identifier.
+}
+
+// NodeDownPayload: Payload of node.down.
+type NodeDownPayload struct {
+	NodeID string `json:"nodeId"` // Node identifier.
+}
+
+// NodeUpPayload: Payload of node.up.
+type NodeUpPayload struct {
+	NodeID string `json:"nodeId"` // Node identifier.
 }

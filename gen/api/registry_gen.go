@@ -12,6 +12,7 @@ import (
 type Services struct {
 	Events           EventsService
 	Flavors          FlavorsService
+	Nodes            NodesService
 	Pools            PoolsService
 	Profiles         ProfilesService
 	ProviderAccounts ProviderAccountsService
@@ -32,6 +33,9 @@ func (s *Services) Check() error {
 	}
 	if s.Flavors == nil {
 		return errors.New("group flavors has registered methods and no service")
+	}
+	if s.Nodes == nil {
+		return errors.New("group nodes has registered methods and no service")
 	}
 	if s.Pools == nil {
 		return errors.New("group pools has registered methods and no service")
@@ -193,6 +197,209 @@ var Methods = []*Method{
 			Type:    "pool",
 		}},
 		Route:        "/flavors/archive",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeNodesListInput(obj, "", iss)
+			return &in
+		},
+		Description: "Nodes of the tenant's pools, in every pool or in poolId, by state when asked; retired ones only when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "nodes.list",
+		Group:       "nodes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Nodes.List(ctx, in.(*NodesListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{
+			Items: "node",
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+		},
+		Route:        "/nodes/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeNodesGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One node of the tenant's pools; anything else is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "nodes.get",
+		Group:       "nodes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Nodes.Get(ctx, in.(*NodesGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/nodes/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeNodesCordonInput(obj, "", iss)
+			return &in
+		},
+		Description: "A ready node stops taking new work; what runs on it stays. Cordoning a cordoned node returns it unchanged; draining and retired nodes are INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"node.cordoned"},
+		FullName:    "nodes.cordon",
+		Group:       "nodes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Nodes.Cordon(ctx, in.(*NodesCordonInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "cordon",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/nodes/cordon",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeNodesUncordonInput(obj, "", iss)
+			return &in
+		},
+		Description: "A cordoned or draining node takes new work again; a ready node is returned unchanged; retired and down nodes are INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"node.uncordoned"},
+		FullName:    "nodes.uncordon",
+		Group:       "nodes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Nodes.Uncordon(ctx, in.(*NodesUncordonInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "uncordon",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/nodes/uncordon",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeNodesDrainInput(obj, "", iss)
+			return &in
+		},
+		Description: "A ready or cordoned node takes no new work and its work is to move elsewhere; draining twice returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"node.draining"},
+		FullName:    "nodes.drain",
+		Group:       "nodes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Nodes.Drain(ctx, in.(*NodesDrainInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "drain",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/nodes/drain",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeNodesRetireInput(obj, "", iss)
+			return &in
+		},
+		Description: "A node with nothing booked on it leaves its pool for good (INVALID_STATE while bookings hold it; cordon or drain it first); retiring twice returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"node.retired"},
+		FullName:    "nodes.retire",
+		Group:       "nodes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Nodes.Retire(ctx, in.(*NodesRetireInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "retire",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/nodes/retire",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeNodesLabelInput(obj, "", iss)
+			return &in
+		},
+		Description: "Sets and removes labels of a node (at most 64; keys and values of at most 63 characters); a key both set and removed is INVALID_INPUT.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "nodes.label",
+		Group:       "nodes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Nodes.Label(ctx, in.(*NodesLabelInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "label",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/nodes/label",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

@@ -225,7 +225,75 @@ var (
 		MaxLength: 63,
 		Pattern:   ShapeName63,
 	}
-	rulePoolsCreateInputTenantID = &wire.StringRule{
+	ruleNodesListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleNodesListInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+	}
+	ruleNodesListInputState   = &wire.StringRule{Enum: []string{"joining", "ready", "cordoned", "draining", "retired", "down"}}
+	ruleNodesGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleNodesGetInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+	}
+	ruleNodesCordonInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleNodesCordonInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+	}
+	ruleNodesCordonInputReason     = &wire.StringRule{MaxLength: 256}
+	ruleNodesUncordonInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleNodesUncordonInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+	}
+	ruleNodesDrainInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleNodesDrainInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+	}
+	ruleNodesRetireInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleNodesRetireInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+	}
+	ruleNodesLabelInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleNodesLabelInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+	}
+	ruleNodesLabelInputSet = &wire.CountRule{
+		KeyPattern: regexp.MustCompile("^[a-z0-9]([a-z0-9./-]{0,61}[a-z0-9])?$"),
+		Max:        64,
+	}
+	ruleNodesLabelInputSetValue = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   regexp.MustCompile("^[A-Za-z0-9._-]{0,63}$"),
+	}
+	ruleNodesLabelInputRemove     = &wire.CountRule{Max: 64}
+	ruleNodesLabelInputRemoveItem = &wire.StringRule{MaxLength: 63}
+	rulePoolsCreateInputTenantID  = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
 	}

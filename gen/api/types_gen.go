@@ -4,6 +4,11 @@ package api
 
 import wire "computeplane/internal/wire"
 
+type Agent struct {
+	Version  string `json:"version"`
+	Protocol int64  `json:"protocol"`
+}
+
 // AgentProtocol: Range of node-daemon protocol versions this control plane speaks.
 type AgentProtocol struct {
 	Min int64 `json:"min"`
@@ -32,6 +37,12 @@ type Caller struct {
 	MFA           *bool   `json:"mfa,omitempty"`
 	AgentID       *string `json:"agentId,omitempty"`
 	DelegationID  *string `json:"delegationId,omitempty"`
+}
+type Capacity struct {
+	Vcpu      int64     `json:"vcpu"`
+	MemoryMiB int64     `json:"memoryMiB"`
+	DiskGiB   int64     `json:"diskGiB"`
+	Gpus      []NodeGPU `json:"gpus"`
 }
 
 // CloudEvent: One committed event in its CloudEvents 1.0 JSON envelope, with the tenantid extension.
@@ -198,6 +209,36 @@ func decodeLimits(obj map[string]any, path string, iss *wire.Issues) (out Limits
 type MeterTotal struct {
 	Windows  int64   `json:"windows"`
 	Quantity float64 `json:"quantity"`
+}
+type Node struct {
+	NodeID              string            `json:"nodeId"`   // Node identifier.
+	TenantID            string            `json:"tenantId"` // The pool's owner.
+	PoolID              string            `json:"poolId"`   // Pool identifier.
+	SiteID              string            `json:"siteId"`   // Site identifier.
+	Hostname            string            `json:"hostname"`
+	State               string            `json:"state"`
+	Labels              map[string]string `json:"labels"`
+	Capacity            Capacity          `json:"capacity"`
+	Booked              Capacity          `json:"booked"` // What bookings hold on it now.
+	VolumeStore         *VolumeStore      `json:"volumeStore"`
+	Agent               *Agent            `json:"agent"`
+	CertificateNotAfter *string           `json:"certificateNotAfter"`
+	Session             *NodeSession      `json:"session"`
+	Declared            bool              `json:"declared"` // Registered by an operator with a declared capacity (computed nodes register), not run by a daemon.
+	Version             int64             `json:"version"`
+	CreatedAt           string            `json:"createdAt"`
+	UpdatedAt           string            `json:"updatedAt"`
+}
+type NodeGPU struct {
+	Model string `json:"model"`
+	Count int64  `json:"count"`
+}
+type NodeList struct {
+	Items []Node `json:"items"` // By pool and hostname.
+}
+type NodeSession struct {
+	GatewayID string `json:"gatewayId"`
+	Since     string `json:"since"`
 }
 type OfferList struct {
 	Items []map[string]any `json:"items"` // Machine types as the provider describes them.
@@ -505,6 +546,14 @@ func decodeVolumeMount(obj map[string]any, path string, iss *wire.Issues) (out V
 	}
 	wire.ExactlyOne(obj, path, []string{"volumeId", "name"}, iss)
 	return
+}
+
+// VolumeStore: The host's volume store as it last reported it.
+type VolumeStore struct {
+	AvailableBytes   int64  `json:"availableBytes"`
+	ReservedBytes    int64  `json:"reservedBytes"`
+	OutstandingBytes int64  `json:"outstandingBytes"`
+	ReportedAt       string `json:"reportedAt"`
 }
 
 // Warm: Warm pool bounds; the reconciler keeps min paused instances and deletes those beyond max.

@@ -106,6 +106,114 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "nodes",
+		Description: "Hosts of a pool: bare-metal hosts and VM hosts. States joining -> ready -> cordoned or draining -> retired, and down while a daemon-run node has no session. A node belongs to its pool's owner; cordoned, draining, down and retired nodes take no new work.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "list",
+				Description: "Nodes of the tenant's pools, in every pool or in poolId, by state when asked; retired ones only when asked.",
+				Kind:        "read",
+				Action:      "compute:nodes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Help: "Pool identifier."},
+					{Name: "state", Field: "state", Type: cliruntime.String, Enum: []string{"joining", "ready", "cordoned", "draining", "retired", "down"}},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.NodesList(ctx, new(client.NodesListInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One node of the tenant's pools; anything else is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:nodes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.NodesGet(ctx, new(client.NodesGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "cordon",
+				Description: "A ready node stops taking new work; what runs on it stays. Cordoning a cordoned node returns it unchanged; draining and retired nodes are INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:nodes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "reason", Field: "reason", Type: cliruntime.String},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.NodesCordon(ctx, new(client.NodesCordonInput))
+					return err
+				},
+			},
+			{
+				Name:        "uncordon",
+				Description: "A cordoned or draining node takes new work again; a ready node is returned unchanged; retired and down nodes are INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:nodes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.NodesUncordon(ctx, new(client.NodesUncordonInput))
+					return err
+				},
+			},
+			{
+				Name:        "drain",
+				Description: "A ready or cordoned node takes no new work and its work is to move elsewhere; draining twice returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:nodes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.NodesDrain(ctx, new(client.NodesDrainInput))
+					return err
+				},
+			},
+			{
+				Name:        "retire",
+				Description: "A node with nothing booked on it leaves its pool for good (INVALID_STATE while bookings hold it; cordon or drain it first); retiring twice returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:nodes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.NodesRetire(ctx, new(client.NodesRetireInput))
+					return err
+				},
+			},
+			{
+				Name:        "label",
+				Description: "Sets and removes labels of a node (at most 64; keys and values of at most 63 characters); a key both set and removed is INVALID_INPUT.",
+				Kind:        "mutation",
+				Action:      "compute:nodes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "set", Field: "set", Type: cliruntime.JSON},
+					{Name: "remove", Field: "remove", Type: cliruntime.JSON},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.NodesLabel(ctx, new(client.NodesLabelInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "pools",
 		Description: "Sets of hosts in one site that admissions place work on. A pool belongs to its tenant (the root tenant for platform pools); pools.offer opens it to another tenant within limits (that tenant's quota rows). An archived pool refuses new work; what runs on it lives on.",
 		Methods: []cliruntime.Method{

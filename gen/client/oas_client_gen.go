@@ -23,6 +23,7 @@ func trimTrailingSlashes(u *url.URL) {
 type Invoker interface {
 	EventsInvoker
 	FlavorsInvoker
+	NodesInvoker
 	PoolsInvoker
 	ProfilesInvoker
 	ProviderAccountsInvoker
@@ -96,6 +97,85 @@ type FlavorsInvoker interface {
 	//
 	// POST /flavors/list
 	FlavorsList(ctx context.Context, request *FlavorsListInput) (*FlavorsListResponse, error)
+}
+
+// NodesInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Nodes
+type NodesInvoker interface {
+	// NodesCordon invokes nodesCordon operation.
+	//
+	// A ready node stops taking new work; what runs on it stays. Cordoning a cordoned node returns it
+	// unchanged; draining and retired nodes are INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+	// node.cordoned. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /nodes/cordon
+	NodesCordon(ctx context.Context, request *NodesCordonInput) (*NodesCordonResponse, error)
+	// NodesDrain invokes nodesDrain operation.
+	//
+	// A ready or cordoned node takes no new work and its work is to move elsewhere; draining twice returns
+	// it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+	// node.draining. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /nodes/drain
+	NodesDrain(ctx context.Context, request *NodesDrainInput) (*NodesDrainResponse, error)
+	// NodesGet invokes nodesGet operation.
+	//
+	// One node of the tenant's pools; anything else is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: read. Action compute:nodes:read on node/nodeId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /nodes/get
+	NodesGet(ctx context.Context, request *NodesGetInput) (*NodesGetResponse, error)
+	// NodesLabel invokes nodesLabel operation.
+	//
+	// Sets and removes labels of a node (at most 64; keys and values of at most 63 characters); a key both
+	// set and removed is INVALID_INPUT.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /nodes/label
+	NodesLabel(ctx context.Context, request *NodesLabelInput) (*NodesLabelResponse, error)
+	// NodesList invokes nodesList operation.
+	//
+	// Nodes of the tenant's pools, in every pool or in poolId, by state when asked; retired ones only when
+	// asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:nodes:read on tenant/tenantId items=node. Errors:
+	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /nodes/list
+	NodesList(ctx context.Context, request *NodesListInput) (*NodesListResponse, error)
+	// NodesRetire invokes nodesRetire operation.
+	//
+	// A node with nothing booked on it leaves its pool for good (INVALID_STATE while bookings hold it;
+	// cordon or drain it first); retiring twice returns it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+	// node.retired. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /nodes/retire
+	NodesRetire(ctx context.Context, request *NodesRetireInput) (*NodesRetireResponse, error)
+	// NodesUncordon invokes nodesUncordon operation.
+	//
+	// A cordoned or draining node takes new work again; a ready node is returned unchanged; retired and
+	// down nodes are INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+	// node.uncordoned. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /nodes/uncordon
+	NodesUncordon(ctx context.Context, request *NodesUncordonInput) (*NodesUncordonResponse, error)
 }
 
 // PoolsInvoker invokes operations described by OpenAPI v3 specification.
@@ -1273,6 +1353,667 @@ func (c *Client) sendFlavorsList(ctx context.Context, request *FlavorsListInput)
 	}()
 
 	result, err := decodeFlavorsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// NodesCordon invokes nodesCordon operation.
+//
+// A ready node stops taking new work; what runs on it stays. Cordoning a cordoned node returns it
+// unchanged; draining and retired nodes are INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+// node.cordoned. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /nodes/cordon
+func (c *Client) NodesCordon(ctx context.Context, request *NodesCordonInput) (*NodesCordonResponse, error) {
+	res, err := c.sendNodesCordon(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendNodesCordon(ctx context.Context, request *NodesCordonInput) (res *NodesCordonResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/nodes/cordon"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeNodesCordonRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, NodesCordonOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, NodesCordonOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeNodesCordonResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// NodesDrain invokes nodesDrain operation.
+//
+// A ready or cordoned node takes no new work and its work is to move elsewhere; draining twice returns
+// it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+// node.draining. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /nodes/drain
+func (c *Client) NodesDrain(ctx context.Context, request *NodesDrainInput) (*NodesDrainResponse, error) {
+	res, err := c.sendNodesDrain(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendNodesDrain(ctx context.Context, request *NodesDrainInput) (res *NodesDrainResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/nodes/drain"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeNodesDrainRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, NodesDrainOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, NodesDrainOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeNodesDrainResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// NodesGet invokes nodesGet operation.
+//
+// One node of the tenant's pools; anything else is NOT_FOUND.
+//
+// Served since v1.1. Kind: read. Action compute:nodes:read on node/nodeId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /nodes/get
+func (c *Client) NodesGet(ctx context.Context, request *NodesGetInput) (*NodesGetResponse, error) {
+	res, err := c.sendNodesGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendNodesGet(ctx context.Context, request *NodesGetInput) (res *NodesGetResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/nodes/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeNodesGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, NodesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, NodesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeNodesGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// NodesLabel invokes nodesLabel operation.
+//
+// Sets and removes labels of a node (at most 64; keys and values of at most 63 characters); a key both
+// set and removed is INVALID_INPUT.
+//
+// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /nodes/label
+func (c *Client) NodesLabel(ctx context.Context, request *NodesLabelInput) (*NodesLabelResponse, error) {
+	res, err := c.sendNodesLabel(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendNodesLabel(ctx context.Context, request *NodesLabelInput) (res *NodesLabelResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/nodes/label"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeNodesLabelRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, NodesLabelOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, NodesLabelOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeNodesLabelResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// NodesList invokes nodesList operation.
+//
+// Nodes of the tenant's pools, in every pool or in poolId, by state when asked; retired ones only when
+// asked.
+//
+// Served since v1.1. Kind: read. Action compute:nodes:read on tenant/tenantId items=node. Errors:
+// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /nodes/list
+func (c *Client) NodesList(ctx context.Context, request *NodesListInput) (*NodesListResponse, error) {
+	res, err := c.sendNodesList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendNodesList(ctx context.Context, request *NodesListInput) (res *NodesListResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/nodes/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeNodesListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, NodesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, NodesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeNodesListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// NodesRetire invokes nodesRetire operation.
+//
+// A node with nothing booked on it leaves its pool for good (INVALID_STATE while bookings hold it;
+// cordon or drain it first); retiring twice returns it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+// node.retired. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /nodes/retire
+func (c *Client) NodesRetire(ctx context.Context, request *NodesRetireInput) (*NodesRetireResponse, error) {
+	res, err := c.sendNodesRetire(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendNodesRetire(ctx context.Context, request *NodesRetireInput) (res *NodesRetireResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/nodes/retire"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeNodesRetireRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, NodesRetireOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, NodesRetireOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeNodesRetireResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// NodesUncordon invokes nodesUncordon operation.
+//
+// A cordoned or draining node takes new work again; a ready node is returned unchanged; retired and
+// down nodes are INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+// node.uncordoned. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /nodes/uncordon
+func (c *Client) NodesUncordon(ctx context.Context, request *NodesUncordonInput) (*NodesUncordonResponse, error) {
+	res, err := c.sendNodesUncordon(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendNodesUncordon(ctx context.Context, request *NodesUncordonInput) (res *NodesUncordonResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/nodes/uncordon"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeNodesUncordonRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, NodesUncordonOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, NodesUncordonOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeNodesUncordonResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

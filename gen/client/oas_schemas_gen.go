@@ -14,6 +14,32 @@ func (s *ErrorStatusCode) Error() string {
 	return fmt.Sprintf("code %d: %+v", s.StatusCode, s.Response)
 }
 
+// Ref: #/components/schemas/Agent
+type Agent struct {
+	Protocol int64  `json:"protocol"`
+	Version  string `json:"version"`
+}
+
+// GetProtocol returns the value of Protocol.
+func (s *Agent) GetProtocol() int64 {
+	return s.Protocol
+}
+
+// GetVersion returns the value of Version.
+func (s *Agent) GetVersion() string {
+	return s.Version
+}
+
+// SetProtocol sets the value of Protocol.
+func (s *Agent) SetProtocol(val int64) {
+	s.Protocol = val
+}
+
+// SetVersion sets the value of Version.
+func (s *Agent) SetVersion(val string) {
+	s.Version = val
+}
+
 // Range of node-daemon protocol versions this control plane speaks.
 // Ref: #/components/schemas/AgentProtocol
 type AgentProtocol struct {
@@ -254,6 +280,54 @@ func (s *Caller) SetSessionKind(val OptString) {
 // SetTenantId sets the value of TenantId.
 func (s *Caller) SetTenantId(val OptString) {
 	s.TenantId = val
+}
+
+// Ref: #/components/schemas/Capacity
+type Capacity struct {
+	DiskGiB   int64     `json:"diskGiB"`
+	Gpus      []NodeGPU `json:"gpus"`
+	MemoryMiB int64     `json:"memoryMiB"`
+	Vcpu      int64     `json:"vcpu"`
+}
+
+// GetDiskGiB returns the value of DiskGiB.
+func (s *Capacity) GetDiskGiB() int64 {
+	return s.DiskGiB
+}
+
+// GetGpus returns the value of Gpus.
+func (s *Capacity) GetGpus() []NodeGPU {
+	return s.Gpus
+}
+
+// GetMemoryMiB returns the value of MemoryMiB.
+func (s *Capacity) GetMemoryMiB() int64 {
+	return s.MemoryMiB
+}
+
+// GetVcpu returns the value of Vcpu.
+func (s *Capacity) GetVcpu() int64 {
+	return s.Vcpu
+}
+
+// SetDiskGiB sets the value of DiskGiB.
+func (s *Capacity) SetDiskGiB(val int64) {
+	s.DiskGiB = val
+}
+
+// SetGpus sets the value of Gpus.
+func (s *Capacity) SetGpus(val []NodeGPU) {
+	s.Gpus = val
+}
+
+// SetMemoryMiB sets the value of MemoryMiB.
+func (s *Capacity) SetMemoryMiB(val int64) {
+	s.MemoryMiB = val
+}
+
+// SetVcpu sets the value of Vcpu.
+func (s *Capacity) SetVcpu(val int64) {
+	s.Vcpu = val
 }
 
 // One committed event in its CloudEvents 1.0 JSON envelope, with the tenantid extension.
@@ -1498,6 +1572,51 @@ func (s *MeterTotal) SetWindows(val int64) {
 	s.Windows = val
 }
 
+// NewNilAgent returns new NilAgent with value set to v.
+func NewNilAgent(v Agent) NilAgent {
+	return NilAgent{
+		Value: v,
+	}
+}
+
+// NilAgent is nullable Agent.
+type NilAgent struct {
+	Value Agent
+	Null  bool
+}
+
+// SetTo sets value to v.
+func (o *NilAgent) SetTo(v Agent) {
+	o.Null = false
+	o.Value = v
+}
+
+// IsNull returns true if value is Null.
+func (o NilAgent) IsNull() bool { return o.Null }
+
+// SetToNull sets value to null.
+func (o *NilAgent) SetToNull() {
+	o.Null = true
+	var v Agent
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o NilAgent) Get() (v Agent, ok bool) {
+	if o.Null {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o NilAgent) Or(d Agent) Agent {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewNilDateTime returns new NilDateTime with value set to v.
 func NewNilDateTime(v time.Time) NilDateTime {
 	return NilDateTime{
@@ -1633,6 +1752,51 @@ func (o NilInt64) Or(d int64) int64 {
 	return d
 }
 
+// NewNilNodeSession returns new NilNodeSession with value set to v.
+func NewNilNodeSession(v NodeSession) NilNodeSession {
+	return NilNodeSession{
+		Value: v,
+	}
+}
+
+// NilNodeSession is nullable NodeSession.
+type NilNodeSession struct {
+	Value NodeSession
+	Null  bool
+}
+
+// SetTo sets value to v.
+func (o *NilNodeSession) SetTo(v NodeSession) {
+	o.Null = false
+	o.Value = v
+}
+
+// IsNull returns true if value is Null.
+func (o NilNodeSession) IsNull() bool { return o.Null }
+
+// SetToNull sets value to null.
+func (o *NilNodeSession) SetToNull() {
+	o.Null = true
+	var v NodeSession
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o NilNodeSession) Get() (v NodeSession, ok bool) {
+	if o.Null {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o NilNodeSession) Or(d NodeSession) NodeSession {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewNilString returns new NilString with value set to v.
 func NewNilString(v string) NilString {
 	return NilString{
@@ -1721,6 +1885,840 @@ func (o NilUsageWindowOutcome) Or(d UsageWindowOutcome) UsageWindowOutcome {
 		return v
 	}
 	return d
+}
+
+// NewNilVolumeStore returns new NilVolumeStore with value set to v.
+func NewNilVolumeStore(v VolumeStore) NilVolumeStore {
+	return NilVolumeStore{
+		Value: v,
+	}
+}
+
+// NilVolumeStore is nullable VolumeStore.
+type NilVolumeStore struct {
+	Value VolumeStore
+	Null  bool
+}
+
+// SetTo sets value to v.
+func (o *NilVolumeStore) SetTo(v VolumeStore) {
+	o.Null = false
+	o.Value = v
+}
+
+// IsNull returns true if value is Null.
+func (o NilVolumeStore) IsNull() bool { return o.Null }
+
+// SetToNull sets value to null.
+func (o *NilVolumeStore) SetToNull() {
+	o.Null = true
+	var v VolumeStore
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o NilVolumeStore) Get() (v VolumeStore, ok bool) {
+	if o.Null {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o NilVolumeStore) Or(d VolumeStore) VolumeStore {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// Ref: #/components/schemas/Node
+type Node struct {
+	Agent               NilAgent    `json:"agent"`
+	Booked              Capacity    `json:"booked"`
+	Capacity            Capacity    `json:"capacity"`
+	CertificateNotAfter NilDateTime `json:"certificateNotAfter"`
+	CreatedAt           time.Time   `json:"createdAt"`
+	// Registered by an operator with a declared capacity (computed nodes register), not run by a daemon.
+	Declared bool       `json:"declared"`
+	Hostname string     `json:"hostname"`
+	Labels   NodeLabels `json:"labels"`
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Pool identifier.
+	PoolId  string         `json:"poolId"`
+	Session NilNodeSession `json:"session"`
+	// Site identifier.
+	SiteId string    `json:"siteId"`
+	State  NodeState `json:"state"`
+	// The pool's owner.
+	TenantId    string         `json:"tenantId"`
+	UpdatedAt   time.Time      `json:"updatedAt"`
+	Version     int64          `json:"version"`
+	VolumeStore NilVolumeStore `json:"volumeStore"`
+}
+
+// GetAgent returns the value of Agent.
+func (s *Node) GetAgent() NilAgent {
+	return s.Agent
+}
+
+// GetBooked returns the value of Booked.
+func (s *Node) GetBooked() Capacity {
+	return s.Booked
+}
+
+// GetCapacity returns the value of Capacity.
+func (s *Node) GetCapacity() Capacity {
+	return s.Capacity
+}
+
+// GetCertificateNotAfter returns the value of CertificateNotAfter.
+func (s *Node) GetCertificateNotAfter() NilDateTime {
+	return s.CertificateNotAfter
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Node) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetDeclared returns the value of Declared.
+func (s *Node) GetDeclared() bool {
+	return s.Declared
+}
+
+// GetHostname returns the value of Hostname.
+func (s *Node) GetHostname() string {
+	return s.Hostname
+}
+
+// GetLabels returns the value of Labels.
+func (s *Node) GetLabels() NodeLabels {
+	return s.Labels
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *Node) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *Node) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetSession returns the value of Session.
+func (s *Node) GetSession() NilNodeSession {
+	return s.Session
+}
+
+// GetSiteId returns the value of SiteId.
+func (s *Node) GetSiteId() string {
+	return s.SiteId
+}
+
+// GetState returns the value of State.
+func (s *Node) GetState() NodeState {
+	return s.State
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Node) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *Node) GetUpdatedAt() time.Time {
+	return s.UpdatedAt
+}
+
+// GetVersion returns the value of Version.
+func (s *Node) GetVersion() int64 {
+	return s.Version
+}
+
+// GetVolumeStore returns the value of VolumeStore.
+func (s *Node) GetVolumeStore() NilVolumeStore {
+	return s.VolumeStore
+}
+
+// SetAgent sets the value of Agent.
+func (s *Node) SetAgent(val NilAgent) {
+	s.Agent = val
+}
+
+// SetBooked sets the value of Booked.
+func (s *Node) SetBooked(val Capacity) {
+	s.Booked = val
+}
+
+// SetCapacity sets the value of Capacity.
+func (s *Node) SetCapacity(val Capacity) {
+	s.Capacity = val
+}
+
+// SetCertificateNotAfter sets the value of CertificateNotAfter.
+func (s *Node) SetCertificateNotAfter(val NilDateTime) {
+	s.CertificateNotAfter = val
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Node) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetDeclared sets the value of Declared.
+func (s *Node) SetDeclared(val bool) {
+	s.Declared = val
+}
+
+// SetHostname sets the value of Hostname.
+func (s *Node) SetHostname(val string) {
+	s.Hostname = val
+}
+
+// SetLabels sets the value of Labels.
+func (s *Node) SetLabels(val NodeLabels) {
+	s.Labels = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *Node) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *Node) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetSession sets the value of Session.
+func (s *Node) SetSession(val NilNodeSession) {
+	s.Session = val
+}
+
+// SetSiteId sets the value of SiteId.
+func (s *Node) SetSiteId(val string) {
+	s.SiteId = val
+}
+
+// SetState sets the value of State.
+func (s *Node) SetState(val NodeState) {
+	s.State = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Node) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *Node) SetUpdatedAt(val time.Time) {
+	s.UpdatedAt = val
+}
+
+// SetVersion sets the value of Version.
+func (s *Node) SetVersion(val int64) {
+	s.Version = val
+}
+
+// SetVolumeStore sets the value of VolumeStore.
+func (s *Node) SetVolumeStore(val NilVolumeStore) {
+	s.VolumeStore = val
+}
+
+// Ref: #/components/schemas/NodeGPU
+type NodeGPU struct {
+	Count int64  `json:"count"`
+	Model string `json:"model"`
+}
+
+// GetCount returns the value of Count.
+func (s *NodeGPU) GetCount() int64 {
+	return s.Count
+}
+
+// GetModel returns the value of Model.
+func (s *NodeGPU) GetModel() string {
+	return s.Model
+}
+
+// SetCount sets the value of Count.
+func (s *NodeGPU) SetCount(val int64) {
+	s.Count = val
+}
+
+// SetModel sets the value of Model.
+func (s *NodeGPU) SetModel(val string) {
+	s.Model = val
+}
+
+type NodeLabels map[string]string
+
+func (s *NodeLabels) init() NodeLabels {
+	m := *s
+	if m == nil {
+		m = map[string]string{}
+		*s = m
+	}
+	return m
+}
+
+// Ref: #/components/schemas/NodeList
+type NodeList struct {
+	// By pool and hostname.
+	Items []Node `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *NodeList) GetItems() []Node {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *NodeList) SetItems(val []Node) {
+	s.Items = val
+}
+
+// Ref: #/components/schemas/NodeSession
+type NodeSession struct {
+	GatewayId string    `json:"gatewayId"`
+	Since     time.Time `json:"since"`
+}
+
+// GetGatewayId returns the value of GatewayId.
+func (s *NodeSession) GetGatewayId() string {
+	return s.GatewayId
+}
+
+// GetSince returns the value of Since.
+func (s *NodeSession) GetSince() time.Time {
+	return s.Since
+}
+
+// SetGatewayId sets the value of GatewayId.
+func (s *NodeSession) SetGatewayId(val string) {
+	s.GatewayId = val
+}
+
+// SetSince sets the value of Since.
+func (s *NodeSession) SetSince(val time.Time) {
+	s.Since = val
+}
+
+type NodeState string
+
+const (
+	NodeStateJoining  NodeState = "joining"
+	NodeStateReady    NodeState = "ready"
+	NodeStateCordoned NodeState = "cordoned"
+	NodeStateDraining NodeState = "draining"
+	NodeStateRetired  NodeState = "retired"
+	NodeStateDown     NodeState = "down"
+)
+
+// AllValues returns all NodeState values.
+func (NodeState) AllValues() []NodeState {
+	return []NodeState{
+		NodeStateJoining,
+		NodeStateReady,
+		NodeStateCordoned,
+		NodeStateDraining,
+		NodeStateRetired,
+		NodeStateDown,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s NodeState) MarshalText() ([]byte, error) {
+	switch s {
+	case NodeStateJoining:
+		return []byte(s), nil
+	case NodeStateReady:
+		return []byte(s), nil
+	case NodeStateCordoned:
+		return []byte(s), nil
+	case NodeStateDraining:
+		return []byte(s), nil
+	case NodeStateRetired:
+		return []byte(s), nil
+	case NodeStateDown:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *NodeState) UnmarshalText(data []byte) error {
+	switch NodeState(data) {
+	case NodeStateJoining:
+		*s = NodeStateJoining
+		return nil
+	case NodeStateReady:
+		*s = NodeStateReady
+		return nil
+	case NodeStateCordoned:
+		*s = NodeStateCordoned
+		return nil
+	case NodeStateDraining:
+		*s = NodeStateDraining
+		return nil
+	case NodeStateRetired:
+		*s = NodeStateRetired
+		return nil
+	case NodeStateDown:
+		*s = NodeStateDown
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Input of nodes.cordon. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/NodesCordonInput
+type NodesCordonInput struct {
+	// Node identifier.
+	NodeId string    `json:"nodeId"`
+	Reason OptString `json:"reason"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *NodesCordonInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetReason returns the value of Reason.
+func (s *NodesCordonInput) GetReason() OptString {
+	return s.Reason
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *NodesCordonInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *NodesCordonInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetReason sets the value of Reason.
+func (s *NodesCordonInput) SetReason(val OptString) {
+	s.Reason = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *NodesCordonInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of nodes.cordon.
+// Ref: #/components/schemas/NodesCordonResponse
+type NodesCordonResponse struct {
+	Data Node `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *NodesCordonResponse) GetData() Node {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *NodesCordonResponse) SetData(val Node) {
+	s.Data = val
+}
+
+// Input of nodes.drain. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/NodesDrainInput
+type NodesDrainInput struct {
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *NodesDrainInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *NodesDrainInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *NodesDrainInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *NodesDrainInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of nodes.drain.
+// Ref: #/components/schemas/NodesDrainResponse
+type NodesDrainResponse struct {
+	Data Node `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *NodesDrainResponse) GetData() Node {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *NodesDrainResponse) SetData(val Node) {
+	s.Data = val
+}
+
+// Input of nodes.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/NodesGetInput
+type NodesGetInput struct {
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *NodesGetInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *NodesGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *NodesGetInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *NodesGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of nodes.get.
+// Ref: #/components/schemas/NodesGetResponse
+type NodesGetResponse struct {
+	Data Node `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *NodesGetResponse) GetData() Node {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *NodesGetResponse) SetData(val Node) {
+	s.Data = val
+}
+
+// Input of nodes.label. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/NodesLabelInput
+type NodesLabelInput struct {
+	// Node identifier.
+	NodeId string   `json:"nodeId"`
+	Remove []string `json:"remove"`
+	// Keys match ^[a-z0-9]?$.
+	//
+	// [a-z0-9]: [a-z0-9./-]{0,61}[a-z0-9]
+	Set OptNodesLabelInputSet `json:"set"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *NodesLabelInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetRemove returns the value of Remove.
+func (s *NodesLabelInput) GetRemove() []string {
+	return s.Remove
+}
+
+// GetSet returns the value of Set.
+func (s *NodesLabelInput) GetSet() OptNodesLabelInputSet {
+	return s.Set
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *NodesLabelInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *NodesLabelInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetRemove sets the value of Remove.
+func (s *NodesLabelInput) SetRemove(val []string) {
+	s.Remove = val
+}
+
+// SetSet sets the value of Set.
+func (s *NodesLabelInput) SetSet(val OptNodesLabelInputSet) {
+	s.Set = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *NodesLabelInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Keys match ^[a-z0-9]?$.
+//
+// [a-z0-9]: [a-z0-9./-]{0,61}[a-z0-9]
+type NodesLabelInputSet map[string]string
+
+func (s *NodesLabelInputSet) init() NodesLabelInputSet {
+	m := *s
+	if m == nil {
+		m = map[string]string{}
+		*s = m
+	}
+	return m
+}
+
+// Success envelope of nodes.label.
+// Ref: #/components/schemas/NodesLabelResponse
+type NodesLabelResponse struct {
+	Data Node `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *NodesLabelResponse) GetData() Node {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *NodesLabelResponse) SetData(val Node) {
+	s.Data = val
+}
+
+// Input of nodes.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/NodesListInput
+type NodesListInput struct {
+	// Pool identifier.
+	PoolId OptString              `json:"poolId"`
+	State  OptNodesListInputState `json:"state"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *NodesListInput) GetPoolId() OptString {
+	return s.PoolId
+}
+
+// GetState returns the value of State.
+func (s *NodesListInput) GetState() OptNodesListInputState {
+	return s.State
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *NodesListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *NodesListInput) SetPoolId(val OptString) {
+	s.PoolId = val
+}
+
+// SetState sets the value of State.
+func (s *NodesListInput) SetState(val OptNodesListInputState) {
+	s.State = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *NodesListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+type NodesListInputState string
+
+const (
+	NodesListInputStateJoining  NodesListInputState = "joining"
+	NodesListInputStateReady    NodesListInputState = "ready"
+	NodesListInputStateCordoned NodesListInputState = "cordoned"
+	NodesListInputStateDraining NodesListInputState = "draining"
+	NodesListInputStateRetired  NodesListInputState = "retired"
+	NodesListInputStateDown     NodesListInputState = "down"
+)
+
+// AllValues returns all NodesListInputState values.
+func (NodesListInputState) AllValues() []NodesListInputState {
+	return []NodesListInputState{
+		NodesListInputStateJoining,
+		NodesListInputStateReady,
+		NodesListInputStateCordoned,
+		NodesListInputStateDraining,
+		NodesListInputStateRetired,
+		NodesListInputStateDown,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s NodesListInputState) MarshalText() ([]byte, error) {
+	switch s {
+	case NodesListInputStateJoining:
+		return []byte(s), nil
+	case NodesListInputStateReady:
+		return []byte(s), nil
+	case NodesListInputStateCordoned:
+		return []byte(s), nil
+	case NodesListInputStateDraining:
+		return []byte(s), nil
+	case NodesListInputStateRetired:
+		return []byte(s), nil
+	case NodesListInputStateDown:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *NodesListInputState) UnmarshalText(data []byte) error {
+	switch NodesListInputState(data) {
+	case NodesListInputStateJoining:
+		*s = NodesListInputStateJoining
+		return nil
+	case NodesListInputStateReady:
+		*s = NodesListInputStateReady
+		return nil
+	case NodesListInputStateCordoned:
+		*s = NodesListInputStateCordoned
+		return nil
+	case NodesListInputStateDraining:
+		*s = NodesListInputStateDraining
+		return nil
+	case NodesListInputStateRetired:
+		*s = NodesListInputStateRetired
+		return nil
+	case NodesListInputStateDown:
+		*s = NodesListInputStateDown
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of nodes.list.
+// Ref: #/components/schemas/NodesListResponse
+type NodesListResponse struct {
+	Data NodeList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *NodesListResponse) GetData() NodeList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *NodesListResponse) SetData(val NodeList) {
+	s.Data = val
+}
+
+// Input of nodes.retire. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/NodesRetireInput
+type NodesRetireInput struct {
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *NodesRetireInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *NodesRetireInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *NodesRetireInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *NodesRetireInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of nodes.retire.
+// Ref: #/components/schemas/NodesRetireResponse
+type NodesRetireResponse struct {
+	Data Node `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *NodesRetireResponse) GetData() Node {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *NodesRetireResponse) SetData(val Node) {
+	s.Data = val
+}
+
+// Input of nodes.uncordon. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/NodesUncordonInput
+type NodesUncordonInput struct {
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *NodesUncordonInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *NodesUncordonInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *NodesUncordonInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *NodesUncordonInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of nodes.uncordon.
+// Ref: #/components/schemas/NodesUncordonResponse
+type NodesUncordonResponse struct {
+	Data Node `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *NodesUncordonResponse) GetData() Node {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *NodesUncordonResponse) SetData(val Node) {
+	s.Data = val
 }
 
 // Ref: #/components/schemas/OfferList
@@ -2201,6 +3199,98 @@ func (o OptNilString) Get() (v string, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptNilString) Or(d string) string {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptNodesLabelInputSet returns new OptNodesLabelInputSet with value set to v.
+func NewOptNodesLabelInputSet(v NodesLabelInputSet) OptNodesLabelInputSet {
+	return OptNodesLabelInputSet{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptNodesLabelInputSet is optional NodesLabelInputSet.
+type OptNodesLabelInputSet struct {
+	Value NodesLabelInputSet
+	Set   bool
+}
+
+// IsSet returns true if OptNodesLabelInputSet was set.
+func (o OptNodesLabelInputSet) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptNodesLabelInputSet) Reset() {
+	var v NodesLabelInputSet
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptNodesLabelInputSet) SetTo(v NodesLabelInputSet) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptNodesLabelInputSet) Get() (v NodesLabelInputSet, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptNodesLabelInputSet) Or(d NodesLabelInputSet) NodesLabelInputSet {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptNodesListInputState returns new OptNodesListInputState with value set to v.
+func NewOptNodesListInputState(v NodesListInputState) OptNodesListInputState {
+	return OptNodesListInputState{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptNodesListInputState is optional NodesListInputState.
+type OptNodesListInputState struct {
+	Value NodesListInputState
+	Set   bool
+}
+
+// IsSet returns true if OptNodesListInputState was set.
+func (o OptNodesListInputState) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptNodesListInputState) Reset() {
+	var v NodesListInputState
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptNodesListInputState) SetTo(v NodesListInputState) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptNodesListInputState) Get() (v NodesListInputState, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptNodesListInputState) Or(d NodesListInputState) NodesListInputState {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -8884,6 +9974,55 @@ func (s *VolumeMount) SetReadOnly(val OptBool) {
 // SetVolumeId sets the value of VolumeId.
 func (s *VolumeMount) SetVolumeId(val OptString) {
 	s.VolumeId = val
+}
+
+// The host's volume store as it last reported it.
+// Ref: #/components/schemas/VolumeStore
+type VolumeStore struct {
+	AvailableBytes   int64     `json:"availableBytes"`
+	OutstandingBytes int64     `json:"outstandingBytes"`
+	ReportedAt       time.Time `json:"reportedAt"`
+	ReservedBytes    int64     `json:"reservedBytes"`
+}
+
+// GetAvailableBytes returns the value of AvailableBytes.
+func (s *VolumeStore) GetAvailableBytes() int64 {
+	return s.AvailableBytes
+}
+
+// GetOutstandingBytes returns the value of OutstandingBytes.
+func (s *VolumeStore) GetOutstandingBytes() int64 {
+	return s.OutstandingBytes
+}
+
+// GetReportedAt returns the value of ReportedAt.
+func (s *VolumeStore) GetReportedAt() time.Time {
+	return s.ReportedAt
+}
+
+// GetReservedBytes returns the value of ReservedBytes.
+func (s *VolumeStore) GetReservedBytes() int64 {
+	return s.ReservedBytes
+}
+
+// SetAvailableBytes sets the value of AvailableBytes.
+func (s *VolumeStore) SetAvailableBytes(val int64) {
+	s.AvailableBytes = val
+}
+
+// SetOutstandingBytes sets the value of OutstandingBytes.
+func (s *VolumeStore) SetOutstandingBytes(val int64) {
+	s.OutstandingBytes = val
+}
+
+// SetReportedAt sets the value of ReportedAt.
+func (s *VolumeStore) SetReportedAt(val time.Time) {
+	s.ReportedAt = val
+}
+
+// SetReservedBytes sets the value of ReservedBytes.
+func (s *VolumeStore) SetReservedBytes(val int64) {
+	s.ReservedBytes = val
 }
 
 // Warm pool bounds; the reconciler keeps min paused instances and deletes those beyond max.

@@ -170,26 +170,36 @@ type Lease struct {
 }
 
 type Node struct {
-	NodeID          string
-	PoolID          string
-	SiteID          string
-	Hostname        string
-	State           string
-	Labels          []byte
-	CapVcpu         int32
-	CapMemoryMib    int64
-	CapDiskGib      int64
-	GpuModel        pgtype.Text
-	CapGpus         int32
-	BookedVcpu      int32
-	BookedMemoryMib int64
-	BookedDiskGib   int64
-	BookedGpus      int32
-	FreeVcpu        pgtype.Int4
-	FreeMemoryMib   pgtype.Int8
-	Version         int64
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
+	NodeID                 string
+	PoolID                 string
+	SiteID                 string
+	Hostname               string
+	State                  string
+	Labels                 []byte
+	CapVcpu                int32
+	CapMemoryMib           int64
+	CapDiskGib             int64
+	GpuModel               pgtype.Text
+	CapGpus                int32
+	BookedVcpu             int32
+	BookedMemoryMib        int64
+	BookedDiskGib          int64
+	BookedGpus             int32
+	VolumeAvailableBytes   pgtype.Int8
+	VolumeReservedBytes    pgtype.Int8
+	VolumeOutstandingBytes pgtype.Int8
+	VolumeReportedAt       *time.Time
+	AgentVersion           pgtype.Text
+	AgentProtocol          pgtype.Int4
+	CertNotAfter           *time.Time
+	SessionGateway         pgtype.Text
+	SessionSince           *time.Time
+	Declared               bool
+	FreeVcpu               pgtype.Int4
+	FreeMemoryMib          pgtype.Int8
+	Version                int64
+	CreatedAt              time.Time
+	UpdatedAt              time.Time
 }
 
 type Outbox struct {

@@ -25,6 +25,7 @@ import (
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/keys"
 	"computeplane/internal/metrics"
+	"computeplane/internal/nodes"
 	"computeplane/internal/notify"
 	"computeplane/internal/pools"
 	"computeplane/internal/quotas"
@@ -129,6 +130,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Pools:    pools.New(cfg.RootTenantID),
 		Flavors:  flavors.Service{},
 		Quotas:   quotas.Service{},
+		Nodes:    nodes.Service{},
 		Secrets:  secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
 		Events:   events.New(cursors),
 		Webhooks: webhooks.New(webhooks.OptionsFrom(cfg)),

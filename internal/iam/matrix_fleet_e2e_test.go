@@ -12,6 +12,7 @@ import (
 	"computeplane/computeclient"
 	"computeplane/gen/api"
 	"computeplane/gen/client"
+	"computeplane/internal/nodes"
 )
 
 // preparers make, for fixture.prepare, the objects of the fleet groups
@@ -19,7 +20,21 @@ import (
 var preparers = []func(t *testing.T, fx *fixture, tenant string, objs map[string]string){
 	func(t *testing.T, fx *fixture, tenant string, objs map[string]string) {
 		objs["pool/"+tenant], objs["flavor/"+tenant] = fx.pooledFlavor(t, tenant)
+		objs["node/"+tenant] = fx.node(t, tenant)
 	},
+}
+
+// node returns a new node registered in a pool of tenant (the prepared
+// one, once there is one).
+func (fx *fixture) node(t *testing.T, tenant string) string {
+	t.Helper()
+	if id, ok := fx.prepared["node/"+tenant]; ok {
+		return id
+	}
+	n, err := nodes.Register(t.Context(), fx.env.Store, fx.env.Host.Identity().Projection(), fx.env.Config.TypePrefix,
+		nodes.Registration{PoolID: fx.pool(t, tenant), Hostname: fx.unique(), VCPU: 4, MemoryMiB: 4096})
+	require.NoError(t, err, "fixture: a node in %s", tenant)
+	return n.NodeID
 }
 
 // pool returns a new vps-host pool of tenant in one of its sites, made by
@@ -192,6 +207,75 @@ func init() {
 		ok: func(t *testing.T, res any, _ string) {
 			assert.Equal(t, int64(64), res.(*client.QuotasSetResponse).Data.Max)
 		},
+	}}
+	nodeState := func(want string) func(t *testing.T, res any, _ string) {
+		return func(t *testing.T, res any, _ string) {
+			var n client.Node
+			switch r := res.(type) {
+			case *client.NodesCordonResponse:
+				n = r.Data
+			case *client.NodesUncordonResponse:
+				n = r.Data
+			case *client.NodesDrainResponse:
+				n = r.Data
+			case *client.NodesRetireResponse:
+				n = r.Data
+			case *client.NodesLabelResponse:
+				n = r.Data
+			case *client.NodesGetResponse:
+				n = r.Data
+			}
+			assert.Equal(t, want, string(n.State))
+		}
+	}
+	matrix[api.MethodNodesList] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.NodesList(t.Context(), &client.NodesListInput{TenantId: tenant})
+		},
+		tenantRoles: readers,
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			for _, n := range res.(*client.NodesListResponse).Data.Items {
+				assert.Equal(t, tenant, n.TenantId)
+			}
+		},
+	}}
+	matrix[api.MethodNodesGet] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.NodesGet(t.Context(), &client.NodesGetInput{TenantId: tenant, NodeId: fx.node(t, tenant)})
+		},
+		tenantRoles: readers, rootRoles: operators, ok: nodeState("ready"),
+	}}
+	matrix[api.MethodNodesCordon] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.NodesCordon(t.Context(), &client.NodesCordonInput{TenantId: tenant, NodeId: fx.node(t, tenant)})
+		},
+		tenantRoles: operators, rootRoles: operators, ok: nodeState("cordoned"),
+	}}
+	matrix[api.MethodNodesUncordon] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.NodesUncordon(t.Context(), &client.NodesUncordonInput{TenantId: tenant, NodeId: fx.node(t, tenant)})
+		},
+		tenantRoles: operators, rootRoles: operators, ok: nodeState("ready"),
+	}}
+	matrix[api.MethodNodesDrain] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.NodesDrain(t.Context(), &client.NodesDrainInput{TenantId: tenant, NodeId: fx.node(t, tenant)})
+		},
+		tenantRoles: operators, rootRoles: operators, ok: nodeState("draining"),
+	}}
+	matrix[api.MethodNodesRetire] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.NodesRetire(t.Context(), &client.NodesRetireInput{TenantId: tenant, NodeId: fx.node(t, tenant)})
+		},
+		tenantRoles: operators, rootRoles: operators, ok: nodeState("retired"),
+	}}
+	matrix[api.MethodNodesLabel] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.NodesLabel(t.Context(), &client.NodesLabelInput{TenantId: tenant, NodeId: fx.node(t, tenant),
+				Set: client.NewOptNodesLabelInputSet(client.NodesLabelInputSet{"zone": "a"})})
+		},
+		tenantRoles: operators, rootRoles: operators, ok: nodeState("ready"),
 	}}
 }
 

@@ -160,7 +160,7 @@ func (e *Engine) Admit(ctx context.Context, tx pgx.Tx, req Request) (*Booking, e
 			if req.Whole {
 				held = Shape{VCPU: n.CapVcpu, MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, GPUs: n.CapGpus, GPUModel: shape.GPUModel}
 			}
-			b := &Booking{ID: ids.New("bkg_"), NodeID: n.NodeID, Shape: held, Whole: req.Whole}
+			b := &Booking{ID: ids.New("bkg"), NodeID: n.NodeID, Shape: held, Whole: req.Whole}
 			booked, err := q.BookNode(ctx, db.BookNodeParams{
 				BookingID: b.ID, NodeID: n.NodeID, PoolID: req.PoolID, TenantID: req.TenantID,
 				OwnerType: req.Owner.Type, OwnerID: req.Owner.ID, Whole: req.Whole,

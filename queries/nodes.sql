@@ -1,0 +1,35 @@
+-- name: InsertNode :one
+INSERT INTO nodes (node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, declared)
+VALUES (sqlc.arg(node_id), sqlc.arg(pool_id), sqlc.arg(site_id), sqlc.arg(hostname), sqlc.arg(state), sqlc.arg(labels),
+        sqlc.arg(cap_vcpu), sqlc.arg(cap_memory_mib), sqlc.arg(cap_disk_gib), sqlc.narg(gpu_model), sqlc.arg(cap_gpus), sqlc.arg(declared))
+RETURNING *;
+
+-- name: GetNode :one
+SELECT sqlc.embed(n), p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id) WHERE n.node_id = sqlc.arg(node_id);
+
+-- name: GetNodeForUpdate :one
+SELECT sqlc.embed(n), p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
+WHERE n.node_id = sqlc.arg(node_id) FOR UPDATE OF n;
+
+-- name: ListNodes :many
+-- Nodes of a tenant's pools, by pool and hostname; retired ones only when
+-- their state is asked for.
+SELECT sqlc.embed(n), p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
+WHERE p.tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.narg(pool_id)::text IS NULL OR n.pool_id = sqlc.narg(pool_id))
+  AND (sqlc.narg(state)::text IS NULL OR n.state = sqlc.narg(state))
+  AND (sqlc.narg(state)::text IS NOT NULL OR n.state <> 'retired')
+ORDER BY n.pool_id, n.hostname, n.node_id;
+
+-- name: SetNodeState :one
+UPDATE nodes SET state = sqlc.arg(state), version = version + 1, updated_at = now()
+WHERE node_id = sqlc.arg(node_id)
+RETURNING *;
+
+-- name: SetNodeLabels :one
+UPDATE nodes SET labels = sqlc.arg(labels), version = version + 1, updated_at = now()
+WHERE node_id = sqlc.arg(node_id)
+RETURNING *;
+
+-- name: CountLiveBookings :one
+SELECT count(*) FROM bookings WHERE node_id = sqlc.arg(node_id) AND NOT released;
