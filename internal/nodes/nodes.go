@@ -69,8 +69,8 @@ func Output(n db.Node, owner string) *api.Node {
 	_ = json.Unmarshal(n.Labels, &labels)
 	out := &api.Node{
 		NodeID: n.NodeID, TenantID: owner, PoolID: n.PoolID, SiteID: n.SiteID, Hostname: n.Hostname, State: n.State, Labels: labels,
-		Capacity: api.Capacity{Vcpu: int64(n.CapVcpu), MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, Gpus: gpus(n.GpuModel.String, n.CapGpus)},
-		Booked:   api.Capacity{Vcpu: int64(n.BookedVcpu), MemoryMiB: n.BookedMemoryMib, DiskGiB: n.BookedDiskGib, Gpus: gpus(n.GpuModel.String, n.BookedGpus)},
+		Capacity:            api.Capacity{Vcpu: int64(n.CapVcpu), MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, Gpus: gpus(n.GpuModel.String, n.CapGpus)},
+		Booked:              api.Capacity{Vcpu: int64(n.BookedVcpu), MemoryMiB: n.BookedMemoryMib, DiskGiB: n.BookedDiskGib, Gpus: gpus(n.GpuModel.String, n.BookedGpus)},
 		CertificateNotAfter: formatTimePtr(n.CertNotAfter), Declared: n.Declared, Version: n.Version,
 		CreatedAt: formatTime(n.CreatedAt), UpdatedAt: formatTime(n.UpdatedAt),
 	}

@@ -171,4 +171,3 @@ func TestLabels(t *testing.T) {
 		Set: client.NewOptNodesLabelInputSet(client.NodesLabelInputSet{"Bad Key": "x"})})
 	assert.Equal(t, "INVALID_INPUT", code(t, err))
 }
-
