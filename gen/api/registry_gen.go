@@ -12,6 +12,7 @@ import (
 type Services struct {
 	Events           EventsService
 	Flavors          FlavorsService
+	Images           ImagesService
 	Nodes            NodesService
 	Pools            PoolsService
 	Profiles         ProfilesService
@@ -33,6 +34,9 @@ func (s *Services) Check() error {
 	}
 	if s.Flavors == nil {
 		return errors.New("group flavors has registered methods and no service")
+	}
+	if s.Images == nil {
+		return errors.New("group images has registered methods and no service")
 	}
 	if s.Nodes == nil {
 		return errors.New("group nodes has registered methods and no service")
@@ -197,6 +201,62 @@ var Methods = []*Method{
 			Type:    "pool",
 		}},
 		Route:        "/flavors/archive",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:images:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeImagesListInput(obj, "", iss)
+			return &in
+		},
+		Description: "Every image of the image source, by id.",
+		Errors:      []Code{CodeInvalidInput, CodeInvalidConfig, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "images.list",
+		Group:       "images",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Images.List(ctx, in.(*ImagesListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/images/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:images:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeImagesGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One image; an id the source does not resolve is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidConfig, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "images.get",
+		Group:       "images",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Images.Get(ctx, in.(*ImagesGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/images/get",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

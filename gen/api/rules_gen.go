@@ -225,6 +225,18 @@ var (
 		MaxLength: 63,
 		Pattern:   ShapeName63,
 	}
+	ruleImagesListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleImagesGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleImagesGetInputImageID = &wire.StringRule{
+		MaxLength: 200,
+		Pattern:   ShapeImageId,
+	}
 	ruleNodesListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,

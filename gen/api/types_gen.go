@@ -142,6 +142,18 @@ type GatewayInfo struct {
 	ServerName   *string `json:"serverName,omitempty"`   // DNS name for TLS.
 	ServingCaPin *string `json:"servingCaPin,omitempty"` // Pin of the gateway serving CA.
 }
+type Image struct {
+	ImageID     string  `json:"imageId"` // Image identifier.
+	Format      string  `json:"format"`
+	SizeBytes   int64   `json:"sizeBytes"`
+	Sha256      string  `json:"sha256"`   // Digest of the disk (of the kernel for kernel+initrd).
+	Location    string  `json:"location"` // Where the disk (or the kernel) is: a path on the hosts or a URL.
+	Initrd      *string `json:"initrd"`   // The initrd of a kernel+initrd image.
+	Description string  `json:"description"`
+}
+type ImageList struct {
+	Items []Image `json:"items"` // By id.
+}
 
 // Limits: Quota limits per resource; a resource left out grants nothing.
 type Limits struct {

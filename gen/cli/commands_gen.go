@@ -106,6 +106,39 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "images",
+		Description: "Images work boots from, resolved through the operator's image source (a directory of manifests, or an HTTP index); without a source every method answers INVALID_CONFIG.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "list",
+				Description: "Every image of the image source, by id.",
+				Kind:        "read",
+				Action:      "compute:images:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ImagesList(ctx, new(client.ImagesListInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One image; an id the source does not resolve is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:images:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "image-id", Field: "imageId", Type: cliruntime.String, Required: true, Help: "Image identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ImagesGet(ctx, new(client.ImagesGetInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "nodes",
 		Description: "Hosts of a pool: bare-metal hosts and VM hosts. States joining -> ready -> cordoned or draining -> retired, and down while a daemon-run node has no session. A node belongs to its pool's owner; cordoned, draining, down and retired nodes take no new work.",
 		Methods: []cliruntime.Method{

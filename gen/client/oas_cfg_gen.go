@@ -12,6 +12,7 @@ import (
 var regexMap = map[string]ogenregex.Regexp{
 	"^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$": ogenregex.MustCompile("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
 	"^/[A-Za-z0-9._/-]{1,254}$":                             ogenregex.MustCompile("^/[A-Za-z0-9._/-]{1,254}$"),
+	"^[0-9a-f]{64}$":                                        ogenregex.MustCompile("^[0-9a-f]{64}$"),
 	"^[A-Za-z0-9-]{1,32}$":                                  ogenregex.MustCompile("^[A-Za-z0-9-]{1,32}$"),
 	"^[A-Za-z0-9._-]{0,63}$":                                ogenregex.MustCompile("^[A-Za-z0-9._-]{0,63}$"),
 	"^[A-Za-z0-9._:-]{1,128}$":                              ogenregex.MustCompile("^[A-Za-z0-9._:-]{1,128}$"),

@@ -23,6 +23,7 @@ func trimTrailingSlashes(u *url.URL) {
 type Invoker interface {
 	EventsInvoker
 	FlavorsInvoker
+	ImagesInvoker
 	NodesInvoker
 	PoolsInvoker
 	ProfilesInvoker
@@ -97,6 +98,31 @@ type FlavorsInvoker interface {
 	//
 	// POST /flavors/list
 	FlavorsList(ctx context.Context, request *FlavorsListInput) (*FlavorsListResponse, error)
+}
+
+// ImagesInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Images
+type ImagesInvoker interface {
+	// ImagesGet invokes imagesGet operation.
+	//
+	// One image; an id the source does not resolve is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: read. Action compute:images:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), INVALID_CONFIG (500), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /images/get
+	ImagesGet(ctx context.Context, request *ImagesGetInput) (*ImagesGetResponse, error)
+	// ImagesList invokes imagesList operation.
+	//
+	// Every image of the image source, by id.
+	//
+	// Served since v1.1. Kind: read. Action compute:images:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), INVALID_CONFIG (500), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /images/list
+	ImagesList(ctx context.Context, request *ImagesListInput) (*ImagesListResponse, error)
 }
 
 // NodesInvoker invokes operations described by OpenAPI v3 specification.
@@ -1353,6 +1379,193 @@ func (c *Client) sendFlavorsList(ctx context.Context, request *FlavorsListInput)
 	}()
 
 	result, err := decodeFlavorsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ImagesGet invokes imagesGet operation.
+//
+// One image; an id the source does not resolve is NOT_FOUND.
+//
+// Served since v1.1. Kind: read. Action compute:images:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), INVALID_CONFIG (500), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /images/get
+func (c *Client) ImagesGet(ctx context.Context, request *ImagesGetInput) (*ImagesGetResponse, error) {
+	res, err := c.sendImagesGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendImagesGet(ctx context.Context, request *ImagesGetInput) (res *ImagesGetResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/images/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeImagesGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ImagesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ImagesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeImagesGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ImagesList invokes imagesList operation.
+//
+// Every image of the image source, by id.
+//
+// Served since v1.1. Kind: read. Action compute:images:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), INVALID_CONFIG (500), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /images/list
+func (c *Client) ImagesList(ctx context.Context, request *ImagesListInput) (*ImagesListResponse, error) {
+	res, err := c.sendImagesList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendImagesList(ctx context.Context, request *ImagesListInput) (res *ImagesListResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/images/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeImagesListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ImagesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ImagesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeImagesListResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -11,6 +11,8 @@ const (
 	FlavorsCreateOperation             OperationName = "FlavorsCreate"
 	FlavorsGetOperation                OperationName = "FlavorsGet"
 	FlavorsListOperation               OperationName = "FlavorsList"
+	ImagesGetOperation                 OperationName = "ImagesGet"
+	ImagesListOperation                OperationName = "ImagesList"
 	NodesCordonOperation               OperationName = "NodesCordon"
 	NodesDrainOperation                OperationName = "NodesDrain"
 	NodesGetOperation                  OperationName = "NodesGet"

@@ -80,6 +80,34 @@ func encodeFlavorsListRequest(
 	return nil
 }
 
+func encodeImagesGetRequest(
+	req *ImagesGetInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
+func encodeImagesListRequest(
+	req *ImagesListInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodeNodesCordonRequest(
 	req *NodesCordonInput,
 	r *http.Request,

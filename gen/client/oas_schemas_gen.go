@@ -1463,6 +1463,233 @@ func (s *GatewayInfo) SetURL(val string) {
 	s.URL = val
 }
 
+// Ref: #/components/schemas/Image
+type Image struct {
+	Description string      `json:"description"`
+	Format      ImageFormat `json:"format"`
+	// Image identifier.
+	ImageId string `json:"imageId"`
+	// The initrd of a kernel+initrd image.
+	Initrd NilString `json:"initrd"`
+	// Where the disk (or the kernel) is: a path on the hosts or a URL.
+	Location string `json:"location"`
+	// Digest of the disk (of the kernel for kernel+initrd).
+	SHA256    string `json:"sha256"`
+	SizeBytes int64  `json:"sizeBytes"`
+}
+
+// GetDescription returns the value of Description.
+func (s *Image) GetDescription() string {
+	return s.Description
+}
+
+// GetFormat returns the value of Format.
+func (s *Image) GetFormat() ImageFormat {
+	return s.Format
+}
+
+// GetImageId returns the value of ImageId.
+func (s *Image) GetImageId() string {
+	return s.ImageId
+}
+
+// GetInitrd returns the value of Initrd.
+func (s *Image) GetInitrd() NilString {
+	return s.Initrd
+}
+
+// GetLocation returns the value of Location.
+func (s *Image) GetLocation() string {
+	return s.Location
+}
+
+// GetSHA256 returns the value of SHA256.
+func (s *Image) GetSHA256() string {
+	return s.SHA256
+}
+
+// GetSizeBytes returns the value of SizeBytes.
+func (s *Image) GetSizeBytes() int64 {
+	return s.SizeBytes
+}
+
+// SetDescription sets the value of Description.
+func (s *Image) SetDescription(val string) {
+	s.Description = val
+}
+
+// SetFormat sets the value of Format.
+func (s *Image) SetFormat(val ImageFormat) {
+	s.Format = val
+}
+
+// SetImageId sets the value of ImageId.
+func (s *Image) SetImageId(val string) {
+	s.ImageId = val
+}
+
+// SetInitrd sets the value of Initrd.
+func (s *Image) SetInitrd(val NilString) {
+	s.Initrd = val
+}
+
+// SetLocation sets the value of Location.
+func (s *Image) SetLocation(val string) {
+	s.Location = val
+}
+
+// SetSHA256 sets the value of SHA256.
+func (s *Image) SetSHA256(val string) {
+	s.SHA256 = val
+}
+
+// SetSizeBytes sets the value of SizeBytes.
+func (s *Image) SetSizeBytes(val int64) {
+	s.SizeBytes = val
+}
+
+type ImageFormat string
+
+const (
+	ImageFormatRaw          ImageFormat = "raw"
+	ImageFormatQcow2        ImageFormat = "qcow2"
+	ImageFormatKernelInitrd ImageFormat = "kernel+initrd"
+)
+
+// AllValues returns all ImageFormat values.
+func (ImageFormat) AllValues() []ImageFormat {
+	return []ImageFormat{
+		ImageFormatRaw,
+		ImageFormatQcow2,
+		ImageFormatKernelInitrd,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s ImageFormat) MarshalText() ([]byte, error) {
+	switch s {
+	case ImageFormatRaw:
+		return []byte(s), nil
+	case ImageFormatQcow2:
+		return []byte(s), nil
+	case ImageFormatKernelInitrd:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *ImageFormat) UnmarshalText(data []byte) error {
+	switch ImageFormat(data) {
+	case ImageFormatRaw:
+		*s = ImageFormatRaw
+		return nil
+	case ImageFormatQcow2:
+		*s = ImageFormatQcow2
+		return nil
+	case ImageFormatKernelInitrd:
+		*s = ImageFormatKernelInitrd
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Ref: #/components/schemas/ImageList
+type ImageList struct {
+	// By id.
+	Items []Image `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *ImageList) GetItems() []Image {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *ImageList) SetItems(val []Image) {
+	s.Items = val
+}
+
+// Input of images.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ImagesGetInput
+type ImagesGetInput struct {
+	// Image identifier.
+	ImageId string `json:"imageId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetImageId returns the value of ImageId.
+func (s *ImagesGetInput) GetImageId() string {
+	return s.ImageId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ImagesGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetImageId sets the value of ImageId.
+func (s *ImagesGetInput) SetImageId(val string) {
+	s.ImageId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ImagesGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of images.get.
+// Ref: #/components/schemas/ImagesGetResponse
+type ImagesGetResponse struct {
+	Data Image `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ImagesGetResponse) GetData() Image {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ImagesGetResponse) SetData(val Image) {
+	s.Data = val
+}
+
+// Input of images.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ImagesListInput
+type ImagesListInput struct {
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ImagesListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ImagesListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of images.list.
+// Ref: #/components/schemas/ImagesListResponse
+type ImagesListResponse struct {
+	Data ImageList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ImagesListResponse) GetData() ImageList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ImagesListResponse) SetData(val ImageList) {
+	s.Data = val
+}
+
 // Quota limits per resource; a resource left out grants nothing.
 // Ref: #/components/schemas/Limits
 type Limits struct {

@@ -94,6 +94,9 @@ type Config struct {
 	Gateway *Gateway
 	// Downloads is nil when daemon downloads are not served.
 	Downloads *Downloads
+	// Images is nil when no image source is configured: whatever needs an
+	// image answers INVALID_CONFIG.
+	Images *Images
 	// SupportBundles is nil when support bundles are not configured.
 	SupportBundles *SupportBundles
 	Secrets        Secrets // the secret store (default database)
@@ -234,6 +237,13 @@ type Gateway struct {
 type Downloads struct {
 	Dir  string
 	Blob string
+}
+
+// Images names the image source: a directory of image manifests, or the
+// URL of an HTTP index of them (not both).
+type Images struct {
+	Dir string
+	URL string
 }
 
 // SupportBundles receives log bundles through presigned PUTs.

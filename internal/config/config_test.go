@@ -558,6 +558,10 @@ func TestInvalid(t *testing.T) {
 		// downloads and supportBundles.
 		{"downloads needs dir or blob", "downloads: {}", nil, "downloads", "dir or blob"},
 		{"downloads blob URL", "downloads: {blob: bucket}", nil, "downloads.blob", "absolute URL"},
+		{"images needs dir or url", "images: {}", nil, "images", "dir or url"},
+		{"images not both", "images: {dir: /srv/images, url: 'https://i/index.json'}", nil, "images", "dir or url"},
+		{"images url scheme", "images: {url: 'ftp://i/index.json'}", nil, "images.url", "http or https"},
+		{"images url credentials", "images: {url: 'https://u:p@i/index.json'}", nil, "images.url", "without credentials"},
 		{"supportBundles blob required", "supportBundles: {maxBytes: 10}", nil, "supportBundles.blob", "is required"},
 		{"supportBundles blob credentials", "supportBundles: {blob: 's3://k:s@bucket'}", nil, "supportBundles.blob", "credentials"},
 		{"supportBundles maxBytes positive", "supportBundles: {blob: 's3://b', maxBytes: 0}", nil, "supportBundles.maxBytes", "positive"},

@@ -35,6 +35,7 @@ type fileConfig struct {
 	TrustedProxies  []string            `yaml:"trustedProxies"`
 	Gateway         *fileGateway        `yaml:"gateway"`
 	Downloads       *fileDownloads      `yaml:"downloads"`
+	Images          *fileImages         `yaml:"images"`
 	SupportBundles  *fileSupportBundles `yaml:"supportBundles"`
 	Secrets         *fileSecrets        `yaml:"secrets"`
 	Webhooks        *fileWebhooks       `yaml:"webhooks"`
@@ -121,6 +122,11 @@ type fileGateway struct {
 type fileDownloads struct {
 	Dir  *string `yaml:"dir"`
 	Blob *string `yaml:"blob"`
+}
+
+type fileImages struct {
+	Dir *string `yaml:"dir"`
+	URL *string `yaml:"url"`
 }
 
 type fileSupportBundles struct {

@@ -134,7 +134,7 @@ func (b *builder) build(fc *fileConfig) (*Config, error) {
 	c := &Config{}
 	steps := []func(*fileConfig, *Config) error{
 		b.core, b.iam, b.lists, b.tunnels, b.pki, b.notifier, b.sinks,
-		b.proxies, b.gateway, b.downloads, b.supportBundles, b.secrets, b.webhooks, b.capacity,
+		b.proxies, b.gateway, b.downloads, b.images, b.supportBundles, b.secrets, b.webhooks, b.capacity,
 		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles,
 	}
 	for _, step := range steps {
@@ -656,6 +656,27 @@ func (b *builder) downloads(fc *fileConfig, c *Config) error {
 		}
 	}
 	c.Downloads = d
+	return nil
+}
+
+func (b *builder) images(fc *fileConfig, c *Config) error {
+	fi := fc.Images
+	if fi == nil {
+		return nil
+	}
+	im := &Images{Dir: deref(fi.Dir, ""), URL: deref(fi.URL, "")}
+	switch {
+	case (im.Dir == "") == (im.URL == ""):
+		return b.errorf("images", "needs dir or url (one of them)")
+	case strings.ContainsRune(im.Dir, 0):
+		return b.errorf("images.dir", "must be a directory path")
+	case im.URL != "":
+		u, err := url.Parse(im.URL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.Fragment != "" {
+			return b.errorf("images.url", "must be an absolute http or https URL without credentials or fragment")
+		}
+	}
+	c.Images = im
 	return nil
 }
 

@@ -23,6 +23,7 @@ import (
 	"computeplane/internal/flavors"
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
+	"computeplane/internal/images"
 	"computeplane/internal/keys"
 	"computeplane/internal/metrics"
 	"computeplane/internal/nodes"
@@ -131,6 +132,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Flavors:  flavors.Service{},
 		Quotas:   quotas.Service{},
 		Nodes:    nodes.Service{},
+		Images:   images.Service{Source: images.FromConfig(cfg.Images)},
 		Secrets:  secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
 		Events:   events.New(cursors),
 		Webhooks: webhooks.New(webhooks.OptionsFrom(cfg)),
