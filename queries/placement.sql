@@ -2,19 +2,36 @@
 -- conditional, and the tables' constraints refuse what a wrong condition
 -- would let through (migrations/00011_fleet.sql).
 
--- name: PlacementCandidates :many
--- Ready nodes of a pool with room for the shape, in pack order (least free
--- vCPU first) or spread order, at most lim of them.
+-- name: PlacementCandidatesPack :many
+-- Ready nodes of a live (unarchived) pool with room for the shape, least
+-- free vCPU first (bin packing), at most lim of them: a walk of
+-- nodes_placement_idx.
 SELECT node_id, cap_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
        free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
 FROM nodes
-WHERE pool_id = sqlc.arg(pool_id) AND state = 'ready'
+WHERE nodes.pool_id = sqlc.arg(pool_id) AND state = 'ready'
+  AND EXISTS (SELECT 1 FROM pools p WHERE p.pool_id = sqlc.arg(pool_id) AND NOT p.archived)
   AND free_vcpu >= sqlc.arg(vcpu)::integer AND free_memory_mib >= sqlc.arg(memory_mib)::bigint
   AND cap_disk_gib - booked_disk_gib >= sqlc.arg(disk_gib)::bigint AND cap_gpus - booked_gpus >= sqlc.arg(gpus)::integer
   AND (sqlc.narg(gpu_model)::text IS NULL OR gpu_model = sqlc.narg(gpu_model))
   AND (sqlc.narg(node_id)::text IS NULL OR node_id = sqlc.narg(node_id))
   AND (NOT sqlc.arg(whole)::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
-ORDER BY CASE WHEN sqlc.arg(spread)::boolean THEN -free_vcpu ELSE free_vcpu END, node_id
+ORDER BY free_vcpu, node_id
+LIMIT sqlc.arg(lim);
+
+-- name: PlacementCandidatesSpread :many
+-- As PlacementCandidatesPack, most free vCPU first (spreading).
+SELECT node_id, cap_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+       free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
+FROM nodes
+WHERE nodes.pool_id = sqlc.arg(pool_id) AND state = 'ready'
+  AND EXISTS (SELECT 1 FROM pools p WHERE p.pool_id = sqlc.arg(pool_id) AND NOT p.archived)
+  AND free_vcpu >= sqlc.arg(vcpu)::integer AND free_memory_mib >= sqlc.arg(memory_mib)::bigint
+  AND cap_disk_gib - booked_disk_gib >= sqlc.arg(disk_gib)::bigint AND cap_gpus - booked_gpus >= sqlc.arg(gpus)::integer
+  AND (sqlc.narg(gpu_model)::text IS NULL OR gpu_model = sqlc.narg(gpu_model))
+  AND (sqlc.narg(node_id)::text IS NULL OR node_id = sqlc.narg(node_id))
+  AND (NOT sqlc.arg(whole)::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
+ORDER BY free_vcpu DESC, node_id DESC
 LIMIT sqlc.arg(lim);
 
 -- name: BookNode :execrows
@@ -60,12 +77,15 @@ UPDATE bookings SET released = true, during = tstzrange(lower(during), greatest(
 WHERE booking_id = sqlc.arg(booking_id) AND NOT released
 RETURNING node_id, pool_id, tenant_id, whole, vcpu, memory_mib, disk_gib, gpus;
 
--- name: ChargeQuota :execrows
+-- name: ChargeQuota :batchone
 -- Adds amount to a tenant's used in a pool if it stays within max and the
--- pool is still offered to the tenant.
+-- pool is still offered to the tenant; no row returns otherwise. Sent as
+-- one batch per admission, in resource order, so it costs one round trip
+-- and concurrent admissions lock a tenant's rows in one order.
 UPDATE quotas SET used = used + sqlc.arg(amount), updated_at = now()
 WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resource = sqlc.arg(resource)
-  AND offered AND used + sqlc.arg(amount) <= max;
+  AND offered AND used + sqlc.arg(amount) <= max
+RETURNING used;
 
 -- name: RefundQuota :exec
 UPDATE quotas SET used = used - sqlc.arg(amount), updated_at = now()

@@ -77,34 +77,6 @@ func (q *Queries) BookNode(ctx context.Context, arg BookNodeParams) (int64, erro
 	return result.RowsAffected(), nil
 }
 
-const chargeQuota = `-- name: ChargeQuota :execrows
-UPDATE quotas SET used = used + $1, updated_at = now()
-WHERE tenant_id = $2 AND pool_id = $3 AND resource = $4
-  AND offered AND used + $1 <= max
-`
-
-type ChargeQuotaParams struct {
-	Amount   int64
-	TenantID string
-	PoolID   string
-	Resource string
-}
-
-// Adds amount to a tenant's used in a pool if it stays within max and the
-// pool is still offered to the tenant.
-func (q *Queries) ChargeQuota(ctx context.Context, arg ChargeQuotaParams) (int64, error) {
-	result, err := q.db.Exec(ctx, chargeQuota,
-		arg.Amount,
-		arg.TenantID,
-		arg.PoolID,
-		arg.Resource,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const getQuota = `-- name: GetQuota :one
 SELECT tenant_id, pool_id, resource, max, used, offered FROM quotas
 WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3
@@ -139,22 +111,23 @@ func (q *Queries) GetQuota(ctx context.Context, arg GetQuotaParams) (GetQuotaRow
 	return i, err
 }
 
-const placementCandidates = `-- name: PlacementCandidates :many
+const placementCandidatesPack = `-- name: PlacementCandidatesPack :many
 
 SELECT node_id, cap_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
        free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
 FROM nodes
-WHERE pool_id = $1 AND state = 'ready'
+WHERE nodes.pool_id = $1 AND state = 'ready'
+  AND EXISTS (SELECT 1 FROM pools p WHERE p.pool_id = $1 AND NOT p.archived)
   AND free_vcpu >= $2::integer AND free_memory_mib >= $3::bigint
   AND cap_disk_gib - booked_disk_gib >= $4::bigint AND cap_gpus - booked_gpus >= $5::integer
   AND ($6::text IS NULL OR gpu_model = $6)
   AND ($7::text IS NULL OR node_id = $7)
   AND (NOT $8::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
-ORDER BY CASE WHEN $9::boolean THEN -free_vcpu ELSE free_vcpu END, node_id
-LIMIT $10
+ORDER BY free_vcpu, node_id
+LIMIT $9
 `
 
-type PlacementCandidatesParams struct {
+type PlacementCandidatesPackParams struct {
 	PoolID    string
 	Vcpu      int32
 	MemoryMib int64
@@ -163,11 +136,10 @@ type PlacementCandidatesParams struct {
 	GpuModel  pgtype.Text
 	NodeID    pgtype.Text
 	Whole     bool
-	Spread    bool
 	Lim       int32
 }
 
-type PlacementCandidatesRow struct {
+type PlacementCandidatesPackRow struct {
 	NodeID        string
 	CapVcpu       int32
 	CapMemoryMib  int64
@@ -182,10 +154,11 @@ type PlacementCandidatesRow struct {
 // Placement: candidate nodes, bookings and quota charges. Every write is
 // conditional, and the tables' constraints refuse what a wrong condition
 // would let through (migrations/00011_fleet.sql).
-// Ready nodes of a pool with room for the shape, in pack order (least free
-// vCPU first) or spread order, at most lim of them.
-func (q *Queries) PlacementCandidates(ctx context.Context, arg PlacementCandidatesParams) ([]PlacementCandidatesRow, error) {
-	rows, err := q.db.Query(ctx, placementCandidates,
+// Ready nodes of a live (unarchived) pool with room for the shape, least
+// free vCPU first (bin packing), at most lim of them: a walk of
+// nodes_placement_idx.
+func (q *Queries) PlacementCandidatesPack(ctx context.Context, arg PlacementCandidatesPackParams) ([]PlacementCandidatesPackRow, error) {
+	rows, err := q.db.Query(ctx, placementCandidatesPack,
 		arg.PoolID,
 		arg.Vcpu,
 		arg.MemoryMib,
@@ -194,16 +167,95 @@ func (q *Queries) PlacementCandidates(ctx context.Context, arg PlacementCandidat
 		arg.GpuModel,
 		arg.NodeID,
 		arg.Whole,
-		arg.Spread,
 		arg.Lim,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []PlacementCandidatesRow
+	var items []PlacementCandidatesPackRow
 	for rows.Next() {
-		var i PlacementCandidatesRow
+		var i PlacementCandidatesPackRow
+		if err := rows.Scan(
+			&i.NodeID,
+			&i.CapVcpu,
+			&i.CapMemoryMib,
+			&i.CapDiskGib,
+			&i.CapGpus,
+			&i.FreeVcpu,
+			&i.FreeMemoryMib,
+			&i.FreeDiskGib,
+			&i.FreeGpus,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const placementCandidatesSpread = `-- name: PlacementCandidatesSpread :many
+SELECT node_id, cap_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+       free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
+FROM nodes
+WHERE nodes.pool_id = $1 AND state = 'ready'
+  AND EXISTS (SELECT 1 FROM pools p WHERE p.pool_id = $1 AND NOT p.archived)
+  AND free_vcpu >= $2::integer AND free_memory_mib >= $3::bigint
+  AND cap_disk_gib - booked_disk_gib >= $4::bigint AND cap_gpus - booked_gpus >= $5::integer
+  AND ($6::text IS NULL OR gpu_model = $6)
+  AND ($7::text IS NULL OR node_id = $7)
+  AND (NOT $8::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
+ORDER BY free_vcpu DESC, node_id DESC
+LIMIT $9
+`
+
+type PlacementCandidatesSpreadParams struct {
+	PoolID    string
+	Vcpu      int32
+	MemoryMib int64
+	DiskGib   int64
+	Gpus      int32
+	GpuModel  pgtype.Text
+	NodeID    pgtype.Text
+	Whole     bool
+	Lim       int32
+}
+
+type PlacementCandidatesSpreadRow struct {
+	NodeID        string
+	CapVcpu       int32
+	CapMemoryMib  int64
+	CapDiskGib    int64
+	CapGpus       int32
+	FreeVcpu      int32
+	FreeMemoryMib int64
+	FreeDiskGib   int64
+	FreeGpus      int32
+}
+
+// As PlacementCandidatesPack, most free vCPU first (spreading).
+func (q *Queries) PlacementCandidatesSpread(ctx context.Context, arg PlacementCandidatesSpreadParams) ([]PlacementCandidatesSpreadRow, error) {
+	rows, err := q.db.Query(ctx, placementCandidatesSpread,
+		arg.PoolID,
+		arg.Vcpu,
+		arg.MemoryMib,
+		arg.DiskGib,
+		arg.Gpus,
+		arg.GpuModel,
+		arg.NodeID,
+		arg.Whole,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []PlacementCandidatesSpreadRow
+	for rows.Next() {
+		var i PlacementCandidatesSpreadRow
 		if err := rows.Scan(
 			&i.NodeID,
 			&i.CapVcpu,

@@ -144,10 +144,9 @@ func (e *Engine) Admit(ctx context.Context, tx pgx.Tx, req Request) (*Booking, e
 				return nil, err
 			}
 		}
-		rows, err := q.PlacementCandidates(ctx, db.PlacementCandidatesParams{
+		rows, err := e.candidates(ctx, q, db.PlacementCandidatesPackParams{
 			PoolID: req.PoolID, Vcpu: shape.VCPU, MemoryMib: shape.MemoryMiB, DiskGib: shape.DiskGiB, Gpus: shape.GPUs,
-			GpuModel: text(shape.GPUModel), NodeID: text(req.NodeID), Whole: req.Whole,
-			Spread: e.w.Spread > e.w.Pack, Lim: int32(e.topN * candidatesPerPick),
+			GpuModel: text(shape.GPUModel), NodeID: text(req.NodeID), Whole: req.Whole, Lim: int32(e.topN * candidatesPerPick),
 		})
 		if err != nil {
 			return nil, err
@@ -181,9 +180,19 @@ func (e *Engine) Admit(ctx context.Context, tx pgx.Tx, req Request) (*Booking, e
 	return nil, e.refusal(ctx, q, req)
 }
 
-// refusal explains an admission that found no room: a spent quota is the
-// answer the tenant can act on, so it is named before the pool's capacity.
+// refusal explains an admission that found no room: an archived or missing
+// pool first, then a spent quota (the answer the tenant can act on), then
+// the pool's capacity.
 func (e *Engine) refusal(ctx context.Context, q *db.Queries, req Request) error {
+	pool, err := q.GetPool(ctx, req.PoolID)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return api.Errorf(api.CodeNotFound, "poolId: pool %s not found", req.PoolID)
+	case err != nil:
+		return err
+	case pool.Archived:
+		return api.Errorf(api.CodeInvalidState, "pool %s is archived: it takes no new work", req.PoolID)
+	}
 	held := req.Shape
 	if req.Whole {
 		held = Shape{}
@@ -250,19 +259,28 @@ func charges(held Shape, req Request) []charge {
 	return out
 }
 
-// charge charges cs one row at a time, in the order of Resources, so that
-// concurrent admissions lock a tenant's quota rows in one order.
+// charge charges cs in one batch, in the order of Resources, so that
+// concurrent admissions lock a tenant's quota rows in one order; the first
+// charge refused names the refusal.
 func (e *Engine) charge(ctx context.Context, q *db.Queries, tenant, pool string, cs []charge) error {
-	for _, c := range cs {
-		n, err := q.ChargeQuota(ctx, db.ChargeQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource, Amount: c.amount})
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return quotaExceeded(ctx, q, tenant, pool, c)
-		}
+	params := make([]db.ChargeQuotaParams, len(cs))
+	for i, c := range cs {
+		params[i] = db.ChargeQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource, Amount: c.amount}
 	}
-	return nil
+	refused, failed := -1, error(nil)
+	q.ChargeQuota(ctx, params).QueryRow(func(i int, _ int64, err error) {
+		switch {
+		case failed != nil || refused >= 0:
+		case errors.Is(err, pgx.ErrNoRows):
+			refused = i
+		case err != nil:
+			failed = err
+		}
+	})
+	if failed != nil || refused < 0 {
+		return failed
+	}
+	return quotaExceeded(ctx, q, tenant, pool, cs[refused])
 }
 
 // refusalOfQuota names the first charge of cs the tenant's quota refuses,
@@ -320,14 +338,28 @@ func noCapacity(req Request) error {
 	return api.Errorf(api.CodeCapacityUnavailable, "no ready node of pool %s has room for %s", req.PoolID, what).WithDetails(details)
 }
 
+// candidates reads the nodes that fit, in the index order of the heavier
+// scorer (pack: least free first; spread: most free first).
+func (e *Engine) candidates(ctx context.Context, q *db.Queries, p db.PlacementCandidatesPackParams) ([]db.PlacementCandidatesPackRow, error) {
+	if e.w.Spread <= e.w.Pack {
+		return q.PlacementCandidatesPack(ctx, p)
+	}
+	rows, err := q.PlacementCandidatesSpread(ctx, db.PlacementCandidatesSpreadParams(p))
+	out := make([]db.PlacementCandidatesPackRow, len(rows))
+	for i, r := range rows {
+		out[i] = db.PlacementCandidatesPackRow(r)
+	}
+	return out, err
+}
+
 // order scores candidates and returns them best first, the first pick
 // drawn at random from the top N.
-func (e *Engine) order(rows []db.PlacementCandidatesRow) []db.PlacementCandidatesRow {
-	score := func(n db.PlacementCandidatesRow) float64 {
+func (e *Engine) order(rows []db.PlacementCandidatesPackRow) []db.PlacementCandidatesPackRow {
+	score := func(n db.PlacementCandidatesPackRow) float64 {
 		used := 1 - (frac(n.FreeVcpu, n.CapVcpu)+frac64(n.FreeMemoryMib, n.CapMemoryMib))/2
 		return e.w.Pack*used + e.w.Spread*(1-used)
 	}
-	slices.SortStableFunc(rows, func(a, b db.PlacementCandidatesRow) int {
+	slices.SortStableFunc(rows, func(a, b db.PlacementCandidatesPackRow) int {
 		switch sa, sb := score(a), score(b); {
 		case sa > sb:
 			return -1

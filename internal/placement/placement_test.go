@@ -133,6 +133,10 @@ func TestAdmitAndRelease(t *testing.T) {
 	b3, err := f.admit(ctx, e, placement.Request{TenantID: "acme", Owner: one.Owner, Shape: placement.Shape{VCPU: 3, MemoryMiB: 1}, NodeID: b1.NodeID})
 	require.NoError(t, err, "released capacity and quota can be booked again, on a pinned node")
 	assert.Equal(t, b1.NodeID, b3.NodeID)
+	_, err = f.st.Pool().Exec(ctx, `update pools set archived = true where pool_id = $1`, f.pool)
+	require.NoError(t, err)
+	_, err = f.admit(ctx, e, placement.Request{TenantID: "acme", Owner: one.Owner, Shape: placement.Shape{VCPU: 1, MemoryMiB: 1}})
+	assert.Equal(t, api.CodeInvalidState, code(err), "an archived pool takes no new work")
 	f.checkInvariants(t)
 }
 
