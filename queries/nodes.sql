@@ -33,3 +33,13 @@ RETURNING *;
 
 -- name: CountLiveBookings :one
 SELECT count(*) FROM bookings WHERE node_id = sqlc.arg(node_id) AND NOT released;
+
+-- name: FleetCensus :one
+-- For the self check: daemon-run nodes that count as ready but have no
+-- session (their daemon's heartbeat is gone), and nodes or quotas past
+-- their bounds (the constraints make both impossible; counted to prove it).
+SELECT
+    (SELECT count(*) FROM nodes WHERE NOT declared AND state = 'ready' AND session_gateway IS NULL)::bigint AS sessionless,
+    (SELECT count(*) FROM nodes WHERE booked_vcpu > cap_vcpu OR booked_memory_mib > cap_memory_mib
+        OR booked_disk_gib > cap_disk_gib OR booked_gpus > cap_gpus)::bigint AS overbooked,
+    (SELECT count(*) FROM quotas WHERE used > max)::bigint AS overdrawn;

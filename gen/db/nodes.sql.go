@@ -22,6 +22,30 @@ func (q *Queries) CountLiveBookings(ctx context.Context, nodeID string) (int64, 
 	return count, err
 }
 
+const fleetCensus = `-- name: FleetCensus :one
+SELECT
+    (SELECT count(*) FROM nodes WHERE NOT declared AND state = 'ready' AND session_gateway IS NULL)::bigint AS sessionless,
+    (SELECT count(*) FROM nodes WHERE booked_vcpu > cap_vcpu OR booked_memory_mib > cap_memory_mib
+        OR booked_disk_gib > cap_disk_gib OR booked_gpus > cap_gpus)::bigint AS overbooked,
+    (SELECT count(*) FROM quotas WHERE used > max)::bigint AS overdrawn
+`
+
+type FleetCensusRow struct {
+	Sessionless int64
+	Overbooked  int64
+	Overdrawn   int64
+}
+
+// For the self check: daemon-run nodes that count as ready but have no
+// session (their daemon's heartbeat is gone), and nodes or quotas past
+// their bounds (the constraints make both impossible; counted to prove it).
+func (q *Queries) FleetCensus(ctx context.Context) (FleetCensusRow, error) {
+	row := q.db.QueryRow(ctx, fleetCensus)
+	var i FleetCensusRow
+	err := row.Scan(&i.Sessionless, &i.Overbooked, &i.Overdrawn)
+	return i, err
+}
+
 const getNode = `-- name: GetNode :one
 SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_vcpu, n.free_memory_mib, n.version, n.created_at, n.updated_at, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id) WHERE n.node_id = $1
 `

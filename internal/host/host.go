@@ -28,6 +28,7 @@ import (
 	"computeplane/internal/metrics"
 	"computeplane/internal/nodes"
 	"computeplane/internal/notify"
+	"computeplane/internal/placement"
 	"computeplane/internal/pools"
 	"computeplane/internal/quotas"
 	"computeplane/internal/rpc"
@@ -65,7 +66,8 @@ type Host struct {
 	dispatch *sinks.Dispatcher
 	notifier *notify.Notifier
 	workers  *workers.Runner // nil without a worker role
-	siblings []*store.Store  // the connection pools beside the store's, closed with it
+	placer   *placement.Engine
+	siblings []*store.Store // the connection pools beside the store's, closed with it
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -144,6 +146,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		system.ClockCheck(time.Now),
 		sinks.Check(sinkList),
 		workers.Check(),
+		nodes.Check(),
 	)
 	if ov.Services != nil {
 		ov.Services(services)
@@ -245,7 +248,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
 	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached, watch: watch,
 		sinks: sinkList, dispatch: dispatch,
-		notifier: notifier, workers: runner, siblings: siblings,
+		notifier: notifier, workers: runner, siblings: siblings, placer: placement.New(placement.OptionsFrom(cfg)),
 	}, nil
 }
 
@@ -287,6 +290,9 @@ func registerDispatch(runner *workers.Runner, st *store.Store, cfg *config.Confi
 // SinkJobs are the singleton jobs of the configured sinks, one per sink,
 // for the worker runner of the sinks role (see sinks.Job).
 func (h *Host) SinkJobs() []sinks.Job { return h.dispatch.Jobs(h.sinks, 0) }
+
+// Placement is the placement engine every admission books capacity with.
+func (h *Host) Placement() *placement.Engine { return h.placer }
 
 // Identity is the embedded identity service.
 func (h *Host) Identity() *embedded.Service { return h.identity }

@@ -171,3 +171,41 @@ func TestLabels(t *testing.T) {
 		Set: client.NewOptNodesLabelInputSet(client.NodesLabelInputSet{"Bad Key": "x"})})
 	assert.Equal(t, "INVALID_INPUT", code(t, err))
 }
+
+func TestSelfCheckFleetFindings(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	root := w.env.Client(t, computeclient.WithToken(w.env.Key(t, w.env.Config.RootTenantID, "ops", "owner")))
+	fleet := func() (findings []client.Finding, ok bool) {
+		t.Helper()
+		res, err := root.SystemSelfCheck(t.Context(), &client.SystemSelfCheckInput{})
+		require.NoError(t, err)
+		for _, f := range res.Data.Findings {
+			if f.Check == "fleet" {
+				findings = append(findings, f)
+			}
+		}
+		return findings, res.Data.Ok
+	}
+	f, ok := fleet()
+	require.Len(t, f, 1)
+	assert.Equal(t, "info", string(f[0].Severity))
+	assert.True(t, ok)
+
+	// A daemon-run node counted ready without a session.
+	id := w.register(t, "h1")
+	_, err := w.env.Store.Pool().Exec(t.Context(), `update nodes set declared = false where node_id = $1`, id)
+	require.NoError(t, err)
+	f, _ = fleet()
+	require.Len(t, f, 2)
+	assert.Equal(t, "warning", string(f[1].Severity))
+	assert.Contains(t, f[1].Message, "1 daemon-run nodes")
+
+	// Over-commit is reported as an error, should the constraint ever go.
+	_, err = w.env.Store.Pool().Exec(t.Context(), `alter table nodes drop constraint nodes_booked_within_capacity;
+		update nodes set booked_vcpu = cap_vcpu + 1 where node_id = '`+id+`'`)
+	require.NoError(t, err)
+	f, ok = fleet()
+	assert.Equal(t, "error", string(f[0].Severity))
+	assert.False(t, ok)
+}

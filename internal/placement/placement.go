@@ -27,6 +27,7 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/gen/db"
+	"computeplane/internal/config"
 	"computeplane/internal/ids"
 )
 
@@ -109,6 +110,23 @@ type Engine struct {
 	w        Weights
 	topN     int
 	attempts int
+}
+
+// Scorer names in scheduler.weights.
+const (
+	ScorerPack   = "pack"
+	ScorerSpread = "spread"
+)
+
+// OptionsFrom reads the engine's options from the deployment's
+// configuration: scheduler.weights (pack, spread), scheduler.topN and
+// capacity.maxAttempts.
+func OptionsFrom(c *config.Config) Options {
+	return Options{
+		Weights:  Weights{Pack: c.Scheduler.Weights[ScorerPack], Spread: c.Scheduler.Weights[ScorerSpread]},
+		TopN:     c.Scheduler.TopN,
+		Attempts: c.Capacity.MaxAttempts,
+	}
 }
 
 // New returns an engine.

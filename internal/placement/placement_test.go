@@ -240,3 +240,27 @@ func TestConcurrentAdmissionsNeverOverCommit(t *testing.T) {
 	assert.Positive(t, counts[api.CodeCapacityUnavailable]+counts[api.CodeQuotaExceeded], "the pool and quotas were contended")
 	f.checkInvariants(t)
 }
+
+// TestSpreadWeights: with spread weighted above pack, admissions go to the
+// emptiest nodes first; the default packs them onto the fullest.
+func TestSpreadWeights(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	for name, tc := range map[string]struct {
+		opts      placement.Options
+		wantNodes int
+	}{
+		"pack":   {placement.Options{TopN: 1}, 1},
+		"spread": {placement.Options{TopN: 1, Weights: placement.Weights{Spread: 1}}, 4},
+	} {
+		f := newFleet(t, dbtest.NewStore(t), 4, 8, 8192, map[string]map[string]int64{"acme": {"vcpu": 100, "memoryMiB": 1 << 20}})
+		e := placement.New(tc.opts)
+		used := map[string]bool{}
+		for range 4 {
+			b, err := f.admit(ctx, e, placement.Request{TenantID: "acme", Owner: placement.Owner{Type: "t", ID: "x"}, Shape: placement.Shape{VCPU: 1, MemoryMiB: 1}})
+			require.NoError(t, err, name)
+			used[b.NodeID] = true
+		}
+		assert.Len(t, used, tc.wantNodes, name)
+	}
+}
