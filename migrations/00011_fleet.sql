@@ -130,7 +130,27 @@ CREATE TABLE quotas (
     CONSTRAINT quotas_used_within_max CHECK (used BETWEEN 0 AND max)
 );
 
+-- placement_queue holds admissions waiting for their pool's worker
+-- (capacity.placer pool-lease): queued until placed, or failed after
+-- capacity.maxAttempts passes without room or at once for a spent quota.
+CREATE TABLE placement_queue (
+    item_id text PRIMARY KEY,
+    pool_id text NOT NULL REFERENCES pools (pool_id),
+    tenant_id text NOT NULL,
+    request jsonb NOT NULL,
+    state text NOT NULL DEFAULT 'queued' CHECK (state IN ('queued', 'placed', 'failed')),
+    attempts integer NOT NULL DEFAULT 0,
+    booking_id text,
+    node_id text,
+    error jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    decided_at timestamptz
+);
+
+CREATE INDEX placement_queue_pool_idx ON placement_queue (pool_id, created_at, item_id) WHERE state = 'queued';
+
 -- +goose Down
+DROP TABLE placement_queue;
 DROP TABLE quotas;
 DROP TABLE bookings;
 DROP TABLE nodes;

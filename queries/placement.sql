@@ -94,3 +94,27 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resour
 -- name: GetQuota :one
 SELECT tenant_id, pool_id, resource, max, used, offered FROM quotas
 WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resource = sqlc.arg(resource);
+
+-- name: EnqueuePlacement :exec
+INSERT INTO placement_queue (item_id, pool_id, tenant_id, request)
+VALUES (sqlc.arg(item_id), sqlc.arg(pool_id), sqlc.arg(tenant_id), sqlc.arg(request));
+
+-- name: ClaimQueued :many
+-- The oldest queued items of a pool, locked for one batch.
+SELECT item_id, request, attempts FROM placement_queue
+WHERE pool_id = sqlc.arg(pool_id) AND state = 'queued'
+ORDER BY created_at, item_id
+LIMIT sqlc.arg(lim)
+FOR UPDATE SKIP LOCKED;
+
+-- name: DecidePlacement :exec
+UPDATE placement_queue SET state = sqlc.arg(state), attempts = attempts + 1, booking_id = sqlc.narg(booking_id),
+    node_id = sqlc.narg(node_id), error = sqlc.narg(error),
+    decided_at = CASE WHEN sqlc.arg(state) = 'queued' THEN NULL ELSE now() END
+WHERE item_id = sqlc.arg(item_id);
+
+-- name: GetPlacement :one
+SELECT * FROM placement_queue WHERE item_id = sqlc.arg(item_id);
+
+-- name: QueuedPools :many
+SELECT DISTINCT pool_id FROM placement_queue WHERE state = 'queued';

@@ -216,6 +216,20 @@ type Outbox struct {
 	Xid         pgtype.Uint64
 }
 
+type PlacementQueue struct {
+	ItemID    string
+	PoolID    string
+	TenantID  string
+	Request   []byte
+	State     string
+	Attempts  int32
+	BookingID pgtype.Text
+	NodeID    pgtype.Text
+	Error     []byte
+	CreatedAt time.Time
+	DecidedAt *time.Time
+}
+
 type Pool struct {
 	PoolID      string
 	TenantID    string

@@ -77,6 +77,117 @@ func (q *Queries) BookNode(ctx context.Context, arg BookNodeParams) (int64, erro
 	return result.RowsAffected(), nil
 }
 
+const claimQueued = `-- name: ClaimQueued :many
+SELECT item_id, request, attempts FROM placement_queue
+WHERE pool_id = $1 AND state = 'queued'
+ORDER BY created_at, item_id
+LIMIT $2
+FOR UPDATE SKIP LOCKED
+`
+
+type ClaimQueuedParams struct {
+	PoolID string
+	Lim    int32
+}
+
+type ClaimQueuedRow struct {
+	ItemID   string
+	Request  []byte
+	Attempts int32
+}
+
+// The oldest queued items of a pool, locked for one batch.
+func (q *Queries) ClaimQueued(ctx context.Context, arg ClaimQueuedParams) ([]ClaimQueuedRow, error) {
+	rows, err := q.db.Query(ctx, claimQueued, arg.PoolID, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ClaimQueuedRow
+	for rows.Next() {
+		var i ClaimQueuedRow
+		if err := rows.Scan(&i.ItemID, &i.Request, &i.Attempts); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const decidePlacement = `-- name: DecidePlacement :exec
+UPDATE placement_queue SET state = $1, attempts = attempts + 1, booking_id = $2,
+    node_id = $3, error = $4,
+    decided_at = CASE WHEN $1 = 'queued' THEN NULL ELSE now() END
+WHERE item_id = $5
+`
+
+type DecidePlacementParams struct {
+	State     string
+	BookingID pgtype.Text
+	NodeID    pgtype.Text
+	Error     []byte
+	ItemID    string
+}
+
+func (q *Queries) DecidePlacement(ctx context.Context, arg DecidePlacementParams) error {
+	_, err := q.db.Exec(ctx, decidePlacement,
+		arg.State,
+		arg.BookingID,
+		arg.NodeID,
+		arg.Error,
+		arg.ItemID,
+	)
+	return err
+}
+
+const enqueuePlacement = `-- name: EnqueuePlacement :exec
+INSERT INTO placement_queue (item_id, pool_id, tenant_id, request)
+VALUES ($1, $2, $3, $4)
+`
+
+type EnqueuePlacementParams struct {
+	ItemID   string
+	PoolID   string
+	TenantID string
+	Request  []byte
+}
+
+func (q *Queries) EnqueuePlacement(ctx context.Context, arg EnqueuePlacementParams) error {
+	_, err := q.db.Exec(ctx, enqueuePlacement,
+		arg.ItemID,
+		arg.PoolID,
+		arg.TenantID,
+		arg.Request,
+	)
+	return err
+}
+
+const getPlacement = `-- name: GetPlacement :one
+SELECT item_id, pool_id, tenant_id, request, state, attempts, booking_id, node_id, error, created_at, decided_at FROM placement_queue WHERE item_id = $1
+`
+
+func (q *Queries) GetPlacement(ctx context.Context, itemID string) (PlacementQueue, error) {
+	row := q.db.QueryRow(ctx, getPlacement, itemID)
+	var i PlacementQueue
+	err := row.Scan(
+		&i.ItemID,
+		&i.PoolID,
+		&i.TenantID,
+		&i.Request,
+		&i.State,
+		&i.Attempts,
+		&i.BookingID,
+		&i.NodeID,
+		&i.Error,
+		&i.CreatedAt,
+		&i.DecidedAt,
+	)
+	return i, err
+}
+
 const getQuota = `-- name: GetQuota :one
 SELECT tenant_id, pool_id, resource, max, used, offered FROM quotas
 WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3
@@ -270,6 +381,30 @@ func (q *Queries) PlacementCandidatesSpread(ctx context.Context, arg PlacementCa
 			return nil, err
 		}
 		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const queuedPools = `-- name: QueuedPools :many
+SELECT DISTINCT pool_id FROM placement_queue WHERE state = 'queued'
+`
+
+func (q *Queries) QueuedPools(ctx context.Context) ([]string, error) {
+	rows, err := q.db.Query(ctx, queuedPools)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var pool_id string
+		if err := rows.Scan(&pool_id); err != nil {
+			return nil, err
+		}
+		items = append(items, pool_id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"computeplane"
 	"computeplane/gen/api"
 	gendocs "computeplane/gen/docs"
@@ -226,6 +228,15 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if slices.ContainsFunc(workerRoles, cfg.HasRole) {
 		runner = workers.New(leases, workers.Options{Workers: cfg.Workers, Log: log})
 	}
+	placer := placement.New(placement.OptionsFrom(cfg))
+	if runner != nil && cfg.HasRole(config.RoleScheduler) && cfg.Capacity.Placer == config.PlacerPoolLease {
+		runner.RegisterReconciler(placement.ReconcilerName, &placement.Queue{
+			Engine: placer, Store: work, MaxBatch: cfg.Capacity.MaxBatch,
+			WithTx: func(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+				return work.WithTx(ctx, false, fn)
+			},
+		})
+	}
 	if runner != nil && cfg.HasRole(config.RoleSinks) {
 		if err := registerDispatch(runner, work, cfg, reg, notifier, dispatch.Jobs(sinkList, cfg.Workers.BatchSize), log); err != nil {
 			return nil, err
@@ -248,7 +259,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
 	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached, watch: watch,
 		sinks: sinkList, dispatch: dispatch,
-		notifier: notifier, workers: runner, siblings: siblings, placer: placement.New(placement.OptionsFrom(cfg)),
+		notifier: notifier, workers: runner, siblings: siblings, placer: placer,
 	}, nil
 }
 
