@@ -82,7 +82,9 @@ func TestQueueReconciler(t *testing.T) {
 		LeaseTTL: 3 * time.Second, Renew: time.Second, Liveness: 6 * time.Second, SyncAgain: 50 * time.Millisecond,
 	}})
 	runner.RegisterReconciler(placement.ReconcilerName, &placement.Queue{Engine: e, Store: st, MaxBatch: 16,
-		WithTx: func(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error { return st.WithTx(ctx, false, fn) }})
+		WithTx: func(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+			return st.WithTx(ctx, false, fn)
+		}})
 	ids := make([]string, 0, 100)
 	for range 100 {
 		ids = append(ids, f.enqueue(t, e, placement.Request{TenantID: "acme", Owner: placement.Owner{Type: "t", ID: "x"}, Shape: placement.Shape{VCPU: 1, MemoryMiB: 128}}))
