@@ -195,3 +195,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: IAMListDeadLetters :many
 SELECT * FROM iam.usage_dead_letters WHERE key = $1 ORDER BY id;
+
+-- name: IAMRelated :many
+-- The identities related to a resource by a relation, by id.
+SELECT identity_id FROM iam.relationships
+WHERE resource_type = sqlc.arg(resource_type) AND resource_id = sqlc.arg(resource_id) AND relation = sqlc.arg(relation)
+ORDER BY identity_id;

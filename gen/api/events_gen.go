@@ -38,6 +38,9 @@ const (
 	EventNodeRetired                = "node.retired"
 	EventNodeDown                   = "node.down"
 	EventNodeUp                     = "node.up"
+	EventProjectCreated             = "project.created"
+	EventProjectUpdated             = "project.updated"
+	EventProjectDeleted             = "project.deleted"
 )
 
 // EventTypes is the event catalog, in catalog order.
@@ -197,6 +200,24 @@ var EventTypes = []EventSpec{
 		Module:      "nodes",
 		Subject:     "node id",
 		Type:        EventNodeUp,
+	},
+	{
+		Description: "A project was created.",
+		Module:      "projects",
+		Subject:     "project id",
+		Type:        EventProjectCreated,
+	},
+	{
+		Description: "A project was renamed or redescribed.",
+		Module:      "projects",
+		Subject:     "project id",
+		Type:        EventProjectUpdated,
+	},
+	{
+		Description: "A project was deleted with its memberships.",
+		Module:      "projects",
+		Subject:     "project id",
+		Type:        EventProjectDeleted,
 	},
 }
 
@@ -379,4 +400,23 @@ type NodeDownPayload struct {
 // NodeUpPayload: Payload of node.up.
 type NodeUpPayload struct {
 	NodeID string `json:"nodeId"` // Node identifier.
+}
+
+// ProjectCreatedPayload: Payload of project.created.
+type ProjectCreatedPayload struct {
+	ProjectID string `json:"projectId"` // Project identifier.
+	Name      string `json:"name"`      // Lowercase DNS-like name.
+	Owner     string `json:"owner"`
+}
+
+// ProjectUpdatedPayload: Payload of project.updated.
+type ProjectUpdatedPayload struct {
+	ProjectID string `json:"projectId"` // Project identifier.
+	Name      string `json:"name"`      // Lowercase DNS-like name.
+	Version   int64  `json:"version"`
+}
+
+// ProjectDeletedPayload: Payload of project.deleted.
+type ProjectDeletedPayload struct {
+	ProjectID string `json:"projectId"` // Project identifier.
 }

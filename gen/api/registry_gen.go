@@ -16,6 +16,7 @@ type Services struct {
 	Nodes            NodesService
 	Pools            PoolsService
 	Profiles         ProfilesService
+	Projects         ProjectsService
 	ProviderAccounts ProviderAccountsService
 	Quotas           QuotasService
 	SandboxTemplates SandboxTemplatesService
@@ -43,6 +44,9 @@ func (s *Services) Check() error {
 	}
 	if s.Pools == nil {
 		return errors.New("group pools has registered methods and no service")
+	}
+	if s.Projects == nil {
+		return errors.New("group projects has registered methods and no service")
 	}
 	if s.Quotas == nil {
 		return errors.New("group quotas has registered methods and no service")
@@ -823,6 +827,247 @@ var Methods = []*Method{
 		}},
 		Route:        "/profiles/delete",
 		Status:       StatusPlanned,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:projects:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeProjectsCreateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Creates a project; its creator becomes its owner and first member. A name another live project of the tenant has is CONFLICT. The id derives from tenant, caller and key.",
+		Errors:      []Code{CodeInvalidInput, CodeConflict, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"project.created"},
+		FullName:    "projects.create",
+		Group:       "projects",
+		Idempotency: &Idempotency{
+			Compare:   []string{"name", "description"},
+			DerivesID: "projectId",
+			IDPrefix:  "prj",
+			Key:       "idempotencyKey",
+		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Projects.Create(ctx, in.(*ProjectsCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v1.1",
+		Resource: &Resource{
+			Attributes: []string{"name"},
+			Creates:    "project",
+			Draft:      true,
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+		},
+		Route:        "/projects/create",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:projects:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeProjectsGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One project; members read it without a tenant role.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "projects.get",
+		Group:       "projects",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Projects.Get(ctx, in.(*ProjectsGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "projectId",
+			Type:    "project",
+		}},
+		Route:        "/projects/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:projects:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeProjectsListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's projects by name, each decided on its own.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "projects.list",
+		Group:       "projects",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Projects.List(ctx, in.(*ProjectsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{
+			Items: "project",
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+		},
+		Route:        "/projects/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:projects:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeProjectsUpdateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Renames or redescribes a project; a stale version is CONFLICT; no change named is INVALID_INPUT; a no-op returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"project.updated"},
+		FullName:    "projects.update",
+		Group:       "projects",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Projects.Update(ctx, in.(*ProjectsUpdateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "update",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "projectId",
+			Type:    "project",
+		}},
+		Route:        "/projects/update",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:projects:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeProjectsDeleteInput(obj, "", iss)
+			return &in
+		},
+		Description: "Deletes a project and its memberships; its usage windows keep their project tag.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"project.deleted"},
+		FullName:    "projects.delete",
+		Group:       "projects",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Projects.Delete(ctx, in.(*ProjectsDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "projectId",
+			Type:    "project",
+		}},
+		Route:        "/projects/delete",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:projects:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeProjectsAddMemberInput(obj, "", iss)
+			return &in
+		},
+		Description: "Makes an identity a member of the project; adding a member again changes nothing.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "projects.addMember",
+		Group:       "projects",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Projects.AddMember(ctx, in.(*ProjectsAddMemberInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "addMember",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "projectId",
+			Type:    "project",
+		}},
+		Route:        "/projects/addMember",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:projects:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeProjectsRemoveMemberInput(obj, "", iss)
+			return &in
+		},
+		Description: "Ends an identity's membership; the owner stays a member (INVALID_STATE); removing a non-member changes nothing.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "projects.removeMember",
+		Group:       "projects",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Projects.RemoveMember(ctx, in.(*ProjectsRemoveMemberInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "removeMember",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "projectId",
+			Type:    "project",
+		}},
+		Route:        "/projects/removeMember",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:projects:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeProjectsMembersInput(obj, "", iss)
+			return &in
+		},
+		Description: "The project's members.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "projects.members",
+		Group:       "projects",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Projects.Members(ctx, in.(*ProjectsMembersInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "members",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "projectId",
+			Type:    "project",
+		}},
+		Route:        "/projects/members",
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{

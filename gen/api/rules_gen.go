@@ -47,6 +47,8 @@ var (
 	ShapeMeterName = regexp.MustCompile("^[a-z][a-z0-9_.-]{0,127}$")
 	// NodeId: Node identifier.
 	ShapeNodeId = regexp.MustCompile("^node_[0-9a-hjkmnp-tv-z]{26,52}$")
+	// IdentityId: Identity identifier.
+	ShapeIdentityId = regexp.MustCompile("^[A-Za-z0-9._:@-]{1,128}$")
 )
 
 // Rules of the input fields, built once.
@@ -490,6 +492,88 @@ var (
 		HasMin: true,
 		Max:    int64(1000000),
 		Min:    int64(1),
+	}
+	ruleProjectsCreateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleProjectsCreateInputName = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
+	}
+	ruleProjectsCreateInputDescription    = &wire.StringRule{MaxLength: 256}
+	ruleProjectsCreateInputIdempotencyKey = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeIdemKeyB,
+	}
+	ruleProjectsGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleProjectsGetInputProjectID = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   ShapeProjectId,
+	}
+	ruleProjectsListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleProjectsUpdateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleProjectsUpdateInputProjectID = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   ShapeProjectId,
+	}
+	ruleProjectsUpdateInputName = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
+	}
+	ruleProjectsUpdateInputDescription = &wire.StringRule{MaxLength: 256}
+	ruleProjectsUpdateInputVersion     = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(1),
+	}
+	ruleProjectsDeleteInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleProjectsDeleteInputProjectID = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   ShapeProjectId,
+	}
+	ruleProjectsAddMemberInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleProjectsAddMemberInputProjectID = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   ShapeProjectId,
+	}
+	ruleProjectsAddMemberInputIdentityID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeIdentityId,
+	}
+	ruleProjectsRemoveMemberInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleProjectsRemoveMemberInputProjectID = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   ShapeProjectId,
+	}
+	ruleProjectsRemoveMemberInputIdentityID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeIdentityId,
+	}
+	ruleProjectsMembersInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleProjectsMembersInputProjectID = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   ShapeProjectId,
 	}
 	ruleProviderAccountsCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,

@@ -373,6 +373,26 @@ type ProfileValidation struct {
 	Valid  bool           `json:"valid"`
 	Issues []ProfileIssue `json:"issues"`
 }
+type Project struct {
+	ProjectID   string `json:"projectId"` // Project identifier.
+	TenantID    string `json:"tenantId"`  // Tenant identifier.
+	Name        string `json:"name"`      // Lowercase DNS-like name.
+	Description string `json:"description"`
+	Owner       string `json:"owner"` // The identity that created it.
+	Version     int64  `json:"version"`
+	CreatedAt   string `json:"createdAt"`
+	UpdatedAt   string `json:"updatedAt"`
+}
+type ProjectDeleted struct {
+	Deleted bool `json:"deleted"`
+}
+type ProjectList struct {
+	Items []Project `json:"items"` // By name; projects the caller may not read are left out.
+}
+type ProjectMembers struct {
+	ProjectID string   `json:"projectId"` // Project identifier.
+	Members   []string `json:"members"`   // Identities with the member relation, by id; the owner is one.
+}
 
 // ProviderAccount: Connects a tenant to a provider registered on the service; provider and name never change.
 type ProviderAccount struct {

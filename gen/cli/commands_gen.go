@@ -366,6 +366,130 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "projects",
+		Description: "Tenant-internal grouping of work. The creator becomes the project's owner; membership is an identity-service relationship (member) on compute-project/{id}, so members read the project and manage what is in it, and read its usage, without tenant-wide rights.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Creates a project; its creator becomes its owner and first member. A name another live project of the tenant has is CONFLICT. The id derives from tenant, caller and key.",
+				Kind:        "mutation",
+				Action:      "compute:projects:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "description", Field: "description", Type: cliruntime.String},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProjectsCreate(ctx, new(client.ProjectsCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One project; members read it without a tenant role.",
+				Kind:        "read",
+				Action:      "compute:projects:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Required: true, Help: "Project identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProjectsGet(ctx, new(client.ProjectsGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The tenant's projects by name, each decided on its own.",
+				Kind:        "read",
+				Action:      "compute:projects:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProjectsList(ctx, new(client.ProjectsListInput))
+					return err
+				},
+			},
+			{
+				Name:        "update",
+				Description: "Renames or redescribes a project; a stale version is CONFLICT; no change named is INVALID_INPUT; a no-op returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:projects:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Required: true, Help: "Project identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Help: "Lowercase DNS-like name."},
+					{Name: "description", Field: "description", Type: cliruntime.String},
+					{Name: "version", Field: "version", Type: cliruntime.Int},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProjectsUpdate(ctx, new(client.ProjectsUpdateInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Deletes a project and its memberships; its usage windows keep their project tag.",
+				Kind:        "mutation",
+				Action:      "compute:projects:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Required: true, Help: "Project identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProjectsDelete(ctx, new(client.ProjectsDeleteInput))
+					return err
+				},
+			},
+			{
+				Name:        "addMember",
+				Description: "Makes an identity a member of the project; adding a member again changes nothing.",
+				Kind:        "mutation",
+				Action:      "compute:projects:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Required: true, Help: "Project identifier."},
+					{Name: "identity-id", Field: "identityId", Type: cliruntime.String, Required: true, Help: "Identity identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProjectsAddMember(ctx, new(client.ProjectsAddMemberInput))
+					return err
+				},
+			},
+			{
+				Name:        "removeMember",
+				Description: "Ends an identity's membership; the owner stays a member (INVALID_STATE); removing a non-member changes nothing.",
+				Kind:        "mutation",
+				Action:      "compute:projects:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Required: true, Help: "Project identifier."},
+					{Name: "identity-id", Field: "identityId", Type: cliruntime.String, Required: true, Help: "Identity identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProjectsRemoveMember(ctx, new(client.ProjectsRemoveMemberInput))
+					return err
+				},
+			},
+			{
+				Name:        "members",
+				Description: "The project's members.",
+				Kind:        "read",
+				Action:      "compute:projects:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Required: true, Help: "Project identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProjectsMembers(ctx, new(client.ProjectsMembersInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "quotas",
 		Description: "Caps on how much of one resource a tenant may hold in one pool: a max and a used counter per tenant, pool and resource (vcpu, memoryMiB, diskGiB, gpus, instances, sandboxes, nodes). A missing row grants nothing. pools.create and pools.offer write rows; admissions charge used in their own transaction and releases refund it; the database refuses used above max.",
 		Methods: []cliruntime.Method{

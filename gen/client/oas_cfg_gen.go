@@ -17,6 +17,7 @@ var regexMap = map[string]ogenregex.Regexp{
 	"^[A-Za-z0-9._-]{0,63}$":                                ogenregex.MustCompile("^[A-Za-z0-9._-]{0,63}$"),
 	"^[A-Za-z0-9._:-]{1,128}$":                              ogenregex.MustCompile("^[A-Za-z0-9._:-]{1,128}$"),
 	"^[A-Za-z0-9._:-]{1,256}$":                              ogenregex.MustCompile("^[A-Za-z0-9._:-]{1,256}$"),
+	"^[A-Za-z0-9._:@-]{1,128}$":                             ogenregex.MustCompile("^[A-Za-z0-9._:@-]{1,128}$"),
 	"^[A-Za-z0-9._~:/+=-]{1,128}$":                          ogenregex.MustCompile("^[A-Za-z0-9._~:/+=-]{1,128}$"),
 	"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$":                    ogenregex.MustCompile("^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"),
 	"^[A-Za-z0-9][A-Za-z0-9._@:/-]{0,199}$":                 ogenregex.MustCompile("^[A-Za-z0-9][A-Za-z0-9._@:/-]{0,199}$"),

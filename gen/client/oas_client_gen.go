@@ -27,6 +27,7 @@ type Invoker interface {
 	NodesInvoker
 	PoolsInvoker
 	ProfilesInvoker
+	ProjectsInvoker
 	ProviderAccountsInvoker
 	QuotasInvoker
 	SandboxTemplatesInvoker
@@ -367,6 +368,92 @@ type ProfilesInvoker interface {
 	//
 	// POST /profiles/validate
 	ProfilesValidate(ctx context.Context, request *ProfilesValidateInput) (*ProfilesValidateResponse, error)
+}
+
+// ProjectsInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Projects
+type ProjectsInvoker interface {
+	// ProjectsAddMember invokes projectsAddMember operation.
+	//
+	// Makes an identity a member of the project; adding a member again changes nothing.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:projects:manage on project/projectId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /projects/addMember
+	ProjectsAddMember(ctx context.Context, request *ProjectsAddMemberInput) (*ProjectsAddMemberResponse, error)
+	// ProjectsCreate invokes projectsCreate operation.
+	//
+	// Creates a project; its creator becomes its owner and first member. A name another live project of
+	// the tenant has is CONFLICT. The id derives from tenant, caller and key.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:projects:manage on tenant/tenantId. Idempotent
+	// under idempotencyKey (a repeat with different name, description is CONFLICT). Publishes
+	// project.created. Errors: INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /projects/create
+	ProjectsCreate(ctx context.Context, request *ProjectsCreateInput) (*ProjectsCreateResponse, error)
+	// ProjectsDelete invokes projectsDelete operation.
+	//
+	// Deletes a project and its memberships; its usage windows keep their project tag.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:projects:manage on project/projectId. Publishes
+	// project.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /projects/delete
+	ProjectsDelete(ctx context.Context, request *ProjectsDeleteInput) (*ProjectsDeleteResponse, error)
+	// ProjectsGet invokes projectsGet operation.
+	//
+	// One project; members read it without a tenant role.
+	//
+	// Served since v1.1. Kind: read. Action compute:projects:read on project/projectId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /projects/get
+	ProjectsGet(ctx context.Context, request *ProjectsGetInput) (*ProjectsGetResponse, error)
+	// ProjectsList invokes projectsList operation.
+	//
+	// The tenant's projects by name, each decided on its own.
+	//
+	// Served since v1.1. Kind: read. Action compute:projects:read on tenant/tenantId items=project.
+	// Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /projects/list
+	ProjectsList(ctx context.Context, request *ProjectsListInput) (*ProjectsListResponse, error)
+	// ProjectsMembers invokes projectsMembers operation.
+	//
+	// The project's members.
+	//
+	// Served since v1.1. Kind: read. Action compute:projects:read on project/projectId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /projects/members
+	ProjectsMembers(ctx context.Context, request *ProjectsMembersInput) (*ProjectsMembersResponse, error)
+	// ProjectsRemoveMember invokes projectsRemoveMember operation.
+	//
+	// Ends an identity's membership; the owner stays a member (INVALID_STATE); removing a non-member
+	// changes nothing.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:projects:manage on project/projectId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /projects/removeMember
+	ProjectsRemoveMember(ctx context.Context, request *ProjectsRemoveMemberInput) (*ProjectsRemoveMemberResponse, error)
+	// ProjectsUpdate invokes projectsUpdate operation.
+	//
+	// Renames or redescribes a project; a stale version is CONFLICT; no change named is INVALID_INPUT; a
+	// no-op returns it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:projects:manage on project/projectId. Publishes
+	// project.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /projects/update
+	ProjectsUpdate(ctx context.Context, request *ProjectsUpdateInput) (*ProjectsUpdateResponse, error)
 }
 
 // ProviderAccountsInvoker invokes operations described by OpenAPI v3 specification.
@@ -3556,6 +3643,758 @@ func (c *Client) sendProfilesValidate(ctx context.Context, request *ProfilesVali
 	}()
 
 	result, err := decodeProfilesValidateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ProjectsAddMember invokes projectsAddMember operation.
+//
+// Makes an identity a member of the project; adding a member again changes nothing.
+//
+// Served since v1.1. Kind: mutation. Action compute:projects:manage on project/projectId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /projects/addMember
+func (c *Client) ProjectsAddMember(ctx context.Context, request *ProjectsAddMemberInput) (*ProjectsAddMemberResponse, error) {
+	res, err := c.sendProjectsAddMember(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendProjectsAddMember(ctx context.Context, request *ProjectsAddMemberInput) (res *ProjectsAddMemberResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/projects/addMember"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeProjectsAddMemberRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ProjectsAddMemberOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ProjectsAddMemberOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeProjectsAddMemberResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ProjectsCreate invokes projectsCreate operation.
+//
+// Creates a project; its creator becomes its owner and first member. A name another live project of
+// the tenant has is CONFLICT. The id derives from tenant, caller and key.
+//
+// Served since v1.1. Kind: mutation. Action compute:projects:manage on tenant/tenantId. Idempotent
+// under idempotencyKey (a repeat with different name, description is CONFLICT). Publishes
+// project.created. Errors: INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /projects/create
+func (c *Client) ProjectsCreate(ctx context.Context, request *ProjectsCreateInput) (*ProjectsCreateResponse, error) {
+	res, err := c.sendProjectsCreate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendProjectsCreate(ctx context.Context, request *ProjectsCreateInput) (res *ProjectsCreateResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/projects/create"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeProjectsCreateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ProjectsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ProjectsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeProjectsCreateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ProjectsDelete invokes projectsDelete operation.
+//
+// Deletes a project and its memberships; its usage windows keep their project tag.
+//
+// Served since v1.1. Kind: mutation. Action compute:projects:manage on project/projectId. Publishes
+// project.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /projects/delete
+func (c *Client) ProjectsDelete(ctx context.Context, request *ProjectsDeleteInput) (*ProjectsDeleteResponse, error) {
+	res, err := c.sendProjectsDelete(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendProjectsDelete(ctx context.Context, request *ProjectsDeleteInput) (res *ProjectsDeleteResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/projects/delete"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeProjectsDeleteRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ProjectsDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ProjectsDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeProjectsDeleteResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ProjectsGet invokes projectsGet operation.
+//
+// One project; members read it without a tenant role.
+//
+// Served since v1.1. Kind: read. Action compute:projects:read on project/projectId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /projects/get
+func (c *Client) ProjectsGet(ctx context.Context, request *ProjectsGetInput) (*ProjectsGetResponse, error) {
+	res, err := c.sendProjectsGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendProjectsGet(ctx context.Context, request *ProjectsGetInput) (res *ProjectsGetResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/projects/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeProjectsGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ProjectsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ProjectsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeProjectsGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ProjectsList invokes projectsList operation.
+//
+// The tenant's projects by name, each decided on its own.
+//
+// Served since v1.1. Kind: read. Action compute:projects:read on tenant/tenantId items=project.
+// Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /projects/list
+func (c *Client) ProjectsList(ctx context.Context, request *ProjectsListInput) (*ProjectsListResponse, error) {
+	res, err := c.sendProjectsList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendProjectsList(ctx context.Context, request *ProjectsListInput) (res *ProjectsListResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/projects/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeProjectsListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ProjectsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ProjectsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeProjectsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ProjectsMembers invokes projectsMembers operation.
+//
+// The project's members.
+//
+// Served since v1.1. Kind: read. Action compute:projects:read on project/projectId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /projects/members
+func (c *Client) ProjectsMembers(ctx context.Context, request *ProjectsMembersInput) (*ProjectsMembersResponse, error) {
+	res, err := c.sendProjectsMembers(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendProjectsMembers(ctx context.Context, request *ProjectsMembersInput) (res *ProjectsMembersResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/projects/members"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeProjectsMembersRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ProjectsMembersOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ProjectsMembersOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeProjectsMembersResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ProjectsRemoveMember invokes projectsRemoveMember operation.
+//
+// Ends an identity's membership; the owner stays a member (INVALID_STATE); removing a non-member
+// changes nothing.
+//
+// Served since v1.1. Kind: mutation. Action compute:projects:manage on project/projectId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /projects/removeMember
+func (c *Client) ProjectsRemoveMember(ctx context.Context, request *ProjectsRemoveMemberInput) (*ProjectsRemoveMemberResponse, error) {
+	res, err := c.sendProjectsRemoveMember(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendProjectsRemoveMember(ctx context.Context, request *ProjectsRemoveMemberInput) (res *ProjectsRemoveMemberResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/projects/removeMember"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeProjectsRemoveMemberRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ProjectsRemoveMemberOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ProjectsRemoveMemberOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeProjectsRemoveMemberResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ProjectsUpdate invokes projectsUpdate operation.
+//
+// Renames or redescribes a project; a stale version is CONFLICT; no change named is INVALID_INPUT; a
+// no-op returns it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:projects:manage on project/projectId. Publishes
+// project.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /projects/update
+func (c *Client) ProjectsUpdate(ctx context.Context, request *ProjectsUpdateInput) (*ProjectsUpdateResponse, error) {
+	res, err := c.sendProjectsUpdate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendProjectsUpdate(ctx context.Context, request *ProjectsUpdateInput) (res *ProjectsUpdateResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/projects/update"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeProjectsUpdateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ProjectsUpdateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ProjectsUpdateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeProjectsUpdateResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -59,6 +59,14 @@ func (s *ProfilesListInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *ProjectsCreateInput) setDefaults() {
+	{
+		val := string("")
+		s.Description.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *SandboxTemplatesCreateInput) setDefaults() {
 	{
 		val := int64(3600)

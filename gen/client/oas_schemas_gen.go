@@ -6082,6 +6082,592 @@ func (s *ProfilesValidateResponse) SetData(val ProfileValidation) {
 	s.Data = val
 }
 
+// Ref: #/components/schemas/Project
+type Project struct {
+	CreatedAt   time.Time `json:"createdAt"`
+	Description string    `json:"description"`
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// The identity that created it.
+	Owner string `json:"owner"`
+	// Project identifier.
+	ProjectId string `json:"projectId"`
+	// Tenant identifier.
+	TenantId  string    `json:"tenantId"`
+	UpdatedAt time.Time `json:"updatedAt"`
+	Version   int64     `json:"version"`
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Project) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetDescription returns the value of Description.
+func (s *Project) GetDescription() string {
+	return s.Description
+}
+
+// GetName returns the value of Name.
+func (s *Project) GetName() string {
+	return s.Name
+}
+
+// GetOwner returns the value of Owner.
+func (s *Project) GetOwner() string {
+	return s.Owner
+}
+
+// GetProjectId returns the value of ProjectId.
+func (s *Project) GetProjectId() string {
+	return s.ProjectId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Project) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *Project) GetUpdatedAt() time.Time {
+	return s.UpdatedAt
+}
+
+// GetVersion returns the value of Version.
+func (s *Project) GetVersion() int64 {
+	return s.Version
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Project) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetDescription sets the value of Description.
+func (s *Project) SetDescription(val string) {
+	s.Description = val
+}
+
+// SetName sets the value of Name.
+func (s *Project) SetName(val string) {
+	s.Name = val
+}
+
+// SetOwner sets the value of Owner.
+func (s *Project) SetOwner(val string) {
+	s.Owner = val
+}
+
+// SetProjectId sets the value of ProjectId.
+func (s *Project) SetProjectId(val string) {
+	s.ProjectId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Project) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *Project) SetUpdatedAt(val time.Time) {
+	s.UpdatedAt = val
+}
+
+// SetVersion sets the value of Version.
+func (s *Project) SetVersion(val int64) {
+	s.Version = val
+}
+
+// Ref: #/components/schemas/ProjectDeleted
+type ProjectDeleted struct {
+	Deleted bool `json:"deleted"`
+}
+
+// GetDeleted returns the value of Deleted.
+func (s *ProjectDeleted) GetDeleted() bool {
+	return s.Deleted
+}
+
+// SetDeleted sets the value of Deleted.
+func (s *ProjectDeleted) SetDeleted(val bool) {
+	s.Deleted = val
+}
+
+// Ref: #/components/schemas/ProjectList
+type ProjectList struct {
+	// By name; projects the caller may not read are left out.
+	Items []Project `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *ProjectList) GetItems() []Project {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *ProjectList) SetItems(val []Project) {
+	s.Items = val
+}
+
+// Ref: #/components/schemas/ProjectMembers
+type ProjectMembers struct {
+	// Identities with the member relation, by id; the owner is one.
+	Members []string `json:"members"`
+	// Project identifier.
+	ProjectId string `json:"projectId"`
+}
+
+// GetMembers returns the value of Members.
+func (s *ProjectMembers) GetMembers() []string {
+	return s.Members
+}
+
+// GetProjectId returns the value of ProjectId.
+func (s *ProjectMembers) GetProjectId() string {
+	return s.ProjectId
+}
+
+// SetMembers sets the value of Members.
+func (s *ProjectMembers) SetMembers(val []string) {
+	s.Members = val
+}
+
+// SetProjectId sets the value of ProjectId.
+func (s *ProjectMembers) SetProjectId(val string) {
+	s.ProjectId = val
+}
+
+// Input of projects.addMember. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/ProjectsAddMemberInput
+type ProjectsAddMemberInput struct {
+	// Identity identifier.
+	IdentityId string `json:"identityId"`
+	// Project identifier.
+	ProjectId string `json:"projectId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetIdentityId returns the value of IdentityId.
+func (s *ProjectsAddMemberInput) GetIdentityId() string {
+	return s.IdentityId
+}
+
+// GetProjectId returns the value of ProjectId.
+func (s *ProjectsAddMemberInput) GetProjectId() string {
+	return s.ProjectId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ProjectsAddMemberInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetIdentityId sets the value of IdentityId.
+func (s *ProjectsAddMemberInput) SetIdentityId(val string) {
+	s.IdentityId = val
+}
+
+// SetProjectId sets the value of ProjectId.
+func (s *ProjectsAddMemberInput) SetProjectId(val string) {
+	s.ProjectId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ProjectsAddMemberInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of projects.addMember.
+// Ref: #/components/schemas/ProjectsAddMemberResponse
+type ProjectsAddMemberResponse struct {
+	Data ProjectMembers `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ProjectsAddMemberResponse) GetData() ProjectMembers {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ProjectsAddMemberResponse) SetData(val ProjectMembers) {
+	s.Data = val
+}
+
+// Input of projects.create. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ProjectsCreateInput
+type ProjectsCreateInput struct {
+	Description OptString `json:"description"`
+	// Idempotency key (wide alphabet).
+	IdempotencyKey string `json:"idempotencyKey"`
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetDescription returns the value of Description.
+func (s *ProjectsCreateInput) GetDescription() OptString {
+	return s.Description
+}
+
+// GetIdempotencyKey returns the value of IdempotencyKey.
+func (s *ProjectsCreateInput) GetIdempotencyKey() string {
+	return s.IdempotencyKey
+}
+
+// GetName returns the value of Name.
+func (s *ProjectsCreateInput) GetName() string {
+	return s.Name
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ProjectsCreateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetDescription sets the value of Description.
+func (s *ProjectsCreateInput) SetDescription(val OptString) {
+	s.Description = val
+}
+
+// SetIdempotencyKey sets the value of IdempotencyKey.
+func (s *ProjectsCreateInput) SetIdempotencyKey(val string) {
+	s.IdempotencyKey = val
+}
+
+// SetName sets the value of Name.
+func (s *ProjectsCreateInput) SetName(val string) {
+	s.Name = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ProjectsCreateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of projects.create.
+// Ref: #/components/schemas/ProjectsCreateResponse
+type ProjectsCreateResponse struct {
+	Data Project `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ProjectsCreateResponse) GetData() Project {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ProjectsCreateResponse) SetData(val Project) {
+	s.Data = val
+}
+
+// Input of projects.delete. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ProjectsDeleteInput
+type ProjectsDeleteInput struct {
+	// Project identifier.
+	ProjectId string `json:"projectId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetProjectId returns the value of ProjectId.
+func (s *ProjectsDeleteInput) GetProjectId() string {
+	return s.ProjectId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ProjectsDeleteInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetProjectId sets the value of ProjectId.
+func (s *ProjectsDeleteInput) SetProjectId(val string) {
+	s.ProjectId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ProjectsDeleteInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of projects.delete.
+// Ref: #/components/schemas/ProjectsDeleteResponse
+type ProjectsDeleteResponse struct {
+	Data ProjectDeleted `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ProjectsDeleteResponse) GetData() ProjectDeleted {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ProjectsDeleteResponse) SetData(val ProjectDeleted) {
+	s.Data = val
+}
+
+// Input of projects.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ProjectsGetInput
+type ProjectsGetInput struct {
+	// Project identifier.
+	ProjectId string `json:"projectId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetProjectId returns the value of ProjectId.
+func (s *ProjectsGetInput) GetProjectId() string {
+	return s.ProjectId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ProjectsGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetProjectId sets the value of ProjectId.
+func (s *ProjectsGetInput) SetProjectId(val string) {
+	s.ProjectId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ProjectsGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of projects.get.
+// Ref: #/components/schemas/ProjectsGetResponse
+type ProjectsGetResponse struct {
+	Data Project `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ProjectsGetResponse) GetData() Project {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ProjectsGetResponse) SetData(val Project) {
+	s.Data = val
+}
+
+// Input of projects.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ProjectsListInput
+type ProjectsListInput struct {
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ProjectsListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ProjectsListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of projects.list.
+// Ref: #/components/schemas/ProjectsListResponse
+type ProjectsListResponse struct {
+	Data ProjectList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ProjectsListResponse) GetData() ProjectList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ProjectsListResponse) SetData(val ProjectList) {
+	s.Data = val
+}
+
+// Input of projects.members. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ProjectsMembersInput
+type ProjectsMembersInput struct {
+	// Project identifier.
+	ProjectId string `json:"projectId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetProjectId returns the value of ProjectId.
+func (s *ProjectsMembersInput) GetProjectId() string {
+	return s.ProjectId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ProjectsMembersInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetProjectId sets the value of ProjectId.
+func (s *ProjectsMembersInput) SetProjectId(val string) {
+	s.ProjectId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ProjectsMembersInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of projects.members.
+// Ref: #/components/schemas/ProjectsMembersResponse
+type ProjectsMembersResponse struct {
+	Data ProjectMembers `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ProjectsMembersResponse) GetData() ProjectMembers {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ProjectsMembersResponse) SetData(val ProjectMembers) {
+	s.Data = val
+}
+
+// Input of projects.removeMember. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/ProjectsRemoveMemberInput
+type ProjectsRemoveMemberInput struct {
+	// Identity identifier.
+	IdentityId string `json:"identityId"`
+	// Project identifier.
+	ProjectId string `json:"projectId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetIdentityId returns the value of IdentityId.
+func (s *ProjectsRemoveMemberInput) GetIdentityId() string {
+	return s.IdentityId
+}
+
+// GetProjectId returns the value of ProjectId.
+func (s *ProjectsRemoveMemberInput) GetProjectId() string {
+	return s.ProjectId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ProjectsRemoveMemberInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetIdentityId sets the value of IdentityId.
+func (s *ProjectsRemoveMemberInput) SetIdentityId(val string) {
+	s.IdentityId = val
+}
+
+// SetProjectId sets the value of ProjectId.
+func (s *ProjectsRemoveMemberInput) SetProjectId(val string) {
+	s.ProjectId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ProjectsRemoveMemberInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of projects.removeMember.
+// Ref: #/components/schemas/ProjectsRemoveMemberResponse
+type ProjectsRemoveMemberResponse struct {
+	Data ProjectMembers `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ProjectsRemoveMemberResponse) GetData() ProjectMembers {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ProjectsRemoveMemberResponse) SetData(val ProjectMembers) {
+	s.Data = val
+}
+
+// Input of projects.update. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ProjectsUpdateInput
+type ProjectsUpdateInput struct {
+	Description OptString `json:"description"`
+	// Lowercase DNS-like name.
+	Name OptString `json:"name"`
+	// Project identifier.
+	ProjectId string `json:"projectId"`
+	// Tenant identifier.
+	TenantId string   `json:"tenantId"`
+	Version  OptInt64 `json:"version"`
+}
+
+// GetDescription returns the value of Description.
+func (s *ProjectsUpdateInput) GetDescription() OptString {
+	return s.Description
+}
+
+// GetName returns the value of Name.
+func (s *ProjectsUpdateInput) GetName() OptString {
+	return s.Name
+}
+
+// GetProjectId returns the value of ProjectId.
+func (s *ProjectsUpdateInput) GetProjectId() string {
+	return s.ProjectId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ProjectsUpdateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetVersion returns the value of Version.
+func (s *ProjectsUpdateInput) GetVersion() OptInt64 {
+	return s.Version
+}
+
+// SetDescription sets the value of Description.
+func (s *ProjectsUpdateInput) SetDescription(val OptString) {
+	s.Description = val
+}
+
+// SetName sets the value of Name.
+func (s *ProjectsUpdateInput) SetName(val OptString) {
+	s.Name = val
+}
+
+// SetProjectId sets the value of ProjectId.
+func (s *ProjectsUpdateInput) SetProjectId(val string) {
+	s.ProjectId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ProjectsUpdateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetVersion sets the value of Version.
+func (s *ProjectsUpdateInput) SetVersion(val OptInt64) {
+	s.Version = val
+}
+
+// Success envelope of projects.update.
+// Ref: #/components/schemas/ProjectsUpdateResponse
+type ProjectsUpdateResponse struct {
+	Data Project `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ProjectsUpdateResponse) GetData() Project {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ProjectsUpdateResponse) SetData(val Project) {
+	s.Data = val
+}
+
 // Connects a tenant to a provider registered on the service; provider and name never change.
 // Ref: #/components/schemas/ProviderAccount
 type ProviderAccount struct {

@@ -836,6 +836,39 @@ func (q *Queries) IAMRelate(ctx context.Context, arg IAMRelateParams) error {
 	return err
 }
 
+const iAMRelated = `-- name: IAMRelated :many
+SELECT identity_id FROM iam.relationships
+WHERE resource_type = $1 AND resource_id = $2 AND relation = $3
+ORDER BY identity_id
+`
+
+type IAMRelatedParams struct {
+	ResourceType string
+	ResourceID   string
+	Relation     string
+}
+
+// The identities related to a resource by a relation, by id.
+func (q *Queries) IAMRelated(ctx context.Context, arg IAMRelatedParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, iAMRelated, arg.ResourceType, arg.ResourceID, arg.Relation)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var identity_id string
+		if err := rows.Scan(&identity_id); err != nil {
+			return nil, err
+		}
+		items = append(items, identity_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const iAMRevokeKey = `-- name: IAMRevokeKey :one
 UPDATE iam.api_keys SET revoked_at = $1
 WHERE id = $2 AND revoked_at IS NULL

@@ -248,6 +248,18 @@ type Pool struct {
 	UpdatedAt   time.Time
 }
 
+type Project struct {
+	ProjectID   string
+	TenantID    string
+	Name        string
+	Description string
+	Owner       string
+	Version     int64
+	IdemRequest []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
 type Quota struct {
 	TenantID  string
 	PoolID    string

@@ -32,6 +32,7 @@ import (
 	"computeplane/internal/notify"
 	"computeplane/internal/placement"
 	"computeplane/internal/pools"
+	"computeplane/internal/projects"
 	"computeplane/internal/quotas"
 	"computeplane/internal/rpc"
 	"computeplane/internal/secrets"
@@ -136,6 +137,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Flavors:  flavors.Service{},
 		Quotas:   quotas.Service{},
 		Nodes:    nodes.Service{},
+		Projects: projects.Service{},
 		Images:   images.Service{Source: images.FromConfig(cfg.Images)},
 		Secrets:  secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
 		Events:   events.New(cursors),

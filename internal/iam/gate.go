@@ -107,7 +107,7 @@ func (g *Gate) decide(ctx context.Context, m *api.Method, caller *Caller, res Re
 // knows whether it exists.
 func (g *Gate) visible(ctx context.Context, m *api.Method, res Resource) error {
 	switch m.Resource.Type {
-	case "tenant", "fleet", "project":
+	case "tenant", "fleet":
 		return nil
 	}
 	if res.ID == "" {

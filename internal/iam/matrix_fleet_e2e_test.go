@@ -21,7 +21,22 @@ var preparers = []func(t *testing.T, fx *fixture, tenant string, objs map[string
 	func(t *testing.T, fx *fixture, tenant string, objs map[string]string) {
 		objs["pool/"+tenant], objs["flavor/"+tenant] = fx.pooledFlavor(t, tenant)
 		objs["node/"+tenant] = fx.node(t, tenant)
+		objs["project/"+tenant] = fx.project(t, tenant)
 	},
+}
+
+// project returns a new project of tenant made by an owner of the tenant
+// (the prepared one, once there is one).
+func (fx *fixture) project(t *testing.T, tenant string) string {
+	t.Helper()
+	if id, ok := fx.prepared["project/"+tenant]; ok {
+		return id
+	}
+	res, err := fx.env.Client(t, computeclient.WithToken(fx.owners[tenant])).ProjectsCreate(t.Context(), &client.ProjectsCreateInput{
+		TenantId: tenant, Name: fx.unique(), IdempotencyKey: fx.unique(),
+	})
+	require.NoError(t, err, "fixture: a project in %s", tenant)
+	return res.Data.ProjectId
 }
 
 // node returns a new node registered in a pool of tenant (the prepared
@@ -291,6 +306,82 @@ func init() {
 			return admittedAs(c.ImagesGet(t.Context(), &client.ImagesGetInput{TenantId: tenant, ImageId: "debian-12"}))
 		},
 		tenantRoles: readers, rootRoles: operators, ok: invalidConfig,
+	}}
+	matrix[api.MethodProjectsCreate] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.ProjectsCreate(t.Context(), &client.ProjectsCreateInput{TenantId: tenant, Name: fx.unique(), IdempotencyKey: fx.unique()})
+		},
+		tenantRoles: []string{owner, admin, member}, // members create (docs/identity.md, row 6)
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			assert.Equal(t, tenant, res.(*client.ProjectsCreateResponse).Data.TenantId)
+		},
+	}}
+	matrix[api.MethodProjectsGet] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.ProjectsGet(t.Context(), &client.ProjectsGetInput{TenantId: tenant, ProjectId: fx.project(t, tenant)})
+		},
+		tenantRoles: readers, rootRoles: operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			assert.Equal(t, tenant, res.(*client.ProjectsGetResponse).Data.TenantId)
+		},
+	}}
+	matrix[api.MethodProjectsList] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.ProjectsList(t.Context(), &client.ProjectsListInput{TenantId: tenant})
+		},
+		tenantRoles: readers, rootRoles: operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			for _, p := range res.(*client.ProjectsListResponse).Data.Items {
+				assert.Equal(t, tenant, p.TenantId)
+			}
+		},
+	}}
+	matrix[api.MethodProjectsUpdate] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.ProjectsUpdate(t.Context(), &client.ProjectsUpdateInput{TenantId: tenant, ProjectId: fx.project(t, tenant),
+				Description: client.NewOptString(fx.unique())})
+		},
+		tenantRoles: operators, rootRoles: operators, // the project's creator is its tenant's owner key
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Equal(t, int64(2), res.(*client.ProjectsUpdateResponse).Data.Version)
+		},
+	}}
+	matrix[api.MethodProjectsDelete] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.ProjectsDelete(t.Context(), &client.ProjectsDeleteInput{TenantId: tenant, ProjectId: fx.project(t, tenant)})
+		},
+		tenantRoles: operators, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.True(t, res.(*client.ProjectsDeleteResponse).Data.Deleted)
+		},
+	}}
+	matrix[api.MethodProjectsAddMember] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.ProjectsAddMember(t.Context(), &client.ProjectsAddMemberInput{TenantId: tenant, ProjectId: fx.project(t, tenant), IdentityId: "someone"})
+		},
+		tenantRoles: operators, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Contains(t, res.(*client.ProjectsAddMemberResponse).Data.Members, "someone")
+		},
+	}}
+	matrix[api.MethodProjectsRemoveMember] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.ProjectsRemoveMember(t.Context(), &client.ProjectsRemoveMemberInput{TenantId: tenant, ProjectId: fx.project(t, tenant), IdentityId: "someone"})
+		},
+		tenantRoles: operators, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.NotContains(t, res.(*client.ProjectsRemoveMemberResponse).Data.Members, "someone")
+		},
+	}}
+	matrix[api.MethodProjectsMembers] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.ProjectsMembers(t.Context(), &client.ProjectsMembersInput{TenantId: tenant, ProjectId: fx.project(t, tenant)})
+		},
+		tenantRoles: readers, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.NotEmpty(t, res.(*client.ProjectsMembersResponse).Data.Members)
+		},
 	}}
 }
 

@@ -125,6 +125,8 @@ type Projection interface {
 	// (relation member of an identity on compute-project/{id}).
 	Relate(ctx context.Context, tx pgx.Tx, r Ref, relation, identityID string) error
 	Unrelate(ctx context.Context, tx pgx.Tx, r Ref, relation, identityID string) error
+	// Related lists the identities related to r by relation, by id.
+	Related(ctx context.Context, tx pgx.Tx, r Ref, relation string) ([]string, error)
 }
 
 // Usage outcomes of the billing bridge.

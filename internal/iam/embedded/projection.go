@@ -97,6 +97,16 @@ func (p projection) Relate(ctx context.Context, tx pgx.Tx, r iam.Ref, relation, 
 	}))
 }
 
+// Related lists the identities related to r by relation.
+func (p projection) Related(ctx context.Context, tx pgx.Tx, r iam.Ref, relation string) ([]string, error) {
+	q, err := txOf(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := q.IAMRelated(ctx, db.IAMRelatedParams{ResourceType: r.Type, ResourceID: r.ID, Relation: relation})
+	return ids, wrapStore(err)
+}
+
 // Unrelate removes a relationship; removing one that does not exist is not
 // an error.
 func (p projection) Unrelate(ctx context.Context, tx pgx.Tx, r iam.Ref, relation, identityID string) error {
