@@ -39,7 +39,9 @@ func output(r db.Project) *api.Project {
 
 func notFound(id string) error { return api.Errorf(api.CodeNotFound, "project %s not found", id) }
 
-func ref(sess *iam.Session, id string) iam.Ref { return iam.Ref{Type: sess.TypePrefix() + "project", ID: id} }
+func ref(sess *iam.Session, id string) iam.Ref {
+	return iam.Ref{Type: sess.TypePrefix() + "project", ID: id}
+}
 
 var createMethod = api.Lookup("/projects/create")
 
