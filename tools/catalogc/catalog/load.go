@@ -18,6 +18,7 @@ const (
 	ShapesFile = "shapes.yaml"
 	ErrorsFile = "errors.yaml"
 	EventsFile = "events.yaml"
+	MetersFile = "meters.yaml"
 )
 
 // MethodsSuffix ends the name of a group file that cannot be <group>.yaml
@@ -56,7 +57,7 @@ func Load(dir string) (*Catalog, error) {
 	var groupNodes []*yaml.Node
 	for _, f := range files {
 		switch filepath.Base(f) {
-		case ShapesFile, ErrorsFile, EventsFile:
+		case ShapesFile, ErrorsFile, EventsFile, MetersFile:
 			continue
 		}
 		root, err := parseFile(f)
@@ -95,10 +96,58 @@ func Load(dir string) (*Catalog, error) {
 			return nil, err
 		}
 	}
+	if _, err := os.Stat(filepath.Join(dir, MetersFile)); err == nil {
+		if err := c.loadMeters(filepath.Join(dir, MetersFile)); err != nil {
+			return nil, err
+		}
+	}
 	if err := c.checkMethods(); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// meterRe is the specification's MeterName.
+var meterRe = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,127}$`)
+
+func (c *Catalog) loadMeters(path string) error {
+	root, err := parseFile(path)
+	if err != nil {
+		return err
+	}
+	keys, vals, err := node{file: path, n: root}.pairs("meters")
+	if err != nil {
+		return err
+	}
+	for i, name := range keys {
+		v := vals[i]
+		if !meterRe.MatchString(name) {
+			return v.nameErrf("meter %q is not a MeterName", name)
+		}
+		m := &Meter{Name: name, Pos: v.at()}
+		ks, vs, err := v.pairs("meter "+name, "unit", "module", "description")
+		if err != nil {
+			return err
+		}
+		for j, k := range ks {
+			switch k {
+			case "unit":
+				m.Unit, err = vs[j].str("unit")
+			case "module":
+				m.Module, err = vs[j].str("module")
+			case "description":
+				m.Description, err = vs[j].str("description")
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if m.Unit == "" || m.Module == "" {
+			return v.nameErrf("meter %s needs a unit and a module", name)
+		}
+		c.Meters = append(c.Meters, m)
+	}
+	return nil
 }
 
 func parseFile(path string) (*yaml.Node, error) {

@@ -30,6 +30,7 @@ func TestNegative(t *testing.T) {
 		"unknown_qualified_ref":          {"things.yaml", 18, `unknown type "other.Thing"`},
 		"unknown_output_type":            {"things.yaml", 18, `output names unknown type "Things"`},
 		"bad_phase":                      {"things.yaml", 9, `phase "0.1" must look like v0.1 or be none`},
+		"bad_meter_name":                 {"meters.yaml", 4, `meter "Bad.Meter" is not a MeterName`},
 		"bad_status":                     {"things.yaml", 10, `status must be registered or planned, not "served"`},
 		"bad_kind":                       {"things.yaml", 11, `kind must be read, mutation or public, not "query"`},
 		"public_with_action":             {"things.yaml", 8, "public method things.get must have action null and no resource"},

@@ -33,6 +33,7 @@ type Catalog struct {
 	Shapes []*Shape
 	Errors []*ErrorCode
 	Events []*Event
+	Meters []*Meter
 	Groups []*Group // sorted by name
 
 	shapes map[string]*Shape
@@ -63,6 +64,16 @@ type Event struct {
 	Module      string
 	Description string
 	Payload     *Schema
+	Pos         Pos
+}
+
+// Meter is one usage meter of meters.yaml: what an allocation measures per
+// hour, in which unit, for which module.
+type Meter struct {
+	Name        string
+	Unit        string
+	Module      string
+	Description string
 	Pos         Pos
 }
 

@@ -45,6 +45,7 @@ func Files(c *catalog.Catalog) (map[string][]byte, error) {
 		"types_gen.go":    g.typesFile(),
 		"registry_gen.go": g.registryFile(),
 		"events_gen.go":   g.eventsFile(),
+		"meters_gen.go":   g.metersFile(),
 	}
 	for _, grp := range c.Groups {
 		// A group of <group>.methods.yaml shares its name with another
@@ -776,6 +777,47 @@ func (g *generator) eventsFile() *jen.File {
 		}
 	}
 	return f
+}
+
+// metersFile holds one constant per meter of meters.yaml and the meter
+// catalog.
+func (g *generator) metersFile() *jen.File {
+	f := newFile()
+	f.Comment("MeterSpec describes one usage meter of catalog/meters.yaml.")
+	f.Type().Id("MeterSpec").Struct(
+		jen.Id("Name").String().Tag(map[string]string{"json": "name"}),
+		jen.Id("Unit").String().Tag(map[string]string{"json": "unit"}),
+		jen.Id("Module").String().Tag(map[string]string{"json": "module"}),
+		jen.Id("Description").String().Tag(map[string]string{"json": "description"}),
+	)
+	if len(g.cat.Meters) == 0 {
+		f.Var().Id("Meters").Index().Id("MeterSpec")
+		return f
+	}
+	f.Comment("Meters.")
+	f.Const().DefsFunc(func(d *jen.Group) {
+		for _, m := range g.cat.Meters {
+			d.Id(meterConst(m.Name)).Op("=").Lit(m.Name)
+		}
+	})
+	f.Comment("Meters is the meter catalog, in catalog order.")
+	f.Var().Id("Meters").Op("=").Index().Id("MeterSpec").ValuesFunc(func(v *jen.Group) {
+		for _, m := range g.cat.Meters {
+			v.Line().Values(jen.Dict{
+				jen.Id("Name"):        jen.Id(meterConst(m.Name)),
+				jen.Id("Unit"):        jen.Lit(m.Unit),
+				jen.Id("Module"):      jen.Lit(m.Module),
+				jen.Id("Description"): jen.Lit(oneLine(m.Description)),
+			})
+		}
+		v.Line()
+	})
+	return f
+}
+
+// meterConst names the constant of a meter: vps.volume.gib.hours -> MeterVpsVolumeGibHours.
+func meterConst(name string) string {
+	return "Meter" + eventConst(name)[len("Event"):]
 }
 
 // eventConst names the constant of an event type: site.created -> EventSiteCreated.

@@ -92,8 +92,11 @@ func TestFilesLayout(t *testing.T) {
 	}
 	slices.Sort(names)
 	require.Equal(t, []string{
-		"errors_gen.go", "events_gen.go", "extras_gen.go", "registry_gen.go", "registry_types_gen.go", "rules_gen.go", "things_gen.go", "types_gen.go",
+		"errors_gen.go", "events_gen.go", "extras_gen.go", "meters_gen.go", "registry_gen.go", "registry_types_gen.go", "rules_gen.go", "things_gen.go", "types_gen.go",
 	}, names)
+	requireSnippets(t, files["meters_gen.go"],
+		"MeterVpsVolumeGibHours = \"vps.volume.gib.hours\"",
+		"Description: \"Size of a thing, by the hour.\", Module: \"things\", Name: MeterVpsVolumeGibHours, Unit: \"GiB-hour\",")
 
 	// Deterministic: a second run gives the same bytes.
 	again := generate(t, "full")
