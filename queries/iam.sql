@@ -104,6 +104,11 @@ WHERE iam.resources.draft;
 -- name: IAMDropDraft :exec
 DELETE FROM iam.resources WHERE type = $1 AND id = $2 AND draft;
 
+-- name: IAMSweepDrafts :execrows
+-- Drafts older than the bound: a process killed between PutDraft and the
+-- end of its call left them; no live call holds a draft that long.
+DELETE FROM iam.resources WHERE draft AND updated_at < sqlc.arg(before);
+
 -- IAMPutResource writes a real resource (or makes a draft real). An empty
 -- owner keeps the one recorded: writers that update need not know it.
 -- name: IAMPutResource :exec
@@ -162,6 +167,12 @@ SELECT EXISTS (
 
 -- name: IAMInsertEvent :exec
 INSERT INTO iam.inbox (event_id, type, identity_id, session, at) VALUES ($1, $2, $3, $4, $5);
+
+-- name: IAMInsertEventOnce :execrows
+-- An event from the identity service's signed webhook: a second delivery of
+-- the same event id records nothing.
+INSERT INTO iam.inbox (event_id, type, identity_id, session, at) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (event_id) DO NOTHING;
 
 -- name: IAMEventSeq :one
 SELECT seq FROM iam.inbox WHERE event_id = $1;

@@ -13,8 +13,8 @@ WITH head AS (
     ON CONFLICT (reference) DO NOTHING
     RETURNING reference, version
 )
-INSERT INTO secret_versions (reference, version, nonce, sealed, created_by)
-SELECT head.reference, head.version, sqlc.arg(nonce), sqlc.arg(sealed), sqlc.arg(created_by) FROM head
+INSERT INTO secret_versions (reference, version, nonce, sealed, created_by, value_digest)
+SELECT head.reference, head.version, sqlc.arg(nonce), sqlc.arg(sealed), sqlc.arg(created_by), sqlc.arg(value_digest) FROM head
 RETURNING version;
 
 -- name: WriteSecretVersion :one
@@ -28,8 +28,8 @@ WITH head AS (
     WHERE secrets.reference = sqlc.arg(reference)
     RETURNING reference, version
 )
-INSERT INTO secret_versions (reference, version, nonce, sealed, created_by)
-SELECT head.reference, head.version, sqlc.arg(nonce), sqlc.arg(sealed), sqlc.arg(created_by) FROM head
+INSERT INTO secret_versions (reference, version, nonce, sealed, created_by, value_digest)
+SELECT head.reference, head.version, sqlc.arg(nonce), sqlc.arg(sealed), sqlc.arg(created_by), sqlc.arg(value_digest) FROM head
 RETURNING version;
 
 -- name: DeleteSecret :one
@@ -50,3 +50,17 @@ SELECT s.reference, s.tenant_id, s.scope, s.store, s.version, s.deleted,
 FROM secrets s
 LEFT JOIN secret_versions v ON v.reference = s.reference AND v.version = s.version
 WHERE s.reference = sqlc.arg(reference);
+
+-- name: GetSecretVersionCheck :one
+-- What a retry is compared with: the keyed digest of the version's value,
+-- or, for a version written before digests were kept, its sealed value.
+SELECT value_digest, nonce, sealed FROM secret_versions
+WHERE reference = sqlc.arg(reference) AND version = sqlc.arg(version);
+
+-- name: ListSecrets :many
+-- Live secrets of a tenant's scope by name, after a name, for secrets.list.
+SELECT name, reference, version, store, updated_at FROM secrets
+WHERE tenant_id = sqlc.arg(tenant_id) AND scope = sqlc.arg(scope) AND NOT deleted
+  AND name > sqlc.arg(after)::text
+ORDER BY name
+LIMIT sqlc.arg(max_rows)::int;

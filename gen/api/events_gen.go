@@ -38,6 +38,15 @@ const (
 	EventNodeRetired                = "node.retired"
 	EventNodeDown                   = "node.down"
 	EventNodeUp                     = "node.up"
+	EventNodeLabeled                = "node.labeled"
+	EventReservationCreated         = "reservation.created"
+	EventReservationPlaced          = "reservation.placed"
+	EventReservationActive          = "reservation.active"
+	EventReservationEnded           = "reservation.ended"
+	EventReservationCancelled       = "reservation.cancelled"
+	EventReservationFailed          = "reservation.failed"
+	EventReservationPreempting      = "reservation.preempting"
+	EventReservationPreempted       = "reservation.preempted"
 	EventProjectCreated             = "project.created"
 	EventProjectUpdated             = "project.updated"
 	EventProjectDeleted             = "project.deleted"
@@ -200,6 +209,60 @@ var EventTypes = []EventSpec{
 		Module:      "nodes",
 		Subject:     "node id",
 		Type:        EventNodeUp,
+	},
+	{
+		Description: "A node's labels changed.",
+		Module:      "nodes",
+		Subject:     "node id",
+		Type:        EventNodeLabeled,
+	},
+	{
+		Description: "A reservation was admitted and charged to quota; placement is pending.",
+		Module:      "reservations",
+		Subject:     "reservation id",
+		Type:        EventReservationCreated,
+	},
+	{
+		Description: "A reservation's capacity was booked on nodes of its pool.",
+		Module:      "reservations",
+		Subject:     "reservation id",
+		Type:        EventReservationPlaced,
+	},
+	{
+		Description: "Every node of a placed reservation is running its work.",
+		Module:      "reservations",
+		Subject:     "reservation id",
+		Type:        EventReservationActive,
+	},
+	{
+		Description: "A reservation reached its end; its capacity and quota came back.",
+		Module:      "reservations",
+		Subject:     "reservation id",
+		Type:        EventReservationEnded,
+	},
+	{
+		Description: "A reservation was cancelled before it ended; its capacity and quota came back.",
+		Module:      "reservations",
+		Subject:     "reservation id",
+		Type:        EventReservationCancelled,
+	},
+	{
+		Description: "Placement gave up on a reservation (capacity.maxAttempts) or its nodes failed; its quota came back.",
+		Module:      "reservations",
+		Subject:     "reservation id",
+		Type:        EventReservationFailed,
+	},
+	{
+		Description: "A spot reservation was chosen for preemption; it ends when the notice (capacity.spotNoticeMs) runs out.",
+		Module:      "reservations",
+		Subject:     "reservation id",
+		Type:        EventReservationPreempting,
+	},
+	{
+		Description: "A spot reservation's capacity was taken back at the end of its notice.",
+		Module:      "reservations",
+		Subject:     "reservation id",
+		Type:        EventReservationPreempted,
 	},
 	{
 		Description: "A project was created.",
@@ -400,6 +463,60 @@ type NodeDownPayload struct {
 // NodeUpPayload: Payload of node.up.
 type NodeUpPayload struct {
 	NodeID string `json:"nodeId"` // Node identifier.
+}
+
+// NodeLabeledPayload: Payload of node.labeled.
+type NodeLabeledPayload struct {
+	NodeID string            `json:"nodeId"` // Node identifier.
+	Labels map[string]string `json:"labels"` // The labels after the change.
+}
+
+// ReservationCreatedPayload: Payload of reservation.created.
+type ReservationCreatedPayload struct {
+	ReservationID string `json:"reservationId"`
+	PoolID        string `json:"poolId"` // Pool identifier.
+	Flavor        string `json:"flavor"` // Lowercase DNS-like name.
+	Count         int64  `json:"count"`
+	Spot          bool   `json:"spot"`
+}
+
+// ReservationPlacedPayload: Payload of reservation.placed.
+type ReservationPlacedPayload struct {
+	ReservationID string   `json:"reservationId"`
+	PoolID        string   `json:"poolId"` // Pool identifier.
+	NodeIDs       []string `json:"nodeIds"`
+}
+
+// ReservationActivePayload: Payload of reservation.active.
+type ReservationActivePayload struct {
+	ReservationID string `json:"reservationId"`
+}
+
+// ReservationEndedPayload: Payload of reservation.ended.
+type ReservationEndedPayload struct {
+	ReservationID string `json:"reservationId"`
+}
+
+// ReservationCancelledPayload: Payload of reservation.cancelled.
+type ReservationCancelledPayload struct {
+	ReservationID string `json:"reservationId"`
+}
+
+// ReservationFailedPayload: Payload of reservation.failed.
+type ReservationFailedPayload struct {
+	ReservationID string `json:"reservationId"`
+	Error         string `json:"error"` // Why it failed.
+}
+
+// ReservationPreemptingPayload: Payload of reservation.preempting.
+type ReservationPreemptingPayload struct {
+	ReservationID string `json:"reservationId"`
+	Deadline      string `json:"deadline"` // When the capacity is taken back.
+}
+
+// ReservationPreemptedPayload: Payload of reservation.preempted.
+type ReservationPreemptedPayload struct {
+	ReservationID string `json:"reservationId"`
 }
 
 // ProjectCreatedPayload: Payload of project.created.

@@ -1584,6 +1584,10 @@ var Methods = []*Method{
 				IDField: "tenantId",
 				Type:    "tenant",
 			},
+			RootTenantOnly: &Condition{
+				Field: "scope",
+				In:    []string{"fleet"},
+			},
 		},
 		Route:        "/secrets/put",
 		Status:       StatusRegistered,
@@ -1623,8 +1627,54 @@ var Methods = []*Method{
 				IDField: "tenantId",
 				Type:    "tenant",
 			},
+			RootTenantOnly: &Condition{
+				Field: "scope",
+				In:    []string{"fleet"},
+			},
 		},
 		Route:        "/secrets/delete",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:secrets:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSecretsListInput(obj, "", iss)
+			return &in
+		},
+		Description: "Lists the tenant's live secrets (scope tenant) or the fleet's (scope fleet, only in the root tenant) by name, with reference, current version, store and when that version was written; never a value. Decided like put and delete. Pages of at most limit, after the name given.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "secrets.list",
+		Group:       "secrets",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Secrets.List(ctx, in.(*SecretsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{
+			Alternates: []Alternate{{
+				ResourceRef: ResourceRef{
+					IDField: "global",
+					Type:    "fleet",
+				},
+				WhenField: "scope",
+				WhenIn:    []string{"fleet"},
+			}},
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+			RootTenantOnly: &Condition{
+				Field: "scope",
+				In:    []string{"fleet"},
+			},
+		},
+		Route:        "/secrets/list",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
@@ -1729,6 +1779,10 @@ var Methods = []*Method{
 			ResourceRef: ResourceRef{
 				IDField: "tenantId",
 				Type:    "tenant",
+			},
+			RootTenantOnly: &Condition{
+				Field: "kind",
+				In:    []string{"shared", "dedicated"},
 			},
 		},
 		Route:        "/sites/create",
@@ -2187,7 +2241,7 @@ var Methods = []*Method{
 			in := decodeWebhooksEventTypesInput(obj, "", iss)
 			return &in
 		},
-		Description: "The event catalog (built-in and configured plugin families) with type, subject, publishing module and description.",
+		Description: "The event catalog (built-in and configured plugin families) with type, subject, publishing module, description and whether that module is served in this deployment.",
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "webhooks.eventTypes",
 		Group:       "webhooks",

@@ -879,8 +879,23 @@ var (
 		MaxLength: 128,
 		Pattern:   ShapeSecretName,
 	}
-	ruleSecretsDeleteInputScope = &wire.StringRule{Enum: []string{"tenant", "fleet"}}
-	ruleSitesListInputTenantID  = &wire.StringRule{
+	ruleSecretsDeleteInputScope  = &wire.StringRule{Enum: []string{"tenant", "fleet"}}
+	ruleSecretsListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+	}
+	ruleSecretsListInputScope = &wire.StringRule{Enum: []string{"tenant", "fleet"}}
+	ruleSecretsListInputAfter = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeSecretName,
+	}
+	ruleSecretsListInputLimit = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(500),
+		Min:    int64(1),
+	}
+	ruleSitesListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
 	}

@@ -11,6 +11,7 @@ import (
 const (
 	MethodSecretsPut    = "secrets.put"
 	MethodSecretsDelete = "secrets.delete"
+	MethodSecretsList   = "secrets.list"
 )
 
 // SecretsPutInput: Input of secrets.put.
@@ -97,12 +98,57 @@ func decodeSecretsDeleteInput(obj map[string]any, path string, iss *wire.Issues)
 	return
 }
 
+// SecretsListInput: Input of secrets.list.
+type SecretsListInput struct {
+	TenantID string  `json:"tenantId"` // Tenant identifier.
+	Scope    string  `json:"scope,omitempty"`
+	After    *string `json:"after,omitempty"` // The next field of the previous page.
+	Limit    int64   `json:"limit,omitempty"`
+}
+
+var fieldsSecretsListInput = map[string]struct{}{
+	"after":    {},
+	"limit":    {},
+	"scope":    {},
+	"tenantId": {},
+}
+
+// decodeSecretsListInput checks obj against the schema of SecretsListInput, collecting every issue.
+func decodeSecretsListInput(obj map[string]any, path string, iss *wire.Issues) (out SecretsListInput) {
+	wire.Unknown(obj, path, fieldsSecretsListInput, iss)
+	out.Scope = "tenant"
+	out.Limit = int64(100)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleSecretsListInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["scope"]; ok {
+		if x1, ok := wire.String(v, wire.Join(path, "scope"), ruleSecretsListInputScope, iss); ok {
+			out.Scope = x1
+		}
+	}
+	if v, ok := obj["after"]; ok {
+		if x1, ok := wire.String(v, wire.Join(path, "after"), ruleSecretsListInputAfter, iss); ok {
+			out.After = &x1
+		}
+	}
+	if v, ok := obj["limit"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "limit"), ruleSecretsListInputLimit, iss); ok {
+			out.Limit = x1
+		}
+	}
+	return
+}
+
 // SecretsService implements the secrets group: Write-only secret storage. A secret is named by a reference: secret://tenants/{tenantId}/{name} for scope tenant and secret://fleet/{name} for scope fleet (root tenant only); configs and user data hold references, never values, and no method returns a value.
 type SecretsService interface {
 	// Put: Writes a new version of the secret secret://tenants/{tenantId}/{name} (scope tenant) or secret://fleet/{name} (scope fleet, only in the root tenant); a retry whose key equals the key of the put that wrote the current version returns that version and writes nothing (the key is not scoped to the identity); the value is never returned; UNAVAILABLE when no secret store is configured, INVALID_STATE when the secret lives in another store.
 	Put(ctx context.Context, in *SecretsPutInput) (*SecretVersion, error)
 	// Delete: Deletes every version of a secret (scope fleet only in the root tenant); deleted is false when none exists; a later put continues after the last version; UNAVAILABLE when no secret store is configured, INVALID_STATE when the secret lives in another store.
 	Delete(ctx context.Context, in *SecretsDeleteInput) (*SecretDeleted, error)
+	// List: Lists the tenant's live secrets (scope tenant) or the fleet's (scope fleet, only in the root tenant) by name, with reference, current version, store and when that version was written; never a value. Decided like put and delete. Pages of at most limit, after the name given.
+	List(ctx context.Context, in *SecretsListInput) (*SecretList, error)
 }
 
 // UnimplementedSecretsService answers NOT_IMPLEMENTED for every method; embed it to implement a group bit by bit.
@@ -115,4 +161,7 @@ func (UnimplementedSecretsService) Put(context.Context, *SecretsPutInput) (*Secr
 }
 func (UnimplementedSecretsService) Delete(context.Context, *SecretsDeleteInput) (*SecretDeleted, error) {
 	return nil, NotImplemented(Lookup("/secrets/delete"))
+}
+func (UnimplementedSecretsService) List(context.Context, *SecretsListInput) (*SecretList, error) {
+	return nil, NotImplemented(Lookup("/secrets/list"))
 }

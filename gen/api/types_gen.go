@@ -86,6 +86,7 @@ type EventType struct {
 	Subject     string `json:"subject"` // What the event's subject names.
 	Module      string `json:"module"`  // Publishing module.
 	Description string `json:"description"`
+	Served      bool   `json:"served"` // Whether the publishing module is served in this deployment, so the event can fire today.
 }
 type EventTypeList struct {
 	Items []EventType `json:"items"`
@@ -468,6 +469,19 @@ type SandboxVolumeList struct {
 }
 type SecretDeleted struct {
 	Deleted bool `json:"deleted"` // False when no such secret exists.
+}
+type SecretList struct {
+	Items []SecretSummary `json:"items"`
+	Next  *string         `json:"next,omitempty"` // Absent on the last page; pass it as after for the next one.
+}
+
+// SecretSummary: A secret's name, reference, current version and store; never its value.
+type SecretSummary struct {
+	Name      string `json:"name"` // Secret name.
+	Reference string `json:"reference"`
+	Version   int64  `json:"version"`   // The current version.
+	Store     string `json:"store"`     // The store holding its versions.
+	UpdatedAt string `json:"updatedAt"` // When the current version was written.
 }
 
 // SecretVersion: Where a secret version is stored; never its value.

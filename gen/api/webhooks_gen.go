@@ -370,7 +370,7 @@ type WebhooksService interface {
 	Deliveries(ctx context.Context, in *WebhooksDeliveriesInput) (*DeliveryList, error)
 	// Redeliver: Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND; a delivery still pending is INVALID_STATE.
 	Redeliver(ctx context.Context, in *WebhooksRedeliverInput) (*Delivery, error)
-	// EventTypes: The event catalog (built-in and configured plugin families) with type, subject, publishing module and description.
+	// EventTypes: The event catalog (built-in and configured plugin families) with type, subject, publishing module, description and whether that module is served in this deployment.
 	EventTypes(ctx context.Context, in *WebhooksEventTypesInput) (*EventTypeList, error)
 }
 

@@ -577,6 +577,22 @@ var Groups = []cliruntime.Group{
 					return err
 				},
 			},
+			{
+				Name:        "list",
+				Description: "Lists the tenant's live secrets (scope tenant) or the fleet's (scope fleet, only in the root tenant) by name, with reference, current version, store and when that version was written; never a value. Decided like put and delete. Pages of at most limit, after the name given.",
+				Kind:        "read",
+				Action:      "compute:secrets:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "scope", Field: "scope", Type: cliruntime.String, Enum: []string{"tenant", "fleet"}, Default: "tenant"},
+					{Name: "after", Field: "after", Type: cliruntime.String, Help: "The next field of the previous page."},
+					{Name: "limit", Field: "limit", Type: cliruntime.Int, Default: "100"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SecretsList(ctx, new(client.SecretsListInput))
+					return err
+				},
+			},
 		},
 	},
 	{
@@ -840,7 +856,7 @@ var Groups = []cliruntime.Group{
 			},
 			{
 				Name:        "eventTypes",
-				Description: "The event catalog (built-in and configured plugin families) with type, subject, publishing module and description.",
+				Description: "The event catalog (built-in and configured plugin families) with type, subject, publishing module, description and whether that module is served in this deployment.",
 				Kind:        "read",
 				Action:      "compute:webhooks:manage",
 				Flags: []cliruntime.Flag{

@@ -722,6 +722,17 @@ type SecretsInvoker interface {
 	//
 	// POST /secrets/delete
 	SecretsDelete(ctx context.Context, request *SecretsDeleteInput) (*SecretsDeleteResponse, error)
+	// SecretsList invokes secretsList operation.
+	//
+	// Lists the tenant's live secrets (scope tenant) or the fleet's (scope fleet, only in the root tenant)
+	// by name, with reference, current version, store and when that version was written; never a value.
+	// Decided like put and delete. Pages of at most limit, after the name given.
+	//
+	// Served since v1.1. Kind: read. Action compute:secrets:manage on tenant/tenantId alt=fleet/global
+	// when scope in fleet. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /secrets/list
+	SecretsList(ctx context.Context, request *SecretsListInput) (*SecretsListResponse, error)
 	// SecretsPut invokes secretsPut operation.
 	//
 	// Writes a new version of the secret secret://tenants/{tenantId}/{name} (scope tenant) or
@@ -890,8 +901,8 @@ type WebhooksInvoker interface {
 	WebhooksDeliveries(ctx context.Context, request *WebhooksDeliveriesInput) (*WebhooksDeliveriesResponse, error)
 	// WebhooksEventTypes invokes webhooksEventTypes operation.
 	//
-	// The event catalog (built-in and configured plugin families) with type, subject, publishing module
-	// and description.
+	// The event catalog (built-in and configured plugin families) with type, subject, publishing module,
+	// description and whether that module is served in this deployment.
 	//
 	// Served, without a stable phase. Kind: read. Action compute:webhooks:manage on tenant/tenantId.
 	// Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
@@ -6404,6 +6415,101 @@ func (c *Client) sendSecretsDelete(ctx context.Context, request *SecretsDeleteIn
 	return result, nil
 }
 
+// SecretsList invokes secretsList operation.
+//
+// Lists the tenant's live secrets (scope tenant) or the fleet's (scope fleet, only in the root tenant)
+// by name, with reference, current version, store and when that version was written; never a value.
+// Decided like put and delete. Pages of at most limit, after the name given.
+//
+// Served since v1.1. Kind: read. Action compute:secrets:manage on tenant/tenantId alt=fleet/global
+// when scope in fleet. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /secrets/list
+func (c *Client) SecretsList(ctx context.Context, request *SecretsListInput) (*SecretsListResponse, error) {
+	res, err := c.sendSecretsList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSecretsList(ctx context.Context, request *SecretsListInput) (res *SecretsListResponse, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/secrets/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSecretsListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SecretsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SecretsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSecretsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
 // SecretsPut invokes secretsPut operation.
 //
 // Writes a new version of the secret secret://tenants/{tenantId}/{name} (scope tenant) or
@@ -7726,8 +7832,8 @@ func (c *Client) sendWebhooksDeliveries(ctx context.Context, request *WebhooksDe
 
 // WebhooksEventTypes invokes webhooksEventTypes operation.
 //
-// The event catalog (built-in and configured plugin families) with type, subject, publishing module
-// and description.
+// The event catalog (built-in and configured plugin families) with type, subject, publishing module,
+// description and whether that module is served in this deployment.
 //
 // Served, without a stable phase. Kind: read. Action compute:webhooks:manage on tenant/tenantId.
 // Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).

@@ -95,6 +95,18 @@ func (s *SecretsDeleteInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *SecretsListInput) setDefaults() {
+	{
+		val := int64(100)
+		s.Limit.SetTo(val)
+	}
+	{
+		val := SecretsListInputScope("tenant")
+		s.Scope.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *SecretsPutInput) setDefaults() {
 	{
 		val := SecretsPutInputScope("tenant")

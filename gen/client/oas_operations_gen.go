@@ -63,6 +63,7 @@ const (
 	SandboxVolumesListOperation        OperationName = "SandboxVolumesList"
 	SandboxVolumesResizeOperation      OperationName = "SandboxVolumesResize"
 	SecretsDeleteOperation             OperationName = "SecretsDelete"
+	SecretsListOperation               OperationName = "SecretsList"
 	SecretsPutOperation                OperationName = "SecretsPut"
 	SitesCreateOperation               OperationName = "SitesCreate"
 	SitesDeleteOperation               OperationName = "SitesDelete"

@@ -808,6 +808,20 @@ func encodeSecretsDeleteRequest(
 	return nil
 }
 
+func encodeSecretsListRequest(
+	req *SecretsListInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodeSecretsPutRequest(
 	req *SecretsPutInput,
 	r *http.Request,

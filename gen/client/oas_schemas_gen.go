@@ -800,6 +800,8 @@ type EventType struct {
 	Description string `json:"description"`
 	// Publishing module.
 	Module string `json:"module"`
+	// Whether the publishing module is served in this deployment, so the event can fire today.
+	Served bool `json:"served"`
 	// What the event's subject names.
 	Subject string `json:"subject"`
 	Type    string `json:"type"`
@@ -813,6 +815,11 @@ func (s *EventType) GetDescription() string {
 // GetModule returns the value of Module.
 func (s *EventType) GetModule() string {
 	return s.Module
+}
+
+// GetServed returns the value of Served.
+func (s *EventType) GetServed() bool {
+	return s.Served
 }
 
 // GetSubject returns the value of Subject.
@@ -833,6 +840,11 @@ func (s *EventType) SetDescription(val string) {
 // SetModule sets the value of Module.
 func (s *EventType) SetModule(val string) {
 	s.Module = val
+}
+
+// SetServed sets the value of Served.
+func (s *EventType) SetServed(val bool) {
+	s.Served = val
 }
 
 // SetSubject sets the value of Subject.
@@ -4070,6 +4082,52 @@ func (o OptSecretsDeleteInputScope) Get() (v SecretsDeleteInputScope, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptSecretsDeleteInputScope) Or(d SecretsDeleteInputScope) SecretsDeleteInputScope {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptSecretsListInputScope returns new OptSecretsListInputScope with value set to v.
+func NewOptSecretsListInputScope(v SecretsListInputScope) OptSecretsListInputScope {
+	return OptSecretsListInputScope{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptSecretsListInputScope is optional SecretsListInputScope.
+type OptSecretsListInputScope struct {
+	Value SecretsListInputScope
+	Set   bool
+}
+
+// IsSet returns true if OptSecretsListInputScope was set.
+func (o OptSecretsListInputScope) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptSecretsListInputScope) Reset() {
+	var v SecretsListInputScope
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptSecretsListInputScope) SetTo(v SecretsListInputScope) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptSecretsListInputScope) Get() (v SecretsListInputScope, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptSecretsListInputScope) Or(d SecretsListInputScope) SecretsListInputScope {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -9108,6 +9166,97 @@ func (s *SecretDeleted) SetDeleted(val bool) {
 	s.Deleted = val
 }
 
+// Ref: #/components/schemas/SecretList
+type SecretList struct {
+	Items []SecretSummary `json:"items"`
+	// Absent on the last page; pass it as after for the next one.
+	Next OptString `json:"next"`
+}
+
+// GetItems returns the value of Items.
+func (s *SecretList) GetItems() []SecretSummary {
+	return s.Items
+}
+
+// GetNext returns the value of Next.
+func (s *SecretList) GetNext() OptString {
+	return s.Next
+}
+
+// SetItems sets the value of Items.
+func (s *SecretList) SetItems(val []SecretSummary) {
+	s.Items = val
+}
+
+// SetNext sets the value of Next.
+func (s *SecretList) SetNext(val OptString) {
+	s.Next = val
+}
+
+// A secret's name, reference, current version and store; never its value.
+// Ref: #/components/schemas/SecretSummary
+type SecretSummary struct {
+	// Secret name.
+	Name      string `json:"name"`
+	Reference string `json:"reference"`
+	// The store holding its versions.
+	Store string `json:"store"`
+	// When the current version was written.
+	UpdatedAt time.Time `json:"updatedAt"`
+	// The current version.
+	Version int64 `json:"version"`
+}
+
+// GetName returns the value of Name.
+func (s *SecretSummary) GetName() string {
+	return s.Name
+}
+
+// GetReference returns the value of Reference.
+func (s *SecretSummary) GetReference() string {
+	return s.Reference
+}
+
+// GetStore returns the value of Store.
+func (s *SecretSummary) GetStore() string {
+	return s.Store
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *SecretSummary) GetUpdatedAt() time.Time {
+	return s.UpdatedAt
+}
+
+// GetVersion returns the value of Version.
+func (s *SecretSummary) GetVersion() int64 {
+	return s.Version
+}
+
+// SetName sets the value of Name.
+func (s *SecretSummary) SetName(val string) {
+	s.Name = val
+}
+
+// SetReference sets the value of Reference.
+func (s *SecretSummary) SetReference(val string) {
+	s.Reference = val
+}
+
+// SetStore sets the value of Store.
+func (s *SecretSummary) SetStore(val string) {
+	s.Store = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *SecretSummary) SetUpdatedAt(val time.Time) {
+	s.UpdatedAt = val
+}
+
+// SetVersion sets the value of Version.
+func (s *SecretSummary) SetVersion(val int64) {
+	s.Version = val
+}
+
 // Where a secret version is stored; never its value.
 // Ref: #/components/schemas/SecretVersion
 type SecretVersion struct {
@@ -9232,6 +9381,114 @@ func (s *SecretsDeleteResponse) GetData() SecretDeleted {
 
 // SetData sets the value of Data.
 func (s *SecretsDeleteResponse) SetData(val SecretDeleted) {
+	s.Data = val
+}
+
+// Input of secrets.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/SecretsListInput
+type SecretsListInput struct {
+	// The next field of the previous page.
+	After OptString                `json:"after"`
+	Limit OptInt64                 `json:"limit"`
+	Scope OptSecretsListInputScope `json:"scope"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetAfter returns the value of After.
+func (s *SecretsListInput) GetAfter() OptString {
+	return s.After
+}
+
+// GetLimit returns the value of Limit.
+func (s *SecretsListInput) GetLimit() OptInt64 {
+	return s.Limit
+}
+
+// GetScope returns the value of Scope.
+func (s *SecretsListInput) GetScope() OptSecretsListInputScope {
+	return s.Scope
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SecretsListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetAfter sets the value of After.
+func (s *SecretsListInput) SetAfter(val OptString) {
+	s.After = val
+}
+
+// SetLimit sets the value of Limit.
+func (s *SecretsListInput) SetLimit(val OptInt64) {
+	s.Limit = val
+}
+
+// SetScope sets the value of Scope.
+func (s *SecretsListInput) SetScope(val OptSecretsListInputScope) {
+	s.Scope = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SecretsListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+type SecretsListInputScope string
+
+const (
+	SecretsListInputScopeTenant SecretsListInputScope = "tenant"
+	SecretsListInputScopeFleet  SecretsListInputScope = "fleet"
+)
+
+// AllValues returns all SecretsListInputScope values.
+func (SecretsListInputScope) AllValues() []SecretsListInputScope {
+	return []SecretsListInputScope{
+		SecretsListInputScopeTenant,
+		SecretsListInputScopeFleet,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s SecretsListInputScope) MarshalText() ([]byte, error) {
+	switch s {
+	case SecretsListInputScopeTenant:
+		return []byte(s), nil
+	case SecretsListInputScopeFleet:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *SecretsListInputScope) UnmarshalText(data []byte) error {
+	switch SecretsListInputScope(data) {
+	case SecretsListInputScopeTenant:
+		*s = SecretsListInputScopeTenant
+		return nil
+	case SecretsListInputScopeFleet:
+		*s = SecretsListInputScopeFleet
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of secrets.list.
+// Ref: #/components/schemas/SecretsListResponse
+type SecretsListResponse struct {
+	Data SecretList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SecretsListResponse) GetData() SecretList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SecretsListResponse) SetData(val SecretList) {
 	s.Data = val
 }
 

@@ -432,6 +432,35 @@ func (q *Queries) IAMInsertEvent(ctx context.Context, arg IAMInsertEventParams) 
 	return err
 }
 
+const iAMInsertEventOnce = `-- name: IAMInsertEventOnce :execrows
+INSERT INTO iam.inbox (event_id, type, identity_id, session, at) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (event_id) DO NOTHING
+`
+
+type IAMInsertEventOnceParams struct {
+	EventID    string
+	Type       string
+	IdentityID string
+	Session    string
+	At         time.Time
+}
+
+// An event from the identity service's signed webhook: a second delivery of
+// the same event id records nothing.
+func (q *Queries) IAMInsertEventOnce(ctx context.Context, arg IAMInsertEventOnceParams) (int64, error) {
+	result, err := q.db.Exec(ctx, iAMInsertEventOnce,
+		arg.EventID,
+		arg.Type,
+		arg.IdentityID,
+		arg.Session,
+		arg.At,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const iAMInsertKey = `-- name: IAMInsertKey :exec
 INSERT INTO iam.api_keys (id, tenant_id, identity_id, token_hash, mfa, agent_id, delegation_id, created_at)
 VALUES ($1, $2, $3, $4, $5, $7, $8, $6)
@@ -890,6 +919,20 @@ func (q *Queries) IAMRevokeKey(ctx context.Context, arg IAMRevokeKeyParams) (IAM
 	var i IAMRevokeKeyRow
 	err := row.Scan(&i.ID, &i.IdentityID)
 	return i, err
+}
+
+const iAMSweepDrafts = `-- name: IAMSweepDrafts :execrows
+DELETE FROM iam.resources WHERE draft AND updated_at < $1
+`
+
+// Drafts older than the bound: a process killed between PutDraft and the
+// end of its call left them; no live call holds a draft that long.
+func (q *Queries) IAMSweepDrafts(ctx context.Context, before time.Time) (int64, error) {
+	result, err := q.db.Exec(ctx, iAMSweepDrafts, before)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const iAMTenantHasAdminKey = `-- name: IAMTenantHasAdminKey :one

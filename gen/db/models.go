@@ -284,12 +284,13 @@ type Secret struct {
 }
 
 type SecretVersion struct {
-	Reference string
-	Version   int64
-	Nonce     []byte
-	Sealed    []byte
-	CreatedBy string
-	CreatedAt time.Time
+	Reference   string
+	Version     int64
+	Nonce       []byte
+	Sealed      []byte
+	CreatedBy   string
+	CreatedAt   time.Time
+	ValueDigest []byte
 }
 
 type ServiceMeta struct {

@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -14,25 +15,26 @@ import (
 const createSecret = `-- name: CreateSecret :one
 WITH head AS (
     INSERT INTO secrets (reference, tenant_id, scope, name, store, version, idem_key)
-    VALUES ($4, $5, $6, $7, $8, 1, $9)
+    VALUES ($5, $6, $7, $8, $9, 1, $10)
     ON CONFLICT (reference) DO NOTHING
     RETURNING reference, version
 )
-INSERT INTO secret_versions (reference, version, nonce, sealed, created_by)
-SELECT head.reference, head.version, $1, $2, $3 FROM head
+INSERT INTO secret_versions (reference, version, nonce, sealed, created_by, value_digest)
+SELECT head.reference, head.version, $1, $2, $3, $4 FROM head
 RETURNING version
 `
 
 type CreateSecretParams struct {
-	Nonce     []byte
-	Sealed    []byte
-	CreatedBy string
-	Reference string
-	TenantID  string
-	Scope     string
-	Name      string
-	Store     string
-	IdemKey   pgtype.Text
+	Nonce       []byte
+	Sealed      []byte
+	CreatedBy   string
+	ValueDigest []byte
+	Reference   string
+	TenantID    string
+	Scope       string
+	Name        string
+	Store       string
+	IdemKey     pgtype.Text
 }
 
 // The first put of a reference: the head at version 1 and its sealed value.
@@ -43,6 +45,7 @@ func (q *Queries) CreateSecret(ctx context.Context, arg CreateSecretParams) (int
 		arg.Nonce,
 		arg.Sealed,
 		arg.CreatedBy,
+		arg.ValueDigest,
 		arg.Reference,
 		arg.TenantID,
 		arg.Scope,
@@ -134,27 +137,108 @@ func (q *Queries) GetSecretValue(ctx context.Context, reference string) (GetSecr
 	return i, err
 }
 
+const getSecretVersionCheck = `-- name: GetSecretVersionCheck :one
+SELECT value_digest, nonce, sealed FROM secret_versions
+WHERE reference = $1 AND version = $2
+`
+
+type GetSecretVersionCheckParams struct {
+	Reference string
+	Version   int64
+}
+
+type GetSecretVersionCheckRow struct {
+	ValueDigest []byte
+	Nonce       []byte
+	Sealed      []byte
+}
+
+// What a retry is compared with: the keyed digest of the version's value,
+// or, for a version written before digests were kept, its sealed value.
+func (q *Queries) GetSecretVersionCheck(ctx context.Context, arg GetSecretVersionCheckParams) (GetSecretVersionCheckRow, error) {
+	row := q.db.QueryRow(ctx, getSecretVersionCheck, arg.Reference, arg.Version)
+	var i GetSecretVersionCheckRow
+	err := row.Scan(&i.ValueDigest, &i.Nonce, &i.Sealed)
+	return i, err
+}
+
+const listSecrets = `-- name: ListSecrets :many
+SELECT name, reference, version, store, updated_at FROM secrets
+WHERE tenant_id = $1 AND scope = $2 AND NOT deleted
+  AND name > $3::text
+ORDER BY name
+LIMIT $4::int
+`
+
+type ListSecretsParams struct {
+	TenantID string
+	Scope    string
+	After    string
+	MaxRows  int32
+}
+
+type ListSecretsRow struct {
+	Name      string
+	Reference string
+	Version   int64
+	Store     string
+	UpdatedAt time.Time
+}
+
+// Live secrets of a tenant's scope by name, after a name, for secrets.list.
+func (q *Queries) ListSecrets(ctx context.Context, arg ListSecretsParams) ([]ListSecretsRow, error) {
+	rows, err := q.db.Query(ctx, listSecrets,
+		arg.TenantID,
+		arg.Scope,
+		arg.After,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ListSecretsRow
+	for rows.Next() {
+		var i ListSecretsRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.Reference,
+			&i.Version,
+			&i.Store,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const writeSecretVersion = `-- name: WriteSecretVersion :one
 WITH head AS (
     UPDATE secrets
-    SET version = $4, idem_key = $5, store = $6,
+    SET version = $5, idem_key = $6, store = $7,
         deleted = false, updated_at = now()
-    WHERE secrets.reference = $7
+    WHERE secrets.reference = $8
     RETURNING reference, version
 )
-INSERT INTO secret_versions (reference, version, nonce, sealed, created_by)
-SELECT head.reference, head.version, $1, $2, $3 FROM head
+INSERT INTO secret_versions (reference, version, nonce, sealed, created_by, value_digest)
+SELECT head.reference, head.version, $1, $2, $3, $4 FROM head
 RETURNING version
 `
 
 type WriteSecretVersionParams struct {
-	Nonce     []byte
-	Sealed    []byte
-	CreatedBy string
-	Version   int64
-	IdemKey   pgtype.Text
-	Store     string
-	Reference string
+	Nonce       []byte
+	Sealed      []byte
+	CreatedBy   string
+	ValueDigest []byte
+	Version     int64
+	IdemKey     pgtype.Text
+	Store       string
+	Reference   string
 }
 
 // A later put on the locked head: the head moves to version (the one the
@@ -165,6 +249,7 @@ func (q *Queries) WriteSecretVersion(ctx context.Context, arg WriteSecretVersion
 		arg.Nonce,
 		arg.Sealed,
 		arg.CreatedBy,
+		arg.ValueDigest,
 		arg.Version,
 		arg.IdemKey,
 		arg.Store,

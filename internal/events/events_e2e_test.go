@@ -227,7 +227,7 @@ func TestPatternsMustMatchTheCatalog(t *testing.T) {
 		types []string
 		msg   string
 	}{
-		"unknown family": {[]string{"reservation.*"}, `types[0]: pattern "reservation.*" matches no type of the event catalog`},
+		"unknown family": {[]string{"nope.*"}, `types[0]: pattern "nope.*" matches no type of the event catalog`},
 		"unknown type":   {[]string{"site.created", "site.nope"}, `types[1]: pattern "site.nope"`},
 		"partial name":   {[]string{"site"}, `types[0]: pattern "site"`},
 		"malformed":      {[]string{"Site.created"}, "types[0]"},

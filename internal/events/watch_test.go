@@ -239,7 +239,7 @@ func TestWatchRefusals(t *testing.T) {
 	}{
 		"no tenant":          {watchURL(f.env.URL, ""), nil},
 		"malformed tenant":   {watchURL(f.env.URL, "a b"), nil},
-		"unknown family":     {watchURL(f.env.URL, "acme", "reservation.*"), nil},
+		"unknown family":     {watchURL(f.env.URL, "acme", "nope.*"), nil},
 		"malformed pattern":  {watchURL(f.env.URL, "acme", "Site"), nil},
 		"bad Last-Event-ID":  {u, map[string]string{"Last-Event-ID": "nope"}},
 		"bad lastEventId":    {u + "&lastEventId=nope", nil},

@@ -203,6 +203,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		BasePath: cfg.BasePath,
 		Services: services,
 		Gate:     gate,
+		// The catalog's rootTenantOnly rules are input validation: they
+		// answer before authentication.
+		Precheck: iam.RootTenantPrecheck(cached.RootTenant()),
 		Store:    st,
 		Metrics:  rpcMetrics,
 		Audit:    audit.Record,
@@ -239,12 +242,18 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			},
 		})
 	}
+	if runner != nil && cfg.HasRole(config.RoleIAM) {
+		// Drafts a killed process left in the projection go after a bound.
+		runner.RegisterSingleton(embedded.DraftSweepJob, func(ctx context.Context, _ workers.Lease) error {
+			return identity.SweepDraftsEvery(ctx, embedded.DraftSweepEvery, embedded.DraftTTL, log)
+		})
+	}
 	if runner != nil && cfg.HasRole(config.RoleSinks) {
 		if err := registerDispatch(runner, work, cfg, reg, notifier, dispatch.Jobs(sinkList, cfg.Workers.BatchSize), log); err != nil {
 			return nil, err
 		}
 	}
-	handler := server.New(server.Options{
+	opts := server.Options{
 		BasePath:     cfg.BasePath,
 		RPC:          envelope,
 		Store:        st,
@@ -256,7 +265,15 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		DocsHTML:     gendocs.IndexHTML,
 		Watch:        watch,
 		Log:          log,
-	})
+	}
+	if ev := cfg.IAM.Events; ev != nil {
+		// Identity-service events signed with the configured secret feed
+		// the inbox; this process's caches react at once.
+		opts.IAMEvents = &iam.EventHook{Key: iam.EventHookKey(ev.Secret), Record: identity.RecordEvent,
+			React: cached.React, Now: now, Log: log}
+		opts.IAMEventsPath = ev.Path
+	}
+	handler := server.New(opts)
 	// Forwarding headers are resolved and stripped before anything else.
 	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
 	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached, watch: watch,

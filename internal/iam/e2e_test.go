@@ -237,6 +237,36 @@ var matrix = map[string][]matrixCase{
 			assert.True(t, res.(*client.SecretsDeleteResponse).Data.Deleted)
 		},
 	}},
+	// secrets.list is decided like put and delete (the specification gives
+	// secrets only compute:secrets:manage): members and above list names
+	// and versions, viewers do not.
+	"secrets.list": {{
+		name: "tenant",
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.SecretsList(t.Context(), &client.SecretsListInput{TenantId: tenant})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   []string{owner, admin},
+		ok: func(t *testing.T, res any, tenant string) {
+			for _, it := range res.(*client.SecretsListResponse).Data.Items {
+				assert.True(t, strings.HasPrefix(it.Reference, "secret://tenants/"+tenant+"/"), it.Reference)
+			}
+		},
+	}, {
+		name: "fleet",
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.SecretsList(t.Context(), &client.SecretsListInput{
+				TenantId: tenant, Scope: client.NewOptSecretsListInputScope(client.SecretsListInputScopeFleet),
+			})
+		},
+		rootInput: true,
+		rootRoles: []string{owner, admin},
+		ok: func(t *testing.T, res any, _ string) {
+			for _, it := range res.(*client.SecretsListResponse).Data.Items {
+				assert.True(t, strings.HasPrefix(it.Reference, "secret://fleet/"), it.Reference)
+			}
+		},
+	}},
 	// Webhooks are not projected: every method is decided with
 	// compute:webhooks:manage on the tenant, which members of the tenant
 	// may do (docs/identity.md row 6) and viewers may not, reads included.

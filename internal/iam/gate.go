@@ -65,12 +65,12 @@ func (g *Gate) Admit(ctx context.Context, call *rpc.Call) (context.Context, erro
 		return nil, g.refusal(err)
 	}
 	root := g.Port.RootTenant()
+	res := g.resource(m, call.Fields, caller)
 	if m.TenantScoped {
 		if t := call.TenantID(); caller.TenantID != t && caller.TenantID != root {
-			return nil, api.Errorf(api.CodeAccessDenied, "the caller's tenant may not act in tenant %s", t)
+			return nil, api.Errorf(api.CodeAccessDenied, "%s on %s refused: tenant %s may not act in tenant %s", m.Action, describe(res), caller.TenantID, t)
 		}
 	}
-	res := g.resource(m, call.Fields, caller)
 	s := &Session{Caller: caller, Resource: res, gate: g}
 	if m.Resource.Draft {
 		return g.admit(ctx, call, s)
@@ -93,10 +93,25 @@ func (g *Gate) decide(ctx context.Context, m *api.Method, caller *Caller, res Re
 	} else {
 		err = g.Port.Authorize(ctx, caller, m.Action, res)
 	}
+	if errors.Is(err, ErrDenied) {
+		// Say what was refused: the action and the resource the call named
+		// (or its tenant). Nothing the port said about why goes out: it may
+		// speak of another tenant's objects, which visible answers as
+		// absent before this message is seen.
+		return api.Errorf(api.CodeAccessDenied, "%s on %s refused", m.Action, describe(res))
+	}
 	if err != nil {
 		return g.refusal(err)
 	}
 	return nil
+}
+
+// describe names a resource as type/id, the form identity policies use.
+func describe(r Resource) string {
+	if r.ID == "" {
+		return r.Type
+	}
+	return r.Type + "/" + r.ID
 }
 
 // visible answers NOT_FOUND, instead of the refusal, for a call naming an

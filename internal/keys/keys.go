@@ -14,6 +14,9 @@ const (
 	PKI      = "computeplane/pki/v1"
 	Webhooks = "computeplane/webhooks/v1"
 	Cursors  = "computeplane/cursors/v1"
+	// SecretDigests keys the HMAC of secret values that tells a put's retry
+	// from a different value under the same idempotency key.
+	SecretDigests = "computeplane/secret-digests/v1"
 )
 
 // Size is the length of every derived key (AES-256, HMAC-SHA256).

@@ -14,21 +14,30 @@
 //
 // Rules beyond the specification's words, decided here:
 //   - Retry: a put whose idempotencyKey equals the key of the put that wrote
-//     the current version returns that version and writes nothing, whoever
-//     calls and whatever value it carries (the key is not scoped to the
-//     identity, and the specification compares nothing else). A key of an
-//     older version writes a new version.
+//     the current version, with the same value, returns that version and
+//     writes nothing, whoever calls (the key is not scoped to the identity).
+//     The same key with another value is CONFLICT (the general Idempotency
+//     rule). Values are compared by a keyed digest (HMAC-SHA256 of the
+//     reference and the value under keys.SecretDigests) kept with each
+//     version, never by the value; a version written before digests were
+//     kept is compared by opening its sealed value. A key of an older
+//     version writes a new version.
 //   - Delete removes every sealed version and keeps the head as a tombstone
 //     with the last version; a later put continues after it (versions of a
 //     reference are never reused) and no earlier key counts as a retry.
-//   - Order of refusals: the gate's decision, then INVALID_INPUT (scope
-//     fleet outside the root tenant), UNAVAILABLE (no store configured, no
+//   - Order of refusals: INVALID_INPUT for scope fleet outside the root
+//     tenant comes first, before authentication (the catalog's
+//     rootTenantOnly, checked by the envelope's Precheck; reference keeps
+//     the same check for callers that bypass the envelope), then the gate's
+//     decision, then UNAVAILABLE (no store configured, no
 //     retryAfterMs: it will not come back by waiting), INVALID_STATE (the
 //     secret lives in another store; a tombstone lives nowhere).
 package secrets
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
 
 	"github.com/jackc/pgx/v5"
@@ -37,6 +46,7 @@ import (
 	"computeplane/gen/api"
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
+	"computeplane/internal/keys"
 	"computeplane/internal/outbox"
 )
 
@@ -48,9 +58,10 @@ const (
 
 // Service implements api.SecretsService and the resolver.
 type Service struct {
-	root  string
-	store string // the configured store; StoreNone (or "") when none
-	seal  *sealer
+	root   string
+	store  string // the configured store; StoreNone (or "") when none
+	seal   *sealer
+	digest []byte // HMAC key of value digests
 }
 
 var _ api.SecretsService = (*Service)(nil)
@@ -64,7 +75,38 @@ func New(rootTenant, store string, key []byte) *Service {
 	if err != nil {
 		panic(err)
 	}
-	return &Service{root: rootTenant, store: store, seal: s}
+	// The digest key is derived from the secrets key under a label of its
+	// own, so the two purposes never share a key.
+	return &Service{root: rootTenant, store: store, seal: s, digest: keys.Derive(string(key), keys.SecretDigests)}
+}
+
+// digestOf is the keyed digest of a value, bound to its reference so equal
+// values of different secrets do not show equal digests.
+func (s *Service) digestOf(ref, value string) []byte {
+	m := hmac.New(sha256.New, s.digest)
+	m.Write([]byte(ref))
+	m.Write([]byte{0})
+	m.Write([]byte(value))
+	return m.Sum(nil)
+}
+
+// sameValue reports whether value is the value of the stored version:
+// by digest, or for a version written before digests were kept, by opening
+// it.
+func (s *Service) sameValue(ctx context.Context, q *db.Queries, ref string, version int64, value string) (bool, error) {
+	row, err := q.GetSecretVersionCheck(ctx, db.GetSecretVersionCheckParams{Reference: ref, Version: version})
+	if err != nil {
+		return false, err
+	}
+	if row.ValueDigest != nil {
+		return hmac.Equal(row.ValueDigest, s.digestOf(ref, value)), nil
+	}
+	plain, err := s.seal.open(ref, version, row.Nonce, row.Sealed)
+	if err != nil {
+		return false, err
+	}
+	defer clear(plain)
+	return hmac.Equal(plain, []byte(value)), nil
 }
 
 // reference checks the input's scope against its tenant and returns the
@@ -136,7 +178,15 @@ func (s *Service) Put(ctx context.Context, in *api.SecretsPutInput) (*api.Secret
 	}
 	if !head.Deleted && head.IdemKey.Valid && head.IdemKey.String == in.IdempotencyKey {
 		// The retry of the put that wrote the current version: nothing is
-		// written, nothing published.
+		// written, nothing published. Another value under its key is no
+		// retry.
+		same, err := s.sameValue(ctx, q, refText, head.Version, in.Value)
+		if err != nil {
+			return nil, err
+		}
+		if !same {
+			return nil, api.Errorf(api.CodeConflict, "idempotencyKey %q wrote version %d of %s with another value", in.IdempotencyKey, head.Version, refText)
+		}
 		s.audited(sess, ref)
 		return &api.SecretVersion{Reference: refText, Version: head.Version}, nil
 	}
@@ -147,7 +197,7 @@ func (s *Service) Put(ctx context.Context, in *api.SecretsPutInput) (*api.Secret
 	}
 	if _, err := q.WriteSecretVersion(ctx, db.WriteSecretVersionParams{
 		Reference: refText, Version: version, IdemKey: key(in.IdempotencyKey), Store: s.store,
-		Nonce: nonce, Sealed: sealed, CreatedBy: sess.Caller.IdentityID,
+		Nonce: nonce, Sealed: sealed, CreatedBy: sess.Caller.IdentityID, ValueDigest: s.digestOf(refText, in.Value),
 	}); err != nil {
 		return nil, err
 	}
@@ -165,6 +215,7 @@ func (s *Service) create(ctx context.Context, q *db.Queries, sess *iam.Session, 
 	_, err = q.CreateSecret(ctx, db.CreateSecretParams{
 		Reference: refText, TenantID: ref.owner(s.root), Scope: ref.Scope, Name: ref.Name, Store: s.store,
 		IdemKey: key(in.IdempotencyKey), Nonce: nonce, Sealed: sealed, CreatedBy: sess.Caller.IdentityID,
+		ValueDigest: s.digestOf(refText, in.Value),
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -191,6 +242,43 @@ func (s *Service) published(ctx context.Context, tx pgx.Tx, sess *iam.Session, r
 		Type: api.EventSecuritySecretPut, Subject: out.Reference, TenantID: ref.owner(s.root),
 		Data: api.SecuritySecretPutPayload{Reference: out.Reference, Name: ref.Name, Version: version},
 	})
+}
+
+// List answers secrets.list: the live secrets of the tenant's scope by
+// name, never a value. The call was decided on the tenant (or the fleet,
+// for scope fleet).
+func (s *Service) List(ctx context.Context, in *api.SecretsListInput) (*api.SecretList, error) {
+	ref, err := s.reference(in.TenantID, in.Scope, "")
+	if err != nil {
+		return nil, err
+	}
+	_, _, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	after := ""
+	if in.After != nil {
+		after = *in.After
+	}
+	// One row more than the page tells whether another page follows.
+	rows, err := q.ListSecrets(ctx, db.ListSecretsParams{
+		TenantID: ref.owner(s.root), Scope: ref.Scope, After: after, MaxRows: int32(in.Limit) + 1,
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &api.SecretList{Items: make([]api.SecretSummary, 0, min(len(rows), int(in.Limit)))}
+	for i, r := range rows {
+		if i == int(in.Limit) {
+			next := out.Items[i-1].Name
+			out.Next = &next
+			break
+		}
+		out.Items = append(out.Items, api.SecretSummary{
+			Name: r.Name, Reference: r.Reference, Version: r.Version, Store: r.Store, UpdatedAt: r.UpdatedAt.UTC().Format("2006-01-02T15:04:05.000Z"),
+		})
+	}
+	return out, nil
 }
 
 // Delete answers secrets.delete: every version goes; the head stays as a

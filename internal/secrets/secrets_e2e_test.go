@@ -245,11 +245,19 @@ func TestRetryWithTheCurrentKeyWritesNothing(t *testing.T) {
 	// The retry of the put that wrote the current version returns it.
 	again := mustPut(t, f.acmeMember, in)
 	assert.Equal(t, *cur, *again)
-	// The key is not scoped to the identity, and (as the specification
-	// says: only the key is compared) a different value under that key
-	// still just returns the current version.
-	other := mustPut(t, f.acmeOwner, putIn{tenant: "acme", name: "api-token", value: "something else", key: "k2"})
+	// The key is not scoped to the identity: another caller's retry with
+	// the same value is a retry too.
+	other := mustPut(t, f.acmeOwner, putIn{tenant: "acme", name: "api-token", value: "v-two", key: "k2"})
 	assert.Equal(t, *cur, *other)
+	// The same key with another value is no retry: CONFLICT (the general
+	// Idempotency rule), whoever calls.
+	for _, c := range []*computeclient.Client{f.acmeMember, f.acmeOwner} {
+		_, err := put(t, c, putIn{tenant: "acme", name: "api-token", value: "something else", key: "k2"})
+		e := testenv.APIError(t, err)
+		assert.Equal(t, "CONFLICT", e.Code)
+		assert.Equal(t, 409, e.Status)
+		assert.NotContains(t, e.Message, "something else", "never the value")
+	}
 	assert.Equal(t, 2, f.versions(t, cur.Reference), "no version written")
 	assert.Equal(t, 2, f.events(t, "security.secret.put", cur.Reference), "nothing published")
 	value, _, err := f.resolve(t, "acme", cur.Reference)
@@ -283,13 +291,15 @@ func TestFleetScope(t *testing.T) {
 	assert.Equal(t, "secret://tenants/root/registry-token", own.Reference)
 	assert.Equal(t, int64(1), own.Version)
 
-	// Decided on compute-fleet/global: a tenant owner, or a root viewer, is refused.
+	// Decided on compute-fleet/global: a root viewer is refused; a tenant
+	// owner asking for scope fleet in its tenant is INVALID_INPUT first
+	// (validation runs before authentication).
 	_, err := put(t, f.acmeOwner, putIn{tenant: "acme", name: "registry-token", value: "x", key: "k1", fleet: true})
-	assert.Equal(t, "ACCESS_DENIED", code(t, err))
+	assert.Equal(t, "INVALID_INPUT", code(t, err))
 	_, err = put(t, f.rootViewer, in)
 	assert.Equal(t, "ACCESS_DENIED", code(t, err))
 	_, err = del(t, f.acmeOwner, "acme", "registry-token", true)
-	assert.Equal(t, "ACCESS_DENIED", code(t, err))
+	assert.Equal(t, "INVALID_INPUT", code(t, err))
 	// Only in the root tenant.
 	_, err = put(t, f.root, putIn{tenant: "acme", name: "registry-token", value: "x", key: "k1", fleet: true})
 	e := testenv.APIError(t, err)

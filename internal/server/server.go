@@ -40,7 +40,11 @@ type Options struct {
 	// Watch serves GET /watch (the events module's stream); nil mounts
 	// nothing.
 	Watch http.Handler
-	Log   *slog.Logger
+	// IAMEvents serves POST IAMEventsPath, the identity service's signed
+	// event webhook; nil (no secret configured) mounts nothing.
+	IAMEvents     http.Handler
+	IAMEventsPath string
+	Log           *slog.Logger
 }
 
 // WellKnownMaxAge is how long the well-known document may be cached.
@@ -84,6 +88,9 @@ func New(o Options) http.Handler {
 	mux.HandleFunc(o.BasePath+"/docs/", docs)
 	if o.Watch != nil {
 		mux.Handle("/watch", getOnly(o.Watch.ServeHTTP))
+	}
+	if o.IAMEvents != nil {
+		mux.Handle(o.IAMEventsPath, o.IAMEvents)
 	}
 	if metrics.Enabled(o.MetricsToken) {
 		path := o.MetricsPath

@@ -5,6 +5,7 @@ package sites_test
 // the real host and PostgreSQL.
 
 import (
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -159,14 +160,26 @@ func TestSameKeyDifferentRequestIsConflict(t *testing.T) {
 func TestPlatformSitesAreDecidedOnTheFleetInTheRootTenant(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
+	// The generated client insists on a credential: drop it on the wire.
+	anonymous := f.env.Client(t, computeclient.WithToken("dropped"),
+		computeclient.WithRequestEditor(func(r *http.Request) { r.Header.Del("Authorization") }))
 	for _, kind := range []string{"shared", "dedicated"} {
-		_, err := create(t, f.acmeOwner, "acme", kind, "eu-west", "k-"+kind)
+		_, err := create(t, f.acmeOwner, "root", kind, "eu-west", "k-"+kind)
 		assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code, "decided on compute-fleet/global: %s", kind)
 		_, err = create(t, f.root, "acme", kind, "eu-west", "k-"+kind)
 		e := testenv.APIError(t, err)
 		assert.Equal(t, "INVALID_INPUT", e.Code, "its tenantId must be the root tenant")
 		assert.Contains(t, e.Message, "root tenant")
+		// Validation runs before authentication: callers who would also
+		// be refused, or who have no credential, hear INVALID_INPUT.
+		for name, c := range map[string]*computeclient.Client{"tenant owner": f.acmeOwner, "viewer": f.acmeViewer, "other tenant": f.globex, "no credential": anonymous} {
+			_, err = create(t, c, "acme", kind, "eu-west", "k-"+kind)
+			e = testenv.APIError(t, err)
+			assert.Equal(t, "INVALID_INPUT", e.Code, "%s: %s", kind, name)
+			assert.Equal(t, "kind: "+kind+" is only for the root tenant root, not tenant acme", e.Message, name)
+		}
 	}
+	assert.Zero(t, f.count(t, "SELECT count(*) FROM iam.resources WHERE draft"), "no draft left behind")
 	shared := mustCreate(t, f.root, "root", "shared", "eu-west", "s1")
 	dedicated := mustCreate(t, f.root, "root", "dedicated", "eu-west", "d1")
 
@@ -406,10 +419,12 @@ func TestRefusedCreateLeavesNothing(t *testing.T) {
 	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code)
 	_, err = create(t, f.globex, "acme", "custom", "eu-west", "k1")
 	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code)
-	_, err = create(t, f.acmeOwner, "acme", "shared", "eu-west", "k1")
+	_, err = create(t, f.acmeOwner, "root", "shared", "eu-west", "k1")
 	assert.Equal(t, "ACCESS_DENIED", testenv.APIError(t, err).Code)
+	_, err = create(t, f.acmeOwner, "acme", "shared", "eu-west", "k1")
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "refused before authentication")
 	_, err = create(t, f.root, "acme", "shared", "eu-west", "k1")
-	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "refused after admission: the draft goes too")
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "refused before admission")
 	for _, tb := range tables {
 		assert.Equal(t, before[tb], f.count(t, "SELECT count(*) FROM "+tb), tb)
 	}

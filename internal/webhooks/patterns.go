@@ -2,6 +2,7 @@ package webhooks
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"computeplane/gen/api"
@@ -52,4 +53,13 @@ func (s *Service) checkPatterns(patterns []string) error {
 		}
 	}
 	return nil
+}
+
+// Served reports whether module is served in this deployment: a group of
+// the registry with a registered method (the host refuses to start when a
+// registered group has no implementation). Types of the catalog whose
+// module is not served (reservation.*, say) are accepted as patterns, so a
+// webhook can subscribe before the module ships, but cannot fire yet.
+func Served(module string) bool {
+	return slices.ContainsFunc(api.Methods, func(m *api.Method) bool { return m.Group == module && m.Registered() })
 }

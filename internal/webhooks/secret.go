@@ -3,73 +3,46 @@ package webhooks
 import (
 	"crypto/aes"
 	"crypto/cipher"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
+
+	"computeplane/internal/whsig"
 )
 
-// Signing follows Standard Webhooks (ARCHITECTURE.md): a secret is
-// "whsec_" and the base64 of 32 random bytes; the key is those bytes; each
-// signature is "v1," and the base64 of HMAC-SHA256 over
+// Signing follows Standard Webhooks (ARCHITECTURE.md) and lives in
+// internal/whsig, which the identity-event webhook verifies with too: a
+// secret is "whsec_" and the base64 of 32 random bytes; the key is those
+// bytes; each signature is "v1," and the base64 of HMAC-SHA256 over
 // "<webhook-id>.<webhook-timestamp>.<body>"; the webhook-signature header
 // carries one signature per secret that still signs, space-separated.
 
 // Header names of a delivery.
 const (
-	HeaderID        = "webhook-id"
-	HeaderTimestamp = "webhook-timestamp"
-	HeaderSignature = "webhook-signature"
+	HeaderID        = whsig.HeaderID
+	HeaderTimestamp = whsig.HeaderTimestamp
+	HeaderSignature = whsig.HeaderSignature
 	// HeaderDelivery carries the delivery id, unchanged across retries and
 	// redeliveries.
 	HeaderDelivery = "X-Service-Delivery"
 )
 
 // SecretPrefix starts every signing secret.
-const SecretPrefix = "whsec_"
-
-const secretBytes = 32
+const SecretPrefix = whsig.SecretPrefix
 
 // newSecret returns a new signing secret as shown to the tenant and its
 // key bytes.
-func newSecret() (string, []byte, error) {
-	key := make([]byte, secretBytes)
-	if _, err := rand.Read(key); err != nil {
-		return "", nil, fmt.Errorf("webhooks: secret: %w", err)
-	}
-	return SecretPrefix + base64.StdEncoding.EncodeToString(key), key, nil
-}
+func newSecret() (string, []byte, error) { return whsig.NewSecret() }
 
 // ParseSecret returns the key bytes of a signing secret.
-func ParseSecret(s string) ([]byte, error) {
-	rest, ok := strings.CutPrefix(s, SecretPrefix)
-	if !ok {
-		return nil, errors.New("webhooks: a signing secret starts with " + SecretPrefix)
-	}
-	return base64.StdEncoding.DecodeString(rest)
-}
+func ParseSecret(s string) ([]byte, error) { return whsig.ParseSecret(s) }
 
 // Sign returns the webhook-signature header value of a message: one v1
 // signature per key, in the order given, space-separated.
 func Sign(keys [][]byte, msgID string, ts time.Time, body []byte) string {
-	var b strings.Builder
-	prefix := msgID + "." + strconv.FormatInt(ts.Unix(), 10) + "."
-	for i, k := range keys {
-		m := hmac.New(sha256.New, k)
-		m.Write([]byte(prefix))
-		m.Write(body)
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		b.WriteString("v1,")
-		b.WriteString(base64.StdEncoding.EncodeToString(m.Sum(nil)))
-	}
-	return b.String()
+	return whsig.Sign(keys, msgID, ts, body)
 }
 
 // sealLabel starts the additional data of every seal; it changes with the

@@ -423,11 +423,13 @@ func (s *Service) Redeliver(ctx context.Context, in *api.WebhooksRedeliverInput)
 	return deliveryOutput(r), nil
 }
 
-// EventTypes answers webhooks.eventTypes: the event catalog.
+// EventTypes answers webhooks.eventTypes: the event catalog, each type
+// marked with whether its publishing module is served in this deployment.
 func (s *Service) EventTypes(_ context.Context, _ *api.WebhooksEventTypesInput) (*api.EventTypeList, error) {
 	out := &api.EventTypeList{Items: make([]api.EventType, 0, len(s.types))}
 	for _, e := range s.types {
-		out.Items = append(out.Items, api.EventType{Type: e.Type, Subject: e.Subject, Module: e.Module, Description: e.Description})
+		out.Items = append(out.Items, api.EventType{Type: e.Type, Subject: e.Subject, Module: e.Module, Description: e.Description,
+			Served: Served(e.Module)})
 	}
 	return out, nil
 }

@@ -19,6 +19,7 @@ import (
 	"computeplane/gen/api"
 	"computeplane/gen/client"
 	"computeplane/internal/testenv"
+	"computeplane/internal/webhooks"
 )
 
 const hookURL = "https://hooks.example.com/in"
@@ -69,11 +70,13 @@ func TestCreateReturnsTheSecretOnceAndStoresItSealed(t *testing.T) {
 func TestPatterns(t *testing.T) {
 	t.Parallel()
 	f := setup(t, "")
-	for _, ok := range [][]string{{"*"}, {"site.created"}, {"site.*"}, {"sandbox.*"}, {"sandbox.volume.*"}, {"node.*"}, {"webhook.ping"}, {"site.created", "site.created"}} {
+	for _, ok := range [][]string{{"*"}, {"site.created"}, {"site.*"}, {"sandbox.*"}, {"sandbox.volume.*"}, {"node.*"}, {"webhook.ping"}, {"site.created", "site.created"},
+		// The families the specification names, served or not yet.
+		{"reservation.*"}, {"node.cordoned"}, {"reservation.preempted", "node.*"}} {
 		_, err := create(t, f.acme, "acme", hookURL, ok...)
 		require.NoError(t, err, ok)
 	}
-	for _, bad := range [][]string{{"reservation.*"}, {"site.exploded"}, {"site"}, {"sites.*"}, {"site.*", "nope.*"}} {
+	for _, bad := range [][]string{{"reservations.*"}, {"node.exploded"}, {"site.exploded"}, {"site"}, {"sites.*"}, {"site.*", "nope.*"}} {
 		_, err := create(t, f.acme, "acme", hookURL, bad...)
 		e := testenv.APIError(t, err)
 		assert.Equal(t, "INVALID_INPUT", e.Code, bad)
@@ -94,12 +97,12 @@ func TestPatterns(t *testing.T) {
 
 	// update checks patterns the same way.
 	w := mustCreate(t, f.acme, "acme", hookURL, "*")
-	_, err = update(t, f.acme, client.WebhooksUpdateInput{TenantId: "acme", WebhookId: w.Webhook.WebhookId, Events: []string{"reservation.*"}})
+	_, err = update(t, f.acme, client.WebhooksUpdateInput{TenantId: "acme", WebhookId: w.Webhook.WebhookId, Events: []string{"nope.*"}})
 	assert.Equal(t, "INVALID_INPUT", code(t, err))
 
 	// The deployment switch.
 	open := setup(t, "{acceptAnyPattern: true}")
-	_, err = create(t, open.acme, "acme", hookURL, "reservation.*", "plugin.thing.done")
+	_, err = create(t, open.acme, "acme", hookURL, "nope.*", "plugin.thing.done")
 	require.NoError(t, err)
 }
 
@@ -499,14 +502,36 @@ func TestEventTypesIsTheEventCatalog(t *testing.T) {
 	require.Len(t, res.Data.Items, len(api.EventTypes))
 	for i, e := range api.EventTypes {
 		got := res.Data.Items[i]
-		assert.Equal(t, client.EventType{Type: e.Type, Subject: e.Subject, Module: e.Module, Description: e.Description}, got)
+		assert.Equal(t, client.EventType{Type: e.Type, Subject: e.Subject, Module: e.Module, Description: e.Description,
+			Served: webhooks.Served(e.Module)}, got)
 	}
-	types := map[string]string{}
+	types := map[string]client.EventType{}
 	for _, e := range res.Data.Items {
-		types[e.Type] = e.Module
+		types[e.Type] = e
 	}
-	assert.Equal(t, "sites", types["site.created"])
-	assert.Equal(t, "webhooks", types["webhook.ping"])
+	assert.Equal(t, "sites", types["site.created"].Module)
+	assert.True(t, types["site.created"].Served)
+	assert.Equal(t, "webhooks", types["webhook.ping"].Module)
+	assert.True(t, types["webhook.ping"].Served)
+	// The families the specification names are listed; reservations are
+	// not served yet, nodes are (nodes.cordon publishes node.cordoned).
+	for _, typ := range []string{"reservation.created", "reservation.placed", "reservation.active", "reservation.ended",
+		"reservation.cancelled", "reservation.failed", "reservation.preempting", "reservation.preempted"} {
+		e, ok := types[typ]
+		require.True(t, ok, typ)
+		assert.Equal(t, "reservations", e.Module, typ)
+		assert.False(t, e.Served, typ)
+		assert.NotEmpty(t, e.Subject, typ)
+		assert.NotEmpty(t, e.Description, typ)
+	}
+	for _, typ := range []string{"node.cordoned", "node.uncordoned", "node.draining", "node.retired", "node.down", "node.labeled"} {
+		e, ok := types[typ]
+		require.True(t, ok, typ)
+		assert.Equal(t, "nodes", e.Module, typ)
+		assert.True(t, e.Served, typ)
+	}
+	// A module without a registered method is not served.
+	assert.False(t, types["sandbox.volume.created"].Served)
 	_, err = f.viewer.WebhooksEventTypes(t.Context(), &client.WebhooksEventTypesInput{TenantId: "acme"})
 	assert.Equal(t, "ACCESS_DENIED", code(t, err))
 	_, err = f.globex.WebhooksEventTypes(t.Context(), &client.WebhooksEventTypesInput{TenantId: "acme"})

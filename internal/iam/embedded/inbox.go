@@ -64,3 +64,24 @@ func (s *Service) writeEvent(ctx context.Context, q *db.Queries, typ, identity, 
 		EventID: newID("iev_"), Type: typ, IdentityID: identity, Session: session, At: s.now(),
 	})
 }
+
+// RecordEvent appends an event that arrived through the identity service's
+// signed webhook, under the inbox lock; recorded is false when an event
+// with its id is already in the inbox (a redelivery).
+func (s *Service) RecordEvent(ctx context.Context, e iam.Event) (recorded bool, err error) {
+	err = s.st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		q := db.New(tx)
+		if err := q.AdvisoryXactLock(ctx, inboxLockID); err != nil {
+			return err
+		}
+		n, err := q.IAMInsertEventOnce(ctx, db.IAMInsertEventOnceParams{
+			EventID: e.ID, Type: e.Type, IdentityID: e.IdentityID, Session: e.Session, At: e.At,
+		})
+		recorded = n == 1
+		return err
+	})
+	if err != nil {
+		return false, unavailable(err)
+	}
+	return recorded, nil
+}

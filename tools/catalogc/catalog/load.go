@@ -663,7 +663,7 @@ func resourceRef(n node, what string) (*ResourceRef, error) {
 }
 
 func resource(n node) (*Resource, error) {
-	keys, vals, err := n.pairs("resource", "type", "id", "parent", "draft", "creates", "attributes", "items", "alternates")
+	keys, vals, err := n.pairs("resource", "type", "id", "parent", "draft", "creates", "attributes", "items", "alternates", "rootTenantOnly")
 	if err != nil {
 		return nil, err
 	}
@@ -700,6 +700,8 @@ func resource(n node) (*Resource, error) {
 				}
 				r.Alternates = append(r.Alternates, a)
 			}
+		case "rootTenantOnly":
+			r.RootTenantOnly, err = condition(v, "rootTenantOnly")
 		}
 		if err != nil {
 			return nil, err
@@ -724,21 +726,9 @@ func alternate(n node) (*Alternate, error) {
 		case "id":
 			a.ID, err = vals[i].str("id")
 		case "when":
-			var wk []string
-			var wv []node
-			if wk, wv, err = vals[i].pairs("when", "field", "in"); err != nil {
-				return nil, err
-			}
-			for j, w := range wk {
-				switch w {
-				case "field":
-					a.WhenField, err = wv[j].str("field")
-				case "in":
-					a.WhenIn, err = wv[j].strings("in")
-				}
-				if err != nil {
-					return nil, err
-				}
+			var c *Condition
+			if c, err = condition(vals[i], "when"); err == nil {
+				a.WhenField, a.WhenIn = c.Field, c.In
 			}
 		}
 		if err != nil {
@@ -749,6 +739,30 @@ func alternate(n node) (*Alternate, error) {
 		return nil, n.errf("an alternate needs type, id and when.field")
 	}
 	return a, nil
+}
+
+// condition reads {field, in}: the field is required, in is optional.
+func condition(n node, what string) (*Condition, error) {
+	keys, vals, err := n.pairs(what, "field", "in")
+	if err != nil {
+		return nil, err
+	}
+	c := &Condition{}
+	for i, k := range keys {
+		switch k {
+		case "field":
+			c.Field, err = vals[i].str("field")
+		case "in":
+			c.In, err = vals[i].strings("in")
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if c.Field == "" && what != "when" {
+		return nil, n.errf("%s needs a field", what)
+	}
+	return c, nil
 }
 
 func exactlyOne(n node) ([][]string, error) {
@@ -1115,6 +1129,18 @@ func (c *Catalog) checkMethods() error {
 				ids = append(ids, a.ID)
 				if m.Input.Field(a.WhenField) == nil {
 					return at("resource", "alternate condition names %q, which is not an input field", a.WhenField)
+				}
+			}
+			if c := r.RootTenantOnly; c != nil {
+				f := m.Input.Field(c.Field)
+				switch {
+				case f == nil:
+					return at("resource", "rootTenantOnly names %q, which is not an input field", c.Field)
+				case m.Input.Field("tenantId") == nil:
+					return at("resource", "rootTenantOnly needs a tenantId input field")
+				case f.Schema.Default != nil && slices.Contains(c.In, fmt.Sprint(f.Schema.Default)):
+					// The check reads the body as sent, before defaults.
+					return at("resource", "rootTenantOnly.in holds the default of %q, which an absent field would not show", c.Field)
 				}
 			}
 			for _, id := range ids {

@@ -152,6 +152,15 @@ type Resource struct {
 	Attributes []string
 	Items      string
 	Alternates []*Alternate
+	// RootTenantOnly, when its condition holds, makes a tenantId other than
+	// the root tenant's INVALID_INPUT, checked before authentication.
+	RootTenantOnly *Condition
+}
+
+// Condition holds when Field is present (In empty) or holds one of In.
+type Condition struct {
+	Field string
+	In    []string
 }
 
 // ResourceRef is a type and the input field naming its id.

@@ -711,6 +711,12 @@ func (g *generator) methodRow(m *catalog.Method) jen.Code {
 				}
 			})
 		}
+		if c := r.RootTenantOnly; c != nil {
+			rd[jen.Id("RootTenantOnly")] = jen.Op("&").Id("Condition").Values(jen.Dict{
+				jen.Id("Field"): jen.Lit(c.Field),
+				jen.Id("In"):    strList(c.In),
+			})
+		}
 		d[jen.Id("Resource")] = jen.Op("&").Id("Resource").Values(rd)
 	}
 	if id := m.Idempotency; id != nil {

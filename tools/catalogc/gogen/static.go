@@ -8,6 +8,7 @@ const staticSource = `package api
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"computeplane/internal/wire"
 )
@@ -57,6 +58,26 @@ type Resource struct {
 	Attributes []string
 	Items      string
 	Alternates []Alternate
+	// RootTenantOnly, when its condition holds on the body, makes a
+	// tenantId other than the root tenant's INVALID_INPUT naming the
+	// field, before authentication (the envelope's Precheck).
+	RootTenantOnly *Condition
+}
+
+// Condition holds when Field is present (In empty) or holds one of In.
+type Condition struct {
+	Field string
+	In    []string
+}
+
+// Holds reports whether the condition holds on a parsed body.
+func (c *Condition) Holds(fields map[string]any) bool {
+	v, ok := fields[c.Field]
+	if !ok || v == nil {
+		return false
+	}
+	s, _ := v.(string)
+	return len(c.In) == 0 || slices.Contains(c.In, s)
 }
 
 // Idempotency names a method's idempotency key, the id it derives and the
