@@ -82,6 +82,10 @@ test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
 fuzz-short: $(SECRET_FILE) ## Fuzz each FUZZ_TARGETS entry for FUZZ_TIME (default 10s)
 	@$(SERVICE_ENV); scripts/fuzz-short.sh $(FUZZ_TIME) $(FUZZ_TARGETS)
 
+.PHONY: foreign-clients
+foreign-clients: ## Generate and compile an oapi-codegen Go client and openapi-typescript types from openapi.yaml
+	scripts/foreign-clients.sh
+
 .PHONY: bench
 bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks
 	NOTIFIER_BENCH=$${NOTIFIER_BENCH:-1} scripts/bench.sh

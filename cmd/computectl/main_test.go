@@ -386,7 +386,7 @@ func TestSecrets(t *testing.T) {
 	r = cmd(t, env, "", "secrets", "put", "--name", "x", "--value", "v", "--idempotency-key", "p3", "--scope", "global")
 	assert.Equal(t, cli.ExitUsage, r.code, r.stderr)
 	r = cmd(t, env, "", "secrets", "put", "--name", "x", "--value", "v", "--idempotency-key", "p3", "--scope", "fleet")
-	assert.Equal(t, cli.ExitAccess, r.code, r.stderr)
+	assert.Equal(t, cli.ExitInvalidInput, r.code, r.stderr) // input validation, before authentication
 
 	r = cmd(t, env, "", "secrets", "delete", "--name", "db-password")
 	require.Equal(t, 0, r.code, r.stderr)

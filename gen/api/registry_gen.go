@@ -60,6 +60,9 @@ func (s *Services) Check() error {
 	if s.System == nil {
 		return errors.New("group system has registered methods and no service")
 	}
+	if s.Usage == nil {
+		return errors.New("group usage has registered methods and no service")
+	}
 	if s.Webhooks == nil {
 		return errors.New("group webhooks has registered methods and no service")
 	}
@@ -447,6 +450,7 @@ var Methods = []*Method{
 		},
 		Description: "Sets and removes labels of a node (at most 64; keys and values of at most 63 characters); a key both set and removed is INVALID_INPUT.",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"node.labeled"},
 		FullName:    "nodes.label",
 		Group:       "nodes",
 		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
@@ -1931,9 +1935,16 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "usage.list",
 		Group:       "usage",
-		Kind:        KindRead,
-		Name:        "list",
-		Phase:       "v0.1",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Usage.List(ctx, in.(*UsageListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v0.1",
 		Resource: &Resource{
 			Alternates: []Alternate{{
 				ResourceRef: ResourceRef{
@@ -1949,7 +1960,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/usage/list",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1962,9 +1973,16 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "usage.export",
 		Group:       "usage",
-		Kind:        KindRead,
-		Name:        "export",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Usage.Export(ctx, in.(*UsageExportInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "export",
+		Phase: "v0.2",
 		Resource: &Resource{
 			Alternates: []Alternate{{
 				ResourceRef: ResourceRef{
@@ -1980,7 +1998,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/usage/export",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{

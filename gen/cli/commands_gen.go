@@ -717,6 +717,49 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "usage",
+		Description: "Hourly usage windows handed to billing.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "list",
+				Description: "Windows ordered by window start that end after from and start before to (to not after from is INVALID_INPUT); decided on the project when projectId is given.",
+				Kind:        "read",
+				Action:      "compute:usage:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Help: "Project identifier."},
+					{Name: "meter", Field: "meter", Type: cliruntime.String, Help: "Usage meter name."},
+					{Name: "from", Field: "from", Type: cliruntime.Int, Help: "Epoch milliseconds."},
+					{Name: "to", Field: "to", Type: cliruntime.Int, Help: "Epoch milliseconds."},
+					{Name: "limit", Field: "limit", Type: cliruntime.Int, Default: "100"},
+					{Name: "cursor", Field: "cursor", Type: cliruntime.String, Help: "Opaque; returned by a list method and passed back unchanged; one the method did not return is INVALID_INPUT."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.UsageList(ctx, new(client.UsageListInput))
+					return err
+				},
+			},
+			{
+				Name:        "export",
+				Description: "Every window of a range of at most 93 days as CSV or JSON Lines with window count and summed quantity per meter; at most 50,000 windows (truncated); decided on the project when projectId is given.",
+				Kind:        "read",
+				Action:      "compute:usage:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "from", Field: "from", Type: cliruntime.Int, Required: true, Help: "Epoch milliseconds."},
+					{Name: "to", Field: "to", Type: cliruntime.Int, Required: true, Help: "Epoch milliseconds; after from, at most 93 days later."},
+					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Help: "Project identifier."},
+					{Name: "meter", Field: "meter", Type: cliruntime.String, Help: "Usage meter name."},
+					{Name: "format", Field: "format", Type: cliruntime.String, Enum: []string{"csv", "jsonl"}, Default: "csv"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.UsageExport(ctx, new(client.UsageExportInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "webhooks",
 		Description: "Per-tenant signed event subscriptions.",
 		Methods: []cliruntime.Method{

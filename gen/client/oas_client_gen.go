@@ -53,7 +53,7 @@ type EventsInvoker interface {
 	// (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /events/list
-	EventsList(ctx context.Context, request *EventsListInput) (*EventsListResponse, error)
+	EventsList(ctx context.Context, request *EventsListInput) (*EventsListResult, error)
 }
 
 // FlavorsInvoker invokes operations described by OpenAPI v3 specification.
@@ -69,7 +69,7 @@ type FlavorsInvoker interface {
 	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /flavors/archive
-	FlavorsArchive(ctx context.Context, request *FlavorsArchiveInput) (*FlavorsArchiveResponse, error)
+	FlavorsArchive(ctx context.Context, request *FlavorsArchiveInput) (*FlavorsArchiveResult, error)
 	// FlavorsCreate invokes flavorsCreate operation.
 	//
 	// Adds a flavor to a pool of the tenant; a name the pool has (archived or not) is CONFLICT; an
@@ -80,7 +80,7 @@ type FlavorsInvoker interface {
 	// (403).
 	//
 	// POST /flavors/create
-	FlavorsCreate(ctx context.Context, request *FlavorsCreateInput) (*FlavorsCreateResponse, error)
+	FlavorsCreate(ctx context.Context, request *FlavorsCreateInput) (*FlavorsCreateResult, error)
 	// FlavorsGet invokes flavorsGet operation.
 	//
 	// One flavor of a pool the tenant owns or is offered.
@@ -89,7 +89,7 @@ type FlavorsInvoker interface {
 	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /flavors/get
-	FlavorsGet(ctx context.Context, request *FlavorsGetInput) (*FlavorsGetResponse, error)
+	FlavorsGet(ctx context.Context, request *FlavorsGetInput) (*FlavorsGetResult, error)
 	// FlavorsList invokes flavorsList operation.
 	//
 	// Flavors of a pool the tenant owns or is offered; archived ones only when asked.
@@ -98,7 +98,7 @@ type FlavorsInvoker interface {
 	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /flavors/list
-	FlavorsList(ctx context.Context, request *FlavorsListInput) (*FlavorsListResponse, error)
+	FlavorsList(ctx context.Context, request *FlavorsListInput) (*FlavorsListResult, error)
 }
 
 // ImagesInvoker invokes operations described by OpenAPI v3 specification.
@@ -114,7 +114,7 @@ type ImagesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /images/get
-	ImagesGet(ctx context.Context, request *ImagesGetInput) (*ImagesGetResponse, error)
+	ImagesGet(ctx context.Context, request *ImagesGetInput) (*ImagesGetResult, error)
 	// ImagesList invokes imagesList operation.
 	//
 	// Every image of the image source, by id.
@@ -123,7 +123,7 @@ type ImagesInvoker interface {
 	// (400), INVALID_CONFIG (500), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /images/list
-	ImagesList(ctx context.Context, request *ImagesListInput) (*ImagesListResponse, error)
+	ImagesList(ctx context.Context, request *ImagesListInput) (*ImagesListResult, error)
 }
 
 // NodesInvoker invokes operations described by OpenAPI v3 specification.
@@ -140,7 +140,7 @@ type NodesInvoker interface {
 	// (401), ACCESS_DENIED (403).
 	//
 	// POST /nodes/cordon
-	NodesCordon(ctx context.Context, request *NodesCordonInput) (*NodesCordonResponse, error)
+	NodesCordon(ctx context.Context, request *NodesCordonInput) (*NodesCordonResult, error)
 	// NodesDrain invokes nodesDrain operation.
 	//
 	// A ready or cordoned node takes no new work and its work is to move elsewhere; draining twice returns
@@ -151,7 +151,7 @@ type NodesInvoker interface {
 	// (401), ACCESS_DENIED (403).
 	//
 	// POST /nodes/drain
-	NodesDrain(ctx context.Context, request *NodesDrainInput) (*NodesDrainResponse, error)
+	NodesDrain(ctx context.Context, request *NodesDrainInput) (*NodesDrainResult, error)
 	// NodesGet invokes nodesGet operation.
 	//
 	// One node of the tenant's pools; anything else is NOT_FOUND.
@@ -160,17 +160,18 @@ type NodesInvoker interface {
 	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /nodes/get
-	NodesGet(ctx context.Context, request *NodesGetInput) (*NodesGetResponse, error)
+	NodesGet(ctx context.Context, request *NodesGetInput) (*NodesGetResult, error)
 	// NodesLabel invokes nodesLabel operation.
 	//
 	// Sets and removes labels of a node (at most 64; keys and values of at most 63 characters); a key both
 	// set and removed is INVALID_INPUT.
 	//
-	// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Errors: INVALID_INPUT
-	// (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+	// node.labeled. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
 	//
 	// POST /nodes/label
-	NodesLabel(ctx context.Context, request *NodesLabelInput) (*NodesLabelResponse, error)
+	NodesLabel(ctx context.Context, request *NodesLabelInput) (*NodesLabelResult, error)
 	// NodesList invokes nodesList operation.
 	//
 	// Nodes of the tenant's pools, in every pool or in poolId, by state when asked; retired ones only when
@@ -180,7 +181,7 @@ type NodesInvoker interface {
 	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /nodes/list
-	NodesList(ctx context.Context, request *NodesListInput) (*NodesListResponse, error)
+	NodesList(ctx context.Context, request *NodesListInput) (*NodesListResult, error)
 	// NodesRetire invokes nodesRetire operation.
 	//
 	// A node with nothing booked on it leaves its pool for good (INVALID_STATE while bookings hold it;
@@ -191,7 +192,7 @@ type NodesInvoker interface {
 	// (401), ACCESS_DENIED (403).
 	//
 	// POST /nodes/retire
-	NodesRetire(ctx context.Context, request *NodesRetireInput) (*NodesRetireResponse, error)
+	NodesRetire(ctx context.Context, request *NodesRetireInput) (*NodesRetireResult, error)
 	// NodesUncordon invokes nodesUncordon operation.
 	//
 	// A cordoned or draining node takes new work again; a ready node is returned unchanged; retired and
@@ -202,7 +203,7 @@ type NodesInvoker interface {
 	// (401), ACCESS_DENIED (403).
 	//
 	// POST /nodes/uncordon
-	NodesUncordon(ctx context.Context, request *NodesUncordonInput) (*NodesUncordonResponse, error)
+	NodesUncordon(ctx context.Context, request *NodesUncordonInput) (*NodesUncordonResult, error)
 }
 
 // PoolsInvoker invokes operations described by OpenAPI v3 specification.
@@ -219,7 +220,7 @@ type PoolsInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /pools/archive
-	PoolsArchive(ctx context.Context, request *PoolsArchiveInput) (*PoolsArchiveResponse, error)
+	PoolsArchive(ctx context.Context, request *PoolsArchiveInput) (*PoolsArchiveResult, error)
 	// PoolsCreate invokes poolsCreate operation.
 	//
 	// Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the
@@ -233,7 +234,7 @@ type PoolsInvoker interface {
 	// CONFLICT (409), UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /pools/create
-	PoolsCreate(ctx context.Context, request *PoolsCreateInput) (*PoolsCreateResponse, error)
+	PoolsCreate(ctx context.Context, request *PoolsCreateInput) (*PoolsCreateResult, error)
 	// PoolsGet invokes poolsGet operation.
 	//
 	// A pool the tenant owns or is offered; anything else is NOT_FOUND.
@@ -242,7 +243,7 @@ type PoolsInvoker interface {
 	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /pools/get
-	PoolsGet(ctx context.Context, request *PoolsGetInput) (*PoolsGetResponse, error)
+	PoolsGet(ctx context.Context, request *PoolsGetInput) (*PoolsGetResult, error)
 	// PoolsList invokes poolsList operation.
 	//
 	// Pools the tenant owns or is offered, in name order; archived ones only when asked.
@@ -251,7 +252,7 @@ type PoolsInvoker interface {
 	// (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /pools/list
-	PoolsList(ctx context.Context, request *PoolsListInput) (*PoolsListResponse, error)
+	PoolsList(ctx context.Context, request *PoolsListInput) (*PoolsListResult, error)
 	// PoolsOffer invokes poolsOffer operation.
 	//
 	// Offers the pool to another tenant within limits: writes that tenant's quota rows (max per resource;
@@ -263,7 +264,7 @@ type PoolsInvoker interface {
 	// (401), ACCESS_DENIED (403).
 	//
 	// POST /pools/offer
-	PoolsOffer(ctx context.Context, request *PoolsOfferInput) (*PoolsOfferResponse, error)
+	PoolsOffer(ctx context.Context, request *PoolsOfferInput) (*PoolsOfferResult, error)
 	// PoolsUnoffer invokes poolsUnoffer operation.
 	//
 	// Stops new admissions of the tenant in the pool; its existing work lives on and its quota rows keep
@@ -274,7 +275,7 @@ type PoolsInvoker interface {
 	// (403).
 	//
 	// POST /pools/unoffer
-	PoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (*PoolsUnofferResponse, error)
+	PoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (*PoolsUnofferResult, error)
 	// PoolsUpdate invokes poolsUpdate operation.
 	//
 	// Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.
@@ -284,7 +285,7 @@ type PoolsInvoker interface {
 	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /pools/update
-	PoolsUpdate(ctx context.Context, request *PoolsUpdateInput) (*PoolsUpdateResponse, error)
+	PoolsUpdate(ctx context.Context, request *PoolsUpdateInput) (*PoolsUpdateResult, error)
 }
 
 // ProfilesInvoker invokes operations described by OpenAPI v3 specification.
@@ -301,7 +302,7 @@ type ProfilesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /profiles/create
-	ProfilesCreate(ctx context.Context, request *ProfilesCreateInput) (*ProfilesCreateResponse, error)
+	ProfilesCreate(ctx context.Context, request *ProfilesCreateInput) (*ProfilesCreateResult, error)
 	// ProfilesDelete invokes profilesDelete operation.
 	//
 	// Hides one version, or every version when profileVersion is omitted, from new workflows;
@@ -312,7 +313,7 @@ type ProfilesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /profiles/delete
-	ProfilesDelete(ctx context.Context, request *ProfilesDeleteInput) (*ProfilesDeleteResponse, error)
+	ProfilesDelete(ctx context.Context, request *ProfilesDeleteInput) (*ProfilesDeleteResult, error)
 	// ProfilesGet invokes profilesGet operation.
 	//
 	// One profile version, preferring the tenant's own, then a public one, then a module-shipped one.
@@ -322,7 +323,7 @@ type ProfilesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /profiles/get
-	ProfilesGet(ctx context.Context, request *ProfilesGetInput) (*ProfilesGetResponse, error)
+	ProfilesGet(ctx context.Context, request *ProfilesGetInput) (*ProfilesGetResult, error)
 	// ProfilesList invokes profilesList operation.
 	//
 	// A page of the tenant's, public and module-shipped profiles ordered by id and version; unreadable
@@ -333,7 +334,7 @@ type ProfilesInvoker interface {
 	// (403).
 	//
 	// POST /profiles/list
-	ProfilesList(ctx context.Context, request *ProfilesListInput) (*ProfilesListResponse, error)
+	ProfilesList(ctx context.Context, request *ProfilesListInput) (*ProfilesListResult, error)
 	// ProfilesRender invokes profilesRender operation.
 	//
 	// The profile document and its expanded steps with their phases; one that does not resolve is
@@ -344,7 +345,7 @@ type ProfilesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /profiles/render
-	ProfilesRender(ctx context.Context, request *ProfilesRenderInput) (*ProfilesRenderResponse, error)
+	ProfilesRender(ctx context.Context, request *ProfilesRenderInput) (*ProfilesRenderResult, error)
 	// ProfilesUpdate invokes profilesUpdate operation.
 	//
 	// Replaces the document and/or visibility of one of the tenant's versions (at least one is needed); a
@@ -356,7 +357,7 @@ type ProfilesInvoker interface {
 	// (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /profiles/update
-	ProfilesUpdate(ctx context.Context, request *ProfilesUpdateInput) (*ProfilesUpdateResponse, error)
+	ProfilesUpdate(ctx context.Context, request *ProfilesUpdateInput) (*ProfilesUpdateResult, error)
 	// ProfilesValidate invokes profilesValidate operation.
 	//
 	// Checks a profile version and returns every issue (unresolved uses, rejected with) instead of
@@ -367,7 +368,7 @@ type ProfilesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /profiles/validate
-	ProfilesValidate(ctx context.Context, request *ProfilesValidateInput) (*ProfilesValidateResponse, error)
+	ProfilesValidate(ctx context.Context, request *ProfilesValidateInput) (*ProfilesValidateResult, error)
 }
 
 // ProjectsInvoker invokes operations described by OpenAPI v3 specification.
@@ -382,7 +383,7 @@ type ProjectsInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /projects/addMember
-	ProjectsAddMember(ctx context.Context, request *ProjectsAddMemberInput) (*ProjectsAddMemberResponse, error)
+	ProjectsAddMember(ctx context.Context, request *ProjectsAddMemberInput) (*ProjectsAddMemberResult, error)
 	// ProjectsCreate invokes projectsCreate operation.
 	//
 	// Creates a project; its creator becomes its owner and first member. A name another live project of
@@ -394,7 +395,7 @@ type ProjectsInvoker interface {
 	// (403).
 	//
 	// POST /projects/create
-	ProjectsCreate(ctx context.Context, request *ProjectsCreateInput) (*ProjectsCreateResponse, error)
+	ProjectsCreate(ctx context.Context, request *ProjectsCreateInput) (*ProjectsCreateResult, error)
 	// ProjectsDelete invokes projectsDelete operation.
 	//
 	// Deletes a project and its memberships; its usage windows keep their project tag.
@@ -404,7 +405,7 @@ type ProjectsInvoker interface {
 	// (403).
 	//
 	// POST /projects/delete
-	ProjectsDelete(ctx context.Context, request *ProjectsDeleteInput) (*ProjectsDeleteResponse, error)
+	ProjectsDelete(ctx context.Context, request *ProjectsDeleteInput) (*ProjectsDeleteResult, error)
 	// ProjectsGet invokes projectsGet operation.
 	//
 	// One project; members read it without a tenant role.
@@ -413,7 +414,7 @@ type ProjectsInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /projects/get
-	ProjectsGet(ctx context.Context, request *ProjectsGetInput) (*ProjectsGetResponse, error)
+	ProjectsGet(ctx context.Context, request *ProjectsGetInput) (*ProjectsGetResult, error)
 	// ProjectsList invokes projectsList operation.
 	//
 	// The tenant's projects by name, each decided on its own.
@@ -422,7 +423,7 @@ type ProjectsInvoker interface {
 	// Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /projects/list
-	ProjectsList(ctx context.Context, request *ProjectsListInput) (*ProjectsListResponse, error)
+	ProjectsList(ctx context.Context, request *ProjectsListInput) (*ProjectsListResult, error)
 	// ProjectsMembers invokes projectsMembers operation.
 	//
 	// The project's members.
@@ -431,7 +432,7 @@ type ProjectsInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /projects/members
-	ProjectsMembers(ctx context.Context, request *ProjectsMembersInput) (*ProjectsMembersResponse, error)
+	ProjectsMembers(ctx context.Context, request *ProjectsMembersInput) (*ProjectsMembersResult, error)
 	// ProjectsRemoveMember invokes projectsRemoveMember operation.
 	//
 	// Ends an identity's membership; the owner stays a member (INVALID_STATE); removing a non-member
@@ -442,7 +443,7 @@ type ProjectsInvoker interface {
 	// (403).
 	//
 	// POST /projects/removeMember
-	ProjectsRemoveMember(ctx context.Context, request *ProjectsRemoveMemberInput) (*ProjectsRemoveMemberResponse, error)
+	ProjectsRemoveMember(ctx context.Context, request *ProjectsRemoveMemberInput) (*ProjectsRemoveMemberResult, error)
 	// ProjectsUpdate invokes projectsUpdate operation.
 	//
 	// Renames or redescribes a project; a stale version is CONFLICT; no change named is INVALID_INPUT; a
@@ -453,7 +454,7 @@ type ProjectsInvoker interface {
 	// (401), ACCESS_DENIED (403).
 	//
 	// POST /projects/update
-	ProjectsUpdate(ctx context.Context, request *ProjectsUpdateInput) (*ProjectsUpdateResponse, error)
+	ProjectsUpdate(ctx context.Context, request *ProjectsUpdateInput) (*ProjectsUpdateResult, error)
 }
 
 // ProviderAccountsInvoker invokes operations described by OpenAPI v3 specification.
@@ -473,7 +474,7 @@ type ProviderAccountsInvoker interface {
 	// CONFLICT (409), UNSUPPORTED (422), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/bootstrap
-	ProviderAccountsBootstrap(ctx context.Context, request *ProviderAccountsBootstrapInput) (*ProviderAccountsBootstrapResponse, error)
+	ProviderAccountsBootstrap(ctx context.Context, request *ProviderAccountsBootstrapInput) (*ProviderAccountsBootstrapResult, error)
 	// ProviderAccountsCreate invokes providerAccountsCreate operation.
 	//
 	// Connects the tenant to a registered provider; config is validated by the provider's manifest and
@@ -486,7 +487,7 @@ type ProviderAccountsInvoker interface {
 	// (401), ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/create
-	ProviderAccountsCreate(ctx context.Context, request *ProviderAccountsCreateInput) (*ProviderAccountsCreateResponse, error)
+	ProviderAccountsCreate(ctx context.Context, request *ProviderAccountsCreateInput) (*ProviderAccountsCreateResult, error)
 	// ProviderAccountsDelete invokes providerAccountsDelete operation.
 	//
 	// Deletes an account; a non-archived pool or non-deleted instance on it is INVALID_STATE.
@@ -496,7 +497,7 @@ type ProviderAccountsInvoker interface {
 	// (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/delete
-	ProviderAccountsDelete(ctx context.Context, request *ProviderAccountsDeleteInput) (*ProviderAccountsDeleteResponse, error)
+	ProviderAccountsDelete(ctx context.Context, request *ProviderAccountsDeleteInput) (*ProviderAccountsDeleteResult, error)
 	// ProviderAccountsGet invokes providerAccountsGet operation.
 	//
 	// One account; another tenant's or an absent one is NOT_FOUND.
@@ -506,7 +507,7 @@ type ProviderAccountsInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/get
-	ProviderAccountsGet(ctx context.Context, request *ProviderAccountsGetInput) (*ProviderAccountsGetResponse, error)
+	ProviderAccountsGet(ctx context.Context, request *ProviderAccountsGetInput) (*ProviderAccountsGetResult, error)
 	// ProviderAccountsList invokes providerAccountsList operation.
 	//
 	// The tenant's accounts sorted by name; configs hold only references; unreadable ones are left out.
@@ -516,7 +517,7 @@ type ProviderAccountsInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/list
-	ProviderAccountsList(ctx context.Context, request *ProviderAccountsListInput) (*ProviderAccountsListResponse, error)
+	ProviderAccountsList(ctx context.Context, request *ProviderAccountsListInput) (*ProviderAccountsListResult, error)
 	// ProviderAccountsOffers invokes providerAccountsOffers operation.
 	//
 	// Machine types the provider offers on this account, asked live and narrowed by the query.
@@ -526,7 +527,7 @@ type ProviderAccountsInvoker interface {
 	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/offers
-	ProviderAccountsOffers(ctx context.Context, request *ProviderAccountsOffersInput) (*ProviderAccountsOffersResponse, error)
+	ProviderAccountsOffers(ctx context.Context, request *ProviderAccountsOffersInput) (*ProviderAccountsOffersResult, error)
 	// ProviderAccountsUpdate invokes providerAccountsUpdate operation.
 	//
 	// Replaces the config, validated as on create, and increments version; the next provider call builds a
@@ -537,7 +538,7 @@ type ProviderAccountsInvoker interface {
 	// (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/update
-	ProviderAccountsUpdate(ctx context.Context, request *ProviderAccountsUpdateInput) (*ProviderAccountsUpdateResponse, error)
+	ProviderAccountsUpdate(ctx context.Context, request *ProviderAccountsUpdateInput) (*ProviderAccountsUpdateResult, error)
 }
 
 // QuotasInvoker invokes operations described by OpenAPI v3 specification.
@@ -553,7 +554,7 @@ type QuotasInvoker interface {
 	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /quotas/get
-	QuotasGet(ctx context.Context, request *QuotasGetInput) (*QuotasGetResponse, error)
+	QuotasGet(ctx context.Context, request *QuotasGetInput) (*QuotasGetResult, error)
 	// QuotasList invokes quotasList operation.
 	//
 	// The tenant's quota rows, in every pool or in poolId; in a pool the tenant owns, every tenant's rows
@@ -563,7 +564,7 @@ type QuotasInvoker interface {
 	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /quotas/list
-	QuotasList(ctx context.Context, request *QuotasListInput) (*QuotasListResponse, error)
+	QuotasList(ctx context.Context, request *QuotasListInput) (*QuotasListResult, error)
 	// QuotasSet invokes quotasSet operation.
 	//
 	// Sets the max of one resource for a tenant (forTenantId, default the owner itself) in a pool of the
@@ -575,7 +576,7 @@ type QuotasInvoker interface {
 	// (403).
 	//
 	// POST /quotas/set
-	QuotasSet(ctx context.Context, request *QuotasSetInput) (*QuotasSetResponse, error)
+	QuotasSet(ctx context.Context, request *QuotasSetInput) (*QuotasSetResult, error)
 }
 
 // SandboxTemplatesInvoker invokes operations described by OpenAPI v3 specification.
@@ -595,7 +596,7 @@ type SandboxTemplatesInvoker interface {
 	// (403).
 	//
 	// POST /sandboxTemplates/create
-	SandboxTemplatesCreate(ctx context.Context, request *SandboxTemplatesCreateInput) (*SandboxTemplatesCreateResponse, error)
+	SandboxTemplatesCreate(ctx context.Context, request *SandboxTemplatesCreateInput) (*SandboxTemplatesCreateResult, error)
 	// SandboxTemplatesDelete invokes sandboxTemplatesDelete operation.
 	//
 	// Deletes a template, frees its name and removes its warm instances; its sandboxes live on; already
@@ -606,7 +607,7 @@ type SandboxTemplatesInvoker interface {
 	// (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxTemplates/delete
-	SandboxTemplatesDelete(ctx context.Context, request *SandboxTemplatesDeleteInput) (*SandboxTemplatesDeleteResponse, error)
+	SandboxTemplatesDelete(ctx context.Context, request *SandboxTemplatesDeleteInput) (*SandboxTemplatesDeleteResult, error)
 	// SandboxTemplatesGet invokes sandboxTemplatesGet operation.
 	//
 	// One template; a deleted template or another tenant's is NOT_FOUND.
@@ -616,7 +617,7 @@ type SandboxTemplatesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /sandboxTemplates/get
-	SandboxTemplatesGet(ctx context.Context, request *SandboxTemplatesGetInput) (*SandboxTemplatesGetResponse, error)
+	SandboxTemplatesGet(ctx context.Context, request *SandboxTemplatesGetInput) (*SandboxTemplatesGetResult, error)
 	// SandboxTemplatesList invokes sandboxTemplatesList operation.
 	//
 	// Every live template of the tenant ordered by name in one answer; unreadable ones are left out.
@@ -626,7 +627,7 @@ type SandboxTemplatesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /sandboxTemplates/list
-	SandboxTemplatesList(ctx context.Context, request *SandboxTemplatesListInput) (*SandboxTemplatesListResponse, error)
+	SandboxTemplatesList(ctx context.Context, request *SandboxTemplatesListInput) (*SandboxTemplatesListResult, error)
 	// SandboxTemplatesUpdate invokes sandboxTemplatesUpdate operation.
 	//
 	// Changes the named fields and raises version; pool, name and runtime stay; omitted fields keep their
@@ -639,7 +640,7 @@ type SandboxTemplatesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /sandboxTemplates/update
-	SandboxTemplatesUpdate(ctx context.Context, request *SandboxTemplatesUpdateInput) (*SandboxTemplatesUpdateResponse, error)
+	SandboxTemplatesUpdate(ctx context.Context, request *SandboxTemplatesUpdateInput) (*SandboxTemplatesUpdateResult, error)
 }
 
 // SandboxVolumesInvoker invokes operations described by OpenAPI v3 specification.
@@ -659,7 +660,7 @@ type SandboxVolumesInvoker interface {
 	// CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/create
-	SandboxVolumesCreate(ctx context.Context, request *SandboxVolumesCreateInput) (*SandboxVolumesCreateResponse, error)
+	SandboxVolumesCreate(ctx context.Context, request *SandboxVolumesCreateInput) (*SandboxVolumesCreateResult, error)
 	// SandboxVolumesDelete invokes sandboxVolumesDelete operation.
 	//
 	// Takes the volume out of its host's spec (deleting; deleted once the host applied it); CONFLICT while
@@ -671,7 +672,7 @@ type SandboxVolumesInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/delete
-	SandboxVolumesDelete(ctx context.Context, request *SandboxVolumesDeleteInput) (*SandboxVolumesDeleteResponse, error)
+	SandboxVolumesDelete(ctx context.Context, request *SandboxVolumesDeleteInput) (*SandboxVolumesDeleteResult, error)
 	// SandboxVolumesGet invokes sandboxVolumesGet operation.
 	//
 	// One volume with size, serial, host and state; another tenant's volume is NOT_FOUND.
@@ -681,7 +682,7 @@ type SandboxVolumesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/get
-	SandboxVolumesGet(ctx context.Context, request *SandboxVolumesGetInput) (*SandboxVolumesGetResponse, error)
+	SandboxVolumesGet(ctx context.Context, request *SandboxVolumesGetInput) (*SandboxVolumesGetResult, error)
 	// SandboxVolumesList invokes sandboxVolumesList operation.
 	//
 	// The caller's own volumes (scope mine) or every volume of the tenant (all), oldest first; at most
@@ -691,7 +692,7 @@ type SandboxVolumesInvoker interface {
 	// tenant/tenantId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/list
-	SandboxVolumesList(ctx context.Context, request *SandboxVolumesListInput) (*SandboxVolumesListResponse, error)
+	SandboxVolumesList(ctx context.Context, request *SandboxVolumesListInput) (*SandboxVolumesListResult, error)
 	// SandboxVolumesResize invokes sandboxVolumesResize operation.
 	//
 	// Grows a ready volume, never shrinks; equal size returns it unchanged; the growth must fit the host's
@@ -703,7 +704,7 @@ type SandboxVolumesInvoker interface {
 	// (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/resize
-	SandboxVolumesResize(ctx context.Context, request *SandboxVolumesResizeInput) (*SandboxVolumesResizeResponse, error)
+	SandboxVolumesResize(ctx context.Context, request *SandboxVolumesResizeInput) (*SandboxVolumesResizeResult, error)
 }
 
 // SecretsInvoker invokes operations described by OpenAPI v3 specification.
@@ -721,7 +722,7 @@ type SecretsInvoker interface {
 	// (409), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /secrets/delete
-	SecretsDelete(ctx context.Context, request *SecretsDeleteInput) (*SecretsDeleteResponse, error)
+	SecretsDelete(ctx context.Context, request *SecretsDeleteInput) (*SecretsDeleteResult, error)
 	// SecretsList invokes secretsList operation.
 	//
 	// Lists the tenant's live secrets (scope tenant) or the fleet's (scope fleet, only in the root tenant)
@@ -732,7 +733,7 @@ type SecretsInvoker interface {
 	// when scope in fleet. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /secrets/list
-	SecretsList(ctx context.Context, request *SecretsListInput) (*SecretsListResponse, error)
+	SecretsList(ctx context.Context, request *SecretsListInput) (*SecretsListResult, error)
 	// SecretsPut invokes secretsPut operation.
 	//
 	// Writes a new version of the secret secret://tenants/{tenantId}/{name} (scope tenant) or
@@ -747,7 +748,7 @@ type SecretsInvoker interface {
 	// (403).
 	//
 	// POST /secrets/put
-	SecretsPut(ctx context.Context, request *SecretsPutInput) (*SecretsPutResponse, error)
+	SecretsPut(ctx context.Context, request *SecretsPutInput) (*SecretsPutResult, error)
 }
 
 // SitesInvoker invokes operations described by OpenAPI v3 specification.
@@ -765,7 +766,7 @@ type SitesInvoker interface {
 	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sites/create
-	SitesCreate(ctx context.Context, request *SitesCreateInput) (*SitesCreateResponse, error)
+	SitesCreate(ctx context.Context, request *SitesCreateInput) (*SitesCreateResult, error)
 	// SitesDelete invokes sitesDelete operation.
 	//
 	// Deletes a site; tombstoned while still referenced; a retry after deletion answers deleted false.
@@ -775,7 +776,7 @@ type SitesInvoker interface {
 	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sites/delete
-	SitesDelete(ctx context.Context, request *SitesDeleteInput) (*SitesDeleteResponse, error)
+	SitesDelete(ctx context.Context, request *SitesDeleteInput) (*SitesDeleteResult, error)
 	// SitesGet invokes sitesGet operation.
 	//
 	// One site; a site the tenant cannot see is NOT_FOUND.
@@ -784,7 +785,7 @@ type SitesInvoker interface {
 	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sites/get
-	SitesGet(ctx context.Context, request *SitesGetInput) (*SitesGetResponse, error)
+	SitesGet(ctx context.Context, request *SitesGetInput) (*SitesGetResult, error)
 	// SitesList invokes sitesList operation.
 	//
 	// Sites visible to the tenant in id order; unreadable ones are left out.
@@ -793,7 +794,7 @@ type SitesInvoker interface {
 	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sites/list
-	SitesList(ctx context.Context, request *SitesListInput) (*SitesListResponse, error)
+	SitesList(ctx context.Context, request *SitesListInput) (*SitesListResult, error)
 	// SitesUpdate invokes sitesUpdate operation.
 	//
 	// Changes region or IAM region; only the owner tenant; stale version is CONFLICT.
@@ -803,7 +804,7 @@ type SitesInvoker interface {
 	// ACCESS_DENIED (403).
 	//
 	// POST /sites/update
-	SitesUpdate(ctx context.Context, request *SitesUpdateInput) (*SitesUpdateResponse, error)
+	SitesUpdate(ctx context.Context, request *SitesUpdateInput) (*SitesUpdateResult, error)
 }
 
 // SystemInvoker invokes operations described by OpenAPI v3 specification.
@@ -818,7 +819,7 @@ type SystemInvoker interface {
 	// (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /system/selfCheck
-	SystemSelfCheck(ctx context.Context, request *SystemSelfCheckInput) (*SystemSelfCheckResponse, error)
+	SystemSelfCheck(ctx context.Context, request *SystemSelfCheckInput) (*SystemSelfCheckResult, error)
 	// SystemVersion invokes systemVersion operation.
 	//
 	// Name, release version, API base path and agent protocol versions.
@@ -826,7 +827,7 @@ type SystemInvoker interface {
 	// Served since v0.1. Kind: public. No credential is required. Errors: INVALID_INPUT (400).
 	//
 	// POST /system/version
-	SystemVersion(ctx context.Context, request *SystemVersionInput) (*SystemVersionResponse, error)
+	SystemVersion(ctx context.Context, request *SystemVersionInput) (*SystemVersionResult, error)
 	// SystemWhoami invokes systemWhoami operation.
 	//
 	// Answers who the caller is; authenticated is false without a credential.
@@ -834,7 +835,7 @@ type SystemInvoker interface {
 	// Served since v0.1. Kind: public. No credential is required. Errors: INVALID_INPUT (400).
 	//
 	// POST /system/whoami
-	SystemWhoami(ctx context.Context, request *SystemWhoamiInput) (*SystemWhoamiResponse, error)
+	SystemWhoami(ctx context.Context, request *SystemWhoamiInput) (*SystemWhoamiResult, error)
 }
 
 // UsageInvoker invokes operations described by OpenAPI v3 specification.
@@ -847,23 +848,21 @@ type UsageInvoker interface {
 	// quantity per meter; at most 50,000 windows (truncated); decided on the project when projectId is
 	// given.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:usage:read on
-	// tenant/tenantId alt=project/projectId when projectId. Errors: INVALID_INPUT (400), UNAUTHENTICATED
-	// (401), ACCESS_DENIED (403).
+	// Served since v0.2. Kind: read. Action compute:usage:read on tenant/tenantId alt=project/projectId
+	// when projectId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /usage/export
-	UsageExport(ctx context.Context, request *UsageExportInput) (*UsageExportResponse, error)
+	UsageExport(ctx context.Context, request *UsageExportInput) (*UsageExportResult, error)
 	// UsageList invokes usageList operation.
 	//
 	// Windows ordered by window start that end after from and start before to (to not after from is
 	// INVALID_INPUT); decided on the project when projectId is given.
 	//
-	// Planned for v0.1: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:usage:read on
-	// tenant/tenantId alt=project/projectId when projectId. Errors: INVALID_INPUT (400), UNAUTHENTICATED
-	// (401), ACCESS_DENIED (403).
+	// Served since v0.1. Kind: read. Action compute:usage:read on tenant/tenantId alt=project/projectId
+	// when projectId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /usage/list
-	UsageList(ctx context.Context, request *UsageListInput) (*UsageListResponse, error)
+	UsageList(ctx context.Context, request *UsageListInput) (*UsageListResult, error)
 }
 
 // WebhooksInvoker invokes operations described by OpenAPI v3 specification.
@@ -880,7 +879,7 @@ type WebhooksInvoker interface {
 	// INVALID_INPUT (400), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/create
-	WebhooksCreate(ctx context.Context, request *WebhooksCreateInput) (*WebhooksCreateResponse, error)
+	WebhooksCreate(ctx context.Context, request *WebhooksCreateInput) (*WebhooksCreateResult, error)
 	// WebhooksDelete invokes webhooksDelete operation.
 	//
 	// Deletes a webhook with its delivery queue and history.
@@ -889,7 +888,7 @@ type WebhooksInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/delete
-	WebhooksDelete(ctx context.Context, request *WebhooksDeleteInput) (*WebhooksDeleteResponse, error)
+	WebhooksDelete(ctx context.Context, request *WebhooksDeleteInput) (*WebhooksDeleteResult, error)
 	// WebhooksDeliveries invokes webhooksDeliveries operation.
 	//
 	// A webhook's deliveries newest first with attempts, next attempt time and last status or error.
@@ -898,7 +897,7 @@ type WebhooksInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/deliveries
-	WebhooksDeliveries(ctx context.Context, request *WebhooksDeliveriesInput) (*WebhooksDeliveriesResponse, error)
+	WebhooksDeliveries(ctx context.Context, request *WebhooksDeliveriesInput) (*WebhooksDeliveriesResult, error)
 	// WebhooksEventTypes invokes webhooksEventTypes operation.
 	//
 	// The event catalog (built-in and configured plugin families) with type, subject, publishing module,
@@ -908,7 +907,7 @@ type WebhooksInvoker interface {
 	// Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/eventTypes
-	WebhooksEventTypes(ctx context.Context, request *WebhooksEventTypesInput) (*WebhooksEventTypesResponse, error)
+	WebhooksEventTypes(ctx context.Context, request *WebhooksEventTypesInput) (*WebhooksEventTypesResult, error)
 	// WebhooksGet invokes webhooksGet operation.
 	//
 	// One webhook without its secret; another tenant's is NOT_FOUND.
@@ -917,7 +916,7 @@ type WebhooksInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/get
-	WebhooksGet(ctx context.Context, request *WebhooksGetInput) (*WebhooksGetResponse, error)
+	WebhooksGet(ctx context.Context, request *WebhooksGetInput) (*WebhooksGetResult, error)
 	// WebhooksList invokes webhooksList operation.
 	//
 	// The tenant's webhooks oldest first, without secrets.
@@ -926,7 +925,7 @@ type WebhooksInvoker interface {
 	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/list
-	WebhooksList(ctx context.Context, request *WebhooksListInput) (*WebhooksListResponse, error)
+	WebhooksList(ctx context.Context, request *WebhooksListInput) (*WebhooksListResult, error)
 	// WebhooksPing invokes webhooksPing operation.
 	//
 	// Queues a webhook.ping delivery due now; a delivery only, never written to the outbox. A ping of a
@@ -936,7 +935,7 @@ type WebhooksInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/ping
-	WebhooksPing(ctx context.Context, request *WebhooksPingInput) (*WebhooksPingResponse, error)
+	WebhooksPing(ctx context.Context, request *WebhooksPingInput) (*WebhooksPingResult, error)
 	// WebhooksRedeliver invokes webhooksRedeliver operation.
 	//
 	// Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and
@@ -948,7 +947,7 @@ type WebhooksInvoker interface {
 	// (403).
 	//
 	// POST /webhooks/redeliver
-	WebhooksRedeliver(ctx context.Context, request *WebhooksRedeliverInput) (*WebhooksRedeliverResponse, error)
+	WebhooksRedeliver(ctx context.Context, request *WebhooksRedeliverInput) (*WebhooksRedeliverResult, error)
 	// WebhooksRotateSecret invokes webhooksRotateSecret operation.
 	//
 	// Issues a new signing secret, shown once; the old one keeps signing alongside it for
@@ -958,7 +957,7 @@ type WebhooksInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/rotateSecret
-	WebhooksRotateSecret(ctx context.Context, request *WebhooksRotateSecretInput) (*WebhooksRotateSecretResponse, error)
+	WebhooksRotateSecret(ctx context.Context, request *WebhooksRotateSecretInput) (*WebhooksRotateSecretResult, error)
 	// WebhooksUpdate invokes webhooksUpdate operation.
 	//
 	// Changes url, patterns, description or active and increments version; url and patterns are checked as
@@ -970,7 +969,7 @@ type WebhooksInvoker interface {
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /webhooks/update
-	WebhooksUpdate(ctx context.Context, request *WebhooksUpdateInput) (*WebhooksUpdateResponse, error)
+	WebhooksUpdate(ctx context.Context, request *WebhooksUpdateInput) (*WebhooksUpdateResult, error)
 }
 
 // Client implements OAS client.
@@ -1024,12 +1023,12 @@ func (c *Client) requestURL(ctx context.Context) *url.URL {
 // (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /events/list
-func (c *Client) EventsList(ctx context.Context, request *EventsListInput) (*EventsListResponse, error) {
+func (c *Client) EventsList(ctx context.Context, request *EventsListInput) (*EventsListResult, error) {
 	res, err := c.sendEventsList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendEventsList(ctx context.Context, request *EventsListInput) (res *EventsListResponse, err error) {
+func (c *Client) sendEventsList(ctx context.Context, request *EventsListInput) (res *EventsListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1118,12 +1117,12 @@ func (c *Client) sendEventsList(ctx context.Context, request *EventsListInput) (
 // (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /flavors/archive
-func (c *Client) FlavorsArchive(ctx context.Context, request *FlavorsArchiveInput) (*FlavorsArchiveResponse, error) {
+func (c *Client) FlavorsArchive(ctx context.Context, request *FlavorsArchiveInput) (*FlavorsArchiveResult, error) {
 	res, err := c.sendFlavorsArchive(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendFlavorsArchive(ctx context.Context, request *FlavorsArchiveInput) (res *FlavorsArchiveResponse, err error) {
+func (c *Client) sendFlavorsArchive(ctx context.Context, request *FlavorsArchiveInput) (res *FlavorsArchiveResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1213,12 +1212,12 @@ func (c *Client) sendFlavorsArchive(ctx context.Context, request *FlavorsArchive
 // (403).
 //
 // POST /flavors/create
-func (c *Client) FlavorsCreate(ctx context.Context, request *FlavorsCreateInput) (*FlavorsCreateResponse, error) {
+func (c *Client) FlavorsCreate(ctx context.Context, request *FlavorsCreateInput) (*FlavorsCreateResult, error) {
 	res, err := c.sendFlavorsCreate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendFlavorsCreate(ctx context.Context, request *FlavorsCreateInput) (res *FlavorsCreateResponse, err error) {
+func (c *Client) sendFlavorsCreate(ctx context.Context, request *FlavorsCreateInput) (res *FlavorsCreateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1306,12 +1305,12 @@ func (c *Client) sendFlavorsCreate(ctx context.Context, request *FlavorsCreateIn
 // (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /flavors/get
-func (c *Client) FlavorsGet(ctx context.Context, request *FlavorsGetInput) (*FlavorsGetResponse, error) {
+func (c *Client) FlavorsGet(ctx context.Context, request *FlavorsGetInput) (*FlavorsGetResult, error) {
 	res, err := c.sendFlavorsGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendFlavorsGet(ctx context.Context, request *FlavorsGetInput) (res *FlavorsGetResponse, err error) {
+func (c *Client) sendFlavorsGet(ctx context.Context, request *FlavorsGetInput) (res *FlavorsGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1399,12 +1398,12 @@ func (c *Client) sendFlavorsGet(ctx context.Context, request *FlavorsGetInput) (
 // (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /flavors/list
-func (c *Client) FlavorsList(ctx context.Context, request *FlavorsListInput) (*FlavorsListResponse, error) {
+func (c *Client) FlavorsList(ctx context.Context, request *FlavorsListInput) (*FlavorsListResult, error) {
 	res, err := c.sendFlavorsList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendFlavorsList(ctx context.Context, request *FlavorsListInput) (res *FlavorsListResponse, err error) {
+func (c *Client) sendFlavorsList(ctx context.Context, request *FlavorsListInput) (res *FlavorsListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1493,12 +1492,12 @@ func (c *Client) sendFlavorsList(ctx context.Context, request *FlavorsListInput)
 // ACCESS_DENIED (403).
 //
 // POST /images/get
-func (c *Client) ImagesGet(ctx context.Context, request *ImagesGetInput) (*ImagesGetResponse, error) {
+func (c *Client) ImagesGet(ctx context.Context, request *ImagesGetInput) (*ImagesGetResult, error) {
 	res, err := c.sendImagesGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendImagesGet(ctx context.Context, request *ImagesGetInput) (res *ImagesGetResponse, err error) {
+func (c *Client) sendImagesGet(ctx context.Context, request *ImagesGetInput) (res *ImagesGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1586,12 +1585,12 @@ func (c *Client) sendImagesGet(ctx context.Context, request *ImagesGetInput) (re
 // (400), INVALID_CONFIG (500), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /images/list
-func (c *Client) ImagesList(ctx context.Context, request *ImagesListInput) (*ImagesListResponse, error) {
+func (c *Client) ImagesList(ctx context.Context, request *ImagesListInput) (*ImagesListResult, error) {
 	res, err := c.sendImagesList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendImagesList(ctx context.Context, request *ImagesListInput) (res *ImagesListResponse, err error) {
+func (c *Client) sendImagesList(ctx context.Context, request *ImagesListInput) (res *ImagesListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1681,12 +1680,12 @@ func (c *Client) sendImagesList(ctx context.Context, request *ImagesListInput) (
 // (401), ACCESS_DENIED (403).
 //
 // POST /nodes/cordon
-func (c *Client) NodesCordon(ctx context.Context, request *NodesCordonInput) (*NodesCordonResponse, error) {
+func (c *Client) NodesCordon(ctx context.Context, request *NodesCordonInput) (*NodesCordonResult, error) {
 	res, err := c.sendNodesCordon(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendNodesCordon(ctx context.Context, request *NodesCordonInput) (res *NodesCordonResponse, err error) {
+func (c *Client) sendNodesCordon(ctx context.Context, request *NodesCordonInput) (res *NodesCordonResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1776,12 +1775,12 @@ func (c *Client) sendNodesCordon(ctx context.Context, request *NodesCordonInput)
 // (401), ACCESS_DENIED (403).
 //
 // POST /nodes/drain
-func (c *Client) NodesDrain(ctx context.Context, request *NodesDrainInput) (*NodesDrainResponse, error) {
+func (c *Client) NodesDrain(ctx context.Context, request *NodesDrainInput) (*NodesDrainResult, error) {
 	res, err := c.sendNodesDrain(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendNodesDrain(ctx context.Context, request *NodesDrainInput) (res *NodesDrainResponse, err error) {
+func (c *Client) sendNodesDrain(ctx context.Context, request *NodesDrainInput) (res *NodesDrainResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1869,12 +1868,12 @@ func (c *Client) sendNodesDrain(ctx context.Context, request *NodesDrainInput) (
 // (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /nodes/get
-func (c *Client) NodesGet(ctx context.Context, request *NodesGetInput) (*NodesGetResponse, error) {
+func (c *Client) NodesGet(ctx context.Context, request *NodesGetInput) (*NodesGetResult, error) {
 	res, err := c.sendNodesGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendNodesGet(ctx context.Context, request *NodesGetInput) (res *NodesGetResponse, err error) {
+func (c *Client) sendNodesGet(ctx context.Context, request *NodesGetInput) (res *NodesGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -1959,16 +1958,17 @@ func (c *Client) sendNodesGet(ctx context.Context, request *NodesGetInput) (res 
 // Sets and removes labels of a node (at most 64; keys and values of at most 63 characters); a key both
 // set and removed is INVALID_INPUT.
 //
-// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Errors: INVALID_INPUT
-// (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v1.1. Kind: mutation. Action compute:nodes:manage on node/nodeId. Publishes
+// node.labeled. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
 //
 // POST /nodes/label
-func (c *Client) NodesLabel(ctx context.Context, request *NodesLabelInput) (*NodesLabelResponse, error) {
+func (c *Client) NodesLabel(ctx context.Context, request *NodesLabelInput) (*NodesLabelResult, error) {
 	res, err := c.sendNodesLabel(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendNodesLabel(ctx context.Context, request *NodesLabelInput) (res *NodesLabelResponse, err error) {
+func (c *Client) sendNodesLabel(ctx context.Context, request *NodesLabelInput) (res *NodesLabelResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2057,12 +2057,12 @@ func (c *Client) sendNodesLabel(ctx context.Context, request *NodesLabelInput) (
 // INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /nodes/list
-func (c *Client) NodesList(ctx context.Context, request *NodesListInput) (*NodesListResponse, error) {
+func (c *Client) NodesList(ctx context.Context, request *NodesListInput) (*NodesListResult, error) {
 	res, err := c.sendNodesList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendNodesList(ctx context.Context, request *NodesListInput) (res *NodesListResponse, err error) {
+func (c *Client) sendNodesList(ctx context.Context, request *NodesListInput) (res *NodesListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2152,12 +2152,12 @@ func (c *Client) sendNodesList(ctx context.Context, request *NodesListInput) (re
 // (401), ACCESS_DENIED (403).
 //
 // POST /nodes/retire
-func (c *Client) NodesRetire(ctx context.Context, request *NodesRetireInput) (*NodesRetireResponse, error) {
+func (c *Client) NodesRetire(ctx context.Context, request *NodesRetireInput) (*NodesRetireResult, error) {
 	res, err := c.sendNodesRetire(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendNodesRetire(ctx context.Context, request *NodesRetireInput) (res *NodesRetireResponse, err error) {
+func (c *Client) sendNodesRetire(ctx context.Context, request *NodesRetireInput) (res *NodesRetireResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2247,12 +2247,12 @@ func (c *Client) sendNodesRetire(ctx context.Context, request *NodesRetireInput)
 // (401), ACCESS_DENIED (403).
 //
 // POST /nodes/uncordon
-func (c *Client) NodesUncordon(ctx context.Context, request *NodesUncordonInput) (*NodesUncordonResponse, error) {
+func (c *Client) NodesUncordon(ctx context.Context, request *NodesUncordonInput) (*NodesUncordonResult, error) {
 	res, err := c.sendNodesUncordon(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendNodesUncordon(ctx context.Context, request *NodesUncordonInput) (res *NodesUncordonResponse, err error) {
+func (c *Client) sendNodesUncordon(ctx context.Context, request *NodesUncordonInput) (res *NodesUncordonResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2342,12 +2342,12 @@ func (c *Client) sendNodesUncordon(ctx context.Context, request *NodesUncordonIn
 // ACCESS_DENIED (403).
 //
 // POST /pools/archive
-func (c *Client) PoolsArchive(ctx context.Context, request *PoolsArchiveInput) (*PoolsArchiveResponse, error) {
+func (c *Client) PoolsArchive(ctx context.Context, request *PoolsArchiveInput) (*PoolsArchiveResult, error) {
 	res, err := c.sendPoolsArchive(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendPoolsArchive(ctx context.Context, request *PoolsArchiveInput) (res *PoolsArchiveResponse, err error) {
+func (c *Client) sendPoolsArchive(ctx context.Context, request *PoolsArchiveInput) (res *PoolsArchiveResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2440,12 +2440,12 @@ func (c *Client) sendPoolsArchive(ctx context.Context, request *PoolsArchiveInpu
 // CONFLICT (409), UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /pools/create
-func (c *Client) PoolsCreate(ctx context.Context, request *PoolsCreateInput) (*PoolsCreateResponse, error) {
+func (c *Client) PoolsCreate(ctx context.Context, request *PoolsCreateInput) (*PoolsCreateResult, error) {
 	res, err := c.sendPoolsCreate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendPoolsCreate(ctx context.Context, request *PoolsCreateInput) (res *PoolsCreateResponse, err error) {
+func (c *Client) sendPoolsCreate(ctx context.Context, request *PoolsCreateInput) (res *PoolsCreateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2533,12 +2533,12 @@ func (c *Client) sendPoolsCreate(ctx context.Context, request *PoolsCreateInput)
 // (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /pools/get
-func (c *Client) PoolsGet(ctx context.Context, request *PoolsGetInput) (*PoolsGetResponse, error) {
+func (c *Client) PoolsGet(ctx context.Context, request *PoolsGetInput) (*PoolsGetResult, error) {
 	res, err := c.sendPoolsGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendPoolsGet(ctx context.Context, request *PoolsGetInput) (res *PoolsGetResponse, err error) {
+func (c *Client) sendPoolsGet(ctx context.Context, request *PoolsGetInput) (res *PoolsGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2626,12 +2626,12 @@ func (c *Client) sendPoolsGet(ctx context.Context, request *PoolsGetInput) (res 
 // (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /pools/list
-func (c *Client) PoolsList(ctx context.Context, request *PoolsListInput) (*PoolsListResponse, error) {
+func (c *Client) PoolsList(ctx context.Context, request *PoolsListInput) (*PoolsListResult, error) {
 	res, err := c.sendPoolsList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendPoolsList(ctx context.Context, request *PoolsListInput) (res *PoolsListResponse, err error) {
+func (c *Client) sendPoolsList(ctx context.Context, request *PoolsListInput) (res *PoolsListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2722,12 +2722,12 @@ func (c *Client) sendPoolsList(ctx context.Context, request *PoolsListInput) (re
 // (401), ACCESS_DENIED (403).
 //
 // POST /pools/offer
-func (c *Client) PoolsOffer(ctx context.Context, request *PoolsOfferInput) (*PoolsOfferResponse, error) {
+func (c *Client) PoolsOffer(ctx context.Context, request *PoolsOfferInput) (*PoolsOfferResult, error) {
 	res, err := c.sendPoolsOffer(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendPoolsOffer(ctx context.Context, request *PoolsOfferInput) (res *PoolsOfferResponse, err error) {
+func (c *Client) sendPoolsOffer(ctx context.Context, request *PoolsOfferInput) (res *PoolsOfferResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2817,12 +2817,12 @@ func (c *Client) sendPoolsOffer(ctx context.Context, request *PoolsOfferInput) (
 // (403).
 //
 // POST /pools/unoffer
-func (c *Client) PoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (*PoolsUnofferResponse, error) {
+func (c *Client) PoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (*PoolsUnofferResult, error) {
 	res, err := c.sendPoolsUnoffer(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendPoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (res *PoolsUnofferResponse, err error) {
+func (c *Client) sendPoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (res *PoolsUnofferResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -2911,12 +2911,12 @@ func (c *Client) sendPoolsUnoffer(ctx context.Context, request *PoolsUnofferInpu
 // UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /pools/update
-func (c *Client) PoolsUpdate(ctx context.Context, request *PoolsUpdateInput) (*PoolsUpdateResponse, error) {
+func (c *Client) PoolsUpdate(ctx context.Context, request *PoolsUpdateInput) (*PoolsUpdateResult, error) {
 	res, err := c.sendPoolsUpdate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendPoolsUpdate(ctx context.Context, request *PoolsUpdateInput) (res *PoolsUpdateResponse, err error) {
+func (c *Client) sendPoolsUpdate(ctx context.Context, request *PoolsUpdateInput) (res *PoolsUpdateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3006,12 +3006,12 @@ func (c *Client) sendPoolsUpdate(ctx context.Context, request *PoolsUpdateInput)
 // ACCESS_DENIED (403).
 //
 // POST /profiles/create
-func (c *Client) ProfilesCreate(ctx context.Context, request *ProfilesCreateInput) (*ProfilesCreateResponse, error) {
+func (c *Client) ProfilesCreate(ctx context.Context, request *ProfilesCreateInput) (*ProfilesCreateResult, error) {
 	res, err := c.sendProfilesCreate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProfilesCreate(ctx context.Context, request *ProfilesCreateInput) (res *ProfilesCreateResponse, err error) {
+func (c *Client) sendProfilesCreate(ctx context.Context, request *ProfilesCreateInput) (res *ProfilesCreateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3101,12 +3101,12 @@ func (c *Client) sendProfilesCreate(ctx context.Context, request *ProfilesCreate
 // ACCESS_DENIED (403).
 //
 // POST /profiles/delete
-func (c *Client) ProfilesDelete(ctx context.Context, request *ProfilesDeleteInput) (*ProfilesDeleteResponse, error) {
+func (c *Client) ProfilesDelete(ctx context.Context, request *ProfilesDeleteInput) (*ProfilesDeleteResult, error) {
 	res, err := c.sendProfilesDelete(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProfilesDelete(ctx context.Context, request *ProfilesDeleteInput) (res *ProfilesDeleteResponse, err error) {
+func (c *Client) sendProfilesDelete(ctx context.Context, request *ProfilesDeleteInput) (res *ProfilesDeleteResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3195,12 +3195,12 @@ func (c *Client) sendProfilesDelete(ctx context.Context, request *ProfilesDelete
 // ACCESS_DENIED (403).
 //
 // POST /profiles/get
-func (c *Client) ProfilesGet(ctx context.Context, request *ProfilesGetInput) (*ProfilesGetResponse, error) {
+func (c *Client) ProfilesGet(ctx context.Context, request *ProfilesGetInput) (*ProfilesGetResult, error) {
 	res, err := c.sendProfilesGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProfilesGet(ctx context.Context, request *ProfilesGetInput) (res *ProfilesGetResponse, err error) {
+func (c *Client) sendProfilesGet(ctx context.Context, request *ProfilesGetInput) (res *ProfilesGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3290,12 +3290,12 @@ func (c *Client) sendProfilesGet(ctx context.Context, request *ProfilesGetInput)
 // (403).
 //
 // POST /profiles/list
-func (c *Client) ProfilesList(ctx context.Context, request *ProfilesListInput) (*ProfilesListResponse, error) {
+func (c *Client) ProfilesList(ctx context.Context, request *ProfilesListInput) (*ProfilesListResult, error) {
 	res, err := c.sendProfilesList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProfilesList(ctx context.Context, request *ProfilesListInput) (res *ProfilesListResponse, err error) {
+func (c *Client) sendProfilesList(ctx context.Context, request *ProfilesListInput) (res *ProfilesListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3385,12 +3385,12 @@ func (c *Client) sendProfilesList(ctx context.Context, request *ProfilesListInpu
 // ACCESS_DENIED (403).
 //
 // POST /profiles/render
-func (c *Client) ProfilesRender(ctx context.Context, request *ProfilesRenderInput) (*ProfilesRenderResponse, error) {
+func (c *Client) ProfilesRender(ctx context.Context, request *ProfilesRenderInput) (*ProfilesRenderResult, error) {
 	res, err := c.sendProfilesRender(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProfilesRender(ctx context.Context, request *ProfilesRenderInput) (res *ProfilesRenderResponse, err error) {
+func (c *Client) sendProfilesRender(ctx context.Context, request *ProfilesRenderInput) (res *ProfilesRenderResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3481,12 +3481,12 @@ func (c *Client) sendProfilesRender(ctx context.Context, request *ProfilesRender
 // (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /profiles/update
-func (c *Client) ProfilesUpdate(ctx context.Context, request *ProfilesUpdateInput) (*ProfilesUpdateResponse, error) {
+func (c *Client) ProfilesUpdate(ctx context.Context, request *ProfilesUpdateInput) (*ProfilesUpdateResult, error) {
 	res, err := c.sendProfilesUpdate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProfilesUpdate(ctx context.Context, request *ProfilesUpdateInput) (res *ProfilesUpdateResponse, err error) {
+func (c *Client) sendProfilesUpdate(ctx context.Context, request *ProfilesUpdateInput) (res *ProfilesUpdateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3576,12 +3576,12 @@ func (c *Client) sendProfilesUpdate(ctx context.Context, request *ProfilesUpdate
 // ACCESS_DENIED (403).
 //
 // POST /profiles/validate
-func (c *Client) ProfilesValidate(ctx context.Context, request *ProfilesValidateInput) (*ProfilesValidateResponse, error) {
+func (c *Client) ProfilesValidate(ctx context.Context, request *ProfilesValidateInput) (*ProfilesValidateResult, error) {
 	res, err := c.sendProfilesValidate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProfilesValidate(ctx context.Context, request *ProfilesValidateInput) (res *ProfilesValidateResponse, err error) {
+func (c *Client) sendProfilesValidate(ctx context.Context, request *ProfilesValidateInput) (res *ProfilesValidateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3669,12 +3669,12 @@ func (c *Client) sendProfilesValidate(ctx context.Context, request *ProfilesVali
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /projects/addMember
-func (c *Client) ProjectsAddMember(ctx context.Context, request *ProjectsAddMemberInput) (*ProjectsAddMemberResponse, error) {
+func (c *Client) ProjectsAddMember(ctx context.Context, request *ProjectsAddMemberInput) (*ProjectsAddMemberResult, error) {
 	res, err := c.sendProjectsAddMember(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProjectsAddMember(ctx context.Context, request *ProjectsAddMemberInput) (res *ProjectsAddMemberResponse, err error) {
+func (c *Client) sendProjectsAddMember(ctx context.Context, request *ProjectsAddMemberInput) (res *ProjectsAddMemberResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3765,12 +3765,12 @@ func (c *Client) sendProjectsAddMember(ctx context.Context, request *ProjectsAdd
 // (403).
 //
 // POST /projects/create
-func (c *Client) ProjectsCreate(ctx context.Context, request *ProjectsCreateInput) (*ProjectsCreateResponse, error) {
+func (c *Client) ProjectsCreate(ctx context.Context, request *ProjectsCreateInput) (*ProjectsCreateResult, error) {
 	res, err := c.sendProjectsCreate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProjectsCreate(ctx context.Context, request *ProjectsCreateInput) (res *ProjectsCreateResponse, err error) {
+func (c *Client) sendProjectsCreate(ctx context.Context, request *ProjectsCreateInput) (res *ProjectsCreateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3859,12 +3859,12 @@ func (c *Client) sendProjectsCreate(ctx context.Context, request *ProjectsCreate
 // (403).
 //
 // POST /projects/delete
-func (c *Client) ProjectsDelete(ctx context.Context, request *ProjectsDeleteInput) (*ProjectsDeleteResponse, error) {
+func (c *Client) ProjectsDelete(ctx context.Context, request *ProjectsDeleteInput) (*ProjectsDeleteResult, error) {
 	res, err := c.sendProjectsDelete(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProjectsDelete(ctx context.Context, request *ProjectsDeleteInput) (res *ProjectsDeleteResponse, err error) {
+func (c *Client) sendProjectsDelete(ctx context.Context, request *ProjectsDeleteInput) (res *ProjectsDeleteResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -3952,12 +3952,12 @@ func (c *Client) sendProjectsDelete(ctx context.Context, request *ProjectsDelete
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /projects/get
-func (c *Client) ProjectsGet(ctx context.Context, request *ProjectsGetInput) (*ProjectsGetResponse, error) {
+func (c *Client) ProjectsGet(ctx context.Context, request *ProjectsGetInput) (*ProjectsGetResult, error) {
 	res, err := c.sendProjectsGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProjectsGet(ctx context.Context, request *ProjectsGetInput) (res *ProjectsGetResponse, err error) {
+func (c *Client) sendProjectsGet(ctx context.Context, request *ProjectsGetInput) (res *ProjectsGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4045,12 +4045,12 @@ func (c *Client) sendProjectsGet(ctx context.Context, request *ProjectsGetInput)
 // Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /projects/list
-func (c *Client) ProjectsList(ctx context.Context, request *ProjectsListInput) (*ProjectsListResponse, error) {
+func (c *Client) ProjectsList(ctx context.Context, request *ProjectsListInput) (*ProjectsListResult, error) {
 	res, err := c.sendProjectsList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProjectsList(ctx context.Context, request *ProjectsListInput) (res *ProjectsListResponse, err error) {
+func (c *Client) sendProjectsList(ctx context.Context, request *ProjectsListInput) (res *ProjectsListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4138,12 +4138,12 @@ func (c *Client) sendProjectsList(ctx context.Context, request *ProjectsListInpu
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /projects/members
-func (c *Client) ProjectsMembers(ctx context.Context, request *ProjectsMembersInput) (*ProjectsMembersResponse, error) {
+func (c *Client) ProjectsMembers(ctx context.Context, request *ProjectsMembersInput) (*ProjectsMembersResult, error) {
 	res, err := c.sendProjectsMembers(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProjectsMembers(ctx context.Context, request *ProjectsMembersInput) (res *ProjectsMembersResponse, err error) {
+func (c *Client) sendProjectsMembers(ctx context.Context, request *ProjectsMembersInput) (res *ProjectsMembersResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4233,12 +4233,12 @@ func (c *Client) sendProjectsMembers(ctx context.Context, request *ProjectsMembe
 // (403).
 //
 // POST /projects/removeMember
-func (c *Client) ProjectsRemoveMember(ctx context.Context, request *ProjectsRemoveMemberInput) (*ProjectsRemoveMemberResponse, error) {
+func (c *Client) ProjectsRemoveMember(ctx context.Context, request *ProjectsRemoveMemberInput) (*ProjectsRemoveMemberResult, error) {
 	res, err := c.sendProjectsRemoveMember(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProjectsRemoveMember(ctx context.Context, request *ProjectsRemoveMemberInput) (res *ProjectsRemoveMemberResponse, err error) {
+func (c *Client) sendProjectsRemoveMember(ctx context.Context, request *ProjectsRemoveMemberInput) (res *ProjectsRemoveMemberResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4328,12 +4328,12 @@ func (c *Client) sendProjectsRemoveMember(ctx context.Context, request *Projects
 // (401), ACCESS_DENIED (403).
 //
 // POST /projects/update
-func (c *Client) ProjectsUpdate(ctx context.Context, request *ProjectsUpdateInput) (*ProjectsUpdateResponse, error) {
+func (c *Client) ProjectsUpdate(ctx context.Context, request *ProjectsUpdateInput) (*ProjectsUpdateResult, error) {
 	res, err := c.sendProjectsUpdate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProjectsUpdate(ctx context.Context, request *ProjectsUpdateInput) (res *ProjectsUpdateResponse, err error) {
+func (c *Client) sendProjectsUpdate(ctx context.Context, request *ProjectsUpdateInput) (res *ProjectsUpdateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4426,12 +4426,12 @@ func (c *Client) sendProjectsUpdate(ctx context.Context, request *ProjectsUpdate
 // CONFLICT (409), UNSUPPORTED (422), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /providerAccounts/bootstrap
-func (c *Client) ProviderAccountsBootstrap(ctx context.Context, request *ProviderAccountsBootstrapInput) (*ProviderAccountsBootstrapResponse, error) {
+func (c *Client) ProviderAccountsBootstrap(ctx context.Context, request *ProviderAccountsBootstrapInput) (*ProviderAccountsBootstrapResult, error) {
 	res, err := c.sendProviderAccountsBootstrap(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProviderAccountsBootstrap(ctx context.Context, request *ProviderAccountsBootstrapInput) (res *ProviderAccountsBootstrapResponse, err error) {
+func (c *Client) sendProviderAccountsBootstrap(ctx context.Context, request *ProviderAccountsBootstrapInput) (res *ProviderAccountsBootstrapResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4523,12 +4523,12 @@ func (c *Client) sendProviderAccountsBootstrap(ctx context.Context, request *Pro
 // (401), ACCESS_DENIED (403).
 //
 // POST /providerAccounts/create
-func (c *Client) ProviderAccountsCreate(ctx context.Context, request *ProviderAccountsCreateInput) (*ProviderAccountsCreateResponse, error) {
+func (c *Client) ProviderAccountsCreate(ctx context.Context, request *ProviderAccountsCreateInput) (*ProviderAccountsCreateResult, error) {
 	res, err := c.sendProviderAccountsCreate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProviderAccountsCreate(ctx context.Context, request *ProviderAccountsCreateInput) (res *ProviderAccountsCreateResponse, err error) {
+func (c *Client) sendProviderAccountsCreate(ctx context.Context, request *ProviderAccountsCreateInput) (res *ProviderAccountsCreateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4617,12 +4617,12 @@ func (c *Client) sendProviderAccountsCreate(ctx context.Context, request *Provid
 // (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /providerAccounts/delete
-func (c *Client) ProviderAccountsDelete(ctx context.Context, request *ProviderAccountsDeleteInput) (*ProviderAccountsDeleteResponse, error) {
+func (c *Client) ProviderAccountsDelete(ctx context.Context, request *ProviderAccountsDeleteInput) (*ProviderAccountsDeleteResult, error) {
 	res, err := c.sendProviderAccountsDelete(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProviderAccountsDelete(ctx context.Context, request *ProviderAccountsDeleteInput) (res *ProviderAccountsDeleteResponse, err error) {
+func (c *Client) sendProviderAccountsDelete(ctx context.Context, request *ProviderAccountsDeleteInput) (res *ProviderAccountsDeleteResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4711,12 +4711,12 @@ func (c *Client) sendProviderAccountsDelete(ctx context.Context, request *Provid
 // ACCESS_DENIED (403).
 //
 // POST /providerAccounts/get
-func (c *Client) ProviderAccountsGet(ctx context.Context, request *ProviderAccountsGetInput) (*ProviderAccountsGetResponse, error) {
+func (c *Client) ProviderAccountsGet(ctx context.Context, request *ProviderAccountsGetInput) (*ProviderAccountsGetResult, error) {
 	res, err := c.sendProviderAccountsGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProviderAccountsGet(ctx context.Context, request *ProviderAccountsGetInput) (res *ProviderAccountsGetResponse, err error) {
+func (c *Client) sendProviderAccountsGet(ctx context.Context, request *ProviderAccountsGetInput) (res *ProviderAccountsGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4805,12 +4805,12 @@ func (c *Client) sendProviderAccountsGet(ctx context.Context, request *ProviderA
 // ACCESS_DENIED (403).
 //
 // POST /providerAccounts/list
-func (c *Client) ProviderAccountsList(ctx context.Context, request *ProviderAccountsListInput) (*ProviderAccountsListResponse, error) {
+func (c *Client) ProviderAccountsList(ctx context.Context, request *ProviderAccountsListInput) (*ProviderAccountsListResult, error) {
 	res, err := c.sendProviderAccountsList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProviderAccountsList(ctx context.Context, request *ProviderAccountsListInput) (res *ProviderAccountsListResponse, err error) {
+func (c *Client) sendProviderAccountsList(ctx context.Context, request *ProviderAccountsListInput) (res *ProviderAccountsListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4899,12 +4899,12 @@ func (c *Client) sendProviderAccountsList(ctx context.Context, request *Provider
 // UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /providerAccounts/offers
-func (c *Client) ProviderAccountsOffers(ctx context.Context, request *ProviderAccountsOffersInput) (*ProviderAccountsOffersResponse, error) {
+func (c *Client) ProviderAccountsOffers(ctx context.Context, request *ProviderAccountsOffersInput) (*ProviderAccountsOffersResult, error) {
 	res, err := c.sendProviderAccountsOffers(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProviderAccountsOffers(ctx context.Context, request *ProviderAccountsOffersInput) (res *ProviderAccountsOffersResponse, err error) {
+func (c *Client) sendProviderAccountsOffers(ctx context.Context, request *ProviderAccountsOffersInput) (res *ProviderAccountsOffersResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -4994,12 +4994,12 @@ func (c *Client) sendProviderAccountsOffers(ctx context.Context, request *Provid
 // (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /providerAccounts/update
-func (c *Client) ProviderAccountsUpdate(ctx context.Context, request *ProviderAccountsUpdateInput) (*ProviderAccountsUpdateResponse, error) {
+func (c *Client) ProviderAccountsUpdate(ctx context.Context, request *ProviderAccountsUpdateInput) (*ProviderAccountsUpdateResult, error) {
 	res, err := c.sendProviderAccountsUpdate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendProviderAccountsUpdate(ctx context.Context, request *ProviderAccountsUpdateInput) (res *ProviderAccountsUpdateResponse, err error) {
+func (c *Client) sendProviderAccountsUpdate(ctx context.Context, request *ProviderAccountsUpdateInput) (res *ProviderAccountsUpdateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5088,12 +5088,12 @@ func (c *Client) sendProviderAccountsUpdate(ctx context.Context, request *Provid
 // (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /quotas/get
-func (c *Client) QuotasGet(ctx context.Context, request *QuotasGetInput) (*QuotasGetResponse, error) {
+func (c *Client) QuotasGet(ctx context.Context, request *QuotasGetInput) (*QuotasGetResult, error) {
 	res, err := c.sendQuotasGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendQuotasGet(ctx context.Context, request *QuotasGetInput) (res *QuotasGetResponse, err error) {
+func (c *Client) sendQuotasGet(ctx context.Context, request *QuotasGetInput) (res *QuotasGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5182,12 +5182,12 @@ func (c *Client) sendQuotasGet(ctx context.Context, request *QuotasGetInput) (re
 // (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /quotas/list
-func (c *Client) QuotasList(ctx context.Context, request *QuotasListInput) (*QuotasListResponse, error) {
+func (c *Client) QuotasList(ctx context.Context, request *QuotasListInput) (*QuotasListResult, error) {
 	res, err := c.sendQuotasList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendQuotasList(ctx context.Context, request *QuotasListInput) (res *QuotasListResponse, err error) {
+func (c *Client) sendQuotasList(ctx context.Context, request *QuotasListInput) (res *QuotasListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5278,12 +5278,12 @@ func (c *Client) sendQuotasList(ctx context.Context, request *QuotasListInput) (
 // (403).
 //
 // POST /quotas/set
-func (c *Client) QuotasSet(ctx context.Context, request *QuotasSetInput) (*QuotasSetResponse, error) {
+func (c *Client) QuotasSet(ctx context.Context, request *QuotasSetInput) (*QuotasSetResult, error) {
 	res, err := c.sendQuotasSet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendQuotasSet(ctx context.Context, request *QuotasSetInput) (res *QuotasSetResponse, err error) {
+func (c *Client) sendQuotasSet(ctx context.Context, request *QuotasSetInput) (res *QuotasSetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5376,12 +5376,12 @@ func (c *Client) sendQuotasSet(ctx context.Context, request *QuotasSetInput) (re
 // (403).
 //
 // POST /sandboxTemplates/create
-func (c *Client) SandboxTemplatesCreate(ctx context.Context, request *SandboxTemplatesCreateInput) (*SandboxTemplatesCreateResponse, error) {
+func (c *Client) SandboxTemplatesCreate(ctx context.Context, request *SandboxTemplatesCreateInput) (*SandboxTemplatesCreateResult, error) {
 	res, err := c.sendSandboxTemplatesCreate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxTemplatesCreate(ctx context.Context, request *SandboxTemplatesCreateInput) (res *SandboxTemplatesCreateResponse, err error) {
+func (c *Client) sendSandboxTemplatesCreate(ctx context.Context, request *SandboxTemplatesCreateInput) (res *SandboxTemplatesCreateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5471,12 +5471,12 @@ func (c *Client) sendSandboxTemplatesCreate(ctx context.Context, request *Sandbo
 // (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxTemplates/delete
-func (c *Client) SandboxTemplatesDelete(ctx context.Context, request *SandboxTemplatesDeleteInput) (*SandboxTemplatesDeleteResponse, error) {
+func (c *Client) SandboxTemplatesDelete(ctx context.Context, request *SandboxTemplatesDeleteInput) (*SandboxTemplatesDeleteResult, error) {
 	res, err := c.sendSandboxTemplatesDelete(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxTemplatesDelete(ctx context.Context, request *SandboxTemplatesDeleteInput) (res *SandboxTemplatesDeleteResponse, err error) {
+func (c *Client) sendSandboxTemplatesDelete(ctx context.Context, request *SandboxTemplatesDeleteInput) (res *SandboxTemplatesDeleteResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5565,12 +5565,12 @@ func (c *Client) sendSandboxTemplatesDelete(ctx context.Context, request *Sandbo
 // ACCESS_DENIED (403).
 //
 // POST /sandboxTemplates/get
-func (c *Client) SandboxTemplatesGet(ctx context.Context, request *SandboxTemplatesGetInput) (*SandboxTemplatesGetResponse, error) {
+func (c *Client) SandboxTemplatesGet(ctx context.Context, request *SandboxTemplatesGetInput) (*SandboxTemplatesGetResult, error) {
 	res, err := c.sendSandboxTemplatesGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxTemplatesGet(ctx context.Context, request *SandboxTemplatesGetInput) (res *SandboxTemplatesGetResponse, err error) {
+func (c *Client) sendSandboxTemplatesGet(ctx context.Context, request *SandboxTemplatesGetInput) (res *SandboxTemplatesGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5659,12 +5659,12 @@ func (c *Client) sendSandboxTemplatesGet(ctx context.Context, request *SandboxTe
 // ACCESS_DENIED (403).
 //
 // POST /sandboxTemplates/list
-func (c *Client) SandboxTemplatesList(ctx context.Context, request *SandboxTemplatesListInput) (*SandboxTemplatesListResponse, error) {
+func (c *Client) SandboxTemplatesList(ctx context.Context, request *SandboxTemplatesListInput) (*SandboxTemplatesListResult, error) {
 	res, err := c.sendSandboxTemplatesList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxTemplatesList(ctx context.Context, request *SandboxTemplatesListInput) (res *SandboxTemplatesListResponse, err error) {
+func (c *Client) sendSandboxTemplatesList(ctx context.Context, request *SandboxTemplatesListInput) (res *SandboxTemplatesListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5756,12 +5756,12 @@ func (c *Client) sendSandboxTemplatesList(ctx context.Context, request *SandboxT
 // ACCESS_DENIED (403).
 //
 // POST /sandboxTemplates/update
-func (c *Client) SandboxTemplatesUpdate(ctx context.Context, request *SandboxTemplatesUpdateInput) (*SandboxTemplatesUpdateResponse, error) {
+func (c *Client) SandboxTemplatesUpdate(ctx context.Context, request *SandboxTemplatesUpdateInput) (*SandboxTemplatesUpdateResult, error) {
 	res, err := c.sendSandboxTemplatesUpdate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxTemplatesUpdate(ctx context.Context, request *SandboxTemplatesUpdateInput) (res *SandboxTemplatesUpdateResponse, err error) {
+func (c *Client) sendSandboxTemplatesUpdate(ctx context.Context, request *SandboxTemplatesUpdateInput) (res *SandboxTemplatesUpdateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5854,12 +5854,12 @@ func (c *Client) sendSandboxTemplatesUpdate(ctx context.Context, request *Sandbo
 // CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/create
-func (c *Client) SandboxVolumesCreate(ctx context.Context, request *SandboxVolumesCreateInput) (*SandboxVolumesCreateResponse, error) {
+func (c *Client) SandboxVolumesCreate(ctx context.Context, request *SandboxVolumesCreateInput) (*SandboxVolumesCreateResult, error) {
 	res, err := c.sendSandboxVolumesCreate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxVolumesCreate(ctx context.Context, request *SandboxVolumesCreateInput) (res *SandboxVolumesCreateResponse, err error) {
+func (c *Client) sendSandboxVolumesCreate(ctx context.Context, request *SandboxVolumesCreateInput) (res *SandboxVolumesCreateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -5950,12 +5950,12 @@ func (c *Client) sendSandboxVolumesCreate(ctx context.Context, request *SandboxV
 // INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/delete
-func (c *Client) SandboxVolumesDelete(ctx context.Context, request *SandboxVolumesDeleteInput) (*SandboxVolumesDeleteResponse, error) {
+func (c *Client) SandboxVolumesDelete(ctx context.Context, request *SandboxVolumesDeleteInput) (*SandboxVolumesDeleteResult, error) {
 	res, err := c.sendSandboxVolumesDelete(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxVolumesDelete(ctx context.Context, request *SandboxVolumesDeleteInput) (res *SandboxVolumesDeleteResponse, err error) {
+func (c *Client) sendSandboxVolumesDelete(ctx context.Context, request *SandboxVolumesDeleteInput) (res *SandboxVolumesDeleteResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6044,12 +6044,12 @@ func (c *Client) sendSandboxVolumesDelete(ctx context.Context, request *SandboxV
 // ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/get
-func (c *Client) SandboxVolumesGet(ctx context.Context, request *SandboxVolumesGetInput) (*SandboxVolumesGetResponse, error) {
+func (c *Client) SandboxVolumesGet(ctx context.Context, request *SandboxVolumesGetInput) (*SandboxVolumesGetResult, error) {
 	res, err := c.sendSandboxVolumesGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxVolumesGet(ctx context.Context, request *SandboxVolumesGetInput) (res *SandboxVolumesGetResponse, err error) {
+func (c *Client) sendSandboxVolumesGet(ctx context.Context, request *SandboxVolumesGetInput) (res *SandboxVolumesGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6138,12 +6138,12 @@ func (c *Client) sendSandboxVolumesGet(ctx context.Context, request *SandboxVolu
 // tenant/tenantId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/list
-func (c *Client) SandboxVolumesList(ctx context.Context, request *SandboxVolumesListInput) (*SandboxVolumesListResponse, error) {
+func (c *Client) SandboxVolumesList(ctx context.Context, request *SandboxVolumesListInput) (*SandboxVolumesListResult, error) {
 	res, err := c.sendSandboxVolumesList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxVolumesList(ctx context.Context, request *SandboxVolumesListInput) (res *SandboxVolumesListResponse, err error) {
+func (c *Client) sendSandboxVolumesList(ctx context.Context, request *SandboxVolumesListInput) (res *SandboxVolumesListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6234,12 +6234,12 @@ func (c *Client) sendSandboxVolumesList(ctx context.Context, request *SandboxVol
 // (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/resize
-func (c *Client) SandboxVolumesResize(ctx context.Context, request *SandboxVolumesResizeInput) (*SandboxVolumesResizeResponse, error) {
+func (c *Client) SandboxVolumesResize(ctx context.Context, request *SandboxVolumesResizeInput) (*SandboxVolumesResizeResult, error) {
 	res, err := c.sendSandboxVolumesResize(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSandboxVolumesResize(ctx context.Context, request *SandboxVolumesResizeInput) (res *SandboxVolumesResizeResponse, err error) {
+func (c *Client) sendSandboxVolumesResize(ctx context.Context, request *SandboxVolumesResizeInput) (res *SandboxVolumesResizeResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6330,12 +6330,12 @@ func (c *Client) sendSandboxVolumesResize(ctx context.Context, request *SandboxV
 // (409), UNAVAILABLE (503), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /secrets/delete
-func (c *Client) SecretsDelete(ctx context.Context, request *SecretsDeleteInput) (*SecretsDeleteResponse, error) {
+func (c *Client) SecretsDelete(ctx context.Context, request *SecretsDeleteInput) (*SecretsDeleteResult, error) {
 	res, err := c.sendSecretsDelete(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSecretsDelete(ctx context.Context, request *SecretsDeleteInput) (res *SecretsDeleteResponse, err error) {
+func (c *Client) sendSecretsDelete(ctx context.Context, request *SecretsDeleteInput) (res *SecretsDeleteResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6425,12 +6425,12 @@ func (c *Client) sendSecretsDelete(ctx context.Context, request *SecretsDeleteIn
 // when scope in fleet. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /secrets/list
-func (c *Client) SecretsList(ctx context.Context, request *SecretsListInput) (*SecretsListResponse, error) {
+func (c *Client) SecretsList(ctx context.Context, request *SecretsListInput) (*SecretsListResult, error) {
 	res, err := c.sendSecretsList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSecretsList(ctx context.Context, request *SecretsListInput) (res *SecretsListResponse, err error) {
+func (c *Client) sendSecretsList(ctx context.Context, request *SecretsListInput) (res *SecretsListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6524,12 +6524,12 @@ func (c *Client) sendSecretsList(ctx context.Context, request *SecretsListInput)
 // (403).
 //
 // POST /secrets/put
-func (c *Client) SecretsPut(ctx context.Context, request *SecretsPutInput) (*SecretsPutResponse, error) {
+func (c *Client) SecretsPut(ctx context.Context, request *SecretsPutInput) (*SecretsPutResult, error) {
 	res, err := c.sendSecretsPut(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSecretsPut(ctx context.Context, request *SecretsPutInput) (res *SecretsPutResponse, err error) {
+func (c *Client) sendSecretsPut(ctx context.Context, request *SecretsPutInput) (res *SecretsPutResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6620,12 +6620,12 @@ func (c *Client) sendSecretsPut(ctx context.Context, request *SecretsPutInput) (
 // UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sites/create
-func (c *Client) SitesCreate(ctx context.Context, request *SitesCreateInput) (*SitesCreateResponse, error) {
+func (c *Client) SitesCreate(ctx context.Context, request *SitesCreateInput) (*SitesCreateResult, error) {
 	res, err := c.sendSitesCreate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSitesCreate(ctx context.Context, request *SitesCreateInput) (res *SitesCreateResponse, err error) {
+func (c *Client) sendSitesCreate(ctx context.Context, request *SitesCreateInput) (res *SitesCreateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6714,12 +6714,12 @@ func (c *Client) sendSitesCreate(ctx context.Context, request *SitesCreateInput)
 // UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sites/delete
-func (c *Client) SitesDelete(ctx context.Context, request *SitesDeleteInput) (*SitesDeleteResponse, error) {
+func (c *Client) SitesDelete(ctx context.Context, request *SitesDeleteInput) (*SitesDeleteResult, error) {
 	res, err := c.sendSitesDelete(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSitesDelete(ctx context.Context, request *SitesDeleteInput) (res *SitesDeleteResponse, err error) {
+func (c *Client) sendSitesDelete(ctx context.Context, request *SitesDeleteInput) (res *SitesDeleteResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6807,12 +6807,12 @@ func (c *Client) sendSitesDelete(ctx context.Context, request *SitesDeleteInput)
 // (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sites/get
-func (c *Client) SitesGet(ctx context.Context, request *SitesGetInput) (*SitesGetResponse, error) {
+func (c *Client) SitesGet(ctx context.Context, request *SitesGetInput) (*SitesGetResult, error) {
 	res, err := c.sendSitesGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSitesGet(ctx context.Context, request *SitesGetInput) (res *SitesGetResponse, err error) {
+func (c *Client) sendSitesGet(ctx context.Context, request *SitesGetInput) (res *SitesGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6900,12 +6900,12 @@ func (c *Client) sendSitesGet(ctx context.Context, request *SitesGetInput) (res 
 // INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sites/list
-func (c *Client) SitesList(ctx context.Context, request *SitesListInput) (*SitesListResponse, error) {
+func (c *Client) SitesList(ctx context.Context, request *SitesListInput) (*SitesListResult, error) {
 	res, err := c.sendSitesList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSitesList(ctx context.Context, request *SitesListInput) (res *SitesListResponse, err error) {
+func (c *Client) sendSitesList(ctx context.Context, request *SitesListInput) (res *SitesListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -6994,12 +6994,12 @@ func (c *Client) sendSitesList(ctx context.Context, request *SitesListInput) (re
 // ACCESS_DENIED (403).
 //
 // POST /sites/update
-func (c *Client) SitesUpdate(ctx context.Context, request *SitesUpdateInput) (*SitesUpdateResponse, error) {
+func (c *Client) SitesUpdate(ctx context.Context, request *SitesUpdateInput) (*SitesUpdateResult, error) {
 	res, err := c.sendSitesUpdate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSitesUpdate(ctx context.Context, request *SitesUpdateInput) (res *SitesUpdateResponse, err error) {
+func (c *Client) sendSitesUpdate(ctx context.Context, request *SitesUpdateInput) (res *SitesUpdateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7087,12 +7087,12 @@ func (c *Client) sendSitesUpdate(ctx context.Context, request *SitesUpdateInput)
 // (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /system/selfCheck
-func (c *Client) SystemSelfCheck(ctx context.Context, request *SystemSelfCheckInput) (*SystemSelfCheckResponse, error) {
+func (c *Client) SystemSelfCheck(ctx context.Context, request *SystemSelfCheckInput) (*SystemSelfCheckResult, error) {
 	res, err := c.sendSystemSelfCheck(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSystemSelfCheck(ctx context.Context, request *SystemSelfCheckInput) (res *SystemSelfCheckResponse, err error) {
+func (c *Client) sendSystemSelfCheck(ctx context.Context, request *SystemSelfCheckInput) (res *SystemSelfCheckResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7179,12 +7179,12 @@ func (c *Client) sendSystemSelfCheck(ctx context.Context, request *SystemSelfChe
 // Served since v0.1. Kind: public. No credential is required. Errors: INVALID_INPUT (400).
 //
 // POST /system/version
-func (c *Client) SystemVersion(ctx context.Context, request *SystemVersionInput) (*SystemVersionResponse, error) {
+func (c *Client) SystemVersion(ctx context.Context, request *SystemVersionInput) (*SystemVersionResult, error) {
 	res, err := c.sendSystemVersion(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSystemVersion(ctx context.Context, request *SystemVersionInput) (res *SystemVersionResponse, err error) {
+func (c *Client) sendSystemVersion(ctx context.Context, request *SystemVersionInput) (res *SystemVersionResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7272,12 +7272,12 @@ func (c *Client) sendSystemVersion(ctx context.Context, request *SystemVersionIn
 // Served since v0.1. Kind: public. No credential is required. Errors: INVALID_INPUT (400).
 //
 // POST /system/whoami
-func (c *Client) SystemWhoami(ctx context.Context, request *SystemWhoamiInput) (*SystemWhoamiResponse, error) {
+func (c *Client) SystemWhoami(ctx context.Context, request *SystemWhoamiInput) (*SystemWhoamiResult, error) {
 	res, err := c.sendSystemWhoami(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendSystemWhoami(ctx context.Context, request *SystemWhoamiInput) (res *SystemWhoamiResponse, err error) {
+func (c *Client) sendSystemWhoami(ctx context.Context, request *SystemWhoamiInput) (res *SystemWhoamiResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7364,17 +7364,16 @@ func (c *Client) sendSystemWhoami(ctx context.Context, request *SystemWhoamiInpu
 // quantity per meter; at most 50,000 windows (truncated); decided on the project when projectId is
 // given.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:usage:read on
-// tenant/tenantId alt=project/projectId when projectId. Errors: INVALID_INPUT (400), UNAUTHENTICATED
-// (401), ACCESS_DENIED (403).
+// Served since v0.2. Kind: read. Action compute:usage:read on tenant/tenantId alt=project/projectId
+// when projectId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /usage/export
-func (c *Client) UsageExport(ctx context.Context, request *UsageExportInput) (*UsageExportResponse, error) {
+func (c *Client) UsageExport(ctx context.Context, request *UsageExportInput) (*UsageExportResult, error) {
 	res, err := c.sendUsageExport(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendUsageExport(ctx context.Context, request *UsageExportInput) (res *UsageExportResponse, err error) {
+func (c *Client) sendUsageExport(ctx context.Context, request *UsageExportInput) (res *UsageExportResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7459,17 +7458,16 @@ func (c *Client) sendUsageExport(ctx context.Context, request *UsageExportInput)
 // Windows ordered by window start that end after from and start before to (to not after from is
 // INVALID_INPUT); decided on the project when projectId is given.
 //
-// Planned for v0.1: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:usage:read on
-// tenant/tenantId alt=project/projectId when projectId. Errors: INVALID_INPUT (400), UNAUTHENTICATED
-// (401), ACCESS_DENIED (403).
+// Served since v0.1. Kind: read. Action compute:usage:read on tenant/tenantId alt=project/projectId
+// when projectId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /usage/list
-func (c *Client) UsageList(ctx context.Context, request *UsageListInput) (*UsageListResponse, error) {
+func (c *Client) UsageList(ctx context.Context, request *UsageListInput) (*UsageListResult, error) {
 	res, err := c.sendUsageList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendUsageList(ctx context.Context, request *UsageListInput) (res *UsageListResponse, err error) {
+func (c *Client) sendUsageList(ctx context.Context, request *UsageListInput) (res *UsageListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7559,12 +7557,12 @@ func (c *Client) sendUsageList(ctx context.Context, request *UsageListInput) (re
 // INVALID_INPUT (400), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/create
-func (c *Client) WebhooksCreate(ctx context.Context, request *WebhooksCreateInput) (*WebhooksCreateResponse, error) {
+func (c *Client) WebhooksCreate(ctx context.Context, request *WebhooksCreateInput) (*WebhooksCreateResult, error) {
 	res, err := c.sendWebhooksCreate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksCreate(ctx context.Context, request *WebhooksCreateInput) (res *WebhooksCreateResponse, err error) {
+func (c *Client) sendWebhooksCreate(ctx context.Context, request *WebhooksCreateInput) (res *WebhooksCreateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7652,12 +7650,12 @@ func (c *Client) sendWebhooksCreate(ctx context.Context, request *WebhooksCreate
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/delete
-func (c *Client) WebhooksDelete(ctx context.Context, request *WebhooksDeleteInput) (*WebhooksDeleteResponse, error) {
+func (c *Client) WebhooksDelete(ctx context.Context, request *WebhooksDeleteInput) (*WebhooksDeleteResult, error) {
 	res, err := c.sendWebhooksDelete(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksDelete(ctx context.Context, request *WebhooksDeleteInput) (res *WebhooksDeleteResponse, err error) {
+func (c *Client) sendWebhooksDelete(ctx context.Context, request *WebhooksDeleteInput) (res *WebhooksDeleteResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7745,12 +7743,12 @@ func (c *Client) sendWebhooksDelete(ctx context.Context, request *WebhooksDelete
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/deliveries
-func (c *Client) WebhooksDeliveries(ctx context.Context, request *WebhooksDeliveriesInput) (*WebhooksDeliveriesResponse, error) {
+func (c *Client) WebhooksDeliveries(ctx context.Context, request *WebhooksDeliveriesInput) (*WebhooksDeliveriesResult, error) {
 	res, err := c.sendWebhooksDeliveries(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksDeliveries(ctx context.Context, request *WebhooksDeliveriesInput) (res *WebhooksDeliveriesResponse, err error) {
+func (c *Client) sendWebhooksDeliveries(ctx context.Context, request *WebhooksDeliveriesInput) (res *WebhooksDeliveriesResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7839,12 +7837,12 @@ func (c *Client) sendWebhooksDeliveries(ctx context.Context, request *WebhooksDe
 // Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/eventTypes
-func (c *Client) WebhooksEventTypes(ctx context.Context, request *WebhooksEventTypesInput) (*WebhooksEventTypesResponse, error) {
+func (c *Client) WebhooksEventTypes(ctx context.Context, request *WebhooksEventTypesInput) (*WebhooksEventTypesResult, error) {
 	res, err := c.sendWebhooksEventTypes(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksEventTypes(ctx context.Context, request *WebhooksEventTypesInput) (res *WebhooksEventTypesResponse, err error) {
+func (c *Client) sendWebhooksEventTypes(ctx context.Context, request *WebhooksEventTypesInput) (res *WebhooksEventTypesResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -7932,12 +7930,12 @@ func (c *Client) sendWebhooksEventTypes(ctx context.Context, request *WebhooksEv
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/get
-func (c *Client) WebhooksGet(ctx context.Context, request *WebhooksGetInput) (*WebhooksGetResponse, error) {
+func (c *Client) WebhooksGet(ctx context.Context, request *WebhooksGetInput) (*WebhooksGetResult, error) {
 	res, err := c.sendWebhooksGet(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksGet(ctx context.Context, request *WebhooksGetInput) (res *WebhooksGetResponse, err error) {
+func (c *Client) sendWebhooksGet(ctx context.Context, request *WebhooksGetInput) (res *WebhooksGetResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -8025,12 +8023,12 @@ func (c *Client) sendWebhooksGet(ctx context.Context, request *WebhooksGetInput)
 // INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/list
-func (c *Client) WebhooksList(ctx context.Context, request *WebhooksListInput) (*WebhooksListResponse, error) {
+func (c *Client) WebhooksList(ctx context.Context, request *WebhooksListInput) (*WebhooksListResult, error) {
 	res, err := c.sendWebhooksList(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksList(ctx context.Context, request *WebhooksListInput) (res *WebhooksListResponse, err error) {
+func (c *Client) sendWebhooksList(ctx context.Context, request *WebhooksListInput) (res *WebhooksListResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -8119,12 +8117,12 @@ func (c *Client) sendWebhooksList(ctx context.Context, request *WebhooksListInpu
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/ping
-func (c *Client) WebhooksPing(ctx context.Context, request *WebhooksPingInput) (*WebhooksPingResponse, error) {
+func (c *Client) WebhooksPing(ctx context.Context, request *WebhooksPingInput) (*WebhooksPingResult, error) {
 	res, err := c.sendWebhooksPing(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksPing(ctx context.Context, request *WebhooksPingInput) (res *WebhooksPingResponse, err error) {
+func (c *Client) sendWebhooksPing(ctx context.Context, request *WebhooksPingInput) (res *WebhooksPingResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -8215,12 +8213,12 @@ func (c *Client) sendWebhooksPing(ctx context.Context, request *WebhooksPingInpu
 // (403).
 //
 // POST /webhooks/redeliver
-func (c *Client) WebhooksRedeliver(ctx context.Context, request *WebhooksRedeliverInput) (*WebhooksRedeliverResponse, error) {
+func (c *Client) WebhooksRedeliver(ctx context.Context, request *WebhooksRedeliverInput) (*WebhooksRedeliverResult, error) {
 	res, err := c.sendWebhooksRedeliver(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksRedeliver(ctx context.Context, request *WebhooksRedeliverInput) (res *WebhooksRedeliverResponse, err error) {
+func (c *Client) sendWebhooksRedeliver(ctx context.Context, request *WebhooksRedeliverInput) (res *WebhooksRedeliverResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -8309,12 +8307,12 @@ func (c *Client) sendWebhooksRedeliver(ctx context.Context, request *WebhooksRed
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/rotateSecret
-func (c *Client) WebhooksRotateSecret(ctx context.Context, request *WebhooksRotateSecretInput) (*WebhooksRotateSecretResponse, error) {
+func (c *Client) WebhooksRotateSecret(ctx context.Context, request *WebhooksRotateSecretInput) (*WebhooksRotateSecretResult, error) {
 	res, err := c.sendWebhooksRotateSecret(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksRotateSecret(ctx context.Context, request *WebhooksRotateSecretInput) (res *WebhooksRotateSecretResponse, err error) {
+func (c *Client) sendWebhooksRotateSecret(ctx context.Context, request *WebhooksRotateSecretInput) (res *WebhooksRotateSecretResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string
@@ -8405,12 +8403,12 @@ func (c *Client) sendWebhooksRotateSecret(ctx context.Context, request *Webhooks
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /webhooks/update
-func (c *Client) WebhooksUpdate(ctx context.Context, request *WebhooksUpdateInput) (*WebhooksUpdateResponse, error) {
+func (c *Client) WebhooksUpdate(ctx context.Context, request *WebhooksUpdateInput) (*WebhooksUpdateResult, error) {
 	res, err := c.sendWebhooksUpdate(ctx, request)
 	return res, err
 }
 
-func (c *Client) sendWebhooksUpdate(ctx context.Context, request *WebhooksUpdateInput) (res *WebhooksUpdateResponse, err error) {
+func (c *Client) sendWebhooksUpdate(ctx context.Context, request *WebhooksUpdateInput) (res *WebhooksUpdateResult, err error) {
 
 	u := uri.Clone(c.requestURL(ctx))
 	var pathParts [1]string

@@ -2371,28 +2371,28 @@ func (s *EventsListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *EventsListResponse) Encode(e *jx.Encoder) {
+func (s *EventsListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *EventsListResponse) encodeFields(e *jx.Encoder) {
+func (s *EventsListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfEventsListResponse = [1]string{
+var jsonFieldsNameOfEventsListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes EventsListResponse from json.
-func (s *EventsListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes EventsListResult from json.
+func (s *EventsListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode EventsListResponse to nil")
+		return errors.New("invalid: unable to decode EventsListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -2413,7 +2413,7 @@ func (s *EventsListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode EventsListResponse")
+		return errors.Wrap(err, "decode EventsListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -2430,8 +2430,8 @@ func (s *EventsListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfEventsListResponse) {
-					name = jsonFieldsNameOfEventsListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfEventsListResult) {
+					name = jsonFieldsNameOfEventsListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -2452,14 +2452,14 @@ func (s *EventsListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *EventsListResponse) MarshalJSON() ([]byte, error) {
+func (s *EventsListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *EventsListResponse) UnmarshalJSON(data []byte) error {
+func (s *EventsListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -3084,28 +3084,28 @@ func (s *FlavorsArchiveInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *FlavorsArchiveResponse) Encode(e *jx.Encoder) {
+func (s *FlavorsArchiveResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *FlavorsArchiveResponse) encodeFields(e *jx.Encoder) {
+func (s *FlavorsArchiveResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfFlavorsArchiveResponse = [1]string{
+var jsonFieldsNameOfFlavorsArchiveResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes FlavorsArchiveResponse from json.
-func (s *FlavorsArchiveResponse) Decode(d *jx.Decoder) error {
+// Decode decodes FlavorsArchiveResult from json.
+func (s *FlavorsArchiveResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode FlavorsArchiveResponse to nil")
+		return errors.New("invalid: unable to decode FlavorsArchiveResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -3126,7 +3126,7 @@ func (s *FlavorsArchiveResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode FlavorsArchiveResponse")
+		return errors.Wrap(err, "decode FlavorsArchiveResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -3143,8 +3143,8 @@ func (s *FlavorsArchiveResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfFlavorsArchiveResponse) {
-					name = jsonFieldsNameOfFlavorsArchiveResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfFlavorsArchiveResult) {
+					name = jsonFieldsNameOfFlavorsArchiveResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -3165,14 +3165,14 @@ func (s *FlavorsArchiveResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *FlavorsArchiveResponse) MarshalJSON() ([]byte, error) {
+func (s *FlavorsArchiveResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *FlavorsArchiveResponse) UnmarshalJSON(data []byte) error {
+func (s *FlavorsArchiveResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -3377,28 +3377,28 @@ func (s *FlavorsCreateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *FlavorsCreateResponse) Encode(e *jx.Encoder) {
+func (s *FlavorsCreateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *FlavorsCreateResponse) encodeFields(e *jx.Encoder) {
+func (s *FlavorsCreateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfFlavorsCreateResponse = [1]string{
+var jsonFieldsNameOfFlavorsCreateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes FlavorsCreateResponse from json.
-func (s *FlavorsCreateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes FlavorsCreateResult from json.
+func (s *FlavorsCreateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode FlavorsCreateResponse to nil")
+		return errors.New("invalid: unable to decode FlavorsCreateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -3419,7 +3419,7 @@ func (s *FlavorsCreateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode FlavorsCreateResponse")
+		return errors.Wrap(err, "decode FlavorsCreateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -3436,8 +3436,8 @@ func (s *FlavorsCreateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfFlavorsCreateResponse) {
-					name = jsonFieldsNameOfFlavorsCreateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfFlavorsCreateResult) {
+					name = jsonFieldsNameOfFlavorsCreateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -3458,14 +3458,14 @@ func (s *FlavorsCreateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *FlavorsCreateResponse) MarshalJSON() ([]byte, error) {
+func (s *FlavorsCreateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *FlavorsCreateResponse) UnmarshalJSON(data []byte) error {
+func (s *FlavorsCreateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -3601,28 +3601,28 @@ func (s *FlavorsGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *FlavorsGetResponse) Encode(e *jx.Encoder) {
+func (s *FlavorsGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *FlavorsGetResponse) encodeFields(e *jx.Encoder) {
+func (s *FlavorsGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfFlavorsGetResponse = [1]string{
+var jsonFieldsNameOfFlavorsGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes FlavorsGetResponse from json.
-func (s *FlavorsGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes FlavorsGetResult from json.
+func (s *FlavorsGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode FlavorsGetResponse to nil")
+		return errors.New("invalid: unable to decode FlavorsGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -3643,7 +3643,7 @@ func (s *FlavorsGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode FlavorsGetResponse")
+		return errors.Wrap(err, "decode FlavorsGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -3660,8 +3660,8 @@ func (s *FlavorsGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfFlavorsGetResponse) {
-					name = jsonFieldsNameOfFlavorsGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfFlavorsGetResult) {
+					name = jsonFieldsNameOfFlavorsGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -3682,14 +3682,14 @@ func (s *FlavorsGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *FlavorsGetResponse) MarshalJSON() ([]byte, error) {
+func (s *FlavorsGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *FlavorsGetResponse) UnmarshalJSON(data []byte) error {
+func (s *FlavorsGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -3826,28 +3826,28 @@ func (s *FlavorsListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *FlavorsListResponse) Encode(e *jx.Encoder) {
+func (s *FlavorsListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *FlavorsListResponse) encodeFields(e *jx.Encoder) {
+func (s *FlavorsListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfFlavorsListResponse = [1]string{
+var jsonFieldsNameOfFlavorsListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes FlavorsListResponse from json.
-func (s *FlavorsListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes FlavorsListResult from json.
+func (s *FlavorsListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode FlavorsListResponse to nil")
+		return errors.New("invalid: unable to decode FlavorsListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -3868,7 +3868,7 @@ func (s *FlavorsListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode FlavorsListResponse")
+		return errors.Wrap(err, "decode FlavorsListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -3885,8 +3885,8 @@ func (s *FlavorsListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfFlavorsListResponse) {
-					name = jsonFieldsNameOfFlavorsListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfFlavorsListResult) {
+					name = jsonFieldsNameOfFlavorsListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -3907,14 +3907,14 @@ func (s *FlavorsListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *FlavorsListResponse) MarshalJSON() ([]byte, error) {
+func (s *FlavorsListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *FlavorsListResponse) UnmarshalJSON(data []byte) error {
+func (s *FlavorsListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -4618,28 +4618,28 @@ func (s *ImagesGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ImagesGetResponse) Encode(e *jx.Encoder) {
+func (s *ImagesGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ImagesGetResponse) encodeFields(e *jx.Encoder) {
+func (s *ImagesGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfImagesGetResponse = [1]string{
+var jsonFieldsNameOfImagesGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ImagesGetResponse from json.
-func (s *ImagesGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ImagesGetResult from json.
+func (s *ImagesGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ImagesGetResponse to nil")
+		return errors.New("invalid: unable to decode ImagesGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -4660,7 +4660,7 @@ func (s *ImagesGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ImagesGetResponse")
+		return errors.Wrap(err, "decode ImagesGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -4677,8 +4677,8 @@ func (s *ImagesGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfImagesGetResponse) {
-					name = jsonFieldsNameOfImagesGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfImagesGetResult) {
+					name = jsonFieldsNameOfImagesGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -4699,14 +4699,14 @@ func (s *ImagesGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ImagesGetResponse) MarshalJSON() ([]byte, error) {
+func (s *ImagesGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ImagesGetResponse) UnmarshalJSON(data []byte) error {
+func (s *ImagesGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -4808,28 +4808,28 @@ func (s *ImagesListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ImagesListResponse) Encode(e *jx.Encoder) {
+func (s *ImagesListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ImagesListResponse) encodeFields(e *jx.Encoder) {
+func (s *ImagesListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfImagesListResponse = [1]string{
+var jsonFieldsNameOfImagesListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ImagesListResponse from json.
-func (s *ImagesListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ImagesListResult from json.
+func (s *ImagesListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ImagesListResponse to nil")
+		return errors.New("invalid: unable to decode ImagesListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -4850,7 +4850,7 @@ func (s *ImagesListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ImagesListResponse")
+		return errors.Wrap(err, "decode ImagesListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -4867,8 +4867,8 @@ func (s *ImagesListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfImagesListResponse) {
-					name = jsonFieldsNameOfImagesListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfImagesListResult) {
+					name = jsonFieldsNameOfImagesListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -4889,14 +4889,14 @@ func (s *ImagesListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ImagesListResponse) MarshalJSON() ([]byte, error) {
+func (s *ImagesListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ImagesListResponse) UnmarshalJSON(data []byte) error {
+func (s *ImagesListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -6458,28 +6458,28 @@ func (s *NodesCordonInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *NodesCordonResponse) Encode(e *jx.Encoder) {
+func (s *NodesCordonResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *NodesCordonResponse) encodeFields(e *jx.Encoder) {
+func (s *NodesCordonResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfNodesCordonResponse = [1]string{
+var jsonFieldsNameOfNodesCordonResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes NodesCordonResponse from json.
-func (s *NodesCordonResponse) Decode(d *jx.Decoder) error {
+// Decode decodes NodesCordonResult from json.
+func (s *NodesCordonResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode NodesCordonResponse to nil")
+		return errors.New("invalid: unable to decode NodesCordonResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -6500,7 +6500,7 @@ func (s *NodesCordonResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode NodesCordonResponse")
+		return errors.Wrap(err, "decode NodesCordonResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -6517,8 +6517,8 @@ func (s *NodesCordonResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfNodesCordonResponse) {
-					name = jsonFieldsNameOfNodesCordonResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfNodesCordonResult) {
+					name = jsonFieldsNameOfNodesCordonResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -6539,14 +6539,14 @@ func (s *NodesCordonResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *NodesCordonResponse) MarshalJSON() ([]byte, error) {
+func (s *NodesCordonResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *NodesCordonResponse) UnmarshalJSON(data []byte) error {
+func (s *NodesCordonResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -6665,28 +6665,28 @@ func (s *NodesDrainInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *NodesDrainResponse) Encode(e *jx.Encoder) {
+func (s *NodesDrainResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *NodesDrainResponse) encodeFields(e *jx.Encoder) {
+func (s *NodesDrainResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfNodesDrainResponse = [1]string{
+var jsonFieldsNameOfNodesDrainResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes NodesDrainResponse from json.
-func (s *NodesDrainResponse) Decode(d *jx.Decoder) error {
+// Decode decodes NodesDrainResult from json.
+func (s *NodesDrainResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode NodesDrainResponse to nil")
+		return errors.New("invalid: unable to decode NodesDrainResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -6707,7 +6707,7 @@ func (s *NodesDrainResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode NodesDrainResponse")
+		return errors.Wrap(err, "decode NodesDrainResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -6724,8 +6724,8 @@ func (s *NodesDrainResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfNodesDrainResponse) {
-					name = jsonFieldsNameOfNodesDrainResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfNodesDrainResult) {
+					name = jsonFieldsNameOfNodesDrainResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -6746,14 +6746,14 @@ func (s *NodesDrainResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *NodesDrainResponse) MarshalJSON() ([]byte, error) {
+func (s *NodesDrainResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *NodesDrainResponse) UnmarshalJSON(data []byte) error {
+func (s *NodesDrainResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -6872,28 +6872,28 @@ func (s *NodesGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *NodesGetResponse) Encode(e *jx.Encoder) {
+func (s *NodesGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *NodesGetResponse) encodeFields(e *jx.Encoder) {
+func (s *NodesGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfNodesGetResponse = [1]string{
+var jsonFieldsNameOfNodesGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes NodesGetResponse from json.
-func (s *NodesGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes NodesGetResult from json.
+func (s *NodesGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode NodesGetResponse to nil")
+		return errors.New("invalid: unable to decode NodesGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -6914,7 +6914,7 @@ func (s *NodesGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode NodesGetResponse")
+		return errors.Wrap(err, "decode NodesGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -6931,8 +6931,8 @@ func (s *NodesGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfNodesGetResponse) {
-					name = jsonFieldsNameOfNodesGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfNodesGetResult) {
+					name = jsonFieldsNameOfNodesGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -6953,14 +6953,14 @@ func (s *NodesGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *NodesGetResponse) MarshalJSON() ([]byte, error) {
+func (s *NodesGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *NodesGetResponse) UnmarshalJSON(data []byte) error {
+func (s *NodesGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -7193,28 +7193,28 @@ func (s *NodesLabelInputSet) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *NodesLabelResponse) Encode(e *jx.Encoder) {
+func (s *NodesLabelResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *NodesLabelResponse) encodeFields(e *jx.Encoder) {
+func (s *NodesLabelResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfNodesLabelResponse = [1]string{
+var jsonFieldsNameOfNodesLabelResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes NodesLabelResponse from json.
-func (s *NodesLabelResponse) Decode(d *jx.Decoder) error {
+// Decode decodes NodesLabelResult from json.
+func (s *NodesLabelResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode NodesLabelResponse to nil")
+		return errors.New("invalid: unable to decode NodesLabelResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -7235,7 +7235,7 @@ func (s *NodesLabelResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode NodesLabelResponse")
+		return errors.Wrap(err, "decode NodesLabelResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -7252,8 +7252,8 @@ func (s *NodesLabelResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfNodesLabelResponse) {
-					name = jsonFieldsNameOfNodesLabelResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfNodesLabelResult) {
+					name = jsonFieldsNameOfNodesLabelResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -7274,14 +7274,14 @@ func (s *NodesLabelResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *NodesLabelResponse) MarshalJSON() ([]byte, error) {
+func (s *NodesLabelResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *NodesLabelResponse) UnmarshalJSON(data []byte) error {
+func (s *NodesLabelResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -7465,28 +7465,28 @@ func (s *NodesListInputState) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *NodesListResponse) Encode(e *jx.Encoder) {
+func (s *NodesListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *NodesListResponse) encodeFields(e *jx.Encoder) {
+func (s *NodesListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfNodesListResponse = [1]string{
+var jsonFieldsNameOfNodesListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes NodesListResponse from json.
-func (s *NodesListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes NodesListResult from json.
+func (s *NodesListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode NodesListResponse to nil")
+		return errors.New("invalid: unable to decode NodesListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -7507,7 +7507,7 @@ func (s *NodesListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode NodesListResponse")
+		return errors.Wrap(err, "decode NodesListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -7524,8 +7524,8 @@ func (s *NodesListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfNodesListResponse) {
-					name = jsonFieldsNameOfNodesListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfNodesListResult) {
+					name = jsonFieldsNameOfNodesListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -7546,14 +7546,14 @@ func (s *NodesListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *NodesListResponse) MarshalJSON() ([]byte, error) {
+func (s *NodesListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *NodesListResponse) UnmarshalJSON(data []byte) error {
+func (s *NodesListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -7672,28 +7672,28 @@ func (s *NodesRetireInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *NodesRetireResponse) Encode(e *jx.Encoder) {
+func (s *NodesRetireResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *NodesRetireResponse) encodeFields(e *jx.Encoder) {
+func (s *NodesRetireResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfNodesRetireResponse = [1]string{
+var jsonFieldsNameOfNodesRetireResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes NodesRetireResponse from json.
-func (s *NodesRetireResponse) Decode(d *jx.Decoder) error {
+// Decode decodes NodesRetireResult from json.
+func (s *NodesRetireResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode NodesRetireResponse to nil")
+		return errors.New("invalid: unable to decode NodesRetireResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -7714,7 +7714,7 @@ func (s *NodesRetireResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode NodesRetireResponse")
+		return errors.Wrap(err, "decode NodesRetireResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -7731,8 +7731,8 @@ func (s *NodesRetireResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfNodesRetireResponse) {
-					name = jsonFieldsNameOfNodesRetireResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfNodesRetireResult) {
+					name = jsonFieldsNameOfNodesRetireResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -7753,14 +7753,14 @@ func (s *NodesRetireResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *NodesRetireResponse) MarshalJSON() ([]byte, error) {
+func (s *NodesRetireResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *NodesRetireResponse) UnmarshalJSON(data []byte) error {
+func (s *NodesRetireResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -7879,28 +7879,28 @@ func (s *NodesUncordonInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *NodesUncordonResponse) Encode(e *jx.Encoder) {
+func (s *NodesUncordonResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *NodesUncordonResponse) encodeFields(e *jx.Encoder) {
+func (s *NodesUncordonResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfNodesUncordonResponse = [1]string{
+var jsonFieldsNameOfNodesUncordonResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes NodesUncordonResponse from json.
-func (s *NodesUncordonResponse) Decode(d *jx.Decoder) error {
+// Decode decodes NodesUncordonResult from json.
+func (s *NodesUncordonResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode NodesUncordonResponse to nil")
+		return errors.New("invalid: unable to decode NodesUncordonResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -7921,7 +7921,7 @@ func (s *NodesUncordonResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode NodesUncordonResponse")
+		return errors.Wrap(err, "decode NodesUncordonResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -7938,8 +7938,8 @@ func (s *NodesUncordonResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfNodesUncordonResponse) {
-					name = jsonFieldsNameOfNodesUncordonResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfNodesUncordonResult) {
+					name = jsonFieldsNameOfNodesUncordonResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -7960,14 +7960,14 @@ func (s *NodesUncordonResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *NodesUncordonResponse) MarshalJSON() ([]byte, error) {
+func (s *NodesUncordonResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *NodesUncordonResponse) UnmarshalJSON(data []byte) error {
+func (s *NodesUncordonResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -10031,28 +10031,28 @@ func (s *PoolsArchiveInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *PoolsArchiveResponse) Encode(e *jx.Encoder) {
+func (s *PoolsArchiveResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *PoolsArchiveResponse) encodeFields(e *jx.Encoder) {
+func (s *PoolsArchiveResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfPoolsArchiveResponse = [1]string{
+var jsonFieldsNameOfPoolsArchiveResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes PoolsArchiveResponse from json.
-func (s *PoolsArchiveResponse) Decode(d *jx.Decoder) error {
+// Decode decodes PoolsArchiveResult from json.
+func (s *PoolsArchiveResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode PoolsArchiveResponse to nil")
+		return errors.New("invalid: unable to decode PoolsArchiveResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -10073,7 +10073,7 @@ func (s *PoolsArchiveResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode PoolsArchiveResponse")
+		return errors.Wrap(err, "decode PoolsArchiveResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -10090,8 +10090,8 @@ func (s *PoolsArchiveResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfPoolsArchiveResponse) {
-					name = jsonFieldsNameOfPoolsArchiveResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfPoolsArchiveResult) {
+					name = jsonFieldsNameOfPoolsArchiveResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -10112,14 +10112,14 @@ func (s *PoolsArchiveResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *PoolsArchiveResponse) MarshalJSON() ([]byte, error) {
+func (s *PoolsArchiveResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *PoolsArchiveResponse) UnmarshalJSON(data []byte) error {
+func (s *PoolsArchiveResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -10492,28 +10492,28 @@ func (s *PoolsCreateInputHosting) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *PoolsCreateResponse) Encode(e *jx.Encoder) {
+func (s *PoolsCreateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *PoolsCreateResponse) encodeFields(e *jx.Encoder) {
+func (s *PoolsCreateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfPoolsCreateResponse = [1]string{
+var jsonFieldsNameOfPoolsCreateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes PoolsCreateResponse from json.
-func (s *PoolsCreateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes PoolsCreateResult from json.
+func (s *PoolsCreateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode PoolsCreateResponse to nil")
+		return errors.New("invalid: unable to decode PoolsCreateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -10534,7 +10534,7 @@ func (s *PoolsCreateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode PoolsCreateResponse")
+		return errors.Wrap(err, "decode PoolsCreateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -10551,8 +10551,8 @@ func (s *PoolsCreateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfPoolsCreateResponse) {
-					name = jsonFieldsNameOfPoolsCreateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfPoolsCreateResult) {
+					name = jsonFieldsNameOfPoolsCreateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -10573,14 +10573,14 @@ func (s *PoolsCreateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *PoolsCreateResponse) MarshalJSON() ([]byte, error) {
+func (s *PoolsCreateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *PoolsCreateResponse) UnmarshalJSON(data []byte) error {
+func (s *PoolsCreateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -10699,28 +10699,28 @@ func (s *PoolsGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *PoolsGetResponse) Encode(e *jx.Encoder) {
+func (s *PoolsGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *PoolsGetResponse) encodeFields(e *jx.Encoder) {
+func (s *PoolsGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfPoolsGetResponse = [1]string{
+var jsonFieldsNameOfPoolsGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes PoolsGetResponse from json.
-func (s *PoolsGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes PoolsGetResult from json.
+func (s *PoolsGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode PoolsGetResponse to nil")
+		return errors.New("invalid: unable to decode PoolsGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -10741,7 +10741,7 @@ func (s *PoolsGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode PoolsGetResponse")
+		return errors.Wrap(err, "decode PoolsGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -10758,8 +10758,8 @@ func (s *PoolsGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfPoolsGetResponse) {
-					name = jsonFieldsNameOfPoolsGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfPoolsGetResult) {
+					name = jsonFieldsNameOfPoolsGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -10780,14 +10780,14 @@ func (s *PoolsGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *PoolsGetResponse) MarshalJSON() ([]byte, error) {
+func (s *PoolsGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *PoolsGetResponse) UnmarshalJSON(data []byte) error {
+func (s *PoolsGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -10924,28 +10924,28 @@ func (s *PoolsListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *PoolsListResponse) Encode(e *jx.Encoder) {
+func (s *PoolsListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *PoolsListResponse) encodeFields(e *jx.Encoder) {
+func (s *PoolsListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfPoolsListResponse = [1]string{
+var jsonFieldsNameOfPoolsListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes PoolsListResponse from json.
-func (s *PoolsListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes PoolsListResult from json.
+func (s *PoolsListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode PoolsListResponse to nil")
+		return errors.New("invalid: unable to decode PoolsListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -10966,7 +10966,7 @@ func (s *PoolsListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode PoolsListResponse")
+		return errors.Wrap(err, "decode PoolsListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -10983,8 +10983,8 @@ func (s *PoolsListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfPoolsListResponse) {
-					name = jsonFieldsNameOfPoolsListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfPoolsListResult) {
+					name = jsonFieldsNameOfPoolsListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -11005,14 +11005,14 @@ func (s *PoolsListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *PoolsListResponse) MarshalJSON() ([]byte, error) {
+func (s *PoolsListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *PoolsListResponse) UnmarshalJSON(data []byte) error {
+func (s *PoolsListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -11163,28 +11163,28 @@ func (s *PoolsOfferInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *PoolsOfferResponse) Encode(e *jx.Encoder) {
+func (s *PoolsOfferResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *PoolsOfferResponse) encodeFields(e *jx.Encoder) {
+func (s *PoolsOfferResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfPoolsOfferResponse = [1]string{
+var jsonFieldsNameOfPoolsOfferResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes PoolsOfferResponse from json.
-func (s *PoolsOfferResponse) Decode(d *jx.Decoder) error {
+// Decode decodes PoolsOfferResult from json.
+func (s *PoolsOfferResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode PoolsOfferResponse to nil")
+		return errors.New("invalid: unable to decode PoolsOfferResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -11205,7 +11205,7 @@ func (s *PoolsOfferResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode PoolsOfferResponse")
+		return errors.Wrap(err, "decode PoolsOfferResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -11222,8 +11222,8 @@ func (s *PoolsOfferResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfPoolsOfferResponse) {
-					name = jsonFieldsNameOfPoolsOfferResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfPoolsOfferResult) {
+					name = jsonFieldsNameOfPoolsOfferResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -11244,14 +11244,14 @@ func (s *PoolsOfferResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *PoolsOfferResponse) MarshalJSON() ([]byte, error) {
+func (s *PoolsOfferResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *PoolsOfferResponse) UnmarshalJSON(data []byte) error {
+func (s *PoolsOfferResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -11387,28 +11387,28 @@ func (s *PoolsUnofferInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *PoolsUnofferResponse) Encode(e *jx.Encoder) {
+func (s *PoolsUnofferResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *PoolsUnofferResponse) encodeFields(e *jx.Encoder) {
+func (s *PoolsUnofferResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfPoolsUnofferResponse = [1]string{
+var jsonFieldsNameOfPoolsUnofferResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes PoolsUnofferResponse from json.
-func (s *PoolsUnofferResponse) Decode(d *jx.Decoder) error {
+// Decode decodes PoolsUnofferResult from json.
+func (s *PoolsUnofferResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode PoolsUnofferResponse to nil")
+		return errors.New("invalid: unable to decode PoolsUnofferResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -11429,7 +11429,7 @@ func (s *PoolsUnofferResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode PoolsUnofferResponse")
+		return errors.Wrap(err, "decode PoolsUnofferResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -11446,8 +11446,8 @@ func (s *PoolsUnofferResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfPoolsUnofferResponse) {
-					name = jsonFieldsNameOfPoolsUnofferResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfPoolsUnofferResult) {
+					name = jsonFieldsNameOfPoolsUnofferResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -11468,14 +11468,14 @@ func (s *PoolsUnofferResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *PoolsUnofferResponse) MarshalJSON() ([]byte, error) {
+func (s *PoolsUnofferResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *PoolsUnofferResponse) UnmarshalJSON(data []byte) error {
+func (s *PoolsUnofferResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -11628,28 +11628,28 @@ func (s *PoolsUpdateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *PoolsUpdateResponse) Encode(e *jx.Encoder) {
+func (s *PoolsUpdateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *PoolsUpdateResponse) encodeFields(e *jx.Encoder) {
+func (s *PoolsUpdateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfPoolsUpdateResponse = [1]string{
+var jsonFieldsNameOfPoolsUpdateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes PoolsUpdateResponse from json.
-func (s *PoolsUpdateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes PoolsUpdateResult from json.
+func (s *PoolsUpdateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode PoolsUpdateResponse to nil")
+		return errors.New("invalid: unable to decode PoolsUpdateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -11670,7 +11670,7 @@ func (s *PoolsUpdateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode PoolsUpdateResponse")
+		return errors.Wrap(err, "decode PoolsUpdateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -11687,8 +11687,8 @@ func (s *PoolsUpdateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfPoolsUpdateResponse) {
-					name = jsonFieldsNameOfPoolsUpdateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfPoolsUpdateResult) {
+					name = jsonFieldsNameOfPoolsUpdateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -11709,14 +11709,14 @@ func (s *PoolsUpdateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *PoolsUpdateResponse) MarshalJSON() ([]byte, error) {
+func (s *PoolsUpdateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *PoolsUpdateResponse) UnmarshalJSON(data []byte) error {
+func (s *PoolsUpdateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -12948,28 +12948,28 @@ func (s *ProfilesCreateInputVisibility) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProfilesCreateResponse) Encode(e *jx.Encoder) {
+func (s *ProfilesCreateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProfilesCreateResponse) encodeFields(e *jx.Encoder) {
+func (s *ProfilesCreateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProfilesCreateResponse = [1]string{
+var jsonFieldsNameOfProfilesCreateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProfilesCreateResponse from json.
-func (s *ProfilesCreateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProfilesCreateResult from json.
+func (s *ProfilesCreateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProfilesCreateResponse to nil")
+		return errors.New("invalid: unable to decode ProfilesCreateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -12990,7 +12990,7 @@ func (s *ProfilesCreateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProfilesCreateResponse")
+		return errors.Wrap(err, "decode ProfilesCreateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -13007,8 +13007,8 @@ func (s *ProfilesCreateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProfilesCreateResponse) {
-					name = jsonFieldsNameOfProfilesCreateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProfilesCreateResult) {
+					name = jsonFieldsNameOfProfilesCreateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -13029,14 +13029,14 @@ func (s *ProfilesCreateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProfilesCreateResponse) MarshalJSON() ([]byte, error) {
+func (s *ProfilesCreateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProfilesCreateResponse) UnmarshalJSON(data []byte) error {
+func (s *ProfilesCreateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -13172,28 +13172,28 @@ func (s *ProfilesDeleteInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProfilesDeleteResponse) Encode(e *jx.Encoder) {
+func (s *ProfilesDeleteResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProfilesDeleteResponse) encodeFields(e *jx.Encoder) {
+func (s *ProfilesDeleteResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProfilesDeleteResponse = [1]string{
+var jsonFieldsNameOfProfilesDeleteResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProfilesDeleteResponse from json.
-func (s *ProfilesDeleteResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProfilesDeleteResult from json.
+func (s *ProfilesDeleteResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProfilesDeleteResponse to nil")
+		return errors.New("invalid: unable to decode ProfilesDeleteResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -13214,7 +13214,7 @@ func (s *ProfilesDeleteResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProfilesDeleteResponse")
+		return errors.Wrap(err, "decode ProfilesDeleteResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -13231,8 +13231,8 @@ func (s *ProfilesDeleteResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProfilesDeleteResponse) {
-					name = jsonFieldsNameOfProfilesDeleteResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProfilesDeleteResult) {
+					name = jsonFieldsNameOfProfilesDeleteResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -13253,14 +13253,14 @@ func (s *ProfilesDeleteResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProfilesDeleteResponse) MarshalJSON() ([]byte, error) {
+func (s *ProfilesDeleteResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProfilesDeleteResponse) UnmarshalJSON(data []byte) error {
+func (s *ProfilesDeleteResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -13396,28 +13396,28 @@ func (s *ProfilesGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProfilesGetResponse) Encode(e *jx.Encoder) {
+func (s *ProfilesGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProfilesGetResponse) encodeFields(e *jx.Encoder) {
+func (s *ProfilesGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProfilesGetResponse = [1]string{
+var jsonFieldsNameOfProfilesGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProfilesGetResponse from json.
-func (s *ProfilesGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProfilesGetResult from json.
+func (s *ProfilesGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProfilesGetResponse to nil")
+		return errors.New("invalid: unable to decode ProfilesGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -13438,7 +13438,7 @@ func (s *ProfilesGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProfilesGetResponse")
+		return errors.Wrap(err, "decode ProfilesGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -13455,8 +13455,8 @@ func (s *ProfilesGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProfilesGetResponse) {
-					name = jsonFieldsNameOfProfilesGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProfilesGetResult) {
+					name = jsonFieldsNameOfProfilesGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -13477,14 +13477,14 @@ func (s *ProfilesGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProfilesGetResponse) MarshalJSON() ([]byte, error) {
+func (s *ProfilesGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProfilesGetResponse) UnmarshalJSON(data []byte) error {
+func (s *ProfilesGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -13621,28 +13621,28 @@ func (s *ProfilesListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProfilesListResponse) Encode(e *jx.Encoder) {
+func (s *ProfilesListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProfilesListResponse) encodeFields(e *jx.Encoder) {
+func (s *ProfilesListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProfilesListResponse = [1]string{
+var jsonFieldsNameOfProfilesListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProfilesListResponse from json.
-func (s *ProfilesListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProfilesListResult from json.
+func (s *ProfilesListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProfilesListResponse to nil")
+		return errors.New("invalid: unable to decode ProfilesListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -13663,7 +13663,7 @@ func (s *ProfilesListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProfilesListResponse")
+		return errors.Wrap(err, "decode ProfilesListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -13680,8 +13680,8 @@ func (s *ProfilesListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProfilesListResponse) {
-					name = jsonFieldsNameOfProfilesListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProfilesListResult) {
+					name = jsonFieldsNameOfProfilesListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -13702,14 +13702,14 @@ func (s *ProfilesListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProfilesListResponse) MarshalJSON() ([]byte, error) {
+func (s *ProfilesListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProfilesListResponse) UnmarshalJSON(data []byte) error {
+func (s *ProfilesListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -13845,28 +13845,28 @@ func (s *ProfilesRenderInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProfilesRenderResponse) Encode(e *jx.Encoder) {
+func (s *ProfilesRenderResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProfilesRenderResponse) encodeFields(e *jx.Encoder) {
+func (s *ProfilesRenderResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProfilesRenderResponse = [1]string{
+var jsonFieldsNameOfProfilesRenderResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProfilesRenderResponse from json.
-func (s *ProfilesRenderResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProfilesRenderResult from json.
+func (s *ProfilesRenderResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProfilesRenderResponse to nil")
+		return errors.New("invalid: unable to decode ProfilesRenderResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -13887,7 +13887,7 @@ func (s *ProfilesRenderResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProfilesRenderResponse")
+		return errors.Wrap(err, "decode ProfilesRenderResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -13904,8 +13904,8 @@ func (s *ProfilesRenderResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProfilesRenderResponse) {
-					name = jsonFieldsNameOfProfilesRenderResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProfilesRenderResult) {
+					name = jsonFieldsNameOfProfilesRenderResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -13926,14 +13926,14 @@ func (s *ProfilesRenderResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProfilesRenderResponse) MarshalJSON() ([]byte, error) {
+func (s *ProfilesRenderResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProfilesRenderResponse) UnmarshalJSON(data []byte) error {
+func (s *ProfilesRenderResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -14161,28 +14161,28 @@ func (s *ProfilesUpdateInputVisibility) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProfilesUpdateResponse) Encode(e *jx.Encoder) {
+func (s *ProfilesUpdateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProfilesUpdateResponse) encodeFields(e *jx.Encoder) {
+func (s *ProfilesUpdateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProfilesUpdateResponse = [1]string{
+var jsonFieldsNameOfProfilesUpdateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProfilesUpdateResponse from json.
-func (s *ProfilesUpdateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProfilesUpdateResult from json.
+func (s *ProfilesUpdateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProfilesUpdateResponse to nil")
+		return errors.New("invalid: unable to decode ProfilesUpdateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -14203,7 +14203,7 @@ func (s *ProfilesUpdateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProfilesUpdateResponse")
+		return errors.Wrap(err, "decode ProfilesUpdateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -14220,8 +14220,8 @@ func (s *ProfilesUpdateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProfilesUpdateResponse) {
-					name = jsonFieldsNameOfProfilesUpdateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProfilesUpdateResult) {
+					name = jsonFieldsNameOfProfilesUpdateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -14242,14 +14242,14 @@ func (s *ProfilesUpdateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProfilesUpdateResponse) MarshalJSON() ([]byte, error) {
+func (s *ProfilesUpdateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProfilesUpdateResponse) UnmarshalJSON(data []byte) error {
+func (s *ProfilesUpdateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -14385,28 +14385,28 @@ func (s *ProfilesValidateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProfilesValidateResponse) Encode(e *jx.Encoder) {
+func (s *ProfilesValidateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProfilesValidateResponse) encodeFields(e *jx.Encoder) {
+func (s *ProfilesValidateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProfilesValidateResponse = [1]string{
+var jsonFieldsNameOfProfilesValidateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProfilesValidateResponse from json.
-func (s *ProfilesValidateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProfilesValidateResult from json.
+func (s *ProfilesValidateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProfilesValidateResponse to nil")
+		return errors.New("invalid: unable to decode ProfilesValidateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -14427,7 +14427,7 @@ func (s *ProfilesValidateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProfilesValidateResponse")
+		return errors.Wrap(err, "decode ProfilesValidateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -14444,8 +14444,8 @@ func (s *ProfilesValidateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProfilesValidateResponse) {
-					name = jsonFieldsNameOfProfilesValidateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProfilesValidateResult) {
+					name = jsonFieldsNameOfProfilesValidateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -14466,14 +14466,14 @@ func (s *ProfilesValidateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProfilesValidateResponse) MarshalJSON() ([]byte, error) {
+func (s *ProfilesValidateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProfilesValidateResponse) UnmarshalJSON(data []byte) error {
+func (s *ProfilesValidateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -15151,28 +15151,28 @@ func (s *ProjectsAddMemberInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProjectsAddMemberResponse) Encode(e *jx.Encoder) {
+func (s *ProjectsAddMemberResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProjectsAddMemberResponse) encodeFields(e *jx.Encoder) {
+func (s *ProjectsAddMemberResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProjectsAddMemberResponse = [1]string{
+var jsonFieldsNameOfProjectsAddMemberResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProjectsAddMemberResponse from json.
-func (s *ProjectsAddMemberResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProjectsAddMemberResult from json.
+func (s *ProjectsAddMemberResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProjectsAddMemberResponse to nil")
+		return errors.New("invalid: unable to decode ProjectsAddMemberResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -15193,7 +15193,7 @@ func (s *ProjectsAddMemberResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProjectsAddMemberResponse")
+		return errors.Wrap(err, "decode ProjectsAddMemberResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -15210,8 +15210,8 @@ func (s *ProjectsAddMemberResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProjectsAddMemberResponse) {
-					name = jsonFieldsNameOfProjectsAddMemberResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProjectsAddMemberResult) {
+					name = jsonFieldsNameOfProjectsAddMemberResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -15232,14 +15232,14 @@ func (s *ProjectsAddMemberResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProjectsAddMemberResponse) MarshalJSON() ([]byte, error) {
+func (s *ProjectsAddMemberResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProjectsAddMemberResponse) UnmarshalJSON(data []byte) error {
+func (s *ProjectsAddMemberResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -15393,28 +15393,28 @@ func (s *ProjectsCreateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProjectsCreateResponse) Encode(e *jx.Encoder) {
+func (s *ProjectsCreateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProjectsCreateResponse) encodeFields(e *jx.Encoder) {
+func (s *ProjectsCreateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProjectsCreateResponse = [1]string{
+var jsonFieldsNameOfProjectsCreateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProjectsCreateResponse from json.
-func (s *ProjectsCreateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProjectsCreateResult from json.
+func (s *ProjectsCreateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProjectsCreateResponse to nil")
+		return errors.New("invalid: unable to decode ProjectsCreateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -15435,7 +15435,7 @@ func (s *ProjectsCreateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProjectsCreateResponse")
+		return errors.Wrap(err, "decode ProjectsCreateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -15452,8 +15452,8 @@ func (s *ProjectsCreateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProjectsCreateResponse) {
-					name = jsonFieldsNameOfProjectsCreateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProjectsCreateResult) {
+					name = jsonFieldsNameOfProjectsCreateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -15474,14 +15474,14 @@ func (s *ProjectsCreateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProjectsCreateResponse) MarshalJSON() ([]byte, error) {
+func (s *ProjectsCreateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProjectsCreateResponse) UnmarshalJSON(data []byte) error {
+func (s *ProjectsCreateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -15600,28 +15600,28 @@ func (s *ProjectsDeleteInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProjectsDeleteResponse) Encode(e *jx.Encoder) {
+func (s *ProjectsDeleteResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProjectsDeleteResponse) encodeFields(e *jx.Encoder) {
+func (s *ProjectsDeleteResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProjectsDeleteResponse = [1]string{
+var jsonFieldsNameOfProjectsDeleteResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProjectsDeleteResponse from json.
-func (s *ProjectsDeleteResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProjectsDeleteResult from json.
+func (s *ProjectsDeleteResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProjectsDeleteResponse to nil")
+		return errors.New("invalid: unable to decode ProjectsDeleteResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -15642,7 +15642,7 @@ func (s *ProjectsDeleteResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProjectsDeleteResponse")
+		return errors.Wrap(err, "decode ProjectsDeleteResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -15659,8 +15659,8 @@ func (s *ProjectsDeleteResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProjectsDeleteResponse) {
-					name = jsonFieldsNameOfProjectsDeleteResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProjectsDeleteResult) {
+					name = jsonFieldsNameOfProjectsDeleteResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -15681,14 +15681,14 @@ func (s *ProjectsDeleteResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProjectsDeleteResponse) MarshalJSON() ([]byte, error) {
+func (s *ProjectsDeleteResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProjectsDeleteResponse) UnmarshalJSON(data []byte) error {
+func (s *ProjectsDeleteResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -15807,28 +15807,28 @@ func (s *ProjectsGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProjectsGetResponse) Encode(e *jx.Encoder) {
+func (s *ProjectsGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProjectsGetResponse) encodeFields(e *jx.Encoder) {
+func (s *ProjectsGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProjectsGetResponse = [1]string{
+var jsonFieldsNameOfProjectsGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProjectsGetResponse from json.
-func (s *ProjectsGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProjectsGetResult from json.
+func (s *ProjectsGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProjectsGetResponse to nil")
+		return errors.New("invalid: unable to decode ProjectsGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -15849,7 +15849,7 @@ func (s *ProjectsGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProjectsGetResponse")
+		return errors.Wrap(err, "decode ProjectsGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -15866,8 +15866,8 @@ func (s *ProjectsGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProjectsGetResponse) {
-					name = jsonFieldsNameOfProjectsGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProjectsGetResult) {
+					name = jsonFieldsNameOfProjectsGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -15888,14 +15888,14 @@ func (s *ProjectsGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProjectsGetResponse) MarshalJSON() ([]byte, error) {
+func (s *ProjectsGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProjectsGetResponse) UnmarshalJSON(data []byte) error {
+func (s *ProjectsGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -15997,28 +15997,28 @@ func (s *ProjectsListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProjectsListResponse) Encode(e *jx.Encoder) {
+func (s *ProjectsListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProjectsListResponse) encodeFields(e *jx.Encoder) {
+func (s *ProjectsListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProjectsListResponse = [1]string{
+var jsonFieldsNameOfProjectsListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProjectsListResponse from json.
-func (s *ProjectsListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProjectsListResult from json.
+func (s *ProjectsListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProjectsListResponse to nil")
+		return errors.New("invalid: unable to decode ProjectsListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -16039,7 +16039,7 @@ func (s *ProjectsListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProjectsListResponse")
+		return errors.Wrap(err, "decode ProjectsListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -16056,8 +16056,8 @@ func (s *ProjectsListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProjectsListResponse) {
-					name = jsonFieldsNameOfProjectsListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProjectsListResult) {
+					name = jsonFieldsNameOfProjectsListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -16078,14 +16078,14 @@ func (s *ProjectsListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProjectsListResponse) MarshalJSON() ([]byte, error) {
+func (s *ProjectsListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProjectsListResponse) UnmarshalJSON(data []byte) error {
+func (s *ProjectsListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -16204,28 +16204,28 @@ func (s *ProjectsMembersInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProjectsMembersResponse) Encode(e *jx.Encoder) {
+func (s *ProjectsMembersResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProjectsMembersResponse) encodeFields(e *jx.Encoder) {
+func (s *ProjectsMembersResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProjectsMembersResponse = [1]string{
+var jsonFieldsNameOfProjectsMembersResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProjectsMembersResponse from json.
-func (s *ProjectsMembersResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProjectsMembersResult from json.
+func (s *ProjectsMembersResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProjectsMembersResponse to nil")
+		return errors.New("invalid: unable to decode ProjectsMembersResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -16246,7 +16246,7 @@ func (s *ProjectsMembersResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProjectsMembersResponse")
+		return errors.Wrap(err, "decode ProjectsMembersResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -16263,8 +16263,8 @@ func (s *ProjectsMembersResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProjectsMembersResponse) {
-					name = jsonFieldsNameOfProjectsMembersResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProjectsMembersResult) {
+					name = jsonFieldsNameOfProjectsMembersResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -16285,14 +16285,14 @@ func (s *ProjectsMembersResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProjectsMembersResponse) MarshalJSON() ([]byte, error) {
+func (s *ProjectsMembersResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProjectsMembersResponse) UnmarshalJSON(data []byte) error {
+func (s *ProjectsMembersResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -16428,28 +16428,28 @@ func (s *ProjectsRemoveMemberInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProjectsRemoveMemberResponse) Encode(e *jx.Encoder) {
+func (s *ProjectsRemoveMemberResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProjectsRemoveMemberResponse) encodeFields(e *jx.Encoder) {
+func (s *ProjectsRemoveMemberResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProjectsRemoveMemberResponse = [1]string{
+var jsonFieldsNameOfProjectsRemoveMemberResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProjectsRemoveMemberResponse from json.
-func (s *ProjectsRemoveMemberResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProjectsRemoveMemberResult from json.
+func (s *ProjectsRemoveMemberResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProjectsRemoveMemberResponse to nil")
+		return errors.New("invalid: unable to decode ProjectsRemoveMemberResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -16470,7 +16470,7 @@ func (s *ProjectsRemoveMemberResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProjectsRemoveMemberResponse")
+		return errors.Wrap(err, "decode ProjectsRemoveMemberResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -16487,8 +16487,8 @@ func (s *ProjectsRemoveMemberResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProjectsRemoveMemberResponse) {
-					name = jsonFieldsNameOfProjectsRemoveMemberResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProjectsRemoveMemberResult) {
+					name = jsonFieldsNameOfProjectsRemoveMemberResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -16509,14 +16509,14 @@ func (s *ProjectsRemoveMemberResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProjectsRemoveMemberResponse) MarshalJSON() ([]byte, error) {
+func (s *ProjectsRemoveMemberResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProjectsRemoveMemberResponse) UnmarshalJSON(data []byte) error {
+func (s *ProjectsRemoveMemberResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -16686,28 +16686,28 @@ func (s *ProjectsUpdateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProjectsUpdateResponse) Encode(e *jx.Encoder) {
+func (s *ProjectsUpdateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProjectsUpdateResponse) encodeFields(e *jx.Encoder) {
+func (s *ProjectsUpdateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProjectsUpdateResponse = [1]string{
+var jsonFieldsNameOfProjectsUpdateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProjectsUpdateResponse from json.
-func (s *ProjectsUpdateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProjectsUpdateResult from json.
+func (s *ProjectsUpdateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProjectsUpdateResponse to nil")
+		return errors.New("invalid: unable to decode ProjectsUpdateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -16728,7 +16728,7 @@ func (s *ProjectsUpdateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProjectsUpdateResponse")
+		return errors.Wrap(err, "decode ProjectsUpdateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -16745,8 +16745,8 @@ func (s *ProjectsUpdateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProjectsUpdateResponse) {
-					name = jsonFieldsNameOfProjectsUpdateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProjectsUpdateResult) {
+					name = jsonFieldsNameOfProjectsUpdateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -16767,14 +16767,14 @@ func (s *ProjectsUpdateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProjectsUpdateResponse) MarshalJSON() ([]byte, error) {
+func (s *ProjectsUpdateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProjectsUpdateResponse) UnmarshalJSON(data []byte) error {
+func (s *ProjectsUpdateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -17380,28 +17380,28 @@ func (s *ProviderAccountsBootstrapInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProviderAccountsBootstrapResponse) Encode(e *jx.Encoder) {
+func (s *ProviderAccountsBootstrapResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProviderAccountsBootstrapResponse) encodeFields(e *jx.Encoder) {
+func (s *ProviderAccountsBootstrapResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProviderAccountsBootstrapResponse = [1]string{
+var jsonFieldsNameOfProviderAccountsBootstrapResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProviderAccountsBootstrapResponse from json.
-func (s *ProviderAccountsBootstrapResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProviderAccountsBootstrapResult from json.
+func (s *ProviderAccountsBootstrapResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProviderAccountsBootstrapResponse to nil")
+		return errors.New("invalid: unable to decode ProviderAccountsBootstrapResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -17422,7 +17422,7 @@ func (s *ProviderAccountsBootstrapResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProviderAccountsBootstrapResponse")
+		return errors.Wrap(err, "decode ProviderAccountsBootstrapResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -17439,8 +17439,8 @@ func (s *ProviderAccountsBootstrapResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProviderAccountsBootstrapResponse) {
-					name = jsonFieldsNameOfProviderAccountsBootstrapResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProviderAccountsBootstrapResult) {
+					name = jsonFieldsNameOfProviderAccountsBootstrapResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -17461,14 +17461,14 @@ func (s *ProviderAccountsBootstrapResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProviderAccountsBootstrapResponse) MarshalJSON() ([]byte, error) {
+func (s *ProviderAccountsBootstrapResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProviderAccountsBootstrapResponse) UnmarshalJSON(data []byte) error {
+func (s *ProviderAccountsBootstrapResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -17639,28 +17639,28 @@ func (s *ProviderAccountsCreateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProviderAccountsCreateResponse) Encode(e *jx.Encoder) {
+func (s *ProviderAccountsCreateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProviderAccountsCreateResponse) encodeFields(e *jx.Encoder) {
+func (s *ProviderAccountsCreateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProviderAccountsCreateResponse = [1]string{
+var jsonFieldsNameOfProviderAccountsCreateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProviderAccountsCreateResponse from json.
-func (s *ProviderAccountsCreateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProviderAccountsCreateResult from json.
+func (s *ProviderAccountsCreateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProviderAccountsCreateResponse to nil")
+		return errors.New("invalid: unable to decode ProviderAccountsCreateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -17681,7 +17681,7 @@ func (s *ProviderAccountsCreateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProviderAccountsCreateResponse")
+		return errors.Wrap(err, "decode ProviderAccountsCreateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -17698,8 +17698,8 @@ func (s *ProviderAccountsCreateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProviderAccountsCreateResponse) {
-					name = jsonFieldsNameOfProviderAccountsCreateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProviderAccountsCreateResult) {
+					name = jsonFieldsNameOfProviderAccountsCreateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -17720,14 +17720,14 @@ func (s *ProviderAccountsCreateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProviderAccountsCreateResponse) MarshalJSON() ([]byte, error) {
+func (s *ProviderAccountsCreateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProviderAccountsCreateResponse) UnmarshalJSON(data []byte) error {
+func (s *ProviderAccountsCreateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -17846,28 +17846,28 @@ func (s *ProviderAccountsDeleteInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProviderAccountsDeleteResponse) Encode(e *jx.Encoder) {
+func (s *ProviderAccountsDeleteResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProviderAccountsDeleteResponse) encodeFields(e *jx.Encoder) {
+func (s *ProviderAccountsDeleteResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProviderAccountsDeleteResponse = [1]string{
+var jsonFieldsNameOfProviderAccountsDeleteResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProviderAccountsDeleteResponse from json.
-func (s *ProviderAccountsDeleteResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProviderAccountsDeleteResult from json.
+func (s *ProviderAccountsDeleteResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProviderAccountsDeleteResponse to nil")
+		return errors.New("invalid: unable to decode ProviderAccountsDeleteResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -17888,7 +17888,7 @@ func (s *ProviderAccountsDeleteResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProviderAccountsDeleteResponse")
+		return errors.Wrap(err, "decode ProviderAccountsDeleteResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -17905,8 +17905,8 @@ func (s *ProviderAccountsDeleteResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProviderAccountsDeleteResponse) {
-					name = jsonFieldsNameOfProviderAccountsDeleteResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProviderAccountsDeleteResult) {
+					name = jsonFieldsNameOfProviderAccountsDeleteResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -17927,14 +17927,14 @@ func (s *ProviderAccountsDeleteResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProviderAccountsDeleteResponse) MarshalJSON() ([]byte, error) {
+func (s *ProviderAccountsDeleteResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProviderAccountsDeleteResponse) UnmarshalJSON(data []byte) error {
+func (s *ProviderAccountsDeleteResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -18053,28 +18053,28 @@ func (s *ProviderAccountsGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProviderAccountsGetResponse) Encode(e *jx.Encoder) {
+func (s *ProviderAccountsGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProviderAccountsGetResponse) encodeFields(e *jx.Encoder) {
+func (s *ProviderAccountsGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProviderAccountsGetResponse = [1]string{
+var jsonFieldsNameOfProviderAccountsGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProviderAccountsGetResponse from json.
-func (s *ProviderAccountsGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProviderAccountsGetResult from json.
+func (s *ProviderAccountsGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProviderAccountsGetResponse to nil")
+		return errors.New("invalid: unable to decode ProviderAccountsGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -18095,7 +18095,7 @@ func (s *ProviderAccountsGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProviderAccountsGetResponse")
+		return errors.Wrap(err, "decode ProviderAccountsGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -18112,8 +18112,8 @@ func (s *ProviderAccountsGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProviderAccountsGetResponse) {
-					name = jsonFieldsNameOfProviderAccountsGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProviderAccountsGetResult) {
+					name = jsonFieldsNameOfProviderAccountsGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -18134,14 +18134,14 @@ func (s *ProviderAccountsGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProviderAccountsGetResponse) MarshalJSON() ([]byte, error) {
+func (s *ProviderAccountsGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProviderAccountsGetResponse) UnmarshalJSON(data []byte) error {
+func (s *ProviderAccountsGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -18243,28 +18243,28 @@ func (s *ProviderAccountsListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProviderAccountsListResponse) Encode(e *jx.Encoder) {
+func (s *ProviderAccountsListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProviderAccountsListResponse) encodeFields(e *jx.Encoder) {
+func (s *ProviderAccountsListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProviderAccountsListResponse = [1]string{
+var jsonFieldsNameOfProviderAccountsListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProviderAccountsListResponse from json.
-func (s *ProviderAccountsListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProviderAccountsListResult from json.
+func (s *ProviderAccountsListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProviderAccountsListResponse to nil")
+		return errors.New("invalid: unable to decode ProviderAccountsListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -18285,7 +18285,7 @@ func (s *ProviderAccountsListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProviderAccountsListResponse")
+		return errors.Wrap(err, "decode ProviderAccountsListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -18302,8 +18302,8 @@ func (s *ProviderAccountsListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProviderAccountsListResponse) {
-					name = jsonFieldsNameOfProviderAccountsListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProviderAccountsListResult) {
+					name = jsonFieldsNameOfProviderAccountsListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -18324,14 +18324,14 @@ func (s *ProviderAccountsListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProviderAccountsListResponse) MarshalJSON() ([]byte, error) {
+func (s *ProviderAccountsListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProviderAccountsListResponse) UnmarshalJSON(data []byte) error {
+func (s *ProviderAccountsListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -18467,28 +18467,28 @@ func (s *ProviderAccountsOffersInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProviderAccountsOffersResponse) Encode(e *jx.Encoder) {
+func (s *ProviderAccountsOffersResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProviderAccountsOffersResponse) encodeFields(e *jx.Encoder) {
+func (s *ProviderAccountsOffersResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProviderAccountsOffersResponse = [1]string{
+var jsonFieldsNameOfProviderAccountsOffersResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProviderAccountsOffersResponse from json.
-func (s *ProviderAccountsOffersResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProviderAccountsOffersResult from json.
+func (s *ProviderAccountsOffersResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProviderAccountsOffersResponse to nil")
+		return errors.New("invalid: unable to decode ProviderAccountsOffersResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -18509,7 +18509,7 @@ func (s *ProviderAccountsOffersResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProviderAccountsOffersResponse")
+		return errors.Wrap(err, "decode ProviderAccountsOffersResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -18526,8 +18526,8 @@ func (s *ProviderAccountsOffersResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProviderAccountsOffersResponse) {
-					name = jsonFieldsNameOfProviderAccountsOffersResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProviderAccountsOffersResult) {
+					name = jsonFieldsNameOfProviderAccountsOffersResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -18548,14 +18548,14 @@ func (s *ProviderAccountsOffersResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProviderAccountsOffersResponse) MarshalJSON() ([]byte, error) {
+func (s *ProviderAccountsOffersResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProviderAccountsOffersResponse) UnmarshalJSON(data []byte) error {
+func (s *ProviderAccountsOffersResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -18693,28 +18693,28 @@ func (s *ProviderAccountsUpdateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *ProviderAccountsUpdateResponse) Encode(e *jx.Encoder) {
+func (s *ProviderAccountsUpdateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *ProviderAccountsUpdateResponse) encodeFields(e *jx.Encoder) {
+func (s *ProviderAccountsUpdateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfProviderAccountsUpdateResponse = [1]string{
+var jsonFieldsNameOfProviderAccountsUpdateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes ProviderAccountsUpdateResponse from json.
-func (s *ProviderAccountsUpdateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes ProviderAccountsUpdateResult from json.
+func (s *ProviderAccountsUpdateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProviderAccountsUpdateResponse to nil")
+		return errors.New("invalid: unable to decode ProviderAccountsUpdateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -18735,7 +18735,7 @@ func (s *ProviderAccountsUpdateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProviderAccountsUpdateResponse")
+		return errors.Wrap(err, "decode ProviderAccountsUpdateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -18752,8 +18752,8 @@ func (s *ProviderAccountsUpdateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfProviderAccountsUpdateResponse) {
-					name = jsonFieldsNameOfProviderAccountsUpdateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfProviderAccountsUpdateResult) {
+					name = jsonFieldsNameOfProviderAccountsUpdateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -18774,14 +18774,14 @@ func (s *ProviderAccountsUpdateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *ProviderAccountsUpdateResponse) MarshalJSON() ([]byte, error) {
+func (s *ProviderAccountsUpdateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProviderAccountsUpdateResponse) UnmarshalJSON(data []byte) error {
+func (s *ProviderAccountsUpdateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -19300,28 +19300,28 @@ func (s *QuotasGetInputResource) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *QuotasGetResponse) Encode(e *jx.Encoder) {
+func (s *QuotasGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *QuotasGetResponse) encodeFields(e *jx.Encoder) {
+func (s *QuotasGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfQuotasGetResponse = [1]string{
+var jsonFieldsNameOfQuotasGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes QuotasGetResponse from json.
-func (s *QuotasGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes QuotasGetResult from json.
+func (s *QuotasGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode QuotasGetResponse to nil")
+		return errors.New("invalid: unable to decode QuotasGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -19342,7 +19342,7 @@ func (s *QuotasGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode QuotasGetResponse")
+		return errors.Wrap(err, "decode QuotasGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -19359,8 +19359,8 @@ func (s *QuotasGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfQuotasGetResponse) {
-					name = jsonFieldsNameOfQuotasGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfQuotasGetResult) {
+					name = jsonFieldsNameOfQuotasGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -19381,14 +19381,14 @@ func (s *QuotasGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *QuotasGetResponse) MarshalJSON() ([]byte, error) {
+func (s *QuotasGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *QuotasGetResponse) UnmarshalJSON(data []byte) error {
+func (s *QuotasGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -19507,28 +19507,28 @@ func (s *QuotasListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *QuotasListResponse) Encode(e *jx.Encoder) {
+func (s *QuotasListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *QuotasListResponse) encodeFields(e *jx.Encoder) {
+func (s *QuotasListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfQuotasListResponse = [1]string{
+var jsonFieldsNameOfQuotasListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes QuotasListResponse from json.
-func (s *QuotasListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes QuotasListResult from json.
+func (s *QuotasListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode QuotasListResponse to nil")
+		return errors.New("invalid: unable to decode QuotasListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -19549,7 +19549,7 @@ func (s *QuotasListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode QuotasListResponse")
+		return errors.Wrap(err, "decode QuotasListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -19566,8 +19566,8 @@ func (s *QuotasListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfQuotasListResponse) {
-					name = jsonFieldsNameOfQuotasListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfQuotasListResult) {
+					name = jsonFieldsNameOfQuotasListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -19588,14 +19588,14 @@ func (s *QuotasListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *QuotasListResponse) MarshalJSON() ([]byte, error) {
+func (s *QuotasListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *QuotasListResponse) UnmarshalJSON(data []byte) error {
+func (s *QuotasListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -19813,28 +19813,28 @@ func (s *QuotasSetInputResource) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *QuotasSetResponse) Encode(e *jx.Encoder) {
+func (s *QuotasSetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *QuotasSetResponse) encodeFields(e *jx.Encoder) {
+func (s *QuotasSetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfQuotasSetResponse = [1]string{
+var jsonFieldsNameOfQuotasSetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes QuotasSetResponse from json.
-func (s *QuotasSetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes QuotasSetResult from json.
+func (s *QuotasSetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode QuotasSetResponse to nil")
+		return errors.New("invalid: unable to decode QuotasSetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -19855,7 +19855,7 @@ func (s *QuotasSetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode QuotasSetResponse")
+		return errors.Wrap(err, "decode QuotasSetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -19872,8 +19872,8 @@ func (s *QuotasSetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfQuotasSetResponse) {
-					name = jsonFieldsNameOfQuotasSetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfQuotasSetResult) {
+					name = jsonFieldsNameOfQuotasSetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -19894,14 +19894,14 @@ func (s *QuotasSetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *QuotasSetResponse) MarshalJSON() ([]byte, error) {
+func (s *QuotasSetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *QuotasSetResponse) UnmarshalJSON(data []byte) error {
+func (s *QuotasSetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -21012,28 +21012,28 @@ func (s *SandboxTemplatesCreateInputNetwork) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxTemplatesCreateResponse) Encode(e *jx.Encoder) {
+func (s *SandboxTemplatesCreateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxTemplatesCreateResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxTemplatesCreateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxTemplatesCreateResponse = [1]string{
+var jsonFieldsNameOfSandboxTemplatesCreateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxTemplatesCreateResponse from json.
-func (s *SandboxTemplatesCreateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxTemplatesCreateResult from json.
+func (s *SandboxTemplatesCreateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxTemplatesCreateResponse to nil")
+		return errors.New("invalid: unable to decode SandboxTemplatesCreateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -21054,7 +21054,7 @@ func (s *SandboxTemplatesCreateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxTemplatesCreateResponse")
+		return errors.Wrap(err, "decode SandboxTemplatesCreateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -21071,8 +21071,8 @@ func (s *SandboxTemplatesCreateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesCreateResponse) {
-					name = jsonFieldsNameOfSandboxTemplatesCreateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesCreateResult) {
+					name = jsonFieldsNameOfSandboxTemplatesCreateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -21093,14 +21093,14 @@ func (s *SandboxTemplatesCreateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxTemplatesCreateResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxTemplatesCreateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxTemplatesCreateResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxTemplatesCreateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -21219,28 +21219,28 @@ func (s *SandboxTemplatesDeleteInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxTemplatesDeleteResponse) Encode(e *jx.Encoder) {
+func (s *SandboxTemplatesDeleteResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxTemplatesDeleteResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxTemplatesDeleteResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxTemplatesDeleteResponse = [1]string{
+var jsonFieldsNameOfSandboxTemplatesDeleteResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxTemplatesDeleteResponse from json.
-func (s *SandboxTemplatesDeleteResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxTemplatesDeleteResult from json.
+func (s *SandboxTemplatesDeleteResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxTemplatesDeleteResponse to nil")
+		return errors.New("invalid: unable to decode SandboxTemplatesDeleteResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -21261,7 +21261,7 @@ func (s *SandboxTemplatesDeleteResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxTemplatesDeleteResponse")
+		return errors.Wrap(err, "decode SandboxTemplatesDeleteResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -21278,8 +21278,8 @@ func (s *SandboxTemplatesDeleteResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesDeleteResponse) {
-					name = jsonFieldsNameOfSandboxTemplatesDeleteResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesDeleteResult) {
+					name = jsonFieldsNameOfSandboxTemplatesDeleteResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -21300,14 +21300,14 @@ func (s *SandboxTemplatesDeleteResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxTemplatesDeleteResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxTemplatesDeleteResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxTemplatesDeleteResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxTemplatesDeleteResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -21426,28 +21426,28 @@ func (s *SandboxTemplatesGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxTemplatesGetResponse) Encode(e *jx.Encoder) {
+func (s *SandboxTemplatesGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxTemplatesGetResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxTemplatesGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxTemplatesGetResponse = [1]string{
+var jsonFieldsNameOfSandboxTemplatesGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxTemplatesGetResponse from json.
-func (s *SandboxTemplatesGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxTemplatesGetResult from json.
+func (s *SandboxTemplatesGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxTemplatesGetResponse to nil")
+		return errors.New("invalid: unable to decode SandboxTemplatesGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -21468,7 +21468,7 @@ func (s *SandboxTemplatesGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxTemplatesGetResponse")
+		return errors.Wrap(err, "decode SandboxTemplatesGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -21485,8 +21485,8 @@ func (s *SandboxTemplatesGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesGetResponse) {
-					name = jsonFieldsNameOfSandboxTemplatesGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesGetResult) {
+					name = jsonFieldsNameOfSandboxTemplatesGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -21507,14 +21507,14 @@ func (s *SandboxTemplatesGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxTemplatesGetResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxTemplatesGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxTemplatesGetResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxTemplatesGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -21616,28 +21616,28 @@ func (s *SandboxTemplatesListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxTemplatesListResponse) Encode(e *jx.Encoder) {
+func (s *SandboxTemplatesListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxTemplatesListResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxTemplatesListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxTemplatesListResponse = [1]string{
+var jsonFieldsNameOfSandboxTemplatesListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxTemplatesListResponse from json.
-func (s *SandboxTemplatesListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxTemplatesListResult from json.
+func (s *SandboxTemplatesListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxTemplatesListResponse to nil")
+		return errors.New("invalid: unable to decode SandboxTemplatesListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -21658,7 +21658,7 @@ func (s *SandboxTemplatesListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxTemplatesListResponse")
+		return errors.Wrap(err, "decode SandboxTemplatesListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -21675,8 +21675,8 @@ func (s *SandboxTemplatesListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesListResponse) {
-					name = jsonFieldsNameOfSandboxTemplatesListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesListResult) {
+					name = jsonFieldsNameOfSandboxTemplatesListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -21697,14 +21697,14 @@ func (s *SandboxTemplatesListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxTemplatesListResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxTemplatesListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxTemplatesListResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxTemplatesListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -22097,28 +22097,28 @@ func (s *SandboxTemplatesUpdateInputNetwork) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxTemplatesUpdateResponse) Encode(e *jx.Encoder) {
+func (s *SandboxTemplatesUpdateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxTemplatesUpdateResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxTemplatesUpdateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxTemplatesUpdateResponse = [1]string{
+var jsonFieldsNameOfSandboxTemplatesUpdateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxTemplatesUpdateResponse from json.
-func (s *SandboxTemplatesUpdateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxTemplatesUpdateResult from json.
+func (s *SandboxTemplatesUpdateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxTemplatesUpdateResponse to nil")
+		return errors.New("invalid: unable to decode SandboxTemplatesUpdateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -22139,7 +22139,7 @@ func (s *SandboxTemplatesUpdateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxTemplatesUpdateResponse")
+		return errors.Wrap(err, "decode SandboxTemplatesUpdateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -22156,8 +22156,8 @@ func (s *SandboxTemplatesUpdateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesUpdateResponse) {
-					name = jsonFieldsNameOfSandboxTemplatesUpdateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxTemplatesUpdateResult) {
+					name = jsonFieldsNameOfSandboxTemplatesUpdateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -22178,14 +22178,14 @@ func (s *SandboxTemplatesUpdateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxTemplatesUpdateResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxTemplatesUpdateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxTemplatesUpdateResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxTemplatesUpdateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -22751,28 +22751,28 @@ func (s *SandboxVolumesCreateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxVolumesCreateResponse) Encode(e *jx.Encoder) {
+func (s *SandboxVolumesCreateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxVolumesCreateResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxVolumesCreateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxVolumesCreateResponse = [1]string{
+var jsonFieldsNameOfSandboxVolumesCreateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxVolumesCreateResponse from json.
-func (s *SandboxVolumesCreateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxVolumesCreateResult from json.
+func (s *SandboxVolumesCreateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxVolumesCreateResponse to nil")
+		return errors.New("invalid: unable to decode SandboxVolumesCreateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -22793,7 +22793,7 @@ func (s *SandboxVolumesCreateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxVolumesCreateResponse")
+		return errors.Wrap(err, "decode SandboxVolumesCreateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -22810,8 +22810,8 @@ func (s *SandboxVolumesCreateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesCreateResponse) {
-					name = jsonFieldsNameOfSandboxVolumesCreateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesCreateResult) {
+					name = jsonFieldsNameOfSandboxVolumesCreateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -22832,14 +22832,14 @@ func (s *SandboxVolumesCreateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxVolumesCreateResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxVolumesCreateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxVolumesCreateResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxVolumesCreateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -22958,28 +22958,28 @@ func (s *SandboxVolumesDeleteInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxVolumesDeleteResponse) Encode(e *jx.Encoder) {
+func (s *SandboxVolumesDeleteResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxVolumesDeleteResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxVolumesDeleteResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxVolumesDeleteResponse = [1]string{
+var jsonFieldsNameOfSandboxVolumesDeleteResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxVolumesDeleteResponse from json.
-func (s *SandboxVolumesDeleteResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxVolumesDeleteResult from json.
+func (s *SandboxVolumesDeleteResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxVolumesDeleteResponse to nil")
+		return errors.New("invalid: unable to decode SandboxVolumesDeleteResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -23000,7 +23000,7 @@ func (s *SandboxVolumesDeleteResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxVolumesDeleteResponse")
+		return errors.Wrap(err, "decode SandboxVolumesDeleteResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -23017,8 +23017,8 @@ func (s *SandboxVolumesDeleteResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesDeleteResponse) {
-					name = jsonFieldsNameOfSandboxVolumesDeleteResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesDeleteResult) {
+					name = jsonFieldsNameOfSandboxVolumesDeleteResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -23039,14 +23039,14 @@ func (s *SandboxVolumesDeleteResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxVolumesDeleteResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxVolumesDeleteResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxVolumesDeleteResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxVolumesDeleteResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -23165,28 +23165,28 @@ func (s *SandboxVolumesGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxVolumesGetResponse) Encode(e *jx.Encoder) {
+func (s *SandboxVolumesGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxVolumesGetResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxVolumesGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxVolumesGetResponse = [1]string{
+var jsonFieldsNameOfSandboxVolumesGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxVolumesGetResponse from json.
-func (s *SandboxVolumesGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxVolumesGetResult from json.
+func (s *SandboxVolumesGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxVolumesGetResponse to nil")
+		return errors.New("invalid: unable to decode SandboxVolumesGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -23207,7 +23207,7 @@ func (s *SandboxVolumesGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxVolumesGetResponse")
+		return errors.Wrap(err, "decode SandboxVolumesGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -23224,8 +23224,8 @@ func (s *SandboxVolumesGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesGetResponse) {
-					name = jsonFieldsNameOfSandboxVolumesGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesGetResult) {
+					name = jsonFieldsNameOfSandboxVolumesGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -23246,14 +23246,14 @@ func (s *SandboxVolumesGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxVolumesGetResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxVolumesGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxVolumesGetResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxVolumesGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -23447,28 +23447,28 @@ func (s *SandboxVolumesListInputScope) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxVolumesListResponse) Encode(e *jx.Encoder) {
+func (s *SandboxVolumesListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxVolumesListResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxVolumesListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxVolumesListResponse = [1]string{
+var jsonFieldsNameOfSandboxVolumesListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxVolumesListResponse from json.
-func (s *SandboxVolumesListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxVolumesListResult from json.
+func (s *SandboxVolumesListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxVolumesListResponse to nil")
+		return errors.New("invalid: unable to decode SandboxVolumesListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -23489,7 +23489,7 @@ func (s *SandboxVolumesListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxVolumesListResponse")
+		return errors.Wrap(err, "decode SandboxVolumesListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -23506,8 +23506,8 @@ func (s *SandboxVolumesListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesListResponse) {
-					name = jsonFieldsNameOfSandboxVolumesListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesListResult) {
+					name = jsonFieldsNameOfSandboxVolumesListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -23528,14 +23528,14 @@ func (s *SandboxVolumesListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxVolumesListResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxVolumesListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxVolumesListResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxVolumesListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -23671,28 +23671,28 @@ func (s *SandboxVolumesResizeInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SandboxVolumesResizeResponse) Encode(e *jx.Encoder) {
+func (s *SandboxVolumesResizeResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SandboxVolumesResizeResponse) encodeFields(e *jx.Encoder) {
+func (s *SandboxVolumesResizeResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSandboxVolumesResizeResponse = [1]string{
+var jsonFieldsNameOfSandboxVolumesResizeResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SandboxVolumesResizeResponse from json.
-func (s *SandboxVolumesResizeResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SandboxVolumesResizeResult from json.
+func (s *SandboxVolumesResizeResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SandboxVolumesResizeResponse to nil")
+		return errors.New("invalid: unable to decode SandboxVolumesResizeResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -23713,7 +23713,7 @@ func (s *SandboxVolumesResizeResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SandboxVolumesResizeResponse")
+		return errors.Wrap(err, "decode SandboxVolumesResizeResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -23730,8 +23730,8 @@ func (s *SandboxVolumesResizeResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesResizeResponse) {
-					name = jsonFieldsNameOfSandboxVolumesResizeResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSandboxVolumesResizeResult) {
+					name = jsonFieldsNameOfSandboxVolumesResizeResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -23752,14 +23752,14 @@ func (s *SandboxVolumesResizeResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SandboxVolumesResizeResponse) MarshalJSON() ([]byte, error) {
+func (s *SandboxVolumesResizeResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SandboxVolumesResizeResponse) UnmarshalJSON(data []byte) error {
+func (s *SandboxVolumesResizeResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -24432,28 +24432,28 @@ func (s *SecretsDeleteInputScope) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SecretsDeleteResponse) Encode(e *jx.Encoder) {
+func (s *SecretsDeleteResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SecretsDeleteResponse) encodeFields(e *jx.Encoder) {
+func (s *SecretsDeleteResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSecretsDeleteResponse = [1]string{
+var jsonFieldsNameOfSecretsDeleteResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SecretsDeleteResponse from json.
-func (s *SecretsDeleteResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SecretsDeleteResult from json.
+func (s *SecretsDeleteResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SecretsDeleteResponse to nil")
+		return errors.New("invalid: unable to decode SecretsDeleteResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -24474,7 +24474,7 @@ func (s *SecretsDeleteResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SecretsDeleteResponse")
+		return errors.Wrap(err, "decode SecretsDeleteResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -24491,8 +24491,8 @@ func (s *SecretsDeleteResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSecretsDeleteResponse) {
-					name = jsonFieldsNameOfSecretsDeleteResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSecretsDeleteResult) {
+					name = jsonFieldsNameOfSecretsDeleteResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -24513,14 +24513,14 @@ func (s *SecretsDeleteResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SecretsDeleteResponse) MarshalJSON() ([]byte, error) {
+func (s *SecretsDeleteResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SecretsDeleteResponse) UnmarshalJSON(data []byte) error {
+func (s *SecretsDeleteResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -24714,28 +24714,28 @@ func (s *SecretsListInputScope) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SecretsListResponse) Encode(e *jx.Encoder) {
+func (s *SecretsListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SecretsListResponse) encodeFields(e *jx.Encoder) {
+func (s *SecretsListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSecretsListResponse = [1]string{
+var jsonFieldsNameOfSecretsListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SecretsListResponse from json.
-func (s *SecretsListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SecretsListResult from json.
+func (s *SecretsListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SecretsListResponse to nil")
+		return errors.New("invalid: unable to decode SecretsListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -24756,7 +24756,7 @@ func (s *SecretsListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SecretsListResponse")
+		return errors.Wrap(err, "decode SecretsListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -24773,8 +24773,8 @@ func (s *SecretsListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSecretsListResponse) {
-					name = jsonFieldsNameOfSecretsListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSecretsListResult) {
+					name = jsonFieldsNameOfSecretsListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -24795,14 +24795,14 @@ func (s *SecretsListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SecretsListResponse) MarshalJSON() ([]byte, error) {
+func (s *SecretsListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SecretsListResponse) UnmarshalJSON(data []byte) error {
+func (s *SecretsListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -25013,28 +25013,28 @@ func (s *SecretsPutInputScope) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SecretsPutResponse) Encode(e *jx.Encoder) {
+func (s *SecretsPutResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SecretsPutResponse) encodeFields(e *jx.Encoder) {
+func (s *SecretsPutResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSecretsPutResponse = [1]string{
+var jsonFieldsNameOfSecretsPutResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SecretsPutResponse from json.
-func (s *SecretsPutResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SecretsPutResult from json.
+func (s *SecretsPutResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SecretsPutResponse to nil")
+		return errors.New("invalid: unable to decode SecretsPutResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -25055,7 +25055,7 @@ func (s *SecretsPutResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SecretsPutResponse")
+		return errors.Wrap(err, "decode SecretsPutResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -25072,8 +25072,8 @@ func (s *SecretsPutResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSecretsPutResponse) {
-					name = jsonFieldsNameOfSecretsPutResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSecretsPutResult) {
+					name = jsonFieldsNameOfSecretsPutResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -25094,14 +25094,14 @@ func (s *SecretsPutResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SecretsPutResponse) MarshalJSON() ([]byte, error) {
+func (s *SecretsPutResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SecretsPutResponse) UnmarshalJSON(data []byte) error {
+func (s *SecretsPutResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -26103,28 +26103,28 @@ func (s *SitesCreateInputKind) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SitesCreateResponse) Encode(e *jx.Encoder) {
+func (s *SitesCreateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SitesCreateResponse) encodeFields(e *jx.Encoder) {
+func (s *SitesCreateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSitesCreateResponse = [1]string{
+var jsonFieldsNameOfSitesCreateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SitesCreateResponse from json.
-func (s *SitesCreateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SitesCreateResult from json.
+func (s *SitesCreateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SitesCreateResponse to nil")
+		return errors.New("invalid: unable to decode SitesCreateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -26145,7 +26145,7 @@ func (s *SitesCreateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SitesCreateResponse")
+		return errors.Wrap(err, "decode SitesCreateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -26162,8 +26162,8 @@ func (s *SitesCreateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSitesCreateResponse) {
-					name = jsonFieldsNameOfSitesCreateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSitesCreateResult) {
+					name = jsonFieldsNameOfSitesCreateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -26184,14 +26184,14 @@ func (s *SitesCreateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SitesCreateResponse) MarshalJSON() ([]byte, error) {
+func (s *SitesCreateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SitesCreateResponse) UnmarshalJSON(data []byte) error {
+func (s *SitesCreateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -26327,28 +26327,28 @@ func (s *SitesDeleteInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SitesDeleteResponse) Encode(e *jx.Encoder) {
+func (s *SitesDeleteResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SitesDeleteResponse) encodeFields(e *jx.Encoder) {
+func (s *SitesDeleteResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSitesDeleteResponse = [1]string{
+var jsonFieldsNameOfSitesDeleteResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SitesDeleteResponse from json.
-func (s *SitesDeleteResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SitesDeleteResult from json.
+func (s *SitesDeleteResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SitesDeleteResponse to nil")
+		return errors.New("invalid: unable to decode SitesDeleteResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -26369,7 +26369,7 @@ func (s *SitesDeleteResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SitesDeleteResponse")
+		return errors.Wrap(err, "decode SitesDeleteResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -26386,8 +26386,8 @@ func (s *SitesDeleteResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSitesDeleteResponse) {
-					name = jsonFieldsNameOfSitesDeleteResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSitesDeleteResult) {
+					name = jsonFieldsNameOfSitesDeleteResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -26408,14 +26408,14 @@ func (s *SitesDeleteResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SitesDeleteResponse) MarshalJSON() ([]byte, error) {
+func (s *SitesDeleteResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SitesDeleteResponse) UnmarshalJSON(data []byte) error {
+func (s *SitesDeleteResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -26534,28 +26534,28 @@ func (s *SitesGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SitesGetResponse) Encode(e *jx.Encoder) {
+func (s *SitesGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SitesGetResponse) encodeFields(e *jx.Encoder) {
+func (s *SitesGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSitesGetResponse = [1]string{
+var jsonFieldsNameOfSitesGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SitesGetResponse from json.
-func (s *SitesGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SitesGetResult from json.
+func (s *SitesGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SitesGetResponse to nil")
+		return errors.New("invalid: unable to decode SitesGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -26576,7 +26576,7 @@ func (s *SitesGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SitesGetResponse")
+		return errors.Wrap(err, "decode SitesGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -26593,8 +26593,8 @@ func (s *SitesGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSitesGetResponse) {
-					name = jsonFieldsNameOfSitesGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSitesGetResult) {
+					name = jsonFieldsNameOfSitesGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -26615,14 +26615,14 @@ func (s *SitesGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SitesGetResponse) MarshalJSON() ([]byte, error) {
+func (s *SitesGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SitesGetResponse) UnmarshalJSON(data []byte) error {
+func (s *SitesGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -26835,28 +26835,28 @@ func (s *SitesListInputKind) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SitesListResponse) Encode(e *jx.Encoder) {
+func (s *SitesListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SitesListResponse) encodeFields(e *jx.Encoder) {
+func (s *SitesListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSitesListResponse = [1]string{
+var jsonFieldsNameOfSitesListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SitesListResponse from json.
-func (s *SitesListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SitesListResult from json.
+func (s *SitesListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SitesListResponse to nil")
+		return errors.New("invalid: unable to decode SitesListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -26877,7 +26877,7 @@ func (s *SitesListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SitesListResponse")
+		return errors.Wrap(err, "decode SitesListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -26894,8 +26894,8 @@ func (s *SitesListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSitesListResponse) {
-					name = jsonFieldsNameOfSitesListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSitesListResult) {
+					name = jsonFieldsNameOfSitesListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -26916,14 +26916,14 @@ func (s *SitesListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SitesListResponse) MarshalJSON() ([]byte, error) {
+func (s *SitesListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SitesListResponse) UnmarshalJSON(data []byte) error {
+func (s *SitesListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -27111,28 +27111,28 @@ func (s *SitesUpdateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SitesUpdateResponse) Encode(e *jx.Encoder) {
+func (s *SitesUpdateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SitesUpdateResponse) encodeFields(e *jx.Encoder) {
+func (s *SitesUpdateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSitesUpdateResponse = [1]string{
+var jsonFieldsNameOfSitesUpdateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SitesUpdateResponse from json.
-func (s *SitesUpdateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SitesUpdateResult from json.
+func (s *SitesUpdateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SitesUpdateResponse to nil")
+		return errors.New("invalid: unable to decode SitesUpdateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -27153,7 +27153,7 @@ func (s *SitesUpdateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SitesUpdateResponse")
+		return errors.Wrap(err, "decode SitesUpdateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -27170,8 +27170,8 @@ func (s *SitesUpdateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSitesUpdateResponse) {
-					name = jsonFieldsNameOfSitesUpdateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSitesUpdateResult) {
+					name = jsonFieldsNameOfSitesUpdateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -27192,14 +27192,14 @@ func (s *SitesUpdateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SitesUpdateResponse) MarshalJSON() ([]byte, error) {
+func (s *SitesUpdateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SitesUpdateResponse) UnmarshalJSON(data []byte) error {
+func (s *SitesUpdateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -27249,28 +27249,28 @@ func (s *SystemSelfCheckInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SystemSelfCheckResponse) Encode(e *jx.Encoder) {
+func (s *SystemSelfCheckResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SystemSelfCheckResponse) encodeFields(e *jx.Encoder) {
+func (s *SystemSelfCheckResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSystemSelfCheckResponse = [1]string{
+var jsonFieldsNameOfSystemSelfCheckResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SystemSelfCheckResponse from json.
-func (s *SystemSelfCheckResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SystemSelfCheckResult from json.
+func (s *SystemSelfCheckResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SystemSelfCheckResponse to nil")
+		return errors.New("invalid: unable to decode SystemSelfCheckResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -27291,7 +27291,7 @@ func (s *SystemSelfCheckResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SystemSelfCheckResponse")
+		return errors.Wrap(err, "decode SystemSelfCheckResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -27308,8 +27308,8 @@ func (s *SystemSelfCheckResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSystemSelfCheckResponse) {
-					name = jsonFieldsNameOfSystemSelfCheckResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSystemSelfCheckResult) {
+					name = jsonFieldsNameOfSystemSelfCheckResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -27330,14 +27330,14 @@ func (s *SystemSelfCheckResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SystemSelfCheckResponse) MarshalJSON() ([]byte, error) {
+func (s *SystemSelfCheckResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SystemSelfCheckResponse) UnmarshalJSON(data []byte) error {
+func (s *SystemSelfCheckResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -27387,28 +27387,28 @@ func (s *SystemVersionInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SystemVersionResponse) Encode(e *jx.Encoder) {
+func (s *SystemVersionResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SystemVersionResponse) encodeFields(e *jx.Encoder) {
+func (s *SystemVersionResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSystemVersionResponse = [1]string{
+var jsonFieldsNameOfSystemVersionResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SystemVersionResponse from json.
-func (s *SystemVersionResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SystemVersionResult from json.
+func (s *SystemVersionResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SystemVersionResponse to nil")
+		return errors.New("invalid: unable to decode SystemVersionResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -27429,7 +27429,7 @@ func (s *SystemVersionResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SystemVersionResponse")
+		return errors.Wrap(err, "decode SystemVersionResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -27446,8 +27446,8 @@ func (s *SystemVersionResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSystemVersionResponse) {
-					name = jsonFieldsNameOfSystemVersionResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSystemVersionResult) {
+					name = jsonFieldsNameOfSystemVersionResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -27468,14 +27468,14 @@ func (s *SystemVersionResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SystemVersionResponse) MarshalJSON() ([]byte, error) {
+func (s *SystemVersionResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SystemVersionResponse) UnmarshalJSON(data []byte) error {
+func (s *SystemVersionResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -27525,28 +27525,28 @@ func (s *SystemWhoamiInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *SystemWhoamiResponse) Encode(e *jx.Encoder) {
+func (s *SystemWhoamiResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *SystemWhoamiResponse) encodeFields(e *jx.Encoder) {
+func (s *SystemWhoamiResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfSystemWhoamiResponse = [1]string{
+var jsonFieldsNameOfSystemWhoamiResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes SystemWhoamiResponse from json.
-func (s *SystemWhoamiResponse) Decode(d *jx.Decoder) error {
+// Decode decodes SystemWhoamiResult from json.
+func (s *SystemWhoamiResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode SystemWhoamiResponse to nil")
+		return errors.New("invalid: unable to decode SystemWhoamiResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -27567,7 +27567,7 @@ func (s *SystemWhoamiResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode SystemWhoamiResponse")
+		return errors.Wrap(err, "decode SystemWhoamiResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -27584,8 +27584,8 @@ func (s *SystemWhoamiResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfSystemWhoamiResponse) {
-					name = jsonFieldsNameOfSystemWhoamiResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfSystemWhoamiResult) {
+					name = jsonFieldsNameOfSystemWhoamiResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -27606,14 +27606,14 @@ func (s *SystemWhoamiResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *SystemWhoamiResponse) MarshalJSON() ([]byte, error) {
+func (s *SystemWhoamiResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *SystemWhoamiResponse) UnmarshalJSON(data []byte) error {
+func (s *SystemWhoamiResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -28095,28 +28095,28 @@ func (s *UsageExportMeters) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *UsageExportResponse) Encode(e *jx.Encoder) {
+func (s *UsageExportResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *UsageExportResponse) encodeFields(e *jx.Encoder) {
+func (s *UsageExportResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfUsageExportResponse = [1]string{
+var jsonFieldsNameOfUsageExportResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes UsageExportResponse from json.
-func (s *UsageExportResponse) Decode(d *jx.Decoder) error {
+// Decode decodes UsageExportResult from json.
+func (s *UsageExportResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode UsageExportResponse to nil")
+		return errors.New("invalid: unable to decode UsageExportResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -28137,7 +28137,7 @@ func (s *UsageExportResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode UsageExportResponse")
+		return errors.Wrap(err, "decode UsageExportResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -28154,8 +28154,8 @@ func (s *UsageExportResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfUsageExportResponse) {
-					name = jsonFieldsNameOfUsageExportResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfUsageExportResult) {
+					name = jsonFieldsNameOfUsageExportResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -28176,14 +28176,14 @@ func (s *UsageExportResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *UsageExportResponse) MarshalJSON() ([]byte, error) {
+func (s *UsageExportResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *UsageExportResponse) UnmarshalJSON(data []byte) error {
+func (s *UsageExportResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -28388,28 +28388,28 @@ func (s *UsageListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *UsageListResponse) Encode(e *jx.Encoder) {
+func (s *UsageListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *UsageListResponse) encodeFields(e *jx.Encoder) {
+func (s *UsageListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfUsageListResponse = [1]string{
+var jsonFieldsNameOfUsageListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes UsageListResponse from json.
-func (s *UsageListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes UsageListResult from json.
+func (s *UsageListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode UsageListResponse to nil")
+		return errors.New("invalid: unable to decode UsageListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -28430,7 +28430,7 @@ func (s *UsageListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode UsageListResponse")
+		return errors.Wrap(err, "decode UsageListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -28447,8 +28447,8 @@ func (s *UsageListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfUsageListResponse) {
-					name = jsonFieldsNameOfUsageListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfUsageListResult) {
+					name = jsonFieldsNameOfUsageListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -28469,14 +28469,14 @@ func (s *UsageListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *UsageListResponse) MarshalJSON() ([]byte, error) {
+func (s *UsageListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *UsageListResponse) UnmarshalJSON(data []byte) error {
+func (s *UsageListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -30052,28 +30052,28 @@ func (s *WebhooksCreateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksCreateResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksCreateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksCreateResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksCreateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksCreateResponse = [1]string{
+var jsonFieldsNameOfWebhooksCreateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksCreateResponse from json.
-func (s *WebhooksCreateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksCreateResult from json.
+func (s *WebhooksCreateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksCreateResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksCreateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -30094,7 +30094,7 @@ func (s *WebhooksCreateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksCreateResponse")
+		return errors.Wrap(err, "decode WebhooksCreateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -30111,8 +30111,8 @@ func (s *WebhooksCreateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksCreateResponse) {
-					name = jsonFieldsNameOfWebhooksCreateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksCreateResult) {
+					name = jsonFieldsNameOfWebhooksCreateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -30133,14 +30133,14 @@ func (s *WebhooksCreateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksCreateResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksCreateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksCreateResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksCreateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -30259,28 +30259,28 @@ func (s *WebhooksDeleteInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksDeleteResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksDeleteResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksDeleteResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksDeleteResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksDeleteResponse = [1]string{
+var jsonFieldsNameOfWebhooksDeleteResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksDeleteResponse from json.
-func (s *WebhooksDeleteResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksDeleteResult from json.
+func (s *WebhooksDeleteResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksDeleteResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksDeleteResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -30301,7 +30301,7 @@ func (s *WebhooksDeleteResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksDeleteResponse")
+		return errors.Wrap(err, "decode WebhooksDeleteResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -30318,8 +30318,8 @@ func (s *WebhooksDeleteResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksDeleteResponse) {
-					name = jsonFieldsNameOfWebhooksDeleteResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksDeleteResult) {
+					name = jsonFieldsNameOfWebhooksDeleteResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -30340,14 +30340,14 @@ func (s *WebhooksDeleteResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksDeleteResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksDeleteResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksDeleteResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksDeleteResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -30545,28 +30545,28 @@ func (s *WebhooksDeliveriesInputState) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksDeliveriesResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksDeliveriesResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksDeliveriesResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksDeliveriesResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksDeliveriesResponse = [1]string{
+var jsonFieldsNameOfWebhooksDeliveriesResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksDeliveriesResponse from json.
-func (s *WebhooksDeliveriesResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksDeliveriesResult from json.
+func (s *WebhooksDeliveriesResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksDeliveriesResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksDeliveriesResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -30587,7 +30587,7 @@ func (s *WebhooksDeliveriesResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksDeliveriesResponse")
+		return errors.Wrap(err, "decode WebhooksDeliveriesResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -30604,8 +30604,8 @@ func (s *WebhooksDeliveriesResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksDeliveriesResponse) {
-					name = jsonFieldsNameOfWebhooksDeliveriesResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksDeliveriesResult) {
+					name = jsonFieldsNameOfWebhooksDeliveriesResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -30626,14 +30626,14 @@ func (s *WebhooksDeliveriesResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksDeliveriesResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksDeliveriesResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksDeliveriesResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksDeliveriesResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -30735,28 +30735,28 @@ func (s *WebhooksEventTypesInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksEventTypesResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksEventTypesResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksEventTypesResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksEventTypesResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksEventTypesResponse = [1]string{
+var jsonFieldsNameOfWebhooksEventTypesResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksEventTypesResponse from json.
-func (s *WebhooksEventTypesResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksEventTypesResult from json.
+func (s *WebhooksEventTypesResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksEventTypesResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksEventTypesResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -30777,7 +30777,7 @@ func (s *WebhooksEventTypesResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksEventTypesResponse")
+		return errors.Wrap(err, "decode WebhooksEventTypesResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -30794,8 +30794,8 @@ func (s *WebhooksEventTypesResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksEventTypesResponse) {
-					name = jsonFieldsNameOfWebhooksEventTypesResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksEventTypesResult) {
+					name = jsonFieldsNameOfWebhooksEventTypesResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -30816,14 +30816,14 @@ func (s *WebhooksEventTypesResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksEventTypesResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksEventTypesResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksEventTypesResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksEventTypesResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -30942,28 +30942,28 @@ func (s *WebhooksGetInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksGetResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksGetResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksGetResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksGetResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksGetResponse = [1]string{
+var jsonFieldsNameOfWebhooksGetResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksGetResponse from json.
-func (s *WebhooksGetResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksGetResult from json.
+func (s *WebhooksGetResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksGetResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksGetResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -30984,7 +30984,7 @@ func (s *WebhooksGetResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksGetResponse")
+		return errors.Wrap(err, "decode WebhooksGetResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -31001,8 +31001,8 @@ func (s *WebhooksGetResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksGetResponse) {
-					name = jsonFieldsNameOfWebhooksGetResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksGetResult) {
+					name = jsonFieldsNameOfWebhooksGetResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -31023,14 +31023,14 @@ func (s *WebhooksGetResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksGetResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksGetResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksGetResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksGetResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -31132,28 +31132,28 @@ func (s *WebhooksListInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksListResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksListResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksListResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksListResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksListResponse = [1]string{
+var jsonFieldsNameOfWebhooksListResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksListResponse from json.
-func (s *WebhooksListResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksListResult from json.
+func (s *WebhooksListResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksListResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksListResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -31174,7 +31174,7 @@ func (s *WebhooksListResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksListResponse")
+		return errors.Wrap(err, "decode WebhooksListResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -31191,8 +31191,8 @@ func (s *WebhooksListResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksListResponse) {
-					name = jsonFieldsNameOfWebhooksListResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksListResult) {
+					name = jsonFieldsNameOfWebhooksListResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -31213,14 +31213,14 @@ func (s *WebhooksListResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksListResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksListResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksListResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksListResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -31339,28 +31339,28 @@ func (s *WebhooksPingInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksPingResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksPingResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksPingResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksPingResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksPingResponse = [1]string{
+var jsonFieldsNameOfWebhooksPingResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksPingResponse from json.
-func (s *WebhooksPingResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksPingResult from json.
+func (s *WebhooksPingResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksPingResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksPingResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -31381,7 +31381,7 @@ func (s *WebhooksPingResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksPingResponse")
+		return errors.Wrap(err, "decode WebhooksPingResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -31398,8 +31398,8 @@ func (s *WebhooksPingResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksPingResponse) {
-					name = jsonFieldsNameOfWebhooksPingResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksPingResult) {
+					name = jsonFieldsNameOfWebhooksPingResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -31420,14 +31420,14 @@ func (s *WebhooksPingResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksPingResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksPingResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksPingResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksPingResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -31546,28 +31546,28 @@ func (s *WebhooksRedeliverInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksRedeliverResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksRedeliverResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksRedeliverResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksRedeliverResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksRedeliverResponse = [1]string{
+var jsonFieldsNameOfWebhooksRedeliverResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksRedeliverResponse from json.
-func (s *WebhooksRedeliverResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksRedeliverResult from json.
+func (s *WebhooksRedeliverResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksRedeliverResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksRedeliverResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -31588,7 +31588,7 @@ func (s *WebhooksRedeliverResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksRedeliverResponse")
+		return errors.Wrap(err, "decode WebhooksRedeliverResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -31605,8 +31605,8 @@ func (s *WebhooksRedeliverResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksRedeliverResponse) {
-					name = jsonFieldsNameOfWebhooksRedeliverResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksRedeliverResult) {
+					name = jsonFieldsNameOfWebhooksRedeliverResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -31627,14 +31627,14 @@ func (s *WebhooksRedeliverResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksRedeliverResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksRedeliverResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksRedeliverResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksRedeliverResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -31771,28 +31771,28 @@ func (s *WebhooksRotateSecretInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksRotateSecretResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksRotateSecretResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksRotateSecretResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksRotateSecretResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksRotateSecretResponse = [1]string{
+var jsonFieldsNameOfWebhooksRotateSecretResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksRotateSecretResponse from json.
-func (s *WebhooksRotateSecretResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksRotateSecretResult from json.
+func (s *WebhooksRotateSecretResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksRotateSecretResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksRotateSecretResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -31813,7 +31813,7 @@ func (s *WebhooksRotateSecretResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksRotateSecretResponse")
+		return errors.Wrap(err, "decode WebhooksRotateSecretResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -31830,8 +31830,8 @@ func (s *WebhooksRotateSecretResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksRotateSecretResponse) {
-					name = jsonFieldsNameOfWebhooksRotateSecretResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksRotateSecretResult) {
+					name = jsonFieldsNameOfWebhooksRotateSecretResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -31852,14 +31852,14 @@ func (s *WebhooksRotateSecretResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksRotateSecretResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksRotateSecretResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksRotateSecretResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksRotateSecretResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -32059,28 +32059,28 @@ func (s *WebhooksUpdateInput) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s *WebhooksUpdateResponse) Encode(e *jx.Encoder) {
+func (s *WebhooksUpdateResult) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields encodes fields.
-func (s *WebhooksUpdateResponse) encodeFields(e *jx.Encoder) {
+func (s *WebhooksUpdateResult) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("data")
 		s.Data.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWebhooksUpdateResponse = [1]string{
+var jsonFieldsNameOfWebhooksUpdateResult = [1]string{
 	0: "data",
 }
 
-// Decode decodes WebhooksUpdateResponse from json.
-func (s *WebhooksUpdateResponse) Decode(d *jx.Decoder) error {
+// Decode decodes WebhooksUpdateResult from json.
+func (s *WebhooksUpdateResult) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode WebhooksUpdateResponse to nil")
+		return errors.New("invalid: unable to decode WebhooksUpdateResult to nil")
 	}
 	var requiredBitSet [1]uint8
 
@@ -32101,7 +32101,7 @@ func (s *WebhooksUpdateResponse) Decode(d *jx.Decoder) error {
 		}
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode WebhooksUpdateResponse")
+		return errors.Wrap(err, "decode WebhooksUpdateResult")
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
@@ -32118,8 +32118,8 @@ func (s *WebhooksUpdateResponse) Decode(d *jx.Decoder) error {
 				bitIdx := bits.TrailingZeros8(result)
 				fieldIdx := i*8 + bitIdx
 				var name string
-				if fieldIdx < len(jsonFieldsNameOfWebhooksUpdateResponse) {
-					name = jsonFieldsNameOfWebhooksUpdateResponse[fieldIdx]
+				if fieldIdx < len(jsonFieldsNameOfWebhooksUpdateResult) {
+					name = jsonFieldsNameOfWebhooksUpdateResult[fieldIdx]
 				} else {
 					name = strconv.Itoa(fieldIdx)
 				}
@@ -32140,14 +32140,14 @@ func (s *WebhooksUpdateResponse) Decode(d *jx.Decoder) error {
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s *WebhooksUpdateResponse) MarshalJSON() ([]byte, error) {
+func (s *WebhooksUpdateResult) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *WebhooksUpdateResponse) UnmarshalJSON(data []byte) error {
+func (s *WebhooksUpdateResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }

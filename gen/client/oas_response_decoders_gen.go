@@ -13,7 +13,7 @@ import (
 	"github.com/ogen-go/ogen/validate"
 )
 
-func decodeEventsListResponse(resp *http.Response) (res *EventsListResponse, _ error) {
+func decodeEventsListResponse(resp *http.Response) (res *EventsListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -29,7 +29,7 @@ func decodeEventsListResponse(resp *http.Response) (res *EventsListResponse, _ e
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response EventsListResponse
+			var response EventsListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -114,7 +114,7 @@ func decodeEventsListResponse(resp *http.Response) (res *EventsListResponse, _ e
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeFlavorsArchiveResponse(resp *http.Response) (res *FlavorsArchiveResponse, _ error) {
+func decodeFlavorsArchiveResponse(resp *http.Response) (res *FlavorsArchiveResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -130,7 +130,7 @@ func decodeFlavorsArchiveResponse(resp *http.Response) (res *FlavorsArchiveRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response FlavorsArchiveResponse
+			var response FlavorsArchiveResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -215,7 +215,7 @@ func decodeFlavorsArchiveResponse(resp *http.Response) (res *FlavorsArchiveRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeFlavorsCreateResponse(resp *http.Response) (res *FlavorsCreateResponse, _ error) {
+func decodeFlavorsCreateResponse(resp *http.Response) (res *FlavorsCreateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -231,7 +231,7 @@ func decodeFlavorsCreateResponse(resp *http.Response) (res *FlavorsCreateRespons
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response FlavorsCreateResponse
+			var response FlavorsCreateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -316,7 +316,7 @@ func decodeFlavorsCreateResponse(resp *http.Response) (res *FlavorsCreateRespons
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeFlavorsGetResponse(resp *http.Response) (res *FlavorsGetResponse, _ error) {
+func decodeFlavorsGetResponse(resp *http.Response) (res *FlavorsGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -332,7 +332,7 @@ func decodeFlavorsGetResponse(resp *http.Response) (res *FlavorsGetResponse, _ e
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response FlavorsGetResponse
+			var response FlavorsGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -417,7 +417,7 @@ func decodeFlavorsGetResponse(resp *http.Response) (res *FlavorsGetResponse, _ e
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeFlavorsListResponse(resp *http.Response) (res *FlavorsListResponse, _ error) {
+func decodeFlavorsListResponse(resp *http.Response) (res *FlavorsListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -433,7 +433,7 @@ func decodeFlavorsListResponse(resp *http.Response) (res *FlavorsListResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response FlavorsListResponse
+			var response FlavorsListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -518,7 +518,7 @@ func decodeFlavorsListResponse(resp *http.Response) (res *FlavorsListResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeImagesGetResponse(resp *http.Response) (res *ImagesGetResponse, _ error) {
+func decodeImagesGetResponse(resp *http.Response) (res *ImagesGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -534,7 +534,7 @@ func decodeImagesGetResponse(resp *http.Response) (res *ImagesGetResponse, _ err
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ImagesGetResponse
+			var response ImagesGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -619,7 +619,7 @@ func decodeImagesGetResponse(resp *http.Response) (res *ImagesGetResponse, _ err
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeImagesListResponse(resp *http.Response) (res *ImagesListResponse, _ error) {
+func decodeImagesListResponse(resp *http.Response) (res *ImagesListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -635,7 +635,7 @@ func decodeImagesListResponse(resp *http.Response) (res *ImagesListResponse, _ e
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ImagesListResponse
+			var response ImagesListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -720,7 +720,7 @@ func decodeImagesListResponse(resp *http.Response) (res *ImagesListResponse, _ e
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeNodesCordonResponse(resp *http.Response) (res *NodesCordonResponse, _ error) {
+func decodeNodesCordonResponse(resp *http.Response) (res *NodesCordonResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -736,7 +736,7 @@ func decodeNodesCordonResponse(resp *http.Response) (res *NodesCordonResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response NodesCordonResponse
+			var response NodesCordonResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -821,7 +821,7 @@ func decodeNodesCordonResponse(resp *http.Response) (res *NodesCordonResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeNodesDrainResponse(resp *http.Response) (res *NodesDrainResponse, _ error) {
+func decodeNodesDrainResponse(resp *http.Response) (res *NodesDrainResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -837,7 +837,7 @@ func decodeNodesDrainResponse(resp *http.Response) (res *NodesDrainResponse, _ e
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response NodesDrainResponse
+			var response NodesDrainResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -922,7 +922,7 @@ func decodeNodesDrainResponse(resp *http.Response) (res *NodesDrainResponse, _ e
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeNodesGetResponse(resp *http.Response) (res *NodesGetResponse, _ error) {
+func decodeNodesGetResponse(resp *http.Response) (res *NodesGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -938,7 +938,7 @@ func decodeNodesGetResponse(resp *http.Response) (res *NodesGetResponse, _ error
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response NodesGetResponse
+			var response NodesGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1023,7 +1023,7 @@ func decodeNodesGetResponse(resp *http.Response) (res *NodesGetResponse, _ error
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeNodesLabelResponse(resp *http.Response) (res *NodesLabelResponse, _ error) {
+func decodeNodesLabelResponse(resp *http.Response) (res *NodesLabelResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1039,7 +1039,7 @@ func decodeNodesLabelResponse(resp *http.Response) (res *NodesLabelResponse, _ e
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response NodesLabelResponse
+			var response NodesLabelResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1124,7 +1124,7 @@ func decodeNodesLabelResponse(resp *http.Response) (res *NodesLabelResponse, _ e
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeNodesListResponse(resp *http.Response) (res *NodesListResponse, _ error) {
+func decodeNodesListResponse(resp *http.Response) (res *NodesListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1140,7 +1140,7 @@ func decodeNodesListResponse(resp *http.Response) (res *NodesListResponse, _ err
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response NodesListResponse
+			var response NodesListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1225,7 +1225,7 @@ func decodeNodesListResponse(resp *http.Response) (res *NodesListResponse, _ err
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeNodesRetireResponse(resp *http.Response) (res *NodesRetireResponse, _ error) {
+func decodeNodesRetireResponse(resp *http.Response) (res *NodesRetireResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1241,7 +1241,7 @@ func decodeNodesRetireResponse(resp *http.Response) (res *NodesRetireResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response NodesRetireResponse
+			var response NodesRetireResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1326,7 +1326,7 @@ func decodeNodesRetireResponse(resp *http.Response) (res *NodesRetireResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeNodesUncordonResponse(resp *http.Response) (res *NodesUncordonResponse, _ error) {
+func decodeNodesUncordonResponse(resp *http.Response) (res *NodesUncordonResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1342,7 +1342,7 @@ func decodeNodesUncordonResponse(resp *http.Response) (res *NodesUncordonRespons
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response NodesUncordonResponse
+			var response NodesUncordonResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1427,7 +1427,7 @@ func decodeNodesUncordonResponse(resp *http.Response) (res *NodesUncordonRespons
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodePoolsArchiveResponse(resp *http.Response) (res *PoolsArchiveResponse, _ error) {
+func decodePoolsArchiveResponse(resp *http.Response) (res *PoolsArchiveResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1443,7 +1443,7 @@ func decodePoolsArchiveResponse(resp *http.Response) (res *PoolsArchiveResponse,
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response PoolsArchiveResponse
+			var response PoolsArchiveResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1528,7 +1528,7 @@ func decodePoolsArchiveResponse(resp *http.Response) (res *PoolsArchiveResponse,
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodePoolsCreateResponse(resp *http.Response) (res *PoolsCreateResponse, _ error) {
+func decodePoolsCreateResponse(resp *http.Response) (res *PoolsCreateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1544,7 +1544,7 @@ func decodePoolsCreateResponse(resp *http.Response) (res *PoolsCreateResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response PoolsCreateResponse
+			var response PoolsCreateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1629,7 +1629,7 @@ func decodePoolsCreateResponse(resp *http.Response) (res *PoolsCreateResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodePoolsGetResponse(resp *http.Response) (res *PoolsGetResponse, _ error) {
+func decodePoolsGetResponse(resp *http.Response) (res *PoolsGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1645,7 +1645,7 @@ func decodePoolsGetResponse(resp *http.Response) (res *PoolsGetResponse, _ error
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response PoolsGetResponse
+			var response PoolsGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1730,7 +1730,7 @@ func decodePoolsGetResponse(resp *http.Response) (res *PoolsGetResponse, _ error
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodePoolsListResponse(resp *http.Response) (res *PoolsListResponse, _ error) {
+func decodePoolsListResponse(resp *http.Response) (res *PoolsListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1746,7 +1746,7 @@ func decodePoolsListResponse(resp *http.Response) (res *PoolsListResponse, _ err
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response PoolsListResponse
+			var response PoolsListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1831,7 +1831,7 @@ func decodePoolsListResponse(resp *http.Response) (res *PoolsListResponse, _ err
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodePoolsOfferResponse(resp *http.Response) (res *PoolsOfferResponse, _ error) {
+func decodePoolsOfferResponse(resp *http.Response) (res *PoolsOfferResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1847,7 +1847,7 @@ func decodePoolsOfferResponse(resp *http.Response) (res *PoolsOfferResponse, _ e
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response PoolsOfferResponse
+			var response PoolsOfferResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -1932,7 +1932,7 @@ func decodePoolsOfferResponse(resp *http.Response) (res *PoolsOfferResponse, _ e
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodePoolsUnofferResponse(resp *http.Response) (res *PoolsUnofferResponse, _ error) {
+func decodePoolsUnofferResponse(resp *http.Response) (res *PoolsUnofferResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -1948,7 +1948,7 @@ func decodePoolsUnofferResponse(resp *http.Response) (res *PoolsUnofferResponse,
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response PoolsUnofferResponse
+			var response PoolsUnofferResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2033,7 +2033,7 @@ func decodePoolsUnofferResponse(resp *http.Response) (res *PoolsUnofferResponse,
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodePoolsUpdateResponse(resp *http.Response) (res *PoolsUpdateResponse, _ error) {
+func decodePoolsUpdateResponse(resp *http.Response) (res *PoolsUpdateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2049,7 +2049,7 @@ func decodePoolsUpdateResponse(resp *http.Response) (res *PoolsUpdateResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response PoolsUpdateResponse
+			var response PoolsUpdateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2134,7 +2134,7 @@ func decodePoolsUpdateResponse(resp *http.Response) (res *PoolsUpdateResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProfilesCreateResponse(resp *http.Response) (res *ProfilesCreateResponse, _ error) {
+func decodeProfilesCreateResponse(resp *http.Response) (res *ProfilesCreateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2150,7 +2150,7 @@ func decodeProfilesCreateResponse(resp *http.Response) (res *ProfilesCreateRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProfilesCreateResponse
+			var response ProfilesCreateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2235,7 +2235,7 @@ func decodeProfilesCreateResponse(resp *http.Response) (res *ProfilesCreateRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProfilesDeleteResponse(resp *http.Response) (res *ProfilesDeleteResponse, _ error) {
+func decodeProfilesDeleteResponse(resp *http.Response) (res *ProfilesDeleteResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2251,7 +2251,7 @@ func decodeProfilesDeleteResponse(resp *http.Response) (res *ProfilesDeleteRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProfilesDeleteResponse
+			var response ProfilesDeleteResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2336,7 +2336,7 @@ func decodeProfilesDeleteResponse(resp *http.Response) (res *ProfilesDeleteRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProfilesGetResponse(resp *http.Response) (res *ProfilesGetResponse, _ error) {
+func decodeProfilesGetResponse(resp *http.Response) (res *ProfilesGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2352,7 +2352,7 @@ func decodeProfilesGetResponse(resp *http.Response) (res *ProfilesGetResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProfilesGetResponse
+			var response ProfilesGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2437,7 +2437,7 @@ func decodeProfilesGetResponse(resp *http.Response) (res *ProfilesGetResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProfilesListResponse(resp *http.Response) (res *ProfilesListResponse, _ error) {
+func decodeProfilesListResponse(resp *http.Response) (res *ProfilesListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2453,7 +2453,7 @@ func decodeProfilesListResponse(resp *http.Response) (res *ProfilesListResponse,
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProfilesListResponse
+			var response ProfilesListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2538,7 +2538,7 @@ func decodeProfilesListResponse(resp *http.Response) (res *ProfilesListResponse,
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProfilesRenderResponse(resp *http.Response) (res *ProfilesRenderResponse, _ error) {
+func decodeProfilesRenderResponse(resp *http.Response) (res *ProfilesRenderResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2554,7 +2554,7 @@ func decodeProfilesRenderResponse(resp *http.Response) (res *ProfilesRenderRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProfilesRenderResponse
+			var response ProfilesRenderResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2639,7 +2639,7 @@ func decodeProfilesRenderResponse(resp *http.Response) (res *ProfilesRenderRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProfilesUpdateResponse(resp *http.Response) (res *ProfilesUpdateResponse, _ error) {
+func decodeProfilesUpdateResponse(resp *http.Response) (res *ProfilesUpdateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2655,7 +2655,7 @@ func decodeProfilesUpdateResponse(resp *http.Response) (res *ProfilesUpdateRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProfilesUpdateResponse
+			var response ProfilesUpdateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2740,7 +2740,7 @@ func decodeProfilesUpdateResponse(resp *http.Response) (res *ProfilesUpdateRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProfilesValidateResponse(resp *http.Response) (res *ProfilesValidateResponse, _ error) {
+func decodeProfilesValidateResponse(resp *http.Response) (res *ProfilesValidateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2756,7 +2756,7 @@ func decodeProfilesValidateResponse(resp *http.Response) (res *ProfilesValidateR
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProfilesValidateResponse
+			var response ProfilesValidateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2841,7 +2841,7 @@ func decodeProfilesValidateResponse(resp *http.Response) (res *ProfilesValidateR
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProjectsAddMemberResponse(resp *http.Response) (res *ProjectsAddMemberResponse, _ error) {
+func decodeProjectsAddMemberResponse(resp *http.Response) (res *ProjectsAddMemberResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2857,7 +2857,7 @@ func decodeProjectsAddMemberResponse(resp *http.Response) (res *ProjectsAddMembe
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProjectsAddMemberResponse
+			var response ProjectsAddMemberResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -2942,7 +2942,7 @@ func decodeProjectsAddMemberResponse(resp *http.Response) (res *ProjectsAddMembe
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProjectsCreateResponse(resp *http.Response) (res *ProjectsCreateResponse, _ error) {
+func decodeProjectsCreateResponse(resp *http.Response) (res *ProjectsCreateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -2958,7 +2958,7 @@ func decodeProjectsCreateResponse(resp *http.Response) (res *ProjectsCreateRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProjectsCreateResponse
+			var response ProjectsCreateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3043,7 +3043,7 @@ func decodeProjectsCreateResponse(resp *http.Response) (res *ProjectsCreateRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProjectsDeleteResponse(resp *http.Response) (res *ProjectsDeleteResponse, _ error) {
+func decodeProjectsDeleteResponse(resp *http.Response) (res *ProjectsDeleteResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3059,7 +3059,7 @@ func decodeProjectsDeleteResponse(resp *http.Response) (res *ProjectsDeleteRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProjectsDeleteResponse
+			var response ProjectsDeleteResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3135,7 +3135,7 @@ func decodeProjectsDeleteResponse(resp *http.Response) (res *ProjectsDeleteRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProjectsGetResponse(resp *http.Response) (res *ProjectsGetResponse, _ error) {
+func decodeProjectsGetResponse(resp *http.Response) (res *ProjectsGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3151,7 +3151,7 @@ func decodeProjectsGetResponse(resp *http.Response) (res *ProjectsGetResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProjectsGetResponse
+			var response ProjectsGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3236,7 +3236,7 @@ func decodeProjectsGetResponse(resp *http.Response) (res *ProjectsGetResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProjectsListResponse(resp *http.Response) (res *ProjectsListResponse, _ error) {
+func decodeProjectsListResponse(resp *http.Response) (res *ProjectsListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3252,7 +3252,7 @@ func decodeProjectsListResponse(resp *http.Response) (res *ProjectsListResponse,
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProjectsListResponse
+			var response ProjectsListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3337,7 +3337,7 @@ func decodeProjectsListResponse(resp *http.Response) (res *ProjectsListResponse,
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProjectsMembersResponse(resp *http.Response) (res *ProjectsMembersResponse, _ error) {
+func decodeProjectsMembersResponse(resp *http.Response) (res *ProjectsMembersResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3353,7 +3353,7 @@ func decodeProjectsMembersResponse(resp *http.Response) (res *ProjectsMembersRes
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProjectsMembersResponse
+			var response ProjectsMembersResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3438,7 +3438,7 @@ func decodeProjectsMembersResponse(resp *http.Response) (res *ProjectsMembersRes
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProjectsRemoveMemberResponse(resp *http.Response) (res *ProjectsRemoveMemberResponse, _ error) {
+func decodeProjectsRemoveMemberResponse(resp *http.Response) (res *ProjectsRemoveMemberResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3454,7 +3454,7 @@ func decodeProjectsRemoveMemberResponse(resp *http.Response) (res *ProjectsRemov
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProjectsRemoveMemberResponse
+			var response ProjectsRemoveMemberResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3539,7 +3539,7 @@ func decodeProjectsRemoveMemberResponse(resp *http.Response) (res *ProjectsRemov
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProjectsUpdateResponse(resp *http.Response) (res *ProjectsUpdateResponse, _ error) {
+func decodeProjectsUpdateResponse(resp *http.Response) (res *ProjectsUpdateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3555,7 +3555,7 @@ func decodeProjectsUpdateResponse(resp *http.Response) (res *ProjectsUpdateRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProjectsUpdateResponse
+			var response ProjectsUpdateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3640,7 +3640,7 @@ func decodeProjectsUpdateResponse(resp *http.Response) (res *ProjectsUpdateRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProviderAccountsBootstrapResponse(resp *http.Response) (res *ProviderAccountsBootstrapResponse, _ error) {
+func decodeProviderAccountsBootstrapResponse(resp *http.Response) (res *ProviderAccountsBootstrapResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3656,7 +3656,7 @@ func decodeProviderAccountsBootstrapResponse(resp *http.Response) (res *Provider
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProviderAccountsBootstrapResponse
+			var response ProviderAccountsBootstrapResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3741,7 +3741,7 @@ func decodeProviderAccountsBootstrapResponse(resp *http.Response) (res *Provider
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProviderAccountsCreateResponse(resp *http.Response) (res *ProviderAccountsCreateResponse, _ error) {
+func decodeProviderAccountsCreateResponse(resp *http.Response) (res *ProviderAccountsCreateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3757,7 +3757,7 @@ func decodeProviderAccountsCreateResponse(resp *http.Response) (res *ProviderAcc
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProviderAccountsCreateResponse
+			var response ProviderAccountsCreateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3842,7 +3842,7 @@ func decodeProviderAccountsCreateResponse(resp *http.Response) (res *ProviderAcc
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProviderAccountsDeleteResponse(resp *http.Response) (res *ProviderAccountsDeleteResponse, _ error) {
+func decodeProviderAccountsDeleteResponse(resp *http.Response) (res *ProviderAccountsDeleteResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3858,7 +3858,7 @@ func decodeProviderAccountsDeleteResponse(resp *http.Response) (res *ProviderAcc
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProviderAccountsDeleteResponse
+			var response ProviderAccountsDeleteResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -3934,7 +3934,7 @@ func decodeProviderAccountsDeleteResponse(resp *http.Response) (res *ProviderAcc
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProviderAccountsGetResponse(resp *http.Response) (res *ProviderAccountsGetResponse, _ error) {
+func decodeProviderAccountsGetResponse(resp *http.Response) (res *ProviderAccountsGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -3950,7 +3950,7 @@ func decodeProviderAccountsGetResponse(resp *http.Response) (res *ProviderAccoun
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProviderAccountsGetResponse
+			var response ProviderAccountsGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4035,7 +4035,7 @@ func decodeProviderAccountsGetResponse(resp *http.Response) (res *ProviderAccoun
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProviderAccountsListResponse(resp *http.Response) (res *ProviderAccountsListResponse, _ error) {
+func decodeProviderAccountsListResponse(resp *http.Response) (res *ProviderAccountsListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4051,7 +4051,7 @@ func decodeProviderAccountsListResponse(resp *http.Response) (res *ProviderAccou
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProviderAccountsListResponse
+			var response ProviderAccountsListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4136,7 +4136,7 @@ func decodeProviderAccountsListResponse(resp *http.Response) (res *ProviderAccou
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProviderAccountsOffersResponse(resp *http.Response) (res *ProviderAccountsOffersResponse, _ error) {
+func decodeProviderAccountsOffersResponse(resp *http.Response) (res *ProviderAccountsOffersResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4152,7 +4152,7 @@ func decodeProviderAccountsOffersResponse(resp *http.Response) (res *ProviderAcc
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProviderAccountsOffersResponse
+			var response ProviderAccountsOffersResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4237,7 +4237,7 @@ func decodeProviderAccountsOffersResponse(resp *http.Response) (res *ProviderAcc
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeProviderAccountsUpdateResponse(resp *http.Response) (res *ProviderAccountsUpdateResponse, _ error) {
+func decodeProviderAccountsUpdateResponse(resp *http.Response) (res *ProviderAccountsUpdateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4253,7 +4253,7 @@ func decodeProviderAccountsUpdateResponse(resp *http.Response) (res *ProviderAcc
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response ProviderAccountsUpdateResponse
+			var response ProviderAccountsUpdateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4338,7 +4338,7 @@ func decodeProviderAccountsUpdateResponse(resp *http.Response) (res *ProviderAcc
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeQuotasGetResponse(resp *http.Response) (res *QuotasGetResponse, _ error) {
+func decodeQuotasGetResponse(resp *http.Response) (res *QuotasGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4354,7 +4354,7 @@ func decodeQuotasGetResponse(resp *http.Response) (res *QuotasGetResponse, _ err
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response QuotasGetResponse
+			var response QuotasGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4439,7 +4439,7 @@ func decodeQuotasGetResponse(resp *http.Response) (res *QuotasGetResponse, _ err
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeQuotasListResponse(resp *http.Response) (res *QuotasListResponse, _ error) {
+func decodeQuotasListResponse(resp *http.Response) (res *QuotasListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4455,7 +4455,7 @@ func decodeQuotasListResponse(resp *http.Response) (res *QuotasListResponse, _ e
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response QuotasListResponse
+			var response QuotasListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4540,7 +4540,7 @@ func decodeQuotasListResponse(resp *http.Response) (res *QuotasListResponse, _ e
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeQuotasSetResponse(resp *http.Response) (res *QuotasSetResponse, _ error) {
+func decodeQuotasSetResponse(resp *http.Response) (res *QuotasSetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4556,7 +4556,7 @@ func decodeQuotasSetResponse(resp *http.Response) (res *QuotasSetResponse, _ err
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response QuotasSetResponse
+			var response QuotasSetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4641,7 +4641,7 @@ func decodeQuotasSetResponse(resp *http.Response) (res *QuotasSetResponse, _ err
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxTemplatesCreateResponse(resp *http.Response) (res *SandboxTemplatesCreateResponse, _ error) {
+func decodeSandboxTemplatesCreateResponse(resp *http.Response) (res *SandboxTemplatesCreateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4657,7 +4657,7 @@ func decodeSandboxTemplatesCreateResponse(resp *http.Response) (res *SandboxTemp
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxTemplatesCreateResponse
+			var response SandboxTemplatesCreateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4742,7 +4742,7 @@ func decodeSandboxTemplatesCreateResponse(resp *http.Response) (res *SandboxTemp
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxTemplatesDeleteResponse(resp *http.Response) (res *SandboxTemplatesDeleteResponse, _ error) {
+func decodeSandboxTemplatesDeleteResponse(resp *http.Response) (res *SandboxTemplatesDeleteResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4758,7 +4758,7 @@ func decodeSandboxTemplatesDeleteResponse(resp *http.Response) (res *SandboxTemp
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxTemplatesDeleteResponse
+			var response SandboxTemplatesDeleteResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4834,7 +4834,7 @@ func decodeSandboxTemplatesDeleteResponse(resp *http.Response) (res *SandboxTemp
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxTemplatesGetResponse(resp *http.Response) (res *SandboxTemplatesGetResponse, _ error) {
+func decodeSandboxTemplatesGetResponse(resp *http.Response) (res *SandboxTemplatesGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4850,7 +4850,7 @@ func decodeSandboxTemplatesGetResponse(resp *http.Response) (res *SandboxTemplat
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxTemplatesGetResponse
+			var response SandboxTemplatesGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -4935,7 +4935,7 @@ func decodeSandboxTemplatesGetResponse(resp *http.Response) (res *SandboxTemplat
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxTemplatesListResponse(resp *http.Response) (res *SandboxTemplatesListResponse, _ error) {
+func decodeSandboxTemplatesListResponse(resp *http.Response) (res *SandboxTemplatesListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -4951,7 +4951,7 @@ func decodeSandboxTemplatesListResponse(resp *http.Response) (res *SandboxTempla
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxTemplatesListResponse
+			var response SandboxTemplatesListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5036,7 +5036,7 @@ func decodeSandboxTemplatesListResponse(resp *http.Response) (res *SandboxTempla
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxTemplatesUpdateResponse(resp *http.Response) (res *SandboxTemplatesUpdateResponse, _ error) {
+func decodeSandboxTemplatesUpdateResponse(resp *http.Response) (res *SandboxTemplatesUpdateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5052,7 +5052,7 @@ func decodeSandboxTemplatesUpdateResponse(resp *http.Response) (res *SandboxTemp
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxTemplatesUpdateResponse
+			var response SandboxTemplatesUpdateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5137,7 +5137,7 @@ func decodeSandboxTemplatesUpdateResponse(resp *http.Response) (res *SandboxTemp
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxVolumesCreateResponse(resp *http.Response) (res *SandboxVolumesCreateResponse, _ error) {
+func decodeSandboxVolumesCreateResponse(resp *http.Response) (res *SandboxVolumesCreateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5153,7 +5153,7 @@ func decodeSandboxVolumesCreateResponse(resp *http.Response) (res *SandboxVolume
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxVolumesCreateResponse
+			var response SandboxVolumesCreateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5238,7 +5238,7 @@ func decodeSandboxVolumesCreateResponse(resp *http.Response) (res *SandboxVolume
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxVolumesDeleteResponse(resp *http.Response) (res *SandboxVolumesDeleteResponse, _ error) {
+func decodeSandboxVolumesDeleteResponse(resp *http.Response) (res *SandboxVolumesDeleteResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5254,7 +5254,7 @@ func decodeSandboxVolumesDeleteResponse(resp *http.Response) (res *SandboxVolume
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxVolumesDeleteResponse
+			var response SandboxVolumesDeleteResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5339,7 +5339,7 @@ func decodeSandboxVolumesDeleteResponse(resp *http.Response) (res *SandboxVolume
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxVolumesGetResponse(resp *http.Response) (res *SandboxVolumesGetResponse, _ error) {
+func decodeSandboxVolumesGetResponse(resp *http.Response) (res *SandboxVolumesGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5355,7 +5355,7 @@ func decodeSandboxVolumesGetResponse(resp *http.Response) (res *SandboxVolumesGe
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxVolumesGetResponse
+			var response SandboxVolumesGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5440,7 +5440,7 @@ func decodeSandboxVolumesGetResponse(resp *http.Response) (res *SandboxVolumesGe
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxVolumesListResponse(resp *http.Response) (res *SandboxVolumesListResponse, _ error) {
+func decodeSandboxVolumesListResponse(resp *http.Response) (res *SandboxVolumesListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5456,7 +5456,7 @@ func decodeSandboxVolumesListResponse(resp *http.Response) (res *SandboxVolumesL
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxVolumesListResponse
+			var response SandboxVolumesListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5541,7 +5541,7 @@ func decodeSandboxVolumesListResponse(resp *http.Response) (res *SandboxVolumesL
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSandboxVolumesResizeResponse(resp *http.Response) (res *SandboxVolumesResizeResponse, _ error) {
+func decodeSandboxVolumesResizeResponse(resp *http.Response) (res *SandboxVolumesResizeResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5557,7 +5557,7 @@ func decodeSandboxVolumesResizeResponse(resp *http.Response) (res *SandboxVolume
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SandboxVolumesResizeResponse
+			var response SandboxVolumesResizeResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5642,7 +5642,7 @@ func decodeSandboxVolumesResizeResponse(resp *http.Response) (res *SandboxVolume
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSecretsDeleteResponse(resp *http.Response) (res *SecretsDeleteResponse, _ error) {
+func decodeSecretsDeleteResponse(resp *http.Response) (res *SecretsDeleteResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5658,7 +5658,7 @@ func decodeSecretsDeleteResponse(resp *http.Response) (res *SecretsDeleteRespons
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SecretsDeleteResponse
+			var response SecretsDeleteResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5734,7 +5734,7 @@ func decodeSecretsDeleteResponse(resp *http.Response) (res *SecretsDeleteRespons
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSecretsListResponse(resp *http.Response) (res *SecretsListResponse, _ error) {
+func decodeSecretsListResponse(resp *http.Response) (res *SecretsListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5750,7 +5750,7 @@ func decodeSecretsListResponse(resp *http.Response) (res *SecretsListResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SecretsListResponse
+			var response SecretsListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5835,7 +5835,7 @@ func decodeSecretsListResponse(resp *http.Response) (res *SecretsListResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSecretsPutResponse(resp *http.Response) (res *SecretsPutResponse, _ error) {
+func decodeSecretsPutResponse(resp *http.Response) (res *SecretsPutResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5851,7 +5851,7 @@ func decodeSecretsPutResponse(resp *http.Response) (res *SecretsPutResponse, _ e
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SecretsPutResponse
+			var response SecretsPutResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -5936,7 +5936,7 @@ func decodeSecretsPutResponse(resp *http.Response) (res *SecretsPutResponse, _ e
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSitesCreateResponse(resp *http.Response) (res *SitesCreateResponse, _ error) {
+func decodeSitesCreateResponse(resp *http.Response) (res *SitesCreateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -5952,7 +5952,7 @@ func decodeSitesCreateResponse(resp *http.Response) (res *SitesCreateResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SitesCreateResponse
+			var response SitesCreateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6037,7 +6037,7 @@ func decodeSitesCreateResponse(resp *http.Response) (res *SitesCreateResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSitesDeleteResponse(resp *http.Response) (res *SitesDeleteResponse, _ error) {
+func decodeSitesDeleteResponse(resp *http.Response) (res *SitesDeleteResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6053,7 +6053,7 @@ func decodeSitesDeleteResponse(resp *http.Response) (res *SitesDeleteResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SitesDeleteResponse
+			var response SitesDeleteResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6129,7 +6129,7 @@ func decodeSitesDeleteResponse(resp *http.Response) (res *SitesDeleteResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSitesGetResponse(resp *http.Response) (res *SitesGetResponse, _ error) {
+func decodeSitesGetResponse(resp *http.Response) (res *SitesGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6145,7 +6145,7 @@ func decodeSitesGetResponse(resp *http.Response) (res *SitesGetResponse, _ error
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SitesGetResponse
+			var response SitesGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6230,7 +6230,7 @@ func decodeSitesGetResponse(resp *http.Response) (res *SitesGetResponse, _ error
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSitesListResponse(resp *http.Response) (res *SitesListResponse, _ error) {
+func decodeSitesListResponse(resp *http.Response) (res *SitesListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6246,7 +6246,7 @@ func decodeSitesListResponse(resp *http.Response) (res *SitesListResponse, _ err
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SitesListResponse
+			var response SitesListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6331,7 +6331,7 @@ func decodeSitesListResponse(resp *http.Response) (res *SitesListResponse, _ err
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSitesUpdateResponse(resp *http.Response) (res *SitesUpdateResponse, _ error) {
+func decodeSitesUpdateResponse(resp *http.Response) (res *SitesUpdateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6347,7 +6347,7 @@ func decodeSitesUpdateResponse(resp *http.Response) (res *SitesUpdateResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SitesUpdateResponse
+			var response SitesUpdateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6432,7 +6432,7 @@ func decodeSitesUpdateResponse(resp *http.Response) (res *SitesUpdateResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSystemSelfCheckResponse(resp *http.Response) (res *SystemSelfCheckResponse, _ error) {
+func decodeSystemSelfCheckResponse(resp *http.Response) (res *SystemSelfCheckResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6448,7 +6448,7 @@ func decodeSystemSelfCheckResponse(resp *http.Response) (res *SystemSelfCheckRes
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SystemSelfCheckResponse
+			var response SystemSelfCheckResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6533,7 +6533,7 @@ func decodeSystemSelfCheckResponse(resp *http.Response) (res *SystemSelfCheckRes
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSystemVersionResponse(resp *http.Response) (res *SystemVersionResponse, _ error) {
+func decodeSystemVersionResponse(resp *http.Response) (res *SystemVersionResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6549,7 +6549,7 @@ func decodeSystemVersionResponse(resp *http.Response) (res *SystemVersionRespons
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SystemVersionResponse
+			var response SystemVersionResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6625,7 +6625,7 @@ func decodeSystemVersionResponse(resp *http.Response) (res *SystemVersionRespons
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeSystemWhoamiResponse(resp *http.Response) (res *SystemWhoamiResponse, _ error) {
+func decodeSystemWhoamiResponse(resp *http.Response) (res *SystemWhoamiResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6641,7 +6641,7 @@ func decodeSystemWhoamiResponse(resp *http.Response) (res *SystemWhoamiResponse,
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response SystemWhoamiResponse
+			var response SystemWhoamiResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6717,7 +6717,7 @@ func decodeSystemWhoamiResponse(resp *http.Response) (res *SystemWhoamiResponse,
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeUsageExportResponse(resp *http.Response) (res *UsageExportResponse, _ error) {
+func decodeUsageExportResponse(resp *http.Response) (res *UsageExportResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6733,7 +6733,7 @@ func decodeUsageExportResponse(resp *http.Response) (res *UsageExportResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response UsageExportResponse
+			var response UsageExportResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6818,7 +6818,7 @@ func decodeUsageExportResponse(resp *http.Response) (res *UsageExportResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeUsageListResponse(resp *http.Response) (res *UsageListResponse, _ error) {
+func decodeUsageListResponse(resp *http.Response) (res *UsageListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6834,7 +6834,7 @@ func decodeUsageListResponse(resp *http.Response) (res *UsageListResponse, _ err
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response UsageListResponse
+			var response UsageListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -6919,7 +6919,7 @@ func decodeUsageListResponse(resp *http.Response) (res *UsageListResponse, _ err
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksCreateResponse(resp *http.Response) (res *WebhooksCreateResponse, _ error) {
+func decodeWebhooksCreateResponse(resp *http.Response) (res *WebhooksCreateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -6935,7 +6935,7 @@ func decodeWebhooksCreateResponse(resp *http.Response) (res *WebhooksCreateRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksCreateResponse
+			var response WebhooksCreateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -7020,7 +7020,7 @@ func decodeWebhooksCreateResponse(resp *http.Response) (res *WebhooksCreateRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksDeleteResponse(resp *http.Response) (res *WebhooksDeleteResponse, _ error) {
+func decodeWebhooksDeleteResponse(resp *http.Response) (res *WebhooksDeleteResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -7036,7 +7036,7 @@ func decodeWebhooksDeleteResponse(resp *http.Response) (res *WebhooksDeleteRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksDeleteResponse
+			var response WebhooksDeleteResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -7112,7 +7112,7 @@ func decodeWebhooksDeleteResponse(resp *http.Response) (res *WebhooksDeleteRespo
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksDeliveriesResponse(resp *http.Response) (res *WebhooksDeliveriesResponse, _ error) {
+func decodeWebhooksDeliveriesResponse(resp *http.Response) (res *WebhooksDeliveriesResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -7128,7 +7128,7 @@ func decodeWebhooksDeliveriesResponse(resp *http.Response) (res *WebhooksDeliver
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksDeliveriesResponse
+			var response WebhooksDeliveriesResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -7213,7 +7213,7 @@ func decodeWebhooksDeliveriesResponse(resp *http.Response) (res *WebhooksDeliver
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksEventTypesResponse(resp *http.Response) (res *WebhooksEventTypesResponse, _ error) {
+func decodeWebhooksEventTypesResponse(resp *http.Response) (res *WebhooksEventTypesResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -7229,7 +7229,7 @@ func decodeWebhooksEventTypesResponse(resp *http.Response) (res *WebhooksEventTy
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksEventTypesResponse
+			var response WebhooksEventTypesResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -7314,7 +7314,7 @@ func decodeWebhooksEventTypesResponse(resp *http.Response) (res *WebhooksEventTy
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksGetResponse(resp *http.Response) (res *WebhooksGetResponse, _ error) {
+func decodeWebhooksGetResponse(resp *http.Response) (res *WebhooksGetResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -7330,7 +7330,7 @@ func decodeWebhooksGetResponse(resp *http.Response) (res *WebhooksGetResponse, _
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksGetResponse
+			var response WebhooksGetResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -7415,7 +7415,7 @@ func decodeWebhooksGetResponse(resp *http.Response) (res *WebhooksGetResponse, _
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksListResponse(resp *http.Response) (res *WebhooksListResponse, _ error) {
+func decodeWebhooksListResponse(resp *http.Response) (res *WebhooksListResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -7431,7 +7431,7 @@ func decodeWebhooksListResponse(resp *http.Response) (res *WebhooksListResponse,
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksListResponse
+			var response WebhooksListResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -7516,7 +7516,7 @@ func decodeWebhooksListResponse(resp *http.Response) (res *WebhooksListResponse,
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksPingResponse(resp *http.Response) (res *WebhooksPingResponse, _ error) {
+func decodeWebhooksPingResponse(resp *http.Response) (res *WebhooksPingResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -7532,7 +7532,7 @@ func decodeWebhooksPingResponse(resp *http.Response) (res *WebhooksPingResponse,
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksPingResponse
+			var response WebhooksPingResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -7617,7 +7617,7 @@ func decodeWebhooksPingResponse(resp *http.Response) (res *WebhooksPingResponse,
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksRedeliverResponse(resp *http.Response) (res *WebhooksRedeliverResponse, _ error) {
+func decodeWebhooksRedeliverResponse(resp *http.Response) (res *WebhooksRedeliverResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -7633,7 +7633,7 @@ func decodeWebhooksRedeliverResponse(resp *http.Response) (res *WebhooksRedelive
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksRedeliverResponse
+			var response WebhooksRedeliverResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -7718,7 +7718,7 @@ func decodeWebhooksRedeliverResponse(resp *http.Response) (res *WebhooksRedelive
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksRotateSecretResponse(resp *http.Response) (res *WebhooksRotateSecretResponse, _ error) {
+func decodeWebhooksRotateSecretResponse(resp *http.Response) (res *WebhooksRotateSecretResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -7734,7 +7734,7 @@ func decodeWebhooksRotateSecretResponse(resp *http.Response) (res *WebhooksRotat
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksRotateSecretResponse
+			var response WebhooksRotateSecretResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err
@@ -7819,7 +7819,7 @@ func decodeWebhooksRotateSecretResponse(resp *http.Response) (res *WebhooksRotat
 	return res, errors.Wrap(defRes, "error")
 }
 
-func decodeWebhooksUpdateResponse(resp *http.Response) (res *WebhooksUpdateResponse, _ error) {
+func decodeWebhooksUpdateResponse(resp *http.Response) (res *WebhooksUpdateResult, _ error) {
 	switch resp.StatusCode {
 	case 200:
 		// Code 200.
@@ -7835,7 +7835,7 @@ func decodeWebhooksUpdateResponse(resp *http.Response) (res *WebhooksUpdateRespo
 			}
 			d := jx.DecodeBytes(buf)
 
-			var response WebhooksUpdateResponse
+			var response WebhooksUpdateResult
 			if err := func() error {
 				if err := response.Decode(d); err != nil {
 					return err

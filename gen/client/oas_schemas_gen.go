@@ -926,18 +926,18 @@ func (s *EventsListInput) SetTypes(val []string) {
 }
 
 // Success envelope of events.list.
-// Ref: #/components/schemas/EventsListResponse
-type EventsListResponse struct {
+// Ref: #/components/schemas/EventsListResult
+type EventsListResult struct {
 	Data EventPage `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *EventsListResponse) GetData() EventPage {
+func (s *EventsListResult) GetData() EventPage {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *EventsListResponse) SetData(val EventPage) {
+func (s *EventsListResult) SetData(val EventPage) {
 	s.Data = val
 }
 
@@ -1180,18 +1180,18 @@ func (s *FlavorsArchiveInput) SetTenantId(val string) {
 }
 
 // Success envelope of flavors.archive.
-// Ref: #/components/schemas/FlavorsArchiveResponse
-type FlavorsArchiveResponse struct {
+// Ref: #/components/schemas/FlavorsArchiveResult
+type FlavorsArchiveResult struct {
 	Data Flavor `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *FlavorsArchiveResponse) GetData() Flavor {
+func (s *FlavorsArchiveResult) GetData() Flavor {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *FlavorsArchiveResponse) SetData(val Flavor) {
+func (s *FlavorsArchiveResult) SetData(val Flavor) {
 	s.Data = val
 }
 
@@ -1281,18 +1281,18 @@ func (s *FlavorsCreateInput) SetVcpu(val int64) {
 }
 
 // Success envelope of flavors.create.
-// Ref: #/components/schemas/FlavorsCreateResponse
-type FlavorsCreateResponse struct {
+// Ref: #/components/schemas/FlavorsCreateResult
+type FlavorsCreateResult struct {
 	Data Flavor `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *FlavorsCreateResponse) GetData() Flavor {
+func (s *FlavorsCreateResult) GetData() Flavor {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *FlavorsCreateResponse) SetData(val Flavor) {
+func (s *FlavorsCreateResult) SetData(val Flavor) {
 	s.Data = val
 }
 
@@ -1338,18 +1338,18 @@ func (s *FlavorsGetInput) SetTenantId(val string) {
 }
 
 // Success envelope of flavors.get.
-// Ref: #/components/schemas/FlavorsGetResponse
-type FlavorsGetResponse struct {
+// Ref: #/components/schemas/FlavorsGetResult
+type FlavorsGetResult struct {
 	Data Flavor `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *FlavorsGetResponse) GetData() Flavor {
+func (s *FlavorsGetResult) GetData() Flavor {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *FlavorsGetResponse) SetData(val Flavor) {
+func (s *FlavorsGetResult) SetData(val Flavor) {
 	s.Data = val
 }
 
@@ -1394,18 +1394,18 @@ func (s *FlavorsListInput) SetTenantId(val string) {
 }
 
 // Success envelope of flavors.list.
-// Ref: #/components/schemas/FlavorsListResponse
-type FlavorsListResponse struct {
+// Ref: #/components/schemas/FlavorsListResult
+type FlavorsListResult struct {
 	Data FlavorList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *FlavorsListResponse) GetData() FlavorList {
+func (s *FlavorsListResult) GetData() FlavorList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *FlavorsListResponse) SetData(val FlavorList) {
+func (s *FlavorsListResult) SetData(val FlavorList) {
 	s.Data = val
 }
 
@@ -1654,18 +1654,18 @@ func (s *ImagesGetInput) SetTenantId(val string) {
 }
 
 // Success envelope of images.get.
-// Ref: #/components/schemas/ImagesGetResponse
-type ImagesGetResponse struct {
+// Ref: #/components/schemas/ImagesGetResult
+type ImagesGetResult struct {
 	Data Image `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ImagesGetResponse) GetData() Image {
+func (s *ImagesGetResult) GetData() Image {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ImagesGetResponse) SetData(val Image) {
+func (s *ImagesGetResult) SetData(val Image) {
 	s.Data = val
 }
 
@@ -1687,18 +1687,18 @@ func (s *ImagesListInput) SetTenantId(val string) {
 }
 
 // Success envelope of images.list.
-// Ref: #/components/schemas/ImagesListResponse
-type ImagesListResponse struct {
+// Ref: #/components/schemas/ImagesListResult
+type ImagesListResult struct {
 	Data ImageList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ImagesListResponse) GetData() ImageList {
+func (s *ImagesListResult) GetData() ImageList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ImagesListResponse) SetData(val ImageList) {
+func (s *ImagesListResult) SetData(val ImageList) {
 	s.Data = val
 }
 
@@ -2556,18 +2556,18 @@ func (s *NodesCordonInput) SetTenantId(val string) {
 }
 
 // Success envelope of nodes.cordon.
-// Ref: #/components/schemas/NodesCordonResponse
-type NodesCordonResponse struct {
+// Ref: #/components/schemas/NodesCordonResult
+type NodesCordonResult struct {
 	Data Node `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *NodesCordonResponse) GetData() Node {
+func (s *NodesCordonResult) GetData() Node {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *NodesCordonResponse) SetData(val Node) {
+func (s *NodesCordonResult) SetData(val Node) {
 	s.Data = val
 }
 
@@ -2601,18 +2601,18 @@ func (s *NodesDrainInput) SetTenantId(val string) {
 }
 
 // Success envelope of nodes.drain.
-// Ref: #/components/schemas/NodesDrainResponse
-type NodesDrainResponse struct {
+// Ref: #/components/schemas/NodesDrainResult
+type NodesDrainResult struct {
 	Data Node `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *NodesDrainResponse) GetData() Node {
+func (s *NodesDrainResult) GetData() Node {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *NodesDrainResponse) SetData(val Node) {
+func (s *NodesDrainResult) SetData(val Node) {
 	s.Data = val
 }
 
@@ -2646,18 +2646,18 @@ func (s *NodesGetInput) SetTenantId(val string) {
 }
 
 // Success envelope of nodes.get.
-// Ref: #/components/schemas/NodesGetResponse
-type NodesGetResponse struct {
+// Ref: #/components/schemas/NodesGetResult
+type NodesGetResult struct {
 	Data Node `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *NodesGetResponse) GetData() Node {
+func (s *NodesGetResult) GetData() Node {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *NodesGetResponse) SetData(val Node) {
+func (s *NodesGetResult) SetData(val Node) {
 	s.Data = val
 }
 
@@ -2730,18 +2730,18 @@ func (s *NodesLabelInputSet) init() NodesLabelInputSet {
 }
 
 // Success envelope of nodes.label.
-// Ref: #/components/schemas/NodesLabelResponse
-type NodesLabelResponse struct {
+// Ref: #/components/schemas/NodesLabelResult
+type NodesLabelResult struct {
 	Data Node `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *NodesLabelResponse) GetData() Node {
+func (s *NodesLabelResult) GetData() Node {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *NodesLabelResponse) SetData(val Node) {
+func (s *NodesLabelResult) SetData(val Node) {
 	s.Data = val
 }
 
@@ -2855,18 +2855,18 @@ func (s *NodesListInputState) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of nodes.list.
-// Ref: #/components/schemas/NodesListResponse
-type NodesListResponse struct {
+// Ref: #/components/schemas/NodesListResult
+type NodesListResult struct {
 	Data NodeList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *NodesListResponse) GetData() NodeList {
+func (s *NodesListResult) GetData() NodeList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *NodesListResponse) SetData(val NodeList) {
+func (s *NodesListResult) SetData(val NodeList) {
 	s.Data = val
 }
 
@@ -2900,18 +2900,18 @@ func (s *NodesRetireInput) SetTenantId(val string) {
 }
 
 // Success envelope of nodes.retire.
-// Ref: #/components/schemas/NodesRetireResponse
-type NodesRetireResponse struct {
+// Ref: #/components/schemas/NodesRetireResult
+type NodesRetireResult struct {
 	Data Node `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *NodesRetireResponse) GetData() Node {
+func (s *NodesRetireResult) GetData() Node {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *NodesRetireResponse) SetData(val Node) {
+func (s *NodesRetireResult) SetData(val Node) {
 	s.Data = val
 }
 
@@ -2945,18 +2945,18 @@ func (s *NodesUncordonInput) SetTenantId(val string) {
 }
 
 // Success envelope of nodes.uncordon.
-// Ref: #/components/schemas/NodesUncordonResponse
-type NodesUncordonResponse struct {
+// Ref: #/components/schemas/NodesUncordonResult
+type NodesUncordonResult struct {
 	Data Node `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *NodesUncordonResponse) GetData() Node {
+func (s *NodesUncordonResult) GetData() Node {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *NodesUncordonResponse) SetData(val Node) {
+func (s *NodesUncordonResult) SetData(val Node) {
 	s.Data = val
 }
 
@@ -4757,18 +4757,18 @@ func (s *PoolsArchiveInput) SetVersion(val OptInt64) {
 }
 
 // Success envelope of pools.archive.
-// Ref: #/components/schemas/PoolsArchiveResponse
-type PoolsArchiveResponse struct {
+// Ref: #/components/schemas/PoolsArchiveResult
+type PoolsArchiveResult struct {
 	Data Pool `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *PoolsArchiveResponse) GetData() Pool {
+func (s *PoolsArchiveResult) GetData() Pool {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *PoolsArchiveResponse) SetData(val Pool) {
+func (s *PoolsArchiveResult) SetData(val Pool) {
 	s.Data = val
 }
 
@@ -5010,18 +5010,18 @@ func (s *PoolsCreateInputHosting) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of pools.create.
-// Ref: #/components/schemas/PoolsCreateResponse
-type PoolsCreateResponse struct {
+// Ref: #/components/schemas/PoolsCreateResult
+type PoolsCreateResult struct {
 	Data Pool `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *PoolsCreateResponse) GetData() Pool {
+func (s *PoolsCreateResult) GetData() Pool {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *PoolsCreateResponse) SetData(val Pool) {
+func (s *PoolsCreateResult) SetData(val Pool) {
 	s.Data = val
 }
 
@@ -5055,18 +5055,18 @@ func (s *PoolsGetInput) SetTenantId(val string) {
 }
 
 // Success envelope of pools.get.
-// Ref: #/components/schemas/PoolsGetResponse
-type PoolsGetResponse struct {
+// Ref: #/components/schemas/PoolsGetResult
+type PoolsGetResult struct {
 	Data Pool `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *PoolsGetResponse) GetData() Pool {
+func (s *PoolsGetResult) GetData() Pool {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *PoolsGetResponse) SetData(val Pool) {
+func (s *PoolsGetResult) SetData(val Pool) {
 	s.Data = val
 }
 
@@ -5111,18 +5111,18 @@ func (s *PoolsListInput) SetTenantId(val string) {
 }
 
 // Success envelope of pools.list.
-// Ref: #/components/schemas/PoolsListResponse
-type PoolsListResponse struct {
+// Ref: #/components/schemas/PoolsListResult
+type PoolsListResult struct {
 	Data PoolList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *PoolsListResponse) GetData() PoolList {
+func (s *PoolsListResult) GetData() PoolList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *PoolsListResponse) SetData(val PoolList) {
+func (s *PoolsListResult) SetData(val PoolList) {
 	s.Data = val
 }
 
@@ -5179,18 +5179,18 @@ func (s *PoolsOfferInput) SetToTenantId(val string) {
 }
 
 // Success envelope of pools.offer.
-// Ref: #/components/schemas/PoolsOfferResponse
-type PoolsOfferResponse struct {
+// Ref: #/components/schemas/PoolsOfferResult
+type PoolsOfferResult struct {
 	Data PoolOffer `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *PoolsOfferResponse) GetData() PoolOffer {
+func (s *PoolsOfferResult) GetData() PoolOffer {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *PoolsOfferResponse) SetData(val PoolOffer) {
+func (s *PoolsOfferResult) SetData(val PoolOffer) {
 	s.Data = val
 }
 
@@ -5236,18 +5236,18 @@ func (s *PoolsUnofferInput) SetToTenantId(val string) {
 }
 
 // Success envelope of pools.unoffer.
-// Ref: #/components/schemas/PoolsUnofferResponse
-type PoolsUnofferResponse struct {
+// Ref: #/components/schemas/PoolsUnofferResult
+type PoolsUnofferResult struct {
 	Data PoolOffer `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *PoolsUnofferResponse) GetData() PoolOffer {
+func (s *PoolsUnofferResult) GetData() PoolOffer {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *PoolsUnofferResponse) SetData(val PoolOffer) {
+func (s *PoolsUnofferResult) SetData(val PoolOffer) {
 	s.Data = val
 }
 
@@ -5304,18 +5304,18 @@ func (s *PoolsUpdateInput) SetVersion(val OptInt64) {
 }
 
 // Success envelope of pools.update.
-// Ref: #/components/schemas/PoolsUpdateResponse
-type PoolsUpdateResponse struct {
+// Ref: #/components/schemas/PoolsUpdateResult
+type PoolsUpdateResult struct {
 	Data Pool `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *PoolsUpdateResponse) GetData() Pool {
+func (s *PoolsUpdateResult) GetData() Pool {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *PoolsUpdateResponse) SetData(val Pool) {
+func (s *PoolsUpdateResult) SetData(val Pool) {
 	s.Data = val
 }
 
@@ -5709,18 +5709,18 @@ func (s *ProfilesCreateInputVisibility) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of profiles.create.
-// Ref: #/components/schemas/ProfilesCreateResponse
-type ProfilesCreateResponse struct {
+// Ref: #/components/schemas/ProfilesCreateResult
+type ProfilesCreateResult struct {
 	Data Profile `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProfilesCreateResponse) GetData() Profile {
+func (s *ProfilesCreateResult) GetData() Profile {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProfilesCreateResponse) SetData(val Profile) {
+func (s *ProfilesCreateResult) SetData(val Profile) {
 	s.Data = val
 }
 
@@ -5766,18 +5766,18 @@ func (s *ProfilesDeleteInput) SetTenantId(val string) {
 }
 
 // Success envelope of profiles.delete.
-// Ref: #/components/schemas/ProfilesDeleteResponse
-type ProfilesDeleteResponse struct {
+// Ref: #/components/schemas/ProfilesDeleteResult
+type ProfilesDeleteResult struct {
 	Data ProfileDeleted `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProfilesDeleteResponse) GetData() ProfileDeleted {
+func (s *ProfilesDeleteResult) GetData() ProfileDeleted {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProfilesDeleteResponse) SetData(val ProfileDeleted) {
+func (s *ProfilesDeleteResult) SetData(val ProfileDeleted) {
 	s.Data = val
 }
 
@@ -5823,18 +5823,18 @@ func (s *ProfilesGetInput) SetTenantId(val string) {
 }
 
 // Success envelope of profiles.get.
-// Ref: #/components/schemas/ProfilesGetResponse
-type ProfilesGetResponse struct {
+// Ref: #/components/schemas/ProfilesGetResult
+type ProfilesGetResult struct {
 	Data Profile `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProfilesGetResponse) GetData() Profile {
+func (s *ProfilesGetResult) GetData() Profile {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProfilesGetResponse) SetData(val Profile) {
+func (s *ProfilesGetResult) SetData(val Profile) {
 	s.Data = val
 }
 
@@ -5880,18 +5880,18 @@ func (s *ProfilesListInput) SetTenantId(val string) {
 }
 
 // Success envelope of profiles.list.
-// Ref: #/components/schemas/ProfilesListResponse
-type ProfilesListResponse struct {
+// Ref: #/components/schemas/ProfilesListResult
+type ProfilesListResult struct {
 	Data ProfileList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProfilesListResponse) GetData() ProfileList {
+func (s *ProfilesListResult) GetData() ProfileList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProfilesListResponse) SetData(val ProfileList) {
+func (s *ProfilesListResult) SetData(val ProfileList) {
 	s.Data = val
 }
 
@@ -5937,18 +5937,18 @@ func (s *ProfilesRenderInput) SetTenantId(val string) {
 }
 
 // Success envelope of profiles.render.
-// Ref: #/components/schemas/ProfilesRenderResponse
-type ProfilesRenderResponse struct {
+// Ref: #/components/schemas/ProfilesRenderResult
+type ProfilesRenderResult struct {
 	Data ProfileRendering `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProfilesRenderResponse) GetData() ProfileRendering {
+func (s *ProfilesRenderResult) GetData() ProfileRendering {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProfilesRenderResponse) SetData(val ProfileRendering) {
+func (s *ProfilesRenderResult) SetData(val ProfileRendering) {
 	s.Data = val
 }
 
@@ -6068,18 +6068,18 @@ func (s *ProfilesUpdateInputVisibility) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of profiles.update.
-// Ref: #/components/schemas/ProfilesUpdateResponse
-type ProfilesUpdateResponse struct {
+// Ref: #/components/schemas/ProfilesUpdateResult
+type ProfilesUpdateResult struct {
 	Data Profile `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProfilesUpdateResponse) GetData() Profile {
+func (s *ProfilesUpdateResult) GetData() Profile {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProfilesUpdateResponse) SetData(val Profile) {
+func (s *ProfilesUpdateResult) SetData(val Profile) {
 	s.Data = val
 }
 
@@ -6125,18 +6125,18 @@ func (s *ProfilesValidateInput) SetTenantId(val string) {
 }
 
 // Success envelope of profiles.validate.
-// Ref: #/components/schemas/ProfilesValidateResponse
-type ProfilesValidateResponse struct {
+// Ref: #/components/schemas/ProfilesValidateResult
+type ProfilesValidateResult struct {
 	Data ProfileValidation `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProfilesValidateResponse) GetData() ProfileValidation {
+func (s *ProfilesValidateResult) GetData() ProfileValidation {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProfilesValidateResponse) SetData(val ProfileValidation) {
+func (s *ProfilesValidateResult) SetData(val ProfileValidation) {
 	s.Data = val
 }
 
@@ -6338,18 +6338,18 @@ func (s *ProjectsAddMemberInput) SetTenantId(val string) {
 }
 
 // Success envelope of projects.addMember.
-// Ref: #/components/schemas/ProjectsAddMemberResponse
-type ProjectsAddMemberResponse struct {
+// Ref: #/components/schemas/ProjectsAddMemberResult
+type ProjectsAddMemberResult struct {
 	Data ProjectMembers `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProjectsAddMemberResponse) GetData() ProjectMembers {
+func (s *ProjectsAddMemberResult) GetData() ProjectMembers {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProjectsAddMemberResponse) SetData(val ProjectMembers) {
+func (s *ProjectsAddMemberResult) SetData(val ProjectMembers) {
 	s.Data = val
 }
 
@@ -6406,18 +6406,18 @@ func (s *ProjectsCreateInput) SetTenantId(val string) {
 }
 
 // Success envelope of projects.create.
-// Ref: #/components/schemas/ProjectsCreateResponse
-type ProjectsCreateResponse struct {
+// Ref: #/components/schemas/ProjectsCreateResult
+type ProjectsCreateResult struct {
 	Data Project `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProjectsCreateResponse) GetData() Project {
+func (s *ProjectsCreateResult) GetData() Project {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProjectsCreateResponse) SetData(val Project) {
+func (s *ProjectsCreateResult) SetData(val Project) {
 	s.Data = val
 }
 
@@ -6451,18 +6451,18 @@ func (s *ProjectsDeleteInput) SetTenantId(val string) {
 }
 
 // Success envelope of projects.delete.
-// Ref: #/components/schemas/ProjectsDeleteResponse
-type ProjectsDeleteResponse struct {
+// Ref: #/components/schemas/ProjectsDeleteResult
+type ProjectsDeleteResult struct {
 	Data ProjectDeleted `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProjectsDeleteResponse) GetData() ProjectDeleted {
+func (s *ProjectsDeleteResult) GetData() ProjectDeleted {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProjectsDeleteResponse) SetData(val ProjectDeleted) {
+func (s *ProjectsDeleteResult) SetData(val ProjectDeleted) {
 	s.Data = val
 }
 
@@ -6496,18 +6496,18 @@ func (s *ProjectsGetInput) SetTenantId(val string) {
 }
 
 // Success envelope of projects.get.
-// Ref: #/components/schemas/ProjectsGetResponse
-type ProjectsGetResponse struct {
+// Ref: #/components/schemas/ProjectsGetResult
+type ProjectsGetResult struct {
 	Data Project `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProjectsGetResponse) GetData() Project {
+func (s *ProjectsGetResult) GetData() Project {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProjectsGetResponse) SetData(val Project) {
+func (s *ProjectsGetResult) SetData(val Project) {
 	s.Data = val
 }
 
@@ -6529,18 +6529,18 @@ func (s *ProjectsListInput) SetTenantId(val string) {
 }
 
 // Success envelope of projects.list.
-// Ref: #/components/schemas/ProjectsListResponse
-type ProjectsListResponse struct {
+// Ref: #/components/schemas/ProjectsListResult
+type ProjectsListResult struct {
 	Data ProjectList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProjectsListResponse) GetData() ProjectList {
+func (s *ProjectsListResult) GetData() ProjectList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProjectsListResponse) SetData(val ProjectList) {
+func (s *ProjectsListResult) SetData(val ProjectList) {
 	s.Data = val
 }
 
@@ -6574,18 +6574,18 @@ func (s *ProjectsMembersInput) SetTenantId(val string) {
 }
 
 // Success envelope of projects.members.
-// Ref: #/components/schemas/ProjectsMembersResponse
-type ProjectsMembersResponse struct {
+// Ref: #/components/schemas/ProjectsMembersResult
+type ProjectsMembersResult struct {
 	Data ProjectMembers `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProjectsMembersResponse) GetData() ProjectMembers {
+func (s *ProjectsMembersResult) GetData() ProjectMembers {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProjectsMembersResponse) SetData(val ProjectMembers) {
+func (s *ProjectsMembersResult) SetData(val ProjectMembers) {
 	s.Data = val
 }
 
@@ -6632,18 +6632,18 @@ func (s *ProjectsRemoveMemberInput) SetTenantId(val string) {
 }
 
 // Success envelope of projects.removeMember.
-// Ref: #/components/schemas/ProjectsRemoveMemberResponse
-type ProjectsRemoveMemberResponse struct {
+// Ref: #/components/schemas/ProjectsRemoveMemberResult
+type ProjectsRemoveMemberResult struct {
 	Data ProjectMembers `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProjectsRemoveMemberResponse) GetData() ProjectMembers {
+func (s *ProjectsRemoveMemberResult) GetData() ProjectMembers {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProjectsRemoveMemberResponse) SetData(val ProjectMembers) {
+func (s *ProjectsRemoveMemberResult) SetData(val ProjectMembers) {
 	s.Data = val
 }
 
@@ -6711,18 +6711,18 @@ func (s *ProjectsUpdateInput) SetVersion(val OptInt64) {
 }
 
 // Success envelope of projects.update.
-// Ref: #/components/schemas/ProjectsUpdateResponse
-type ProjectsUpdateResponse struct {
+// Ref: #/components/schemas/ProjectsUpdateResult
+type ProjectsUpdateResult struct {
 	Data Project `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProjectsUpdateResponse) GetData() Project {
+func (s *ProjectsUpdateResult) GetData() Project {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProjectsUpdateResponse) SetData(val Project) {
+func (s *ProjectsUpdateResult) SetData(val Project) {
 	s.Data = val
 }
 
@@ -6932,18 +6932,18 @@ func (s *ProviderAccountsBootstrapInput) SetTenantId(val string) {
 }
 
 // Success envelope of providerAccounts.bootstrap.
-// Ref: #/components/schemas/ProviderAccountsBootstrapResponse
-type ProviderAccountsBootstrapResponse struct {
+// Ref: #/components/schemas/ProviderAccountsBootstrapResult
+type ProviderAccountsBootstrapResult struct {
 	Data Bootstrap `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProviderAccountsBootstrapResponse) GetData() Bootstrap {
+func (s *ProviderAccountsBootstrapResult) GetData() Bootstrap {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProviderAccountsBootstrapResponse) SetData(val Bootstrap) {
+func (s *ProviderAccountsBootstrapResult) SetData(val Bootstrap) {
 	s.Data = val
 }
 
@@ -7014,18 +7014,18 @@ func (s *ProviderAccountsCreateInput) SetTenantId(val string) {
 }
 
 // Success envelope of providerAccounts.create.
-// Ref: #/components/schemas/ProviderAccountsCreateResponse
-type ProviderAccountsCreateResponse struct {
+// Ref: #/components/schemas/ProviderAccountsCreateResult
+type ProviderAccountsCreateResult struct {
 	Data ProviderAccount `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProviderAccountsCreateResponse) GetData() ProviderAccount {
+func (s *ProviderAccountsCreateResult) GetData() ProviderAccount {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProviderAccountsCreateResponse) SetData(val ProviderAccount) {
+func (s *ProviderAccountsCreateResult) SetData(val ProviderAccount) {
 	s.Data = val
 }
 
@@ -7060,18 +7060,18 @@ func (s *ProviderAccountsDeleteInput) SetTenantId(val string) {
 }
 
 // Success envelope of providerAccounts.delete.
-// Ref: #/components/schemas/ProviderAccountsDeleteResponse
-type ProviderAccountsDeleteResponse struct {
+// Ref: #/components/schemas/ProviderAccountsDeleteResult
+type ProviderAccountsDeleteResult struct {
 	Data ProviderAccountDeleted `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProviderAccountsDeleteResponse) GetData() ProviderAccountDeleted {
+func (s *ProviderAccountsDeleteResult) GetData() ProviderAccountDeleted {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProviderAccountsDeleteResponse) SetData(val ProviderAccountDeleted) {
+func (s *ProviderAccountsDeleteResult) SetData(val ProviderAccountDeleted) {
 	s.Data = val
 }
 
@@ -7106,18 +7106,18 @@ func (s *ProviderAccountsGetInput) SetTenantId(val string) {
 }
 
 // Success envelope of providerAccounts.get.
-// Ref: #/components/schemas/ProviderAccountsGetResponse
-type ProviderAccountsGetResponse struct {
+// Ref: #/components/schemas/ProviderAccountsGetResult
+type ProviderAccountsGetResult struct {
 	Data ProviderAccount `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProviderAccountsGetResponse) GetData() ProviderAccount {
+func (s *ProviderAccountsGetResult) GetData() ProviderAccount {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProviderAccountsGetResponse) SetData(val ProviderAccount) {
+func (s *ProviderAccountsGetResult) SetData(val ProviderAccount) {
 	s.Data = val
 }
 
@@ -7140,18 +7140,18 @@ func (s *ProviderAccountsListInput) SetTenantId(val string) {
 }
 
 // Success envelope of providerAccounts.list.
-// Ref: #/components/schemas/ProviderAccountsListResponse
-type ProviderAccountsListResponse struct {
+// Ref: #/components/schemas/ProviderAccountsListResult
+type ProviderAccountsListResult struct {
 	Data ProviderAccountList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProviderAccountsListResponse) GetData() ProviderAccountList {
+func (s *ProviderAccountsListResult) GetData() ProviderAccountList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProviderAccountsListResponse) SetData(val ProviderAccountList) {
+func (s *ProviderAccountsListResult) SetData(val ProviderAccountList) {
 	s.Data = val
 }
 
@@ -7197,18 +7197,18 @@ func (s *ProviderAccountsOffersInput) SetTenantId(val string) {
 }
 
 // Success envelope of providerAccounts.offers.
-// Ref: #/components/schemas/ProviderAccountsOffersResponse
-type ProviderAccountsOffersResponse struct {
+// Ref: #/components/schemas/ProviderAccountsOffersResult
+type ProviderAccountsOffersResult struct {
 	Data OfferList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProviderAccountsOffersResponse) GetData() OfferList {
+func (s *ProviderAccountsOffersResult) GetData() OfferList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProviderAccountsOffersResponse) SetData(val OfferList) {
+func (s *ProviderAccountsOffersResult) SetData(val OfferList) {
 	s.Data = val
 }
 
@@ -7254,18 +7254,18 @@ func (s *ProviderAccountsUpdateInput) SetTenantId(val string) {
 }
 
 // Success envelope of providerAccounts.update.
-// Ref: #/components/schemas/ProviderAccountsUpdateResponse
-type ProviderAccountsUpdateResponse struct {
+// Ref: #/components/schemas/ProviderAccountsUpdateResult
+type ProviderAccountsUpdateResult struct {
 	Data ProviderAccount `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *ProviderAccountsUpdateResponse) GetData() ProviderAccount {
+func (s *ProviderAccountsUpdateResult) GetData() ProviderAccount {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *ProviderAccountsUpdateResponse) SetData(val ProviderAccount) {
+func (s *ProviderAccountsUpdateResult) SetData(val ProviderAccount) {
 	s.Data = val
 }
 
@@ -7551,18 +7551,18 @@ func (s *QuotasGetInputResource) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of quotas.get.
-// Ref: #/components/schemas/QuotasGetResponse
-type QuotasGetResponse struct {
+// Ref: #/components/schemas/QuotasGetResult
+type QuotasGetResult struct {
 	Data Quota `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *QuotasGetResponse) GetData() Quota {
+func (s *QuotasGetResult) GetData() Quota {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *QuotasGetResponse) SetData(val Quota) {
+func (s *QuotasGetResult) SetData(val Quota) {
 	s.Data = val
 }
 
@@ -7596,18 +7596,18 @@ func (s *QuotasListInput) SetTenantId(val string) {
 }
 
 // Success envelope of quotas.list.
-// Ref: #/components/schemas/QuotasListResponse
-type QuotasListResponse struct {
+// Ref: #/components/schemas/QuotasListResult
+type QuotasListResult struct {
 	Data QuotaList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *QuotasListResponse) GetData() QuotaList {
+func (s *QuotasListResult) GetData() QuotaList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *QuotasListResponse) SetData(val QuotaList) {
+func (s *QuotasListResult) SetData(val QuotaList) {
 	s.Data = val
 }
 
@@ -7751,18 +7751,18 @@ func (s *QuotasSetInputResource) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of quotas.set.
-// Ref: #/components/schemas/QuotasSetResponse
-type QuotasSetResponse struct {
+// Ref: #/components/schemas/QuotasSetResult
+type QuotasSetResult struct {
 	Data Quota `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *QuotasSetResponse) GetData() Quota {
+func (s *QuotasSetResult) GetData() Quota {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *QuotasSetResponse) SetData(val Quota) {
+func (s *QuotasSetResult) SetData(val Quota) {
 	s.Data = val
 }
 
@@ -8276,18 +8276,18 @@ func (s *SandboxTemplatesCreateInputNetwork) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of sandboxTemplates.create.
-// Ref: #/components/schemas/SandboxTemplatesCreateResponse
-type SandboxTemplatesCreateResponse struct {
+// Ref: #/components/schemas/SandboxTemplatesCreateResult
+type SandboxTemplatesCreateResult struct {
 	Data SandboxTemplate `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxTemplatesCreateResponse) GetData() SandboxTemplate {
+func (s *SandboxTemplatesCreateResult) GetData() SandboxTemplate {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxTemplatesCreateResponse) SetData(val SandboxTemplate) {
+func (s *SandboxTemplatesCreateResult) SetData(val SandboxTemplate) {
 	s.Data = val
 }
 
@@ -8322,18 +8322,18 @@ func (s *SandboxTemplatesDeleteInput) SetTenantId(val string) {
 }
 
 // Success envelope of sandboxTemplates.delete.
-// Ref: #/components/schemas/SandboxTemplatesDeleteResponse
-type SandboxTemplatesDeleteResponse struct {
+// Ref: #/components/schemas/SandboxTemplatesDeleteResult
+type SandboxTemplatesDeleteResult struct {
 	Data SandboxTemplateDeleted `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxTemplatesDeleteResponse) GetData() SandboxTemplateDeleted {
+func (s *SandboxTemplatesDeleteResult) GetData() SandboxTemplateDeleted {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxTemplatesDeleteResponse) SetData(val SandboxTemplateDeleted) {
+func (s *SandboxTemplatesDeleteResult) SetData(val SandboxTemplateDeleted) {
 	s.Data = val
 }
 
@@ -8368,18 +8368,18 @@ func (s *SandboxTemplatesGetInput) SetTenantId(val string) {
 }
 
 // Success envelope of sandboxTemplates.get.
-// Ref: #/components/schemas/SandboxTemplatesGetResponse
-type SandboxTemplatesGetResponse struct {
+// Ref: #/components/schemas/SandboxTemplatesGetResult
+type SandboxTemplatesGetResult struct {
 	Data SandboxTemplate `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxTemplatesGetResponse) GetData() SandboxTemplate {
+func (s *SandboxTemplatesGetResult) GetData() SandboxTemplate {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxTemplatesGetResponse) SetData(val SandboxTemplate) {
+func (s *SandboxTemplatesGetResult) SetData(val SandboxTemplate) {
 	s.Data = val
 }
 
@@ -8402,18 +8402,18 @@ func (s *SandboxTemplatesListInput) SetTenantId(val string) {
 }
 
 // Success envelope of sandboxTemplates.list.
-// Ref: #/components/schemas/SandboxTemplatesListResponse
-type SandboxTemplatesListResponse struct {
+// Ref: #/components/schemas/SandboxTemplatesListResult
+type SandboxTemplatesListResult struct {
 	Data SandboxTemplateList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxTemplatesListResponse) GetData() SandboxTemplateList {
+func (s *SandboxTemplatesListResult) GetData() SandboxTemplateList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxTemplatesListResponse) SetData(val SandboxTemplateList) {
+func (s *SandboxTemplatesListResult) SetData(val SandboxTemplateList) {
 	s.Data = val
 }
 
@@ -8611,18 +8611,18 @@ func (s *SandboxTemplatesUpdateInputNetwork) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of sandboxTemplates.update.
-// Ref: #/components/schemas/SandboxTemplatesUpdateResponse
-type SandboxTemplatesUpdateResponse struct {
+// Ref: #/components/schemas/SandboxTemplatesUpdateResult
+type SandboxTemplatesUpdateResult struct {
 	Data SandboxTemplate `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxTemplatesUpdateResponse) GetData() SandboxTemplate {
+func (s *SandboxTemplatesUpdateResult) GetData() SandboxTemplate {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxTemplatesUpdateResponse) SetData(val SandboxTemplate) {
+func (s *SandboxTemplatesUpdateResult) SetData(val SandboxTemplate) {
 	s.Data = val
 }
 
@@ -8877,18 +8877,18 @@ func (s *SandboxVolumesCreateInput) SetTenantId(val string) {
 }
 
 // Success envelope of sandboxVolumes.create.
-// Ref: #/components/schemas/SandboxVolumesCreateResponse
-type SandboxVolumesCreateResponse struct {
+// Ref: #/components/schemas/SandboxVolumesCreateResult
+type SandboxVolumesCreateResult struct {
 	Data SandboxVolume `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxVolumesCreateResponse) GetData() SandboxVolume {
+func (s *SandboxVolumesCreateResult) GetData() SandboxVolume {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxVolumesCreateResponse) SetData(val SandboxVolume) {
+func (s *SandboxVolumesCreateResult) SetData(val SandboxVolume) {
 	s.Data = val
 }
 
@@ -8923,18 +8923,18 @@ func (s *SandboxVolumesDeleteInput) SetVolumeId(val string) {
 }
 
 // Success envelope of sandboxVolumes.delete.
-// Ref: #/components/schemas/SandboxVolumesDeleteResponse
-type SandboxVolumesDeleteResponse struct {
+// Ref: #/components/schemas/SandboxVolumesDeleteResult
+type SandboxVolumesDeleteResult struct {
 	Data SandboxVolume `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxVolumesDeleteResponse) GetData() SandboxVolume {
+func (s *SandboxVolumesDeleteResult) GetData() SandboxVolume {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxVolumesDeleteResponse) SetData(val SandboxVolume) {
+func (s *SandboxVolumesDeleteResult) SetData(val SandboxVolume) {
 	s.Data = val
 }
 
@@ -8969,18 +8969,18 @@ func (s *SandboxVolumesGetInput) SetVolumeId(val string) {
 }
 
 // Success envelope of sandboxVolumes.get.
-// Ref: #/components/schemas/SandboxVolumesGetResponse
-type SandboxVolumesGetResponse struct {
+// Ref: #/components/schemas/SandboxVolumesGetResult
+type SandboxVolumesGetResult struct {
 	Data SandboxVolume `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxVolumesGetResponse) GetData() SandboxVolume {
+func (s *SandboxVolumesGetResult) GetData() SandboxVolume {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxVolumesGetResponse) SetData(val SandboxVolume) {
+func (s *SandboxVolumesGetResult) SetData(val SandboxVolume) {
 	s.Data = val
 }
 
@@ -9078,18 +9078,18 @@ func (s *SandboxVolumesListInputScope) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of sandboxVolumes.list.
-// Ref: #/components/schemas/SandboxVolumesListResponse
-type SandboxVolumesListResponse struct {
+// Ref: #/components/schemas/SandboxVolumesListResult
+type SandboxVolumesListResult struct {
 	Data SandboxVolumeList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxVolumesListResponse) GetData() SandboxVolumeList {
+func (s *SandboxVolumesListResult) GetData() SandboxVolumeList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxVolumesListResponse) SetData(val SandboxVolumeList) {
+func (s *SandboxVolumesListResult) SetData(val SandboxVolumeList) {
 	s.Data = val
 }
 
@@ -9135,18 +9135,18 @@ func (s *SandboxVolumesResizeInput) SetVolumeId(val string) {
 }
 
 // Success envelope of sandboxVolumes.resize.
-// Ref: #/components/schemas/SandboxVolumesResizeResponse
-type SandboxVolumesResizeResponse struct {
+// Ref: #/components/schemas/SandboxVolumesResizeResult
+type SandboxVolumesResizeResult struct {
 	Data SandboxVolume `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SandboxVolumesResizeResponse) GetData() SandboxVolume {
+func (s *SandboxVolumesResizeResult) GetData() SandboxVolume {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SandboxVolumesResizeResponse) SetData(val SandboxVolume) {
+func (s *SandboxVolumesResizeResult) SetData(val SandboxVolume) {
 	s.Data = val
 }
 
@@ -9369,18 +9369,18 @@ func (s *SecretsDeleteInputScope) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of secrets.delete.
-// Ref: #/components/schemas/SecretsDeleteResponse
-type SecretsDeleteResponse struct {
+// Ref: #/components/schemas/SecretsDeleteResult
+type SecretsDeleteResult struct {
 	Data SecretDeleted `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SecretsDeleteResponse) GetData() SecretDeleted {
+func (s *SecretsDeleteResult) GetData() SecretDeleted {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SecretsDeleteResponse) SetData(val SecretDeleted) {
+func (s *SecretsDeleteResult) SetData(val SecretDeleted) {
 	s.Data = val
 }
 
@@ -9477,18 +9477,18 @@ func (s *SecretsListInputScope) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of secrets.list.
-// Ref: #/components/schemas/SecretsListResponse
-type SecretsListResponse struct {
+// Ref: #/components/schemas/SecretsListResult
+type SecretsListResult struct {
 	Data SecretList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SecretsListResponse) GetData() SecretList {
+func (s *SecretsListResult) GetData() SecretList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SecretsListResponse) SetData(val SecretList) {
+func (s *SecretsListResult) SetData(val SecretList) {
 	s.Data = val
 }
 
@@ -9598,18 +9598,18 @@ func (s *SecretsPutInputScope) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of secrets.put.
-// Ref: #/components/schemas/SecretsPutResponse
-type SecretsPutResponse struct {
+// Ref: #/components/schemas/SecretsPutResult
+type SecretsPutResult struct {
 	Data SecretVersion `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SecretsPutResponse) GetData() SecretVersion {
+func (s *SecretsPutResult) GetData() SecretVersion {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SecretsPutResponse) SetData(val SecretVersion) {
+func (s *SecretsPutResult) SetData(val SecretVersion) {
 	s.Data = val
 }
 
@@ -10050,18 +10050,18 @@ func (s *SitesCreateInputKind) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of sites.create.
-// Ref: #/components/schemas/SitesCreateResponse
-type SitesCreateResponse struct {
+// Ref: #/components/schemas/SitesCreateResult
+type SitesCreateResult struct {
 	Data Site `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SitesCreateResponse) GetData() Site {
+func (s *SitesCreateResult) GetData() Site {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SitesCreateResponse) SetData(val Site) {
+func (s *SitesCreateResult) SetData(val Site) {
 	s.Data = val
 }
 
@@ -10106,18 +10106,18 @@ func (s *SitesDeleteInput) SetVersion(val OptInt64) {
 }
 
 // Success envelope of sites.delete.
-// Ref: #/components/schemas/SitesDeleteResponse
-type SitesDeleteResponse struct {
+// Ref: #/components/schemas/SitesDeleteResult
+type SitesDeleteResult struct {
 	Data SiteDeleted `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SitesDeleteResponse) GetData() SiteDeleted {
+func (s *SitesDeleteResult) GetData() SiteDeleted {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SitesDeleteResponse) SetData(val SiteDeleted) {
+func (s *SitesDeleteResult) SetData(val SiteDeleted) {
 	s.Data = val
 }
 
@@ -10151,18 +10151,18 @@ func (s *SitesGetInput) SetTenantId(val string) {
 }
 
 // Success envelope of sites.get.
-// Ref: #/components/schemas/SitesGetResponse
-type SitesGetResponse struct {
+// Ref: #/components/schemas/SitesGetResult
+type SitesGetResult struct {
 	Data Site `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SitesGetResponse) GetData() Site {
+func (s *SitesGetResult) GetData() Site {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SitesGetResponse) SetData(val Site) {
+func (s *SitesGetResult) SetData(val Site) {
 	s.Data = val
 }
 
@@ -10279,18 +10279,18 @@ func (s *SitesListInputKind) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of sites.list.
-// Ref: #/components/schemas/SitesListResponse
-type SitesListResponse struct {
+// Ref: #/components/schemas/SitesListResult
+type SitesListResult struct {
 	Data SiteList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SitesListResponse) GetData() SiteList {
+func (s *SitesListResult) GetData() SiteList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SitesListResponse) SetData(val SiteList) {
+func (s *SitesListResult) SetData(val SiteList) {
 	s.Data = val
 }
 
@@ -10370,18 +10370,18 @@ func (s *SitesUpdateInput) SetVersion(val OptInt64) {
 }
 
 // Success envelope of sites.update.
-// Ref: #/components/schemas/SitesUpdateResponse
-type SitesUpdateResponse struct {
+// Ref: #/components/schemas/SitesUpdateResult
+type SitesUpdateResult struct {
 	Data Site `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SitesUpdateResponse) GetData() Site {
+func (s *SitesUpdateResult) GetData() Site {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SitesUpdateResponse) SetData(val Site) {
+func (s *SitesUpdateResult) SetData(val Site) {
 	s.Data = val
 }
 
@@ -10390,18 +10390,18 @@ func (s *SitesUpdateResponse) SetData(val Site) {
 type SystemSelfCheckInput struct{}
 
 // Success envelope of system.selfCheck.
-// Ref: #/components/schemas/SystemSelfCheckResponse
-type SystemSelfCheckResponse struct {
+// Ref: #/components/schemas/SystemSelfCheckResult
+type SystemSelfCheckResult struct {
 	Data SelfCheck `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SystemSelfCheckResponse) GetData() SelfCheck {
+func (s *SystemSelfCheckResult) GetData() SelfCheck {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SystemSelfCheckResponse) SetData(val SelfCheck) {
+func (s *SystemSelfCheckResult) SetData(val SelfCheck) {
 	s.Data = val
 }
 
@@ -10410,18 +10410,18 @@ func (s *SystemSelfCheckResponse) SetData(val SelfCheck) {
 type SystemVersionInput struct{}
 
 // Success envelope of system.version.
-// Ref: #/components/schemas/SystemVersionResponse
-type SystemVersionResponse struct {
+// Ref: #/components/schemas/SystemVersionResult
+type SystemVersionResult struct {
 	Data ServerDocument `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SystemVersionResponse) GetData() ServerDocument {
+func (s *SystemVersionResult) GetData() ServerDocument {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SystemVersionResponse) SetData(val ServerDocument) {
+func (s *SystemVersionResult) SetData(val ServerDocument) {
 	s.Data = val
 }
 
@@ -10430,18 +10430,18 @@ func (s *SystemVersionResponse) SetData(val ServerDocument) {
 type SystemWhoamiInput struct{}
 
 // Success envelope of system.whoami.
-// Ref: #/components/schemas/SystemWhoamiResponse
-type SystemWhoamiResponse struct {
+// Ref: #/components/schemas/SystemWhoamiResult
+type SystemWhoamiResult struct {
 	Data Caller `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *SystemWhoamiResponse) GetData() Caller {
+func (s *SystemWhoamiResult) GetData() Caller {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *SystemWhoamiResponse) SetData(val Caller) {
+func (s *SystemWhoamiResult) SetData(val Caller) {
 	s.Data = val
 }
 
@@ -10680,18 +10680,18 @@ func (s *UsageExportMeters) init() UsageExportMeters {
 }
 
 // Success envelope of usage.export.
-// Ref: #/components/schemas/UsageExportResponse
-type UsageExportResponse struct {
+// Ref: #/components/schemas/UsageExportResult
+type UsageExportResult struct {
 	Data UsageExport `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *UsageExportResponse) GetData() UsageExport {
+func (s *UsageExportResult) GetData() UsageExport {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *UsageExportResponse) SetData(val UsageExport) {
+func (s *UsageExportResult) SetData(val UsageExport) {
 	s.Data = val
 }
 
@@ -10785,18 +10785,18 @@ func (s *UsageListInput) SetTo(val OptInt64) {
 }
 
 // Success envelope of usage.list.
-// Ref: #/components/schemas/UsageListResponse
-type UsageListResponse struct {
+// Ref: #/components/schemas/UsageListResult
+type UsageListResult struct {
 	Data UsageWindowList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *UsageListResponse) GetData() UsageWindowList {
+func (s *UsageListResult) GetData() UsageWindowList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *UsageListResponse) SetData(val UsageWindowList) {
+func (s *UsageListResult) SetData(val UsageWindowList) {
 	s.Data = val
 }
 
@@ -11353,18 +11353,18 @@ func (s *WebhooksCreateInput) SetURL(val string) {
 }
 
 // Success envelope of webhooks.create.
-// Ref: #/components/schemas/WebhooksCreateResponse
-type WebhooksCreateResponse struct {
+// Ref: #/components/schemas/WebhooksCreateResult
+type WebhooksCreateResult struct {
 	Data WebhookWithSecret `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksCreateResponse) GetData() WebhookWithSecret {
+func (s *WebhooksCreateResult) GetData() WebhookWithSecret {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksCreateResponse) SetData(val WebhookWithSecret) {
+func (s *WebhooksCreateResult) SetData(val WebhookWithSecret) {
 	s.Data = val
 }
 
@@ -11398,18 +11398,18 @@ func (s *WebhooksDeleteInput) SetWebhookId(val string) {
 }
 
 // Success envelope of webhooks.delete.
-// Ref: #/components/schemas/WebhooksDeleteResponse
-type WebhooksDeleteResponse struct {
+// Ref: #/components/schemas/WebhooksDeleteResult
+type WebhooksDeleteResult struct {
 	Data WebhookDeleted `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksDeleteResponse) GetData() WebhookDeleted {
+func (s *WebhooksDeleteResult) GetData() WebhookDeleted {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksDeleteResponse) SetData(val WebhookDeleted) {
+func (s *WebhooksDeleteResult) SetData(val WebhookDeleted) {
 	s.Data = val
 }
 
@@ -11521,18 +11521,18 @@ func (s *WebhooksDeliveriesInputState) UnmarshalText(data []byte) error {
 }
 
 // Success envelope of webhooks.deliveries.
-// Ref: #/components/schemas/WebhooksDeliveriesResponse
-type WebhooksDeliveriesResponse struct {
+// Ref: #/components/schemas/WebhooksDeliveriesResult
+type WebhooksDeliveriesResult struct {
 	Data DeliveryList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksDeliveriesResponse) GetData() DeliveryList {
+func (s *WebhooksDeliveriesResult) GetData() DeliveryList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksDeliveriesResponse) SetData(val DeliveryList) {
+func (s *WebhooksDeliveriesResult) SetData(val DeliveryList) {
 	s.Data = val
 }
 
@@ -11555,18 +11555,18 @@ func (s *WebhooksEventTypesInput) SetTenantId(val string) {
 }
 
 // Success envelope of webhooks.eventTypes.
-// Ref: #/components/schemas/WebhooksEventTypesResponse
-type WebhooksEventTypesResponse struct {
+// Ref: #/components/schemas/WebhooksEventTypesResult
+type WebhooksEventTypesResult struct {
 	Data EventTypeList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksEventTypesResponse) GetData() EventTypeList {
+func (s *WebhooksEventTypesResult) GetData() EventTypeList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksEventTypesResponse) SetData(val EventTypeList) {
+func (s *WebhooksEventTypesResult) SetData(val EventTypeList) {
 	s.Data = val
 }
 
@@ -11600,18 +11600,18 @@ func (s *WebhooksGetInput) SetWebhookId(val string) {
 }
 
 // Success envelope of webhooks.get.
-// Ref: #/components/schemas/WebhooksGetResponse
-type WebhooksGetResponse struct {
+// Ref: #/components/schemas/WebhooksGetResult
+type WebhooksGetResult struct {
 	Data Webhook `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksGetResponse) GetData() Webhook {
+func (s *WebhooksGetResult) GetData() Webhook {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksGetResponse) SetData(val Webhook) {
+func (s *WebhooksGetResult) SetData(val Webhook) {
 	s.Data = val
 }
 
@@ -11633,18 +11633,18 @@ func (s *WebhooksListInput) SetTenantId(val string) {
 }
 
 // Success envelope of webhooks.list.
-// Ref: #/components/schemas/WebhooksListResponse
-type WebhooksListResponse struct {
+// Ref: #/components/schemas/WebhooksListResult
+type WebhooksListResult struct {
 	Data WebhookList `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksListResponse) GetData() WebhookList {
+func (s *WebhooksListResult) GetData() WebhookList {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksListResponse) SetData(val WebhookList) {
+func (s *WebhooksListResult) SetData(val WebhookList) {
 	s.Data = val
 }
 
@@ -11678,18 +11678,18 @@ func (s *WebhooksPingInput) SetWebhookId(val string) {
 }
 
 // Success envelope of webhooks.ping.
-// Ref: #/components/schemas/WebhooksPingResponse
-type WebhooksPingResponse struct {
+// Ref: #/components/schemas/WebhooksPingResult
+type WebhooksPingResult struct {
 	Data Delivery `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksPingResponse) GetData() Delivery {
+func (s *WebhooksPingResult) GetData() Delivery {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksPingResponse) SetData(val Delivery) {
+func (s *WebhooksPingResult) SetData(val Delivery) {
 	s.Data = val
 }
 
@@ -11724,18 +11724,18 @@ func (s *WebhooksRedeliverInput) SetTenantId(val string) {
 }
 
 // Success envelope of webhooks.redeliver.
-// Ref: #/components/schemas/WebhooksRedeliverResponse
-type WebhooksRedeliverResponse struct {
+// Ref: #/components/schemas/WebhooksRedeliverResult
+type WebhooksRedeliverResult struct {
 	Data Delivery `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksRedeliverResponse) GetData() Delivery {
+func (s *WebhooksRedeliverResult) GetData() Delivery {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksRedeliverResponse) SetData(val Delivery) {
+func (s *WebhooksRedeliverResult) SetData(val Delivery) {
 	s.Data = val
 }
 
@@ -11781,18 +11781,18 @@ func (s *WebhooksRotateSecretInput) SetWebhookId(val string) {
 }
 
 // Success envelope of webhooks.rotateSecret.
-// Ref: #/components/schemas/WebhooksRotateSecretResponse
-type WebhooksRotateSecretResponse struct {
+// Ref: #/components/schemas/WebhooksRotateSecretResult
+type WebhooksRotateSecretResult struct {
 	Data WebhookWithSecret `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksRotateSecretResponse) GetData() WebhookWithSecret {
+func (s *WebhooksRotateSecretResult) GetData() WebhookWithSecret {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksRotateSecretResponse) SetData(val WebhookWithSecret) {
+func (s *WebhooksRotateSecretResult) SetData(val WebhookWithSecret) {
 	s.Data = val
 }
 
@@ -11870,17 +11870,17 @@ func (s *WebhooksUpdateInput) SetWebhookId(val string) {
 }
 
 // Success envelope of webhooks.update.
-// Ref: #/components/schemas/WebhooksUpdateResponse
-type WebhooksUpdateResponse struct {
+// Ref: #/components/schemas/WebhooksUpdateResult
+type WebhooksUpdateResult struct {
 	Data Webhook `json:"data"`
 }
 
 // GetData returns the value of Data.
-func (s *WebhooksUpdateResponse) GetData() Webhook {
+func (s *WebhooksUpdateResult) GetData() Webhook {
 	return s.Data
 }
 
 // SetData sets the value of Data.
-func (s *WebhooksUpdateResponse) SetData(val Webhook) {
+func (s *WebhooksUpdateResult) SetData(val Webhook) {
 	s.Data = val
 }

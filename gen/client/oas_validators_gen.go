@@ -784,7 +784,7 @@ func (s *EventsListInput) Validate() error {
 	return nil
 }
 
-func (s *EventsListResponse) Validate() error {
+func (s *EventsListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -1103,7 +1103,7 @@ func (s *FlavorsArchiveInput) Validate() error {
 	return nil
 }
 
-func (s *FlavorsArchiveResponse) Validate() error {
+func (s *FlavorsArchiveResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -1295,7 +1295,7 @@ func (s *FlavorsCreateInput) Validate() error {
 	return nil
 }
 
-func (s *FlavorsCreateResponse) Validate() error {
+func (s *FlavorsCreateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -1399,7 +1399,7 @@ func (s *FlavorsGetInput) Validate() error {
 	return nil
 }
 
-func (s *FlavorsGetResponse) Validate() error {
+func (s *FlavorsGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -1480,7 +1480,7 @@ func (s *FlavorsListInput) Validate() error {
 	return nil
 }
 
-func (s *FlavorsListResponse) Validate() error {
+func (s *FlavorsListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -1760,7 +1760,7 @@ func (s *ImagesGetInput) Validate() error {
 	return nil
 }
 
-func (s *ImagesGetResponse) Validate() error {
+func (s *ImagesGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -1818,7 +1818,7 @@ func (s *ImagesListInput) Validate() error {
 	return nil
 }
 
-func (s *ImagesListResponse) Validate() error {
+func (s *ImagesListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -2467,7 +2467,7 @@ func (s *NodesCordonInput) Validate() error {
 	return nil
 }
 
-func (s *NodesCordonResponse) Validate() error {
+func (s *NodesCordonResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -2548,7 +2548,7 @@ func (s *NodesDrainInput) Validate() error {
 	return nil
 }
 
-func (s *NodesDrainResponse) Validate() error {
+func (s *NodesDrainResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -2629,7 +2629,7 @@ func (s *NodesGetInput) Validate() error {
 	return nil
 }
 
-func (s *NodesGetResponse) Validate() error {
+func (s *NodesGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -2810,7 +2810,7 @@ func (s NodesLabelInputSet) Validate() error {
 	return nil
 }
 
-func (s *NodesLabelResponse) Validate() error {
+func (s *NodesLabelResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -2935,7 +2935,7 @@ func (s NodesListInputState) Validate() error {
 	}
 }
 
-func (s *NodesListResponse) Validate() error {
+func (s *NodesListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -3016,7 +3016,7 @@ func (s *NodesRetireInput) Validate() error {
 	return nil
 }
 
-func (s *NodesRetireResponse) Validate() error {
+func (s *NodesRetireResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -3097,7 +3097,7 @@ func (s *NodesUncordonInput) Validate() error {
 	return nil
 }
 
-func (s *NodesUncordonResponse) Validate() error {
+func (s *NodesUncordonResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -3741,7 +3741,7 @@ func (s *PoolsArchiveInput) Validate() error {
 	return nil
 }
 
-func (s *PoolsArchiveResponse) Validate() error {
+func (s *PoolsArchiveResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -4024,7 +4024,7 @@ func (s PoolsCreateInputHosting) Validate() error {
 	}
 }
 
-func (s *PoolsCreateResponse) Validate() error {
+func (s *PoolsCreateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -4105,7 +4105,7 @@ func (s *PoolsGetInput) Validate() error {
 	return nil
 }
 
-func (s *PoolsGetResponse) Validate() error {
+func (s *PoolsGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -4193,7 +4193,7 @@ func (s *PoolsListInput) Validate() error {
 	return nil
 }
 
-func (s *PoolsListResponse) Validate() error {
+func (s *PoolsListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -4308,7 +4308,7 @@ func (s *PoolsOfferInput) Validate() error {
 	return nil
 }
 
-func (s *PoolsOfferResponse) Validate() error {
+func (s *PoolsOfferResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -4412,7 +4412,7 @@ func (s *PoolsUnofferInput) Validate() error {
 	return nil
 }
 
-func (s *PoolsUnofferResponse) Validate() error {
+func (s *PoolsUnofferResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -4544,7 +4544,7 @@ func (s *PoolsUpdateInput) Validate() error {
 	return nil
 }
 
-func (s *PoolsUpdateResponse) Validate() error {
+func (s *PoolsUpdateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -4872,7 +4872,7 @@ func (s ProfilesCreateInputVisibility) Validate() error {
 	}
 }
 
-func (s *ProfilesCreateResponse) Validate() error {
+func (s *ProfilesCreateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -4981,7 +4981,7 @@ func (s *ProfilesDeleteInput) Validate() error {
 	return nil
 }
 
-func (s *ProfilesDeleteResponse) Validate() error {
+func (s *ProfilesDeleteResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -5090,7 +5090,7 @@ func (s *ProfilesGetInput) Validate() error {
 	return nil
 }
 
-func (s *ProfilesGetResponse) Validate() error {
+func (s *ProfilesGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -5206,7 +5206,7 @@ func (s *ProfilesListInput) Validate() error {
 	return nil
 }
 
-func (s *ProfilesListResponse) Validate() error {
+func (s *ProfilesListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -5315,7 +5315,7 @@ func (s *ProfilesRenderInput) Validate() error {
 	return nil
 }
 
-func (s *ProfilesRenderResponse) Validate() error {
+func (s *ProfilesRenderResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -5474,7 +5474,7 @@ func (s ProfilesUpdateInputVisibility) Validate() error {
 	}
 }
 
-func (s *ProfilesUpdateResponse) Validate() error {
+func (s *ProfilesUpdateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -5583,7 +5583,7 @@ func (s *ProfilesValidateInput) Validate() error {
 	return nil
 }
 
-func (s *ProfilesValidateResponse) Validate() error {
+func (s *ProfilesValidateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -5950,7 +5950,7 @@ func (s *ProjectsAddMemberInput) Validate() error {
 	return nil
 }
 
-func (s *ProjectsAddMemberResponse) Validate() error {
+func (s *ProjectsAddMemberResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -6084,7 +6084,7 @@ func (s *ProjectsCreateInput) Validate() error {
 	return nil
 }
 
-func (s *ProjectsCreateResponse) Validate() error {
+func (s *ProjectsCreateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -6223,7 +6223,7 @@ func (s *ProjectsGetInput) Validate() error {
 	return nil
 }
 
-func (s *ProjectsGetResponse) Validate() error {
+func (s *ProjectsGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -6281,7 +6281,7 @@ func (s *ProjectsListInput) Validate() error {
 	return nil
 }
 
-func (s *ProjectsListResponse) Validate() error {
+func (s *ProjectsListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -6362,7 +6362,7 @@ func (s *ProjectsMembersInput) Validate() error {
 	return nil
 }
 
-func (s *ProjectsMembersResponse) Validate() error {
+func (s *ProjectsMembersResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -6466,7 +6466,7 @@ func (s *ProjectsRemoveMemberInput) Validate() error {
 	return nil
 }
 
-func (s *ProjectsRemoveMemberResponse) Validate() error {
+func (s *ProjectsRemoveMemberResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -6635,7 +6635,7 @@ func (s *ProjectsUpdateInput) Validate() error {
 	return nil
 }
 
-func (s *ProjectsUpdateResponse) Validate() error {
+func (s *ProjectsUpdateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -6987,7 +6987,7 @@ func (s *ProviderAccountsBootstrapInput) Validate() error {
 	return nil
 }
 
-func (s *ProviderAccountsBootstrapResponse) Validate() error {
+func (s *ProviderAccountsBootstrapResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -7121,7 +7121,7 @@ func (s *ProviderAccountsCreateInput) Validate() error {
 	return nil
 }
 
-func (s *ProviderAccountsCreateResponse) Validate() error {
+func (s *ProviderAccountsCreateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -7260,7 +7260,7 @@ func (s *ProviderAccountsGetInput) Validate() error {
 	return nil
 }
 
-func (s *ProviderAccountsGetResponse) Validate() error {
+func (s *ProviderAccountsGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -7318,7 +7318,7 @@ func (s *ProviderAccountsListInput) Validate() error {
 	return nil
 }
 
-func (s *ProviderAccountsListResponse) Validate() error {
+func (s *ProviderAccountsListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -7417,7 +7417,7 @@ func (s *ProviderAccountsOffersInput) Validate() error {
 	return nil
 }
 
-func (s *ProviderAccountsOffersResponse) Validate() error {
+func (s *ProviderAccountsOffersResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -7498,7 +7498,7 @@ func (s *ProviderAccountsUpdateInput) Validate() error {
 	return nil
 }
 
-func (s *ProviderAccountsUpdateResponse) Validate() error {
+func (s *ProviderAccountsUpdateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -7783,7 +7783,7 @@ func (s QuotasGetInputResource) Validate() error {
 	}
 }
 
-func (s *QuotasGetResponse) Validate() error {
+func (s *QuotasGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -7871,7 +7871,7 @@ func (s *QuotasListInput) Validate() error {
 	return nil
 }
 
-func (s *QuotasListResponse) Validate() error {
+func (s *QuotasListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -8035,7 +8035,7 @@ func (s QuotasSetInputResource) Validate() error {
 	}
 }
 
-func (s *QuotasSetResponse) Validate() error {
+func (s *QuotasSetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -8810,7 +8810,7 @@ func (s SandboxTemplatesCreateInputNetwork) Validate() error {
 	}
 }
 
-func (s *SandboxTemplatesCreateResponse) Validate() error {
+func (s *SandboxTemplatesCreateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -8949,7 +8949,7 @@ func (s *SandboxTemplatesGetInput) Validate() error {
 	return nil
 }
 
-func (s *SandboxTemplatesGetResponse) Validate() error {
+func (s *SandboxTemplatesGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -9007,7 +9007,7 @@ func (s *SandboxTemplatesListInput) Validate() error {
 	return nil
 }
 
-func (s *SandboxTemplatesListResponse) Validate() error {
+func (s *SandboxTemplatesListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -9346,7 +9346,7 @@ func (s SandboxTemplatesUpdateInputNetwork) Validate() error {
 	}
 }
 
-func (s *SandboxTemplatesUpdateResponse) Validate() error {
+func (s *SandboxTemplatesUpdateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -9691,7 +9691,7 @@ func (s *SandboxVolumesCreateInput) Validate() error {
 	return nil
 }
 
-func (s *SandboxVolumesCreateResponse) Validate() error {
+func (s *SandboxVolumesCreateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -9772,7 +9772,7 @@ func (s *SandboxVolumesDeleteInput) Validate() error {
 	return nil
 }
 
-func (s *SandboxVolumesDeleteResponse) Validate() error {
+func (s *SandboxVolumesDeleteResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -9853,7 +9853,7 @@ func (s *SandboxVolumesGetInput) Validate() error {
 	return nil
 }
 
-func (s *SandboxVolumesGetResponse) Validate() error {
+func (s *SandboxVolumesGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -9970,7 +9970,7 @@ func (s SandboxVolumesListInputScope) Validate() error {
 	}
 }
 
-func (s *SandboxVolumesListResponse) Validate() error {
+func (s *SandboxVolumesListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -10072,7 +10072,7 @@ func (s *SandboxVolumesResizeInput) Validate() error {
 	return nil
 }
 
-func (s *SandboxVolumesResizeResponse) Validate() error {
+func (s *SandboxVolumesResizeResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -10463,7 +10463,7 @@ func (s SecretsListInputScope) Validate() error {
 	}
 }
 
-func (s *SecretsListResponse) Validate() error {
+func (s *SecretsListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -10619,7 +10619,7 @@ func (s SecretsPutInputScope) Validate() error {
 	}
 }
 
-func (s *SecretsPutResponse) Validate() error {
+func (s *SecretsPutResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -11006,7 +11006,7 @@ func (s SitesCreateInputKind) Validate() error {
 	}
 }
 
-func (s *SitesCreateResponse) Validate() error {
+func (s *SitesCreateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -11173,7 +11173,7 @@ func (s *SitesGetInput) Validate() error {
 	return nil
 }
 
-func (s *SitesGetResponse) Validate() error {
+func (s *SitesGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -11350,7 +11350,7 @@ func (s SitesListInputKind) Validate() error {
 	}
 }
 
-func (s *SitesListResponse) Validate() error {
+func (s *SitesListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -11519,7 +11519,7 @@ func (s *SitesUpdateInput) Validate() error {
 	return nil
 }
 
-func (s *SitesUpdateResponse) Validate() error {
+func (s *SitesUpdateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -11542,7 +11542,7 @@ func (s *SitesUpdateResponse) Validate() error {
 	return nil
 }
 
-func (s *SystemSelfCheckResponse) Validate() error {
+func (s *SystemSelfCheckResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -11819,7 +11819,7 @@ func (s UsageExportMeters) Validate() error {
 	return nil
 }
 
-func (s *UsageExportResponse) Validate() error {
+func (s *UsageExportResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -12051,7 +12051,7 @@ func (s *UsageListInput) Validate() error {
 	return nil
 }
 
-func (s *UsageListResponse) Validate() error {
+func (s *UsageListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -12796,7 +12796,7 @@ func (s *WebhooksCreateInput) Validate() error {
 	return nil
 }
 
-func (s *WebhooksCreateResponse) Validate() error {
+func (s *WebhooksCreateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -12996,7 +12996,7 @@ func (s WebhooksDeliveriesInputState) Validate() error {
 	}
 }
 
-func (s *WebhooksDeliveriesResponse) Validate() error {
+func (s *WebhooksDeliveriesResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -13054,7 +13054,7 @@ func (s *WebhooksEventTypesInput) Validate() error {
 	return nil
 }
 
-func (s *WebhooksEventTypesResponse) Validate() error {
+func (s *WebhooksEventTypesResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -13135,7 +13135,7 @@ func (s *WebhooksGetInput) Validate() error {
 	return nil
 }
 
-func (s *WebhooksGetResponse) Validate() error {
+func (s *WebhooksGetResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -13193,7 +13193,7 @@ func (s *WebhooksListInput) Validate() error {
 	return nil
 }
 
-func (s *WebhooksListResponse) Validate() error {
+func (s *WebhooksListResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -13274,7 +13274,7 @@ func (s *WebhooksPingInput) Validate() error {
 	return nil
 }
 
-func (s *WebhooksPingResponse) Validate() error {
+func (s *WebhooksPingResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -13355,7 +13355,7 @@ func (s *WebhooksRedeliverInput) Validate() error {
 	return nil
 }
 
-func (s *WebhooksRedeliverResponse) Validate() error {
+func (s *WebhooksRedeliverResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -13464,7 +13464,7 @@ func (s *WebhooksRotateSecretInput) Validate() error {
 	return nil
 }
 
-func (s *WebhooksRotateSecretResponse) Validate() error {
+func (s *WebhooksRotateSecretResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}
@@ -13653,7 +13653,7 @@ func (s *WebhooksUpdateInput) Validate() error {
 	return nil
 }
 
-func (s *WebhooksUpdateResponse) Validate() error {
+func (s *WebhooksUpdateResult) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
 	}

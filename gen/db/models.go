@@ -10,6 +10,21 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type Allocation struct {
+	AllocationID  string
+	TenantID      string
+	ProjectID     pgtype.Text
+	Meter         string
+	QuantityMicro int64
+	Tags          []byte
+	OwnerType     string
+	OwnerID       string
+	StartedAt     time.Time
+	EndedAt       *time.Time
+	RolledUntil   time.Time
+	Dirty         bool
+}
+
 type AuditLog struct {
 	ID           int64
 	At           time.Time
@@ -330,6 +345,22 @@ type Site struct {
 	IdemRequest []byte
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
+}
+
+type UsageWindow struct {
+	Key             string
+	AllocationID    string
+	TenantID        string
+	ProjectID       pgtype.Text
+	Meter           string
+	WindowStart     time.Time
+	WindowEnd       time.Time
+	QuantityMicroMs int64
+	Tags            []byte
+	Adjustment      int32
+	RecordedAt      *time.Time
+	Outcome         pgtype.Text
+	CreatedAt       time.Time
 }
 
 type Webhook struct {

@@ -33,6 +33,8 @@ const (
 	EnvGatewayURL        = "SERVICE_GATEWAY_URL"
 	EnvGatewayServerName = "SERVICE_GATEWAY_SERVER_NAME"
 	EnvDownloadsDir      = "SERVICE_DOWNLOADS_DIR"
+	// EnvLogLevel sets log.level: debug, info, warn or error.
+	EnvLogLevel = "SERVICE_LOG_LEVEL"
 )
 
 // Defaults of the specification.

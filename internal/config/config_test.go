@@ -559,6 +559,7 @@ func TestInvalid(t *testing.T) {
 		{"downloads needs dir or blob", "downloads: {}", nil, "downloads", "dir or blob"},
 		{"downloads blob URL", "downloads: {blob: bucket}", nil, "downloads.blob", "absolute URL"},
 		{"images needs dir or url", "images: {}", nil, "images", "dir or url"},
+		{"log level from the environment", "", env(EnvLogLevel, "verbose"), "log.level", "(set by SERVICE_LOG_LEVEL)"},
 		{"images not both", "images: {dir: /srv/images, url: 'https://i/index.json'}", nil, "images", "dir or url"},
 		{"images url scheme", "images: {url: 'ftp://i/index.json'}", nil, "images.url", "http or https"},
 		{"images url credentials", "images: {url: 'https://u:p@i/index.json'}", nil, "images.url", "without credentials"},
@@ -651,4 +652,13 @@ func TestInvalid(t *testing.T) {
 			require.True(t, strings.HasPrefix(err.Error(), "INVALID_CONFIG: "+tc.option+": "))
 		})
 	}
+}
+
+func TestLogLevelFromTheEnvironment(t *testing.T) {
+	t.Parallel()
+	c, err := Load(func(k string) string {
+		return map[string]string{EnvDatabaseURL: "postgres://h/db", EnvSecret: strings.Repeat("s", 32), EnvLogLevel: "info"}[k]
+	})
+	require.NoError(t, err)
+	require.Equal(t, "info", c.Log.Level)
 }

@@ -111,6 +111,13 @@ func (b *builder) applyEnv(fc *fileConfig, getenv func(string) string) error {
 		fc.Downloads.Dir = &v
 		b.env["downloads.dir"] = EnvDownloadsDir
 	}
+	if v := getenv(EnvLogLevel); v != "" {
+		if fc.Log == nil {
+			fc.Log = &fileLog{}
+		}
+		fc.Log.Level = &v
+		b.env["log.level"] = EnvLogLevel
+	}
 	if v := getenv(EnvPKI); v != "" {
 		b.env["pkiFile"] = EnvPKI
 		b.pkiFile = v

@@ -41,6 +41,7 @@ import (
 	"computeplane/internal/sites"
 	"computeplane/internal/store"
 	"computeplane/internal/system"
+	"computeplane/internal/usage"
 	"computeplane/internal/webhooks"
 	"computeplane/internal/workers"
 )
@@ -138,6 +139,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Quotas:   quotas.Service{},
 		Nodes:    nodes.Service{},
 		Projects: projects.Service{},
+		Usage:    usage.Service{Cursors: cursors},
 		Images:   images.Service{Source: images.FromConfig(cfg.Images)},
 		Secrets:  secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
 		Events:   events.New(cursors),
@@ -151,6 +153,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		sinks.Check(sinkList),
 		workers.Check(),
 		nodes.Check(),
+		usage.Check(cfg.Capacity.UsageEvery, time.Now),
 	)
 	if ov.Services != nil {
 		ov.Services(services)
@@ -241,6 +244,16 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 				return work.WithTx(ctx, false, fn)
 			},
 		})
+	}
+	if runner != nil && cfg.HasRole(config.RoleControllers) {
+		runner.RegisterReconciler(usage.RollupReconciler, &usage.Rollups{Store: work, Now: time.Now})
+	}
+	if runner != nil && cfg.HasRole(config.RoleIAM) {
+		handovers, err := usage.NewHandovers(work, identity.Billing(), cfg.Capacity.UsageEvery, reg)
+		if err != nil {
+			return nil, err
+		}
+		runner.RegisterSingleton(usage.HandoverJob, handovers.Run)
 	}
 	if runner != nil && cfg.HasRole(config.RoleIAM) {
 		// Drafts a killed process left in the projection go after a bound.
@@ -342,6 +355,20 @@ func (h *Host) Notifier() *notify.Notifier { return h.notifier }
 // singleton jobs and reconcilers on it before Serve.
 func (h *Host) Workers() *workers.Runner { return h.workers }
 
+// every calls fn every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
+}
+
 // Close releases the store and the background pools.
 func (h *Host) Close() {
 	closeAll(h.siblings)
@@ -378,6 +405,11 @@ func (h *Host) Serve(ctx context.Context) error {
 				h.log.Warn("workers stop", "error", err.Error())
 			}
 		}()
+	}
+	if h.workers != nil && h.cfg.HasRole(config.RoleControllers) {
+		// The rollup runs every capacity.rollupEvery: each worker lists
+		// the keys of the shards it holds.
+		go every(ctx, h.cfg.Capacity.RollupEvery, h.workers.Resync)
 	}
 	if !h.cfg.HasRole(config.RoleAPI) {
 		h.log.Info("no api role: nothing to listen on")

@@ -84,7 +84,7 @@ var matrix = map[string][]matrixCase{
 		},
 		rootRoles: []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			r := res.(*client.SystemSelfCheckResponse)
+			r := res.(*client.SystemSelfCheckResult)
 			assert.True(t, r.Data.Ok, "findings: %+v", r.Data.Findings)
 			checks := map[string]bool{}
 			for _, f := range r.Data.Findings {
@@ -102,7 +102,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member, viewer},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			for _, s := range res.(*client.SitesListResponse).Data.Items {
+			for _, s := range res.(*client.SitesListResult).Data.Items {
 				assert.Equal(t, tenant, s.TenantId)
 			}
 		},
@@ -114,7 +114,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member, viewer},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			for _, e := range res.(*client.EventsListResponse).Data.Items {
+			for _, e := range res.(*client.EventsListResult).Data.Items {
 				assert.Equal(t, tenant, e.Tenantid)
 			}
 		},
@@ -126,7 +126,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member, viewer},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			assert.Equal(t, tenant, res.(*client.SitesGetResponse).Data.TenantId)
+			assert.Equal(t, tenant, res.(*client.SitesGetResult).Data.TenantId)
 		},
 	}},
 	"sites.create": {{
@@ -139,7 +139,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member}, // members create (docs/identity.md, row 6)
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			s := res.(*client.SitesCreateResponse).Data
+			s := res.(*client.SitesCreateResult).Data
 			assert.Equal(t, tenant, s.TenantId)
 			assert.Equal(t, "custom", string(s.Kind))
 		},
@@ -153,7 +153,7 @@ var matrix = map[string][]matrixCase{
 		rootInput: true,
 		rootRoles: []string{owner, admin}, // decided on fleet/global
 		ok: func(t *testing.T, res any, tenant string) {
-			s := res.(*client.SitesCreateResponse).Data
+			s := res.(*client.SitesCreateResult).Data
 			assert.Equal(t, tenant, s.TenantId)
 			assert.Equal(t, "shared", string(s.Kind))
 		},
@@ -167,7 +167,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin}, // the site's creator is another identity (its tenant's owner key)
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			s := res.(*client.SitesUpdateResponse).Data
+			s := res.(*client.SitesUpdateResult).Data
 			assert.Equal(t, "eu-central", s.Region)
 		},
 	}},
@@ -178,7 +178,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			assert.True(t, res.(*client.SitesDeleteResponse).Data.Deleted)
+			assert.True(t, res.(*client.SitesDeleteResult).Data.Deleted)
 		},
 	}},
 	// Secrets are not projected: both methods are decided on the tenant
@@ -194,7 +194,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			v := res.(*client.SecretsPutResponse).Data
+			v := res.(*client.SecretsPutResult).Data
 			assert.True(t, strings.HasPrefix(v.Reference, "secret://tenants/"+tenant+"/"), v.Reference)
 			assert.Positive(t, v.Version)
 		},
@@ -209,7 +209,7 @@ var matrix = map[string][]matrixCase{
 		rootInput: true,
 		rootRoles: []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			v := res.(*client.SecretsPutResponse).Data
+			v := res.(*client.SecretsPutResult).Data
 			assert.True(t, strings.HasPrefix(v.Reference, "secret://fleet/"), v.Reference)
 		},
 	}},
@@ -221,7 +221,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			assert.True(t, res.(*client.SecretsDeleteResponse).Data.Deleted)
+			assert.True(t, res.(*client.SecretsDeleteResult).Data.Deleted)
 		},
 	}, {
 		name: "fleet",
@@ -234,7 +234,7 @@ var matrix = map[string][]matrixCase{
 		rootInput: true,
 		rootRoles: []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			assert.True(t, res.(*client.SecretsDeleteResponse).Data.Deleted)
+			assert.True(t, res.(*client.SecretsDeleteResult).Data.Deleted)
 		},
 	}},
 	// secrets.list is decided like put and delete (the specification gives
@@ -248,7 +248,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			for _, it := range res.(*client.SecretsListResponse).Data.Items {
+			for _, it := range res.(*client.SecretsListResult).Data.Items {
 				assert.True(t, strings.HasPrefix(it.Reference, "secret://tenants/"+tenant+"/"), it.Reference)
 			}
 		},
@@ -262,7 +262,7 @@ var matrix = map[string][]matrixCase{
 		rootInput: true,
 		rootRoles: []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			for _, it := range res.(*client.SecretsListResponse).Data.Items {
+			for _, it := range res.(*client.SecretsListResult).Data.Items {
 				assert.True(t, strings.HasPrefix(it.Reference, "secret://fleet/"), it.Reference)
 			}
 		},
@@ -284,7 +284,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member}, // manage on the tenant: members too (row 6)
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			d := res.(*client.WebhooksCreateResponse).Data
+			d := res.(*client.WebhooksCreateResult).Data
 			w := d.Webhook
 			assert.Equal(t, tenant, w.TenantId)
 			assert.True(t, strings.HasPrefix(w.WebhookId, "whk_"), w.WebhookId)
@@ -306,7 +306,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			d := res.(*client.WebhooksCreateResponse).Data
+			d := res.(*client.WebhooksCreateResult).Data
 			assert.Equal(t, tenant, d.Webhook.TenantId)
 			assert.Equal(t, []string{"*"}, d.Webhook.Events)
 			assert.Empty(t, d.Webhook.Description, "empty when none was given")
@@ -321,7 +321,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member}, // a read decided with manage: no viewer
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			items := res.(*client.WebhooksListResponse).Data.Items
+			items := res.(*client.WebhooksListResult).Data.Items
 			require.NotEmpty(t, items)
 			for i, w := range items {
 				assert.Equal(t, tenant, w.TenantId)
@@ -338,7 +338,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			w := res.(*client.WebhooksGetResponse).Data
+			w := res.(*client.WebhooksGetResult).Data
 			assert.Equal(t, tenant, w.TenantId)
 			assert.True(t, strings.HasPrefix(w.URL, matrixHookURL), w.URL)
 			assert.True(t, w.Active)
@@ -355,7 +355,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member}, // the webhook's creator is its tenant's owner: not projected, decided on the tenant
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			w := res.(*client.WebhooksUpdateResponse).Data
+			w := res.(*client.WebhooksUpdateResult).Data
 			assert.Equal(t, tenant, w.TenantId)
 			assert.True(t, strings.HasPrefix(w.Description, "matrix-"), w.Description)
 			assert.Equal(t, []string{"site.*", "webhook.ping"}, w.Events)
@@ -373,7 +373,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			d := res.(*client.WebhooksRotateSecretResponse).Data
+			d := res.(*client.WebhooksRotateSecretResult).Data
 			assert.Equal(t, tenant, d.Webhook.TenantId)
 			assert.True(t, strings.HasPrefix(d.Secret, "whsec_"), "the new secret is shown once")
 			assert.Greater(t, d.Webhook.Version, int64(1), "a rotation raises version")
@@ -392,7 +392,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, tenant string) {
-			d := res.(*client.WebhooksRotateSecretResponse).Data
+			d := res.(*client.WebhooksRotateSecretResult).Data
 			assert.Equal(t, tenant, d.Webhook.TenantId)
 			assert.True(t, strings.HasPrefix(d.Secret, "whsec_"))
 			assert.True(t, d.Webhook.PreviousSecretExpiresAt.Null, "keepPreviousSeconds 0 stops the previous secret at once")
@@ -410,7 +410,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			assert.True(t, res.(*client.WebhooksDeleteResponse).Data.Deleted)
+			assert.True(t, res.(*client.WebhooksDeleteResult).Data.Deleted)
 		},
 	}},
 	"webhooks.ping": {{
@@ -420,7 +420,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			d := res.(*client.WebhooksPingResponse).Data
+			d := res.(*client.WebhooksPingResult).Data
 			assert.True(t, strings.HasPrefix(d.DeliveryId, "dlv_"), d.DeliveryId)
 			assert.Equal(t, "webhook.ping", d.EventType)
 			assert.Equal(t, client.DeliveryStatePending, d.State, "a ping is a pending delivery")
@@ -438,7 +438,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			items := res.(*client.WebhooksDeliveriesResponse).Data.Items
+			items := res.(*client.WebhooksDeliveriesResult).Data.Items
 			require.NotEmpty(t, items)
 			for i, d := range items {
 				assert.Equal(t, items[0].WebhookId, d.WebhookId, "one webhook's deliveries")
@@ -459,7 +459,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			items := res.(*client.WebhooksDeliveriesResponse).Data.Items
+			items := res.(*client.WebhooksDeliveriesResult).Data.Items
 			require.NotEmpty(t, items)
 			assert.LessOrEqual(t, len(items), 5)
 			for _, d := range items {
@@ -479,7 +479,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			d := res.(*client.WebhooksRedeliverResponse).Data
+			d := res.(*client.WebhooksRedeliverResult).Data
 			assert.True(t, strings.HasPrefix(d.DeliveryId, "dlv_"), d.DeliveryId)
 			assert.Equal(t, client.DeliveryStatePending, d.State, "dead becomes pending")
 			assert.Zero(t, d.Attempts, "attempts reset")
@@ -495,7 +495,7 @@ var matrix = map[string][]matrixCase{
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   []string{owner, admin},
 		ok: func(t *testing.T, res any, _ string) {
-			items := res.(*client.WebhooksEventTypesResponse).Data.Items
+			items := res.(*client.WebhooksEventTypesResult).Data.Items
 			require.NotEmpty(t, items)
 			types := map[string]string{}
 			for _, e := range items {
@@ -821,7 +821,7 @@ func withHeaders(h map[string]string) computeclient.Option {
 	})
 }
 
-func selfCheck(t *testing.T, c *computeclient.Client) (*client.SystemSelfCheckResponse, error) {
+func selfCheck(t *testing.T, c *computeclient.Client) (*client.SystemSelfCheckResult, error) {
 	t.Helper()
 	return c.SystemSelfCheck(t.Context(), &client.SystemSelfCheckInput{})
 }

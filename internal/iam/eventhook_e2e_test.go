@@ -135,10 +135,10 @@ func TestIdentityEventWebhook(t *testing.T) {
 	_, otherKey, err := whsig.NewSecret()
 	require.NoError(t, err)
 	for name, a := range map[string]hookAnswer{
-		"unsigned":      postEvent(t, url, "evt-2", time.Now(), fresh),
-		"other secret":  postEvent(t, url, "evt-2", time.Now(), fresh, otherKey),
-		"stale":         postEvent(t, url, "evt-2", time.Now().Add(-6*time.Minute), fresh, key),
-		"future":        postEvent(t, url, "evt-2", time.Now().Add(6*time.Minute), fresh, key),
+		"unsigned":     postEvent(t, url, "evt-2", time.Now(), fresh),
+		"other secret": postEvent(t, url, "evt-2", time.Now(), fresh, otherKey),
+		"stale":        postEvent(t, url, "evt-2", time.Now().Add(-6*time.Minute), fresh, key),
+		"future":       postEvent(t, url, "evt-2", time.Now().Add(6*time.Minute), fresh, key),
 	} {
 		assert.Equal(t, http.StatusUnauthorized, a.status, name)
 		assert.Equal(t, "UNAUTHENTICATED", errCode(a), name)

@@ -80,7 +80,7 @@ func init() {
 		tenantRoles: []string{owner, admin, member}, // members create (docs/identity.md, row 6)
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, tenant string) {
-			p := res.(*client.PoolsCreateResponse).Data
+			p := res.(*client.PoolsCreateResult).Data
 			assert.Equal(t, tenant, p.TenantId)
 			assert.Equal(t, "metal-host", string(p.Class))
 		},
@@ -92,7 +92,7 @@ func init() {
 		tenantRoles: readers,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, tenant string) {
-			assert.Equal(t, tenant, res.(*client.PoolsGetResponse).Data.TenantId)
+			assert.Equal(t, tenant, res.(*client.PoolsGetResult).Data.TenantId)
 		},
 	}}
 	matrix[api.MethodPoolsList] = []matrixCase{{
@@ -102,7 +102,7 @@ func init() {
 		tenantRoles: readers,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, tenant string) {
-			for _, p := range res.(*client.PoolsListResponse).Data.Items {
+			for _, p := range res.(*client.PoolsListResult).Data.Items {
 				assert.Equal(t, tenant, p.TenantId)
 			}
 		},
@@ -114,7 +114,7 @@ func init() {
 		tenantRoles: operators, // the pool's creator is another identity (its tenant's owner key)
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.Equal(t, int64(2), res.(*client.PoolsUpdateResponse).Data.Version)
+			assert.Equal(t, int64(2), res.(*client.PoolsUpdateResult).Data.Version)
 		},
 	}}
 	matrix[api.MethodPoolsArchive] = []matrixCase{{
@@ -124,7 +124,7 @@ func init() {
 		tenantRoles: operators,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.True(t, res.(*client.PoolsArchiveResponse).Data.Archived)
+			assert.True(t, res.(*client.PoolsArchiveResult).Data.Archived)
 		},
 	}}
 	matrix[api.MethodPoolsOffer] = []matrixCase{{
@@ -136,7 +136,7 @@ func init() {
 		tenantRoles: operators,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.True(t, res.(*client.PoolsOfferResponse).Data.Offered)
+			assert.True(t, res.(*client.PoolsOfferResult).Data.Offered)
 		},
 	}}
 	matrix[api.MethodPoolsUnoffer] = []matrixCase{{
@@ -146,7 +146,7 @@ func init() {
 		tenantRoles: operators,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.False(t, res.(*client.PoolsUnofferResponse).Data.Offered)
+			assert.False(t, res.(*client.PoolsUnofferResult).Data.Offered)
 		},
 	}}
 	matrix[api.MethodFlavorsCreate] = []matrixCase{{
@@ -156,7 +156,7 @@ func init() {
 		tenantRoles: operators, // decided on the pool, which an owner's key made
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.Equal(t, int64(512), res.(*client.FlavorsCreateResponse).Data.MemoryMiB)
+			assert.Equal(t, int64(512), res.(*client.FlavorsCreateResult).Data.MemoryMiB)
 		},
 	}}
 	matrix[api.MethodFlavorsArchive] = []matrixCase{{
@@ -167,7 +167,7 @@ func init() {
 		tenantRoles: operators,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.True(t, res.(*client.FlavorsArchiveResponse).Data.Archived)
+			assert.True(t, res.(*client.FlavorsArchiveResult).Data.Archived)
 		},
 	}}
 	matrix[api.MethodFlavorsGet] = []matrixCase{{
@@ -178,7 +178,7 @@ func init() {
 		tenantRoles: readers,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.Equal(t, int64(1), res.(*client.FlavorsGetResponse).Data.Vcpu)
+			assert.Equal(t, int64(1), res.(*client.FlavorsGetResult).Data.Vcpu)
 		},
 	}}
 	matrix[api.MethodFlavorsList] = []matrixCase{{
@@ -188,7 +188,7 @@ func init() {
 		tenantRoles: readers,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.NotNil(t, res.(*client.FlavorsListResponse).Data.Items)
+			assert.NotNil(t, res.(*client.FlavorsListResult).Data.Items)
 		},
 	}}
 	matrix[api.MethodQuotasList] = []matrixCase{{
@@ -198,7 +198,7 @@ func init() {
 		tenantRoles: readers,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, tenant string) {
-			for _, q := range res.(*client.QuotasListResponse).Data.Items {
+			for _, q := range res.(*client.QuotasListResult).Data.Items {
 				assert.Equal(t, tenant, q.TenantId)
 			}
 		},
@@ -210,7 +210,7 @@ func init() {
 		tenantRoles: readers,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, tenant string) {
-			assert.Equal(t, tenant, res.(*client.QuotasGetResponse).Data.TenantId)
+			assert.Equal(t, tenant, res.(*client.QuotasGetResult).Data.TenantId)
 		},
 	}}
 	matrix[api.MethodQuotasSet] = []matrixCase{{
@@ -220,24 +220,24 @@ func init() {
 		tenantRoles: operators,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.Equal(t, int64(64), res.(*client.QuotasSetResponse).Data.Max)
+			assert.Equal(t, int64(64), res.(*client.QuotasSetResult).Data.Max)
 		},
 	}}
 	nodeState := func(want string) func(t *testing.T, res any, _ string) {
 		return func(t *testing.T, res any, _ string) {
 			var n client.Node
 			switch r := res.(type) {
-			case *client.NodesCordonResponse:
+			case *client.NodesCordonResult:
 				n = r.Data
-			case *client.NodesUncordonResponse:
+			case *client.NodesUncordonResult:
 				n = r.Data
-			case *client.NodesDrainResponse:
+			case *client.NodesDrainResult:
 				n = r.Data
-			case *client.NodesRetireResponse:
+			case *client.NodesRetireResult:
 				n = r.Data
-			case *client.NodesLabelResponse:
+			case *client.NodesLabelResult:
 				n = r.Data
-			case *client.NodesGetResponse:
+			case *client.NodesGetResult:
 				n = r.Data
 			}
 			assert.Equal(t, want, string(n.State))
@@ -250,7 +250,7 @@ func init() {
 		tenantRoles: readers,
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, tenant string) {
-			for _, n := range res.(*client.NodesListResponse).Data.Items {
+			for _, n := range res.(*client.NodesListResult).Data.Items {
 				assert.Equal(t, tenant, n.TenantId)
 			}
 		},
@@ -314,7 +314,7 @@ func init() {
 		tenantRoles: []string{owner, admin, member}, // members create (docs/identity.md, row 6)
 		rootRoles:   operators,
 		ok: func(t *testing.T, res any, tenant string) {
-			assert.Equal(t, tenant, res.(*client.ProjectsCreateResponse).Data.TenantId)
+			assert.Equal(t, tenant, res.(*client.ProjectsCreateResult).Data.TenantId)
 		},
 	}}
 	matrix[api.MethodProjectsGet] = []matrixCase{{
@@ -323,7 +323,7 @@ func init() {
 		},
 		tenantRoles: readers, rootRoles: operators,
 		ok: func(t *testing.T, res any, tenant string) {
-			assert.Equal(t, tenant, res.(*client.ProjectsGetResponse).Data.TenantId)
+			assert.Equal(t, tenant, res.(*client.ProjectsGetResult).Data.TenantId)
 		},
 	}}
 	matrix[api.MethodProjectsList] = []matrixCase{{
@@ -332,7 +332,7 @@ func init() {
 		},
 		tenantRoles: readers, rootRoles: operators,
 		ok: func(t *testing.T, res any, tenant string) {
-			for _, p := range res.(*client.ProjectsListResponse).Data.Items {
+			for _, p := range res.(*client.ProjectsListResult).Data.Items {
 				assert.Equal(t, tenant, p.TenantId)
 			}
 		},
@@ -344,7 +344,7 @@ func init() {
 		},
 		tenantRoles: operators, rootRoles: operators, // the project's creator is its tenant's owner key
 		ok: func(t *testing.T, res any, _ string) {
-			assert.Equal(t, int64(2), res.(*client.ProjectsUpdateResponse).Data.Version)
+			assert.Equal(t, int64(2), res.(*client.ProjectsUpdateResult).Data.Version)
 		},
 	}}
 	matrix[api.MethodProjectsDelete] = []matrixCase{{
@@ -353,7 +353,7 @@ func init() {
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.True(t, res.(*client.ProjectsDeleteResponse).Data.Deleted)
+			assert.True(t, res.(*client.ProjectsDeleteResult).Data.Deleted)
 		},
 	}}
 	matrix[api.MethodProjectsAddMember] = []matrixCase{{
@@ -362,7 +362,7 @@ func init() {
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.Contains(t, res.(*client.ProjectsAddMemberResponse).Data.Members, "someone")
+			assert.Contains(t, res.(*client.ProjectsAddMemberResult).Data.Members, "someone")
 		},
 	}}
 	matrix[api.MethodProjectsRemoveMember] = []matrixCase{{
@@ -371,7 +371,7 @@ func init() {
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.NotContains(t, res.(*client.ProjectsRemoveMemberResponse).Data.Members, "someone")
+			assert.NotContains(t, res.(*client.ProjectsRemoveMemberResult).Data.Members, "someone")
 		},
 	}}
 	matrix[api.MethodProjectsMembers] = []matrixCase{{
@@ -380,7 +380,35 @@ func init() {
 		},
 		tenantRoles: readers, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
-			assert.NotEmpty(t, res.(*client.ProjectsMembersResponse).Data.Members)
+			assert.NotEmpty(t, res.(*client.ProjectsMembersResult).Data.Members)
+		},
+	}}
+	matrix[api.MethodUsageList] = []matrixCase{{
+		name: "tenant",
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.UsageList(t.Context(), &client.UsageListInput{TenantId: tenant})
+		},
+		tenantRoles: readers, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.NotNil(t, res.(*client.UsageListResult).Data.Items)
+		},
+	}, {
+		name: "project",
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.UsageList(t.Context(), &client.UsageListInput{TenantId: tenant, ProjectId: client.NewOptString(fx.project(t, tenant))})
+		},
+		tenantRoles: readers, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.NotNil(t, res.(*client.UsageListResult).Data.Items)
+		},
+	}}
+	matrix[api.MethodUsageExport] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.UsageExport(t.Context(), &client.UsageExportInput{TenantId: tenant, From: 0, To: 24 * 3600 * 1000})
+		},
+		tenantRoles: readers, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Zero(t, res.(*client.UsageExportResult).Data.Windows)
 		},
 	}}
 }

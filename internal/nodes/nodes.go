@@ -217,7 +217,7 @@ func (Service) Label(ctx context.Context, in *api.NodesLabelInput) (*api.Node, e
 			return nil, api.Errorf(api.CodeInvalidInput, "remove: %s is also in set", k)
 		}
 	}
-	_, _, q, err := iam.CallFromContext(ctx)
+	_, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -252,5 +252,8 @@ func (Service) Label(ctx context.Context, in *api.NodesLabelInput) (*api.Node, e
 	if err != nil {
 		return nil, err
 	}
-	return Output(n, r.Owner), nil
+	return Output(n, r.Owner), outbox.Write(ctx, tx, outbox.Event{
+		Type: api.EventNodeLabeled, Subject: in.NodeID, TenantID: r.Owner,
+		Data: api.NodeLabeledPayload{NodeID: in.NodeID, Labels: labels},
+	})
 }

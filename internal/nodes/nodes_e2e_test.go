@@ -170,6 +170,10 @@ func TestLabels(t *testing.T) {
 	_, err = w.acme.NodesLabel(t.Context(), &client.NodesLabelInput{TenantId: "acme", NodeId: id,
 		Set: client.NewOptNodesLabelInputSet(client.NodesLabelInputSet{"Bad Key": "x"})})
 	assert.Equal(t, "INVALID_INPUT", code(t, err))
+	require.Eventually(t, func() bool {
+		res, err := w.acme.EventsList(t.Context(), &client.EventsListInput{TenantId: "acme", Types: []string{"node.labeled"}})
+		return err == nil && len(res.Data.Items) == 1
+	}, 10*time.Second, 50*time.Millisecond, "one node.labeled for the one change")
 }
 
 func TestSelfCheckFleetFindings(t *testing.T) {

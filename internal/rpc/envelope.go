@@ -157,7 +157,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		code = string(c)
 	}
 	h.Metrics.Observe(name, code, status, h.now().Sub(start))
-	log.Debug("rpc", "method", name, "status", status, "code", code)
+	// One line per call at info (SERVICE_LOG_LEVEL=info), with its request id.
+	log.Info("rpc", "method", name, "status", status, "code", code, "ms", h.now().Sub(start).Milliseconds())
 }
 
 func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, m *api.Method, meta reqmeta.Meta) (_ any, err error) {

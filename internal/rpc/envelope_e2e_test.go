@@ -50,7 +50,7 @@ func setBody(r *http.Request, body string) {
 	r.GetBody = nil
 }
 
-func version(t *testing.T, c *computeclient.Client) (*client.SystemVersionResponse, error) {
+func version(t *testing.T, c *computeclient.Client) (*client.SystemVersionResult, error) {
 	t.Helper()
 	return c.SystemVersion(t.Context(), &client.SystemVersionInput{})
 }

@@ -6,6 +6,7 @@ package rpc_test
 // and UNAVAILABLE always carries its retry hint.
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -20,6 +22,7 @@ import (
 	"computeplane/gen/api"
 	"computeplane/gen/client"
 	"computeplane/internal/testenv"
+	"computeplane/internal/usage"
 	"computeplane/internal/wire"
 )
 
@@ -105,9 +108,21 @@ func cursorMethods(t *testing.T, c *computeclient.Client, tenant string) map[str
 		}
 		return res.Data.Cursor.Or(""), nil
 	}
+	usageList := func(cursor string) (string, error) {
+		in := &client.UsageListInput{TenantId: tenant, Limit: client.NewOptInt64(1)}
+		if cursor != "" {
+			in.Cursor = client.NewOptString(cursor)
+		}
+		res, err := c.UsageList(t.Context(), in)
+		if err != nil {
+			return "", err
+		}
+		return res.Data.Cursor.Or(""), nil
+	}
 	return map[string]func(string) (string, error){
 		api.MethodSitesList:  sitesList,
 		api.MethodEventsList: eventsList,
+		api.MethodUsageList:  usageList,
 	}
 }
 
@@ -122,6 +137,15 @@ func TestCursorsOpenOnlyAsTheMethodReturnedThem(t *testing.T) {
 		})
 		require.NoError(t, err)
 	}
+	// Three hourly usage windows, so usage.list has a second page.
+	require.NoError(t, env.Store.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := usage.Open(ctx, tx, usage.Allocation{TenantID: "acme", Meter: api.MeterNodeHours, PerHour: usage.Micro,
+			Owner: usage.Owner{Type: "node", ID: "n"}, At: time.Now().Add(-4 * time.Hour)}); err != nil {
+			return err
+		}
+		_, err := usage.Rollup(ctx, tx, "acme", time.Now())
+		return err
+	}))
 	methods := cursorMethods(t, c, "acme")
 
 	// Every served method with a cursor input is covered here.

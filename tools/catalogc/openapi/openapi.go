@@ -216,12 +216,12 @@ func (b *builder) operation(m *catalog.Method, errResp *openapi3.ResponseRef) (*
 		Properties:  openapi3.Schemas{"data": data},
 		Required:    []string{"data"},
 	}
-	if err := b.addSchema(stem+"Response", resp); err != nil {
+	if err := b.addSchema(stem+"Result", resp); err != nil {
 		return nil, err
 	}
 	ok := openapi3.NewResponse().
 		WithDescription("Success: the output under data.").
-		WithJSONSchemaRef(b.ref(stem + "Response"))
+		WithJSONSchemaRef(b.ref(stem + "Result"))
 	op := &openapi3.Operation{
 		OperationID: m.OperationID(),
 		Tags:        []string{m.Group.Name},

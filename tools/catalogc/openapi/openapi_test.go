@@ -106,7 +106,7 @@ func TestOperations(t *testing.T) {
 		assert.Equal(t, "#/components/schemas/"+m.TypeName()+"Input",
 			op.RequestBody.Value.Content.Get("application/json").Schema.Ref)
 		ok := op.Responses.Status(200).Value.Content.Get("application/json").Schema
-		assert.Equal(t, "#/components/schemas/"+m.TypeName()+"Response", ok.Ref)
+		assert.Equal(t, "#/components/schemas/"+m.TypeName()+"Result", ok.Ref)
 		assert.Equal(t, []string{"data"}, ok.Value.Required)
 		assert.Equal(t, "#/components/responses/"+ErrorResponseName, op.Responses.Default().Ref)
 		require.NotNil(t, op.Security)
@@ -185,7 +185,7 @@ func TestSchemaFragments(t *testing.T) {
 		{"Warm", "", `{"type":"object","description":"Warm pool bounds.","required":["min"],"properties":{
 			"min":{"type":"integer","format":"int64","minimum":0,"maximum":64},
 			"max":{"type":"integer","format":"int64","minimum":0,"maximum":64,"description":"Defaults to min."}}}`},
-		{"ThingsGetResponse", "", `{"type":"object","description":"Success envelope of things.get.","required":["data"],
+		{"ThingsGetResult", "", `{"type":"object","description":"Success envelope of things.get.","required":["data"],
 			"properties":{"data":{"$ref":"#/components/schemas/ThingsGetOutput"}}}`},
 	} {
 		t.Run(tc.schema+"."+tc.prop, func(t *testing.T) {

@@ -1,0 +1,81 @@
+-- name: OpenAllocation :one
+INSERT INTO allocations (allocation_id, tenant_id, project_id, meter, quantity_micro, tags, owner_type, owner_id, started_at, rolled_until)
+VALUES (sqlc.arg(allocation_id), sqlc.arg(tenant_id), sqlc.narg(project_id), sqlc.arg(meter), sqlc.arg(quantity_micro), sqlc.arg(tags),
+        sqlc.arg(owner_type), sqlc.arg(owner_id), coalesce(sqlc.narg(at)::timestamptz, now()),
+        date_trunc('hour', coalesce(sqlc.narg(at)::timestamptz, now())))
+RETURNING *;
+
+-- name: CloseAllocation :one
+-- Ends an open allocation at at (the transaction's time by default), never
+-- before it started.
+UPDATE allocations SET ended_at = greatest(started_at, coalesce(sqlc.narg(at)::timestamptz, now())), dirty = true
+WHERE allocation_id = sqlc.arg(allocation_id) AND ended_at IS NULL
+RETURNING *;
+
+-- name: GetAllocation :one
+SELECT * FROM allocations WHERE allocation_id = sqlc.arg(allocation_id);
+
+-- name: OpenAllocationsOf :many
+SELECT * FROM allocations WHERE owner_type = sqlc.arg(owner_type) AND owner_id = sqlc.arg(owner_id) AND ended_at IS NULL;
+
+-- name: TenantsToRoll :many
+-- Tenants with allocations the rollup has hours or changes to window for.
+SELECT DISTINCT tenant_id FROM allocations
+WHERE dirty OR (ended_at IS NULL AND rolled_until < sqlc.arg(horizon)::timestamptz);
+
+-- name: AllocationsToRoll :many
+SELECT * FROM allocations
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (dirty OR (ended_at IS NULL AND rolled_until < sqlc.arg(horizon)::timestamptz))
+ORDER BY allocation_id
+FOR UPDATE;
+
+-- name: WindowSums :many
+-- What the windows of an allocation already hold per hour, adjustments
+-- included, and the highest adjustment number per hour.
+SELECT window_start, sum(quantity_micro_ms)::bigint AS quantity_micro_ms, max(adjustment)::integer AS last_adjustment
+FROM usage_windows WHERE allocation_id = sqlc.arg(allocation_id)
+GROUP BY window_start;
+
+-- name: InsertWindow :exec
+INSERT INTO usage_windows (key, allocation_id, tenant_id, project_id, meter, window_start, window_end, quantity_micro_ms, tags, adjustment)
+VALUES (sqlc.arg(key), sqlc.arg(allocation_id), sqlc.arg(tenant_id), sqlc.narg(project_id), sqlc.arg(meter),
+        sqlc.arg(window_start), sqlc.arg(window_end), sqlc.arg(quantity_micro_ms), sqlc.arg(tags), sqlc.arg(adjustment))
+ON CONFLICT DO NOTHING;
+
+-- name: MarkRolled :exec
+UPDATE allocations SET rolled_until = sqlc.arg(rolled_until), dirty = false WHERE allocation_id = sqlc.arg(allocation_id);
+
+-- name: PendingWindows :many
+-- Closed windows not yet handed to billing, oldest first.
+SELECT * FROM usage_windows
+WHERE outcome IS NULL AND window_end <= sqlc.arg(now)::timestamptz
+ORDER BY window_end, key
+LIMIT sqlc.arg(lim)
+FOR UPDATE SKIP LOCKED;
+
+-- name: RecordOutcome :exec
+UPDATE usage_windows SET outcome = sqlc.arg(outcome), recorded_at = sqlc.arg(recorded_at)
+WHERE key = sqlc.arg(key) AND outcome IS NULL;
+
+-- name: ListWindows :many
+-- Windows of a tenant (or of one of its projects) that end after from and
+-- start before to, by window start and key, after a position.
+SELECT * FROM usage_windows
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.narg(project_id)::text IS NULL OR project_id = sqlc.narg(project_id))
+  AND (sqlc.narg(meter)::text IS NULL OR meter = sqlc.narg(meter))
+  AND window_end > sqlc.arg(range_from)::timestamptz AND window_start < sqlc.arg(range_to)::timestamptz
+  AND (window_start, key) > (sqlc.arg(after_start)::timestamptz, sqlc.arg(after_key)::text)
+ORDER BY window_start, key
+LIMIT sqlc.arg(lim);
+
+-- name: UsageCensus :one
+-- For the self check: windows billing dead-lettered, and closed windows not
+-- handed over since before a bound.
+SELECT
+    (SELECT count(*) FROM usage_windows WHERE outcome = 'dead-lettered')::bigint AS dead_lettered,
+    (SELECT count(*) FROM usage_windows WHERE outcome IS NULL AND window_end <= sqlc.arg(overdue)::timestamptz)::bigint AS backlog;
+
+-- name: MarkDirty :exec
+UPDATE allocations SET dirty = true WHERE allocation_id = sqlc.arg(allocation_id);
