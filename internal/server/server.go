@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"computeplane/gen/api"
+	gendocs "computeplane/gen/docs"
 	"computeplane/internal/metrics"
 )
 
@@ -81,10 +82,14 @@ func New(o Options) http.Handler {
 	}))
 	docs := getOnly(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src "+gendocs.ScriptHash)
 		_, _ = w.Write(o.DocsHTML)
 	})
 	mux.HandleFunc(o.BasePath+"/docs", docs)
+	// The API's root is a person arriving at it: show them the reference.
+	mux.HandleFunc("/{$}", getOnly(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, o.BasePath+"/docs", http.StatusFound)
+	}))
 	mux.HandleFunc(o.BasePath+"/docs/", docs)
 	if o.Watch != nil {
 		mux.Handle("/watch", getOnly(o.Watch.ServeHTTP))

@@ -2,6 +2,8 @@ package docs
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,11 +122,16 @@ func TestPageNamesEveryMethod(t *testing.T) {
 	}
 }
 
-// The page stands alone: no scripts, no external stylesheets or images.
+// The page stands alone: one inline script (the search box) whose hash
+// the server allows, no external script, stylesheet or image.
 func TestSelfContained(t *testing.T) {
 	_, _, doc := renderPage(t, repoCatalog)
 	_, byTag := index(doc)
-	assert.Empty(t, byTag["script"])
+	require.Len(t, byTag["script"], 1)
+	script := byTag["script"][0]
+	assert.Empty(t, attr(script, "src"))
+	sum := sha256.Sum256([]byte(text(script)))
+	assert.Equal(t, "'sha256-"+base64.StdEncoding.EncodeToString(sum[:])+"'", ScriptHash(), "the hash covers the script as served")
 	assert.Empty(t, byTag["link"])
 	assert.Empty(t, byTag["img"])
 	require.Len(t, byTag["style"], 1)
@@ -184,4 +191,30 @@ func TestDeterministicAndEmbed(t *testing.T) {
 	index, err := os.ReadFile(filepath.Join(dir, IndexFile))
 	require.NoError(t, err)
 	assert.Equal(t, data, index)
+}
+
+// Every method shows a curl and a computectl call with its required input.
+func TestExamples(t *testing.T) {
+	c, err := catalog.Load(repoCatalog)
+	require.NoError(t, err)
+	for _, g := range c.Groups {
+		for _, m := range g.Methods {
+			curl, cli := examples(c, m)
+			assert.Contains(t, curl, "/api/compute"+m.Route(), m.FullName())
+			assert.True(t, strings.HasPrefix(cli, "computectl "+g.Name+" "+m.Name), cli)
+		}
+	}
+	var create *catalog.Method
+	for _, g := range c.Groups {
+		for _, m := range g.Methods {
+			if m.FullName() == "sites.create" {
+				create = m
+			}
+		}
+	}
+	require.NotNil(t, create)
+	curl, cli := examples(c, create)
+	assert.Contains(t, curl, `-d '{"idempotencyKey":"key-1","kind":"shared","region":"eu-west","tenantId":"acme"}'`)
+	assert.Contains(t, curl, `Authorization: Bearer $SERVICE_TOKEN`)
+	assert.Equal(t, "computectl sites create --idempotency-key key-1 --kind shared --region eu-west", cli)
 }
