@@ -69,9 +69,12 @@ $(SECRET_FILE):
 
 .PHONY: run
 run: $(SECRET_FILE) ## Run the service, every role, on PORT (default 3000)
-	@$(SERVICE_ENV); \
-	export SERVICE_BASE_URL="$${SERVICE_BASE_URL:-http://localhost:3000}"; \
-	exec go run ./cmd/computed
+	@$(SERVICE_ENV); exec go run ./cmd/computed
+
+.PHONY: key
+key: $(SECRET_FILE) ## Make an API key: make key TENANT=acme ROLE=owner [IDENTITY=ann]
+	@test -n "$(TENANT)" -a -n "$(ROLE)" || { echo "usage: make key TENANT=<tenant> ROLE=owner|admin|member|viewer [IDENTITY=<id>]" >&2; exit 2; }
+	@$(SERVICE_ENV); go run ./cmd/computed iam create-key --tenant "$(TENANT)" --identity "$${IDENTITY:-$(TENANT)-$(ROLE)}" --role "$(ROLE)"
 
 .PHONY: test
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short

@@ -212,3 +212,9 @@ SELECT * FROM iam.usage_dead_letters WHERE key = $1 ORDER BY id;
 SELECT identity_id FROM iam.relationships
 WHERE resource_type = sqlc.arg(resource_type) AND resource_id = sqlc.arg(resource_id) AND relation = sqlc.arg(relation)
 ORDER BY identity_id;
+
+-- name: IAMSetRole :exec
+-- Binds role to an identity in a tenant, replacing the role it held.
+INSERT INTO iam.role_bindings (tenant_id, identity_id, role, created_at)
+VALUES (sqlc.arg(tenant_id), sqlc.arg(identity_id), sqlc.arg(role), sqlc.arg(created_at))
+ON CONFLICT (tenant_id, identity_id) DO UPDATE SET role = excluded.role;

@@ -19,7 +19,10 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -48,6 +51,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stdout, buildinfo.Version())
 		return 0
 	}
+	if cmd == "iam" || cmd == "nodes" {
+		// Operator commands find the dev cluster the way make run does.
+		getenv = devEnv(getenv, stderr)
+	}
 	cfg, err := config.Load(getenv)
 	if err != nil {
 		// Configuration errors come before any connection is opened.
@@ -73,9 +80,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			h.Close()
 			return 1
 		}
-		if created {
-			fmt.Fprintf(stdout, "Root admin API key of tenant %s (shown once, stored only as a hash):\n%s\n", cfg.RootTenantID, token)
-		}
+		banner(stdout, cfg, token, created)
 		if err := h.Serve(ctx); err != nil {
 			log.Error("serve failed", "error", err.Error())
 			return 1
@@ -121,6 +126,54 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|iam|nodes|version]"))
 		return 2
 	}
+}
+
+// devEnv fills SERVICE_DATABASE_URL and SERVICE_SECRET, when both are
+// unset, from the private dev cluster under .service/ in the working
+// directory (scripts/devdb.sh starts it if needed), as make run does.
+func devEnv(getenv func(string) string, stderr io.Writer) func(string) string {
+	if getenv(config.EnvDatabaseURL) != "" || getenv(config.EnvSecret) != "" {
+		return getenv
+	}
+	secret, err := os.ReadFile(filepath.Join(".service", "secret"))
+	if err != nil {
+		return getenv // no dev cluster here
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url, err := exec.CommandContext(ctx, filepath.Join("scripts", "devdb.sh"), "start").Output()
+	if err != nil {
+		fmt.Fprintln(stderr, "computed: the dev cluster under .service/ did not start:", err)
+		return getenv
+	}
+	fmt.Fprintln(stderr, "computed: using the dev cluster under .service/")
+	dev := map[string]string{
+		config.EnvDatabaseURL: strings.TrimSpace(string(url)),
+		config.EnvSecret:      strings.TrimSpace(string(secret)),
+	}
+	return func(k string) string {
+		if v, ok := dev[k]; ok {
+			return v
+		}
+		return getenv(k)
+	}
+}
+
+// banner tells the person who started the process where the API and its
+// reference are and, on the first start, the root admin key with lines to
+// paste for the CLI and curl.
+func banner(w io.Writer, cfg *config.Config, token string, created bool) {
+	if !cfg.HasRole(config.RoleAPI) {
+		return
+	}
+	api := cfg.BaseURL + cfg.BasePath
+	fmt.Fprintf(w, "computed: API %s, reference %s/docs\n", api, api)
+	if !created {
+		return
+	}
+	fmt.Fprintf(w, "Root admin API key of tenant %s (shown once, stored only as a hash). To use it:\n", cfg.RootTenantID)
+	fmt.Fprintf(w, "  export SERVICE_URL=%s SERVICE_TOKEN=%s SERVICE_TENANT=%s\n", cfg.BaseURL, token, cfg.RootTenantID)
+	fmt.Fprintln(w, token)
 }
 
 // servePprof serves net/http/pprof on a private address (SERVICE_PPROF_ADDR,

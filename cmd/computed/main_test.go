@@ -291,14 +291,20 @@ func TestServePrintsRootAdminKeyOnce(t *testing.T) {
 	u := dbtest.URL(t)
 	p := start(t, map[string]string{"SERVICE_DATABASE_URL": u})
 	p.waitHealthy(t)
-	lines := strings.Split(strings.TrimSpace(p.stdout.String()), "\n")
+	out := p.stdout.String()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
 	token := lines[len(lines)-1]
 	assert.Regexp(t, `^cpk_[0-9a-hjkmnp-tv-z]{16}_[0-9a-hjkmnp-tv-z]{32}$`, token)
+	assert.Contains(t, out, "/api/compute/docs", "the banner names the reference")
+	_, port, _ := net.SplitHostPort(p.addr)
+	assert.Contains(t, out, "export SERVICE_URL=http://localhost:"+port+" SERVICE_TOKEN="+token+" SERVICE_TENANT=root",
+		"ready to paste; the URL follows PORT")
 	assert.Equal(t, 0, p.stop(t), p.stderr.String())
 
 	again := start(t, map[string]string{"SERVICE_DATABASE_URL": u})
 	again.waitHealthy(t)
-	assert.Empty(t, again.stdout.String(), "printed only on the first start")
+	assert.NotContains(t, again.stdout.String(), "cpk_", "the key is printed only on the first start")
+	assert.Contains(t, again.stdout.String(), "/api/compute/docs")
 	assert.Equal(t, 0, again.stop(t), again.stderr.String())
 }
 

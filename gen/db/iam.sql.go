@@ -921,6 +921,30 @@ func (q *Queries) IAMRevokeKey(ctx context.Context, arg IAMRevokeKeyParams) (IAM
 	return i, err
 }
 
+const iAMSetRole = `-- name: IAMSetRole :exec
+INSERT INTO iam.role_bindings (tenant_id, identity_id, role, created_at)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant_id, identity_id) DO UPDATE SET role = excluded.role
+`
+
+type IAMSetRoleParams struct {
+	TenantID   string
+	IdentityID string
+	Role       string
+	CreatedAt  time.Time
+}
+
+// Binds role to an identity in a tenant, replacing the role it held.
+func (q *Queries) IAMSetRole(ctx context.Context, arg IAMSetRoleParams) error {
+	_, err := q.db.Exec(ctx, iAMSetRole,
+		arg.TenantID,
+		arg.IdentityID,
+		arg.Role,
+		arg.CreatedAt,
+	)
+	return err
+}
+
 const iAMSweepDrafts = `-- name: IAMSweepDrafts :execrows
 DELETE FROM iam.resources WHERE draft AND updated_at < $1
 `

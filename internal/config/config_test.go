@@ -662,3 +662,22 @@ func TestLogLevelFromTheEnvironment(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "info", c.Log.Level)
 }
+
+func TestBaseURLFollowsThePort(t *testing.T) {
+	t.Parallel()
+	base := map[string]string{EnvDatabaseURL: "postgres://h/db", EnvSecret: strings.Repeat("s", 32)}
+	load := func(extra map[string]string) *Config {
+		t.Helper()
+		c, err := Load(func(k string) string {
+			if v, ok := extra[k]; ok {
+				return v
+			}
+			return base[k]
+		})
+		require.NoError(t, err)
+		return c
+	}
+	require.Equal(t, "http://localhost:3000", load(nil).BaseURL)
+	require.Equal(t, "http://localhost:3001", load(map[string]string{EnvPort: "3001"}).BaseURL)
+	require.Equal(t, "https://api.example.com", load(map[string]string{EnvPort: "3001", EnvBaseURL: "https://api.example.com"}).BaseURL, "set wins")
+}

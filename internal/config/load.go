@@ -177,7 +177,13 @@ func (b *builder) core(fc *fileConfig, c *Config) error {
 		return b.errorf("secret", "must be at least %d characters, got %d", MinSecretLength, n)
 	}
 
-	base, msg := checkOrigin(deref(fc.BaseURL, DefaultBaseURL))
+	// Unset, the public origin follows the listening port: a second local
+	// process on PORT=3001 is http://localhost:3001.
+	defaultBase := DefaultBaseURL
+	if fc.Port != nil && *fc.Port > 0 && *fc.Port <= 65535 && *fc.Port != DefaultPort {
+		defaultBase = "http://localhost:" + strconv.Itoa(*fc.Port)
+	}
+	base, msg := checkOrigin(deref(fc.BaseURL, defaultBase))
 	if msg != "" {
 		return b.errorf("baseURL", "%s", msg)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,6 +22,8 @@ var (
 	ErrConflict = errors.New("iam: conflict")
 	// ErrKeyNotFound: no key has this id.
 	ErrKeyNotFound = errors.New("iam: key not found")
+	// ErrIdentityNotFound: the tenant has no such identity.
+	ErrIdentityNotFound = errors.New("iam: identity not found")
 )
 
 // Identity kinds.
@@ -241,4 +244,29 @@ func (s *Service) EnsureRootAdminKey(ctx context.Context) (token string, created
 		return "", false, err
 	}
 	return token, created, nil
+}
+
+// SetRole changes the role of an identity of tenant and returns the role it
+// held ("" for none). Its keys carry the new role from their next
+// authentication (cached credentials keep the old one for up to 30 s).
+func (s *Service) SetRole(ctx context.Context, tenant, identity, role string) (string, error) {
+	if parseRole(role) == roleNone {
+		return "", fmt.Errorf("%w: role must be one of %s", ErrInvalid, strings.Join(Roles, ", "))
+	}
+	var old string
+	err := s.st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		q := db.New(tx)
+		ident, err := q.IAMGetIdentity(ctx, identity)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && ident.TenantID != tenant) {
+			return fmt.Errorf("%w: identity %s is not in tenant %s", ErrIdentityNotFound, identity, tenant)
+		}
+		if err != nil {
+			return err
+		}
+		if old, err = q.IAMGetRole(ctx, db.IAMGetRoleParams{TenantID: tenant, IdentityID: identity}); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		return q.IAMSetRole(ctx, db.IAMSetRoleParams{TenantID: tenant, IdentityID: identity, Role: role, CreatedAt: s.now()})
+	})
+	return old, err
 }

@@ -23,6 +23,7 @@ const commandUsage = `usage:
                           [--kind user|service|agent] [--mfa] [--agent A [--confirm ACTION ...]]
   computed iam revoke-key --key-id K
   computed iam list-keys [--tenant T]
+  computed iam set-role --tenant T --identity I --role owner|admin|member|viewer
 
 create-key prints the new API key as the last line of its output; it is
 shown once and stored only as a hash.
@@ -43,6 +44,8 @@ func RunCommand(ctx context.Context, svc *Service, args []string, stdout, stderr
 		return revokeKeyCommand(ctx, svc, args[1:], stdout, stderr)
 	case "list-keys":
 		return listKeysCommand(ctx, svc, args[1:], stdout, stderr)
+	case "set-role":
+		return setRoleCommand(ctx, svc, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, commandUsage)
 		return exitOK
@@ -218,4 +221,28 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+func setRoleCommand(ctx context.Context, svc *Service, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("set-role", stderr)
+	var tenant, identity, role string
+	fs.StringVar(&tenant, "tenant", "", "tenant `id`")
+	fs.StringVar(&identity, "identity", "", "identity `id` (of that tenant)")
+	fs.StringVar(&role, "role", "", "the new role: owner, admin, member, viewer")
+	if err := parseFlags(fs, args, nil); err != nil {
+		return usageError(stderr, err)
+	}
+	if !tenantPattern.MatchString(tenant) || identity == "" || parseRole(role) == roleNone {
+		return usageError(stderr, errors.New("set-role needs --tenant, --identity and --role owner|admin|member|viewer"))
+	}
+	old, err := svc.SetRole(ctx, tenant, identity, role)
+	if err != nil {
+		fmt.Fprintf(stderr, "iam: set-role: %v\n", err)
+		return exitFailure
+	}
+	if old == "" {
+		old = "none"
+	}
+	fmt.Fprintf(stdout, "role of %s in tenant %s: %s -> %s (keys in use take it within 30 s)\n", identity, tenant, old, role)
+	return exitOK
 }

@@ -117,3 +117,24 @@ func TestRunCommandUsage(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, keys, "usage errors create nothing")
 }
+
+func TestSetRoleCommand(t *testing.T) {
+	s, _, _ := newTestService(t)
+	ctx := context.Background()
+	code, out, errOut := run(s, "create-key", "--tenant", "acme", "--identity", "dora", "--role", "viewer")
+	require.Equal(t, 0, code, errOut)
+	c, err := s.Authenticate(ctx, iam.Credential{Token: lastLine(out)})
+	require.NoError(t, err)
+	require.Error(t, s.Require(ctx, c, "compute:sites:manage", iam.Resource{Type: "compute-tenant", ID: "acme"}), "a viewer changes nothing")
+
+	code, out, errOut = run(s, "set-role", "--tenant", "acme", "--identity", "dora", "--role", "admin")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "viewer -> admin")
+	require.NoError(t, s.Require(ctx, c, "compute:sites:manage", iam.Resource{Type: "compute-tenant", ID: "acme"}), "the same key, now an admin")
+
+	code, _, errOut = run(s, "set-role", "--tenant", "globex", "--identity", "dora", "--role", "admin")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "not in tenant globex")
+	code, _, _ = run(s, "set-role", "--tenant", "acme", "--identity", "dora", "--role", "god")
+	assert.Equal(t, 2, code)
+}
