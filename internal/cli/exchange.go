@@ -23,8 +23,9 @@ import (
 // JSON built from flags and --input, byte for byte, and the data printed is
 // the data the server wrote.
 type exchange struct {
-	body     []byte // sent as the request body
-	response []byte // the body of the answer
+	body      []byte // sent as the request body
+	response  []byte // the body of the answer
+	requestID string // the answer's X-Request-Id
 }
 
 type exchangeKey struct{}
@@ -60,6 +61,7 @@ func (t exchangeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("read the answer: %w", err)
 	}
 	x.response = data
+	x.requestID = resp.Header.Get("X-Request-Id")
 	resp.Body = io.NopCloser(bytes.NewReader(data))
 	return resp, nil
 }

@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/ogen-go/ogen/ogenerrors"
 
 	"computeplane/computeclient"
+	"computeplane/internal/buildinfo"
 )
 
 // Environment variables and defaults.
@@ -39,6 +41,14 @@ const (
 	flagOutput   = "output"
 	flagInput    = "input"
 	flagTimeout  = "timeout"
+	flagProfile  = "profile"
+	// flagQuiet and flagVersion take no value.
+	flagQuiet   = "q"
+	flagVersion = "version"
+	// GlobalPrefix spells every global flag so that no method input can
+	// shadow it: --cp-url is always the service's URL, even after
+	// "webhooks create", whose --url is the webhook's.
+	GlobalPrefix = "cp-"
 )
 
 // globalFlags take a value each; --help (-h) is the one flag without.
@@ -49,16 +59,29 @@ var globalFlags = []struct{ name, arg, help string }{
 	{flagOutput, "FORMAT", "table or json (default table)"},
 	{flagInput, "FILE", "JSON object used as the whole input; - reads stdin; flags override its fields"},
 	{flagTimeout, "DURATION", "give up after this long, e.g. 10s; 0 waits forever (default 60s)"},
+	{flagProfile, "NAME", "saved connection to use (computectl login; default $" + EnvProfile + ", else the current one)"},
+	{flagQuiet, "", "print only the ids of what is answered, one per line"},
+	{flagVersion, "", "print computectl's version and exit"},
+}
+
+// globalName is the global flag name is, with or without GlobalPrefix.
+func globalName(name string) (string, bool) {
+	name = strings.TrimPrefix(name, GlobalPrefix)
+	for _, g := range globalFlags {
+		if g.name == name {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 func isGlobal(name string) bool {
-	for _, g := range globalFlags {
-		if g.name == name {
-			return true
-		}
-	}
-	return false
+	_, ok := globalName(name)
+	return ok
 }
+
+// takesNoValue reports the global flags that are switches.
+func takesNoValue(name string) bool { return name == flagQuiet || name == flagVersion }
 
 // Streams are a run's standard streams.
 type Streams struct {
@@ -78,6 +101,20 @@ func Run(ctx context.Context, groups []Group, args []string, getenv func(string)
 		return ExitUsage
 	}
 	switch {
+	case inv.version:
+		fmt.Fprintf(s.Stdout, "%s %s\n", Program, buildinfo.Version())
+		return ExitOK
+	case inv.login && !inv.help:
+		code, err := login(ctx, inv, getenv, s)
+		if err != nil {
+			fmt.Fprintf(s.Stderr, "error: %v\n", err)
+			var ue *UsageError
+			if errors.As(err, &ue) {
+				return ExitUsage
+			}
+			return ExitError
+		}
+		return code
 	case inv.help:
 		inv.writeHelp(s.Stdout, groups)
 		return ExitOK
@@ -104,11 +141,13 @@ func Run(ctx context.Context, groups []Group, args []string, getenv func(string)
 
 // invocation is a parsed command line.
 type invocation struct {
-	group  *Group
-	method *Method
-	help   bool
-	global map[string]string
-	flags  []FlagValue
+	group   *Group
+	method  *Method
+	help    bool
+	version bool
+	login   bool // computectl login: save a profile
+	global  map[string]string
+	flags   []FlagValue
 }
 
 // parse reads the command line: global flags anywhere; the group; the
@@ -126,12 +165,20 @@ func parse(groups []Group, args []string) (*invocation, error) {
 			switch {
 			case inv.group == nil && !helpCmd && a == "help" && i == firstPositional(args):
 				helpCmd, inv.help = true, true
-			case inv.group == nil:
+			case inv.group == nil && !inv.login && a == "login" && i == firstPositional(args):
+				inv.login = true
+			case inv.group == nil && !inv.login:
 				if inv.group = findGroup(groups, a); inv.group == nil {
+					if near := suggest(a, groupNames(groups)); near != "" {
+						return inv, usagef("unknown group %q; did you mean %s?", a, near)
+					}
 					return inv, usagef("unknown group %q", a)
 				}
-			case inv.method == nil:
+			case inv.method == nil && !inv.login:
 				if inv.method = inv.group.method(a); inv.method == nil {
+					if near := suggest(a, methodNames(inv.group)); near != "" {
+						return inv, usagef("unknown command %q of group %s; did you mean %s %s?", a, inv.group.Name, inv.group.Name, near)
+					}
 					return inv, usagef("unknown command %q of group %s", a, inv.group.Name)
 				}
 			default:
@@ -145,8 +192,15 @@ func parse(groups []Group, args []string) (*invocation, error) {
 			continue
 		}
 		var f *Flag
-		if inv.method != nil {
+		if inv.method != nil && !strings.HasPrefix(name, GlobalPrefix) {
 			f = inv.method.flagNamed(name)
+		}
+		if g, ok := globalName(name); f == nil && ok && takesNoValue(g) {
+			if g == flagVersion {
+				inv.version = true
+			}
+			inv.global[g] = "true"
+			continue
 		}
 		if f == nil && !isGlobal(name) {
 			if inv.method == nil && inv.group != nil {
@@ -168,7 +222,8 @@ func parse(groups []Group, args []string) (*invocation, error) {
 		if f != nil {
 			inv.flags = append(inv.flags, FlagValue{Name: name, Value: value})
 		} else {
-			inv.global[name] = value
+			g, _ := globalName(name)
+			inv.global[g] = value
 		}
 	}
 	return inv, nil
@@ -183,7 +238,7 @@ func firstPositional(args []string) int {
 			return i
 		}
 		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !hasValue && isGlobal(name) {
+		if g, ok := globalName(name); !hasValue && ok && !takesNoValue(g) {
 			i++
 		}
 	}
@@ -213,6 +268,7 @@ func (inv *invocation) writeHelp(w io.Writer, groups []Group) {
 
 // settings are the resolved global flags and environment.
 type settings struct {
+	origin  string
 	apiURL  string
 	token   string
 	tenant  string
@@ -221,7 +277,14 @@ type settings struct {
 }
 
 func (inv *invocation) settings(getenv func(string) string) (*settings, error) {
-	pick := func(flag, env, def string) string {
+	prof, err := inv.profile(getenv)
+	if err != nil {
+		return nil, err
+	}
+	if prof == nil {
+		prof = &Profile{}
+	}
+	pick := func(flag, env, saved, def string) string {
 		if v, ok := inv.global[flag]; ok {
 			return v
 		}
@@ -230,26 +293,30 @@ func (inv *invocation) settings(getenv func(string) string) (*settings, error) {
 				return v
 			}
 		}
+		if saved != "" {
+			return saved
+		}
 		return def
 	}
 	s := &settings{
-		token:  pick(flagToken, EnvToken, ""),
-		tenant: getenv(EnvTenant),
-		output: pick(flagOutput, "", OutputTable),
+		token:  pick(flagToken, EnvToken, prof.Token, ""),
+		tenant: pick("", EnvTenant, prof.Tenant, ""),
+		output: pick(flagOutput, "", "", OutputTable),
 	}
 	if s.output != OutputTable && s.output != OutputJSON {
 		return nil, usagef("--output must be table or json, not %q", s.output)
 	}
-	origin := pick(flagURL, EnvURL, DefaultURL)
+	origin := pick(flagURL, EnvURL, prof.URL, DefaultURL)
 	u, err := url.Parse(origin)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, usagef("the service URL %q is not an http or https URL", origin)
 	}
-	base := strings.TrimRight(pick(flagBasePath, EnvBasePath, DefaultBasePath), "/")
+	base := strings.TrimRight(pick(flagBasePath, EnvBasePath, "", DefaultBasePath), "/")
 	if base != "" && !strings.HasPrefix(base, "/") {
 		base = "/" + base
 	}
-	s.apiURL = strings.TrimRight(origin, "/") + base
+	s.origin = strings.TrimRight(origin, "/")
+	s.apiURL = s.origin + base
 	s.timeout = DefaultTimeout
 	if v, ok := inv.global[flagTimeout]; ok {
 		if s.timeout, err = time.ParseDuration(v); err != nil || s.timeout < 0 {
@@ -272,7 +339,20 @@ func (inv *invocation) call(ctx context.Context, getenv func(string) string, s S
 			return 0, err
 		}
 	}
-	body, err := BuildInput(inv.method, set.tenant, input, inv.flags)
+	if set.tenant == "" && set.token != "" && inv.method.Flag(TenantField) != nil && !hasField(inv.method, input, inv.flags, TenantField) {
+		// No tenant given: the credential's own.
+		if set.tenant, err = whoamiTenant(ctx, set); err != nil {
+			return 0, err
+		}
+	}
+	flags := inv.flags
+	if f := inv.method.Flag(IdempotencyField); f != nil && f.Required && !hasField(inv.method, input, flags, IdempotencyField) &&
+		onlyMissing(inv.method, input, flags, set.tenant, IdempotencyField) {
+		key := newIdempotencyKey()
+		fmt.Fprintf(s.Stderr, "idempotency key: %s (pass --%s %s to retry this call safely)\n", key, f.Name, key)
+		flags = append(slices.Clone(flags), FlagValue{Name: f.Name, Value: key})
+	}
+	body, err := BuildInput(inv.method, set.tenant, input, flags)
 	if err != nil {
 		return 0, err
 	}
@@ -290,7 +370,14 @@ func (inv *invocation) call(ctx context.Context, getenv func(string) string, s S
 	x := &exchange{body: body}
 	if err := inv.method.Call(withExchange(ctx, x), c); err != nil {
 		if e, ok := computeclient.AsError(err); ok {
-			writeAPIError(s.Stderr, e)
+			if set.output == OutputJSON {
+				writeAPIErrorJSON(s.Stderr, e, x.requestID)
+			} else {
+				writeAPIError(s.Stderr, e)
+				if x.requestID != "" {
+					fmt.Fprintf(s.Stderr, "  requestId: %s\n", x.requestID)
+				}
+			}
 			return ExitCode(e.Code), nil
 		}
 		if errors.Is(err, ogenerrors.ErrSecurityRequirementIsNotSatisfied) {
@@ -308,6 +395,9 @@ func (inv *invocation) call(ctx context.Context, getenv func(string) string, s S
 	data, err := x.data()
 	if err != nil {
 		return 0, err
+	}
+	if inv.global[flagQuiet] == "true" {
+		return ExitOK, writeIDs(s.Stdout, data)
 	}
 	if err := WriteOutput(s.Stdout, set.output, data); err != nil {
 		return 0, fmt.Errorf("print the answer: %w", err)

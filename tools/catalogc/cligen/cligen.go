@@ -44,6 +44,10 @@ const (
 // (--url, --output, ...) may be shadowed by a method's field.
 var reserved = map[string]bool{"help": true, "h": true}
 
+// globalPrefix spells computectl's global flags so that no input can
+// shadow them (internal/cli.GlobalPrefix).
+const globalPrefix = "cp-"
+
 // Flag is the flag of one input field.
 type Flag struct {
 	Name     string // kebab-case
@@ -94,6 +98,10 @@ func Flags(m *catalog.Method) ([]Flag, error) {
 		if reserved[name] {
 			return nil, fmt.Errorf("%s: %s: input field %s would be the flag --%s, which computectl keeps for help",
 				m.Pos, m.FullName(), f.Name, name)
+		}
+		if strings.HasPrefix(name, globalPrefix) {
+			return nil, fmt.Errorf("%s: %s: input field %s would be the flag --%s, and --%s... flags are computectl's own",
+				m.Pos, m.FullName(), f.Name, name, globalPrefix)
 		}
 		if other, ok := byName[name]; ok {
 			return nil, fmt.Errorf("%s: %s: input fields %s and %s would both be the flag --%s",
