@@ -2,17 +2,23 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"computeplane/internal/buildinfo"
 	"computeplane/internal/cli"
+	"computeplane/internal/whsig"
 )
 
 func TestMain(m *testing.M) {
@@ -136,4 +142,61 @@ func TestLoginProfiles(t *testing.T) {
 	var saved map[string]any
 	require.NoError(t, json.Unmarshal(raw, &saved))
 	assert.Len(t, saved["profiles"], 1)
+}
+
+func TestEventsTail(t *testing.T) {
+	e, env := server(t)
+	env = with(env, cli.EnvToken, e.Key(t, "acme", "ann", "owner"), cli.EnvTenant, "acme")
+	for _, k := range []string{"a", "b"} {
+		require.Equal(t, 0, cmd(t, env, "", "sites", "create", "--kind", "custom", "--region", "eu-west", "--idempotency-key", k).code)
+	}
+	r := cmd(t, env, "", "events", "tail", "--types", "site.*", "--max", "2")
+	require.Equal(t, 0, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	require.Len(t, lines, 2)
+	for _, l := range lines {
+		var ev map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &ev), l)
+		assert.Equal(t, "site.created", ev["type"])
+		assert.Equal(t, "acme", ev["tenantid"])
+	}
+	r = cmd(t, env, "", "events", "tial")
+	assert.Contains(t, r.stderr, "did you mean events tail?")
+}
+
+// webhooks listen relays the tenant's events to a local receiver, signed
+// as webhook deliveries are: the receiver verifies them with the secret.
+func TestWebhooksListen(t *testing.T) {
+	e, env := server(t)
+	env = with(env, cli.EnvToken, e.Key(t, "acme", "ann", "owner"), cli.EnvTenant, "acme")
+	require.Equal(t, 0, cmd(t, env, "", "sites", "create", "--kind", "custom", "--region", "eu-west", "--idempotency-key", "a").code)
+	secret, key, err := whsig.NewSecret()
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var got []string
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if _, err := whsig.Verify(key, r.Header, body, time.Now()); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		mu.Lock()
+		got = append(got, r.Header.Get("X-Service-Delivery"))
+		mu.Unlock()
+	}))
+	defer recv.Close()
+	r := cmd(t, env, "", "webhooks", "listen", "--forward-to", recv.URL, "--secret", secret, "--max", "1")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "site.created evt_")
+	assert.Contains(t, r.stdout, "-> 200")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, got, 1)
+	assert.Regexp(t, `^evt_`, got[0])
+
+	// Without --secret a new one is made and printed.
+	r = cmd(t, env, "", "webhooks", "listen", "--forward-to", recv.URL, "--max", "1")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "signed with whsec_")
+	assert.Contains(t, r.stdout, "-> 401", "signed with another secret than the receiver's")
 }

@@ -264,9 +264,14 @@ func groupNames(groups []Group) []string {
 }
 
 func methodNames(g *Group) []string {
-	out := make([]string, 0, len(g.Methods))
+	out := make([]string, 0, len(g.Methods)+1)
 	for _, m := range g.Methods {
 		out = append(out, m.Name)
+	}
+	for _, name := range []string{"tail", "listen"} {
+		if builtin(g, name) != nil {
+			out = append(out, name)
+		}
 	}
 	return out
 }

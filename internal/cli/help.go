@@ -54,6 +54,11 @@ func writeGroupHelp(w io.Writer, g *Group) {
 	for _, m := range g.Methods {
 		fmt.Fprintf(tw, "  %s\t%s\n", m.Name, m.Description)
 	}
+	for _, name := range []string{"tail", "listen"} {
+		if b := builtin(g, name); b != nil {
+			fmt.Fprintf(tw, "  %s\t%s\n", b.Name, b.Description)
+		}
+	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nRun '%s %s <command> --help' for a command's flags.\n", Program, g.Name)
 }

@@ -125,7 +125,11 @@ func Run(ctx context.Context, groups []Group, args []string, getenv func(string)
 		writeGroupHelp(s.Stderr, inv.group)
 		return ExitUsage
 	}
-	code, err := inv.call(ctx, getenv, s)
+	call := inv.call
+	if isBuiltin(inv.method) {
+		call = inv.runBuiltin
+	}
+	code, err := call(ctx, getenv, s)
 	if err != nil {
 		var ue *UsageError
 		if errors.As(err, &ue) {
@@ -176,6 +180,9 @@ func parse(groups []Group, args []string) (*invocation, error) {
 				}
 			case inv.method == nil && !inv.login:
 				if inv.method = inv.group.method(a); inv.method == nil {
+					inv.method = builtin(inv.group, a)
+				}
+				if inv.method == nil {
 					if near := suggest(a, methodNames(inv.group)); near != "" {
 						return inv, usagef("unknown command %q of group %s; did you mean %s %s?", a, inv.group.Name, inv.group.Name, near)
 					}
