@@ -95,6 +95,7 @@ var (
 	ruleOfferQueryRegion = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleOfferQueryGPUModel = &wire.StringRule{
 		MaxLength: 32,
@@ -121,10 +122,12 @@ var (
 	ruleVolumeMountVolumeID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeVolumeId,
+		Words:     "a volume id: vol_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleVolumeMountName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleVolumeMountMountPath = &wire.StringRule{
 		MaxLength: 255,
@@ -146,6 +149,7 @@ var (
 	ruleEventsListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleEventsListInputTypes = &wire.CountRule{
 		Max: 20,
@@ -168,14 +172,17 @@ var (
 	ruleFlavorsCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleFlavorsCreateInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleFlavorsCreateInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleFlavorsCreateInputVcpu = &wire.IntRule{
 		HasMax: true,
@@ -198,104 +205,129 @@ var (
 	ruleFlavorsListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleFlavorsListInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleFlavorsGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleFlavorsGetInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleFlavorsGetInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleFlavorsArchiveInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleFlavorsArchiveInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleFlavorsArchiveInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleImagesListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleImagesGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleImagesGetInputImageID = &wire.StringRule{
 		MaxLength: 200,
 		Pattern:   ShapeImageId,
+		Words:     "1 to 200 letters, digits, dots, underscores, @, colons, slashes or hyphens, starting with a letter or digit",
 	}
 	ruleNodesListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleNodesListInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleNodesListInputState   = &wire.StringRule{Enum: []string{"joining", "ready", "cordoned", "draining", "retired", "down"}}
 	ruleNodesGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleNodesGetInputNodeID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleNodesCordonInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleNodesCordonInputNodeID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleNodesCordonInputReason     = &wire.StringRule{MaxLength: 256}
 	ruleNodesUncordonInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleNodesUncordonInputNodeID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleNodesDrainInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleNodesDrainInputNodeID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleNodesRetireInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleNodesRetireInputNodeID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleNodesLabelInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleNodesLabelInputNodeID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleNodesLabelInputSet = &wire.CountRule{
 		KeyPattern: regexp.MustCompile("^[a-z0-9]([a-z0-9./-]{0,61}[a-z0-9])?$"),
@@ -310,57 +342,70 @@ var (
 	rulePoolsCreateInputTenantID  = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	rulePoolsCreateInputSiteID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeSiteId,
+		Words:     "a site id: site_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	rulePoolsCreateInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	rulePoolsCreateInputClass     = &wire.StringRule{Enum: []string{"metal-host", "vps-host"}}
 	rulePoolsCreateInputHosting   = &wire.StringRule{Enum: []string{"hosted", "provider"}}
 	rulePoolsCreateInputAccountID = &wire.StringRule{
 		MaxLength: 58,
 		Pattern:   ShapeAccountId,
+		Words:     "a provider account id: pacct_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	rulePoolsCreateInputRuntime = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeRuntimeName,
+		Words:     "a lowercase letter, then up to 63 lowercase letters, digits or hyphens",
 	}
 	rulePoolsCreateInputAgent          = &wire.StringRule{Enum: []string{"node-daemon"}}
 	rulePoolsCreateInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
 	}
 	rulePoolsGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	rulePoolsGetInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	rulePoolsListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	rulePoolsListInputSiteID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeSiteId,
+		Words:     "a site id: site_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	rulePoolsUpdateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	rulePoolsUpdateInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	rulePoolsUpdateInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	rulePoolsUpdateInputVersion = &wire.IntRule{
 		HasMin: true,
@@ -369,10 +414,12 @@ var (
 	rulePoolsArchiveInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	rulePoolsArchiveInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	rulePoolsArchiveInputVersion = &wire.IntRule{
 		HasMin: true,
@@ -381,39 +428,48 @@ var (
 	rulePoolsOfferInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	rulePoolsOfferInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	rulePoolsOfferInputToTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	rulePoolsUnofferInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	rulePoolsUnofferInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	rulePoolsUnofferInputToTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProfilesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProfilesCreateInputVisibility = &wire.StringRule{Enum: []string{"private", "public"}}
 	ruleProfilesGetInputTenantID      = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProfilesGetInputProfileID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeProfileId,
+		Words:     "1 to 128 lowercase letters, digits, dots, underscores or hyphens, starting and ending with a letter or digit",
 	}
 	ruleProfilesGetInputProfileVersion = &wire.IntRule{
 		HasMax: true,
@@ -424,10 +480,12 @@ var (
 	ruleProfilesValidateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProfilesValidateInputProfileID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeProfileId,
+		Words:     "1 to 128 lowercase letters, digits, dots, underscores or hyphens, starting and ending with a letter or digit",
 	}
 	ruleProfilesValidateInputProfileVersion = &wire.IntRule{
 		HasMax: true,
@@ -438,10 +496,12 @@ var (
 	ruleProfilesRenderInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProfilesRenderInputProfileID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeProfileId,
+		Words:     "1 to 128 lowercase letters, digits, dots, underscores or hyphens, starting and ending with a letter or digit",
 	}
 	ruleProfilesRenderInputProfileVersion = &wire.IntRule{
 		HasMax: true,
@@ -452,6 +512,7 @@ var (
 	ruleProfilesListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProfilesListInputLimit = &wire.IntRule{
 		HasMax: true,
@@ -463,10 +524,12 @@ var (
 	ruleProfilesUpdateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProfilesUpdateInputProfileID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeProfileId,
+		Words:     "1 to 128 lowercase letters, digits, dots, underscores or hyphens, starting and ending with a letter or digit",
 	}
 	ruleProfilesUpdateInputProfileVersion = &wire.IntRule{
 		HasMax: true,
@@ -482,10 +545,12 @@ var (
 	ruleProfilesDeleteInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProfilesDeleteInputProfileID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeProfileId,
+		Words:     "1 to 128 lowercase letters, digits, dots, underscores or hyphens, starting and ending with a letter or digit",
 	}
 	ruleProfilesDeleteInputProfileVersion = &wire.IntRule{
 		HasMax: true,
@@ -496,39 +561,48 @@ var (
 	ruleProjectsCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProjectsCreateInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleProjectsCreateInputDescription    = &wire.StringRule{MaxLength: 256}
 	ruleProjectsCreateInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
 	}
 	ruleProjectsGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProjectsGetInputProjectID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeProjectId,
+		Words:     "a project id: prj_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProjectsListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProjectsUpdateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProjectsUpdateInputProjectID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeProjectId,
+		Words:     "a project id: prj_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProjectsUpdateInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleProjectsUpdateInputDescription = &wire.StringRule{MaxLength: 256}
 	ruleProjectsUpdateInputVersion     = &wire.IntRule{
@@ -538,147 +612,183 @@ var (
 	ruleProjectsDeleteInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProjectsDeleteInputProjectID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeProjectId,
+		Words:     "a project id: prj_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProjectsAddMemberInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProjectsAddMemberInputProjectID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeProjectId,
+		Words:     "a project id: prj_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProjectsAddMemberInputIdentityID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdentityId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons, @ or hyphens",
 	}
 	ruleProjectsRemoveMemberInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProjectsRemoveMemberInputProjectID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeProjectId,
+		Words:     "a project id: prj_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProjectsRemoveMemberInputIdentityID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdentityId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons, @ or hyphens",
 	}
 	ruleProjectsMembersInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProjectsMembersInputProjectID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeProjectId,
+		Words:     "a project id: prj_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProviderAccountsCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProviderAccountsCreateInputProvider = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeRuntimeName,
+		Words:     "a lowercase letter, then up to 63 lowercase letters, digits or hyphens",
 	}
 	ruleProviderAccountsCreateInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleProviderAccountsCreateInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
 	}
 	ruleProviderAccountsListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProviderAccountsGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProviderAccountsGetInputAccountID = &wire.StringRule{
 		MaxLength: 58,
 		Pattern:   ShapeAccountId,
+		Words:     "a provider account id: pacct_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProviderAccountsOffersInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProviderAccountsOffersInputAccountID = &wire.StringRule{
 		MaxLength: 58,
 		Pattern:   ShapeAccountId,
+		Words:     "a provider account id: pacct_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProviderAccountsUpdateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProviderAccountsUpdateInputAccountID = &wire.StringRule{
 		MaxLength: 58,
 		Pattern:   ShapeAccountId,
+		Words:     "a provider account id: pacct_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProviderAccountsDeleteInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProviderAccountsDeleteInputAccountID = &wire.StringRule{
 		MaxLength: 58,
 		Pattern:   ShapeAccountId,
+		Words:     "a provider account id: pacct_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProviderAccountsBootstrapInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProviderAccountsBootstrapInputAccountID = &wire.StringRule{
 		MaxLength: 58,
 		Pattern:   ShapeAccountId,
+		Words:     "a provider account id: pacct_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProviderAccountsBootstrapInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleProviderAccountsBootstrapInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProviderAccountsBootstrapInputMachineID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleProviderAccountsBootstrapInputOfferID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleQuotasListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleQuotasListInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleQuotasGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleQuotasGetInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleQuotasGetInputResource = &wire.StringRule{Enum: []string{"vcpu", "memoryMiB", "diskGiB", "gpus", "instances", "sandboxes", "nodes"}}
 	ruleQuotasSetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleQuotasSetInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleQuotasSetInputForTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleQuotasSetInputResource = &wire.StringRule{Enum: []string{"vcpu", "memoryMiB", "diskGiB", "gpus", "instances", "sandboxes", "nodes"}}
 	ruleQuotasSetInputMax      = &wire.IntRule{
@@ -690,26 +800,32 @@ var (
 	ruleSandboxTemplatesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxTemplatesCreateInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleSandboxTemplatesCreateInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSandboxTemplatesCreateInputFlavor = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleSandboxTemplatesCreateInputImageID = &wire.StringRule{
 		MaxLength: 200,
 		Pattern:   ShapeImageId,
+		Words:     "1 to 200 letters, digits, dots, underscores, @, colons, slashes or hyphens, starting with a letter or digit",
 	}
 	ruleSandboxTemplatesCreateInputRuntime = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeRuntimeName,
+		Words:     "a lowercase letter, then up to 63 lowercase letters, digits or hyphens",
 	}
 	ruleSandboxTemplatesCreateInputUserData          = &wire.StringRule{MaxLength: 32768}
 	ruleSandboxTemplatesCreateInputDefaultTTLSeconds = &wire.IntRule{
@@ -737,30 +853,37 @@ var (
 	ruleSandboxTemplatesListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxTemplatesGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxTemplatesGetInputTemplateID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeTemplateId,
+		Words:     "a template id: sbxt_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSandboxTemplatesUpdateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxTemplatesUpdateInputTemplateID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeTemplateId,
+		Words:     "a template id: sbxt_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSandboxTemplatesUpdateInputFlavor = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleSandboxTemplatesUpdateInputImageID = &wire.StringRule{
 		MaxLength: 200,
 		Pattern:   ShapeImageId,
+		Words:     "1 to 200 letters, digits, dots, underscores, @, colons, slashes or hyphens, starting with a letter or digit",
 	}
 	ruleSandboxTemplatesUpdateInputUserData          = &wire.StringRule{MaxLength: 32768}
 	ruleSandboxTemplatesUpdateInputDefaultTTLSeconds = &wire.IntRule{
@@ -788,22 +911,27 @@ var (
 	ruleSandboxTemplatesDeleteInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxTemplatesDeleteInputTemplateID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeTemplateId,
+		Words:     "a template id: sbxt_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSandboxVolumesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxVolumesCreateInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSandboxVolumesCreateInputName = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleSandboxVolumesCreateInputSizeGiB = &wire.IntRule{
 		HasMax: true,
@@ -814,31 +942,38 @@ var (
 	ruleSandboxVolumesCreateInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxVolumesListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxVolumesListInputScope  = &wire.StringRule{Enum: []string{"mine", "all"}}
 	ruleSandboxVolumesListInputPoolID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSandboxVolumesGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxVolumesGetInputVolumeID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeVolumeId,
+		Words:     "a volume id: vol_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSandboxVolumesResizeInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxVolumesResizeInputVolumeID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeVolumeId,
+		Words:     "a volume id: vol_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSandboxVolumesResizeInputSizeGiB = &wire.IntRule{
 		HasMax: true,
@@ -849,18 +984,22 @@ var (
 	ruleSandboxVolumesDeleteInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSandboxVolumesDeleteInputVolumeID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeVolumeId,
+		Words:     "a volume id: vol_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSecretsPutInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSecretsPutInputName = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeSecretName,
+		Words:     "1 to 128 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleSecretsPutInputValue = &wire.StringRule{
 		MaxLength: 65536,
@@ -869,25 +1008,30 @@ var (
 	ruleSecretsPutInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
 	}
 	ruleSecretsPutInputScope       = &wire.StringRule{Enum: []string{"tenant", "fleet"}}
 	ruleSecretsDeleteInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSecretsDeleteInputName = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeSecretName,
+		Words:     "1 to 128 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleSecretsDeleteInputScope  = &wire.StringRule{Enum: []string{"tenant", "fleet"}}
 	ruleSecretsListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSecretsListInputScope = &wire.StringRule{Enum: []string{"tenant", "fleet"}}
 	ruleSecretsListInputAfter = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeSecretName,
+		Words:     "1 to 128 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
 	ruleSecretsListInputLimit = &wire.IntRule{
 		HasMax: true,
@@ -898,11 +1042,13 @@ var (
 	ruleSitesListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSitesListInputKind   = &wire.StringRule{Enum: []string{"shared", "dedicated", "custom"}}
 	ruleSitesListInputRegion = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeRegion,
+		Words:     "a region: a lowercase letter, then up to 62 lowercase letters, digits or hyphens",
 	}
 	ruleSitesListInputLimit = &wire.IntRule{
 		HasMax: true,
@@ -917,43 +1063,53 @@ var (
 	ruleSitesGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSitesGetInputSiteID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeSiteId,
+		Words:     "a site id: site_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSitesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSitesCreateInputKind   = &wire.StringRule{Enum: []string{"shared", "dedicated", "custom"}}
 	ruleSitesCreateInputRegion = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeRegion,
+		Words:     "a region: a lowercase letter, then up to 62 lowercase letters, digits or hyphens",
 	}
 	ruleSitesCreateInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
 	}
 	ruleSitesCreateInputIAMRegion = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeRegion,
+		Words:     "a region: a lowercase letter, then up to 62 lowercase letters, digits or hyphens",
 	}
 	ruleSitesUpdateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSitesUpdateInputSiteID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeSiteId,
+		Words:     "a site id: site_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSitesUpdateInputRegion = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeRegion,
+		Words:     "a region: a lowercase letter, then up to 62 lowercase letters, digits or hyphens",
 	}
 	ruleSitesUpdateInputIAMRegion = &wire.StringRule{
 		MaxLength: 63,
 		Pattern:   ShapeRegion,
+		Words:     "a region: a lowercase letter, then up to 62 lowercase letters, digits or hyphens",
 	}
 	ruleSitesUpdateInputVersion = &wire.IntRule{
 		HasMin: true,
@@ -962,10 +1118,12 @@ var (
 	ruleSitesDeleteInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleSitesDeleteInputSiteID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeSiteId,
+		Words:     "a site id: site_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSitesDeleteInputVersion = &wire.IntRule{
 		HasMin: true,
@@ -974,14 +1132,17 @@ var (
 	ruleUsageListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleUsageListInputProjectID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeProjectId,
+		Words:     "a project id: prj_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleUsageListInputMeter = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeMeterName,
+		Words:     "a lowercase letter, then up to 127 lowercase letters, digits, dots, underscores or hyphens",
 	}
 	ruleUsageListInputFrom = &wire.IntRule{
 		HasMin: true,
@@ -1004,6 +1165,7 @@ var (
 	ruleUsageExportInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleUsageExportInputFrom = &wire.IntRule{
 		HasMin: true,
@@ -1016,15 +1178,18 @@ var (
 	ruleUsageExportInputProjectID = &wire.StringRule{
 		MaxLength: 64,
 		Pattern:   ShapeProjectId,
+		Words:     "a project id: prj_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleUsageExportInputMeter = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeMeterName,
+		Words:     "a lowercase letter, then up to 127 lowercase letters, digits, dots, underscores or hyphens",
 	}
 	ruleUsageExportInputFormat      = &wire.StringRule{Enum: []string{"csv", "jsonl"}}
 	ruleWebhooksCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleWebhooksCreateInputURL    = &wire.StringRule{MaxLength: 2048}
 	ruleWebhooksCreateInputEvents = &wire.CountRule{
@@ -1039,22 +1204,27 @@ var (
 	ruleWebhooksListInputTenantID      = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleWebhooksGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleWebhooksGetInputWebhookID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeWebhookId,
+		Words:     "a webhook id: whk_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleWebhooksUpdateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleWebhooksUpdateInputWebhookID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeWebhookId,
+		Words:     "a webhook id: whk_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleWebhooksUpdateInputURL    = &wire.StringRule{MaxLength: 2048}
 	ruleWebhooksUpdateInputEvents = &wire.CountRule{
@@ -1069,10 +1239,12 @@ var (
 	ruleWebhooksRotateSecretInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleWebhooksRotateSecretInputWebhookID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeWebhookId,
+		Words:     "a webhook id: whk_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleWebhooksRotateSecretInputKeepPreviousSeconds = &wire.IntRule{
 		HasMax: true,
@@ -1083,26 +1255,32 @@ var (
 	ruleWebhooksDeleteInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleWebhooksDeleteInputWebhookID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeWebhookId,
+		Words:     "a webhook id: whk_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleWebhooksPingInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleWebhooksPingInputWebhookID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeWebhookId,
+		Words:     "a webhook id: whk_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleWebhooksDeliveriesInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleWebhooksDeliveriesInputWebhookID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeWebhookId,
+		Words:     "a webhook id: whk_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleWebhooksDeliveriesInputState = &wire.StringRule{Enum: []string{"pending", "delivered", "dead", "cancelled"}}
 	ruleWebhooksDeliveriesInputLimit = &wire.IntRule{
@@ -1114,13 +1292,16 @@ var (
 	ruleWebhooksRedeliverInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleWebhooksRedeliverInputDeliveryID = &wire.StringRule{
 		MaxLength: 56,
 		Pattern:   ShapeDeliveryId,
+		Words:     "a delivery id: dlv_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleWebhooksEventTypesInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 )

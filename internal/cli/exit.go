@@ -72,7 +72,9 @@ func writeAPIError(w io.Writer, e *computeclient.Error) {
 		if k == "issues" {
 			if issues, ok := issueLines(e); ok {
 				for _, l := range issues {
-					fmt.Fprintln(w, "  "+l)
+					if l != e.Message { // the first problem is the message: printed once
+						fmt.Fprintln(w, "  "+l)
+					}
 				}
 				continue
 			}

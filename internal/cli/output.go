@@ -63,7 +63,7 @@ func writeTable(w io.Writer, v *value) error {
 			for i, c := range cols {
 				row[i] = "-"
 				if f := it.get(c); f != nil {
-					row[i] = cell(f)
+					row[i] = cut(summary(f), MaxColumn)
 				}
 			}
 			fmt.Fprintln(tw, strings.Join(row, "\t"))
@@ -100,19 +100,51 @@ func writeRows(w io.Writer, prefix string, obj *value) {
 	}
 }
 
-// columns are the fields holding a scalar in any item, in first-seen order.
+// columns are the fields of any item, in first-seen order: scalars as they
+// are, nested values summarised (summary).
 func columns(items []*value) []string {
 	var cols []string
 	seen := map[string]bool{}
 	for _, it := range items {
-		for i, k := range it.keys {
-			if !seen[k] && it.vals[i].scalar() {
+		for _, k := range it.keys {
+			if !seen[k] {
 				seen[k] = true
 				cols = append(cols, k)
 			}
 		}
 	}
 	return cols
+}
+
+// MaxColumn is the widest a table cell of a list gets; longer values are
+// cut with an ellipsis (--output json shows them whole).
+const MaxColumn = 40
+
+// summary is a value in a list's cell: a nested array as its length, a
+// nested object as its keys.
+func summary(v *value) string {
+	switch v.kind {
+	case kindArray:
+		if len(v.elems) == 1 {
+			return "[1 item]"
+		}
+		return "[" + strconv.Itoa(len(v.elems)) + " items]"
+	case kindObject:
+		if len(v.keys) == 0 {
+			return "{}"
+		}
+		return "{" + strings.Join(v.keys, ", ") + "}"
+	}
+	return cell(v)
+}
+
+// cut shortens s to at most n characters, ending in an ellipsis.
+func cut(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
 
 // cell is a value in one table cell.

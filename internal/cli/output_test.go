@@ -35,12 +35,13 @@ list        [{"k":"v"}]
 func TestTableList(t *testing.T) {
 	t.Parallel()
 	got := output(t, OutputTable, `{"items":[
-		{"id":"a","size":1,"tags":["x"],"note":null},
-		{"id":"bb","extra":true,"size":22}
+		{"id":"a","size":1,"tags":["x"],"note":null,"spec":{"cpu":2,"mem":4}},
+		{"id":"bb","extra":true,"size":22,"tags":["x","y"],"note":"`+strings.Repeat("w", 50)+`"}
 	],"cursor":"c1","total":2}`)
-	assert.Equal(t, `id  size  note  extra
-a   1     -     -
-bb  22    -     true
+	// Nested values are summarised, wide ones cut.
+	assert.Equal(t, `id  size  tags       note                                      spec        extra
+a   1     [1 item]   -                                         {cpu, mem}  -
+bb  22    [2 items]  `+strings.Repeat("w", 39)+`…  -           true
 
 cursor  c1
 total   2

@@ -199,7 +199,8 @@ func TestRunAPIErrors(t *testing.T) {
 	code, out, errOut := runFake(t, f, nil, "", "system", "version")
 	assert.Equal(t, ExitInvalidInput, code)
 	assert.Empty(t, out)
-	assert.Equal(t, "error: INVALID_INPUT (400): zzz: unknown field\n  zzz: unknown field\n  (input): trailing data\n  limit: 50\n", errOut)
+	// The first issue is the message: printed once.
+	assert.Equal(t, "error: INVALID_INPUT (400): zzz: unknown field\n  (input): trailing data\n  limit: 50\n", errOut)
 
 	f = &fakeAPI{status: 429, body: `{"error":{"code":"RATE_LIMITED","message":"slow down","retryAfterMs":250,"details":{"scope":{"b":1,"a":"x"}}}}`}
 	code, _, errOut = runFake(t, f, nil, "", "system", "version")

@@ -203,7 +203,7 @@ func TestValidationReportsFirstProblemAndEveryIssue(t *testing.T) {
 		{Message: "unknown field", Path: "bogus"},
 		{Message: "is required", Path: "tenantId"},
 		{Message: "must be one of shared, dedicated, custom", Path: "kind"},
-		{Message: "must match ^[a-z][a-z0-9-]{0,62}$", Path: "region"},
+		{Message: "must be a region: a lowercase letter, then up to 62 lowercase letters, digits or hyphens (pattern ^[a-z][a-z0-9-]{0,62}$)", Path: "region"},
 		{Message: "is required", Path: "idempotencyKey"},
 		{Message: "must be a string, got number", Path: "iamRegion"},
 	}, e.Issues())

@@ -208,7 +208,10 @@ type StringRule struct {
 	MinLength int // in characters (runes)
 	MaxLength int // 0: unbounded
 	Pattern   *regexp.Regexp
-	Enum      []string
+	// Words says what Pattern accepts, for the message; "" names the
+	// pattern alone.
+	Words string
+	Enum  []string
 }
 
 // String checks v against r.
@@ -230,7 +233,11 @@ func String(v any, path string, r *StringRule, iss *Issues) (string, bool) {
 		iss.Add(path, "must be one of %s", strings.Join(r.Enum, ", "))
 		return "", false
 	case r.Pattern != nil && !r.Pattern.MatchString(s):
-		iss.Add(path, "must match %s", r.Pattern.String())
+		if r.Words != "" {
+			iss.Add(path, "must be %s (pattern %s)", r.Words, r.Pattern.String())
+		} else {
+			iss.Add(path, "must match %s", r.Pattern.String())
+		}
 		return "", false
 	}
 	return s, true

@@ -121,6 +121,7 @@ func TestString(t *testing.T) {
 		{name: "enum is case sensitive", v: "A", rule: wire.StringRule{Enum: []string{"a", "b"}}, err: "must be one of a, b"},
 		{name: "pattern hit", v: "café", rule: wire.StringRule{Pattern: lower}, want: "café"},
 		{name: "pattern miss", v: "Cafe", rule: wire.StringRule{Pattern: lower}, err: "must match ^[a-zé]+$"},
+		{name: "pattern miss in words", v: "Cafe", rule: wire.StringRule{Pattern: lower, Words: "lowercase letters"}, err: "must be lowercase letters (pattern ^[a-zé]+$)"},
 		{name: "length is checked before the pattern", v: "ABCD", rule: wire.StringRule{MaxLength: 3, Pattern: lower}, err: "must be at most 3 characters"},
 		{name: "number", v: num("1"), err: "must be a string, got number"},
 		{name: "null", v: nil, err: "must be a string, got null"},

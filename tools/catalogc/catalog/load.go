@@ -302,7 +302,7 @@ func (c *Catalog) loadShapes(path string) error {
 			return v.nameErrf("shape name %q must be UpperCamelCase", name)
 		}
 		s := &Shape{Name: name, Pos: v.at()}
-		ks, vs, err := v.pairs("shape "+name, "pattern", "maxLength", "description")
+		ks, vs, err := v.pairs("shape "+name, "pattern", "maxLength", "description", "words")
 		if err != nil {
 			return err
 		}
@@ -316,6 +316,8 @@ func (c *Catalog) loadShapes(path string) error {
 				s.MaxLength, err = vs[j].integer("maxLength")
 			case "description":
 				s.Description, err = vs[j].str("description")
+			case "words":
+				s.Words, err = vs[j].str("words")
 			}
 			if err != nil {
 				return err

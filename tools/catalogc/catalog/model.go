@@ -46,6 +46,8 @@ type Shape struct {
 	Pattern     string
 	MaxLength   int
 	Description string
+	// Words says in words what the pattern accepts, for messages.
+	Words string
 	Pos         Pos
 }
 

@@ -165,7 +165,7 @@ func TestDecodeIssues(t *testing.T) {
 			name: "every issue is collected, the first field first", route: "/sandboxTemplates/update",
 			body: `{"volumes":[{"name":"v","mountPath":"x"}],"warm":{"min":-1},"templateId":"nope","tenantId":"t1"}`,
 			want: []wire.Issue{
-				issue("templateId", "must match ^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$"),
+				issue("templateId", "must be a template id: sbxt_ and 26 to 52 lowercase letters and digits (no i, l, o, u) (pattern ^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$)"),
 				issue("warm.min", "must be at least 0"),
 				issue("volumes[0].mountPath", "must be at least 2 characters"),
 			},

@@ -517,6 +517,9 @@ func (g *generator) stringRule(ctx string, s *catalog.Schema) string {
 	}
 	if s.Pattern != "" {
 		d[jen.Id("Pattern")] = g.regexpRef(s.Pattern)
+		if words := g.patternWords(s.Pattern); words != "" {
+			d[jen.Id("Words")] = jen.Lit(words)
+		}
 	}
 	if len(s.Enum) > 0 {
 		d[jen.Id("Enum")] = jen.Index().String().ValuesFunc(func(v *jen.Group) {
@@ -562,6 +565,17 @@ func (g *generator) countRule(ctx string, minN, maxN *int, keyPattern string) st
 		d[jen.Id("KeyPattern")] = g.regexpRef(keyPattern)
 	}
 	return g.addRule(ctx, jen.Op("&").Qual(wirePkg, "CountRule").Values(d))
+}
+
+// patternWords is what a shape's pattern accepts, in words, "" when no
+// shape with words has pattern p.
+func (g *generator) patternWords(p string) string {
+	for _, sh := range g.cat.Shapes {
+		if sh.Pattern == p && sh.Words != "" {
+			return sh.Words
+		}
+	}
+	return ""
 }
 
 // regexpRef returns the shared compiled pattern variable for p.
