@@ -48,7 +48,7 @@ type Shape struct {
 	Description string
 	// Words says in words what the pattern accepts, for messages.
 	Words string
-	Pos         Pos
+	Pos   Pos
 }
 
 // ErrorCode is one row of errors.yaml.
