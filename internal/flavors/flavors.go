@@ -13,6 +13,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
 	"computeplane/internal/pools"
+	"computeplane/internal/wire"
 )
 
 // Service implements api.FlavorsService.
@@ -23,7 +24,7 @@ var _ api.FlavorsService = Service{}
 func output(r db.Flavor) *api.Flavor {
 	f := &api.Flavor{
 		PoolID: r.PoolID, Name: r.Name, Vcpu: int64(r.Vcpu), MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib,
-		Archived: r.Archived, CreatedAt: r.CreatedAt.UTC().Format("2006-01-02T15:04:05.000Z"),
+		Archived: r.Archived, CreatedAt: wire.Time(r.CreatedAt),
 	}
 	if r.GpuModel.Valid {
 		f.Gpus = &api.GPUs{Model: r.GpuModel.String, Count: int64(r.Gpus)}

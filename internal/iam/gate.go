@@ -15,6 +15,7 @@ import (
 	"computeplane/internal/ids"
 	"computeplane/internal/rpc"
 	"computeplane/internal/store"
+	"computeplane/internal/wire"
 )
 
 // CookieName is the identity service's session cookie.
@@ -344,7 +345,7 @@ func (g *Gate) refusal(err error) error {
 			"resource":       map[string]string{"type": conf.Resource.Type, "id": conf.Resource.ID},
 		}
 		if !conf.ExpiresAt.IsZero() {
-			details["expiresAt"] = conf.ExpiresAt.UTC().Format("2006-01-02T15:04:05.000Z")
+			details["expiresAt"] = wire.Time(conf.ExpiresAt)
 		}
 		return api.Errorf(api.CodeConfirmationRequired, "%s needs a confirmation", conf.Action).WithDetails(details)
 	case errors.Is(err, ErrUnauthenticated):

@@ -22,6 +22,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
 	"computeplane/internal/outbox"
+	"computeplane/internal/wire"
 )
 
 // States of a node.
@@ -46,13 +47,11 @@ type Service struct{}
 
 var _ api.NodesService = Service{}
 
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
-
 func formatTimePtr(t *time.Time) *string {
 	if t == nil {
 		return nil
 	}
-	s := formatTime(*t)
+	s := wire.Time(*t)
 	return &s
 }
 
@@ -72,19 +71,19 @@ func Output(n db.Node, owner string) *api.Node {
 		Capacity:            api.Capacity{Vcpu: int64(n.CapVcpu), MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, Gpus: gpus(n.GpuModel.String, n.CapGpus)},
 		Booked:              api.Capacity{Vcpu: int64(n.BookedVcpu), MemoryMiB: n.BookedMemoryMib, DiskGiB: n.BookedDiskGib, Gpus: gpus(n.GpuModel.String, n.BookedGpus)},
 		CertificateNotAfter: formatTimePtr(n.CertNotAfter), Declared: n.Declared, Version: n.Version,
-		CreatedAt: formatTime(n.CreatedAt), UpdatedAt: formatTime(n.UpdatedAt),
+		CreatedAt: wire.Time(n.CreatedAt), UpdatedAt: wire.Time(n.UpdatedAt),
 	}
 	if n.VolumeReportedAt != nil {
 		out.VolumeStore = &api.VolumeStore{
 			AvailableBytes: n.VolumeAvailableBytes.Int64, ReservedBytes: n.VolumeReservedBytes.Int64,
-			OutstandingBytes: n.VolumeOutstandingBytes.Int64, ReportedAt: formatTime(*n.VolumeReportedAt),
+			OutstandingBytes: n.VolumeOutstandingBytes.Int64, ReportedAt: wire.Time(*n.VolumeReportedAt),
 		}
 	}
 	if n.AgentVersion.Valid {
 		out.Agent = &api.Agent{Version: n.AgentVersion.String, Protocol: int64(n.AgentProtocol.Int32)}
 	}
 	if n.SessionGateway.Valid && n.SessionSince != nil {
-		out.Session = &api.NodeSession{GatewayID: n.SessionGateway.String, Since: formatTime(*n.SessionSince)}
+		out.Session = &api.NodeSession{GatewayID: n.SessionGateway.String, Since: wire.Time(*n.SessionSince)}
 	}
 	return out
 }

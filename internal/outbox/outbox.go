@@ -18,6 +18,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/ids"
 	"computeplane/internal/reqmeta"
+	"computeplane/internal/wire"
 )
 
 // SourcePrefix starts the CloudEvents source of every event; the publishing
@@ -176,7 +177,7 @@ func Envelope(r db.ListOutboxCommittedRow) CloudEvent {
 		Source:          r.Source,
 		Type:            r.Type,
 		Subject:         r.Subject,
-		Time:            r.Time.UTC().Format("2006-01-02T15:04:05.000Z"),
+		Time:            wire.Time(r.Time),
 		DataContentType: "application/json",
 		Data:            r.Data,
 		TenantID:        r.TenantID,

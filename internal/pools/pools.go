@@ -7,7 +7,6 @@ package pools
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -19,6 +18,7 @@ import (
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
 	"computeplane/internal/sites"
+	"computeplane/internal/wire"
 )
 
 // Unlimited is the max of an owner's quota row for a resource its
@@ -52,8 +52,6 @@ func SiteReferences(ctx context.Context, tx pgx.Tx, siteID string) (live, refere
 
 var _ sites.References = SiteReferences
 
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
-
 func ptr(t pgtype.Text) *string {
 	if !t.Valid {
 		return nil
@@ -73,7 +71,7 @@ func output(r db.Pool, tenant string) *api.Pool {
 	return &api.Pool{
 		PoolID: r.PoolID, TenantID: r.TenantID, SiteID: r.SiteID, Name: r.Name, Class: r.Class, Hosting: r.Hosting,
 		AccountID: ptr(r.AccountID), Runtime: ptr(r.Runtime), Agent: ptr(r.Agent), Archived: r.Archived,
-		Offered: r.TenantID != tenant, Version: r.Version, CreatedAt: formatTime(r.CreatedAt), UpdatedAt: formatTime(r.UpdatedAt),
+		Offered: r.TenantID != tenant, Version: r.Version, CreatedAt: wire.Time(r.CreatedAt), UpdatedAt: wire.Time(r.UpdatedAt),
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,6 +17,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
 	"computeplane/internal/outbox"
+	"computeplane/internal/wire"
 )
 
 // RelationMember is the relationship that makes an identity a member.
@@ -28,12 +28,10 @@ type Service struct{}
 
 var _ api.ProjectsService = Service{}
 
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
-
 func output(r db.Project) *api.Project {
 	return &api.Project{
 		ProjectID: r.ProjectID, TenantID: r.TenantID, Name: r.Name, Description: r.Description, Owner: r.Owner,
-		Version: r.Version, CreatedAt: formatTime(r.CreatedAt), UpdatedAt: formatTime(r.UpdatedAt),
+		Version: r.Version, CreatedAt: wire.Time(r.CreatedAt), UpdatedAt: wire.Time(r.UpdatedAt),
 	}
 }
 

@@ -48,6 +48,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/keys"
 	"computeplane/internal/outbox"
+	"computeplane/internal/wire"
 )
 
 // Store names (config.SecretStore values).
@@ -275,7 +276,7 @@ func (s *Service) List(ctx context.Context, in *api.SecretsListInput) (*api.Secr
 			break
 		}
 		out.Items = append(out.Items, api.SecretSummary{
-			Name: r.Name, Reference: r.Reference, Version: r.Version, Store: r.Store, UpdatedAt: r.UpdatedAt.UTC().Format("2006-01-02T15:04:05.000Z"),
+			Name: r.Name, Reference: r.Reference, Version: r.Version, Store: r.Store, UpdatedAt: wire.Time(r.UpdatedAt),
 		})
 	}
 	return out, nil

@@ -20,19 +20,8 @@ import (
 // method. .ci/run installs Chromium; elsewhere the test is skipped without it.
 func TestDocsLoadInABrowser(t *testing.T) {
 	t.Parallel()
-	browser, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Skip("chromium is not installed (apt-get install chromium); .ci/run installs it")
-	}
 	env := testenv.Start(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, browser,
-		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync",
-		"--user-data-dir="+t.TempDir(), "--dump-dom", env.APIURL+"/docs").Output()
-	require.NoError(t, err)
-	dom := string(out)
+	dom := dumpDOM(t, env.APIURL+"/docs")
 	require.Contains(t, dom, "</html>")
 	for _, m := range api.Methods {
 		assert.True(t, strings.Contains(dom, m.FullName), "the rendered page names %s", m.FullName)
@@ -45,19 +34,8 @@ func TestDocsLoadInABrowser(t *testing.T) {
 // methods shown.
 func TestDocsSearchFindsAMethod(t *testing.T) {
 	t.Parallel()
-	browser, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Skip("chromium is not installed (apt-get install chromium); .ci/run installs it")
-	}
 	env := testenv.Start(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, browser,
-		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync",
-		"--user-data-dir="+t.TempDir(), "--dump-dom", env.APIURL+"/docs?q=pools.offer").Output()
-	require.NoError(t, err)
-	dom := string(out)
+	dom := dumpDOM(t, env.APIURL+"/docs?q=pools.offer")
 	assert.Contains(t, dom, "1 of ", "the script ran and counted the matches")
 	assert.Regexp(t, `<article id="pools\.offer" data-method="pools\.offer"[^>]*>`, dom)
 	assert.NotRegexp(t, `<article id="pools\.offer"[^>]* hidden`, dom, "the match is shown")
@@ -77,4 +55,23 @@ func TestRootRedirectsToTheDocs(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "only the root redirects")
+}
+
+// dumpDOM loads url in headless Chromium, runs its scripts and returns the
+// DOM; the test is skipped where Chromium is not installed (.ci/run
+// installs it).
+func dumpDOM(t *testing.T, url string) string {
+	t.Helper()
+	browser, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Skip("chromium is not installed (apt-get install chromium); .ci/run installs it")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, browser,
+		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir="+t.TempDir(), "--dump-dom", url).Output()
+	require.NoError(t, err)
+	return string(out)
 }

@@ -16,6 +16,7 @@ import (
 	"computeplane/gen/api"
 	gendocs "computeplane/gen/docs"
 	"computeplane/internal/metrics"
+	"computeplane/internal/wire"
 )
 
 // Pinger answers a trivial store query.
@@ -119,18 +120,16 @@ func health(w http.ResponseWriter, r *http.Request, s Pinger, log *slog.Logger) 
 		"status":    "ok",
 		"database":  "ok",
 		"latencyMs": float64(latency.Microseconds()) / 1000,
-		"time":      formatTime(dbTime),
+		"time":      wire.Time(dbTime),
 	}
 	status := http.StatusOK
 	if err != nil {
 		log.WarnContext(r.Context(), "health probe failed", "error", err.Error())
-		body["status"], body["database"], body["time"] = "degraded", "unreachable", formatTime(time.Now())
+		body["status"], body["database"], body["time"] = "degraded", "unreachable", wire.Time(time.Now())
 		status = http.StatusServiceUnavailable
 	}
 	writeJSON(w, status, body)
 }
-
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
 // getOnly answers 405 to anything but GET and HEAD.
 func getOnly(h http.HandlerFunc) http.HandlerFunc {

@@ -14,6 +14,7 @@ import (
 
 	"computeplane/gen/db"
 	"computeplane/internal/outbox"
+	"computeplane/internal/wire"
 )
 
 // Defaults of a Dispatcher.
@@ -227,7 +228,7 @@ func read(ctx context.Context, q *db.Queries, kind string, after cursorOf, limit
 
 func auditRecord(r db.ListAuditCommittedRow) AuditRecord {
 	rec := AuditRecord{
-		ID: r.ID, At: r.At.UTC().Format("2006-01-02T15:04:05.000Z"), TenantID: r.TenantID,
+		ID: r.ID, At: wire.Time(r.At), TenantID: r.TenantID,
 		IdentityID: r.IdentityID, IdentityKind: r.IdentityKind, Method: r.Method,
 		ResourceType: r.ResourceType, ResourceID: r.ResourceID, RequestID: r.RequestID, Outcome: r.Outcome,
 	}

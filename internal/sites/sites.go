@@ -7,7 +7,6 @@ package sites
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -18,6 +17,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
 	"computeplane/internal/outbox"
+	"computeplane/internal/wire"
 )
 
 // Kinds of sites.
@@ -56,8 +56,6 @@ func text(s *string) pgtype.Text {
 	return pgtype.Text{String: *s, Valid: true}
 }
 
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
-
 func output(r db.Site) *api.Site {
 	iamRegion := r.Region
 	if r.IamRegion.Valid {
@@ -65,7 +63,7 @@ func output(r db.Site) *api.Site {
 	}
 	return &api.Site{
 		SiteID: r.SiteID, TenantID: r.TenantID, Kind: r.Kind, Region: r.Region, IAMRegion: iamRegion,
-		Version: r.Version, Tombstoned: r.Tombstoned, CreatedAt: formatTime(r.CreatedAt), UpdatedAt: formatTime(r.UpdatedAt),
+		Version: r.Version, Tombstoned: r.Tombstoned, CreatedAt: wire.Time(r.CreatedAt), UpdatedAt: wire.Time(r.UpdatedAt),
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"computeplane/internal/cursor"
 	"computeplane/internal/iam"
 	"computeplane/internal/system"
+	"computeplane/internal/wire"
 )
 
 // Limits of the usage methods (the specification's Limits).
@@ -35,17 +36,15 @@ func jsonUnmarshal(raw []byte, v any) error { return json.Unmarshal(raw, v) }
 
 func textOf(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }
 
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
-
 func output(w db.UsageWindow) api.UsageWindow {
 	tags := map[string]string{}
 	_ = json.Unmarshal(w.Tags, &tags)
 	out := api.UsageWindow{
 		IdempotencyKey: w.Key, Meter: w.Meter, Quantity: Quantity(w.QuantityMicroMs),
-		WindowStart: formatTime(w.WindowStart), WindowEnd: formatTime(w.WindowEnd), Tags: tags,
+		WindowStart: wire.Time(w.WindowStart), WindowEnd: wire.Time(w.WindowEnd), Tags: tags,
 	}
 	if w.RecordedAt != nil {
-		s := formatTime(*w.RecordedAt)
+		s := wire.Time(*w.RecordedAt)
 		out.RecordedAt = &s
 	}
 	if w.Outcome.Valid {

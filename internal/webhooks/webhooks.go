@@ -50,6 +50,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/ids"
 	"computeplane/internal/outbox"
+	"computeplane/internal/wire"
 )
 
 // Delivery states.
@@ -82,13 +83,11 @@ func New(o Options) *Service {
 	return &Service{opt: o, seal: newSealer(o.Key), types: o.eventTypes(), now: o.clock()}
 }
 
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
-
 func optTime(t *time.Time) *string {
 	if t == nil {
 		return nil
 	}
-	s := formatTime(*t)
+	s := wire.Time(*t)
 	return &s
 }
 
@@ -99,7 +98,7 @@ func notFound(id string) error { return api.Errorf(api.CodeNotFound, "webhook %s
 func (s *Service) output(r db.Webhook) *api.Webhook {
 	w := &api.Webhook{
 		TenantID: r.TenantID, WebhookID: r.WebhookID, URL: r.Url, Events: r.Events, Description: r.Description,
-		Active: r.Active, Version: r.Version, CreatedAt: formatTime(r.CreatedAt), UpdatedAt: formatTime(r.UpdatedAt),
+		Active: r.Active, Version: r.Version, CreatedAt: wire.Time(r.CreatedAt), UpdatedAt: wire.Time(r.UpdatedAt),
 	}
 	if w.Events == nil {
 		w.Events = []string{}
@@ -114,7 +113,7 @@ func deliveryOutput(r db.WebhookDelivery) *api.Delivery {
 	d := &api.Delivery{
 		DeliveryID: r.DeliveryID, WebhookID: r.WebhookID, EventID: r.EventID, EventType: r.EventType,
 		State: r.State, Attempts: int64(r.Attempts), NextAttemptAt: optTime(r.NextAttemptAt),
-		LastAttemptAt: optTime(r.LastAttemptAt), CreatedAt: formatTime(r.CreatedAt),
+		LastAttemptAt: optTime(r.LastAttemptAt), CreatedAt: wire.Time(r.CreatedAt),
 	}
 	if r.LastStatus.Valid {
 		v := int64(r.LastStatus.Int32)
@@ -349,7 +348,7 @@ func (s *Service) Ping(ctx context.Context, in *api.WebhooksPingInput) (*api.Del
 	}
 	body, err := json.Marshal(outbox.CloudEvent{
 		SpecVersion: "1.0", ID: eventID, Source: outbox.SourcePrefix + pingModule, Type: api.EventWebhookPing,
-		Subject: row.WebhookID, Time: formatTime(now), DataContentType: "application/json", Data: data,
+		Subject: row.WebhookID, Time: wire.Time(now), DataContentType: "application/json", Data: data,
 		TenantID: row.TenantID,
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -442,3 +443,10 @@ func (n Nullable[T]) MarshalJSON() ([]byte, error) {
 	}
 	return json.Marshal(n.Value)
 }
+
+// TimeLayout is how the API writes times: RFC 3339 in UTC with
+// milliseconds (ARCHITECTURE.md, "JSON field names").
+const TimeLayout = "2006-01-02T15:04:05.000Z"
+
+// Time writes t as the API does.
+func Time(t time.Time) string { return t.UTC().Format(TimeLayout) }
