@@ -69,7 +69,7 @@ $(SECRET_FILE):
 
 .PHONY: run
 run: $(SECRET_FILE) ## Run the service, every role, on PORT (default 3000)
-	@$(SERVICE_ENV); exec go run ./cmd/computed
+	@$(SERVICE_ENV); go run ./cmd/computed pki init >/dev/null; exec go run ./cmd/computed
 
 .PHONY: key
 key: $(SECRET_FILE) ## Make an API key: make key TENANT=acme ROLE=owner [IDENTITY=ann]

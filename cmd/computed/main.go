@@ -5,6 +5,8 @@
 //	computed migrate    apply the embedded migrations and exit
 //	computed iam ...    operator commands of the embedded identity service
 //	                    (create-key, revoke-key, list-keys)
+//	computed pki init [--trust-domain D]
+//	                    write the sealed PKI bundle to SERVICE_PKI unless it exists
 //	computed nodes register ...
 //	                    enter a node with a declared capacity (no daemon)
 //	computed version    print the release version
@@ -13,6 +15,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -32,6 +35,7 @@ import (
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/logging"
 	"computeplane/internal/nodes"
+	"computeplane/internal/pki"
 	"computeplane/internal/store"
 )
 
@@ -111,6 +115,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		identity := embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, time.Now)
 		return nodes.RunCommand(ctx, st, identity.Projection(), cfg.TypePrefix, args[1:], stdout, stderr)
+	case "pki":
+		return pkiCommand(cfg, args[1:], stdout, stderr)
 	case "migrate":
 		st, err := store.Open(ctx, cfg.Database)
 		if err == nil {
@@ -123,9 +129,33 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return 0
 	default:
-		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|iam|nodes|version]"))
+		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|iam|nodes|pki|version]"))
 		return 2
 	}
+}
+
+// pkiCommand runs `computed pki init`: a new bundle (CAs, join and
+// command signing keys) sealed with the service secret at SERVICE_PKI, or
+// the one already there.
+func pkiCommand(cfg *config.Config, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("computed pki init", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	domain := fs.String("trust-domain", pki.DefaultTrustDomain, "SPIFFE trust domain of node identities")
+	if len(args) == 0 || args[0] != "init" || fs.Parse(args[1:]) != nil {
+		fmt.Fprintln(stderr, "usage: computed pki init [--trust-domain D]")
+		return 2
+	}
+	b, made, err := pki.Init(cfg.PKIFile, cfg.Secret, *domain)
+	if err != nil {
+		fmt.Fprintln(stderr, "computed pki init:", err)
+		return 1
+	}
+	what := "kept the PKI bundle in"
+	if made {
+		what = "wrote a new PKI bundle to"
+	}
+	fmt.Fprintf(stdout, "%s %s (trust domain %s, version %d, node CA %s)\n", what, cfg.PKIFile, b.TrustDomain, b.TrustVersion, pki.Fingerprint(b.NodeCA.Cert)[:16])
+	return 0
 }
 
 // devEnv fills SERVICE_DATABASE_URL and SERVICE_SECRET, when both are

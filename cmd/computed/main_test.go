@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -437,4 +438,19 @@ func TestNodesRegister(t *testing.T) {
 		getenv(env), &stdout, &refusal))
 	assert.Contains(t, refusal.String(), "not found")
 	assert.Equal(t, 2, run(t.Context(), []string{"nodes", "bogus"}, getenv(env), &stdout, &stderr))
+}
+
+func TestPKIInit(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "pki.json")
+	env := map[string]string{"SERVICE_DATABASE_URL": "postgres://unused", "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": path}
+	var stdout, stderr syncBuffer
+	require.Equal(t, 0, run(t.Context(), []string{"pki", "init", "--trust-domain", "example.org"}, getenv(env), &stdout, &stderr), stderr.String())
+	assert.Contains(t, stdout.String(), "wrote a new PKI bundle to "+path+" (trust domain example.org, version 1")
+	var again syncBuffer
+	require.Equal(t, 0, run(t.Context(), []string{"pki", "init"}, getenv(env), &again, &stderr), stderr.String())
+	assert.Contains(t, again.String(), "kept the PKI bundle in "+path+" (trust domain example.org")
+	env["SERVICE_SECRET"] = testenv.TestSecret + "-other"
+	assert.Equal(t, 1, run(t.Context(), []string{"pki", "init"}, getenv(env), &again, &stderr), "another secret does not open it")
+	assert.Equal(t, 2, run(t.Context(), []string{"pki", "rotate"}, getenv(env), &again, &stderr))
 }
