@@ -176,6 +176,20 @@ type IamUsageRecord struct {
 	RecordedAt  time.Time
 }
 
+type JoinToken struct {
+	TokenID   string
+	TenantID  string
+	PoolID    string
+	SiteID    string
+	CreatedBy string
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	Revoked   bool
+	UsedAt    *time.Time
+	BoundKey  pgtype.Text
+	NodeID    pgtype.Text
+}
+
 type Lease struct {
 	Name       string
 	Holder     string

@@ -26,6 +26,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/images"
+	"computeplane/internal/join"
 	"computeplane/internal/keys"
 	"computeplane/internal/metrics"
 	"computeplane/internal/nodes"
@@ -132,8 +133,11 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		return nil, err
 	}
 	services := &api.Services{
-		System:   sys,
-		Sites:    sites.New(cfg.RootTenantID, cursors, pools.SiteReferences),
+		System: sys,
+		Sites: sites.New(cfg.RootTenantID, cursors, pools.SiteReferences).OnDelete(func(ctx context.Context, tx pgx.Tx, site string) error {
+			_, err := join.RevokeSite(ctx, tx, site)
+			return err
+		}),
 		Pools:    pools.New(cfg.RootTenantID),
 		Flavors:  flavors.Service{},
 		Quotas:   quotas.Service{},

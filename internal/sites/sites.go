@@ -40,6 +40,16 @@ type Service struct {
 	root    string
 	cursors *cursor.Sealer
 	refs    References
+	// onDelete runs in the transaction of a deletion (join tokens are
+	// revoked); nil does nothing.
+	onDelete func(ctx context.Context, tx pgx.Tx, siteID string) error
+}
+
+// OnDelete sets what else a deletion does in its transaction: the join
+// service revokes the site's tokens.
+func (s *Service) OnDelete(fn func(ctx context.Context, tx pgx.Tx, siteID string) error) *Service {
+	s.onDelete = fn
+	return s
 }
 
 var _ api.SitesService = (*Service)(nil)
@@ -274,6 +284,11 @@ func (s *Service) Delete(ctx context.Context, in *api.SitesDeleteInput) (*api.Si
 	}
 	if live {
 		return nil, api.Errorf(api.CodeInvalidState, "site %s still has live pools or nodes", row.SiteID)
+	}
+	if s.onDelete != nil {
+		if err := s.onDelete(ctx, tx, row.SiteID); err != nil {
+			return nil, err
+		}
 	}
 	if referenced {
 		_, err = q.TombstoneSite(ctx, row.SiteID)
