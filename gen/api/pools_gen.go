@@ -9,13 +9,14 @@ import (
 
 // Full names of the pools methods.
 const (
-	MethodPoolsCreate  = "pools.create"
-	MethodPoolsGet     = "pools.get"
-	MethodPoolsList    = "pools.list"
-	MethodPoolsUpdate  = "pools.update"
-	MethodPoolsArchive = "pools.archive"
-	MethodPoolsOffer   = "pools.offer"
-	MethodPoolsUnoffer = "pools.unoffer"
+	MethodPoolsCreate    = "pools.create"
+	MethodPoolsGet       = "pools.get"
+	MethodPoolsList      = "pools.list"
+	MethodPoolsUpdate    = "pools.update"
+	MethodPoolsArchive   = "pools.archive"
+	MethodPoolsOffer     = "pools.offer"
+	MethodPoolsUnoffer   = "pools.unoffer"
+	MethodPoolsJoinToken = "pools.joinToken"
 )
 
 // PoolsCreateInput: Input of pools.create.
@@ -316,6 +317,41 @@ func decodePoolsUnofferInput(obj map[string]any, path string, iss *wire.Issues) 
 	return
 }
 
+// PoolsJoinTokenInput: Input of pools.joinToken.
+type PoolsJoinTokenInput struct {
+	TenantID   string `json:"tenantId"` // Tenant identifier.
+	PoolID     string `json:"poolId"`   // Pool identifier.
+	TTLSeconds int64  `json:"ttlSeconds,omitempty"`
+}
+
+var fieldsPoolsJoinTokenInput = map[string]struct{}{
+	"poolId":     {},
+	"tenantId":   {},
+	"ttlSeconds": {},
+}
+
+// decodePoolsJoinTokenInput checks obj against the schema of PoolsJoinTokenInput, collecting every issue.
+func decodePoolsJoinTokenInput(obj map[string]any, path string, iss *wire.Issues) (out PoolsJoinTokenInput) {
+	wire.Unknown(obj, path, fieldsPoolsJoinTokenInput, iss)
+	out.TTLSeconds = int64(1800)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), rulePoolsJoinTokenInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["poolId"]; !ok {
+		wire.Required(wire.Join(path, "poolId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "poolId"), rulePoolsJoinTokenInputPoolID, iss); ok {
+		out.PoolID = x1
+	}
+	if v, ok := obj["ttlSeconds"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "ttlSeconds"), rulePoolsJoinTokenInputTTLSeconds, iss); ok {
+			out.TTLSeconds = x1
+		}
+	}
+	return
+}
+
 // PoolsService implements the pools group: Sets of hosts in one site that admissions place work on. A pool belongs to its tenant (the root tenant for platform pools); pools.offer opens it to another tenant within limits (that tenant's quota rows). An archived pool refuses new work; what runs on it lives on.
 type PoolsService interface {
 	// Create: Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. The id derives from tenant, caller and key.
@@ -332,6 +368,8 @@ type PoolsService interface {
 	Offer(ctx context.Context, in *PoolsOfferInput) (*PoolOffer, error)
 	// Unoffer: Stops new admissions of the tenant in the pool; its existing work lives on and its quota rows keep their used counts.
 	Unoffer(ctx context.Context, in *PoolsUnofferInput) (*PoolOffer, error)
+	// JoinToken: Mints a single-use join token for a pool of the tenant, valid for ttlSeconds (default 30 minutes): sealed to the join service's key, bound at first use to the key of the joining machine's certificate request, revoked when the site is deleted. An archived pool is INVALID_STATE; INVALID_CONFIG when the deployment has no PKI bundle (computed pki init).
+	JoinToken(ctx context.Context, in *PoolsJoinTokenInput) (*JoinToken, error)
 }
 
 // UnimplementedPoolsService answers NOT_IMPLEMENTED for every method; embed it to implement a group bit by bit.
@@ -359,4 +397,7 @@ func (UnimplementedPoolsService) Offer(context.Context, *PoolsOfferInput) (*Pool
 }
 func (UnimplementedPoolsService) Unoffer(context.Context, *PoolsUnofferInput) (*PoolOffer, error) {
 	return nil, NotImplemented(Lookup("/pools/unoffer"))
+}
+func (UnimplementedPoolsService) JoinToken(context.Context, *PoolsJoinTokenInput) (*JoinToken, error) {
+	return nil, NotImplemented(Lookup("/pools/joinToken"))
 }

@@ -684,6 +684,34 @@ var Methods = []*Method{
 		TenantScoped: true,
 	},
 	{
+		Action: "compute:pools:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodePoolsJoinTokenInput(obj, "", iss)
+			return &in
+		},
+		Description: "Mints a single-use join token for a pool of the tenant, valid for ttlSeconds (default 30 minutes): sealed to the join service's key, bound at first use to the key of the joining machine's certificate request, revoked when the site is deleted. An archived pool is INVALID_STATE; INVALID_CONFIG when the deployment has no PKI bundle (computed pki init).",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeInvalidConfig, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "pools.joinToken",
+		Group:       "pools",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Pools.JoinToken(ctx, in.(*PoolsJoinTokenInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "joinToken",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "poolId",
+			Type:    "pool",
+		}},
+		Route:        "/pools/joinToken",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
 		Action: "compute:profiles:manage",
 		Decode: func(obj map[string]any, iss *wire.Issues) any {
 			in := decodeProfilesCreateInput(obj, "", iss)

@@ -455,6 +455,22 @@ var (
 		Pattern:   ShapeTenantId,
 		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
+	rulePoolsJoinTokenInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	rulePoolsJoinTokenInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	rulePoolsJoinTokenInputTTLSeconds = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(86400),
+		Min:    int64(60),
+	}
 	ruleProfilesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,

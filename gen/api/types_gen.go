@@ -156,6 +156,14 @@ type ImageList struct {
 	Items []Image `json:"items"` // By id.
 }
 
+// JoinToken: A single-use join token, shown once; only its id is stored.
+type JoinToken struct {
+	Token     string `json:"token"` // The token (cjt_...): a machine presents it once, with its certificate request, to join the pool as a node.
+	TokenID   string `json:"tokenId"`
+	PoolID    string `json:"poolId"` // Pool identifier.
+	ExpiresAt string `json:"expiresAt"`
+}
+
 // Limits: Quota limits per resource; a resource left out grants nothing.
 type Limits struct {
 	Vcpu      *int64 `json:"vcpu,omitempty"`

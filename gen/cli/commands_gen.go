@@ -363,6 +363,21 @@ var Groups = []cliruntime.Group{
 					return err
 				},
 			},
+			{
+				Name:        "joinToken",
+				Description: "Mints a single-use join token for a pool of the tenant, valid for ttlSeconds (default 30 minutes): sealed to the join service's key, bound at first use to the key of the joining machine's certificate request, revoked when the site is deleted. An archived pool is INVALID_STATE; INVALID_CONFIG when the deployment has no PKI bundle (computed pki init).",
+				Kind:        "mutation",
+				Action:      "compute:pools:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "ttl-seconds", Field: "ttlSeconds", Type: cliruntime.Int, Default: "1800"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.PoolsJoinToken(ctx, new(client.PoolsJoinTokenInput))
+					return err
+				},
+			},
 		},
 	},
 	{

@@ -244,6 +244,19 @@ type PoolsInvoker interface {
 	//
 	// POST /pools/get
 	PoolsGet(ctx context.Context, request *PoolsGetInput) (*PoolsGetResult, error)
+	// PoolsJoinToken invokes poolsJoinToken operation.
+	//
+	// Mints a single-use join token for a pool of the tenant, valid for ttlSeconds (default 30 minutes):
+	// sealed to the join service's key, bound at first use to the key of the joining machine's certificate
+	// request, revoked when the site is deleted. An archived pool is INVALID_STATE; INVALID_CONFIG when
+	// the deployment has no PKI bundle (computed pki init).
+	//
+	// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), INVALID_STATE (409), INVALID_CONFIG (500), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /pools/joinToken
+	PoolsJoinToken(ctx context.Context, request *PoolsJoinTokenInput) (*PoolsJoinTokenResult, error)
 	// PoolsList invokes poolsList operation.
 	//
 	// Pools the tenant owns or is offered, in name order; archived ones only when asked.
@@ -2611,6 +2624,103 @@ func (c *Client) sendPoolsGet(ctx context.Context, request *PoolsGetInput) (res 
 	}()
 
 	result, err := decodePoolsGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// PoolsJoinToken invokes poolsJoinToken operation.
+//
+// Mints a single-use join token for a pool of the tenant, valid for ttlSeconds (default 30 minutes):
+// sealed to the join service's key, bound at first use to the key of the joining machine's certificate
+// request, revoked when the site is deleted. An archived pool is INVALID_STATE; INVALID_CONFIG when
+// the deployment has no PKI bundle (computed pki init).
+//
+// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), INVALID_STATE (409), INVALID_CONFIG (500), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /pools/joinToken
+func (c *Client) PoolsJoinToken(ctx context.Context, request *PoolsJoinTokenInput) (*PoolsJoinTokenResult, error) {
+	res, err := c.sendPoolsJoinToken(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendPoolsJoinToken(ctx context.Context, request *PoolsJoinTokenInput) (res *PoolsJoinTokenResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/pools/joinToken"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodePoolsJoinTokenRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, PoolsJoinTokenOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, PoolsJoinTokenOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodePoolsJoinTokenResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -35,6 +35,14 @@ func (s *PoolsCreateInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *PoolsJoinTokenInput) setDefaults() {
+	{
+		val := int64(1800)
+		s.TtlSeconds.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *PoolsListInput) setDefaults() {
 	{
 		val := bool(false)

@@ -23,6 +23,7 @@ const (
 	PoolsArchiveOperation              OperationName = "PoolsArchive"
 	PoolsCreateOperation               OperationName = "PoolsCreate"
 	PoolsGetOperation                  OperationName = "PoolsGet"
+	PoolsJoinTokenOperation            OperationName = "PoolsJoinToken"
 	PoolsListOperation                 OperationName = "PoolsList"
 	PoolsOfferOperation                OperationName = "PoolsOffer"
 	PoolsUnofferOperation              OperationName = "PoolsUnoffer"

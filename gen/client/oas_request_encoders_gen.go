@@ -248,6 +248,20 @@ func encodePoolsGetRequest(
 	return nil
 }
 
+func encodePoolsJoinTokenRequest(
+	req *PoolsJoinTokenInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodePoolsListRequest(
 	req *PoolsListInput,
 	r *http.Request,

@@ -1702,6 +1702,58 @@ func (s *ImagesListResult) SetData(val ImageList) {
 	s.Data = val
 }
 
+// A single-use join token, shown once; only its id is stored.
+// Ref: #/components/schemas/JoinToken
+type JoinToken struct {
+	ExpiresAt time.Time `json:"expiresAt"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// The token (cjt_...): a machine presents it once, with its certificate request, to join the pool as a
+	// node.
+	Token   string `json:"token"`
+	TokenId string `json:"tokenId"`
+}
+
+// GetExpiresAt returns the value of ExpiresAt.
+func (s *JoinToken) GetExpiresAt() time.Time {
+	return s.ExpiresAt
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *JoinToken) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetToken returns the value of Token.
+func (s *JoinToken) GetToken() string {
+	return s.Token
+}
+
+// GetTokenId returns the value of TokenId.
+func (s *JoinToken) GetTokenId() string {
+	return s.TokenId
+}
+
+// SetExpiresAt sets the value of ExpiresAt.
+func (s *JoinToken) SetExpiresAt(val time.Time) {
+	s.ExpiresAt = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *JoinToken) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetToken sets the value of Token.
+func (s *JoinToken) SetToken(val string) {
+	s.Token = val
+}
+
+// SetTokenId sets the value of TokenId.
+func (s *JoinToken) SetTokenId(val string) {
+	s.TokenId = val
+}
+
 // Quota limits per resource; a resource left out grants nothing.
 // Ref: #/components/schemas/Limits
 type Limits struct {
@@ -5067,6 +5119,62 @@ func (s *PoolsGetResult) GetData() Pool {
 
 // SetData sets the value of Data.
 func (s *PoolsGetResult) SetData(val Pool) {
+	s.Data = val
+}
+
+// Input of pools.joinToken. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/PoolsJoinTokenInput
+type PoolsJoinTokenInput struct {
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId   string   `json:"tenantId"`
+	TtlSeconds OptInt64 `json:"ttlSeconds"`
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *PoolsJoinTokenInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *PoolsJoinTokenInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTtlSeconds returns the value of TtlSeconds.
+func (s *PoolsJoinTokenInput) GetTtlSeconds() OptInt64 {
+	return s.TtlSeconds
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *PoolsJoinTokenInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *PoolsJoinTokenInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTtlSeconds sets the value of TtlSeconds.
+func (s *PoolsJoinTokenInput) SetTtlSeconds(val OptInt64) {
+	s.TtlSeconds = val
+}
+
+// Success envelope of pools.joinToken.
+// Ref: #/components/schemas/PoolsJoinTokenResult
+type PoolsJoinTokenResult struct {
+	Data JoinToken `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *PoolsJoinTokenResult) GetData() JoinToken {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *PoolsJoinTokenResult) SetData(val JoinToken) {
 	s.Data = val
 }
 

@@ -31,6 +31,7 @@ import (
 	"computeplane/internal/metrics"
 	"computeplane/internal/nodes"
 	"computeplane/internal/notify"
+	"computeplane/internal/pki"
 	"computeplane/internal/placement"
 	"computeplane/internal/pools"
 	"computeplane/internal/projects"
@@ -138,7 +139,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			_, err := join.RevokeSite(ctx, tx, site)
 			return err
 		}),
-		Pools:    pools.New(cfg.RootTenantID),
+		Pools:    pools.New(cfg.RootTenantID).WithPKI(pki.Loader(cfg.PKIFile, cfg.Secret)),
 		Flavors:  flavors.Service{},
 		Quotas:   quotas.Service{},
 		Nodes:    nodes.Service{},

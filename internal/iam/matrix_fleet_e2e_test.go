@@ -411,6 +411,12 @@ func init() {
 			assert.Zero(t, res.(*client.UsageExportResult).Data.Windows)
 		},
 	}}
+	matrix[api.MethodPoolsJoinToken] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return admittedAs(c.PoolsJoinToken(t.Context(), &client.PoolsJoinTokenInput{TenantId: tenant, PoolId: fx.pool(t, tenant)}))
+		},
+		tenantRoles: operators, rootRoles: operators, ok: invalidConfig, // the matrix env has no PKI bundle
+	}}
 }
 
 // pooledFlavor returns a pool of tenant and a flavor in it: the prepared

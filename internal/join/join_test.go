@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -159,4 +160,56 @@ func TestSiteDeletionRevokesTokens(t *testing.T) {
 	assert.True(t, del.Data.Tombstoned)
 	_, err = w.redeem(t, w.bundle, token, newKey(t))
 	assert.ErrorIs(t, err, join.ErrRevoked)
+}
+
+// pools.joinToken mints through the HTTP API; the token joins once.
+func TestJoinTokenMethod(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "pki.json")
+	bundle, _, err := pki.Init(path, testenv.TestSecret, "example.org")
+	require.NoError(t, err)
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_PKI", path))
+	c := env.Client(t, computeclient.WithToken(env.Key(t, "acme", "ann", "owner")))
+	site, err := c.SitesCreate(t.Context(), &client.SitesCreateInput{TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu-west", IdempotencyKey: "s"})
+	require.NoError(t, err)
+	pool, err := c.PoolsCreate(t.Context(), &client.PoolsCreateInput{TenantId: "acme", SiteId: site.Data.SiteId, Name: "p", Class: client.PoolsCreateInputClassVpsHost, IdempotencyKey: "p"})
+	require.NoError(t, err)
+	res, err := c.PoolsJoinToken(t.Context(), &client.PoolsJoinTokenInput{TenantId: "acme", PoolId: pool.Data.PoolId, TtlSeconds: client.NewOptInt64(600)})
+	require.NoError(t, err)
+	tok := res.Data
+	assert.True(t, strings.HasPrefix(tok.Token, join.TokenPrefix))
+	assert.WithinDuration(t, time.Now().Add(10*time.Minute), tok.ExpiresAt, time.Minute)
+
+	w := &world{st: env.Store, bundle: bundle}
+	g, err := w.redeem(t, bundle, tok.Token, newKey(t))
+	require.NoError(t, err)
+	assert.Equal(t, pool.Data.PoolId, g.PoolID)
+	_, err = w.redeem(t, bundle, tok.Token, newKey(t))
+	assert.ErrorIs(t, err, join.ErrReused)
+	var audited int
+	require.NoError(t, env.Store.Pool().QueryRow(t.Context(), `select count(*) from audit_log where method = 'pools.joinToken'`).Scan(&audited))
+	assert.Equal(t, 1, audited)
+
+	globex := env.Client(t, computeclient.WithToken(env.Key(t, "globex", "gus", "owner")))
+	_, err = globex.PoolsJoinToken(t.Context(), &client.PoolsJoinTokenInput{TenantId: "globex", PoolId: pool.Data.PoolId})
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
+	_, err = c.PoolsArchive(t.Context(), &client.PoolsArchiveInput{TenantId: "acme", PoolId: pool.Data.PoolId})
+	require.NoError(t, err)
+	_, err = c.PoolsJoinToken(t.Context(), &client.PoolsJoinTokenInput{TenantId: "acme", PoolId: pool.Data.PoolId})
+	assert.Equal(t, "INVALID_STATE", testenv.APIError(t, err).Code)
+
+	// Without a PKI bundle: INVALID_CONFIG.
+	bare := testenv.Start(t, testenv.WithEnv("SERVICE_PKI", filepath.Join(t.TempDir(), "none.json")))
+	bc := bare.Client(t, computeclient.WithToken(bare.Key(t, "acme", "ann", "owner")))
+	s2, err := bc.SitesCreate(t.Context(), &client.SitesCreateInput{TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu-west", IdempotencyKey: "s"})
+	require.NoError(t, err)
+	p2, err := bc.PoolsCreate(t.Context(), &client.PoolsCreateInput{TenantId: "acme", SiteId: s2.Data.SiteId, Name: "p", Class: client.PoolsCreateInputClassVpsHost, IdempotencyKey: "p"})
+	require.NoError(t, err)
+	_, err = bc.PoolsJoinToken(t.Context(), &client.PoolsJoinTokenInput{TenantId: "acme", PoolId: p2.Data.PoolId})
+	e := testenv.APIError(t, err)
+	assert.Equal(t, "INVALID_CONFIG", e.Code)
+	assert.Contains(t, e.Message, "computed pki init")
+	var tokens int
+	require.NoError(t, bare.Store.Pool().QueryRow(t.Context(), `select count(*) from join_tokens`).Scan(&tokens))
+	assert.Zero(t, tokens, "a refused mint leaves no row")
 }

@@ -30,6 +30,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"time"
 
 	"computeplane/internal/keys"
@@ -375,4 +376,35 @@ func Init(path, secret, trustDomain string) (*Bundle, bool, error) {
 		return nil, false, err
 	}
 	return b, true, os.Rename(tmp, path)
+}
+
+// ErrNoBundle is the answer of a Loader whose file does not exist.
+var ErrNoBundle = errors.New("pki: no PKI bundle (computed pki init writes one)")
+
+// Loader returns a function that opens the bundle at path on first use
+// and keeps it; until it opens (a missing file, another secret) every call
+// answers the error, so the file can be written later without a restart.
+func Loader(path, secret string) func() (*Bundle, error) {
+	var mu sync.Mutex
+	var b *Bundle
+	return func() (*Bundle, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if b != nil {
+			return b, nil
+		}
+		data, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%w at %s", ErrNoBundle, path)
+		}
+		if err != nil {
+			return nil, err
+		}
+		opened, err := Open(secret, data)
+		if err != nil {
+			return nil, err
+		}
+		b = opened
+		return b, nil
+	}
 }

@@ -7,6 +7,7 @@ package pools
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -15,7 +16,9 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
+	"computeplane/internal/join"
 	"computeplane/internal/outbox"
+	"computeplane/internal/pki"
 	"computeplane/internal/placement"
 	"computeplane/internal/sites"
 	"computeplane/internal/wire"
@@ -35,6 +38,14 @@ const (
 // Service implements api.PoolsService.
 type Service struct {
 	root string
+	// pki opens the deployment's PKI bundle, for join tokens.
+	pki func() (*pki.Bundle, error)
+}
+
+// WithPKI sets where join tokens get the join service's key.
+func (s *Service) WithPKI(load func() (*pki.Bundle, error)) *Service {
+	s.pki = load
+	return s
 }
 
 var _ api.PoolsService = (*Service)(nil)
@@ -373,4 +384,33 @@ func (s *Service) Unoffer(ctx context.Context, in *api.PoolsUnofferInput) (*api.
 		Type: api.EventPoolUnoffered, Subject: row.PoolID, TenantID: row.TenantID,
 		Data: api.PoolUnofferedPayload{PoolID: row.PoolID, ToTenantID: in.ToTenantID},
 	})
+}
+
+// JoinToken answers pools.joinToken.
+func (s *Service) JoinToken(ctx context.Context, in *api.PoolsJoinTokenInput) (*api.JoinToken, error) {
+	sess, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	row, err := Owned(ctx, q, in.TenantID, in.PoolID, nil)
+	if err != nil {
+		return nil, err
+	}
+	if row.Archived {
+		return nil, api.Errorf(api.CodeInvalidState, "pool %s is archived", row.PoolID)
+	}
+	if s.pki == nil {
+		return nil, api.Errorf(api.CodeInvalidConfig, "the deployment has no PKI: run computed pki init")
+	}
+	bundle, err := s.pki()
+	if err != nil {
+		return nil, api.Errorf(api.CodeInvalidConfig, "%v", err)
+	}
+	ttl := time.Duration(in.TTLSeconds) * time.Second
+	now := time.Now()
+	token, id, err := join.Mint(ctx, tx, bundle, row.TenantID, row.PoolID, row.SiteID, sess.Caller.IdentityID, ttl, now)
+	if err != nil {
+		return nil, err
+	}
+	return &api.JoinToken{Token: token, TokenID: id, PoolID: row.PoolID, ExpiresAt: wire.Time(now.Add(ttl))}, nil
 }
