@@ -4,7 +4,7 @@
 INSERT INTO pools (pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, created_by, idem_request)
 VALUES (sqlc.arg(pool_id), sqlc.arg(tenant_id), sqlc.arg(site_id), sqlc.arg(name), sqlc.arg(class), sqlc.arg(hosting),
         sqlc.narg(account_id), sqlc.narg(runtime), sqlc.narg(agent), sqlc.arg(created_by), sqlc.arg(idem_request))
-ON CONFLICT (pool_id) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING *;
 
 -- name: GetPool :one

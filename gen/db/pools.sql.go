@@ -193,7 +193,7 @@ const insertPool = `-- name: InsertPool :one
 INSERT INTO pools (pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, created_by, idem_request)
 VALUES ($1, $2, $3, $4, $5, $6,
         $7, $8, $9, $10, $11)
-ON CONFLICT (pool_id) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at
 `
 

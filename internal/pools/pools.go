@@ -128,8 +128,23 @@ func (s *Service) Create(ctx context.Context, in *api.PoolsCreateInput) (*api.Po
 		PoolID: id, TenantID: in.TenantID, SiteID: in.SiteID, Name: in.Name, Class: in.Class, Hosting: in.Hosting,
 		AccountID: text(in.AccountID), Runtime: text(runtime), Agent: text(agent), CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
 	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// A concurrent call committed first: with the same key, answer as
+		// its retry; else it took the name.
+		existing, err := q.GetPool(ctx, id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a live pool named %s", in.TenantID, in.Name)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
+			return nil, err
+		}
+		return output(existing, in.TenantID), nil
+	}
 	if err != nil {
-		return nil, err // a concurrent retry won the id: its transaction answers
+		return nil, err
 	}
 	if err := setLimits(ctx, q, in.TenantID, id, in.OwnerLimits, Unlimited); err != nil {
 		return nil, err

@@ -6,6 +6,8 @@ package pools_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -277,4 +279,59 @@ func TestOfferAndUnoffer(t *testing.T) {
 		res, err := w.acme.EventsList(t.Context(), &client.EventsListInput{TenantId: "acme", Types: []string{"pool.offered", "pool.unoffered"}})
 		return err == nil && len(res.Data.Items) == 2
 	}, 10*time.Second, 50*time.Millisecond, "pool.offered and pool.unoffered, once each")
+}
+
+// Racing creates: the same key from many callers makes one pool that every
+// one of them gets; the same name under different keys makes one pool and
+// CONFLICT for the others, never an internal error.
+func TestConcurrentCreates(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	const n = 8
+	type answer struct {
+		id   string
+		code string
+	}
+	race := func(in func(i int) client.PoolsCreateInput) []answer {
+		out := make([]answer, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p, err := w.create(t, in(i))
+				if err != nil {
+					if e, ok := computeclient.AsError(err); ok {
+						out[i].code = e.Code
+						return
+					}
+					out[i].code = err.Error()
+					return
+				}
+				out[i].id = p.PoolId
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	same := race(func(int) client.PoolsCreateInput {
+		return client.PoolsCreateInput{Name: "same-key", IdempotencyKey: "k"}
+	})
+	for _, a := range same {
+		require.Empty(t, a.code)
+		assert.Equal(t, same[0].id, a.id, "one pool for one key")
+	}
+	names := race(func(i int) client.PoolsCreateInput {
+		return client.PoolsCreateInput{Name: "one-name", IdempotencyKey: fmt.Sprintf("k%d", i)}
+	})
+	made := 0
+	for _, a := range names {
+		if a.id != "" {
+			made++
+		} else {
+			assert.Equal(t, "CONFLICT", a.code)
+		}
+	}
+	assert.Equal(t, 1, made)
+	assert.Equal(t, 2, w.count(t, "pools"))
 }

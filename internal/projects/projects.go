@@ -64,6 +64,13 @@ func (Service) Create(ctx context.Context, in *api.ProjectsCreateInput) (*api.Pr
 		ProjectID: id, TenantID: in.TenantID, Name: in.Name, Description: in.Description, Owner: sess.Caller.IdentityID, IdemRequest: fp,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
+		// The id (a concurrent call with the same key) or the name is taken.
+		if existing, err := q.GetProject(ctx, id); err == nil {
+			if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
+				return nil, err
+			}
+			return output(existing), nil
+		}
 		return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a project named %s", in.TenantID, in.Name)
 	}
 	if err != nil {
