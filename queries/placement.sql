@@ -75,7 +75,7 @@ WHERE node_id = sqlc.arg(node_id);
 -- Closes a live booking's range now and returns what it held.
 UPDATE bookings SET released = true, during = tstzrange(lower(during), greatest(lower(during), now()))
 WHERE booking_id = sqlc.arg(booking_id) AND NOT released
-RETURNING node_id, pool_id, tenant_id, whole, vcpu, memory_mib, disk_gib, gpus;
+RETURNING node_id, pool_id, tenant_id, owner_type, owner_id, whole, vcpu, memory_mib, disk_gib, gpus;
 
 -- name: ChargeQuota :batchone
 -- Adds amount to a tenant's used in a pool if it stays within max and the

@@ -437,13 +437,15 @@ func (q *Queries) RefundQuota(ctx context.Context, arg RefundQuotaParams) error 
 const releaseBooking = `-- name: ReleaseBooking :one
 UPDATE bookings SET released = true, during = tstzrange(lower(during), greatest(lower(during), now()))
 WHERE booking_id = $1 AND NOT released
-RETURNING node_id, pool_id, tenant_id, whole, vcpu, memory_mib, disk_gib, gpus
+RETURNING node_id, pool_id, tenant_id, owner_type, owner_id, whole, vcpu, memory_mib, disk_gib, gpus
 `
 
 type ReleaseBookingRow struct {
 	NodeID    string
 	PoolID    string
 	TenantID  string
+	OwnerType string
+	OwnerID   string
 	Whole     bool
 	Vcpu      int32
 	MemoryMib int64
@@ -459,6 +461,8 @@ func (q *Queries) ReleaseBooking(ctx context.Context, bookingID string) (Release
 		&i.NodeID,
 		&i.PoolID,
 		&i.TenantID,
+		&i.OwnerType,
+		&i.OwnerID,
 		&i.Whole,
 		&i.Vcpu,
 		&i.MemoryMib,

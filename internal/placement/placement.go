@@ -153,6 +153,18 @@ const candidatesPerPick = 4
 // error.
 func (e *Engine) Admit(ctx context.Context, tx pgx.Tx, req Request) (*Booking, error) {
 	q := db.New(tx)
+	b, err := e.book(ctx, q, req, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := e.charge(ctx, q, req.TenantID, req.PoolID, charges(b.Shape, req)); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// book finds a node for req (other than exclude) and books it.
+func (e *Engine) book(ctx context.Context, q *db.Queries, req Request, exclude string) (*Booking, error) {
 	shape := req.Shape
 	for attempt := 0; attempt < e.attempts; attempt++ {
 		if attempt > 0 {
@@ -169,6 +181,7 @@ func (e *Engine) Admit(ctx context.Context, tx pgx.Tx, req Request) (*Booking, e
 		if err != nil {
 			return nil, err
 		}
+		rows = slices.DeleteFunc(rows, func(n db.PlacementCandidatesPackRow) bool { return n.NodeID == exclude })
 		if len(rows) == 0 {
 			return nil, e.refusal(ctx, q, req)
 		}
@@ -189,13 +202,40 @@ func (e *Engine) Admit(ctx context.Context, tx pgx.Tx, req Request) (*Booking, e
 			if booked == 0 {
 				continue // filled or held by another admission: the next one
 			}
-			if err := e.charge(ctx, q, req.TenantID, req.PoolID, charges(held, req)); err != nil {
-				return nil, err
-			}
 			return b, nil
 		}
 	}
 	return nil, e.refusal(ctx, q, req)
+}
+
+// Move moves a live booking to another node of its pool (toNode, or the
+// best other one when ""), in tx: the old booking is released, a new one
+// made for the same owner and shape; the tenant's quota is unchanged. When
+// no other node has room, nothing moves (CAPACITY_UNAVAILABLE).
+func (e *Engine) Move(ctx context.Context, tx pgx.Tx, bookingID, toNode string) (*Booking, error) {
+	q := db.New(tx)
+	r, err := q.ReleaseBooking(ctx, bookingID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, api.Errorf(api.CodeNotFound, "booking %s is not held", bookingID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := q.UnbookNode(ctx, db.UnbookNodeParams{
+		NodeID: r.NodeID, Vcpu: r.Vcpu, MemoryMib: r.MemoryMib, DiskGib: r.DiskGib, Gpus: r.Gpus,
+	}); err != nil {
+		return nil, err
+	}
+	req := Request{
+		TenantID: r.TenantID, PoolID: r.PoolID, Owner: Owner{Type: r.OwnerType, ID: r.OwnerID}, Whole: r.Whole, NodeID: toNode,
+		Shape: Shape{VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, GPUs: r.Gpus},
+	}
+	b, err := e.book(ctx, q, req, r.NodeID)
+	var refused *api.Error
+	if errors.As(err, &refused) && refused.Code == api.CodeQuotaExceeded {
+		return nil, noCapacity(req) // a move charges nothing: what failed is room
+	}
+	return b, err
 }
 
 // refusal explains an admission that found no room: an archived or missing

@@ -264,3 +264,43 @@ func TestSpreadWeights(t *testing.T) {
 		assert.Len(t, used, tc.wantNodes, name)
 	}
 }
+
+// TestMove: a booking moves to another node with room; the tenant's quota
+// does not change; with no room elsewhere nothing moves.
+func TestMove(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, dbtest.NewStore(t), 2, 4, 4096, map[string]map[string]int64{"acme": {"vcpu": 6, "memoryMiB": 1 << 20}})
+	e := placement.New(placement.Options{})
+	ctx := t.Context()
+	a, b := f.pool+"-00001", f.pool+"-00002"
+	booking, err := f.admit(ctx, e, placement.Request{TenantID: "acme", Owner: placement.Owner{Type: "instance", ID: "i1"},
+		Shape: placement.Shape{VCPU: 3, MemoryMiB: 1024}, NodeID: a})
+	require.NoError(t, err)
+	var moved *placement.Booking
+	require.NoError(t, f.st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) (err error) {
+		moved, err = e.Move(ctx, tx, booking.ID, "")
+		return err
+	}))
+	assert.Equal(t, b, moved.NodeID)
+	assert.Equal(t, booking.Shape, moved.Shape)
+	var used int64
+	var owner string
+	require.NoError(t, f.st.Pool().QueryRow(ctx, `select used from quotas where tenant_id = 'acme' and resource = 'vcpu'`).Scan(&used))
+	assert.Equal(t, int64(3), used, "a move charges nothing")
+	require.NoError(t, f.st.Pool().QueryRow(ctx, `select owner_id from bookings where booking_id = $1`, moved.ID).Scan(&owner))
+	assert.Equal(t, "i1", owner)
+
+	// Node a filled up: the booking cannot go back there.
+	_, err = f.admit(ctx, e, placement.Request{TenantID: "acme", Owner: placement.Owner{Type: "instance", ID: "i2"},
+		Shape: placement.Shape{VCPU: 2, MemoryMiB: 1024}, NodeID: a})
+	require.NoError(t, err)
+	err = f.st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := e.Move(ctx, tx, moved.ID, a)
+		return err
+	})
+	assert.Equal(t, api.CodeCapacityUnavailable, code(err))
+	var booked int32
+	require.NoError(t, f.st.Pool().QueryRow(ctx, `select booked_vcpu from nodes where node_id = $1`, b).Scan(&booked))
+	assert.Equal(t, int32(3), booked, "nothing moved")
+	f.checkInvariants(t)
+}
