@@ -31,6 +31,7 @@ import (
 
 	"computeplane/internal/buildinfo"
 	"computeplane/internal/config"
+	"computeplane/internal/gateway"
 	"computeplane/internal/host"
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/logging"
@@ -116,6 +117,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		identity := embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, time.Now)
 		return nodes.RunCommand(ctx, st, identity.Projection(), cfg.TypePrefix, args[1:], stdout, stderr)
 	case "pki":
+		if len(args) > 1 && args[1] == "revoke" {
+			st, err := store.Open(ctx, cfg.Database)
+			if err != nil {
+				log.Error("pki: open store", "error", err.Error())
+				return 1
+			}
+			defer st.Close()
+			return gateway.RunRevokeCommand(ctx, st, args[2:], stdout, stderr)
+		}
 		return pkiCommand(cfg, args[1:], stdout, stderr)
 	case "migrate":
 		st, err := store.Open(ctx, cfg.Database)
@@ -142,7 +152,7 @@ func pkiCommand(cfg *config.Config, args []string, stdout, stderr io.Writer) int
 	fs.SetOutput(stderr)
 	domain := fs.String("trust-domain", pki.DefaultTrustDomain, "SPIFFE trust domain of node identities")
 	if len(args) == 0 || args[0] != "init" || fs.Parse(args[1:]) != nil {
-		fmt.Fprintln(stderr, "usage: computed pki init [--trust-domain D]")
+		fmt.Fprintln(stderr, "usage: computed pki init [--trust-domain D] | computed pki revoke --node ID | --serial HEX")
 		return 2
 	}
 	b, made, err := pki.Init(cfg.PKIFile, cfg.Secret, *domain)

@@ -71,6 +71,19 @@ type Flavor struct {
 	CreatedAt time.Time
 }
 
+type Gateway struct {
+	GatewayID   string
+	Region      string
+	Url         string
+	ServerName  pgtype.Text
+	Epoch       int64
+	MaxStreams  int32
+	Sessions    int32
+	Draining    bool
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+}
+
 type IamApiKey struct {
 	ID           string
 	TenantID     string
@@ -229,6 +242,38 @@ type Node struct {
 	Version                int64
 	CreatedAt              time.Time
 	UpdatedAt              time.Time
+	SessionEpoch           int64
+	SessionClosedAt        *time.Time
+	SessionTransport       pgtype.Text
+	LastSeenAt             *time.Time
+	ObservedGeneration     int64
+	ApplyError             pgtype.Text
+	Inventory              []byte
+	InstanceStatus         []byte
+	CertSerial             pgtype.Text
+	DownFrom               pgtype.Text
+}
+
+type NodeCommand struct {
+	CommandID  string
+	NodeID     string
+	Kind       string
+	Args       []byte
+	State      string
+	Attempts   int32
+	CreatedBy  string
+	CreatedAt  time.Time
+	SentAt     *time.Time
+	ExpiresAt  time.Time
+	FinishedAt *time.Time
+	Result     []byte
+}
+
+type NodeSpec struct {
+	NodeID     string
+	Generation int64
+	Body       []byte
+	UpdatedAt  time.Time
 }
 
 type Outbox struct {
@@ -297,6 +342,13 @@ type Quota struct {
 	Used      int64
 	Offered   bool
 	UpdatedAt time.Time
+}
+
+type Revocation struct {
+	Kind      string
+	Value     string
+	Reason    string
+	CreatedAt time.Time
 }
 
 type Secret struct {

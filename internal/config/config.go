@@ -232,8 +232,29 @@ const (
 type Gateway struct {
 	URL        string // https, no credentials, query or fragment
 	ServerName string // DNS name for TLS; empty when the URL's host serves
-	Region     string // region of this gateway (Region shape); optional
+	Region     string // region of this gateway (Region shape); the gateway role needs one
+	// Listen is the mutual-TLS listener's address; default all interfaces
+	// on the URL's port (443 when it names none).
+	Listen string
+	// TLS is the serving certificate from the gateway serving CA; nil
+	// issues one from the PKI bundle's serving CA at start.
+	TLS *KeyPair
+	// MaxStreams bounds the daemon sessions of this gateway; default 5,000.
+	MaxStreams int
+	// DrainDelay is the longest random delay a draining gateway gives
+	// daemons before they reconnect elsewhere; default 60 s.
+	DrainDelay time.Duration
+	// DownAfter is how long a node's daemon may be out of session before
+	// the node goes down; default 20 s (the gateway lease).
+	DownAfter time.Duration
 }
+
+// Gateway defaults.
+const (
+	DefaultGatewayMaxStreams = 5000
+	DefaultGatewayDrainDelay = 60 * time.Second
+	DefaultGatewayDownAfter  = 20 * time.Second
+)
 
 // Downloads serves daemon binaries and a plugin archive.
 type Downloads struct {

@@ -206,7 +206,7 @@ func TestFullFile(t *testing.T) {
 			netip.MustParsePrefix("::1/128"),
 			netip.MustParsePrefix("10.0.0.0/8"),
 		},
-		Gateway:        &Gateway{URL: "https://gw.example.com:8443", ServerName: "gw.example.com", Region: "eu-west"},
+		Gateway:        &Gateway{URL: "https://gw.example.com:8443", ServerName: "gw.example.com", Region: "eu-west", Listen: ":8443", MaxStreams: DefaultGatewayMaxStreams, DrainDelay: DefaultGatewayDrainDelay, DownAfter: DefaultGatewayDownAfter},
 		Downloads:      &Downloads{Dir: "/srv/downloads", Blob: "s3://bucket/downloads"},
 		SupportBundles: &SupportBundles{Blob: "s3://bucket/bundles", MaxBytes: 1048576},
 		Secrets:        Secrets{Store: SecretStoreNone},
@@ -280,7 +280,7 @@ downloads: {blob: "s3://b/d"}
 	require.Equal(t, 0, c.Port)
 	require.Equal(t, []Role{RoleSinks, RoleGateway}, c.Roles)
 	require.Equal(t, Metrics{Token: "env-token-0123456789", Path: "/m"}, c.Metrics)
-	require.Equal(t, &Gateway{URL: "https://env-gw.example.com", ServerName: "gw.env.example.com", Region: "eu"}, c.Gateway)
+	require.Equal(t, &Gateway{URL: "https://env-gw.example.com", ServerName: "gw.env.example.com", Region: "eu", Listen: ":443", MaxStreams: DefaultGatewayMaxStreams, DrainDelay: DefaultGatewayDrainDelay, DownAfter: DefaultGatewayDownAfter}, c.Gateway)
 	require.Equal(t, &Downloads{Dir: "/env/downloads", Blob: "s3://b/d"}, c.Downloads)
 	require.Equal(t, "/env/pki.json", c.PKIFile)
 }
@@ -289,7 +289,7 @@ func TestGatewayFromEnvironmentOnly(t *testing.T) {
 	t.Parallel()
 	c, err := run("", map[string]string{EnvGatewayURL: "https://gw.example.com"})
 	require.NoError(t, err)
-	require.Equal(t, &Gateway{URL: "https://gw.example.com"}, c.Gateway)
+	require.Equal(t, &Gateway{URL: "https://gw.example.com", Listen: ":443", MaxStreams: DefaultGatewayMaxStreams, DrainDelay: DefaultGatewayDrainDelay, DownAfter: DefaultGatewayDownAfter}, c.Gateway)
 	require.True(t, c.HasRole(RoleGateway), "all includes the gateway once one is configured")
 }
 

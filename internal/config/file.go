@@ -114,9 +114,14 @@ type fileSink struct {
 }
 
 type fileGateway struct {
-	URL        *string `yaml:"url"`
-	ServerName *string `yaml:"serverName"`
-	Region     *string `yaml:"region"`
+	URL          *string      `yaml:"url"`
+	ServerName   *string      `yaml:"serverName"`
+	Region       *string      `yaml:"region"`
+	Listen       *string      `yaml:"listen"`
+	TLS          *fileKeyPair `yaml:"tls"`
+	MaxStreams   *int         `yaml:"maxStreams"`
+	DrainDelayMs *int         `yaml:"drainDelayMs"`
+	DownAfterMs  *int         `yaml:"downAfterMs"`
 }
 
 type fileDownloads struct {

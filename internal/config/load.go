@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"math"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -606,7 +607,24 @@ func (b *builder) gateway(fc *fileConfig, c *Config) error {
 	if fg == nil {
 		return nil
 	}
-	g := &Gateway{URL: deref(fg.URL, ""), ServerName: deref(fg.ServerName, ""), Region: deref(fg.Region, "")}
+	g := &Gateway{URL: deref(fg.URL, ""), ServerName: deref(fg.ServerName, ""), Region: deref(fg.Region, ""),
+		Listen:     deref(fg.Listen, ""),
+		MaxStreams: deref(fg.MaxStreams, DefaultGatewayMaxStreams),
+		DrainDelay: time.Duration(deref(fg.DrainDelayMs, int(DefaultGatewayDrainDelay/time.Millisecond))) * time.Millisecond,
+		DownAfter:  time.Duration(deref(fg.DownAfterMs, int(DefaultGatewayDownAfter/time.Millisecond))) * time.Millisecond,
+	}
+	switch {
+	case g.MaxStreams < 1 || g.MaxStreams > 1_000_000:
+		return b.errorf("gateway.maxStreams", "must be 1 to 1000000")
+	case g.DrainDelay < 0 || g.DrainDelay > DefaultGatewayDrainDelay:
+		return b.errorf("gateway.drainDelayMs", "must be 0 to 60000")
+	case g.DownAfter < time.Second || g.DownAfter > time.Hour:
+		return b.errorf("gateway.downAfterMs", "must be 1000 to 3600000")
+	}
+	var err error
+	if g.TLS, err = b.keyPair("gateway.tls", fg.TLS, true); err != nil {
+		return err
+	}
 	if g.URL == "" {
 		return b.errorf("gateway.url", "is required when a gateway is configured")
 	}
@@ -630,6 +648,11 @@ func (b *builder) gateway(fc *fileConfig, c *Config) error {
 	}
 	if g.Region != "" && !regionRe.MatchString(g.Region) {
 		return b.errorf("gateway.region", "must be a Region: 1 to 63 characters of a-z, 0-9 and -, starting with a letter")
+	}
+	if g.Listen == "" {
+		g.Listen = ":" + cmpOr(u.Port(), "443")
+	} else if _, _, err := net.SplitHostPort(g.Listen); err != nil {
+		return b.errorf("gateway.listen", "must be host:port (host may be empty)")
 	}
 	c.Gateway = g
 	return nil

@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,6 +25,7 @@ import (
 	"computeplane/internal/cursor"
 	"computeplane/internal/events"
 	"computeplane/internal/flavors"
+	"computeplane/internal/gateway"
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/images"
@@ -73,7 +76,8 @@ type Host struct {
 	notifier *notify.Notifier
 	workers  *workers.Runner // nil without a worker role
 	placer   *placement.Engine
-	siblings []*store.Store // the connection pools beside the store's, closed with it
+	gateway  *gateway.Gateway // nil without the gateway role
+	siblings []*store.Store   // the connection pools beside the store's, closed with it
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -123,9 +127,14 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			closeAll(siblings)
 		}
 	}()
+	bundle := pki.Loader(cfg.PKIFile, cfg.Secret)
 	var gw *system.Gateway
 	if cfg.Gateway != nil {
 		gw = &system.Gateway{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
+		if b, err := bundle(); err == nil {
+			// Daemons pin the serving CA they verify gateways with.
+			gw.ServingCAPin = pki.Fingerprint(b.ServingCA.Cert)
+		}
 	}
 	sys := system.New(cfg.BasePath, gw)
 	cursors := cursor.New(cfg.Secret)
@@ -139,7 +148,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			_, err := join.RevokeSite(ctx, tx, site)
 			return err
 		}),
-		Pools:    pools.New(cfg.RootTenantID).WithPKI(pki.Loader(cfg.PKIFile, cfg.Secret)),
+		Pools:    pools.New(cfg.RootTenantID).WithPKI(bundle),
 		Flavors:  flavors.Service{},
 		Quotas:   quotas.Service{},
 		Nodes:    nodes.Service{},
@@ -159,6 +168,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		workers.Check(),
 		nodes.Check(),
 		usage.Check(cfg.Capacity.UsageEvery, time.Now),
+		gateway.Check(),
 	)
 	if ov.Services != nil {
 		ov.Services(services)
@@ -271,6 +281,32 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			return nil, err
 		}
 	}
+	if runner != nil && cfg.HasRole(config.RoleControllers) {
+		downAfter := config.DefaultGatewayDownAfter
+		if cfg.Gateway != nil {
+			downAfter = cfg.Gateway.DownAfter
+		}
+		sweeper := &gateway.Sweeper{Store: work, Notifier: notifier, DownAfter: downAfter, Log: log}
+		runner.RegisterSingleton(gateway.SweeperJob, sweeper.Run)
+	}
+	// The gateway role refuses to start (INVALID_CONFIG) without a region,
+	// node CA roots or a trust domain, before any listener opens.
+	var gwRole *gateway.Gateway
+	if cfg.HasRole(config.RoleGateway) {
+		gwStore, err := st.Sibling(context.Background(), "computed-gateway", 8)
+		if err != nil {
+			return nil, err
+		}
+		siblings = append(siblings, gwStore)
+		var roots config.PEM
+		if cfg.PKI.NodeCA != nil {
+			roots = cfg.PKI.NodeCA.Cert
+		}
+		if gwRole, err = gateway.New(gateway.Options{Config: cfg.Gateway, NodeCARoots: roots, Bundle: bundle,
+			Store: gwStore, Notifier: notifier, Log: log.With("role", "gateway")}); err != nil {
+			return nil, err
+		}
+	}
 	opts := server.Options{
 		BasePath:     cfg.BasePath,
 		RPC:          envelope,
@@ -283,6 +319,11 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		DocsHTML:     gendocs.IndexHTML,
 		Watch:        watch,
 		Log:          log,
+		Join: &join.Handler{Store: st, Bundle: bundle, Projection: identity.Projection(), TypePrefix: cfg.TypePrefix,
+			Gateways: gateway.LiveGateways, FallbackURL: fallbackURL(cfg, gwRole), Log: log, Now: now},
+	}
+	if gwRole != nil {
+		opts.Session = gwRole.FallbackHandler()
 	}
 	if ev := cfg.IAM.Events; ev != nil {
 		// Identity-service events signed with the configured secret feed
@@ -296,9 +337,27 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
 	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached, watch: watch,
 		sinks: sinkList, dispatch: dispatch,
-		notifier: notifier, workers: runner, siblings: siblings, placer: placer,
+		notifier: notifier, workers: runner, siblings: siblings, placer: placer, gateway: gwRole,
 	}, nil
 }
+
+// fallbackURL is the daemons' WebSocket fallback on the public host, when
+// this process serves it (it runs a gateway).
+func fallbackURL(cfg *config.Config, gw *gateway.Gateway) string {
+	if gw == nil {
+		return ""
+	}
+	u, err := url.Parse(cfg.BaseURL)
+	if err != nil {
+		return ""
+	}
+	u.Scheme = map[string]string{"https": "wss", "http": "ws"}[u.Scheme]
+	u.Path, u.RawQuery = server.SessionPath, ""
+	return u.String()
+}
+
+// Gateway is the process's gateway role, nil without one.
+func (h *Host) Gateway() *gateway.Gateway { return h.gateway }
 
 // DispatchPoll is how often outbox consumers look for work when no wake-up
 // came (a notifier is best effort, never the source of truth).
@@ -416,6 +475,19 @@ func (h *Host) Serve(ctx context.Context) error {
 		// the keys of the shards it holds.
 		go every(ctx, h.cfg.Capacity.RollupEvery, h.workers.Resync)
 	}
+	if h.gateway != nil {
+		if err := h.gateway.Start(ctx); err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+	}
+	// Shutdown step 1: the gateway drains before the HTTP listener closes;
+	// deferred too, so it drains before the workers stop on any return.
+	drainGateway := sync.OnceFunc(func() {
+		if h.gateway != nil {
+			h.gateway.Drain()
+		}
+	})
+	defer drainGateway()
 	if !h.cfg.HasRole(config.RoleAPI) {
 		h.log.Info("no api role: nothing to listen on")
 		<-ctx.Done()
@@ -444,6 +516,7 @@ func (h *Host) Serve(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	h.log.Info("shutting down")
+	drainGateway()
 	sctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {

@@ -174,6 +174,11 @@ func (Service) move(ctx context.Context, tenant, id string, c change, reason *st
 			return nil, api.Errorf(api.CodeInvalidState, "node %s still holds %d bookings; drain it first", id, booked).
 				WithDetails(map[string]any{"bookings": booked})
 		}
+		// A retired node's certificates are refused from now on; gateways
+		// close its session when they next load the revocation set.
+		if _, err := q.InsertRevocation(ctx, db.InsertRevocationParams{Kind: "node", Value: id, Reason: "retired"}); err != nil {
+			return nil, err
+		}
 	}
 	if n, err = q.SetNodeState(ctx, db.SetNodeStateParams{NodeID: id, State: c.to}); err != nil {
 		return nil, err

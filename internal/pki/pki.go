@@ -19,6 +19,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
@@ -26,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -161,17 +163,7 @@ func (b *Bundle) IssueNode(csr *x509.CertificateRequest, nodeID string) (*x509.C
 func (b *Bundle) VerifyNode(cert *x509.Certificate, now time.Time) (string, error) {
 	roots := x509.NewCertPool()
 	roots.AddCert(b.NodeCA.Cert)
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return "", fmt.Errorf("pki: %w", err)
-	}
-	for _, u := range cert.URIs {
-		if u.Scheme == "spiffe" && u.Host == b.TrustDomain {
-			if id, ok := cutPrefix(u.Path, "/node/"); ok && id != "" {
-				return id, nil
-			}
-		}
-	}
-	return "", fmt.Errorf("pki: the certificate names no node of trust domain %s", b.TrustDomain)
+	return VerifyNodeCert(cert, roots, nil, b.TrustDomain, now)
 }
 
 func cutPrefix(s, p string) (string, bool) {
@@ -407,4 +399,69 @@ func Loader(path, secret string) func() (*Bundle, error) {
 		b = opened
 		return b, nil
 	}
+}
+
+// ServingLifetime is how long a serving certificate the bundle issues
+// itself (a gateway without gateway.tls) is valid; the gateway issues a
+// new one at each start.
+const ServingLifetime = 90 * 24 * time.Hour
+
+// IssueServing makes a TLS server certificate from the serving CA for the
+// DNS names and IP addresses in hosts, with a fresh key.
+func (b *Bundle) IssueServing(hosts []string) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: sn, Subject: pkix.Name{CommonName: b.TrustDomain + " gateway"},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(ServingLifetime),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else if h != "" {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, b.ServingCA.Cert, key.Public(), b.ServingCA.Key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// SerialHex names a certificate's serial in revocation sets.
+func SerialHex(c *x509.Certificate) string { return c.SerialNumber.Text(16) }
+
+// CommandKey is the public half of the command signing key.
+func (b *Bundle) CommandKey() ed25519.PublicKey {
+	return b.CommandSigning.Public().(ed25519.PublicKey)
+}
+
+// VerifyNodeCert checks a client certificate against roots (with
+// intermediates) and trustDomain and returns the node id its URI names.
+func VerifyNodeCert(cert *x509.Certificate, roots, intermediates *x509.CertPool, trustDomain string, now time.Time) (string, error) {
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, Intermediates: intermediates, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return "", fmt.Errorf("pki: %w", err)
+	}
+	for _, u := range cert.URIs {
+		if u.Scheme == "spiffe" && u.Host == trustDomain {
+			if id, ok := cutPrefix(u.Path, "/node/"); ok && id != "" {
+				return id, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("pki: the certificate names no node of trust domain %s", trustDomain)
 }

@@ -175,6 +175,8 @@ func TestWellKnownDocumentWithGateway(t *testing.T) {
 	env := testenv.Start(t,
 		testenv.WithEnv("SERVICE_GATEWAY_URL", "https://gw.example.com"),
 		testenv.WithEnv("SERVICE_GATEWAY_SERVER_NAME", "gw.internal.example.com"),
+		// The document only: this process does not run the gateway role.
+		testenv.WithEnv("SERVICE_ROLES", "api"),
 	)
 	for _, url := range []string{env.URL + "/.well-known/service", env.APIURL + "/.well-known/service"} {
 		a := get(t, url)

@@ -46,8 +46,21 @@ type Options struct {
 	// event webhook; nil (no secret configured) mounts nothing.
 	IAMEvents     http.Handler
 	IAMEventsPath string
-	Log           *slog.Logger
+	// Join serves POST /v1/join (node daemons joining with a token); nil
+	// mounts nothing.
+	Join http.Handler
+	// Session serves the daemons' WebSocket fallback at /v1/session when
+	// this process runs a gateway; nil mounts nothing. It is mounted
+	// outside the response write deadline: a session lives for hours.
+	Session http.Handler
+	Log     *slog.Logger
 }
+
+// Daemon paths on the public host.
+const (
+	JoinPath    = "/v1/join"
+	SessionPath = "/v1/session"
+)
 
 // WellKnownMaxAge is how long the well-known document may be cached.
 const WellKnownMaxAge = 300 * time.Second
@@ -108,7 +121,17 @@ func New(o Options) http.Handler {
 	// Everything else under the base path is the RPC envelope, which answers
 	// unknown methods with NOT_FOUND in its own envelope.
 	mux.Handle(o.BasePath+"/", o.RPC)
-	return withWriteDeadline(mux, cmp.Or(o.WriteTimeout, ResponseWriteTimeout))
+	if o.Join != nil {
+		mux.Handle(JoinPath, o.Join)
+	}
+	h := withWriteDeadline(mux, cmp.Or(o.WriteTimeout, ResponseWriteTimeout))
+	if o.Session == nil {
+		return h
+	}
+	outer := http.NewServeMux()
+	outer.Handle(SessionPath, o.Session)
+	outer.Handle("/", h)
+	return outer
 }
 
 // health answers GET {basePath}/health.

@@ -1,0 +1,338 @@
+// Package agentproto is the node-daemon protocol: the messages a
+// compute-agent and a gateway exchange over one WebSocket session, and the
+// join exchange before it. Both ends import it and nothing else of each
+// other.
+//
+// A session is a WebSocket carrying one JSON message per text frame. Over
+// mutual TLS (the gateway's listener) the client certificate is the
+// identity. Over the fallback (wss://<publicHost>/v1/session, for sites
+// behind TLS-inspecting proxies) the gateway first sends a Challenge and the
+// daemon answers with its certificate chain and a signature of the
+// challenge by its node key. Then:
+//
+//	agent -> hello            node, protocol range, agent version, inventory
+//	gateway -> welcome        session epoch, chosen protocol, region's gateways
+//	gateway -> spec           desired state with a generation (on change)
+//	agent -> status           observed generation, instances, volume store
+//	gateway -> command        signed; re-sent until its result arrives
+//	agent -> result           once per command id, repeated on re-send
+//	agent -> renew            a CSR at two thirds of the certificate's life
+//	gateway -> renewed        the new certificate
+//	gateway -> reconnect      drain: dial elsewhere after DelayMS
+//	gateway -> revoked        the node's certificate or node was revoked
+package agentproto
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Protocol versions this build speaks.
+const (
+	ProtocolMin = 1
+	ProtocolMax = 1
+)
+
+// SessionPath is the WebSocket path on gateways and on the public host
+// (the fallback).
+const SessionPath = "/v1/session"
+
+// JoinPath is the join endpoint on the public host (the api role).
+const JoinPath = "/v1/join"
+
+// MaxMessageBytes bounds one message in either direction.
+const MaxMessageBytes = 1 << 20
+
+// Transports a daemon can use, in the order it tries them.
+const (
+	TransportMTLS      = "mtls"
+	TransportWebSocket = "wss-fallback"
+)
+
+// Message types.
+const (
+	TypeChallenge = "challenge"
+	TypeProof     = "proof"
+	TypeHello     = "hello"
+	TypeWelcome   = "welcome"
+	TypeSpec      = "spec"
+	TypeStatus    = "status"
+	TypeCommand   = "command"
+	TypeResult    = "result"
+	TypeRenew     = "renew"
+	TypeRenewed   = "renewed"
+	TypeReconnect = "reconnect"
+	TypeRevoked   = "revoked"
+	TypeError     = "error"
+)
+
+// Message is one frame: its type and the one body that type carries.
+type Message struct {
+	Type      string     `json:"type"`
+	Challenge *Challenge `json:"challenge,omitempty"`
+	Proof     *Proof     `json:"proof,omitempty"`
+	Hello     *Hello     `json:"hello,omitempty"`
+	Welcome   *Welcome   `json:"welcome,omitempty"`
+	Spec      *Spec      `json:"spec,omitempty"`
+	Status    *Status    `json:"status,omitempty"`
+	Command   *Command   `json:"command,omitempty"`
+	Result    *Result    `json:"result,omitempty"`
+	Renew     *Renew     `json:"renew,omitempty"`
+	Renewed   *Renewed   `json:"renewed,omitempty"`
+	Reconnect *Reconnect `json:"reconnect,omitempty"`
+	Error     *Error     `json:"error,omitempty"`
+}
+
+// Decode reads one message and checks that it carries the body its type
+// names.
+func Decode(data []byte) (Message, error) {
+	var m Message
+	if err := json.Unmarshal(data, &m); err != nil {
+		return Message{}, fmt.Errorf("agentproto: %w", err)
+	}
+	missing := false
+	switch m.Type {
+	case TypeChallenge:
+		missing = m.Challenge == nil
+	case TypeProof:
+		missing = m.Proof == nil
+	case TypeHello:
+		missing = m.Hello == nil
+	case TypeWelcome:
+		missing = m.Welcome == nil
+	case TypeSpec:
+		missing = m.Spec == nil
+	case TypeStatus:
+		missing = m.Status == nil
+	case TypeCommand:
+		missing = m.Command == nil
+	case TypeResult:
+		missing = m.Result == nil
+	case TypeRenew:
+		missing = m.Renew == nil
+	case TypeRenewed:
+		missing = m.Renewed == nil
+	case TypeReconnect:
+		missing = m.Reconnect == nil
+	case TypeError:
+		missing = m.Error == nil
+	case TypeRevoked:
+	default:
+		return Message{}, fmt.Errorf("agentproto: unknown message type %q", m.Type)
+	}
+	if missing {
+		return Message{}, fmt.Errorf("agentproto: a %s message without its body", m.Type)
+	}
+	return m, nil
+}
+
+// Challenge opens a fallback session: the daemon signs Nonce.
+type Challenge struct {
+	Nonce []byte `json:"nonce"`
+}
+
+// ProofContext prefixes what a fallback proof signs, so a signature made
+// for it is good for nothing else.
+const ProofContext = "computeplane agent session proof v1\x00"
+
+// Proof answers a Challenge: the node certificate chain (DER, leaf first)
+// and an ECDSA signature (ASN.1) of SHA-256(ProofContext || nonce) by the
+// leaf's key.
+type Proof struct {
+	Chain     [][]byte `json:"chain"`
+	Signature []byte   `json:"signature"`
+}
+
+// Hello is the daemon's first message of a session.
+type Hello struct {
+	NodeID       string    `json:"nodeId"`
+	ProtocolMin  int       `json:"protocolMin"`
+	ProtocolMax  int       `json:"protocolMax"`
+	AgentVersion string    `json:"agentVersion"`
+	Transport    string    `json:"transport"`
+	Inventory    Inventory `json:"inventory"`
+	// ObservedGeneration is the spec generation the daemon has applied.
+	ObservedGeneration int64 `json:"observedGeneration"`
+}
+
+// Inventory is what a host offers.
+type Inventory struct {
+	Hostname  string `json:"hostname"`
+	OS        string `json:"os"`
+	Arch      string `json:"arch"`
+	VCPU      int    `json:"vcpu"`
+	MemoryMiB int64  `json:"memoryMiB"`
+	DiskGiB   int64  `json:"diskGiB"`
+	GPUs      int    `json:"gpus"`
+	GPUModel  string `json:"gpuModel,omitempty"`
+	// Runtime names the runtime behind specs (recording, qemu) and Accel
+	// its acceleration (kvm, tcg) where it has one.
+	Runtime string `json:"runtime"`
+	Accel   string `json:"accel,omitempty"`
+}
+
+// Gateway is one gateway a daemon may dial.
+type Gateway struct {
+	ID         string `json:"id"`
+	URL        string `json:"url"` // https://host:port of the mutual-TLS listener
+	ServerName string `json:"serverName,omitempty"`
+	Region     string `json:"region"`
+}
+
+// Welcome accepts a session.
+type Welcome struct {
+	SessionEpoch int64     `json:"sessionEpoch"`
+	Protocol     int       `json:"protocol"`
+	GatewayID    string    `json:"gatewayId"`
+	Gateways     []Gateway `json:"gateways"`
+	// HeartbeatMS is how often the daemon sends a status when nothing
+	// changed.
+	HeartbeatMS int64 `json:"heartbeatMs"`
+}
+
+// Spec is the desired state of a node. Body is opaque to the protocol: the
+// runtime reads it.
+type Spec struct {
+	Generation int64           `json:"generation"`
+	Body       json.RawMessage `json:"body"`
+}
+
+// VolumeStore is the daemon's volume storage, from statfs and its own
+// files: bytes available on the filesystem, reserved for volumes, and
+// outstanding (sparse space volumes may still write).
+type VolumeStore struct {
+	AvailableBytes   int64 `json:"availableBytes"`
+	ReservedBytes    int64 `json:"reservedBytes"`
+	OutstandingBytes int64 `json:"outstandingBytes"`
+}
+
+// InstanceStatus is the observed state of one instance of the spec.
+type InstanceStatus struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+}
+
+// Status reports what the daemon observes.
+type Status struct {
+	ObservedGeneration int64            `json:"observedGeneration"`
+	ApplyError         string           `json:"applyError,omitempty"`
+	Instances          []InstanceStatus `json:"instances"`
+	VolumeStore        VolumeStore      `json:"volumeStore"`
+	Inventory          *Inventory       `json:"inventory,omitempty"`
+}
+
+// Command kinds this protocol version knows.
+const (
+	CommandEcho      = "echo"      // answers its args: a round trip through the daemon
+	CommandInventory = "inventory" // re-reads and reports the host's inventory
+)
+
+// Command is one signed instruction. It is executed at most once per ID:
+// a re-sent command gets the first result again.
+type Command struct {
+	ID        string          `json:"id"`
+	NodeID    string          `json:"nodeId"`
+	Kind      string          `json:"kind"`
+	Args      json.RawMessage `json:"args"`
+	ExpiresAt time.Time       `json:"expiresAt"`
+	Signature []byte          `json:"signature"`
+}
+
+// signed is what a command's signature covers: every field but the
+// signature, in a fixed encoding.
+func (c Command) signed() []byte {
+	b, _ := json.Marshal(struct {
+		Context   string          `json:"ctx"`
+		ID        string          `json:"id"`
+		NodeID    string          `json:"nodeId"`
+		Kind      string          `json:"kind"`
+		Args      json.RawMessage `json:"args"`
+		ExpiresAt int64           `json:"exp"`
+	}{"computeplane command v1", c.ID, c.NodeID, c.Kind, c.Args, c.ExpiresAt.UnixMilli()})
+	return b
+}
+
+// Sign signs c with the command signing key.
+func (c *Command) Sign(key ed25519.PrivateKey) { c.Signature = ed25519.Sign(key, c.signed()) }
+
+// Refusals of Verify.
+var (
+	ErrBadSignature = errors.New("agentproto: the command's signature does not verify")
+	ErrOtherNode    = errors.New("agentproto: the command names another node")
+	ErrExpired      = errors.New("agentproto: the command has expired")
+)
+
+// Verify checks c against any of the signing roots, for node, at now.
+func (c Command) Verify(roots []ed25519.PublicKey, node string, now time.Time) error {
+	ok := false
+	msg := c.signed()
+	for _, r := range roots {
+		ok = ok || ed25519.Verify(r, msg, c.Signature)
+	}
+	switch {
+	case !ok:
+		return ErrBadSignature
+	case c.NodeID != node:
+		return ErrOtherNode
+	case !now.Before(c.ExpiresAt):
+		return ErrExpired
+	}
+	return nil
+}
+
+// Result answers a command.
+type Result struct {
+	ID     string          `json:"id"`
+	OK     bool            `json:"ok"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Error  string          `json:"error,omitempty"`
+}
+
+// Renew asks for a new certificate for the same key.
+type Renew struct {
+	CSR []byte `json:"csr"` // DER
+}
+
+// Renewed carries it.
+type Renewed struct {
+	Certificate []byte `json:"certificate"` // DER
+}
+
+// Reconnect tells the daemon to leave and dial another gateway of its
+// region after DelayMS.
+type Reconnect struct {
+	DelayMS int64 `json:"delayMs"`
+}
+
+// Error ends a session with a reason before it is welcomed.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// JoinRequest is the body of POST /v1/join.
+type JoinRequest struct {
+	Token string `json:"token"`
+	CSR   []byte `json:"csr"` // DER, ECDSA P-256
+}
+
+// JoinResponse is what a joined daemon keeps.
+type JoinResponse struct {
+	NodeID      string `json:"nodeId"`
+	PoolID      string `json:"poolId"`
+	TrustDomain string `json:"trustDomain"`
+	Certificate []byte `json:"certificate"` // DER
+	// NodeCA verifies node certificates (sent for completeness); ServingCA
+	// verifies gateways.
+	NodeCA    []byte `json:"nodeCa"`
+	ServingCA []byte `json:"servingCa"`
+	// CommandSigningKeys verify commands (Ed25519 public keys).
+	CommandSigningKeys [][]byte  `json:"commandSigningKeys"`
+	Gateways           []Gateway `json:"gateways"`
+	// FallbackURL is the wss:// URL of the public host's session endpoint.
+	FallbackURL string `json:"fallbackUrl"`
+}

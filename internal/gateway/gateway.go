@@ -1,0 +1,454 @@
+// Package gateway is the gateway role: the mutual-TLS listener node
+// daemons dial, one WebSocket session per daemon, the desired specs and
+// signed commands it carries to them and the status it brings back.
+//
+// A gateway holds a lease of its own (leases.name gateway/<id>, 20 s,
+// renewed every 5 s) and a row in gateways; a node's session row names
+// the gateway holding it and a session epoch every new session raises, so a
+// gateway that lost a session (the daemon moved, the lease expired) can no
+// longer write for it. Work reaches a gateway through the notifier (topic
+// Topic(id), woken by whoever wrote a spec or a command) and, as a
+// fallback, its one-second loop.
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"computeplane/gen/db"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/config"
+	"computeplane/internal/ids"
+	"computeplane/internal/notify"
+	"computeplane/internal/pki"
+	"computeplane/internal/store"
+)
+
+// Timings of the gateway (Limits: leases, shutdown).
+const (
+	LeaseTTL      = 20 * time.Second
+	RenewEvery    = 5 * time.Second
+	Poll          = time.Second // the loop that runs without a wake-up
+	ListenerGrace = 2 * time.Second
+	HelloTimeout  = 10 * time.Second
+	WriteTimeout  = 10 * time.Second
+	HeartbeatMS   = 5000
+)
+
+// Options configure a gateway.
+type Options struct {
+	Config *config.Gateway
+	// NodeCARoots, when set (pki.nodeCa.cert), replaces the bundle's node
+	// CA as the roots of client certificates; a file is re-read every 60 s.
+	NodeCARoots config.PEM
+	Bundle      func() (*pki.Bundle, error)
+	Store       *store.Store
+	Notifier    *notify.Notifier
+	Log         *slog.Logger
+	Now         func() time.Time
+}
+
+// Gateway is one running gateway role.
+type Gateway struct {
+	o      Options
+	id     string
+	bundle *pki.Bundle
+	roots  *reloading[*x509.CertPool]
+	cert   *reloading[*tls.Certificate]
+	revoke revocationSet
+
+	mu       sync.Mutex
+	sessions map[string]*session // by node id
+	epoch    atomic.Int64        // of the lease
+	draining atomic.Bool
+
+	ctx    context.Context // of the gateway's life; sessions derive from it
+	cancel context.CancelFunc
+	srv    *http.Server
+	ln     net.Listener
+	wg     sync.WaitGroup
+}
+
+// New checks the gateway's configuration: it refuses (INVALID_CONFIG)
+// without a region, without node CA roots or without a trust domain.
+func New(o Options) (*Gateway, error) {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	c := o.Config
+	if c == nil {
+		return nil, &config.Error{Option: "gateway", Message: "the gateway role needs the gateway option"}
+	}
+	if c.Region == "" {
+		return nil, &config.Error{Option: "gateway.region", Message: "the gateway role needs a region"}
+	}
+	b, err := o.Bundle()
+	if err != nil {
+		return nil, &config.Error{Option: "pki", Message: "the gateway role needs node CA roots and a trust domain: " + err.Error()}
+	}
+	if b.TrustDomain == "" {
+		return nil, &config.Error{Option: "pki", Message: "the gateway role needs a trust domain"}
+	}
+	g := &Gateway{o: o, id: ids.New("gw"), bundle: b, sessions: map[string]*session{}}
+	if !o.NodeCARoots.IsZero() {
+		g.roots, err = newReloading("node CA roots", rootsReader(o.NodeCARoots), o.Now, o.Log)
+	} else {
+		g.roots, err = newReloading("node CA roots", func() (*x509.CertPool, error) {
+			p := x509.NewCertPool()
+			p.AddCert(b.NodeCA.Cert)
+			return p, nil
+		}, o.Now, o.Log)
+	}
+	if err != nil {
+		return nil, &config.Error{Option: "pki.nodeCa", Message: err.Error()}
+	}
+	if c.TLS != nil {
+		g.cert, err = newReloading("gateway.tls", keyPairReader(c.TLS), o.Now, o.Log)
+		if err != nil {
+			return nil, &config.Error{Option: "gateway.tls", Message: err.Error()}
+		}
+	} else {
+		u, _ := url.Parse(c.URL)
+		hosts := []string{u.Hostname(), "localhost", "127.0.0.1", "::1"}
+		if c.ServerName != "" {
+			hosts = append(hosts, c.ServerName)
+		}
+		own, err := b.IssueServing(hosts)
+		if err != nil {
+			return nil, err
+		}
+		g.cert, _ = newReloading("serving certificate", func() (*tls.Certificate, error) { return &own, nil }, o.Now, o.Log)
+	}
+	return g, nil
+}
+
+// ID is the gateway's id (its row and lease).
+func (g *Gateway) ID() string { return g.id }
+
+// Addr is the listener's address once started.
+func (g *Gateway) Addr() net.Addr { return g.ln.Addr() }
+
+func (g *Gateway) leaseName() string { return "gateway/" + g.id }
+
+func (g *Gateway) q() *db.Queries { return db.New(g.o.Store.Pool()) }
+
+// Start takes the lease, writes the gateway's row, opens the mutual-TLS
+// listener and starts the loops. It returns once the listener is open.
+func (g *Gateway) Start(ctx context.Context) error {
+	g.ctx, g.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := g.acquire(ctx); err != nil {
+		return err
+	}
+	if err := g.revoke.load(ctx, g.q()); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", g.o.Config.Listen)
+	if err != nil {
+		return err
+	}
+	g.ln = ln
+	mux := http.NewServeMux()
+	mux.HandleFunc(agentproto.SessionPath, g.serveMTLS)
+	g.srv = &http.Server{
+		Handler:           mux,
+		TLSConfig:         g.tlsConfig(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(g.o.Log.Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return g.ctx },
+	}
+	g.wg.Add(3)
+	go func() {
+		defer g.wg.Done()
+		if err := g.srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			g.o.Log.Error("gateway listener", "error", err.Error())
+		}
+	}()
+	go func() { defer g.wg.Done(); g.leaseLoop() }()
+	go func() { defer g.wg.Done(); g.dispatchLoop() }()
+	g.o.Log.Info("gateway serving", "id", g.id, "addr", ln.Addr().String(), "region", g.o.Config.Region)
+	return nil
+}
+
+// tlsConfig requires a client certificate and checks it here rather than
+// with ClientCAs, so that roots re-read from files apply to new
+// handshakes and revoked certificates are refused during the handshake.
+func (g *Gateway) tlsConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		ClientAuth: tls.RequireAnyClientCert,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return g.cert.get(), nil
+		},
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			_, _, err := g.verifyChain(raw)
+			return err
+		},
+	}
+}
+
+// verifyChain checks a client's chain (leaf first) against the node CA
+// roots, the trust domain and the revocation set; it returns the node.
+func (g *Gateway) verifyChain(raw [][]byte) (string, *x509.Certificate, error) {
+	if len(raw) == 0 {
+		return "", nil, errors.New("no client certificate")
+	}
+	certs := make([]*x509.Certificate, len(raw))
+	for i, r := range raw {
+		c, err := x509.ParseCertificate(r)
+		if err != nil {
+			return "", nil, fmt.Errorf("client certificate: %w", err)
+		}
+		certs[i] = c
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	node, err := pki.VerifyNodeCert(certs[0], g.roots.get(), inter, g.bundle.TrustDomain, g.o.Now())
+	if err != nil {
+		return "", nil, err
+	}
+	if g.revoke.revoked(node, pki.SerialHex(certs[0])) {
+		return "", nil, fmt.Errorf("node %s or its certificate is revoked", node)
+	}
+	return node, certs[0], nil
+}
+
+func (g *Gateway) acquire(ctx context.Context) error {
+	row, err := g.q().AcquireLease(ctx, db.AcquireLeaseParams{Name: g.leaseName(), Holder: g.id, TtlMs: LeaseTTL.Milliseconds()})
+	if err != nil {
+		return fmt.Errorf("gateway lease: %w", err)
+	}
+	g.epoch.Store(row.Epoch)
+	var sn pgtype.Text
+	if g.o.Config.ServerName != "" {
+		sn = pgtype.Text{String: g.o.Config.ServerName, Valid: true}
+	}
+	return g.q().RegisterGateway(ctx, db.RegisterGatewayParams{
+		GatewayID: g.id, Region: g.o.Config.Region, Url: g.o.Config.URL, ServerName: sn,
+		Epoch: row.Epoch, MaxStreams: int32(g.o.Config.MaxStreams),
+	})
+}
+
+// leaseLoop renews the lease every RenewEvery with the session count. A
+// lost lease (a long pause) ends every session: their rows may already
+// name another gateway; the daemons come back and the gateway takes a new
+// lease.
+func (g *Gateway) leaseLoop() {
+	t := time.NewTicker(RenewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(g.ctx, RenewEvery)
+		rows, err := g.q().RenewLeases(ctx, db.RenewLeasesParams{TtlMs: LeaseTTL.Milliseconds(),
+			Names: []string{g.leaseName()}, Epochs: []int64{g.epoch.Load()}, Holder: g.id})
+		switch {
+		case err != nil:
+			g.o.Log.Warn("gateway lease renewal failed", "error", err.Error())
+		case len(rows) == 0:
+			g.o.Log.Error("gateway lease lost: closing every session")
+			g.closeAll(agentproto.Message{Type: agentproto.TypeReconnect, Reconnect: &agentproto.Reconnect{}})
+			if err := g.acquire(ctx); err != nil {
+				g.o.Log.Warn("gateway lease", "error", err.Error())
+			}
+		default:
+			_ = g.q().HeartbeatGateway(ctx, db.HeartbeatGatewayParams{GatewayID: g.id, Sessions: int32(g.count()), Draining: g.draining.Load()})
+			g.touch(ctx)
+		}
+		cancel()
+	}
+}
+
+// touch records in one statement that the daemons of live sessions were
+// heard from since the last renewal.
+func (g *Gateway) touch(ctx context.Context) {
+	since := g.o.Now().Add(-2 * RenewEvery)
+	var heard []string
+	g.mu.Lock()
+	for id, s := range g.sessions {
+		if s.lastSeen.Load() > since.UnixNano() {
+			heard = append(heard, id)
+		}
+	}
+	g.mu.Unlock()
+	if len(heard) > 0 {
+		if _, err := g.q().TouchSessions(ctx, db.TouchSessionsParams{NodeIds: heard, GatewayID: pgtype.Text{String: g.id, Valid: true}}); err != nil {
+			g.o.Log.Warn("gateway: recording heartbeats", "error", err.Error())
+		}
+	}
+}
+
+// dispatchLoop sends pending specs and commands whenever the notifier
+// wakes the gateway and at least every Poll, and applies the revocation
+// set.
+func (g *Gateway) dispatchLoop() {
+	wake, stop := g.o.Notifier.Subscribe(Topic(g.id))
+	defer stop()
+	wakeAll, stopAll := g.o.Notifier.Subscribe(TopicAll)
+	defer stopAll()
+	revoked, stopRevoked := g.o.Notifier.Subscribe(TopicRevocations)
+	defer stopRevoked()
+	t := time.NewTicker(Poll)
+	defer t.Stop()
+	n := 0
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-wake:
+		case <-wakeAll:
+		case <-revoked:
+			g.applyRevocations()
+			continue
+		case <-t.C:
+			if n++; n%5 == 0 {
+				g.applyRevocations()
+			}
+		}
+		g.dispatch()
+	}
+}
+
+func (g *Gateway) applyRevocations() {
+	ctx, cancel := context.WithTimeout(g.ctx, RenewEvery)
+	defer cancel()
+	if err := g.revoke.load(ctx, g.q()); err != nil {
+		g.o.Log.Warn("gateway: loading revocations", "error", err.Error())
+		return
+	}
+	for _, s := range g.all() {
+		if g.revoke.revoked(s.nodeID, s.serial) {
+			g.o.Log.Info("closing a revoked session", "node", s.nodeID)
+			s.end(agentproto.Message{Type: agentproto.TypeRevoked})
+		}
+	}
+}
+
+// dispatch sends the specs daemons are behind on and the pending
+// commands.
+func (g *Gateway) dispatch() {
+	if g.count() == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, RenewEvery)
+	defer cancel()
+	gw := pgtype.Text{String: g.id, Valid: true}
+	specs, err := g.q().PendingSpecs(ctx, gw)
+	if err != nil {
+		g.o.Log.Warn("gateway: pending specs", "error", err.Error())
+		return
+	}
+	for _, sp := range specs {
+		if s := g.get(sp.NodeID); s != nil {
+			s.sendSpec(sp.Generation, sp.Body)
+		}
+	}
+	cmds, err := g.q().PendingCommands(ctx, db.PendingCommandsParams{GatewayID: gw, Max: 1000})
+	if err != nil {
+		g.o.Log.Warn("gateway: pending commands", "error", err.Error())
+		return
+	}
+	for _, c := range cmds {
+		s := g.get(c.NodeID)
+		if s == nil {
+			continue // the sweeper puts it back to pending
+		}
+		cmd := agentproto.Command{ID: c.CommandID, NodeID: c.NodeID, Kind: c.Kind, Args: c.Args, ExpiresAt: c.ExpiresAt}
+		cmd.Sign(g.bundle.CommandSigning)
+		s.send(agentproto.Message{Type: agentproto.TypeCommand, Command: &cmd})
+	}
+}
+
+func (g *Gateway) get(node string) *session {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.sessions[node]
+}
+
+func (g *Gateway) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.sessions)
+}
+
+func (g *Gateway) all() []*session {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]*session, 0, len(g.sessions))
+	for _, s := range g.sessions {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (g *Gateway) closeAll(m agentproto.Message) {
+	for _, s := range g.all() {
+		s.end(m)
+	}
+}
+
+// Sessions is the number of open daemon sessions.
+func (g *Gateway) Sessions() int { return g.count() }
+
+// Drain is the gateway's part of shutdown: tell each daemon to reconnect
+// elsewhere after a random delay of up to the drain delay, close the
+// listener with a 2 s grace, release the lease and leave.
+func (g *Gateway) Drain() {
+	g.draining.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), RenewEvery)
+	defer cancel()
+	_ = g.q().HeartbeatGateway(ctx, db.HeartbeatGatewayParams{GatewayID: g.id, Sessions: int32(g.count()), Draining: true})
+	maxDelay := g.o.Config.DrainDelay
+	for _, s := range g.all() {
+		var d time.Duration
+		if maxDelay > 0 {
+			d = rand.N(maxDelay)
+		}
+		s.end(agentproto.Message{Type: agentproto.TypeReconnect, Reconnect: &agentproto.Reconnect{DelayMS: d.Milliseconds()}})
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), ListenerGrace)
+	if err := g.srv.Shutdown(sctx); err != nil {
+		_ = g.srv.Close()
+	}
+	scancel()
+	g.cancel()
+	g.wg.Wait()
+	_ = g.q().ReleaseLeases(ctx, db.ReleaseLeasesParams{Names: []string{g.leaseName()}, Epochs: []int64{g.epoch.Load()}, Holder: g.id})
+	_ = g.q().DeleteGateway(ctx, g.id)
+	g.o.Log.Info("gateway drained", "id", g.id)
+}
+
+// liveGateways lists the region's gateways for daemons (join, welcome).
+func LiveGateways(ctx context.Context, q *db.Queries, region string) ([]agentproto.Gateway, error) {
+	var r pgtype.Text
+	if region != "" {
+		r = pgtype.Text{String: region, Valid: true}
+	}
+	rows, err := q.ListLiveGateways(ctx, r)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+	out := make([]agentproto.Gateway, 0, len(rows))
+	for _, g := range rows {
+		out = append(out, agentproto.Gateway{ID: g.GatewayID, URL: g.Url, ServerName: g.ServerName.String, Region: g.Region})
+	}
+	return out, nil
+}

@@ -1,0 +1,432 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/nodes"
+	"computeplane/internal/notify"
+	"computeplane/internal/outbox"
+	"computeplane/internal/pki"
+)
+
+// session is one daemon's WebSocket session on this gateway.
+type session struct {
+	g         *Gateway
+	conn      *websocket.Conn
+	nodeID    string
+	serial    string
+	transport string
+	epoch     int64 // the node's session epoch, fencing its writes
+	cert      *x509.Certificate
+
+	ctx      context.Context
+	cancel   context.CancelFunc
+	sentGen  atomic.Int64
+	lastSeen atomic.Int64 // unix nanoseconds
+	endOnce  sync.Once
+
+	statusMu   sync.Mutex
+	lastStatus []byte
+}
+
+// serveMTLS upgrades a mutual-TLS connection whose certificate the
+// handshake verified.
+func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request) {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		http.Error(w, "a client certificate is required", http.StatusUnauthorized)
+		return
+	}
+	raw := make([][]byte, len(r.TLS.PeerCertificates))
+	for i, c := range r.TLS.PeerCertificates {
+		raw[i] = c.Raw
+	}
+	node, cert, err := g.verifyChain(raw) // again: the set may have changed since the handshake
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusForbidden)
+		return
+	}
+	if !g.admit(w) {
+		return
+	}
+	conn, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return
+	}
+	g.run(conn, node, cert, agentproto.TransportMTLS)
+}
+
+// admit refuses a new session when the gateway is draining or full.
+func (g *Gateway) admit(w http.ResponseWriter) bool {
+	switch {
+	case g.draining.Load():
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "the gateway is draining", http.StatusServiceUnavailable)
+		return false
+	case g.count() >= g.o.Config.MaxStreams:
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "the gateway is full (maxStreams)", http.StatusServiceUnavailable)
+		return false
+	}
+	return true
+}
+
+// FallbackHandler serves the WebSocket fallback on the public host
+// (wss://<publicHost>/v1/session) for daemons behind proxies that
+// terminate TLS: no client certificate, the daemon proves its identity by
+// signing a challenge with its node key.
+func (g *Gateway) FallbackHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !g.admit(w) {
+			return
+		}
+		conn, err := websocket.Accept(clearDeadlines{w}, r, nil)
+		if err != nil {
+			return
+		}
+		conn.SetReadLimit(agentproto.MaxMessageBytes)
+		node, cert, err := g.challenge(r.Context(), conn)
+		if err != nil {
+			g.o.Log.Info("fallback session refused", "error", err.Error())
+			reject(conn, "UNAUTHENTICATED", err.Error())
+			return
+		}
+		g.run(conn, node, cert, agentproto.TransportWebSocket)
+	})
+}
+
+// clearDeadlines lets a hijacked connection of the api's server outlive
+// the server's request deadlines (net/http keeps them on hijack).
+type clearDeadlines struct{ http.ResponseWriter }
+
+func (c clearDeadlines) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(c.ResponseWriter).Hijack()
+	if err == nil {
+		_ = conn.SetDeadline(time.Time{})
+	}
+	return conn, brw, err
+}
+
+func (g *Gateway) challenge(ctx context.Context, conn *websocket.Conn) (string, *x509.Certificate, error) {
+	nonce := make([]byte, 32)
+	_, _ = rand.Read(nonce)
+	if err := writeMsg(ctx, conn, agentproto.Message{Type: agentproto.TypeChallenge, Challenge: &agentproto.Challenge{Nonce: nonce}}); err != nil {
+		return "", nil, err
+	}
+	m, err := readMsg(ctx, conn, HelloTimeout)
+	if err != nil {
+		return "", nil, err
+	}
+	if m.Type != agentproto.TypeProof {
+		return "", nil, fmt.Errorf("expected a proof, got %s", m.Type)
+	}
+	node, cert, err := g.verifyChain(m.Proof.Chain)
+	if err != nil {
+		return "", nil, err
+	}
+	pub, ok := cert.PublicKey.(*ecdsa.PublicKey)
+	digest := sha256.Sum256(append([]byte(agentproto.ProofContext), nonce...))
+	if !ok || !ecdsa.VerifyASN1(pub, digest[:], m.Proof.Signature) {
+		return "", nil, errors.New("the proof's signature does not verify with the certificate's key")
+	}
+	return node, cert, nil
+}
+
+func reject(conn *websocket.Conn, code, msg string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = writeMsg(ctx, conn, agentproto.Message{Type: agentproto.TypeError, Error: &agentproto.Error{Code: code, Message: msg}})
+	_ = conn.Close(websocket.StatusPolicyViolation, code)
+}
+
+func writeMsg(ctx context.Context, conn *websocket.Conn, m agentproto.Message) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, WriteTimeout)
+	defer cancel()
+	return conn.Write(ctx, websocket.MessageText, b)
+}
+
+func readMsg(ctx context.Context, conn *websocket.Conn, timeout time.Duration) (agentproto.Message, error) {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	typ, b, err := conn.Read(ctx)
+	if err != nil {
+		return agentproto.Message{}, err
+	}
+	if typ != websocket.MessageText {
+		return agentproto.Message{}, errors.New("a binary frame")
+	}
+	return agentproto.Decode(b)
+}
+
+// run holds one session: hello, the session row, welcome, then the
+// daemon's messages until the connection ends.
+func (g *Gateway) run(conn *websocket.Conn, node string, cert *x509.Certificate, transport string) {
+	conn.SetReadLimit(agentproto.MaxMessageBytes)
+	m, err := readMsg(g.ctx, conn, HelloTimeout)
+	if err != nil {
+		_ = conn.CloseNow()
+		return
+	}
+	if m.Type != agentproto.TypeHello || m.Hello.NodeID != node {
+		reject(conn, "INVALID_INPUT", "the first message is a hello naming the certificate's node")
+		return
+	}
+	h := m.Hello
+	proto := min(agentproto.ProtocolMax, h.ProtocolMax)
+	if proto < max(agentproto.ProtocolMin, h.ProtocolMin) {
+		reject(conn, "UNSUPPORTED", fmt.Sprintf("no common protocol: the gateway speaks %d-%d, the daemon %d-%d",
+			agentproto.ProtocolMin, agentproto.ProtocolMax, h.ProtocolMin, h.ProtocolMax))
+		return
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, WriteTimeout)
+	epoch, err := g.open(ctx, node, cert, transport, proto, h)
+	cancel()
+	if err != nil {
+		g.o.Log.Info("session refused", "node", node, "error", err.Error())
+		reject(conn, "INVALID_STATE", err.Error())
+		return
+	}
+	s := &session{g: g, conn: conn, nodeID: node, serial: pki.SerialHex(cert), transport: transport, epoch: epoch, cert: cert}
+	s.ctx, s.cancel = context.WithCancel(g.ctx)
+	s.sentGen.Store(h.ObservedGeneration)
+	s.lastSeen.Store(g.o.Now().UnixNano())
+	g.mu.Lock()
+	old := g.sessions[node]
+	g.sessions[node] = s
+	g.mu.Unlock()
+	if old != nil {
+		old.end(agentproto.Message{}) // replaced by the daemon's new session
+	}
+	gws, _ := LiveGateways(s.ctx, g.q(), g.o.Config.Region)
+	s.send(agentproto.Message{Type: agentproto.TypeWelcome, Welcome: &agentproto.Welcome{
+		SessionEpoch: epoch, Protocol: proto, GatewayID: g.id, Gateways: gws, HeartbeatMS: HeartbeatMS,
+	}})
+	g.o.Log.Info("session open", "node", node, "transport", transport, "epoch", epoch)
+	g.o.Notifier.Wake(Topic(g.id)) // its pending spec and commands
+	s.readLoop()
+	s.end(agentproto.Message{})
+	g.mu.Lock()
+	if g.sessions[node] == s {
+		delete(g.sessions, node)
+	}
+	g.mu.Unlock()
+	ctx, cancel = context.WithTimeout(context.WithoutCancel(g.ctx), WriteTimeout)
+	_, _ = g.q().CloseSession(ctx, db.CloseSessionParams{NodeID: node, GatewayID: pgtype.Text{String: g.id, Valid: true}, SessionEpoch: epoch})
+	cancel()
+	g.o.Log.Info("session closed", "node", node, "epoch", epoch)
+}
+
+// open writes the session row in one transaction: a joining node becomes
+// ready (node.registered), a down node returns to the state it left
+// (node.up).
+func (g *Gateway) open(ctx context.Context, node string, cert *x509.Certificate, transport string, proto int, h *agentproto.Hello) (int64, error) {
+	inv, _ := json.Marshal(h.Inventory)
+	var epoch int64
+	var events bool
+	err := g.o.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		q := db.New(tx)
+		cur, err := q.GetNodeSession(ctx, node)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("node %s does not exist", node)
+		}
+		if err != nil {
+			return err
+		}
+		if cur.State == nodes.StateRetired {
+			return fmt.Errorf("node %s is retired", node)
+		}
+		na := cert.NotAfter
+		n, err := q.OpenSession(ctx, db.OpenSessionParams{
+			GatewayID: pgtype.Text{String: g.id, Valid: true}, Transport: pgtype.Text{String: transport, Valid: true},
+			AgentVersion: pgtype.Text{String: h.AgentVersion, Valid: true}, AgentProtocol: pgtype.Int4{Int32: int32(proto), Valid: true},
+			Inventory: inv, ObservedGeneration: h.ObservedGeneration, CertNotAfter: &na,
+			CertSerial: pgtype.Text{String: pki.SerialHex(cert), Valid: true},
+			Vcpu:       int32(h.Inventory.VCPU), MemoryMib: h.Inventory.MemoryMiB, DiskGib: h.Inventory.DiskGiB, Gpus: int32(h.Inventory.GPUs),
+			GpuModel: pgtype.Text{String: h.Inventory.GPUModel, Valid: h.Inventory.GPUModel != ""}, NodeID: node,
+		})
+		if err != nil {
+			return err
+		}
+		epoch = n.SessionEpoch
+		switch cur.State {
+		case nodes.StateJoining:
+			events = true
+			if err := q.SetNodeSessionState(ctx, db.SetNodeSessionStateParams{NodeID: node, State: nodes.StateReady}); err != nil {
+				return err
+			}
+			return outbox.Write(ctx, tx, outbox.Event{Type: api.EventNodeRegistered, Subject: node, TenantID: cur.Owner,
+				Data: api.NodeRegisteredPayload{NodeID: node, PoolID: cur.PoolID, Hostname: cur.Hostname, State: nodes.StateReady}})
+		case nodes.StateDown:
+			events = true
+			back := nodes.StateReady
+			if cur.DownFrom.Valid && cur.DownFrom.String != "" {
+				back = cur.DownFrom.String
+			}
+			if err := q.SetNodeSessionState(ctx, db.SetNodeSessionStateParams{NodeID: node, State: back}); err != nil {
+				return err
+			}
+			return outbox.Write(ctx, tx, outbox.Event{Type: api.EventNodeUp, Subject: node, TenantID: cur.Owner,
+				Data: api.NodeUpPayload{NodeID: node}})
+		}
+		return nil
+	})
+	if err == nil && events {
+		g.o.Notifier.Wake(notify.TopicOutbox)
+	}
+	return epoch, err
+}
+
+// send writes one message; a failed write ends the session.
+func (s *session) send(m agentproto.Message) {
+	if err := writeMsg(s.ctx, s.conn, m); err != nil {
+		s.end(agentproto.Message{})
+	}
+}
+
+// sendSpec sends a spec generation once per session.
+func (s *session) sendSpec(gen int64, body []byte) {
+	for {
+		cur := s.sentGen.Load()
+		if cur >= gen {
+			return
+		}
+		if s.sentGen.CompareAndSwap(cur, gen) {
+			break
+		}
+	}
+	s.send(agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: gen, Body: body}})
+}
+
+// end closes the session once, first sending m when it has a type.
+func (s *session) end(m agentproto.Message) {
+	s.endOnce.Do(func() {
+		if m.Type != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = writeMsg(ctx, s.conn, m)
+			cancel()
+		}
+		_ = s.conn.Close(websocket.StatusNormalClosure, "")
+		s.cancel()
+	})
+}
+
+func (s *session) readLoop() {
+	for {
+		m, err := readMsg(s.ctx, s.conn, 0)
+		if err != nil {
+			return
+		}
+		s.lastSeen.Store(s.g.o.Now().UnixNano())
+		switch m.Type {
+		case agentproto.TypeStatus:
+			s.status(m.Status)
+		case agentproto.TypeResult:
+			s.result(m.Result)
+		case agentproto.TypeRenew:
+			s.renew(m.Renew)
+		}
+	}
+}
+
+// status writes a status that differs from the last one; a heartbeat that
+// repeats it only counts as heard (written in batches by touch).
+func (s *session) status(st *agentproto.Status) {
+	b, _ := json.Marshal(st)
+	s.statusMu.Lock()
+	same := bytes.Equal(b, s.lastStatus)
+	s.lastStatus = b
+	s.statusMu.Unlock()
+	if same {
+		return
+	}
+	instances, _ := json.Marshal(st.Instances)
+	var inv []byte
+	if st.Inventory != nil {
+		inv, _ = json.Marshal(st.Inventory)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, WriteTimeout)
+	defer cancel()
+	_, err := s.g.q().ReportStatus(ctx, db.ReportStatusParams{
+		ObservedGeneration: st.ObservedGeneration, ApplyError: pgtype.Text{String: st.ApplyError, Valid: st.ApplyError != ""},
+		InstanceStatus:         instances,
+		VolumeAvailableBytes:   pgtype.Int8{Int64: st.VolumeStore.AvailableBytes, Valid: true},
+		VolumeReservedBytes:    pgtype.Int8{Int64: st.VolumeStore.ReservedBytes, Valid: true},
+		VolumeOutstandingBytes: pgtype.Int8{Int64: st.VolumeStore.OutstandingBytes, Valid: true},
+		Inventory:              inv, NodeID: s.nodeID, GatewayID: pgtype.Text{String: s.g.id, Valid: true}, SessionEpoch: s.epoch,
+	})
+	if err != nil {
+		s.statusMu.Lock()
+		s.lastStatus = nil // write it again with the next heartbeat
+		s.statusMu.Unlock()
+		s.g.o.Log.Warn("gateway: writing a status", "node", s.nodeID, "error", err.Error())
+	}
+}
+
+func (s *session) result(r *agentproto.Result) {
+	state := "failed"
+	if r.OK {
+		state = "succeeded"
+	}
+	b, _ := json.Marshal(r)
+	ctx, cancel := context.WithTimeout(s.ctx, WriteTimeout)
+	defer cancel()
+	if _, err := s.g.q().FinishCommand(ctx, db.FinishCommandParams{State: state, Result: b, CommandID: r.ID, NodeID: s.nodeID}); err != nil {
+		s.g.o.Log.Warn("gateway: writing a command result", "node", s.nodeID, "command", r.ID, "error", err.Error())
+	}
+}
+
+// renew issues a new certificate for the session's key.
+func (s *session) renew(r *agentproto.Renew) {
+	csr, err := x509.ParseCertificateRequest(r.CSR)
+	if err != nil || csr.CheckSignature() != nil {
+		s.g.o.Log.Info("renewal refused: a bad request", "node", s.nodeID)
+		return
+	}
+	have, _ := x509.MarshalPKIXPublicKey(s.cert.PublicKey)
+	want, _ := x509.MarshalPKIXPublicKey(csr.PublicKey)
+	if !bytes.Equal(have, want) {
+		s.g.o.Log.Info("renewal refused: another key", "node", s.nodeID)
+		return
+	}
+	cert, err := s.g.bundle.IssueNode(csr, s.nodeID)
+	if err != nil {
+		s.g.o.Log.Warn("renewal failed", "node", s.nodeID, "error", err.Error())
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, WriteTimeout)
+	defer cancel()
+	na := cert.NotAfter
+	if err := s.g.q().SetNodeCertificate(ctx, db.SetNodeCertificateParams{NodeID: s.nodeID, CertNotAfter: &na,
+		CertSerial: pgtype.Text{String: pki.SerialHex(cert), Valid: true}}); err != nil {
+		s.g.o.Log.Warn("renewal not recorded", "node", s.nodeID, "error", err.Error())
+		return
+	}
+	s.send(agentproto.Message{Type: agentproto.TypeRenewed, Renewed: &agentproto.Renewed{Certificate: cert.Raw}})
+}

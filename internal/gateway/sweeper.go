@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/notify"
+	"computeplane/internal/outbox"
+	"computeplane/internal/store"
+	"computeplane/internal/system"
+	"computeplane/internal/workers"
+)
+
+// SweeperJob is the singleton job of the command sweeper.
+const SweeperJob = "command-sweeper"
+
+// Sweeper timing: unacknowledged commands are re-sent every SweepEvery;
+// gateway rows gone for an hour are deleted.
+const (
+	SweepEvery     = 5 * time.Second
+	DeadGatewayTTL = time.Hour
+)
+
+// Sweeper is the command sweeper: it re-sends commands whose result did
+// not come within SweepEvery, expires overdue ones, and marks nodes down
+// whose daemon has been out of session for DownAfter (node.down).
+type Sweeper struct {
+	Store     *store.Store
+	Notifier  *notify.Notifier
+	DownAfter time.Duration
+	Log       *slog.Logger
+}
+
+// Run is the job: a pass every SweepEvery, every write fenced by the
+// lease.
+func (s *Sweeper) Run(ctx context.Context, l workers.Lease) error {
+	t := time.NewTicker(SweepEvery)
+	defer t.Stop()
+	for {
+		if err := s.Pass(ctx, l.Fence); err != nil && ctx.Err() == nil {
+			s.Log.Warn("command sweeper pass", "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Pass runs one sweep.
+func (s *Sweeper) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) error) error {
+	ctx, cancel := context.WithTimeout(ctx, SweepEvery)
+	defer cancel()
+	wake := map[string]bool{}
+	var down bool
+	err := s.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		if err := fence(ctx, tx); err != nil {
+			return err
+		}
+		q := db.New(tx)
+		resent, err := q.ResendCommands(ctx, SweepEvery.Milliseconds())
+		if err != nil {
+			return err
+		}
+		for _, r := range resent {
+			wake[topicOf(r.SessionGateway)] = true
+		}
+		if _, err := q.ExpireCommands(ctx); err != nil {
+			return err
+		}
+		lost, err := q.LostSessions(ctx, s.DownAfter.Milliseconds())
+		if err != nil {
+			return err
+		}
+		for _, n := range lost {
+			if err := q.MarkNodeDown(ctx, n.NodeID); err != nil {
+				return err
+			}
+			if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventNodeDown, Subject: n.NodeID, TenantID: n.Owner,
+				Data: api.NodeDownPayload{NodeID: n.NodeID}}); err != nil {
+				return err
+			}
+			down = true
+		}
+		_, err = q.DeleteDeadGateways(ctx, DeadGatewayTTL.Milliseconds())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for t := range wake {
+		s.Notifier.Wake(t)
+	}
+	if down {
+		s.Notifier.Wake(notify.TopicOutbox)
+	}
+	return nil
+}
+
+// Check is the gateways' part of system.selfCheck: sweeper lag, gateway
+// headroom, stale heartbeats, daemon protocol skew and node certificates
+// expiring within seven days.
+func Check() system.Check {
+	return system.Check{Name: "gateways", Run: func(ctx context.Context, tx pgx.Tx) ([]api.Finding, error) {
+		f, err := db.New(tx).GatewayFindings(ctx, agentproto.ProtocolMin)
+		if err != nil {
+			return nil, err
+		}
+		var out []api.Finding
+		add := func(sev, format string, args ...any) {
+			out = append(out, api.Finding{Check: "gateways", Severity: sev, Message: fmt.Sprintf(format, args...)})
+		}
+		if f.UnresentCommands > 0 || f.UnexpiredCommands > 0 {
+			add(system.SeverityWarning, "command sweeper lag: %d commands unacknowledged past three sweeps, %d overdue not expired",
+				f.UnresentCommands, f.UnexpiredCommands)
+		}
+		switch {
+		case f.MaxStreams == 0:
+			add(system.SeverityInfo, "no live gateway")
+		case f.Sessions*10 >= f.MaxStreams*9:
+			add(system.SeverityWarning, "gateway headroom: %d of %d sessions in use", f.Sessions, f.MaxStreams)
+		default:
+			add(system.SeverityInfo, "gateway headroom: %d of %d sessions in use", f.Sessions, f.MaxStreams)
+		}
+		if f.StaleHeartbeats > 0 {
+			add(system.SeverityWarning, "%d daemon sessions have not been heard from for 30 s (stale heartbeats)", f.StaleHeartbeats)
+		}
+		if f.ProtocolSkew > 0 {
+			add(system.SeverityWarning, "%d daemons speak a protocol below %d (daemon protocol skew)", f.ProtocolSkew, agentproto.ProtocolMin)
+		}
+		if f.ExpiringCerts > 0 {
+			add(system.SeverityWarning, "%d node certificates expire within 7 days", f.ExpiringCerts)
+		}
+		return out, nil
+	}}
+}

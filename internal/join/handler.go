@@ -1,0 +1,129 @@
+package join
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/iam"
+	"computeplane/internal/pki"
+	"computeplane/internal/rpc"
+	"computeplane/internal/store"
+)
+
+// MaxRequestBytes bounds a join request.
+const MaxRequestBytes = 64 << 10
+
+// Gateways lists the live gateways of a region for a joined daemon.
+type Gateways func(ctx context.Context, q *db.Queries, region string) ([]agentproto.Gateway, error)
+
+// Handler serves POST agentproto.JoinPath on the public host: a machine
+// presents a join token and a certificate request and receives its node
+// certificate, the roots, the command signing keys and its region's
+// gateways. It needs no API credential: the token is the credential.
+type Handler struct {
+	Store      *store.Store
+	Bundle     func() (*pki.Bundle, error)
+	Projection iam.Projection
+	TypePrefix string
+	Gateways   Gateways
+	// FallbackURL is the wss:// URL of the public host's session endpoint.
+	FallbackURL string
+	Log         *slog.Logger
+	Now         func() time.Time
+}
+
+// Timeout bounds one join.
+const Timeout = 10 * time.Second
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		rpc.WriteError(w, h.Log, api.Errorf(api.CodeMethodNotAllowed, "only POST is allowed here"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), Timeout)
+	defer cancel()
+	out, err := h.join(ctx, r)
+	if err != nil {
+		rpc.WriteError(w, h.Log, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinResponse, error) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxRequestBytes+1))
+	if err != nil {
+		return nil, api.Errorf(api.CodeInvalidInput, "reading the request: %v", err)
+	}
+	if len(body) > MaxRequestBytes {
+		return nil, api.Errorf(api.CodeInvalidInput, "a join request is at most %d bytes", MaxRequestBytes)
+	}
+	var req agentproto.JoinRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, api.Errorf(api.CodeInvalidInput, "the body is not a join request: %v", err)
+	}
+	if req.Token == "" {
+		return nil, api.Errorf(api.CodeInvalidInput, "token is required")
+	}
+	csr, err := x509.ParseCertificateRequest(req.CSR)
+	if err != nil {
+		return nil, api.Errorf(api.CodeInvalidInput, "csr is not a DER certificate request: %v", err)
+	}
+	b, err := h.Bundle()
+	if err != nil {
+		return nil, api.Errorf(api.CodeInvalidConfig, "this deployment has no PKI bundle: %v", err)
+	}
+	var (
+		grant  *Grant
+		region string
+		gws    []agentproto.Gateway
+	)
+	err = h.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		grant, err = Redeem(ctx, tx, b, h.Projection, h.TypePrefix, req.Token, csr, h.Now())
+		if err != nil {
+			return err
+		}
+		q := db.New(tx)
+		n, err := q.GetNode(ctx, grant.NodeID)
+		if err != nil {
+			return err
+		}
+		site, err := q.GetSite(ctx, n.Node.SiteID)
+		if err != nil {
+			return err
+		}
+		region = site.Region
+		gws, err = h.Gateways(ctx, q, region)
+		return err
+	})
+	switch {
+	case errors.Is(err, ErrInvalid), errors.Is(err, ErrExpired), errors.Is(err, ErrReused), errors.Is(err, ErrRevoked):
+		h.Log.InfoContext(ctx, "join refused", "reason", err.Error())
+		return nil, api.Errorf(api.CodeUnauthenticated, "%s", err.Error())
+	case err != nil:
+		return nil, err
+	}
+	h.Log.InfoContext(ctx, "node joined", "node", grant.NodeID, "pool", grant.PoolID, "region", region)
+	return &agentproto.JoinResponse{
+		NodeID: grant.NodeID, PoolID: grant.PoolID, TrustDomain: b.TrustDomain,
+		Certificate: grant.Cert.Raw, NodeCA: b.NodeCA.Cert.Raw, ServingCA: b.ServingCA.Cert.Raw,
+		CommandSigningKeys: [][]byte{b.CommandKey()}, Gateways: gws, FallbackURL: h.FallbackURL,
+	}, nil
+}

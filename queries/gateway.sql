@@ -1,0 +1,164 @@
+-- name: RegisterGateway :exec
+INSERT INTO gateways (gateway_id, region, url, server_name, epoch, max_streams)
+VALUES (sqlc.arg(gateway_id), sqlc.arg(region), sqlc.arg(url), sqlc.narg(server_name), sqlc.arg(epoch), sqlc.arg(max_streams))
+ON CONFLICT (gateway_id) DO UPDATE SET epoch = excluded.epoch, draining = false, heartbeat_at = now();
+
+-- name: HeartbeatGateway :exec
+UPDATE gateways SET heartbeat_at = now(), sessions = sqlc.arg(sessions), draining = sqlc.arg(draining)
+WHERE gateway_id = sqlc.arg(gateway_id);
+
+-- name: DeleteGateway :exec
+DELETE FROM gateways WHERE gateway_id = sqlc.arg(gateway_id);
+
+-- DeleteDeadGateways removes the rows of gateways whose lease is gone and
+-- that no node's session names any more.
+-- name: DeleteDeadGateways :execrows
+DELETE FROM gateways g
+WHERE g.heartbeat_at < now() - make_interval(secs => sqlc.arg(older_than_ms)::bigint / 1000.0)
+  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = 'gateway/' || g.gateway_id AND l.expires_at > now())
+  AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.session_gateway = g.gateway_id);
+
+-- ListLiveGateways lists the gateways holding their lease, of a region
+-- when one is given, those not draining first, the least loaded first.
+-- name: ListLiveGateways :many
+SELECT g.* FROM gateways g JOIN leases l ON l.name = 'gateway/' || g.gateway_id
+WHERE l.expires_at > now() AND l.holder = g.gateway_id AND l.epoch = g.epoch
+  AND (sqlc.narg(region)::text IS NULL OR g.region = sqlc.narg(region))
+ORDER BY g.draining, g.sessions, g.gateway_id;
+
+-- OpenSession makes the gateway the holder of a node's session with a new
+-- session epoch, recording what the daemon said in its hello. A daemon
+-- run host's capacity follows its inventory, never below what is booked.
+-- name: OpenSession :one
+UPDATE nodes SET
+    session_gateway = sqlc.arg(gateway_id), session_epoch = session_epoch + 1, session_since = now(),
+    session_closed_at = NULL, session_transport = sqlc.arg(transport), last_seen_at = now(),
+    agent_version = sqlc.arg(agent_version), agent_protocol = sqlc.arg(agent_protocol),
+    inventory = sqlc.arg(inventory), observed_generation = sqlc.arg(observed_generation),
+    cert_not_after = sqlc.arg(cert_not_after), cert_serial = sqlc.arg(cert_serial),
+    cap_vcpu = CASE WHEN declared THEN cap_vcpu ELSE greatest(booked_vcpu, sqlc.arg(vcpu)::integer) END,
+    cap_memory_mib = CASE WHEN declared THEN cap_memory_mib ELSE greatest(booked_memory_mib, sqlc.arg(memory_mib)::bigint) END,
+    cap_disk_gib = CASE WHEN declared THEN cap_disk_gib ELSE greatest(booked_disk_gib, sqlc.arg(disk_gib)::bigint) END,
+    cap_gpus = CASE WHEN declared THEN cap_gpus ELSE greatest(booked_gpus, sqlc.arg(gpus)::integer) END,
+    gpu_model = CASE WHEN declared THEN gpu_model ELSE sqlc.narg(gpu_model) END,
+    updated_at = now()
+WHERE node_id = sqlc.arg(node_id)
+RETURNING *;
+
+-- name: GetNodeSession :one
+SELECT n.node_id, n.state, n.down_from, n.declared, n.hostname, n.pool_id, p.tenant_id AS owner
+FROM nodes n JOIN pools p USING (pool_id) WHERE n.node_id = sqlc.arg(node_id) FOR UPDATE OF n;
+
+-- name: SetNodeSessionState :exec
+UPDATE nodes SET state = sqlc.arg(state), down_from = sqlc.narg(down_from), version = version + 1, updated_at = now()
+WHERE node_id = sqlc.arg(node_id);
+
+-- CloseSession ends a session if it is still the one the gateway holds.
+-- name: CloseSession :execrows
+UPDATE nodes SET session_gateway = NULL, session_closed_at = now(), last_seen_at = now()
+WHERE node_id = sqlc.arg(node_id) AND session_gateway = sqlc.arg(gateway_id) AND session_epoch = sqlc.arg(session_epoch);
+
+-- TouchSessions records that the daemons of a gateway's sessions were
+-- heard from.
+-- name: TouchSessions :execrows
+UPDATE nodes SET last_seen_at = now()
+WHERE node_id = ANY(sqlc.arg(node_ids)::text[]) AND session_gateway = sqlc.arg(gateway_id);
+
+-- ReportStatus writes a daemon's status if its session is still current.
+-- name: ReportStatus :execrows
+UPDATE nodes SET observed_generation = sqlc.arg(observed_generation), apply_error = sqlc.narg(apply_error),
+    instance_status = sqlc.arg(instance_status), last_seen_at = now(),
+    volume_available_bytes = sqlc.arg(volume_available_bytes), volume_reserved_bytes = sqlc.arg(volume_reserved_bytes),
+    volume_outstanding_bytes = sqlc.arg(volume_outstanding_bytes), volume_reported_at = now(),
+    inventory = coalesce(sqlc.narg(inventory), inventory)
+WHERE node_id = sqlc.arg(node_id) AND session_gateway = sqlc.arg(gateway_id) AND session_epoch = sqlc.arg(session_epoch);
+
+-- name: SetNodeCertificate :exec
+UPDATE nodes SET cert_not_after = sqlc.arg(cert_not_after), cert_serial = sqlc.arg(cert_serial)
+WHERE node_id = sqlc.arg(node_id);
+
+-- LostSessions lists the daemon-run nodes out of session for longer than
+-- down_after_ms that still count as up: their session closed, or their
+-- gateway's lease is gone.
+-- name: LostSessions :many
+SELECT n.node_id, n.state, p.tenant_id AS owner
+FROM nodes n JOIN pools p USING (pool_id)
+WHERE NOT n.declared AND n.state IN ('ready', 'cordoned', 'draining')
+  AND n.last_seen_at < now() - make_interval(secs => sqlc.arg(down_after_ms)::bigint / 1000.0)
+  AND (n.session_gateway IS NULL
+       OR NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = 'gateway/' || n.session_gateway AND l.expires_at > now()))
+ORDER BY n.node_id
+LIMIT 500
+FOR UPDATE OF n SKIP LOCKED;
+
+-- name: MarkNodeDown :exec
+UPDATE nodes SET state = 'down', down_from = state, session_gateway = NULL,
+    session_closed_at = coalesce(session_closed_at, now()), version = version + 1, updated_at = now()
+WHERE node_id = sqlc.arg(node_id);
+
+-- name: PutNodeSpec :one
+INSERT INTO node_specs (node_id, generation, body) VALUES (sqlc.arg(node_id), 1, sqlc.arg(body))
+ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, body = excluded.body, updated_at = now()
+RETURNING generation;
+
+-- name: GetNodeSpec :one
+SELECT * FROM node_specs WHERE node_id = sqlc.arg(node_id);
+
+-- PendingSpecs lists the specs the daemons of a gateway's sessions have
+-- not applied yet.
+-- name: PendingSpecs :many
+SELECT s.node_id, s.generation, s.body FROM node_specs s JOIN nodes n USING (node_id)
+WHERE n.session_gateway = sqlc.arg(gateway_id) AND s.generation > n.observed_generation;
+
+-- name: InsertCommand :one
+INSERT INTO node_commands (command_id, node_id, kind, args, state, created_by, expires_at)
+VALUES (sqlc.arg(command_id), sqlc.arg(node_id), sqlc.arg(kind), sqlc.arg(args), 'pending', sqlc.arg(created_by), sqlc.arg(expires_at))
+RETURNING *;
+
+-- name: GetCommand :one
+SELECT * FROM node_commands WHERE command_id = sqlc.arg(command_id);
+
+-- PendingCommands lists the commands to send on a gateway's sessions,
+-- oldest first, and marks them sent.
+-- name: PendingCommands :many
+UPDATE node_commands c SET state = 'sent', attempts = attempts + 1, sent_at = now()
+FROM nodes n
+WHERE c.node_id = n.node_id AND n.session_gateway = sqlc.arg(gateway_id)
+  AND c.state = 'pending' AND c.expires_at > now()
+  AND c.command_id IN (SELECT command_id FROM node_commands WHERE state = 'pending' ORDER BY created_at LIMIT sqlc.arg(max)::int FOR UPDATE SKIP LOCKED)
+RETURNING c.*;
+
+-- name: FinishCommand :execrows
+UPDATE node_commands SET state = sqlc.arg(state), result = sqlc.arg(result), finished_at = now()
+WHERE command_id = sqlc.arg(command_id) AND node_id = sqlc.arg(node_id) AND state IN ('pending', 'sent');
+
+-- ResendCommands puts commands sent resend_after_ms ago without a result
+-- back to pending and names the gateways to wake.
+-- name: ResendCommands :many
+UPDATE node_commands c SET state = 'pending'
+FROM nodes n
+WHERE c.node_id = n.node_id AND c.state = 'sent' AND c.expires_at > now()
+  AND c.sent_at < now() - make_interval(secs => sqlc.arg(resend_after_ms)::bigint / 1000.0)
+RETURNING c.command_id, n.session_gateway;
+
+-- name: ExpireCommands :execrows
+UPDATE node_commands SET state = 'expired', finished_at = now()
+WHERE state IN ('pending', 'sent') AND expires_at <= now();
+
+-- name: ListRevocations :many
+SELECT kind, value FROM revocations ORDER BY kind, value;
+
+-- name: InsertRevocation :execrows
+INSERT INTO revocations (kind, value, reason) VALUES (sqlc.arg(kind), sqlc.arg(value), sqlc.arg(reason))
+ON CONFLICT DO NOTHING;
+
+-- name: GatewayFindings :one
+-- What system.selfCheck reports about gateways and daemons.
+SELECT
+    (SELECT count(*) FROM node_commands WHERE state = 'sent' AND sent_at < now() - interval '15 seconds' AND expires_at > now())::bigint AS unresent_commands,
+    (SELECT count(*) FROM node_commands WHERE state IN ('pending', 'sent') AND expires_at < now() - interval '15 seconds')::bigint AS unexpired_commands,
+    (SELECT coalesce(sum(sessions), 0) FROM gateways g WHERE g.heartbeat_at > now() - interval '20 seconds')::bigint AS sessions,
+    (SELECT coalesce(sum(max_streams), 0) FROM gateways g WHERE g.heartbeat_at > now() - interval '20 seconds')::bigint AS max_streams,
+    (SELECT count(*) FROM nodes WHERE session_gateway IS NOT NULL AND last_seen_at < now() - interval '30 seconds')::bigint AS stale_heartbeats,
+    (SELECT count(*) FROM nodes WHERE session_gateway IS NOT NULL AND agent_protocol < sqlc.arg(min_protocol)::int)::bigint AS protocol_skew,
+    (SELECT count(*) FROM nodes WHERE state <> 'retired' AND cert_not_after < now() + interval '7 days')::bigint AS expiring_certs;
