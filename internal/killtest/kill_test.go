@@ -30,11 +30,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -51,6 +49,7 @@ import (
 	"computeplane/gen/client"
 	"computeplane/internal/config"
 	"computeplane/internal/dbtest"
+	"computeplane/internal/proctest"
 	"computeplane/internal/sinks"
 	"computeplane/internal/testenv"
 	"computeplane/internal/webhooks"
@@ -74,7 +73,7 @@ func TestKillDuringDispatch(t *testing.T) {
 	}
 	timing := workers.DefaultTiming()
 	dbURL := dbtest.URL(t)
-	bin := buildComputed(t)
+	bin := proctest.Build(t, "computeplane/cmd/computed")
 	dir := t.TempDir()
 	sinkPath := filepath.Join(dir, "events.jsonl")
 
@@ -92,7 +91,7 @@ func TestKillDuringDispatch(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	envOf := func(cfgFile, roles string, port int) []string {
-		return childEnv(map[string]string{
+		return proctest.ChildEnv(map[string]string{
 			"SERVICE_DATABASE_URL": dbURL,
 			"SERVICE_SECRET":       testenv.TestSecret,
 			"SERVICE_CONFIG":       cfgFile,
@@ -109,12 +108,12 @@ func TestKillDuringDispatch(t *testing.T) {
 
 	// A: api and sinks. It holds both jobs until B joins.
 	portA := testenv.FreePort(t)
-	a := startProcess(t, "A", bin, envOf(cfgA, "api,sinks", portA), "serve")
+	a := proctest.Start(t, "A", bin, envOf(cfgA, "api,sinks", portA), "serve")
 	addrA := net.JoinHostPort("127.0.0.1", strconv.Itoa(portA))
-	a.waitHealthy(t, addrA)
+	a.WaitHealthy(t, addrA)
 
 	// An API key minted as an operator does it.
-	key := createKey(t, bin, envOf(cfgA, "api,sinks", portA))
+	key := proctest.CreateKey(t, bin, envOf(cfgA, "api,sinks", portA), tenant, "killtest", "owner")
 	c, err := computeclient.New("http://"+addrA+config.DefaultBasePath, computeclient.WithToken(key),
 		computeclient.WithHTTPClient(&http.Client{Timeout: 10 * time.Second}))
 	require.NoError(t, err)
@@ -128,9 +127,9 @@ func TestKillDuringDispatch(t *testing.T) {
 
 	// B: sinks only. It wins both jobs by rendezvous hashing; A releases
 	// them at its next tick.
-	b := startProcess(t, "B", bin, envOf(cfgB, "sinks", testenv.FreePort(t)), "serve")
+	b := proctest.Start(t, "B", bin, envOf(cfgB, "sinks", testenv.FreePort(t)), "serve")
 	require.Eventually(t, func() bool {
-		b.requireRunning(t)
+		b.RequireRunning(t)
 		held := leaseHolders(t, pool, leaseNames)
 		return held[sinkLease].holder == idB && held[hookLease].holder == idB
 	}, 3*timing.Renew+10*time.Second, 50*time.Millisecond, "B takes both dispatch leases")
@@ -162,16 +161,16 @@ func TestKillDuringDispatch(t *testing.T) {
 	held := leaseHolders(t, pool, leaseNames)
 	require.Equal(t, idB, held[sinkLease].holder, "B still holds the sink lease at the kill")
 	require.Equal(t, idB, held[hookLease].holder, "B still holds the webhooks lease at the kill")
-	require.NoError(t, b.cmd.Process.Signal(syscall.SIGKILL))
+	require.NoError(t, b.Cmd.Process.Signal(syscall.SIGKILL))
 	killedAt := time.Now()
 	killedAtDB := dbNow(t, pool)
 	eventsAtKill := gen.created.Load()
 	sinkAtKill := readSink(t, sinkPath)
 	hookAtKill := rc.snapshot()
-	b.waitExit(t, 5*time.Second)
-	ws, ok := b.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	b.WaitExit(t, 5*time.Second)
+	ws, ok := b.Cmd.ProcessState.Sys().(syscall.WaitStatus)
 	require.True(t, ok)
-	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "B died of SIGKILL: %v", b.cmd.ProcessState)
+	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "B died of SIGKILL: %v", b.Cmd.ProcessState)
 	orphanedClaims := count(t, pool, `SELECT count(*) FROM webhook_deliveries
 		WHERE state = 'pending' AND claimed_until > clock_timestamp()`)
 	sinkLagAtKill := sinkLag(t, pool)
@@ -188,7 +187,7 @@ func TestKillDuringDispatch(t *testing.T) {
 	takeoverBound := timing.LeaseTTL + timing.Renew + 2*time.Second
 	takeover := map[string]time.Duration{}
 	require.Eventually(t, func() bool {
-		a.requireRunning(t)
+		a.RequireRunning(t)
 		now := leaseHolders(t, pool, leaseNames)
 		for _, n := range leaseNames {
 			if _, seen := takeover[n]; !seen && now[n].holder == idA {
@@ -271,12 +270,12 @@ func TestKillDuringDispatch(t *testing.T) {
 	t.Logf("leases: %s epoch %d -> %d, %s epoch %d -> %d",
 		sinkLease, epochsBefore[sinkLease].epoch, after[sinkLease].epoch, hookLease, epochsBefore[hookLease].epoch, after[hookLease].epoch)
 	if t.Failed() {
-		t.Logf("A stderr (tail):\n%s", tail(a.stderr.String(), 40))
-		t.Logf("B stderr (tail):\n%s", tail(b.stderr.String(), 40))
+		t.Logf("A stderr (tail):\n%s", proctest.Tail(a.Stderr.String(), 40))
+		t.Logf("B stderr (tail):\n%s", proctest.Tail(b.Stderr.String(), 40))
 	}
 
 	// A still stops cleanly.
-	assert.Equal(t, 0, a.stop(t, 30*time.Second), "A exits 0 on SIGTERM")
+	assert.Equal(t, 0, a.Stop(t, 30*time.Second), "A exits 0 on SIGTERM")
 }
 
 // pickWorkerIDs returns worker ids for A and B such that B wins every
@@ -317,144 +316,6 @@ log: {level: info}
 	p := filepath.Join(dir, name)
 	require.NoError(t, os.WriteFile(p, []byte(yaml), 0o600))
 	return p
-}
-
-// childEnv is the test's environment without the service's variables,
-// plus set.
-func childEnv(set map[string]string) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "SERVICE_") || strings.HasPrefix(k, "SSL_CERT_") || k == "HOST" || k == "PORT" {
-			continue
-		}
-		out = append(out, kv)
-	}
-	for k, v := range set {
-		out = append(out, k+"="+v)
-	}
-	return out
-}
-
-func buildComputed(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "computed")
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "computeplane/cmd/computed")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
-}
-
-// createKey runs `computed iam create-key` and returns the key, the last
-// line of its output.
-func createKey(t *testing.T, bin string, env []string) string {
-	t.Helper()
-	cmd := exec.CommandContext(t.Context(), bin, "iam", "create-key", "--tenant", tenant, "--identity", "killtest", "--role", "owner")
-	cmd.Env = env
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	require.NoError(t, err, "iam create-key: %s", stderr.String())
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// process is one computed child process.
-type process struct {
-	name           string
-	cmd            *exec.Cmd
-	stdout, stderr *syncBuffer
-	done           chan struct{}
-}
-
-func startProcess(t *testing.T, name, bin string, env []string, args ...string) *process {
-	t.Helper()
-	p := &process{name: name, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = env
-	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
-	require.NoError(t, p.cmd.Start())
-	go func() {
-		_ = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		if p.exited() {
-			return
-		}
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(30 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	return p
-}
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *process) requireRunning(t *testing.T) {
-	t.Helper()
-	if p.exited() {
-		t.Fatalf("process %s exited (%v):\n%s", p.name, p.cmd.ProcessState, tail(p.stderr.String(), 40))
-	}
-}
-
-func (p *process) waitHealthy(t *testing.T, addr string) {
-	t.Helper()
-	hc := &http.Client{Timeout: time.Second}
-	require.Eventually(t, func() bool {
-		p.requireRunning(t)
-		resp, err := hc.Get("http://" + addr + "/healthz")
-		if err != nil {
-			return false
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 30*time.Second, 20*time.Millisecond, "process %s answers /healthz", p.name)
-}
-
-func (p *process) waitExit(t *testing.T, d time.Duration) {
-	t.Helper()
-	select {
-	case <-p.done:
-	case <-time.After(d):
-		t.Fatalf("process %s did not exit within %s", p.name, d)
-	}
-}
-
-// stop sends SIGTERM and returns the exit code.
-func (p *process) stop(t *testing.T, d time.Duration) int {
-	t.Helper()
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	p.waitExit(t, d)
-	return p.cmd.ProcessState.ExitCode()
 }
 
 // generator creates sites through the API at a steady pace.
@@ -752,10 +613,3 @@ func clone(m map[string]int) map[string]int {
 	return out
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
