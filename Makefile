@@ -68,8 +68,9 @@ $(SECRET_FILE):
 	@mv $@.tmp $@
 
 .PHONY: run
-run: $(SECRET_FILE) ## Run the service, every role, on PORT (default 3000)
-	@$(SERVICE_ENV); go run ./cmd/computed pki init >/dev/null; exec go run ./cmd/computed
+run: $(SECRET_FILE) ## Run the service, every role (a gateway on :7443), on PORT (default 3000)
+	@$(SERVICE_ENV); export SERVICE_CONFIG="$${SERVICE_CONFIG:-deploy/dev.yaml}"; \
+		go run ./cmd/computed pki init >/dev/null; exec go run ./cmd/computed
 
 .PHONY: key
 key: $(SECRET_FILE) ## Make an API key: make key TENANT=acme ROLE=owner [IDENTITY=ann]

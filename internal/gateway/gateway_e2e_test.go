@@ -455,3 +455,26 @@ func mintWith(t *testing.T, w *world, b *pki.Bundle) string {
 	defer func() { w.bundle = saved }()
 	return mintTTL(t, w, time.Minute)
 }
+
+// A daemon renews its certificate over the session: the same key gets a
+// new certificate (recorded on the node), another key gets nothing.
+func TestCertificateRenewalOverTheSession(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	n := w.newNode(t)
+	conn := w.session(t, n)
+	send(t, conn, agentproto.Message{Type: agentproto.TypeRenew, Renew: &agentproto.Renew{CSR: csrFor(t, newKey(t))}})
+	send(t, conn, agentproto.Message{Type: agentproto.TypeRenew, Renew: &agentproto.Renew{CSR: csrFor(t, n.key)}})
+	m, err := recv(t.Context(), conn)
+	require.NoError(t, err)
+	require.Equal(t, agentproto.TypeRenewed, m.Type, "only the request for the session's key is answered")
+	renewed, err := x509.ParseCertificate(m.Renewed.Certificate)
+	require.NoError(t, err)
+	node, err := w.bundle.VerifyNode(renewed, time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, n.nodeID, node)
+	assert.NotEqual(t, n.cert.SerialNumber, renewed.SerialNumber)
+	var serial string
+	require.NoError(t, w.env.Store.Pool().QueryRow(t.Context(), `select cert_serial from nodes where node_id = $1`, n.nodeID).Scan(&serial))
+	assert.Equal(t, pki.SerialHex(renewed), serial)
+}
