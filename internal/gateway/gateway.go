@@ -47,6 +47,10 @@ const (
 	HelloTimeout  = 10 * time.Second
 	WriteTimeout  = 10 * time.Second
 	HeartbeatMS   = 5000
+	// SilentAfter ends a session whose daemon sent nothing for three
+	// heartbeats: a peer gone without closing (a partition) would
+	// otherwise hold its node up forever.
+	SilentAfter = 3 * HeartbeatMS * time.Millisecond
 )
 
 // Options configure a gateway.
@@ -76,11 +80,12 @@ type Gateway struct {
 	epoch    atomic.Int64        // of the lease
 	draining atomic.Bool
 
-	ctx    context.Context // of the gateway's life; sessions derive from it
-	cancel context.CancelFunc
-	srv    *http.Server
-	ln     net.Listener
-	wg     sync.WaitGroup
+	ctx      context.Context // of the gateway's life; sessions derive from it
+	cancel   context.CancelFunc
+	srv      *http.Server
+	ln       net.Listener
+	wg       sync.WaitGroup // the gateway's loops
+	handlers sync.WaitGroup // session handlers, until their row is closed
 }
 
 // New checks the gateway's configuration: it refuses (INVALID_CONFIG)
@@ -278,17 +283,26 @@ func (g *Gateway) leaseLoop() {
 }
 
 // touch records in one statement that the daemons of live sessions were
-// heard from since the last renewal.
+// heard from since the last renewal, and ends the silent ones.
 func (g *Gateway) touch(ctx context.Context) {
-	since := g.o.Now().Add(-2 * RenewEvery)
+	now := g.o.Now()
+	since, silent := now.Add(-2*RenewEvery).UnixNano(), now.Add(-SilentAfter).UnixNano()
 	var heard []string
+	var gone []*session
 	g.mu.Lock()
 	for id, s := range g.sessions {
-		if s.lastSeen.Load() > since.UnixNano() {
+		switch seen := s.lastSeen.Load(); {
+		case seen > since:
 			heard = append(heard, id)
+		case seen < silent:
+			gone = append(gone, s)
 		}
 	}
 	g.mu.Unlock()
+	for _, s := range gone {
+		g.o.Log.Info("ending a silent session", "node", s.nodeID)
+		s.end(agentproto.Message{})
+	}
 	if len(heard) > 0 {
 		if _, err := g.q().TouchSessions(ctx, db.TouchSessionsParams{NodeIds: heard, GatewayID: pgtype.Text{String: g.id, Valid: true}}); err != nil {
 			g.o.Log.Warn("gateway: recording heartbeats", "error", err.Error())
@@ -427,6 +441,14 @@ func (g *Gateway) Drain() {
 	sctx, scancel := context.WithTimeout(context.Background(), ListenerGrace)
 	if err := g.srv.Shutdown(sctx); err != nil {
 		_ = g.srv.Close()
+	}
+	// Shutdown does not wait for hijacked connections: give the session
+	// handlers the same grace to close their rows.
+	closed := make(chan struct{})
+	go func() { g.handlers.Wait(); close(closed) }()
+	select {
+	case <-closed:
+	case <-sctx.Done():
 	}
 	scancel()
 	g.cancel()

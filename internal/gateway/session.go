@@ -188,6 +188,8 @@ func readMsg(ctx context.Context, conn *websocket.Conn, timeout time.Duration) (
 // run holds one session: hello, the session row, welcome, then the
 // daemon's messages until the connection ends.
 func (g *Gateway) run(conn *websocket.Conn, node string, cert *x509.Certificate, transport string) {
+	g.handlers.Add(1)
+	defer g.handlers.Done()
 	conn.SetReadLimit(agentproto.MaxMessageBytes)
 	m, err := readMsg(g.ctx, conn, HelloTimeout)
 	if err != nil {
