@@ -8,6 +8,7 @@ tool (
 )
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/dave/jennifer v1.7.1
 	github.com/getkin/kin-openapi v0.152.0
 	github.com/go-faster/errors v0.8.0
@@ -31,7 +32,6 @@ require (
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/coder/websocket v1.8.15 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/cubicdaiya/gonp v1.0.4 // indirect
 	github.com/davecgh/go-spew v1.1.1 // indirect
