@@ -8,7 +8,7 @@ SECRET_FILE := .service/secret
 
 # Fuzz targets run by fuzz-short (and so by test): space-separated
 # <package>:<FuzzName> entries, e.g. ./internal/wire:FuzzDecode.
-FUZZ_TARGETS ?= ./internal/rpc:FuzzDecoders ./internal/wire:FuzzParseObject ./internal/config:FuzzLoadFile ./internal/reqmeta:FuzzRequestID ./internal/reqmeta:FuzzTraceparent ./internal/secrets:FuzzParseReference ./internal/cursor:FuzzOpen ./internal/ids:FuzzDerive ./internal/iam:FuzzSourceIP
+FUZZ_TARGETS ?= ./internal/rpc:FuzzDecoders ./internal/wire:FuzzParseObject ./internal/config:FuzzLoadFile ./internal/reqmeta:FuzzRequestID ./internal/reqmeta:FuzzTraceparent ./internal/secrets:FuzzParseReference ./internal/cursor:FuzzOpen ./internal/ids:FuzzDerive ./internal/iam:FuzzSourceIP ./internal/guest:FuzzDecodeRequest
 FUZZ_TIME ?= 10s
 
 # SERVICE_ENV runs first in recipes that need the service's environment.
@@ -67,8 +67,17 @@ $(SECRET_FILE):
 	@umask 077; head -c 36 /dev/urandom | base64 | tr -d '\n' | tr '+/' '-_' >$@.tmp
 	@mv $@.tmp $@
 
+IMAGES_DIR ?= .service/images
+
+.PHONY: images
+images: ## Build the minimal guest image from the distribution's packages into IMAGES_DIR
+	images/build.sh $(IMAGES_DIR)
+
+$(IMAGES_DIR)/minimal.json:
+	images/build.sh $(IMAGES_DIR)
+
 .PHONY: run
-run: $(SECRET_FILE) ## Run the service, every role (a gateway on :7443), on PORT (default 3000)
+run: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Run the service, every role (a gateway on :7443), on PORT (default 3000)
 	@$(SERVICE_ENV); export SERVICE_CONFIG="$${SERVICE_CONFIG:-deploy/dev.yaml}"; \
 		go run ./cmd/computed pki init >/dev/null; exec go run ./cmd/computed
 

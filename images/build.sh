@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# images/build.sh [OUT_DIR]: build the minimal guest image from the
+# distribution's packages only, and write its manifest into OUT_DIR (the
+# image source directory, default .service/images):
+#
+#   <OUT_DIR>/minimal/vmlinux         the Debian cloud kernel as an ELF (PVH entry)
+#   <OUT_DIR>/minimal/initramfs.cpio  /init = compute-guest, busybox, mkfs.ext4,
+#                                     the virtio modules in load order
+#   <OUT_DIR>/minimal.json            the manifest (format kernel+initrd)
+#
+# The packages (linux-image-cloud-amd64, busybox-static, e2fsprogs, lz4,
+# cpio) are installed with apt-get when missing and this runs as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="$(realpath -m "${1:-.service/images}")"
+id="computeplane/minimal"
+
+need=()
+ls /lib/modules/*-cloud-amd64 >/dev/null 2>&1 || need+=(linux-image-cloud-amd64)
+command -v busybox >/dev/null || need+=(busybox-static)
+command -v mke2fs >/dev/null || need+=(e2fsprogs)
+command -v lz4 >/dev/null || need+=(lz4)
+command -v cpio >/dev/null || need+=(cpio)
+if ((${#need[@]})); then
+	if [[ $(id -u) -ne 0 ]]; then
+		echo "images: install ${need[*]} (apt-get) first" >&2
+		exit 1
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+kver="$(ls -1 /lib/modules | grep -- '-cloud-amd64$' | sort -V | tail -n 1)"
+vmlinuz="/boot/vmlinuz-$kver"
+mods="/lib/modules/$kver"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$out/minimal"
+
+# The kernel: the LZ4 payload of the bzImage is the ELF vmlinux, which
+# qemu boots through the PVH entry (faster than the bzImage's).
+off="$(grep -obUaP '\x02\x21\x4c\x18' "$vmlinuz" | head -n 1 | cut -d: -f1)"
+tail -c "+$((off + 1))" "$vmlinuz" | lz4 -dc >"$work/vmlinux" 2>/dev/null || true
+if [[ "$(head -c 4 "$work/vmlinux" | od -An -tx1 | tr -d ' ')" != "7f454c46" ]]; then
+	echo "images: could not extract an ELF vmlinux from $vmlinuz" >&2
+	exit 1
+fi
+
+root="$work/root"
+mkdir -p "$root"/{bin,sbin,etc/compute-guest,proc,sys,dev,run,tmp,root,mnt,lib64,usr/lib}
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$root/init" ./cmd/compute-guest
+cp "$(command -v busybox)" "$root/bin/busybox"
+for applet in $("$root/bin/busybox" --list); do
+	[[ -e "$root/bin/$applet" ]] || ln -s busybox "$root/bin/$applet"
+done
+# mkfs.ext4 from e2fsprogs with the libraries it links.
+cp "$(command -v mke2fs)" "$root/sbin/mke2fs"
+ln -sf mke2fs "$root/sbin/mkfs.ext4"
+for lib in $(ldd "$(command -v mke2fs)" | grep -o '/[^ ]*'); do
+	mkdir -p "$root$(dirname "$lib")"
+	cp -L "$lib" "$root$lib"
+done
+echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
+echo "minimal" >"$root/etc/hostname"
+
+# The modules compute-guest loads at boot, dependencies first (from
+# modules.dep), one path per line.
+want=(virtio_mmio virtio_pci virtio_blk virtio_console virtio_net)
+declare -A seen=()
+order=()
+add() { # $1: a path relative to $mods as modules.dep names it
+	[[ -n "${seen[$1]:-}" ]] && return
+	seen[$1]=1
+	local deps
+	deps="$(grep -E "^$1:" "$mods/modules.dep" | cut -d: -f2)"
+	for d in $deps; do add "$d"; done
+	order+=("$1")
+}
+for m in "${want[@]}"; do
+	path="$(grep -E "/$m\.ko(\.[a-z]+)?:" "$mods/modules.dep" | cut -d: -f1 || true)"
+	[[ -n "$path" ]] && add "$path"
+done
+: >"$root/etc/compute-guest/modules"
+for p in "${order[@]}"; do
+	mkdir -p "$root/lib/modules/$kver/$(dirname "$p")"
+	cp "$mods/$p" "$root/lib/modules/$kver/$p"
+	echo "/lib/modules/$kver/$p" >>"$root/etc/compute-guest/modules"
+done
+
+(cd "$root" && find . -mindepth 1 | sort | cpio --quiet -o -H newc -R 0:0) >"$work/initramfs.cpio"
+mv "$work/vmlinux" "$out/minimal/vmlinux"
+mv "$work/initramfs.cpio" "$out/minimal/initramfs.cpio"
+
+sum="$(cat "$out/minimal/vmlinux" "$out/minimal/initramfs.cpio" | sha256sum | cut -d' ' -f1)"
+size="$(($(stat -c %s "$out/minimal/vmlinux") + $(stat -c %s "$out/minimal/initramfs.cpio")))"
+cat >"$out/minimal.json.tmp" <<JSON
+{
+  "id": "$id",
+  "format": "kernel+initrd",
+  "sizeBytes": $size,
+  "sha256": "$sum",
+  "location": "$out/minimal/vmlinux",
+  "initrd": "$out/minimal/initramfs.cpio",
+  "cmdline": "console=ttyS0 quiet",
+  "description": "Minimal guest: Debian cloud kernel $kver, initramfs with compute-guest as init, busybox, mkfs.ext4"
+}
+JSON
+mv "$out/minimal.json.tmp" "$out/minimal.json"
+echo "images: $id -> $out/minimal.json ($((size / 1024 / 1024)) MiB)"

@@ -1,0 +1,131 @@
+package guest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"computeplane/internal/guestproto"
+)
+
+// port is the host's end of an in-memory port.
+type port struct {
+	w  io.WriteCloser
+	rd *bufio.Scanner
+}
+
+func (p *port) call(t *testing.T, r guestproto.Request) guestproto.Response {
+	t.Helper()
+	b, err := json.Marshal(r)
+	require.NoError(t, err)
+	_, err = p.w.Write(append(b, '\n'))
+	require.NoError(t, err)
+	return p.next(t)
+}
+
+func (p *port) next(t *testing.T) guestproto.Response {
+	t.Helper()
+	require.True(t, p.rd.Scan(), "a response")
+	var resp guestproto.Response
+	require.NoError(t, json.Unmarshal(p.rd.Bytes(), &resp))
+	return resp
+}
+
+type pipePort struct {
+	io.Reader
+	io.Writer
+}
+
+func serve(t *testing.T) (*port, *Agent) {
+	t.Helper()
+	a := NewAgent(slog.New(slog.DiscardHandler))
+	a.Root = t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(a.Root, "tmp"), 0o755))
+	hostR, guestW := io.Pipe()
+	guestR, hostW := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = a.Serve(context.Background(), pipePort{guestR, guestW})
+	}()
+	t.Cleanup(func() { _ = hostW.Close(); <-done })
+	sc := bufio.NewScanner(hostR)
+	sc.Buffer(nil, guestproto.MaxLineBytes)
+	return &port{w: hostW, rd: sc}, a
+}
+
+func TestReadyThenRequests(t *testing.T) {
+	p, _ := serve(t)
+	ready := p.next(t)
+	require.NotNil(t, ready.Ready)
+	assert.NotEmpty(t, ready.Ready.BootID)
+
+	r := p.call(t, guestproto.Request{ID: 1, Op: guestproto.OpExec, Exec: &guestproto.Exec{
+		Argv: []string{"/bin/sh", "-c", "echo out; echo err >&2; echo $FOO; exit 3"}, Env: map[string]string{"FOO": "bar"}}})
+	require.True(t, r.OK, r.Error)
+	assert.Equal(t, uint64(1), r.ID)
+	assert.Equal(t, 3, r.Exec.ExitCode)
+	assert.Equal(t, "out\nbar\n", string(r.Exec.Stdout))
+	assert.Equal(t, "err\n", string(r.Exec.Stderr))
+
+	r = p.call(t, guestproto.Request{ID: 2, Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sleep", "10"}, TimeoutMs: 100}})
+	require.True(t, r.OK, r.Error)
+	assert.True(t, r.Exec.TimedOut)
+	assert.Less(t, r.Exec.DurationMs, int64(5000))
+
+	r = p.call(t, guestproto.Request{ID: 3, Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", "head -c 2000000 /dev/zero"}}})
+	require.True(t, r.OK, r.Error)
+	assert.True(t, r.Exec.Truncated)
+	assert.Len(t, r.Exec.Stdout, guestproto.MaxOutputBytes)
+
+	r = p.call(t, guestproto.Request{ID: 4, Op: guestproto.OpWriteFile, File: &guestproto.File{Path: "/work/a.txt", Data: []byte("hello")}})
+	require.True(t, r.OK, r.Error)
+	r = p.call(t, guestproto.Request{ID: 5, Op: guestproto.OpReadFile, File: &guestproto.File{Path: "/work/a.txt"}})
+	require.True(t, r.OK, r.Error)
+	assert.Equal(t, "hello", string(r.Data))
+	r = p.call(t, guestproto.Request{ID: 6, Op: guestproto.OpReadFile, File: &guestproto.File{Path: "/work/missing"}})
+	assert.False(t, r.OK)
+
+	r = p.call(t, guestproto.Request{ID: 7, Op: guestproto.OpIdentity, Identity: &guestproto.Identity{Hostname: "sbx-1", Env: map[string]string{"TOKEN": "t1"}}})
+	require.True(t, r.OK, r.Error)
+	assert.Equal(t, "sbx-1", r.Status.Hostname)
+	assert.NotEmpty(t, r.Status.MachineID, "a fresh machine id when none is given")
+	assert.True(t, r.Status.RootOK)
+	r = p.call(t, guestproto.Request{ID: 8, Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", "echo $TOKEN $HOSTNAME"}}})
+	assert.Equal(t, "t1 sbx-1\n", string(r.Exec.Stdout), "the identity's env reaches commands")
+
+	r = p.call(t, guestproto.Request{ID: 9, Op: "format-disk"})
+	assert.False(t, r.OK)
+	assert.Contains(t, r.Error, "unknown op")
+}
+
+func FuzzDecodeRequest(f *testing.F) {
+	f.Add([]byte(`{"id":1,"op":"exec","exec":{"argv":["/bin/true"]}}`))
+	f.Add([]byte(`{"id":2,"op":"readFile","file":{"path":"/etc/hostname"}}`))
+	f.Add([]byte(`{"id":3,"op":"mount","mount":{"serial":"v1","path":"/data"}}`))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		r, err := guestproto.DecodeRequest(line)
+		if err != nil {
+			return
+		}
+		// What decodes is complete for its operation.
+		switch r.Op {
+		case guestproto.OpExec:
+			require.NotEmpty(t, r.Exec.Argv)
+		case guestproto.OpReadFile, guestproto.OpWriteFile:
+			require.Equal(t, byte('/'), r.File.Path[0])
+		case guestproto.OpMount:
+			require.NotEmpty(t, r.Mount.Serial)
+		}
+		require.NotZero(t, r.ID)
+	})
+}
+

@@ -1,0 +1,270 @@
+package guest
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"computeplane/internal/guestproto"
+)
+
+// ModulesFile lists, one path per line in load order, the kernel modules
+// a minimal image loads at boot (written by images/build.sh).
+const ModulesFile = "/etc/compute-guest/modules"
+
+// Main is compute-guest's main: PID 1 set-up when it is init, then the
+// port loop, forever (an init must not exit).
+func Main() int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	pid1 := os.Getpid() == 1
+	if pid1 {
+		if err := initSystem(log); err != nil {
+			log.Error("compute-guest: init", "error", err.Error())
+		}
+		go reapOrphans()
+	}
+	a := NewAgent(log)
+	a.applyCmdline(log)
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer cancel()
+	for ctx.Err() == nil {
+		port, err := openPort(ctx)
+		if err != nil {
+			log.Error("compute-guest: no guest port", "error", err.Error())
+			time.Sleep(time.Second)
+			continue
+		}
+		fmt.Fprintln(os.Stderr, "compute-guest: READY")
+		if err := a.Serve(ctx, port); err != nil {
+			log.Warn("compute-guest: port", "error", err.Error())
+		}
+		_ = port.Close()
+		if !pid1 {
+			return 0
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return 0
+}
+
+// initSystem does what an init does before anything else: kernel
+// filesystems, modules, loopback, disks named by serial.
+func initSystem(log *slog.Logger) error {
+	for _, m := range []struct{ src, dst, fs string }{
+		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"},
+		{"tmpfs", "/run", "tmpfs"}, {"tmpfs", "/tmp", "tmpfs"},
+	} {
+		_ = os.MkdirAll(m.dst, 0o755)
+		if err := syscall.Mount(m.src, m.dst, m.fs, 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
+			log.Warn("mount", "what", m.dst, "error", err.Error())
+		}
+	}
+	loadModules(log)
+	_ = os.MkdirAll("/dev/disk/by-id", 0o755)
+	for i := 0; i < 50 && linkDisks() == 0; i++ {
+		time.Sleep(10 * time.Millisecond) // block devices appear as their driver probes
+	}
+	return nil
+}
+
+func loadModules(log *slog.Logger) {
+	f, err := os.Open(ModulesFile)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		path := strings.TrimSpace(sc.Text())
+		if path == "" || strings.HasPrefix(path, "#") {
+			continue
+		}
+		m, err := os.Open(path)
+		if err != nil {
+			log.Warn("module", "path", path, "error", err.Error())
+			continue
+		}
+		if err := unix.FinitModule(int(m.Fd()), "", 0); err != nil && !errors.Is(err, unix.EEXIST) {
+			log.Warn("module", "path", path, "error", err.Error())
+		}
+		_ = m.Close()
+	}
+}
+
+// linkDisks makes /dev/disk/by-id/virtio-<serial> for every virtio disk
+// with a serial (there is no udev here) and returns how many disks it saw.
+func linkDisks() int {
+	blocks, _ := filepath.Glob("/sys/block/vd*")
+	for _, b := range blocks {
+		serial, err := os.ReadFile(filepath.Join(b, "serial"))
+		if err != nil || len(strings.TrimSpace(string(serial))) == 0 {
+			continue
+		}
+		link := "/dev/disk/by-id/virtio-" + strings.TrimSpace(string(serial))
+		_ = os.Remove(link)
+		_ = os.Symlink("/dev/"+filepath.Base(b), link)
+	}
+	return len(blocks)
+}
+
+// reapOrphans collects the exit status of processes re-parented to PID 1
+// that no one waits for. It only reaps processes whose parent is gone
+// (their PPid is 1 and no os/exec waits for them) by polling.
+func reapOrphans() {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	for range sigs {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+			if err != nil {
+				continue
+			}
+			// pid (comm) state ppid ...: a zombie child of ours started
+			// by something we did not start ourselves.
+			s := string(stat)
+			rp := strings.LastIndexByte(s, ')')
+			if rp < 0 || len(s) < rp+4 || s[rp+2] != 'Z' {
+				continue
+			}
+			var pid int
+			if _, err := fmt.Sscan(e.Name(), &pid); err != nil || tracked(pid) {
+				continue
+			}
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		}
+	}
+}
+
+// tracked reports whether an exec request waits for pid (os/exec reaps
+// its own children).
+func tracked(pid int) bool {
+	running.Lock()
+	defer running.Unlock()
+	return running.pids[pid]
+}
+
+// openPort waits for the virtio-serial port named PortName and opens it.
+func openPort(ctx context.Context) (*os.File, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if dev := findPort(); dev != "" {
+			return os.OpenFile(dev, os.O_RDWR, 0)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("no virtio-serial port named %s", guestproto.PortName)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func findPort() string {
+	names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err == nil && strings.TrimSpace(string(b)) == guestproto.PortName {
+			return "/dev/" + filepath.Base(filepath.Dir(n))
+		}
+	}
+	return ""
+}
+
+// applyCmdline takes the identity the host put on the kernel command line
+// (compute.hostname=, compute.env=<base64 of KEY=VALUE lines>) and runs
+// compute.userdata=<base64 script> once, at boot.
+func (a *Agent) applyCmdline(log *slog.Logger) {
+	raw, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return
+	}
+	id := guestproto.Identity{Hostname: a.hostname(), Env: map[string]string{}}
+	var userData []byte
+	for _, f := range strings.Fields(string(raw)) {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "compute.hostname":
+			id.Hostname = v
+		case "compute.env":
+			b, _ := base64.RawURLEncoding.DecodeString(v)
+			for _, line := range strings.Split(string(b), "\n") {
+				if k, v, ok := strings.Cut(line, "="); ok {
+					id.Env[k] = v
+				}
+			}
+		case "compute.userdata":
+			userData, _ = base64.RawURLEncoding.DecodeString(v)
+		}
+	}
+	if err := a.setIdentity(&id); err != nil {
+		log.Warn("identity", "error", err.Error())
+	}
+	if len(userData) > 0 {
+		_ = os.WriteFile("/run/user-data", userData, 0o600)
+		if strings.HasPrefix(string(userData), "#!") {
+			r := a.exec(context.Background(), &guestproto.Exec{Argv: []string{"/bin/sh", "/run/user-data"}, TimeoutMs: 60_000})
+			if r.Exec != nil {
+				_ = os.WriteFile("/run/user-data.log", append(r.Exec.Stdout, r.Exec.Stderr...), 0o600)
+			}
+		}
+	}
+}
+
+// mount mounts a volume by its serial, formatting it ext4 first when it
+// holds no filesystem and the request allows it.
+func (a *Agent) mount(m *guestproto.Mount) error {
+	linkDisks()
+	dev, err := filepath.EvalSymlinks(a.path("/dev/disk/by-id/virtio-" + m.Serial))
+	if err != nil {
+		return fmt.Errorf("no disk with serial %s", m.Serial)
+	}
+	has, err := hasExtFS(dev)
+	if err != nil {
+		return err
+	}
+	if !has {
+		if !m.Format || m.ReadOnly {
+			return fmt.Errorf("disk %s holds no filesystem", m.Serial)
+		}
+		if out, err := exec.Command("mkfs.ext4", "-q", "-F", dev).CombinedOutput(); err != nil {
+			return fmt.Errorf("mkfs.ext4 %s: %v: %s", m.Serial, err, out)
+		}
+	}
+	target := a.path(m.Path)
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return err
+	}
+	var flags uintptr
+	if m.ReadOnly {
+		flags |= syscall.MS_RDONLY
+	}
+	return syscall.Mount(dev, target, "ext4", flags, "")
+}
+
+// hasExtFS reads the ext2/3/4 superblock magic (0xEF53 at byte 1080).
+func hasExtFS(dev string) (bool, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	var magic [2]byte
+	if _, err := f.ReadAt(magic[:], 1080); err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	return binary.LittleEndian.Uint16(magic[:]) == 0xEF53, nil
+}

@@ -1,0 +1,326 @@
+// Package guest is compute-guest, the agent inside every virtual machine:
+// as PID 1 of a minimal image it mounts the kernel filesystems, loads the
+// virtio modules and names the disks by serial; as PID 1 or beside another
+// init it answers the host's requests (guestproto) on the virtio-serial
+// port: it reports ready, runs bounded commands, reads and writes files,
+// mounts volumes by serial and takes a fresh identity after a resume.
+package guest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"computeplane/internal/guestproto"
+)
+
+// Agent answers requests on one port.
+type Agent struct {
+	Log *slog.Logger
+	// Root is prefixed to every path a request names (tests); "" in a
+	// guest.
+	Root  string
+	Start time.Time
+
+	bootID string
+	mu     sync.Mutex // identity
+	ident  guestproto.Identity
+	env    map[string]string
+
+	wmu sync.Mutex // writes to the port
+}
+
+// NewAgent returns an agent with a fresh boot id.
+func NewAgent(log *slog.Logger) *Agent {
+	host, _ := os.Hostname()
+	return &Agent{Log: log, Start: time.Now(), bootID: randomHex(16), ident: guestproto.Identity{Hostname: host, MachineID: readMachineID()}}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func readMachineID() string {
+	b, err := os.ReadFile("/etc/machine-id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Serve writes the ready event and answers requests read from port until
+// it ends.
+func (a *Agent) Serve(ctx context.Context, port io.ReadWriter) error {
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	a.write(port, guestproto.Response{OK: true, Ready: &guestproto.Ready{
+		BootID: a.bootID, Kernel: strings.TrimSpace(string(kernel)), Hostname: a.hostname(), UptimeMs: time.Since(a.Start).Milliseconds(),
+	}})
+	sc := bufio.NewScanner(port)
+	sc.Buffer(make([]byte, 64<<10), guestproto.MaxLineBytes)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		req, err := guestproto.DecodeRequest(line)
+		if err != nil {
+			a.write(port, guestproto.Response{ID: req.ID, Error: err.Error()})
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := a.handle(ctx, req)
+			resp.ID = req.ID
+			a.write(port, resp)
+		}()
+	}
+	return sc.Err()
+}
+
+func (a *Agent) write(w io.Writer, r guestproto.Response) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	a.wmu.Lock()
+	defer a.wmu.Unlock()
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func (a *Agent) hostname() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ident.Hostname
+}
+
+func (a *Agent) path(p string) string { return filepath.Join(a.Root, filepath.Clean("/"+p)) }
+
+func fail(err error) guestproto.Response { return guestproto.Response{Error: err.Error()} }
+
+func (a *Agent) handle(ctx context.Context, r guestproto.Request) guestproto.Response {
+	switch r.Op {
+	case guestproto.OpPing:
+		return guestproto.Response{OK: true, Status: a.status()}
+	case guestproto.OpExec:
+		return a.exec(ctx, r.Exec)
+	case guestproto.OpReadFile:
+		return a.readFile(r.File)
+	case guestproto.OpWriteFile:
+		return a.writeFile(r.File)
+	case guestproto.OpMount:
+		if err := a.mount(r.Mount); err != nil {
+			return fail(err)
+		}
+		return guestproto.Response{OK: true}
+	case guestproto.OpIdentity:
+		if err := a.setIdentity(r.Identity); err != nil {
+			return fail(err)
+		}
+		return guestproto.Response{OK: true, Status: a.status()}
+	case guestproto.OpSync:
+		syscall.Sync()
+		return guestproto.Response{OK: true}
+	case guestproto.OpPoweroff:
+		syscall.Sync()
+		go func() {
+			time.Sleep(50 * time.Millisecond)
+			if os.Getpid() == 1 {
+				_ = syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
+			}
+		}()
+		return guestproto.Response{OK: true}
+	}
+	return fail(fmt.Errorf("unknown op %q", r.Op))
+}
+
+// status checks the root filesystem with a probe file: a resumed or
+// restored guest is called ready only when it answers and this passes.
+func (a *Agent) status() *guestproto.Status {
+	a.mu.Lock()
+	id := a.ident
+	a.mu.Unlock()
+	probe := a.path("/tmp/.compute-guest-probe")
+	want := []byte(randomHex(8))
+	ok := os.WriteFile(probe, want, 0o600) == nil
+	if ok {
+		got, err := os.ReadFile(probe)
+		ok = err == nil && bytes.Equal(got, want)
+	}
+	return &guestproto.Status{BootID: a.bootID, Hostname: id.Hostname, MachineID: id.MachineID,
+		UptimeMs: time.Since(a.Start).Milliseconds(), RootOK: ok}
+}
+
+// capped keeps the first max bytes written to it.
+type capped struct {
+	buf       bytes.Buffer
+	max       int
+	truncated bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.buf.Len(); room < len(p) {
+		c.truncated = true
+		if room > 0 {
+			c.buf.Write(p[:room])
+		}
+		return len(p), nil
+	}
+	return c.buf.Write(p)
+}
+
+func (a *Agent) exec(ctx context.Context, e *guestproto.Exec) guestproto.Response {
+	timeout := time.Duration(e.TimeoutMs) * time.Millisecond
+	if timeout == 0 {
+		timeout = guestproto.DefaultExecTimeMs * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.Argv[0], e.Argv[1:]...)
+	cmd.Dir = e.Dir
+	a.mu.Lock()
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "HOSTNAME=" + a.ident.Hostname}
+	for k, v := range a.env {
+		env = append(env, k+"="+v)
+	}
+	a.mu.Unlock()
+	for k, v := range e.Env {
+		env = append(env, k+"="+v)
+	}
+	cmd.Env = env
+	cmd.Stdin = bytes.NewReader(e.Stdin)
+	out, errOut := &capped{max: guestproto.MaxOutputBytes}, &capped{max: guestproto.MaxOutputBytes}
+	cmd.Stdout, cmd.Stderr = out, errOut
+	// The whole process group dies with the timeout.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second
+	start := time.Now()
+	if err := startTracked(cmd); err != nil {
+		return fail(err)
+	}
+	err := cmd.Wait()
+	untrack(cmd.Process.Pid)
+	res := &guestproto.ExecResult{Stdout: out.buf.Bytes(), Stderr: errOut.buf.Bytes(), Truncated: out.truncated || errOut.truncated,
+		DurationMs: time.Since(start).Milliseconds()}
+	var exit *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		res.TimedOut, res.ExitCode = true, -1
+	case errors.As(err, &exit):
+		res.ExitCode = exit.ExitCode()
+	case err != nil:
+		return fail(err)
+	}
+	return guestproto.Response{OK: true, Exec: res}
+}
+
+func (a *Agent) readFile(f *guestproto.File) guestproto.Response {
+	fh, err := os.Open(a.path(f.Path))
+	if err != nil {
+		return fail(err)
+	}
+	defer fh.Close()
+	data, err := io.ReadAll(io.LimitReader(fh, guestproto.MaxFileBytes+1))
+	if err != nil {
+		return fail(err)
+	}
+	if len(data) > guestproto.MaxFileBytes {
+		return fail(fmt.Errorf("%s is larger than %d bytes", f.Path, guestproto.MaxFileBytes))
+	}
+	return guestproto.Response{OK: true, Data: data}
+}
+
+// writeFile writes through a temporary file and a rename, then syncs, so
+// a file is whole or absent after a crash, a pause or a snapshot.
+func (a *Agent) writeFile(f *guestproto.File) guestproto.Response {
+	p := a.path(f.Path)
+	mode := os.FileMode(f.Mode)
+	if mode == 0 {
+		mode = 0o644
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fail(err)
+	}
+	tmp := p + ".compute-guest.tmp"
+	fh, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return fail(err)
+	}
+	_, err = fh.Write(f.Data)
+	if err == nil {
+		err = fh.Sync()
+	}
+	if cerr := fh.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fail(err)
+	}
+	return guestproto.Response{OK: true}
+}
+
+func (a *Agent) setIdentity(id *guestproto.Identity) error {
+	if id.MachineID == "" {
+		id.MachineID = randomHex(16)
+	}
+	if a.Root == "" && os.Getpid() == 1 {
+		if err := syscall.Sethostname([]byte(id.Hostname)); err != nil {
+			return err
+		}
+		_ = os.WriteFile("/etc/hostname", []byte(id.Hostname+"\n"), 0o644)
+		_ = os.WriteFile("/etc/machine-id", []byte(id.MachineID+"\n"), 0o444)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ident = *id
+	a.env = id.Env
+	return nil
+}
+
+// running is the pids exec requests wait for: the orphan reaper leaves
+// them to os/exec.
+var running = struct {
+	sync.Mutex
+	pids map[int]bool
+}{pids: map[int]bool{}}
+
+// startTracked starts cmd and tracks its pid under one lock, so the
+// reaper never takes a child that exits at once from os/exec.
+func startTracked(cmd *exec.Cmd) error {
+	running.Lock()
+	defer running.Unlock()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	running.pids[cmd.Process.Pid] = true
+	return nil
+}
+
+func untrack(pid int) {
+	running.Lock()
+	defer running.Unlock()
+	delete(running.pids, pid)
+}

@@ -1,0 +1,164 @@
+// Package guestproto is the protocol between compute-agent's VM runtime and
+// compute-guest, the agent inside each virtual machine: JSON lines over a
+// virtio-serial port named PortName (no vsock on these hosts).
+//
+// The guest writes a Ready event (ID 0) when it is up, and again after a
+// resume when asked (Identity). The host sends Requests with increasing
+// IDs; the guest answers each with a Response of the same ID, in any
+// order. Every request is bounded: exec by its timeout and output cap,
+// files by MaxFileBytes.
+package guestproto
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// PortName is the virtio-serial port's name (virtserialport name=...).
+const PortName = "org.computeplane.guest.0"
+
+// Limits.
+const (
+	MaxLineBytes      = 8 << 20 // one message
+	MaxFileBytes      = 4 << 20 // readFile and writeFile
+	MaxOutputBytes    = 1 << 20 // exec stdout and stderr, each
+	MaxExecTimeoutMs  = 10 * 60 * 1000
+	DefaultExecTimeMs = 60 * 1000
+)
+
+// Operations.
+const (
+	OpPing      = "ping"
+	OpExec      = "exec"
+	OpReadFile  = "readFile"
+	OpWriteFile = "writeFile"
+	OpMount     = "mount"
+	OpIdentity  = "identity"
+	OpSync      = "sync"
+	OpPoweroff  = "poweroff"
+)
+
+// Request is one host-to-guest call.
+type Request struct {
+	ID       uint64    `json:"id"`
+	Op       string    `json:"op"`
+	Exec     *Exec     `json:"exec,omitempty"`
+	File     *File     `json:"file,omitempty"`
+	Mount    *Mount    `json:"mount,omitempty"`
+	Identity *Identity `json:"identity,omitempty"`
+}
+
+// Exec runs a program without a shell unless Argv names one.
+type Exec struct {
+	Argv      []string          `json:"argv"`
+	Env       map[string]string `json:"env,omitempty"`
+	Dir       string            `json:"dir,omitempty"`
+	Stdin     []byte            `json:"stdin,omitempty"`
+	TimeoutMs int64             `json:"timeoutMs,omitempty"`
+}
+
+// File names a file to read or write.
+type File struct {
+	Path string `json:"path"`
+	Data []byte `json:"data,omitempty"`
+	Mode uint32 `json:"mode,omitempty"` // writeFile; default 0644
+}
+
+// Mount mounts a volume by its disk serial at Path, formatting it first
+// when it holds no filesystem (and Format allows).
+type Mount struct {
+	Serial   string `json:"serial"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+	Format   bool   `json:"format,omitempty"`
+}
+
+// Identity gives a guest (a fresh boot or a resumed warm instance) its own
+// hostname, machine id and environment.
+type Identity struct {
+	Hostname  string            `json:"hostname"`
+	MachineID string            `json:"machineId"`
+	Env       map[string]string `json:"env,omitempty"`
+}
+
+// Response answers a request; ID 0 with Ready set is the boot event.
+type Response struct {
+	ID     uint64      `json:"id"`
+	OK     bool        `json:"ok"`
+	Error  string      `json:"error,omitempty"`
+	Ready  *Ready      `json:"ready,omitempty"`
+	Exec   *ExecResult `json:"exec,omitempty"`
+	Data   []byte      `json:"data,omitempty"` // readFile
+	Status *Status     `json:"status,omitempty"`
+}
+
+// Ready says the guest agent runs.
+type Ready struct {
+	BootID   string `json:"bootId"`
+	Kernel   string `json:"kernel"`
+	Hostname string `json:"hostname"`
+	UptimeMs int64  `json:"uptimeMs"`
+}
+
+// ExecResult is a finished program.
+type ExecResult struct {
+	ExitCode   int    `json:"exitCode"`
+	Stdout     []byte `json:"stdout"`
+	Stderr     []byte `json:"stderr"`
+	Truncated  bool   `json:"truncated,omitempty"`
+	TimedOut   bool   `json:"timedOut,omitempty"`
+	DurationMs int64  `json:"durationMs"`
+}
+
+// Status answers ping and identity: what a host checks before it calls a
+// resumed or restored guest ready.
+type Status struct {
+	BootID    string `json:"bootId"`
+	Hostname  string `json:"hostname"`
+	MachineID string `json:"machineId"`
+	UptimeMs  int64  `json:"uptimeMs"`
+	// RootOK is true when the root filesystem answered a write and read
+	// back of a probe file.
+	RootOK bool `json:"rootOk"`
+}
+
+// DecodeRequest reads one request line and checks that it carries the body
+// its operation needs.
+func DecodeRequest(line []byte) (Request, error) {
+	var r Request
+	if err := json.Unmarshal(line, &r); err != nil {
+		return Request{}, fmt.Errorf("guestproto: %w", err)
+	}
+	if r.ID == 0 {
+		return Request{}, errors.New("guestproto: a request id is at least 1")
+	}
+	switch r.Op {
+	case OpPing, OpSync, OpPoweroff:
+	case OpExec:
+		if r.Exec == nil || len(r.Exec.Argv) == 0 || r.Exec.Argv[0] == "" {
+			return r, errors.New("guestproto: exec needs argv")
+		}
+		if r.Exec.TimeoutMs < 0 || r.Exec.TimeoutMs > MaxExecTimeoutMs {
+			return r, fmt.Errorf("guestproto: exec timeoutMs is 0 to %d", MaxExecTimeoutMs)
+		}
+	case OpReadFile, OpWriteFile:
+		if r.File == nil || r.File.Path == "" || r.File.Path[0] != '/' {
+			return r, errors.New("guestproto: a file op needs an absolute path")
+		}
+		if len(r.File.Data) > MaxFileBytes {
+			return r, fmt.Errorf("guestproto: at most %d bytes per file", MaxFileBytes)
+		}
+	case OpMount:
+		if r.Mount == nil || r.Mount.Serial == "" || r.Mount.Path == "" || r.Mount.Path[0] != '/' {
+			return r, errors.New("guestproto: mount needs a serial and an absolute path")
+		}
+	case OpIdentity:
+		if r.Identity == nil || r.Identity.Hostname == "" {
+			return r, errors.New("guestproto: identity needs a hostname")
+		}
+	default:
+		return r, fmt.Errorf("guestproto: unknown op %q", r.Op)
+	}
+	return r, nil
+}
