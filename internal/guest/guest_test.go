@@ -128,4 +128,3 @@ func FuzzDecodeRequest(f *testing.F) {
 		require.NotZero(t, r.ID)
 	})
 }
-

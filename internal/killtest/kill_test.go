@@ -612,4 +612,3 @@ func clone(m map[string]int) map[string]int {
 	}
 	return out
 }
-
