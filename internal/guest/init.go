@@ -32,6 +32,8 @@ func Main() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	pid1 := os.Getpid() == 1
 	if pid1 {
+		// The kernel starts init with no PATH.
+		_ = os.Setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 		if err := initSystem(log); err != nil {
 			log.Error("compute-guest: init", "error", err.Error())
 		}
@@ -41,22 +43,23 @@ func Main() int {
 	a.applyCmdline(log)
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
-	for ctx.Err() == nil {
-		port, err := openPort(ctx)
-		if err != nil {
+	// A virtio-serial port opens once in a guest: keep the one descriptor
+	// for good. Reads end (EOF) while no host is connected; serve again,
+	// with a ready event, for the next host (a daemon that restarted).
+	var port *os.File
+	for port == nil && ctx.Err() == nil {
+		var err error
+		if port, err = openPort(ctx); err != nil {
 			log.Error("compute-guest: no guest port", "error", err.Error())
 			time.Sleep(time.Second)
-			continue
 		}
-		fmt.Fprintln(os.Stderr, "compute-guest: READY")
+	}
+	fmt.Fprintln(os.Stderr, "compute-guest: READY")
+	for ctx.Err() == nil {
 		if err := a.Serve(ctx, port); err != nil {
 			log.Warn("compute-guest: port", "error", err.Error())
 		}
-		_ = port.Close()
-		if !pid1 {
-			return 0
-		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 	return 0
 }

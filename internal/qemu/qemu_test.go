@@ -1,0 +1,101 @@
+package qemu_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"computeplane/internal/guestproto"
+	"computeplane/internal/qemu"
+	"computeplane/internal/qemu/qemutest"
+)
+
+func guestReady(t *testing.T, v *qemu.VM) *qemu.Guest {
+	t.Helper()
+	var g *qemu.Guest
+	require.Eventually(t, func() bool {
+		var err error
+		g, err = v.Guest()
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	_, err := g.Ready(ctx)
+	require.NoError(t, err, "console: %s", console(v))
+	return g
+}
+
+func console(v *qemu.VM) string {
+	b, _ := os.ReadFile(v.Config.Console())
+	return string(b)
+}
+
+func call(t *testing.T, g *qemu.Guest, r guestproto.Request) guestproto.Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	resp, err := g.Call(ctx, r)
+	require.NoError(t, err)
+	return resp
+}
+
+// One VM, booted for real (TCG here), through its whole life: ready,
+// exec, a volume by serial formatted and written, pause and resume, the
+// daemon "restarting" (re-attach by directory), a kill from outside.
+func TestVMLifecycle(t *testing.T) {
+	im := qemutest.Image(t)
+	dir, err := os.MkdirTemp("", "vm") // short: unix socket paths
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	vol := filepath.Join(dir, "vol1.raw")
+	require.NoError(t, os.WriteFile(vol, nil, 0o600))
+	require.NoError(t, os.Truncate(vol, 64<<20))
+	c := &qemu.Config{ID: "vm-test", Dir: filepath.Join(dir, "vm"), VCPU: 1, MemoryMiB: 256, Accel: qemu.AccelTCG,
+		Machine: qemu.MachineMicroVM, Kernel: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline + " compute.hostname=vm-test",
+		Disks: []qemu.Disk{{Path: vol, Serial: "vol1", Format: "raw"}}}
+	start := time.Now()
+	v, err := qemu.Start(t.Context(), c)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = v.Kill() })
+	g := guestReady(t, v)
+	t.Logf("booted to a ready guest in %s", time.Since(start).Round(time.Millisecond))
+
+	r := call(t, g, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", "hostname; ls /dev/disk/by-id"}}})
+	assert.Equal(t, "vm-test\nvirtio-vol1\n", string(r.Exec.Stdout))
+	call(t, g, guestproto.Request{Op: guestproto.OpMount, Mount: &guestproto.Mount{Serial: "vol1", Path: "/data", Format: true}})
+	call(t, g, guestproto.Request{Op: guestproto.OpWriteFile, File: &guestproto.File{Path: "/data/hello.txt", Data: []byte("kept")}})
+
+	require.NoError(t, v.Pause())
+	st, err := v.Status()
+	require.NoError(t, err)
+	assert.Equal(t, "paused", st)
+	require.NoError(t, v.Resume())
+	r = call(t, g, guestproto.Request{Op: guestproto.OpReadFile, File: &guestproto.File{Path: "/data/hello.txt"}})
+	assert.Equal(t, "kept", string(r.Data))
+
+	// The daemon restarts: a new process attaches by the directory.
+	v.Detach()
+	v2, err := qemu.Attach(c.Dir)
+	require.NoError(t, err)
+	st, err = v2.Status()
+	require.NoError(t, err)
+	assert.Equal(t, "running", st)
+	g2, err := v2.Guest()
+	require.NoError(t, err)
+	r = call(t, g2, guestproto.Request{Op: guestproto.OpPing})
+	assert.True(t, r.Status.RootOK)
+
+	// Killed from outside: noticed.
+	require.NoError(t, syscall.Kill(v2.Pid, syscall.SIGKILL))
+	require.Eventually(t, func() bool { return !v2.Alive() }, 5*time.Second, 10*time.Millisecond)
+	_, err = qemu.Attach(c.Dir)
+	assert.ErrorIs(t, err, qemu.ErrGone)
+	assert.True(t, strings.Contains(console(v), "compute-guest: READY"), "the console was written")
+}

@@ -1,0 +1,51 @@
+// Package qemutest gives tests the minimal guest image, built once per
+// machine by images/build.sh into .service/images at the module root.
+package qemutest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"computeplane/internal/images"
+)
+
+// Image builds the minimal guest image if its manifest is missing and
+// returns the manifest. A test that boots VMs calls it first.
+func Image(t testing.TB) *images.Image {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Fatal("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86; .ci/run installs it)")
+	}
+	root := moduleRoot(t)
+	dir := filepath.Join(root, ".service", "images")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	// One build at a time across test processes.
+	lock, err := os.OpenFile(filepath.Join(dir, ".build.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	require.NoError(t, err)
+	defer lock.Close()
+	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
+	manifest := filepath.Join(dir, "minimal.json")
+	if _, err := os.Stat(manifest); err != nil {
+		cmd := exec.Command(filepath.Join(root, "images", "build.sh"), dir)
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "images/build.sh: %s", out)
+	}
+	src := images.Dir{Path: dir}
+	im, err := src.Get(t.Context(), "computeplane/minimal")
+	require.NoError(t, err)
+	return im
+}
+
+func moduleRoot(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	require.NoError(t, err)
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}

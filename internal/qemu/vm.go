@@ -1,0 +1,300 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/digitalocean/go-qemu/qmp"
+	"github.com/digitalocean/go-qemu/qmp/raw"
+
+	"computeplane/internal/guestproto"
+)
+
+// Timeouts.
+const (
+	StartTimeout = 10 * time.Second // qemu up with its QMP socket
+	QMPTimeout   = 5 * time.Second  // one QMP command
+)
+
+// ErrGone is the answer about a VM whose qemu process is no longer there.
+var ErrGone = errors.New("qemu: the VM's process is gone")
+
+// VM is one running qemu.
+type VM struct {
+	Config *Config
+	Pid    int
+
+	mu     sync.Mutex
+	mon    *qmp.SocketMonitor
+	exited chan struct{} // closed when a child qemu exits (nil after Attach)
+	guest  *Guest
+}
+
+// Start starts qemu for c, detached in a session of its own so that it
+// outlives the caller, and connects QMP.
+func Start(ctx context.Context, c *Config) (*VM, error) {
+	if err := c.Check(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	for _, f := range []string{c.QMPSocket(), c.GuestSocket(), c.PidFile()} {
+		_ = os.Remove(f)
+	}
+	if err := c.save(); err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(c.path("qemu.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(Binary, c.Args()...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("qemu: start: %w", err)
+	}
+	v := &VM{Config: c, Pid: cmd.Process.Pid, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(v.exited) }()
+	up := waitFor(StartTimeout, func() bool {
+		select {
+		case <-v.exited:
+			return true
+		default:
+		}
+		_, err := os.Stat(c.QMPSocket())
+		return err == nil
+	})
+	select {
+	case <-v.exited:
+		return nil, fmt.Errorf("qemu: exited at start: %s", tailFile(c.path("qemu.log"), 5))
+	default:
+	}
+	if !up {
+		_ = cmd.Process.Kill()
+		return nil, errors.New("qemu: no QMP socket within the start timeout")
+	}
+	if err := v.connect(); err != nil {
+		_ = cmd.Process.Kill()
+		return nil, err
+	}
+	return v, nil
+}
+
+// Attach re-attaches to the VM running in dir (after a daemon restart).
+func Attach(dir string) (*VM, error) {
+	c, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(c.PidFile())
+	if err != nil {
+		return nil, ErrGone
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, ErrGone
+	}
+	v := &VM{Config: c, Pid: pid}
+	if !v.Alive() {
+		return nil, ErrGone
+	}
+	if err := v.connect(); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+func (v *VM) connect() error {
+	mon, err := qmp.NewSocketMonitor("unix", v.Config.QMPSocket(), QMPTimeout)
+	if err != nil {
+		return fmt.Errorf("qemu: QMP: %w", err)
+	}
+	// The handshake has no deadline of its own, and qemu answers a second
+	// QMP client only once the first has gone.
+	done := make(chan error, 1)
+	go func() { done <- mon.Connect() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("qemu: QMP handshake: %w", err)
+		}
+	case <-time.After(QMPTimeout):
+		_ = mon.Disconnect()
+		return errors.New("qemu: QMP handshake timed out (another client holds the monitor?)")
+	}
+	v.mu.Lock()
+	v.mon = mon
+	v.mu.Unlock()
+	return nil
+}
+
+// Detach lets go of the VM without stopping it (a daemon shutting down):
+// its QMP and guest connections close, qemu runs on.
+func (v *VM) Detach() { v.close() }
+
+// Alive reports whether the VM's qemu still runs: its pid is there, not a
+// zombie, and is a qemu of this VM (a reused pid is not).
+func (v *VM) Alive() bool {
+	if v.exited != nil {
+		select {
+		case <-v.exited:
+			return false
+		default:
+		}
+	}
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(v.Pid), "stat"))
+	if err != nil {
+		return false
+	}
+	if rp := strings.LastIndexByte(string(stat), ')'); rp > 0 && len(stat) > rp+2 && stat[rp+2] == 'Z' {
+		return false
+	}
+	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(v.Pid), "cmdline"))
+	return err == nil && strings.Contains(string(cmdline), v.Config.QMPSocket())
+}
+
+// run runs one QMP command, bounded by QMPTimeout (go-qemu's socket has
+// no per-command deadline: a stalled qemu must not stall the caller).
+func run[T any](v *VM, fn func(m *raw.Monitor) (T, error)) (T, error) {
+	v.mu.Lock()
+	mon := v.mon
+	v.mu.Unlock()
+	var zero T
+	if mon == nil {
+		return zero, ErrGone
+	}
+	type result struct {
+		val T
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		val, err := fn(raw.NewMonitor(mon))
+		ch <- result{val, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil && !v.Alive() {
+			return zero, ErrGone
+		}
+		return r.val, r.err
+	case <-time.After(QMPTimeout):
+		return zero, fmt.Errorf("qemu: QMP command timed out after %s", QMPTimeout)
+	}
+}
+
+// Status is qemu's run state: running, paused, shutdown, inmigrate ...
+func (v *VM) Status() (string, error) {
+	st, err := run(v, func(m *raw.Monitor) (raw.StatusInfo, error) { return m.QueryStatus() })
+	if err != nil {
+		return "", err
+	}
+	return st.Status.String(), nil
+}
+
+// Pause stops the vCPUs.
+func (v *VM) Pause() error {
+	_, err := run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.Stop() })
+	return err
+}
+
+// Resume runs the vCPUs again.
+func (v *VM) Resume() error {
+	_, err := run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.Cont() })
+	return err
+}
+
+// Reset is a hard reset (a reboot from outside the guest).
+func (v *VM) Reset() error {
+	_, err := run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.SystemReset() })
+	return err
+}
+
+// ResizeDisk grows the disk with serial to bytes while the guest runs.
+func (v *VM) ResizeDisk(index int, bytes int64) error {
+	id := fmt.Sprintf("d%d", index)
+	_, err := run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.BlockResize(&id, nil, bytes) })
+	return err
+}
+
+// Stop ends the VM: the guest is asked to power off, then qemu is told to
+// quit, then killed, each bounded.
+func (v *VM) Stop(ctx context.Context) error {
+	if g := v.currentGuest(); g != nil {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, _ = g.Call(cctx, guestproto.Request{Op: guestproto.OpSync})
+		cancel()
+	}
+	_, _ = run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.Quit() })
+	if waitFor(3*time.Second, func() bool { return !v.Alive() }) {
+		v.close()
+		return nil
+	}
+	return v.Kill()
+}
+
+// Kill ends qemu at once.
+func (v *VM) Kill() error {
+	if err := syscall.Kill(v.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
+	waitFor(3*time.Second, func() bool { return !v.Alive() })
+	v.close()
+	return nil
+}
+
+func (v *VM) close() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.mon != nil {
+		_ = v.mon.Disconnect()
+		v.mon = nil
+	}
+	if v.guest != nil {
+		v.guest.Close()
+		v.guest = nil
+	}
+}
+
+func (v *VM) currentGuest() *Guest {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.guest
+}
+
+// Guest returns the connection to compute-guest, dialling it the first
+// time.
+func (v *VM) Guest() (*Guest, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.guest != nil && !v.guest.Closed() {
+		return v.guest, nil
+	}
+	g, err := DialGuest(v.Config.GuestSocket())
+	if err != nil {
+		return nil, err
+	}
+	v.guest = g
+	return g, nil
+}
+
+func tailFile(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
