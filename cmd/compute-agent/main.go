@@ -1,0 +1,126 @@
+// Command compute-agent is the node daemon: `compute-agent join` makes the
+// node's key and joins a pool with a single-use token; `compute-agent run`
+// holds a session with a gateway of the region and runs the node's desired
+// spec. See docs/agent-install.md and internal/agent.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"computeplane/internal/agent"
+	"computeplane/internal/agent/runtime"
+	"computeplane/internal/agentproto"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force]")
+	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime recording] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
+	fmt.Fprintln(w, "       compute-agent version")
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	switch args[0] {
+	case "join":
+		return join(ctx, args[1:], stdout, stderr)
+	case "run":
+		return serve(ctx, args[1:], stderr, log)
+	case "version":
+		fmt.Fprintf(stdout, "compute-agent %s (protocol %d-%d)\n", version, agentproto.ProtocolMin, agentproto.ProtocolMax)
+		return 0
+	}
+	usage(stderr)
+	return 2
+}
+
+func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("compute-agent join", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	api := fs.String("api", "", "the control plane's public URL (https; http only to a loopback host)")
+	tokenFile := fs.String("token-file", "", "a file holding the join token")
+	token := fs.String("token", "", "the join token (prefer --token-file or COMPUTE_AGENT_TOKEN: arguments are visible to other users)")
+	dir := fs.String("dir", "/var/lib/compute-agent", "the agent's directory")
+	hostname := fs.String("hostname", "", "the node's hostname (default: this host's)")
+	force := fs.Bool("force", false, "join again into a directory that already holds a node")
+	if fs.Parse(args) != nil {
+		return 2
+	}
+	tok := *token
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			fmt.Fprintln(stderr, "compute-agent join:", err)
+			return 1
+		}
+		tok = strings.TrimSpace(string(b))
+	}
+	if tok == "" {
+		tok = os.Getenv("COMPUTE_AGENT_TOKEN")
+	}
+	node, err := agent.Join(ctx, agent.JoinOptions{APIURL: *api, Token: tok, Dir: agent.Dir(*dir), Hostname: *hostname, Force: *force})
+	if err != nil {
+		var refused *agent.RefusedError
+		if errors.As(err, &refused) {
+			fmt.Fprintf(stderr, "compute-agent join: refused: %s\n", refused.Message)
+		} else {
+			fmt.Fprintln(stderr, "compute-agent join:", err)
+		}
+		return 1
+	}
+	fmt.Fprintln(stdout, node)
+	return 0
+}
+
+func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logger) int {
+	fs := flag.NewFlagSet("compute-agent run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "/var/lib/compute-agent", "the agent's directory")
+	rt := fs.String("runtime", "recording", "the runtime behind specs: recording")
+	volumes := fs.String("volumes", "", "the volume store's directory (default <dir>/volumes)")
+	var d agent.Declared
+	fs.IntVar(&d.VCPU, "vcpu", 0, "declare this many vCPUs instead of the host's")
+	fs.Int64Var(&d.MemoryMiB, "memory-mib", 0, "declare this much memory instead of the host's")
+	fs.Int64Var(&d.DiskGiB, "disk-gib", 0, "declare this much disk instead of the volume store's")
+	if fs.Parse(args) != nil {
+		return 2
+	}
+	var r runtime.Runtime
+	switch *rt {
+	case "recording":
+		r = &runtime.Recording{Dir: *dir + "/runtime"}
+	default:
+		fmt.Fprintf(stderr, "compute-agent run: unknown runtime %q\n", *rt)
+		return 2
+	}
+	defer r.Close()
+	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: version, Log: log})
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return 1
+	}
+	if err := a.Run(ctx); err != nil {
+		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,74 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"computeplane/internal/agentproto"
+)
+
+var commandIDRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// journal keeps each command's result on disk before it is sent: a
+// command re-sent (the sweeper, a new session) gets the first result and
+// is never executed twice.
+type journal struct{ dir string }
+
+func (j journal) path(id string) string { return filepath.Join(j.dir, id+".json") }
+
+func (j journal) get(id string) (*agentproto.Result, bool) {
+	var r agentproto.Result
+	if readJSON(j.path(id), &r) != nil {
+		return nil, false
+	}
+	return &r, true
+}
+
+func (j journal) put(r *agentproto.Result) error {
+	if err := os.MkdirAll(j.dir, 0o700); err != nil {
+		return err
+	}
+	return writeJSON(j.path(r.ID), r)
+}
+
+// execute runs a verified command once and journals its result.
+func (a *Agent) execute(c *agentproto.Command) *agentproto.Result {
+	if !commandIDRe.MatchString(c.ID) {
+		return &agentproto.Result{ID: c.ID, Error: "a command id of 1 to 128 characters of A-Z a-z 0-9 _ -"}
+	}
+	j := journal{dir: a.dir.path(dirCommands)}
+	if r, ok := j.get(c.ID); ok {
+		return r
+	}
+	r := &agentproto.Result{ID: c.ID}
+	if err := c.Verify(a.state.commandKeys(), a.state.NodeID, time.Now()); err != nil {
+		r.Error = err.Error()
+	} else {
+		out, err := a.run(c)
+		if err != nil {
+			r.Error = err.Error()
+		} else {
+			r.OK, r.Output = true, out
+		}
+	}
+	if err := j.put(r); err != nil {
+		a.log.Warn("journaling a command result", "command", c.ID, "error", err.Error())
+	}
+	return r
+}
+
+func (a *Agent) run(c *agentproto.Command) (json.RawMessage, error) {
+	switch c.Kind {
+	case agentproto.CommandEcho:
+		return c.Args, nil
+	case agentproto.CommandInventory:
+		inv := a.inventory()
+		a.pendingInventory.Store(&inv)
+		return json.Marshal(inv)
+	}
+	return nil, errors.New("unknown command kind " + c.Kind)
+}

@@ -1,0 +1,87 @@
+package agent
+
+import (
+	"bufio"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"computeplane/internal/agentproto"
+)
+
+// Declared overrides what the host reports (flags; tests declare
+// capacity).
+type Declared struct {
+	VCPU      int
+	MemoryMiB int64
+	DiskGiB   int64
+}
+
+// inventory reads the host: CPUs, memory from /proc/meminfo, disk from
+// statfs of the volume directory, overridden by what is declared.
+func inventory(volumes string, d Declared, rt, accel string) agentproto.Inventory {
+	host, _ := os.Hostname()
+	inv := agentproto.Inventory{Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH, VCPU: runtime.NumCPU(),
+		MemoryMiB: memTotalMiB(), Runtime: rt, Accel: accel}
+	var st syscall.Statfs_t
+	if syscall.Statfs(volumes, &st) == nil {
+		inv.DiskGiB = int64(st.Blocks) * int64(st.Bsize) >> 30
+	}
+	if d.VCPU > 0 {
+		inv.VCPU = d.VCPU
+	}
+	if d.MemoryMiB > 0 {
+		inv.MemoryMiB = d.MemoryMiB
+	}
+	if d.DiskGiB > 0 {
+		inv.DiskGiB = d.DiskGiB
+	}
+	return inv
+}
+
+func memTotalMiB() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// volumeStore reports the volume directory: available bytes from statfs,
+// reserved = the apparent size of its files (volumes are sparse raw
+// files), outstanding = what they may still write (apparent minus
+// allocated).
+func volumeStore(dir string) agentproto.VolumeStore {
+	var vs agentproto.VolumeStore
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) == nil {
+		vs.AvailableBytes = int64(st.Bavail) * int64(st.Bsize)
+	}
+	_ = filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+		if err != nil || !e.Type().IsRegular() {
+			return nil
+		}
+		info, err := e.Info()
+		if err != nil {
+			return nil
+		}
+		vs.ReservedBytes += info.Size()
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+			vs.OutstandingBytes += max(0, info.Size()-sys.Blocks*512)
+		}
+		return nil
+	})
+	return vs
+}

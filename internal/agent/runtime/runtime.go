@@ -1,0 +1,158 @@
+// Package runtime is what runs a node's desired spec on the host: the
+// qemu runtime (real virtual machines) and the recording runtime, which
+// only records specs on disk, for protocol tests and scale benchmarks.
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"computeplane/internal/agentproto"
+)
+
+// Runtime applies specs. Apply is called with increasing generations and
+// must be idempotent: the same body again changes nothing.
+type Runtime interface {
+	Name() string
+	// Accel is the acceleration the runtime uses (kvm, tcg), "" when none.
+	Accel() string
+	Apply(ctx context.Context, generation int64, body json.RawMessage) ([]agentproto.InstanceStatus, error)
+	// Observe reports the instances as they are now (a VM killed from
+	// outside shows here).
+	Observe(ctx context.Context) []agentproto.InstanceStatus
+	Close() error
+}
+
+// MaxInstances bounds one spec.
+const MaxInstances = 1024
+
+// Spec is the body of a node spec as runtimes read it.
+type Spec struct {
+	Instances []Instance `json:"instances"`
+}
+
+// Instance is one desired instance. Fields beyond id and state are the
+// runtime's (image, flavor, user data ...).
+type Instance struct {
+	ID    string          `json:"id"`
+	State string          `json:"state"` // running, stopped, paused, deleted
+	Raw   json.RawMessage `json:"-"`
+}
+
+// Desired states.
+const (
+	StateRunning = "running"
+	StateStopped = "stopped"
+	StatePaused  = "paused"
+	StateDeleted = "deleted"
+)
+
+// ParseSpec reads a spec body: instances with an id and a known state,
+// at most MaxInstances, ids unique.
+func ParseSpec(body json.RawMessage) (Spec, error) {
+	var raw struct {
+		Instances []json.RawMessage `json:"instances"`
+	}
+	if len(body) == 0 {
+		return Spec{}, nil
+	}
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return Spec{}, fmt.Errorf("runtime: the spec: %w", err)
+	}
+	if len(raw.Instances) > MaxInstances {
+		return Spec{}, fmt.Errorf("runtime: at most %d instances in a spec", MaxInstances)
+	}
+	s := Spec{Instances: make([]Instance, 0, len(raw.Instances))}
+	seen := map[string]bool{}
+	for i, r := range raw.Instances {
+		var in Instance
+		if err := json.Unmarshal(r, &in); err != nil {
+			return Spec{}, fmt.Errorf("runtime: instances[%d]: %w", i, err)
+		}
+		switch {
+		case in.ID == "" || len(in.ID) > 128:
+			return Spec{}, fmt.Errorf("runtime: instances[%d]: an id of 1 to 128 characters", i)
+		case seen[in.ID]:
+			return Spec{}, fmt.Errorf("runtime: instances[%d]: id %s twice", i, in.ID)
+		}
+		switch in.State {
+		case StateRunning, StateStopped, StatePaused, StateDeleted:
+		default:
+			return Spec{}, fmt.Errorf("runtime: instances[%d]: state %q", i, in.State)
+		}
+		seen[in.ID] = true
+		in.Raw = r
+		s.Instances = append(s.Instances, in)
+	}
+	return s, nil
+}
+
+// Recording records specs on disk (dir/spec.json and a line per applied
+// generation in dir/applied.log) and reports every instance in its
+// desired state. It runs nothing.
+type Recording struct {
+	Dir string
+
+	mu        sync.Mutex
+	instances []agentproto.InstanceStatus
+}
+
+// Name is "recording".
+func (r *Recording) Name() string { return "recording" }
+
+// Accel is none.
+func (r *Recording) Accel() string { return "" }
+
+// Apply records the spec.
+func (r *Recording) Apply(_ context.Context, generation int64, body json.RawMessage) ([]agentproto.InstanceStatus, error) {
+	spec, err := ParseSpec(body)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	b, _ := json.Marshal(struct {
+		Generation int64           `json:"generation"`
+		Body       json.RawMessage `json:"body"`
+	}{generation, body})
+	tmp := filepath.Join(r.Dir, "spec.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, filepath.Join(r.Dir, "spec.json")); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(r.Dir, "applied.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	_, err = fmt.Fprintf(f, "%d\n", generation)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	var out []agentproto.InstanceStatus
+	for _, in := range spec.Instances {
+		if in.State != StateDeleted {
+			out = append(out, agentproto.InstanceStatus{ID: in.ID, State: in.State})
+		}
+	}
+	r.mu.Lock()
+	r.instances = out
+	r.mu.Unlock()
+	return out, err
+}
+
+// Observe returns what was applied last.
+func (r *Recording) Observe(context.Context) []agentproto.InstanceStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]agentproto.InstanceStatus(nil), r.instances...)
+}
+
+// Close does nothing.
+func (r *Recording) Close() error { return nil }

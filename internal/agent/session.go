@@ -1,0 +1,486 @@
+package agent
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	mathrand "math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"computeplane/internal/agent/runtime"
+	"computeplane/internal/agentproto"
+)
+
+// Timings of the session loop.
+const (
+	DialTimeout   = 10 * time.Second
+	HelloTimeout  = 10 * time.Second
+	WriteTimeout  = 10 * time.Second
+	PingTimeout   = 5 * time.Second
+	BackoffMin    = 200 * time.Millisecond
+	BackoffMax    = 10 * time.Second
+	StableSession = 30 * time.Second // a session this long resets the backoff
+	RevokedWait   = 60 * time.Second
+)
+
+// Options configure the daemon.
+type Options struct {
+	Dir      Dir
+	Runtime  runtime.Runtime
+	Volumes  string // the volume store's directory
+	Declared Declared
+	Version  string
+	Log      *slog.Logger
+}
+
+// Agent is the running daemon.
+type Agent struct {
+	o     Options
+	dir   Dir
+	log   *slog.Logger
+	state *State
+	key   *ecdsa.PrivateKey
+	cert  atomic.Pointer[x509.Certificate]
+
+	observed         atomic.Int64
+	applyErr         atomic.Pointer[string]
+	pendingInventory atomic.Pointer[agentproto.Inventory]
+	status           *statusFile
+
+	tmu        sync.Mutex
+	transports map[string]string // gateway id -> the transport that last worked
+}
+
+// New loads the directory.
+func New(o Options) (*Agent, error) {
+	st, err := o.Dir.LoadState()
+	if err != nil {
+		return nil, err
+	}
+	key, cert, err := o.Dir.LoadIdentity()
+	if err != nil {
+		return nil, err
+	}
+	if o.Volumes == "" {
+		o.Volumes = o.Dir.path("volumes")
+	}
+	if err := os.MkdirAll(o.Volumes, 0o700); err != nil {
+		return nil, err
+	}
+	a := &Agent{o: o, dir: o.Dir, log: o.Log, state: st, key: key, transports: map[string]string{},
+		status: &statusFile{dir: o.Dir, s: Status{NodeID: st.NodeID}}}
+	a.cert.Store(cert)
+	var obs struct {
+		Generation int64 `json:"generation"`
+	}
+	_ = readJSON(o.Dir.path(fileObserved), &obs)
+	a.observed.Store(obs.Generation)
+	_ = readJSON(o.Dir.path(fileTransports), &a.transports)
+	return a, nil
+}
+
+func (a *Agent) inventory() agentproto.Inventory {
+	return inventory(a.o.Volumes, a.o.Declared, a.o.Runtime.Name(), a.o.Runtime.Accel())
+}
+
+// endReason says why a session ended.
+type endReason struct {
+	welcomed       bool
+	reconnectAfter time.Duration // the gateway drains: go elsewhere after this
+	drained        bool
+	revoked        bool
+}
+
+// Run holds sessions until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	backoff := BackoffMin
+	avoid := ""
+	for ctx.Err() == nil {
+		gws := a.order(avoid)
+		avoid = ""
+		connected := false
+		for _, gw := range gws {
+			conn, transport, err := a.dial(ctx, gw)
+			if err != nil {
+				a.log.Warn("no session", "gateway", gw.ID, "error", err.Error())
+				continue
+			}
+			start := time.Now()
+			why := a.session(ctx, conn, gw, transport)
+			a.status.update(func(s *Status) { s.Connected = false })
+			if !why.welcomed {
+				continue // refused: the next gateway
+			}
+			connected = true
+			if time.Since(start) > StableSession {
+				backoff = BackoffMin
+			}
+			switch {
+			case why.revoked:
+				a.log.Error("this node's certificate was revoked; waiting before trying again")
+				sleep(ctx, RevokedWait)
+			case why.drained:
+				a.log.Info("gateway draining: reconnecting elsewhere", "gateway", gw.ID, "after", why.reconnectAfter)
+				sleep(ctx, why.reconnectAfter)
+				avoid = gw.ID
+			}
+			break // a new round, from the best gateway
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !connected {
+			sleep(ctx, backoff+time.Duration(mathrand.Int64N(int64(backoff/2)+1)))
+			backoff = min(2*backoff, BackoffMax)
+		}
+	}
+	return nil
+}
+
+// order is the gateways to try: the one avoided last, the rest as the
+// control plane listed them (least loaded first).
+func (a *Agent) order(avoid string) []agentproto.Gateway {
+	var first, last []agentproto.Gateway
+	for _, g := range a.state.Gateways {
+		if g.ID == avoid {
+			last = append(last, g)
+		} else {
+			first = append(first, g)
+		}
+	}
+	out := append(first, last...)
+	if len(out) == 0 && a.state.FallbackURL != "" {
+		out = []agentproto.Gateway{{ID: "fallback"}} // only the public host is known
+	}
+	return out
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// dial climbs the transport ladder for gw: the transport that last worked
+// for it first, then the other.
+func (a *Agent) dial(ctx context.Context, gw agentproto.Gateway) (*websocket.Conn, string, error) {
+	ladder := []string{agentproto.TransportMTLS, agentproto.TransportWebSocket}
+	a.tmu.Lock()
+	if a.transports[gw.ID] == agentproto.TransportWebSocket {
+		ladder[0], ladder[1] = ladder[1], ladder[0]
+	}
+	a.tmu.Unlock()
+	var errs []error
+	for _, t := range ladder {
+		var conn *websocket.Conn
+		var err error
+		if t == agentproto.TransportMTLS {
+			conn, err = a.dialMTLS(ctx, gw)
+		} else {
+			conn, err = a.dialFallback(ctx)
+		}
+		if err == nil {
+			a.remember(gw.ID, t)
+			return conn, t, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", t, err))
+	}
+	return nil, "", errors.Join(errs...)
+}
+
+func (a *Agent) remember(gw, transport string) {
+	a.tmu.Lock()
+	defer a.tmu.Unlock()
+	if a.transports[gw] == transport {
+		return
+	}
+	a.transports[gw] = transport
+	_ = writeJSON(a.dir.path(fileTransports), a.transports)
+}
+
+func (a *Agent) dialMTLS(ctx context.Context, gw agentproto.Gateway) (*websocket.Conn, error) {
+	if gw.URL == "" {
+		return nil, errors.New("no gateway URL")
+	}
+	u, err := url.Parse(gw.URL)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if ca, err := x509.ParseCertificate(a.state.ServingCA); err == nil {
+		roots.AddCert(ca)
+	}
+	serverName := gw.ServerName
+	if serverName == "" {
+		serverName = u.Hostname()
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: serverName,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c := a.cert.Load()
+			return &tls.Certificate{Certificate: [][]byte{c.Raw}, PrivateKey: a.key, Leaf: c}, nil
+		}}
+	ctx, cancel := context.WithTimeout(ctx, DialTimeout)
+	defer cancel()
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: false}}
+	conn, _, err := websocket.Dial(ctx, "wss://"+u.Host+agentproto.SessionPath, &websocket.DialOptions{HTTPClient: hc})
+	return conn, err
+}
+
+// dialFallback opens the public host's session endpoint and proves the
+// node's identity by signing the challenge.
+func (a *Agent) dialFallback(ctx context.Context) (*websocket.Conn, error) {
+	if a.state.FallbackURL == "" {
+		return nil, errors.New("no fallback URL")
+	}
+	if _, err := checkAPIURL(a.state.FallbackURL); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, DialTimeout)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, a.state.FallbackURL, nil)
+	if err != nil {
+		return nil, err
+	}
+	conn.SetReadLimit(agentproto.MaxMessageBytes)
+	m, err := read(ctx, conn)
+	if err != nil {
+		_ = conn.CloseNow()
+		return nil, err
+	}
+	if m.Type != agentproto.TypeChallenge {
+		_ = conn.CloseNow()
+		return nil, fmt.Errorf("expected a challenge, got %s", m.Type)
+	}
+	digest := sha256.Sum256(append([]byte(agentproto.ProofContext), m.Challenge.Nonce...))
+	sig, err := ecdsa.SignASN1(rand.Reader, a.key, digest[:])
+	if err != nil {
+		_ = conn.CloseNow()
+		return nil, err
+	}
+	if err := write(ctx, conn, agentproto.Message{Type: agentproto.TypeProof,
+		Proof: &agentproto.Proof{Chain: [][]byte{a.cert.Load().Raw}, Signature: sig}}); err != nil {
+		_ = conn.CloseNow()
+		return nil, err
+	}
+	return conn, nil
+}
+
+func write(ctx context.Context, conn *websocket.Conn, m agentproto.Message) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, WriteTimeout)
+	defer cancel()
+	return conn.Write(ctx, websocket.MessageText, b)
+}
+
+func read(ctx context.Context, conn *websocket.Conn) (agentproto.Message, error) {
+	typ, b, err := conn.Read(ctx)
+	if err != nil {
+		return agentproto.Message{}, err
+	}
+	if typ != websocket.MessageText {
+		return agentproto.Message{}, errors.New("a binary frame")
+	}
+	return agentproto.Decode(b)
+}
+
+// session speaks on one connection until it ends.
+func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto.Gateway, transport string) endReason {
+	defer conn.CloseNow()
+	conn.SetReadLimit(agentproto.MaxMessageBytes)
+	hello := agentproto.Message{Type: agentproto.TypeHello, Hello: &agentproto.Hello{
+		NodeID: a.state.NodeID, ProtocolMin: agentproto.ProtocolMin, ProtocolMax: agentproto.ProtocolMax,
+		AgentVersion: a.o.Version, Transport: transport, Inventory: a.inventory(), ObservedGeneration: a.observed.Load(),
+	}}
+	if err := write(ctx, conn, hello); err != nil {
+		return endReason{}
+	}
+	hctx, cancel := context.WithTimeout(ctx, HelloTimeout)
+	m, err := read(hctx, conn)
+	cancel()
+	if err != nil {
+		a.log.Warn("no welcome", "gateway", gw.ID, "error", err.Error())
+		return endReason{}
+	}
+	if m.Type == agentproto.TypeError {
+		a.log.Warn("session refused", "gateway", gw.ID, "code", m.Error.Code, "message", m.Error.Message)
+		return endReason{}
+	}
+	if m.Type != agentproto.TypeWelcome {
+		return endReason{}
+	}
+	w := m.Welcome
+	if len(w.Gateways) > 0 {
+		a.state.Gateways = w.Gateways
+		if err := a.dir.SaveState(a.state); err != nil {
+			a.log.Warn("saving the gateways", "error", err.Error())
+		}
+	}
+	a.log.Info("session open", "gateway", w.GatewayID, "transport", transport, "epoch", w.SessionEpoch, "protocol", w.Protocol)
+	a.status.update(func(s *Status) {
+		s.GatewayID, s.Transport, s.SessionEpoch, s.Connected, s.ObservedGeneration = w.GatewayID, transport, w.SessionEpoch, true, a.observed.Load()
+	})
+
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	send := func(m agentproto.Message) {
+		if err := write(sctx, conn, m); err != nil {
+			stop()
+		}
+	}
+	// Specs and commands run beside the reader, so that control frames
+	// (pings) are answered while a VM boots.
+	specs := make(chan *agentproto.Spec, 1)
+	commands := make(chan *agentproto.Command, 64)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(3)
+	go func() { defer wg.Done(); a.applyLoop(sctx, specs, send) }()
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case c := <-commands:
+				send(agentproto.Message{Type: agentproto.TypeResult, Result: a.execute(c)})
+			}
+		}
+	}()
+	go func() { defer wg.Done(); a.heartbeat(sctx, conn, w.HeartbeatMS, send) }()
+	send(a.statusMessage(sctx))
+
+	why := endReason{welcomed: true}
+	for {
+		m, err := read(sctx, conn)
+		if err != nil {
+			if sctx.Err() == nil && ctx.Err() == nil {
+				a.log.Info("session ended", "gateway", w.GatewayID, "error", err.Error())
+			}
+			stop()
+			return why
+		}
+		switch m.Type {
+		case agentproto.TypeSpec:
+			select { // the newest spec replaces one not yet applied
+			case <-specs:
+			default:
+			}
+			specs <- m.Spec
+		case agentproto.TypeCommand:
+			select {
+			case commands <- m.Command:
+			default:
+				a.log.Warn("command queue full; the sweeper will send it again", "command", m.Command.ID)
+			}
+		case agentproto.TypeRenewed:
+			if c, err := x509.ParseCertificate(m.Renewed.Certificate); err == nil && a.dir.SaveCert(c.Raw) == nil {
+				a.cert.Store(c)
+				a.log.Info("certificate renewed", "notAfter", c.NotAfter)
+			}
+		case agentproto.TypeReconnect:
+			why.drained, why.reconnectAfter = true, time.Duration(m.Reconnect.DelayMS)*time.Millisecond
+		case agentproto.TypeRevoked:
+			why.revoked = true
+		}
+	}
+}
+
+// applyLoop applies each spec newer than the observed generation, then
+// reports; an older or equal one is only reported (idempotent by
+// generation).
+func (a *Agent) applyLoop(ctx context.Context, specs <-chan *agentproto.Spec, send func(agentproto.Message)) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sp := <-specs:
+			if sp.Generation > a.observed.Load() {
+				_, err := a.o.Runtime.Apply(ctx, sp.Generation, sp.Body)
+				msg := ""
+				if err != nil {
+					msg = err.Error()
+					a.log.Warn("applying a spec", "generation", sp.Generation, "error", msg)
+				}
+				a.applyErr.Store(&msg)
+				a.observed.Store(sp.Generation)
+				_ = writeJSON(a.dir.path(fileObserved), map[string]int64{"generation": sp.Generation})
+				a.status.update(func(s *Status) { s.ObservedGeneration = sp.Generation })
+			}
+			send(a.statusMessage(ctx))
+		}
+	}
+}
+
+func (a *Agent) statusMessage(ctx context.Context) agentproto.Message {
+	st := &agentproto.Status{ObservedGeneration: a.observed.Load(), Instances: a.o.Runtime.Observe(ctx),
+		VolumeStore: volumeStore(a.o.Volumes)}
+	if e := a.applyErr.Load(); e != nil {
+		st.ApplyError = *e
+	}
+	if inv := a.pendingInventory.Swap(nil); inv != nil {
+		st.Inventory = inv
+	}
+	if st.Instances == nil {
+		st.Instances = []agentproto.InstanceStatus{}
+	}
+	return agentproto.Message{Type: agentproto.TypeStatus, Status: st}
+}
+
+// heartbeat sends a status every interval, pings the gateway (a dead one
+// ends the session), and asks for a new certificate at two thirds of its
+// life.
+func (a *Agent) heartbeat(ctx context.Context, conn *websocket.Conn, ms int64, send func(agentproto.Message)) {
+	if ms <= 0 {
+		ms = 5000
+	}
+	t := time.NewTicker(time.Duration(ms) * time.Millisecond)
+	defer t.Stop()
+	var asked time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, PingTimeout)
+		err := conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			a.log.Warn("the gateway does not answer pings", "error", err.Error())
+			_ = conn.CloseNow()
+			return
+		}
+		send(a.statusMessage(ctx))
+		c := a.cert.Load()
+		renewAt := c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3)
+		if time.Now().After(renewAt) && time.Since(asked) > time.Minute {
+			asked = time.Now()
+			csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: a.state.NodeID}}, a.key)
+			if err == nil {
+				send(agentproto.Message{Type: agentproto.TypeRenew, Renew: &agentproto.Renew{CSR: csr}})
+			}
+		}
+	}
+}
+
