@@ -483,4 +483,3 @@ func (a *Agent) heartbeat(ctx context.Context, conn *websocket.Conn, ms int64, s
 		}
 	}
 }
-
