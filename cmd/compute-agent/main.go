@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,12 +14,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
 	"computeplane/internal/agent"
 	"computeplane/internal/agent/runtime"
 	"computeplane/internal/agentproto"
+	"computeplane/internal/qemu"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -28,7 +31,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force]")
-	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime recording] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
+	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime qemu|recording] [--accel auto|kvm|tcg] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
 	fmt.Fprintln(w, "       compute-agent version")
 }
 
@@ -95,7 +98,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	fs := flag.NewFlagSet("compute-agent run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dir := fs.String("dir", "/var/lib/compute-agent", "the agent's directory")
-	rt := fs.String("runtime", "recording", "the runtime behind specs: recording")
+	rt := fs.String("runtime", "qemu", "the runtime behind specs: qemu (virtual machines) or recording (protocol tests)")
+	accel := fs.String("accel", "auto", "qemu acceleration: auto (a probe boot decides), kvm or tcg")
 	volumes := fs.String("volumes", "", "the volume store's directory (default <dir>/volumes)")
 	var d agent.Declared
 	fs.IntVar(&d.VCPU, "vcpu", 0, "declare this many vCPUs instead of the host's")
@@ -108,6 +112,18 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	switch *rt {
 	case "recording":
 		r = &runtime.Recording{Dir: *dir + "/runtime"}
+	case "qemu":
+		acc, err := chooseAccel(ctx, *dir, *accel, log)
+		if err != nil {
+			fmt.Fprintln(stderr, "compute-agent run:", err)
+			return 2
+		}
+		q, err := runtime.NewQEMU(*dir+"/runtime", acc, log)
+		if err != nil {
+			fmt.Fprintln(stderr, "compute-agent run:", err)
+			return 1
+		}
+		r = q
 	default:
 		fmt.Fprintf(stderr, "compute-agent run: unknown runtime %q\n", *rt)
 		return 2
@@ -123,4 +139,32 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		return 1
 	}
 	return 0
+}
+
+// chooseAccel decides the qemu accelerator: kvm or tcg as asked, or auto:
+// TCG without /dev/kvm, else what a probe boot of the image named by
+// COMPUTE_AGENT_PROBE_IMAGE (a manifest) proved, kept in <dir>/accel so
+// the probe runs once per host.
+func chooseAccel(ctx context.Context, dir, want string, log *slog.Logger) (string, error) {
+	switch want {
+	case qemu.AccelKVM, qemu.AccelTCG:
+		return want, nil
+	case "auto":
+	default:
+		return "", fmt.Errorf("--accel %q: use auto, kvm or tcg", want)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "accel")); err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	acc, why := qemu.AccelTCG, "no probe image (COMPUTE_AGENT_PROBE_IMAGE)"
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		why = "no /dev/kvm"
+	} else if manifest := os.Getenv("COMPUTE_AGENT_PROBE_IMAGE"); manifest != "" {
+		var im struct{ Location, Initrd, Cmdline string }
+		if b, err := os.ReadFile(manifest); err == nil && json.Unmarshal(b, &im) == nil {
+			acc, why = qemu.ChooseAccel(ctx, dir, im.Location, im.Initrd, im.Cmdline)
+		}
+	}
+	log.Info("qemu acceleration", "accel", acc, "why", why)
+	return acc, os.WriteFile(filepath.Join(dir, "accel"), []byte(acc+"\n"), 0o600)
 }

@@ -50,6 +50,11 @@ const (
 	EventProjectCreated             = "project.created"
 	EventProjectUpdated             = "project.updated"
 	EventProjectDeleted             = "project.deleted"
+	EventInstanceCreated            = "instance.created"
+	EventInstanceRunning            = "instance.running"
+	EventInstanceStopped            = "instance.stopped"
+	EventInstanceFailed             = "instance.failed"
+	EventInstanceDeleted            = "instance.deleted"
 )
 
 // EventTypes is the event catalog, in catalog order.
@@ -281,6 +286,36 @@ var EventTypes = []EventSpec{
 		Module:      "projects",
 		Subject:     "project id",
 		Type:        EventProjectDeleted,
+	},
+	{
+		Description: "An instance was placed and charged to quota; its node's daemon starts it.",
+		Module:      "instances",
+		Subject:     "instance id",
+		Type:        EventInstanceCreated,
+	},
+	{
+		Description: "An instance runs and its guest agent answered.",
+		Module:      "instances",
+		Subject:     "instance id",
+		Type:        EventInstanceRunning,
+	},
+	{
+		Description: "An instance's VM ended because it was asked to stop.",
+		Module:      "instances",
+		Subject:     "instance id",
+		Type:        EventInstanceStopped,
+	},
+	{
+		Description: "An instance's VM failed to start or ended without being asked (killed from outside, crashed).",
+		Module:      "instances",
+		Subject:     "instance id",
+		Type:        EventInstanceFailed,
+	},
+	{
+		Description: "An instance was deleted; its capacity and quota were returned.",
+		Module:      "instances",
+		Subject:     "instance id",
+		Type:        EventInstanceDeleted,
 	},
 }
 
@@ -536,4 +571,34 @@ type ProjectUpdatedPayload struct {
 // ProjectDeletedPayload: Payload of project.deleted.
 type ProjectDeletedPayload struct {
 	ProjectID string `json:"projectId"` // Project identifier.
+}
+
+// InstanceCreatedPayload: Payload of instance.created.
+type InstanceCreatedPayload struct {
+	InstanceID string `json:"instanceId"` // Instance identifier.
+	PoolID     string `json:"poolId"`     // Pool identifier.
+	NodeID     string `json:"nodeId"`     // Node identifier.
+	Flavor     string `json:"flavor"`     // Lowercase DNS-like name.
+}
+
+// InstanceRunningPayload: Payload of instance.running.
+type InstanceRunningPayload struct {
+	InstanceID string `json:"instanceId"` // Instance identifier.
+	NodeID     string `json:"nodeId"`     // Node identifier.
+}
+
+// InstanceStoppedPayload: Payload of instance.stopped.
+type InstanceStoppedPayload struct {
+	InstanceID string `json:"instanceId"` // Instance identifier.
+}
+
+// InstanceFailedPayload: Payload of instance.failed.
+type InstanceFailedPayload struct {
+	InstanceID string `json:"instanceId"` // Instance identifier.
+	Error      string `json:"error"`
+}
+
+// InstanceDeletedPayload: Payload of instance.deleted.
+type InstanceDeletedPayload struct {
+	InstanceID string `json:"instanceId"` // Instance identifier.
 }

@@ -13,6 +13,7 @@ type Services struct {
 	Events           EventsService
 	Flavors          FlavorsService
 	Images           ImagesService
+	Instances        InstancesService
 	Nodes            NodesService
 	Pools            PoolsService
 	Profiles         ProfilesService
@@ -38,6 +39,9 @@ func (s *Services) Check() error {
 	}
 	if s.Images == nil {
 		return errors.New("group images has registered methods and no service")
+	}
+	if s.Instances == nil {
+		return errors.New("group instances has registered methods and no service")
 	}
 	if s.Nodes == nil {
 		return errors.New("group nodes has registered methods and no service")
@@ -264,6 +268,215 @@ var Methods = []*Method{
 			Type:    "tenant",
 		}},
 		Route:        "/images/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:instances:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeInstancesCreateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeInvalidConfig, CodeCapacityUnavailable, CodeQuotaExceeded, CodeUnsupported, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"instance.created"},
+		FullName:    "instances.create",
+		Group:       "instances",
+		Idempotency: &Idempotency{
+			Compare:   []string{"poolId", "flavor", "imageId", "name", "userData"},
+			DerivesID: "instanceId",
+			IDPrefix:  "inst",
+			Key:       "idempotencyKey",
+		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Instances.Create(ctx, in.(*InstancesCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v1.1",
+		Resource: &Resource{
+			Attributes: []string{"poolId"},
+			Creates:    "instance",
+			Draft:      true,
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+		},
+		Route:        "/instances/create",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:instances:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeInstancesGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One instance of the tenant; anything else is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "instances.get",
+		Group:       "instances",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Instances.Get(ctx, in.(*InstancesGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "instanceId",
+			Type:    "instance",
+		}},
+		Route:        "/instances/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:instances:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeInstancesListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's instances, newest first, in one pool when asked; deleted ones only when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "instances.list",
+		Group:       "instances",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Instances.List(ctx, in.(*InstancesListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/instances/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:instances:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeInstancesStartInput(obj, "", iss)
+			return &in
+		},
+		Description: "Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned unchanged; a deleted one is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "instances.start",
+		Group:       "instances",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Instances.Start(ctx, in.(*InstancesStartInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "start",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "instanceId",
+			Type:    "instance",
+		}},
+		Route:        "/instances/start",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:instances:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeInstancesStopInput(obj, "", iss)
+			return &in
+		},
+		Description: "Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned unchanged; a deleted one is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "instances.stop",
+		Group:       "instances",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Instances.Stop(ctx, in.(*InstancesStopInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "stop",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "instanceId",
+			Type:    "instance",
+		}},
+		Route:        "/instances/stop",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:instances:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeInstancesRebootInput(obj, "", iss)
+			return &in
+		},
+		Description: "Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "instances.reboot",
+		Group:       "instances",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Instances.Reboot(ctx, in.(*InstancesRebootInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "reboot",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "instanceId",
+			Type:    "instance",
+		}},
+		Route:        "/instances/reboot",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:instances:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeInstancesDeleteInput(obj, "", iss)
+			return &in
+		},
+		Description: "Deletes the instance; its VM ends, its booking and quota are returned at once and its usage stops. Deleting twice returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"instance.deleted"},
+		FullName:    "instances.delete",
+		Group:       "instances",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Instances.Delete(ctx, in.(*InstancesDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "instanceId",
+			Type:    "instance",
+		}},
+		Route:        "/instances/delete",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

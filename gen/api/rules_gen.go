@@ -47,6 +47,8 @@ var (
 	ShapeMeterName = regexp.MustCompile("^[a-z][a-z0-9_.-]{0,127}$")
 	// NodeId: Node identifier.
 	ShapeNodeId = regexp.MustCompile("^node_[0-9a-hjkmnp-tv-z]{26,52}$")
+	// InstanceId: Instance identifier.
+	ShapeInstanceId = regexp.MustCompile("^inst_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// IdentityId: Identity identifier.
 	ShapeIdentityId = regexp.MustCompile("^[A-Za-z0-9._:@-]{1,128}$")
 )
@@ -133,6 +135,12 @@ var (
 		MaxLength: 255,
 		MinLength: 2,
 		Pattern:   regexp.MustCompile("^/[A-Za-z0-9._/-]{1,254}$"),
+	}
+	ruleWaitTimeoutMs = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(30000),
+		Min:    int64(0),
 	}
 	ruleWarmMin = &wire.IntRule{
 		HasMax: true,
@@ -256,6 +264,97 @@ var (
 		MaxLength: 200,
 		Pattern:   ShapeImageId,
 		Words:     "1 to 200 letters, digits, dots, underscores, @, colons, slashes or hyphens, starting with a letter or digit",
+	}
+	ruleInstancesCreateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleInstancesCreateInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleInstancesCreateInputFlavor = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
+	}
+	ruleInstancesCreateInputImageID = &wire.StringRule{
+		MaxLength: 200,
+		Pattern:   ShapeImageId,
+		Words:     "1 to 200 letters, digits, dots, underscores, @, colons, slashes or hyphens, starting with a letter or digit",
+	}
+	ruleInstancesCreateInputName = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
+	}
+	ruleInstancesCreateInputUserData       = &wire.StringRule{MaxLength: 16384}
+	ruleInstancesCreateInputIdempotencyKey = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
+	}
+	ruleInstancesGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleInstancesGetInputInstanceID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeInstanceId,
+		Words:     "an instance id: inst_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleInstancesListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleInstancesListInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleInstancesStartInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleInstancesStartInputInstanceID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeInstanceId,
+		Words:     "an instance id: inst_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleInstancesStopInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleInstancesStopInputInstanceID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeInstanceId,
+		Words:     "an instance id: inst_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleInstancesRebootInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleInstancesRebootInputInstanceID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeInstanceId,
+		Words:     "an instance id: inst_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleInstancesDeleteInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleInstancesDeleteInputInstanceID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeInstanceId,
+		Words:     "an instance id: inst_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleNodesListInputTenantID = &wire.StringRule{
 		MaxLength: 128,

@@ -155,6 +155,37 @@ type Image struct {
 type ImageList struct {
 	Items []Image `json:"items"` // By id.
 }
+type Instance struct {
+	InstanceID   string              `json:"instanceId"` // Instance identifier.
+	TenantID     string              `json:"tenantId"`   // Tenant identifier.
+	PoolID       string              `json:"poolId"`     // Pool identifier.
+	Flavor       string              `json:"flavor"`     // Lowercase DNS-like name.
+	ImageID      string              `json:"imageId"`    // Image identifier.
+	Name         string              `json:"name"`       // Lowercase DNS-like name.
+	NodeID       *string             `json:"nodeId"`     // Node identifier.
+	DesiredState string              `json:"desiredState"`
+	State        string              `json:"state"`
+	Error        *string             `json:"error"`       // Why the instance failed, as the daemon reported it.
+	HasUserData  bool                `json:"hasUserData"` // User data is never returned.
+	Vcpu         int64               `json:"vcpu"`
+	MemoryMiB    int64               `json:"memoryMiB"`
+	DiskGiB      int64               `json:"diskGiB"`
+	Reboots      int64               `json:"reboots"` // Reboots asked for so far.
+	Conditions   []InstanceCondition `json:"conditions"`
+	Version      int64               `json:"version"`
+	CreatedAt    string              `json:"createdAt"`
+	UpdatedAt    string              `json:"updatedAt"`
+	ReadyAt      *string             `json:"readyAt"` // When it first ran with its guest agent answering.
+}
+type InstanceCondition struct {
+	Type    string `json:"type"`
+	Status  bool   `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+type InstanceList struct {
+	Items []Instance `json:"items"` // Newest first.
+}
 
 // JoinToken: A single-use join token, shown once; only its id is stored.
 type JoinToken struct {
@@ -608,6 +639,24 @@ type VolumeStore struct {
 	ReservedBytes    int64  `json:"reservedBytes"`
 	OutstandingBytes int64  `json:"outstandingBytes"`
 	ReportedAt       string `json:"reportedAt"`
+}
+
+// Wait: Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error.
+type Wait struct {
+	TimeoutMs int64 `json:"timeoutMs"`
+}
+
+var fieldsWait = map[string]struct{}{"timeoutMs": {}}
+
+// decodeWait checks obj against the schema of Wait, collecting every issue.
+func decodeWait(obj map[string]any, path string, iss *wire.Issues) (out Wait) {
+	wire.Unknown(obj, path, fieldsWait, iss)
+	if v, ok := obj["timeoutMs"]; !ok {
+		wire.Required(wire.Join(path, "timeoutMs"), iss)
+	} else if x1, ok := wire.Int(v, wire.Join(path, "timeoutMs"), ruleWaitTimeoutMs, iss); ok {
+		out.TimeoutMs = x1
+	}
+	return
 }
 
 // Warm: Warm pool bounds; the reconciler keeps min paused instances and deletes those beyond max.

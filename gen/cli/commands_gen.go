@@ -139,6 +139,119 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "instances",
+		Description: "VPS instances: virtual machines of a flavor and an image, placed on a ready node of a hosted vps-host pool, booked and charged to quota at creation, run by the node's daemon through its VM runtime. desiredState (running, stopped, paused, deleted) is what the tenant asks; state is what the daemon last reported (pending until it reports, starting, running, stopped, paused, failed) or deleted. Provider pools are refused with UNSUPPORTED until providers land.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.",
+				Kind:        "mutation",
+				Action:      "compute:instances:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "flavor", Field: "flavor", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "image-id", Field: "imageId", Type: cliruntime.String, Required: true, Help: "Image identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "user-data", Field: "userData", Type: cliruntime.String},
+					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.InstancesCreate(ctx, new(client.InstancesCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One instance of the tenant; anything else is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:instances:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.InstancesGet(ctx, new(client.InstancesGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The tenant's instances, newest first, in one pool when asked; deleted ones only when asked.",
+				Kind:        "read",
+				Action:      "compute:instances:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Help: "Pool identifier."},
+					{Name: "include-deleted", Field: "includeDeleted", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.InstancesList(ctx, new(client.InstancesListInput))
+					return err
+				},
+			},
+			{
+				Name:        "start",
+				Description: "Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned unchanged; a deleted one is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:instances:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
+					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.InstancesStart(ctx, new(client.InstancesStartInput))
+					return err
+				},
+			},
+			{
+				Name:        "stop",
+				Description: "Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned unchanged; a deleted one is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:instances:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
+					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.InstancesStop(ctx, new(client.InstancesStopInput))
+					return err
+				},
+			},
+			{
+				Name:        "reboot",
+				Description: "Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:instances:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.InstancesReboot(ctx, new(client.InstancesRebootInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Deletes the instance; its VM ends, its booking and quota are returned at once and its usage stops. Deleting twice returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:instances:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.InstancesDelete(ctx, new(client.InstancesDeleteInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "nodes",
 		Description: "Hosts of a pool: bare-metal hosts and VM hosts. States joining -> ready -> cordoned or draining -> retired, and down while a daemon-run node has no session. A node belongs to its pool's owner; cordoned, draining, down and retired nodes take no new work.",
 		Methods: []cliruntime.Method{

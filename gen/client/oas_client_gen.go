@@ -24,6 +24,7 @@ type Invoker interface {
 	EventsInvoker
 	FlavorsInvoker
 	ImagesInvoker
+	InstancesInvoker
 	NodesInvoker
 	PoolsInvoker
 	ProfilesInvoker
@@ -124,6 +125,91 @@ type ImagesInvoker interface {
 	//
 	// POST /images/list
 	ImagesList(ctx context.Context, request *ImagesListInput) (*ImagesListResult, error)
+}
+
+// InstancesInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Instances
+type InstancesInvoker interface {
+	// InstancesCreate invokes instancesCreate operation.
+	//
+	// Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image
+	// (through the image source; its format must boot on the pool's runtime) decide its shape; it is
+	// placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same
+	// transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData
+	// (at most 16 KiB) reaches the guest at boot and is never returned. With wait the answer comes when it
+	// runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and
+	// key.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
+	// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData is CONFLICT).
+	// Publishes instance.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
+	// INVALID_STATE (409), INVALID_CONFIG (500), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409),
+	// UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /instances/create
+	InstancesCreate(ctx context.Context, request *InstancesCreateInput) (*InstancesCreateResult, error)
+	// InstancesDelete invokes instancesDelete operation.
+	//
+	// Deletes the instance; its VM ends, its booking and quota are returned at once and its usage stops.
+	// Deleting twice returns it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Publishes
+	// instance.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /instances/delete
+	InstancesDelete(ctx context.Context, request *InstancesDeleteInput) (*InstancesDeleteResult, error)
+	// InstancesGet invokes instancesGet operation.
+	//
+	// One instance of the tenant; anything else is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: read. Action compute:instances:read on instance/instanceId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /instances/get
+	InstancesGet(ctx context.Context, request *InstancesGetInput) (*InstancesGetResult, error)
+	// InstancesList invokes instancesList operation.
+	//
+	// The tenant's instances, newest first, in one pool when asked; deleted ones only when asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:instances:read on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /instances/list
+	InstancesList(ctx context.Context, request *InstancesListInput) (*InstancesListResult, error)
+	// InstancesReboot invokes instancesReboot operation.
+	//
+	// Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /instances/reboot
+	InstancesReboot(ctx context.Context, request *InstancesRebootInput) (*InstancesRebootResult, error)
+	// InstancesStart invokes instancesStart operation.
+	//
+	// Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned
+	// unchanged; a deleted one is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /instances/start
+	InstancesStart(ctx context.Context, request *InstancesStartInput) (*InstancesStartResult, error)
+	// InstancesStop invokes instancesStop operation.
+	//
+	// Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned
+	// unchanged; a deleted one is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /instances/stop
+	InstancesStop(ctx context.Context, request *InstancesStopInput) (*InstancesStopResult, error)
 }
 
 // NodesInvoker invokes operations described by OpenAPI v3 specification.
@@ -1676,6 +1762,673 @@ func (c *Client) sendImagesList(ctx context.Context, request *ImagesListInput) (
 	}()
 
 	result, err := decodeImagesListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// InstancesCreate invokes instancesCreate operation.
+//
+// Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image
+// (through the image source; its format must boot on the pool's runtime) decide its shape; it is
+// placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same
+// transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData
+// (at most 16 KiB) reaches the guest at boot and is never returned. With wait the answer comes when it
+// runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and
+// key.
+//
+// Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
+// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData is CONFLICT).
+// Publishes instance.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
+// INVALID_STATE (409), INVALID_CONFIG (500), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409),
+// UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /instances/create
+func (c *Client) InstancesCreate(ctx context.Context, request *InstancesCreateInput) (*InstancesCreateResult, error) {
+	res, err := c.sendInstancesCreate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendInstancesCreate(ctx context.Context, request *InstancesCreateInput) (res *InstancesCreateResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/instances/create"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeInstancesCreateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, InstancesCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, InstancesCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeInstancesCreateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// InstancesDelete invokes instancesDelete operation.
+//
+// Deletes the instance; its VM ends, its booking and quota are returned at once and its usage stops.
+// Deleting twice returns it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Publishes
+// instance.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /instances/delete
+func (c *Client) InstancesDelete(ctx context.Context, request *InstancesDeleteInput) (*InstancesDeleteResult, error) {
+	res, err := c.sendInstancesDelete(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendInstancesDelete(ctx context.Context, request *InstancesDeleteInput) (res *InstancesDeleteResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/instances/delete"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeInstancesDeleteRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, InstancesDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, InstancesDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeInstancesDeleteResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// InstancesGet invokes instancesGet operation.
+//
+// One instance of the tenant; anything else is NOT_FOUND.
+//
+// Served since v1.1. Kind: read. Action compute:instances:read on instance/instanceId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /instances/get
+func (c *Client) InstancesGet(ctx context.Context, request *InstancesGetInput) (*InstancesGetResult, error) {
+	res, err := c.sendInstancesGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendInstancesGet(ctx context.Context, request *InstancesGetInput) (res *InstancesGetResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/instances/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeInstancesGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, InstancesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, InstancesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeInstancesGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// InstancesList invokes instancesList operation.
+//
+// The tenant's instances, newest first, in one pool when asked; deleted ones only when asked.
+//
+// Served since v1.1. Kind: read. Action compute:instances:read on tenant/tenantId. Errors:
+// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /instances/list
+func (c *Client) InstancesList(ctx context.Context, request *InstancesListInput) (*InstancesListResult, error) {
+	res, err := c.sendInstancesList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendInstancesList(ctx context.Context, request *InstancesListInput) (res *InstancesListResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/instances/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeInstancesListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, InstancesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, InstancesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeInstancesListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// InstancesReboot invokes instancesReboot operation.
+//
+// Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /instances/reboot
+func (c *Client) InstancesReboot(ctx context.Context, request *InstancesRebootInput) (*InstancesRebootResult, error) {
+	res, err := c.sendInstancesReboot(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendInstancesReboot(ctx context.Context, request *InstancesRebootInput) (res *InstancesRebootResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/instances/reboot"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeInstancesRebootRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, InstancesRebootOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, InstancesRebootOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeInstancesRebootResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// InstancesStart invokes instancesStart operation.
+//
+// Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned
+// unchanged; a deleted one is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /instances/start
+func (c *Client) InstancesStart(ctx context.Context, request *InstancesStartInput) (*InstancesStartResult, error) {
+	res, err := c.sendInstancesStart(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendInstancesStart(ctx context.Context, request *InstancesStartInput) (res *InstancesStartResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/instances/start"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeInstancesStartRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, InstancesStartOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, InstancesStartOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeInstancesStartResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// InstancesStop invokes instancesStop operation.
+//
+// Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned
+// unchanged; a deleted one is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /instances/stop
+func (c *Client) InstancesStop(ctx context.Context, request *InstancesStopInput) (*InstancesStopResult, error) {
+	res, err := c.sendInstancesStop(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendInstancesStop(ctx context.Context, request *InstancesStopInput) (res *InstancesStopResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/instances/stop"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeInstancesStopRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, InstancesStopOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, InstancesStopOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeInstancesStopResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -27,6 +27,14 @@ func (s *FlavorsListInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *InstancesListInput) setDefaults() {
+	{
+		val := bool(false)
+		s.IncludeDeleted.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *PoolsCreateInput) setDefaults() {
 	{
 		val := PoolsCreateInputHosting("hosted")

@@ -1702,6 +1702,854 @@ func (s *ImagesListResult) SetData(val ImageList) {
 	s.Data = val
 }
 
+// Ref: #/components/schemas/Instance
+type Instance struct {
+	Conditions   []InstanceCondition  `json:"conditions"`
+	CreatedAt    time.Time            `json:"createdAt"`
+	DesiredState InstanceDesiredState `json:"desiredState"`
+	DiskGiB      int64                `json:"diskGiB"`
+	// Why the instance failed, as the daemon reported it.
+	Error NilString `json:"error"`
+	// Lowercase DNS-like name.
+	Flavor string `json:"flavor"`
+	// User data is never returned.
+	HasUserData bool `json:"hasUserData"`
+	// Image identifier.
+	ImageId string `json:"imageId"`
+	// Instance identifier.
+	InstanceId string `json:"instanceId"`
+	MemoryMiB  int64  `json:"memoryMiB"`
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// Node identifier.
+	NodeId NilString `json:"nodeId"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// When it first ran with its guest agent answering.
+	ReadyAt NilDateTime `json:"readyAt"`
+	// Reboots asked for so far.
+	Reboots int64         `json:"reboots"`
+	State   InstanceState `json:"state"`
+	// Tenant identifier.
+	TenantId  string    `json:"tenantId"`
+	UpdatedAt time.Time `json:"updatedAt"`
+	Vcpu      int64     `json:"vcpu"`
+	Version   int64     `json:"version"`
+}
+
+// GetConditions returns the value of Conditions.
+func (s *Instance) GetConditions() []InstanceCondition {
+	return s.Conditions
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Instance) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetDesiredState returns the value of DesiredState.
+func (s *Instance) GetDesiredState() InstanceDesiredState {
+	return s.DesiredState
+}
+
+// GetDiskGiB returns the value of DiskGiB.
+func (s *Instance) GetDiskGiB() int64 {
+	return s.DiskGiB
+}
+
+// GetError returns the value of Error.
+func (s *Instance) GetError() NilString {
+	return s.Error
+}
+
+// GetFlavor returns the value of Flavor.
+func (s *Instance) GetFlavor() string {
+	return s.Flavor
+}
+
+// GetHasUserData returns the value of HasUserData.
+func (s *Instance) GetHasUserData() bool {
+	return s.HasUserData
+}
+
+// GetImageId returns the value of ImageId.
+func (s *Instance) GetImageId() string {
+	return s.ImageId
+}
+
+// GetInstanceId returns the value of InstanceId.
+func (s *Instance) GetInstanceId() string {
+	return s.InstanceId
+}
+
+// GetMemoryMiB returns the value of MemoryMiB.
+func (s *Instance) GetMemoryMiB() int64 {
+	return s.MemoryMiB
+}
+
+// GetName returns the value of Name.
+func (s *Instance) GetName() string {
+	return s.Name
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *Instance) GetNodeId() NilString {
+	return s.NodeId
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *Instance) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetReadyAt returns the value of ReadyAt.
+func (s *Instance) GetReadyAt() NilDateTime {
+	return s.ReadyAt
+}
+
+// GetReboots returns the value of Reboots.
+func (s *Instance) GetReboots() int64 {
+	return s.Reboots
+}
+
+// GetState returns the value of State.
+func (s *Instance) GetState() InstanceState {
+	return s.State
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Instance) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *Instance) GetUpdatedAt() time.Time {
+	return s.UpdatedAt
+}
+
+// GetVcpu returns the value of Vcpu.
+func (s *Instance) GetVcpu() int64 {
+	return s.Vcpu
+}
+
+// GetVersion returns the value of Version.
+func (s *Instance) GetVersion() int64 {
+	return s.Version
+}
+
+// SetConditions sets the value of Conditions.
+func (s *Instance) SetConditions(val []InstanceCondition) {
+	s.Conditions = val
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Instance) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetDesiredState sets the value of DesiredState.
+func (s *Instance) SetDesiredState(val InstanceDesiredState) {
+	s.DesiredState = val
+}
+
+// SetDiskGiB sets the value of DiskGiB.
+func (s *Instance) SetDiskGiB(val int64) {
+	s.DiskGiB = val
+}
+
+// SetError sets the value of Error.
+func (s *Instance) SetError(val NilString) {
+	s.Error = val
+}
+
+// SetFlavor sets the value of Flavor.
+func (s *Instance) SetFlavor(val string) {
+	s.Flavor = val
+}
+
+// SetHasUserData sets the value of HasUserData.
+func (s *Instance) SetHasUserData(val bool) {
+	s.HasUserData = val
+}
+
+// SetImageId sets the value of ImageId.
+func (s *Instance) SetImageId(val string) {
+	s.ImageId = val
+}
+
+// SetInstanceId sets the value of InstanceId.
+func (s *Instance) SetInstanceId(val string) {
+	s.InstanceId = val
+}
+
+// SetMemoryMiB sets the value of MemoryMiB.
+func (s *Instance) SetMemoryMiB(val int64) {
+	s.MemoryMiB = val
+}
+
+// SetName sets the value of Name.
+func (s *Instance) SetName(val string) {
+	s.Name = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *Instance) SetNodeId(val NilString) {
+	s.NodeId = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *Instance) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetReadyAt sets the value of ReadyAt.
+func (s *Instance) SetReadyAt(val NilDateTime) {
+	s.ReadyAt = val
+}
+
+// SetReboots sets the value of Reboots.
+func (s *Instance) SetReboots(val int64) {
+	s.Reboots = val
+}
+
+// SetState sets the value of State.
+func (s *Instance) SetState(val InstanceState) {
+	s.State = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Instance) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *Instance) SetUpdatedAt(val time.Time) {
+	s.UpdatedAt = val
+}
+
+// SetVcpu sets the value of Vcpu.
+func (s *Instance) SetVcpu(val int64) {
+	s.Vcpu = val
+}
+
+// SetVersion sets the value of Version.
+func (s *Instance) SetVersion(val int64) {
+	s.Version = val
+}
+
+// Ref: #/components/schemas/InstanceCondition
+type InstanceCondition struct {
+	Message string `json:"message"`
+	Reason  string `json:"reason"`
+	Status  bool   `json:"status"`
+	Type    string `json:"type"`
+}
+
+// GetMessage returns the value of Message.
+func (s *InstanceCondition) GetMessage() string {
+	return s.Message
+}
+
+// GetReason returns the value of Reason.
+func (s *InstanceCondition) GetReason() string {
+	return s.Reason
+}
+
+// GetStatus returns the value of Status.
+func (s *InstanceCondition) GetStatus() bool {
+	return s.Status
+}
+
+// GetType returns the value of Type.
+func (s *InstanceCondition) GetType() string {
+	return s.Type
+}
+
+// SetMessage sets the value of Message.
+func (s *InstanceCondition) SetMessage(val string) {
+	s.Message = val
+}
+
+// SetReason sets the value of Reason.
+func (s *InstanceCondition) SetReason(val string) {
+	s.Reason = val
+}
+
+// SetStatus sets the value of Status.
+func (s *InstanceCondition) SetStatus(val bool) {
+	s.Status = val
+}
+
+// SetType sets the value of Type.
+func (s *InstanceCondition) SetType(val string) {
+	s.Type = val
+}
+
+type InstanceDesiredState string
+
+const (
+	InstanceDesiredStateRunning InstanceDesiredState = "running"
+	InstanceDesiredStateStopped InstanceDesiredState = "stopped"
+	InstanceDesiredStatePaused  InstanceDesiredState = "paused"
+	InstanceDesiredStateDeleted InstanceDesiredState = "deleted"
+)
+
+// AllValues returns all InstanceDesiredState values.
+func (InstanceDesiredState) AllValues() []InstanceDesiredState {
+	return []InstanceDesiredState{
+		InstanceDesiredStateRunning,
+		InstanceDesiredStateStopped,
+		InstanceDesiredStatePaused,
+		InstanceDesiredStateDeleted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s InstanceDesiredState) MarshalText() ([]byte, error) {
+	switch s {
+	case InstanceDesiredStateRunning:
+		return []byte(s), nil
+	case InstanceDesiredStateStopped:
+		return []byte(s), nil
+	case InstanceDesiredStatePaused:
+		return []byte(s), nil
+	case InstanceDesiredStateDeleted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *InstanceDesiredState) UnmarshalText(data []byte) error {
+	switch InstanceDesiredState(data) {
+	case InstanceDesiredStateRunning:
+		*s = InstanceDesiredStateRunning
+		return nil
+	case InstanceDesiredStateStopped:
+		*s = InstanceDesiredStateStopped
+		return nil
+	case InstanceDesiredStatePaused:
+		*s = InstanceDesiredStatePaused
+		return nil
+	case InstanceDesiredStateDeleted:
+		*s = InstanceDesiredStateDeleted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Ref: #/components/schemas/InstanceList
+type InstanceList struct {
+	// Newest first.
+	Items []Instance `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *InstanceList) GetItems() []Instance {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *InstanceList) SetItems(val []Instance) {
+	s.Items = val
+}
+
+type InstanceState string
+
+const (
+	InstanceStatePending  InstanceState = "pending"
+	InstanceStateStarting InstanceState = "starting"
+	InstanceStateRunning  InstanceState = "running"
+	InstanceStateStopped  InstanceState = "stopped"
+	InstanceStatePaused   InstanceState = "paused"
+	InstanceStateFailed   InstanceState = "failed"
+	InstanceStateDeleted  InstanceState = "deleted"
+)
+
+// AllValues returns all InstanceState values.
+func (InstanceState) AllValues() []InstanceState {
+	return []InstanceState{
+		InstanceStatePending,
+		InstanceStateStarting,
+		InstanceStateRunning,
+		InstanceStateStopped,
+		InstanceStatePaused,
+		InstanceStateFailed,
+		InstanceStateDeleted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s InstanceState) MarshalText() ([]byte, error) {
+	switch s {
+	case InstanceStatePending:
+		return []byte(s), nil
+	case InstanceStateStarting:
+		return []byte(s), nil
+	case InstanceStateRunning:
+		return []byte(s), nil
+	case InstanceStateStopped:
+		return []byte(s), nil
+	case InstanceStatePaused:
+		return []byte(s), nil
+	case InstanceStateFailed:
+		return []byte(s), nil
+	case InstanceStateDeleted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *InstanceState) UnmarshalText(data []byte) error {
+	switch InstanceState(data) {
+	case InstanceStatePending:
+		*s = InstanceStatePending
+		return nil
+	case InstanceStateStarting:
+		*s = InstanceStateStarting
+		return nil
+	case InstanceStateRunning:
+		*s = InstanceStateRunning
+		return nil
+	case InstanceStateStopped:
+		*s = InstanceStateStopped
+		return nil
+	case InstanceStatePaused:
+		*s = InstanceStatePaused
+		return nil
+	case InstanceStateFailed:
+		*s = InstanceStateFailed
+		return nil
+	case InstanceStateDeleted:
+		*s = InstanceStateDeleted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Input of instances.create. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/InstancesCreateInput
+type InstancesCreateInput struct {
+	// Lowercase DNS-like name.
+	Flavor string `json:"flavor"`
+	// Idempotency key (wide alphabet).
+	IdempotencyKey string `json:"idempotencyKey"`
+	// Image identifier.
+	ImageId string `json:"imageId"`
+	// Lowercase DNS-like name.
+	Name string `json:"name"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// Tenant identifier.
+	TenantId string    `json:"tenantId"`
+	UserData OptString `json:"userData"`
+	Wait     OptWait   `json:"wait"`
+}
+
+// GetFlavor returns the value of Flavor.
+func (s *InstancesCreateInput) GetFlavor() string {
+	return s.Flavor
+}
+
+// GetIdempotencyKey returns the value of IdempotencyKey.
+func (s *InstancesCreateInput) GetIdempotencyKey() string {
+	return s.IdempotencyKey
+}
+
+// GetImageId returns the value of ImageId.
+func (s *InstancesCreateInput) GetImageId() string {
+	return s.ImageId
+}
+
+// GetName returns the value of Name.
+func (s *InstancesCreateInput) GetName() string {
+	return s.Name
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *InstancesCreateInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *InstancesCreateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetUserData returns the value of UserData.
+func (s *InstancesCreateInput) GetUserData() OptString {
+	return s.UserData
+}
+
+// GetWait returns the value of Wait.
+func (s *InstancesCreateInput) GetWait() OptWait {
+	return s.Wait
+}
+
+// SetFlavor sets the value of Flavor.
+func (s *InstancesCreateInput) SetFlavor(val string) {
+	s.Flavor = val
+}
+
+// SetIdempotencyKey sets the value of IdempotencyKey.
+func (s *InstancesCreateInput) SetIdempotencyKey(val string) {
+	s.IdempotencyKey = val
+}
+
+// SetImageId sets the value of ImageId.
+func (s *InstancesCreateInput) SetImageId(val string) {
+	s.ImageId = val
+}
+
+// SetName sets the value of Name.
+func (s *InstancesCreateInput) SetName(val string) {
+	s.Name = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *InstancesCreateInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *InstancesCreateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetUserData sets the value of UserData.
+func (s *InstancesCreateInput) SetUserData(val OptString) {
+	s.UserData = val
+}
+
+// SetWait sets the value of Wait.
+func (s *InstancesCreateInput) SetWait(val OptWait) {
+	s.Wait = val
+}
+
+// Success envelope of instances.create.
+// Ref: #/components/schemas/InstancesCreateResult
+type InstancesCreateResult struct {
+	Data Instance `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *InstancesCreateResult) GetData() Instance {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *InstancesCreateResult) SetData(val Instance) {
+	s.Data = val
+}
+
+// Input of instances.delete. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/InstancesDeleteInput
+type InstancesDeleteInput struct {
+	// Instance identifier.
+	InstanceId string `json:"instanceId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetInstanceId returns the value of InstanceId.
+func (s *InstancesDeleteInput) GetInstanceId() string {
+	return s.InstanceId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *InstancesDeleteInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetInstanceId sets the value of InstanceId.
+func (s *InstancesDeleteInput) SetInstanceId(val string) {
+	s.InstanceId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *InstancesDeleteInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of instances.delete.
+// Ref: #/components/schemas/InstancesDeleteResult
+type InstancesDeleteResult struct {
+	Data Instance `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *InstancesDeleteResult) GetData() Instance {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *InstancesDeleteResult) SetData(val Instance) {
+	s.Data = val
+}
+
+// Input of instances.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/InstancesGetInput
+type InstancesGetInput struct {
+	// Instance identifier.
+	InstanceId string `json:"instanceId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetInstanceId returns the value of InstanceId.
+func (s *InstancesGetInput) GetInstanceId() string {
+	return s.InstanceId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *InstancesGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetInstanceId sets the value of InstanceId.
+func (s *InstancesGetInput) SetInstanceId(val string) {
+	s.InstanceId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *InstancesGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of instances.get.
+// Ref: #/components/schemas/InstancesGetResult
+type InstancesGetResult struct {
+	Data Instance `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *InstancesGetResult) GetData() Instance {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *InstancesGetResult) SetData(val Instance) {
+	s.Data = val
+}
+
+// Input of instances.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/InstancesListInput
+type InstancesListInput struct {
+	IncludeDeleted OptBool `json:"includeDeleted"`
+	// Pool identifier.
+	PoolId OptString `json:"poolId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetIncludeDeleted returns the value of IncludeDeleted.
+func (s *InstancesListInput) GetIncludeDeleted() OptBool {
+	return s.IncludeDeleted
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *InstancesListInput) GetPoolId() OptString {
+	return s.PoolId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *InstancesListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetIncludeDeleted sets the value of IncludeDeleted.
+func (s *InstancesListInput) SetIncludeDeleted(val OptBool) {
+	s.IncludeDeleted = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *InstancesListInput) SetPoolId(val OptString) {
+	s.PoolId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *InstancesListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of instances.list.
+// Ref: #/components/schemas/InstancesListResult
+type InstancesListResult struct {
+	Data InstanceList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *InstancesListResult) GetData() InstanceList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *InstancesListResult) SetData(val InstanceList) {
+	s.Data = val
+}
+
+// Input of instances.reboot. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/InstancesRebootInput
+type InstancesRebootInput struct {
+	// Instance identifier.
+	InstanceId string `json:"instanceId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetInstanceId returns the value of InstanceId.
+func (s *InstancesRebootInput) GetInstanceId() string {
+	return s.InstanceId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *InstancesRebootInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetInstanceId sets the value of InstanceId.
+func (s *InstancesRebootInput) SetInstanceId(val string) {
+	s.InstanceId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *InstancesRebootInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of instances.reboot.
+// Ref: #/components/schemas/InstancesRebootResult
+type InstancesRebootResult struct {
+	Data Instance `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *InstancesRebootResult) GetData() Instance {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *InstancesRebootResult) SetData(val Instance) {
+	s.Data = val
+}
+
+// Input of instances.start. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/InstancesStartInput
+type InstancesStartInput struct {
+	// Instance identifier.
+	InstanceId string `json:"instanceId"`
+	// Tenant identifier.
+	TenantId string  `json:"tenantId"`
+	Wait     OptWait `json:"wait"`
+}
+
+// GetInstanceId returns the value of InstanceId.
+func (s *InstancesStartInput) GetInstanceId() string {
+	return s.InstanceId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *InstancesStartInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWait returns the value of Wait.
+func (s *InstancesStartInput) GetWait() OptWait {
+	return s.Wait
+}
+
+// SetInstanceId sets the value of InstanceId.
+func (s *InstancesStartInput) SetInstanceId(val string) {
+	s.InstanceId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *InstancesStartInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWait sets the value of Wait.
+func (s *InstancesStartInput) SetWait(val OptWait) {
+	s.Wait = val
+}
+
+// Success envelope of instances.start.
+// Ref: #/components/schemas/InstancesStartResult
+type InstancesStartResult struct {
+	Data Instance `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *InstancesStartResult) GetData() Instance {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *InstancesStartResult) SetData(val Instance) {
+	s.Data = val
+}
+
+// Input of instances.stop. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/InstancesStopInput
+type InstancesStopInput struct {
+	// Instance identifier.
+	InstanceId string `json:"instanceId"`
+	// Tenant identifier.
+	TenantId string  `json:"tenantId"`
+	Wait     OptWait `json:"wait"`
+}
+
+// GetInstanceId returns the value of InstanceId.
+func (s *InstancesStopInput) GetInstanceId() string {
+	return s.InstanceId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *InstancesStopInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWait returns the value of Wait.
+func (s *InstancesStopInput) GetWait() OptWait {
+	return s.Wait
+}
+
+// SetInstanceId sets the value of InstanceId.
+func (s *InstancesStopInput) SetInstanceId(val string) {
+	s.InstanceId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *InstancesStopInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWait sets the value of Wait.
+func (s *InstancesStopInput) SetWait(val OptWait) {
+	s.Wait = val
+}
+
+// Success envelope of instances.stop.
+// Ref: #/components/schemas/InstancesStopResult
+type InstancesStopResult struct {
+	Data Instance `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *InstancesStopResult) GetData() Instance {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *InstancesStopResult) SetData(val Instance) {
+	s.Data = val
+}
+
 // A single-use join token, shown once; only its id is stored.
 // Ref: #/components/schemas/JoinToken
 type JoinToken struct {
@@ -4364,6 +5212,52 @@ func (o OptUsageExportInputFormat) Get() (v UsageExportInputFormat, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptUsageExportInputFormat) Or(d UsageExportInputFormat) UsageExportInputFormat {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptWait returns new OptWait with value set to v.
+func NewOptWait(v Wait) OptWait {
+	return OptWait{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptWait is optional Wait.
+type OptWait struct {
+	Value Wait
+	Set   bool
+}
+
+// IsSet returns true if OptWait was set.
+func (o OptWait) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptWait) Reset() {
+	var v Wait
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptWait) SetTo(v Wait) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptWait) Get() (v Wait, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptWait) Or(d Wait) Wait {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -11201,6 +12095,22 @@ func (s *VolumeStore) SetReportedAt(val time.Time) {
 // SetReservedBytes sets the value of ReservedBytes.
 func (s *VolumeStore) SetReservedBytes(val int64) {
 	s.ReservedBytes = val
+}
+
+// Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error.
+// Ref: #/components/schemas/Wait
+type Wait struct {
+	TimeoutMs int64 `json:"timeoutMs"`
+}
+
+// GetTimeoutMs returns the value of TimeoutMs.
+func (s *Wait) GetTimeoutMs() int64 {
+	return s.TimeoutMs
+}
+
+// SetTimeoutMs sets the value of TimeoutMs.
+func (s *Wait) SetTimeoutMs(val int64) {
+	s.TimeoutMs = val
 }
 
 // Warm pool bounds; the reconciler keeps min paused instances and deletes those beyond max.

@@ -457,10 +457,14 @@ func (a *Agent) heartbeat(ctx context.Context, conn *websocket.Conn, ms int64, s
 	t := time.NewTicker(time.Duration(ms) * time.Millisecond)
 	defer t.Stop()
 	var asked time.Time
+	changes := a.o.Runtime.Changes()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-changes:
+			send(a.statusMessage(ctx)) // a boot finished, a VM died
+			continue
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, PingTimeout)

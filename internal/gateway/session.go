@@ -375,14 +375,25 @@ func (s *session) status(st *agentproto.Status) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, WriteTimeout)
 	defer cancel()
-	_, err := s.g.q().ReportStatus(ctx, db.ReportStatusParams{
-		ObservedGeneration: st.ObservedGeneration, ApplyError: pgtype.Text{String: st.ApplyError, Valid: st.ApplyError != ""},
-		InstanceStatus:         instances,
-		VolumeAvailableBytes:   pgtype.Int8{Int64: st.VolumeStore.AvailableBytes, Valid: true},
-		VolumeReservedBytes:    pgtype.Int8{Int64: st.VolumeStore.ReservedBytes, Valid: true},
-		VolumeOutstandingBytes: pgtype.Int8{Int64: st.VolumeStore.OutstandingBytes, Valid: true},
-		Inventory:              inv, NodeID: s.nodeID, GatewayID: pgtype.Text{String: s.g.id, Valid: true}, SessionEpoch: s.epoch,
+	events := false
+	err := s.g.o.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		n, err := db.New(tx).ReportStatus(ctx, db.ReportStatusParams{
+			ObservedGeneration: st.ObservedGeneration, ApplyError: pgtype.Text{String: st.ApplyError, Valid: st.ApplyError != ""},
+			InstanceStatus:         instances,
+			VolumeAvailableBytes:   pgtype.Int8{Int64: st.VolumeStore.AvailableBytes, Valid: true},
+			VolumeReservedBytes:    pgtype.Int8{Int64: st.VolumeStore.ReservedBytes, Valid: true},
+			VolumeOutstandingBytes: pgtype.Int8{Int64: st.VolumeStore.OutstandingBytes, Valid: true},
+			Inventory:              inv, NodeID: s.nodeID, GatewayID: pgtype.Text{String: s.g.id, Valid: true}, SessionEpoch: s.epoch,
+		})
+		if err != nil || n == 0 || s.g.o.OnStatus == nil {
+			return err // n == 0: the session is no longer this one
+		}
+		events, err = s.g.o.OnStatus(ctx, tx, s.nodeID, st.Instances)
+		return err
 	})
+	if events {
+		s.g.o.Notifier.Wake(notify.TopicOutbox)
+	}
 	if err != nil {
 		s.statusMu.Lock()
 		s.lastStatus = nil // write it again with the next heartbeat

@@ -29,6 +29,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/images"
+	"computeplane/internal/instances"
 	"computeplane/internal/join"
 	"computeplane/internal/keys"
 	"computeplane/internal/metrics"
@@ -142,22 +143,25 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if err != nil {
 		return nil, err
 	}
+	placer := placement.New(placement.OptionsFrom(cfg))
+	imageSource := images.FromConfig(cfg.Images)
 	services := &api.Services{
 		System: sys,
 		Sites: sites.New(cfg.RootTenantID, cursors, pools.SiteReferences).OnDelete(func(ctx context.Context, tx pgx.Tx, site string) error {
 			_, err := join.RevokeSite(ctx, tx, site)
 			return err
 		}),
-		Pools:    pools.New(cfg.RootTenantID).WithPKI(bundle),
-		Flavors:  flavors.Service{},
-		Quotas:   quotas.Service{},
-		Nodes:    nodes.Service{},
-		Projects: projects.Service{},
-		Usage:    usage.Service{Cursors: cursors},
-		Images:   images.Service{Source: images.FromConfig(cfg.Images)},
-		Secrets:  secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
-		Events:   events.New(cursors),
-		Webhooks: webhooks.New(webhooks.OptionsFrom(cfg)),
+		Pools:     pools.New(cfg.RootTenantID).WithPKI(bundle),
+		Flavors:   flavors.Service{},
+		Quotas:    quotas.Service{},
+		Nodes:     nodes.Service{},
+		Projects:  projects.Service{},
+		Usage:     usage.Service{Cursors: cursors},
+		Images:    images.Service{Source: imageSource},
+		Instances: &instances.Service{Placer: placer, Images: imageSource, Store: st},
+		Secrets:   secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
+		Events:    events.New(cursors),
+		Webhooks:  webhooks.New(webhooks.OptionsFrom(cfg)),
 	}
 	sys.WithChecks(
 		system.CatalogCheck(services),
@@ -229,8 +233,11 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Audit:    audit.Record,
 		// A committed mutation may have written outbox rows: wake their
 		// consumers.
-		AfterCommit: func(context.Context, *rpc.Call) { notifier.Wake(notify.TopicOutbox) },
-		Log:         log,
+		AfterCommit: func(ctx context.Context, _ *rpc.Call) {
+			notifier.Wake(notify.TopicOutbox)
+			notifier.WakeLater(ctx)
+		},
+		Log: log,
 	}
 	// Background work runs on pools of its own: API load, however heavy,
 	// never keeps a worker from its connections, and lease renewal has a
@@ -251,7 +258,6 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if slices.ContainsFunc(workerRoles, cfg.HasRole) {
 		runner = workers.New(leases, workers.Options{Workers: cfg.Workers, Log: log})
 	}
-	placer := placement.New(placement.OptionsFrom(cfg))
 	if runner != nil && cfg.HasRole(config.RoleScheduler) && cfg.Capacity.Placer == config.PlacerPoolLease {
 		runner.RegisterReconciler(placement.ReconcilerName, &placement.Queue{
 			Engine: placer, Store: work, MaxBatch: cfg.Capacity.MaxBatch,
@@ -303,7 +309,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			roots = cfg.PKI.NodeCA.Cert
 		}
 		if gwRole, err = gateway.New(gateway.Options{Config: cfg.Gateway, NodeCARoots: roots, Bundle: bundle,
-			Store: gwStore, Notifier: notifier, Log: log.With("role", "gateway")}); err != nil {
+			Store: gwStore, Notifier: notifier, Log: log.With("role", "gateway"), OnStatus: instances.ApplyStatus}); err != nil {
 			return nil, err
 		}
 	}

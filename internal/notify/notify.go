@@ -338,3 +338,43 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// laterKey carries the topics a call's transaction asks to wake once it
+// has committed.
+type laterKey struct{}
+
+type later struct {
+	mu     sync.Mutex
+	topics []string
+}
+
+// WithLater returns a context that collects Later topics; the caller
+// wakes them with WakeLater after its transaction commits.
+func WithLater(ctx context.Context) context.Context {
+	return context.WithValue(ctx, laterKey{}, &later{})
+}
+
+// Later asks for topic to be woken after the current call commits; it
+// does nothing outside a context made by WithLater.
+func Later(ctx context.Context, topic string) {
+	if l, ok := ctx.Value(laterKey{}).(*later); ok {
+		l.mu.Lock()
+		l.topics = append(l.topics, topic)
+		l.mu.Unlock()
+	}
+}
+
+// WakeLater wakes the topics collected in ctx.
+func (n *Notifier) WakeLater(ctx context.Context) {
+	l, ok := ctx.Value(laterKey{}).(*later)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	topics := l.topics
+	l.topics = nil
+	l.mu.Unlock()
+	for _, t := range topics {
+		n.Wake(t)
+	}
+}

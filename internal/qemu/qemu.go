@@ -152,7 +152,7 @@ func (c *Config) Args() []string {
 	a := []string{
 		"-name", c.ID, "-M", machine, "-accel", c.Accel,
 		"-m", strconv.Itoa(c.MemoryMiB) + "M", "-smp", strconv.Itoa(c.VCPU),
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-nodefaults", "-no-user-config", "-display", "none",
 		"-pidfile", c.PidFile(),
 		"-qmp", "unix:" + c.QMPSocket() + ",server=on,wait=off",
 		"-serial", "file:" + c.Console(),

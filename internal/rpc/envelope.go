@@ -22,6 +22,7 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/internal/metrics"
+	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/reqmeta"
 	"computeplane/internal/store"
@@ -219,6 +220,10 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 		defer func() { f.Finish(ctx, err) }()
 	}
 	if m.Kind == api.KindMutation && h.AfterCommit != nil {
+		// Work the mutation hands to other processes (a gateway, say)
+		// is woken once it has committed.
+		ctx = notify.WithLater(ctx)
+		ctx = context.WithValue(ctx, thenKey{}, &thenSlot{})
 		defer func() {
 			if err == nil {
 				h.AfterCommit(ctx, call)
@@ -244,7 +249,35 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 		}
 		return outbox.Flush(ctx, tx, events)
 	})
+	if err == nil {
+		if then := thenOf(ctx); then != nil && then.fn != nil {
+			// The Waiting convention: re-read after commit, outside the
+			// transaction, within the call's deadline.
+			return then.fn(ctx)
+		}
+	}
 	return out, err
+}
+
+type thenKey struct{}
+
+type thenSlot struct {
+	fn func(ctx context.Context) (any, error)
+}
+
+func thenOf(ctx context.Context) *thenSlot {
+	s, _ := ctx.Value(thenKey{}).(*thenSlot)
+	return s
+}
+
+// Then replaces a mutation's output with what fn returns after the
+// transaction committed (the Waiting convention: wait { timeoutMs }). fn
+// runs outside the transaction; its error is the call's. It does nothing
+// outside a mutation.
+func Then(ctx context.Context, fn func(ctx context.Context) (any, error)) {
+	if s := thenOf(ctx); s != nil {
+		s.fn = fn
+	}
 }
 
 var errMethodNotAllowed = api.Errorf(api.CodeMethodNotAllowed, "RPC methods accept POST only")

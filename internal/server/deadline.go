@@ -10,7 +10,9 @@ import (
 // goroutine and a descriptor for as long as it likes. It is set per
 // response, after the request was read, so a slow upload does not eat into
 // it; streams (GET /watch) clear it and bound each of their writes instead.
-const ResponseWriteTimeout = 30 * time.Second
+// It outlasts the longest wait of a mutation (wait { timeoutMs }, 30 s)
+// plus the call itself.
+const ResponseWriteTimeout = 45 * time.Second
 
 // ProbeTimeout bounds the store query of /readyz and {basePath}/health, so
 // a probe answers within it even when the database stalls.

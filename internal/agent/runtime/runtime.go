@@ -24,6 +24,9 @@ type Runtime interface {
 	// Observe reports the instances as they are now (a VM killed from
 	// outside shows here).
 	Observe(ctx context.Context) []agentproto.InstanceStatus
+	// Changes signals a change Apply did not return (a boot finished, a VM
+	// died); nil when there are none.
+	Changes() <-chan struct{}
 	Close() error
 }
 
@@ -153,6 +156,9 @@ func (r *Recording) Observe(context.Context) []agentproto.InstanceStatus {
 	defer r.mu.Unlock()
 	return append([]agentproto.InstanceStatus(nil), r.instances...)
 }
+
+// Changes is nil: nothing changes on its own.
+func (r *Recording) Changes() <-chan struct{} { return nil }
 
 // Close does nothing.
 func (r *Recording) Close() error { return nil }

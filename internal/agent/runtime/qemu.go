@@ -1,0 +1,362 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"computeplane/internal/agentproto"
+	"computeplane/internal/guestproto"
+	"computeplane/internal/qemu"
+)
+
+// BootTimeout bounds a VM's boot to a guest agent that answers (TCG is
+// slow; a loaded host slower).
+const BootTimeout = 90 * time.Second
+
+// VMSpec is one instance of a node spec as the qemu runtime reads it.
+type VMSpec struct {
+	ID        string `json:"id"`
+	State     string `json:"state"`
+	Hostname  string `json:"hostname"`
+	VCPU      int    `json:"vcpu"`
+	MemoryMiB int    `json:"memoryMiB"`
+	DiskGiB   int64  `json:"diskGiB"`
+	Boot      struct {
+		Format   string `json:"format"`
+		Location string `json:"location"`
+		Initrd   string `json:"initrd"`
+		Cmdline  string `json:"cmdline"`
+	} `json:"boot"`
+	UserData string `json:"userData,omitempty"`
+	Reboots  int    `json:"reboots"`
+}
+
+// QEMU runs each instance as a qemu VM (internal/qemu) under Dir/vms/<id>.
+// VMs outlive the daemon: a new QEMU re-attaches to the ones running.
+type QEMU struct {
+	Dir   string
+	Log   *slog.Logger
+	accel string
+	// Changed is signalled when an instance's state changes outside Apply
+	// (a boot finished, a VM died): the daemon sends a status.
+	Changed chan struct{}
+
+	mu  sync.Mutex
+	vms map[string]*vmState
+}
+
+type vmState struct {
+	spec    VMSpec
+	vm      *qemu.VM
+	state   string
+	err     string
+	reboots int
+	cancel  context.CancelFunc // of a boot in progress
+}
+
+// NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
+// caller decides, by qemu.ChooseAccel where /dev/kvm exists).
+func NewQEMU(dir, accel string, log *slog.Logger) (*QEMU, error) {
+	r := &QEMU{Dir: dir, Log: log, accel: accel, Changed: make(chan struct{}, 1), vms: map[string]*vmState{}}
+	if err := os.MkdirAll(filepath.Join(dir, "vms"), 0o700); err != nil {
+		return nil, err
+	}
+	dirs, _ := filepath.Glob(filepath.Join(dir, "vms", "*"))
+	for _, d := range dirs {
+		var spec VMSpec
+		if readSpec(d, &spec) != nil {
+			continue
+		}
+		st := &vmState{spec: spec, reboots: spec.Reboots}
+		vm, err := qemu.Attach(d)
+		switch {
+		case err == nil:
+			st.vm, st.state = vm, StateRunning
+			if s, err := vm.Status(); err == nil && s == "paused" {
+				st.state = StatePaused
+			}
+			log.Info("re-attached to a running VM", "instance", spec.ID, "pid", vm.Pid)
+		case spec.State == StateStopped:
+			st.state = StateStopped
+		default:
+			st.state, st.err = "failed", "the VM ended while the daemon was away"
+		}
+		r.vms[spec.ID] = st
+	}
+	return r, nil
+}
+
+func readSpec(dir string, s *VMSpec) error {
+	b, err := os.ReadFile(filepath.Join(dir, "instance.json"))
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, s)
+}
+
+func (r *QEMU) vmDir(id string) string { return filepath.Join(r.Dir, "vms", id) }
+
+// Name is "qemu".
+func (r *QEMU) Name() string { return "qemu" }
+
+// Accel is kvm or tcg.
+func (r *QEMU) Accel() string { return r.accel }
+
+func (r *QEMU) changed() {
+	select {
+	case r.Changed <- struct{}{}:
+	default:
+	}
+}
+
+// Apply converges the VMs on the spec. Boots run in the background (a
+// status follows through Changed); stops, pauses and deletes are done
+// when it returns.
+func (r *QEMU) Apply(ctx context.Context, _ int64, body json.RawMessage) ([]agentproto.InstanceStatus, error) {
+	spec, err := ParseSpec(body)
+	if err != nil {
+		return nil, err
+	}
+	desired := map[string]VMSpec{}
+	var errs []error
+	for _, in := range spec.Instances {
+		var vs VMSpec
+		if err := json.Unmarshal(in.Raw, &vs); err != nil {
+			errs = append(errs, fmt.Errorf("instance %s: %w", in.ID, err))
+			continue
+		}
+		desired[in.ID] = vs
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, st := range r.vms {
+		if _, ok := desired[id]; !ok {
+			r.remove(id, st)
+		}
+	}
+	for id, vs := range desired {
+		if err := r.converge(ctx, id, vs); err != nil {
+			errs = append(errs, fmt.Errorf("instance %s: %w", id, err))
+		}
+	}
+	return r.observeLocked(), errors.Join(errs...)
+}
+
+func (r *QEMU) remove(id string, st *vmState) {
+	if st.cancel != nil {
+		st.cancel()
+	}
+	if st.vm != nil {
+		_ = st.vm.Kill()
+	}
+	_ = os.RemoveAll(r.vmDir(id))
+	delete(r.vms, id)
+}
+
+// converge moves one instance towards its desired state (r.mu held).
+func (r *QEMU) converge(ctx context.Context, id string, vs VMSpec) error {
+	st := r.vms[id]
+	if vs.State == StateDeleted {
+		if st != nil {
+			r.remove(id, st)
+		}
+		return nil
+	}
+	if st == nil {
+		st = &vmState{spec: vs, state: StateStopped, reboots: vs.Reboots}
+		r.vms[id] = st
+	}
+	st.spec = vs
+	if err := os.MkdirAll(r.vmDir(id), 0o700); err != nil {
+		return err
+	}
+	b, _ := json.Marshal(vs)
+	if err := os.WriteFile(filepath.Join(r.vmDir(id), "instance.json"), b, 0o600); err != nil {
+		return err
+	}
+	alive := st.vm != nil && st.vm.Alive()
+	switch vs.State {
+	case StateRunning:
+		switch {
+		case !alive && st.cancel == nil:
+			r.boot(id, st)
+		case alive && st.state == StatePaused:
+			if err := st.vm.Resume(); err != nil {
+				return err
+			}
+			st.state = StateRunning
+		case alive && vs.Reboots > st.reboots:
+			st.reboots = vs.Reboots
+			if err := st.vm.Reset(); err != nil {
+				return err
+			}
+			st.state = "starting"
+			r.awaitGuest(id, st, false)
+		}
+	case StatePaused:
+		if alive && st.state == StateRunning {
+			if err := st.vm.Pause(); err != nil {
+				return err
+			}
+			st.state = StatePaused
+		}
+	case StateStopped:
+		if st.cancel != nil {
+			st.cancel()
+			st.cancel = nil
+		}
+		if st.vm != nil {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := st.vm.Stop(sctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			st.vm = nil
+		}
+		st.state, st.err = StateStopped, ""
+	}
+	return nil
+}
+
+// boot starts the VM and waits for its guest in the background (r.mu
+// held).
+func (r *QEMU) boot(id string, st *vmState) {
+	vs := st.spec
+	c := &qemu.Config{ID: id, Dir: r.vmDir(id), VCPU: max(vs.VCPU, 1), MemoryMiB: max(vs.MemoryMiB, 128), Accel: r.accel,
+		Machine: qemu.MachineMicroVM, Kernel: vs.Boot.Location, Initrd: vs.Boot.Initrd, Cmdline: vs.Boot.Cmdline + " compute.hostname=" + vs.Hostname}
+	if vs.Boot.Format != "kernel+initrd" {
+		c.Kernel, c.Initrd = "", ""
+		c.Disks = append(c.Disks, qemu.Disk{Path: vs.Boot.Location, Serial: "root", Format: vs.Boot.Format, ReadOnly: false})
+		c.Machine = qemu.MachineQ35
+	}
+	if vs.DiskGiB > 0 {
+		disk := filepath.Join(r.vmDir(id), "disk0.raw")
+		if _, err := os.Stat(disk); errors.Is(err, os.ErrNotExist) {
+			if f, err := os.Create(disk); err == nil {
+				_ = f.Truncate(vs.DiskGiB << 30) // sparse
+				_ = f.Close()
+			}
+		}
+		c.Disks = append(c.Disks, qemu.Disk{Path: disk, Serial: "disk0", Format: "raw"})
+	}
+	vm, err := qemu.Start(context.Background(), c)
+	if err != nil {
+		st.state, st.err = "failed", err.Error()
+		return
+	}
+	st.vm, st.state, st.err = vm, "starting", ""
+	r.awaitGuest(id, st, true)
+}
+
+// awaitGuest waits, in the background, for the guest agent to answer,
+// then gives the guest its identity and, at first boot, its user data.
+func (r *QEMU) awaitGuest(id string, st *vmState, first bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
+	st.cancel = cancel
+	vm, vs := st.vm, st.spec
+	go func() {
+		defer cancel()
+		err := r.greet(ctx, vm, vs, first)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.vms[id] != st || st.vm != vm {
+			return // replaced or removed meanwhile
+		}
+		st.cancel = nil
+		if err != nil {
+			st.state, st.err = "failed", err.Error()
+			_ = vm.Kill()
+			st.vm = nil
+		} else if st.state == "starting" {
+			st.state = StateRunning
+			if st.spec.State == StatePaused && vm.Pause() == nil {
+				st.state = StatePaused
+			}
+		}
+		r.changed()
+	}()
+}
+
+func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs VMSpec, first bool) error {
+	var g *qemu.Guest
+	for {
+		var err error
+		if g, err = vm.Guest(); err == nil {
+			break
+		}
+		if !vm.Alive() {
+			return errors.New("the VM exited while booting")
+		}
+		select {
+		case <-ctx.Done():
+			return errors.New("the guest channel did not open")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if _, err := g.Ready(ctx); err != nil {
+		return fmt.Errorf("the guest agent did not answer within %s: %w", BootTimeout, err)
+	}
+	if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpIdentity, Identity: &guestproto.Identity{Hostname: vs.Hostname}}); err != nil {
+		return err
+	}
+	if first && vs.UserData != "" {
+		if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpWriteFile,
+			File: &guestproto.File{Path: "/run/user-data", Data: []byte(vs.UserData), Mode: 0o700}}); err != nil {
+			return err
+		}
+		if len(vs.UserData) > 2 && vs.UserData[:2] == "#!" {
+			resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/run/user-data"}, TimeoutMs: 60_000}})
+			if err != nil {
+				return fmt.Errorf("user data: %w", err)
+			}
+			r.Log.Info("user data ran", "exitCode", resp.Exec.ExitCode)
+		}
+	}
+	return nil
+}
+
+// Changes signals boots that finished and VMs that died.
+func (r *QEMU) Changes() <-chan struct{} { return r.Changed }
+
+// Observe reports every instance; a VM that died without being asked to
+// shows as failed.
+func (r *QEMU) Observe(context.Context) []agentproto.InstanceStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.observeLocked()
+}
+
+func (r *QEMU) observeLocked() []agentproto.InstanceStatus {
+	out := make([]agentproto.InstanceStatus, 0, len(r.vms))
+	for id, st := range r.vms {
+		if st.vm != nil && st.cancel == nil && (st.state == StateRunning || st.state == StatePaused) && !st.vm.Alive() {
+			st.state, st.err, st.vm = "failed", "the VM's process ended without being asked (killed from outside or crashed)", nil
+			r.Log.Warn("a VM ended unexpectedly", "instance", id)
+		}
+		out = append(out, agentproto.InstanceStatus{ID: id, State: st.state, Error: st.err})
+	}
+	return out
+}
+
+// Close detaches from the VMs; they keep running.
+func (r *QEMU) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, st := range r.vms {
+		if st.cancel != nil {
+			st.cancel()
+		}
+		if st.vm != nil {
+			st.vm.Detach()
+		}
+	}
+	return nil
+}

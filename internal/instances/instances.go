@@ -1,0 +1,488 @@
+// Package instances implements the instances group: VPS virtual machines
+// of a flavor and an image, placed and charged at creation through the
+// placement engine, carried to their node's daemon in its desired spec
+// (gateway.PutSpec) and run by its VM runtime; the daemon's reports move
+// their state (ApplyStatus).
+//
+//	desiredState: running <-> stopped, running <-> paused, any -> deleted
+//	state: pending -> starting -> running | failed; stopped; paused; deleted
+package instances
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/flavors"
+	"computeplane/internal/gateway"
+	"computeplane/internal/iam"
+	"computeplane/internal/idem"
+	"computeplane/internal/images"
+	"computeplane/internal/notify"
+	"computeplane/internal/outbox"
+	"computeplane/internal/placement"
+	"computeplane/internal/pools"
+	"computeplane/internal/rpc"
+	"computeplane/internal/store"
+	"computeplane/internal/usage"
+	"computeplane/internal/wire"
+)
+
+// States.
+const (
+	StatePending  = "pending"
+	StateStarting = "starting"
+	StateRunning  = "running"
+	StateStopped  = "stopped"
+	StatePaused   = "paused"
+	StateFailed   = "failed"
+	StateDeleted  = "deleted"
+)
+
+// ResourceType is the instance's type in the authorization projection.
+const ResourceType = "instance"
+
+// Runtimes whose VMs boot each image format.
+var bootable = map[string][]string{
+	"qemu": {images.FormatKernelInitrd, images.FormatRaw, images.FormatQcow2},
+}
+
+// Service implements api.InstancesService.
+type Service struct {
+	Placer *placement.Engine
+	Images images.Source
+	Store  *store.Store // the waits re-read through it
+}
+
+var _ api.InstancesService = (*Service)(nil)
+
+var createMethod = api.Lookup("/instances/create")
+
+// Boot is what the runtime needs of the image, resolved at creation.
+type Boot struct {
+	Format   string `json:"format"`
+	Location string `json:"location"`
+	Initrd   string `json:"initrd,omitempty"`
+	Cmdline  string `json:"cmdline,omitempty"`
+	SHA256   string `json:"sha256"`
+}
+
+func notFound(id string) error { return api.Errorf(api.CodeNotFound, "instance %s not found", id) }
+
+func output(r db.Instance) *api.Instance {
+	o := &api.Instance{
+		InstanceID: r.InstanceID, TenantID: r.TenantID, PoolID: r.PoolID, Flavor: r.Flavor, ImageID: r.ImageID, Name: r.Name,
+		DesiredState: r.DesiredState, State: r.State, HasUserData: r.UserData.Valid,
+		Vcpu: int64(r.Vcpu), MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, Reboots: int64(r.Reboots), Version: r.Version,
+		CreatedAt: wire.Time(r.CreatedAt), UpdatedAt: wire.Time(r.UpdatedAt), Conditions: conditions(r),
+	}
+	if r.NodeID.Valid {
+		o.NodeID = &r.NodeID.String
+	}
+	if r.Error.Valid {
+		o.Error = &r.Error.String
+	}
+	if r.ReadyAt != nil {
+		t := wire.Time(*r.ReadyAt)
+		o.ReadyAt = &t
+	}
+	return o
+}
+
+// conditions say where the instance stands against what was asked.
+func conditions(r db.Instance) []api.InstanceCondition {
+	converged := r.State == r.DesiredState
+	reason, msg := "Converged", "the instance is "+r.State
+	if !converged {
+		reason, msg = "Pending", fmt.Sprintf("the instance is %s; %s was asked", r.State, r.DesiredState)
+		if r.State == StateFailed {
+			reason, msg = "Failed", r.Error.String
+		}
+	}
+	return []api.InstanceCondition{
+		{Type: "Converged", Status: converged, Reason: reason, Message: msg},
+		{Type: "Ready", Status: r.State == StateRunning, Reason: map[bool]string{true: "GuestAnswered", false: "NotRunning"}[r.State == StateRunning],
+			Message: map[bool]string{true: "the guest agent answered", false: "the instance is not running"}[r.State == StateRunning]},
+	}
+}
+
+// Create answers instances.create.
+func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*api.Instance, error) {
+	sess, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
+	fp := idem.FingerprintOf(createMethod, in)
+	if existing, err := q.GetInstance(ctx, id); err == nil {
+		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
+			return nil, err
+		}
+		return s.waited(ctx, existing, in.Wait, StateRunning)
+	} else if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+	pool, err := pools.Readable(ctx, q, in.TenantID, in.PoolID)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case pool.Archived:
+		return nil, api.Errorf(api.CodeInvalidState, "pool %s is archived", pool.PoolID)
+	case pool.Class != "vps-host":
+		return nil, api.Errorf(api.CodeInvalidInput, "poolId: pool %s is a %s pool; instances run in vps-host pools", pool.PoolID, pool.Class)
+	case pool.Hosting == "provider":
+		return nil, api.Errorf(api.CodeUnsupported, "poolId: instances of provider pools are not supported yet (the provisioning issue)")
+	}
+	flavor, err := flavors.Get(ctx, q, in.TenantID, in.PoolID, in.Flavor)
+	if err != nil {
+		return nil, err
+	}
+	if flavor.Archived {
+		return nil, api.Errorf(api.CodeInvalidState, "flavor: %s is archived", in.Flavor)
+	}
+	im, err := s.Images.Get(ctx, in.ImageID)
+	if errors.Is(err, images.ErrNotFound) {
+		return nil, api.Errorf(api.CodeNotFound, "imageId: image %s not found", in.ImageID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	runtime := pool.Runtime.String
+	if runtime == "" {
+		runtime = "qemu"
+	}
+	if !contains(bootable[runtime], im.Format) {
+		return nil, api.Errorf(api.CodeInvalidInput, "imageId: the pool's runtime %s does not boot %s images", runtime, im.Format)
+	}
+	shape := placement.Shape{VCPU: int32(flavor.Vcpu), MemoryMiB: flavor.MemoryMiB, DiskGiB: flavor.DiskGiB}
+	if flavor.Gpus != nil {
+		shape.GPUs, shape.GPUModel = int32(flavor.Gpus.Count), flavor.Gpus.Model
+	}
+	booking, err := s.Placer.Admit(ctx, tx, placement.Request{
+		TenantID: in.TenantID, PoolID: in.PoolID, Owner: placement.Owner{Type: ResourceType, ID: id}, Shape: shape,
+		Count: map[string]int64{placement.ResourceInstances: 1},
+	})
+	if err != nil {
+		return nil, err
+	}
+	boot, _ := json.Marshal(Boot{Format: im.Format, Location: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline, SHA256: im.SHA256})
+	var userData pgtype.Text
+	if in.UserData != nil {
+		userData = pgtype.Text{String: *in.UserData, Valid: true}
+	}
+	row, err := q.InsertInstance(ctx, db.InsertInstanceParams{
+		InstanceID: id, TenantID: in.TenantID, PoolID: in.PoolID, NodeID: pgtype.Text{String: booking.NodeID, Valid: true},
+		BookingID: pgtype.Text{String: booking.ID, Valid: true}, Flavor: in.Flavor, ImageID: in.ImageID, Boot: boot, Name: in.Name,
+		UserData: userData, Vcpu: int32(flavor.Vcpu), MemoryMib: flavor.MemoryMiB, DiskGib: flavor.DiskGiB,
+		CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// A concurrent call with the same key won: answer as its retry.
+		return nil, api.Errorf(api.CodeConflict, "idempotencyKey: a concurrent create with this key is in progress; retry")
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := sess.MakeReal(ctx, tx, map[string]string{"poolId": in.PoolID}); err != nil {
+		return nil, err
+	}
+	if err := openUsage(ctx, tx, row); err != nil {
+		return nil, err
+	}
+	if err := pushSpec(ctx, tx, booking.NodeID); err != nil {
+		return nil, err
+	}
+	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceCreated, Subject: id, TenantID: in.TenantID,
+		Data: api.InstanceCreatedPayload{InstanceID: id, PoolID: in.PoolID, NodeID: booking.NodeID, Flavor: in.Flavor}}); err != nil {
+		return nil, err
+	}
+	return s.waited(ctx, row, in.Wait, StateRunning)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// openUsage starts the instance's metering: vCPU-hours and GiB-hours of
+// memory (and GPU-hours) while it holds them.
+func openUsage(ctx context.Context, tx pgx.Tx, r db.Instance) error {
+	owner := usage.Owner{Type: ResourceType, ID: r.InstanceID}
+	for meter, perHour := range map[string]int64{
+		"instance.vcpu.hours":       int64(r.Vcpu) * 1_000_000,
+		"instance.memory.gib.hours": r.MemoryMib * 1_000_000 / 1024,
+	} {
+		if _, err := usage.Open(ctx, tx, usage.Allocation{TenantID: r.TenantID, Meter: meter, PerHour: perHour, Owner: owner}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pushSpec rebuilds a node's desired spec from its instances and wakes
+// its gateway after commit.
+func pushSpec(ctx context.Context, tx pgx.Tx, node string) error {
+	rows, err := db.New(tx).NodeInstances(ctx, pgtype.Text{String: node, Valid: true})
+	if err != nil {
+		return err
+	}
+	type specInstance struct {
+		ID        string          `json:"id"`
+		State     string          `json:"state"`
+		Hostname  string          `json:"hostname"`
+		VCPU      int32           `json:"vcpu"`
+		MemoryMiB int64           `json:"memoryMiB"`
+		DiskGiB   int64           `json:"diskGiB"`
+		Boot      json.RawMessage `json:"boot"`
+		UserData  string          `json:"userData,omitempty"`
+		Reboots   int32           `json:"reboots"`
+	}
+	spec := struct {
+		Instances []specInstance `json:"instances"`
+	}{Instances: []specInstance{}}
+	for _, r := range rows {
+		spec.Instances = append(spec.Instances, specInstance{ID: r.InstanceID, State: r.DesiredState, Hostname: r.Name,
+			VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, Boot: r.Boot, UserData: r.UserData.String, Reboots: r.Reboots})
+	}
+	body, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	_, topic, err := gateway.PutSpec(ctx, tx, node, body)
+	if err != nil {
+		return err
+	}
+	notify.Later(ctx, topic)
+	return nil
+}
+
+// load reads an instance of tenant.
+func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool) (db.Instance, error) {
+	get := q.GetInstance
+	if forUpdate {
+		get = q.GetInstanceForUpdate
+	}
+	r, err := get(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.TenantID != tenant) {
+		return db.Instance{}, notFound(id)
+	}
+	return r, err
+}
+
+// Get answers instances.get.
+func (s *Service) Get(ctx context.Context, in *api.InstancesGetInput) (*api.Instance, error) {
+	_, _, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := load(ctx, q, in.TenantID, in.InstanceID, false)
+	if err != nil {
+		return nil, err
+	}
+	return output(r), nil
+}
+
+// List answers instances.list.
+func (s *Service) List(ctx context.Context, in *api.InstancesListInput) (*api.InstanceList, error) {
+	_, _, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var pool pgtype.Text
+	if in.PoolID != nil {
+		pool = pgtype.Text{String: *in.PoolID, Valid: true}
+	}
+	rows, err := q.ListInstances(ctx, db.ListInstancesParams{TenantID: in.TenantID, PoolID: pool, IncludeDeleted: in.IncludeDeleted})
+	if err != nil {
+		return nil, err
+	}
+	out := &api.InstanceList{Items: make([]api.Instance, 0, len(rows))}
+	for _, r := range rows {
+		out.Items = append(out.Items, *output(r))
+	}
+	return out, nil
+}
+
+// desire moves an instance's desired state and pushes its node's spec.
+func (s *Service) desire(ctx context.Context, tenant, id, desired string, reboot bool, wait *api.Wait, until string) (*api.Instance, error) {
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := load(ctx, q, tenant, id, true)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case r.DesiredState == StateDeleted:
+		return nil, api.Errorf(api.CodeInvalidState, "instance %s is deleted", id).WithDetails(map[string]any{"state": r.State})
+	case reboot && (r.DesiredState != StateRunning || r.State != StateRunning):
+		return nil, api.Errorf(api.CodeInvalidState, "instance %s is %s; only a running instance reboots", id, r.State).
+			WithDetails(map[string]any{"state": r.State})
+	case !reboot && r.DesiredState == desired:
+		return s.waited(ctx, r, wait, until)
+	}
+	n := int32(0)
+	if reboot {
+		n = 1
+	}
+	if r, err = q.SetInstanceDesired(ctx, db.SetInstanceDesiredParams{InstanceID: id, DesiredState: desired, Reboot: n}); err != nil {
+		return nil, err
+	}
+	if r.NodeID.Valid {
+		if err := pushSpec(ctx, tx, r.NodeID.String); err != nil {
+			return nil, err
+		}
+	}
+	return s.waited(ctx, r, wait, until)
+}
+
+// Start answers instances.start.
+func (s *Service) Start(ctx context.Context, in *api.InstancesStartInput) (*api.Instance, error) {
+	return s.desire(ctx, in.TenantID, in.InstanceID, StateRunning, false, in.Wait, StateRunning)
+}
+
+// Stop answers instances.stop.
+func (s *Service) Stop(ctx context.Context, in *api.InstancesStopInput) (*api.Instance, error) {
+	return s.desire(ctx, in.TenantID, in.InstanceID, StateStopped, false, in.Wait, StateStopped)
+}
+
+// Reboot answers instances.reboot.
+func (s *Service) Reboot(ctx context.Context, in *api.InstancesRebootInput) (*api.Instance, error) {
+	return s.desire(ctx, in.TenantID, in.InstanceID, StateRunning, true, nil, "")
+}
+
+// Delete answers instances.delete: the booking, quota and usage are
+// returned at once; the VM ends when the daemon applies the spec.
+func (s *Service) Delete(ctx context.Context, in *api.InstancesDeleteInput) (*api.Instance, error) {
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := load(ctx, q, in.TenantID, in.InstanceID, true)
+	if err != nil {
+		return nil, err
+	}
+	if r.DesiredState == StateDeleted {
+		return output(r), nil
+	}
+	if r.BookingID.Valid {
+		if err := s.Placer.Release(ctx, tx, r.BookingID.String, map[string]int64{placement.ResourceInstances: 1}); err != nil {
+			return nil, err
+		}
+	}
+	if err := usage.CloseOwner(ctx, tx, usage.Owner{Type: ResourceType, ID: r.InstanceID}, time.Time{}); err != nil {
+		return nil, err
+	}
+	if r, err = q.SetInstanceDesired(ctx, db.SetInstanceDesiredParams{InstanceID: r.InstanceID, DesiredState: StateDeleted}); err != nil {
+		return nil, err
+	}
+	if r.NodeID.Valid {
+		if err := pushSpec(ctx, tx, r.NodeID.String); err != nil {
+			return nil, err
+		}
+	}
+	return output(r), outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceDeleted, Subject: r.InstanceID, TenantID: r.TenantID,
+		Data: api.InstanceDeletedPayload{InstanceID: r.InstanceID}})
+}
+
+// Waiting: re-read after commit until the state is until (or failed),
+// at most timeoutMs, backing off from 50 ms to 1 s.
+const (
+	waitFirst = 50 * time.Millisecond
+	waitMax   = time.Second
+)
+
+func (s *Service) waited(ctx context.Context, r db.Instance, wait *api.Wait, until string) (*api.Instance, error) {
+	if wait == nil || wait.TimeoutMs == 0 || until == "" || r.State == until {
+		return output(r), nil
+	}
+	id, tenant := r.InstanceID, r.TenantID
+	timeout := time.Duration(wait.TimeoutMs) * time.Millisecond
+	rpc.Then(ctx, func(ctx context.Context) (any, error) {
+		// The wait has a deadline of its own (up to 30 s), beyond the
+		// call's.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		delay := waitFirst
+		last := r
+		for {
+			row, err := db.New(s.Store.Pool()).GetInstance(ctx, id)
+			if err == nil && row.TenantID == tenant {
+				last = row
+				if row.State == until || row.State == StateFailed || row.State == StateDeleted {
+					return output(row), nil
+				}
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return output(last), nil // a timeout is not an error
+			case <-t.C:
+			}
+			delay = min(2*delay, waitMax)
+		}
+	})
+	return output(r), nil
+}
+
+// ApplyStatus moves the instances of a node as its daemon reported them
+// (the gateway calls it with each status that changed), in tx, and writes
+// the events of the transitions.
+func ApplyStatus(ctx context.Context, tx pgx.Tx, node string, reported []agentproto.InstanceStatus) (bool, error) {
+	q := db.New(tx)
+	nodeID := pgtype.Text{String: node, Valid: true}
+	events := false
+	ids := make([]string, 0, len(reported))
+	for _, st := range reported {
+		ids = append(ids, st.ID)
+		state := st.State
+		switch state {
+		case StateStarting, StateRunning, StateStopped, StatePaused, StateFailed:
+		default:
+			continue // a state this version does not know
+		}
+		r, err := q.ReportInstance(ctx, db.ReportInstanceParams{State: state, Error: pgtype.Text{String: st.Error, Valid: st.Error != ""},
+			InstanceID: st.ID, NodeID: nodeID})
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // unchanged, or not an instance of this node
+		}
+		if err != nil {
+			return false, err
+		}
+		var e *outbox.Event
+		switch state {
+		case StateRunning:
+			e = &outbox.Event{Type: api.EventInstanceRunning, Data: api.InstanceRunningPayload{InstanceID: r.InstanceID, NodeID: node}}
+		case StateStopped:
+			e = &outbox.Event{Type: api.EventInstanceStopped, Data: api.InstanceStoppedPayload{InstanceID: r.InstanceID}}
+		case StateFailed:
+			e = &outbox.Event{Type: api.EventInstanceFailed, Data: api.InstanceFailedPayload{InstanceID: r.InstanceID, Error: st.Error}}
+		}
+		if e != nil {
+			e.Subject, e.TenantID = r.InstanceID, r.TenantID
+			if err := outbox.Write(ctx, tx, *e); err != nil {
+				return false, err
+			}
+			events = true
+		}
+	}
+	if _, err := q.GoneInstances(ctx, db.GoneInstancesParams{NodeID: nodeID, Reported: ids}); err != nil {
+		return false, err
+	}
+	return events, nil
+}

@@ -1,0 +1,53 @@
+-- name: InsertInstance :one
+INSERT INTO instances (instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data,
+    vcpu, memory_mib, disk_gib, desired_state, state, created_by, idem_request)
+VALUES (sqlc.arg(instance_id), sqlc.arg(tenant_id), sqlc.arg(pool_id), sqlc.arg(node_id), sqlc.arg(booking_id), sqlc.arg(flavor),
+    sqlc.arg(image_id), sqlc.arg(boot), sqlc.arg(name), sqlc.narg(user_data), sqlc.arg(vcpu), sqlc.arg(memory_mib),
+    sqlc.arg(disk_gib), 'running', 'pending', sqlc.arg(created_by), sqlc.arg(idem_request))
+ON CONFLICT (instance_id) DO NOTHING
+RETURNING *;
+
+-- name: GetInstance :one
+SELECT * FROM instances WHERE instance_id = sqlc.arg(instance_id);
+
+-- name: GetInstanceForUpdate :one
+SELECT * FROM instances WHERE instance_id = sqlc.arg(instance_id) FOR UPDATE;
+
+-- name: ListInstances :many
+SELECT * FROM instances
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.narg(pool_id)::text IS NULL OR pool_id = sqlc.narg(pool_id))
+  AND (sqlc.arg(include_deleted)::boolean OR state <> 'deleted')
+ORDER BY created_at DESC, instance_id
+LIMIT 1000;
+
+-- name: SetInstanceDesired :one
+UPDATE instances SET desired_state = sqlc.arg(desired_state), reboots = reboots + sqlc.arg(reboot)::integer,
+    state = CASE WHEN sqlc.arg(desired_state)::text = 'deleted' AND node_id IS NULL THEN 'deleted' ELSE state END,
+    deleted_at = CASE WHEN sqlc.arg(desired_state)::text = 'deleted' THEN coalesce(deleted_at, now()) ELSE deleted_at END,
+    version = version + 1, updated_at = now()
+WHERE instance_id = sqlc.arg(instance_id)
+RETURNING *;
+
+-- NodeInstances are the instances a node's spec carries: every one not
+-- yet gone from the host.
+-- name: NodeInstances :many
+SELECT * FROM instances WHERE node_id = sqlc.arg(node_id) AND state <> 'deleted' ORDER BY instance_id;
+
+-- ReportInstance writes what the daemon observed of an instance of its
+-- node, when it changed; running sets readyAt the first time.
+-- name: ReportInstance :one
+UPDATE instances SET state = sqlc.arg(state), error = sqlc.narg(error),
+    ready_at = CASE WHEN sqlc.arg(state)::text = 'running' THEN coalesce(ready_at, now()) ELSE ready_at END,
+    updated_at = now()
+WHERE instance_id = sqlc.arg(instance_id) AND node_id = sqlc.arg(node_id) AND state <> 'deleted'
+  AND (state <> sqlc.arg(state)::text OR error IS DISTINCT FROM sqlc.narg(error))
+RETURNING *;
+
+-- GoneInstances marks deleted the instances asked deleted that the
+-- daemon no longer reports.
+-- name: GoneInstances :many
+UPDATE instances SET state = 'deleted', updated_at = now()
+WHERE node_id = sqlc.arg(node_id) AND desired_state = 'deleted' AND state <> 'deleted'
+  AND NOT (instance_id = ANY(sqlc.arg(reported)::text[]))
+RETURNING instance_id;
