@@ -99,6 +99,10 @@ fuzz-short: $(SECRET_FILE) ## Fuzz each FUZZ_TARGETS entry for FUZZ_TIME (defaul
 foreign-clients: ## Generate and compile an oapi-codegen Go client and openapi-typescript types from openapi.yaml
 	scripts/foreign-clients.sh
 
+.PHONY: bench-sessions
+bench-sessions: $(SECRET_FILE) ## Gateway benchmark: 5,000 daemon sessions, memory per session, reconnect time (writes docs/benchmarks.md)
+	@$(SERVICE_ENV); go run ./tools/sessionload -n $${SESSIONS:-5000}
+
 .PHONY: bench
 bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks
 	NOTIFIER_BENCH=$${NOTIFIER_BENCH:-1} scripts/bench.sh

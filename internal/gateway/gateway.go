@@ -209,8 +209,8 @@ func (g *Gateway) tlsConfig() *tls.Config {
 	}
 }
 
-// verifyChain checks a client's chain (leaf first) against the node CA
-// roots, the trust domain and the revocation set; it returns the node.
+// verifyChain checks a client's chain (DER, leaf first) against the node
+// CA roots, the trust domain and the revocation set; it returns the node.
 func (g *Gateway) verifyChain(raw [][]byte) (string, *x509.Certificate, error) {
 	if len(raw) == 0 {
 		return "", nil, errors.New("no client certificate")
@@ -223,18 +223,27 @@ func (g *Gateway) verifyChain(raw [][]byte) (string, *x509.Certificate, error) {
 		}
 		certs[i] = c
 	}
+	node, err := g.verifyCerts(certs)
+	return node, certs[0], err
+}
+
+// verifyCerts is verifyChain on parsed certificates.
+func (g *Gateway) verifyCerts(certs []*x509.Certificate) (string, error) {
+	if len(certs) == 0 {
+		return "", errors.New("no client certificate")
+	}
 	inter := x509.NewCertPool()
 	for _, c := range certs[1:] {
 		inter.AddCert(c)
 	}
 	node, err := pki.VerifyNodeCert(certs[0], g.roots.get(), inter, g.bundle.TrustDomain, g.o.Now())
 	if err != nil {
-		return "", nil, err
+		return "", err
 	}
 	if g.revoke.revoked(node, pki.SerialHex(certs[0])) {
-		return "", nil, fmt.Errorf("node %s or its certificate is revoked", node)
+		return "", fmt.Errorf("node %s or its certificate is revoked", node)
 	}
-	return node, certs[0], nil
+	return node, nil
 }
 
 func (g *Gateway) acquire(ctx context.Context) error {
