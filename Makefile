@@ -103,6 +103,10 @@ foreign-clients: ## Generate and compile an oapi-codegen Go client and openapi-t
 bench-sessions: $(SECRET_FILE) ## Gateway benchmark: 5,000 daemon sessions, memory per session, reconnect time (writes docs/benchmarks.md)
 	@$(SERVICE_ENV); go run ./tools/sessionload -n $${SESSIONS:-5000}
 
+.PHONY: bench-instances
+bench-instances: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: instances.create to running over 50 real VMs (writes docs/benchmarks.md)
+	@$(SERVICE_ENV); go run ./tools/instancebench -runs $${RUNS:-50} -images $(IMAGES_DIR)
+
 .PHONY: bench
 bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks
 	NOTIFIER_BENCH=$${NOTIFIER_BENCH:-1} scripts/bench.sh

@@ -18,7 +18,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -26,7 +25,6 @@ import (
 	mathrand "math/rand/v2"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,6 +43,7 @@ import (
 	"computeplane/internal/agentproto"
 	"computeplane/internal/ids"
 	"computeplane/internal/pki"
+	"computeplane/tools/benchkit"
 )
 
 const secret = "sessionload-secret-0123456789abcdefghijklmnop"
@@ -68,7 +67,8 @@ func main() {
 		*computed = filepath.Join(work, "computed")
 		run(exec.Command("go", "build", "-o", *computed, "./cmd/computed"))
 	}
-	dbURL, drop := freshDatabase(ctx, *database)
+	dbURL, drop, err := benchkit.FreshDatabase(ctx, *database, "sessionload")
+	check(err)
 	defer drop()
 
 	env := append(os.Environ(), "SERVICE_DATABASE_URL="+dbURL, "SERVICE_SECRET="+secret, "SERVICE_PKI="+filepath.Join(work, "pki.json"))
@@ -79,7 +79,8 @@ func main() {
 	check(err)
 	nodes := makeNodes(ctx, dbURL, bundle, *n)
 
-	port := freePort()
+	port, err := benchkit.FreePort()
+	check(err)
 	cfg := filepath.Join(work, "gateway.yaml")
 	check(os.WriteFile(cfg, []byte(fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: bench, listen: \"127.0.0.1:%d\", maxStreams: %d, drainDelayMs: 0}\n",
 		port, port, *n+100)), 0o600))
@@ -130,7 +131,7 @@ func main() {
 	section := report(*n, before, after, perSession, cold, back, final)
 	fmt.Print(section)
 	for _, f := range []string{*out, *notes} {
-		check(replaceSection(f, "## Gateway sessions", section))
+		check(benchkit.ReplaceSection(f, "## Gateway sessions", section))
 	}
 }
 
@@ -272,24 +273,6 @@ func startGateway(bin string, env []string, logPath string, port int) *exec.Cmd 
 	return nil
 }
 
-// freshDatabase makes a database of its own on base's server.
-func freshDatabase(ctx context.Context, base string) (string, func()) {
-	admin, err := pgx.Connect(ctx, base)
-	check(err)
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	name := "sessionload_" + hex.EncodeToString(suffix)
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	check(err)
-	u, err := url.Parse(base)
-	check(err)
-	u.Path = "/" + name
-	return u.String(), func() {
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		_ = admin.Close(context.Background())
-	}
-}
-
 var rssRe = regexp.MustCompile(`VmRSS:\s+(\d+) kB`)
 
 func rssKiB(pid int) int64 {
@@ -313,13 +296,6 @@ func raiseNoFile(n int) {
 	if l.Cur < uint64(2*n+100) {
 		log.Fatalf("sessionload: the open-file limit %d is too low for %d sessions", l.Cur, n)
 	}
-}
-
-func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	check(err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func report(n int, before, after int64, per float64, cold, back time.Duration, final int64) string {
@@ -349,30 +325,6 @@ and WebSocket buffers of each connection and the runtime's own.
 
 `, time.Now().UTC().Format("2006-01-02"), n, runtime.NumCPU(), runtime.Version(), n, before, after, per, verdict(per <= 32),
 		n, cold.Round(time.Millisecond), back.Round(time.Millisecond), verdict(back <= 10*time.Second), final, n)
-}
-
-// replaceSection puts section in place of the one starting with heading
-// (up to the next "## "), or at the end.
-func replaceSection(path, heading, section string) error {
-	b, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	s := string(b)
-	if i := strings.Index(s, heading); i >= 0 {
-		rest := s[i+len(heading):]
-		end := len(s)
-		if j := strings.Index(rest, "\n## "); j >= 0 {
-			end = i + len(heading) + j + 1
-		}
-		s = s[:i] + section + s[end:]
-	} else {
-		if s != "" && !strings.HasSuffix(s, "\n\n") {
-			s += "\n"
-		}
-		s += section
-	}
-	return os.WriteFile(path, []byte(strings.TrimRight(s, "\n")+"\n"), 0o644)
 }
 
 func run(cmd *exec.Cmd) {
