@@ -20,6 +20,7 @@ type Services struct {
 	Projects         ProjectsService
 	ProviderAccounts ProviderAccountsService
 	Quotas           QuotasService
+	Reservations     ReservationsService
 	SandboxTemplates SandboxTemplatesService
 	SandboxVolumes   SandboxVolumesService
 	Secrets          SecretsService
@@ -54,6 +55,9 @@ func (s *Services) Check() error {
 	}
 	if s.Quotas == nil {
 		return errors.New("group quotas has registered methods and no service")
+	}
+	if s.Reservations == nil {
+		return errors.New("group reservations has registered methods and no service")
 	}
 	if s.Secrets == nil {
 		return errors.New("group secrets has registered methods and no service")
@@ -1557,6 +1561,131 @@ var Methods = []*Method{
 			Type:    "pool",
 		}},
 		Route:        "/quotas/set",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:reservations:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeReservationsCreateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Reserves count units of a flavor in a pool the tenant owns or is offered, from startAt (default now) to endAt (open when left out). With the inline placer it is placed at once and charged to quota, or refused (CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED) leaving nothing behind, unless it is on-demand and spot reservations hold the capacity it needs: they are preempted, each with capacity.spotNoticeMs notice to it and to the daemons running its work, and it waits queued until their capacity comes back. With the pool-lease placer it is queued and the pool's worker places it. wait follows the Waiting convention until it is placed or active. The id derives from tenant, caller and key.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeCapacityUnavailable, CodeQuotaExceeded, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"reservation.created", "reservation.placed", "reservation.active", "reservation.preempting"},
+		FullName:    "reservations.create",
+		Group:       "reservations",
+		Idempotency: &Idempotency{
+			Compare:   []string{"poolId", "flavor", "count", "priority", "startAt", "endAt"},
+			DerivesID: "reservationId",
+			IDPrefix:  "rsv",
+			Key:       "idempotencyKey",
+		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Reservations.Create(ctx, in.(*ReservationsCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v1.1",
+		Resource: &Resource{
+			Attributes: []string{"poolId"},
+			Creates:    "reservation",
+			Draft:      true,
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+		},
+		Route:        "/reservations/create",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:reservations:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeReservationsGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One reservation of the tenant; anything else is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "reservations.get",
+		Group:       "reservations",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Reservations.Get(ctx, in.(*ReservationsGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "reservationId",
+			Type:    "reservation",
+		}},
+		Route:        "/reservations/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:reservations:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeReservationsListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's reservations, newest first, in one pool or one state when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "reservations.list",
+		Group:       "reservations",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Reservations.List(ctx, in.(*ReservationsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/reservations/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:reservations:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeReservationsCancelInput(obj, "", iss)
+			return &in
+		},
+		Description: "Cancels a queued, placed, active or preempting reservation; its capacity and quota come back at once. Cancelling an ended, cancelled, failed or preempted one returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"reservation.cancelled"},
+		FullName:    "reservations.cancel",
+		Group:       "reservations",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Reservations.Cancel(ctx, in.(*ReservationsCancelInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "cancel",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "reservationId",
+			Type:    "reservation",
+		}},
+		Route:        "/reservations/cancel",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

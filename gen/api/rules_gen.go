@@ -49,6 +49,8 @@ var (
 	ShapeNodeId = regexp.MustCompile("^node_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// InstanceId: Instance identifier.
 	ShapeInstanceId = regexp.MustCompile("^inst_[0-9a-hjkmnp-tv-z]{26,52}$")
+	// ReservationId: Reservation identifier.
+	ShapeReservationId = regexp.MustCompile("^rsv_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// IdentityId: Identity identifier.
 	ShapeIdentityId = regexp.MustCompile("^[A-Za-z0-9._:@-]{1,128}$")
 )
@@ -911,6 +913,66 @@ var (
 		HasMin: true,
 		Max:    int64(9007199254740991),
 		Min:    int64(0),
+	}
+	ruleReservationsCreateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleReservationsCreateInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleReservationsCreateInputFlavor = &wire.StringRule{
+		MaxLength: 63,
+		Pattern:   ShapeName63,
+		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
+	}
+	ruleReservationsCreateInputCount = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(64),
+		Min:    int64(1),
+	}
+	ruleReservationsCreateInputPriority       = &wire.StringRule{Enum: []string{"on-demand", "spot"}}
+	ruleReservationsCreateInputStartAt        = &wire.StringRule{}
+	ruleReservationsCreateInputEndAt          = &wire.StringRule{}
+	ruleReservationsCreateInputIdempotencyKey = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
+	}
+	ruleReservationsGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleReservationsGetInputReservationID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeReservationId,
+		Words:     "a reservation id: rsv_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleReservationsListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleReservationsListInputPoolID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapePoolId,
+		Words:     "a pool id: pool_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleReservationsListInputState      = &wire.StringRule{Enum: []string{"queued", "placed", "active", "ended", "cancelled", "failed", "preempting", "preempted"}}
+	ruleReservationsCancelInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleReservationsCancelInputReservationID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeReservationId,
+		Words:     "a reservation id: rsv_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSandboxTemplatesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,

@@ -351,6 +351,11 @@ func decodeOfferQuery(obj map[string]any, path string, iss *wire.Issues) (out Of
 	return
 }
 
+type Operation struct {
+	State      string                 `json:"state"`
+	Conditions []ReservationCondition `json:"conditions"`
+}
+
 // Pool: A set of hosts in one site.
 type Pool struct {
 	PoolID    string  `json:"poolId"`   // Pool identifier.
@@ -461,6 +466,32 @@ type Quota struct {
 }
 type QuotaList struct {
 	Items []Quota `json:"items"` // By pool, tenant and resource.
+}
+type Reservation struct {
+	ReservationID string    `json:"reservationId"` // Reservation identifier.
+	TenantID      string    `json:"tenantId"`      // Tenant identifier.
+	PoolID        string    `json:"poolId"`        // Pool identifier.
+	Flavor        string    `json:"flavor"`        // Lowercase DNS-like name.
+	Count         int64     `json:"count"`
+	Priority      string    `json:"priority"`
+	StartAt       string    `json:"startAt"`
+	EndAt         *string   `json:"endAt"`
+	State         string    `json:"state"`
+	NodeIDs       []string  `json:"nodeIds"` // The nodes its capacity is booked on, once placed.
+	Error         *string   `json:"error"`
+	PreemptAt     *string   `json:"preemptAt"` // When a preempting reservation loses its capacity.
+	Operation     Operation `json:"operation"`
+	CreatedAt     string    `json:"createdAt"`
+	UpdatedAt     string    `json:"updatedAt"`
+}
+type ReservationCondition struct {
+	Type    string `json:"type"`
+	Status  bool   `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+type ReservationList struct {
+	Items []Reservation `json:"items"` // Newest first.
 }
 
 // SandboxTemplate: What a tenant's sandboxes run; name unique among the tenant's live templates.

@@ -670,6 +670,76 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "reservations",
+		Description: "Capacity held ahead of work: count units of a flavor in a pool (on vps-host pools slices of the flavor's size; on metal-host pools whole nodes that fit the flavor), on-demand or spot, over a window [startAt, endAt). States queued -> placed -> active -> ended; cancelled; failed; preempting -> preempted (spot). While placement is pending (the pool-lease placer, or capacity being taken back from spot reservations) the answer carries operation.state running and a Queued condition.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Reserves count units of a flavor in a pool the tenant owns or is offered, from startAt (default now) to endAt (open when left out). With the inline placer it is placed at once and charged to quota, or refused (CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED) leaving nothing behind, unless it is on-demand and spot reservations hold the capacity it needs: they are preempted, each with capacity.spotNoticeMs notice to it and to the daemons running its work, and it waits queued until their capacity comes back. With the pool-lease placer it is queued and the pool's worker places it. wait follows the Waiting convention until it is placed or active. The id derives from tenant, caller and key.",
+				Kind:        "mutation",
+				Action:      "compute:reservations:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "flavor", Field: "flavor", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "count", Field: "count", Type: cliruntime.Int, Default: "1"},
+					{Name: "priority", Field: "priority", Type: cliruntime.String, Enum: []string{"on-demand", "spot"}, Default: "on-demand"},
+					{Name: "start-at", Field: "startAt", Type: cliruntime.String},
+					{Name: "end-at", Field: "endAt", Type: cliruntime.String},
+					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ReservationsCreate(ctx, new(client.ReservationsCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One reservation of the tenant; anything else is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:reservations:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "reservation-id", Field: "reservationId", Type: cliruntime.String, Required: true, Help: "Reservation identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ReservationsGet(ctx, new(client.ReservationsGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The tenant's reservations, newest first, in one pool or one state when asked.",
+				Kind:        "read",
+				Action:      "compute:reservations:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Help: "Pool identifier."},
+					{Name: "state", Field: "state", Type: cliruntime.String, Enum: []string{"queued", "placed", "active", "ended", "cancelled", "failed", "preempting", "preempted"}},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ReservationsList(ctx, new(client.ReservationsListInput))
+					return err
+				},
+			},
+			{
+				Name:        "cancel",
+				Description: "Cancels a queued, placed, active or preempting reservation; its capacity and quota come back at once. Cancelling an ended, cancelled, failed or preempted one returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:reservations:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "reservation-id", Field: "reservationId", Type: cliruntime.String, Required: true, Help: "Reservation identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ReservationsCancel(ctx, new(client.ReservationsCancelInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "secrets",
 		Description: "Write-only secret storage. A secret is named by a reference: secret://tenants/{tenantId}/{name} for scope tenant and secret://fleet/{name} for scope fleet (root tenant only); configs and user data hold references, never values, and no method returns a value.",
 		Methods: []cliruntime.Method{

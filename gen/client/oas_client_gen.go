@@ -31,6 +31,7 @@ type Invoker interface {
 	ProjectsInvoker
 	ProviderAccountsInvoker
 	QuotasInvoker
+	ReservationsInvoker
 	SandboxTemplatesInvoker
 	SandboxVolumesInvoker
 	SecretsInvoker
@@ -676,6 +677,59 @@ type QuotasInvoker interface {
 	//
 	// POST /quotas/set
 	QuotasSet(ctx context.Context, request *QuotasSetInput) (*QuotasSetResult, error)
+}
+
+// ReservationsInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Reservations
+type ReservationsInvoker interface {
+	// ReservationsCancel invokes reservationsCancel operation.
+	//
+	// Cancels a queued, placed, active or preempting reservation; its capacity and quota come back at
+	// once. Cancelling an ended, cancelled, failed or preempted one returns it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:reservations:manage on reservation/reservationId.
+	// Publishes reservation.cancelled. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /reservations/cancel
+	ReservationsCancel(ctx context.Context, request *ReservationsCancelInput) (*ReservationsCancelResult, error)
+	// ReservationsCreate invokes reservationsCreate operation.
+	//
+	// Reserves count units of a flavor in a pool the tenant owns or is offered, from startAt (default now)
+	// to endAt (open when left out). With the inline placer it is placed at once and charged to quota, or
+	// refused (CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED) leaving nothing behind, unless it is on-demand and
+	// spot reservations hold the capacity it needs: they are preempted, each with capacity.spotNoticeMs
+	// notice to it and to the daemons running its work, and it waits queued until their capacity comes
+	// back. With the pool-lease placer it is queued and the pool's worker places it. wait follows the
+	// Waiting convention until it is placed or active. The id derives from tenant, caller and key.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:reservations:manage on tenant/tenantId. Idempotent
+	// under idempotencyKey (a repeat with different poolId, flavor, count, priority, startAt, endAt is
+	// CONFLICT). Publishes reservation.created, reservation.placed, reservation.active,
+	// reservation.preempting. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE
+	// (409), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /reservations/create
+	ReservationsCreate(ctx context.Context, request *ReservationsCreateInput) (*ReservationsCreateResult, error)
+	// ReservationsGet invokes reservationsGet operation.
+	//
+	// One reservation of the tenant; anything else is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: read. Action compute:reservations:read on reservation/reservationId.
+	// Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /reservations/get
+	ReservationsGet(ctx context.Context, request *ReservationsGetInput) (*ReservationsGetResult, error)
+	// ReservationsList invokes reservationsList operation.
+	//
+	// The tenant's reservations, newest first, in one pool or one state when asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:reservations:read on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /reservations/list
+	ReservationsList(ctx context.Context, request *ReservationsListInput) (*ReservationsListResult, error)
 }
 
 // SandboxTemplatesInvoker invokes operations described by OpenAPI v3 specification.
@@ -6219,6 +6273,389 @@ func (c *Client) sendQuotasSet(ctx context.Context, request *QuotasSetInput) (re
 	}()
 
 	result, err := decodeQuotasSetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ReservationsCancel invokes reservationsCancel operation.
+//
+// Cancels a queued, placed, active or preempting reservation; its capacity and quota come back at
+// once. Cancelling an ended, cancelled, failed or preempted one returns it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:reservations:manage on reservation/reservationId.
+// Publishes reservation.cancelled. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /reservations/cancel
+func (c *Client) ReservationsCancel(ctx context.Context, request *ReservationsCancelInput) (*ReservationsCancelResult, error) {
+	res, err := c.sendReservationsCancel(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendReservationsCancel(ctx context.Context, request *ReservationsCancelInput) (res *ReservationsCancelResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/reservations/cancel"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeReservationsCancelRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ReservationsCancelOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ReservationsCancelOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeReservationsCancelResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ReservationsCreate invokes reservationsCreate operation.
+//
+// Reserves count units of a flavor in a pool the tenant owns or is offered, from startAt (default now)
+// to endAt (open when left out). With the inline placer it is placed at once and charged to quota, or
+// refused (CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED) leaving nothing behind, unless it is on-demand and
+// spot reservations hold the capacity it needs: they are preempted, each with capacity.spotNoticeMs
+// notice to it and to the daemons running its work, and it waits queued until their capacity comes
+// back. With the pool-lease placer it is queued and the pool's worker places it. wait follows the
+// Waiting convention until it is placed or active. The id derives from tenant, caller and key.
+//
+// Served since v1.1. Kind: mutation. Action compute:reservations:manage on tenant/tenantId. Idempotent
+// under idempotencyKey (a repeat with different poolId, flavor, count, priority, startAt, endAt is
+// CONFLICT). Publishes reservation.created, reservation.placed, reservation.active,
+// reservation.preempting. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE
+// (409), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /reservations/create
+func (c *Client) ReservationsCreate(ctx context.Context, request *ReservationsCreateInput) (*ReservationsCreateResult, error) {
+	res, err := c.sendReservationsCreate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendReservationsCreate(ctx context.Context, request *ReservationsCreateInput) (res *ReservationsCreateResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/reservations/create"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeReservationsCreateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ReservationsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ReservationsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeReservationsCreateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ReservationsGet invokes reservationsGet operation.
+//
+// One reservation of the tenant; anything else is NOT_FOUND.
+//
+// Served since v1.1. Kind: read. Action compute:reservations:read on reservation/reservationId.
+// Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /reservations/get
+func (c *Client) ReservationsGet(ctx context.Context, request *ReservationsGetInput) (*ReservationsGetResult, error) {
+	res, err := c.sendReservationsGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendReservationsGet(ctx context.Context, request *ReservationsGetInput) (res *ReservationsGetResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/reservations/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeReservationsGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ReservationsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ReservationsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeReservationsGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ReservationsList invokes reservationsList operation.
+//
+// The tenant's reservations, newest first, in one pool or one state when asked.
+//
+// Served since v1.1. Kind: read. Action compute:reservations:read on tenant/tenantId. Errors:
+// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /reservations/list
+func (c *Client) ReservationsList(ctx context.Context, request *ReservationsListInput) (*ReservationsListResult, error) {
+	res, err := c.sendReservationsList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendReservationsList(ctx context.Context, request *ReservationsListInput) (res *ReservationsListResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/reservations/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeReservationsListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ReservationsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ReservationsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeReservationsListResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -83,6 +83,18 @@ func (s *ProjectsCreateInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *ReservationsCreateInput) setDefaults() {
+	{
+		val := int64(1)
+		s.Count.SetTo(val)
+	}
+	{
+		val := ReservationsCreateInputPriority("on-demand")
+		s.Priority.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *SandboxTemplatesCreateInput) setDefaults() {
 	{
 		val := int64(3600)

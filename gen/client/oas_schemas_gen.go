@@ -4000,6 +4000,80 @@ func (s *OfferQueryKind) UnmarshalText(data []byte) error {
 	}
 }
 
+// Ref: #/components/schemas/Operation
+type Operation struct {
+	Conditions []ReservationCondition `json:"conditions"`
+	State      OperationState         `json:"state"`
+}
+
+// GetConditions returns the value of Conditions.
+func (s *Operation) GetConditions() []ReservationCondition {
+	return s.Conditions
+}
+
+// GetState returns the value of State.
+func (s *Operation) GetState() OperationState {
+	return s.State
+}
+
+// SetConditions sets the value of Conditions.
+func (s *Operation) SetConditions(val []ReservationCondition) {
+	s.Conditions = val
+}
+
+// SetState sets the value of State.
+func (s *Operation) SetState(val OperationState) {
+	s.State = val
+}
+
+type OperationState string
+
+const (
+	OperationStateRunning   OperationState = "running"
+	OperationStateSucceeded OperationState = "succeeded"
+	OperationStateFailed    OperationState = "failed"
+)
+
+// AllValues returns all OperationState values.
+func (OperationState) AllValues() []OperationState {
+	return []OperationState{
+		OperationStateRunning,
+		OperationStateSucceeded,
+		OperationStateFailed,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s OperationState) MarshalText() ([]byte, error) {
+	switch s {
+	case OperationStateRunning:
+		return []byte(s), nil
+	case OperationStateSucceeded:
+		return []byte(s), nil
+	case OperationStateFailed:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *OperationState) UnmarshalText(data []byte) error {
+	switch OperationState(data) {
+	case OperationStateRunning:
+		*s = OperationStateRunning
+		return nil
+	case OperationStateSucceeded:
+		*s = OperationStateSucceeded
+		return nil
+	case OperationStateFailed:
+		*s = OperationStateFailed
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
 // NewOptBool returns new OptBool with value set to v.
 func NewOptBool(v bool) OptBool {
 	return OptBool{
@@ -4040,6 +4114,52 @@ func (o OptBool) Get() (v bool, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptBool) Or(d bool) bool {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptDateTime returns new OptDateTime with value set to v.
+func NewOptDateTime(v time.Time) OptDateTime {
+	return OptDateTime{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptDateTime is optional time.Time.
+type OptDateTime struct {
+	Value time.Time
+	Set   bool
+}
+
+// IsSet returns true if OptDateTime was set.
+func (o OptDateTime) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptDateTime) Reset() {
+	var v time.Time
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptDateTime) SetTo(v time.Time) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptDateTime) Get() (v time.Time, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptDateTime) Or(d time.Time) time.Time {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -4706,6 +4826,98 @@ func (o OptProfilesUpdateInputVisibility) Get() (v ProfilesUpdateInputVisibility
 
 // Or returns value if set, or given parameter if does not.
 func (o OptProfilesUpdateInputVisibility) Or(d ProfilesUpdateInputVisibility) ProfilesUpdateInputVisibility {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptReservationsCreateInputPriority returns new OptReservationsCreateInputPriority with value set to v.
+func NewOptReservationsCreateInputPriority(v ReservationsCreateInputPriority) OptReservationsCreateInputPriority {
+	return OptReservationsCreateInputPriority{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptReservationsCreateInputPriority is optional ReservationsCreateInputPriority.
+type OptReservationsCreateInputPriority struct {
+	Value ReservationsCreateInputPriority
+	Set   bool
+}
+
+// IsSet returns true if OptReservationsCreateInputPriority was set.
+func (o OptReservationsCreateInputPriority) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptReservationsCreateInputPriority) Reset() {
+	var v ReservationsCreateInputPriority
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptReservationsCreateInputPriority) SetTo(v ReservationsCreateInputPriority) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptReservationsCreateInputPriority) Get() (v ReservationsCreateInputPriority, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptReservationsCreateInputPriority) Or(d ReservationsCreateInputPriority) ReservationsCreateInputPriority {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptReservationsListInputState returns new OptReservationsListInputState with value set to v.
+func NewOptReservationsListInputState(v ReservationsListInputState) OptReservationsListInputState {
+	return OptReservationsListInputState{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptReservationsListInputState is optional ReservationsListInputState.
+type OptReservationsListInputState struct {
+	Value ReservationsListInputState
+	Set   bool
+}
+
+// IsSet returns true if OptReservationsListInputState was set.
+func (o OptReservationsListInputState) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptReservationsListInputState) Reset() {
+	var v ReservationsListInputState
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptReservationsListInputState) SetTo(v ReservationsListInputState) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptReservationsListInputState) Get() (v ReservationsListInputState, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptReservationsListInputState) Or(d ReservationsListInputState) ReservationsListInputState {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -8765,6 +8977,765 @@ func (s *QuotasSetResult) GetData() Quota {
 
 // SetData sets the value of Data.
 func (s *QuotasSetResult) SetData(val Quota) {
+	s.Data = val
+}
+
+// Ref: #/components/schemas/Reservation
+type Reservation struct {
+	Count     int64       `json:"count"`
+	CreatedAt time.Time   `json:"createdAt"`
+	EndAt     NilDateTime `json:"endAt"`
+	Error     NilString   `json:"error"`
+	// Lowercase DNS-like name.
+	Flavor string `json:"flavor"`
+	// The nodes its capacity is booked on, once placed.
+	NodeIds   []string  `json:"nodeIds"`
+	Operation Operation `json:"operation"`
+	// Pool identifier.
+	PoolId string `json:"poolId"`
+	// When a preempting reservation loses its capacity.
+	PreemptAt NilDateTime         `json:"preemptAt"`
+	Priority  ReservationPriority `json:"priority"`
+	// Reservation identifier.
+	ReservationId string           `json:"reservationId"`
+	StartAt       time.Time        `json:"startAt"`
+	State         ReservationState `json:"state"`
+	// Tenant identifier.
+	TenantId  string    `json:"tenantId"`
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+// GetCount returns the value of Count.
+func (s *Reservation) GetCount() int64 {
+	return s.Count
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Reservation) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetEndAt returns the value of EndAt.
+func (s *Reservation) GetEndAt() NilDateTime {
+	return s.EndAt
+}
+
+// GetError returns the value of Error.
+func (s *Reservation) GetError() NilString {
+	return s.Error
+}
+
+// GetFlavor returns the value of Flavor.
+func (s *Reservation) GetFlavor() string {
+	return s.Flavor
+}
+
+// GetNodeIds returns the value of NodeIds.
+func (s *Reservation) GetNodeIds() []string {
+	return s.NodeIds
+}
+
+// GetOperation returns the value of Operation.
+func (s *Reservation) GetOperation() Operation {
+	return s.Operation
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *Reservation) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetPreemptAt returns the value of PreemptAt.
+func (s *Reservation) GetPreemptAt() NilDateTime {
+	return s.PreemptAt
+}
+
+// GetPriority returns the value of Priority.
+func (s *Reservation) GetPriority() ReservationPriority {
+	return s.Priority
+}
+
+// GetReservationId returns the value of ReservationId.
+func (s *Reservation) GetReservationId() string {
+	return s.ReservationId
+}
+
+// GetStartAt returns the value of StartAt.
+func (s *Reservation) GetStartAt() time.Time {
+	return s.StartAt
+}
+
+// GetState returns the value of State.
+func (s *Reservation) GetState() ReservationState {
+	return s.State
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Reservation) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *Reservation) GetUpdatedAt() time.Time {
+	return s.UpdatedAt
+}
+
+// SetCount sets the value of Count.
+func (s *Reservation) SetCount(val int64) {
+	s.Count = val
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Reservation) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetEndAt sets the value of EndAt.
+func (s *Reservation) SetEndAt(val NilDateTime) {
+	s.EndAt = val
+}
+
+// SetError sets the value of Error.
+func (s *Reservation) SetError(val NilString) {
+	s.Error = val
+}
+
+// SetFlavor sets the value of Flavor.
+func (s *Reservation) SetFlavor(val string) {
+	s.Flavor = val
+}
+
+// SetNodeIds sets the value of NodeIds.
+func (s *Reservation) SetNodeIds(val []string) {
+	s.NodeIds = val
+}
+
+// SetOperation sets the value of Operation.
+func (s *Reservation) SetOperation(val Operation) {
+	s.Operation = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *Reservation) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetPreemptAt sets the value of PreemptAt.
+func (s *Reservation) SetPreemptAt(val NilDateTime) {
+	s.PreemptAt = val
+}
+
+// SetPriority sets the value of Priority.
+func (s *Reservation) SetPriority(val ReservationPriority) {
+	s.Priority = val
+}
+
+// SetReservationId sets the value of ReservationId.
+func (s *Reservation) SetReservationId(val string) {
+	s.ReservationId = val
+}
+
+// SetStartAt sets the value of StartAt.
+func (s *Reservation) SetStartAt(val time.Time) {
+	s.StartAt = val
+}
+
+// SetState sets the value of State.
+func (s *Reservation) SetState(val ReservationState) {
+	s.State = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Reservation) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *Reservation) SetUpdatedAt(val time.Time) {
+	s.UpdatedAt = val
+}
+
+// Ref: #/components/schemas/ReservationCondition
+type ReservationCondition struct {
+	Message string `json:"message"`
+	Reason  string `json:"reason"`
+	Status  bool   `json:"status"`
+	Type    string `json:"type"`
+}
+
+// GetMessage returns the value of Message.
+func (s *ReservationCondition) GetMessage() string {
+	return s.Message
+}
+
+// GetReason returns the value of Reason.
+func (s *ReservationCondition) GetReason() string {
+	return s.Reason
+}
+
+// GetStatus returns the value of Status.
+func (s *ReservationCondition) GetStatus() bool {
+	return s.Status
+}
+
+// GetType returns the value of Type.
+func (s *ReservationCondition) GetType() string {
+	return s.Type
+}
+
+// SetMessage sets the value of Message.
+func (s *ReservationCondition) SetMessage(val string) {
+	s.Message = val
+}
+
+// SetReason sets the value of Reason.
+func (s *ReservationCondition) SetReason(val string) {
+	s.Reason = val
+}
+
+// SetStatus sets the value of Status.
+func (s *ReservationCondition) SetStatus(val bool) {
+	s.Status = val
+}
+
+// SetType sets the value of Type.
+func (s *ReservationCondition) SetType(val string) {
+	s.Type = val
+}
+
+// Ref: #/components/schemas/ReservationList
+type ReservationList struct {
+	// Newest first.
+	Items []Reservation `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *ReservationList) GetItems() []Reservation {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *ReservationList) SetItems(val []Reservation) {
+	s.Items = val
+}
+
+type ReservationPriority string
+
+const (
+	ReservationPriorityOnDemand ReservationPriority = "on-demand"
+	ReservationPrioritySpot     ReservationPriority = "spot"
+)
+
+// AllValues returns all ReservationPriority values.
+func (ReservationPriority) AllValues() []ReservationPriority {
+	return []ReservationPriority{
+		ReservationPriorityOnDemand,
+		ReservationPrioritySpot,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s ReservationPriority) MarshalText() ([]byte, error) {
+	switch s {
+	case ReservationPriorityOnDemand:
+		return []byte(s), nil
+	case ReservationPrioritySpot:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *ReservationPriority) UnmarshalText(data []byte) error {
+	switch ReservationPriority(data) {
+	case ReservationPriorityOnDemand:
+		*s = ReservationPriorityOnDemand
+		return nil
+	case ReservationPrioritySpot:
+		*s = ReservationPrioritySpot
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+type ReservationState string
+
+const (
+	ReservationStateQueued     ReservationState = "queued"
+	ReservationStatePlaced     ReservationState = "placed"
+	ReservationStateActive     ReservationState = "active"
+	ReservationStateEnded      ReservationState = "ended"
+	ReservationStateCancelled  ReservationState = "cancelled"
+	ReservationStateFailed     ReservationState = "failed"
+	ReservationStatePreempting ReservationState = "preempting"
+	ReservationStatePreempted  ReservationState = "preempted"
+)
+
+// AllValues returns all ReservationState values.
+func (ReservationState) AllValues() []ReservationState {
+	return []ReservationState{
+		ReservationStateQueued,
+		ReservationStatePlaced,
+		ReservationStateActive,
+		ReservationStateEnded,
+		ReservationStateCancelled,
+		ReservationStateFailed,
+		ReservationStatePreempting,
+		ReservationStatePreempted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s ReservationState) MarshalText() ([]byte, error) {
+	switch s {
+	case ReservationStateQueued:
+		return []byte(s), nil
+	case ReservationStatePlaced:
+		return []byte(s), nil
+	case ReservationStateActive:
+		return []byte(s), nil
+	case ReservationStateEnded:
+		return []byte(s), nil
+	case ReservationStateCancelled:
+		return []byte(s), nil
+	case ReservationStateFailed:
+		return []byte(s), nil
+	case ReservationStatePreempting:
+		return []byte(s), nil
+	case ReservationStatePreempted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *ReservationState) UnmarshalText(data []byte) error {
+	switch ReservationState(data) {
+	case ReservationStateQueued:
+		*s = ReservationStateQueued
+		return nil
+	case ReservationStatePlaced:
+		*s = ReservationStatePlaced
+		return nil
+	case ReservationStateActive:
+		*s = ReservationStateActive
+		return nil
+	case ReservationStateEnded:
+		*s = ReservationStateEnded
+		return nil
+	case ReservationStateCancelled:
+		*s = ReservationStateCancelled
+		return nil
+	case ReservationStateFailed:
+		*s = ReservationStateFailed
+		return nil
+	case ReservationStatePreempting:
+		*s = ReservationStatePreempting
+		return nil
+	case ReservationStatePreempted:
+		*s = ReservationStatePreempted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Input of reservations.cancel. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/ReservationsCancelInput
+type ReservationsCancelInput struct {
+	// Reservation identifier.
+	ReservationId string `json:"reservationId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetReservationId returns the value of ReservationId.
+func (s *ReservationsCancelInput) GetReservationId() string {
+	return s.ReservationId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ReservationsCancelInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetReservationId sets the value of ReservationId.
+func (s *ReservationsCancelInput) SetReservationId(val string) {
+	s.ReservationId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ReservationsCancelInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of reservations.cancel.
+// Ref: #/components/schemas/ReservationsCancelResult
+type ReservationsCancelResult struct {
+	Data Reservation `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ReservationsCancelResult) GetData() Reservation {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ReservationsCancelResult) SetData(val Reservation) {
+	s.Data = val
+}
+
+// Input of reservations.create. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/ReservationsCreateInput
+type ReservationsCreateInput struct {
+	Count OptInt64    `json:"count"`
+	EndAt OptDateTime `json:"endAt"`
+	// Lowercase DNS-like name.
+	Flavor string `json:"flavor"`
+	// Idempotency key (wide alphabet).
+	IdempotencyKey string `json:"idempotencyKey"`
+	// Pool identifier.
+	PoolId   string                             `json:"poolId"`
+	Priority OptReservationsCreateInputPriority `json:"priority"`
+	StartAt  OptDateTime                        `json:"startAt"`
+	// Tenant identifier.
+	TenantId string  `json:"tenantId"`
+	Wait     OptWait `json:"wait"`
+}
+
+// GetCount returns the value of Count.
+func (s *ReservationsCreateInput) GetCount() OptInt64 {
+	return s.Count
+}
+
+// GetEndAt returns the value of EndAt.
+func (s *ReservationsCreateInput) GetEndAt() OptDateTime {
+	return s.EndAt
+}
+
+// GetFlavor returns the value of Flavor.
+func (s *ReservationsCreateInput) GetFlavor() string {
+	return s.Flavor
+}
+
+// GetIdempotencyKey returns the value of IdempotencyKey.
+func (s *ReservationsCreateInput) GetIdempotencyKey() string {
+	return s.IdempotencyKey
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *ReservationsCreateInput) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetPriority returns the value of Priority.
+func (s *ReservationsCreateInput) GetPriority() OptReservationsCreateInputPriority {
+	return s.Priority
+}
+
+// GetStartAt returns the value of StartAt.
+func (s *ReservationsCreateInput) GetStartAt() OptDateTime {
+	return s.StartAt
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ReservationsCreateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWait returns the value of Wait.
+func (s *ReservationsCreateInput) GetWait() OptWait {
+	return s.Wait
+}
+
+// SetCount sets the value of Count.
+func (s *ReservationsCreateInput) SetCount(val OptInt64) {
+	s.Count = val
+}
+
+// SetEndAt sets the value of EndAt.
+func (s *ReservationsCreateInput) SetEndAt(val OptDateTime) {
+	s.EndAt = val
+}
+
+// SetFlavor sets the value of Flavor.
+func (s *ReservationsCreateInput) SetFlavor(val string) {
+	s.Flavor = val
+}
+
+// SetIdempotencyKey sets the value of IdempotencyKey.
+func (s *ReservationsCreateInput) SetIdempotencyKey(val string) {
+	s.IdempotencyKey = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *ReservationsCreateInput) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetPriority sets the value of Priority.
+func (s *ReservationsCreateInput) SetPriority(val OptReservationsCreateInputPriority) {
+	s.Priority = val
+}
+
+// SetStartAt sets the value of StartAt.
+func (s *ReservationsCreateInput) SetStartAt(val OptDateTime) {
+	s.StartAt = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ReservationsCreateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWait sets the value of Wait.
+func (s *ReservationsCreateInput) SetWait(val OptWait) {
+	s.Wait = val
+}
+
+type ReservationsCreateInputPriority string
+
+const (
+	ReservationsCreateInputPriorityOnDemand ReservationsCreateInputPriority = "on-demand"
+	ReservationsCreateInputPrioritySpot     ReservationsCreateInputPriority = "spot"
+)
+
+// AllValues returns all ReservationsCreateInputPriority values.
+func (ReservationsCreateInputPriority) AllValues() []ReservationsCreateInputPriority {
+	return []ReservationsCreateInputPriority{
+		ReservationsCreateInputPriorityOnDemand,
+		ReservationsCreateInputPrioritySpot,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s ReservationsCreateInputPriority) MarshalText() ([]byte, error) {
+	switch s {
+	case ReservationsCreateInputPriorityOnDemand:
+		return []byte(s), nil
+	case ReservationsCreateInputPrioritySpot:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *ReservationsCreateInputPriority) UnmarshalText(data []byte) error {
+	switch ReservationsCreateInputPriority(data) {
+	case ReservationsCreateInputPriorityOnDemand:
+		*s = ReservationsCreateInputPriorityOnDemand
+		return nil
+	case ReservationsCreateInputPrioritySpot:
+		*s = ReservationsCreateInputPrioritySpot
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of reservations.create.
+// Ref: #/components/schemas/ReservationsCreateResult
+type ReservationsCreateResult struct {
+	Data Reservation `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ReservationsCreateResult) GetData() Reservation {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ReservationsCreateResult) SetData(val Reservation) {
+	s.Data = val
+}
+
+// Input of reservations.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ReservationsGetInput
+type ReservationsGetInput struct {
+	// Reservation identifier.
+	ReservationId string `json:"reservationId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetReservationId returns the value of ReservationId.
+func (s *ReservationsGetInput) GetReservationId() string {
+	return s.ReservationId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ReservationsGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetReservationId sets the value of ReservationId.
+func (s *ReservationsGetInput) SetReservationId(val string) {
+	s.ReservationId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ReservationsGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of reservations.get.
+// Ref: #/components/schemas/ReservationsGetResult
+type ReservationsGetResult struct {
+	Data Reservation `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ReservationsGetResult) GetData() Reservation {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ReservationsGetResult) SetData(val Reservation) {
+	s.Data = val
+}
+
+// Input of reservations.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/ReservationsListInput
+type ReservationsListInput struct {
+	// Pool identifier.
+	PoolId OptString                     `json:"poolId"`
+	State  OptReservationsListInputState `json:"state"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *ReservationsListInput) GetPoolId() OptString {
+	return s.PoolId
+}
+
+// GetState returns the value of State.
+func (s *ReservationsListInput) GetState() OptReservationsListInputState {
+	return s.State
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ReservationsListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *ReservationsListInput) SetPoolId(val OptString) {
+	s.PoolId = val
+}
+
+// SetState sets the value of State.
+func (s *ReservationsListInput) SetState(val OptReservationsListInputState) {
+	s.State = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ReservationsListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+type ReservationsListInputState string
+
+const (
+	ReservationsListInputStateQueued     ReservationsListInputState = "queued"
+	ReservationsListInputStatePlaced     ReservationsListInputState = "placed"
+	ReservationsListInputStateActive     ReservationsListInputState = "active"
+	ReservationsListInputStateEnded      ReservationsListInputState = "ended"
+	ReservationsListInputStateCancelled  ReservationsListInputState = "cancelled"
+	ReservationsListInputStateFailed     ReservationsListInputState = "failed"
+	ReservationsListInputStatePreempting ReservationsListInputState = "preempting"
+	ReservationsListInputStatePreempted  ReservationsListInputState = "preempted"
+)
+
+// AllValues returns all ReservationsListInputState values.
+func (ReservationsListInputState) AllValues() []ReservationsListInputState {
+	return []ReservationsListInputState{
+		ReservationsListInputStateQueued,
+		ReservationsListInputStatePlaced,
+		ReservationsListInputStateActive,
+		ReservationsListInputStateEnded,
+		ReservationsListInputStateCancelled,
+		ReservationsListInputStateFailed,
+		ReservationsListInputStatePreempting,
+		ReservationsListInputStatePreempted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s ReservationsListInputState) MarshalText() ([]byte, error) {
+	switch s {
+	case ReservationsListInputStateQueued:
+		return []byte(s), nil
+	case ReservationsListInputStatePlaced:
+		return []byte(s), nil
+	case ReservationsListInputStateActive:
+		return []byte(s), nil
+	case ReservationsListInputStateEnded:
+		return []byte(s), nil
+	case ReservationsListInputStateCancelled:
+		return []byte(s), nil
+	case ReservationsListInputStateFailed:
+		return []byte(s), nil
+	case ReservationsListInputStatePreempting:
+		return []byte(s), nil
+	case ReservationsListInputStatePreempted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *ReservationsListInputState) UnmarshalText(data []byte) error {
+	switch ReservationsListInputState(data) {
+	case ReservationsListInputStateQueued:
+		*s = ReservationsListInputStateQueued
+		return nil
+	case ReservationsListInputStatePlaced:
+		*s = ReservationsListInputStatePlaced
+		return nil
+	case ReservationsListInputStateActive:
+		*s = ReservationsListInputStateActive
+		return nil
+	case ReservationsListInputStateEnded:
+		*s = ReservationsListInputStateEnded
+		return nil
+	case ReservationsListInputStateCancelled:
+		*s = ReservationsListInputStateCancelled
+		return nil
+	case ReservationsListInputStateFailed:
+		*s = ReservationsListInputStateFailed
+		return nil
+	case ReservationsListInputStatePreempting:
+		*s = ReservationsListInputStatePreempting
+		return nil
+	case ReservationsListInputStatePreempted:
+		*s = ReservationsListInputStatePreempted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of reservations.list.
+// Ref: #/components/schemas/ReservationsListResult
+type ReservationsListResult struct {
+	Data ReservationList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ReservationsListResult) GetData() ReservationList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ReservationsListResult) SetData(val ReservationList) {
 	s.Data = val
 }
 

@@ -371,6 +371,28 @@ type Quota struct {
 	UpdatedAt time.Time
 }
 
+type Reservation struct {
+	ReservationID        string
+	TenantID             string
+	PoolID               string
+	Flavor               string
+	Count                int32
+	Priority             string
+	Whole                bool
+	StartAt              time.Time
+	EndAt                *time.Time
+	State                string
+	Error                pgtype.Text
+	PlacementItems       []string
+	WaitingForPreemption bool
+	Attempts             int32
+	PreemptAt            *time.Time
+	CreatedBy            string
+	IdemRequest          []byte
+	CreatedAt            time.Time
+	UpdatedAt            time.Time
+}
+
 type Revocation struct {
 	Kind      string
 	Value     string

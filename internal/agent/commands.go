@@ -65,6 +65,12 @@ func (a *Agent) run(c *agentproto.Command) (json.RawMessage, error) {
 	switch c.Kind {
 	case agentproto.CommandEcho:
 		return c.Args, nil
+	case agentproto.CommandNotice:
+		// Kept where workloads and operators read them: notices/<id>.json.
+		if err := os.MkdirAll(a.dir.path("notices"), 0o700); err != nil {
+			return nil, err
+		}
+		return json.RawMessage(`{"kept":true}`), writeFileAtomic(a.dir.path("notices/"+c.ID+".json"), c.Args, 0o600)
 	case agentproto.CommandInventory:
 		inv := a.inventory()
 		a.pendingInventory.Store(&inv)

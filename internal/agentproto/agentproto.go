@@ -229,6 +229,10 @@ type Status struct {
 const (
 	CommandEcho      = "echo"      // answers its args: a round trip through the daemon
 	CommandInventory = "inventory" // re-reads and reports the host's inventory
+	// CommandNotice tells the daemon that work on its node loses its
+	// capacity at a deadline (a spot reservation preempted): the daemon
+	// keeps it for the workloads to read.
+	CommandNotice = "notice"
 )
 
 // Command is one signed instruction. It is executed at most once per ID:

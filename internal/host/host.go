@@ -40,6 +40,7 @@ import (
 	"computeplane/internal/pools"
 	"computeplane/internal/projects"
 	"computeplane/internal/quotas"
+	"computeplane/internal/reservations"
 	"computeplane/internal/rpc"
 	"computeplane/internal/secrets"
 	"computeplane/internal/server"
@@ -145,23 +146,26 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	}
 	placer := placement.New(placement.OptionsFrom(cfg))
 	imageSource := images.FromConfig(cfg.Images)
+	rsvService := &reservations.Service{Placer: placer, Store: st, PlacerKind: cfg.Capacity.Placer,
+		SpotNotice: time.Duration(cfg.Capacity.SpotNoticeMs) * time.Millisecond}
 	services := &api.Services{
 		System: sys,
 		Sites: sites.New(cfg.RootTenantID, cursors, pools.SiteReferences).OnDelete(func(ctx context.Context, tx pgx.Tx, site string) error {
 			_, err := join.RevokeSite(ctx, tx, site)
 			return err
 		}),
-		Pools:     pools.New(cfg.RootTenantID).WithPKI(bundle),
-		Flavors:   flavors.Service{},
-		Quotas:    quotas.Service{},
-		Nodes:     nodes.Service{},
-		Projects:  projects.Service{},
-		Usage:     usage.Service{Cursors: cursors},
-		Images:    images.Service{Source: imageSource},
-		Instances: &instances.Service{Placer: placer, Images: imageSource, Store: st},
-		Secrets:   secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
-		Events:    events.New(cursors),
-		Webhooks:  webhooks.New(webhooks.OptionsFrom(cfg)),
+		Pools:        pools.New(cfg.RootTenantID).WithPKI(bundle),
+		Flavors:      flavors.Service{},
+		Quotas:       quotas.Service{},
+		Nodes:        nodes.Service{},
+		Projects:     projects.Service{},
+		Usage:        usage.Service{Cursors: cursors},
+		Images:       images.Service{Source: imageSource},
+		Instances:    &instances.Service{Placer: placer, Images: imageSource, Store: st},
+		Reservations: rsvService,
+		Secrets:      secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
+		Events:       events.New(cursors),
+		Webhooks:     webhooks.New(webhooks.OptionsFrom(cfg)),
 	}
 	sys.WithChecks(
 		system.CatalogCheck(services),
@@ -294,6 +298,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		}
 		sweeper := &gateway.Sweeper{Store: work, Notifier: notifier, DownAfter: downAfter, Log: log}
 		runner.RegisterSingleton(gateway.SweeperJob, sweeper.Run)
+		rsv := &reservations.Job{Service: rsvService, Store: work, Notifier: notifier,
+			MaxAttempts: cfg.Capacity.MaxAttempts, Log: log}
+		runner.RegisterSingleton(reservations.JobName, rsv.Run)
 	}
 	// The gateway role refuses to start (INVALID_CONFIG) without a region,
 	// node CA roots or a trust domain, before any listener opens.
