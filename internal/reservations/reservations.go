@@ -529,4 +529,3 @@ func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Reservation, w
 	})
 	return out, nil
 }
-
