@@ -79,6 +79,7 @@ type Host struct {
 	workers  *workers.Runner // nil without a worker role
 	placer   *placement.Engine
 	gateway  *gateway.Gateway // nil without the gateway role
+	queue    *placement.Queue // the pool-lease placer's reconciler, nil without it
 	siblings []*store.Store   // the connection pools beside the store's, closed with it
 }
 
@@ -262,13 +263,16 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if slices.ContainsFunc(workerRoles, cfg.HasRole) {
 		runner = workers.New(leases, workers.Options{Workers: cfg.Workers, Log: log})
 	}
+	var placeQueue *placement.Queue
 	if runner != nil && cfg.HasRole(config.RoleScheduler) && cfg.Capacity.Placer == config.PlacerPoolLease {
-		runner.RegisterReconciler(placement.ReconcilerName, &placement.Queue{
+		queue := &placement.Queue{
 			Engine: placer, Store: work, MaxBatch: cfg.Capacity.MaxBatch,
 			WithTx: func(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 				return work.WithTx(ctx, false, fn)
 			},
-		})
+		}
+		runner.RegisterReconciler(placement.ReconcilerName, queue)
+		placeQueue = queue
 	}
 	if runner != nil && cfg.HasRole(config.RoleControllers) {
 		runner.RegisterReconciler(usage.RollupReconciler, &usage.Rollups{Store: work, Now: time.Now})
@@ -350,7 +354,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	handler = iam.WithSourceIP(cfg.TrustedProxies, handler)
 	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: identity, caches: cached, watch: watch,
 		sinks: sinkList, dispatch: dispatch,
-		notifier: notifier, workers: runner, siblings: siblings, placer: placer, gateway: gwRole,
+		notifier: notifier, workers: runner, siblings: siblings, placer: placer, gateway: gwRole, queue: placeQueue,
 	}, nil
 }
 
@@ -480,6 +484,26 @@ func (h *Host) Serve(ctx context.Context) error {
 			defer cancel()
 			if err := h.workers.Stop(sctx); err != nil {
 				h.log.Warn("workers stop", "error", err.Error())
+			}
+		}()
+	}
+	if h.queue != nil {
+		// A queued admission is placed at once by the worker holding its
+		// pool's shard (in whichever process), not at the next resync.
+		go func() {
+			wake, stop := h.notifier.Subscribe(placement.TopicQueued)
+			defer stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-wake:
+					kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					if err := h.queue.Kick(kctx, h.workers.Enqueue); err != nil {
+						h.log.Warn("placement kick", "error", err.Error())
+					}
+					cancel()
+				}
 			}
 		}()
 	}

@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,97 +16,31 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"computeplane/computeclient"
 	"computeplane/gen/client"
-	"computeplane/internal/config"
-	"computeplane/internal/dbtest"
-	"computeplane/internal/pki"
-	"computeplane/internal/proctest"
+	"computeplane/internal/fleettest"
 	"computeplane/internal/qemu/qemutest"
-	"computeplane/internal/testenv"
 )
 
 type world struct {
-	t        *testing.T
-	c        *computeclient.Client
-	db       *pgxpool.Pool
-	agentBin string
-	agentDir string
-	agent    *proctest.Process
-	poolID   string
-	node     string
-}
-
-func (w *world) runAgent() {
-	w.agent = proctest.Start(w.t, "agent", w.agentBin, proctest.ChildEnv(nil), "run", "--dir", w.agentDir,
-		"--runtime", "qemu", "--accel", "tcg", "--vcpu", "4", "--memory-mib", "4096", "--disk-gib", "20")
+	*fleettest.Fleet
+	t      *testing.T
+	c      *computeclient.Client
+	agent  *fleettest.Agent
+	poolID string
+	node   string
 }
 
 func setup(t *testing.T) *world {
 	im := qemutest.Image(t)
-	dbURL := dbtest.URL(t)
-	dir := t.TempDir()
-	computed := proctest.Build(t, "computeplane/cmd/computed")
-	w := &world{t: t, agentBin: proctest.Build(t, "computeplane/cmd/compute-agent")}
-	pkiFile := filepath.Join(dir, "pki.json")
-	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "vm.local")
-	require.NoError(t, err)
-	port, gwPort := testenv.FreePort(t), testenv.FreePort(t)
-	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000}\nimages: {dir: %q}\n",
-		gwPort, gwPort, filepath.Dir(filepath.Dir(im.Location))))
-	env := proctest.ChildEnv(map[string]string{
-		"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile, "SERVICE_CONFIG": cfg,
-		"SERVICE_BASE_URL": fmt.Sprintf("http://127.0.0.1:%d", port), "HOST": "127.0.0.1", "PORT": strconv.Itoa(port),
-	})
-	p := proctest.Start(t, "computed", computed, env, "serve")
-	p.WaitHealthy(t, fmt.Sprintf("127.0.0.1:%d", port))
-	key := proctest.CreateKey(t, computed, env, "acme", "ops", "owner")
-	w.c, err = computeclient.New(fmt.Sprintf("http://127.0.0.1:%d%s", port, config.DefaultBasePath),
-		computeclient.WithToken(key), computeclient.WithHTTPClient(&http.Client{Timeout: 60 * time.Second}))
-	require.NoError(t, err)
-	w.db, err = pgxpool.New(t.Context(), dbURL)
-	require.NoError(t, err)
-	t.Cleanup(w.db.Close)
-
-	site, err := w.c.SitesCreate(t.Context(), &client.SitesCreateInput{TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu", IdempotencyKey: "s"})
-	require.NoError(t, err)
-	pool, err := w.c.PoolsCreate(t.Context(), &client.PoolsCreateInput{TenantId: "acme", SiteId: site.Data.SiteId, Name: "vms",
-		Class: client.PoolsCreateInputClassVpsHost, IdempotencyKey: "p"})
-	require.NoError(t, err)
-	w.poolID = pool.Data.PoolId
-	_, err = w.c.FlavorsCreate(t.Context(), &client.FlavorsCreateInput{TenantId: "acme", PoolId: w.poolID, Name: "small", Vcpu: 1, MemoryMiB: 256,
-		DiskGiB: client.NewOptInt64(1)})
-	require.NoError(t, err)
-	tok, err := w.c.PoolsJoinToken(t.Context(), &client.PoolsJoinTokenInput{TenantId: "acme", PoolId: w.poolID})
-	require.NoError(t, err)
-	w.agentDir, err = os.MkdirTemp("", "agent") // short: unix socket paths under it
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		// The VMs outlive the daemon by design: end them with the test.
-		pids, _ := filepath.Glob(filepath.Join(w.agentDir, "runtime", "vms", "*", "qemu.pid"))
-		for _, f := range pids {
-			if b, err := os.ReadFile(f); err == nil {
-				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-		_ = os.RemoveAll(w.agentDir)
-	})
-	tokFile := filepath.Join(dir, "token")
-	require.NoError(t, os.WriteFile(tokFile, []byte(tok.Data.Token), 0o600))
-	w.node = strings.TrimSpace(proctest.Run(t, w.agentBin, proctest.ChildEnv(nil), "join", "--api", fmt.Sprintf("http://127.0.0.1:%d", port),
-		"--token-file", tokFile, "--dir", w.agentDir))
-	w.runAgent()
-	require.Eventually(t, func() bool {
-		w.agent.RequireRunning(t)
-		n, err := w.c.NodesGet(t.Context(), &client.NodesGetInput{TenantId: "acme", NodeId: w.node})
-		return err == nil && n.Data.State == "ready"
-	}, 30*time.Second, 50*time.Millisecond)
+	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\n", filepath.Dir(filepath.Dir(im.Location))))
+	w := &world{Fleet: f, t: t, c: f.C}
+	w.poolID = f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
+	w.agent = f.Join(w.poolID, "--runtime", "qemu", "--accel", "tcg", "--vcpu", "4", "--memory-mib", "4096", "--disk-gib", "20")
+	w.node = w.agent.Node
 	return w
 }
 
@@ -119,7 +52,7 @@ func (w *world) get(id string) client.Instance {
 }
 
 func (w *world) vmFile(id, name string) string {
-	return filepath.Join(w.agentDir, "runtime", "vms", id, name)
+	return filepath.Join(w.agent.Dir, "runtime", "vms", id, name)
 }
 
 func (w *world) vmPid(id string) int {
@@ -129,12 +62,6 @@ func (w *world) vmPid(id string) int {
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	return pid
-}
-
-func (w *world) events(typ, id string) int {
-	var n int
-	require.NoError(w.t, w.db.QueryRow(w.t.Context(), `select count(*) from outbox where type = $1 and subject = $2`, typ, id).Scan(&n))
-	return n
 }
 
 func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil && !zombie(pid) }
@@ -177,7 +104,7 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 		return strings.Contains(string(b), mark)
 	}, 10*time.Second, 50*time.Millisecond, "the user data ran inside the guest")
 	var booked int
-	require.NoError(t, w.db.QueryRow(t.Context(), `select booked_vcpu from nodes where node_id = $1`, w.node).Scan(&booked))
+	require.NoError(t, w.DB.QueryRow(t.Context(), `select booked_vcpu from nodes where node_id = $1`, w.node).Scan(&booked))
 	assert.Equal(t, 1, booked)
 
 	// stop, start, reboot.
@@ -196,12 +123,12 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 	// The daemon killed and restarted: the VM runs on and is still tracked.
 	pid := w.vmPid(id)
 	require.True(t, alive(pid))
-	w.agent.Kill(t)
+	w.agent.Proc.Kill(t)
 	assert.True(t, alive(pid), "the VM outlives its daemon")
-	w.runAgent()
+	w.agent.Run()
 	require.Eventually(t, func() bool {
 		var gw *string
-		_ = w.db.QueryRow(t.Context(), `select session_gateway from nodes where node_id = $1`, w.node).Scan(&gw)
+		_ = w.DB.QueryRow(t.Context(), `select session_gateway from nodes where node_id = $1`, w.node).Scan(&gw)
 		return gw != nil
 	}, 30*time.Second, 50*time.Millisecond)
 	assert.Equal(t, pid, w.vmPid(id))
@@ -211,7 +138,7 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 	require.Eventually(t, func() bool { return w.get(id).State == "failed" }, 20*time.Second, 100*time.Millisecond)
 	assert.Contains(t, w.get(id).Error.Value, "without being asked")
-	assert.Equal(t, 1, w.events("instance.failed", id))
+	assert.Equal(t, 1, w.Events("instance.failed", id))
 
 	// delete: the VM's files go, capacity and quota come back.
 	del, err := w.c.InstancesDelete(t.Context(), &client.InstancesDeleteInput{TenantId: "acme", InstanceId: id})
@@ -219,9 +146,9 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 	assert.Equal(t, "deleted", string(del.Data.DesiredState))
 	require.Eventually(t, func() bool { return w.get(id).State == "deleted" }, 20*time.Second, 100*time.Millisecond)
 	assert.NoDirExists(t, filepath.Dir(w.vmFile(id, "x")))
-	require.NoError(t, w.db.QueryRow(t.Context(), `select booked_vcpu from nodes where node_id = $1`, w.node).Scan(&booked))
+	require.NoError(t, w.DB.QueryRow(t.Context(), `select booked_vcpu from nodes where node_id = $1`, w.node).Scan(&booked))
 	assert.Zero(t, booked)
 	for _, typ := range []string{"instance.created", "instance.running", "instance.stopped", "instance.deleted"} {
-		assert.GreaterOrEqual(t, w.events(typ, id), 1, typ)
+		assert.GreaterOrEqual(t, w.Events(typ, id), 1, typ)
 	}
 }

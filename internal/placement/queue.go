@@ -171,3 +171,22 @@ func (qu *Queue) Sync(ctx context.Context, l workers.Lease, pool string) (worker
 	}
 	return workers.SyncAgain, nil
 }
+
+// TopicQueued is woken after an admission was queued, so that the workers
+// holding the pool's shard place it at once instead of at their next
+// resync.
+const TopicQueued = "placement-queued"
+
+// Kick asks enqueue (workers.Runner.Enqueue, which ignores the keys of
+// shards this process does not hold) to sync every pool with queued
+// admissions.
+func (qu *Queue) Kick(ctx context.Context, enqueue func(name, key string)) error {
+	pools, err := qu.Store.Queries().QueuedPools(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range pools {
+		enqueue(ReconcilerName, p)
+	}
+	return nil
+}

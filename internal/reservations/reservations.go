@@ -301,6 +301,9 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 	}
 	if state == StateQueued {
 		notify.Later(ctx, TopicJob)
+		if len(items) > 0 {
+			notify.Later(ctx, placement.TopicQueued)
+		}
 	}
 	return s.waited(ctx, q, row, in.Wait)
 }

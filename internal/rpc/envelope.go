@@ -223,12 +223,9 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 		// Work the mutation hands to other processes (a gateway, say)
 		// is woken once it has committed.
 		ctx = notify.WithLater(ctx)
+	}
+	if m.Kind == api.KindMutation {
 		ctx = context.WithValue(ctx, thenKey{}, &thenSlot{})
-		defer func() {
-			if err == nil {
-				h.AfterCommit(ctx, call)
-			}
-		}()
 	}
 	err = h.Store.WithTx(ctx, m.Kind == api.KindRead, func(ctx context.Context, tx pgx.Tx) error {
 		ctx = store.ContextWithTx(ctx, tx)
@@ -249,6 +246,10 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 		}
 		return outbox.Flush(ctx, tx, events)
 	})
+	if err == nil && m.Kind == api.KindMutation && h.AfterCommit != nil {
+		// Before any wait: the wake-ups start the work waited for.
+		h.AfterCommit(ctx, call)
+	}
 	if err == nil {
 		if then := thenOf(ctx); then != nil && then.fn != nil {
 			// The Waiting convention: re-read after commit, outside the

@@ -1,0 +1,174 @@
+// Package fleettest runs a small deployment as real processes for
+// end-to-end tests: one computed with every role (the gateway included)
+// on a database of its own, and compute-agents that join its pools.
+package fleettest
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"computeplane/computeclient"
+	"computeplane/gen/client"
+	"computeplane/internal/config"
+	"computeplane/internal/dbtest"
+	"computeplane/internal/pki"
+	"computeplane/internal/proctest"
+	"computeplane/internal/testenv"
+)
+
+// Tenant is the tenant the fleet's client acts as (an owner key).
+const Tenant = "acme"
+
+// Fleet is a running deployment.
+type Fleet struct {
+	t         *testing.T
+	C         *computeclient.Client
+	DB        *pgxpool.Pool
+	Computed  *proctest.Process
+	PublicURL string
+	agentBin  string
+}
+
+// Start runs computed with every role on a fresh database; extraConfig is
+// appended to its configuration file (after the gateway option).
+func Start(t *testing.T, extraConfig string) *Fleet {
+	t.Helper()
+	dbURL := dbtest.URL(t)
+	dir := t.TempDir()
+	computed := proctest.Build(t, "computeplane/cmd/computed")
+	f := &Fleet{t: t, agentBin: proctest.Build(t, "computeplane/cmd/compute-agent")}
+	pkiFile := filepath.Join(dir, "pki.json")
+	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "fleet.local")
+	require.NoError(t, err)
+	port, gwPort := testenv.FreePort(t), testenv.FreePort(t)
+	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000}\n%s",
+		gwPort, gwPort, extraConfig))
+	f.PublicURL = fmt.Sprintf("http://127.0.0.1:%d", port)
+	env := proctest.ChildEnv(map[string]string{
+		"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile, "SERVICE_CONFIG": cfg,
+		"SERVICE_BASE_URL": f.PublicURL, "HOST": "127.0.0.1", "PORT": strconv.Itoa(port),
+	})
+	f.Computed = proctest.Start(t, "computed", computed, env, "serve")
+	f.Computed.WaitHealthy(t, fmt.Sprintf("127.0.0.1:%d", port))
+	key := proctest.CreateKey(t, computed, env, Tenant, "ops", "owner")
+	f.C, err = computeclient.New(f.PublicURL+config.DefaultBasePath, computeclient.WithToken(key),
+		computeclient.WithHTTPClient(&http.Client{Timeout: 60 * time.Second}))
+	require.NoError(t, err)
+	f.DB, err = pgxpool.New(t.Context(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(f.DB.Close)
+	return f
+}
+
+// Pool makes a site and a hosted pool of class (vps-host, metal-host)
+// with a flavor of vcpu and memory, and returns the pool's id.
+func (f *Fleet) Pool(class client.PoolsCreateInputClass, flavor string, vcpu, memoryMiB int64) string {
+	t := f.t
+	t.Helper()
+	site, err := f.C.SitesCreate(t.Context(), &client.SitesCreateInput{TenantId: Tenant, Kind: client.SitesCreateInputKindCustom, Region: "eu",
+		IdempotencyKey: "site-" + flavor})
+	require.NoError(t, err)
+	pool, err := f.C.PoolsCreate(t.Context(), &client.PoolsCreateInput{TenantId: Tenant, SiteId: site.Data.SiteId, Name: "pool-" + flavor,
+		Class: class, IdempotencyKey: "pool-" + flavor})
+	require.NoError(t, err)
+	_, err = f.C.FlavorsCreate(t.Context(), &client.FlavorsCreateInput{TenantId: Tenant, PoolId: pool.Data.PoolId, Name: flavor, Vcpu: vcpu,
+		MemoryMiB: memoryMiB, DiskGiB: client.NewOptInt64(1)})
+	require.NoError(t, err)
+	return pool.Data.PoolId
+}
+
+// Agent is one compute-agent.
+type Agent struct {
+	f    *Fleet
+	Dir  string
+	Node string
+	Proc *proctest.Process
+	args []string
+}
+
+// Join joins a compute-agent to pool (a token minted through the API) and
+// runs it with args (--runtime ..., capacity flags); the test waits until
+// its node is ready.
+func (f *Fleet) Join(pool string, args ...string) *Agent {
+	t := f.t
+	t.Helper()
+	tok, err := f.C.PoolsJoinToken(t.Context(), &client.PoolsJoinTokenInput{TenantId: Tenant, PoolId: pool})
+	require.NoError(t, err)
+	dir, err := os.MkdirTemp("", "agent") // short: unix socket paths under it
+	require.NoError(t, err)
+	a := &Agent{f: f, Dir: dir, args: args}
+	t.Cleanup(func() {
+		a.Stop()
+		// VMs outlive their daemon by design: end them with the test.
+		pids, _ := filepath.Glob(filepath.Join(dir, "runtime", "vms", "*", "qemu.pid"))
+		for _, p := range pids {
+			if b, err := os.ReadFile(p); err == nil {
+				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		_ = os.RemoveAll(dir)
+	})
+	tokFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokFile, []byte(tok.Data.Token), 0o600))
+	a.Node = strings.TrimSpace(proctest.Run(t, f.agentBin, proctest.ChildEnv(nil), "join", "--api", f.PublicURL, "--token-file", tokFile, "--dir", dir))
+	a.Run()
+	require.Eventually(t, func() bool {
+		a.Proc.RequireRunning(t)
+		return f.NodeState(a.Node) == "ready"
+	}, 30*time.Second, 50*time.Millisecond)
+	return a
+}
+
+// Run starts the agent (again).
+func (a *Agent) Run() {
+	a.Proc = proctest.Start(a.f.t, "agent", a.f.agentBin, proctest.ChildEnv(nil), append([]string{"run", "--dir", a.Dir}, a.args...)...)
+}
+
+// Stop ends the agent with SIGTERM when it runs.
+func (a *Agent) Stop() {
+	if a.Proc != nil && !a.Proc.Exited() {
+		_ = a.Proc.Cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-time.After(10 * time.Second):
+			_ = a.Proc.Cmd.Process.Kill()
+		case <-waitExit(a.Proc):
+		}
+	}
+}
+
+func waitExit(p *proctest.Process) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		for !p.Exited() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		close(ch)
+	}()
+	return ch
+}
+
+// NodeState reads a node's state.
+func (f *Fleet) NodeState(node string) string {
+	var s string
+	_ = f.DB.QueryRow(f.t.Context(), `select state from nodes where node_id = $1`, node).Scan(&s)
+	return s
+}
+
+// Events counts the outbox events of typ about subject.
+func (f *Fleet) Events(typ, subject string) int {
+	var n int
+	require.NoError(f.t, f.DB.QueryRow(f.t.Context(), `select count(*) from outbox where type = $1 and subject = $2`, typ, subject).Scan(&n))
+	return n
+}
