@@ -162,3 +162,10 @@ SELECT
     (SELECT count(*) FROM nodes WHERE session_gateway IS NOT NULL AND last_seen_at < now() - interval '30 seconds')::bigint AS stale_heartbeats,
     (SELECT count(*) FROM nodes WHERE session_gateway IS NOT NULL AND agent_protocol < sqlc.arg(min_protocol)::int)::bigint AS protocol_skew,
     (SELECT count(*) FROM nodes WHERE state <> 'retired' AND cert_not_after < now() + interval '7 days')::bigint AS expiring_certs;
+
+-- name: AccelCensus :many
+-- The VM acceleration daemons in session report (kvm, tcg), for the self
+-- check.
+SELECT coalesce(inventory->>'runtime', '') AS runtime, coalesce(inventory->>'accel', '') AS accel, count(*)::bigint AS nodes
+FROM nodes WHERE session_gateway IS NOT NULL
+GROUP BY 1, 2 ORDER BY 1, 2;

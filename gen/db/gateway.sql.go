@@ -12,6 +12,40 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const accelCensus = `-- name: AccelCensus :many
+SELECT coalesce(inventory->>'runtime', '') AS runtime, coalesce(inventory->>'accel', '') AS accel, count(*)::bigint AS nodes
+FROM nodes WHERE session_gateway IS NOT NULL
+GROUP BY 1, 2 ORDER BY 1, 2
+`
+
+type AccelCensusRow struct {
+	Runtime interface{}
+	Accel   interface{}
+	Nodes   int64
+}
+
+// The VM acceleration daemons in session report (kvm, tcg), for the self
+// check.
+func (q *Queries) AccelCensus(ctx context.Context) ([]AccelCensusRow, error) {
+	rows, err := q.db.Query(ctx, accelCensus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []AccelCensusRow
+	for rows.Next() {
+		var i AccelCensusRow
+		if err := rows.Scan(&i.Runtime, &i.Accel, &i.Nodes); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const closeSession = `-- name: CloseSession :execrows
 UPDATE nodes SET session_gateway = NULL, session_closed_at = now(), last_seen_at = now()
 WHERE node_id = $1 AND session_gateway = $2 AND session_epoch = $3

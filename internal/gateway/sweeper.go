@@ -139,6 +139,18 @@ func Check() system.Check {
 		if f.ExpiringCerts > 0 {
 			add(system.SeverityWarning, "%d node certificates expire within 7 days", f.ExpiringCerts)
 		}
+		accel, err := db.New(tx).AccelCensus(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range accel {
+			switch {
+			case a.Runtime == "qemu" && a.Accel == "tcg":
+				add(system.SeverityInfo, "%d qemu hosts run VMs under TCG (software emulation: no working KVM there)", a.Nodes)
+			case a.Runtime == "qemu":
+				add(system.SeverityInfo, "%d qemu hosts run VMs under %s", a.Nodes, a.Accel)
+			}
+		}
 		return out, nil
 	}}
 }
