@@ -110,11 +110,48 @@ func Attach(dir string) (*VM, error) {
 	if !v.Alive() {
 		return nil, ErrGone
 	}
-	if err := v.connect(); err != nil {
-		return nil, err
+	// qemu serves one QMP client at a time and may not have noticed yet
+	// that the previous one (a daemon that was killed) is gone: it drops
+	// a new connection until it has. Try again for a while.
+	deadline := time.Now().Add(AttachTimeout)
+	for {
+		err := v.connect()
+		if err == nil {
+			return v, nil
+		}
+		if !v.Alive() {
+			return nil, ErrGone
+		}
+		if time.Now().After(deadline) {
+			return nil, err
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return v, nil
 }
+
+// KillDir ends the qemu of the VM in dir, if it runs (a VM that could not
+// be re-attached must not run on untracked).
+func KillDir(dir string) {
+	c, err := LoadConfig(dir)
+	if err != nil {
+		return
+	}
+	b, err := os.ReadFile(c.PidFile())
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return
+	}
+	v := &VM{Config: c, Pid: pid}
+	if v.Alive() {
+		_ = v.Kill()
+	}
+}
+
+// AttachTimeout bounds re-attaching to a running VM.
+const AttachTimeout = 10 * time.Second
 
 func (v *VM) connect() error {
 	mon, err := qmp.NewSocketMonitor("unix", v.Config.QMPSocket(), QMPTimeout)

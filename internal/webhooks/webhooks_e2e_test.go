@@ -513,14 +513,15 @@ func TestEventTypesIsTheEventCatalog(t *testing.T) {
 	assert.True(t, types["site.created"].Served)
 	assert.Equal(t, "webhooks", types["webhook.ping"].Module)
 	assert.True(t, types["webhook.ping"].Served)
-	// The families the specification names are listed; reservations are
-	// not served yet, nodes are (nodes.cordon publishes node.cordoned).
+	// The families the specification names are listed and served now
+	// (reservations.create publishes reservation.created, nodes.cordon
+	// node.cordoned).
 	for _, typ := range []string{"reservation.created", "reservation.placed", "reservation.active", "reservation.ended",
 		"reservation.cancelled", "reservation.failed", "reservation.preempting", "reservation.preempted"} {
 		e, ok := types[typ]
 		require.True(t, ok, typ)
 		assert.Equal(t, "reservations", e.Module, typ)
-		assert.False(t, e.Served, typ)
+		assert.True(t, e.Served, typ)
 		assert.NotEmpty(t, e.Subject, typ)
 		assert.NotEmpty(t, e.Description, typ)
 	}

@@ -85,8 +85,14 @@ func NewQEMU(dir, accel string, log *slog.Logger) (*QEMU, error) {
 			log.Info("re-attached to a running VM", "instance", spec.ID, "pid", vm.Pid)
 		case spec.State == StateStopped:
 			st.state = StateStopped
-		default:
+		case errors.Is(err, qemu.ErrGone):
 			st.state, st.err = "failed", "the VM ended while the daemon was away"
+		default:
+			// Running but out of reach: end it rather than leave it
+			// running untracked.
+			qemu.KillDir(d)
+			st.state, st.err = "failed", "the daemon could not re-attach to the VM: "+err.Error()
+			log.Warn("could not re-attach to a VM; ended it", "instance", spec.ID, "error", err.Error())
 		}
 		r.vms[spec.ID] = st
 	}
