@@ -118,6 +118,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 			fmt.Fprintln(stderr, "compute-agent run:", err)
 			return 2
 		}
+		log.Info("starting the qemu runtime", "accel", acc)
 		q, err := runtime.NewQEMU(*dir+"/runtime", acc, log)
 		if err != nil {
 			fmt.Fprintln(stderr, "compute-agent run:", err)

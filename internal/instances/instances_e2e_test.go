@@ -22,6 +22,7 @@ import (
 	"computeplane/computeclient"
 	"computeplane/gen/client"
 	"computeplane/internal/fleettest"
+	"computeplane/internal/proctest"
 	"computeplane/internal/qemu/qemutest"
 )
 
@@ -114,7 +115,7 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 	assert.False(t, alive(w.vmPid(id)), "the VM ended")
 	started, err := w.c.InstancesStart(t.Context(), &client.InstancesStartInput{TenantId: "acme", InstanceId: id, Wait: client.NewOptWait(client.Wait{TimeoutMs: 30000})})
 	require.NoError(t, err)
-	assert.Equal(t, "running", string(started.Data.State))
+	require.Equal(t, "running", string(started.Data.State), "error: %v; agent:\n%s", started.Data.Error, proctest.Tail(w.agent.Proc.Stderr.String(), 20))
 	rb, err := w.c.InstancesReboot(t.Context(), &client.InstancesRebootInput{TenantId: "acme", InstanceId: id})
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, rb.Data.Reboots)
@@ -123,20 +124,23 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 	// The daemon killed and restarted: the VM runs on and is still tracked.
 	pid := w.vmPid(id)
 	require.True(t, alive(pid))
+	var epoch int64
+	require.NoError(t, w.DB.QueryRow(t.Context(), `select session_epoch from nodes where node_id = $1`, w.node).Scan(&epoch))
 	w.agent.Proc.Kill(t)
 	assert.True(t, alive(pid), "the VM outlives its daemon")
 	w.agent.Run()
 	require.Eventually(t, func() bool {
-		var gw *string
-		_ = w.DB.QueryRow(t.Context(), `select session_gateway from nodes where node_id = $1`, w.node).Scan(&gw)
-		return gw != nil
-	}, 30*time.Second, 50*time.Millisecond)
+		var now int64
+		_ = w.DB.QueryRow(t.Context(), `select session_epoch from nodes where node_id = $1 and session_gateway is not null`, w.node).Scan(&now)
+		return now > epoch
+	}, 30*time.Second, 50*time.Millisecond, "a new session; agent:\n%s", proctest.Tail(w.agent.Proc.Stderr.String(), 30))
 	assert.Equal(t, pid, w.vmPid(id))
 	assert.Equal(t, "running", string(w.get(id).State))
 
 	// A VM killed from outside is noticed and reported.
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
-	require.Eventually(t, func() bool { return w.get(id).State == "failed" }, 20*time.Second, 100*time.Millisecond)
+	require.Eventually(t, func() bool { return w.get(id).State == "failed" }, 30*time.Second, 100*time.Millisecond,
+		"agent:\n%s", proctest.Tail(w.agent.Proc.Stderr.String(), 30))
 	assert.Contains(t, w.get(id).Error.Value, "without being asked")
 	assert.Equal(t, 1, w.Events("instance.failed", id))
 

@@ -34,7 +34,7 @@ type VM struct {
 	Pid    int
 
 	mu     sync.Mutex
-	mon    *qmp.SocketMonitor
+	qmpMu  sync.Mutex    // one QMP command at a time
 	exited chan struct{} // closed when a child qemu exits (nil after Attach)
 	guest  *Guest
 }
@@ -85,11 +85,19 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 		_ = cmd.Process.Kill()
 		return nil, errors.New("qemu: no QMP socket within the start timeout")
 	}
-	if err := v.connect(); err != nil {
-		_ = cmd.Process.Kill()
-		return nil, err
+	// The socket file appears at bind, before qemu listens: try again
+	// for the rest of the start timeout.
+	for deadline := time.Now().Add(StartTimeout); ; {
+		err := v.connect()
+		if err == nil {
+			return v, nil
+		}
+		if time.Now().After(deadline) || !v.Alive() {
+			_ = cmd.Process.Kill()
+			return nil, err
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return v, nil
 }
 
 // Attach re-attaches to the VM running in dir (after a daemon restart).
@@ -153,28 +161,37 @@ func KillDir(dir string) {
 // AttachTimeout bounds re-attaching to a running VM.
 const AttachTimeout = 10 * time.Second
 
-func (v *VM) connect() error {
+// dial opens a QMP connection and completes its handshake, bounded (the
+// handshake has no deadline of its own, and qemu answers a second client
+// only once the first has gone).
+func (v *VM) dial() (*qmp.SocketMonitor, error) {
 	mon, err := qmp.NewSocketMonitor("unix", v.Config.QMPSocket(), QMPTimeout)
 	if err != nil {
-		return fmt.Errorf("qemu: QMP: %w", err)
+		return nil, fmt.Errorf("qemu: QMP: %w", err)
 	}
-	// The handshake has no deadline of its own, and qemu answers a second
-	// QMP client only once the first has gone.
 	done := make(chan error, 1)
 	go func() { done <- mon.Connect() }()
 	select {
 	case err := <-done:
 		if err != nil {
-			return fmt.Errorf("qemu: QMP handshake: %w", err)
+			return nil, fmt.Errorf("qemu: QMP handshake: %w", err)
 		}
+		return mon, nil
 	case <-time.After(QMPTimeout):
 		_ = mon.Disconnect()
-		return errors.New("qemu: QMP handshake timed out (another client holds the monitor?)")
+		return nil, errors.New("qemu: QMP handshake timed out (another client holds the monitor?)")
 	}
-	v.mu.Lock()
-	v.mon = mon
-	v.mu.Unlock()
-	return nil
+}
+
+// connect checks that QMP answers. Commands open a connection each (run):
+// a daemon killed while it held one would otherwise keep the next one
+// from attaching until qemu noticed.
+func (v *VM) connect() error {
+	mon, err := v.dial()
+	if err != nil {
+		return err
+	}
+	return mon.Disconnect()
 }
 
 // Detach lets go of the VM without stopping it (a daemon shutting down):
@@ -205,19 +222,22 @@ func (v *VM) Alive() bool {
 // run runs one QMP command, bounded by QMPTimeout (go-qemu's socket has
 // no per-command deadline: a stalled qemu must not stall the caller).
 func run[T any](v *VM, fn func(m *raw.Monitor) (T, error)) (T, error) {
-	v.mu.Lock()
-	mon := v.mon
-	v.mu.Unlock()
 	var zero T
-	if mon == nil {
-		return zero, ErrGone
-	}
 	type result struct {
 		val T
 		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
+		// One command at a time per VM, on a connection of its own.
+		v.qmpMu.Lock()
+		defer v.qmpMu.Unlock()
+		mon, err := v.dial()
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer mon.Disconnect()
 		val, err := fn(raw.NewMonitor(mon))
 		ch <- result{val, err}
 	}()
@@ -227,8 +247,8 @@ func run[T any](v *VM, fn func(m *raw.Monitor) (T, error)) (T, error) {
 			return zero, ErrGone
 		}
 		return r.val, r.err
-	case <-time.After(QMPTimeout):
-		return zero, fmt.Errorf("qemu: QMP command timed out after %s", QMPTimeout)
+	case <-time.After(2 * QMPTimeout):
+		return zero, fmt.Errorf("qemu: QMP command timed out after %s", 2*QMPTimeout)
 	}
 }
 
@@ -295,10 +315,6 @@ func (v *VM) Kill() error {
 func (v *VM) close() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.mon != nil {
-		_ = v.mon.Disconnect()
-		v.mon = nil
-	}
 	if v.guest != nil {
 		v.guest.Close()
 		v.guest = nil

@@ -48,8 +48,9 @@ type QEMU struct {
 	// (a boot finished, a VM died): the daemon sends a status.
 	Changed chan struct{}
 
-	mu  sync.Mutex
-	vms map[string]*vmState
+	mu   sync.Mutex
+	vms  map[string]*vmState
+	done chan struct{} // closed by Close: the watcher ends
 }
 
 type vmState struct {
@@ -59,6 +60,10 @@ type vmState struct {
 	err     string
 	reboots int
 	cancel  context.CancelFunc // of a boot in progress
+	// qmpFailures counts the watcher's unanswered QMP checks; forceGone
+	// marks a VM the watcher ended because QMP stopped answering.
+	qmpFailures int
+	forceGone   bool
 }
 
 // NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
@@ -96,7 +101,63 @@ func NewQEMU(dir, accel string, log *slog.Logger) (*QEMU, error) {
 		}
 		r.vms[spec.ID] = st
 	}
+	r.done = make(chan struct{})
+	go r.watch()
 	return r, nil
+}
+
+// WatchEvery is how often the runtime looks for VMs that ended on their
+// own, so that they are reported without waiting for a heartbeat.
+const WatchEvery = time.Second
+
+func (r *QEMU) watch() {
+	t := time.NewTicker(WatchEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		died := false
+		var check []*vmState
+		for _, st := range r.vms {
+			if st.vm != nil && st.cancel == nil && (st.state == StateRunning || st.state == StatePaused) {
+				if !st.vm.Alive() {
+					died = true
+				} else {
+					check = append(check, st)
+				}
+			}
+		}
+		r.mu.Unlock()
+		// A VM whose process looks alive but whose QMP no longer answers
+		// three times in a row is gone too (killed, hung): end it.
+		for _, st := range check {
+			_, err := st.vm.Status()
+			r.mu.Lock()
+			if err != nil {
+				st.qmpFailures++
+			} else {
+				st.qmpFailures = 0
+			}
+			gone := st.qmpFailures >= 3 && !st.forceGone
+			st.forceGone = st.forceGone || gone
+			vm, id := st.vm, st.spec.ID
+			r.mu.Unlock()
+			if gone {
+				r.Log.Warn("a VM's QMP does not answer; ending it", "instance", id)
+				if vm != nil {
+					_ = vm.Kill()
+				}
+				died = true
+			}
+		}
+		if died {
+			r.changed() // the daemon's status (Observe) reports it
+		}
+	}
 }
 
 func readSpec(dir string, s *VMSpec) error {
@@ -343,7 +404,7 @@ func (r *QEMU) Observe(context.Context) []agentproto.InstanceStatus {
 func (r *QEMU) observeLocked() []agentproto.InstanceStatus {
 	out := make([]agentproto.InstanceStatus, 0, len(r.vms))
 	for id, st := range r.vms {
-		if st.vm != nil && st.cancel == nil && (st.state == StateRunning || st.state == StatePaused) && !st.vm.Alive() {
+		if st.vm != nil && st.cancel == nil && (st.state == StateRunning || st.state == StatePaused) && (st.forceGone || !st.vm.Alive()) {
 			st.state, st.err, st.vm = "failed", "the VM's process ended without being asked (killed from outside or crashed)", nil
 			r.Log.Warn("a VM ended unexpectedly", "instance", id)
 		}
@@ -354,6 +415,7 @@ func (r *QEMU) observeLocked() []agentproto.InstanceStatus {
 
 // Close detaches from the VMs; they keep running.
 func (r *QEMU) Close() error {
+	close(r.done)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, st := range r.vms {
