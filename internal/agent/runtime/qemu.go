@@ -320,6 +320,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 		return
 	}
 	st.vm, st.state, st.err = vm, "starting", ""
+	st.forceGone, st.qmpFailures = false, 0
 	r.awaitGuest(id, st, true)
 }
 
