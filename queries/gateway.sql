@@ -1,7 +1,14 @@
 -- name: RegisterGateway :exec
-INSERT INTO gateways (gateway_id, region, url, server_name, epoch, max_streams)
-VALUES (sqlc.arg(gateway_id), sqlc.arg(region), sqlc.arg(url), sqlc.narg(server_name), sqlc.arg(epoch), sqlc.arg(max_streams))
-ON CONFLICT (gateway_id) DO UPDATE SET epoch = excluded.epoch, draining = false, heartbeat_at = now();
+INSERT INTO gateways (gateway_id, region, url, server_name, epoch, max_streams, internal_url)
+VALUES (sqlc.arg(gateway_id), sqlc.arg(region), sqlc.arg(url), sqlc.narg(server_name), sqlc.arg(epoch), sqlc.arg(max_streams), sqlc.narg(internal_url))
+ON CONFLICT (gateway_id) DO UPDATE SET epoch = excluded.epoch, draining = false, heartbeat_at = now(), internal_url = excluded.internal_url;
+
+-- name: GatewayInternalURL :one
+SELECT coalesce(internal_url, '')::text FROM gateways WHERE gateway_id = sqlc.arg(gateway_id);
+
+-- name: LiveInternalURLs :many
+SELECT g.gateway_id, g.internal_url::text AS internal_url FROM gateways g JOIN leases l ON l.name = 'gateway/' || g.gateway_id
+WHERE l.expires_at > now() AND g.internal_url IS NOT NULL ORDER BY g.gateway_id;
 
 -- name: HeartbeatGateway :exec
 UPDATE gateways SET heartbeat_at = now(), sessions = sqlc.arg(sessions), draining = sqlc.arg(draining)

@@ -124,7 +124,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 				return 1
 			}
 			defer st.Close()
-			return gateway.RunRevokeCommand(ctx, st, args[2:], stdout, stderr)
+			return gateway.RunRevokeCommand(ctx, st, pki.Loader(cfg.PKIFile, cfg.Secret), args[2:], stdout, stderr)
 		}
 		return pkiCommand(cfg, args[1:], stdout, stderr)
 	case "migrate":

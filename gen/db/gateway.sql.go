@@ -167,6 +167,17 @@ func (q *Queries) GatewayFindings(ctx context.Context, minProtocol int32) (Gatew
 	return i, err
 }
 
+const gatewayInternalURL = `-- name: GatewayInternalURL :one
+SELECT coalesce(internal_url, '')::text FROM gateways WHERE gateway_id = $1
+`
+
+func (q *Queries) GatewayInternalURL(ctx context.Context, gatewayID string) (string, error) {
+	row := q.db.QueryRow(ctx, gatewayInternalURL, gatewayID)
+	var column_1 string
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const getCommand = `-- name: GetCommand :one
 SELECT command_id, node_id, kind, args, state, attempts, created_by, created_at, sent_at, expires_at, finished_at, result FROM node_commands WHERE command_id = $1
 `
@@ -315,7 +326,7 @@ func (q *Queries) InsertRevocation(ctx context.Context, arg InsertRevocationPara
 }
 
 const listLiveGateways = `-- name: ListLiveGateways :many
-SELECT g.gateway_id, g.region, g.url, g.server_name, g.epoch, g.max_streams, g.sessions, g.draining, g.started_at, g.heartbeat_at FROM gateways g JOIN leases l ON l.name = 'gateway/' || g.gateway_id
+SELECT g.gateway_id, g.region, g.url, g.server_name, g.epoch, g.max_streams, g.sessions, g.draining, g.started_at, g.heartbeat_at, g.internal_url FROM gateways g JOIN leases l ON l.name = 'gateway/' || g.gateway_id
 WHERE l.expires_at > now() AND l.holder = g.gateway_id AND l.epoch = g.epoch
   AND ($1::text IS NULL OR g.region = $1)
 ORDER BY g.draining, g.sessions, g.gateway_id
@@ -343,6 +354,7 @@ func (q *Queries) ListLiveGateways(ctx context.Context, region pgtype.Text) ([]G
 			&i.Draining,
 			&i.StartedAt,
 			&i.HeartbeatAt,
+			&i.InternalUrl,
 		); err != nil {
 			return nil, err
 		}
@@ -373,6 +385,36 @@ func (q *Queries) ListRevocations(ctx context.Context) ([]ListRevocationsRow, er
 	for rows.Next() {
 		var i ListRevocationsRow
 		if err := rows.Scan(&i.Kind, &i.Value); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const liveInternalURLs = `-- name: LiveInternalURLs :many
+SELECT g.gateway_id, g.internal_url::text AS internal_url FROM gateways g JOIN leases l ON l.name = 'gateway/' || g.gateway_id
+WHERE l.expires_at > now() AND g.internal_url IS NOT NULL ORDER BY g.gateway_id
+`
+
+type LiveInternalURLsRow struct {
+	GatewayID   string
+	InternalUrl string
+}
+
+func (q *Queries) LiveInternalURLs(ctx context.Context) ([]LiveInternalURLsRow, error) {
+	rows, err := q.db.Query(ctx, liveInternalURLs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LiveInternalURLsRow
+	for rows.Next() {
+		var i LiveInternalURLsRow
+		if err := rows.Scan(&i.GatewayID, &i.InternalUrl); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -636,18 +678,19 @@ func (q *Queries) PutNodeSpec(ctx context.Context, arg PutNodeSpecParams) (int64
 }
 
 const registerGateway = `-- name: RegisterGateway :exec
-INSERT INTO gateways (gateway_id, region, url, server_name, epoch, max_streams)
-VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (gateway_id) DO UPDATE SET epoch = excluded.epoch, draining = false, heartbeat_at = now()
+INSERT INTO gateways (gateway_id, region, url, server_name, epoch, max_streams, internal_url)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (gateway_id) DO UPDATE SET epoch = excluded.epoch, draining = false, heartbeat_at = now(), internal_url = excluded.internal_url
 `
 
 type RegisterGatewayParams struct {
-	GatewayID  string
-	Region     string
-	Url        string
-	ServerName pgtype.Text
-	Epoch      int64
-	MaxStreams int32
+	GatewayID   string
+	Region      string
+	Url         string
+	ServerName  pgtype.Text
+	Epoch       int64
+	MaxStreams  int32
+	InternalUrl pgtype.Text
 }
 
 func (q *Queries) RegisterGateway(ctx context.Context, arg RegisterGatewayParams) error {
@@ -658,6 +701,7 @@ func (q *Queries) RegisterGateway(ctx context.Context, arg RegisterGatewayParams
 		arg.ServerName,
 		arg.Epoch,
 		arg.MaxStreams,
+		arg.InternalUrl,
 	)
 	return err
 }

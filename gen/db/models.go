@@ -82,6 +82,7 @@ type Gateway struct {
 	Draining    bool
 	StartedAt   time.Time
 	HeartbeatAt time.Time
+	InternalUrl pgtype.Text
 }
 
 type IamApiKey struct {

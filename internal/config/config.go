@@ -236,6 +236,9 @@ type Gateway struct {
 	// Listen is the mutual-TLS listener's address; default all interfaces
 	// on the URL's port (443 when it names none).
 	Listen string
+	// InternalListen is the address of the internal control API (mutual
+	// TLS with the internal CA); empty serves none.
+	InternalListen string
 	// TLS is the serving certificate from the gateway serving CA; nil
 	// issues one from the PKI bundle's serving CA at start.
 	TLS *KeyPair

@@ -114,14 +114,15 @@ type fileSink struct {
 }
 
 type fileGateway struct {
-	URL          *string      `yaml:"url"`
-	ServerName   *string      `yaml:"serverName"`
-	Region       *string      `yaml:"region"`
-	Listen       *string      `yaml:"listen"`
-	TLS          *fileKeyPair `yaml:"tls"`
-	MaxStreams   *int         `yaml:"maxStreams"`
-	DrainDelayMs *int         `yaml:"drainDelayMs"`
-	DownAfterMs  *int         `yaml:"downAfterMs"`
+	URL            *string      `yaml:"url"`
+	ServerName     *string      `yaml:"serverName"`
+	Region         *string      `yaml:"region"`
+	Listen         *string      `yaml:"listen"`
+	InternalListen *string      `yaml:"internalListen"`
+	TLS            *fileKeyPair `yaml:"tls"`
+	MaxStreams     *int         `yaml:"maxStreams"`
+	DrainDelayMs   *int         `yaml:"drainDelayMs"`
+	DownAfterMs    *int         `yaml:"downAfterMs"`
 }
 
 type fileDownloads struct {

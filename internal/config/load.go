@@ -608,10 +608,11 @@ func (b *builder) gateway(fc *fileConfig, c *Config) error {
 		return nil
 	}
 	g := &Gateway{URL: deref(fg.URL, ""), ServerName: deref(fg.ServerName, ""), Region: deref(fg.Region, ""),
-		Listen:     deref(fg.Listen, ""),
-		MaxStreams: deref(fg.MaxStreams, DefaultGatewayMaxStreams),
-		DrainDelay: time.Duration(deref(fg.DrainDelayMs, int(DefaultGatewayDrainDelay/time.Millisecond))) * time.Millisecond,
-		DownAfter:  time.Duration(deref(fg.DownAfterMs, int(DefaultGatewayDownAfter/time.Millisecond))) * time.Millisecond,
+		Listen:         deref(fg.Listen, ""),
+		InternalListen: deref(fg.InternalListen, ""),
+		MaxStreams:     deref(fg.MaxStreams, DefaultGatewayMaxStreams),
+		DrainDelay:     time.Duration(deref(fg.DrainDelayMs, int(DefaultGatewayDrainDelay/time.Millisecond))) * time.Millisecond,
+		DownAfter:      time.Duration(deref(fg.DownAfterMs, int(DefaultGatewayDownAfter/time.Millisecond))) * time.Millisecond,
 	}
 	switch {
 	case g.MaxStreams < 1 || g.MaxStreams > 1_000_000:
@@ -653,6 +654,11 @@ func (b *builder) gateway(fc *fileConfig, c *Config) error {
 		g.Listen = ":" + cmpOr(u.Port(), "443")
 	} else if _, _, err := net.SplitHostPort(g.Listen); err != nil {
 		return b.errorf("gateway.listen", "must be host:port (host may be empty)")
+	}
+	if g.InternalListen != "" {
+		if _, _, err := net.SplitHostPort(g.InternalListen); err != nil {
+			return b.errorf("gateway.internalListen", "must be host:port (host may be empty)")
+		}
 	}
 	c.Gateway = g
 	return nil

@@ -87,9 +87,13 @@ type Gateway struct {
 	ctx      context.Context // of the gateway's life; sessions derive from it
 	cancel   context.CancelFunc
 	srv      *http.Server
-	ln       net.Listener
-	wg       sync.WaitGroup // the gateway's loops
-	handlers sync.WaitGroup // session handlers, until their row is closed
+	internal *http.Server // the internal control API, nil without one
+	// internalURL is where the internal API listens, published in the
+	// gateway's row.
+	internalURL string
+	ln          net.Listener
+	wg          sync.WaitGroup // the gateway's loops
+	handlers    sync.WaitGroup // session handlers, until their row is closed
 }
 
 // New checks the gateway's configuration: it refuses (INVALID_CONFIG)
@@ -159,6 +163,13 @@ func (g *Gateway) q() *db.Queries { return db.New(g.o.Store.Pool()) }
 // listener and starts the loops. It returns once the listener is open.
 func (g *Gateway) Start(ctx context.Context) error {
 	g.ctx, g.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if a := g.o.Config.InternalListen; a != "" {
+		u, err := g.serveInternal(a)
+		if err != nil {
+			return fmt.Errorf("gateway internal API: %w", err)
+		}
+		g.internalURL = u
+	}
 	if err := g.acquire(ctx); err != nil {
 		return err
 	}
@@ -259,6 +270,7 @@ func (g *Gateway) acquire(ctx context.Context) error {
 	return g.q().RegisterGateway(ctx, db.RegisterGatewayParams{
 		GatewayID: g.id, Region: g.o.Config.Region, Url: g.o.Config.URL, ServerName: sn,
 		Epoch: row.Epoch, MaxStreams: int32(g.o.Config.MaxStreams),
+		InternalUrl: pgtype.Text{String: g.internalURL, Valid: g.internalURL != ""},
 	})
 }
 
@@ -464,6 +476,9 @@ func (g *Gateway) Drain() {
 	case <-sctx.Done():
 	}
 	scancel()
+	if g.internal != nil {
+		_ = g.internal.Close()
+	}
 	g.cancel()
 	g.wg.Wait()
 	_ = g.q().ReleaseLeases(ctx, db.ReleaseLeasesParams{Names: []string{g.leaseName()}, Epochs: []int64{g.epoch.Load()}, Holder: g.id})

@@ -478,3 +478,67 @@ func TestCertificateRenewalOverTheSession(t *testing.T) {
 	require.NoError(t, w.env.Store.Pool().QueryRow(t.Context(), `select cert_serial from nodes where node_id = $1`, n.nodeID).Scan(&serial))
 	assert.Equal(t, pki.SerialHex(renewed), serial)
 }
+
+// The internal control API answers clients with a certificate from the
+// internal CA only; the api's client reaches it through the gateway's row.
+func TestInternalControlAPI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pkiFile := filepath.Join(dir, "pki.json")
+	b, _, err := pki.Init(pkiFile, testenv.TestSecret, "test.local")
+	require.NoError(t, err)
+	port, internalPort := testenv.FreePort(t), testenv.FreePort(t)
+	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", internalListen: \"127.0.0.1:%d\"}\n",
+		port, port, internalPort))
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_PKI", pkiFile), testenv.WithEnv("SERVICE_CONFIG", cfg), testenv.WithEnv("SERVICE_ROLES", "api,gateway"))
+	gw := env.Host.Gateway()
+	require.NoError(t, gw.Start(t.Context()))
+	t.Cleanup(gw.Drain)
+	var internalURL string
+	require.NoError(t, env.Store.Pool().QueryRow(t.Context(), `select internal_url from gateways where gateway_id = $1`, gw.ID()).Scan(&internalURL))
+	assert.Equal(t, fmt.Sprintf("https://127.0.0.1:%d", internalPort), internalURL)
+
+	roots := x509.NewCertPool()
+	roots.AddCert(b.InternalCA.Cert)
+	get := func(cert *tls.Certificate) (int, error) {
+		tc := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13}
+		if cert != nil {
+			tc.Certificates = []tls.Certificate{*cert}
+		}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+		resp, err := hc.Get(internalURL + gateway.InternalSessions)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	internal, err := b.IssueInternal("test", nil, false)
+	require.NoError(t, err)
+	status, err := get(&internal)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, status)
+
+	// No certificate, a node's, the internal CA of another deployment:
+	// refused in the handshake.
+	key := newKey(t)
+	nodeCert := certFrom(t, b.NodeCA, key, "spiffe://test.local/node/node_x", time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	other, err := pki.Generate("test.local")
+	require.NoError(t, err)
+	foreign, err := other.IssueInternal("test", nil, false)
+	require.NoError(t, err)
+	for name, c := range map[string]*tls.Certificate{
+		"none": nil, "a node certificate": {Certificate: [][]byte{nodeCert.Raw}, PrivateKey: key}, "another internal CA": &foreign,
+	} {
+		_, err := get(c)
+		assert.Error(t, err, name)
+	}
+
+	// The api's client wakes the gateway and pushes revocations.
+	client := gateway.NewInternalClient(env.Store, func() (*pki.Bundle, error) { return b, nil }, discard())
+	require.NoError(t, client.Wake(t.Context(), gw.ID(), gateway.Topic(gw.ID())))
+	require.NoError(t, client.PushRevocations(t.Context()))
+	// Without the internal CA (no PKI bundle), the client refuses.
+	none := gateway.NewInternalClient(env.Store, func() (*pki.Bundle, error) { return nil, pki.ErrNoBundle }, discard())
+	assert.ErrorContains(t, none.Wake(t.Context(), gw.ID(), "x"), "no internal CA")
+}

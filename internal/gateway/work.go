@@ -17,6 +17,7 @@ import (
 	"computeplane/internal/agentproto"
 	"computeplane/internal/ids"
 	"computeplane/internal/notify"
+	"computeplane/internal/pki"
 	"computeplane/internal/store"
 )
 
@@ -94,7 +95,7 @@ func Revoke(ctx context.Context, tx pgx.Tx, kind, value, reason string) error {
 // RunRevokeCommand runs `computed pki revoke --node ID | --serial HEX
 // [--reason R]`: the revocation is written and every gateway woken to close
 // the sessions it names at once.
-func RunRevokeCommand(ctx context.Context, st *store.Store, args []string, stdout, stderr io.Writer) int {
+func RunRevokeCommand(ctx context.Context, st *store.Store, bundle func() (*pki.Bundle, error), args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("computed pki revoke", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	node := fs.String("node", "", "revoke every certificate of this node")
@@ -120,6 +121,11 @@ func RunRevokeCommand(ctx context.Context, st *store.Store, args []string, stdou
 	if err != nil {
 		fmt.Fprintln(stderr, "computed pki revoke:", err)
 		return 1
+	}
+	// Gateways with an internal API load the set at once; the others on
+	// the NOTIFY above or within 5 s.
+	if err := NewInternalClient(st, bundle, nil).PushRevocations(ctx); err != nil {
+		fmt.Fprintln(stderr, "computed pki revoke: pushing to gateways:", err)
 	}
 	fmt.Fprintf(stdout, "revoked %s %s\n", kind, value)
 	return 0

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -226,6 +227,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	// Open /watch streams read at once after a commit instead of at their
 	// next poll.
 	watch.Wake = func() (<-chan struct{}, func()) { return notifier.Subscribe(notify.TopicOutbox) }
+	internalAPI := gateway.NewInternalClient(st, bundle, log)
 	envelope := &rpc.Handler{
 		BasePath: cfg.BasePath,
 		Services: services,
@@ -240,7 +242,19 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		// consumers.
 		AfterCommit: func(ctx context.Context, _ *rpc.Call) {
 			notifier.Wake(notify.TopicOutbox)
-			notifier.WakeLater(ctx)
+			for _, t := range notifier.WakeLater(ctx) {
+				// A gateway with an internal API is woken there too: no
+				// database round trip, and without a notifier at all.
+				if id, ok := strings.CutPrefix(t, "gateway/"); ok && t != gateway.TopicAll {
+					go func() {
+						wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+						defer cancel()
+						if err := internalAPI.Wake(wctx, id, t); err != nil {
+							log.Debug("gateway internal wake", "gateway", id, "error", err.Error())
+						}
+					}()
+				}
+			}
 		},
 		Log: log,
 	}

@@ -364,11 +364,11 @@ func Later(ctx context.Context, topic string) {
 	}
 }
 
-// WakeLater wakes the topics collected in ctx.
-func (n *Notifier) WakeLater(ctx context.Context) {
+// WakeLater wakes the topics collected in ctx and returns them.
+func (n *Notifier) WakeLater(ctx context.Context) []string {
 	l, ok := ctx.Value(laterKey{}).(*later)
 	if !ok {
-		return
+		return nil
 	}
 	l.mu.Lock()
 	topics := l.topics
@@ -377,4 +377,5 @@ func (n *Notifier) WakeLater(ctx context.Context) {
 	for _, t := range topics {
 		n.Wake(t)
 	}
+	return topics
 }

@@ -409,6 +409,27 @@ const ServingLifetime = 90 * 24 * time.Hour
 // IssueServing makes a TLS server certificate from the serving CA for the
 // DNS names and IP addresses in hosts, with a fresh key.
 func (b *Bundle) IssueServing(hosts []string) (tls.Certificate, error) {
+	return issueTLS(b.ServingCA, b.TrustDomain+" gateway", hosts, nil, x509.ExtKeyUsageServerAuth)
+}
+
+// InternalURI names a process of the deployment in internal certificates:
+// spiffe://<trustDomain>/internal/<role>.
+func (b *Bundle) InternalURI(role string) *url.URL {
+	return &url.URL{Scheme: "spiffe", Host: b.TrustDomain, Path: "/internal/" + role}
+}
+
+// IssueInternal makes a certificate from the internal CA for the
+// gateways' internal control API: a server certificate for hosts, or a
+// client certificate naming role.
+func (b *Bundle) IssueInternal(role string, hosts []string, server bool) (tls.Certificate, error) {
+	usage := x509.ExtKeyUsageClientAuth
+	if server {
+		usage = x509.ExtKeyUsageServerAuth
+	}
+	return issueTLS(b.InternalCA, b.TrustDomain+" internal "+role, hosts, []*url.URL{b.InternalURI(role)}, usage)
+}
+
+func issueTLS(ca CA, cn string, hosts []string, uris []*url.URL, usage x509.ExtKeyUsage) (tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, err
@@ -419,9 +440,9 @@ func (b *Bundle) IssueServing(hosts []string) (tls.Certificate, error) {
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber: sn, Subject: pkix.Name{CommonName: b.TrustDomain + " gateway"},
+		SerialNumber: sn, Subject: pkix.Name{CommonName: cn},
 		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(ServingLifetime),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}, URIs: uris,
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -430,7 +451,7 @@ func (b *Bundle) IssueServing(hosts []string) (tls.Certificate, error) {
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, b.ServingCA.Cert, key.Public(), b.ServingCA.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
