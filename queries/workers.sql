@@ -92,3 +92,9 @@ SELECT id, host, pid, heartbeat_at,
        (heartbeat_at > coalesce(sqlc.narg('now')::timestamptz, now()) - interval '30 seconds')::boolean AS live
 FROM workers
 ORDER BY id;
+
+-- ReleaseHolder frees every lease the holder still has, whatever its
+-- epoch: a stopping worker's last word, which also covers a lease whose
+-- acquisition committed while the worker was cancelling it.
+-- name: ReleaseHolder :exec
+UPDATE leases SET expires_at = now() WHERE holder = sqlc.arg(holder) AND expires_at > now();

@@ -59,6 +59,9 @@ func (s *Services) Check() error {
 	if s.Reservations == nil {
 		return errors.New("group reservations has registered methods and no service")
 	}
+	if s.SandboxVolumes == nil {
+		return errors.New("group sandboxVolumes has registered methods and no service")
+	}
 	if s.Secrets == nil {
 		return errors.New("group secrets has registered methods and no service")
 	}
@@ -1814,6 +1817,13 @@ var Methods = []*Method{
 			IDPrefix:  "vol",
 			Key:       "idempotencyKey",
 		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxVolumes.Create(ctx, in.(*SandboxVolumesCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
 		Kind:  KindMutation,
 		Name:  "create",
 		Phase: "v1.0",
@@ -1831,7 +1841,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/sandboxVolumes/create",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1844,15 +1854,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "sandboxVolumes.list",
 		Group:       "sandboxVolumes",
-		Kind:        KindRead,
-		Name:        "list",
-		Phase:       "v1.0",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxVolumes.List(ctx, in.(*SandboxVolumesListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.0",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/sandboxVolumes/list",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1865,15 +1882,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "sandboxVolumes.get",
 		Group:       "sandboxVolumes",
-		Kind:        KindRead,
-		Name:        "get",
-		Phase:       "v1.0",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxVolumes.Get(ctx, in.(*SandboxVolumesGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.0",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "volumeId",
 			Type:    "sandbox-volume",
 		}},
 		Route:        "/sandboxVolumes/get",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1887,9 +1911,16 @@ var Methods = []*Method{
 		Events:      []string{"sandbox.volume.resized"},
 		FullName:    "sandboxVolumes.resize",
 		Group:       "sandboxVolumes",
-		Kind:        KindMutation,
-		Name:        "resize",
-		Phase:       "v1.0",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxVolumes.Resize(ctx, in.(*SandboxVolumesResizeInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "resize",
+		Phase: "v1.0",
 		Resource: &Resource{
 			Attributes: []string{"sizeGiB"},
 			ResourceRef: ResourceRef{
@@ -1898,7 +1929,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/sandboxVolumes/resize",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1912,15 +1943,22 @@ var Methods = []*Method{
 		Events:      []string{"sandbox.volume.deleting"},
 		FullName:    "sandboxVolumes.delete",
 		Group:       "sandboxVolumes",
-		Kind:        KindMutation,
-		Name:        "delete",
-		Phase:       "v1.0",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxVolumes.Delete(ctx, in.(*SandboxVolumesDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v1.0",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "volumeId",
 			Type:    "sandbox-volume",
 		}},
 		Route:        "/sandboxVolumes/delete",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{

@@ -740,6 +740,88 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "sandboxVolumes",
+		Description: "Persistent single-host disks attached to sandboxes.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Creates a ready volume on one host of a hosted pool with room in its reported volume store, booked as diskGiB and charged to quota; the name is unique among non-deleted volumes; the id derives from tenant, caller and key; a refusal leaves nothing behind.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "size-gib", Field: "sizeGiB", Type: cliruntime.Int, Required: true},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (narrow alphabet)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxVolumesCreate(ctx, new(client.SandboxVolumesCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The caller's own volumes (scope mine) or every volume of the tenant (all), oldest first; at most 500.",
+				Kind:        "read",
+				Action:      "compute:sandboxes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "scope", Field: "scope", Type: cliruntime.String, Enum: []string{"mine", "all"}, Default: "mine"},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Help: "Pool identifier."},
+					{Name: "include-deleted", Field: "includeDeleted", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxVolumesList(ctx, new(client.SandboxVolumesListInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One volume with size, serial, host and state; another tenant's volume is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:sandboxes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "volume-id", Field: "volumeId", Type: cliruntime.String, Required: true, Help: "Sandbox volume identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxVolumesGet(ctx, new(client.SandboxVolumesGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "resize",
+				Description: "Grows a ready volume, never shrinks; equal size returns it unchanged; the growth must fit the host's volume store, is charged to quota and then booked; one resize per volume at a time.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "volume-id", Field: "volumeId", Type: cliruntime.String, Required: true, Help: "Sandbox volume identifier."},
+					{Name: "size-gib", Field: "sizeGiB", Type: cliruntime.Int, Required: true},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxVolumesResize(ctx, new(client.SandboxVolumesResizeInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Takes the volume out of its host's spec (deleting; deleted once the host applied it); CONFLICT while a non-deleted sandbox attaches it or a template names it; already deleting or deleted returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "volume-id", Field: "volumeId", Type: cliruntime.String, Required: true, Help: "Sandbox volume identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxVolumesDelete(ctx, new(client.SandboxVolumesDeleteInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "secrets",
 		Description: "Write-only secret storage. A secret is named by a reference: secret://tenants/{tenantId}/{name} for scope tenant and secret://fleet/{name} for scope fleet (root tenant only); configs and user data hold references, never values, and no method returns a value.",
 		Methods: []cliruntime.Method{

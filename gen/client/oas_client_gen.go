@@ -806,11 +806,11 @@ type SandboxVolumesInvoker interface {
 	// as diskGiB and charged to quota; the name is unique among non-deleted volumes; the id derives from
 	// tenant, caller and key; a refusal leaves nothing behind.
 	//
-	// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:sandboxes:manage on sandbox-volume/volumeId parent=pool/poolId. Idempotent under
-	// idempotencyKey (a repeat with different poolId, name, sizeGiB is CONFLICT). Publishes
-	// sandbox.volume.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
-	// CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v1.0. Kind: mutation. Action compute:sandboxes:manage on sandbox-volume/volumeId
+	// parent=pool/poolId. Idempotent under idempotencyKey (a repeat with different poolId, name, sizeGiB
+	// is CONFLICT). Publishes sandbox.volume.created. Errors: INVALID_INPUT (400), NOT_FOUND (404),
+	// CONFLICT (409), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/create
 	SandboxVolumesCreate(ctx context.Context, request *SandboxVolumesCreateInput) (*SandboxVolumesCreateResult, error)
@@ -820,9 +820,9 @@ type SandboxVolumesInvoker interface {
 	// a non-deleted sandbox attaches it or a template names it; already deleting or deleted returns it
 	// unchanged.
 	//
-	// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:sandboxes:manage on sandbox-volume/volumeId. Publishes sandbox.volume.deleting. Errors:
-	// INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v1.0. Kind: mutation. Action compute:sandboxes:manage on sandbox-volume/volumeId.
+	// Publishes sandbox.volume.deleting. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
+	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/delete
 	SandboxVolumesDelete(ctx context.Context, request *SandboxVolumesDeleteInput) (*SandboxVolumesDeleteResult, error)
@@ -830,9 +830,8 @@ type SandboxVolumesInvoker interface {
 	//
 	// One volume with size, serial, host and state; another tenant's volume is NOT_FOUND.
 	//
-	// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sandboxes:read on
-	// sandbox-volume/volumeId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v1.0. Kind: read. Action compute:sandboxes:read on sandbox-volume/volumeId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/get
 	SandboxVolumesGet(ctx context.Context, request *SandboxVolumesGetInput) (*SandboxVolumesGetResult, error)
@@ -841,8 +840,8 @@ type SandboxVolumesInvoker interface {
 	// The caller's own volumes (scope mine) or every volume of the tenant (all), oldest first; at most
 	// 500.
 	//
-	// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sandboxes:read on
-	// tenant/tenantId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v1.0. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/list
 	SandboxVolumesList(ctx context.Context, request *SandboxVolumesListInput) (*SandboxVolumesListResult, error)
@@ -851,10 +850,10 @@ type SandboxVolumesInvoker interface {
 	// Grows a ready volume, never shrinks; equal size returns it unchanged; the growth must fit the host's
 	// volume store, is charged to quota and then booked; one resize per volume at a time.
 	//
-	// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:sandboxes:manage on sandbox-volume/volumeId. Publishes sandbox.volume.resized. Errors:
-	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), CAPACITY_UNAVAILABLE
-	// (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v1.0. Kind: mutation. Action compute:sandboxes:manage on sandbox-volume/volumeId.
+	// Publishes sandbox.volume.resized. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409),
+	// CONFLICT (409), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /sandboxVolumes/resize
 	SandboxVolumesResize(ctx context.Context, request *SandboxVolumesResizeInput) (*SandboxVolumesResizeResult, error)
@@ -7147,11 +7146,11 @@ func (c *Client) sendSandboxTemplatesUpdate(ctx context.Context, request *Sandbo
 // as diskGiB and charged to quota; the name is unique among non-deleted volumes; the id derives from
 // tenant, caller and key; a refusal leaves nothing behind.
 //
-// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:sandboxes:manage on sandbox-volume/volumeId parent=pool/poolId. Idempotent under
-// idempotencyKey (a repeat with different poolId, name, sizeGiB is CONFLICT). Publishes
-// sandbox.volume.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
-// CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v1.0. Kind: mutation. Action compute:sandboxes:manage on sandbox-volume/volumeId
+// parent=pool/poolId. Idempotent under idempotencyKey (a repeat with different poolId, name, sizeGiB
+// is CONFLICT). Publishes sandbox.volume.created. Errors: INVALID_INPUT (400), NOT_FOUND (404),
+// CONFLICT (409), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/create
 func (c *Client) SandboxVolumesCreate(ctx context.Context, request *SandboxVolumesCreateInput) (*SandboxVolumesCreateResult, error) {
@@ -7245,9 +7244,9 @@ func (c *Client) sendSandboxVolumesCreate(ctx context.Context, request *SandboxV
 // a non-deleted sandbox attaches it or a template names it; already deleting or deleted returns it
 // unchanged.
 //
-// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:sandboxes:manage on sandbox-volume/volumeId. Publishes sandbox.volume.deleting. Errors:
-// INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v1.0. Kind: mutation. Action compute:sandboxes:manage on sandbox-volume/volumeId.
+// Publishes sandbox.volume.deleting. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
+// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/delete
 func (c *Client) SandboxVolumesDelete(ctx context.Context, request *SandboxVolumesDeleteInput) (*SandboxVolumesDeleteResult, error) {
@@ -7339,9 +7338,8 @@ func (c *Client) sendSandboxVolumesDelete(ctx context.Context, request *SandboxV
 //
 // One volume with size, serial, host and state; another tenant's volume is NOT_FOUND.
 //
-// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sandboxes:read on
-// sandbox-volume/volumeId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v1.0. Kind: read. Action compute:sandboxes:read on sandbox-volume/volumeId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/get
 func (c *Client) SandboxVolumesGet(ctx context.Context, request *SandboxVolumesGetInput) (*SandboxVolumesGetResult, error) {
@@ -7434,8 +7432,8 @@ func (c *Client) sendSandboxVolumesGet(ctx context.Context, request *SandboxVolu
 // The caller's own volumes (scope mine) or every volume of the tenant (all), oldest first; at most
 // 500.
 //
-// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sandboxes:read on
-// tenant/tenantId. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v1.0. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/list
 func (c *Client) SandboxVolumesList(ctx context.Context, request *SandboxVolumesListInput) (*SandboxVolumesListResult, error) {
@@ -7528,10 +7526,10 @@ func (c *Client) sendSandboxVolumesList(ctx context.Context, request *SandboxVol
 // Grows a ready volume, never shrinks; equal size returns it unchanged; the growth must fit the host's
 // volume store, is charged to quota and then booked; one resize per volume at a time.
 //
-// Planned for v1.0: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:sandboxes:manage on sandbox-volume/volumeId. Publishes sandbox.volume.resized. Errors:
-// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), CAPACITY_UNAVAILABLE
-// (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v1.0. Kind: mutation. Action compute:sandboxes:manage on sandbox-volume/volumeId.
+// Publishes sandbox.volume.resized. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409),
+// CONFLICT (409), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /sandboxVolumes/resize
 func (c *Client) SandboxVolumesResize(ctx context.Context, request *SandboxVolumesResizeInput) (*SandboxVolumesResizeResult, error) {

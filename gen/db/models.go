@@ -401,6 +401,22 @@ type Revocation struct {
 	CreatedAt time.Time
 }
 
+type SandboxVolume struct {
+	VolumeID    string
+	TenantID    string
+	PoolID      string
+	NodeID      string
+	Name        string
+	SizeGib     int64
+	Serial      string
+	State       string
+	CreatedBy   string
+	IdemRequest []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	SizedAt     time.Time
+}
+
 type Secret struct {
 	Reference string
 	TenantID  string

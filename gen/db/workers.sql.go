@@ -315,6 +315,18 @@ func (q *Queries) RegisterWorker(ctx context.Context, arg RegisterWorkerParams) 
 	return err
 }
 
+const releaseHolder = `-- name: ReleaseHolder :exec
+UPDATE leases SET expires_at = now() WHERE holder = $1 AND expires_at > now()
+`
+
+// ReleaseHolder frees every lease the holder still has, whatever its
+// epoch: a stopping worker's last word, which also covers a lease whose
+// acquisition committed while the worker was cancelling it.
+func (q *Queries) ReleaseHolder(ctx context.Context, holder string) error {
+	_, err := q.db.Exec(ctx, releaseHolder, holder)
+	return err
+}
+
 const releaseLeases = `-- name: ReleaseLeases :exec
 UPDATE leases l
 SET expires_at = coalesce($1::timestamptz, now())

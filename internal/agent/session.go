@@ -416,7 +416,9 @@ func (a *Agent) applyLoop(ctx context.Context, specs <-chan *agentproto.Spec, se
 			return
 		case sp := <-specs:
 			if sp.Generation > a.observed.Load() {
+				verr := applyVolumes(a.o.Volumes, sp.Body)
 				_, err := a.o.Runtime.Apply(ctx, sp.Generation, sp.Body)
+				err = errors.Join(verr, err)
 				msg := ""
 				if err != nil {
 					msg = err.Error()
@@ -434,7 +436,7 @@ func (a *Agent) applyLoop(ctx context.Context, specs <-chan *agentproto.Spec, se
 
 func (a *Agent) statusMessage(ctx context.Context) agentproto.Message {
 	st := &agentproto.Status{ObservedGeneration: a.observed.Load(), Instances: a.o.Runtime.Observe(ctx),
-		VolumeStore: volumeStore(a.o.Volumes)}
+		VolumeStore: volumeStore(a.o.Volumes), Volumes: volumeFiles(a.o.Volumes)}
 	if e := a.applyErr.Load(); e != nil {
 		st.ApplyError = *e
 	}

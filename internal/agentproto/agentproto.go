@@ -209,6 +209,20 @@ type VolumeStore struct {
 	OutstandingBytes int64 `json:"outstandingBytes"`
 }
 
+// VolumeSpec is one volume of a node spec: a sparse raw file named by
+// its serial in the daemon's volume store, grown (never shrunk) to
+// SizeGiB. A volume left out of the spec is deleted.
+type VolumeSpec struct {
+	Serial  string `json:"serial"`
+	SizeGiB int64  `json:"sizeGiB"`
+}
+
+// VolumeStatus is a volume file the daemon holds.
+type VolumeStatus struct {
+	Serial    string `json:"serial"`
+	SizeBytes int64  `json:"sizeBytes"`
+}
+
 // InstanceStatus is the observed state of one instance of the spec.
 type InstanceStatus struct {
 	ID    string `json:"id"`
@@ -222,7 +236,10 @@ type Status struct {
 	ApplyError         string           `json:"applyError,omitempty"`
 	Instances          []InstanceStatus `json:"instances"`
 	VolumeStore        VolumeStore      `json:"volumeStore"`
-	Inventory          *Inventory       `json:"inventory,omitempty"`
+	// Volumes are the volume files the daemon holds (nil: it does not
+	// report them; an empty list: none).
+	Volumes   []VolumeStatus `json:"volumes"`
+	Inventory *Inventory     `json:"inventory,omitempty"`
 }
 
 // Command kinds this protocol version knows.

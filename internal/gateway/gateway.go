@@ -64,10 +64,10 @@ type Options struct {
 	Notifier    *notify.Notifier
 	Log         *slog.Logger
 	Now         func() time.Time
-	// OnStatus applies a daemon's reported instances to what runs there
-	// (instances.ApplyStatus), in the status's transaction; it reports
-	// whether it wrote events.
-	OnStatus func(ctx context.Context, tx pgx.Tx, node string, instances []agentproto.InstanceStatus) (bool, error)
+	// OnStatus applies a daemon's report to what runs there (instances,
+	// volumes), in the status's transaction; it reports whether it wrote
+	// events.
+	OnStatus func(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error)
 }
 
 // Gateway is one running gateway role.

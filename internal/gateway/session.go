@@ -393,7 +393,7 @@ func (s *session) status(st *agentproto.Status) {
 		if err != nil || n == 0 || s.g.o.OnStatus == nil {
 			return err // n == 0: the session is no longer this one
 		}
-		events, err = s.g.o.OnStatus(ctx, tx, s.nodeID, st.Instances)
+		events, err = s.g.o.OnStatus(ctx, tx, s.nodeID, st)
 		return err
 	})
 	if events {

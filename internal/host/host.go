@@ -21,6 +21,7 @@ import (
 	"computeplane"
 	"computeplane/gen/api"
 	gendocs "computeplane/gen/docs"
+	"computeplane/internal/agentproto"
 	"computeplane/internal/audit"
 	"computeplane/internal/config"
 	"computeplane/internal/cursor"
@@ -43,6 +44,7 @@ import (
 	"computeplane/internal/quotas"
 	"computeplane/internal/reservations"
 	"computeplane/internal/rpc"
+	"computeplane/internal/sandboxvolumes"
 	"computeplane/internal/secrets"
 	"computeplane/internal/server"
 	"computeplane/internal/sinks"
@@ -156,18 +158,19 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			_, err := join.RevokeSite(ctx, tx, site)
 			return err
 		}),
-		Pools:        pools.New(cfg.RootTenantID).WithPKI(bundle),
-		Flavors:      flavors.Service{},
-		Quotas:       quotas.Service{},
-		Nodes:        nodes.Service{},
-		Projects:     projects.Service{},
-		Usage:        usage.Service{Cursors: cursors},
-		Images:       images.Service{Source: imageSource},
-		Instances:    &instances.Service{Placer: placer, Images: imageSource, Store: st},
-		Reservations: rsvService,
-		Secrets:      secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
-		Events:       events.New(cursors),
-		Webhooks:     webhooks.New(webhooks.OptionsFrom(cfg)),
+		Pools:          pools.New(cfg.RootTenantID).WithPKI(bundle),
+		Flavors:        flavors.Service{},
+		Quotas:         quotas.Service{},
+		Nodes:          nodes.Service{},
+		Projects:       projects.Service{},
+		Usage:          usage.Service{Cursors: cursors},
+		Images:         images.Service{Source: imageSource},
+		Instances:      &instances.Service{Placer: placer, Images: imageSource, Store: st},
+		Reservations:   rsvService,
+		SandboxVolumes: &sandboxvolumes.Service{Placer: placer},
+		Secrets:        secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
+		Events:         events.New(cursors),
+		Webhooks:       webhooks.New(webhooks.OptionsFrom(cfg)),
 	}
 	sys.WithChecks(
 		system.CatalogCheck(services),
@@ -334,7 +337,15 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			roots = cfg.PKI.NodeCA.Cert
 		}
 		if gwRole, err = gateway.New(gateway.Options{Config: cfg.Gateway, NodeCARoots: roots, Bundle: bundle,
-			Store: gwStore, Notifier: notifier, Log: log.With("role", "gateway"), OnStatus: instances.ApplyStatus}); err != nil {
+			Store: gwStore, Notifier: notifier, Log: log.With("role", "gateway"),
+			OnStatus: func(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error) {
+				a, err := instances.ApplyStatus(ctx, tx, node, st.Instances)
+				if err != nil {
+					return false, err
+				}
+				b, err := sandboxvolumes.ApplyStatus(ctx, tx, placer, node, st.Volumes)
+				return a || b, err
+			}}); err != nil {
 			return nil, err
 		}
 	}

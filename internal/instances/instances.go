@@ -22,11 +22,10 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/flavors"
-	"computeplane/internal/gateway"
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
 	"computeplane/internal/images"
-	"computeplane/internal/notify"
+	"computeplane/internal/nodespec"
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
 	"computeplane/internal/pools"
@@ -198,7 +197,7 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if err := openUsage(ctx, tx, row); err != nil {
 		return nil, err
 	}
-	if err := pushSpec(ctx, tx, booking.NodeID); err != nil {
+	if err := nodespec.Push(ctx, tx, booking.NodeID); err != nil {
 		return nil, err
 	}
 	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceCreated, Subject: id, TenantID: in.TenantID,
@@ -229,43 +228,6 @@ func openUsage(ctx context.Context, tx pgx.Tx, r db.Instance) error {
 			return err
 		}
 	}
-	return nil
-}
-
-// pushSpec rebuilds a node's desired spec from its instances and wakes
-// its gateway after commit.
-func pushSpec(ctx context.Context, tx pgx.Tx, node string) error {
-	rows, err := db.New(tx).NodeInstances(ctx, pgtype.Text{String: node, Valid: true})
-	if err != nil {
-		return err
-	}
-	type specInstance struct {
-		ID        string          `json:"id"`
-		State     string          `json:"state"`
-		Hostname  string          `json:"hostname"`
-		VCPU      int32           `json:"vcpu"`
-		MemoryMiB int64           `json:"memoryMiB"`
-		DiskGiB   int64           `json:"diskGiB"`
-		Boot      json.RawMessage `json:"boot"`
-		UserData  string          `json:"userData,omitempty"`
-		Reboots   int32           `json:"reboots"`
-	}
-	spec := struct {
-		Instances []specInstance `json:"instances"`
-	}{Instances: []specInstance{}}
-	for _, r := range rows {
-		spec.Instances = append(spec.Instances, specInstance{ID: r.InstanceID, State: r.DesiredState, Hostname: r.Name,
-			VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, Boot: r.Boot, UserData: r.UserData.String, Reboots: r.Reboots})
-	}
-	body, err := json.Marshal(spec)
-	if err != nil {
-		return err
-	}
-	_, topic, err := gateway.PutSpec(ctx, tx, node, body)
-	if err != nil {
-		return err
-	}
-	notify.Later(ctx, topic)
 	return nil
 }
 
@@ -343,7 +305,7 @@ func (s *Service) desire(ctx context.Context, tenant, id, desired string, reboot
 		return nil, err
 	}
 	if r.NodeID.Valid {
-		if err := pushSpec(ctx, tx, r.NodeID.String); err != nil {
+		if err := nodespec.Push(ctx, tx, r.NodeID.String); err != nil {
 			return nil, err
 		}
 	}
@@ -391,7 +353,7 @@ func (s *Service) Delete(ctx context.Context, in *api.InstancesDeleteInput) (*ap
 		return nil, err
 	}
 	if r.NodeID.Valid {
-		if err := pushSpec(ctx, tx, r.NodeID.String); err != nil {
+		if err := nodespec.Push(ctx, tx, r.NodeID.String); err != nil {
 			return nil, err
 		}
 	}

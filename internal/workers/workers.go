@@ -308,6 +308,9 @@ func (r *Runner) Stop(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.t.Renew)
 	defer cancel()
 	err := r.release(cctx, leases)
+	if rerr := r.q.ReleaseHolder(cctx, r.id); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("workers: release: %w", rerr))
+	}
 	if derr := r.q.DeleteWorker(cctx, r.id); derr != nil {
 		err = errors.Join(err, fmt.Errorf("workers: leave: %w", derr))
 	}
