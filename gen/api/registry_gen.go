@@ -59,6 +59,9 @@ func (s *Services) Check() error {
 	if s.Reservations == nil {
 		return errors.New("group reservations has registered methods and no service")
 	}
+	if s.SandboxTemplates == nil {
+		return errors.New("group sandboxTemplates has registered methods and no service")
+	}
 	if s.SandboxVolumes == nil {
 		return errors.New("group sandboxVolumes has registered methods and no service")
 	}
@@ -1702,15 +1705,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeConflict, CodeInvalidConfig, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "sandboxTemplates.create",
 		Group:       "sandboxTemplates",
-		Kind:        KindMutation,
-		Name:        "create",
-		Phase:       "v0.5",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxTemplates.Create(ctx, in.(*SandboxTemplatesCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v0.5",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/sandboxTemplates/create",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1723,9 +1733,16 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "sandboxTemplates.list",
 		Group:       "sandboxTemplates",
-		Kind:        KindRead,
-		Name:        "list",
-		Phase:       "v0.5",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxTemplates.List(ctx, in.(*SandboxTemplatesListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v0.5",
 		Resource: &Resource{
 			Items: "sandbox-template",
 			ResourceRef: ResourceRef{
@@ -1734,7 +1751,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/sandboxTemplates/list",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1747,15 +1764,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "sandboxTemplates.get",
 		Group:       "sandboxTemplates",
-		Kind:        KindRead,
-		Name:        "get",
-		Phase:       "v0.5",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxTemplates.Get(ctx, in.(*SandboxTemplatesGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v0.5",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "templateId",
 			Type:    "sandbox-template",
 		}},
 		Route:        "/sandboxTemplates/get",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1768,15 +1792,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeConflict, CodeInvalidConfig, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "sandboxTemplates.update",
 		Group:       "sandboxTemplates",
-		Kind:        KindMutation,
-		Name:        "update",
-		Phase:       "v0.5",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxTemplates.Update(ctx, in.(*SandboxTemplatesUpdateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "update",
+		Phase: "v0.5",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "templateId",
 			Type:    "sandbox-template",
 		}},
 		Route:        "/sandboxTemplates/update",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1789,15 +1820,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "sandboxTemplates.delete",
 		Group:       "sandboxTemplates",
-		Kind:        KindMutation,
-		Name:        "delete",
-		Phase:       "v0.5",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxTemplates.Delete(ctx, in.(*SandboxTemplatesDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v0.5",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "templateId",
 			Type:    "sandbox-template",
 		}},
 		Route:        "/sandboxTemplates/delete",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{

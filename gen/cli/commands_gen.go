@@ -740,6 +740,101 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "sandboxTemplates",
+		Description: "Templates fixing what sandboxes run, with warm pools.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Creates a template on a hosted vps-host pool the tenant owns or is offered; flavor, image, runtime, TTLs, warm bounds, user data secret references and volumes (each also decided on the caller's credential; volumes need warm.max 0) are checked; a live template with the same name is CONFLICT; the caller becomes owner; no event.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "flavor", Field: "flavor", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "image-id", Field: "imageId", Type: cliruntime.String, Required: true, Help: "Image identifier."},
+					{Name: "runtime", Field: "runtime", Type: cliruntime.String, Help: "Must equal the pool's runtime when given."},
+					{Name: "user-data", Field: "userData", Type: cliruntime.String, Nullable: true, Help: "A URI in it must be a secret:// reference to a secret of the tenant."},
+					{Name: "default-ttl-seconds", Field: "defaultTtlSeconds", Type: cliruntime.Int, Default: "3600"},
+					{Name: "max-ttl-seconds", Field: "maxTtlSeconds", Type: cliruntime.Int, Help: "Defaults to 86400 or the default TTL if larger."},
+					{Name: "warm", Field: "warm", Type: cliruntime.JSON, Help: "Warm pool bounds; the reconciler keeps min paused instances and deletes those beyond max."},
+					{Name: "env", Field: "env", Type: cliruntime.JSON},
+					{Name: "network", Field: "network", Type: cliruntime.String, Enum: []string{"egress", "private", "none"}},
+					{Name: "volumes", Field: "volumes", Type: cliruntime.JSON},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxTemplatesCreate(ctx, new(client.SandboxTemplatesCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "Every live template of the tenant ordered by name in one answer; unreadable ones are left out.",
+				Kind:        "read",
+				Action:      "compute:sandboxes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxTemplatesList(ctx, new(client.SandboxTemplatesListInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One template; a deleted template or another tenant's is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:sandboxes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "template-id", Field: "templateId", Type: cliruntime.String, Required: true, Help: "Sandbox template identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxTemplatesGet(ctx, new(client.SandboxTemplatesGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "update",
+				Description: "Changes the named fields and raises version; pool, name and runtime stay; omitted fields keep their values; warm replaces the warm pool; changes are checked as on create; concurrent secret or volume changes are CONFLICT (retry); existing sandboxes keep their shape; no event.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "template-id", Field: "templateId", Type: cliruntime.String, Required: true, Help: "Sandbox template identifier."},
+					{Name: "flavor", Field: "flavor", Type: cliruntime.String, Help: "Lowercase DNS-like name."},
+					{Name: "image-id", Field: "imageId", Type: cliruntime.String, Help: "Image identifier."},
+					{Name: "user-data", Field: "userData", Type: cliruntime.String, Nullable: true, Help: "null removes it."},
+					{Name: "default-ttl-seconds", Field: "defaultTtlSeconds", Type: cliruntime.Int},
+					{Name: "max-ttl-seconds", Field: "maxTtlSeconds", Type: cliruntime.Int},
+					{Name: "warm", Field: "warm", Type: cliruntime.JSON, Help: "Warm pool bounds; the reconciler keeps min paused instances and deletes those beyond max."},
+					{Name: "env", Field: "env", Type: cliruntime.JSON},
+					{Name: "network", Field: "network", Type: cliruntime.String, Enum: []string{"egress", "private", "none"}},
+					{Name: "volumes", Field: "volumes", Type: cliruntime.JSON},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxTemplatesUpdate(ctx, new(client.SandboxTemplatesUpdateInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Deletes a template, frees its name and removes its warm instances; its sandboxes live on; already deleted is NOT_FOUND; no event.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "template-id", Field: "templateId", Type: cliruntime.String, Required: true, Help: "Sandbox template identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxTemplatesDelete(ctx, new(client.SandboxTemplatesDeleteInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "sandboxVolumes",
 		Description: "Persistent single-host disks attached to sandboxes.",
 		Methods: []cliruntime.Method{

@@ -743,10 +743,9 @@ type SandboxTemplatesInvoker interface {
 	// credential; volumes need warm.max 0) are checked; a live template with the same name is CONFLICT;
 	// the caller becomes owner; no event.
 	//
-	// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:sandboxes:manage on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404),
-	// INVALID_STATE (409), CONFLICT (409), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED
-	// (403).
+	// Served since v0.5. Kind: mutation. Action compute:sandboxes:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), INVALID_CONFIG (500),
+	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxTemplates/create
 	SandboxTemplatesCreate(ctx context.Context, request *SandboxTemplatesCreateInput) (*SandboxTemplatesCreateResult, error)
@@ -755,9 +754,8 @@ type SandboxTemplatesInvoker interface {
 	// Deletes a template, frees its name and removes its warm instances; its sandboxes live on; already
 	// deleted is NOT_FOUND; no event.
 	//
-	// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:sandboxes:manage on sandbox-template/templateId. Errors: INVALID_INPUT (400), NOT_FOUND
-	// (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.5. Kind: mutation. Action compute:sandboxes:manage on sandbox-template/templateId.
+	// Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxTemplates/delete
 	SandboxTemplatesDelete(ctx context.Context, request *SandboxTemplatesDeleteInput) (*SandboxTemplatesDeleteResult, error)
@@ -765,9 +763,8 @@ type SandboxTemplatesInvoker interface {
 	//
 	// One template; a deleted template or another tenant's is NOT_FOUND.
 	//
-	// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sandboxes:read on
-	// sandbox-template/templateId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.5. Kind: read. Action compute:sandboxes:read on sandbox-template/templateId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxTemplates/get
 	SandboxTemplatesGet(ctx context.Context, request *SandboxTemplatesGetInput) (*SandboxTemplatesGetResult, error)
@@ -775,9 +772,8 @@ type SandboxTemplatesInvoker interface {
 	//
 	// Every live template of the tenant ordered by name in one answer; unreadable ones are left out.
 	//
-	// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sandboxes:read on
-	// tenant/tenantId items=sandbox-template. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.5. Kind: read. Action compute:sandboxes:read on tenant/tenantId
+	// items=sandbox-template. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxTemplates/list
 	SandboxTemplatesList(ctx context.Context, request *SandboxTemplatesListInput) (*SandboxTemplatesListResult, error)
@@ -787,10 +783,9 @@ type SandboxTemplatesInvoker interface {
 	// values; warm replaces the warm pool; changes are checked as on create; concurrent secret or volume
 	// changes are CONFLICT (retry); existing sandboxes keep their shape; no event.
 	//
-	// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:sandboxes:manage on sandbox-template/templateId. Errors: INVALID_INPUT (400), NOT_FOUND
-	// (404), INVALID_STATE (409), CONFLICT (409), INVALID_CONFIG (500), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.5. Kind: mutation. Action compute:sandboxes:manage on sandbox-template/templateId.
+	// Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), INVALID_CONFIG
+	// (500), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxTemplates/update
 	SandboxTemplatesUpdate(ctx context.Context, request *SandboxTemplatesUpdateInput) (*SandboxTemplatesUpdateResult, error)
@@ -6669,10 +6664,9 @@ func (c *Client) sendReservationsList(ctx context.Context, request *Reservations
 // credential; volumes need warm.max 0) are checked; a live template with the same name is CONFLICT;
 // the caller becomes owner; no event.
 //
-// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:sandboxes:manage on tenant/tenantId. Errors: INVALID_INPUT (400), NOT_FOUND (404),
-// INVALID_STATE (409), CONFLICT (409), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED
-// (403).
+// Served since v0.5. Kind: mutation. Action compute:sandboxes:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), INVALID_CONFIG (500),
+// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxTemplates/create
 func (c *Client) SandboxTemplatesCreate(ctx context.Context, request *SandboxTemplatesCreateInput) (*SandboxTemplatesCreateResult, error) {
@@ -6765,9 +6759,8 @@ func (c *Client) sendSandboxTemplatesCreate(ctx context.Context, request *Sandbo
 // Deletes a template, frees its name and removes its warm instances; its sandboxes live on; already
 // deleted is NOT_FOUND; no event.
 //
-// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:sandboxes:manage on sandbox-template/templateId. Errors: INVALID_INPUT (400), NOT_FOUND
-// (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.5. Kind: mutation. Action compute:sandboxes:manage on sandbox-template/templateId.
+// Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxTemplates/delete
 func (c *Client) SandboxTemplatesDelete(ctx context.Context, request *SandboxTemplatesDeleteInput) (*SandboxTemplatesDeleteResult, error) {
@@ -6859,9 +6852,8 @@ func (c *Client) sendSandboxTemplatesDelete(ctx context.Context, request *Sandbo
 //
 // One template; a deleted template or another tenant's is NOT_FOUND.
 //
-// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sandboxes:read on
-// sandbox-template/templateId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.5. Kind: read. Action compute:sandboxes:read on sandbox-template/templateId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxTemplates/get
 func (c *Client) SandboxTemplatesGet(ctx context.Context, request *SandboxTemplatesGetInput) (*SandboxTemplatesGetResult, error) {
@@ -6953,9 +6945,8 @@ func (c *Client) sendSandboxTemplatesGet(ctx context.Context, request *SandboxTe
 //
 // Every live template of the tenant ordered by name in one answer; unreadable ones are left out.
 //
-// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:sandboxes:read on
-// tenant/tenantId items=sandbox-template. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.5. Kind: read. Action compute:sandboxes:read on tenant/tenantId
+// items=sandbox-template. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxTemplates/list
 func (c *Client) SandboxTemplatesList(ctx context.Context, request *SandboxTemplatesListInput) (*SandboxTemplatesListResult, error) {
@@ -7049,10 +7040,9 @@ func (c *Client) sendSandboxTemplatesList(ctx context.Context, request *SandboxT
 // values; warm replaces the warm pool; changes are checked as on create; concurrent secret or volume
 // changes are CONFLICT (retry); existing sandboxes keep their shape; no event.
 //
-// Planned for v0.5: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:sandboxes:manage on sandbox-template/templateId. Errors: INVALID_INPUT (400), NOT_FOUND
-// (404), INVALID_STATE (409), CONFLICT (409), INVALID_CONFIG (500), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.5. Kind: mutation. Action compute:sandboxes:manage on sandbox-template/templateId.
+// Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), INVALID_CONFIG
+// (500), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxTemplates/update
 func (c *Client) SandboxTemplatesUpdate(ctx context.Context, request *SandboxTemplatesUpdateInput) (*SandboxTemplatesUpdateResult, error) {

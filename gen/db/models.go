@@ -401,6 +401,29 @@ type Revocation struct {
 	CreatedAt time.Time
 }
 
+type SandboxTemplate struct {
+	TemplateID        string
+	TenantID          string
+	Name              string
+	PoolID            string
+	Flavor            string
+	ImageID           string
+	Runtime           string
+	UserData          pgtype.Text
+	DefaultTtlSeconds int32
+	MaxTtlSeconds     int32
+	WarmMin           int32
+	WarmMax           int32
+	Env               []byte
+	Network           string
+	Volumes           []byte
+	Owner             string
+	Version           int64
+	Deleted           bool
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+}
+
 type SandboxVolume struct {
 	VolumeID    string
 	TenantID    string

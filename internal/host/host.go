@@ -44,6 +44,7 @@ import (
 	"computeplane/internal/quotas"
 	"computeplane/internal/reservations"
 	"computeplane/internal/rpc"
+	"computeplane/internal/sandboxtemplates"
 	"computeplane/internal/sandboxvolumes"
 	"computeplane/internal/secrets"
 	"computeplane/internal/server"
@@ -158,19 +159,20 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			_, err := join.RevokeSite(ctx, tx, site)
 			return err
 		}),
-		Pools:          pools.New(cfg.RootTenantID).WithPKI(bundle),
-		Flavors:        flavors.Service{},
-		Quotas:         quotas.Service{},
-		Nodes:          nodes.Service{},
-		Projects:       projects.Service{},
-		Usage:          usage.Service{Cursors: cursors},
-		Images:         images.Service{Source: imageSource},
-		Instances:      &instances.Service{Placer: placer, Images: imageSource, Store: st},
-		Reservations:   rsvService,
-		SandboxVolumes: &sandboxvolumes.Service{Placer: placer},
-		Secrets:        secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
-		Events:         events.New(cursors),
-		Webhooks:       webhooks.New(webhooks.OptionsFrom(cfg)),
+		Pools:            pools.New(cfg.RootTenantID).WithPKI(bundle),
+		Flavors:          flavors.Service{},
+		Quotas:           quotas.Service{},
+		Nodes:            nodes.Service{},
+		Projects:         projects.Service{},
+		Usage:            usage.Service{Cursors: cursors},
+		Images:           images.Service{Source: imageSource},
+		Instances:        &instances.Service{Placer: placer, Images: imageSource, Store: st},
+		Reservations:     rsvService,
+		SandboxVolumes:   &sandboxvolumes.Service{Placer: placer},
+		SandboxTemplates: &sandboxtemplates.Service{Images: imageSource},
+		Secrets:          secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
+		Events:           events.New(cursors),
+		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
 	}
 	sys.WithChecks(
 		system.CatalogCheck(services),

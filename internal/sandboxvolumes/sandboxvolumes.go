@@ -268,9 +268,9 @@ func (s *Service) Resize(ctx context.Context, in *api.SandboxVolumesResizeInput)
 }
 
 // Delete answers sandboxVolumes.delete: out of the host's spec now,
-// deleted (booking and quota back) when the host applied it. No sandbox
-// or template can name a volume yet (the sandboxes issue adds the
-// CONFLICT checks).
+// deleted (booking and quota back) when the host applied it. CONFLICT
+// while a live template mounts it (sandboxes, not built yet, will add
+// their own check).
 func (s *Service) Delete(ctx context.Context, in *api.SandboxVolumesDeleteInput) (*api.SandboxVolume, error) {
 	_, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
@@ -285,6 +285,14 @@ func (s *Service) Delete(ctx context.Context, in *api.SandboxVolumesDeleteInput)
 	}
 	if v.State != StateReady {
 		return output(v), nil
+	}
+	named, err := q.VolumeInTemplates(ctx, v.VolumeID)
+	if err != nil {
+		return nil, err
+	}
+	if named {
+		return nil, api.Errorf(api.CodeConflict, "volume %s is mounted by a live template; change or delete the template first", v.VolumeID).
+			WithDetails(map[string]any{"reason": "volume-in-use"})
 	}
 	if v, err = q.SetSandboxVolumeState(ctx, db.SetSandboxVolumeStateParams{VolumeID: v.VolumeID, State: StateDeleting}); err != nil {
 		return nil, err
