@@ -149,12 +149,12 @@ func TestCreateRules(t *testing.T) {
 		warm int64
 		code string
 	}{
-		"missing":              {[]client.VolumeMount{mountAt("vol_0000000000000000000000000z", "/data", false)}, 0, "NOT_FOUND"},
-		"in another pool":      {[]client.VolumeMount{mountAt(elsewhere, "/data", false)}, 0, "INVALID_INPUT"},
-		"named twice":          {[]client.VolumeMount{mountAt(data, "/a", true), mountAt(data, "/b", true)}, 0, "INVALID_INPUT"},
-		"over /etc":            {[]client.VolumeMount{mountAt(data, "/etc/app", false)}, 0, "INVALID_INPUT"},
-		"with a .. segment":    {[]client.VolumeMount{mountAt(data, "/srv/../data", false)}, 0, "INVALID_INPUT"},
-		"with a warm pool":     {[]client.VolumeMount{mountAt(data, "/data", false)}, 1, "INVALID_INPUT"},
+		"missing":           {[]client.VolumeMount{mountAt("vol_0000000000000000000000000z", "/data", false)}, 0, "NOT_FOUND"},
+		"in another pool":   {[]client.VolumeMount{mountAt(elsewhere, "/data", false)}, 0, "INVALID_INPUT"},
+		"named twice":       {[]client.VolumeMount{mountAt(data, "/a", true), mountAt(data, "/b", true)}, 0, "INVALID_INPUT"},
+		"over /etc":         {[]client.VolumeMount{mountAt(data, "/etc/app", false)}, 0, "INVALID_INPUT"},
+		"with a .. segment": {[]client.VolumeMount{mountAt(data, "/srv/../data", false)}, 0, "INVALID_INPUT"},
+		"with a warm pool":  {[]client.VolumeMount{mountAt(data, "/data", false)}, 1, "INVALID_INPUT"},
 	} {
 		in := base(w, "v-"+fmt.Sprint(len(name)))
 		in.Volumes = c.vols
