@@ -86,7 +86,7 @@ type Gateway struct {
 
 	ctx      context.Context // of the gateway's life; sessions derive from it
 	cancel   context.CancelFunc
-	srv      *http.Server
+	lis      *listener
 	internal *http.Server // the internal control API, nil without one
 	// internalURL is where the internal API listens, published in the
 	// gateway's row.
@@ -181,22 +181,9 @@ func (g *Gateway) Start(ctx context.Context) error {
 		return err
 	}
 	g.ln = ln
-	mux := http.NewServeMux()
-	mux.HandleFunc(agentproto.SessionPath, g.serveMTLS)
-	g.srv = &http.Server{
-		Handler:           mux,
-		TLSConfig:         g.tlsConfig(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(g.o.Log.Handler(), slog.LevelDebug),
-		BaseContext:       func(net.Listener) context.Context { return g.ctx },
-	}
+	g.lis = &listener{g: g, ln: ln, tls: g.tlsConfig(), conns: map[net.Conn]struct{}{}}
 	g.wg.Add(3)
-	go func() {
-		defer g.wg.Done()
-		if err := g.srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			g.o.Log.Error("gateway listener", "error", err.Error())
-		}
-	}()
+	go func() { defer g.wg.Done(); g.lis.serve() }()
 	go func() { defer g.wg.Done(); g.leaseLoop() }()
 	go func() { defer g.wg.Done(); g.dispatchLoop() }()
 	g.o.Log.Info("gateway serving", "id", g.id, "addr", ln.Addr().String(), "region", g.o.Config.Region)
@@ -464,11 +451,8 @@ func (g *Gateway) Drain() {
 		s.end(agentproto.Message{Type: agentproto.TypeReconnect, Reconnect: &agentproto.Reconnect{DelayMS: d.Milliseconds()}})
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), ListenerGrace)
-	if err := g.srv.Shutdown(sctx); err != nil {
-		_ = g.srv.Close()
-	}
-	// Shutdown does not wait for hijacked connections: give the session
-	// handlers the same grace to close their rows.
+	g.lis.close()
+	// Give the session handlers the grace to close their rows.
 	closed := make(chan struct{})
 	go func() { g.handlers.Wait(); close(closed) }()
 	select {
