@@ -75,6 +75,9 @@ func Join(ctx context.Context, o JoinOptions) (string, error) {
 	if err := os.MkdirAll(string(o.Dir), 0o700); err != nil {
 		return "", err
 	}
+	if err := os.Chmod(string(o.Dir), 0o700); err != nil {
+		return "", err
+	}
 	if o.Hostname == "" {
 		o.Hostname, _ = os.Hostname()
 	}
@@ -94,7 +97,10 @@ func Join(ctx context.Context, o JoinOptions) (string, error) {
 		return "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	// No redirects: the token goes to the URL the operator named, nowhere
+	// else.
+	hc := &http.Client{Timeout: JoinTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("agent: join: %w", err)
 	}

@@ -36,6 +36,8 @@ const (
 	BackoffMax    = 10 * time.Second
 	StableSession = 30 * time.Second // a session this long resets the backoff
 	RevokedWait   = 60 * time.Second
+	// MaxReconnectDelay bounds a drain's delay (gateways send up to 60 s).
+	MaxReconnectDelay = 2 * time.Minute
 )
 
 // Options configure the daemon.
@@ -62,8 +64,9 @@ type Agent struct {
 	pendingInventory atomic.Pointer[agentproto.Inventory]
 	status           *statusFile
 
-	tmu        sync.Mutex
-	transports map[string]string // gateway id -> the transport that last worked
+	tmu         sync.Mutex
+	transports  map[string]string // gateway id -> the transport that last worked
+	lastGateway string            // the gateway of the last welcomed session
 }
 
 // New loads the directory.
@@ -82,8 +85,12 @@ func New(o Options) (*Agent, error) {
 	if err := os.MkdirAll(o.Volumes, 0o700); err != nil {
 		return nil, err
 	}
+	// The last status survives a restart: its gateway is dialled first.
+	var prev Status
+	_ = readJSON(o.Dir.path(fileStatus), &prev)
+	prev.NodeID, prev.Connected = st.NodeID, false
 	a := &Agent{o: o, dir: o.Dir, log: o.Log, state: st, key: key, transports: map[string]string{},
-		status: &statusFile{dir: o.Dir, s: Status{NodeID: st.NodeID}}}
+		status: &statusFile{dir: o.Dir, s: prev}, lastGateway: prev.GatewayID}
 	a.cert.Store(cert)
 	var obs struct {
 		Generation int64 `json:"generation"`
@@ -106,8 +113,14 @@ type endReason struct {
 	revoked        bool
 }
 
+// ShortSession is how long a welcomed session must last to count as a
+// success of its round: a gateway that welcomes and drops at once would
+// otherwise be dialled in a tight loop.
+const ShortSession = time.Second
+
 // Run holds sessions until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
+	a.status.update(func(s *Status) { s.Connected, s.ObservedGeneration = false, a.observed.Load() })
 	backoff := BackoffMin
 	avoid := ""
 	for ctx.Err() == nil {
@@ -117,7 +130,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		for _, gw := range gws {
 			conn, transport, err := a.dial(ctx, gw)
 			if err != nil {
-				a.log.Warn("no session", "gateway", gw.ID, "error", err.Error())
+				if ctx.Err() == nil {
+					a.log.Warn("no session", "gateway", gw.ID, "error", err.Error())
+				}
 				continue
 			}
 			start := time.Now()
@@ -126,20 +141,24 @@ func (a *Agent) Run(ctx context.Context) error {
 			if !why.welcomed {
 				continue // refused: the next gateway
 			}
-			connected = true
-			if time.Since(start) > StableSession {
+			lasted := time.Since(start)
+			connected = lasted >= ShortSession || why.drained || why.revoked
+			if lasted >= StableSession {
 				backoff = BackoffMin
 			}
+			// The next round starts with the other gateways: a dropped
+			// gateway's nodes move at once, a draining one is left.
+			avoid = gw.ID
 			switch {
+			case ctx.Err() != nil:
 			case why.revoked:
 				a.log.Error("this node's certificate was revoked; waiting before trying again")
 				sleep(ctx, RevokedWait)
 			case why.drained:
 				a.log.Info("gateway draining: reconnecting elsewhere", "gateway", gw.ID, "after", why.reconnectAfter)
 				sleep(ctx, why.reconnectAfter)
-				avoid = gw.ID
 			}
-			break // a new round, from the best gateway
+			break
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -152,18 +171,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
-// order is the gateways to try: the one avoided last, the rest as the
-// control plane listed them (least loaded first).
+// order is the gateways to try: the one whose session worked last first
+// (unless it is avoided), then the rest as the control plane listed them
+// (least loaded first), the avoided one last.
 func (a *Agent) order(avoid string) []agentproto.Gateway {
-	var first, last []agentproto.Gateway
+	a.tmu.Lock()
+	last := a.lastGateway
+	a.tmu.Unlock()
+	var head, rest, tail []agentproto.Gateway
 	for _, g := range a.state.Gateways {
-		if g.ID == avoid {
-			last = append(last, g)
-		} else {
-			first = append(first, g)
+		switch g.ID {
+		case avoid:
+			tail = append(tail, g)
+		case last:
+			head = append(head, g)
+		default:
+			rest = append(rest, g)
 		}
 	}
-	out := append(first, last...)
+	out := append(append(head, rest...), tail...)
 	if len(out) == 0 && a.state.FallbackURL != "" {
 		out = []agentproto.Gateway{{ID: "fallback"}} // only the public host is known
 	}
@@ -319,7 +345,9 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 	m, err := read(hctx, conn)
 	cancel()
 	if err != nil {
-		a.log.Warn("no welcome", "gateway", gw.ID, "error", err.Error())
+		if ctx.Err() == nil {
+			a.log.Warn("no welcome", "gateway", gw.ID, "error", err.Error())
+		}
 		return endReason{}
 	}
 	if m.Type == agentproto.TypeError {
@@ -336,15 +364,26 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 			a.log.Warn("saving the gateways", "error", err.Error())
 		}
 	}
+	a.tmu.Lock()
+	a.lastGateway = gw.ID
+	a.tmu.Unlock()
 	a.log.Info("session open", "gateway", w.GatewayID, "transport", transport, "epoch", w.SessionEpoch, "protocol", w.Protocol)
 	a.status.update(func(s *Status) {
 		s.GatewayID, s.Transport, s.SessionEpoch, s.Connected, s.ObservedGeneration = w.GatewayID, transport, w.SessionEpoch, true, a.observed.Load()
 	})
 
 	sctx, stop := context.WithCancel(ctx)
-	defer stop()
+	// Reads, writes and pings use a context that ending the session does
+	// not cancel (coder/websocket drops the connection when one is
+	// cancelled mid-frame): they are bounded by their own timeouts and the
+	// session ends by closing the connection, with a close handshake when
+	// the daemon stops.
+	rctx := context.WithoutCancel(ctx)
 	send := func(m agentproto.Message) {
-		if err := write(sctx, conn, m); err != nil {
+		if sctx.Err() != nil {
+			return
+		}
+		if err := write(rctx, conn, m); err != nil {
 			stop()
 		}
 	}
@@ -354,7 +393,8 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 	commands := make(chan *agentproto.Command, 64)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Add(3)
+	defer stop()
+	wg.Add(4)
 	go func() { defer wg.Done(); a.applyLoop(sctx, specs, send) }()
 	go func() {
 		defer wg.Done()
@@ -368,16 +408,24 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 		}
 	}()
 	go func() { defer wg.Done(); a.heartbeat(sctx, conn, w.HeartbeatMS, send) }()
+	go func() {
+		defer wg.Done()
+		<-sctx.Done()
+		if ctx.Err() != nil {
+			_ = conn.Close(websocket.StatusGoingAway, "the daemon stops")
+		} else {
+			_ = conn.CloseNow()
+		}
+	}()
 	send(a.statusMessage(sctx))
 
 	why := endReason{welcomed: true}
 	for {
-		m, err := read(sctx, conn)
+		m, err := read(rctx, conn)
 		if err != nil {
-			if sctx.Err() == nil && ctx.Err() == nil {
+			if sctx.Err() == nil {
 				a.log.Info("session ended", "gateway", w.GatewayID, "error", err.Error())
 			}
-			stop()
 			return why
 		}
 		switch m.Type {
@@ -394,16 +442,39 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 				a.log.Warn("command queue full; the sweeper will send it again", "command", m.Command.ID)
 			}
 		case agentproto.TypeRenewed:
-			if c, err := x509.ParseCertificate(m.Renewed.Certificate); err == nil && a.dir.SaveCert(c.Raw) == nil {
-				a.cert.Store(c)
-				a.log.Info("certificate renewed", "notAfter", c.NotAfter)
+			if err := a.renewed(m.Renewed.Certificate); err != nil {
+				a.log.Warn("a renewed certificate refused", "error", err.Error())
 			}
 		case agentproto.TypeReconnect:
-			why.drained, why.reconnectAfter = true, time.Duration(m.Reconnect.DelayMS)*time.Millisecond
+			why.drained, why.reconnectAfter = true, time.Duration(min(max(m.Reconnect.DelayMS, 0), MaxReconnectDelay.Milliseconds()))*time.Millisecond
+			_ = conn.Close(websocket.StatusNormalClosure, "reconnecting elsewhere")
+			return why
 		case agentproto.TypeRevoked:
 			why.revoked = true
+			_ = conn.Close(websocket.StatusNormalClosure, "revoked")
+			return why
+		case agentproto.TypeError:
+			a.log.Warn("the gateway reports an error", "code", m.Error.Code, "message", m.Error.Message)
 		}
 	}
+}
+
+// renewed keeps a certificate the gateway issued for the node's key: on
+// disk for the next start, in memory for the next dial.
+func (a *Agent) renewed(der []byte) error {
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		return err
+	}
+	if pub, ok := c.PublicKey.(*ecdsa.PublicKey); !ok || !pub.Equal(&a.key.PublicKey) {
+		return errors.New("not for the node's key")
+	}
+	if err := a.dir.SaveCert(c.Raw); err != nil {
+		return err
+	}
+	a.cert.Store(c)
+	a.log.Info("certificate renewed", "notAfter", c.NotAfter)
+	return nil
 }
 
 // applyLoop applies each spec newer than the observed generation, then
@@ -469,7 +540,7 @@ func (a *Agent) heartbeat(ctx context.Context, conn *websocket.Conn, ms int64, s
 			continue
 		case <-t.C:
 		}
-		pctx, cancel := context.WithTimeout(ctx, PingTimeout)
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), PingTimeout)
 		err := conn.Ping(pctx)
 		cancel()
 		if err != nil {

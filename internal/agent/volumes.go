@@ -21,28 +21,49 @@ var serialRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,20}$`)
 
 const volumeSuffix = ".raw"
 
-// applyVolumes converges the volume directory on the spec's volumes. A
-// spec without a volumes key leaves the store as it is.
-func applyVolumes(dir string, body json.RawMessage) error {
+// MaxVolumeGiB bounds one volume (64 TiB): a larger size is a spec's
+// mistake, and a shift past it would overflow.
+const MaxVolumeGiB = 64 << 10
+
+// parseVolumes reads the volumes of a spec body (untrusted: it comes from
+// the gateway): the size in bytes per serial (0: keep the file as it
+// is), whether the body has a
+// volumes key at all, and what was refused.
+func parseVolumes(body json.RawMessage) (want map[string]int64, present bool, errs []error) {
 	var spec struct {
 		Volumes *[]agentproto.VolumeSpec `json:"volumes"`
 	}
 	if err := json.Unmarshal(body, &spec); err != nil || spec.Volumes == nil {
-		return nil // the runtime reports a malformed spec
+		return nil, false, nil // the runtime reports a malformed spec
 	}
-	want := map[string]int64{}
-	var errs []error
+	want = map[string]int64{}
 	for _, v := range *spec.Volumes {
-		if !serialRe.MatchString(v.Serial) || v.SizeGiB < 1 {
-			errs = append(errs, fmt.Errorf("volume %q: a serial of 1 to 20 letters, digits, _ or - and a size of at least 1 GiB", v.Serial))
+		if !serialRe.MatchString(v.Serial) || v.SizeGiB < 1 || v.SizeGiB > MaxVolumeGiB {
+			errs = append(errs, fmt.Errorf("volume %q: a serial of 1 to 20 letters, digits, _ or - and a size of 1 GiB to %d GiB", v.Serial, MaxVolumeGiB))
+			if _, dup := want[v.Serial]; !dup && serialRe.MatchString(v.Serial) {
+				want[v.Serial] = 0 // a bad size: the file is kept as it is, not deleted
+			}
 			continue
 		}
 		want[v.Serial] = v.SizeGiB << 30
+	}
+	return want, true, errs
+}
+
+// applyVolumes converges the volume directory on the spec's volumes. A
+// spec without a volumes key leaves the store as it is.
+func applyVolumes(dir string, body json.RawMessage) error {
+	want, present, errs := parseVolumes(body)
+	if !present {
+		return nil
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	for serial, size := range want {
+		if size <= 0 {
+			continue
+		}
 		path := filepath.Join(dir, serial+volumeSuffix)
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {

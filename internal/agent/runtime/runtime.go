@@ -101,7 +101,20 @@ type Recording struct {
 	Dir string
 
 	mu        sync.Mutex
+	loaded    bool // instances hold what spec.json holds
 	instances []agentproto.InstanceStatus
+}
+
+// desired is what a spec reports: each instance in its desired state,
+// deleted ones omitted.
+func desired(spec Spec) []agentproto.InstanceStatus {
+	var out []agentproto.InstanceStatus
+	for _, in := range spec.Instances {
+		if in.State != StateDeleted {
+			out = append(out, agentproto.InstanceStatus{ID: in.ID, State: in.State})
+		}
+	}
+	return out
 }
 
 // Name is "recording".
@@ -138,22 +151,29 @@ func (r *Recording) Apply(_ context.Context, generation int64, body json.RawMess
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	var out []agentproto.InstanceStatus
-	for _, in := range spec.Instances {
-		if in.State != StateDeleted {
-			out = append(out, agentproto.InstanceStatus{ID: in.ID, State: in.State})
-		}
-	}
+	out := desired(spec)
 	r.mu.Lock()
-	r.instances = out
+	r.instances, r.loaded = out, true
 	r.mu.Unlock()
 	return out, err
 }
 
-// Observe returns what was applied last.
+// Observe returns what was applied last, by this process or, after a
+// restart, by the one before (spec.json).
 func (r *Recording) Observe(context.Context) []agentproto.InstanceStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if !r.loaded {
+		r.loaded = true
+		var rec struct {
+			Body json.RawMessage `json:"body"`
+		}
+		if b, err := os.ReadFile(filepath.Join(r.Dir, "spec.json")); err == nil && json.Unmarshal(b, &rec) == nil {
+			if spec, err := ParseSpec(rec.Body); err == nil {
+				r.instances = desired(spec)
+			}
+		}
+	}
 	return append([]agentproto.InstanceStatus(nil), r.instances...)
 }
 

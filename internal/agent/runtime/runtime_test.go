@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"computeplane/internal/agentproto"
 )
 
 func TestRecordingAppliesAndLogs(t *testing.T) {
@@ -41,4 +43,12 @@ func FuzzParseSpec(f *testing.F) {
 			require.True(t, strings.Contains("running stopped paused deleted", in.State))
 		}
 	})
+}
+
+func TestRecordingReportsWhatItAppliedBeforeARestart(t *testing.T) {
+	dir := t.TempDir()
+	_, err := (&Recording{Dir: dir}).Apply(t.Context(), 5, json.RawMessage(`{"instances":[{"id":"a","state":"paused"}]}`))
+	require.NoError(t, err)
+	st := (&Recording{Dir: dir}).Observe(t.Context())
+	assert.Equal(t, []agentproto.InstanceStatus{{ID: "a", State: "paused"}}, st)
 }
