@@ -64,6 +64,7 @@ type vmState struct {
 	// marks a VM the watcher ended because QMP stopped answering.
 	qmpFailures int
 	forceGone   bool
+	boots       int // raised by each boot and each stop: a boot that finds it changed lets go of its VM
 }
 
 // NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
@@ -279,6 +280,7 @@ func (r *QEMU) converge(ctx context.Context, id string, vs VMSpec) error {
 			st.cancel()
 			st.cancel = nil
 		}
+		st.boots++ // a boot in flight ends its VM itself
 		if st.vm != nil {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err := st.vm.Stop(sctx)
@@ -314,14 +316,41 @@ func (r *QEMU) boot(id string, st *vmState) {
 		}
 		c.Disks = append(c.Disks, qemu.Disk{Path: disk, Serial: "disk0", Format: "raw"})
 	}
-	vm, err := qemu.Start(context.Background(), c)
-	if err != nil {
-		st.state, st.err = "failed", err.Error()
-		return
-	}
-	st.vm, st.state, st.err = vm, "starting", ""
+	// qemu starts in the background too: Apply returns at once, so the
+	// daemon acknowledges the spec without waiting for a process to start.
+	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
+	st.state, st.err, st.cancel = "starting", "", cancel
 	st.forceGone, st.qmpFailures = false, 0
-	r.awaitGuest(id, st, true)
+	st.boots++
+	boot := st.boots
+	go func() {
+		defer cancel()
+		vm, err := qemu.Start(ctx, c)
+		if err == nil {
+			err = r.greet(ctx, vm, vs, true)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.vms[id] != st || st.boots != boot {
+			if vm != nil {
+				_ = vm.Kill() // removed or stopped meanwhile
+			}
+			return
+		}
+		st.cancel = nil
+		if err != nil {
+			st.state, st.err = "failed", err.Error()
+			if vm != nil {
+				_ = vm.Kill()
+			}
+		} else {
+			st.vm, st.state = vm, StateRunning
+			if st.spec.State == StatePaused && vm.Pause() == nil {
+				st.state = StatePaused
+			}
+		}
+		r.changed()
+	}()
 }
 
 // awaitGuest waits, in the background, for the guest agent to answer,
