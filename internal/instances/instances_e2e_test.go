@@ -139,7 +139,7 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 
 	// A VM killed from outside is noticed and reported.
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
-	require.Eventually(t, func() bool { return w.get(id).State == "failed" }, 30*time.Second, 100*time.Millisecond,
+	require.Eventually(t, func() bool { return w.get(id).State == "failed" }, 60*time.Second, 100*time.Millisecond,
 		"agent:\n%s", proctest.Tail(w.agent.Proc.Stderr.String(), 30))
 	assert.Contains(t, w.get(id).Error.Value, "without being asked")
 	assert.Equal(t, 1, w.Events("instance.failed", id))
