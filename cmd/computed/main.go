@@ -25,6 +25,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -72,6 +73,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if addr := getenv("SERVICE_PPROF_ADDR"); addr != "" {
 			servePprof(ctx, addr, log)
 		}
+		gatewayGC(cfg, getenv, log)
 		h, err := host.New(ctx, cfg, log, host.Options{SkipMigrations: getenv("SERVICE_SKIP_MIGRATIONS") == "1"})
 		if err != nil {
 			log.Error("startup failed", "error", err.Error())
@@ -232,4 +234,19 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) {
 		}
 	}()
 	context.AfterFunc(ctx, func() { _ = srv.Close() })
+}
+
+// GatewayGCPercent is the collector's target on a process that runs the
+// gateway role alone. Its heap is mostly long-lived session state and it
+// allocates little once sessions are idle, so a tighter target costs
+// little CPU and keeps an idle session near 32 KiB instead of 45
+// (docs/benchmarks-notes.md). GOGC in the environment wins.
+const GatewayGCPercent = 20
+
+func gatewayGC(cfg *config.Config, getenv func(string) string, log *slog.Logger) {
+	if len(cfg.Roles) != 1 || cfg.Roles[0] != config.RoleGateway || getenv("GOGC") != "" {
+		return
+	}
+	debug.SetGCPercent(GatewayGCPercent)
+	log.Info("gateway-only process: collector target lowered", "gcPercent", GatewayGCPercent)
 }

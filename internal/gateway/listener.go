@@ -26,8 +26,8 @@ import (
 const HandshakeTimeout = 10 * time.Second
 
 const (
-	upgradeReadBuffer  = 1024 // the upgrade request's headers
-	upgradeWriteBuffer = 512  // WebSocket frames are written through it
+	upgradeReadBuffer  = 512 // the upgrade request's header lines, then frame headers
+	upgradeWriteBuffer = 512 // WebSocket frames are written through it
 )
 
 // listener accepts daemon connections until closed.

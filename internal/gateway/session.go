@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"net/http"
 	"sync"
@@ -47,7 +48,7 @@ type session struct {
 	endOnce  sync.Once
 
 	statusMu   sync.Mutex
-	lastStatus []byte
+	lastStatus uint64 // FNV-1a of the last status written: a session keeps 8 bytes, not the status
 }
 
 // serveMTLS upgrades a mutual-TLS connection whose certificate the
@@ -74,10 +75,13 @@ func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request) {
 	// The session runs on a goroutine of its own and this one ends: its
 	// stack grew during the TLS handshake, a fresh one stays small, and a
 	// gateway holds thousands of idle sessions.
+	// Only the certificate goes with it: the request (headers, TLS state)
+	// is garbage once upgraded.
+	cert := r.TLS.PeerCertificates[0]
 	g.handlers.Add(1)
 	go func() {
 		defer g.handlers.Done()
-		g.run(conn, node, r.TLS.PeerCertificates[0], agentproto.TransportMTLS)
+		g.run(conn, node, cert, agentproto.TransportMTLS)
 	}()
 }
 
@@ -367,8 +371,11 @@ func (s *session) readLoop() {
 func (s *session) status(st *agentproto.Status) {
 	b, _ := json.Marshal(st)
 	s.statusMu.Lock()
-	same := bytes.Equal(b, s.lastStatus)
-	s.lastStatus = b
+	h := fnv.New64a()
+	_, _ = h.Write(b)
+	sum := h.Sum64()
+	same := sum == s.lastStatus
+	s.lastStatus = sum
 	s.statusMu.Unlock()
 	if same {
 		return
@@ -401,7 +408,7 @@ func (s *session) status(st *agentproto.Status) {
 	}
 	if err != nil {
 		s.statusMu.Lock()
-		s.lastStatus = nil // write it again with the next heartbeat
+		s.lastStatus = 0 // write it again with the next heartbeat
 		s.statusMu.Unlock()
 		s.g.o.Log.Warn("gateway: writing a status", "node", s.nodeID, "error", err.Error())
 	}
