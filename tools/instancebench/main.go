@@ -198,7 +198,9 @@ func quantile(d []time.Duration, p int) time.Duration {
 	return s[i]
 }
 
-func pct(d []time.Duration, p int) string { return quantile(d, p).Round(100 * time.Microsecond).String() }
+func pct(d []time.Duration, p int) string {
+	return quantile(d, p).Round(100 * time.Microsecond).String()
+}
 
 // bareBoot boots the image with qemu alone (the runtime's machine and
 // flags, TCG) until compute-guest's ready event, and ends it.
