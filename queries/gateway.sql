@@ -176,3 +176,14 @@ SELECT
 SELECT coalesce(inventory->>'runtime', '') AS runtime, coalesce(inventory->>'accel', '') AS accel, count(*)::bigint AS nodes
 FROM nodes WHERE session_gateway IS NOT NULL
 GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: TrustVersionOf :one
+SELECT version FROM trust_versions WHERE fingerprint = sqlc.arg(fingerprint);
+
+-- AddTrustVersion gives a bundle not seen before the next version, at
+-- least lowest.
+-- name: AddTrustVersion :one
+INSERT INTO trust_versions (fingerprint, version)
+SELECT sqlc.arg(fingerprint), greatest(sqlc.arg(lowest)::integer, coalesce(max(version), 0) + 1) FROM trust_versions
+ON CONFLICT (fingerprint) DO UPDATE SET fingerprint = excluded.fingerprint
+RETURNING version;

@@ -46,6 +46,27 @@ func (q *Queries) AccelCensus(ctx context.Context) ([]AccelCensusRow, error) {
 	return items, nil
 }
 
+const addTrustVersion = `-- name: AddTrustVersion :one
+INSERT INTO trust_versions (fingerprint, version)
+SELECT $1, greatest($2::integer, coalesce(max(version), 0) + 1) FROM trust_versions
+ON CONFLICT (fingerprint) DO UPDATE SET fingerprint = excluded.fingerprint
+RETURNING version
+`
+
+type AddTrustVersionParams struct {
+	Fingerprint string
+	Lowest      int32
+}
+
+// AddTrustVersion gives a bundle not seen before the next version, at
+// least lowest.
+func (q *Queries) AddTrustVersion(ctx context.Context, arg AddTrustVersionParams) (int32, error) {
+	row := q.db.QueryRow(ctx, addTrustVersion, arg.Fingerprint, arg.Lowest)
+	var version int32
+	err := row.Scan(&version)
+	return version, err
+}
+
 const closeSession = `-- name: CloseSession :execrows
 UPDATE nodes SET session_gateway = NULL, session_closed_at = now(), last_seen_at = now()
 WHERE node_id = $1 AND session_gateway = $2 AND session_epoch = $3
@@ -833,4 +854,15 @@ func (q *Queries) TouchSessions(ctx context.Context, arg TouchSessionsParams) (i
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const trustVersionOf = `-- name: TrustVersionOf :one
+SELECT version FROM trust_versions WHERE fingerprint = $1
+`
+
+func (q *Queries) TrustVersionOf(ctx context.Context, fingerprint string) (int32, error) {
+	row := q.db.QueryRow(ctx, trustVersionOf, fingerprint)
+	var version int32
+	err := row.Scan(&version)
+	return version, err
 }

@@ -502,6 +502,12 @@ type Site struct {
 	UpdatedAt   time.Time
 }
 
+type TrustVersion struct {
+	Fingerprint string
+	Version     int32
+	CreatedAt   time.Time
+}
+
 type UsageWindow struct {
 	Key             string
 	AllocationID    string

@@ -191,6 +191,9 @@ type Welcome struct {
 	// HeartbeatMS is how often the daemon sends a status when nothing
 	// changed.
 	HeartbeatMS int64 `json:"heartbeatMs"`
+	// TrustVersion is the trust bundle's version: it changes with the
+	// CAs or the command key (pki.trustVersion is the lowest).
+	TrustVersion int `json:"trustVersion,omitempty"`
 }
 
 // Spec is the desired state of a node. Body is opaque to the protocol: the

@@ -64,6 +64,8 @@ type Options struct {
 	Notifier    *notify.Notifier
 	Log         *slog.Logger
 	Now         func() time.Time
+	// TrustVersion is the lowest trust bundle version (pki.trustVersion).
+	TrustVersion int
 	// OnStatus applies a daemon's report to what runs there (instances,
 	// volumes), in the status's transaction; it reports whether it wrote
 	// events.
@@ -84,10 +86,12 @@ type Gateway struct {
 	epoch    atomic.Int64        // of the lease
 	draining atomic.Bool
 
-	ctx      context.Context // of the gateway's life; sessions derive from it
-	cancel   context.CancelFunc
-	lis      *listener
-	internal *http.Server // the internal control API, nil without one
+	ctx    context.Context // of the gateway's life; sessions derive from it
+	cancel context.CancelFunc
+	lis    *listener
+	// trustVersion is the version of the trust bundle daemons are told.
+	trustVersion int
+	internal     *http.Server // the internal control API, nil without one
 	// internalURL is where the internal API listens, published in the
 	// gateway's row.
 	internalURL string
@@ -176,6 +180,11 @@ func (g *Gateway) Start(ctx context.Context) error {
 	if err := g.revoke.load(ctx, g.q()); err != nil {
 		return err
 	}
+	tv, err := g.q().AddTrustVersion(ctx, db.AddTrustVersionParams{Fingerprint: g.bundle.TrustFingerprint(), Lowest: int32(max(g.o.TrustVersion, 1))})
+	if err != nil {
+		return fmt.Errorf("gateway: trust version: %w", err)
+	}
+	g.trustVersion = int(tv)
 	ln, err := net.Listen("tcp", g.o.Config.Listen)
 	if err != nil {
 		return err

@@ -34,6 +34,7 @@ import (
 
 	"computeplane/computeclient"
 	"computeplane/gen/client"
+	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/gateway"
 	"computeplane/internal/join"
@@ -192,7 +193,25 @@ func (w *world) session(t *testing.T, n joined) *websocket.Conn {
 	require.NoError(t, err)
 	require.Equal(t, agentproto.TypeWelcome, m.Type, "%+v", m.Error)
 	require.Equal(t, w.gw.ID(), m.Welcome.GatewayID)
+	require.Equal(t, 1, m.Welcome.TrustVersion, "the first bundle a deployment sees is version 1")
 	return conn
+}
+
+// A changed bundle takes the next trust version by itself; the same one
+// keeps its version; pki.trustVersion is the lowest.
+func TestTrustVersions(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	q := db.New(w.env.Store.Pool())
+	version := func(fp string, lowest int32) int32 {
+		v, err := q.AddTrustVersion(t.Context(), db.AddTrustVersionParams{Fingerprint: fp, Lowest: lowest})
+		require.NoError(t, err)
+		return v
+	}
+	assert.EqualValues(t, 1, version(w.bundle.TrustFingerprint(), 1), "the running bundle")
+	assert.EqualValues(t, 2, version("changed", 1))
+	assert.EqualValues(t, 1, version(w.bundle.TrustFingerprint(), 1), "kept")
+	assert.EqualValues(t, 7, version("rotated", 7), "never below pki.trustVersion")
 }
 
 func (w *world) nodeState(t *testing.T, node string) string {

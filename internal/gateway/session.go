@@ -237,7 +237,7 @@ func (g *Gateway) run(conn *websocket.Conn, node string, cert *x509.Certificate,
 	}
 	gws, _ := LiveGateways(s.ctx, g.q(), g.o.Config.Region)
 	s.send(agentproto.Message{Type: agentproto.TypeWelcome, Welcome: &agentproto.Welcome{
-		SessionEpoch: epoch, Protocol: proto, GatewayID: g.id, Gateways: gws, HeartbeatMS: HeartbeatMS,
+		SessionEpoch: epoch, Protocol: proto, GatewayID: g.id, Gateways: gws, HeartbeatMS: HeartbeatMS, TrustVersion: g.trustVersion,
 	}})
 	g.o.Log.Info("session open", "node", node, "transport", transport, "epoch", epoch)
 	g.o.Notifier.Wake(Topic(g.id)) // its pending spec and commands

@@ -139,6 +139,13 @@ func Check() system.Check {
 		if f.ExpiringCerts > 0 {
 			add(system.SeverityWarning, "%d node certificates expire within 7 days", f.ExpiringCerts)
 		}
+		var trust int
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM trust_versions`).Scan(&trust); err != nil {
+			return nil, err
+		}
+		if trust > 0 {
+			add(system.SeverityInfo, "trust bundle version %d", trust)
+		}
 		accel, err := db.New(tx).AccelCensus(ctx)
 		if err != nil {
 			return nil, err

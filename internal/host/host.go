@@ -339,7 +339,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			roots = cfg.PKI.NodeCA.Cert
 		}
 		if gwRole, err = gateway.New(gateway.Options{Config: cfg.Gateway, NodeCARoots: roots, Bundle: bundle,
-			Store: gwStore, Notifier: notifier, Log: log.With("role", "gateway"),
+			Store: gwStore, Notifier: notifier, Log: log.With("role", "gateway"), TrustVersion: cfg.PKI.TrustVersion,
 			OnStatus: func(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error) {
 				a, err := instances.ApplyStatus(ctx, tx, node, st.Instances)
 				if err != nil {

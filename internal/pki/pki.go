@@ -486,3 +486,15 @@ func VerifyNodeCert(cert *x509.Certificate, roots, intermediates *x509.CertPool,
 	}
 	return "", fmt.Errorf("pki: the certificate names no node of trust domain %s", trustDomain)
 }
+
+// TrustFingerprint names what daemons trust of this bundle: the node,
+// serving and internal CAs and the command key. A changed bundle has
+// another one, and so the next trust version.
+func (b *Bundle) TrustFingerprint() string {
+	h := sha256.New()
+	for _, c := range []*x509.Certificate{b.NodeCA.Cert, b.ServingCA.Cert, b.InternalCA.Cert} {
+		h.Write(c.Raw)
+	}
+	h.Write(b.CommandKey())
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
