@@ -470,6 +470,9 @@ func (r *Runner) tick(ctx context.Context) time.Duration {
 	}
 	missing := 0
 	for name := range want {
+		if ctx.Err() != nil {
+			break // stopping: acquire no more
+		}
 		r.mu.Lock()
 		_, have := r.held[name]
 		r.mu.Unlock()
@@ -547,7 +550,11 @@ func (r *Runner) wanted(live []db.ListLiveWorkersRow) map[string]bool {
 func (r *Runner) acquire(ctx context.Context, name string) (bool, error) {
 	before := time.Now()
 	var row db.AcquireLeaseRow
-	err := r.call(ctx, func(ctx context.Context) (err error) {
+	// Not cancelled by a stop: a statement cancelled in flight may still
+	// commit, leaving a lease held that this worker does not know of and
+	// so would not release. It finishes (bounded), the lease is recorded,
+	// and the stop releases it with the others.
+	err := r.call(context.WithoutCancel(ctx), func(ctx context.Context) (err error) {
 		row, err = r.q.AcquireLease(ctx, db.AcquireLeaseParams{Name: name, Holder: r.id, TtlMs: r.t.LeaseTTL.Milliseconds()})
 		return err
 	})
