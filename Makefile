@@ -87,11 +87,15 @@ key: $(SECRET_FILE) ## Make an API key: make key TENANT=acme ROLE=owner [IDENTIT
 	@$(SERVICE_ENV); go run ./cmd/computed iam create-key --tenant "$(TENANT)" --identity "$${IDENTITY:-$(TENANT)-$(ROLE)}" --role "$(ROLE)"
 
 .PHONY: test
-# The kill test measures takeover and delivery against deadlines: it runs
-# alone, after the others, so the VM tests' CPU load never shares its clock.
+# Tests that run real processes and VMs (and the kill test, which measures
+# against deadlines) run one package at a time after the others: on a
+# 2-core machine their CPU load would otherwise share the clock of every
+# timing-sensitive test.
+PROCESS_TESTS = ./internal/killtest ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/gateway ./internal/qemu
+
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
-	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v '/internal/killtest$$') && \
-		go test -count=1 ./internal/killtest
+	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v -F -x $(foreach p,$(PROCESS_TESTS),-e computeplane/$(patsubst ./%,%,$(p)))) && \
+		go test -count=1 -p 1 $(PROCESS_TESTS)
 	@$(MAKE) fuzz-short
 
 .PHONY: fuzz-short
