@@ -254,3 +254,16 @@ func (x *Index) fetch(ctx context.Context) ([]Image, error) {
 func (x *Index) Get(ctx context.Context, id string) (*Image, error) {
 	return find(x.List(ctx))(id)
 }
+
+// Runtimes and what they boot: the formats each VM runtime starts, and
+// whether it passes GPUs through (the qemu runtime of this build does not).
+var (
+	runtimeFormats = map[string][]string{"qemu": {FormatKernelInitrd, FormatRaw, FormatQcow2}}
+	gpuPassthrough = map[string]bool{}
+)
+
+// Boots reports whether runtime starts images of format.
+func Boots(runtime, format string) bool { return slices.Contains(runtimeFormats[runtime], format) }
+
+// PassesGPUs reports whether runtime passes a flavor's GPUs through.
+func PassesGPUs(runtime string) bool { return gpuPassthrough[runtime] }

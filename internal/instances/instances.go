@@ -49,11 +49,6 @@ const (
 // ResourceType is the instance's type in the authorization projection.
 const ResourceType = "instance"
 
-// Runtimes whose VMs boot each image format.
-var bootable = map[string][]string{
-	"qemu": {images.FormatKernelInitrd, images.FormatRaw, images.FormatQcow2},
-}
-
 // Service implements api.InstancesService.
 type Service struct {
 	Placer *placement.Engine
@@ -159,7 +154,7 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if runtime == "" {
 		runtime = "qemu"
 	}
-	if !contains(bootable[runtime], im.Format) {
+	if !images.Boots(runtime, im.Format) {
 		return nil, api.Errorf(api.CodeInvalidInput, "imageId: the pool's runtime %s does not boot %s images", runtime, im.Format)
 	}
 	shape := placement.Shape{VCPU: int32(flavor.Vcpu), MemoryMiB: flavor.MemoryMiB, DiskGiB: flavor.DiskGiB}
@@ -205,15 +200,6 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 		return nil, err
 	}
 	return s.waited(ctx, row, in.Wait, StateRunning)
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // openUsage starts the instance's metering: vCPU-hours and GiB-hours of

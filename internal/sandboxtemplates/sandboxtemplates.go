@@ -38,13 +38,6 @@ const (
 	DefaultNet    = "egress"
 )
 
-// bootable is what each runtime boots; gpuPassthrough which pass GPUs
-// through (the qemu runtime of this build does not).
-var (
-	bootable       = map[string][]string{"qemu": {images.FormatKernelInitrd, images.FormatRaw, images.FormatQcow2}}
-	gpuPassthrough = map[string]bool{}
-)
-
 // Service implements api.SandboxTemplatesService.
 type Service struct {
 	Images images.Source
@@ -115,22 +108,13 @@ func (s *Service) checkRuntime(ctx context.Context, q *db.Queries, sh shape) err
 	if err != nil {
 		return err
 	}
-	if !contains(bootable[sh.runtime], im.Format) {
+	if !images.Boots(sh.runtime, im.Format) {
 		return api.Errorf(api.CodeInvalidInput, "imageId: the pool's runtime %s does not boot %s images", sh.runtime, im.Format)
 	}
-	if f.Gpus != nil && f.Gpus.Count > 0 && !gpuPassthrough[sh.runtime] {
+	if f.Gpus != nil && f.Gpus.Count > 0 && !images.PassesGPUs(sh.runtime) {
 		return api.Errorf(api.CodeInvalidInput, "flavor: the pool's runtime %s does not pass GPUs through", sh.runtime)
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 var uriRe = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]*`)
