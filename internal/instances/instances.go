@@ -347,43 +347,19 @@ func (s *Service) Delete(ctx context.Context, in *api.InstancesDeleteInput) (*ap
 		Data: api.InstanceDeletedPayload{InstanceID: r.InstanceID}})
 }
 
-// Waiting: re-read after commit until the state is until (or failed),
-// at most timeoutMs, backing off from 50 ms to 1 s.
-const (
-	waitFirst = 50 * time.Millisecond
-	waitMax   = time.Second
-)
-
+// waited follows the Waiting convention: after commit, until the state is
+// until (or failed, or deleted).
 func (s *Service) waited(ctx context.Context, r db.Instance, wait *api.Wait, until string) (*api.Instance, error) {
 	if wait == nil || wait.TimeoutMs == 0 || until == "" || r.State == until {
 		return output(r), nil
 	}
 	id, tenant := r.InstanceID, r.TenantID
-	timeout := time.Duration(wait.TimeoutMs) * time.Millisecond
-	rpc.Then(ctx, func(ctx context.Context) (any, error) {
-		// The wait has a deadline of its own (up to 30 s), beyond the
-		// call's.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		defer cancel()
-		delay := waitFirst
-		last := r
-		for {
-			row, err := db.New(s.Store.Pool()).GetInstance(ctx, id)
-			if err == nil && row.TenantID == tenant {
-				last = row
-				if row.State == until || row.State == StateFailed || row.State == StateDeleted {
-					return output(row), nil
-				}
-			}
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return output(last), nil // a timeout is not an error
-			case <-t.C:
-			}
-			delay = min(2*delay, waitMax)
+	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, output(r), func(ctx context.Context) (any, bool) {
+		row, err := db.New(s.Store.Pool()).GetInstance(ctx, id)
+		if err != nil || row.TenantID != tenant {
+			return nil, false
 		}
+		return output(row), row.State == until || row.State == StateFailed || row.State == StateDeleted
 	})
 	return output(r), nil
 }

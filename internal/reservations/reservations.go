@@ -496,39 +496,25 @@ func (s *Service) finish(ctx context.Context, tx pgx.Tx, r db.Reservation, state
 		Error: pgtype.Text{String: reason, Valid: reason != ""}})
 }
 
-// Waiting: until placed or active (or failed), at most timeoutMs.
+// waited follows the Waiting convention: after commit, until it is no
+// longer queued.
 func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Reservation, wait *api.Wait) (*api.Reservation, error) {
 	out, err := output(ctx, q, r)
 	if err != nil || wait == nil || wait.TimeoutMs == 0 || r.State != StateQueued {
 		return out, err
 	}
 	id, tenant := r.ReservationID, r.TenantID
-	timeout := time.Duration(wait.TimeoutMs) * time.Millisecond
-	rpc.Then(ctx, func(ctx context.Context) (any, error) {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		defer cancel()
+	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, out, func(ctx context.Context) (any, bool) {
 		q := db.New(s.Store.Pool())
-		delay := 50 * time.Millisecond
-		last := out
-		for {
-			row, err := q.GetReservation(ctx, id)
-			if err == nil && row.TenantID == tenant {
-				if o, err := output(ctx, q, row); err == nil {
-					last = o
-				}
-				if row.State != StateQueued {
-					return last, nil
-				}
-			}
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return last, nil // a timeout is not an error: the work is pending
-			case <-t.C:
-			}
-			delay = min(2*delay, time.Second)
+		row, err := q.GetReservation(ctx, id)
+		if err != nil || row.TenantID != tenant {
+			return nil, false
 		}
+		o, err := output(ctx, q, row)
+		if err != nil {
+			return nil, false
+		}
+		return o, row.State != StateQueued
 	})
 	return out, nil
 }

@@ -431,3 +431,38 @@ func (h *Handler) logger() *slog.Logger {
 	}
 	return slog.Default()
 }
+
+// The Waiting convention's backoff between re-reads.
+const (
+	WaitFirst = 50 * time.Millisecond
+	WaitMax   = time.Second
+)
+
+// ThenWait answers a mutation that accepts wait { timeoutMs } (the
+// Waiting convention): after commit, read is called again, backing off
+// from WaitFirst to WaitMax, until it reports done or timeout passes (up
+// to 30 s, beyond the call's own deadline); a timeout answers the last
+// output read, or initial, and is not an error.
+func ThenWait(ctx context.Context, timeout time.Duration, initial any, read func(ctx context.Context) (out any, done bool)) {
+	Then(ctx, func(ctx context.Context) (any, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		last := initial
+		for delay := WaitFirst; ; delay = min(2*delay, WaitMax) {
+			out, done := read(ctx)
+			if out != nil {
+				last = out
+			}
+			if done {
+				return last, nil
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return last, nil // the work is pending
+			case <-t.C:
+			}
+		}
+	})
+}
