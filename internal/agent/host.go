@@ -2,9 +2,7 @@ package agent
 
 import (
 	"bufio"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -57,31 +55,4 @@ func memTotalMiB() int64 {
 		}
 	}
 	return 0
-}
-
-// volumeStore reports the volume directory: available bytes from statfs,
-// reserved = the apparent size of its files (volumes are sparse raw
-// files), outstanding = what they may still write (apparent minus
-// allocated).
-func volumeStore(dir string) agentproto.VolumeStore {
-	var vs agentproto.VolumeStore
-	var st syscall.Statfs_t
-	if syscall.Statfs(dir, &st) == nil {
-		vs.AvailableBytes = int64(st.Bavail) * int64(st.Bsize)
-	}
-	_ = filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
-		if err != nil || !e.Type().IsRegular() {
-			return nil
-		}
-		info, err := e.Info()
-		if err != nil {
-			return nil
-		}
-		vs.ReservedBytes += info.Size()
-		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
-			vs.OutstandingBytes += max(0, info.Size()-sys.Blocks*512)
-		}
-		return nil
-	})
-	return vs
 }

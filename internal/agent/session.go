@@ -506,8 +506,9 @@ func (a *Agent) applyLoop(ctx context.Context, specs <-chan *agentproto.Spec, se
 }
 
 func (a *Agent) statusMessage(ctx context.Context) agentproto.Message {
+	store, volumes := scanVolumes(a.o.Volumes)
 	st := &agentproto.Status{ObservedGeneration: a.observed.Load(), Instances: a.o.Runtime.Observe(ctx),
-		VolumeStore: volumeStore(a.o.Volumes), Volumes: volumeFiles(a.o.Volumes)}
+		VolumeStore: store, Volumes: volumes}
 	if e := a.applyErr.Load(); e != nil {
 		st.ApplyError = *e
 	}

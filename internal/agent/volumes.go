@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 
 	"computeplane/internal/agentproto"
 )
@@ -88,18 +89,34 @@ func applyVolumes(dir string, body json.RawMessage) error {
 	return errors.Join(errs...)
 }
 
-// volumeFiles lists the volumes the store holds.
-func volumeFiles(dir string) []agentproto.VolumeStatus {
-	out := []agentproto.VolumeStatus{}
+// scanVolumes reads the volume directory once: the store as the control
+// plane books against it (available bytes from statfs; reserved = the
+// apparent size of its files, volumes being sparse raw files; outstanding
+// = what they may still write, apparent minus allocated) and the volumes
+// it holds.
+func scanVolumes(dir string) (agentproto.VolumeStore, []agentproto.VolumeStatus) {
+	var vs agentproto.VolumeStore
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) == nil {
+		vs.AvailableBytes = int64(st.Bavail) * int64(st.Bsize)
+	}
+	files := []agentproto.VolumeStatus{}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		serial, ok := strings.CutSuffix(e.Name(), volumeSuffix)
-		if !ok || !e.Type().IsRegular() || !serialRe.MatchString(serial) {
+		if !e.Type().IsRegular() {
 			continue
 		}
-		if info, err := e.Info(); err == nil {
-			out = append(out, agentproto.VolumeStatus{Serial: serial, SizeBytes: info.Size()})
+		info, err := e.Info()
+		if err != nil {
+			continue
+		}
+		vs.ReservedBytes += info.Size()
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+			vs.OutstandingBytes += max(0, info.Size()-sys.Blocks*512)
+		}
+		if serial, ok := strings.CutSuffix(e.Name(), volumeSuffix); ok && serialRe.MatchString(serial) {
+			files = append(files, agentproto.VolumeStatus{Serial: serial, SizeBytes: info.Size()})
 		}
 	}
-	return out
+	return vs, files
 }

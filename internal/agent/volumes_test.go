@@ -14,7 +14,8 @@ func TestVolumesGrowAndGoAndAreReported(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	require.NoError(t, applyVolumes(dir, json.RawMessage(`{"volumes":[{"serial":"v1","sizeGiB":1},{"serial":"v2","sizeGiB":2}]}`)))
-	vs := volumeStore(dir)
+	vs, files := scanVolumes(dir)
+	assert.Len(t, files, 2)
 	assert.EqualValues(t, 3<<30, vs.ReservedBytes)
 	assert.Positive(t, vs.OutstandingBytes, "sparse files may still write")
 	assert.Positive(t, vs.AvailableBytes)
@@ -24,7 +25,8 @@ func TestVolumesGrowAndGoAndAreReported(t *testing.T) {
 	assert.Equal(t, []string{"v1.raw"}, names(t, dir))
 	// No volumes key: the store is left as it is.
 	require.NoError(t, applyVolumes(dir, json.RawMessage(`{"instances":[]}`)))
-	assert.Len(t, volumeFiles(dir), 1)
+	_, files = scanVolumes(dir)
+	assert.Len(t, files, 1)
 }
 
 func names(t *testing.T, dir string) []string {
