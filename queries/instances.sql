@@ -1,9 +1,10 @@
 -- name: InsertInstance :one
 INSERT INTO instances (instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data,
-    vcpu, memory_mib, disk_gib, desired_state, state, created_by, idem_request)
-VALUES (sqlc.arg(instance_id), sqlc.arg(tenant_id), sqlc.arg(pool_id), sqlc.arg(node_id), sqlc.arg(booking_id), sqlc.arg(flavor),
+    vcpu, memory_mib, disk_gib, desired_state, state, created_by, idem_request, reservation_id, reservation_booking_id)
+VALUES (sqlc.arg(instance_id), sqlc.arg(tenant_id), sqlc.arg(pool_id), sqlc.arg(node_id), sqlc.narg(booking_id), sqlc.arg(flavor),
     sqlc.arg(image_id), sqlc.arg(boot), sqlc.arg(name), sqlc.narg(user_data), sqlc.arg(vcpu), sqlc.arg(memory_mib),
-    sqlc.arg(disk_gib), 'running', 'pending', sqlc.arg(created_by), sqlc.arg(idem_request))
+    sqlc.arg(disk_gib), 'running', 'pending', sqlc.arg(created_by), sqlc.arg(idem_request),
+    sqlc.narg(reservation_id), sqlc.narg(reservation_booking_id))
 ON CONFLICT (instance_id) DO NOTHING
 RETURNING *;
 
@@ -51,3 +52,17 @@ UPDATE instances SET state = 'deleted', updated_at = now()
 WHERE node_id = sqlc.arg(node_id) AND desired_state = 'deleted' AND state <> 'deleted'
   AND NOT (instance_id = ANY(sqlc.arg(reported)::text[]))
 RETURNING instance_id;
+
+-- FreeReservationUnit is a unit (booking) of a reservation no live
+-- instance runs in, with the node it is on; the caller holds the
+-- reservation's row lock, so two creates never take the same unit.
+-- name: FreeReservationUnit :one
+SELECT b.booking_id, b.node_id, b.vcpu, b.memory_mib, b.disk_gib, b.gpus FROM bookings b
+WHERE b.owner_type = 'reservation' AND b.owner_id = sqlc.arg(reservation_id) AND NOT b.released
+  AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.reservation_booking_id = b.booking_id AND i.desired_state <> 'deleted')
+ORDER BY b.booking_id
+LIMIT 1;
+
+-- ReservationInstances are the live instances running in a reservation.
+-- name: ReservationInstances :many
+SELECT * FROM instances WHERE reservation_id = sqlc.arg(reservation_id) AND desired_state <> 'deleted' ORDER BY instance_id FOR UPDATE;

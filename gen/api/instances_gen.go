@@ -26,6 +26,7 @@ type InstancesCreateInput struct {
 	ImageID        string  `json:"imageId"`  // Image identifier.
 	Name           string  `json:"name"`     // Lowercase DNS-like name.
 	UserData       *string `json:"userData,omitempty"`
+	ReservationID  *string `json:"reservationId,omitempty"` // Run inside this active reservation of the pool: the instance takes one of its units (its flavor must fit the reservation's) and is charged only the instances quota; it is deleted when the reservation ends.
 	Wait           *Wait   `json:"wait,omitempty"`
 	IdempotencyKey string  `json:"idempotencyKey"` // Idempotency key (wide alphabet).
 }
@@ -36,6 +37,7 @@ var fieldsInstancesCreateInput = map[string]struct{}{
 	"imageId":        {},
 	"name":           {},
 	"poolId":         {},
+	"reservationId":  {},
 	"tenantId":       {},
 	"userData":       {},
 	"wait":           {},
@@ -72,6 +74,11 @@ func decodeInstancesCreateInput(obj map[string]any, path string, iss *wire.Issue
 	if v, ok := obj["userData"]; ok {
 		if x1, ok := wire.String(v, wire.Join(path, "userData"), ruleInstancesCreateInputUserData, iss); ok {
 			out.UserData = &x1
+		}
+	}
+	if v, ok := obj["reservationId"]; ok {
+		if x1, ok := wire.String(v, wire.Join(path, "reservationId"), ruleInstancesCreateInputReservationID, iss); ok {
+			out.ReservationID = &x1
 		}
 	}
 	if v, ok := obj["wait"]; ok {

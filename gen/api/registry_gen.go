@@ -293,7 +293,7 @@ var Methods = []*Method{
 		FullName:    "instances.create",
 		Group:       "instances",
 		Idempotency: &Idempotency{
-			Compare:   []string{"poolId", "flavor", "imageId", "name", "userData"},
+			Compare:   []string{"poolId", "flavor", "imageId", "name", "userData", "reservationId"},
 			DerivesID: "instanceId",
 			IDPrefix:  "inst",
 			Key:       "idempotencyKey",

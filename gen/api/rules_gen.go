@@ -292,7 +292,12 @@ var (
 		Pattern:   ShapeName63,
 		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
 	}
-	ruleInstancesCreateInputUserData       = &wire.StringRule{MaxLength: 16384}
+	ruleInstancesCreateInputUserData      = &wire.StringRule{MaxLength: 16384}
+	ruleInstancesCreateInputReservationID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeReservationId,
+		Words:     "a reservation id: rsv_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
 	ruleInstancesCreateInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdemKeyB,

@@ -156,26 +156,27 @@ type ImageList struct {
 	Items []Image `json:"items"` // By id.
 }
 type Instance struct {
-	InstanceID   string              `json:"instanceId"` // Instance identifier.
-	TenantID     string              `json:"tenantId"`   // Tenant identifier.
-	PoolID       string              `json:"poolId"`     // Pool identifier.
-	Flavor       string              `json:"flavor"`     // Lowercase DNS-like name.
-	ImageID      string              `json:"imageId"`    // Image identifier.
-	Name         string              `json:"name"`       // Lowercase DNS-like name.
-	NodeID       *string             `json:"nodeId"`     // Node identifier.
-	DesiredState string              `json:"desiredState"`
-	State        string              `json:"state"`
-	Error        *string             `json:"error"`       // Why the instance failed, as the daemon reported it.
-	HasUserData  bool                `json:"hasUserData"` // User data is never returned.
-	Vcpu         int64               `json:"vcpu"`
-	MemoryMiB    int64               `json:"memoryMiB"`
-	DiskGiB      int64               `json:"diskGiB"`
-	Reboots      int64               `json:"reboots"` // Reboots asked for so far.
-	Conditions   []InstanceCondition `json:"conditions"`
-	Version      int64               `json:"version"`
-	CreatedAt    string              `json:"createdAt"`
-	UpdatedAt    string              `json:"updatedAt"`
-	ReadyAt      *string             `json:"readyAt"` // When it first ran with its guest agent answering.
+	InstanceID    string              `json:"instanceId"`    // Instance identifier.
+	TenantID      string              `json:"tenantId"`      // Tenant identifier.
+	PoolID        string              `json:"poolId"`        // Pool identifier.
+	Flavor        string              `json:"flavor"`        // Lowercase DNS-like name.
+	ImageID       string              `json:"imageId"`       // Image identifier.
+	Name          string              `json:"name"`          // Lowercase DNS-like name.
+	NodeID        *string             `json:"nodeId"`        // Node identifier.
+	ReservationID *string             `json:"reservationId"` // The reservation whose capacity it runs in, if any.
+	DesiredState  string              `json:"desiredState"`
+	State         string              `json:"state"`
+	Error         *string             `json:"error"`       // Why the instance failed, as the daemon reported it.
+	HasUserData   bool                `json:"hasUserData"` // User data is never returned.
+	Vcpu          int64               `json:"vcpu"`
+	MemoryMiB     int64               `json:"memoryMiB"`
+	DiskGiB       int64               `json:"diskGiB"`
+	Reboots       int64               `json:"reboots"` // Reboots asked for so far.
+	Conditions    []InstanceCondition `json:"conditions"`
+	Version       int64               `json:"version"`
+	CreatedAt     string              `json:"createdAt"`
+	UpdatedAt     string              `json:"updatedAt"`
+	ReadyAt       *string             `json:"readyAt"` // When it first ran with its guest agent answering.
 }
 type InstanceCondition struct {
 	Type    string `json:"type"`

@@ -154,6 +154,7 @@ var Groups = []cliruntime.Group{
 					{Name: "image-id", Field: "imageId", Type: cliruntime.String, Required: true, Help: "Image identifier."},
 					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
 					{Name: "user-data", Field: "userData", Type: cliruntime.String},
+					{Name: "reservation-id", Field: "reservationId", Type: cliruntime.String, Help: "Run inside this active reservation of the pool: the instance takes one of its units (its flavor must fit the reservation's) and is charged only the instances quota; it is deleted when the reservation ends."},
 					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
 				},

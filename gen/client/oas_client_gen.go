@@ -143,9 +143,9 @@ type InstancesInvoker interface {
 	// key.
 	//
 	// Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
-	// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData is CONFLICT).
-	// Publishes instance.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
-	// INVALID_STATE (409), INVALID_CONFIG (500), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409),
+	// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData, reservationId
+	// is CONFLICT). Publishes instance.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT
+	// (409), INVALID_STATE (409), INVALID_CONFIG (500), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409),
 	// UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /instances/create
@@ -1828,9 +1828,9 @@ func (c *Client) sendImagesList(ctx context.Context, request *ImagesListInput) (
 // key.
 //
 // Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
-// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData is CONFLICT).
-// Publishes instance.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
-// INVALID_STATE (409), INVALID_CONFIG (500), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409),
+// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData, reservationId
+// is CONFLICT). Publishes instance.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT
+// (409), INVALID_STATE (409), INVALID_CONFIG (500), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409),
 // UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /instances/create

@@ -4975,6 +4975,10 @@ func (s *Instance) encodeFields(e *jx.Encoder) {
 		e.Int64(s.Reboots)
 	}
 	{
+		e.FieldStart("reservationId")
+		s.ReservationId.Encode(e)
+	}
+	{
 		e.FieldStart("state")
 		s.State.Encode(e)
 	}
@@ -4996,7 +5000,7 @@ func (s *Instance) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfInstance = [20]string{
+var jsonFieldsNameOfInstance = [21]string{
 	0:  "conditions",
 	1:  "createdAt",
 	2:  "desiredState",
@@ -5012,11 +5016,12 @@ var jsonFieldsNameOfInstance = [20]string{
 	12: "poolId",
 	13: "readyAt",
 	14: "reboots",
-	15: "state",
-	16: "tenantId",
-	17: "updatedAt",
-	18: "vcpu",
-	19: "version",
+	15: "reservationId",
+	16: "state",
+	17: "tenantId",
+	18: "updatedAt",
+	19: "vcpu",
+	20: "version",
 }
 
 // Decode decodes Instance from json.
@@ -5206,8 +5211,18 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"reboots\"")
 			}
-		case "state":
+		case "reservationId":
 			requiredBitSet[1] |= 1 << 7
+			if err := func() error {
+				if err := s.ReservationId.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"reservationId\"")
+			}
+		case "state":
+			requiredBitSet[2] |= 1 << 0
 			if err := func() error {
 				if err := s.State.Decode(d); err != nil {
 					return err
@@ -5217,7 +5232,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"state\"")
 			}
 		case "tenantId":
-			requiredBitSet[2] |= 1 << 0
+			requiredBitSet[2] |= 1 << 1
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -5229,7 +5244,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"tenantId\"")
 			}
 		case "updatedAt":
-			requiredBitSet[2] |= 1 << 1
+			requiredBitSet[2] |= 1 << 2
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.UpdatedAt = v
@@ -5241,7 +5256,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"updatedAt\"")
 			}
 		case "vcpu":
-			requiredBitSet[2] |= 1 << 2
+			requiredBitSet[2] |= 1 << 3
 			if err := func() error {
 				v, err := d.Int64()
 				s.Vcpu = int64(v)
@@ -5253,7 +5268,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"vcpu\"")
 			}
 		case "version":
-			requiredBitSet[2] |= 1 << 3
+			requiredBitSet[2] |= 1 << 4
 			if err := func() error {
 				v, err := d.Int64()
 				s.Version = int64(v)
@@ -5276,7 +5291,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 	for i, mask := range [3]uint8{
 		0b11111111,
 		0b11111111,
-		0b00001111,
+		0b00011111,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -5699,6 +5714,12 @@ func (s *InstancesCreateInput) encodeFields(e *jx.Encoder) {
 		e.Str(s.PoolId)
 	}
 	{
+		if s.ReservationId.Set {
+			e.FieldStart("reservationId")
+			s.ReservationId.Encode(e)
+		}
+	}
+	{
 		e.FieldStart("tenantId")
 		e.Str(s.TenantId)
 	}
@@ -5716,15 +5737,16 @@ func (s *InstancesCreateInput) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfInstancesCreateInput = [8]string{
+var jsonFieldsNameOfInstancesCreateInput = [9]string{
 	0: "flavor",
 	1: "idempotencyKey",
 	2: "imageId",
 	3: "name",
 	4: "poolId",
-	5: "tenantId",
-	6: "userData",
-	7: "wait",
+	5: "reservationId",
+	6: "tenantId",
+	7: "userData",
+	8: "wait",
 }
 
 // Decode decodes InstancesCreateInput from json.
@@ -5732,7 +5754,7 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 	if s == nil {
 		return errors.New("invalid: unable to decode InstancesCreateInput to nil")
 	}
-	var requiredBitSet [1]uint8
+	var requiredBitSet [2]uint8
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
@@ -5796,8 +5818,18 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"poolId\"")
 			}
+		case "reservationId":
+			if err := func() error {
+				s.ReservationId.Reset()
+				if err := s.ReservationId.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"reservationId\"")
+			}
 		case "tenantId":
-			requiredBitSet[0] |= 1 << 5
+			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -5837,8 +5869,9 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
-	for i, mask := range [1]uint8{
-		0b00111111,
+	for i, mask := range [2]uint8{
+		0b01011111,
+		0b00000000,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.

@@ -1728,8 +1728,10 @@ type Instance struct {
 	// When it first ran with its guest agent answering.
 	ReadyAt NilDateTime `json:"readyAt"`
 	// Reboots asked for so far.
-	Reboots int64         `json:"reboots"`
-	State   InstanceState `json:"state"`
+	Reboots int64 `json:"reboots"`
+	// The reservation whose capacity it runs in, if any.
+	ReservationId NilString     `json:"reservationId"`
+	State         InstanceState `json:"state"`
 	// Tenant identifier.
 	TenantId  string    `json:"tenantId"`
 	UpdatedAt time.Time `json:"updatedAt"`
@@ -1810,6 +1812,11 @@ func (s *Instance) GetReadyAt() NilDateTime {
 // GetReboots returns the value of Reboots.
 func (s *Instance) GetReboots() int64 {
 	return s.Reboots
+}
+
+// GetReservationId returns the value of ReservationId.
+func (s *Instance) GetReservationId() NilString {
+	return s.ReservationId
 }
 
 // GetState returns the value of State.
@@ -1910,6 +1917,11 @@ func (s *Instance) SetReadyAt(val NilDateTime) {
 // SetReboots sets the value of Reboots.
 func (s *Instance) SetReboots(val int64) {
 	s.Reboots = val
+}
+
+// SetReservationId sets the value of ReservationId.
+func (s *Instance) SetReservationId(val NilString) {
+	s.ReservationId = val
 }
 
 // SetState sets the value of State.
@@ -2145,6 +2157,10 @@ type InstancesCreateInput struct {
 	Name string `json:"name"`
 	// Pool identifier.
 	PoolId string `json:"poolId"`
+	// Run inside this active reservation of the pool: the instance takes one of its units (its flavor must
+	// fit the reservation's) and is charged only the instances quota; it is deleted when the reservation
+	// ends.
+	ReservationId OptString `json:"reservationId"`
 	// Tenant identifier.
 	TenantId string    `json:"tenantId"`
 	UserData OptString `json:"userData"`
@@ -2174,6 +2190,11 @@ func (s *InstancesCreateInput) GetName() string {
 // GetPoolId returns the value of PoolId.
 func (s *InstancesCreateInput) GetPoolId() string {
 	return s.PoolId
+}
+
+// GetReservationId returns the value of ReservationId.
+func (s *InstancesCreateInput) GetReservationId() OptString {
+	return s.ReservationId
 }
 
 // GetTenantId returns the value of TenantId.
@@ -2214,6 +2235,11 @@ func (s *InstancesCreateInput) SetName(val string) {
 // SetPoolId sets the value of PoolId.
 func (s *InstancesCreateInput) SetPoolId(val string) {
 	s.PoolId = val
+}
+
+// SetReservationId sets the value of ReservationId.
+func (s *InstancesCreateInput) SetReservationId(val OptString) {
+	s.ReservationId = val
 }
 
 // SetTenantId sets the value of TenantId.

@@ -11,8 +11,42 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const freeReservationUnit = `-- name: FreeReservationUnit :one
+SELECT b.booking_id, b.node_id, b.vcpu, b.memory_mib, b.disk_gib, b.gpus FROM bookings b
+WHERE b.owner_type = 'reservation' AND b.owner_id = $1 AND NOT b.released
+  AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.reservation_booking_id = b.booking_id AND i.desired_state <> 'deleted')
+ORDER BY b.booking_id
+LIMIT 1
+`
+
+type FreeReservationUnitRow struct {
+	BookingID string
+	NodeID    string
+	Vcpu      int32
+	MemoryMib int64
+	DiskGib   int64
+	Gpus      int32
+}
+
+// FreeReservationUnit is a unit (booking) of a reservation no live
+// instance runs in, with the node it is on; the caller holds the
+// reservation's row lock, so two creates never take the same unit.
+func (q *Queries) FreeReservationUnit(ctx context.Context, reservationID string) (FreeReservationUnitRow, error) {
+	row := q.db.QueryRow(ctx, freeReservationUnit, reservationID)
+	var i FreeReservationUnitRow
+	err := row.Scan(
+		&i.BookingID,
+		&i.NodeID,
+		&i.Vcpu,
+		&i.MemoryMib,
+		&i.DiskGib,
+		&i.Gpus,
+	)
+	return i, err
+}
+
 const getInstance = `-- name: GetInstance :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at FROM instances WHERE instance_id = $1
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances WHERE instance_id = $1
 `
 
 func (q *Queries) GetInstance(ctx context.Context, instanceID string) (Instance, error) {
@@ -43,12 +77,14 @@ func (q *Queries) GetInstance(ctx context.Context, instanceID string) (Instance,
 		&i.UpdatedAt,
 		&i.ReadyAt,
 		&i.DeletedAt,
+		&i.ReservationID,
+		&i.ReservationBookingID,
 	)
 	return i, err
 }
 
 const getInstanceForUpdate = `-- name: GetInstanceForUpdate :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at FROM instances WHERE instance_id = $1 FOR UPDATE
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances WHERE instance_id = $1 FOR UPDATE
 `
 
 func (q *Queries) GetInstanceForUpdate(ctx context.Context, instanceID string) (Instance, error) {
@@ -79,6 +115,8 @@ func (q *Queries) GetInstanceForUpdate(ctx context.Context, instanceID string) (
 		&i.UpdatedAt,
 		&i.ReadyAt,
 		&i.DeletedAt,
+		&i.ReservationID,
+		&i.ReservationBookingID,
 	)
 	return i, err
 }
@@ -119,30 +157,33 @@ func (q *Queries) GoneInstances(ctx context.Context, arg GoneInstancesParams) ([
 
 const insertInstance = `-- name: InsertInstance :one
 INSERT INTO instances (instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data,
-    vcpu, memory_mib, disk_gib, desired_state, state, created_by, idem_request)
+    vcpu, memory_mib, disk_gib, desired_state, state, created_by, idem_request, reservation_id, reservation_booking_id)
 VALUES ($1, $2, $3, $4, $5, $6,
     $7, $8, $9, $10, $11, $12,
-    $13, 'running', 'pending', $14, $15)
+    $13, 'running', 'pending', $14, $15,
+    $16, $17)
 ON CONFLICT (instance_id) DO NOTHING
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id
 `
 
 type InsertInstanceParams struct {
-	InstanceID  string
-	TenantID    string
-	PoolID      string
-	NodeID      pgtype.Text
-	BookingID   pgtype.Text
-	Flavor      string
-	ImageID     string
-	Boot        []byte
-	Name        string
-	UserData    pgtype.Text
-	Vcpu        int32
-	MemoryMib   int64
-	DiskGib     int64
-	CreatedBy   string
-	IdemRequest []byte
+	InstanceID           string
+	TenantID             string
+	PoolID               string
+	NodeID               pgtype.Text
+	BookingID            pgtype.Text
+	Flavor               string
+	ImageID              string
+	Boot                 []byte
+	Name                 string
+	UserData             pgtype.Text
+	Vcpu                 int32
+	MemoryMib            int64
+	DiskGib              int64
+	CreatedBy            string
+	IdemRequest          []byte
+	ReservationID        pgtype.Text
+	ReservationBookingID pgtype.Text
 }
 
 func (q *Queries) InsertInstance(ctx context.Context, arg InsertInstanceParams) (Instance, error) {
@@ -162,6 +203,8 @@ func (q *Queries) InsertInstance(ctx context.Context, arg InsertInstanceParams) 
 		arg.DiskGib,
 		arg.CreatedBy,
 		arg.IdemRequest,
+		arg.ReservationID,
+		arg.ReservationBookingID,
 	)
 	var i Instance
 	err := row.Scan(
@@ -189,12 +232,14 @@ func (q *Queries) InsertInstance(ctx context.Context, arg InsertInstanceParams) 
 		&i.UpdatedAt,
 		&i.ReadyAt,
 		&i.DeletedAt,
+		&i.ReservationID,
+		&i.ReservationBookingID,
 	)
 	return i, err
 }
 
 const listInstances = `-- name: ListInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at FROM instances
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR pool_id = $2)
   AND ($3::boolean OR state <> 'deleted')
@@ -242,6 +287,8 @@ func (q *Queries) ListInstances(ctx context.Context, arg ListInstancesParams) ([
 			&i.UpdatedAt,
 			&i.ReadyAt,
 			&i.DeletedAt,
+			&i.ReservationID,
+			&i.ReservationBookingID,
 		); err != nil {
 			return nil, err
 		}
@@ -254,7 +301,7 @@ func (q *Queries) ListInstances(ctx context.Context, arg ListInstancesParams) ([
 }
 
 const nodeInstances = `-- name: NodeInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at FROM instances WHERE node_id = $1 AND state <> 'deleted' ORDER BY instance_id
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances WHERE node_id = $1 AND state <> 'deleted' ORDER BY instance_id
 `
 
 // NodeInstances are the instances a node's spec carries: every one not
@@ -293,6 +340,8 @@ func (q *Queries) NodeInstances(ctx context.Context, nodeID pgtype.Text) ([]Inst
 			&i.UpdatedAt,
 			&i.ReadyAt,
 			&i.DeletedAt,
+			&i.ReservationID,
+			&i.ReservationBookingID,
 		); err != nil {
 			return nil, err
 		}
@@ -310,7 +359,7 @@ UPDATE instances SET state = $1, error = $2,
     updated_at = now()
 WHERE instance_id = $3 AND node_id = $4 AND state <> 'deleted'
   AND (state <> $1::text OR error IS DISTINCT FROM $2)
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id
 `
 
 type ReportInstanceParams struct {
@@ -355,8 +404,62 @@ func (q *Queries) ReportInstance(ctx context.Context, arg ReportInstanceParams) 
 		&i.UpdatedAt,
 		&i.ReadyAt,
 		&i.DeletedAt,
+		&i.ReservationID,
+		&i.ReservationBookingID,
 	)
 	return i, err
+}
+
+const reservationInstances = `-- name: ReservationInstances :many
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances WHERE reservation_id = $1 AND desired_state <> 'deleted' ORDER BY instance_id FOR UPDATE
+`
+
+// ReservationInstances are the live instances running in a reservation.
+func (q *Queries) ReservationInstances(ctx context.Context, reservationID pgtype.Text) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, reservationInstances, reservationID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.InstanceID,
+			&i.TenantID,
+			&i.PoolID,
+			&i.NodeID,
+			&i.BookingID,
+			&i.Flavor,
+			&i.ImageID,
+			&i.Boot,
+			&i.Name,
+			&i.UserData,
+			&i.Vcpu,
+			&i.MemoryMib,
+			&i.DiskGib,
+			&i.DesiredState,
+			&i.State,
+			&i.Error,
+			&i.Reboots,
+			&i.Version,
+			&i.CreatedBy,
+			&i.IdemRequest,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.ReadyAt,
+			&i.DeletedAt,
+			&i.ReservationID,
+			&i.ReservationBookingID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const setInstanceDesired = `-- name: SetInstanceDesired :one
@@ -365,7 +468,7 @@ UPDATE instances SET desired_state = $1, reboots = reboots + $2::integer,
     deleted_at = CASE WHEN $1::text = 'deleted' THEN coalesce(deleted_at, now()) ELSE deleted_at END,
     version = version + 1, updated_at = now()
 WHERE instance_id = $3
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id
 `
 
 type SetInstanceDesiredParams struct {
@@ -402,6 +505,8 @@ func (q *Queries) SetInstanceDesired(ctx context.Context, arg SetInstanceDesired
 		&i.UpdatedAt,
 		&i.ReadyAt,
 		&i.DeletedAt,
+		&i.ReservationID,
+		&i.ReservationBookingID,
 	)
 	return i, err
 }

@@ -191,30 +191,32 @@ type IamUsageRecord struct {
 }
 
 type Instance struct {
-	InstanceID   string
-	TenantID     string
-	PoolID       string
-	NodeID       pgtype.Text
-	BookingID    pgtype.Text
-	Flavor       string
-	ImageID      string
-	Boot         []byte
-	Name         string
-	UserData     pgtype.Text
-	Vcpu         int32
-	MemoryMib    int64
-	DiskGib      int64
-	DesiredState string
-	State        string
-	Error        pgtype.Text
-	Reboots      int32
-	Version      int64
-	CreatedBy    string
-	IdemRequest  []byte
-	CreatedAt    time.Time
-	UpdatedAt    time.Time
-	ReadyAt      *time.Time
-	DeletedAt    *time.Time
+	InstanceID           string
+	TenantID             string
+	PoolID               string
+	NodeID               pgtype.Text
+	BookingID            pgtype.Text
+	Flavor               string
+	ImageID              string
+	Boot                 []byte
+	Name                 string
+	UserData             pgtype.Text
+	Vcpu                 int32
+	MemoryMib            int64
+	DiskGib              int64
+	DesiredState         string
+	State                string
+	Error                pgtype.Text
+	Reboots              int32
+	Version              int64
+	CreatedBy            string
+	IdemRequest          []byte
+	CreatedAt            time.Time
+	UpdatedAt            time.Time
+	ReadyAt              *time.Time
+	DeletedAt            *time.Time
+	ReservationID        pgtype.Text
+	ReservationBookingID pgtype.Text
 }
 
 type JoinToken struct {

@@ -81,6 +81,9 @@ func output(r db.Instance) *api.Instance {
 	if r.NodeID.Valid {
 		o.NodeID = &r.NodeID.String
 	}
+	if r.ReservationID.Valid {
+		o.ReservationID = &r.ReservationID.String
+	}
 	if r.Error.Valid {
 		o.Error = &r.Error.String
 	}
@@ -161,10 +164,19 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if flavor.Gpus != nil {
 		shape.GPUs, shape.GPUModel = int32(flavor.Gpus.Count), flavor.Gpus.Model
 	}
-	booking, err := s.Placer.Admit(ctx, tx, placement.Request{
-		TenantID: in.TenantID, PoolID: in.PoolID, Owner: placement.Owner{Type: ResourceType, ID: id}, Shape: shape,
-		Count: map[string]int64{placement.ResourceInstances: 1},
-	})
+	var booking *placement.Booking
+	var inReservation *reservationUnit
+	if in.ReservationID != nil {
+		inReservation, err = s.takeUnit(ctx, tx, q, in, shape)
+		if err == nil {
+			booking = &placement.Booking{NodeID: inReservation.node}
+		}
+	} else {
+		booking, err = s.Placer.Admit(ctx, tx, placement.Request{
+			TenantID: in.TenantID, PoolID: in.PoolID, Owner: placement.Owner{Type: ResourceType, ID: id}, Shape: shape,
+			Count: map[string]int64{placement.ResourceInstances: 1},
+		})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -173,12 +185,17 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if in.UserData != nil {
 		userData = pgtype.Text{String: *in.UserData, Valid: true}
 	}
-	row, err := q.InsertInstance(ctx, db.InsertInstanceParams{
+	params := db.InsertInstanceParams{
 		InstanceID: id, TenantID: in.TenantID, PoolID: in.PoolID, NodeID: pgtype.Text{String: booking.NodeID, Valid: true},
-		BookingID: pgtype.Text{String: booking.ID, Valid: true}, Flavor: in.Flavor, ImageID: in.ImageID, Boot: boot, Name: in.Name,
+		BookingID: pgtype.Text{String: booking.ID, Valid: booking.ID != ""}, Flavor: in.Flavor, ImageID: in.ImageID, Boot: boot, Name: in.Name,
 		UserData: userData, Vcpu: int32(flavor.Vcpu), MemoryMib: flavor.MemoryMiB, DiskGib: flavor.DiskGiB,
 		CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
-	})
+	}
+	if inReservation != nil {
+		params.ReservationID = pgtype.Text{String: *in.ReservationID, Valid: true}
+		params.ReservationBookingID = pgtype.Text{String: inReservation.booking, Valid: true}
+	}
+	row, err := q.InsertInstance(ctx, params)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// A concurrent call with the same key won: answer as its retry.
 		return nil, api.Errorf(api.CodeConflict, "idempotencyKey: a concurrent create with this key is in progress; retry")
@@ -189,8 +206,10 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if err := sess.MakeReal(ctx, tx, map[string]string{"poolId": in.PoolID}); err != nil {
 		return nil, err
 	}
-	if err := openUsage(ctx, tx, row); err != nil {
-		return nil, err
+	if inReservation == nil { // a reservation meters the capacity its instances run in
+		if err := openUsage(ctx, tx, row); err != nil {
+			return nil, err
+		}
 	}
 	if err := nodespec.Push(ctx, tx, booking.NodeID); err != nil {
 		return nil, err
@@ -327,24 +346,101 @@ func (s *Service) Delete(ctx context.Context, in *api.InstancesDeleteInput) (*ap
 	if r.DesiredState == StateDeleted {
 		return output(r), nil
 	}
-	if r.BookingID.Valid {
-		if err := s.Placer.Release(ctx, tx, r.BookingID.String, map[string]int64{placement.ResourceInstances: 1}); err != nil {
-			return nil, err
+	if r, err = end(ctx, tx, s.Placer, r); err != nil {
+		return nil, err
+	}
+	return output(r), nil
+}
+
+// end asks for a live instance's deletion in tx: its booking (or its
+// reservation unit), quota and usage are returned at once, its node's spec
+// drops it, instance.deleted is written.
+func end(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Instance) (db.Instance, error) {
+	q := db.New(tx)
+	counted := map[string]int64{placement.ResourceInstances: 1}
+	switch {
+	case r.BookingID.Valid:
+		if err := placer.Release(ctx, tx, r.BookingID.String, counted); err != nil {
+			return r, err
+		}
+	case r.ReservationBookingID.Valid:
+		if err := placer.RefundCount(ctx, tx, r.TenantID, r.PoolID, counted); err != nil {
+			return r, err
 		}
 	}
 	if err := usage.CloseOwner(ctx, tx, usage.Owner{Type: ResourceType, ID: r.InstanceID}, time.Time{}); err != nil {
-		return nil, err
+		return r, err
 	}
-	if r, err = q.SetInstanceDesired(ctx, db.SetInstanceDesiredParams{InstanceID: r.InstanceID, DesiredState: StateDeleted}); err != nil {
-		return nil, err
+	r, err := q.SetInstanceDesired(ctx, db.SetInstanceDesiredParams{InstanceID: r.InstanceID, DesiredState: StateDeleted})
+	if err != nil {
+		return r, err
 	}
 	if r.NodeID.Valid {
 		if err := nodespec.Push(ctx, tx, r.NodeID.String); err != nil {
-			return nil, err
+			return r, err
 		}
 	}
-	return output(r), outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceDeleted, Subject: r.InstanceID, TenantID: r.TenantID,
+	return r, outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceDeleted, Subject: r.InstanceID, TenantID: r.TenantID,
 		Data: api.InstanceDeletedPayload{InstanceID: r.InstanceID}})
+}
+
+// EndReservation deletes the instances running in a reservation that is
+// ending (ended, cancelled, preempted, failed), in the transaction that
+// ends it.
+func EndReservation(ctx context.Context, tx pgx.Tx, placer *placement.Engine, reservationID string) error {
+	rows, err := db.New(tx).ReservationInstances(ctx, pgtype.Text{String: reservationID, Valid: true})
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if _, err := end(ctx, tx, placer, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reservationUnit is the unit of a reservation an instance takes.
+type reservationUnit struct{ booking, node string }
+
+// takeUnit finds a free unit of the active reservation in.ReservationID
+// (of the tenant, in the same pool) that shape fits, and charges the
+// instances quota; the reservation's row lock serializes the creates that
+// take its units.
+func (s *Service) takeUnit(ctx context.Context, tx pgx.Tx, q *db.Queries, in *api.InstancesCreateInput, shape placement.Shape) (*reservationUnit, error) {
+	id := *in.ReservationID
+	rsv, err := q.GetReservationForUpdate(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && rsv.TenantID != in.TenantID) {
+		return nil, api.Errorf(api.CodeNotFound, "reservationId: reservation %s not found", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case rsv.PoolID != in.PoolID:
+		return nil, api.Errorf(api.CodeInvalidInput, "reservationId: reservation %s holds capacity in pool %s, not %s", id, rsv.PoolID, in.PoolID)
+	case rsv.Whole:
+		return nil, api.Errorf(api.CodeInvalidInput, "reservationId: reservation %s holds whole nodes; instances run in slices", id)
+	case rsv.State != "active":
+		return nil, api.Errorf(api.CodeInvalidState, "reservationId: reservation %s is %s; instances run in an active reservation", id, rsv.State).
+			WithDetails(map[string]any{"state": rsv.State})
+	}
+	u, err := q.FreeReservationUnit(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, api.Errorf(api.CodeCapacityUnavailable, "reservation %s has no free unit: each of its %d runs an instance", id, rsv.Count).
+			WithDetails(map[string]any{"reason": "reservation-full", "reservationId": id})
+	}
+	if err != nil {
+		return nil, err
+	}
+	if shape.VCPU > u.Vcpu || shape.MemoryMiB > u.MemoryMib || shape.DiskGiB > u.DiskGib || shape.GPUs > u.Gpus {
+		return nil, api.Errorf(api.CodeInvalidInput, "flavor: %s (%d vCPU, %d MiB, %d GiB) does not fit a unit of reservation %s (%d vCPU, %d MiB, %d GiB)",
+			in.Flavor, shape.VCPU, shape.MemoryMiB, shape.DiskGiB, id, u.Vcpu, u.MemoryMib, u.DiskGib)
+	}
+	if err := s.Placer.ChargeCount(ctx, tx, in.TenantID, in.PoolID, map[string]int64{placement.ResourceInstances: 1}); err != nil {
+		return nil, err
+	}
+	return &reservationUnit{booking: u.BookingID, node: u.NodeID}, nil
 }
 
 // waited follows the Waiting convention: after commit, until the state is

@@ -288,6 +288,24 @@ func (e *Engine) Release(ctx context.Context, tx pgx.Tx, bookingID string, extra
 	return nil
 }
 
+// ChargeCount charges counted resources alone, in tx: work that runs in
+// capacity already booked and charged (an instance in a reservation's
+// unit) still counts against its own quota (instances: 1).
+func (e *Engine) ChargeCount(ctx context.Context, tx pgx.Tx, tenant, pool string, count map[string]int64) error {
+	return e.charge(ctx, db.New(tx), tenant, pool, charges(Shape{}, Request{Count: count}))
+}
+
+// RefundCount gives back what ChargeCount charged.
+func (e *Engine) RefundCount(ctx context.Context, tx pgx.Tx, tenant, pool string, count map[string]int64) error {
+	q := db.New(tx)
+	for _, c := range charges(Shape{}, Request{Count: count}) {
+		if err := q.RefundQuota(ctx, db.RefundQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource, Amount: c.amount}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 type charge struct {
 	resource string
 	amount   int64

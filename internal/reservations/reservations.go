@@ -30,6 +30,7 @@ import (
 	"computeplane/internal/gateway"
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
+	"computeplane/internal/instances"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
@@ -471,10 +472,15 @@ func (s *Service) Cancel(ctx context.Context, in *api.ReservationsCancelInput) (
 	return output(ctx, q, r)
 }
 
-// finish releases a reservation's bookings (refunding quota), drops its
-// queued placement items, closes its usage and sets its final state.
+// finish deletes the instances running in a reservation, releases its
+// bookings (refunding quota), drops its queued placement items, closes its
+// usage and sets its final state.
 func (s *Service) finish(ctx context.Context, tx pgx.Tx, r db.Reservation, state, reason string) (db.Reservation, error) {
 	q := db.New(tx)
+	// The instances running in its units go with it.
+	if err := instances.EndReservation(ctx, tx, s.Placer, r.ReservationID); err != nil {
+		return r, err
+	}
 	bookings, err := q.ReservationBookings(ctx, r.ReservationID)
 	if err != nil {
 		return r, err

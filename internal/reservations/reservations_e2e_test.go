@@ -6,8 +6,10 @@ package reservations_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 
 	"computeplane/gen/client"
 	"computeplane/internal/fleettest"
+	"computeplane/internal/qemu/qemutest"
 	"computeplane/internal/testenv"
 )
 
@@ -172,4 +175,70 @@ func TestPoolLeaseQueuedThenPlaced(t *testing.T) {
 	for _, typ := range []string{"reservation.created", "reservation.placed", "reservation.active", "reservation.ended"} {
 		assert.Equal(t, 1, f.Events(typ, id), typ)
 	}
+}
+
+// Instances run inside a reservation's capacity: each takes one unit, on
+// the unit's node, charged only the instances quota; a full reservation
+// refuses the next; ending the reservation deletes its instances.
+func TestInstancesRunInAReservation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs computed and compute-agent")
+	}
+	im := qemutest.Image(t)
+	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\n", filepath.Dir(filepath.Dir(im.Location))))
+	pool := f.Pool(client.PoolsCreateInputClassVpsHost, "slice", 2, 1024)
+	_, err := f.C.FlavorsCreate(t.Context(), &client.FlavorsCreateInput{TenantId: tenant, PoolId: pool, Name: "big", Vcpu: 4, MemoryMiB: 1024})
+	require.NoError(t, err)
+	agent := f.Join(pool, "--runtime", "recording", "--vcpu", "8", "--memory-mib", "8192")
+	rsv, err := create(t, f, pool, "r", 1, client.ReservationsCreateInputPriorityOnDemand, 0)
+	require.NoError(t, err)
+	require.Equal(t, "active", string(rsv.State))
+	used := func(resource string) (n int64) {
+		require.NoError(t, f.DB.QueryRow(t.Context(), `select used from quotas where pool_id = $1 and resource = $2 and tenant_id = $3`, pool, resource, tenant).Scan(&n))
+		return n
+	}
+	instance := func(key, flavor, reservation string) (client.Instance, error) {
+		res, err := f.C.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: tenant, PoolId: pool, Flavor: flavor,
+			ImageId: "computeplane/minimal", Name: key, ReservationId: client.NewOptString(reservation), IdempotencyKey: key})
+		if err != nil {
+			return client.Instance{}, err
+		}
+		return res.Data, nil
+	}
+
+	_, err = instance("too-big", "big", rsv.ReservationId)
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "a flavor larger than the unit")
+	_, err = instance("nowhere", "slice", "rsv_"+strings.Repeat("a", 26))
+	assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
+
+	in, err := instance("in", "slice", rsv.ReservationId)
+	require.NoError(t, err)
+	assert.Equal(t, rsv.ReservationId, in.ReservationId.Value)
+	assert.Equal(t, agent.Node, in.NodeId.Value)
+	assert.Equal(t, 2, booked(t, f, agent.Node), "no booking besides the reservation's")
+	assert.EqualValues(t, 2, used("vcpu"), "the reservation's vCPUs, charged once")
+	assert.EqualValues(t, 1, used("instances"))
+	require.Eventually(t, func() bool {
+		res, err := f.C.InstancesGet(t.Context(), &client.InstancesGetInput{TenantId: tenant, InstanceId: in.InstanceId})
+		return err == nil && res.Data.State == "running"
+	}, 10*time.Second, 50*time.Millisecond, "the daemon runs it")
+
+	_, err = instance("second", "slice", rsv.ReservationId)
+	e := testenv.APIError(t, err)
+	assert.Equal(t, "CAPACITY_UNAVAILABLE", e.Code)
+	assert.Equal(t, "reservation-full", e.Details["reason"])
+	assert.EqualValues(t, 1, used("instances"), "the refusal left nothing behind")
+
+	// Cancelling the reservation deletes its instance and returns its quota.
+	_, err = f.C.ReservationsCancel(t.Context(), &client.ReservationsCancelInput{TenantId: tenant, ReservationId: rsv.ReservationId})
+	require.NoError(t, err)
+	res, err := f.C.InstancesGet(t.Context(), &client.InstancesGetInput{TenantId: tenant, InstanceId: in.InstanceId})
+	require.NoError(t, err)
+	assert.Equal(t, "deleted", string(res.Data.DesiredState))
+	assert.Zero(t, used("instances"))
+	assert.Zero(t, used("vcpu"))
+	assert.Equal(t, 0, booked(t, f, agent.Node))
+	assert.Equal(t, 1, f.Events("instance.deleted", in.InstanceId))
+	_, err = instance("after", "slice", rsv.ReservationId)
+	assert.Equal(t, "INVALID_STATE", testenv.APIError(t, err).Code, "a cancelled reservation takes no instance")
 }
