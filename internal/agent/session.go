@@ -67,6 +67,12 @@ type Agent struct {
 	tmu         sync.Mutex
 	transports  map[string]string // gateway id -> the transport that last worked
 	lastGateway string            // the gateway of the last welcomed session
+
+	// Resolving secret references (resolve.go): the open session's send
+	// and the requests waiting for their answers.
+	rmu   sync.Mutex
+	rsend func(agentproto.Message)
+	rwait map[string]chan *agentproto.Resolved
 }
 
 // New loads the directory.
@@ -90,7 +96,10 @@ func New(o Options) (*Agent, error) {
 	_ = readJSON(o.Dir.path(fileStatus), &prev)
 	prev.NodeID, prev.Connected = st.NodeID, false
 	a := &Agent{o: o, dir: o.Dir, log: o.Log, state: st, key: key, transports: map[string]string{},
-		status: &statusFile{dir: o.Dir, s: prev}, lastGateway: prev.GatewayID}
+		status: &statusFile{dir: o.Dir, s: prev}, lastGateway: prev.GatewayID, rwait: map[string]chan *agentproto.Resolved{}}
+	if u, ok := o.Runtime.(runtime.SecretUser); ok {
+		u.UseSecrets(a.ResolveSecrets)
+	}
 	a.cert.Store(cert)
 	var obs struct {
 		Generation int64 `json:"generation"`
@@ -418,6 +427,8 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 		}
 	}()
 	send(a.statusMessage(sctx))
+	a.setSender(send)
+	defer a.setSender(nil)
 
 	why := endReason{welcomed: true}
 	for {
@@ -441,6 +452,8 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 			default:
 				a.log.Warn("command queue full; the sweeper will send it again", "command", m.Command.ID)
 			}
+		case agentproto.TypeResolved:
+			a.resolved(m.Resolved)
 		case agentproto.TypeRenewed:
 			if err := a.renewed(m.Renewed.Certificate); err != nil {
 				a.log.Warn("a renewed certificate refused", "error", err.Error())

@@ -16,6 +16,8 @@
 //	agent -> status           observed generation, instances, volume store
 //	gateway -> command        signed; re-sent until its result arrives
 //	agent -> result           once per command id, repeated on re-send
+//	agent -> resolve          the secret references of an instance's user data
+//	gateway -> resolved       their values (over this session only)
 //	agent -> renew            a CSR at two thirds of the certificate's life
 //	gateway -> renewed        the new certificate
 //	gateway -> reconnect      drain: dial elsewhere after DelayMS
@@ -27,6 +29,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"time"
 )
 
@@ -63,6 +67,8 @@ const (
 	TypeCommand   = "command"
 	TypeResult    = "result"
 	TypeRenew     = "renew"
+	TypeResolve   = "resolve"
+	TypeResolved  = "resolved"
 	TypeRenewed   = "renewed"
 	TypeReconnect = "reconnect"
 	TypeRevoked   = "revoked"
@@ -81,6 +87,8 @@ type Message struct {
 	Command   *Command   `json:"command,omitempty"`
 	Result    *Result    `json:"result,omitempty"`
 	Renew     *Renew     `json:"renew,omitempty"`
+	Resolve   *Resolve   `json:"resolve,omitempty"`
+	Resolved  *Resolved  `json:"resolved,omitempty"`
 	Renewed   *Renewed   `json:"renewed,omitempty"`
 	Reconnect *Reconnect `json:"reconnect,omitempty"`
 	Error     *Error     `json:"error,omitempty"`
@@ -115,6 +123,10 @@ func Decode(data []byte) (Message, error) {
 		missing = m.Renew == nil
 	case TypeRenewed:
 		missing = m.Renewed == nil
+	case TypeResolve:
+		missing = m.Resolve == nil
+	case TypeResolved:
+		missing = m.Resolved == nil
 	case TypeReconnect:
 		missing = m.Reconnect == nil
 	case TypeError:
@@ -316,6 +328,25 @@ type Result struct {
 	Error  string          `json:"error,omitempty"`
 }
 
+// Resolve asks for the values of secret references in the user data of an
+// instance placed on the daemon's node. The gateway answers only for
+// references that instance's user data holds, so a node learns no secret
+// of work it does not run. The daemon uses the values in memory (handed to
+// the guest) and never writes them to its disk.
+type Resolve struct {
+	ID         string   `json:"id"`
+	InstanceID string   `json:"instanceId"`
+	References []string `json:"references"`
+}
+
+// Resolved answers a Resolve: every value, or an error naming what could
+// not be resolved (never a value).
+type Resolved struct {
+	ID     string            `json:"id"`
+	Values map[string]string `json:"values,omitempty"`
+	Error  string            `json:"error,omitempty"`
+}
+
 // Renew asks for a new certificate for the same key.
 type Renew struct {
 	CSR []byte `json:"csr"` // DER
@@ -359,4 +390,21 @@ type JoinResponse struct {
 	Gateways           []Gateway `json:"gateways"`
 	// FallbackURL is the wss:// URL of the public host's session endpoint.
 	FallbackURL string `json:"fallbackUrl"`
+}
+
+var uriRe = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]*`)
+
+// SecretReferences returns the secret:// URIs in user data, each once, in
+// order of appearance: what a host resolves (Resolve) and substitutes
+// before the guest sees the user data. Both ends find them this way.
+func SecretReferences(userData string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, u := range uriRe.FindAllString(userData, -1) {
+		if strings.HasPrefix(u, "secret://") && !seen[u] {
+			seen[u] = true
+			out = append(out, u)
+		}
+	}
+	return out
 }

@@ -70,6 +70,10 @@ type Options struct {
 	// volumes), in the status's transaction; it reports whether it wrote
 	// events.
 	OnStatus func(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error)
+	// OnResolve resolves the secret references of the user data of an
+	// instance on node (nil: the gateway resolves none). Its errors reach
+	// the daemon as text.
+	OnResolve func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error)
 }
 
 // Gateway is one running gateway role.

@@ -362,6 +362,8 @@ func (s *session) readLoop() {
 			s.result(m.Result)
 		case agentproto.TypeRenew:
 			s.renew(m.Renew)
+		case agentproto.TypeResolve:
+			go s.resolve(m.Resolve) // reads go on meanwhile
 		}
 	}
 }
@@ -425,6 +427,27 @@ func (s *session) result(r *agentproto.Result) {
 	if _, err := s.g.q().FinishCommand(ctx, db.FinishCommandParams{State: state, Result: b, CommandID: r.ID, NodeID: s.nodeID}); err != nil {
 		s.g.o.Log.Warn("gateway: writing a command result", "node", s.nodeID, "command", r.ID, "error", err.Error())
 	}
+}
+
+// ResolveTimeout bounds one resolution of secret references.
+const ResolveTimeout = 10 * time.Second
+
+// resolve answers a daemon's Resolve through OnResolve.
+func (s *session) resolve(r *agentproto.Resolve) {
+	out := &agentproto.Resolved{ID: r.ID}
+	if s.g.o.OnResolve == nil {
+		out.Error = "this gateway resolves no secrets"
+	} else {
+		ctx, cancel := context.WithTimeout(s.ctx, ResolveTimeout)
+		values, err := s.g.o.OnResolve(ctx, s.nodeID, r.InstanceID, r.References)
+		cancel()
+		if err != nil {
+			out.Error = err.Error()
+			s.g.o.Log.Info("gateway: secret references not resolved", "node", s.nodeID, "instance", r.InstanceID, "error", err.Error())
+		}
+		out.Values = values
+	}
+	s.send(agentproto.Message{Type: agentproto.TypeResolved, Resolved: out})
 }
 
 // renew issues a new certificate for the session's key.

@@ -20,6 +20,7 @@ import (
 
 	"computeplane"
 	"computeplane/gen/api"
+	"computeplane/gen/db"
 	gendocs "computeplane/gen/docs"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/audit"
@@ -153,6 +154,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	imageSource := images.FromConfig(cfg.Images)
 	rsvService := &reservations.Service{Placer: placer, Store: st, PlacerKind: cfg.Capacity.Placer,
 		SpotNotice: time.Duration(cfg.Capacity.SpotNoticeMs) * time.Millisecond}
+	secretService := secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets))
 	services := &api.Services{
 		System: sys,
 		Sites: sites.New(cfg.RootTenantID, cursors, pools.SiteReferences).OnDelete(func(ctx context.Context, tx pgx.Tx, site string) error {
@@ -170,7 +172,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Reservations:     rsvService,
 		SandboxVolumes:   &sandboxvolumes.Service{Placer: placer},
 		SandboxTemplates: &sandboxtemplates.Service{Images: imageSource},
-		Secrets:          secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
+		Secrets:          secretService,
 		Events:           events.New(cursors),
 		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
 	}
@@ -347,6 +349,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 				}
 				b, err := sandboxvolumes.ApplyStatus(ctx, tx, placer, node, st.Volumes)
 				return a || b, err
+			},
+			OnResolve: func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error) {
+				return instances.ResolveUserData(ctx, db.New(gwStore.Pool()), secretService, node, instanceID, refs)
 			}}); err != nil {
 			return nil, err
 		}

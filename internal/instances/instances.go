@@ -30,6 +30,7 @@ import (
 	"computeplane/internal/placement"
 	"computeplane/internal/pools"
 	"computeplane/internal/rpc"
+	"computeplane/internal/secrets"
 	"computeplane/internal/store"
 	"computeplane/internal/usage"
 	"computeplane/internal/wire"
@@ -181,6 +182,10 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 		return nil, err
 	}
 	boot, _ := json.Marshal(Boot{Format: im.Format, Location: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline, SHA256: im.SHA256})
+	// Other URIs are the user's business: a script may fetch what it likes.
+	if err := secrets.CheckUserData(ctx, q, in.TenantID, in.UserData, false); err != nil {
+		return nil, err
+	}
 	var userData pgtype.Text
 	if in.UserData != nil {
 		userData = pgtype.Text{String: *in.UserData, Valid: true}
@@ -505,4 +510,40 @@ func ApplyStatus(ctx context.Context, tx pgx.Tx, node string, reported []agentpr
 		return false, err
 	}
 	return events, nil
+}
+
+// Resolver reads secrets for hosts (secrets.Service.Resolve).
+type Resolver interface {
+	Resolve(ctx context.Context, q *db.Queries, tenantID, reference string) ([]byte, int64, error)
+}
+
+// ResolveUserData resolves, for node's daemon, the secret references refs
+// of the user data of instance id: only an instance placed on that node
+// and not deleted, only references its user data holds, each resolved as
+// the instance's tenant. The values go back over the daemon's session and
+// nowhere else.
+func ResolveUserData(ctx context.Context, q *db.Queries, resolver Resolver, node, id string, refs []string) (map[string]string, error) {
+	r, err := q.GetInstance(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (r.NodeID.String != node || r.DesiredState == StateDeleted)) {
+		return nil, fmt.Errorf("instance %s is not placed on node %s", id, node)
+	}
+	if err != nil {
+		return nil, err
+	}
+	held := map[string]bool{}
+	for _, u := range agentproto.SecretReferences(r.UserData.String) {
+		held[u] = true
+	}
+	out := make(map[string]string, len(refs))
+	for _, ref := range refs {
+		if !held[ref] {
+			return nil, fmt.Errorf("%s is not in the user data of instance %s", ref, id)
+		}
+		v, _, err := resolver.Resolve(ctx, q, r.TenantID, ref)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ref, err)
+		}
+		out[ref] = string(v)
+	}
+	return out, nil
 }

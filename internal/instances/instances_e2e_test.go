@@ -6,8 +6,10 @@ package instances_test
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -24,6 +26,7 @@ import (
 	"computeplane/internal/fleettest"
 	"computeplane/internal/proctest"
 	"computeplane/internal/qemu/qemutest"
+	"computeplane/internal/testenv"
 )
 
 type world struct {
@@ -86,11 +89,23 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 	_, _ = rand.Read(marker)
 	mark := "user-data-ran-" + hex.EncodeToString(marker)
 
+	// The user data names a secret: the host resolves it at boot, over its
+	// session; the guest sees the value (its SHA-256 reaches the console),
+	// and neither the database nor the host's disk ever holds it.
+	secretValue := "pw-" + hex.EncodeToString(marker)
+	_, err := w.c.SecretsPut(t.Context(), &client.SecretsPutInput{TenantId: "acme", Name: "db-pass", Value: secretValue, IdempotencyKey: "sec"})
+	require.NoError(t, err)
+	sum := sha256.Sum256([]byte(secretValue))
+	userData := "#!/bin/sh\necho " + mark + " > /dev/console\nprintf %s 'secret://tenants/acme/db-pass' | sha256sum > /dev/console\n"
+	_, err = w.c.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: "acme", PoolId: w.poolID, Flavor: "small",
+		ImageId: "computeplane/minimal", Name: "bad", IdempotencyKey: "bad", UserData: client.NewOptString("echo secret://tenants/acme/nope")})
+	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "a reference to a secret that does not exist")
+
 	// create with wait: a running instance whose guest agent answered.
 	start := time.Now()
 	res, err := w.c.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: "acme", PoolId: w.poolID, Flavor: "small",
 		ImageId: "computeplane/minimal", Name: "web-1", IdempotencyKey: "i1",
-		UserData: client.NewOptString("#!/bin/sh\necho " + mark + " > /dev/console\n"),
+		UserData: client.NewOptString(userData),
 		Wait:     client.NewOptWait(client.Wait{TimeoutMs: 30000})})
 	require.NoError(t, err)
 	inst := res.Data
@@ -104,6 +119,24 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 		b, _ := os.ReadFile(w.vmFile(id, "console.log"))
 		return strings.Contains(string(b), mark)
 	}, 10*time.Second, 50*time.Millisecond, "the user data ran inside the guest")
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(w.vmFile(id, "console.log"))
+		return strings.Contains(string(b), hex.EncodeToString(sum[:]))
+	}, 10*time.Second, 50*time.Millisecond, "the guest saw the secret's value")
+	var specs int
+	require.NoError(t, w.DB.QueryRow(t.Context(), `select count(*) from node_specs where body::text like '%' || $1 || '%'`, secretValue).Scan(&specs))
+	assert.Zero(t, specs, "no spec holds the value")
+	var rows int
+	require.NoError(t, w.DB.QueryRow(t.Context(), `select count(*) from instances where user_data like '%' || $1 || '%'`, secretValue).Scan(&rows))
+	assert.Zero(t, rows)
+	require.NoError(t, filepath.WalkDir(w.agent.Dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Type()&fs.ModeSocket != 0 || strings.HasSuffix(p, ".raw") {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		assert.NotContains(t, string(b), secretValue, "the host's disk holds the value in %s", p)
+		return nil
+	}))
 	var booked int
 	require.NoError(t, w.DB.QueryRow(t.Context(), `select booked_vcpu from nodes where node_id = $1`, w.node).Scan(&booked))
 	assert.Equal(t, 1, booked)

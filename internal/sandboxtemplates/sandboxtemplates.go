@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -113,30 +112,6 @@ func (s *Service) checkRuntime(ctx context.Context, q *db.Queries, sh shape) err
 	}
 	if f.Gpus != nil && f.Gpus.Count > 0 && !images.PassesGPUs(sh.runtime) {
 		return api.Errorf(api.CodeInvalidInput, "flavor: the pool's runtime %s does not pass GPUs through", sh.runtime)
-	}
-	return nil
-}
-
-var uriRe = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]*`)
-
-// checkUserData applies rule 5: every URI in it is a secret:// reference to
-// a live secret of the tenant.
-func checkUserData(ctx context.Context, q *db.Queries, tenant string, userData *string) error {
-	if userData == nil {
-		return nil
-	}
-	for _, u := range uriRe.FindAllString(*userData, -1) {
-		ref, err := secrets.ParseReference(u)
-		if err != nil || ref.Scope != secrets.ScopeTenant || ref.TenantID != tenant {
-			return api.Errorf(api.CodeInvalidInput, "userData: %q is not a secret:// reference to a secret of tenant %s", u, tenant)
-		}
-		ok, err := q.LiveTenantSecret(ctx, db.LiveTenantSecretParams{Reference: ref.String(), TenantID: tenant})
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return api.Errorf(api.CodeInvalidInput, "userData: secret %s does not exist", ref.String())
-		}
 	}
 	return nil
 }
@@ -262,7 +237,7 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxTemplatesCreateInpu
 	if err := checkTTL(sh); err != nil {
 		return nil, err
 	}
-	if err := checkUserData(ctx, q, in.TenantID, sh.userData); err != nil {
+	if err := secrets.CheckUserData(ctx, q, in.TenantID, sh.userData, true); err != nil {
 		return nil, err
 	}
 	mounts, err := checkVolumes(ctx, sess, q, sh)
@@ -427,7 +402,7 @@ func (s *Service) Update(ctx context.Context, in *api.SandboxTemplatesUpdateInpu
 	if err := checkTTL(sh); err != nil {
 		return nil, err
 	}
-	if err := checkUserData(ctx, q, t.TenantID, sh.userData); err != nil {
+	if err := secrets.CheckUserData(ctx, q, t.TenantID, sh.userData, true); err != nil {
 		return nil, err
 	}
 	mounts := cur

@@ -1,10 +1,13 @@
 package secrets
 
 import (
+	"context"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"computeplane/gen/api"
+	"computeplane/gen/db"
 )
 
 // Scopes of a secret.
@@ -69,4 +72,41 @@ func (r Reference) owner(root string) string {
 		return root
 	}
 	return r.TenantID
+}
+
+var uriRe = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]*`)
+
+// URIs returns the URIs in text (user data, say) in order: the secret://
+// references among them are what a host resolves at boot.
+func URIs(text string) []string { return uriRe.FindAllString(text, -1) }
+
+// IsReference says whether a URI is meant as a secret reference (it may
+// still be malformed).
+func IsReference(uri string) bool { return strings.HasPrefix(uri, "secret://") }
+
+// CheckUserData checks the secret references in user data: each names a
+// live secret of tenant (hosts resolve them at boot; user data is stored
+// and carried with the references only). With strict, every URI in it
+// must be such a reference (sandbox templates, rule 5).
+func CheckUserData(ctx context.Context, q *db.Queries, tenant string, userData *string, strict bool) error {
+	if userData == nil {
+		return nil
+	}
+	for _, u := range URIs(*userData) {
+		if !strict && !IsReference(u) {
+			continue
+		}
+		ref, err := ParseReference(u)
+		if err != nil || ref.Scope != ScopeTenant || ref.TenantID != tenant {
+			return api.Errorf(api.CodeInvalidInput, "userData: %q is not a secret:// reference to a secret of tenant %s", u, tenant)
+		}
+		ok, err := q.LiveTenantSecret(ctx, db.LiveTenantSecretParams{Reference: ref.String(), TenantID: tenant})
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return api.Errorf(api.CodeInvalidInput, "userData: secret %s does not exist", ref.String())
+		}
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,6 +48,9 @@ type QEMU struct {
 	// Changed is signalled when an instance's state changes outside Apply
 	// (a boot finished, a VM died): the daemon sends a status.
 	Changed chan struct{}
+
+	// resolve resolves secret references in user data (UseSecrets).
+	resolve ResolveFunc
 
 	mu   sync.Mutex
 	vms  map[string]*vmState
@@ -170,6 +174,34 @@ func readSpec(dir string, s *VMSpec) error {
 }
 
 func (r *QEMU) vmDir(id string) string { return filepath.Join(r.Dir, "vms", id) }
+
+// UseSecrets gives the runtime the daemon's way to resolve secret
+// references in user data.
+func (r *QEMU) UseSecrets(f ResolveFunc) { r.resolve = f }
+
+// withSecrets substitutes the values of the secret references in user
+// data, resolved through the daemon's session; they live in memory only.
+func (r *QEMU) withSecrets(ctx context.Context, id, userData string) (string, error) {
+	refs := agentproto.SecretReferences(userData)
+	if len(refs) == 0 {
+		return userData, nil
+	}
+	if r.resolve == nil {
+		return "", errors.New("user data: secret references, and no way to resolve them")
+	}
+	values, err := r.resolve(ctx, id, refs)
+	if err != nil {
+		return "", fmt.Errorf("user data: secret references: %w", err)
+	}
+	for _, ref := range refs {
+		v, ok := values[ref]
+		if !ok {
+			return "", fmt.Errorf("user data: %s was not resolved", ref)
+		}
+		userData = strings.ReplaceAll(userData, ref, v)
+	}
+	return userData, nil
+}
 
 // Name is "qemu".
 func (r *QEMU) Name() string { return "qemu" }
@@ -405,11 +437,15 @@ func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs VMSpec, first bool) er
 		return err
 	}
 	if first && vs.UserData != "" {
-		if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpWriteFile,
-			File: &guestproto.File{Path: "/run/user-data", Data: []byte(vs.UserData), Mode: 0o700}}); err != nil {
+		userData, err := r.withSecrets(ctx, vs.ID, vs.UserData)
+		if err != nil {
 			return err
 		}
-		if len(vs.UserData) > 2 && vs.UserData[:2] == "#!" {
+		if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpWriteFile,
+			File: &guestproto.File{Path: "/run/user-data", Data: []byte(userData), Mode: 0o700}}); err != nil {
+			return err
+		}
+		if len(userData) > 2 && userData[:2] == "#!" {
 			resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/run/user-data"}, TimeoutMs: 60_000}})
 			if err != nil {
 				return fmt.Errorf("user data: %w", err)

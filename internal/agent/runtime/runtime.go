@@ -30,6 +30,16 @@ type Runtime interface {
 	Close() error
 }
 
+// ResolveFunc resolves the secret references refs of instance id's user
+// data through the daemon's session.
+type ResolveFunc func(ctx context.Context, id string, refs []string) (map[string]string, error)
+
+// SecretUser is a runtime that hands user data with secret references to
+// its guests: the daemon gives it the way to resolve them.
+type SecretUser interface {
+	UseSecrets(ResolveFunc)
+}
+
 // MaxInstances bounds one spec.
 const MaxInstances = 1024
 
