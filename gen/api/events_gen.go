@@ -55,6 +55,20 @@ const (
 	EventInstanceStopped            = "instance.stopped"
 	EventInstanceFailed             = "instance.failed"
 	EventInstanceDeleted            = "instance.deleted"
+	EventWorkflowStarted            = "workflow.started"
+	EventWorkflowStepSucceeded      = "workflow.step.succeeded"
+	EventWorkflowStepFailed         = "workflow.step.failed"
+	EventWorkflowSucceeded          = "workflow.succeeded"
+	EventWorkflowFailed             = "workflow.failed"
+	EventWorkflowAborted            = "workflow.aborted"
+	EventSandboxCreated             = "sandbox.created"
+	EventSandboxRunning             = "sandbox.running"
+	EventSandboxPaused              = "sandbox.paused"
+	EventSandboxResumed             = "sandbox.resumed"
+	EventSandboxFailed              = "sandbox.failed"
+	EventSandboxDeleted             = "sandbox.deleted"
+	EventSandboxSnapshotCreated     = "sandbox.snapshot.created"
+	EventSandboxSnapshotDeleted     = "sandbox.snapshot.deleted"
 )
 
 // EventTypes is the event catalog, in catalog order.
@@ -316,6 +330,90 @@ var EventTypes = []EventSpec{
 		Module:      "instances",
 		Subject:     "instance id",
 		Type:        EventInstanceDeleted,
+	},
+	{
+		Description: "A workflow started on a node (its profile version became immutable).",
+		Module:      "workflows",
+		Subject:     "workflow id",
+		Type:        EventWorkflowStarted,
+	},
+	{
+		Description: "A step of a workflow succeeded.",
+		Module:      "workflows",
+		Subject:     "workflow id",
+		Type:        EventWorkflowStepSucceeded,
+	},
+	{
+		Description: "An attempt of a step failed; willRetry says whether the step runs again by itself.",
+		Module:      "workflows",
+		Subject:     "workflow id",
+		Type:        EventWorkflowStepFailed,
+	},
+	{
+		Description: "Every step of a workflow succeeded.",
+		Module:      "workflows",
+		Subject:     "workflow id",
+		Type:        EventWorkflowSucceeded,
+	},
+	{
+		Description: "A step of a workflow failed after its retries; workflows.retry runs it again from that step.",
+		Module:      "workflows",
+		Subject:     "workflow id",
+		Type:        EventWorkflowFailed,
+	},
+	{
+		Description: "A workflow was aborted; its remaining steps will not run.",
+		Module:      "workflows",
+		Subject:     "workflow id",
+		Type:        EventWorkflowAborted,
+	},
+	{
+		Description: "A sandbox was admitted (a warm instance claimed, a VM placed for a cold boot, or a restore placed on its snapshot's node).",
+		Module:      "sandboxes",
+		Subject:     "sandbox id",
+		Type:        EventSandboxCreated,
+	},
+	{
+		Description: "A sandbox runs with its own identity and its guest checked out (after a create or a resume).",
+		Module:      "sandboxes",
+		Subject:     "sandbox id",
+		Type:        EventSandboxRunning,
+	},
+	{
+		Description: "A sandbox was asked to pause.",
+		Module:      "sandboxes",
+		Subject:     "sandbox id",
+		Type:        EventSandboxPaused,
+	},
+	{
+		Description: "A paused sandbox was asked to resume; sandbox.running follows once it checked out.",
+		Module:      "sandboxes",
+		Subject:     "sandbox id",
+		Type:        EventSandboxResumed,
+	},
+	{
+		Description: "A sandbox's VM failed to start, resume or restore, or ended without being asked.",
+		Module:      "sandboxes",
+		Subject:     "sandbox id",
+		Type:        EventSandboxFailed,
+	},
+	{
+		Description: "A sandbox was deleted (asked, or its TTL passed); its capacity and quota came back.",
+		Module:      "sandboxes",
+		Subject:     "sandbox id",
+		Type:        EventSandboxDeleted,
+	},
+	{
+		Description: "A snapshot of a sandbox was asked for; its node takes it.",
+		Module:      "sandboxSnapshots",
+		Subject:     "snapshot id",
+		Type:        EventSandboxSnapshotCreated,
+	},
+	{
+		Description: "A snapshot was deleted (asked, or with its sandbox when not kept).",
+		Module:      "sandboxSnapshots",
+		Subject:     "snapshot id",
+		Type:        EventSandboxSnapshotDeleted,
 	},
 }
 
@@ -601,4 +699,101 @@ type InstanceFailedPayload struct {
 // InstanceDeletedPayload: Payload of instance.deleted.
 type InstanceDeletedPayload struct {
 	InstanceID string `json:"instanceId"` // Instance identifier.
+}
+
+// WorkflowStartedPayload: Payload of workflow.started.
+type WorkflowStartedPayload struct {
+	WorkflowID     string `json:"workflowId"` // Workflow identifier.
+	NodeID         string `json:"nodeId"`     // Node identifier.
+	ProfileID      string `json:"profileId"`  // Profile identifier.
+	ProfileVersion int64  `json:"profileVersion"`
+}
+
+// WorkflowStepSucceededPayload: Payload of workflow.step.succeeded.
+type WorkflowStepSucceededPayload struct {
+	WorkflowID string `json:"workflowId"` // Workflow identifier.
+	NodeID     string `json:"nodeId"`     // Node identifier.
+	Step       string `json:"step"`
+	Position   int64  `json:"position"`
+	Attempt    int64  `json:"attempt"`
+	DurationMs int64  `json:"durationMs"`
+}
+
+// WorkflowStepFailedPayload: Payload of workflow.step.failed.
+type WorkflowStepFailedPayload struct {
+	WorkflowID string `json:"workflowId"` // Workflow identifier.
+	NodeID     string `json:"nodeId"`     // Node identifier.
+	Step       string `json:"step"`
+	Position   int64  `json:"position"`
+	Attempt    int64  `json:"attempt"`
+	Error      string `json:"error"`
+	WillRetry  bool   `json:"willRetry"`
+}
+
+// WorkflowSucceededPayload: Payload of workflow.succeeded.
+type WorkflowSucceededPayload struct {
+	WorkflowID string `json:"workflowId"` // Workflow identifier.
+	NodeID     string `json:"nodeId"`     // Node identifier.
+}
+
+// WorkflowFailedPayload: Payload of workflow.failed.
+type WorkflowFailedPayload struct {
+	WorkflowID string `json:"workflowId"` // Workflow identifier.
+	NodeID     string `json:"nodeId"`     // Node identifier.
+	Step       string `json:"step"`
+	Error      string `json:"error"`
+}
+
+// WorkflowAbortedPayload: Payload of workflow.aborted.
+type WorkflowAbortedPayload struct {
+	WorkflowID string `json:"workflowId"` // Workflow identifier.
+	NodeID     string `json:"nodeId"`     // Node identifier.
+}
+
+// SandboxCreatedPayload: Payload of sandbox.created.
+type SandboxCreatedPayload struct {
+	SandboxID  string `json:"sandboxId"`  // Sandbox identifier.
+	TemplateID string `json:"templateId"` // Sandbox template identifier.
+	NodeID     string `json:"nodeId"`     // Node identifier.
+	How        string `json:"how"`
+}
+
+// SandboxRunningPayload: Payload of sandbox.running.
+type SandboxRunningPayload struct {
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+	NodeID    string `json:"nodeId"`    // Node identifier.
+}
+
+// SandboxPausedPayload: Payload of sandbox.paused.
+type SandboxPausedPayload struct {
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+}
+
+// SandboxResumedPayload: Payload of sandbox.resumed.
+type SandboxResumedPayload struct {
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+}
+
+// SandboxFailedPayload: Payload of sandbox.failed.
+type SandboxFailedPayload struct {
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+	Error     string `json:"error"`
+}
+
+// SandboxDeletedPayload: Payload of sandbox.deleted.
+type SandboxDeletedPayload struct {
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+	Reason    string `json:"reason"`
+}
+
+// SandboxSnapshotCreatedPayload: Payload of sandbox.snapshot.created.
+type SandboxSnapshotCreatedPayload struct {
+	SnapshotID string `json:"snapshotId"` // Sandbox snapshot identifier.
+	SandboxID  string `json:"sandboxId"`  // Sandbox identifier.
+	Keep       bool   `json:"keep"`
+}
+
+// SandboxSnapshotDeletedPayload: Payload of sandbox.snapshot.deleted.
+type SandboxSnapshotDeletedPayload struct {
+	SnapshotID string `json:"snapshotId"` // Sandbox snapshot identifier.
 }

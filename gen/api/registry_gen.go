@@ -21,13 +21,16 @@ type Services struct {
 	ProviderAccounts ProviderAccountsService
 	Quotas           QuotasService
 	Reservations     ReservationsService
+	SandboxSnapshots SandboxSnapshotsService
 	SandboxTemplates SandboxTemplatesService
 	SandboxVolumes   SandboxVolumesService
+	Sandboxes        SandboxesService
 	Secrets          SecretsService
 	Sites            SitesService
 	System           SystemService
 	Usage            UsageService
 	Webhooks         WebhooksService
+	Workflows        WorkflowsService
 }
 
 // Check reports the first group that has a registered method and no implementation.
@@ -53,17 +56,26 @@ func (s *Services) Check() error {
 	if s.Projects == nil {
 		return errors.New("group projects has registered methods and no service")
 	}
+	if s.ProviderAccounts == nil {
+		return errors.New("group providerAccounts has registered methods and no service")
+	}
 	if s.Quotas == nil {
 		return errors.New("group quotas has registered methods and no service")
 	}
 	if s.Reservations == nil {
 		return errors.New("group reservations has registered methods and no service")
 	}
+	if s.SandboxSnapshots == nil {
+		return errors.New("group sandboxSnapshots has registered methods and no service")
+	}
 	if s.SandboxTemplates == nil {
 		return errors.New("group sandboxTemplates has registered methods and no service")
 	}
 	if s.SandboxVolumes == nil {
 		return errors.New("group sandboxVolumes has registered methods and no service")
+	}
+	if s.Sandboxes == nil {
+		return errors.New("group sandboxes has registered methods and no service")
 	}
 	if s.Secrets == nil {
 		return errors.New("group secrets has registered methods and no service")
@@ -79,6 +91,9 @@ func (s *Services) Check() error {
 	}
 	if s.Webhooks == nil {
 		return errors.New("group webhooks has registered methods and no service")
+	}
+	if s.Workflows == nil {
+		return errors.New("group workflows has registered methods and no service")
 	}
 	return nil
 }
@@ -1341,15 +1356,26 @@ var Methods = []*Method{
 			IDPrefix:  "pacct",
 			Key:       "idempotencyKey",
 		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.ProviderAccounts.Create(ctx, in.(*ProviderAccountsCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
 		Kind:  KindMutation,
 		Name:  "create",
 		Phase: "v0.3",
-		Resource: &Resource{ResourceRef: ResourceRef{
-			IDField: "tenantId",
-			Type:    "tenant",
-		}},
+		Resource: &Resource{
+			Creates: "provider-account",
+			Draft:   true,
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+		},
 		Route:        "/providerAccounts/create",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1362,9 +1388,16 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "providerAccounts.list",
 		Group:       "providerAccounts",
-		Kind:        KindRead,
-		Name:        "list",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.ProviderAccounts.List(ctx, in.(*ProviderAccountsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v0.3",
 		Resource: &Resource{
 			Items: "provider-account",
 			ResourceRef: ResourceRef{
@@ -1373,7 +1406,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/providerAccounts/list",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1386,15 +1419,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "providerAccounts.get",
 		Group:       "providerAccounts",
-		Kind:        KindRead,
-		Name:        "get",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.ProviderAccounts.Get(ctx, in.(*ProviderAccountsGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "accountId",
 			Type:    "provider-account",
 		}},
 		Route:        "/providerAccounts/get",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1407,15 +1447,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeProviderError, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "providerAccounts.offers",
 		Group:       "providerAccounts",
-		Kind:        KindRead,
-		Name:        "offers",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.ProviderAccounts.Offers(ctx, in.(*ProviderAccountsOffersInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "offers",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "accountId",
 			Type:    "provider-account",
 		}},
 		Route:        "/providerAccounts/offers",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1428,15 +1475,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "providerAccounts.update",
 		Group:       "providerAccounts",
-		Kind:        KindMutation,
-		Name:        "update",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.ProviderAccounts.Update(ctx, in.(*ProviderAccountsUpdateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "update",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "accountId",
 			Type:    "provider-account",
 		}},
 		Route:        "/providerAccounts/update",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1449,15 +1503,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "providerAccounts.delete",
 		Group:       "providerAccounts",
-		Kind:        KindMutation,
-		Name:        "delete",
-		Phase:       "v0.3",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.ProviderAccounts.Delete(ctx, in.(*ProviderAccountsDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v0.3",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "accountId",
 			Type:    "provider-account",
 		}},
 		Route:        "/providerAccounts/delete",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1472,8 +1533,17 @@ var Methods = []*Method{
 		FullName:    "providerAccounts.bootstrap",
 		Group:       "providerAccounts",
 		Idempotency: &Idempotency{
-			Compare: []string{"accountId", "poolId", "machineId", "offerId"},
-			Key:     "idempotencyKey",
+			Compare:   []string{"accountId", "poolId", "machineId", "offerId"},
+			DerivesID: "bootstrapId",
+			IDPrefix:  "pbs",
+			Key:       "idempotencyKey",
+		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.ProviderAccounts.Bootstrap(ctx, in.(*ProviderAccountsBootstrapInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
 		},
 		Kind:  KindMutation,
 		Name:  "bootstrap",
@@ -1483,7 +1553,7 @@ var Methods = []*Method{
 			Type:    "provider-account",
 		}},
 		Route:        "/providerAccounts/bootstrap",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1692,6 +1762,126 @@ var Methods = []*Method{
 			Type:    "reservation",
 		}},
 		Route:        "/reservations/cancel",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxSnapshotsCreateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its device state and goes on); any other state is INVALID_STATE. With wait the answer comes when it is ready (or failed), or at the timeout while creating.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"sandbox.snapshot.created"},
+		FullName:    "sandboxSnapshots.create",
+		Group:       "sandboxSnapshots",
+		Idempotency: &Idempotency{
+			Compare:   []string{"sandboxId", "keep"},
+			DerivesID: "snapshotId",
+			IDPrefix:  "snap",
+			Key:       "idempotencyKey",
+		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxSnapshots.Create(ctx, in.(*SandboxSnapshotsCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxSnapshots/create",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxSnapshotsGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One snapshot of the tenant; anything else is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxSnapshots.get",
+		Group:       "sandboxSnapshots",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxSnapshots.Get(ctx, in.(*SandboxSnapshotsGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/sandboxSnapshots/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxSnapshotsListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's snapshots, newest first (at most 1000), of one sandbox when asked; deleted ones only when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxSnapshots.list",
+		Group:       "sandboxSnapshots",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxSnapshots.List(ctx, in.(*SandboxSnapshotsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/sandboxSnapshots/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxSnapshotsDeleteInput(obj, "", iss)
+			return &in
+		},
+		Description: "Deletes a snapshot and its files on the node; deleting twice returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"sandbox.snapshot.deleted"},
+		FullName:    "sandboxSnapshots.delete",
+		Group:       "sandboxSnapshots",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SandboxSnapshots.Delete(ctx, in.(*SandboxSnapshotsDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/sandboxSnapshots/delete",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
@@ -1996,6 +2186,300 @@ var Methods = []*Method{
 			Type:    "sandbox-volume",
 		}},
 		Route:        "/sandboxVolumes/delete",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesCreateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Creates a sandbox from templateId (claiming a ready warm instance of the template, else a cold boot on the pool, or on the host of the template's volumes) or from fromSnapshot (a ready snapshot of the tenant, restored on its node); exactly one of them. ttlSeconds (default the template's default TTL) may not pass its max TTL. env is merged over the template's. Charged to the tenant's quota (sandboxes and the flavor's shape) unless a warm instance, already charged, is claimed. A read-write volume another live sandbox attaches, or a read-only one attached read-write, is CONFLICT with details.reason 'volume-in-use'. With wait the answer comes when it runs (or failed), or at the timeout while it is creating.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeCapacityUnavailable, CodeQuotaExceeded, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"sandbox.created"},
+		FullName:    "sandboxes.create",
+		Group:       "sandboxes",
+		Idempotency: &Idempotency{
+			Compare:   []string{"templateId", "fromSnapshot", "ttlSeconds", "env"},
+			DerivesID: "sandboxId",
+			IDPrefix:  "sbx",
+			Key:       "idempotencyKey",
+		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.Create(ctx, in.(*SandboxesCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v1.1",
+		Resource: &Resource{
+			Creates: "sandbox",
+			Draft:   true,
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+		},
+		Route:        "/sandboxes/create",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One sandbox of the tenant; anything else is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.get",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.Get(ctx, in.(*SandboxesGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's sandboxes, newest first (at most 1000), of one template when asked; deleted ones only when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.list",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.List(ctx, in.(*SandboxesListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/sandboxes/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesPauseInput(obj, "", iss)
+			return &in
+		},
+		Description: "Pauses a running sandbox (its VM stops executing, memory kept); a paused one is returned unchanged; any other state is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"sandbox.paused"},
+		FullName:    "sandboxes.pause",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.Pause(ctx, in.(*SandboxesPauseInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "pause",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/pause",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesResumeInput(obj, "", iss)
+			return &in
+		},
+		Description: "Resumes a paused sandbox; it is running again once the guest answered and its filesystem checked out. A running one is returned unchanged; any other state is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"sandbox.resumed"},
+		FullName:    "sandboxes.resume",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.Resume(ctx, in.(*SandboxesResumeInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "resume",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/resume",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesExtendInput(obj, "", iss)
+			return &in
+		},
+		Description: "Sets expiresAt to now plus ttlSeconds; past the template's max TTL from creation is INVALID_INPUT with details.maxExpiresAt; a deleted sandbox is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.extend",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.Extend(ctx, in.(*SandboxesExtendInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "extend",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/extend",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesDeleteInput(obj, "", iss)
+			return &in
+		},
+		Description: "Deletes the sandbox; its VM ends, its capacity, quota and volumes are returned at once, its snapshots without keep go with it. Deleting twice returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"sandbox.deleted"},
+		FullName:    "sandboxes.delete",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.Delete(ctx, in.(*SandboxesDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/delete",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesExecInput(obj, "", iss)
+			return &in
+		},
+		Description: "Runs a non-interactive program in a running sandbox (argv, no shell unless argv names one), through its host's session, and answers its exit code and output (each at most 1 MiB) when it ends or at timeoutMs (default 60000, at most 600000; timedOut true). A sandbox that is not running is INVALID_STATE; a host that does not answer in time is UNAVAILABLE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.exec",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.Exec(ctx, in.(*SandboxesExecInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "exec",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/exec",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesReadFileInput(obj, "", iss)
+			return &in
+		},
+		Description: "Reads a file of at most 4 MiB from a running sandbox; a missing file is NOT_FOUND; a sandbox that is not running is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.readFile",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.ReadFile(ctx, in.(*SandboxesReadFileInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "readFile",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/readFile",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesWriteFileInput(obj, "", iss)
+			return &in
+		},
+		Description: "Writes a file of at most 4 MiB (base64, about 5.6 MB of text) into a running sandbox, creating its directories; a sandbox that is not running is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.writeFile",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.WriteFile(ctx, in.(*SandboxesWriteFileInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "writeFile",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/writeFile",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
@@ -2724,6 +3208,175 @@ var Methods = []*Method{
 			Type:    "tenant",
 		}},
 		Route:        "/webhooks/eventTypes",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:workflows:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeWorkflowsGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One workflow of a node of the tenant's pools, with its steps; anything else is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "workflows.get",
+		Group:       "workflows",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Workflows.Get(ctx, in.(*WorkflowsGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/workflows/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:workflows:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeWorkflowsListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The workflows of one node, newest first, by state when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "workflows.list",
+		Group:       "workflows",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Workflows.List(ctx, in.(*WorkflowsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/workflows/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:workflows:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeWorkflowsAbortInput(obj, "", iss)
+			return &in
+		},
+		Description: "Stops a running, pausing, paused or failed workflow for good: the step in flight is cancelled and no further step runs. Aborting an aborted workflow returns it unchanged; a succeeded one is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"workflow.aborted"},
+		FullName:    "workflows.abort",
+		Group:       "workflows",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Workflows.Abort(ctx, in.(*WorkflowsAbortInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "abort",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/workflows/abort",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:workflows:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeWorkflowsRetryInput(obj, "", iss)
+			return &in
+		},
+		Description: "Runs a failed workflow again from the step that failed, with a fresh retry budget for it; the steps that succeeded do not run again. Only a failed workflow can be retried (INVALID_STATE), and only while no other workflow runs on the node (CONFLICT).",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeConflict, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "workflows.retry",
+		Group:       "workflows",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Workflows.Retry(ctx, in.(*WorkflowsRetryInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "retry",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/workflows/retry",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:workflows:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeWorkflowsPauseInput(obj, "", iss)
+			return &in
+		},
+		Description: "Pauses a running workflow after the step that runs now (state pausing until it ends, then paused; paused at once when no step is in flight). Pausing a pausing or paused workflow returns it unchanged; a finished one is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "workflows.pause",
+		Group:       "workflows",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Workflows.Pause(ctx, in.(*WorkflowsPauseInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "pause",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/workflows/pause",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:workflows:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeWorkflowsResumeInput(obj, "", iss)
+			return &in
+		},
+		Description: "Runs a pausing or paused workflow on from where it stopped. Resuming a running workflow returns it unchanged; a finished one is INVALID_STATE.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "workflows.resume",
+		Group:       "workflows",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Workflows.Resume(ctx, in.(*WorkflowsResumeInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "resume",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/workflows/resume",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

@@ -23,6 +23,8 @@ var (
 	ShapeVolumeId = regexp.MustCompile("^vol_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// AccountId: Provider account identifier.
 	ShapeAccountId = regexp.MustCompile("^pacct_[0-9a-hjkmnp-tv-z]{26,52}$")
+	// BootstrapId: Provider bootstrap identifier.
+	ShapeBootstrapId = regexp.MustCompile("^pbs_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// ProjectId: Project identifier.
 	ShapeProjectId = regexp.MustCompile("^prj_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// WebhookId: Webhook identifier.
@@ -51,8 +53,14 @@ var (
 	ShapeInstanceId = regexp.MustCompile("^inst_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// ReservationId: Reservation identifier.
 	ShapeReservationId = regexp.MustCompile("^rsv_[0-9a-hjkmnp-tv-z]{26,52}$")
+	// WorkflowId: Workflow identifier.
+	ShapeWorkflowId = regexp.MustCompile("^wf_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// IdentityId: Identity identifier.
 	ShapeIdentityId = regexp.MustCompile("^[A-Za-z0-9._:@-]{1,128}$")
+	// SandboxId: Sandbox identifier.
+	ShapeSandboxId = regexp.MustCompile("^sbx_[0-9a-hjkmnp-tv-z]{26,52}$")
+	// SnapshotId: Sandbox snapshot identifier.
+	ShapeSnapshotId = regexp.MustCompile("^snap_[0-9a-hjkmnp-tv-z]{26,52}$")
 )
 
 // Rules of the input fields, built once.
@@ -979,6 +987,51 @@ var (
 		Pattern:   ShapeReservationId,
 		Words:     "a reservation id: rsv_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
+	ruleSandboxSnapshotsCreateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxSnapshotsCreateInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxSnapshotsCreateInputIdempotencyKey = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
+	}
+	ruleSandboxSnapshotsGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxSnapshotsGetInputSnapshotID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeSnapshotId,
+		Words:     "a snapshot id: snap_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxSnapshotsListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxSnapshotsListInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxSnapshotsDeleteInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxSnapshotsDeleteInputSnapshotID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeSnapshotId,
+		Words:     "a snapshot id: snap_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
 	ruleSandboxTemplatesCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
@@ -1172,6 +1225,171 @@ var (
 		MaxLength: 56,
 		Pattern:   ShapeVolumeId,
 		Words:     "a volume id: vol_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesCreateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesCreateInputTemplateID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeTemplateId,
+		Words:     "a template id: sbxt_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesCreateInputFromSnapshot = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeSnapshotId,
+		Words:     "a snapshot id: snap_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesCreateInputTTLSeconds = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(2592000),
+		Min:    int64(60),
+	}
+	ruleSandboxesCreateInputEnv = &wire.CountRule{
+		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		Max:        64,
+	}
+	ruleSandboxesCreateInputEnvValue       = &wire.StringRule{}
+	ruleSandboxesCreateInputIdempotencyKey = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
+	}
+	ruleSandboxesGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesGetInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesListInputTemplateID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeTemplateId,
+		Words:     "a template id: sbxt_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesPauseInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesPauseInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesResumeInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesResumeInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesExtendInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesExtendInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesExtendInputTTLSeconds = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(2592000),
+		Min:    int64(60),
+	}
+	ruleSandboxesDeleteInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesDeleteInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesExecInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesExecInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesExecInputArgv = &wire.CountRule{
+		Max: 256,
+		Min: 1,
+	}
+	ruleSandboxesExecInputArgvItem = &wire.StringRule{MaxLength: 4096}
+	ruleSandboxesExecInputEnv      = &wire.CountRule{
+		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		Max:        64,
+	}
+	ruleSandboxesExecInputEnvValue = &wire.StringRule{}
+	ruleSandboxesExecInputDir      = &wire.StringRule{
+		MaxLength: 255,
+		Pattern:   regexp.MustCompile("^/[^\\x00]{0,254}$"),
+	}
+	ruleSandboxesExecInputStdin     = &wire.StringRule{MaxLength: 1048576}
+	ruleSandboxesExecInputTimeoutMs = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(600000),
+		Min:    int64(1),
+	}
+	ruleSandboxesReadFileInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesReadFileInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesReadFileInputPath = &wire.StringRule{
+		MaxLength: 4096,
+		MinLength: 2,
+		Pattern:   regexp.MustCompile("^/[^\\x00]+$"),
+	}
+	ruleSandboxesWriteFileInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesWriteFileInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesWriteFileInputPath = &wire.StringRule{
+		MaxLength: 4096,
+		MinLength: 2,
+		Pattern:   regexp.MustCompile("^/[^\\x00]+$"),
+	}
+	ruleSandboxesWriteFileInputContentBase64 = &wire.StringRule{MaxLength: 5592408}
+	ruleSandboxesWriteFileInputMode          = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(4095),
+		Min:    int64(0),
 	}
 	ruleSecretsPutInputTenantID = &wire.StringRule{
 		MaxLength: 128,
@@ -1485,5 +1703,92 @@ var (
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
 		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleWorkflowsGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleWorkflowsGetInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsGetInputWorkflowID = &wire.StringRule{
+		MaxLength: 55,
+		Pattern:   ShapeWorkflowId,
+		Words:     "a workflow id: wf_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleWorkflowsListInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsListInputState     = &wire.StringRule{Enum: []string{"running", "pausing", "paused", "succeeded", "failed", "aborted"}}
+	ruleWorkflowsAbortInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleWorkflowsAbortInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsAbortInputWorkflowID = &wire.StringRule{
+		MaxLength: 55,
+		Pattern:   ShapeWorkflowId,
+		Words:     "a workflow id: wf_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsAbortInputReason   = &wire.StringRule{MaxLength: 256}
+	ruleWorkflowsRetryInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleWorkflowsRetryInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsRetryInputWorkflowID = &wire.StringRule{
+		MaxLength: 55,
+		Pattern:   ShapeWorkflowId,
+		Words:     "a workflow id: wf_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsPauseInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleWorkflowsPauseInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsPauseInputWorkflowID = &wire.StringRule{
+		MaxLength: 55,
+		Pattern:   ShapeWorkflowId,
+		Words:     "a workflow id: wf_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsResumeInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleWorkflowsResumeInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleWorkflowsResumeInputWorkflowID = &wire.StringRule{
+		MaxLength: 55,
+		Pattern:   ShapeWorkflowId,
+		Words:     "a workflow id: wf_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 )

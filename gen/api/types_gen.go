@@ -17,14 +17,17 @@ type AgentProtocol struct {
 
 // Bootstrap: A request to turn one machine of an account into a node-daemon host of a pool.
 type Bootstrap struct {
-	TenantID  string  `json:"tenantId"`  // Tenant identifier.
-	AccountID string  `json:"accountId"` // Provider account identifier.
-	PoolID    string  `json:"poolId"`    // Pool identifier.
-	MachineID *string `json:"machineId"`
-	OfferID   *string `json:"offerId"`
-	State     string  `json:"state"` // identifying, claiming, an installing step, joined or failed.
-	CreatedAt string  `json:"createdAt"`
-	UpdatedAt string  `json:"updatedAt"`
+	BootstrapID string  `json:"bootstrapId"` // Derives from tenant, caller and idempotency key.
+	TenantID    string  `json:"tenantId"`    // Tenant identifier.
+	AccountID   string  `json:"accountId"`   // Provider account identifier.
+	PoolID      string  `json:"poolId"`      // Pool identifier.
+	MachineID   *string `json:"machineId"`
+	OfferID     *string `json:"offerId"`
+	State       string  `json:"state"`  // identifying, claiming, installing, joining (the daemon was delivered and joins), joined or failed.
+	NodeID      *string `json:"nodeId"` // The node the machine became, once joined.
+	Error       *string `json:"error"`  // Why it failed, or the last error of an attempt still retried.
+	CreatedAt   string  `json:"createdAt"`
+	UpdatedAt   string  `json:"updatedAt"`
 }
 
 // Caller: The authenticated caller; never carries the session id.
@@ -90,6 +93,14 @@ type EventType struct {
 }
 type EventTypeList struct {
 	Items []EventType `json:"items"`
+}
+type ExecResult struct {
+	ExitCode   int64  `json:"exitCode"`
+	Stdout     string `json:"stdout"` // At most 1 MiB (as text; invalid UTF-8 replaced).
+	Stderr     string `json:"stderr"` // At most 1 MiB.
+	Truncated  bool   `json:"truncated"`
+	TimedOut   bool   `json:"timedOut"`
+	DurationMs int64  `json:"durationMs"`
 }
 
 // Finding: One result of a self check.
@@ -494,6 +505,56 @@ type ReservationCondition struct {
 type ReservationList struct {
 	Items []Reservation `json:"items"` // Newest first.
 }
+type Sandbox struct {
+	SandboxID    string              `json:"sandboxId"`    // Sandbox identifier.
+	TenantID     string              `json:"tenantId"`     // Tenant identifier.
+	TemplateID   string              `json:"templateId"`   // Sandbox template identifier.
+	FromSnapshot *string             `json:"fromSnapshot"` // Sandbox snapshot identifier.
+	PoolID       string              `json:"poolId"`       // Pool identifier.
+	NodeID       string              `json:"nodeId"`       // Node identifier.
+	Hostname     string              `json:"hostname"`
+	State        string              `json:"state"` // creating until the guest answered with its identity; paused; failed with error; deleted.
+	Error        *string             `json:"error"`
+	ExpiresAt    string              `json:"expiresAt"` // The sandbox is deleted then unless extended.
+	Volumes      []SandboxAttachment `json:"volumes"`
+	Timings      SandboxTimings      `json:"timings"`
+	CreatedAt    string              `json:"createdAt"`
+	ReadyAt      *string             `json:"readyAt"`
+	DeletedAt    *string             `json:"deletedAt"`
+}
+type SandboxAttachment struct {
+	VolumeID  string `json:"volumeId"` // Sandbox volume identifier.
+	Serial    string `json:"serial"`   // Mounted from /dev/disk/by-id/virtio-<serial>.
+	MountPath string `json:"mountPath"`
+	ReadOnly  bool   `json:"readOnly"`
+}
+type SandboxFile struct {
+	Path          string  `json:"path"`
+	SizeBytes     int64   `json:"sizeBytes"`
+	ContentBase64 *string `json:"contentBase64"` // readFile: the content; writeFile: null.
+}
+type SandboxList struct {
+	Items []Sandbox `json:"items"` // Newest first.
+}
+type SandboxSnapshot struct {
+	SnapshotID string  `json:"snapshotId"` // Sandbox snapshot identifier.
+	TenantID   string  `json:"tenantId"`   // Tenant identifier.
+	SandboxID  string  `json:"sandboxId"`  // Sandbox identifier.
+	TemplateID string  `json:"templateId"` // Sandbox template identifier.
+	PoolID     string  `json:"poolId"`     // Pool identifier.
+	NodeID     string  `json:"nodeId"`     // Node identifier.
+	Keep       bool    `json:"keep"`
+	State      string  `json:"state"`
+	Error      *string `json:"error"`
+	SizeBytes  *int64  `json:"sizeBytes"`
+	PausedMs   *int64  `json:"pausedMs"` // How long the guest was paused for it.
+	CreatedAt  string  `json:"createdAt"`
+	ReadyAt    *string `json:"readyAt"`
+	DeletedAt  *string `json:"deletedAt"`
+}
+type SandboxSnapshotList struct {
+	Items []SandboxSnapshot `json:"items"` // Newest first.
+}
 
 // SandboxTemplate: What a tenant's sandboxes run; name unique among the tenant's live templates.
 type SandboxTemplate struct {
@@ -520,6 +581,15 @@ type SandboxTemplateDeleted struct {
 }
 type SandboxTemplateList struct {
 	Items []SandboxTemplate `json:"items"`
+}
+
+// SandboxTimings: Where a start's time went, in milliseconds from the create call.
+type SandboxTimings struct {
+	How         string `json:"how"`         // warm: a warm instance claimed; cold: a VM booted; restore: started from a snapshot.
+	PlacedMs    int64  `json:"placedMs"`    // Admission and placement, to the commit.
+	HostStartMs *int64 `json:"hostStartMs"` // On the host: qemu started, resume or restore issued, to the guest agent answering.
+	HostReadyMs *int64 `json:"hostReadyMs"` // On the host: to the identity taken and the guest checked.
+	ReadyMs     *int64 `json:"readyMs"`     // The create call to the sandbox running, as the control plane recorded it.
 }
 
 // SandboxVolume: A persistent disk on one host of a hosted pool; any number of read-only attachments or exactly one read-write.
@@ -742,4 +812,40 @@ type WebhookList struct {
 type WebhookWithSecret struct {
 	Webhook Webhook `json:"webhook"`
 	Secret  string  `json:"secret"` // Signing secret (whsec_<base64>).
+}
+type Workflow struct {
+	WorkflowID     string         `json:"workflowId"` // Workflow identifier.
+	TenantID       string         `json:"tenantId"`   // The node's owner.
+	NodeID         string         `json:"nodeId"`     // Node identifier.
+	ProfileID      string         `json:"profileId"`  // Profile identifier.
+	ProfileVersion int64          `json:"profileVersion"`
+	State          string         `json:"state"`
+	CurrentStep    *string        `json:"currentStep"` // The step running, next or failed; null once every step is done.
+	Error          *string        `json:"error"`
+	Steps          []WorkflowStep `json:"steps"`
+	Version        int64          `json:"version"`
+	CreatedAt      string         `json:"createdAt"`
+	UpdatedAt      string         `json:"updatedAt"`
+	FinishedAt     *string        `json:"finishedAt"`
+}
+type WorkflowList struct {
+	Items []Workflow `json:"items"` // Newest first; at most 100.
+}
+
+// WorkflowStep: One step of a workflow, as rendered at start.
+type WorkflowStep struct {
+	Position   int64          `json:"position"`
+	Name       string         `json:"name"`
+	Phase      string         `json:"phase"`
+	Uses       string         `json:"uses"` // The built-in action the step runs.
+	With       map[string]any `json:"with"` // The action's inputs.
+	TimeoutMs  int64          `json:"timeoutMs"`
+	Retries    int64          `json:"retries"` // Attempts after a failed one before the step fails.
+	State      string         `json:"state"`
+	Attempts   int64          `json:"attempts"`  // Every start of the step, an interrupted one included.
+	StartedAt  *string        `json:"startedAt"` // Start of the last attempt.
+	FinishedAt *string        `json:"finishedAt"`
+	DurationMs *int64         `json:"durationMs"` // Of the last attempt.
+	Output     map[string]any `json:"output"`
+	LastError  *string        `json:"lastError"`
 }

@@ -619,6 +619,118 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "providerAccounts",
+		Description: "Connections of a tenant to an external machine provider.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Connects the tenant to a registered provider; config is validated by the provider's manifest and secret-like fields must be secret://, vault:// or env:// references; names are unique per tenant; with a key the id derives from tenant, caller and key and a repeat returns the stored account.",
+				Kind:        "mutation",
+				Action:      "compute:providers:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "provider", Field: "provider", Type: cliruntime.String, Required: true, Help: "Runtime or provider name."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "config", Field: "config", Type: cliruntime.JSON, Default: "{}"},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Help: "Idempotency key (wide alphabet)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProviderAccountsCreate(ctx, new(client.ProviderAccountsCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The tenant's accounts sorted by name; configs hold only references; unreadable ones are left out.",
+				Kind:        "read",
+				Action:      "compute:providers:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProviderAccountsList(ctx, new(client.ProviderAccountsListInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One account; another tenant's or an absent one is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:providers:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Required: true, Help: "Provider account identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProviderAccountsGet(ctx, new(client.ProviderAccountsGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "offers",
+				Description: "Machine types the provider offers on this account, asked live and narrowed by the query.",
+				Kind:        "read",
+				Action:      "compute:providers:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Required: true, Help: "Provider account identifier."},
+					{Name: "query", Field: "query", Type: cliruntime.JSON, Help: "Narrows the machine types a provider offers."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProviderAccountsOffers(ctx, new(client.ProviderAccountsOffersInput))
+					return err
+				},
+			},
+			{
+				Name:        "update",
+				Description: "Replaces the config, validated as on create, and increments version; the next provider call builds a new client.",
+				Kind:        "mutation",
+				Action:      "compute:providers:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Required: true, Help: "Provider account identifier."},
+					{Name: "config", Field: "config", Type: cliruntime.JSON, Required: true},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProviderAccountsUpdate(ctx, new(client.ProviderAccountsUpdateInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Deletes an account; a non-archived pool or non-deleted instance on it is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:providers:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Required: true, Help: "Provider account identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProviderAccountsDelete(ctx, new(client.ProviderAccountsDeleteInput))
+					return err
+				},
+			},
+			{
+				Name:        "bootstrap",
+				Description: "Starts turning one machine (identifying, given machineId) or a claimed offer (claiming, given offerId) into a node-daemon host of the tenant's pool; a reconciler drives it to joined or failed; a repeat returns the current status.",
+				Kind:        "mutation",
+				Action:      "compute:providers:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Required: true, Help: "Provider account identifier."},
+					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (narrow alphabet)."},
+					{Name: "machine-id", Field: "machineId", Type: cliruntime.String},
+					{Name: "offer-id", Field: "offerId", Type: cliruntime.String},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProviderAccountsBootstrap(ctx, new(client.ProviderAccountsBootstrapInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "quotas",
 		Description: "Caps on how much of one resource a tenant may hold in one pool: a max and a used counter per tenant, pool and resource (vcpu, memoryMiB, diskGiB, gpus, instances, sandboxes, nodes). A missing row grants nothing. pools.create and pools.offer write rows; admissions charge used in their own transaction and releases refund it; the database refuses used above max.",
 		Methods: []cliruntime.Method{
@@ -735,6 +847,72 @@ var Groups = []cliruntime.Group{
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.ReservationsCancel(ctx, new(client.ReservationsCancelInput))
+					return err
+				},
+			},
+		},
+	},
+	{
+		Name:        "sandboxSnapshots",
+		Description: "Snapshots of sandboxes: memory and disks of a running or paused sandbox, kept on its node. Private to the tenant; with keep true a snapshot outlives its sandbox, else it goes with it. sandboxes.create with fromSnapshot restores one.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its device state and goes on); any other state is INVALID_STATE. With wait the answer comes when it is ready (or failed), or at the timeout while creating.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "keep", Field: "keep", Type: cliruntime.Bool, Default: "false", Help: "Outlive the sandbox."},
+					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxSnapshotsCreate(ctx, new(client.SandboxSnapshotsCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One snapshot of the tenant; anything else is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:sandboxes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "snapshot-id", Field: "snapshotId", Type: cliruntime.String, Required: true, Help: "Sandbox snapshot identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxSnapshotsGet(ctx, new(client.SandboxSnapshotsGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The tenant's snapshots, newest first (at most 1000), of one sandbox when asked; deleted ones only when asked.",
+				Kind:        "read",
+				Action:      "compute:sandboxes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Help: "Sandbox identifier."},
+					{Name: "include-deleted", Field: "includeDeleted", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxSnapshotsList(ctx, new(client.SandboxSnapshotsListInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Deletes a snapshot and its files on the node; deleting twice returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "snapshot-id", Field: "snapshotId", Type: cliruntime.String, Required: true, Help: "Sandbox snapshot identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxSnapshotsDelete(ctx, new(client.SandboxSnapshotsDeleteInput))
 					return err
 				},
 			},
@@ -912,6 +1090,170 @@ var Groups = []cliruntime.Group{
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.SandboxVolumesDelete(ctx, new(client.SandboxVolumesDeleteInput))
+					return err
+				},
+			},
+		},
+	},
+	{
+		Name:        "sandboxes",
+		Description: "Sandboxes: short-lived microVMs run from a template (or restored from a snapshot) on a hosted vps-host pool, with a TTL. A create claims a ready warm instance of the template when there is one (resumed with a fresh identity: hostname, machine id and environment) and falls back to a cold boot; a restore starts from a snapshot on its node. Every start is verified (the guest agent answers and its root filesystem checks out) before the sandbox is called running. exec runs a bounded, non-interactive command; readFile and writeFile move bounded files.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Creates a sandbox from templateId (claiming a ready warm instance of the template, else a cold boot on the pool, or on the host of the template's volumes) or from fromSnapshot (a ready snapshot of the tenant, restored on its node); exactly one of them. ttlSeconds (default the template's default TTL) may not pass its max TTL. env is merged over the template's. Charged to the tenant's quota (sandboxes and the flavor's shape) unless a warm instance, already charged, is claimed. A read-write volume another live sandbox attaches, or a read-only one attached read-write, is CONFLICT with details.reason 'volume-in-use'. With wait the answer comes when it runs (or failed), or at the timeout while it is creating.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "template-id", Field: "templateId", Type: cliruntime.String, Help: "Sandbox template identifier."},
+					{Name: "from-snapshot", Field: "fromSnapshot", Type: cliruntime.String, Help: "Sandbox snapshot identifier."},
+					{Name: "ttl-seconds", Field: "ttlSeconds", Type: cliruntime.Int},
+					{Name: "env", Field: "env", Type: cliruntime.JSON},
+					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesCreate(ctx, new(client.SandboxesCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One sandbox of the tenant; anything else is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:sandboxes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesGet(ctx, new(client.SandboxesGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The tenant's sandboxes, newest first (at most 1000), of one template when asked; deleted ones only when asked.",
+				Kind:        "read",
+				Action:      "compute:sandboxes:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "template-id", Field: "templateId", Type: cliruntime.String, Help: "Sandbox template identifier."},
+					{Name: "include-deleted", Field: "includeDeleted", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesList(ctx, new(client.SandboxesListInput))
+					return err
+				},
+			},
+			{
+				Name:        "pause",
+				Description: "Pauses a running sandbox (its VM stops executing, memory kept); a paused one is returned unchanged; any other state is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesPause(ctx, new(client.SandboxesPauseInput))
+					return err
+				},
+			},
+			{
+				Name:        "resume",
+				Description: "Resumes a paused sandbox; it is running again once the guest answered and its filesystem checked out. A running one is returned unchanged; any other state is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesResume(ctx, new(client.SandboxesResumeInput))
+					return err
+				},
+			},
+			{
+				Name:        "extend",
+				Description: "Sets expiresAt to now plus ttlSeconds; past the template's max TTL from creation is INVALID_INPUT with details.maxExpiresAt; a deleted sandbox is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "ttl-seconds", Field: "ttlSeconds", Type: cliruntime.Int, Required: true},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesExtend(ctx, new(client.SandboxesExtendInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Deletes the sandbox; its VM ends, its capacity, quota and volumes are returned at once, its snapshots without keep go with it. Deleting twice returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesDelete(ctx, new(client.SandboxesDeleteInput))
+					return err
+				},
+			},
+			{
+				Name:        "exec",
+				Description: "Runs a non-interactive program in a running sandbox (argv, no shell unless argv names one), through its host's session, and answers its exit code and output (each at most 1 MiB) when it ends or at timeoutMs (default 60000, at most 600000; timedOut true). A sandbox that is not running is INVALID_STATE; a host that does not answer in time is UNAVAILABLE.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "argv", Field: "argv", Type: cliruntime.JSON, Required: true},
+					{Name: "env", Field: "env", Type: cliruntime.JSON},
+					{Name: "dir", Field: "dir", Type: cliruntime.String},
+					{Name: "stdin", Field: "stdin", Type: cliruntime.String},
+					{Name: "timeout-ms", Field: "timeoutMs", Type: cliruntime.Int, Default: "60000"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesExec(ctx, new(client.SandboxesExecInput))
+					return err
+				},
+			},
+			{
+				Name:        "readFile",
+				Description: "Reads a file of at most 4 MiB from a running sandbox; a missing file is NOT_FOUND; a sandbox that is not running is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "path", Field: "path", Type: cliruntime.String, Required: true},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesReadFile(ctx, new(client.SandboxesReadFileInput))
+					return err
+				},
+			},
+			{
+				Name:        "writeFile",
+				Description: "Writes a file of at most 4 MiB (base64, about 5.6 MB of text) into a running sandbox, creating its directories; a sandbox that is not running is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "path", Field: "path", Type: cliruntime.String, Required: true},
+					{Name: "content-base64", Field: "contentBase64", Type: cliruntime.String, Required: true},
+					{Name: "mode", Field: "mode", Type: cliruntime.Int, Default: "420"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesWriteFile(ctx, new(client.SandboxesWriteFileInput))
 					return err
 				},
 			},
@@ -1283,6 +1625,103 @@ var Groups = []cliruntime.Group{
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.WebhooksEventTypes(ctx, new(client.WebhooksEventTypesInput))
+					return err
+				},
+			},
+		},
+	},
+	{
+		Name:        "workflows",
+		Description: "Provisioning workflows of a node: the steps of a rendered profile run one after the other against the node through its bare-metal driver, each with a timeout and a retry count, by a worker holding a lease (a step in flight when its worker dies is run again by the next one; steps are idempotent). Workflows are started by other modules (nodes of metal-host pools are provisioned through one); these methods read and steer them. States running -> pausing -> paused -> running, and running -> succeeded, failed or aborted; failed -> running again by retry.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "get",
+				Description: "One workflow of a node of the tenant's pools, with its steps; anything else is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:workflows:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "workflow-id", Field: "workflowId", Type: cliruntime.String, Required: true, Help: "Workflow identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WorkflowsGet(ctx, new(client.WorkflowsGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The workflows of one node, newest first, by state when asked.",
+				Kind:        "read",
+				Action:      "compute:workflows:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "state", Field: "state", Type: cliruntime.String, Enum: []string{"running", "pausing", "paused", "succeeded", "failed", "aborted"}},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WorkflowsList(ctx, new(client.WorkflowsListInput))
+					return err
+				},
+			},
+			{
+				Name:        "abort",
+				Description: "Stops a running, pausing, paused or failed workflow for good: the step in flight is cancelled and no further step runs. Aborting an aborted workflow returns it unchanged; a succeeded one is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:workflows:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "workflow-id", Field: "workflowId", Type: cliruntime.String, Required: true, Help: "Workflow identifier."},
+					{Name: "reason", Field: "reason", Type: cliruntime.String},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WorkflowsAbort(ctx, new(client.WorkflowsAbortInput))
+					return err
+				},
+			},
+			{
+				Name:        "retry",
+				Description: "Runs a failed workflow again from the step that failed, with a fresh retry budget for it; the steps that succeeded do not run again. Only a failed workflow can be retried (INVALID_STATE), and only while no other workflow runs on the node (CONFLICT).",
+				Kind:        "mutation",
+				Action:      "compute:workflows:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "workflow-id", Field: "workflowId", Type: cliruntime.String, Required: true, Help: "Workflow identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WorkflowsRetry(ctx, new(client.WorkflowsRetryInput))
+					return err
+				},
+			},
+			{
+				Name:        "pause",
+				Description: "Pauses a running workflow after the step that runs now (state pausing until it ends, then paused; paused at once when no step is in flight). Pausing a pausing or paused workflow returns it unchanged; a finished one is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:workflows:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "workflow-id", Field: "workflowId", Type: cliruntime.String, Required: true, Help: "Workflow identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WorkflowsPause(ctx, new(client.WorkflowsPauseInput))
+					return err
+				},
+			},
+			{
+				Name:        "resume",
+				Description: "Runs a pausing or paused workflow on from where it stopped. Resuming a running workflow returns it unchanged; a finished one is INVALID_STATE.",
+				Kind:        "mutation",
+				Action:      "compute:workflows:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "workflow-id", Field: "workflowId", Type: cliruntime.String, Required: true, Help: "Workflow identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.WorkflowsResume(ctx, new(client.WorkflowsResumeInput))
 					return err
 				},
 			},

@@ -12,6 +12,8 @@ import (
 var regexMap = map[string]ogenregex.Regexp{
 	"^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$": ogenregex.MustCompile("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
 	"^/[A-Za-z0-9._/-]{1,254}$":                             ogenregex.MustCompile("^/[A-Za-z0-9._/-]{1,254}$"),
+	"^/[^\\x00]+$":                                          ogenregex.MustCompile("^/[^\\x00]+$"),
+	"^/[^\\x00]{0,254}$":                                    ogenregex.MustCompile("^/[^\\x00]{0,254}$"),
 	"^[0-9a-f]{64}$":                                        ogenregex.MustCompile("^[0-9a-f]{64}$"),
 	"^[A-Za-z0-9-]{1,32}$":                                  ogenregex.MustCompile("^[A-Za-z0-9-]{1,32}$"),
 	"^[A-Za-z0-9._-]{0,63}$":                                ogenregex.MustCompile("^[A-Za-z0-9._-]{0,63}$"),
@@ -31,12 +33,16 @@ var regexMap = map[string]ogenregex.Regexp{
 	"^inst_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^inst_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^node_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^node_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^pacct_[0-9a-hjkmnp-tv-z]{26,52}$":                     ogenregex.MustCompile("^pacct_[0-9a-hjkmnp-tv-z]{26,52}$"),
+	"^pbs_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^pbs_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^pool_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^pool_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^prj_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^prj_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^rsv_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^rsv_[0-9a-hjkmnp-tv-z]{26,52}$"),
+	"^sbx_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^sbx_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^site_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^site_[0-9a-hjkmnp-tv-z]{26,52}$"),
+	"^snap_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^snap_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^vol_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^vol_[0-9a-hjkmnp-tv-z]{26,52}$"),
+	"^wf_[0-9a-hjkmnp-tv-z]{26,52}$":                        ogenregex.MustCompile("^wf_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^whk_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^whk_[0-9a-hjkmnp-tv-z]{26,52}$"),
 }
 

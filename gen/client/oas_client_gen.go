@@ -32,13 +32,16 @@ type Invoker interface {
 	ProviderAccountsInvoker
 	QuotasInvoker
 	ReservationsInvoker
+	SandboxSnapshotsInvoker
 	SandboxTemplatesInvoker
 	SandboxVolumesInvoker
+	SandboxesInvoker
 	SecretsInvoker
 	SitesInvoker
 	SystemInvoker
 	UsageInvoker
 	WebhooksInvoker
+	WorkflowsInvoker
 }
 
 // EventsInvoker invokes operations described by OpenAPI v3 specification.
@@ -567,11 +570,11 @@ type ProviderAccountsInvoker interface {
 	// offerId) into a node-daemon host of the tenant's pool; a reconciler drives it to joined or failed; a
 	// repeat returns the current status.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:providers:manage on provider-account/accountId. Idempotent under idempotencyKey (a repeat
-	// with different accountId, poolId, machineId, offerId is CONFLICT). Publishes
-	// provider.bootstrap.started. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409),
-	// CONFLICT (409), UNSUPPORTED (422), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:providers:manage on provider-account/accountId.
+	// Idempotent under idempotencyKey (a repeat with different accountId, poolId, machineId, offerId is
+	// CONFLICT). Publishes provider.bootstrap.started. Errors: INVALID_INPUT (400), NOT_FOUND (404),
+	// INVALID_STATE (409), CONFLICT (409), UNSUPPORTED (422), INVALID_CONFIG (500), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/bootstrap
 	ProviderAccountsBootstrap(ctx context.Context, request *ProviderAccountsBootstrapInput) (*ProviderAccountsBootstrapResult, error)
@@ -581,10 +584,9 @@ type ProviderAccountsInvoker interface {
 	// secret-like fields must be secret://, vault:// or env:// references; names are unique per tenant;
 	// with a key the id derives from tenant, caller and key and a repeat returns the stored account.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:providers:manage on tenant/tenantId. Idempotent under idempotencyKey (a repeat with
-	// different provider, name is CONFLICT). Errors: INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED
-	// (401), ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:providers:manage on tenant/tenantId. Idempotent
+	// under idempotencyKey (a repeat with different provider, name is CONFLICT). Errors: INVALID_INPUT
+	// (400), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/create
 	ProviderAccountsCreate(ctx context.Context, request *ProviderAccountsCreateInput) (*ProviderAccountsCreateResult, error)
@@ -592,9 +594,9 @@ type ProviderAccountsInvoker interface {
 	//
 	// Deletes an account; a non-archived pool or non-deleted instance on it is INVALID_STATE.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:providers:manage on provider-account/accountId. Errors: INVALID_INPUT (400), NOT_FOUND
-	// (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:providers:manage on provider-account/accountId.
+	// Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/delete
 	ProviderAccountsDelete(ctx context.Context, request *ProviderAccountsDeleteInput) (*ProviderAccountsDeleteResult, error)
@@ -602,9 +604,8 @@ type ProviderAccountsInvoker interface {
 	//
 	// One account; another tenant's or an absent one is NOT_FOUND.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:providers:read on
-	// provider-account/accountId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.3. Kind: read. Action compute:providers:read on provider-account/accountId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/get
 	ProviderAccountsGet(ctx context.Context, request *ProviderAccountsGetInput) (*ProviderAccountsGetResult, error)
@@ -612,9 +613,8 @@ type ProviderAccountsInvoker interface {
 	//
 	// The tenant's accounts sorted by name; configs hold only references; unreadable ones are left out.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:providers:read on
-	// tenant/tenantId items=provider-account. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.3. Kind: read. Action compute:providers:read on tenant/tenantId
+	// items=provider-account. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/list
 	ProviderAccountsList(ctx context.Context, request *ProviderAccountsListInput) (*ProviderAccountsListResult, error)
@@ -622,9 +622,9 @@ type ProviderAccountsInvoker interface {
 	//
 	// Machine types the provider offers on this account, asked live and narrowed by the query.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:providers:read on
-	// provider-account/accountId. Errors: INVALID_INPUT (400), NOT_FOUND (404), PROVIDER_ERROR (502),
-	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.3. Kind: read. Action compute:providers:read on provider-account/accountId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), PROVIDER_ERROR (502), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
 	//
 	// POST /providerAccounts/offers
 	ProviderAccountsOffers(ctx context.Context, request *ProviderAccountsOffersInput) (*ProviderAccountsOffersResult, error)
@@ -633,9 +633,8 @@ type ProviderAccountsInvoker interface {
 	// Replaces the config, validated as on create, and increments version; the next provider call builds a
 	// new client.
 	//
-	// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-	// compute:providers:manage on provider-account/accountId. Errors: INVALID_INPUT (400), NOT_FOUND
-	// (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.3. Kind: mutation. Action compute:providers:manage on provider-account/accountId.
+	// Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /providerAccounts/update
 	ProviderAccountsUpdate(ctx context.Context, request *ProviderAccountsUpdateInput) (*ProviderAccountsUpdateResult, error)
@@ -730,6 +729,54 @@ type ReservationsInvoker interface {
 	//
 	// POST /reservations/list
 	ReservationsList(ctx context.Context, request *ReservationsListInput) (*ReservationsListResult, error)
+}
+
+// SandboxSnapshotsInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: SandboxSnapshots
+type SandboxSnapshotsInvoker interface {
+	// SandboxSnapshotsCreate invokes sandboxSnapshotsCreate operation.
+	//
+	// Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its
+	// device state and goes on); any other state is INVALID_STATE. With wait the answer comes when it is
+	// ready (or failed), or at the timeout while creating.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Idempotent
+	// under idempotencyKey (a repeat with different sandboxId, keep is CONFLICT). Publishes
+	// sandbox.snapshot.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
+	// INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /sandboxSnapshots/create
+	SandboxSnapshotsCreate(ctx context.Context, request *SandboxSnapshotsCreateInput) (*SandboxSnapshotsCreateResult, error)
+	// SandboxSnapshotsDelete invokes sandboxSnapshotsDelete operation.
+	//
+	// Deletes a snapshot and its files on the node; deleting twice returns it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on tenant/tenantId. Publishes
+	// sandbox.snapshot.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxSnapshots/delete
+	SandboxSnapshotsDelete(ctx context.Context, request *SandboxSnapshotsDeleteInput) (*SandboxSnapshotsDeleteResult, error)
+	// SandboxSnapshotsGet invokes sandboxSnapshotsGet operation.
+	//
+	// One snapshot of the tenant; anything else is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /sandboxSnapshots/get
+	SandboxSnapshotsGet(ctx context.Context, request *SandboxSnapshotsGetInput) (*SandboxSnapshotsGetResult, error)
+	// SandboxSnapshotsList invokes sandboxSnapshotsList operation.
+	//
+	// The tenant's snapshots, newest first (at most 1000), of one sandbox when asked; deleted ones only
+	// when asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /sandboxSnapshots/list
+	SandboxSnapshotsList(ctx context.Context, request *SandboxSnapshotsListInput) (*SandboxSnapshotsListResult, error)
 }
 
 // SandboxTemplatesInvoker invokes operations described by OpenAPI v3 specification.
@@ -852,6 +899,129 @@ type SandboxVolumesInvoker interface {
 	//
 	// POST /sandboxVolumes/resize
 	SandboxVolumesResize(ctx context.Context, request *SandboxVolumesResizeInput) (*SandboxVolumesResizeResult, error)
+}
+
+// SandboxesInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Sandboxes
+type SandboxesInvoker interface {
+	// SandboxesCreate invokes sandboxesCreate operation.
+	//
+	// Creates a sandbox from templateId (claiming a ready warm instance of the template, else a cold boot
+	// on the pool, or on the host of the template's volumes) or from fromSnapshot (a ready snapshot of the
+	// tenant, restored on its node); exactly one of them. ttlSeconds (default the template's default TTL)
+	// may not pass its max TTL. env is merged over the template's. Charged to the tenant's quota
+	// (sandboxes and the flavor's shape) unless a warm instance, already charged, is claimed. A read-write
+	// volume another live sandbox attaches, or a read-only one attached read-write, is CONFLICT with
+	// details.reason 'volume-in-use'. With wait the answer comes when it runs (or failed), or at the
+	// timeout while it is creating.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on tenant/tenantId. Idempotent
+	// under idempotencyKey (a repeat with different templateId, fromSnapshot, ttlSeconds, env is
+	// CONFLICT). Publishes sandbox.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
+	// INVALID_STATE (409), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/create
+	SandboxesCreate(ctx context.Context, request *SandboxesCreateInput) (*SandboxesCreateResult, error)
+	// SandboxesDelete invokes sandboxesDelete operation.
+	//
+	// Deletes the sandbox; its VM ends, its capacity, quota and volumes are returned at once, its
+	// snapshots without keep go with it. Deleting twice returns it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Publishes
+	// sandbox.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /sandboxes/delete
+	SandboxesDelete(ctx context.Context, request *SandboxesDeleteInput) (*SandboxesDeleteResult, error)
+	// SandboxesExec invokes sandboxesExec operation.
+	//
+	// Runs a non-interactive program in a running sandbox (argv, no shell unless argv names one), through
+	// its host's session, and answers its exit code and output (each at most 1 MiB) when it ends or at
+	// timeoutMs (default 60000, at most 600000; timedOut true). A sandbox that is not running is
+	// INVALID_STATE; a host that does not answer in time is UNAVAILABLE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/exec
+	SandboxesExec(ctx context.Context, request *SandboxesExecInput) (*SandboxesExecResult, error)
+	// SandboxesExtend invokes sandboxesExtend operation.
+	//
+	// Sets expiresAt to now plus ttlSeconds; past the template's max TTL from creation is INVALID_INPUT
+	// with details.maxExpiresAt; a deleted sandbox is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /sandboxes/extend
+	SandboxesExtend(ctx context.Context, request *SandboxesExtendInput) (*SandboxesExtendResult, error)
+	// SandboxesGet invokes sandboxesGet operation.
+	//
+	// One sandbox of the tenant; anything else is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: read. Action compute:sandboxes:read on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/get
+	SandboxesGet(ctx context.Context, request *SandboxesGetInput) (*SandboxesGetResult, error)
+	// SandboxesList invokes sandboxesList operation.
+	//
+	// The tenant's sandboxes, newest first (at most 1000), of one template when asked; deleted ones only
+	// when asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/list
+	SandboxesList(ctx context.Context, request *SandboxesListInput) (*SandboxesListResult, error)
+	// SandboxesPause invokes sandboxesPause operation.
+	//
+	// Pauses a running sandbox (its VM stops executing, memory kept); a paused one is returned unchanged;
+	// any other state is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Publishes
+	// sandbox.paused. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/pause
+	SandboxesPause(ctx context.Context, request *SandboxesPauseInput) (*SandboxesPauseResult, error)
+	// SandboxesReadFile invokes sandboxesReadFile operation.
+	//
+	// Reads a file of at most 4 MiB from a running sandbox; a missing file is NOT_FOUND; a sandbox that is
+	// not running is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/readFile
+	SandboxesReadFile(ctx context.Context, request *SandboxesReadFileInput) (*SandboxesReadFileResult, error)
+	// SandboxesResume invokes sandboxesResume operation.
+	//
+	// Resumes a paused sandbox; it is running again once the guest answered and its filesystem checked
+	// out. A running one is returned unchanged; any other state is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Publishes
+	// sandbox.resumed. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/resume
+	SandboxesResume(ctx context.Context, request *SandboxesResumeInput) (*SandboxesResumeResult, error)
+	// SandboxesWriteFile invokes sandboxesWriteFile operation.
+	//
+	// Writes a file of at most 4 MiB (base64, about 5.6 MB of text) into a running sandbox, creating its
+	// directories; a sandbox that is not running is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/writeFile
+	SandboxesWriteFile(ctx context.Context, request *SandboxesWriteFileInput) (*SandboxesWriteFileResult, error)
 }
 
 // SecretsInvoker invokes operations described by OpenAPI v3 specification.
@@ -1117,6 +1287,77 @@ type WebhooksInvoker interface {
 	//
 	// POST /webhooks/update
 	WebhooksUpdate(ctx context.Context, request *WebhooksUpdateInput) (*WebhooksUpdateResult, error)
+}
+
+// WorkflowsInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Workflows
+type WorkflowsInvoker interface {
+	// WorkflowsAbort invokes workflowsAbort operation.
+	//
+	// Stops a running, pausing, paused or failed workflow for good: the step in flight is cancelled and no
+	// further step runs. Aborting an aborted workflow returns it unchanged; a succeeded one is
+	// INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:workflows:manage on node/nodeId. Publishes
+	// workflow.aborted. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
+	//
+	// POST /workflows/abort
+	WorkflowsAbort(ctx context.Context, request *WorkflowsAbortInput) (*WorkflowsAbortResult, error)
+	// WorkflowsGet invokes workflowsGet operation.
+	//
+	// One workflow of a node of the tenant's pools, with its steps; anything else is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: read. Action compute:workflows:read on node/nodeId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /workflows/get
+	WorkflowsGet(ctx context.Context, request *WorkflowsGetInput) (*WorkflowsGetResult, error)
+	// WorkflowsList invokes workflowsList operation.
+	//
+	// The workflows of one node, newest first, by state when asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:workflows:read on node/nodeId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /workflows/list
+	WorkflowsList(ctx context.Context, request *WorkflowsListInput) (*WorkflowsListResult, error)
+	// WorkflowsPause invokes workflowsPause operation.
+	//
+	// Pauses a running workflow after the step that runs now (state pausing until it ends, then paused;
+	// paused at once when no step is in flight). Pausing a pausing or paused workflow returns it
+	// unchanged; a finished one is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:workflows:manage on node/nodeId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /workflows/pause
+	WorkflowsPause(ctx context.Context, request *WorkflowsPauseInput) (*WorkflowsPauseResult, error)
+	// WorkflowsResume invokes workflowsResume operation.
+	//
+	// Runs a pausing or paused workflow on from where it stopped. Resuming a running workflow returns it
+	// unchanged; a finished one is INVALID_STATE.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:workflows:manage on node/nodeId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /workflows/resume
+	WorkflowsResume(ctx context.Context, request *WorkflowsResumeInput) (*WorkflowsResumeResult, error)
+	// WorkflowsRetry invokes workflowsRetry operation.
+	//
+	// Runs a failed workflow again from the step that failed, with a fresh retry budget for it; the steps
+	// that succeeded do not run again. Only a failed workflow can be retried (INVALID_STATE), and only
+	// while no other workflow runs on the node (CONFLICT).
+	//
+	// Served since v1.1. Kind: mutation. Action compute:workflows:manage on node/nodeId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /workflows/retry
+	WorkflowsRetry(ctx context.Context, request *WorkflowsRetryInput) (*WorkflowsRetryResult, error)
 }
 
 // Client implements OAS client.
@@ -5330,11 +5571,11 @@ func (c *Client) sendProjectsUpdate(ctx context.Context, request *ProjectsUpdate
 // offerId) into a node-daemon host of the tenant's pool; a reconciler drives it to joined or failed; a
 // repeat returns the current status.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:providers:manage on provider-account/accountId. Idempotent under idempotencyKey (a repeat
-// with different accountId, poolId, machineId, offerId is CONFLICT). Publishes
-// provider.bootstrap.started. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409),
-// CONFLICT (409), UNSUPPORTED (422), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:providers:manage on provider-account/accountId.
+// Idempotent under idempotencyKey (a repeat with different accountId, poolId, machineId, offerId is
+// CONFLICT). Publishes provider.bootstrap.started. Errors: INVALID_INPUT (400), NOT_FOUND (404),
+// INVALID_STATE (409), CONFLICT (409), UNSUPPORTED (422), INVALID_CONFIG (500), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /providerAccounts/bootstrap
 func (c *Client) ProviderAccountsBootstrap(ctx context.Context, request *ProviderAccountsBootstrapInput) (*ProviderAccountsBootstrapResult, error) {
@@ -5428,10 +5669,9 @@ func (c *Client) sendProviderAccountsBootstrap(ctx context.Context, request *Pro
 // secret-like fields must be secret://, vault:// or env:// references; names are unique per tenant;
 // with a key the id derives from tenant, caller and key and a repeat returns the stored account.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:providers:manage on tenant/tenantId. Idempotent under idempotencyKey (a repeat with
-// different provider, name is CONFLICT). Errors: INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED
-// (401), ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:providers:manage on tenant/tenantId. Idempotent
+// under idempotencyKey (a repeat with different provider, name is CONFLICT). Errors: INVALID_INPUT
+// (400), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /providerAccounts/create
 func (c *Client) ProviderAccountsCreate(ctx context.Context, request *ProviderAccountsCreateInput) (*ProviderAccountsCreateResult, error) {
@@ -5523,9 +5763,9 @@ func (c *Client) sendProviderAccountsCreate(ctx context.Context, request *Provid
 //
 // Deletes an account; a non-archived pool or non-deleted instance on it is INVALID_STATE.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:providers:manage on provider-account/accountId. Errors: INVALID_INPUT (400), NOT_FOUND
-// (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:providers:manage on provider-account/accountId.
+// Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /providerAccounts/delete
 func (c *Client) ProviderAccountsDelete(ctx context.Context, request *ProviderAccountsDeleteInput) (*ProviderAccountsDeleteResult, error) {
@@ -5617,9 +5857,8 @@ func (c *Client) sendProviderAccountsDelete(ctx context.Context, request *Provid
 //
 // One account; another tenant's or an absent one is NOT_FOUND.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:providers:read on
-// provider-account/accountId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.3. Kind: read. Action compute:providers:read on provider-account/accountId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /providerAccounts/get
 func (c *Client) ProviderAccountsGet(ctx context.Context, request *ProviderAccountsGetInput) (*ProviderAccountsGetResult, error) {
@@ -5711,9 +5950,8 @@ func (c *Client) sendProviderAccountsGet(ctx context.Context, request *ProviderA
 //
 // The tenant's accounts sorted by name; configs hold only references; unreadable ones are left out.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:providers:read on
-// tenant/tenantId items=provider-account. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.3. Kind: read. Action compute:providers:read on tenant/tenantId
+// items=provider-account. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /providerAccounts/list
 func (c *Client) ProviderAccountsList(ctx context.Context, request *ProviderAccountsListInput) (*ProviderAccountsListResult, error) {
@@ -5805,9 +6043,9 @@ func (c *Client) sendProviderAccountsList(ctx context.Context, request *Provider
 //
 // Machine types the provider offers on this account, asked live and narrowed by the query.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:providers:read on
-// provider-account/accountId. Errors: INVALID_INPUT (400), NOT_FOUND (404), PROVIDER_ERROR (502),
-// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.3. Kind: read. Action compute:providers:read on provider-account/accountId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), PROVIDER_ERROR (502), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
 //
 // POST /providerAccounts/offers
 func (c *Client) ProviderAccountsOffers(ctx context.Context, request *ProviderAccountsOffersInput) (*ProviderAccountsOffersResult, error) {
@@ -5900,9 +6138,8 @@ func (c *Client) sendProviderAccountsOffers(ctx context.Context, request *Provid
 // Replaces the config, validated as on create, and increments version; the next provider call builds a
 // new client.
 //
-// Planned for v0.3: answers NOT_IMPLEMENTED until then. Kind: mutation. Action
-// compute:providers:manage on provider-account/accountId. Errors: INVALID_INPUT (400), NOT_FOUND
-// (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.3. Kind: mutation. Action compute:providers:manage on provider-account/accountId.
+// Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /providerAccounts/update
 func (c *Client) ProviderAccountsUpdate(ctx context.Context, request *ProviderAccountsUpdateInput) (*ProviderAccountsUpdateResult, error) {
@@ -6650,6 +6887,384 @@ func (c *Client) sendReservationsList(ctx context.Context, request *Reservations
 	}()
 
 	result, err := decodeReservationsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxSnapshotsCreate invokes sandboxSnapshotsCreate operation.
+//
+// Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its
+// device state and goes on); any other state is INVALID_STATE. With wait the answer comes when it is
+// ready (or failed), or at the timeout while creating.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Idempotent
+// under idempotencyKey (a repeat with different sandboxId, keep is CONFLICT). Publishes
+// sandbox.snapshot.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
+// INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /sandboxSnapshots/create
+func (c *Client) SandboxSnapshotsCreate(ctx context.Context, request *SandboxSnapshotsCreateInput) (*SandboxSnapshotsCreateResult, error) {
+	res, err := c.sendSandboxSnapshotsCreate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxSnapshotsCreate(ctx context.Context, request *SandboxSnapshotsCreateInput) (res *SandboxSnapshotsCreateResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxSnapshots/create"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxSnapshotsCreateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxSnapshotsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxSnapshotsCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxSnapshotsCreateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxSnapshotsDelete invokes sandboxSnapshotsDelete operation.
+//
+// Deletes a snapshot and its files on the node; deleting twice returns it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on tenant/tenantId. Publishes
+// sandbox.snapshot.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxSnapshots/delete
+func (c *Client) SandboxSnapshotsDelete(ctx context.Context, request *SandboxSnapshotsDeleteInput) (*SandboxSnapshotsDeleteResult, error) {
+	res, err := c.sendSandboxSnapshotsDelete(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxSnapshotsDelete(ctx context.Context, request *SandboxSnapshotsDeleteInput) (res *SandboxSnapshotsDeleteResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxSnapshots/delete"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxSnapshotsDeleteRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxSnapshotsDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxSnapshotsDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxSnapshotsDeleteResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxSnapshotsGet invokes sandboxSnapshotsGet operation.
+//
+// One snapshot of the tenant; anything else is NOT_FOUND.
+//
+// Served since v1.1. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /sandboxSnapshots/get
+func (c *Client) SandboxSnapshotsGet(ctx context.Context, request *SandboxSnapshotsGetInput) (*SandboxSnapshotsGetResult, error) {
+	res, err := c.sendSandboxSnapshotsGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxSnapshotsGet(ctx context.Context, request *SandboxSnapshotsGetInput) (res *SandboxSnapshotsGetResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxSnapshots/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxSnapshotsGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxSnapshotsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxSnapshotsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxSnapshotsGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxSnapshotsList invokes sandboxSnapshotsList operation.
+//
+// The tenant's snapshots, newest first (at most 1000), of one sandbox when asked; deleted ones only
+// when asked.
+//
+// Served since v1.1. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /sandboxSnapshots/list
+func (c *Client) SandboxSnapshotsList(ctx context.Context, request *SandboxSnapshotsListInput) (*SandboxSnapshotsListResult, error) {
+	res, err := c.sendSandboxSnapshotsList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxSnapshotsList(ctx context.Context, request *SandboxSnapshotsListInput) (res *SandboxSnapshotsListResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxSnapshots/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxSnapshotsListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxSnapshotsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxSnapshotsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxSnapshotsListResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}
@@ -7600,6 +8215,963 @@ func (c *Client) sendSandboxVolumesResize(ctx context.Context, request *SandboxV
 	}()
 
 	result, err := decodeSandboxVolumesResizeResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesCreate invokes sandboxesCreate operation.
+//
+// Creates a sandbox from templateId (claiming a ready warm instance of the template, else a cold boot
+// on the pool, or on the host of the template's volumes) or from fromSnapshot (a ready snapshot of the
+// tenant, restored on its node); exactly one of them. ttlSeconds (default the template's default TTL)
+// may not pass its max TTL. env is merged over the template's. Charged to the tenant's quota
+// (sandboxes and the flavor's shape) unless a warm instance, already charged, is claimed. A read-write
+// volume another live sandbox attaches, or a read-only one attached read-write, is CONFLICT with
+// details.reason 'volume-in-use'. With wait the answer comes when it runs (or failed), or at the
+// timeout while it is creating.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on tenant/tenantId. Idempotent
+// under idempotencyKey (a repeat with different templateId, fromSnapshot, ttlSeconds, env is
+// CONFLICT). Publishes sandbox.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409),
+// INVALID_STATE (409), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/create
+func (c *Client) SandboxesCreate(ctx context.Context, request *SandboxesCreateInput) (*SandboxesCreateResult, error) {
+	res, err := c.sendSandboxesCreate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesCreate(ctx context.Context, request *SandboxesCreateInput) (res *SandboxesCreateResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/create"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesCreateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesCreateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesDelete invokes sandboxesDelete operation.
+//
+// Deletes the sandbox; its VM ends, its capacity, quota and volumes are returned at once, its
+// snapshots without keep go with it. Deleting twice returns it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Publishes
+// sandbox.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /sandboxes/delete
+func (c *Client) SandboxesDelete(ctx context.Context, request *SandboxesDeleteInput) (*SandboxesDeleteResult, error) {
+	res, err := c.sendSandboxesDelete(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesDelete(ctx context.Context, request *SandboxesDeleteInput) (res *SandboxesDeleteResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/delete"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesDeleteRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesDeleteResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesExec invokes sandboxesExec operation.
+//
+// Runs a non-interactive program in a running sandbox (argv, no shell unless argv names one), through
+// its host's session, and answers its exit code and output (each at most 1 MiB) when it ends or at
+// timeoutMs (default 60000, at most 600000; timedOut true). A sandbox that is not running is
+// INVALID_STATE; a host that does not answer in time is UNAVAILABLE.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/exec
+func (c *Client) SandboxesExec(ctx context.Context, request *SandboxesExecInput) (*SandboxesExecResult, error) {
+	res, err := c.sendSandboxesExec(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesExec(ctx context.Context, request *SandboxesExecInput) (res *SandboxesExecResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/exec"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesExecRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesExecOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesExecOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesExecResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesExtend invokes sandboxesExtend operation.
+//
+// Sets expiresAt to now plus ttlSeconds; past the template's max TTL from creation is INVALID_INPUT
+// with details.maxExpiresAt; a deleted sandbox is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /sandboxes/extend
+func (c *Client) SandboxesExtend(ctx context.Context, request *SandboxesExtendInput) (*SandboxesExtendResult, error) {
+	res, err := c.sendSandboxesExtend(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesExtend(ctx context.Context, request *SandboxesExtendInput) (res *SandboxesExtendResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/extend"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesExtendRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesExtendOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesExtendOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesExtendResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesGet invokes sandboxesGet operation.
+//
+// One sandbox of the tenant; anything else is NOT_FOUND.
+//
+// Served since v1.1. Kind: read. Action compute:sandboxes:read on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /sandboxes/get
+func (c *Client) SandboxesGet(ctx context.Context, request *SandboxesGetInput) (*SandboxesGetResult, error) {
+	res, err := c.sendSandboxesGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesGet(ctx context.Context, request *SandboxesGetInput) (res *SandboxesGetResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesList invokes sandboxesList operation.
+//
+// The tenant's sandboxes, newest first (at most 1000), of one template when asked; deleted ones only
+// when asked.
+//
+// Served since v1.1. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /sandboxes/list
+func (c *Client) SandboxesList(ctx context.Context, request *SandboxesListInput) (*SandboxesListResult, error) {
+	res, err := c.sendSandboxesList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesList(ctx context.Context, request *SandboxesListInput) (res *SandboxesListResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesPause invokes sandboxesPause operation.
+//
+// Pauses a running sandbox (its VM stops executing, memory kept); a paused one is returned unchanged;
+// any other state is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Publishes
+// sandbox.paused. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /sandboxes/pause
+func (c *Client) SandboxesPause(ctx context.Context, request *SandboxesPauseInput) (*SandboxesPauseResult, error) {
+	res, err := c.sendSandboxesPause(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesPause(ctx context.Context, request *SandboxesPauseInput) (res *SandboxesPauseResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/pause"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesPauseRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesPauseOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesPauseOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesPauseResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesReadFile invokes sandboxesReadFile operation.
+//
+// Reads a file of at most 4 MiB from a running sandbox; a missing file is NOT_FOUND; a sandbox that is
+// not running is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/readFile
+func (c *Client) SandboxesReadFile(ctx context.Context, request *SandboxesReadFileInput) (*SandboxesReadFileResult, error) {
+	res, err := c.sendSandboxesReadFile(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesReadFile(ctx context.Context, request *SandboxesReadFileInput) (res *SandboxesReadFileResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/readFile"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesReadFileRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesReadFileOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesReadFileOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesReadFileResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesResume invokes sandboxesResume operation.
+//
+// Resumes a paused sandbox; it is running again once the guest answered and its filesystem checked
+// out. A running one is returned unchanged; any other state is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Publishes
+// sandbox.resumed. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /sandboxes/resume
+func (c *Client) SandboxesResume(ctx context.Context, request *SandboxesResumeInput) (*SandboxesResumeResult, error) {
+	res, err := c.sendSandboxesResume(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesResume(ctx context.Context, request *SandboxesResumeInput) (res *SandboxesResumeResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/resume"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesResumeRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesResumeOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesResumeOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesResumeResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesWriteFile invokes sandboxesWriteFile operation.
+//
+// Writes a file of at most 4 MiB (base64, about 5.6 MB of text) into a running sandbox, creating its
+// directories; a sandbox that is not running is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/writeFile
+func (c *Client) SandboxesWriteFile(ctx context.Context, request *SandboxesWriteFileInput) (*SandboxesWriteFileResult, error) {
+	res, err := c.sendSandboxesWriteFile(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesWriteFile(ctx context.Context, request *SandboxesWriteFileInput) (res *SandboxesWriteFileResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/writeFile"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesWriteFileRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesWriteFileOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesWriteFileOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesWriteFileResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}
@@ -9769,6 +11341,575 @@ func (c *Client) sendWebhooksUpdate(ctx context.Context, request *WebhooksUpdate
 	}()
 
 	result, err := decodeWebhooksUpdateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// WorkflowsAbort invokes workflowsAbort operation.
+//
+// Stops a running, pausing, paused or failed workflow for good: the step in flight is cancelled and no
+// further step runs. Aborting an aborted workflow returns it unchanged; a succeeded one is
+// INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:workflows:manage on node/nodeId. Publishes
+// workflow.aborted. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
+//
+// POST /workflows/abort
+func (c *Client) WorkflowsAbort(ctx context.Context, request *WorkflowsAbortInput) (*WorkflowsAbortResult, error) {
+	res, err := c.sendWorkflowsAbort(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendWorkflowsAbort(ctx context.Context, request *WorkflowsAbortInput) (res *WorkflowsAbortResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/workflows/abort"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeWorkflowsAbortRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, WorkflowsAbortOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, WorkflowsAbortOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeWorkflowsAbortResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// WorkflowsGet invokes workflowsGet operation.
+//
+// One workflow of a node of the tenant's pools, with its steps; anything else is NOT_FOUND.
+//
+// Served since v1.1. Kind: read. Action compute:workflows:read on node/nodeId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /workflows/get
+func (c *Client) WorkflowsGet(ctx context.Context, request *WorkflowsGetInput) (*WorkflowsGetResult, error) {
+	res, err := c.sendWorkflowsGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendWorkflowsGet(ctx context.Context, request *WorkflowsGetInput) (res *WorkflowsGetResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/workflows/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeWorkflowsGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, WorkflowsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, WorkflowsGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeWorkflowsGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// WorkflowsList invokes workflowsList operation.
+//
+// The workflows of one node, newest first, by state when asked.
+//
+// Served since v1.1. Kind: read. Action compute:workflows:read on node/nodeId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /workflows/list
+func (c *Client) WorkflowsList(ctx context.Context, request *WorkflowsListInput) (*WorkflowsListResult, error) {
+	res, err := c.sendWorkflowsList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendWorkflowsList(ctx context.Context, request *WorkflowsListInput) (res *WorkflowsListResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/workflows/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeWorkflowsListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, WorkflowsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, WorkflowsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeWorkflowsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// WorkflowsPause invokes workflowsPause operation.
+//
+// Pauses a running workflow after the step that runs now (state pausing until it ends, then paused;
+// paused at once when no step is in flight). Pausing a pausing or paused workflow returns it
+// unchanged; a finished one is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:workflows:manage on node/nodeId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /workflows/pause
+func (c *Client) WorkflowsPause(ctx context.Context, request *WorkflowsPauseInput) (*WorkflowsPauseResult, error) {
+	res, err := c.sendWorkflowsPause(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendWorkflowsPause(ctx context.Context, request *WorkflowsPauseInput) (res *WorkflowsPauseResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/workflows/pause"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeWorkflowsPauseRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, WorkflowsPauseOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, WorkflowsPauseOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeWorkflowsPauseResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// WorkflowsResume invokes workflowsResume operation.
+//
+// Runs a pausing or paused workflow on from where it stopped. Resuming a running workflow returns it
+// unchanged; a finished one is INVALID_STATE.
+//
+// Served since v1.1. Kind: mutation. Action compute:workflows:manage on node/nodeId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /workflows/resume
+func (c *Client) WorkflowsResume(ctx context.Context, request *WorkflowsResumeInput) (*WorkflowsResumeResult, error) {
+	res, err := c.sendWorkflowsResume(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendWorkflowsResume(ctx context.Context, request *WorkflowsResumeInput) (res *WorkflowsResumeResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/workflows/resume"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeWorkflowsResumeRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, WorkflowsResumeOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, WorkflowsResumeOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeWorkflowsResumeResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// WorkflowsRetry invokes workflowsRetry operation.
+//
+// Runs a failed workflow again from the step that failed, with a fresh retry budget for it; the steps
+// that succeeded do not run again. Only a failed workflow can be retried (INVALID_STATE), and only
+// while no other workflow runs on the node (CONFLICT).
+//
+// Served since v1.1. Kind: mutation. Action compute:workflows:manage on node/nodeId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /workflows/retry
+func (c *Client) WorkflowsRetry(ctx context.Context, request *WorkflowsRetryInput) (*WorkflowsRetryResult, error) {
+	res, err := c.sendWorkflowsRetry(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendWorkflowsRetry(ctx context.Context, request *WorkflowsRetryInput) (res *WorkflowsRetryResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/workflows/retry"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeWorkflowsRetryRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, WorkflowsRetryOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, WorkflowsRetryOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeWorkflowsRetryResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

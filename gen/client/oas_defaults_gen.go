@@ -95,6 +95,22 @@ func (s *ReservationsCreateInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *SandboxSnapshotsCreateInput) setDefaults() {
+	{
+		val := bool(false)
+		s.Keep.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *SandboxSnapshotsListInput) setDefaults() {
+	{
+		val := bool(false)
+		s.IncludeDeleted.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *SandboxTemplatesCreateInput) setDefaults() {
 	{
 		val := int64(3600)
@@ -111,6 +127,30 @@ func (s *SandboxVolumesListInput) setDefaults() {
 	{
 		val := SandboxVolumesListInputScope("mine")
 		s.Scope.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *SandboxesExecInput) setDefaults() {
+	{
+		val := int64(60000)
+		s.TimeoutMs.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *SandboxesListInput) setDefaults() {
+	{
+		val := bool(false)
+		s.IncludeDeleted.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *SandboxesWriteFileInput) setDefaults() {
+	{
+		val := int64(420)
+		s.Mode.SetTo(val)
 	}
 }
 

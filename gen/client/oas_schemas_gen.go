@@ -96,13 +96,19 @@ func (s *BearerAuth) SetRoles(val []string) {
 // Ref: #/components/schemas/Bootstrap
 type Bootstrap struct {
 	// Provider account identifier.
-	AccountId string    `json:"accountId"`
-	CreatedAt time.Time `json:"createdAt"`
+	AccountId string `json:"accountId"`
+	// Derives from tenant, caller and idempotency key.
+	BootstrapId string    `json:"bootstrapId"`
+	CreatedAt   time.Time `json:"createdAt"`
+	// Why it failed, or the last error of an attempt still retried.
+	Error     NilString `json:"error"`
 	MachineId NilString `json:"machineId"`
-	OfferId   NilString `json:"offerId"`
+	// The node the machine became, once joined.
+	NodeId  NilString `json:"nodeId"`
+	OfferId NilString `json:"offerId"`
 	// Pool identifier.
 	PoolId string `json:"poolId"`
-	// Identifying, claiming, an installing step, joined or failed.
+	// Identifying, claiming, installing, joining (the daemon was delivered and joins), joined or failed.
 	State string `json:"state"`
 	// Tenant identifier.
 	TenantId  string    `json:"tenantId"`
@@ -114,14 +120,29 @@ func (s *Bootstrap) GetAccountId() string {
 	return s.AccountId
 }
 
+// GetBootstrapId returns the value of BootstrapId.
+func (s *Bootstrap) GetBootstrapId() string {
+	return s.BootstrapId
+}
+
 // GetCreatedAt returns the value of CreatedAt.
 func (s *Bootstrap) GetCreatedAt() time.Time {
 	return s.CreatedAt
 }
 
+// GetError returns the value of Error.
+func (s *Bootstrap) GetError() NilString {
+	return s.Error
+}
+
 // GetMachineId returns the value of MachineId.
 func (s *Bootstrap) GetMachineId() NilString {
 	return s.MachineId
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *Bootstrap) GetNodeId() NilString {
+	return s.NodeId
 }
 
 // GetOfferId returns the value of OfferId.
@@ -154,14 +175,29 @@ func (s *Bootstrap) SetAccountId(val string) {
 	s.AccountId = val
 }
 
+// SetBootstrapId sets the value of BootstrapId.
+func (s *Bootstrap) SetBootstrapId(val string) {
+	s.BootstrapId = val
+}
+
 // SetCreatedAt sets the value of CreatedAt.
 func (s *Bootstrap) SetCreatedAt(val time.Time) {
 	s.CreatedAt = val
 }
 
+// SetError sets the value of Error.
+func (s *Bootstrap) SetError(val NilString) {
+	s.Error = val
+}
+
 // SetMachineId sets the value of MachineId.
 func (s *Bootstrap) SetMachineId(val NilString) {
 	s.MachineId = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *Bootstrap) SetNodeId(val NilString) {
+	s.NodeId = val
 }
 
 // SetOfferId sets the value of OfferId.
@@ -939,6 +975,78 @@ func (s *EventsListResult) GetData() EventPage {
 // SetData sets the value of Data.
 func (s *EventsListResult) SetData(val EventPage) {
 	s.Data = val
+}
+
+// Ref: #/components/schemas/ExecResult
+type ExecResult struct {
+	DurationMs int64 `json:"durationMs"`
+	ExitCode   int64 `json:"exitCode"`
+	// At most 1 MiB.
+	Stderr string `json:"stderr"`
+	// At most 1 MiB (as text; invalid UTF-8 replaced).
+	Stdout    string `json:"stdout"`
+	TimedOut  bool   `json:"timedOut"`
+	Truncated bool   `json:"truncated"`
+}
+
+// GetDurationMs returns the value of DurationMs.
+func (s *ExecResult) GetDurationMs() int64 {
+	return s.DurationMs
+}
+
+// GetExitCode returns the value of ExitCode.
+func (s *ExecResult) GetExitCode() int64 {
+	return s.ExitCode
+}
+
+// GetStderr returns the value of Stderr.
+func (s *ExecResult) GetStderr() string {
+	return s.Stderr
+}
+
+// GetStdout returns the value of Stdout.
+func (s *ExecResult) GetStdout() string {
+	return s.Stdout
+}
+
+// GetTimedOut returns the value of TimedOut.
+func (s *ExecResult) GetTimedOut() bool {
+	return s.TimedOut
+}
+
+// GetTruncated returns the value of Truncated.
+func (s *ExecResult) GetTruncated() bool {
+	return s.Truncated
+}
+
+// SetDurationMs sets the value of DurationMs.
+func (s *ExecResult) SetDurationMs(val int64) {
+	s.DurationMs = val
+}
+
+// SetExitCode sets the value of ExitCode.
+func (s *ExecResult) SetExitCode(val int64) {
+	s.ExitCode = val
+}
+
+// SetStderr sets the value of Stderr.
+func (s *ExecResult) SetStderr(val string) {
+	s.Stderr = val
+}
+
+// SetStdout sets the value of Stdout.
+func (s *ExecResult) SetStdout(val string) {
+	s.Stdout = val
+}
+
+// SetTimedOut sets the value of TimedOut.
+func (s *ExecResult) SetTimedOut(val bool) {
+	s.TimedOut = val
+}
+
+// SetTruncated sets the value of Truncated.
+func (s *ExecResult) SetTruncated(val bool) {
+	s.Truncated = val
 }
 
 // One result of a self check.
@@ -3097,6 +3205,51 @@ func (o NilVolumeStore) Or(d VolumeStore) VolumeStore {
 	return d
 }
 
+// NewNilWorkflowStepOutput returns new NilWorkflowStepOutput with value set to v.
+func NewNilWorkflowStepOutput(v WorkflowStepOutput) NilWorkflowStepOutput {
+	return NilWorkflowStepOutput{
+		Value: v,
+	}
+}
+
+// NilWorkflowStepOutput is nullable WorkflowStepOutput.
+type NilWorkflowStepOutput struct {
+	Value WorkflowStepOutput
+	Null  bool
+}
+
+// SetTo sets value to v.
+func (o *NilWorkflowStepOutput) SetTo(v WorkflowStepOutput) {
+	o.Null = false
+	o.Value = v
+}
+
+// IsNull returns true if value is Null.
+func (o NilWorkflowStepOutput) IsNull() bool { return o.Null }
+
+// SetToNull sets value to null.
+func (o *NilWorkflowStepOutput) SetToNull() {
+	o.Null = true
+	var v WorkflowStepOutput
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o NilWorkflowStepOutput) Get() (v WorkflowStepOutput, ok bool) {
+	if o.Null {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o NilWorkflowStepOutput) Or(d WorkflowStepOutput) WorkflowStepOutput {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // Ref: #/components/schemas/Node
 type Node struct {
 	Agent               NilAgent    `json:"agent"`
@@ -5180,6 +5333,98 @@ func (o OptSandboxVolumesListInputScope) Or(d SandboxVolumesListInputScope) Sand
 	return d
 }
 
+// NewOptSandboxesCreateInputEnv returns new OptSandboxesCreateInputEnv with value set to v.
+func NewOptSandboxesCreateInputEnv(v SandboxesCreateInputEnv) OptSandboxesCreateInputEnv {
+	return OptSandboxesCreateInputEnv{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptSandboxesCreateInputEnv is optional SandboxesCreateInputEnv.
+type OptSandboxesCreateInputEnv struct {
+	Value SandboxesCreateInputEnv
+	Set   bool
+}
+
+// IsSet returns true if OptSandboxesCreateInputEnv was set.
+func (o OptSandboxesCreateInputEnv) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptSandboxesCreateInputEnv) Reset() {
+	var v SandboxesCreateInputEnv
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptSandboxesCreateInputEnv) SetTo(v SandboxesCreateInputEnv) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptSandboxesCreateInputEnv) Get() (v SandboxesCreateInputEnv, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptSandboxesCreateInputEnv) Or(d SandboxesCreateInputEnv) SandboxesCreateInputEnv {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptSandboxesExecInputEnv returns new OptSandboxesExecInputEnv with value set to v.
+func NewOptSandboxesExecInputEnv(v SandboxesExecInputEnv) OptSandboxesExecInputEnv {
+	return OptSandboxesExecInputEnv{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptSandboxesExecInputEnv is optional SandboxesExecInputEnv.
+type OptSandboxesExecInputEnv struct {
+	Value SandboxesExecInputEnv
+	Set   bool
+}
+
+// IsSet returns true if OptSandboxesExecInputEnv was set.
+func (o OptSandboxesExecInputEnv) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptSandboxesExecInputEnv) Reset() {
+	var v SandboxesExecInputEnv
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptSandboxesExecInputEnv) SetTo(v SandboxesExecInputEnv) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptSandboxesExecInputEnv) Get() (v SandboxesExecInputEnv, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptSandboxesExecInputEnv) Or(d SandboxesExecInputEnv) SandboxesExecInputEnv {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptSecretsDeleteInputScope returns new OptSecretsDeleteInputScope with value set to v.
 func NewOptSecretsDeleteInputScope(v SecretsDeleteInputScope) OptSecretsDeleteInputScope {
 	return OptSecretsDeleteInputScope{
@@ -5588,6 +5833,52 @@ func (o OptWebhooksDeliveriesInputState) Get() (v WebhooksDeliveriesInputState, 
 
 // Or returns value if set, or given parameter if does not.
 func (o OptWebhooksDeliveriesInputState) Or(d WebhooksDeliveriesInputState) WebhooksDeliveriesInputState {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptWorkflowsListInputState returns new OptWorkflowsListInputState with value set to v.
+func NewOptWorkflowsListInputState(v WorkflowsListInputState) OptWorkflowsListInputState {
+	return OptWorkflowsListInputState{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptWorkflowsListInputState is optional WorkflowsListInputState.
+type OptWorkflowsListInputState struct {
+	Value WorkflowsListInputState
+	Set   bool
+}
+
+// IsSet returns true if OptWorkflowsListInputState was set.
+func (o OptWorkflowsListInputState) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptWorkflowsListInputState) Reset() {
+	var v WorkflowsListInputState
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptWorkflowsListInputState) SetTo(v WorkflowsListInputState) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptWorkflowsListInputState) Get() (v WorkflowsListInputState, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptWorkflowsListInputState) Or(d WorkflowsListInputState) WorkflowsListInputState {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -9765,6 +10056,816 @@ func (s *ReservationsListResult) SetData(val ReservationList) {
 	s.Data = val
 }
 
+// Ref: #/components/schemas/Sandbox
+type Sandbox struct {
+	CreatedAt time.Time   `json:"createdAt"`
+	DeletedAt NilDateTime `json:"deletedAt"`
+	Error     NilString   `json:"error"`
+	// The sandbox is deleted then unless extended.
+	ExpiresAt time.Time `json:"expiresAt"`
+	// Sandbox snapshot identifier.
+	FromSnapshot NilString `json:"fromSnapshot"`
+	Hostname     string    `json:"hostname"`
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Pool identifier.
+	PoolId  string      `json:"poolId"`
+	ReadyAt NilDateTime `json:"readyAt"`
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Creating until the guest answered with its identity; paused; failed with error; deleted.
+	State SandboxState `json:"state"`
+	// Sandbox template identifier.
+	TemplateId string `json:"templateId"`
+	// Tenant identifier.
+	TenantId string              `json:"tenantId"`
+	Timings  SandboxTimings      `json:"timings"`
+	Volumes  []SandboxAttachment `json:"volumes"`
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Sandbox) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetDeletedAt returns the value of DeletedAt.
+func (s *Sandbox) GetDeletedAt() NilDateTime {
+	return s.DeletedAt
+}
+
+// GetError returns the value of Error.
+func (s *Sandbox) GetError() NilString {
+	return s.Error
+}
+
+// GetExpiresAt returns the value of ExpiresAt.
+func (s *Sandbox) GetExpiresAt() time.Time {
+	return s.ExpiresAt
+}
+
+// GetFromSnapshot returns the value of FromSnapshot.
+func (s *Sandbox) GetFromSnapshot() NilString {
+	return s.FromSnapshot
+}
+
+// GetHostname returns the value of Hostname.
+func (s *Sandbox) GetHostname() string {
+	return s.Hostname
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *Sandbox) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *Sandbox) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetReadyAt returns the value of ReadyAt.
+func (s *Sandbox) GetReadyAt() NilDateTime {
+	return s.ReadyAt
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *Sandbox) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetState returns the value of State.
+func (s *Sandbox) GetState() SandboxState {
+	return s.State
+}
+
+// GetTemplateId returns the value of TemplateId.
+func (s *Sandbox) GetTemplateId() string {
+	return s.TemplateId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Sandbox) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTimings returns the value of Timings.
+func (s *Sandbox) GetTimings() SandboxTimings {
+	return s.Timings
+}
+
+// GetVolumes returns the value of Volumes.
+func (s *Sandbox) GetVolumes() []SandboxAttachment {
+	return s.Volumes
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Sandbox) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetDeletedAt sets the value of DeletedAt.
+func (s *Sandbox) SetDeletedAt(val NilDateTime) {
+	s.DeletedAt = val
+}
+
+// SetError sets the value of Error.
+func (s *Sandbox) SetError(val NilString) {
+	s.Error = val
+}
+
+// SetExpiresAt sets the value of ExpiresAt.
+func (s *Sandbox) SetExpiresAt(val time.Time) {
+	s.ExpiresAt = val
+}
+
+// SetFromSnapshot sets the value of FromSnapshot.
+func (s *Sandbox) SetFromSnapshot(val NilString) {
+	s.FromSnapshot = val
+}
+
+// SetHostname sets the value of Hostname.
+func (s *Sandbox) SetHostname(val string) {
+	s.Hostname = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *Sandbox) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *Sandbox) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetReadyAt sets the value of ReadyAt.
+func (s *Sandbox) SetReadyAt(val NilDateTime) {
+	s.ReadyAt = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *Sandbox) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetState sets the value of State.
+func (s *Sandbox) SetState(val SandboxState) {
+	s.State = val
+}
+
+// SetTemplateId sets the value of TemplateId.
+func (s *Sandbox) SetTemplateId(val string) {
+	s.TemplateId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Sandbox) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTimings sets the value of Timings.
+func (s *Sandbox) SetTimings(val SandboxTimings) {
+	s.Timings = val
+}
+
+// SetVolumes sets the value of Volumes.
+func (s *Sandbox) SetVolumes(val []SandboxAttachment) {
+	s.Volumes = val
+}
+
+// Ref: #/components/schemas/SandboxAttachment
+type SandboxAttachment struct {
+	MountPath string `json:"mountPath"`
+	ReadOnly  bool   `json:"readOnly"`
+	// Mounted from /dev/disk/by-id/virtio-.
+	Serial string `json:"serial"`
+	// Sandbox volume identifier.
+	VolumeId string `json:"volumeId"`
+}
+
+// GetMountPath returns the value of MountPath.
+func (s *SandboxAttachment) GetMountPath() string {
+	return s.MountPath
+}
+
+// GetReadOnly returns the value of ReadOnly.
+func (s *SandboxAttachment) GetReadOnly() bool {
+	return s.ReadOnly
+}
+
+// GetSerial returns the value of Serial.
+func (s *SandboxAttachment) GetSerial() string {
+	return s.Serial
+}
+
+// GetVolumeId returns the value of VolumeId.
+func (s *SandboxAttachment) GetVolumeId() string {
+	return s.VolumeId
+}
+
+// SetMountPath sets the value of MountPath.
+func (s *SandboxAttachment) SetMountPath(val string) {
+	s.MountPath = val
+}
+
+// SetReadOnly sets the value of ReadOnly.
+func (s *SandboxAttachment) SetReadOnly(val bool) {
+	s.ReadOnly = val
+}
+
+// SetSerial sets the value of Serial.
+func (s *SandboxAttachment) SetSerial(val string) {
+	s.Serial = val
+}
+
+// SetVolumeId sets the value of VolumeId.
+func (s *SandboxAttachment) SetVolumeId(val string) {
+	s.VolumeId = val
+}
+
+// Ref: #/components/schemas/SandboxFile
+type SandboxFile struct {
+	// ReadFile: the content; writeFile: null.
+	ContentBase64 NilString `json:"contentBase64"`
+	Path          string    `json:"path"`
+	SizeBytes     int64     `json:"sizeBytes"`
+}
+
+// GetContentBase64 returns the value of ContentBase64.
+func (s *SandboxFile) GetContentBase64() NilString {
+	return s.ContentBase64
+}
+
+// GetPath returns the value of Path.
+func (s *SandboxFile) GetPath() string {
+	return s.Path
+}
+
+// GetSizeBytes returns the value of SizeBytes.
+func (s *SandboxFile) GetSizeBytes() int64 {
+	return s.SizeBytes
+}
+
+// SetContentBase64 sets the value of ContentBase64.
+func (s *SandboxFile) SetContentBase64(val NilString) {
+	s.ContentBase64 = val
+}
+
+// SetPath sets the value of Path.
+func (s *SandboxFile) SetPath(val string) {
+	s.Path = val
+}
+
+// SetSizeBytes sets the value of SizeBytes.
+func (s *SandboxFile) SetSizeBytes(val int64) {
+	s.SizeBytes = val
+}
+
+// Ref: #/components/schemas/SandboxList
+type SandboxList struct {
+	// Newest first.
+	Items []Sandbox `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *SandboxList) GetItems() []Sandbox {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *SandboxList) SetItems(val []Sandbox) {
+	s.Items = val
+}
+
+// Ref: #/components/schemas/SandboxSnapshot
+type SandboxSnapshot struct {
+	CreatedAt time.Time   `json:"createdAt"`
+	DeletedAt NilDateTime `json:"deletedAt"`
+	Error     NilString   `json:"error"`
+	Keep      bool        `json:"keep"`
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// How long the guest was paused for it.
+	PausedMs NilInt64 `json:"pausedMs"`
+	// Pool identifier.
+	PoolId  string      `json:"poolId"`
+	ReadyAt NilDateTime `json:"readyAt"`
+	// Sandbox identifier.
+	SandboxId string   `json:"sandboxId"`
+	SizeBytes NilInt64 `json:"sizeBytes"`
+	// Sandbox snapshot identifier.
+	SnapshotId string               `json:"snapshotId"`
+	State      SandboxSnapshotState `json:"state"`
+	// Sandbox template identifier.
+	TemplateId string `json:"templateId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *SandboxSnapshot) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetDeletedAt returns the value of DeletedAt.
+func (s *SandboxSnapshot) GetDeletedAt() NilDateTime {
+	return s.DeletedAt
+}
+
+// GetError returns the value of Error.
+func (s *SandboxSnapshot) GetError() NilString {
+	return s.Error
+}
+
+// GetKeep returns the value of Keep.
+func (s *SandboxSnapshot) GetKeep() bool {
+	return s.Keep
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *SandboxSnapshot) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetPausedMs returns the value of PausedMs.
+func (s *SandboxSnapshot) GetPausedMs() NilInt64 {
+	return s.PausedMs
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *SandboxSnapshot) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetReadyAt returns the value of ReadyAt.
+func (s *SandboxSnapshot) GetReadyAt() NilDateTime {
+	return s.ReadyAt
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxSnapshot) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetSizeBytes returns the value of SizeBytes.
+func (s *SandboxSnapshot) GetSizeBytes() NilInt64 {
+	return s.SizeBytes
+}
+
+// GetSnapshotId returns the value of SnapshotId.
+func (s *SandboxSnapshot) GetSnapshotId() string {
+	return s.SnapshotId
+}
+
+// GetState returns the value of State.
+func (s *SandboxSnapshot) GetState() SandboxSnapshotState {
+	return s.State
+}
+
+// GetTemplateId returns the value of TemplateId.
+func (s *SandboxSnapshot) GetTemplateId() string {
+	return s.TemplateId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxSnapshot) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *SandboxSnapshot) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetDeletedAt sets the value of DeletedAt.
+func (s *SandboxSnapshot) SetDeletedAt(val NilDateTime) {
+	s.DeletedAt = val
+}
+
+// SetError sets the value of Error.
+func (s *SandboxSnapshot) SetError(val NilString) {
+	s.Error = val
+}
+
+// SetKeep sets the value of Keep.
+func (s *SandboxSnapshot) SetKeep(val bool) {
+	s.Keep = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *SandboxSnapshot) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetPausedMs sets the value of PausedMs.
+func (s *SandboxSnapshot) SetPausedMs(val NilInt64) {
+	s.PausedMs = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *SandboxSnapshot) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetReadyAt sets the value of ReadyAt.
+func (s *SandboxSnapshot) SetReadyAt(val NilDateTime) {
+	s.ReadyAt = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxSnapshot) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetSizeBytes sets the value of SizeBytes.
+func (s *SandboxSnapshot) SetSizeBytes(val NilInt64) {
+	s.SizeBytes = val
+}
+
+// SetSnapshotId sets the value of SnapshotId.
+func (s *SandboxSnapshot) SetSnapshotId(val string) {
+	s.SnapshotId = val
+}
+
+// SetState sets the value of State.
+func (s *SandboxSnapshot) SetState(val SandboxSnapshotState) {
+	s.State = val
+}
+
+// SetTemplateId sets the value of TemplateId.
+func (s *SandboxSnapshot) SetTemplateId(val string) {
+	s.TemplateId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxSnapshot) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Ref: #/components/schemas/SandboxSnapshotList
+type SandboxSnapshotList struct {
+	// Newest first.
+	Items []SandboxSnapshot `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *SandboxSnapshotList) GetItems() []SandboxSnapshot {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *SandboxSnapshotList) SetItems(val []SandboxSnapshot) {
+	s.Items = val
+}
+
+type SandboxSnapshotState string
+
+const (
+	SandboxSnapshotStateCreating SandboxSnapshotState = "creating"
+	SandboxSnapshotStateReady    SandboxSnapshotState = "ready"
+	SandboxSnapshotStateFailed   SandboxSnapshotState = "failed"
+	SandboxSnapshotStateDeleted  SandboxSnapshotState = "deleted"
+)
+
+// AllValues returns all SandboxSnapshotState values.
+func (SandboxSnapshotState) AllValues() []SandboxSnapshotState {
+	return []SandboxSnapshotState{
+		SandboxSnapshotStateCreating,
+		SandboxSnapshotStateReady,
+		SandboxSnapshotStateFailed,
+		SandboxSnapshotStateDeleted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s SandboxSnapshotState) MarshalText() ([]byte, error) {
+	switch s {
+	case SandboxSnapshotStateCreating:
+		return []byte(s), nil
+	case SandboxSnapshotStateReady:
+		return []byte(s), nil
+	case SandboxSnapshotStateFailed:
+		return []byte(s), nil
+	case SandboxSnapshotStateDeleted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *SandboxSnapshotState) UnmarshalText(data []byte) error {
+	switch SandboxSnapshotState(data) {
+	case SandboxSnapshotStateCreating:
+		*s = SandboxSnapshotStateCreating
+		return nil
+	case SandboxSnapshotStateReady:
+		*s = SandboxSnapshotStateReady
+		return nil
+	case SandboxSnapshotStateFailed:
+		*s = SandboxSnapshotStateFailed
+		return nil
+	case SandboxSnapshotStateDeleted:
+		*s = SandboxSnapshotStateDeleted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Input of sandboxSnapshots.create. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxSnapshotsCreateInput
+type SandboxSnapshotsCreateInput struct {
+	// Idempotency key (wide alphabet).
+	IdempotencyKey string `json:"idempotencyKey"`
+	// Outlive the sandbox.
+	Keep OptBool `json:"keep"`
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string  `json:"tenantId"`
+	Wait     OptWait `json:"wait"`
+}
+
+// GetIdempotencyKey returns the value of IdempotencyKey.
+func (s *SandboxSnapshotsCreateInput) GetIdempotencyKey() string {
+	return s.IdempotencyKey
+}
+
+// GetKeep returns the value of Keep.
+func (s *SandboxSnapshotsCreateInput) GetKeep() OptBool {
+	return s.Keep
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxSnapshotsCreateInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxSnapshotsCreateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWait returns the value of Wait.
+func (s *SandboxSnapshotsCreateInput) GetWait() OptWait {
+	return s.Wait
+}
+
+// SetIdempotencyKey sets the value of IdempotencyKey.
+func (s *SandboxSnapshotsCreateInput) SetIdempotencyKey(val string) {
+	s.IdempotencyKey = val
+}
+
+// SetKeep sets the value of Keep.
+func (s *SandboxSnapshotsCreateInput) SetKeep(val OptBool) {
+	s.Keep = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxSnapshotsCreateInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxSnapshotsCreateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWait sets the value of Wait.
+func (s *SandboxSnapshotsCreateInput) SetWait(val OptWait) {
+	s.Wait = val
+}
+
+// Success envelope of sandboxSnapshots.create.
+// Ref: #/components/schemas/SandboxSnapshotsCreateResult
+type SandboxSnapshotsCreateResult struct {
+	Data SandboxSnapshot `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxSnapshotsCreateResult) GetData() SandboxSnapshot {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxSnapshotsCreateResult) SetData(val SandboxSnapshot) {
+	s.Data = val
+}
+
+// Input of sandboxSnapshots.delete. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxSnapshotsDeleteInput
+type SandboxSnapshotsDeleteInput struct {
+	// Sandbox snapshot identifier.
+	SnapshotId string `json:"snapshotId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetSnapshotId returns the value of SnapshotId.
+func (s *SandboxSnapshotsDeleteInput) GetSnapshotId() string {
+	return s.SnapshotId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxSnapshotsDeleteInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetSnapshotId sets the value of SnapshotId.
+func (s *SandboxSnapshotsDeleteInput) SetSnapshotId(val string) {
+	s.SnapshotId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxSnapshotsDeleteInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxSnapshots.delete.
+// Ref: #/components/schemas/SandboxSnapshotsDeleteResult
+type SandboxSnapshotsDeleteResult struct {
+	Data SandboxSnapshot `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxSnapshotsDeleteResult) GetData() SandboxSnapshot {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxSnapshotsDeleteResult) SetData(val SandboxSnapshot) {
+	s.Data = val
+}
+
+// Input of sandboxSnapshots.get. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxSnapshotsGetInput
+type SandboxSnapshotsGetInput struct {
+	// Sandbox snapshot identifier.
+	SnapshotId string `json:"snapshotId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetSnapshotId returns the value of SnapshotId.
+func (s *SandboxSnapshotsGetInput) GetSnapshotId() string {
+	return s.SnapshotId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxSnapshotsGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetSnapshotId sets the value of SnapshotId.
+func (s *SandboxSnapshotsGetInput) SetSnapshotId(val string) {
+	s.SnapshotId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxSnapshotsGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxSnapshots.get.
+// Ref: #/components/schemas/SandboxSnapshotsGetResult
+type SandboxSnapshotsGetResult struct {
+	Data SandboxSnapshot `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxSnapshotsGetResult) GetData() SandboxSnapshot {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxSnapshotsGetResult) SetData(val SandboxSnapshot) {
+	s.Data = val
+}
+
+// Input of sandboxSnapshots.list. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxSnapshotsListInput
+type SandboxSnapshotsListInput struct {
+	IncludeDeleted OptBool `json:"includeDeleted"`
+	// Sandbox identifier.
+	SandboxId OptString `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetIncludeDeleted returns the value of IncludeDeleted.
+func (s *SandboxSnapshotsListInput) GetIncludeDeleted() OptBool {
+	return s.IncludeDeleted
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxSnapshotsListInput) GetSandboxId() OptString {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxSnapshotsListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetIncludeDeleted sets the value of IncludeDeleted.
+func (s *SandboxSnapshotsListInput) SetIncludeDeleted(val OptBool) {
+	s.IncludeDeleted = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxSnapshotsListInput) SetSandboxId(val OptString) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxSnapshotsListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxSnapshots.list.
+// Ref: #/components/schemas/SandboxSnapshotsListResult
+type SandboxSnapshotsListResult struct {
+	Data SandboxSnapshotList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxSnapshotsListResult) GetData() SandboxSnapshotList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxSnapshotsListResult) SetData(val SandboxSnapshotList) {
+	s.Data = val
+}
+
+// Creating until the guest answered with its identity; paused; failed with error; deleted.
+type SandboxState string
+
+const (
+	SandboxStateCreating SandboxState = "creating"
+	SandboxStateRunning  SandboxState = "running"
+	SandboxStatePaused   SandboxState = "paused"
+	SandboxStateFailed   SandboxState = "failed"
+	SandboxStateDeleted  SandboxState = "deleted"
+)
+
+// AllValues returns all SandboxState values.
+func (SandboxState) AllValues() []SandboxState {
+	return []SandboxState{
+		SandboxStateCreating,
+		SandboxStateRunning,
+		SandboxStatePaused,
+		SandboxStateFailed,
+		SandboxStateDeleted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s SandboxState) MarshalText() ([]byte, error) {
+	switch s {
+	case SandboxStateCreating:
+		return []byte(s), nil
+	case SandboxStateRunning:
+		return []byte(s), nil
+	case SandboxStatePaused:
+		return []byte(s), nil
+	case SandboxStateFailed:
+		return []byte(s), nil
+	case SandboxStateDeleted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *SandboxState) UnmarshalText(data []byte) error {
+	switch SandboxState(data) {
+	case SandboxStateCreating:
+		*s = SandboxStateCreating
+		return nil
+	case SandboxStateRunning:
+		*s = SandboxStateRunning
+		return nil
+	case SandboxStatePaused:
+		*s = SandboxStatePaused
+		return nil
+	case SandboxStateFailed:
+		*s = SandboxStateFailed
+		return nil
+	case SandboxStateDeleted:
+		*s = SandboxStateDeleted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
 // What a tenant's sandboxes run; name unique among the tenant's live templates.
 // Ref: #/components/schemas/SandboxTemplate
 type SandboxTemplate struct {
@@ -10625,6 +11726,120 @@ func (s *SandboxTemplatesUpdateResult) SetData(val SandboxTemplate) {
 	s.Data = val
 }
 
+// Where a start's time went, in milliseconds from the create call.
+// Ref: #/components/schemas/SandboxTimings
+type SandboxTimings struct {
+	// On the host: to the identity taken and the guest checked.
+	HostReadyMs NilInt64 `json:"hostReadyMs"`
+	// On the host: qemu started, resume or restore issued, to the guest agent answering.
+	HostStartMs NilInt64 `json:"hostStartMs"`
+	// Warm: a warm instance claimed; cold: a VM booted; restore: started from a snapshot.
+	How SandboxTimingsHow `json:"how"`
+	// Admission and placement, to the commit.
+	PlacedMs int64 `json:"placedMs"`
+	// The create call to the sandbox running, as the control plane recorded it.
+	ReadyMs NilInt64 `json:"readyMs"`
+}
+
+// GetHostReadyMs returns the value of HostReadyMs.
+func (s *SandboxTimings) GetHostReadyMs() NilInt64 {
+	return s.HostReadyMs
+}
+
+// GetHostStartMs returns the value of HostStartMs.
+func (s *SandboxTimings) GetHostStartMs() NilInt64 {
+	return s.HostStartMs
+}
+
+// GetHow returns the value of How.
+func (s *SandboxTimings) GetHow() SandboxTimingsHow {
+	return s.How
+}
+
+// GetPlacedMs returns the value of PlacedMs.
+func (s *SandboxTimings) GetPlacedMs() int64 {
+	return s.PlacedMs
+}
+
+// GetReadyMs returns the value of ReadyMs.
+func (s *SandboxTimings) GetReadyMs() NilInt64 {
+	return s.ReadyMs
+}
+
+// SetHostReadyMs sets the value of HostReadyMs.
+func (s *SandboxTimings) SetHostReadyMs(val NilInt64) {
+	s.HostReadyMs = val
+}
+
+// SetHostStartMs sets the value of HostStartMs.
+func (s *SandboxTimings) SetHostStartMs(val NilInt64) {
+	s.HostStartMs = val
+}
+
+// SetHow sets the value of How.
+func (s *SandboxTimings) SetHow(val SandboxTimingsHow) {
+	s.How = val
+}
+
+// SetPlacedMs sets the value of PlacedMs.
+func (s *SandboxTimings) SetPlacedMs(val int64) {
+	s.PlacedMs = val
+}
+
+// SetReadyMs sets the value of ReadyMs.
+func (s *SandboxTimings) SetReadyMs(val NilInt64) {
+	s.ReadyMs = val
+}
+
+// Warm: a warm instance claimed; cold: a VM booted; restore: started from a snapshot.
+type SandboxTimingsHow string
+
+const (
+	SandboxTimingsHowWarm    SandboxTimingsHow = "warm"
+	SandboxTimingsHowCold    SandboxTimingsHow = "cold"
+	SandboxTimingsHowRestore SandboxTimingsHow = "restore"
+)
+
+// AllValues returns all SandboxTimingsHow values.
+func (SandboxTimingsHow) AllValues() []SandboxTimingsHow {
+	return []SandboxTimingsHow{
+		SandboxTimingsHowWarm,
+		SandboxTimingsHowCold,
+		SandboxTimingsHowRestore,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s SandboxTimingsHow) MarshalText() ([]byte, error) {
+	switch s {
+	case SandboxTimingsHowWarm:
+		return []byte(s), nil
+	case SandboxTimingsHowCold:
+		return []byte(s), nil
+	case SandboxTimingsHowRestore:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *SandboxTimingsHow) UnmarshalText(data []byte) error {
+	switch SandboxTimingsHow(data) {
+	case SandboxTimingsHowWarm:
+		*s = SandboxTimingsHowWarm
+		return nil
+	case SandboxTimingsHowCold:
+		*s = SandboxTimingsHowCold
+		return nil
+	case SandboxTimingsHowRestore:
+		*s = SandboxTimingsHowRestore
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
 // A persistent disk on one host of a hosted pool; any number of read-only attachments or exactly one
 // read-write.
 // Ref: #/components/schemas/SandboxVolume
@@ -11146,6 +12361,685 @@ func (s *SandboxVolumesResizeResult) GetData() SandboxVolume {
 
 // SetData sets the value of Data.
 func (s *SandboxVolumesResizeResult) SetData(val SandboxVolume) {
+	s.Data = val
+}
+
+// Input of sandboxes.create. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Give exactly one of templateId, fromSnapshot.
+// Ref: #/components/schemas/SandboxesCreateInput
+type SandboxesCreateInput struct {
+	// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+	Env OptSandboxesCreateInputEnv `json:"env"`
+	// Sandbox snapshot identifier.
+	FromSnapshot OptString `json:"fromSnapshot"`
+	// Idempotency key (wide alphabet).
+	IdempotencyKey string `json:"idempotencyKey"`
+	// Sandbox template identifier.
+	TemplateId OptString `json:"templateId"`
+	// Tenant identifier.
+	TenantId   string   `json:"tenantId"`
+	TtlSeconds OptInt64 `json:"ttlSeconds"`
+	Wait       OptWait  `json:"wait"`
+}
+
+// GetEnv returns the value of Env.
+func (s *SandboxesCreateInput) GetEnv() OptSandboxesCreateInputEnv {
+	return s.Env
+}
+
+// GetFromSnapshot returns the value of FromSnapshot.
+func (s *SandboxesCreateInput) GetFromSnapshot() OptString {
+	return s.FromSnapshot
+}
+
+// GetIdempotencyKey returns the value of IdempotencyKey.
+func (s *SandboxesCreateInput) GetIdempotencyKey() string {
+	return s.IdempotencyKey
+}
+
+// GetTemplateId returns the value of TemplateId.
+func (s *SandboxesCreateInput) GetTemplateId() OptString {
+	return s.TemplateId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesCreateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTtlSeconds returns the value of TtlSeconds.
+func (s *SandboxesCreateInput) GetTtlSeconds() OptInt64 {
+	return s.TtlSeconds
+}
+
+// GetWait returns the value of Wait.
+func (s *SandboxesCreateInput) GetWait() OptWait {
+	return s.Wait
+}
+
+// SetEnv sets the value of Env.
+func (s *SandboxesCreateInput) SetEnv(val OptSandboxesCreateInputEnv) {
+	s.Env = val
+}
+
+// SetFromSnapshot sets the value of FromSnapshot.
+func (s *SandboxesCreateInput) SetFromSnapshot(val OptString) {
+	s.FromSnapshot = val
+}
+
+// SetIdempotencyKey sets the value of IdempotencyKey.
+func (s *SandboxesCreateInput) SetIdempotencyKey(val string) {
+	s.IdempotencyKey = val
+}
+
+// SetTemplateId sets the value of TemplateId.
+func (s *SandboxesCreateInput) SetTemplateId(val OptString) {
+	s.TemplateId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesCreateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTtlSeconds sets the value of TtlSeconds.
+func (s *SandboxesCreateInput) SetTtlSeconds(val OptInt64) {
+	s.TtlSeconds = val
+}
+
+// SetWait sets the value of Wait.
+func (s *SandboxesCreateInput) SetWait(val OptWait) {
+	s.Wait = val
+}
+
+// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+type SandboxesCreateInputEnv map[string]string
+
+func (s *SandboxesCreateInputEnv) init() SandboxesCreateInputEnv {
+	m := *s
+	if m == nil {
+		m = map[string]string{}
+		*s = m
+	}
+	return m
+}
+
+// Success envelope of sandboxes.create.
+// Ref: #/components/schemas/SandboxesCreateResult
+type SandboxesCreateResult struct {
+	Data Sandbox `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesCreateResult) GetData() Sandbox {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesCreateResult) SetData(val Sandbox) {
+	s.Data = val
+}
+
+// Input of sandboxes.delete. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesDeleteInput
+type SandboxesDeleteInput struct {
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesDeleteInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesDeleteInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesDeleteInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesDeleteInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxes.delete.
+// Ref: #/components/schemas/SandboxesDeleteResult
+type SandboxesDeleteResult struct {
+	Data Sandbox `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesDeleteResult) GetData() Sandbox {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesDeleteResult) SetData(val Sandbox) {
+	s.Data = val
+}
+
+// Input of sandboxes.exec. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesExecInput
+type SandboxesExecInput struct {
+	Argv []string  `json:"argv"`
+	Dir  OptString `json:"dir"`
+	// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+	Env OptSandboxesExecInputEnv `json:"env"`
+	// Sandbox identifier.
+	SandboxId string    `json:"sandboxId"`
+	Stdin     OptString `json:"stdin"`
+	// Tenant identifier.
+	TenantId  string   `json:"tenantId"`
+	TimeoutMs OptInt64 `json:"timeoutMs"`
+}
+
+// GetArgv returns the value of Argv.
+func (s *SandboxesExecInput) GetArgv() []string {
+	return s.Argv
+}
+
+// GetDir returns the value of Dir.
+func (s *SandboxesExecInput) GetDir() OptString {
+	return s.Dir
+}
+
+// GetEnv returns the value of Env.
+func (s *SandboxesExecInput) GetEnv() OptSandboxesExecInputEnv {
+	return s.Env
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesExecInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetStdin returns the value of Stdin.
+func (s *SandboxesExecInput) GetStdin() OptString {
+	return s.Stdin
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesExecInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTimeoutMs returns the value of TimeoutMs.
+func (s *SandboxesExecInput) GetTimeoutMs() OptInt64 {
+	return s.TimeoutMs
+}
+
+// SetArgv sets the value of Argv.
+func (s *SandboxesExecInput) SetArgv(val []string) {
+	s.Argv = val
+}
+
+// SetDir sets the value of Dir.
+func (s *SandboxesExecInput) SetDir(val OptString) {
+	s.Dir = val
+}
+
+// SetEnv sets the value of Env.
+func (s *SandboxesExecInput) SetEnv(val OptSandboxesExecInputEnv) {
+	s.Env = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesExecInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetStdin sets the value of Stdin.
+func (s *SandboxesExecInput) SetStdin(val OptString) {
+	s.Stdin = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesExecInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTimeoutMs sets the value of TimeoutMs.
+func (s *SandboxesExecInput) SetTimeoutMs(val OptInt64) {
+	s.TimeoutMs = val
+}
+
+// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+type SandboxesExecInputEnv map[string]string
+
+func (s *SandboxesExecInputEnv) init() SandboxesExecInputEnv {
+	m := *s
+	if m == nil {
+		m = map[string]string{}
+		*s = m
+	}
+	return m
+}
+
+// Success envelope of sandboxes.exec.
+// Ref: #/components/schemas/SandboxesExecResult
+type SandboxesExecResult struct {
+	Data ExecResult `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesExecResult) GetData() ExecResult {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesExecResult) SetData(val ExecResult) {
+	s.Data = val
+}
+
+// Input of sandboxes.extend. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesExtendInput
+type SandboxesExtendInput struct {
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId   string `json:"tenantId"`
+	TtlSeconds int64  `json:"ttlSeconds"`
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesExtendInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesExtendInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTtlSeconds returns the value of TtlSeconds.
+func (s *SandboxesExtendInput) GetTtlSeconds() int64 {
+	return s.TtlSeconds
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesExtendInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesExtendInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTtlSeconds sets the value of TtlSeconds.
+func (s *SandboxesExtendInput) SetTtlSeconds(val int64) {
+	s.TtlSeconds = val
+}
+
+// Success envelope of sandboxes.extend.
+// Ref: #/components/schemas/SandboxesExtendResult
+type SandboxesExtendResult struct {
+	Data Sandbox `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesExtendResult) GetData() Sandbox {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesExtendResult) SetData(val Sandbox) {
+	s.Data = val
+}
+
+// Input of sandboxes.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesGetInput
+type SandboxesGetInput struct {
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesGetInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesGetInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxes.get.
+// Ref: #/components/schemas/SandboxesGetResult
+type SandboxesGetResult struct {
+	Data Sandbox `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesGetResult) GetData() Sandbox {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesGetResult) SetData(val Sandbox) {
+	s.Data = val
+}
+
+// Input of sandboxes.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesListInput
+type SandboxesListInput struct {
+	IncludeDeleted OptBool `json:"includeDeleted"`
+	// Sandbox template identifier.
+	TemplateId OptString `json:"templateId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetIncludeDeleted returns the value of IncludeDeleted.
+func (s *SandboxesListInput) GetIncludeDeleted() OptBool {
+	return s.IncludeDeleted
+}
+
+// GetTemplateId returns the value of TemplateId.
+func (s *SandboxesListInput) GetTemplateId() OptString {
+	return s.TemplateId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetIncludeDeleted sets the value of IncludeDeleted.
+func (s *SandboxesListInput) SetIncludeDeleted(val OptBool) {
+	s.IncludeDeleted = val
+}
+
+// SetTemplateId sets the value of TemplateId.
+func (s *SandboxesListInput) SetTemplateId(val OptString) {
+	s.TemplateId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxes.list.
+// Ref: #/components/schemas/SandboxesListResult
+type SandboxesListResult struct {
+	Data SandboxList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesListResult) GetData() SandboxList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesListResult) SetData(val SandboxList) {
+	s.Data = val
+}
+
+// Input of sandboxes.pause. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesPauseInput
+type SandboxesPauseInput struct {
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string  `json:"tenantId"`
+	Wait     OptWait `json:"wait"`
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesPauseInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesPauseInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWait returns the value of Wait.
+func (s *SandboxesPauseInput) GetWait() OptWait {
+	return s.Wait
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesPauseInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesPauseInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWait sets the value of Wait.
+func (s *SandboxesPauseInput) SetWait(val OptWait) {
+	s.Wait = val
+}
+
+// Success envelope of sandboxes.pause.
+// Ref: #/components/schemas/SandboxesPauseResult
+type SandboxesPauseResult struct {
+	Data Sandbox `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesPauseResult) GetData() Sandbox {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesPauseResult) SetData(val Sandbox) {
+	s.Data = val
+}
+
+// Input of sandboxes.readFile. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesReadFileInput
+type SandboxesReadFileInput struct {
+	Path string `json:"path"`
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetPath returns the value of Path.
+func (s *SandboxesReadFileInput) GetPath() string {
+	return s.Path
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesReadFileInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesReadFileInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetPath sets the value of Path.
+func (s *SandboxesReadFileInput) SetPath(val string) {
+	s.Path = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesReadFileInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesReadFileInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxes.readFile.
+// Ref: #/components/schemas/SandboxesReadFileResult
+type SandboxesReadFileResult struct {
+	Data SandboxFile `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesReadFileResult) GetData() SandboxFile {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesReadFileResult) SetData(val SandboxFile) {
+	s.Data = val
+}
+
+// Input of sandboxes.resume. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesResumeInput
+type SandboxesResumeInput struct {
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string  `json:"tenantId"`
+	Wait     OptWait `json:"wait"`
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesResumeInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesResumeInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWait returns the value of Wait.
+func (s *SandboxesResumeInput) GetWait() OptWait {
+	return s.Wait
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesResumeInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesResumeInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWait sets the value of Wait.
+func (s *SandboxesResumeInput) SetWait(val OptWait) {
+	s.Wait = val
+}
+
+// Success envelope of sandboxes.resume.
+// Ref: #/components/schemas/SandboxesResumeResult
+type SandboxesResumeResult struct {
+	Data Sandbox `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesResumeResult) GetData() Sandbox {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesResumeResult) SetData(val Sandbox) {
+	s.Data = val
+}
+
+// Input of sandboxes.writeFile. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesWriteFileInput
+type SandboxesWriteFileInput struct {
+	ContentBase64 string   `json:"contentBase64"`
+	Mode          OptInt64 `json:"mode"`
+	Path          string   `json:"path"`
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetContentBase64 returns the value of ContentBase64.
+func (s *SandboxesWriteFileInput) GetContentBase64() string {
+	return s.ContentBase64
+}
+
+// GetMode returns the value of Mode.
+func (s *SandboxesWriteFileInput) GetMode() OptInt64 {
+	return s.Mode
+}
+
+// GetPath returns the value of Path.
+func (s *SandboxesWriteFileInput) GetPath() string {
+	return s.Path
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesWriteFileInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesWriteFileInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetContentBase64 sets the value of ContentBase64.
+func (s *SandboxesWriteFileInput) SetContentBase64(val string) {
+	s.ContentBase64 = val
+}
+
+// SetMode sets the value of Mode.
+func (s *SandboxesWriteFileInput) SetMode(val OptInt64) {
+	s.Mode = val
+}
+
+// SetPath sets the value of Path.
+func (s *SandboxesWriteFileInput) SetPath(val string) {
+	s.Path = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesWriteFileInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesWriteFileInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxes.writeFile.
+// Ref: #/components/schemas/SandboxesWriteFileResult
+type SandboxesWriteFileResult struct {
+	Data SandboxFile `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesWriteFileResult) GetData() SandboxFile {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesWriteFileResult) SetData(val SandboxFile) {
 	s.Data = val
 }
 
@@ -13897,5 +15791,968 @@ func (s *WebhooksUpdateResult) GetData() Webhook {
 
 // SetData sets the value of Data.
 func (s *WebhooksUpdateResult) SetData(val Webhook) {
+	s.Data = val
+}
+
+// Ref: #/components/schemas/Workflow
+type Workflow struct {
+	CreatedAt time.Time `json:"createdAt"`
+	// The step running, next or failed; null once every step is done.
+	CurrentStep NilString   `json:"currentStep"`
+	Error       NilString   `json:"error"`
+	FinishedAt  NilDateTime `json:"finishedAt"`
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Profile identifier.
+	ProfileId      string         `json:"profileId"`
+	ProfileVersion int64          `json:"profileVersion"`
+	State          WorkflowState  `json:"state"`
+	Steps          []WorkflowStep `json:"steps"`
+	// The node's owner.
+	TenantId  string    `json:"tenantId"`
+	UpdatedAt time.Time `json:"updatedAt"`
+	Version   int64     `json:"version"`
+	// Workflow identifier.
+	WorkflowId string `json:"workflowId"`
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Workflow) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetCurrentStep returns the value of CurrentStep.
+func (s *Workflow) GetCurrentStep() NilString {
+	return s.CurrentStep
+}
+
+// GetError returns the value of Error.
+func (s *Workflow) GetError() NilString {
+	return s.Error
+}
+
+// GetFinishedAt returns the value of FinishedAt.
+func (s *Workflow) GetFinishedAt() NilDateTime {
+	return s.FinishedAt
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *Workflow) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetProfileId returns the value of ProfileId.
+func (s *Workflow) GetProfileId() string {
+	return s.ProfileId
+}
+
+// GetProfileVersion returns the value of ProfileVersion.
+func (s *Workflow) GetProfileVersion() int64 {
+	return s.ProfileVersion
+}
+
+// GetState returns the value of State.
+func (s *Workflow) GetState() WorkflowState {
+	return s.State
+}
+
+// GetSteps returns the value of Steps.
+func (s *Workflow) GetSteps() []WorkflowStep {
+	return s.Steps
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Workflow) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *Workflow) GetUpdatedAt() time.Time {
+	return s.UpdatedAt
+}
+
+// GetVersion returns the value of Version.
+func (s *Workflow) GetVersion() int64 {
+	return s.Version
+}
+
+// GetWorkflowId returns the value of WorkflowId.
+func (s *Workflow) GetWorkflowId() string {
+	return s.WorkflowId
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Workflow) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetCurrentStep sets the value of CurrentStep.
+func (s *Workflow) SetCurrentStep(val NilString) {
+	s.CurrentStep = val
+}
+
+// SetError sets the value of Error.
+func (s *Workflow) SetError(val NilString) {
+	s.Error = val
+}
+
+// SetFinishedAt sets the value of FinishedAt.
+func (s *Workflow) SetFinishedAt(val NilDateTime) {
+	s.FinishedAt = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *Workflow) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetProfileId sets the value of ProfileId.
+func (s *Workflow) SetProfileId(val string) {
+	s.ProfileId = val
+}
+
+// SetProfileVersion sets the value of ProfileVersion.
+func (s *Workflow) SetProfileVersion(val int64) {
+	s.ProfileVersion = val
+}
+
+// SetState sets the value of State.
+func (s *Workflow) SetState(val WorkflowState) {
+	s.State = val
+}
+
+// SetSteps sets the value of Steps.
+func (s *Workflow) SetSteps(val []WorkflowStep) {
+	s.Steps = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Workflow) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *Workflow) SetUpdatedAt(val time.Time) {
+	s.UpdatedAt = val
+}
+
+// SetVersion sets the value of Version.
+func (s *Workflow) SetVersion(val int64) {
+	s.Version = val
+}
+
+// SetWorkflowId sets the value of WorkflowId.
+func (s *Workflow) SetWorkflowId(val string) {
+	s.WorkflowId = val
+}
+
+// Ref: #/components/schemas/WorkflowList
+type WorkflowList struct {
+	// Newest first; at most 100.
+	Items []Workflow `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *WorkflowList) GetItems() []Workflow {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *WorkflowList) SetItems(val []Workflow) {
+	s.Items = val
+}
+
+type WorkflowState string
+
+const (
+	WorkflowStateRunning   WorkflowState = "running"
+	WorkflowStatePausing   WorkflowState = "pausing"
+	WorkflowStatePaused    WorkflowState = "paused"
+	WorkflowStateSucceeded WorkflowState = "succeeded"
+	WorkflowStateFailed    WorkflowState = "failed"
+	WorkflowStateAborted   WorkflowState = "aborted"
+)
+
+// AllValues returns all WorkflowState values.
+func (WorkflowState) AllValues() []WorkflowState {
+	return []WorkflowState{
+		WorkflowStateRunning,
+		WorkflowStatePausing,
+		WorkflowStatePaused,
+		WorkflowStateSucceeded,
+		WorkflowStateFailed,
+		WorkflowStateAborted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s WorkflowState) MarshalText() ([]byte, error) {
+	switch s {
+	case WorkflowStateRunning:
+		return []byte(s), nil
+	case WorkflowStatePausing:
+		return []byte(s), nil
+	case WorkflowStatePaused:
+		return []byte(s), nil
+	case WorkflowStateSucceeded:
+		return []byte(s), nil
+	case WorkflowStateFailed:
+		return []byte(s), nil
+	case WorkflowStateAborted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *WorkflowState) UnmarshalText(data []byte) error {
+	switch WorkflowState(data) {
+	case WorkflowStateRunning:
+		*s = WorkflowStateRunning
+		return nil
+	case WorkflowStatePausing:
+		*s = WorkflowStatePausing
+		return nil
+	case WorkflowStatePaused:
+		*s = WorkflowStatePaused
+		return nil
+	case WorkflowStateSucceeded:
+		*s = WorkflowStateSucceeded
+		return nil
+	case WorkflowStateFailed:
+		*s = WorkflowStateFailed
+		return nil
+	case WorkflowStateAborted:
+		*s = WorkflowStateAborted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// One step of a workflow, as rendered at start.
+// Ref: #/components/schemas/WorkflowStep
+type WorkflowStep struct {
+	// Every start of the step, an interrupted one included.
+	Attempts int64 `json:"attempts"`
+	// Of the last attempt.
+	DurationMs NilInt64              `json:"durationMs"`
+	FinishedAt NilDateTime           `json:"finishedAt"`
+	LastError  NilString             `json:"lastError"`
+	Name       string                `json:"name"`
+	Output     NilWorkflowStepOutput `json:"output"`
+	Phase      WorkflowStepPhase     `json:"phase"`
+	Position   int64                 `json:"position"`
+	// Attempts after a failed one before the step fails.
+	Retries int64 `json:"retries"`
+	// Start of the last attempt.
+	StartedAt NilDateTime       `json:"startedAt"`
+	State     WorkflowStepState `json:"state"`
+	TimeoutMs int64             `json:"timeoutMs"`
+	// The built-in action the step runs.
+	Uses string `json:"uses"`
+	// The action's inputs.
+	With WorkflowStepWith `json:"with"`
+}
+
+// GetAttempts returns the value of Attempts.
+func (s *WorkflowStep) GetAttempts() int64 {
+	return s.Attempts
+}
+
+// GetDurationMs returns the value of DurationMs.
+func (s *WorkflowStep) GetDurationMs() NilInt64 {
+	return s.DurationMs
+}
+
+// GetFinishedAt returns the value of FinishedAt.
+func (s *WorkflowStep) GetFinishedAt() NilDateTime {
+	return s.FinishedAt
+}
+
+// GetLastError returns the value of LastError.
+func (s *WorkflowStep) GetLastError() NilString {
+	return s.LastError
+}
+
+// GetName returns the value of Name.
+func (s *WorkflowStep) GetName() string {
+	return s.Name
+}
+
+// GetOutput returns the value of Output.
+func (s *WorkflowStep) GetOutput() NilWorkflowStepOutput {
+	return s.Output
+}
+
+// GetPhase returns the value of Phase.
+func (s *WorkflowStep) GetPhase() WorkflowStepPhase {
+	return s.Phase
+}
+
+// GetPosition returns the value of Position.
+func (s *WorkflowStep) GetPosition() int64 {
+	return s.Position
+}
+
+// GetRetries returns the value of Retries.
+func (s *WorkflowStep) GetRetries() int64 {
+	return s.Retries
+}
+
+// GetStartedAt returns the value of StartedAt.
+func (s *WorkflowStep) GetStartedAt() NilDateTime {
+	return s.StartedAt
+}
+
+// GetState returns the value of State.
+func (s *WorkflowStep) GetState() WorkflowStepState {
+	return s.State
+}
+
+// GetTimeoutMs returns the value of TimeoutMs.
+func (s *WorkflowStep) GetTimeoutMs() int64 {
+	return s.TimeoutMs
+}
+
+// GetUses returns the value of Uses.
+func (s *WorkflowStep) GetUses() string {
+	return s.Uses
+}
+
+// GetWith returns the value of With.
+func (s *WorkflowStep) GetWith() WorkflowStepWith {
+	return s.With
+}
+
+// SetAttempts sets the value of Attempts.
+func (s *WorkflowStep) SetAttempts(val int64) {
+	s.Attempts = val
+}
+
+// SetDurationMs sets the value of DurationMs.
+func (s *WorkflowStep) SetDurationMs(val NilInt64) {
+	s.DurationMs = val
+}
+
+// SetFinishedAt sets the value of FinishedAt.
+func (s *WorkflowStep) SetFinishedAt(val NilDateTime) {
+	s.FinishedAt = val
+}
+
+// SetLastError sets the value of LastError.
+func (s *WorkflowStep) SetLastError(val NilString) {
+	s.LastError = val
+}
+
+// SetName sets the value of Name.
+func (s *WorkflowStep) SetName(val string) {
+	s.Name = val
+}
+
+// SetOutput sets the value of Output.
+func (s *WorkflowStep) SetOutput(val NilWorkflowStepOutput) {
+	s.Output = val
+}
+
+// SetPhase sets the value of Phase.
+func (s *WorkflowStep) SetPhase(val WorkflowStepPhase) {
+	s.Phase = val
+}
+
+// SetPosition sets the value of Position.
+func (s *WorkflowStep) SetPosition(val int64) {
+	s.Position = val
+}
+
+// SetRetries sets the value of Retries.
+func (s *WorkflowStep) SetRetries(val int64) {
+	s.Retries = val
+}
+
+// SetStartedAt sets the value of StartedAt.
+func (s *WorkflowStep) SetStartedAt(val NilDateTime) {
+	s.StartedAt = val
+}
+
+// SetState sets the value of State.
+func (s *WorkflowStep) SetState(val WorkflowStepState) {
+	s.State = val
+}
+
+// SetTimeoutMs sets the value of TimeoutMs.
+func (s *WorkflowStep) SetTimeoutMs(val int64) {
+	s.TimeoutMs = val
+}
+
+// SetUses sets the value of Uses.
+func (s *WorkflowStep) SetUses(val string) {
+	s.Uses = val
+}
+
+// SetWith sets the value of With.
+func (s *WorkflowStep) SetWith(val WorkflowStepWith) {
+	s.With = val
+}
+
+type WorkflowStepOutput map[string]jx.Raw
+
+func (s *WorkflowStepOutput) init() WorkflowStepOutput {
+	m := *s
+	if m == nil {
+		m = map[string]jx.Raw{}
+		*s = m
+	}
+	return m
+}
+
+type WorkflowStepPhase string
+
+const (
+	WorkflowStepPhasePrepare   WorkflowStepPhase = "prepare"
+	WorkflowStepPhaseProvision WorkflowStepPhase = "provision"
+	WorkflowStepPhaseConfigure WorkflowStepPhase = "configure"
+	WorkflowStepPhaseVerify    WorkflowStepPhase = "verify"
+)
+
+// AllValues returns all WorkflowStepPhase values.
+func (WorkflowStepPhase) AllValues() []WorkflowStepPhase {
+	return []WorkflowStepPhase{
+		WorkflowStepPhasePrepare,
+		WorkflowStepPhaseProvision,
+		WorkflowStepPhaseConfigure,
+		WorkflowStepPhaseVerify,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s WorkflowStepPhase) MarshalText() ([]byte, error) {
+	switch s {
+	case WorkflowStepPhasePrepare:
+		return []byte(s), nil
+	case WorkflowStepPhaseProvision:
+		return []byte(s), nil
+	case WorkflowStepPhaseConfigure:
+		return []byte(s), nil
+	case WorkflowStepPhaseVerify:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *WorkflowStepPhase) UnmarshalText(data []byte) error {
+	switch WorkflowStepPhase(data) {
+	case WorkflowStepPhasePrepare:
+		*s = WorkflowStepPhasePrepare
+		return nil
+	case WorkflowStepPhaseProvision:
+		*s = WorkflowStepPhaseProvision
+		return nil
+	case WorkflowStepPhaseConfigure:
+		*s = WorkflowStepPhaseConfigure
+		return nil
+	case WorkflowStepPhaseVerify:
+		*s = WorkflowStepPhaseVerify
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+type WorkflowStepState string
+
+const (
+	WorkflowStepStatePending   WorkflowStepState = "pending"
+	WorkflowStepStateRunning   WorkflowStepState = "running"
+	WorkflowStepStateSucceeded WorkflowStepState = "succeeded"
+	WorkflowStepStateFailed    WorkflowStepState = "failed"
+	WorkflowStepStateAborted   WorkflowStepState = "aborted"
+)
+
+// AllValues returns all WorkflowStepState values.
+func (WorkflowStepState) AllValues() []WorkflowStepState {
+	return []WorkflowStepState{
+		WorkflowStepStatePending,
+		WorkflowStepStateRunning,
+		WorkflowStepStateSucceeded,
+		WorkflowStepStateFailed,
+		WorkflowStepStateAborted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s WorkflowStepState) MarshalText() ([]byte, error) {
+	switch s {
+	case WorkflowStepStatePending:
+		return []byte(s), nil
+	case WorkflowStepStateRunning:
+		return []byte(s), nil
+	case WorkflowStepStateSucceeded:
+		return []byte(s), nil
+	case WorkflowStepStateFailed:
+		return []byte(s), nil
+	case WorkflowStepStateAborted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *WorkflowStepState) UnmarshalText(data []byte) error {
+	switch WorkflowStepState(data) {
+	case WorkflowStepStatePending:
+		*s = WorkflowStepStatePending
+		return nil
+	case WorkflowStepStateRunning:
+		*s = WorkflowStepStateRunning
+		return nil
+	case WorkflowStepStateSucceeded:
+		*s = WorkflowStepStateSucceeded
+		return nil
+	case WorkflowStepStateFailed:
+		*s = WorkflowStepStateFailed
+		return nil
+	case WorkflowStepStateAborted:
+		*s = WorkflowStepStateAborted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// The action's inputs.
+type WorkflowStepWith map[string]jx.Raw
+
+func (s *WorkflowStepWith) init() WorkflowStepWith {
+	m := *s
+	if m == nil {
+		m = map[string]jx.Raw{}
+		*s = m
+	}
+	return m
+}
+
+// Input of workflows.abort. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/WorkflowsAbortInput
+type WorkflowsAbortInput struct {
+	// Node identifier.
+	NodeId string    `json:"nodeId"`
+	Reason OptString `json:"reason"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// Workflow identifier.
+	WorkflowId string `json:"workflowId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *WorkflowsAbortInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetReason returns the value of Reason.
+func (s *WorkflowsAbortInput) GetReason() OptString {
+	return s.Reason
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *WorkflowsAbortInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWorkflowId returns the value of WorkflowId.
+func (s *WorkflowsAbortInput) GetWorkflowId() string {
+	return s.WorkflowId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *WorkflowsAbortInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetReason sets the value of Reason.
+func (s *WorkflowsAbortInput) SetReason(val OptString) {
+	s.Reason = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *WorkflowsAbortInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWorkflowId sets the value of WorkflowId.
+func (s *WorkflowsAbortInput) SetWorkflowId(val string) {
+	s.WorkflowId = val
+}
+
+// Success envelope of workflows.abort.
+// Ref: #/components/schemas/WorkflowsAbortResult
+type WorkflowsAbortResult struct {
+	Data Workflow `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *WorkflowsAbortResult) GetData() Workflow {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *WorkflowsAbortResult) SetData(val Workflow) {
+	s.Data = val
+}
+
+// Input of workflows.get. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/WorkflowsGetInput
+type WorkflowsGetInput struct {
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// Workflow identifier.
+	WorkflowId string `json:"workflowId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *WorkflowsGetInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *WorkflowsGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWorkflowId returns the value of WorkflowId.
+func (s *WorkflowsGetInput) GetWorkflowId() string {
+	return s.WorkflowId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *WorkflowsGetInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *WorkflowsGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWorkflowId sets the value of WorkflowId.
+func (s *WorkflowsGetInput) SetWorkflowId(val string) {
+	s.WorkflowId = val
+}
+
+// Success envelope of workflows.get.
+// Ref: #/components/schemas/WorkflowsGetResult
+type WorkflowsGetResult struct {
+	Data Workflow `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *WorkflowsGetResult) GetData() Workflow {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *WorkflowsGetResult) SetData(val Workflow) {
+	s.Data = val
+}
+
+// Input of workflows.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/WorkflowsListInput
+type WorkflowsListInput struct {
+	// Node identifier.
+	NodeId string                     `json:"nodeId"`
+	State  OptWorkflowsListInputState `json:"state"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *WorkflowsListInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetState returns the value of State.
+func (s *WorkflowsListInput) GetState() OptWorkflowsListInputState {
+	return s.State
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *WorkflowsListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *WorkflowsListInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetState sets the value of State.
+func (s *WorkflowsListInput) SetState(val OptWorkflowsListInputState) {
+	s.State = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *WorkflowsListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+type WorkflowsListInputState string
+
+const (
+	WorkflowsListInputStateRunning   WorkflowsListInputState = "running"
+	WorkflowsListInputStatePausing   WorkflowsListInputState = "pausing"
+	WorkflowsListInputStatePaused    WorkflowsListInputState = "paused"
+	WorkflowsListInputStateSucceeded WorkflowsListInputState = "succeeded"
+	WorkflowsListInputStateFailed    WorkflowsListInputState = "failed"
+	WorkflowsListInputStateAborted   WorkflowsListInputState = "aborted"
+)
+
+// AllValues returns all WorkflowsListInputState values.
+func (WorkflowsListInputState) AllValues() []WorkflowsListInputState {
+	return []WorkflowsListInputState{
+		WorkflowsListInputStateRunning,
+		WorkflowsListInputStatePausing,
+		WorkflowsListInputStatePaused,
+		WorkflowsListInputStateSucceeded,
+		WorkflowsListInputStateFailed,
+		WorkflowsListInputStateAborted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s WorkflowsListInputState) MarshalText() ([]byte, error) {
+	switch s {
+	case WorkflowsListInputStateRunning:
+		return []byte(s), nil
+	case WorkflowsListInputStatePausing:
+		return []byte(s), nil
+	case WorkflowsListInputStatePaused:
+		return []byte(s), nil
+	case WorkflowsListInputStateSucceeded:
+		return []byte(s), nil
+	case WorkflowsListInputStateFailed:
+		return []byte(s), nil
+	case WorkflowsListInputStateAborted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *WorkflowsListInputState) UnmarshalText(data []byte) error {
+	switch WorkflowsListInputState(data) {
+	case WorkflowsListInputStateRunning:
+		*s = WorkflowsListInputStateRunning
+		return nil
+	case WorkflowsListInputStatePausing:
+		*s = WorkflowsListInputStatePausing
+		return nil
+	case WorkflowsListInputStatePaused:
+		*s = WorkflowsListInputStatePaused
+		return nil
+	case WorkflowsListInputStateSucceeded:
+		*s = WorkflowsListInputStateSucceeded
+		return nil
+	case WorkflowsListInputStateFailed:
+		*s = WorkflowsListInputStateFailed
+		return nil
+	case WorkflowsListInputStateAborted:
+		*s = WorkflowsListInputStateAborted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of workflows.list.
+// Ref: #/components/schemas/WorkflowsListResult
+type WorkflowsListResult struct {
+	Data WorkflowList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *WorkflowsListResult) GetData() WorkflowList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *WorkflowsListResult) SetData(val WorkflowList) {
+	s.Data = val
+}
+
+// Input of workflows.pause. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/WorkflowsPauseInput
+type WorkflowsPauseInput struct {
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// Workflow identifier.
+	WorkflowId string `json:"workflowId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *WorkflowsPauseInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *WorkflowsPauseInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWorkflowId returns the value of WorkflowId.
+func (s *WorkflowsPauseInput) GetWorkflowId() string {
+	return s.WorkflowId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *WorkflowsPauseInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *WorkflowsPauseInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWorkflowId sets the value of WorkflowId.
+func (s *WorkflowsPauseInput) SetWorkflowId(val string) {
+	s.WorkflowId = val
+}
+
+// Success envelope of workflows.pause.
+// Ref: #/components/schemas/WorkflowsPauseResult
+type WorkflowsPauseResult struct {
+	Data Workflow `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *WorkflowsPauseResult) GetData() Workflow {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *WorkflowsPauseResult) SetData(val Workflow) {
+	s.Data = val
+}
+
+// Input of workflows.resume. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/WorkflowsResumeInput
+type WorkflowsResumeInput struct {
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// Workflow identifier.
+	WorkflowId string `json:"workflowId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *WorkflowsResumeInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *WorkflowsResumeInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWorkflowId returns the value of WorkflowId.
+func (s *WorkflowsResumeInput) GetWorkflowId() string {
+	return s.WorkflowId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *WorkflowsResumeInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *WorkflowsResumeInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWorkflowId sets the value of WorkflowId.
+func (s *WorkflowsResumeInput) SetWorkflowId(val string) {
+	s.WorkflowId = val
+}
+
+// Success envelope of workflows.resume.
+// Ref: #/components/schemas/WorkflowsResumeResult
+type WorkflowsResumeResult struct {
+	Data Workflow `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *WorkflowsResumeResult) GetData() Workflow {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *WorkflowsResumeResult) SetData(val Workflow) {
+	s.Data = val
+}
+
+// Input of workflows.retry. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/WorkflowsRetryInput
+type WorkflowsRetryInput struct {
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// Workflow identifier.
+	WorkflowId string `json:"workflowId"`
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *WorkflowsRetryInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *WorkflowsRetryInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWorkflowId returns the value of WorkflowId.
+func (s *WorkflowsRetryInput) GetWorkflowId() string {
+	return s.WorkflowId
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *WorkflowsRetryInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *WorkflowsRetryInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWorkflowId sets the value of WorkflowId.
+func (s *WorkflowsRetryInput) SetWorkflowId(val string) {
+	s.WorkflowId = val
+}
+
+// Success envelope of workflows.retry.
+// Ref: #/components/schemas/WorkflowsRetryResult
+type WorkflowsRetryResult struct {
+	Data Workflow `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *WorkflowsRetryResult) GetData() Workflow {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *WorkflowsRetryResult) SetData(val Workflow) {
 	s.Data = val
 }

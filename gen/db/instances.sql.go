@@ -46,7 +46,7 @@ func (q *Queries) FreeReservationUnit(ctx context.Context, reservationID string)
 }
 
 const getInstance = `-- name: GetInstance :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances WHERE instance_id = $1
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE instance_id = $1
 `
 
 func (q *Queries) GetInstance(ctx context.Context, instanceID string) (Instance, error) {
@@ -79,12 +79,24 @@ func (q *Queries) GetInstance(ctx context.Context, instanceID string) (Instance,
 		&i.DeletedAt,
 		&i.ReservationID,
 		&i.ReservationBookingID,
+		&i.Kind,
+		&i.TemplateID,
+		&i.Hostname,
+		&i.MachineID,
+		&i.Env,
+		&i.IdentityGeneration,
+		&i.ReportedIdentity,
+		&i.MemoryFile,
+		&i.RestoreSnapshot,
+		&i.Volumes,
+		&i.HostTimings,
+		&i.IdentityReadyAt,
 	)
 	return i, err
 }
 
 const getInstanceForUpdate = `-- name: GetInstanceForUpdate :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances WHERE instance_id = $1 FOR UPDATE
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE instance_id = $1 FOR UPDATE
 `
 
 func (q *Queries) GetInstanceForUpdate(ctx context.Context, instanceID string) (Instance, error) {
@@ -117,6 +129,18 @@ func (q *Queries) GetInstanceForUpdate(ctx context.Context, instanceID string) (
 		&i.DeletedAt,
 		&i.ReservationID,
 		&i.ReservationBookingID,
+		&i.Kind,
+		&i.TemplateID,
+		&i.Hostname,
+		&i.MachineID,
+		&i.Env,
+		&i.IdentityGeneration,
+		&i.ReportedIdentity,
+		&i.MemoryFile,
+		&i.RestoreSnapshot,
+		&i.Volumes,
+		&i.HostTimings,
+		&i.IdentityReadyAt,
 	)
 	return i, err
 }
@@ -163,7 +187,7 @@ VALUES ($1, $2, $3, $4, $5, $6,
     $13, 'running', 'pending', $14, $15,
     $16, $17)
 ON CONFLICT (instance_id) DO NOTHING
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at
 `
 
 type InsertInstanceParams struct {
@@ -234,13 +258,25 @@ func (q *Queries) InsertInstance(ctx context.Context, arg InsertInstanceParams) 
 		&i.DeletedAt,
 		&i.ReservationID,
 		&i.ReservationBookingID,
+		&i.Kind,
+		&i.TemplateID,
+		&i.Hostname,
+		&i.MachineID,
+		&i.Env,
+		&i.IdentityGeneration,
+		&i.ReportedIdentity,
+		&i.MemoryFile,
+		&i.RestoreSnapshot,
+		&i.Volumes,
+		&i.HostTimings,
+		&i.IdentityReadyAt,
 	)
 	return i, err
 }
 
 const listInstances = `-- name: ListInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances
-WHERE tenant_id = $1
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances
+WHERE tenant_id = $1 AND kind = 'vps'
   AND ($2::text IS NULL OR pool_id = $2)
   AND ($3::boolean OR state <> 'deleted')
 ORDER BY created_at DESC, instance_id
@@ -289,6 +325,18 @@ func (q *Queries) ListInstances(ctx context.Context, arg ListInstancesParams) ([
 			&i.DeletedAt,
 			&i.ReservationID,
 			&i.ReservationBookingID,
+			&i.Kind,
+			&i.TemplateID,
+			&i.Hostname,
+			&i.MachineID,
+			&i.Env,
+			&i.IdentityGeneration,
+			&i.ReportedIdentity,
+			&i.MemoryFile,
+			&i.RestoreSnapshot,
+			&i.Volumes,
+			&i.HostTimings,
+			&i.IdentityReadyAt,
 		); err != nil {
 			return nil, err
 		}
@@ -301,7 +349,7 @@ func (q *Queries) ListInstances(ctx context.Context, arg ListInstancesParams) ([
 }
 
 const nodeInstances = `-- name: NodeInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances WHERE node_id = $1 AND state <> 'deleted' ORDER BY instance_id
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE node_id = $1 AND state <> 'deleted' ORDER BY instance_id
 `
 
 // NodeInstances are the instances a node's spec carries: every one not
@@ -342,6 +390,18 @@ func (q *Queries) NodeInstances(ctx context.Context, nodeID pgtype.Text) ([]Inst
 			&i.DeletedAt,
 			&i.ReservationID,
 			&i.ReservationBookingID,
+			&i.Kind,
+			&i.TemplateID,
+			&i.Hostname,
+			&i.MachineID,
+			&i.Env,
+			&i.IdentityGeneration,
+			&i.ReportedIdentity,
+			&i.MemoryFile,
+			&i.RestoreSnapshot,
+			&i.Volumes,
+			&i.HostTimings,
+			&i.IdentityReadyAt,
 		); err != nil {
 			return nil, err
 		}
@@ -354,27 +414,37 @@ func (q *Queries) NodeInstances(ctx context.Context, nodeID pgtype.Text) ([]Inst
 }
 
 const reportInstance = `-- name: ReportInstance :one
-UPDATE instances SET state = $1, error = $2,
+UPDATE instances SET state = $1, error = $2, reported_identity = $3,
+    host_timings = coalesce($4, host_timings),
     ready_at = CASE WHEN $1::text = 'running' THEN coalesce(ready_at, now()) ELSE ready_at END,
+    identity_ready_at = CASE WHEN $1::text = 'running' AND $3::bigint = identity_generation
+        THEN coalesce(identity_ready_at, now()) ELSE identity_ready_at END,
     updated_at = now()
-WHERE instance_id = $3 AND node_id = $4 AND state <> 'deleted'
-  AND (state <> $1::text OR error IS DISTINCT FROM $2)
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id
+WHERE instance_id = $5 AND node_id = $6 AND state <> 'deleted'
+  AND (state <> $1::text OR error IS DISTINCT FROM $2 OR reported_identity <> $3::bigint
+       OR ($4::jsonb IS NOT NULL AND host_timings IS DISTINCT FROM $4::jsonb))
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at
 `
 
 type ReportInstanceParams struct {
-	State      string
-	Error      pgtype.Text
-	InstanceID string
-	NodeID     pgtype.Text
+	State            string
+	Error            pgtype.Text
+	ReportedIdentity int64
+	HostTimings      []byte
+	InstanceID       string
+	NodeID           pgtype.Text
 }
 
 // ReportInstance writes what the daemon observed of an instance of its
 // node, when it changed; running sets readyAt the first time.
+// A sandbox's VM (memory_file) is ready when it runs with the identity
+// generation it was given (reported_identity).
 func (q *Queries) ReportInstance(ctx context.Context, arg ReportInstanceParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, reportInstance,
 		arg.State,
 		arg.Error,
+		arg.ReportedIdentity,
+		arg.HostTimings,
 		arg.InstanceID,
 		arg.NodeID,
 	)
@@ -406,12 +476,24 @@ func (q *Queries) ReportInstance(ctx context.Context, arg ReportInstanceParams) 
 		&i.DeletedAt,
 		&i.ReservationID,
 		&i.ReservationBookingID,
+		&i.Kind,
+		&i.TemplateID,
+		&i.Hostname,
+		&i.MachineID,
+		&i.Env,
+		&i.IdentityGeneration,
+		&i.ReportedIdentity,
+		&i.MemoryFile,
+		&i.RestoreSnapshot,
+		&i.Volumes,
+		&i.HostTimings,
+		&i.IdentityReadyAt,
 	)
 	return i, err
 }
 
 const reservationInstances = `-- name: ReservationInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id FROM instances WHERE reservation_id = $1 AND desired_state <> 'deleted' ORDER BY instance_id FOR UPDATE
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE reservation_id = $1 AND desired_state <> 'deleted' ORDER BY instance_id FOR UPDATE
 `
 
 // ReservationInstances are the live instances running in a reservation.
@@ -451,6 +533,18 @@ func (q *Queries) ReservationInstances(ctx context.Context, reservationID pgtype
 			&i.DeletedAt,
 			&i.ReservationID,
 			&i.ReservationBookingID,
+			&i.Kind,
+			&i.TemplateID,
+			&i.Hostname,
+			&i.MachineID,
+			&i.Env,
+			&i.IdentityGeneration,
+			&i.ReportedIdentity,
+			&i.MemoryFile,
+			&i.RestoreSnapshot,
+			&i.Volumes,
+			&i.HostTimings,
+			&i.IdentityReadyAt,
 		); err != nil {
 			return nil, err
 		}
@@ -468,7 +562,7 @@ UPDATE instances SET desired_state = $1, reboots = reboots + $2::integer,
     deleted_at = CASE WHEN $1::text = 'deleted' THEN coalesce(deleted_at, now()) ELSE deleted_at END,
     version = version + 1, updated_at = now()
 WHERE instance_id = $3
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at
 `
 
 type SetInstanceDesiredParams struct {
@@ -507,6 +601,18 @@ func (q *Queries) SetInstanceDesired(ctx context.Context, arg SetInstanceDesired
 		&i.DeletedAt,
 		&i.ReservationID,
 		&i.ReservationBookingID,
+		&i.Kind,
+		&i.TemplateID,
+		&i.Hostname,
+		&i.MachineID,
+		&i.Env,
+		&i.IdentityGeneration,
+		&i.ReportedIdentity,
+		&i.MemoryFile,
+		&i.RestoreSnapshot,
+		&i.Volumes,
+		&i.HostTimings,
+		&i.IdentityReadyAt,
 	)
 	return i, err
 }

@@ -217,6 +217,18 @@ type Instance struct {
 	DeletedAt            *time.Time
 	ReservationID        pgtype.Text
 	ReservationBookingID pgtype.Text
+	Kind                 string
+	TemplateID           pgtype.Text
+	Hostname             pgtype.Text
+	MachineID            pgtype.Text
+	Env                  []byte
+	IdentityGeneration   int64
+	ReportedIdentity     int64
+	MemoryFile           bool
+	RestoreSnapshot      pgtype.Text
+	Volumes              []byte
+	HostTimings          []byte
+	IdentityReadyAt      *time.Time
 }
 
 type JoinToken struct {
@@ -239,6 +251,13 @@ type Lease struct {
 	Epoch      int64
 	AcquiredAt time.Time
 	ExpiresAt  time.Time
+}
+
+type MetalHost struct {
+	NodeID    string
+	Driver    string
+	Config    []byte
+	CreatedAt time.Time
 }
 
 type Node struct {
@@ -364,6 +383,42 @@ type Project struct {
 	UpdatedAt   time.Time
 }
 
+type ProviderAccount struct {
+	AccountID   string
+	TenantID    string
+	Provider    string
+	Name        string
+	Config      []byte
+	Version     int64
+	CreatedBy   string
+	IdemRequest []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+type ProviderBootstrap struct {
+	BootstrapID   string
+	TenantID      string
+	AccountID     string
+	PoolID        string
+	MachineID     pgtype.Text
+	OfferID       pgtype.Text
+	Claimed       bool
+	State         string
+	TokenID       pgtype.Text
+	NodeID        pgtype.Text
+	Error         pgtype.Text
+	Attempts      int32
+	NextAttemptAt time.Time
+	IdemRequest   []byte
+	CreatedBy     string
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+	MachineAt     *time.Time
+	InstalledAt   *time.Time
+	FinishedAt    *time.Time
+}
+
 type Quota struct {
 	TenantID  string
 	PoolID    string
@@ -401,6 +456,52 @@ type Revocation struct {
 	Value     string
 	Reason    string
 	CreatedAt time.Time
+}
+
+type Sandbox struct {
+	SandboxID     string
+	TenantID      string
+	TemplateID    string
+	FromSnapshot  pgtype.Text
+	InstanceID    string
+	PoolID        string
+	NodeID        string
+	How           string
+	MaxTtlSeconds int32
+	ExpiresAt     time.Time
+	CreatedBy     string
+	IdemRequest   []byte
+	CreatedAt     time.Time
+	PlacedAt      time.Time
+	ReadyAt       *time.Time
+	DeletedAt     *time.Time
+	DeleteReason  pgtype.Text
+}
+
+type SandboxAttachment struct {
+	SandboxID string
+	VolumeID  string
+	MountPath string
+	ReadOnly  bool
+	Released  bool
+}
+
+type SandboxSnapshot struct {
+	SnapshotID  string
+	TenantID    string
+	SandboxID   string
+	NodeID      string
+	Keep        bool
+	State       string
+	Error       pgtype.Text
+	SizeBytes   pgtype.Int8
+	PausedMs    pgtype.Int8
+	CommandID   string
+	CreatedBy   string
+	IdemRequest []byte
+	CreatedAt   time.Time
+	ReadyAt     *time.Time
+	DeletedAt   *time.Time
 }
 
 type SandboxTemplate struct {
@@ -582,4 +683,40 @@ type Worker struct {
 	Reconcilers []string
 	StartedAt   time.Time
 	HeartbeatAt time.Time
+}
+
+type Workflow struct {
+	WorkflowID     string
+	TenantID       string
+	NodeID         string
+	ProfileTenant  string
+	ProfileID      string
+	ProfileVersion int32
+	Inputs         []byte
+	State          string
+	Error          pgtype.Text
+	StartedBy      string
+	NotBefore      *time.Time
+	Version        int32
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	FinishedAt     *time.Time
+}
+
+type WorkflowStep struct {
+	WorkflowID string
+	Position   int32
+	Name       string
+	Phase      string
+	Action     string
+	Inputs     []byte
+	TimeoutMs  int64
+	Retries    int32
+	State      string
+	Attempts   int32
+	Failures   int32
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+	Output     []byte
+	LastError  pgtype.Text
 }

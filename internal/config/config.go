@@ -101,14 +101,20 @@ type Config struct {
 	Images *Images
 	// SupportBundles is nil when support bundles are not configured.
 	SupportBundles *SupportBundles
-	Secrets        Secrets // the secret store (default database)
-	Webhooks       Webhooks
-	Capacity       Capacity
-	Scheduler      Scheduler
-	Clock          Clock
-	Log            Log
-	Workers        Workers
-	Metrics        Metrics
+	// ProviderDir is where providers that run machines on this host keep
+	// them; "" is .service/providers.
+	ProviderDir string
+	// Bootstrap is nil when provider bootstraps are not configured:
+	// providerAccounts.bootstrap answers INVALID_CONFIG.
+	Bootstrap *Bootstrap
+	Secrets   Secrets // the secret store (default database)
+	Webhooks  Webhooks
+	Capacity  Capacity
+	Scheduler Scheduler
+	Clock     Clock
+	Log       Log
+	Workers   Workers
+	Metrics   Metrics
 	// Host and Port are where the api role listens.
 	Host string
 	Port int
@@ -270,6 +276,15 @@ type Downloads struct {
 type Images struct {
 	Dir string
 	URL string
+}
+
+// Bootstrap configures how providerAccounts.bootstrap delivers the node
+// daemon to a provider's machine.
+type Bootstrap struct {
+	// Agent is the compute-agent binary delivered to machines.
+	Agent string
+	// JoinURL is where machines reach the join endpoint; "" is baseURL.
+	JoinURL string
 }
 
 // SupportBundles receives log bundles through presigned PUTs.

@@ -37,6 +37,8 @@ type fileConfig struct {
 	Downloads       *fileDownloads      `yaml:"downloads"`
 	Images          *fileImages         `yaml:"images"`
 	SupportBundles  *fileSupportBundles `yaml:"supportBundles"`
+	ProviderDir     *string             `yaml:"providerDir"`
+	Bootstrap       *fileBootstrap      `yaml:"bootstrap"`
 	Secrets         *fileSecrets        `yaml:"secrets"`
 	Webhooks        *fileWebhooks       `yaml:"webhooks"`
 	Capacity        *fileCapacity       `yaml:"capacity"`
@@ -133,6 +135,11 @@ type fileDownloads struct {
 type fileImages struct {
 	Dir *string `yaml:"dir"`
 	URL *string `yaml:"url"`
+}
+
+type fileBootstrap struct {
+	Agent   *string `yaml:"agent"`
+	JoinURL *string `yaml:"joinUrl"`
 }
 
 type fileSupportBundles struct {

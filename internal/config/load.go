@@ -142,7 +142,7 @@ func (b *builder) build(fc *fileConfig) (*Config, error) {
 	c := &Config{}
 	steps := []func(*fileConfig, *Config) error{
 		b.core, b.iam, b.lists, b.tunnels, b.pki, b.notifier, b.sinks,
-		b.proxies, b.gateway, b.downloads, b.images, b.supportBundles, b.secrets, b.webhooks, b.capacity,
+		b.proxies, b.gateway, b.downloads, b.images, b.bootstrap, b.supportBundles, b.secrets, b.webhooks, b.capacity,
 		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles,
 	}
 	for _, step := range steps {
@@ -719,6 +719,31 @@ func (b *builder) images(fc *fileConfig, c *Config) error {
 		}
 	}
 	c.Images = im
+	return nil
+}
+
+func (b *builder) bootstrap(fc *fileConfig, c *Config) error {
+	if fc.ProviderDir != nil {
+		if *fc.ProviderDir == "" || strings.ContainsRune(*fc.ProviderDir, 0) {
+			return b.errorf("providerDir", "must be a directory path")
+		}
+		c.ProviderDir = *fc.ProviderDir
+	}
+	fb := fc.Bootstrap
+	if fb == nil {
+		return nil
+	}
+	bs := &Bootstrap{Agent: deref(fb.Agent, ""), JoinURL: strings.TrimSuffix(deref(fb.JoinURL, ""), "/")}
+	if bs.Agent == "" || strings.ContainsRune(bs.Agent, 0) {
+		return b.errorf("bootstrap.agent", "must be the path of the compute-agent binary delivered to machines")
+	}
+	if bs.JoinURL != "" {
+		u, err := url.Parse(bs.JoinURL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.Fragment != "" || u.RawQuery != "" {
+			return b.errorf("bootstrap.joinUrl", "must be an absolute http or https URL without credentials, query or fragment")
+		}
+	}
+	c.Bootstrap = bs
 	return nil
 }
 

@@ -26,6 +26,9 @@ import (
 	"computeplane/internal/audit"
 	"computeplane/internal/config"
 	"computeplane/internal/cursor"
+	"computeplane/internal/drivers"
+	"computeplane/internal/drivers/qemudriver"
+	"computeplane/internal/drivers/redfish"
 	"computeplane/internal/events"
 	"computeplane/internal/flavors"
 	"computeplane/internal/gateway"
@@ -56,6 +59,7 @@ import (
 	"computeplane/internal/usage"
 	"computeplane/internal/webhooks"
 	"computeplane/internal/workers"
+	"computeplane/internal/workflows"
 )
 
 // ShutdownGrace is how long open requests get to finish when the listener closes.
@@ -175,6 +179,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Secrets:          secretService,
 		Events:           events.New(cursors),
 		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
+		Workflows:        workflows.Service{},
 	}
 	sys.WithChecks(
 		system.CatalogCheck(services),
@@ -326,6 +331,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		rsv := &reservations.Job{Service: rsvService, Store: work, Notifier: notifier,
 			MaxAttempts: cfg.Capacity.MaxAttempts, Log: log}
 		runner.RegisterSingleton(reservations.JobName, rsv.Run)
+		wf := &workflows.Job{Store: work, Notifier: notifier, Images: imageSource, Log: log,
+			Drivers: drivers.Registry{qemudriver.Name: qemudriver.Open, redfish.Name: redfish.Open}}
+		runner.RegisterSingleton(workflows.JobName, wf.Run)
 	}
 	// The gateway role refuses to start (INVALID_CONFIG) without a region,
 	// node CA roots or a trust domain, before any listener opens.

@@ -172,7 +172,8 @@ func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session) (context.C
 	} else if m.Resource.Creates != m.Resource.Type {
 		draft.Parent = &Ref{Type: s.Resource.Type, ID: s.Resource.ID}
 	}
-	if id := m.Idempotency; id != nil && id.DerivesID != "" {
+	// An optional key left out derives nothing: the method makes a new id.
+	if id := m.Idempotency; id != nil && id.DerivesID != "" && str(call.Fields[id.Key]) != "" {
 		draft.ID = DerivedID(m, tenant, caller.IdentityID, str(call.Fields[id.Key]))
 		existing, err := g.Port.Projection().Get(ctx, Ref{Type: draft.Type, ID: draft.ID})
 		if err != nil {

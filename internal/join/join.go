@@ -57,6 +57,9 @@ var (
 type claims struct {
 	ID  string `json:"id"`
 	Exp int64  `json:"exp"` // unix seconds
+	// Machine binds a token minted for one provider machine (a
+	// bootstrap): only a request naming that machine redeems it.
+	Machine string `json:"machine,omitempty"`
 }
 
 const info = "computeplane join token v1"
@@ -160,6 +163,27 @@ func Mint(ctx context.Context, tx pgx.Tx, b *pki.Bundle, tenant, pool, site, cre
 	return token, id, err
 }
 
+// MintFor is Mint for one machine of a provider (a bootstrap): the token
+// is bound to the machine, so only a certificate request whose common
+// name is that machine redeems it.
+func MintFor(ctx context.Context, tx pgx.Tx, b *pki.Bundle, tenant, pool, site, createdBy, machine string, ttl time.Duration, now time.Time) (token, id string, err error) {
+	if machine == "" {
+		return "", "", errors.New("join: a machine to bind the token to")
+	}
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	id = ids.New("jtk")
+	exp := now.Add(ttl)
+	if err := db.New(tx).InsertJoinToken(ctx, db.InsertJoinTokenParams{
+		TokenID: id, TenantID: tenant, PoolID: pool, SiteID: site, CreatedBy: createdBy, ExpiresAt: exp,
+	}); err != nil {
+		return "", "", err
+	}
+	token, err = seal(b, claims{ID: id, Exp: exp.Unix(), Machine: machine})
+	return token, id, err
+}
+
 // Grant is what a redeemed token gives the machine.
 type Grant struct {
 	NodeID string
@@ -190,6 +214,9 @@ func Redeem(ctx context.Context, tx pgx.Tx, b *pki.Bundle, proj iam.Projection, 
 	}
 	if err := csr.CheckSignature(); err != nil {
 		return nil, fmt.Errorf("join: the certificate request's signature: %w", err)
+	}
+	if c.Machine != "" && csr.Subject.CommonName != c.Machine {
+		return nil, fmt.Errorf("%w (it is bound to another machine)", ErrInvalid)
 	}
 	key, err := keyID(csr)
 	if err != nil {

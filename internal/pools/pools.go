@@ -111,6 +111,16 @@ func (s *Service) Create(ctx context.Context, in *api.PoolsCreateInput) (*api.Po
 	} else if !errors.Is(err, pgx.ErrNoRows) {
 		return nil, err
 	}
+	if in.AccountID != nil {
+		// A provider pool's account is one of the tenant's.
+		acct, err := q.GetProviderAccount(ctx, *in.AccountID)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && acct.TenantID != in.TenantID) {
+			return nil, api.Errorf(api.CodeNotFound, "accountId: provider account %s not found", *in.AccountID)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 	site, err := q.GetSite(ctx, in.SiteID)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (site.Tombstoned ||
 		!(site.TenantID == in.TenantID || (site.TenantID == s.root && site.Kind == sites.KindShared)))) {
@@ -170,8 +180,7 @@ func shape(in *api.PoolsCreateInput) (runtime, agent *string, err error) {
 		if agent != nil {
 			return nil, nil, api.Errorf(api.CodeInvalidInput, "agent: a provider pool's machines are run by the provider")
 		}
-		// Provider accounts are not served yet (providerAccounts, phase v0.3).
-		return nil, nil, api.Errorf(api.CodeUnsupported, "hosting: provider pools need provider accounts, which this deployment does not serve yet")
+		return nil, nil, nil // the account is checked by Create
 	case in.AccountID != nil:
 		return nil, nil, api.Errorf(api.CodeInvalidInput, "accountId: only a provider pool has a provider account")
 	}

@@ -129,7 +129,7 @@ func TestCreateRefusalsLeaveNothing(t *testing.T) {
 		"provider without account": {client.PoolsCreateInput{Name: "c", Hosting: client.NewOptPoolsCreateInputHosting(client.PoolsCreateInputHostingProvider),
 			IdempotencyKey: "c"}, "INVALID_INPUT"},
 		"provider pool": {client.PoolsCreateInput{Name: "d", Hosting: client.NewOptPoolsCreateInputHosting(client.PoolsCreateInputHostingProvider),
-			AccountId: client.NewOptString("pacct_0000000000000000000000000z"), IdempotencyKey: "d"}, "UNSUPPORTED"},
+			AccountId: client.NewOptString("pacct_0000000000000000000000000z"), IdempotencyKey: "d"}, "NOT_FOUND"},
 		"account on a hosted pool": {client.PoolsCreateInput{Name: "e", AccountId: client.NewOptString("pacct_0000000000000000000000000z"),
 			IdempotencyKey: "e"}, "INVALID_INPUT"},
 		"runtime on metal": {client.PoolsCreateInput{Name: "f", Class: client.PoolsCreateInputClassMetalHost, Runtime: client.NewOptString("qemu"),

@@ -1,0 +1,399 @@
+// Package localqemu is a provider whose machines are qemu virtual machines
+// on the service's own host: its offers are the machine types of the
+// account's config, claim boots one (internal/qemu, the guest image of the
+// deployment's image source), identify finds one by id, release kills it,
+// and install delivers the node daemon for it. It exists so that a whole
+// provider bootstrap runs for real on one machine, without a cloud.
+//
+// The node daemon of a machine runs on the host side, beside the VM, not
+// inside the guest: install runs `compute-agent join` with the join token
+// in its environment (never on a command line or on disk) and then
+// `compute-agent run` in the machine's directory, with the machine's vCPU
+// and memory declared. The daemon lives as long as the machine: release
+// ends both. docs/providers.md says why.
+package localqemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"computeplane/internal/ids"
+	"computeplane/internal/providers"
+	"computeplane/internal/qemu"
+)
+
+// Name is the provider's registered name.
+const Name = "localqemu"
+
+// Region is the region of offers when the config names none.
+const Region = "local"
+
+// ConfigSchema is the JSON Schema of an account's config.
+const ConfigSchema = `{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "type": "object",
+  "additionalProperties": false,
+  "required": ["image", "machineTypes"],
+  "properties": {
+    "image": {"type": "string", "minLength": 1, "maxLength": 200, "description": "a kernel+initrd image of the deployment's image source"},
+    "region": {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,62}$"},
+    "accel": {"enum": ["tcg", "kvm"]},
+    "agentRuntime": {"enum": ["qemu", "recording"], "description": "the runtime the node daemon of a machine runs"},
+    "maxMachines": {"type": "integer", "minimum": 1, "maximum": 64},
+    "machineTypes": {
+      "type": "array", "minItems": 1, "maxItems": 32,
+      "items": {
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["name", "vcpu", "memoryMiB"],
+        "properties": {
+          "name": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$"},
+          "vcpu": {"type": "integer", "minimum": 1, "maximum": 64},
+          "memoryMiB": {"type": "integer", "minimum": 128, "maximum": 1048576},
+          "description": {"type": "string", "maxLength": 256}
+        }
+      }
+    }
+  }
+}`
+
+// Manifest is the provider's manifest.
+var Manifest = providers.Manifest{
+	Name:         Name,
+	Description:  "qemu virtual machines on the service's own host",
+	ConfigSchema: ConfigSchema,
+	Capabilities: []providers.Capability{providers.CapOffers, providers.CapIdentify, providers.CapClaim, providers.CapRelease, providers.CapBootstrap},
+}
+
+func init() {
+	providers.Register(&providers.Factory{Manifest: Manifest, New: New})
+}
+
+// MachineType is one offer of the config.
+type MachineType struct {
+	Name        string `json:"name"`
+	VCPU        int64  `json:"vcpu"`
+	MemoryMiB   int64  `json:"memoryMiB"`
+	Description string `json:"description,omitempty"`
+}
+
+// Config is an account's config.
+type Config struct {
+	Image        string        `json:"image"`
+	Region       string        `json:"region"`
+	Accel        string        `json:"accel"`
+	AgentRuntime string        `json:"agentRuntime"`
+	MaxMachines  int           `json:"maxMachines"`
+	MachineTypes []MachineType `json:"machineTypes"`
+}
+
+// meta is what a machine's directory records of it.
+type meta struct {
+	ID        string `json:"id"`
+	AccountID string `json:"accountId"`
+	Key       string `json:"key"`
+	OfferID   string `json:"offerId"`
+	VCPU      int64  `json:"vcpu"`
+	MemoryMiB int64  `json:"memoryMiB"`
+}
+
+// Provider is a client of one account.
+type Provider struct {
+	env providers.Env
+	cfg Config
+	mu  sync.Mutex // one claim at a time: maxMachines holds
+}
+
+// New builds a client from an account's config.
+func New(env providers.Env, raw json.RawMessage) (providers.Provider, error) {
+	var c Config
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, fmt.Errorf("localqemu: config: %w", err)
+	}
+	if c.Region == "" {
+		c.Region = Region
+	}
+	if c.Accel == "" {
+		c.Accel = qemu.AccelTCG
+	}
+	if c.AgentRuntime == "" {
+		c.AgentRuntime = "qemu"
+	}
+	if c.MaxMachines == 0 {
+		c.MaxMachines = 4
+	}
+	if env.Dir == "" {
+		return nil, errors.New("localqemu: no provider directory")
+	}
+	return &Provider{env: env, cfg: c}, nil
+}
+
+// Close has nothing to end: machines outlive clients.
+func (p *Provider) Close() {}
+
+// Offers lists the config's machine types.
+func (p *Provider) Offers(_ context.Context, _ providers.Query) ([]providers.Offer, error) {
+	out := make([]providers.Offer, 0, len(p.cfg.MachineTypes))
+	for _, t := range p.cfg.MachineTypes {
+		out = append(out, offer(p.cfg.Region, t))
+	}
+	return out, nil
+}
+
+func offer(region string, t MachineType) providers.Offer {
+	return providers.Offer{ID: t.Name, Kind: "vps", Region: region, VCPU: t.VCPU, MemoryMiB: t.MemoryMiB, MemoryGiB: t.MemoryMiB / 1024,
+		Description: t.Description}
+}
+
+// machineDir is where machine id lives. Ids are short: the VM's unix
+// sockets sit under it.
+func (p *Provider) machineDir(id string) string { return filepath.Join(p.env.Dir, id) }
+
+func (p *Provider) vmDir(id string) string { return filepath.Join(p.machineDir(id), "vm") }
+
+func (p *Provider) agentDir(id string) string { return filepath.Join(p.machineDir(id), "agent") }
+
+func (p *Provider) readMeta(id string) (*meta, error) {
+	if !validID(id) {
+		return nil, providers.ErrNoMachine
+	}
+	b, err := os.ReadFile(filepath.Join(p.machineDir(id), "machine.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, providers.ErrNoMachine
+	}
+	if err != nil {
+		return nil, err
+	}
+	var m meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if m.AccountID != p.env.AccountID {
+		return nil, providers.ErrNoMachine // another account's
+	}
+	return &m, nil
+}
+
+// validID keeps ids to what this provider makes: no path tricks.
+func validID(id string) bool {
+	if !strings.HasPrefix(id, "lq_") || len(id) > 40 {
+		return false
+	}
+	for _, c := range id[3:] {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z') {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *Provider) machine(m *meta) providers.Machine {
+	state := "stopped"
+	if vmAlive(p.vmDir(m.ID)) {
+		state = "running"
+	}
+	return providers.Machine{ID: m.ID, OfferID: m.OfferID, State: state, Hostname: m.ID, VCPU: m.VCPU, MemoryMiB: m.MemoryMiB}
+}
+
+// Identify finds a machine of the account by id.
+func (p *Provider) Identify(_ context.Context, id string) (providers.Machine, error) {
+	m, err := p.readMeta(id)
+	if err != nil {
+		return providers.Machine{}, err
+	}
+	return p.machine(m), nil
+}
+
+// Claim boots a machine of the offer and returns once its guest is up. The
+// key makes a retried claim (after a crash) find the machine it made.
+func (p *Provider) Claim(ctx context.Context, offerID, key string) (providers.Machine, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var t *MachineType
+	for i := range p.cfg.MachineTypes {
+		if p.cfg.MachineTypes[i].Name == offerID {
+			t = &p.cfg.MachineTypes[i]
+		}
+	}
+	if t == nil {
+		return providers.Machine{}, fmt.Errorf("localqemu: no offer %s on this account", offerID)
+	}
+	id := ids.Derive("lq", p.env.AccountID, key)
+	if m, err := p.readMeta(id); err == nil {
+		if vmAlive(p.vmDir(id)) {
+			return p.machine(m), nil
+		}
+	} else if !errors.Is(err, providers.ErrNoMachine) {
+		return providers.Machine{}, err
+	} else if n := p.count(); n >= p.cfg.MaxMachines {
+		return providers.Machine{}, fmt.Errorf("localqemu: the account has %d machines, its maxMachines", n)
+	}
+	if p.env.Images == nil {
+		return providers.Machine{}, errors.New("localqemu: the service has no image source")
+	}
+	kernel, initrd, cmdline, err := p.env.Images(ctx, p.cfg.Image)
+	if err != nil {
+		return providers.Machine{}, fmt.Errorf("localqemu: %w", err)
+	}
+	m := &meta{ID: id, AccountID: p.env.AccountID, Key: key, OfferID: t.Name, VCPU: t.VCPU, MemoryMiB: t.MemoryMiB}
+	if err := os.MkdirAll(p.machineDir(id), 0o700); err != nil {
+		return providers.Machine{}, err
+	}
+	b, _ := json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(p.machineDir(id), "machine.json"), b, 0o600); err != nil {
+		return providers.Machine{}, err
+	}
+	vm, err := qemu.Start(ctx, &qemu.Config{ID: id, Dir: p.vmDir(id), VCPU: int(t.VCPU), MemoryMiB: int(t.MemoryMiB), Accel: p.cfg.Accel,
+		Machine: qemu.MachineMicroVM, Kernel: kernel, Initrd: initrd, Cmdline: strings.TrimSpace(cmdline + " compute.hostname=" + id)})
+	if err != nil {
+		return providers.Machine{}, err
+	}
+	defer vm.Detach()
+	// Booted means its guest answers.
+	bctx, cancel := context.WithTimeout(ctx, BootTimeout)
+	defer cancel()
+	for {
+		g, err := vm.Guest()
+		if err == nil {
+			if _, err = g.Ready(bctx); err == nil {
+				break
+			}
+		}
+		if bctx.Err() != nil || !vm.Alive() {
+			_ = vm.Kill()
+			return providers.Machine{}, fmt.Errorf("localqemu: machine %s did not boot: %v", id, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return p.machine(m), nil
+}
+
+// BootTimeout bounds a claim's boot (TCG is slow on a loaded host).
+var BootTimeout = 120 * time.Second
+
+func (p *Provider) count() int {
+	entries, _ := os.ReadDir(p.env.Dir)
+	n := 0
+	for _, e := range entries {
+		if m, err := p.readMeta(e.Name()); err == nil && vmAlive(p.vmDir(m.ID)) {
+			n++
+		}
+	}
+	return n
+}
+
+// Release ends a machine of the account: its daemon, then its VM, and
+// removes its directory.
+func (p *Provider) Release(_ context.Context, id string) error {
+	m, err := p.readMeta(id)
+	if err != nil {
+		return err
+	}
+	Kill(p.machineDir(m.ID))
+	return os.RemoveAll(p.machineDir(m.ID))
+}
+
+// Kill ends the daemon and the VM of the machine in dir, if they run.
+func Kill(dir string) {
+	if pid := readPid(filepath.Join(dir, "agent.pid")); pid > 0 {
+		_ = syscall.Kill(-pid, syscall.SIGTERM) // its session: the daemon's own children too
+		for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+			time.Sleep(50 * time.Millisecond)
+		}
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+	qemu.KillDir(filepath.Join(dir, "vm"))
+}
+
+// KillAll ends every machine under a provider directory (tests).
+func KillAll(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() {
+			Kill(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+func readPid(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+func vmAlive(dir string) bool {
+	c, err := qemu.LoadConfig(dir)
+	if err != nil {
+		return false
+	}
+	pid := readPid(c.PidFile())
+	return pid > 0 && syscall.Kill(pid, 0) == nil
+}
+
+// Install delivers the node daemon for a running machine: it joins with
+// the token (passed in the environment of the join only) and then runs,
+// detached, with the machine's capacity declared.
+func (p *Provider) Install(ctx context.Context, mc providers.Machine, in providers.Install) error {
+	m, err := p.readMeta(mc.ID)
+	if err != nil {
+		return err
+	}
+	if !vmAlive(p.vmDir(m.ID)) {
+		return fmt.Errorf("localqemu: machine %s is not running", m.ID)
+	}
+	dir := p.agentDir(m.ID)
+	if pid := readPid(filepath.Join(p.machineDir(m.ID), "agent.pid")); pid > 0 && syscall.Kill(pid, 0) == nil {
+		return nil // installed by an attempt whose answer was lost
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state.json")); err != nil {
+		jctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		join := exec.CommandContext(jctx, in.Agent, "join", "--api", in.JoinURL, "--dir", dir, "--hostname", m.ID, "--force")
+		join.Env = append(os.Environ(), "COMPUTE_AGENT_TOKEN="+in.Token)
+		out, err := join.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("localqemu: compute-agent join: %v: %s", err, strings.TrimSpace(lastLine(string(out))))
+		}
+	}
+	logf, err := os.OpenFile(filepath.Join(p.machineDir(m.ID), "agent.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	args := []string{"run", "--dir", dir, "--runtime", p.cfg.AgentRuntime, "--vcpu", strconv.FormatInt(m.VCPU, 10),
+		"--memory-mib", strconv.FormatInt(m.MemoryMiB, 10), "--disk-gib", "1"}
+	if p.cfg.AgentRuntime == "qemu" {
+		args = append(args, "--accel", p.cfg.Accel)
+	}
+	run := exec.Command(in.Agent, args...)
+	run.Env = os.Environ()
+	run.Stdout, run.Stderr = logf, logf
+	run.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // it outlives the service, like the VM
+	if err := run.Start(); err != nil {
+		return fmt.Errorf("localqemu: compute-agent run: %w", err)
+	}
+	pid := run.Process.Pid
+	go func() { _ = run.Wait() }() // reap it if it ends while we run
+	return os.WriteFile(filepath.Join(p.machineDir(m.ID), "agent.pid"), []byte(strconv.Itoa(pid)), 0o600)
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}

@@ -1,0 +1,249 @@
+// Package providers owns the contract between the control plane and the
+// external machine providers a tenant connects through providerAccounts:
+// a provider's manifest (its name, the JSON Schema of an account's config
+// and its capabilities), the registry of the providers compiled into this
+// binary, the config checks every account passes (the manifest's schema,
+// and secret-like fields held only as secret://, vault:// or env://
+// references), and the resolution of those references when a provider is
+// called. Adapters live in internal/providers/<name>.
+package providers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Capability is one thing a provider can do.
+type Capability string
+
+// Capabilities of the specification.
+const (
+	CapOffers    Capability = "offers"    // list machine types
+	CapIdentify  Capability = "identify"  // find an existing machine by id
+	CapClaim     Capability = "claim"     // get a new machine of an offer
+	CapRelease   Capability = "release"   // give a machine back
+	CapBootstrap Capability = "bootstrap" // install the node daemon on a machine
+)
+
+// Manifest describes a provider.
+type Manifest struct {
+	Name        string
+	Description string
+	// ConfigSchema is the JSON Schema (draft 2020-12) of an account's
+	// config.
+	ConfigSchema string
+	Capabilities []Capability
+}
+
+// Can reports whether the manifest declares c.
+func (m *Manifest) Can(c Capability) bool { return slices.Contains(m.Capabilities, c) }
+
+// CanBootstrap reports whether machines of the provider can become nodes:
+// it must identify or claim them and install the daemon.
+func (m *Manifest) CanBootstrap() bool {
+	return m.Can(CapBootstrap) && (m.Can(CapIdentify) || m.Can(CapClaim))
+}
+
+// Offer is one machine type a provider offers.
+type Offer struct {
+	ID          string `json:"offerId"`
+	Kind        string `json:"kind"` // metal or vps
+	Region      string `json:"region"`
+	VCPU        int64  `json:"vcpu"`
+	MemoryGiB   int64  `json:"memoryGiB"`
+	MemoryMiB   int64  `json:"memoryMiB"`
+	GPUModel    string `json:"gpuModel,omitempty"`
+	GPUs        int64  `json:"gpus"`
+	Description string `json:"description,omitempty"`
+}
+
+// Query narrows offers (providerAccounts.offers query); zero values do
+// not narrow.
+type Query struct {
+	Kind, Region, GPUModel   string
+	MinGPUs, MinVCPU, MinGiB int64
+}
+
+// Match reports whether o passes q. Providers may filter on their side
+// too; the service applies Match to whatever comes back.
+func (q Query) Match(o Offer) bool {
+	switch {
+	case q.Kind != "" && o.Kind != q.Kind,
+		q.Region != "" && o.Region != q.Region,
+		q.GPUModel != "" && !strings.EqualFold(o.GPUModel, q.GPUModel),
+		o.GPUs < q.MinGPUs, o.VCPU < q.MinVCPU, o.MemoryMiB < q.MinGiB*1024:
+		return false
+	}
+	return true
+}
+
+// Machine is one machine of an account.
+type Machine struct {
+	ID      string
+	OfferID string
+	// State is the provider's word for it (running, stopped, gone).
+	State string
+	// Hostname is the name the machine joins with.
+	Hostname  string
+	VCPU      int64
+	MemoryMiB int64
+}
+
+// Install is what bootstrap hands a provider to put the node daemon on a
+// machine. Token is a single-use join token bound to the machine: the
+// provider passes it to the daemon and keeps it nowhere.
+type Install struct {
+	JoinURL string // where the daemon joins (the public host)
+	Token   string
+	Agent   string // the daemon's binary on this host
+	PoolID  string
+}
+
+// ErrNoMachine answers identify, release or install of a machine the
+// account does not have.
+var ErrNoMachine = errors.New("providers: no such machine on this account")
+
+// ErrUnsupported answers a call of a capability the provider lacks.
+var ErrUnsupported = errors.New("providers: the provider cannot do this")
+
+// Provider is a client of one account of a provider, built from its
+// config. Methods of capabilities it lacks answer ErrUnsupported.
+type Provider interface {
+	Offers(ctx context.Context, q Query) ([]Offer, error)
+	Identify(ctx context.Context, machineID string) (Machine, error)
+	Claim(ctx context.Context, offerID, key string) (Machine, error)
+	Release(ctx context.Context, machineID string) error
+	// Install delivers the daemon to a machine with the install's join
+	// token; it returns once the daemon was started (joining is seen by
+	// the control plane, not by the provider).
+	Install(ctx context.Context, m Machine, in Install) error
+	// Close ends the client (an update replaced its config).
+	Close()
+}
+
+// Env is what the deployment gives a provider's client.
+type Env struct {
+	// Dir is where a provider that runs machines on this host keeps them
+	// (its own directory under the deployment's providerDir).
+	Dir       string
+	TenantID  string
+	AccountID string
+	Log       *slog.Logger
+	// Resolve returns the value of a secret://, vault:// or env://
+	// reference, at call time; never store what it returns.
+	Resolve func(ctx context.Context, ref string) (string, error)
+	// Images resolves an image id to its kernel and initrd paths (local
+	// providers); nil without an image source.
+	Images ImageResolver
+}
+
+// ImageResolver finds a kernel+initrd image on this host.
+type ImageResolver func(ctx context.Context, id string) (kernel, initrd, cmdline string, err error)
+
+// Factory makes providers of one kind.
+type Factory struct {
+	Manifest Manifest
+	// New builds a client for one account from its stored config (secret
+	// references unresolved).
+	New func(env Env, config json.RawMessage) (Provider, error)
+}
+
+var (
+	catalogMu sync.RWMutex
+	catalog   = map[string]*Factory{}
+)
+
+// Register adds a provider to the ones compiled into this binary (from an
+// adapter's init, or a test's). Registering a name twice panics.
+func Register(f *Factory) {
+	catalogMu.Lock()
+	defer catalogMu.Unlock()
+	if _, ok := catalog[f.Manifest.Name]; ok {
+		panic("providers: " + f.Manifest.Name + " registered twice")
+	}
+	if _, err := compile(f.Manifest); err != nil {
+		panic(fmt.Sprintf("providers: %s: %v", f.Manifest.Name, err))
+	}
+	catalog[f.Manifest.Name] = f
+}
+
+// Compiled lists the names of the providers compiled into this binary.
+func Compiled() []string {
+	catalogMu.RLock()
+	defer catalogMu.RUnlock()
+	names := make([]string, 0, len(catalog))
+	for n := range catalog {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Registry holds the providers a deployment registered.
+type Registry struct {
+	factories map[string]*Factory
+	schemas   map[string]*schema
+}
+
+// NewRegistry registers the named providers; none named registers every
+// provider compiled in. A name that is not compiled in is an error.
+func NewRegistry(names []string) (*Registry, error) {
+	catalogMu.RLock()
+	defer catalogMu.RUnlock()
+	if len(names) == 0 {
+		for n := range catalog {
+			names = append(names, n)
+		}
+	}
+	r := &Registry{factories: map[string]*Factory{}, schemas: map[string]*schema{}}
+	for _, n := range names {
+		f, ok := catalog[n]
+		if !ok {
+			known := make([]string, 0, len(catalog))
+			for k := range catalog {
+				known = append(known, k)
+			}
+			sort.Strings(known)
+			return nil, fmt.Errorf("provider %q is not built into this binary (built in: %s)", n, strings.Join(known, ", "))
+		}
+		s, err := compile(f.Manifest)
+		if err != nil {
+			return nil, err
+		}
+		r.factories[n], r.schemas[n] = f, s
+	}
+	return r, nil
+}
+
+// Known lists the registered providers, sorted.
+func (r *Registry) Known() []string {
+	names := make([]string, 0, len(r.factories))
+	for n := range r.factories {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Get returns a registered provider's factory.
+func (r *Registry) Get(name string) (*Factory, bool) {
+	f, ok := r.factories[name]
+	return f, ok
+}
+
+// Check validates an account's config for the named registered provider
+// and returns every issue (paths start at "config").
+func (r *Registry) Check(name string, config any) []Issue {
+	s, ok := r.schemas[name]
+	if !ok {
+		return []Issue{{Path: "provider", Message: "is not registered"}}
+	}
+	return CheckConfig(s, config)
+}
