@@ -45,6 +45,7 @@ import (
 	"computeplane/internal/placement"
 	"computeplane/internal/pools"
 	"computeplane/internal/projects"
+	"computeplane/internal/provideraccounts"
 	"computeplane/internal/quotas"
 	"computeplane/internal/reservations"
 	"computeplane/internal/rpc"
@@ -159,8 +160,13 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	rsvService := &reservations.Service{Placer: placer, Store: st, PlacerKind: cfg.Capacity.Placer,
 		SpotNotice: time.Duration(cfg.Capacity.SpotNoticeMs) * time.Millisecond}
 	secretService := secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets))
+	providerAccounts, err := provideraccounts.New(cfg, st, imageSource, bundle, log)
+	if err != nil {
+		return nil, err
+	}
 	services := &api.Services{
-		System: sys,
+		ProviderAccounts: providerAccounts,
+		System:           sys,
 		Sites: sites.New(cfg.RootTenantID, cursors, pools.SiteReferences).OnDelete(func(ctx context.Context, tx pgx.Tx, site string) error {
 			_, err := join.RevokeSite(ctx, tx, site)
 			return err
@@ -334,6 +340,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		wf := &workflows.Job{Store: work, Notifier: notifier, Images: imageSource, Log: log,
 			Drivers: drivers.Registry{qemudriver.Name: qemudriver.Open, redfish.Name: redfish.Open}}
 		runner.RegisterSingleton(workflows.JobName, wf.Run)
+		runner.RegisterSingleton(provideraccounts.JobName, providerAccounts.Job(work, func() { notifier.Wake(notify.TopicOutbox) }, log).Run)
 	}
 	// The gateway role refuses to start (INVALID_CONFIG) without a region,
 	// node CA roots or a trust domain, before any listener opens.
