@@ -142,6 +142,9 @@ func (j *Job) tx(ctx context.Context, fence fenceFunc, fn func(ctx context.Conte
 // Step runs the next step of workflow id, from its start to its recorded
 // end; more says whether another step can follow at once.
 func (j *Job) Step(ctx context.Context, fence fenceFunc, id string) (more bool, err error) {
+	if j.Log == nil {
+		j.Log = slog.Default()
+	}
 	var w db.Workflow
 	var step db.WorkflowStep
 	var last bool
