@@ -16,7 +16,7 @@ SELECT * FROM instances WHERE instance_id = sqlc.arg(instance_id) FOR UPDATE;
 
 -- name: ListInstances :many
 SELECT * FROM instances
-WHERE tenant_id = sqlc.arg(tenant_id)
+WHERE tenant_id = sqlc.arg(tenant_id) AND kind = 'vps'
   AND (sqlc.narg(pool_id)::text IS NULL OR pool_id = sqlc.narg(pool_id))
   AND (sqlc.arg(include_deleted)::boolean OR state <> 'deleted')
 ORDER BY created_at DESC, instance_id
@@ -38,11 +38,17 @@ SELECT * FROM instances WHERE node_id = sqlc.arg(node_id) AND state <> 'deleted'
 -- ReportInstance writes what the daemon observed of an instance of its
 -- node, when it changed; running sets readyAt the first time.
 -- name: ReportInstance :one
-UPDATE instances SET state = sqlc.arg(state), error = sqlc.narg(error),
+-- A sandbox's VM (memory_file) is ready when it runs with the identity
+-- generation it was given (reported_identity).
+UPDATE instances SET state = sqlc.arg(state), error = sqlc.narg(error), reported_identity = sqlc.arg(reported_identity),
+    host_timings = coalesce(sqlc.narg(host_timings), host_timings),
     ready_at = CASE WHEN sqlc.arg(state)::text = 'running' THEN coalesce(ready_at, now()) ELSE ready_at END,
+    identity_ready_at = CASE WHEN sqlc.arg(state)::text = 'running' AND sqlc.arg(reported_identity)::bigint = identity_generation
+        THEN coalesce(identity_ready_at, now()) ELSE identity_ready_at END,
     updated_at = now()
 WHERE instance_id = sqlc.arg(instance_id) AND node_id = sqlc.arg(node_id) AND state <> 'deleted'
-  AND (state <> sqlc.arg(state)::text OR error IS DISTINCT FROM sqlc.narg(error))
+  AND (state <> sqlc.arg(state)::text OR error IS DISTINCT FROM sqlc.narg(error) OR reported_identity <> sqlc.arg(reported_identity)::bigint
+       OR (sqlc.narg(host_timings)::jsonb IS NOT NULL AND host_timings IS DISTINCT FROM sqlc.narg(host_timings)::jsonb))
 RETURNING *;
 
 -- GoneInstances marks deleted the instances asked deleted that the

@@ -1771,7 +1771,7 @@ var Methods = []*Method{
 			in := decodeSandboxSnapshotsCreateInput(obj, "", iss)
 			return &in
 		},
-		Description: "Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its device state and goes on); any other state is INVALID_STATE. With wait the answer comes when it is ready (or failed), or at the timeout while creating.",
+		Description: "Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its device state and goes on); any other state is INVALID_STATE. The caller owns the snapshot. With wait the answer comes when it is ready (or failed), or at the timeout while creating.",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
 		Events:      []string{"sandbox.snapshot.created"},
 		FullName:    "sandboxSnapshots.create",
@@ -1821,8 +1821,8 @@ var Methods = []*Method{
 		Name:  "get",
 		Phase: "v1.1",
 		Resource: &Resource{ResourceRef: ResourceRef{
-			IDField: "tenantId",
-			Type:    "tenant",
+			IDField: "snapshotId",
+			Type:    "sandbox-snapshot",
 		}},
 		Route:        "/sandboxSnapshots/get",
 		Status:       StatusRegistered,
@@ -1878,8 +1878,8 @@ var Methods = []*Method{
 		Name:  "delete",
 		Phase: "v1.1",
 		Resource: &Resource{ResourceRef: ResourceRef{
-			IDField: "tenantId",
-			Type:    "tenant",
+			IDField: "snapshotId",
+			Type:    "sandbox-snapshot",
 		}},
 		Route:        "/sandboxSnapshots/delete",
 		Status:       StatusRegistered,

@@ -738,8 +738,8 @@ type SandboxSnapshotsInvoker interface {
 	// SandboxSnapshotsCreate invokes sandboxSnapshotsCreate operation.
 	//
 	// Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its
-	// device state and goes on); any other state is INVALID_STATE. With wait the answer comes when it is
-	// ready (or failed), or at the timeout while creating.
+	// device state and goes on); any other state is INVALID_STATE. The caller owns the snapshot. With wait
+	// the answer comes when it is ready (or failed), or at the timeout while creating.
 	//
 	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Idempotent
 	// under idempotencyKey (a repeat with different sandboxId, keep is CONFLICT). Publishes
@@ -752,9 +752,9 @@ type SandboxSnapshotsInvoker interface {
 	//
 	// Deletes a snapshot and its files on the node; deleting twice returns it unchanged.
 	//
-	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on tenant/tenantId. Publishes
-	// sandbox.snapshot.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox-snapshot/snapshotId.
+	// Publishes sandbox.snapshot.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED
+	// (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxSnapshots/delete
 	SandboxSnapshotsDelete(ctx context.Context, request *SandboxSnapshotsDeleteInput) (*SandboxSnapshotsDeleteResult, error)
@@ -762,7 +762,7 @@ type SandboxSnapshotsInvoker interface {
 	//
 	// One snapshot of the tenant; anything else is NOT_FOUND.
 	//
-	// Served since v1.1. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+	// Served since v1.1. Kind: read. Action compute:sandboxes:read on sandbox-snapshot/snapshotId. Errors:
 	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /sandboxSnapshots/get
@@ -6897,8 +6897,8 @@ func (c *Client) sendReservationsList(ctx context.Context, request *Reservations
 // SandboxSnapshotsCreate invokes sandboxSnapshotsCreate operation.
 //
 // Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its
-// device state and goes on); any other state is INVALID_STATE. With wait the answer comes when it is
-// ready (or failed), or at the timeout while creating.
+// device state and goes on); any other state is INVALID_STATE. The caller owns the snapshot. With wait
+// the answer comes when it is ready (or failed), or at the timeout while creating.
 //
 // Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Idempotent
 // under idempotencyKey (a repeat with different sandboxId, keep is CONFLICT). Publishes
@@ -6995,9 +6995,9 @@ func (c *Client) sendSandboxSnapshotsCreate(ctx context.Context, request *Sandbo
 //
 // Deletes a snapshot and its files on the node; deleting twice returns it unchanged.
 //
-// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on tenant/tenantId. Publishes
-// sandbox.snapshot.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox-snapshot/snapshotId.
+// Publishes sandbox.snapshot.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED
+// (401), ACCESS_DENIED (403).
 //
 // POST /sandboxSnapshots/delete
 func (c *Client) SandboxSnapshotsDelete(ctx context.Context, request *SandboxSnapshotsDeleteInput) (*SandboxSnapshotsDeleteResult, error) {
@@ -7089,7 +7089,7 @@ func (c *Client) sendSandboxSnapshotsDelete(ctx context.Context, request *Sandbo
 //
 // One snapshot of the tenant; anything else is NOT_FOUND.
 //
-// Served since v1.1. Kind: read. Action compute:sandboxes:read on tenant/tenantId. Errors:
+// Served since v1.1. Kind: read. Action compute:sandboxes:read on sandbox-snapshot/snapshotId. Errors:
 // INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /sandboxSnapshots/get

@@ -243,6 +243,43 @@ type InstanceStatus struct {
 	ID    string `json:"id"`
 	State string `json:"state"`
 	Error string `json:"error,omitempty"`
+	// Identity is the identity generation the guest runs with: the spec's
+	// Identity.Generation once the guest took it and then answered a
+	// check (its agent and its root filesystem), 0 before any.
+	Identity int64 `json:"identity,omitempty"`
+	// Timings of the instance's last start, as the host saw them.
+	Timings *HostTimings `json:"timings,omitempty"`
+}
+
+// HostTimings say where a start's host time went, in milliseconds: qemu
+// started (or a paused VM resumed, or a snapshot restored) to the guest
+// agent answering, and to the identity taken and checked.
+type HostTimings struct {
+	// How: boot, resume or restore.
+	How        string `json:"how"`
+	StartMs    int64  `json:"startMs"`    // qemu process started / resume / restore issued
+	GuestMs    int64  `json:"guestMs"`    // the guest agent answered
+	IdentityMs int64  `json:"identityMs"` // identity taken and checked (ready)
+}
+
+// SpecIdentity is who a guest is: a warm instance claimed by a sandbox gets
+// a new generation with a fresh hostname, machine id and environment, so
+// two claims never share them.
+type SpecIdentity struct {
+	Generation int64             `json:"generation"`
+	Hostname   string            `json:"hostname"`
+	MachineID  string            `json:"machineId"`
+	Env        map[string]string `json:"env,omitempty"`
+}
+
+// SpecVolume attaches a volume of the node's volume store (a VolumeSpec
+// of the same spec, by serial) to an instance: a virtio disk with that
+// serial, mounted by the guest at MountPath (formatted ext4 only when it
+// holds no filesystem yet).
+type SpecVolume struct {
+	Serial    string `json:"serial"`
+	MountPath string `json:"mountPath"`
+	ReadOnly  bool   `json:"readOnly,omitempty"`
 }
 
 // Status reports what the daemon observes.
@@ -265,7 +302,63 @@ const (
 	// capacity at a deadline (a spot reservation preempted): the daemon
 	// keeps it for the workloads to read.
 	CommandNotice = "notice"
+	// Guest commands: run inside an instance's guest through its agent.
+	CommandExec      = "exec"      // ExecArgs -> ExecOutput
+	CommandReadFile  = "readFile"  // FileArgs -> FileOutput
+	CommandWriteFile = "writeFile" // FileArgs (with data) -> FileOutput
+	// Snapshots of an instance's memory and disks, kept on the node.
+	CommandSnapshot       = "snapshot"       // SnapshotArgs -> SnapshotOutput
+	CommandDeleteSnapshot = "deleteSnapshot" // SnapshotArgs -> {}
 )
+
+// ExecArgs run a bounded, non-interactive program in instance's guest.
+type ExecArgs struct {
+	InstanceID string            `json:"instanceId"`
+	Argv       []string          `json:"argv"`
+	Env        map[string]string `json:"env,omitempty"`
+	Dir        string            `json:"dir,omitempty"`
+	Stdin      []byte            `json:"stdin,omitempty"`
+	TimeoutMs  int64             `json:"timeoutMs"`
+}
+
+// ExecOutput is the finished program (output capped at 1 MiB each).
+type ExecOutput struct {
+	ExitCode   int    `json:"exitCode"`
+	Stdout     []byte `json:"stdout"`
+	Stderr     []byte `json:"stderr"`
+	Truncated  bool   `json:"truncated,omitempty"`
+	TimedOut   bool   `json:"timedOut,omitempty"`
+	DurationMs int64  `json:"durationMs"`
+}
+
+// FileArgs name a file in instance's guest (absolute path); Data and Mode
+// for writeFile. At most 4 MiB.
+type FileArgs struct {
+	InstanceID string `json:"instanceId"`
+	Path       string `json:"path"`
+	Data       []byte `json:"data,omitempty"`
+	Mode       uint32 `json:"mode,omitempty"`
+}
+
+// FileOutput answers readFile (Data) and writeFile (SizeBytes written).
+type FileOutput struct {
+	Data      []byte `json:"data,omitempty"`
+	SizeBytes int64  `json:"sizeBytes"`
+}
+
+// SnapshotArgs name a snapshot of an instance (memory and disks) kept on
+// the node under SnapshotID; deleteSnapshot needs only SnapshotID.
+type SnapshotArgs struct {
+	InstanceID string `json:"instanceId,omitempty"`
+	SnapshotID string `json:"snapshotId"`
+}
+
+// SnapshotOutput is a snapshot taken: its size on the node's disk and how
+// long the guest was paused for it.
+type SnapshotOutput struct {
+	SizeBytes int64 `json:"sizeBytes"`
+	PausedMs  int64 `json:"pausedMs"`
+}
 
 // Command is one signed instruction. It is executed at most once per ID:
 // a re-sent command gets the first result again.

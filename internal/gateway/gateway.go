@@ -74,6 +74,9 @@ type Options struct {
 	// instance on node (nil: the gateway resolves none). Its errors reach
 	// the daemon as text.
 	OnResolve func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error)
+	// OnResult follows a command's result once it is written (snapshots
+	// taken, say); nil: nothing does.
+	OnResult func(ctx context.Context, node string, r *agentproto.Result) error
 }
 
 // Gateway is one running gateway role.

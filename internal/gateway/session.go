@@ -426,6 +426,12 @@ func (s *session) result(r *agentproto.Result) {
 	defer cancel()
 	if _, err := s.g.q().FinishCommand(ctx, db.FinishCommandParams{State: state, Result: b, CommandID: r.ID, NodeID: s.nodeID}); err != nil {
 		s.g.o.Log.Warn("gateway: writing a command result", "node", s.nodeID, "command", r.ID, "error", err.Error())
+		return
+	}
+	if s.g.o.OnResult != nil {
+		if err := s.g.o.OnResult(ctx, s.nodeID, r); err != nil {
+			s.g.o.Log.Warn("gateway: following a command result", "node", s.nodeID, "command", r.ID, "error", err.Error())
+		}
 	}
 }
 

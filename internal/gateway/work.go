@@ -61,7 +61,9 @@ var ErrUnknownCommand = errors.New("gateway: unknown command kind")
 // result arrives or ttl passes.
 func EnqueueCommand(ctx context.Context, tx pgx.Tx, nodeID, kind string, args json.RawMessage, createdBy string, ttl time.Duration, now time.Time) (db.NodeCommand, string, error) {
 	switch kind {
-	case agentproto.CommandEcho, agentproto.CommandInventory, agentproto.CommandNotice:
+	case agentproto.CommandEcho, agentproto.CommandInventory, agentproto.CommandNotice,
+		agentproto.CommandExec, agentproto.CommandReadFile, agentproto.CommandWriteFile,
+		agentproto.CommandSnapshot, agentproto.CommandDeleteSnapshot:
 	default:
 		return db.NodeCommand{}, "", fmt.Errorf("%w %q", ErrUnknownCommand, kind)
 	}

@@ -49,6 +49,7 @@ import (
 	"computeplane/internal/quotas"
 	"computeplane/internal/reservations"
 	"computeplane/internal/rpc"
+	"computeplane/internal/sandboxes"
 	"computeplane/internal/sandboxtemplates"
 	"computeplane/internal/sandboxvolumes"
 	"computeplane/internal/secrets"
@@ -164,6 +165,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	if err != nil {
 		return nil, err
 	}
+	sandboxService := &sandboxes.Service{Placer: placer, Images: imageSource, Store: st}
 	services := &api.Services{
 		ProviderAccounts: providerAccounts,
 		System:           sys,
@@ -182,6 +184,8 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Reservations:     rsvService,
 		SandboxVolumes:   &sandboxvolumes.Service{Placer: placer},
 		SandboxTemplates: &sandboxtemplates.Service{Images: imageSource},
+		Sandboxes:        sandboxService,
+		SandboxSnapshots: sandboxes.Snapshots{S: sandboxService},
 		Secrets:          secretService,
 		Events:           events.New(cursors),
 		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
@@ -337,6 +341,8 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		rsv := &reservations.Job{Service: rsvService, Store: work, Notifier: notifier,
 			MaxAttempts: cfg.Capacity.MaxAttempts, Log: log}
 		runner.RegisterSingleton(reservations.JobName, rsv.Run)
+		sbx := &sandboxes.Job{Service: sandboxService, Store: work, Notifier: notifier, Log: log}
+		runner.RegisterSingleton(sandboxes.JobName, sbx.Run)
 		wf := &workflows.Job{Store: work, Notifier: notifier, Images: imageSource, Log: log,
 			Drivers: drivers.Registry{qemudriver.Name: qemudriver.Open, redfish.Name: redfish.Open}}
 		runner.RegisterSingleton(workflows.JobName, wf.Run)
@@ -367,6 +373,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			},
 			OnResolve: func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error) {
 				return instances.ResolveUserData(ctx, db.New(gwStore.Pool()), secretService, node, instanceID, refs)
+			},
+			OnResult: func(ctx context.Context, _ string, r *agentproto.Result) error {
+				return sandboxes.ApplyResult(ctx, db.New(gwStore.Pool()), r)
 			}}); err != nil {
 			return nil, err
 		}

@@ -47,6 +47,13 @@ const (
 	StateDeleted  = "deleted"
 )
 
+// Kinds of instances rows.
+const (
+	KindVPS     = "vps"     // an instance of this group
+	KindWarm    = "warm"    // a sandbox template's warm instance
+	KindSandbox = "sandbox" // a sandbox's VM
+)
+
 // ResourceType is the instance's type in the authorization projection.
 const ResourceType = "instance"
 
@@ -68,6 +75,13 @@ type Boot struct {
 	Initrd   string `json:"initrd,omitempty"`
 	Cmdline  string `json:"cmdline,omitempty"`
 	SHA256   string `json:"sha256"`
+}
+
+// BootOf is what an instance keeps of its image (resolved at creation,
+// so a later change in the image source never changes it).
+func BootOf(im *images.Image) []byte {
+	b, _ := json.Marshal(Boot{Format: im.Format, Location: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline, SHA256: im.SHA256})
+	return b
 }
 
 func notFound(id string) error { return api.Errorf(api.CodeNotFound, "instance %s not found", id) }
@@ -181,7 +195,7 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if err != nil {
 		return nil, err
 	}
-	boot, _ := json.Marshal(Boot{Format: im.Format, Location: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline, SHA256: im.SHA256})
+	boot := BootOf(im)
 	// Other URIs are the user's business: a script may fetch what it likes.
 	if err := secrets.CheckUserData(ctx, q, in.TenantID, in.UserData, false); err != nil {
 		return nil, err
@@ -248,7 +262,8 @@ func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool)
 		get = q.GetInstanceForUpdate
 	}
 	r, err := get(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.TenantID != tenant) {
+	// Warm instances and sandboxes' VMs are the sandboxes group's.
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (r.TenantID != tenant || r.Kind != KindVPS)) {
 		return db.Instance{}, notFound(id)
 	}
 	return r, err
@@ -351,18 +366,21 @@ func (s *Service) Delete(ctx context.Context, in *api.InstancesDeleteInput) (*ap
 	if r.DesiredState == StateDeleted {
 		return output(r), nil
 	}
-	if r, err = end(ctx, tx, s.Placer, r); err != nil {
+	if r, err = End(ctx, tx, s.Placer, r); err != nil {
 		return nil, err
 	}
 	return output(r), nil
 }
 
-// end asks for a live instance's deletion in tx: its booking (or its
+// End asks for a live instance's deletion in tx: its booking (or its
 // reservation unit), quota and usage are returned at once, its node's spec
-// drops it, instance.deleted is written.
-func end(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Instance) (db.Instance, error) {
+// drops it, instance.deleted is written (for instances of this group).
+func End(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Instance) (db.Instance, error) {
 	q := db.New(tx)
 	counted := map[string]int64{placement.ResourceInstances: 1}
+	if r.Kind != KindVPS {
+		counted = map[string]int64{placement.ResourceSandboxes: 1}
+	}
 	switch {
 	case r.BookingID.Valid:
 		if err := placer.Release(ctx, tx, r.BookingID.String, counted); err != nil {
@@ -385,6 +403,9 @@ func end(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Instance
 			return r, err
 		}
 	}
+	if r.Kind != KindVPS {
+		return r, nil // the sandboxes group publishes its own events
+	}
 	return r, outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceDeleted, Subject: r.InstanceID, TenantID: r.TenantID,
 		Data: api.InstanceDeletedPayload{InstanceID: r.InstanceID}})
 }
@@ -398,7 +419,7 @@ func EndReservation(ctx context.Context, tx pgx.Tx, placer *placement.Engine, re
 		return err
 	}
 	for _, r := range rows {
-		if _, err := end(ctx, tx, placer, r); err != nil {
+		if _, err := End(ctx, tx, placer, r); err != nil {
 			return err
 		}
 	}
@@ -481,13 +502,25 @@ func ApplyStatus(ctx context.Context, tx pgx.Tx, node string, reported []agentpr
 		default:
 			continue // a state this version does not know
 		}
+		var timings []byte
+		if st.Timings != nil {
+			timings, _ = json.Marshal(st.Timings)
+		}
 		r, err := q.ReportInstance(ctx, db.ReportInstanceParams{State: state, Error: pgtype.Text{String: st.Error, Valid: st.Error != ""},
-			InstanceID: st.ID, NodeID: nodeID})
+			ReportedIdentity: st.Identity, HostTimings: timings, InstanceID: st.ID, NodeID: nodeID})
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // unchanged, or not an instance of this node
 		}
 		if err != nil {
 			return false, err
+		}
+		if r.Kind != KindVPS {
+			wrote, err := applySandboxStatus(ctx, tx, r)
+			if err != nil {
+				return false, err
+			}
+			events = events || wrote
+			continue
 		}
 		var e *outbox.Event
 		switch state {
@@ -546,4 +579,37 @@ func ResolveUserData(ctx context.Context, q *db.Queries, resolver Resolver, node
 		out[ref] = string(v)
 	}
 	return out, nil
+}
+
+// applySandboxStatus follows a sandbox's VM: the sandbox is running once
+// the VM runs with the identity it was given (its first time sets readyAt),
+// failed when the VM failed. Warm instances publish nothing.
+func applySandboxStatus(ctx context.Context, tx pgx.Tx, r db.Instance) (bool, error) {
+	if r.Kind != KindSandbox {
+		return false, nil
+	}
+	q := db.New(tx)
+	sbx, err := q.SandboxOfInstance(ctx, r.InstanceID)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && sbx.DeletedAt != nil) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	var e outbox.Event
+	switch {
+	case r.State == StateRunning && r.DesiredState == StateRunning && r.ReportedIdentity == r.IdentityGeneration:
+		if r.IdentityReadyAt != nil {
+			if err := q.SandboxReady(ctx, db.SandboxReadyParams{InstanceID: r.InstanceID, At: r.IdentityReadyAt}); err != nil {
+				return false, err
+			}
+		}
+		e = outbox.Event{Type: api.EventSandboxRunning, Data: api.SandboxRunningPayload{SandboxID: sbx.SandboxID, NodeID: sbx.NodeID}}
+	case r.State == StateFailed:
+		e = outbox.Event{Type: api.EventSandboxFailed, Data: api.SandboxFailedPayload{SandboxID: sbx.SandboxID, Error: r.Error.String}}
+	default:
+		return false, nil
+	}
+	e.Subject, e.TenantID = sbx.SandboxID, sbx.TenantID
+	return true, outbox.Write(ctx, tx, e)
 }

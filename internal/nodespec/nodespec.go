@@ -28,6 +28,13 @@ type Instance struct {
 	Boot      json.RawMessage `json:"boot"`
 	UserData  string          `json:"userData,omitempty"`
 	Reboots   int32           `json:"reboots"`
+	// Sandboxes and warm instances: who the guest is (a claim raises the
+	// generation), the volumes it mounts, guest memory in a shared file
+	// (fast pause, snapshot, restore), the snapshot it starts from.
+	Identity   *agentproto.SpecIdentity `json:"identity,omitempty"`
+	Volumes    []agentproto.SpecVolume  `json:"volumes,omitempty"`
+	MemoryFile bool                     `json:"memoryFile,omitempty"`
+	Restore    string                   `json:"restore,omitempty"`
 }
 
 // Spec is the body of a node spec.
@@ -51,8 +58,24 @@ func Push(ctx context.Context, tx pgx.Tx, node string) error {
 	}
 	spec := Spec{Instances: make([]Instance, 0, len(instances)), Volumes: make([]agentproto.VolumeSpec, 0, len(volumes))}
 	for _, r := range instances {
-		spec.Instances = append(spec.Instances, Instance{ID: r.InstanceID, State: r.DesiredState, Hostname: r.Name,
-			VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, Boot: r.Boot, UserData: r.UserData.String, Reboots: r.Reboots})
+		in := Instance{ID: r.InstanceID, State: r.DesiredState, Hostname: r.Name,
+			VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, Boot: r.Boot, UserData: r.UserData.String, Reboots: r.Reboots,
+			MemoryFile: r.MemoryFile, Restore: r.RestoreSnapshot.String}
+		if r.IdentityGeneration > 0 {
+			in.Hostname = r.Hostname.String
+			in.Identity = &agentproto.SpecIdentity{Generation: r.IdentityGeneration, Hostname: r.Hostname.String, MachineID: r.MachineID.String}
+			if len(r.Env) > 0 {
+				if err := json.Unmarshal(r.Env, &in.Identity.Env); err != nil {
+					return err
+				}
+			}
+		}
+		if len(r.Volumes) > 0 {
+			if err := json.Unmarshal(r.Volumes, &in.Volumes); err != nil {
+				return err
+			}
+		}
+		spec.Instances = append(spec.Instances, in)
 	}
 	for _, v := range volumes {
 		spec.Volumes = append(spec.Volumes, agentproto.VolumeSpec{Serial: v.Serial, SizeGiB: v.SizeGib})

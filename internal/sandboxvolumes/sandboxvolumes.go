@@ -269,8 +269,7 @@ func (s *Service) Resize(ctx context.Context, in *api.SandboxVolumesResizeInput)
 
 // Delete answers sandboxVolumes.delete: out of the host's spec now,
 // deleted (booking and quota back) when the host applied it. CONFLICT
-// while a live template mounts it (sandboxes, not built yet, will add
-// their own check).
+// while a live template mounts it or a sandbox not deleted attaches it.
 func (s *Service) Delete(ctx context.Context, in *api.SandboxVolumesDeleteInput) (*api.SandboxVolume, error) {
 	_, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
@@ -292,6 +291,14 @@ func (s *Service) Delete(ctx context.Context, in *api.SandboxVolumesDeleteInput)
 	}
 	if named {
 		return nil, api.Errorf(api.CodeConflict, "volume %s is mounted by a live template; change or delete the template first", v.VolumeID).
+			WithDetails(map[string]any{"reason": "volume-in-use"})
+	}
+	attached, err := q.VolumeAttached(ctx, v.VolumeID)
+	if err != nil {
+		return nil, err
+	}
+	if attached {
+		return nil, api.Errorf(api.CodeConflict, "volume %s is attached by a sandbox that is not deleted; delete the sandbox first", v.VolumeID).
 			WithDetails(map[string]any{"reason": "volume-in-use"})
 	}
 	if v, err = q.SetSandboxVolumeState(ctx, db.SetSandboxVolumeStateParams{VolumeID: v.VolumeID, State: StateDeleting}); err != nil {

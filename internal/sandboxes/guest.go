@@ -1,0 +1,181 @@
+package sandboxes
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/gateway"
+	"computeplane/internal/iam"
+	"computeplane/internal/notify"
+	"computeplane/internal/rpc"
+)
+
+// GuestGrace is how long beyond a guest command's own timeout its answer
+// is waited for (the command travels through a gateway to the node).
+const GuestGrace = 15 * time.Second
+
+// FileTimeout bounds a readFile or writeFile.
+const FileTimeout = 30 * time.Second
+
+// guest sends a command into a running sandbox's guest and answers its
+// result after the commit: decode turns the node's output into the call's
+// answer; no answer within wait is UNAVAILABLE (nothing was lost: the
+// command may still run).
+func (s *Service) guest(ctx context.Context, tenant, sandbox, kind string, args func(instanceID string) any, wait time.Duration,
+	decode func(json.RawMessage) (any, error)) error {
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return err
+	}
+	r, vm, err := load(ctx, q, tenant, sandbox, false)
+	if err != nil {
+		return err
+	}
+	if st := state(r, vm); st != StateRunning {
+		return api.Errorf(api.CodeInvalidState, "sandbox %s is %s; only a running one runs commands", sandbox, st).WithDetails(map[string]any{"state": st})
+	}
+	body, _ := json.Marshal(args(vm.InstanceID))
+	cmd, topic, err := gateway.EnqueueCommand(ctx, tx, r.NodeID, kind, body, "sandboxes", wait, time.Now())
+	if err != nil {
+		return err
+	}
+	notify.Later(ctx, topic)
+	id := cmd.CommandID
+	poll(ctx, wait, nil, func(ctx context.Context) (any, bool, error) {
+		res, err := db.New(s.Store.Pool()).GetCommandResult(ctx, id)
+		if err != nil {
+			return nil, false, nil
+		}
+		switch res.State {
+		case "succeeded":
+			var out agentproto.Result
+			if err := json.Unmarshal(res.Result, &out); err != nil {
+				return nil, true, err
+			}
+			v, err := decode(out.Output)
+			return v, true, err
+		case "failed":
+			var out agentproto.Result
+			_ = json.Unmarshal(res.Result, &out)
+			return nil, true, guestError(out.Error)
+		case "expired":
+			return nil, true, unanswered(sandbox)
+		}
+		return nil, false, nil
+	}, unanswered(sandbox))
+	return nil
+}
+
+func unanswered(sandbox string) error {
+	return api.Errorf(api.CodeUnavailable, "the host of sandbox %s did not answer in time; retry", sandbox).
+		WithDetails(map[string]any{"retryAfterMs": rpc.DefaultRetryAfterMs})
+}
+
+// guestError maps what the guest said to the call's error.
+func guestError(msg string) error {
+	switch {
+	case strings.Contains(msg, "no such file") || strings.Contains(msg, "not exist"):
+		return api.Errorf(api.CodeNotFound, "path: %s", msg)
+	case strings.Contains(msg, "not running") || strings.Contains(msg, "no such instance"):
+		return api.Errorf(api.CodeInvalidState, "%s", msg)
+	}
+	return api.Errorf(api.CodeInvalidInput, "the sandbox refused it: %s", msg)
+}
+
+// poll answers a mutation after its commit by re-reading until done (fast
+// at first, as waited), at most timeout; timedOut is the error at the
+// timeout (nil: answer the last output, or initial).
+func poll(ctx context.Context, timeout time.Duration, initial any, read func(ctx context.Context) (any, bool, error), timedOut error) {
+	rpc.Then(ctx, func(ctx context.Context) (any, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		last, start := initial, time.Now()
+		for delay := waitStep; ; {
+			if time.Since(start) > waitFast {
+				delay = min(2*delay, waitMax)
+			}
+			out, done, err := read(ctx)
+			if out != nil {
+				last = out
+			}
+			if done || err != nil {
+				return last, err
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				if timedOut != nil {
+					return nil, timedOut
+				}
+				return last, nil
+			case <-t.C:
+			}
+		}
+	})
+}
+
+// Exec answers sandboxes.exec.
+func (s *Service) Exec(ctx context.Context, in *api.SandboxesExecInput) (*api.ExecResult, error) {
+	timeout := in.TimeoutMs
+	err := s.guest(ctx, in.TenantID, in.SandboxID, agentproto.CommandExec, func(vm string) any {
+		a := agentproto.ExecArgs{InstanceID: vm, Argv: in.Argv, Env: in.Env, TimeoutMs: timeout}
+		if in.Dir != nil {
+			a.Dir = *in.Dir
+		}
+		if in.Stdin != nil {
+			a.Stdin = []byte(*in.Stdin)
+		}
+		return a
+	}, time.Duration(timeout)*time.Millisecond+GuestGrace, func(raw json.RawMessage) (any, error) {
+		var out agentproto.ExecOutput
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return nil, err
+		}
+		return &api.ExecResult{ExitCode: int64(out.ExitCode), Stdout: strings.ToValidUTF8(string(out.Stdout), "\uFFFD"),
+			Stderr: strings.ToValidUTF8(string(out.Stderr), "\uFFFD"), Truncated: out.Truncated, TimedOut: out.TimedOut, DurationMs: out.DurationMs}, nil
+	})
+	return &api.ExecResult{}, err
+}
+
+// ReadFile answers sandboxes.readFile.
+func (s *Service) ReadFile(ctx context.Context, in *api.SandboxesReadFileInput) (*api.SandboxFile, error) {
+	err := s.guest(ctx, in.TenantID, in.SandboxID, agentproto.CommandReadFile, func(vm string) any {
+		return agentproto.FileArgs{InstanceID: vm, Path: in.Path}
+	}, FileTimeout, func(raw json.RawMessage) (any, error) {
+		var out agentproto.FileOutput
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return nil, err
+		}
+		content := base64.StdEncoding.EncodeToString(out.Data)
+		return &api.SandboxFile{Path: in.Path, SizeBytes: int64(len(out.Data)), ContentBase64: &content}, nil
+	})
+	return &api.SandboxFile{Path: in.Path}, err
+}
+
+// WriteFile answers sandboxes.writeFile.
+func (s *Service) WriteFile(ctx context.Context, in *api.SandboxesWriteFileInput) (*api.SandboxFile, error) {
+	data, err := base64.StdEncoding.DecodeString(in.ContentBase64)
+	if err != nil {
+		return nil, api.Errorf(api.CodeInvalidInput, "contentBase64: not base64: %s", err.Error())
+	}
+	if len(data) > 4<<20 {
+		return nil, api.Errorf(api.CodeInvalidInput, "contentBase64: %d bytes; at most 4 MiB", len(data))
+	}
+	mode := uint32(in.Mode)
+	err = s.guest(ctx, in.TenantID, in.SandboxID, agentproto.CommandWriteFile, func(vm string) any {
+		return agentproto.FileArgs{InstanceID: vm, Path: in.Path, Data: data, Mode: mode}
+	}, FileTimeout, func(json.RawMessage) (any, error) {
+		return &api.SandboxFile{Path: in.Path, SizeBytes: int64(len(data))}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &api.SandboxFile{Path: in.Path}, nil
+}

@@ -1,0 +1,689 @@
+// Package sandboxes implements the sandboxes group: short-lived microVMs
+// of a template (or restored from a snapshot) with a TTL.
+//
+// A sandbox's VM is an instances row of kind sandbox (guest memory in a
+// shared file, an identity generation). A create claims a ready warm
+// instance of the template when there is one: the row becomes the
+// sandbox's, with a new identity generation (hostname, machine id, env),
+// and the host resumes the VM and hands the guest its identity. Otherwise
+// it places a cold boot (on the host of the template's volumes, if any),
+// or a restore on the node of the snapshot. The host verifies every start
+// (the guest agent answers, its root filesystem checks out) before it
+// reports the identity: the sandbox is running from then on.
+//
+// Warm pools (warm.go) and TTL expiry run in the sandboxes job (job.go);
+// exec, readFile and writeFile go to the host as signed commands
+// (guest.go); snapshots are in snapshots.go.
+package sandboxes
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"maps"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/flavors"
+	"computeplane/internal/iam"
+	"computeplane/internal/idem"
+	"computeplane/internal/images"
+	"computeplane/internal/instances"
+	"computeplane/internal/nodespec"
+	"computeplane/internal/outbox"
+	"computeplane/internal/placement"
+	"computeplane/internal/rpc"
+	"computeplane/internal/store"
+	"computeplane/internal/usage"
+	"computeplane/internal/wire"
+)
+
+// ResourceType is the sandbox's type in the authorization projection.
+const ResourceType = "sandbox"
+
+// How a sandbox started.
+const (
+	HowWarm    = "warm"
+	HowCold    = "cold"
+	HowRestore = "restore"
+)
+
+// States of a sandbox as answered (derived from its VM).
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StatePaused   = "paused"
+	StateFailed   = "failed"
+	StateDeleted  = "deleted"
+)
+
+// Service implements api.SandboxesService and api.SandboxSnapshotsService.
+type Service struct {
+	Placer *placement.Engine
+	Images images.Source
+	Store  *store.Store // waits re-read through it
+}
+
+var (
+	_            api.SandboxesService        = (*Service)(nil)
+	_            api.SandboxSnapshotsService = Snapshots{}
+	createMethod                             = api.Lookup("/sandboxes/create")
+)
+
+func notFound(id string) error { return api.Errorf(api.CodeNotFound, "sandbox %s not found", id) }
+
+// mount is a template's volume entry as sandboxtemplates stores it.
+type mount struct {
+	MountPath string `json:"mountPath"`
+	ReadOnly  bool   `json:"readOnly"`
+	Resolved  string `json:"resolved"`
+}
+
+// identity makes a fresh guest identity: a hostname from the sandbox id
+// and a random machine id, so two claims never share them.
+func identity(sandboxID string) (hostname, machineID string) {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	suffix := sandboxID[len("sbx_"):]
+	return "sbx-" + suffix[:min(len(suffix), 16)], hex.EncodeToString(b)
+}
+
+// Create answers sandboxes.create.
+func (s *Service) Create(ctx context.Context, in *api.SandboxesCreateInput) (*api.Sandbox, error) {
+	arrived := time.Now()
+	sess, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
+	fp := idem.FingerprintOf(createMethod, in)
+	if existing, err := q.GetSandbox(ctx, id); err == nil {
+		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
+			return nil, err
+		}
+		return s.waited(ctx, q, existing, in.Wait, StateRunning)
+	} else if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+
+	a := admission{s: s, tx: tx, q: q, in: in, id: id, caller: sess.Caller.IdentityID}
+	if err := a.source(ctx); err != nil {
+		return nil, err
+	}
+	ttl := int64(a.tmpl.DefaultTtlSeconds)
+	if in.TTLSeconds != nil {
+		ttl = *in.TTLSeconds
+	}
+	if ttl > int64(a.tmpl.MaxTtlSeconds) {
+		return nil, api.Errorf(api.CodeInvalidInput, "ttlSeconds: %d is above the template's max TTL of %d s", ttl, a.tmpl.MaxTtlSeconds).
+			WithDetails(map[string]any{"maxTtlSeconds": a.tmpl.MaxTtlSeconds})
+	}
+	env := map[string]string{}
+	if len(a.tmpl.Env) > 0 {
+		if err := json.Unmarshal(a.tmpl.Env, &env); err != nil {
+			return nil, err
+		}
+	}
+	maps.Copy(env, in.Env)
+	a.env, _ = json.Marshal(env)
+	a.hostname, a.machineID = identity(id)
+
+	switch {
+	case a.snap != nil:
+		err = a.restore(ctx)
+	default:
+		claimed := false
+		if claimed, err = a.claimWarm(ctx); err == nil && !claimed {
+			err = a.cold(ctx)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	var from pgtype.Text
+	if a.snap != nil {
+		from = pgtype.Text{String: a.snap.SnapshotID, Valid: true}
+	}
+	row, err := q.InsertSandbox(ctx, db.InsertSandboxParams{
+		SandboxID: id, TenantID: in.TenantID, TemplateID: a.tmpl.TemplateID, FromSnapshot: from, InstanceID: a.vm.InstanceID,
+		PoolID: a.vm.PoolID, NodeID: a.vm.NodeID.String, How: a.how, MaxTtlSeconds: a.tmpl.MaxTtlSeconds,
+		ExpiresAt: arrived.Add(time.Duration(ttl) * time.Second), CreatedBy: sess.Caller.IdentityID, IdemRequest: fp, CreatedAt: arrived,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, api.Errorf(api.CodeConflict, "idempotencyKey: a concurrent create with this key is in progress; retry")
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := a.attach(ctx); err != nil {
+		return nil, err
+	}
+	if err := sess.MakeReal(ctx, tx, map[string]string{"templateId": a.tmpl.TemplateID}); err != nil {
+		return nil, err
+	}
+	if err := openUsage(ctx, tx, row, a.vm); err != nil {
+		return nil, err
+	}
+	if err := nodespec.Push(ctx, tx, a.vm.NodeID.String); err != nil {
+		return nil, err
+	}
+	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxCreated, Subject: id, TenantID: in.TenantID,
+		Data: api.SandboxCreatedPayload{SandboxID: id, TemplateID: a.tmpl.TemplateID, NodeID: a.vm.NodeID.String, How: a.how}}); err != nil {
+		return nil, err
+	}
+	return s.waited(ctx, q, row, in.Wait, StateRunning)
+}
+
+// admission is one sandboxes.create being decided.
+type admission struct {
+	s      *Service
+	tx     pgx.Tx
+	q      *db.Queries
+	in     *api.SandboxesCreateInput
+	id     string
+	caller string
+
+	tmpl      db.SandboxTemplate
+	snap      *db.SandboxSnapshot
+	origin    db.Instance // the snapshot's sandbox's VM (restore)
+	env       []byte
+	hostname  string
+	machineID string
+
+	how    string
+	vm     db.Instance
+	mounts []mount
+}
+
+// source reads the template (or the snapshot and its sandbox's template).
+func (a *admission) source(ctx context.Context) error {
+	tenant := a.in.TenantID
+	if a.in.FromSnapshot != nil {
+		snap, err := a.q.GetSnapshot(ctx, *a.in.FromSnapshot)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && (snap.TenantID != tenant || snap.State == SnapshotDeleted)) {
+			return api.Errorf(api.CodeNotFound, "fromSnapshot: snapshot %s not found", *a.in.FromSnapshot)
+		}
+		if err != nil {
+			return err
+		}
+		if snap.State != SnapshotReady {
+			return api.Errorf(api.CodeInvalidState, "fromSnapshot: snapshot %s is %s; only a ready one restores", snap.SnapshotID, snap.State).
+				WithDetails(map[string]any{"state": snap.State})
+		}
+		sbx, err := a.q.GetSandbox(ctx, snap.SandboxID)
+		if err != nil {
+			return err
+		}
+		if a.origin, err = a.q.GetInstance(ctx, sbx.InstanceID); err != nil {
+			return err
+		}
+		if a.tmpl, err = a.q.GetSandboxTemplate(ctx, sbx.TemplateID); err != nil {
+			return err
+		}
+		a.snap = &snap
+		return nil
+	}
+	t, err := a.q.GetSandboxTemplate(ctx, *a.in.TemplateID)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (t.TenantID != tenant || t.Deleted)) {
+		return api.Errorf(api.CodeNotFound, "templateId: template %s not found", *a.in.TemplateID)
+	}
+	if err != nil {
+		return err
+	}
+	a.tmpl = t
+	return json.Unmarshal(t.Volumes, &a.mounts)
+}
+
+// claimWarm takes a ready warm instance of the template, if there is one:
+// it becomes the sandbox's VM with a new identity generation. The warm
+// instance was placed and charged when the reconciler made it.
+func (a *admission) claimWarm(ctx context.Context) (bool, error) {
+	if len(a.mounts) > 0 {
+		return false, nil // a template with volumes keeps no warm pool
+	}
+	w, err := a.q.ClaimWarmInstance(ctx, pgtype.Text{String: a.tmpl.TemplateID, Valid: true})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	a.vm, err = a.q.BecomeSandbox(ctx, db.BecomeSandboxParams{InstanceID: w.InstanceID, Name: a.hostname,
+		Hostname: pgtype.Text{String: a.hostname, Valid: true}, MachineID: pgtype.Text{String: a.machineID, Valid: true},
+		Env: a.env, CreatedBy: a.caller})
+	a.how = HowWarm
+	return err == nil, err
+}
+
+// cold places a new VM for the sandbox: on the template's pool, or on the
+// host of its volumes.
+func (a *admission) cold(ctx context.Context) error {
+	node := ""
+	for _, m := range a.mounts {
+		v, err := a.q.GetSandboxVolume(ctx, m.Resolved)
+		if err != nil {
+			return err
+		}
+		node = v.NodeID // every volume of a template is on one host (the template checked it)
+	}
+	a.how = HowCold
+	return a.place(ctx, node, a.tmpl.Flavor, a.tmpl.ImageID, "")
+}
+
+// restore places the snapshot's VM again, on the snapshot's node (where
+// its files are), with the shape and image of the sandbox it was taken of.
+func (a *admission) restore(ctx context.Context) error {
+	a.how = HowRestore
+	return a.place(ctx, a.snap.NodeID, a.origin.Flavor, a.origin.ImageID, a.snap.SnapshotID)
+}
+
+// place books a VM for the sandbox and writes its instances row.
+func (a *admission) place(ctx context.Context, node, flavorName, imageID, restore string) error {
+	t := a.tmpl
+	flavor, err := flavors.Get(ctx, a.q, t.TenantID, t.PoolID, flavorName)
+	if err != nil {
+		return err
+	}
+	if flavor.Archived {
+		return api.Errorf(api.CodeInvalidState, "the template's flavor %s is archived", flavorName)
+	}
+	var boot []byte
+	if restore != "" {
+		boot = a.origin.Boot
+	} else {
+		im, err := a.s.Images.Get(ctx, imageID)
+		if errors.Is(err, images.ErrNotFound) {
+			return api.Errorf(api.CodeNotFound, "the template's image %s is no longer in the image source", imageID)
+		}
+		if err != nil {
+			return err
+		}
+		boot = instances.BootOf(im)
+	}
+	vmID := iam.DerivedID(api.Lookup("/instances/create"), t.TenantID, a.id, "sandbox")
+	booking, err := a.s.Placer.Admit(ctx, a.tx, placement.Request{
+		TenantID: t.TenantID, PoolID: t.PoolID, Owner: placement.Owner{Type: ResourceType, ID: vmID}, NodeID: node,
+		Shape: placement.Shape{VCPU: int32(flavor.Vcpu), MemoryMiB: flavor.MemoryMiB, DiskGiB: flavor.DiskGiB},
+		Count: map[string]int64{placement.ResourceSandboxes: 1},
+	})
+	if err != nil {
+		return err
+	}
+	var volumes []byte
+	if len(a.mounts) > 0 {
+		specs := make([]agentproto.SpecVolume, 0, len(a.mounts))
+		for _, m := range a.mounts {
+			v, err := a.q.GetSandboxVolume(ctx, m.Resolved)
+			if err != nil {
+				return err
+			}
+			specs = append(specs, agentproto.SpecVolume{Serial: v.Serial, MountPath: m.MountPath, ReadOnly: m.ReadOnly})
+		}
+		volumes, _ = json.Marshal(specs)
+	}
+	a.vm, err = a.q.InsertSandboxInstance(ctx, db.InsertSandboxInstanceParams{
+		InstanceID: vmID, TenantID: t.TenantID, PoolID: t.PoolID, NodeID: pgtype.Text{String: booking.NodeID, Valid: true},
+		BookingID: pgtype.Text{String: booking.ID, Valid: true}, Flavor: flavorName, ImageID: imageID, Boot: boot, Name: a.hostname,
+		UserData: t.UserData, Vcpu: int32(flavor.Vcpu), MemoryMib: flavor.MemoryMiB, DiskGib: flavor.DiskGiB,
+		DesiredState: instances.StateRunning, CreatedBy: a.caller, Kind: instances.KindSandbox,
+		TemplateID: pgtype.Text{String: t.TemplateID, Valid: true}, Hostname: pgtype.Text{String: a.hostname, Valid: true},
+		MachineID: pgtype.Text{String: a.machineID, Valid: true}, Env: a.env,
+		RestoreSnapshot: pgtype.Text{String: restore, Valid: restore != ""}, Volumes: volumes,
+	})
+	return err
+}
+
+// attach records the sandbox's volume attachments: a read-write one
+// excludes every other live attachment of its volume, a read-only one a
+// live read-write one ('volume-in-use'). The volumes' rows are locked in
+// id order so concurrent creates decide one after the other.
+func (a *admission) attach(ctx context.Context) error {
+	for i, m := range a.mounts {
+		v, err := a.q.GetSandboxVolumeForUpdate(ctx, m.Resolved)
+		if err != nil {
+			return err
+		}
+		if v.State != "ready" {
+			return api.Errorf(api.CodeInvalidState, "volume %s of the template is %s", v.VolumeID, v.State).WithDetails(map[string]any{"state": v.State})
+		}
+		live, err := a.q.LiveAttachments(ctx, v.VolumeID)
+		if err != nil {
+			return err
+		}
+		for _, l := range live {
+			if !m.ReadOnly || !l.ReadOnly {
+				return api.Errorf(api.CodeConflict, "volumes[%d]: volume %s is attached read-write or is attached by sandbox %s while this one would write it", i, v.VolumeID, l.SandboxID).
+					WithDetails(map[string]any{"reason": "volume-in-use", "volumeId": v.VolumeID, "sandboxId": l.SandboxID})
+			}
+		}
+		if err := a.q.InsertAttachment(ctx, db.InsertAttachmentParams{SandboxID: a.id, VolumeID: v.VolumeID, MountPath: m.MountPath, ReadOnly: m.ReadOnly}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openUsage starts a sandbox's metering while it holds its VM.
+func openUsage(ctx context.Context, tx pgx.Tx, sbx db.Sandbox, vm db.Instance) error {
+	owner := usage.Owner{Type: ResourceType, ID: sbx.SandboxID}
+	for meter, perHour := range map[string]int64{
+		"sandbox.vcpu.hours":       int64(vm.Vcpu) * 1_000_000,
+		"sandbox.memory.gib.hours": vm.MemoryMib * 1_000_000 / 1024,
+	} {
+		if _, err := usage.Open(ctx, tx, usage.Allocation{TenantID: sbx.TenantID, Meter: meter, PerHour: perHour, Owner: owner}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// load reads a sandbox of tenant with its VM.
+func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool) (db.Sandbox, db.Instance, error) {
+	get := q.GetSandbox
+	if forUpdate {
+		get = q.GetSandboxForUpdate
+	}
+	r, err := get(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.TenantID != tenant) {
+		return db.Sandbox{}, db.Instance{}, notFound(id)
+	}
+	if err != nil {
+		return r, db.Instance{}, err
+	}
+	getVM := q.GetInstance
+	if forUpdate {
+		getVM = q.GetInstanceForUpdate
+	}
+	vm, err := getVM(ctx, r.InstanceID)
+	return r, vm, err
+}
+
+// state is what a sandbox is, from its row and its VM's: creating until
+// its guest runs with the identity it was given.
+func state(r db.Sandbox, vm db.Instance) string {
+	mine := vm.ReportedIdentity == vm.IdentityGeneration // the guest took the sandbox's identity
+	switch {
+	case r.DeletedAt != nil:
+		return StateDeleted
+	case vm.State == instances.StateFailed:
+		return StateFailed
+	case vm.State == instances.StatePaused && mine:
+		return StatePaused
+	case vm.State == instances.StateRunning && mine:
+		return StateRunning
+	}
+	return StateCreating
+}
+
+func ms(d time.Duration) int64 { return max(d.Milliseconds(), 0) }
+
+func output(ctx context.Context, q *db.Queries, r db.Sandbox, vm db.Instance) (*api.Sandbox, error) {
+	o := &api.Sandbox{
+		SandboxID: r.SandboxID, TenantID: r.TenantID, TemplateID: r.TemplateID, PoolID: r.PoolID, NodeID: r.NodeID,
+		Hostname: vm.Hostname.String, State: state(r, vm), ExpiresAt: wire.Time(r.ExpiresAt), CreatedAt: wire.Time(r.CreatedAt),
+		Volumes: []api.SandboxAttachment{},
+		Timings: api.SandboxTimings{How: r.How, PlacedMs: ms(r.PlacedAt.Sub(r.CreatedAt))},
+	}
+	if r.FromSnapshot.Valid {
+		o.FromSnapshot = &r.FromSnapshot.String
+	}
+	if vm.Error.Valid && o.State == StateFailed {
+		o.Error = &vm.Error.String
+	}
+	if r.ReadyAt != nil {
+		t := wire.Time(*r.ReadyAt)
+		o.ReadyAt = &t
+		d := ms(r.ReadyAt.Sub(r.CreatedAt))
+		o.Timings.ReadyMs = &d
+	}
+	if r.DeletedAt != nil {
+		t := wire.Time(*r.DeletedAt)
+		o.DeletedAt = &t
+	}
+	var ht agentproto.HostTimings
+	if len(vm.HostTimings) > 0 && json.Unmarshal(vm.HostTimings, &ht) == nil {
+		start, ready := ht.GuestMs-ht.StartMs, ht.IdentityMs-ht.StartMs
+		o.Timings.HostStartMs, o.Timings.HostReadyMs = &start, &ready
+	}
+	atts, err := q.SandboxAttachments(ctx, r.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range atts {
+		o.Volumes = append(o.Volumes, api.SandboxAttachment{VolumeID: a.VolumeID, Serial: a.Serial, MountPath: a.MountPath, ReadOnly: a.ReadOnly})
+	}
+	return o, nil
+}
+
+// Get answers sandboxes.get.
+func (s *Service) Get(ctx context.Context, in *api.SandboxesGetInput) (*api.Sandbox, error) {
+	_, _, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, vm, err := load(ctx, q, in.TenantID, in.SandboxID, false)
+	if err != nil {
+		return nil, err
+	}
+	return output(ctx, q, r, vm)
+}
+
+// List answers sandboxes.list.
+func (s *Service) List(ctx context.Context, in *api.SandboxesListInput) (*api.SandboxList, error) {
+	_, _, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var tmpl pgtype.Text
+	if in.TemplateID != nil {
+		tmpl = pgtype.Text{String: *in.TemplateID, Valid: true}
+	}
+	rows, err := q.ListSandboxes(ctx, db.ListSandboxesParams{TenantID: in.TenantID, TemplateID: tmpl, IncludeDeleted: in.IncludeDeleted})
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.InstanceID
+	}
+	vms, err := q.SandboxInstances(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]db.Instance, len(vms))
+	for _, vm := range vms {
+		byID[vm.InstanceID] = vm
+	}
+	out := &api.SandboxList{Items: make([]api.Sandbox, 0, len(rows))}
+	for _, r := range rows {
+		o, err := output(ctx, q, r, byID[r.InstanceID])
+		if err != nil {
+			return nil, err
+		}
+		out.Items = append(out.Items, *o)
+	}
+	return out, nil
+}
+
+// Pause answers sandboxes.pause.
+func (s *Service) Pause(ctx context.Context, in *api.SandboxesPauseInput) (*api.Sandbox, error) {
+	return s.desire(ctx, in.TenantID, in.SandboxID, instances.StatePaused, in.Wait)
+}
+
+// Resume answers sandboxes.resume.
+func (s *Service) Resume(ctx context.Context, in *api.SandboxesResumeInput) (*api.Sandbox, error) {
+	return s.desire(ctx, in.TenantID, in.SandboxID, instances.StateRunning, in.Wait)
+}
+
+// desire moves a sandbox's VM between running and paused.
+func (s *Service) desire(ctx context.Context, tenant, id, desired string, wait *api.Wait) (*api.Sandbox, error) {
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, vm, err := load(ctx, q, tenant, id, true)
+	if err != nil {
+		return nil, err
+	}
+	until := StateRunning
+	if desired == instances.StatePaused {
+		until = StatePaused
+	}
+	now := state(r, vm)
+	switch {
+	case vm.DesiredState == desired:
+		return s.waited(ctx, q, r, wait, until)
+	case now == StateDeleted || now == StateFailed || (desired == instances.StatePaused && now != StateRunning) ||
+		(desired == instances.StateRunning && now != StatePaused):
+		return nil, api.Errorf(api.CodeInvalidState, "sandbox %s is %s", id, now).WithDetails(map[string]any{"state": now})
+	}
+	if _, err := q.SetInstanceDesired(ctx, db.SetInstanceDesiredParams{InstanceID: vm.InstanceID, DesiredState: desired}); err != nil {
+		return nil, err
+	}
+	if err := nodespec.Push(ctx, tx, r.NodeID); err != nil {
+		return nil, err
+	}
+	e := outbox.Event{Type: api.EventSandboxPaused, Subject: id, TenantID: tenant, Data: api.SandboxPausedPayload{SandboxID: id}}
+	if desired == instances.StateRunning {
+		e = outbox.Event{Type: api.EventSandboxResumed, Subject: id, TenantID: tenant, Data: api.SandboxResumedPayload{SandboxID: id}}
+	}
+	if err := outbox.Write(ctx, tx, e); err != nil {
+		return nil, err
+	}
+	return s.waited(ctx, q, r, wait, until)
+}
+
+// Extend answers sandboxes.extend.
+func (s *Service) Extend(ctx context.Context, in *api.SandboxesExtendInput) (*api.Sandbox, error) {
+	_, _, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, vm, err := load(ctx, q, in.TenantID, in.SandboxID, true)
+	if err != nil {
+		return nil, err
+	}
+	if r.DeletedAt != nil {
+		return nil, api.Errorf(api.CodeInvalidState, "sandbox %s is deleted", r.SandboxID).WithDetails(map[string]any{"state": StateDeleted})
+	}
+	until := time.Now().Add(time.Duration(in.TTLSeconds) * time.Second)
+	limit := r.CreatedAt.Add(time.Duration(r.MaxTtlSeconds) * time.Second)
+	if until.After(limit) {
+		return nil, api.Errorf(api.CodeInvalidInput, "ttlSeconds: the sandbox would live past %s, its template's max TTL of %d s from its creation",
+			wire.Time(limit), r.MaxTtlSeconds).WithDetails(map[string]any{"maxExpiresAt": wire.Time(limit)})
+	}
+	if r, err = q.SetSandboxExpiry(ctx, db.SetSandboxExpiryParams{SandboxID: r.SandboxID, ExpiresAt: until}); err != nil {
+		return nil, err
+	}
+	return output(ctx, q, r, vm)
+}
+
+// Delete answers sandboxes.delete.
+func (s *Service) Delete(ctx context.Context, in *api.SandboxesDeleteInput) (*api.Sandbox, error) {
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, vm, err := load(ctx, q, in.TenantID, in.SandboxID, true)
+	if err != nil {
+		return nil, err
+	}
+	if r.DeletedAt == nil {
+		if r, vm, err = end(ctx, tx, s.Placer, r, vm, "deleted"); err != nil {
+			return nil, err
+		}
+	}
+	return output(ctx, q, r, vm)
+}
+
+// end deletes a live sandbox in tx: its VM (capacity and quota back), its
+// attachments, its snapshots without keep, its usage; sandbox.deleted.
+func end(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Sandbox, vm db.Instance, reason string) (db.Sandbox, db.Instance, error) {
+	q := db.New(tx)
+	var err error
+	if vm.DesiredState != instances.StateDeleted {
+		if vm, err = instances.End(ctx, tx, placer, vm); err != nil {
+			return r, vm, err
+		}
+	}
+	if err := q.ReleaseAttachments(ctx, r.SandboxID); err != nil {
+		return r, vm, err
+	}
+	snaps, err := q.UnkeptSnapshots(ctx, r.SandboxID)
+	if err != nil {
+		return r, vm, err
+	}
+	for _, sn := range snaps {
+		if _, err := deleteSnapshot(ctx, tx, sn); err != nil {
+			return r, vm, err
+		}
+	}
+	if err := usage.CloseOwner(ctx, tx, usage.Owner{Type: ResourceType, ID: r.SandboxID}, time.Time{}); err != nil {
+		return r, vm, err
+	}
+	if r, err = q.DeleteSandbox(ctx, db.DeleteSandboxParams{SandboxID: r.SandboxID, Reason: pgtype.Text{String: reason, Valid: true}}); err != nil {
+		return r, vm, err
+	}
+	return r, vm, outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxDeleted, Subject: r.SandboxID, TenantID: r.TenantID,
+		Data: api.SandboxDeletedPayload{SandboxID: r.SandboxID, Reason: reason}})
+}
+
+// Waiting re-reads a sandbox every waitStep for waitFast (a warm claim or
+// a restore is ready within tens of milliseconds, and the Waiting
+// convention's 50 ms first step would dominate it), then backing off to
+// waitMax.
+const (
+	waitStep = 3 * time.Millisecond
+	waitFast = time.Second
+	waitMax  = 250 * time.Millisecond
+)
+
+// waited follows the Waiting convention: after commit, until the sandbox
+// is until (or failed or deleted), at most wait.timeoutMs.
+func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Sandbox, wait *api.Wait, until string) (*api.Sandbox, error) {
+	vm, err := q.GetInstance(ctx, r.InstanceID)
+	if err != nil {
+		return nil, err
+	}
+	out, err := output(ctx, q, r, vm)
+	if err != nil || wait == nil || wait.TimeoutMs == 0 || out.State == until {
+		return out, err
+	}
+	id := r.SandboxID
+	rpc.Then(ctx, func(ctx context.Context) (any, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(wait.TimeoutMs)*time.Millisecond)
+		defer cancel()
+		last, start := out, time.Now()
+		for delay := waitStep; ; {
+			if time.Since(start) > waitFast {
+				delay = min(2*delay, waitMax)
+			}
+			q := db.New(s.Store.Pool())
+			if r, err := q.GetSandbox(ctx, id); err == nil {
+				if vm, err := q.GetInstance(ctx, r.InstanceID); err == nil {
+					if o, err := output(ctx, q, r, vm); err == nil {
+						last = o
+						if o.State == until || o.State == StateFailed || o.State == StateDeleted {
+							return last, nil
+						}
+					}
+				}
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return last, nil // still on its way: not an error
+			case <-t.C:
+			}
+		}
+	})
+	return out, nil
+}

@@ -1,0 +1,154 @@
+-- Sandboxes, their attachments and snapshots, and the instances (warm and
+-- sandbox kinds) they run in.
+
+-- name: InsertSandboxInstance :one
+-- A warm instance or a sandbox's VM: memory in a shared file, an identity
+-- of generation 1.
+INSERT INTO instances (instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data,
+    vcpu, memory_mib, disk_gib, desired_state, state, created_by, idem_request,
+    kind, template_id, hostname, machine_id, env, identity_generation, memory_file, restore_snapshot, volumes)
+VALUES (sqlc.arg(instance_id), sqlc.arg(tenant_id), sqlc.arg(pool_id), sqlc.arg(node_id), sqlc.arg(booking_id), sqlc.arg(flavor),
+    sqlc.arg(image_id), sqlc.arg(boot), sqlc.arg(name), sqlc.narg(user_data), sqlc.arg(vcpu), sqlc.arg(memory_mib),
+    sqlc.arg(disk_gib), sqlc.arg(desired_state), 'pending', sqlc.arg(created_by), '{}',
+    sqlc.arg(kind), sqlc.arg(template_id), sqlc.arg(hostname), sqlc.arg(machine_id), sqlc.arg(env), 1, true,
+    sqlc.narg(restore_snapshot), sqlc.narg(volumes))
+RETURNING *;
+
+-- name: ClaimWarmInstance :one
+-- The oldest ready warm instance of a template (paused, its guest
+-- checked), locked; concurrent claims skip each other's.
+SELECT * FROM instances
+WHERE kind = 'warm' AND template_id = sqlc.arg(template_id) AND desired_state = 'paused' AND state = 'paused'
+  AND reported_identity = identity_generation
+ORDER BY created_at, instance_id
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: BecomeSandbox :one
+-- A claimed warm instance becomes the sandbox's VM: a new identity
+-- generation (hostname, machine id, env) and desired running.
+UPDATE instances SET kind = 'sandbox', desired_state = 'running', name = sqlc.arg(name), hostname = sqlc.arg(hostname),
+    machine_id = sqlc.arg(machine_id), env = sqlc.arg(env), identity_generation = identity_generation + 1,
+    identity_ready_at = NULL, created_by = sqlc.arg(created_by), version = version + 1, updated_at = now()
+WHERE instance_id = sqlc.arg(instance_id)
+RETURNING *;
+
+-- name: WarmInstances :many
+-- A template's live warm instances, newest first.
+SELECT * FROM instances WHERE kind = 'warm' AND template_id = sqlc.arg(template_id) AND desired_state <> 'deleted'
+ORDER BY created_at DESC, instance_id DESC;
+
+-- name: WarmTemplates :many
+-- Templates whose warm pool the reconciler looks at: live ones, and
+-- deleted ones that still have warm instances.
+SELECT t.* FROM sandbox_templates t
+WHERE NOT t.deleted
+   OR EXISTS (SELECT 1 FROM instances i WHERE i.kind = 'warm' AND i.template_id = t.template_id AND i.desired_state <> 'deleted')
+ORDER BY t.template_id;
+
+-- name: InsertSandbox :one
+INSERT INTO sandboxes (sandbox_id, tenant_id, template_id, from_snapshot, instance_id, pool_id, node_id, how,
+    max_ttl_seconds, expires_at, created_by, idem_request, created_at)
+VALUES (sqlc.arg(sandbox_id), sqlc.arg(tenant_id), sqlc.arg(template_id), sqlc.narg(from_snapshot), sqlc.arg(instance_id),
+    sqlc.arg(pool_id), sqlc.arg(node_id), sqlc.arg(how), sqlc.arg(max_ttl_seconds), sqlc.arg(expires_at),
+    sqlc.arg(created_by), sqlc.arg(idem_request), sqlc.arg(created_at))
+ON CONFLICT (sandbox_id) DO NOTHING
+RETURNING *;
+
+-- name: GetSandbox :one
+SELECT * FROM sandboxes WHERE sandbox_id = sqlc.arg(sandbox_id);
+
+-- name: GetSandboxForUpdate :one
+SELECT * FROM sandboxes WHERE sandbox_id = sqlc.arg(sandbox_id) FOR UPDATE;
+
+-- name: ListSandboxes :many
+SELECT * FROM sandboxes
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.narg(template_id)::text IS NULL OR template_id = sqlc.narg(template_id))
+  AND (sqlc.arg(include_deleted)::boolean OR deleted_at IS NULL)
+ORDER BY created_at DESC, sandbox_id
+LIMIT 1000;
+
+-- name: SandboxInstances :many
+SELECT * FROM instances WHERE instance_id = ANY(sqlc.arg(ids)::text[]);
+
+-- name: SetSandboxExpiry :one
+UPDATE sandboxes SET expires_at = sqlc.arg(expires_at) WHERE sandbox_id = sqlc.arg(sandbox_id) RETURNING *;
+
+-- name: DeleteSandbox :one
+UPDATE sandboxes SET deleted_at = now(), delete_reason = sqlc.arg(reason)
+WHERE sandbox_id = sqlc.arg(sandbox_id) AND deleted_at IS NULL
+RETURNING *;
+
+-- name: SandboxReady :exec
+-- The sandbox of an instance whose identity just checked out is ready
+-- (the first time).
+UPDATE sandboxes SET ready_at = coalesce(ready_at, sqlc.arg(at))
+WHERE instance_id = sqlc.arg(instance_id) AND deleted_at IS NULL;
+
+-- name: SandboxOfInstance :one
+SELECT * FROM sandboxes WHERE instance_id = sqlc.arg(instance_id);
+
+-- name: ExpiredSandboxes :many
+SELECT * FROM sandboxes WHERE deleted_at IS NULL AND expires_at <= now()
+ORDER BY expires_at LIMIT sqlc.arg(lim) FOR UPDATE SKIP LOCKED;
+
+-- name: LiveSandboxesOfTemplate :one
+SELECT count(*) FROM sandboxes WHERE template_id = sqlc.arg(template_id) AND deleted_at IS NULL;
+
+-- name: InsertAttachment :exec
+INSERT INTO sandbox_attachments (sandbox_id, volume_id, mount_path, read_only)
+VALUES (sqlc.arg(sandbox_id), sqlc.arg(volume_id), sqlc.arg(mount_path), sqlc.arg(read_only));
+
+-- name: LiveAttachments :many
+-- A volume's live attachments (its row is locked by the caller).
+SELECT * FROM sandbox_attachments WHERE volume_id = sqlc.arg(volume_id) AND NOT released;
+
+-- name: SandboxAttachments :many
+SELECT a.*, v.serial FROM sandbox_attachments a JOIN sandbox_volumes v USING (volume_id)
+WHERE a.sandbox_id = sqlc.arg(sandbox_id) ORDER BY a.mount_path;
+
+-- name: ReleaseAttachments :exec
+UPDATE sandbox_attachments SET released = true WHERE sandbox_id = sqlc.arg(sandbox_id);
+
+-- name: VolumeAttached :one
+SELECT EXISTS (SELECT 1 FROM sandbox_attachments WHERE volume_id = sqlc.arg(volume_id) AND NOT released);
+
+-- name: InsertSnapshot :one
+INSERT INTO sandbox_snapshots (snapshot_id, tenant_id, sandbox_id, node_id, keep, state, command_id, created_by, idem_request)
+VALUES (sqlc.arg(snapshot_id), sqlc.arg(tenant_id), sqlc.arg(sandbox_id), sqlc.arg(node_id), sqlc.arg(keep), 'creating',
+    sqlc.arg(command_id), sqlc.arg(created_by), sqlc.arg(idem_request))
+ON CONFLICT (snapshot_id) DO NOTHING
+RETURNING *;
+
+-- name: GetSnapshot :one
+SELECT * FROM sandbox_snapshots WHERE snapshot_id = sqlc.arg(snapshot_id);
+
+-- name: GetSnapshotForUpdate :one
+SELECT * FROM sandbox_snapshots WHERE snapshot_id = sqlc.arg(snapshot_id) FOR UPDATE;
+
+-- name: ListSnapshots :many
+SELECT * FROM sandbox_snapshots
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.narg(sandbox_id)::text IS NULL OR sandbox_id = sqlc.narg(sandbox_id))
+  AND (sqlc.arg(include_deleted)::boolean OR state <> 'deleted')
+ORDER BY created_at DESC, snapshot_id
+LIMIT 1000;
+
+-- name: FinishSnapshot :one
+-- A snapshot's command result: ready with its size, or failed.
+UPDATE sandbox_snapshots SET state = sqlc.arg(state), error = sqlc.narg(error), size_bytes = sqlc.narg(size_bytes),
+    paused_ms = sqlc.narg(paused_ms), ready_at = CASE WHEN sqlc.arg(state)::text = 'ready' THEN now() ELSE NULL END
+WHERE command_id = sqlc.arg(command_id) AND state = 'creating'
+RETURNING *;
+
+-- name: DeleteSnapshotRow :one
+UPDATE sandbox_snapshots SET state = 'deleted', deleted_at = now()
+WHERE snapshot_id = sqlc.arg(snapshot_id) AND state <> 'deleted'
+RETURNING *;
+
+-- name: UnkeptSnapshots :many
+SELECT * FROM sandbox_snapshots WHERE sandbox_id = sqlc.arg(sandbox_id) AND NOT keep AND state <> 'deleted' FOR UPDATE;
+
+-- name: GetCommandResult :one
+SELECT state, result FROM node_commands WHERE command_id = sqlc.arg(command_id);
