@@ -57,6 +57,9 @@ func (j *Job) Run(ctx context.Context, l workers.Lease) error {
 func (j *Job) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) error) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// Node specs changed here (instances of an ending reservation) wake
+	// their gateways after the commit.
+	ctx = notify.WithLater(ctx)
 	wrote := false
 	err := j.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
 		if err := fence(ctx, tx); err != nil {
@@ -92,6 +95,9 @@ func (j *Job) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) erro
 		}
 		return nil
 	})
+	if err == nil {
+		j.Notifier.WakeLater(ctx)
+	}
 	if err == nil && wrote {
 		j.Notifier.Wake(notify.TopicOutbox)
 	}
