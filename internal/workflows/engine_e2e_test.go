@@ -55,11 +55,18 @@ func (f *fakeDriver) SetBootDevice(_ context.Context, d string, _ bool) error {
 	f.boot = d
 	return nil
 }
-func (f *fakeDriver) InsertMedia(_ context.Context, m drivers.Media) error { f.note("insert." + m.Slot); return nil }
-func (f *fakeDriver) EjectMedia(_ context.Context, s string) error         { f.note("eject." + s); return nil }
-func (f *fakeDriver) Console(context.Context, int) ([]byte, error)         { return nil, drivers.ErrUnsupported }
-func (f *fakeDriver) Agent(context.Context) (drivers.Agent, error)         { return nil, drivers.ErrUnsupported }
-func (f *fakeDriver) Close() error                                         { return nil }
+func (f *fakeDriver) InsertMedia(_ context.Context, m drivers.Media) error {
+	f.note("insert." + m.Slot)
+	return nil
+}
+func (f *fakeDriver) EjectMedia(_ context.Context, s string) error { f.note("eject." + s); return nil }
+func (f *fakeDriver) Console(context.Context, int) ([]byte, error) {
+	return nil, drivers.ErrUnsupported
+}
+func (f *fakeDriver) Agent(context.Context) (drivers.Agent, error) {
+	return nil, drivers.ErrUnsupported
+}
+func (f *fakeDriver) Close() error { return nil }
 func (f *fakeDriver) Inventory(context.Context) (*drivers.Inventory, error) {
 	return &drivers.Inventory{VCPU: 8, MemoryMiB: 16384, Disks: []drivers.Disk{{Name: "d0", SizeBytes: 100 << 30}}}, nil
 }
