@@ -16,29 +16,17 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"computeplane/computeclient"
 	"computeplane/gen/client"
-	"computeplane/internal/config"
 	"computeplane/internal/images"
-	"computeplane/internal/pki"
 	"computeplane/internal/qemu"
 	"computeplane/tools/benchkit"
 )
-
-const secret = "instancebench-secret-0123456789abcdefghijklmn"
 
 func main() {
 	runs := flag.Int("runs", 50, "instances created, one after another")
@@ -51,62 +39,16 @@ func main() {
 	if _, err := (&images.Dir{Path: *imagesDir}).Get(ctx, "computeplane/minimal"); err != nil {
 		log.Fatalf("instancebench: %v (run make images)", err)
 	}
-	abs, err := filepath.Abs(*imagesDir)
-	check(err)
-	work, err := os.MkdirTemp("", "ib")
-	check(err)
-	defer os.RemoveAll(work)
-	for _, b := range []string{"computed", "compute-agent"} {
-		run(exec.Command("go", "build", "-o", filepath.Join(work, b), "./cmd/"+b))
-	}
-	dbURL, drop, err := benchkit.FreshDatabase(ctx, *database, "instancebench")
-	check(err)
-	defer drop()
-	pkiFile := filepath.Join(work, "pki.json")
-	_, _, err = pki.Init(pkiFile, secret, "bench.local")
-	check(err)
-	port, err := benchkit.FreePort()
-	check(err)
-	gwPort, err := benchkit.FreePort()
-	check(err)
-	cfg := filepath.Join(work, "config.yaml")
-	check(os.WriteFile(cfg, []byte(fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: bench, listen: \"127.0.0.1:%d\"}\nimages: {dir: %q}\n", gwPort, gwPort, abs)), 0o600))
-	env := append(os.Environ(), "SERVICE_DATABASE_URL="+dbURL, "SERVICE_SECRET="+secret, "SERVICE_PKI="+pkiFile, "SERVICE_CONFIG="+cfg,
-		"SERVICE_BASE_URL="+fmt.Sprintf("http://127.0.0.1:%d", port), "HOST=127.0.0.1", "PORT="+strconv.Itoa(port), "SERVICE_LOG_LEVEL=warn")
-	srv := start(filepath.Join(work, "computed"), env, filepath.Join(work, "computed.log"), "serve")
-	defer stop(srv)
-	waitHTTP(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
-	key := strings.TrimSpace(lastLine(output(exec.Command(filepath.Join(work, "computed"), "iam", "create-key", "--tenant", "bench", "--identity", "bench", "--role", "owner"), env)))
-	c, err := computeclient.New(fmt.Sprintf("http://127.0.0.1:%d%s", port, config.DefaultBasePath), computeclient.WithToken(key),
-		computeclient.WithHTTPClient(&http.Client{Timeout: 60 * time.Second}))
-	check(err)
-	site, err := c.SitesCreate(ctx, &client.SitesCreateInput{TenantId: "bench", Kind: client.SitesCreateInputKindCustom, Region: "bench", IdempotencyKey: "s"})
-	check(err)
-	pool, err := c.PoolsCreate(ctx, &client.PoolsCreateInput{TenantId: "bench", SiteId: site.Data.SiteId, Name: "vms", Class: client.PoolsCreateInputClassVpsHost, IdempotencyKey: "p"})
-	check(err)
-	_, err = c.FlavorsCreate(ctx, &client.FlavorsCreateInput{TenantId: "bench", PoolId: pool.Data.PoolId, Name: "small", Vcpu: 1, MemoryMiB: 256})
-	check(err)
-	tok, err := c.PoolsJoinToken(ctx, &client.PoolsJoinTokenInput{TenantId: "bench", PoolId: pool.Data.PoolId})
-	check(err)
-	agentDir := filepath.Join(work, "a")
-	node := strings.TrimSpace(output(exec.Command(filepath.Join(work, "compute-agent"), "join", "--api", fmt.Sprintf("http://127.0.0.1:%d", port),
-		"--token", tok.Data.Token, "--dir", agentDir), env))
-	agent := start(filepath.Join(work, "compute-agent"), env, filepath.Join(work, "agent.log"), "run", "--dir", agentDir, "--runtime", "qemu",
-		"--accel", "tcg", "--vcpu", "8", "--memory-mib", "8192")
-	defer stop(agent)
-	db, err := pgx.Connect(ctx, dbURL)
-	check(err)
-	defer db.Close(ctx)
-	for {
-		var state string
-		_ = db.QueryRow(ctx, `select state from nodes where node_id = $1`, node).Scan(&state)
-		if state == "ready" {
-			break
+	f := benchkit.StartFleet(ctx, "instancebench", *database, *imagesDir)
+	defer f.Close()
+	check = func(err error) {
+		if err != nil {
+			f.Fatal(err.Error())
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
-
-	im, err := (&images.Dir{Path: abs}).Get(ctx, "computeplane/minimal")
+	c, db, node, work := f.C, f.DB, f.Node, f.Work
+	pool := f.PoolID
+	im, err := (&images.Dir{Path: *imagesDir}).Get(ctx, "computeplane/minimal")
 	check(err)
 	var admit, deliver, host, total, bare []time.Duration
 	for i := 0; i < *runs; i++ {
@@ -116,7 +58,7 @@ func main() {
 		var gen0 int64
 		_ = db.QueryRow(ctx, `select observed_generation from nodes where node_id = $1`, node).Scan(&gen0)
 		t0 := time.Now()
-		res, err := c.InstancesCreate(ctx, &client.InstancesCreateInput{TenantId: "bench", PoolId: pool.Data.PoolId, Flavor: "small",
+		res, err := c.InstancesCreate(ctx, &client.InstancesCreateInput{TenantId: "bench", PoolId: pool, Flavor: "small",
 			ImageId: "computeplane/minimal", Name: "vm-" + strconv.Itoa(i), IdempotencyKey: "i" + strconv.Itoa(i)})
 		check(err)
 		t1 := time.Now()
@@ -182,24 +124,12 @@ The host share is %.0f %% above the bare boot at p50 (goal: at most 10 %%); the 
 plane's p99 is %s (goal: under 20 ms).
 
 `, time.Now().UTC().Format("2006-01-02"), *runs, runtime.NumCPU(), runtime.Version(),
-		pct(total, 50), pct(total, 99), pct(admit, 50), pct(admit, 99), pct(deliver, 50), pct(deliver, 99), pct(cp, 50), pct(cp, 99), pct(host, 50), pct(host, 99), pct(bare, 50), pct(bare, 99),
-		100*(float64(quantile(host, 50))/float64(quantile(bare, 50))-1), pct(cp, 99))
+		benchkit.Pct(total, 50), benchkit.Pct(total, 99), benchkit.Pct(admit, 50), benchkit.Pct(admit, 99), benchkit.Pct(deliver, 50), benchkit.Pct(deliver, 99), benchkit.Pct(cp, 50), benchkit.Pct(cp, 99), benchkit.Pct(host, 50), benchkit.Pct(host, 99), benchkit.Pct(bare, 50), benchkit.Pct(bare, 99),
+		100*(float64(benchkit.Quantile(host, 50))/float64(benchkit.Quantile(bare, 50))-1), benchkit.Pct(cp, 99))
 	fmt.Print(section)
 	for _, f := range []string{*out, *notes} {
 		check(benchkit.ReplaceSection(f, "## Instances", section))
 	}
-}
-
-func quantile(d []time.Duration, p int) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := (len(s)*p + 99) / 100
-	i = min(max(i-1, 0), len(s)-1)
-	return s[i]
-}
-
-func pct(d []time.Duration, p int) string {
-	return quantile(d, p).Round(100 * time.Microsecond).String()
 }
 
 // bareBoot boots the image with qemu alone (the runtime's machine and
@@ -224,53 +154,9 @@ func bareBoot(ctx context.Context, work string, im *images.Image, i int) time.Du
 	return time.Since(start)
 }
 
-func start(bin string, env []string, logPath string, args ...string) *exec.Cmd {
-	logf, err := os.Create(logPath)
-	check(err)
-	cmd := exec.Command(bin, args...)
-	cmd.Env, cmd.Stdout, cmd.Stderr = env, logf, logf
-	check(cmd.Start())
-	return cmd
-}
-
-func stop(cmd *exec.Cmd) {
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	_, _ = cmd.Process.Wait()
-}
-
-func waitHTTP(u string) {
-	for i := 0; i < 600; i++ {
-		if r, err := http.Get(u); err == nil {
-			_ = r.Body.Close()
-			if r.StatusCode == 200 {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	log.Fatal("instancebench: computed did not become ready")
-}
-
-func output(cmd *exec.Cmd, env []string) string {
-	cmd.Env = env
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	check(err)
-	return string(out)
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
-}
-
-func run(cmd *exec.Cmd) {
-	if out, err := cmd.CombinedOutput(); err != nil {
-		log.Fatalf("instancebench: %s: %v %s", strings.Join(cmd.Args, " "), err, out)
-	}
-}
-
-func check(err error) {
+// check ends the tool on an error (after the fleet is cleaned up, once
+// it runs).
+var check = func(err error) {
 	if err != nil {
 		log.Fatal("instancebench: ", err)
 	}

@@ -1,0 +1,181 @@
+package benchkit
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"computeplane/computeclient"
+	"computeplane/gen/client"
+	"computeplane/internal/config"
+	"computeplane/internal/pki"
+)
+
+// Fleet is computed (every role, a gateway included) and one compute-agent
+// with the qemu runtime (TCG), run as child processes on a database of
+// their own, with a tenant "bench" owning a vps-host pool with flavor
+// "small" (1 vCPU, 256 MiB). The VM benchmarks share it.
+type Fleet struct {
+	Work     string // a temporary directory: binaries, logs, the agent's
+	AgentDir string
+	C        *computeclient.Client
+	DB       *pgx.Conn
+	PoolID   string
+	Node     string
+
+	name    string
+	cleanup []func()
+}
+
+const benchSecret = "benchkit-secret-0123456789abcdefghijklmnop"
+
+// StartFleet starts a fleet for the tool name, with the image source at
+// imagesDir; it exits the process on any failure (a benchmark has no one
+// to return to).
+func StartFleet(ctx context.Context, name, database, imagesDir string) *Fleet {
+	f := &Fleet{name: name}
+	abs, err := filepath.Abs(imagesDir)
+	f.check(err)
+	f.Work, err = os.MkdirTemp("", name)
+	f.check(err)
+	f.defer_(func() { _ = os.RemoveAll(f.Work) })
+	for _, b := range []string{"computed", "compute-agent"} {
+		f.run(exec.Command("go", "build", "-o", filepath.Join(f.Work, b), "./cmd/"+b))
+	}
+	dbURL, drop, err := FreshDatabase(ctx, database, name)
+	f.check(err)
+	f.defer_(drop)
+	pkiFile := filepath.Join(f.Work, "pki.json")
+	_, _, err = pki.Init(pkiFile, benchSecret, "bench.local")
+	f.check(err)
+	port, err := FreePort()
+	f.check(err)
+	gwPort, err := FreePort()
+	f.check(err)
+	cfg := filepath.Join(f.Work, "config.yaml")
+	f.check(os.WriteFile(cfg, []byte(fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: bench, listen: \"127.0.0.1:%d\"}\nimages: {dir: %q}\n", gwPort, gwPort, abs)), 0o600))
+	env := append(os.Environ(), "SERVICE_DATABASE_URL="+dbURL, "SERVICE_SECRET="+benchSecret, "SERVICE_PKI="+pkiFile, "SERVICE_CONFIG="+cfg,
+		"SERVICE_BASE_URL="+fmt.Sprintf("http://127.0.0.1:%d", port), "HOST=127.0.0.1", "PORT="+strconv.Itoa(port), "SERVICE_LOG_LEVEL=warn")
+	f.start(env, "computed.log", filepath.Join(f.Work, "computed"), "serve")
+	f.waitHTTP(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
+	key := lastLine(f.output(env, filepath.Join(f.Work, "computed"), "iam", "create-key", "--tenant", "bench", "--identity", "bench", "--role", "owner"))
+	f.C, err = computeclient.New(fmt.Sprintf("http://127.0.0.1:%d%s", port, config.DefaultBasePath), computeclient.WithToken(key),
+		computeclient.WithHTTPClient(&http.Client{Timeout: 60 * time.Second}))
+	f.check(err)
+	site, err := f.C.SitesCreate(ctx, &client.SitesCreateInput{TenantId: "bench", Kind: client.SitesCreateInputKindCustom, Region: "bench", IdempotencyKey: "s"})
+	f.check(err)
+	pool, err := f.C.PoolsCreate(ctx, &client.PoolsCreateInput{TenantId: "bench", SiteId: site.Data.SiteId, Name: "vms", Class: client.PoolsCreateInputClassVpsHost, IdempotencyKey: "p"})
+	f.check(err)
+	f.PoolID = pool.Data.PoolId
+	_, err = f.C.FlavorsCreate(ctx, &client.FlavorsCreateInput{TenantId: "bench", PoolId: f.PoolID, Name: "small", Vcpu: 1, MemoryMiB: 256})
+	f.check(err)
+	tok, err := f.C.PoolsJoinToken(ctx, &client.PoolsJoinTokenInput{TenantId: "bench", PoolId: f.PoolID})
+	f.check(err)
+	f.AgentDir = filepath.Join(f.Work, "a")
+	f.Node = lastLine(f.output(env, filepath.Join(f.Work, "compute-agent"), "join", "--api", fmt.Sprintf("http://127.0.0.1:%d", port),
+		"--token", tok.Data.Token, "--dir", f.AgentDir))
+	f.start(env, "agent.log", filepath.Join(f.Work, "compute-agent"), "run", "--dir", f.AgentDir, "--runtime", "qemu",
+		"--accel", "tcg", "--vcpu", "16", "--memory-mib", "16384")
+	f.DB, err = pgx.Connect(ctx, dbURL)
+	f.check(err)
+	f.defer_(func() { _ = f.DB.Close(context.Background()) })
+	for {
+		var state string
+		_ = f.DB.QueryRow(ctx, `select state from nodes where node_id = $1`, f.Node).Scan(&state)
+		if state == "ready" {
+			return f
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Close stops the processes and removes what the fleet made.
+func (f *Fleet) Close() {
+	for _, fn := range slices.Backward(f.cleanup) {
+		fn()
+	}
+	f.cleanup = nil
+}
+
+func (f *Fleet) defer_(fn func()) { f.cleanup = append(f.cleanup, fn) }
+
+func (f *Fleet) start(env []string, logName, bin string, args ...string) {
+	logf, err := os.Create(filepath.Join(f.Work, logName))
+	f.check(err)
+	cmd := exec.Command(bin, args...)
+	cmd.Env, cmd.Stdout, cmd.Stderr = env, logf, logf
+	f.check(cmd.Start())
+	f.defer_(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_, _ = cmd.Process.Wait()
+	})
+}
+
+func (f *Fleet) waitHTTP(u string) {
+	for i := 0; i < 600; i++ {
+		if r, err := http.Get(u); err == nil {
+			_ = r.Body.Close()
+			if r.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.Fatal("computed did not become ready")
+}
+
+func (f *Fleet) output(env []string, bin string, args ...string) string {
+	cmd := exec.Command(bin, args...)
+	cmd.Env, cmd.Stderr = env, os.Stderr
+	out, err := cmd.Output()
+	f.check(err)
+	return string(out)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+func (f *Fleet) run(cmd *exec.Cmd) {
+	if out, err := cmd.CombinedOutput(); err != nil {
+		f.Fatal(fmt.Sprintf("%s: %v %s", strings.Join(cmd.Args, " "), err, out))
+	}
+}
+
+func (f *Fleet) check(err error) {
+	if err != nil {
+		f.Fatal(err.Error())
+	}
+}
+
+// Fatal ends the tool after cleaning up.
+func (f *Fleet) Fatal(msg string) {
+	f.Close()
+	log.Fatalf("%s: %s", f.name, msg)
+}
+
+// Quantile is the p-th percentile of d (nearest rank).
+func Quantile(d []time.Duration, p int) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	i = min(max(i-1, 0), len(s)-1)
+	return s[i]
+}
+
+// Pct formats the p-th percentile of d.
+func Pct(d []time.Duration, p int) string {
+	return Quantile(d, p).Round(100 * time.Microsecond).String()
+}
