@@ -102,6 +102,10 @@ var testSteps = []workflows.Step{
 }
 
 func (testRenderer) Render(_ context.Context, _ pgx.Tx, _, id string, _ int) (*workflows.Rendered, error) {
+	if id == "timeout" {
+		return &workflows.Rendered{Tenant: "acme", ID: id, Version: 1, Steps: []workflows.Step{
+			{Name: "slow", Phase: "provision", Uses: "test.block", With: map[string]any{}, TimeoutMs: 300, Retries: 1}}}, nil
+	}
 	return &workflows.Rendered{Tenant: "acme", ID: id, Version: 1, Steps: testSteps}, nil
 }
 
@@ -329,6 +333,22 @@ func TestEngine(t *testing.T) {
 		got = w.get(t, node, id)
 		require.Equal(t, "succeeded", string(got.State))
 		assert.EqualValues(t, 2, got.Steps[2].Attempts, "the next worker started the interrupted step again")
+	})
+
+	t.Run("a step runs within its timeout", func(t *testing.T) {
+		blocking.Store(true)
+		cfg, _ := json.Marshal(map[string]string{"name": "timeout-host"})
+		out, err := workflows.Enroll(t.Context(), w.env.Store, w.env.Host.Identity().Projection(), w.env.Config.TypePrefix, workflows.Enrollment{
+			PoolID: w.pool, Hostname: "timeout-host", Driver: "fake", DriverConfig: cfg, ProfileID: "timeout"})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		w.run(ctx, out.WorkflowID)
+		got := w.get(t, out.NodeID, out.WorkflowID)
+		require.Equal(t, "failed", string(got.State))
+		assert.EqualValues(t, 2, got.Steps[0].Attempts, "one retry after the first timeout")
+		assert.Equal(t, "step slow timed out after 300ms", got.Steps[0].LastError.Value)
+		assert.Equal(t, "step slow: step slow timed out after 300ms", got.Error.Value)
 	})
 
 	t.Run("reads of another tenant's node are NOT_FOUND; one live workflow per node", func(t *testing.T) {
