@@ -189,17 +189,25 @@ func (j *Job) step(ctx context.Context, fence func(context.Context, pgx.Tx) erro
 		if err != nil {
 			return j.retry(ctx, fence, r, err)
 		}
+		now = time.Now() // the machine is there now
 		r.State, r.MachineAt, r.Attempts, r.Error, r.NextAttemptAt = StateInstalling, &now, 0, pgtype.Text{}, now
 		j.Log.Info("provider bootstrap identified its machine", "bootstrapId", r.BootstrapID, "machineId", m.ID)
-		return j.save(ctx, fence, r)
+		if err := j.save(ctx, fence, r); err != nil {
+			return err
+		}
+		return j.install(ctx, fence, r, p) // at once: nothing to wait for
 	case StateClaiming:
 		m, err := p.Claim(ctx, r.OfferID.String, r.BootstrapID)
 		if err != nil {
 			return j.retry(ctx, fence, r, err)
 		}
+		now = time.Now() // the machine is there now
 		r.State, r.MachineID, r.Claimed, r.MachineAt, r.Attempts, r.Error, r.NextAttemptAt = StateInstalling, str(m.ID), true, &now, 0, pgtype.Text{}, now
 		j.Log.Info("provider bootstrap claimed a machine", "bootstrapId", r.BootstrapID, "machineId", m.ID)
-		return j.save(ctx, fence, r)
+		if err := j.save(ctx, fence, r); err != nil {
+			return err
+		}
+		return j.install(ctx, fence, r, p) // at once: nothing to wait for
 	case StateInstalling:
 		return j.install(ctx, fence, r, p)
 	case StateJoining:
