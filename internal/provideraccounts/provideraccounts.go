@@ -63,6 +63,7 @@ type Service struct {
 	bootstrap *config.Bootstrap
 	baseURL   string
 	bundle    func() (*pki.Bundle, error)
+	root      string
 	log       *slog.Logger
 
 	mu      sync.Mutex
@@ -96,7 +97,7 @@ func New(cfg *config.Config, st *store.Store, imgs images.Source, bundle func() 
 	}
 	return &Service{
 		reg: reg, secrets: secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
-		store: st, images: imgs, dir: dir, bootstrap: cfg.Bootstrap, baseURL: cfg.BaseURL, bundle: bundle, log: log,
+		store: st, images: imgs, dir: dir, bootstrap: cfg.Bootstrap, baseURL: cfg.BaseURL, bundle: bundle, root: cfg.RootTenantID, log: log,
 		clients: map[string]cached{},
 	}, nil
 }
@@ -114,9 +115,20 @@ func output(r db.ProviderAccount) (*api.ProviderAccount, error) {
 		Version: r.Version, CreatedAt: wire.Time(r.CreatedAt), UpdatedAt: wire.Time(r.UpdatedAt)}, nil
 }
 
-// checkConfig applies the manifest's schema and the reference rule.
-func (s *Service) checkConfig(provider string, cfg any) error {
+// checkConfig applies the reference rule and the manifest's schema, and
+// refuses a secret:// reference the account could never resolve (another
+// tenant's secret, or a fleet secret outside the root tenant).
+func (s *Service) checkConfig(provider, tenant string, cfg any) error {
 	issues := s.reg.Check(provider, cfg)
+	for _, r := range providers.Refs(cfg) {
+		if !strings.HasPrefix(r.Ref, "secret://") {
+			continue
+		}
+		own := strings.HasPrefix(r.Ref, "secret://tenants/"+tenant+"/") || (tenant == s.root && strings.HasPrefix(r.Ref, "secret://fleet/"))
+		if !own {
+			issues = append(issues, providers.Issue{Path: r.Path, Message: fmt.Sprintf("%s is not a secret of tenant %s", r.Ref, tenant)})
+		}
+	}
 	if len(issues) == 0 {
 		return nil
 	}
@@ -162,7 +174,7 @@ func (s *Service) Create(ctx context.Context, in *api.ProviderAccountsCreateInpu
 	if cfg == nil {
 		cfg = map[string]any{}
 	}
-	if err := s.checkConfig(in.Provider, cfg); err != nil {
+	if err := s.checkConfig(in.Provider, in.TenantID, cfg); err != nil {
 		return nil, err
 	}
 	raw, err := json.Marshal(cfg)
@@ -264,7 +276,7 @@ func (s *Service) Update(ctx context.Context, in *api.ProviderAccountsUpdateInpu
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkConfig(r.Provider, in.Config); err != nil {
+	if err := s.checkConfig(r.Provider, r.TenantID, in.Config); err != nil {
 		return nil, err
 	}
 	raw, err := json.Marshal(in.Config)

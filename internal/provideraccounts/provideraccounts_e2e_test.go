@@ -143,11 +143,13 @@ func TestCreate(t *testing.T) {
 
 	// Secret-like fields: references only, at any depth and in any case.
 	for name, cfg := range map[string]map[string]any{
-		"a token in clear":      {"region": "eu", "apiToken": "tok-123"},
-		"an ssh key nested":     {"region": "eu", "offers": []any{map[string]any{"sshKey": "ssh-ed25519 AAAA"}}},
-		"a password as number":  {"region": "eu", "offers": []any{map[string]any{"rootPassword": 1234}}},
-		"a malformed reference": {"region": "eu", "apiToken": "secret://nowhere"},
-		"an env reference path": {"region": "eu", "ClientSecret": "env://A/B"},
+		"a token in clear":        {"region": "eu", "apiToken": "tok-123"},
+		"an ssh key nested":       {"region": "eu", "offers": []any{map[string]any{"sshKey": "ssh-ed25519 AAAA"}}},
+		"a password as number":    {"region": "eu", "offers": []any{map[string]any{"rootPassword": 1234}}},
+		"a malformed reference":   {"region": "eu", "apiToken": "secret://nowhere"},
+		"an env reference path":   {"region": "eu", "ClientSecret": "env://A/B"},
+		"another tenant's secret": {"region": "eu", "apiToken": "secret://tenants/globex/cloud-token"},
+		"a fleet secret":          {"region": "eu", "apiToken": "secret://fleet/cloud-token"},
 	} {
 		e := testenv.APIError(t, ignore(w.owner.ProviderAccountsCreate(ctx, &client.ProviderAccountsCreateInput{TenantId: "acme", Provider: "fake", Name: "f", Config: raw(cfg)})), name)
 		assert.Equal(t, "INVALID_INPUT", e.Code, name)
@@ -492,6 +494,30 @@ func TestBootstrapRules(t *testing.T) {
 	assert.Equal(t, "failed", now.Data.State)
 	assert.Contains(t, now.Data.Error.Value, "not a machine of account")
 	assert.Equal(t, 1, w.events(t, "provider.bootstrap.failed", a.AccountId))
+
+	// Claiming where the claim keeps failing (this env has no image
+	// source): each failure is recorded and retried after a backoff, the
+	// fifth fails the bootstrap.
+	claimIn := bs("ok-2", a.AccountId, metal, "", "small")
+	for attempt := 1; attempt <= provideraccounts.MaxAttempts; attempt++ {
+		_, err = w.env.Store.Pool().Exec(ctx, `update provider_bootstraps set next_attempt_at = now() where bootstrap_id = $1`, second.Data.BootstrapId)
+		require.NoError(t, err)
+		require.NoError(t, job.Pass(ctx, noFence))
+		cur, err := w.owner.ProviderAccountsBootstrap(ctx, claimIn)
+		require.NoError(t, err)
+		assert.Contains(t, cur.Data.Error.Value, "image source", "attempt %d", attempt)
+		if attempt < provideraccounts.MaxAttempts {
+			assert.Equal(t, "claiming", cur.Data.State, "attempt %d", attempt)
+			var wait float64
+			require.NoError(t, w.env.Store.Pool().QueryRow(ctx, `select extract(epoch from next_attempt_at - now()) from provider_bootstraps where bootstrap_id = $1`,
+				second.Data.BootstrapId).Scan(&wait))
+			assert.InDelta(t, float64(int(1)<<(attempt-1)), wait, 0.5, "backoff after attempt %d", attempt)
+		} else {
+			assert.Equal(t, "failed", cur.Data.State)
+		}
+	}
+	assert.Equal(t, 2, w.events(t, "provider.bootstrap.failed", a.AccountId))
+	assert.Zero(t, w.events(t, "provider.bootstrap.installed", a.AccountId))
 }
 
 func noFence(context.Context, pgx.Tx) error { return nil }

@@ -100,6 +100,42 @@ func References(config any) []Issue {
 	return out
 }
 
+// Ref is a reference held by a secret-like field.
+type Ref struct {
+	Path string
+	Ref  string
+}
+
+// Refs lists the well-formed references of config's secret-like fields,
+// at any depth, with their paths.
+func Refs(config any) []Ref {
+	var out []Ref
+	var walk func(v any, path string, secret bool)
+	walk = func(v any, path string, secret bool) {
+		switch x := v.(type) {
+		case map[string]any:
+			keys := make([]string, 0, len(x))
+			for k := range x {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				walk(x[k], path+"."+k, SecretLike(k))
+			}
+		case []any:
+			for i, e := range x {
+				walk(e, path+"["+strconv.Itoa(i)+"]", false)
+			}
+		case string:
+			if secret && CheckReference(x) == "" {
+				out = append(out, Ref{Path: path, Ref: x})
+			}
+		}
+	}
+	walk(config, "config", false)
+	return out
+}
+
 type schema struct{ s *jsonschema.Schema }
 
 func compile(m Manifest) (*schema, error) {

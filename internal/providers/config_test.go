@@ -148,3 +148,12 @@ func FuzzCheckReference(f *testing.F) {
 		}
 	})
 }
+
+func TestRefs(t *testing.T) {
+	t.Parallel()
+	var cfg any
+	require.NoError(t, json.Unmarshal([]byte(`{"apiToken": "secret://tenants/acme/t", "nodes": [{"sshKey": "env://COMPUTE_PROVIDER_K"}],
+		"password": "clear", "name": "secret://tenants/acme/not-secret-like"}`), &cfg))
+	assert.Equal(t, []providers.Ref{{Path: "config.apiToken", Ref: "secret://tenants/acme/t"}, {Path: "config.nodes[0].sshKey", Ref: "env://COMPUTE_PROVIDER_K"}},
+		providers.Refs(cfg))
+}
