@@ -9,6 +9,8 @@
 //	                    write the sealed PKI bundle to SERVICE_PKI unless it exists
 //	computed nodes register ...
 //	                    enter a node with a declared capacity (no daemon)
+//	computed metal enroll ...
+//	                    enter a bare-metal host and start its provisioning workflow
 //	computed version    print the release version
 package main
 
@@ -39,6 +41,7 @@ import (
 	"computeplane/internal/nodes"
 	"computeplane/internal/pki"
 	"computeplane/internal/store"
+	"computeplane/internal/workflows"
 )
 
 func main() {
@@ -57,7 +60,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stdout, buildinfo.Version())
 		return 0
 	}
-	if cmd == "iam" || cmd == "nodes" {
+	if cmd == "iam" || cmd == "nodes" || cmd == "metal" {
 		// Operator commands find the dev cluster the way make run does.
 		getenv = devEnv(getenv, stderr)
 	}
@@ -118,6 +121,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		identity := embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, time.Now)
 		return nodes.RunCommand(ctx, st, identity.Projection(), cfg.TypePrefix, args[1:], stdout, stderr)
+	case "metal":
+		st, err := store.Open(ctx, cfg.Database)
+		if err != nil {
+			log.Error("metal: open store", "error", err.Error())
+			return 1
+		}
+		defer st.Close()
+		if err := st.Migrate(ctx); err != nil {
+			log.Error("metal: migrate", "error", err.Error())
+			return 1
+		}
+		identity := embedded.New(st, cfg.RootTenantID, cfg.TypePrefix, time.Now)
+		return workflows.RunCommand(ctx, st, identity.Projection(), cfg.TypePrefix, args[1:], stdout, stderr)
 	case "pki":
 		if len(args) > 1 && args[1] == "revoke" {
 			st, err := store.Open(ctx, cfg.Database)

@@ -34,11 +34,9 @@ import (
 	"computeplane/internal/config"
 	"computeplane/internal/dbtest"
 	"computeplane/internal/drivers/qemudriver"
-	"computeplane/internal/iam/embedded"
 	"computeplane/internal/images"
 	"computeplane/internal/proctest"
 	"computeplane/internal/qemu/qemutest"
-	"computeplane/internal/store"
 	"computeplane/internal/testenv"
 	"computeplane/internal/workflows"
 )
@@ -166,15 +164,13 @@ func TestMetalProvisioningWithQemu(t *testing.T) {
 	// The medium is corrupted before the run: the image write fails
 	// after its retries.
 	flipByte(t, osImg, 40<<20)
-	st, err := store.Open(ctx, dbURL)
-	require.NoError(t, err)
-	t.Cleanup(st.Close)
-	proj := embedded.New(st, config.DefaultRootTenantID, config.DefaultTypePrefix, time.Now).Projection()
 	start := time.Now()
-	wf, err := workflows.Enroll(ctx, st, proj, config.DefaultTypePrefix, workflows.Enrollment{PoolID: pool.Data.PoolId, Hostname: "metal-1",
-		Driver: qemudriver.Name, DriverConfig: drvCfg,
-		Inputs: map[string]any{"image": "computeplane/metal-os", "agentImage": "computeplane/minimal"}})
-	require.NoError(t, err)
+	// The operator's way in: computed metal enroll.
+	var wf struct{ NodeID, WorkflowID string }
+	enrolled := proctest.Run(t, bin, envOf(portA), "metal", "enroll", "--pool", pool.Data.PoolId, "--hostname", "metal-1",
+		"--driver", qemudriver.Name, "--driver-config", string(drvCfg),
+		"--input", "image=computeplane/metal-os", "--input", "agentImage=computeplane/minimal")
+	require.NoError(t, json.Unmarshal([]byte(enrolled), &wf), enrolled)
 	node, id := wf.NodeID, wf.WorkflowID
 	get := func(c *computeclient.Client) client.Workflow {
 		res, err := c.WorkflowsGet(ctx, &client.WorkflowsGetInput{TenantId: "acme", NodeId: node, WorkflowId: id})
