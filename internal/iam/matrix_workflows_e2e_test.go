@@ -7,6 +7,7 @@ package iam_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -20,13 +21,14 @@ import (
 	"computeplane/internal/workflows"
 )
 
-// workflow starts a metal-host workflow on a fresh node of tenant and
-// leaves it in state (running, paused or failed).
-func (fx *fixture) workflow(t *testing.T, tenant, state string) (node, id string) {
+// newWorkflow starts a metal-host workflow on a fresh node of tenant and
+// leaves it in state (running, paused or failed); it returns "node wf".
+func (fx *fixture) newWorkflow(t *testing.T, tenant, state string) string {
 	t.Helper()
 	n, err := nodes.Register(t.Context(), fx.env.Store, fx.env.Host.Identity().Projection(), fx.env.Config.TypePrefix,
 		nodes.Registration{PoolID: fx.pool(t, tenant), Hostname: fx.unique(), VCPU: 1, MemoryMiB: 256})
 	require.NoError(t, err, "fixture: a node in %s", tenant)
+	var id string
 	require.NoError(t, fx.env.Store.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) error {
 		w, err := workflows.Start(ctx, tx, workflows.StartParams{TenantID: tenant, NodeID: n.NodeID, ProfileID: workflows.MetalHostProfile,
 			Inputs: map[string]any{"image": "img", "agentImage": "agent", "hostname": "h"}})
@@ -45,10 +47,31 @@ func (fx *fixture) workflow(t *testing.T, tenant, state string) (node, id string
 		}
 		return err
 	}), "fixture: a workflow in %s", tenant)
-	return n.NodeID, id
+	return n.NodeID + " " + id
+}
+
+// workflow is the workflow in state kept for tenant (made while
+// preparing, so that refused calls create nothing): its node and id.
+func (fx *fixture) workflow(t *testing.T, tenant, state string) (node, id string) {
+	t.Helper()
+	v := fx.keep("workflow-"+state, tenant, func() string { return fx.newWorkflow(t, tenant, state) })
+	node, id, _ = strings.Cut(v, " ")
+	return node, id
+}
+
+// usedWorkflow forgets the kept workflow once an admitted call changed it.
+func usedWorkflow(fx *fixture, tenant, state, node, id string, err error) {
+	if err == nil {
+		fx.used("workflow-"+state, tenant, node+" "+id)
+	}
 }
 
 func init() {
+	preparers = append(preparers, func(t *testing.T, fx *fixture, tenant string, _ map[string]string) {
+		for _, state := range []string{workflows.StateRunning, workflows.StatePaused, workflows.StateFailed} {
+			fx.workflow(t, tenant, state)
+		}
+	})
 	readers := []string{owner, admin, member, viewer}
 	operators := []string{owner, admin}
 	matrix[api.MethodWorkflowsGet] = []matrixCase{{
@@ -79,7 +102,9 @@ func init() {
 	matrix[api.MethodWorkflowsAbort] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			node, id := fx.workflow(t, tenant, workflows.StateRunning)
-			return c.WorkflowsAbort(t.Context(), &client.WorkflowsAbortInput{TenantId: tenant, NodeId: node, WorkflowId: id})
+			res, err := c.WorkflowsAbort(t.Context(), &client.WorkflowsAbortInput{TenantId: tenant, NodeId: node, WorkflowId: id})
+			usedWorkflow(fx, tenant, workflows.StateRunning, node, id, err)
+			return res, err
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
@@ -89,7 +114,9 @@ func init() {
 	matrix[api.MethodWorkflowsPause] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			node, id := fx.workflow(t, tenant, workflows.StateRunning)
-			return c.WorkflowsPause(t.Context(), &client.WorkflowsPauseInput{TenantId: tenant, NodeId: node, WorkflowId: id})
+			res, err := c.WorkflowsPause(t.Context(), &client.WorkflowsPauseInput{TenantId: tenant, NodeId: node, WorkflowId: id})
+			usedWorkflow(fx, tenant, workflows.StateRunning, node, id, err)
+			return res, err
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
@@ -99,7 +126,9 @@ func init() {
 	matrix[api.MethodWorkflowsResume] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			node, id := fx.workflow(t, tenant, workflows.StatePaused)
-			return c.WorkflowsResume(t.Context(), &client.WorkflowsResumeInput{TenantId: tenant, NodeId: node, WorkflowId: id})
+			res, err := c.WorkflowsResume(t.Context(), &client.WorkflowsResumeInput{TenantId: tenant, NodeId: node, WorkflowId: id})
+			usedWorkflow(fx, tenant, workflows.StatePaused, node, id, err)
+			return res, err
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
@@ -109,7 +138,9 @@ func init() {
 	matrix[api.MethodWorkflowsRetry] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			node, id := fx.workflow(t, tenant, workflows.StateFailed)
-			return c.WorkflowsRetry(t.Context(), &client.WorkflowsRetryInput{TenantId: tenant, NodeId: node, WorkflowId: id})
+			res, err := c.WorkflowsRetry(t.Context(), &client.WorkflowsRetryInput{TenantId: tenant, NodeId: node, WorkflowId: id})
+			usedWorkflow(fx, tenant, workflows.StateFailed, node, id, err)
+			return res, err
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
