@@ -30,7 +30,8 @@ import (
 	"computeplane/internal/keys"
 	"computeplane/internal/pki"
 	"computeplane/internal/providers"
-	_ "computeplane/internal/providers/localqemu" // the provider of this build
+	_ "computeplane/internal/providers/ec2"       // a provider of this build
+	_ "computeplane/internal/providers/localqemu" // a provider of this build
 	"computeplane/internal/secrets"
 	"computeplane/internal/store"
 	"computeplane/internal/wire"

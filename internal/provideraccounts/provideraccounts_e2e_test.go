@@ -9,7 +9,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/go-faster/jx"
@@ -527,4 +532,52 @@ func (w *world) events(t *testing.T, typ, subject string) int {
 	var n int
 	require.NoError(t, w.env.Store.Pool().QueryRow(t.Context(), `select count(*) from outbox where type = $1 and subject = $2`, typ, subject).Scan(&n))
 	return n
+}
+
+// The EC2 provider through the API, against EC2's recorded answers
+// (internal/providers/ec2/testdata): offers reach the endpoint live with
+// the key resolved from the tenant's secret; EC2 cannot bootstrap.
+func TestEC2Account(t *testing.T) {
+	t.Parallel()
+	w := setup(t, "bootstrap: {agent: /bin/false}\n")
+	ctx := t.Context()
+	var calls []url.Values
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		require.NoError(t, r.ParseForm())
+		mu.Lock()
+		calls = append(calls, r.PostForm)
+		mu.Unlock()
+		file := "DescribeInstanceTypes-1.xml"
+		if r.PostForm.Get("NextToken") == "page-2" {
+			file = "DescribeInstanceTypes-2.xml"
+		}
+		b, err := os.ReadFile(filepath.Join("..", "providers", "ec2", "testdata", file))
+		require.NoError(t, err)
+		rw.Header().Set("Content-Type", "text/xml")
+		_, _ = rw.Write(b)
+	}))
+	t.Cleanup(srv.Close)
+	_, err := w.owner.SecretsPut(ctx, &client.SecretsPutInput{TenantId: "acme", Name: "aws", Value: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", IdempotencyKey: "aws"})
+	require.NoError(t, err)
+	cfg := map[string]any{"region": "eu-central-1", "accessKeyId": "AKIAIOSFODNN7EXAMPLE", "secretAccessKey": "secret://tenants/acme/aws", "endpoint": srv.URL}
+	e := testenv.APIError(t, ignore(w.owner.ProviderAccountsCreate(ctx, &client.ProviderAccountsCreateInput{TenantId: "acme", Provider: "ec2", Name: "aws",
+		Config: raw(map[string]any{"region": "eu-central-1", "accessKeyId": "AKIAIOSFODNN7EXAMPLE", "secretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"})})))
+	assert.Equal(t, "INVALID_INPUT", e.Code, "a key in clear")
+	assert.Equal(t, []string{"config.secretAccessKey"}, issuePaths(e.Details["issues"]))
+	a := w.account(t, w.owner, "ec2", "aws", cfg)
+	res, err := w.member.ProviderAccountsOffers(ctx, &client.ProviderAccountsOffersInput{TenantId: "acme", AccountId: a.AccountId,
+		Query: client.NewOptOfferQuery(client.OfferQuery{GpuModel: client.NewOptString("L4"), MinGpus: client.NewOptInt64(4)})})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"g6.12xlarge"}, offerIDs(t, res))
+	mu.Lock()
+	assert.Len(t, calls, 2, "both pages asked")
+	mu.Unlock()
+	_, err = w.owner.ProviderAccountsBootstrap(ctx, &client.ProviderAccountsBootstrapInput{TenantId: "acme", AccountId: a.AccountId,
+		PoolId: w.pool(t, "p", nil), IdempotencyKey: "b", OfferId: client.NewOptString("t3.micro")})
+	assert.Equal(t, "UNSUPPORTED", code(t, err))
+	_, err = w.owner.SecretsDelete(ctx, &client.SecretsDeleteInput{TenantId: "acme", Name: "aws"})
+	require.NoError(t, err)
+	_, err = w.owner.ProviderAccountsOffers(ctx, &client.ProviderAccountsOffersInput{TenantId: "acme", AccountId: a.AccountId})
+	require.Error(t, err, "the key is resolved at each call: a deleted secret fails the next one")
 }
