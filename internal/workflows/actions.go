@@ -195,10 +195,22 @@ func (e *Env) agent(ctx context.Context) (drivers.Agent, *drivers.AgentStatus, e
 		last = err
 		select {
 		case <-ctx.Done():
-			return nil, nil, fmt.Errorf("the host's agent did not answer: %w", last)
+			return nil, nil, fmt.Errorf("the host's agent did not answer: %w%s", last, consoleTail(d))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// consoleTail is the end of the host's serial console for an error
+// message, where the driver reads it.
+func consoleTail(d drivers.Driver) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	b, err := d.Console(ctx, 512)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	return "; console: " + strings.TrimSpace(strings.ToValidUTF8(string(b), "?"))
 }
 
 // agentWait waits until the agent answers from the system booted from
@@ -213,6 +225,22 @@ func agentWait(ctx context.Context, env *Env, with map[string]any) (map[string]a
 	if err != nil {
 		return nil, err
 	}
+	// Until the deadline: a host being reset may still answer from the
+	// system it is leaving.
+	for {
+		out, err := agentCheck(ctx, env, boot, hostname)
+		if err == nil || ctx.Err() != nil {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func agentCheck(ctx context.Context, env *Env, boot, hostname string) (map[string]any, error) {
 	a, st, err := env.agent(ctx)
 	if err != nil {
 		return nil, err
@@ -223,19 +251,15 @@ func agentWait(ctx context.Context, env *Env, with map[string]any) (map[string]a
 	}
 	out := map[string]any{"bootId": st.BootID, "kernel": st.Kernel, "uptimeMs": st.UptimeMs, "cmdline": st.Cmdline}
 	if hostname != "" {
-		got, err := a.ReadFile(ctx, "/mnt/system/etc/hostname")
+		r, err := a.Exec(ctx, []string{"sh", "-c", "mkdir -p /mnt/system && (mountpoint -q /mnt/system || mount -o ro " + diskDev + " /mnt/system) && cat /mnt/system/etc/hostname"}, 30*time.Second)
 		if err != nil {
-			r, err := a.Exec(ctx, []string{"sh", "-c", "mkdir -p /mnt/system && (mountpoint -q /mnt/system || mount -o ro " + diskDev + " /mnt/system) && cat /mnt/system/etc/hostname"}, 30*time.Second)
-			if err != nil {
-				return nil, err
-			}
-			if r.ExitCode != 0 {
-				return nil, fmt.Errorf("reading the installed hostname: %s", strings.TrimSpace(r.Stderr))
-			}
-			got = []byte(r.Stdout)
+			return nil, err
 		}
-		if strings.TrimSpace(string(got)) != hostname {
-			return nil, fmt.Errorf("the installed system is %q, not %q", strings.TrimSpace(string(got)), hostname)
+		if r.ExitCode != 0 {
+			return nil, fmt.Errorf("reading the installed hostname: %s", strings.TrimSpace(r.Stderr))
+		}
+		if got := strings.TrimSpace(r.Stdout); got != hostname {
+			return nil, fmt.Errorf("the installed system is %q, not %q", got, hostname)
 		}
 		out["hostname"] = hostname
 	}
