@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,8 +23,10 @@ import (
 	"computeplane/gen/client"
 	"computeplane/internal/drivers"
 	"computeplane/internal/host"
+	"computeplane/internal/nodes"
 	"computeplane/internal/testenv"
 	"computeplane/internal/workflows"
+	"computeplane/internal/workflows/actionspec"
 )
 
 // fakeDriver records power and boot calls.
@@ -363,4 +366,39 @@ func TestEngine(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "has a workflow running")
 	})
+
+	t.Run("inputs are checked against the actions' declared inputs", func(t *testing.T) {
+		n, err := nodes.Register(t.Context(), w.env.Store, w.env.Host.Identity().Projection(), w.env.Config.TypePrefix,
+			nodes.Registration{PoolID: w.pool, Hostname: "inputs-host", VCPU: 1, MemoryMiB: 256})
+		require.NoError(t, err)
+		for inputs, want := range map[string]string{
+			`{"device": 3}`:        "inputs: step boot-disk: with.device is a string",
+			`{"device": "floppy"}`: `inputs: step boot-disk: with.device is one of [disk cd pxe], not "floppy"`,
+			`{}`:                   "inputs: step boot-disk: with.device needs the input device",
+		} {
+			var in map[string]any
+			require.NoError(t, json.Unmarshal([]byte(inputs), &in))
+			err = w.env.Store.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) error {
+				_, err := workflows.Start(ctx, tx, workflows.StartParams{TenantID: "acme", NodeID: n.NodeID, ProfileID: "test", Inputs: in})
+				return err
+			})
+			var apiErr *api.Error
+			require.ErrorAs(t, err, &apiErr, inputs)
+			assert.Equal(t, api.CodeInvalidInput, apiErr.Code)
+			assert.Equal(t, want, apiErr.Message)
+		}
+	})
+}
+
+// Every built-in action is declared for profiles, and every declared one
+// is implemented.
+func TestActionsAreDeclared(t *testing.T) {
+	for name := range actionspec.Actions {
+		assert.Contains(t, workflows.Actions, name)
+	}
+	for name := range workflows.Actions {
+		if !strings.HasPrefix(name, "test.") {
+			assert.Contains(t, actionspec.Actions, name)
+		}
+	}
 }

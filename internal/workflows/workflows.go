@@ -32,6 +32,7 @@ import (
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/wire"
+	"computeplane/internal/workflows/actionspec"
 )
 
 // States of a workflow.
@@ -130,6 +131,9 @@ func Start(ctx context.Context, tx pgx.Tx, p StartParams) (*api.Workflow, error)
 		}
 		if _, ok := Actions[s.Uses]; !ok {
 			return nil, api.Errorf(api.CodeInvalidInput, "profileId: step %s uses %q, which is not a built-in action", s.Name, s.Uses)
+		}
+		if issues, ok := actionspec.Check(s.Uses, with); ok && len(issues) > 0 {
+			return nil, api.Errorf(api.CodeInvalidInput, "inputs: step %s: with.%s %s", s.Name, issues[0].Path, issues[0].Message)
 		}
 		rawWith, err := json.Marshal(with)
 		if err != nil {
