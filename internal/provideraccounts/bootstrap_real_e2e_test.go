@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,10 +24,14 @@ import (
 
 	"computeplane/gen/client"
 	"computeplane/internal/fleettest"
+	"computeplane/internal/images"
+	"computeplane/internal/pki"
 	"computeplane/internal/proctest"
+	"computeplane/internal/provideraccounts"
 	"computeplane/internal/providers"
 	"computeplane/internal/providers/localqemu"
 	"computeplane/internal/qemu/qemutest"
+	"computeplane/internal/testenv"
 )
 
 func TestRealBootstrap(t *testing.T) {
@@ -178,4 +183,74 @@ func TestRealBootstrap(t *testing.T) {
 			finishedAt.Sub(installedAt).Round(time.Millisecond), finishedAt.Sub(created).Round(time.Millisecond))
 	}
 	t.Logf("first bootstrap: states seen by repeats at %v", states)
+}
+
+// A bootstrap whose install keeps failing (the delivered agent is
+// /bin/false) fails after its attempts: its unused tokens are revoked and
+// the machine it claimed is released (the VM ends, its directory goes).
+func TestFailedBootstrapReleasesItsMachine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM")
+	}
+	im := qemutest.Image(t)
+	imagesDir := filepath.Dir(filepath.Dir(im.Location))
+	if _, err := os.Stat(filepath.Join(imagesDir, "minimal.json")); err != nil {
+		imagesDir = filepath.Dir(im.Location)
+	}
+	provDir, err := os.MkdirTemp("", "pv")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		localqemu.KillAll(filepath.Join(provDir, localqemu.Name))
+		_ = os.RemoveAll(provDir)
+	})
+	pkiFile := filepath.Join(t.TempDir(), "pki.json")
+	_, _, err = pki.Init(pkiFile, testenv.TestSecret, "test.local")
+	require.NoError(t, err)
+	w := setup(t, fmt.Sprintf("images: {dir: %q}\nproviderDir: %q\nbootstrap: {agent: /bin/false}\n", imagesDir, provDir), testenv.WithEnv("SERVICE_PKI", pkiFile))
+	ctx := t.Context()
+	a := w.account(t, w.owner, localqemu.Name, "lab", map[string]any{"image": im.ID, "machineTypes": []any{map[string]any{"name": "small", "vcpu": 1, "memoryMiB": 256}}})
+	in := &client.ProviderAccountsBootstrapInput{TenantId: "acme", AccountId: a.AccountId, PoolId: w.pool(t, "p", nil), IdempotencyKey: "k",
+		OfferId: client.NewOptString("small")}
+	res, err := w.owner.ProviderAccountsBootstrap(ctx, in)
+	require.NoError(t, err)
+	svc, err := provideraccounts.New(w.env.Config, w.env.Store, images.FromConfig(w.env.Config.Images), pki.Loader(w.env.Config.PKIFile, w.env.Config.Secret), nil)
+	require.NoError(t, err)
+	job := svc.Job(w.env.Store, nil, slog.New(slog.DiscardHandler))
+	var machine string
+	for attempt := 1; attempt <= provideraccounts.MaxAttempts; attempt++ {
+		_, err = w.env.Store.Pool().Exec(ctx, `update provider_bootstraps set next_attempt_at = now() where bootstrap_id = $1`, res.Data.BootstrapId)
+		require.NoError(t, err)
+		require.NoError(t, job.Pass(ctx, noFence))
+		cur, err := w.owner.ProviderAccountsBootstrap(ctx, in)
+		require.NoError(t, err)
+		require.False(t, cur.Data.MachineId.Null, "claimed at the first pass")
+		machine = cur.Data.MachineId.Value
+		assert.Contains(t, cur.Data.Error.Value, "compute-agent join", "attempt %d", attempt)
+		if attempt == 1 {
+			assert.True(t, vmRuns(t, filepath.Join(provDir, localqemu.Name, machine)), "the claimed VM runs")
+		}
+		if attempt < provideraccounts.MaxAttempts {
+			assert.Equal(t, "installing", cur.Data.State)
+		} else {
+			assert.Equal(t, "failed", cur.Data.State)
+		}
+	}
+	_, err = os.Stat(filepath.Join(provDir, localqemu.Name, machine))
+	assert.ErrorIs(t, err, os.ErrNotExist, "the claimed machine was released")
+	var minted, live int
+	require.NoError(t, w.env.Store.Pool().QueryRow(ctx, `select count(*), count(*) filter (where not revoked) from join_tokens where pool_id = $1`, in.PoolId).
+		Scan(&minted, &live))
+	assert.Equal(t, provideraccounts.MaxAttempts, minted, "a token per install attempt")
+	assert.Zero(t, live, "every unused token revoked")
+	assert.Equal(t, 1, w.events(t, "provider.bootstrap.failed", a.AccountId))
+}
+
+func vmRuns(t *testing.T, dir string) bool {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "vm", "qemu.pid"))
+	if err != nil {
+		return false
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid > 0 && syscall.Kill(pid, 0) == nil
 }
