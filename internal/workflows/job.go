@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -248,6 +249,7 @@ func (j *Job) Step(ctx context.Context, fence fenceFunc, id string) (more bool, 
 		if len(msg) > 4000 {
 			msg = msg[:4000]
 		}
+		msg = strings.ToValidUTF8(msg, "?")
 		retry := int(s.Failures)+1 <= int(s.Retries)
 		state := StepFailed
 		if retry {
@@ -264,8 +266,12 @@ func (j *Job) Step(ctx context.Context, fence fenceFunc, id string) (more bool, 
 			return err
 		}
 		if retry {
-			next := time.Now().Add(backoff(int(s.Failures) + 1))
-			_, err := q.SetWorkflowState(ctx, db.SetWorkflowStateParams{WorkflowID: id, State: w.State, NotBefore: &next,
+			now, err := q.WorkflowClock(ctx)
+			if err != nil {
+				return err
+			}
+			next := now.Add(backoff(int(s.Failures) + 1))
+			_, err = q.SetWorkflowState(ctx, db.SetWorkflowStateParams{WorkflowID: id, State: w.State, NotBefore: &next,
 				Error: w.Error})
 			return err
 		}
