@@ -51,6 +51,7 @@ var Actions = map[string]Action{
 	"image.write":    imageWrite,
 	"host.configure": hostConfigure,
 	"inventory":      inventory,
+	"console.read":   consoleRead,
 	"node.join":      nodeJoin,
 }
 
@@ -368,6 +369,24 @@ func hostConfigure(ctx context.Context, env *Env, with map[string]any) (map[stri
 		return nil, err
 	}
 	return map[string]any{"hostname": hostname}, nil
+}
+
+// consoleRead keeps the tail of the host's serial console as the step's
+// output (at most with.bytes, default and cap 16 KiB).
+func consoleRead(ctx context.Context, env *Env, with map[string]any) (map[string]any, error) {
+	n := 16 << 10
+	if v, ok := with["bytes"].(float64); ok && v > 0 && int(v) < n {
+		n = int(v)
+	}
+	d, err := env.Driver(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b, err := d.Console(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"console": strings.ToValidUTF8(string(b), "?")}, nil
 }
 
 func inventory(ctx context.Context, env *Env, _ map[string]any) (map[string]any, error) {

@@ -53,6 +53,9 @@ var Actions = map[string]Action{
 		"hostname": {Type: "string", Required: true},
 	}},
 	"inventory": {Doc: "Records the driver's inventory as the step's output.", Inputs: map[string]Input{}},
+	"console.read": {Doc: "Keeps the tail of the host's serial console as the step's output.", Inputs: map[string]Input{
+		"bytes": {Type: "integer", Doc: "at most this many bytes (default and cap 16 KiB)"},
+	}},
 	"node.join": {Doc: "Makes the joining node ready with its inventoried capacity.", Inputs: map[string]Input{}},
 }
 
