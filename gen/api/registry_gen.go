@@ -53,6 +53,9 @@ func (s *Services) Check() error {
 	if s.Pools == nil {
 		return errors.New("group pools has registered methods and no service")
 	}
+	if s.Profiles == nil {
+		return errors.New("group profiles has registered methods and no service")
+	}
 	if s.Projects == nil {
 		return errors.New("group projects has registered methods and no service")
 	}
@@ -959,15 +962,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeConflict, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "profiles.create",
 		Group:       "profiles",
-		Kind:        KindMutation,
-		Name:        "create",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Profiles.Create(ctx, in.(*ProfilesCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v0.2",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "tenantId",
 			Type:    "tenant",
 		}},
 		Route:        "/profiles/create",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -980,15 +990,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "profiles.get",
 		Group:       "profiles",
-		Kind:        KindRead,
-		Name:        "get",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Profiles.Get(ctx, in.(*ProfilesGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v0.2",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "profileId",
 			Type:    "profile",
 		}},
 		Route:        "/profiles/get",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1001,15 +1018,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "profiles.validate",
 		Group:       "profiles",
-		Kind:        KindRead,
-		Name:        "validate",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Profiles.Validate(ctx, in.(*ProfilesValidateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "validate",
+		Phase: "v0.2",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "profileId",
 			Type:    "profile",
 		}},
 		Route:        "/profiles/validate",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1022,15 +1046,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "profiles.render",
 		Group:       "profiles",
-		Kind:        KindRead,
-		Name:        "render",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Profiles.Render(ctx, in.(*ProfilesRenderInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "render",
+		Phase: "v0.2",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "profileId",
 			Type:    "profile",
 		}},
 		Route:        "/profiles/render",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1043,9 +1074,16 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "profiles.list",
 		Group:       "profiles",
-		Kind:        KindRead,
-		Name:        "list",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Profiles.List(ctx, in.(*ProfilesListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v0.2",
 		Resource: &Resource{
 			Items: "profile",
 			ResourceRef: ResourceRef{
@@ -1054,7 +1092,7 @@ var Methods = []*Method{
 			},
 		},
 		Route:        "/profiles/list",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1067,15 +1105,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeConflict, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "profiles.update",
 		Group:       "profiles",
-		Kind:        KindMutation,
-		Name:        "update",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Profiles.Update(ctx, in.(*ProfilesUpdateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "update",
+		Phase: "v0.2",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "profileId",
 			Type:    "profile",
 		}},
 		Route:        "/profiles/update",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{
@@ -1088,15 +1133,22 @@ var Methods = []*Method{
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "profiles.delete",
 		Group:       "profiles",
-		Kind:        KindMutation,
-		Name:        "delete",
-		Phase:       "v0.2",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Profiles.Delete(ctx, in.(*ProfilesDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v0.2",
 		Resource: &Resource{ResourceRef: ResourceRef{
 			IDField: "profileId",
 			Type:    "profile",
 		}},
 		Route:        "/profiles/delete",
-		Status:       StatusPlanned,
+		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
 	{

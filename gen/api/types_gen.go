@@ -404,6 +404,7 @@ type Profile struct {
 	Version        int64          `json:"version"` // Row version; passed back as expectedVersion.
 	CreatedAt      string         `json:"createdAt"`
 	UpdatedAt      string         `json:"updatedAt"`
+	LockedAt       *string        `json:"lockedAt"` // When a workflow first used this version (its document is immutable from then on); null while unused.
 }
 type ProfileDeleted struct {
 	Deleted int64 `json:"deleted"` // Number of versions deleted.
@@ -421,8 +422,22 @@ type ProfileList struct {
 
 // ProfileRendering: The profile document and its expanded steps.
 type ProfileRendering struct {
-	Document map[string]any   `json:"document"`
-	Steps    []map[string]any `json:"steps"` // Expanded steps, each with its phase.
+	TenantID       string         `json:"tenantId"`  // Owner of the profile version the lookup found (builtin for module-shipped ones).
+	ProfileID      string         `json:"profileId"` // Profile identifier.
+	ProfileVersion int64          `json:"profileVersion"`
+	Document       map[string]any `json:"document"`
+	Steps          []ProfileStep  `json:"steps"` // Expanded steps in the order a workflow runs them, each with its phase.
+}
+
+// ProfileStep: One expanded step of a rendered profile; a step that uses another profile is replaced by that profile's steps.
+type ProfileStep struct {
+	Name      string         `json:"name"` // The step name, prefixed by the names of the steps that included it (outer/inner).
+	Phase     string         `json:"phase"`
+	Uses      string         `json:"uses"` // A built-in action.
+	With      map[string]any `json:"with"` // The action inputs; "${name}" values are workflow inputs.
+	TimeoutMs int64          `json:"timeoutMs"`
+	Retries   int64          `json:"retries"`
+	Profile   string         `json:"profile"` // The profile that declares the step, as tenant/id@version.
 }
 
 // ProfileValidation: Whether the profile resolves, with every issue found.

@@ -495,6 +495,120 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "profiles",
+		Description: "Versioned recipes run by provisioning workflows.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Stores a profile version under the id and version its document names; the document is checked like a profile definition (details.path names the first problem); an existing id and version is CONFLICT.",
+				Kind:        "mutation",
+				Action:      "compute:profiles:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "document", Field: "document", Type: cliruntime.JSON, Required: true},
+					{Name: "visibility", Field: "visibility", Type: cliruntime.String, Enum: []string{"private", "public"}, Default: "private"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProfilesCreate(ctx, new(client.ProfilesCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One profile version, preferring the tenant's own, then a public one, then a module-shipped one.",
+				Kind:        "read",
+				Action:      "compute:profiles:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "profile-id", Field: "profileId", Type: cliruntime.String, Required: true, Help: "Profile identifier."},
+					{Name: "profile-version", Field: "profileVersion", Type: cliruntime.Int, Help: "Latest when omitted."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProfilesGet(ctx, new(client.ProfilesGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "validate",
+				Description: "Checks a profile version and returns every issue (unresolved uses, rejected with) instead of failing.",
+				Kind:        "read",
+				Action:      "compute:profiles:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "profile-id", Field: "profileId", Type: cliruntime.String, Required: true, Help: "Profile identifier."},
+					{Name: "profile-version", Field: "profileVersion", Type: cliruntime.Int, Help: "Latest when omitted."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProfilesValidate(ctx, new(client.ProfilesValidateInput))
+					return err
+				},
+			},
+			{
+				Name:        "render",
+				Description: "The profile document and its expanded steps with their phases; one that does not resolve is INVALID_INPUT with details.issues.",
+				Kind:        "read",
+				Action:      "compute:profiles:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "profile-id", Field: "profileId", Type: cliruntime.String, Required: true, Help: "Profile identifier."},
+					{Name: "profile-version", Field: "profileVersion", Type: cliruntime.Int, Help: "Latest when omitted."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProfilesRender(ctx, new(client.ProfilesRenderInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "A page of the tenant's, public and module-shipped profiles ordered by id and version; unreadable ones are left out.",
+				Kind:        "read",
+				Action:      "compute:profiles:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "limit", Field: "limit", Type: cliruntime.Int, Default: "50"},
+					{Name: "cursor", Field: "cursor", Type: cliruntime.String, Help: "Opaque; returned by a list method and passed back unchanged; one the method did not return is INVALID_INPUT."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProfilesList(ctx, new(client.ProfilesListInput))
+					return err
+				},
+			},
+			{
+				Name:        "update",
+				Description: "Replaces the document and/or visibility of one of the tenant's versions (at least one is needed); a used version keeps its document (INVALID_STATE); a new document keeps id and version; a stale expectedVersion is CONFLICT.",
+				Kind:        "mutation",
+				Action:      "compute:profiles:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "profile-id", Field: "profileId", Type: cliruntime.String, Required: true, Help: "Profile identifier."},
+					{Name: "profile-version", Field: "profileVersion", Type: cliruntime.Int, Required: true},
+					{Name: "document", Field: "document", Type: cliruntime.JSON},
+					{Name: "visibility", Field: "visibility", Type: cliruntime.String, Enum: []string{"private", "public"}},
+					{Name: "expected-version", Field: "expectedVersion", Type: cliruntime.Int, Help: "The row version."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProfilesUpdate(ctx, new(client.ProfilesUpdateInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Hides one version, or every version when profileVersion is omitted, from new workflows; module-shipped or absent is NOT_FOUND.",
+				Kind:        "mutation",
+				Action:      "compute:profiles:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "profile-id", Field: "profileId", Type: cliruntime.String, Required: true, Help: "Profile identifier."},
+					{Name: "profile-version", Field: "profileVersion", Type: cliruntime.Int, Help: "Omitted deletes every version."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.ProfilesDelete(ctx, new(client.ProfilesDeleteInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "projects",
 		Description: "Tenant-internal grouping of work. The creator becomes the project's owner; membership is an identity-service relationship (member) on compute-project/{id}, so members read the project and manage what is in it, and read its usage, without tenant-wide rights.",
 		Methods: []cliruntime.Method{

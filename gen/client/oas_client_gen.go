@@ -400,9 +400,8 @@ type ProfilesInvoker interface {
 	// Stores a profile version under the id and version its document names; the document is checked like a
 	// profile definition (details.path names the first problem); an existing id and version is CONFLICT.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:profiles:manage
-	// on tenant/tenantId. Errors: INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.2. Kind: mutation. Action compute:profiles:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /profiles/create
 	ProfilesCreate(ctx context.Context, request *ProfilesCreateInput) (*ProfilesCreateResult, error)
@@ -411,9 +410,8 @@ type ProfilesInvoker interface {
 	// Hides one version, or every version when profileVersion is omitted, from new workflows;
 	// module-shipped or absent is NOT_FOUND.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:profiles:manage
-	// on profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.2. Kind: mutation. Action compute:profiles:manage on profile/profileId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /profiles/delete
 	ProfilesDelete(ctx context.Context, request *ProfilesDeleteInput) (*ProfilesDeleteResult, error)
@@ -421,9 +419,8 @@ type ProfilesInvoker interface {
 	//
 	// One profile version, preferring the tenant's own, then a public one, then a module-shipped one.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:profiles:read on
-	// profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.2. Kind: read. Action compute:profiles:read on profile/profileId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /profiles/get
 	ProfilesGet(ctx context.Context, request *ProfilesGetInput) (*ProfilesGetResult, error)
@@ -432,9 +429,8 @@ type ProfilesInvoker interface {
 	// A page of the tenant's, public and module-shipped profiles ordered by id and version; unreadable
 	// ones are left out.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:profiles:read on
-	// tenant/tenantId items=profile. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED
-	// (403).
+	// Served since v0.2. Kind: read. Action compute:profiles:read on tenant/tenantId items=profile.
+	// Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /profiles/list
 	ProfilesList(ctx context.Context, request *ProfilesListInput) (*ProfilesListResult, error)
@@ -443,9 +439,8 @@ type ProfilesInvoker interface {
 	// The profile document and its expanded steps with their phases; one that does not resolve is
 	// INVALID_INPUT with details.issues.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:profiles:read on
-	// profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.2. Kind: read. Action compute:profiles:read on profile/profileId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /profiles/render
 	ProfilesRender(ctx context.Context, request *ProfilesRenderInput) (*ProfilesRenderResult, error)
@@ -455,9 +450,9 @@ type ProfilesInvoker interface {
 	// used version keeps its document (INVALID_STATE); a new document keeps id and version; a stale
 	// expectedVersion is CONFLICT.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:profiles:manage
-	// on profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT
-	// (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v0.2. Kind: mutation. Action compute:profiles:manage on profile/profileId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /profiles/update
 	ProfilesUpdate(ctx context.Context, request *ProfilesUpdateInput) (*ProfilesUpdateResult, error)
@@ -466,9 +461,8 @@ type ProfilesInvoker interface {
 	// Checks a profile version and returns every issue (unresolved uses, rejected with) instead of
 	// failing.
 	//
-	// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:profiles:read on
-	// profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-	// ACCESS_DENIED (403).
+	// Served since v0.2. Kind: read. Action compute:profiles:read on profile/profileId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /profiles/validate
 	ProfilesValidate(ctx context.Context, request *ProfilesValidateInput) (*ProfilesValidateResult, error)
@@ -4153,9 +4147,8 @@ func (c *Client) sendPoolsUpdate(ctx context.Context, request *PoolsUpdateInput)
 // Stores a profile version under the id and version its document names; the document is checked like a
 // profile definition (details.path names the first problem); an existing id and version is CONFLICT.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:profiles:manage
-// on tenant/tenantId. Errors: INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.2. Kind: mutation. Action compute:profiles:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), CONFLICT (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /profiles/create
 func (c *Client) ProfilesCreate(ctx context.Context, request *ProfilesCreateInput) (*ProfilesCreateResult, error) {
@@ -4248,9 +4241,8 @@ func (c *Client) sendProfilesCreate(ctx context.Context, request *ProfilesCreate
 // Hides one version, or every version when profileVersion is omitted, from new workflows;
 // module-shipped or absent is NOT_FOUND.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:profiles:manage
-// on profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.2. Kind: mutation. Action compute:profiles:manage on profile/profileId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /profiles/delete
 func (c *Client) ProfilesDelete(ctx context.Context, request *ProfilesDeleteInput) (*ProfilesDeleteResult, error) {
@@ -4342,9 +4334,8 @@ func (c *Client) sendProfilesDelete(ctx context.Context, request *ProfilesDelete
 //
 // One profile version, preferring the tenant's own, then a public one, then a module-shipped one.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:profiles:read on
-// profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.2. Kind: read. Action compute:profiles:read on profile/profileId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /profiles/get
 func (c *Client) ProfilesGet(ctx context.Context, request *ProfilesGetInput) (*ProfilesGetResult, error) {
@@ -4437,9 +4428,8 @@ func (c *Client) sendProfilesGet(ctx context.Context, request *ProfilesGetInput)
 // A page of the tenant's, public and module-shipped profiles ordered by id and version; unreadable
 // ones are left out.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:profiles:read on
-// tenant/tenantId items=profile. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED
-// (403).
+// Served since v0.2. Kind: read. Action compute:profiles:read on tenant/tenantId items=profile.
+// Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /profiles/list
 func (c *Client) ProfilesList(ctx context.Context, request *ProfilesListInput) (*ProfilesListResult, error) {
@@ -4532,9 +4522,8 @@ func (c *Client) sendProfilesList(ctx context.Context, request *ProfilesListInpu
 // The profile document and its expanded steps with their phases; one that does not resolve is
 // INVALID_INPUT with details.issues.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:profiles:read on
-// profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.2. Kind: read. Action compute:profiles:read on profile/profileId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /profiles/render
 func (c *Client) ProfilesRender(ctx context.Context, request *ProfilesRenderInput) (*ProfilesRenderResult, error) {
@@ -4628,9 +4617,9 @@ func (c *Client) sendProfilesRender(ctx context.Context, request *ProfilesRender
 // used version keeps its document (INVALID_STATE); a new document keeps id and version; a stale
 // expectedVersion is CONFLICT.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: mutation. Action compute:profiles:manage
-// on profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT
-// (409), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v0.2. Kind: mutation. Action compute:profiles:manage on profile/profileId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), CONFLICT (409), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /profiles/update
 func (c *Client) ProfilesUpdate(ctx context.Context, request *ProfilesUpdateInput) (*ProfilesUpdateResult, error) {
@@ -4723,9 +4712,8 @@ func (c *Client) sendProfilesUpdate(ctx context.Context, request *ProfilesUpdate
 // Checks a profile version and returns every issue (unresolved uses, rejected with) instead of
 // failing.
 //
-// Planned for v0.2: answers NOT_IMPLEMENTED until then. Kind: read. Action compute:profiles:read on
-// profile/profileId. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
-// ACCESS_DENIED (403).
+// Served since v0.2. Kind: read. Action compute:profiles:read on profile/profileId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /profiles/validate
 func (c *Client) ProfilesValidate(ctx context.Context, request *ProfilesValidateInput) (*ProfilesValidateResult, error) {

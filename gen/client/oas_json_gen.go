@@ -15187,6 +15187,10 @@ func (s *Profile) encodeFields(e *jx.Encoder) {
 		s.Document.Encode(e)
 	}
 	{
+		e.FieldStart("lockedAt")
+		s.LockedAt.Encode(e, json.EncodeDateTime)
+	}
+	{
 		e.FieldStart("profileId")
 		e.Str(s.ProfileId)
 	}
@@ -15212,15 +15216,16 @@ func (s *Profile) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfProfile = [8]string{
+var jsonFieldsNameOfProfile = [9]string{
 	0: "createdAt",
 	1: "document",
-	2: "profileId",
-	3: "profileVersion",
-	4: "tenantId",
-	5: "updatedAt",
-	6: "version",
-	7: "visibility",
+	2: "lockedAt",
+	3: "profileId",
+	4: "profileVersion",
+	5: "tenantId",
+	6: "updatedAt",
+	7: "version",
+	8: "visibility",
 }
 
 // Decode decodes Profile from json.
@@ -15228,7 +15233,7 @@ func (s *Profile) Decode(d *jx.Decoder) error {
 	if s == nil {
 		return errors.New("invalid: unable to decode Profile to nil")
 	}
-	var requiredBitSet [1]uint8
+	var requiredBitSet [2]uint8
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
@@ -15254,8 +15259,18 @@ func (s *Profile) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"document\"")
 			}
-		case "profileId":
+		case "lockedAt":
 			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				if err := s.LockedAt.Decode(d, json.DecodeDateTime); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"lockedAt\"")
+			}
+		case "profileId":
+			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
 				v, err := d.Str()
 				s.ProfileId = string(v)
@@ -15267,7 +15282,7 @@ func (s *Profile) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"profileId\"")
 			}
 		case "profileVersion":
-			requiredBitSet[0] |= 1 << 3
+			requiredBitSet[0] |= 1 << 4
 			if err := func() error {
 				v, err := d.Int64()
 				s.ProfileVersion = int64(v)
@@ -15279,7 +15294,7 @@ func (s *Profile) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"profileVersion\"")
 			}
 		case "tenantId":
-			requiredBitSet[0] |= 1 << 4
+			requiredBitSet[0] |= 1 << 5
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -15291,7 +15306,7 @@ func (s *Profile) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"tenantId\"")
 			}
 		case "updatedAt":
-			requiredBitSet[0] |= 1 << 5
+			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.UpdatedAt = v
@@ -15303,7 +15318,7 @@ func (s *Profile) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"updatedAt\"")
 			}
 		case "version":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[0] |= 1 << 7
 			if err := func() error {
 				v, err := d.Int64()
 				s.Version = int64(v)
@@ -15315,7 +15330,7 @@ func (s *Profile) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"version\"")
 			}
 		case "visibility":
-			requiredBitSet[0] |= 1 << 7
+			requiredBitSet[1] |= 1 << 0
 			if err := func() error {
 				if err := s.Visibility.Decode(d); err != nil {
 					return err
@@ -15333,8 +15348,9 @@ func (s *Profile) Decode(d *jx.Decoder) error {
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
-	for i, mask := range [1]uint8{
+	for i, mask := range [2]uint8{
 		0b11111111,
+		0b00000001,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -15782,6 +15798,14 @@ func (s *ProfileRendering) encodeFields(e *jx.Encoder) {
 		s.Document.Encode(e)
 	}
 	{
+		e.FieldStart("profileId")
+		e.Str(s.ProfileId)
+	}
+	{
+		e.FieldStart("profileVersion")
+		e.Int64(s.ProfileVersion)
+	}
+	{
 		e.FieldStart("steps")
 		e.ArrStart()
 		for _, elem := range s.Steps {
@@ -15789,11 +15813,18 @@ func (s *ProfileRendering) encodeFields(e *jx.Encoder) {
 		}
 		e.ArrEnd()
 	}
+	{
+		e.FieldStart("tenantId")
+		e.Str(s.TenantId)
+	}
 }
 
-var jsonFieldsNameOfProfileRendering = [2]string{
+var jsonFieldsNameOfProfileRendering = [5]string{
 	0: "document",
-	1: "steps",
+	1: "profileId",
+	2: "profileVersion",
+	3: "steps",
+	4: "tenantId",
 }
 
 // Decode decodes ProfileRendering from json.
@@ -15815,12 +15846,36 @@ func (s *ProfileRendering) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"document\"")
 			}
-		case "steps":
+		case "profileId":
 			requiredBitSet[0] |= 1 << 1
 			if err := func() error {
-				s.Steps = make([]ProfileRenderingStepsItem, 0)
+				v, err := d.Str()
+				s.ProfileId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"profileId\"")
+			}
+		case "profileVersion":
+			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				v, err := d.Int64()
+				s.ProfileVersion = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"profileVersion\"")
+			}
+		case "steps":
+			requiredBitSet[0] |= 1 << 3
+			if err := func() error {
+				s.Steps = make([]ProfileStep, 0)
 				if err := d.Arr(func(d *jx.Decoder) error {
-					var elem ProfileRenderingStepsItem
+					var elem ProfileStep
 					if err := elem.Decode(d); err != nil {
 						return err
 					}
@@ -15833,6 +15888,18 @@ func (s *ProfileRendering) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"steps\"")
 			}
+		case "tenantId":
+			requiredBitSet[0] |= 1 << 4
+			if err := func() error {
+				v, err := d.Str()
+				s.TenantId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"tenantId\"")
+			}
 		default:
 			return d.Skip()
 		}
@@ -15843,7 +15910,7 @@ func (s *ProfileRendering) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [1]uint8{
-		0b00000011,
+		0b00011111,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -15948,14 +16015,252 @@ func (s *ProfileRenderingDocument) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
-func (s ProfileRenderingStepsItem) Encode(e *jx.Encoder) {
+func (s *ProfileStep) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *ProfileStep) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("name")
+		e.Str(s.Name)
+	}
+	{
+		e.FieldStart("phase")
+		s.Phase.Encode(e)
+	}
+	{
+		e.FieldStart("profile")
+		e.Str(s.Profile)
+	}
+	{
+		e.FieldStart("retries")
+		e.Int64(s.Retries)
+	}
+	{
+		e.FieldStart("timeoutMs")
+		e.Int64(s.TimeoutMs)
+	}
+	{
+		e.FieldStart("uses")
+		e.Str(s.Uses)
+	}
+	{
+		e.FieldStart("with")
+		s.With.Encode(e)
+	}
+}
+
+var jsonFieldsNameOfProfileStep = [7]string{
+	0: "name",
+	1: "phase",
+	2: "profile",
+	3: "retries",
+	4: "timeoutMs",
+	5: "uses",
+	6: "with",
+}
+
+// Decode decodes ProfileStep from json.
+func (s *ProfileStep) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode ProfileStep to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "name":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.Name = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"name\"")
+			}
+		case "phase":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				if err := s.Phase.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"phase\"")
+			}
+		case "profile":
+			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				v, err := d.Str()
+				s.Profile = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"profile\"")
+			}
+		case "retries":
+			requiredBitSet[0] |= 1 << 3
+			if err := func() error {
+				v, err := d.Int64()
+				s.Retries = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"retries\"")
+			}
+		case "timeoutMs":
+			requiredBitSet[0] |= 1 << 4
+			if err := func() error {
+				v, err := d.Int64()
+				s.TimeoutMs = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"timeoutMs\"")
+			}
+		case "uses":
+			requiredBitSet[0] |= 1 << 5
+			if err := func() error {
+				v, err := d.Str()
+				s.Uses = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"uses\"")
+			}
+		case "with":
+			requiredBitSet[0] |= 1 << 6
+			if err := func() error {
+				if err := s.With.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"with\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode ProfileStep")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b01111111,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfProfileStep) {
+					name = jsonFieldsNameOfProfileStep[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *ProfileStep) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *ProfileStep) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes ProfileStepPhase as json.
+func (s ProfileStepPhase) Encode(e *jx.Encoder) {
+	e.Str(string(s))
+}
+
+// Decode decodes ProfileStepPhase from json.
+func (s *ProfileStepPhase) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode ProfileStepPhase to nil")
+	}
+	v, err := d.StrBytes()
+	if err != nil {
+		return err
+	}
+	// Try to use constant string.
+	switch ProfileStepPhase(v) {
+	case ProfileStepPhasePrepare:
+		*s = ProfileStepPhasePrepare
+	case ProfileStepPhaseProvision:
+		*s = ProfileStepPhaseProvision
+	case ProfileStepPhaseConfigure:
+		*s = ProfileStepPhaseConfigure
+	case ProfileStepPhaseVerify:
+		*s = ProfileStepPhaseVerify
+	default:
+		*s = ProfileStepPhase(v)
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s ProfileStepPhase) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *ProfileStepPhase) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s ProfileStepWith) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
 	e.ObjEnd()
 }
 
 // encodeFields implements json.Marshaler.
-func (s ProfileRenderingStepsItem) encodeFields(e *jx.Encoder) {
+func (s ProfileStepWith) encodeFields(e *jx.Encoder) {
 	for k, elem := range s {
 		e.FieldStart(k)
 
@@ -15965,10 +16270,10 @@ func (s ProfileRenderingStepsItem) encodeFields(e *jx.Encoder) {
 	}
 }
 
-// Decode decodes ProfileRenderingStepsItem from json.
-func (s *ProfileRenderingStepsItem) Decode(d *jx.Decoder) error {
+// Decode decodes ProfileStepWith from json.
+func (s *ProfileStepWith) Decode(d *jx.Decoder) error {
 	if s == nil {
-		return errors.New("invalid: unable to decode ProfileRenderingStepsItem to nil")
+		return errors.New("invalid: unable to decode ProfileStepWith to nil")
 	}
 	m := s.init()
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
@@ -15986,21 +16291,21 @@ func (s *ProfileRenderingStepsItem) Decode(d *jx.Decoder) error {
 		m[string(k)] = elem
 		return nil
 	}); err != nil {
-		return errors.Wrap(err, "decode ProfileRenderingStepsItem")
+		return errors.Wrap(err, "decode ProfileStepWith")
 	}
 
 	return nil
 }
 
 // MarshalJSON implements stdjson.Marshaler.
-func (s ProfileRenderingStepsItem) MarshalJSON() ([]byte, error) {
+func (s ProfileStepWith) MarshalJSON() ([]byte, error) {
 	e := jx.Encoder{}
 	s.Encode(&e)
 	return e.Bytes(), nil
 }
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
-func (s *ProfileRenderingStepsItem) UnmarshalJSON(data []byte) error {
+func (s *ProfileStepWith) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }

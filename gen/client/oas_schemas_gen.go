@@ -6856,6 +6856,8 @@ type Profile struct {
 	CreatedAt time.Time `json:"createdAt"`
 	// Steps, drivers, image, user data and host config.
 	Document ProfileDocument `json:"document"`
+	// When a workflow first used this version (its document is immutable from then on); null while unused.
+	LockedAt NilDateTime `json:"lockedAt"`
 	// Profile identifier.
 	ProfileId      string `json:"profileId"`
 	ProfileVersion int64  `json:"profileVersion"`
@@ -6875,6 +6877,11 @@ func (s *Profile) GetCreatedAt() time.Time {
 // GetDocument returns the value of Document.
 func (s *Profile) GetDocument() ProfileDocument {
 	return s.Document
+}
+
+// GetLockedAt returns the value of LockedAt.
+func (s *Profile) GetLockedAt() NilDateTime {
+	return s.LockedAt
 }
 
 // GetProfileId returns the value of ProfileId.
@@ -6915,6 +6922,11 @@ func (s *Profile) SetCreatedAt(val time.Time) {
 // SetDocument sets the value of Document.
 func (s *Profile) SetDocument(val ProfileDocument) {
 	s.Document = val
+}
+
+// SetLockedAt sets the value of LockedAt.
+func (s *Profile) SetLockedAt(val NilDateTime) {
+	s.LockedAt = val
 }
 
 // SetProfileId sets the value of ProfileId.
@@ -7034,8 +7046,13 @@ func (s *ProfileList) SetItems(val []Profile) {
 // Ref: #/components/schemas/ProfileRendering
 type ProfileRendering struct {
 	Document ProfileRenderingDocument `json:"document"`
-	// Expanded steps, each with its phase.
-	Steps []ProfileRenderingStepsItem `json:"steps"`
+	// Profile identifier.
+	ProfileId      string `json:"profileId"`
+	ProfileVersion int64  `json:"profileVersion"`
+	// Expanded steps in the order a workflow runs them, each with its phase.
+	Steps []ProfileStep `json:"steps"`
+	// Owner of the profile version the lookup found (builtin for module-shipped ones).
+	TenantId string `json:"tenantId"`
 }
 
 // GetDocument returns the value of Document.
@@ -7043,9 +7060,24 @@ func (s *ProfileRendering) GetDocument() ProfileRenderingDocument {
 	return s.Document
 }
 
+// GetProfileId returns the value of ProfileId.
+func (s *ProfileRendering) GetProfileId() string {
+	return s.ProfileId
+}
+
+// GetProfileVersion returns the value of ProfileVersion.
+func (s *ProfileRendering) GetProfileVersion() int64 {
+	return s.ProfileVersion
+}
+
 // GetSteps returns the value of Steps.
-func (s *ProfileRendering) GetSteps() []ProfileRenderingStepsItem {
+func (s *ProfileRendering) GetSteps() []ProfileStep {
 	return s.Steps
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ProfileRendering) GetTenantId() string {
+	return s.TenantId
 }
 
 // SetDocument sets the value of Document.
@@ -7053,9 +7085,24 @@ func (s *ProfileRendering) SetDocument(val ProfileRenderingDocument) {
 	s.Document = val
 }
 
+// SetProfileId sets the value of ProfileId.
+func (s *ProfileRendering) SetProfileId(val string) {
+	s.ProfileId = val
+}
+
+// SetProfileVersion sets the value of ProfileVersion.
+func (s *ProfileRendering) SetProfileVersion(val int64) {
+	s.ProfileVersion = val
+}
+
 // SetSteps sets the value of Steps.
-func (s *ProfileRendering) SetSteps(val []ProfileRenderingStepsItem) {
+func (s *ProfileRendering) SetSteps(val []ProfileStep) {
 	s.Steps = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ProfileRendering) SetTenantId(val string) {
+	s.TenantId = val
 }
 
 type ProfileRenderingDocument map[string]jx.Raw
@@ -7069,9 +7116,152 @@ func (s *ProfileRenderingDocument) init() ProfileRenderingDocument {
 	return m
 }
 
-type ProfileRenderingStepsItem map[string]jx.Raw
+// One expanded step of a rendered profile; a step that uses another profile is replaced by that
+// profile's steps.
+// Ref: #/components/schemas/ProfileStep
+type ProfileStep struct {
+	// The step name, prefixed by the names of the steps that included it (outer/inner).
+	Name  string           `json:"name"`
+	Phase ProfileStepPhase `json:"phase"`
+	// The profile that declares the step, as tenant/id@version.
+	Profile   string `json:"profile"`
+	Retries   int64  `json:"retries"`
+	TimeoutMs int64  `json:"timeoutMs"`
+	// A built-in action.
+	Uses string `json:"uses"`
+	// The action inputs; "${name}" values are workflow inputs.
+	With ProfileStepWith `json:"with"`
+}
 
-func (s *ProfileRenderingStepsItem) init() ProfileRenderingStepsItem {
+// GetName returns the value of Name.
+func (s *ProfileStep) GetName() string {
+	return s.Name
+}
+
+// GetPhase returns the value of Phase.
+func (s *ProfileStep) GetPhase() ProfileStepPhase {
+	return s.Phase
+}
+
+// GetProfile returns the value of Profile.
+func (s *ProfileStep) GetProfile() string {
+	return s.Profile
+}
+
+// GetRetries returns the value of Retries.
+func (s *ProfileStep) GetRetries() int64 {
+	return s.Retries
+}
+
+// GetTimeoutMs returns the value of TimeoutMs.
+func (s *ProfileStep) GetTimeoutMs() int64 {
+	return s.TimeoutMs
+}
+
+// GetUses returns the value of Uses.
+func (s *ProfileStep) GetUses() string {
+	return s.Uses
+}
+
+// GetWith returns the value of With.
+func (s *ProfileStep) GetWith() ProfileStepWith {
+	return s.With
+}
+
+// SetName sets the value of Name.
+func (s *ProfileStep) SetName(val string) {
+	s.Name = val
+}
+
+// SetPhase sets the value of Phase.
+func (s *ProfileStep) SetPhase(val ProfileStepPhase) {
+	s.Phase = val
+}
+
+// SetProfile sets the value of Profile.
+func (s *ProfileStep) SetProfile(val string) {
+	s.Profile = val
+}
+
+// SetRetries sets the value of Retries.
+func (s *ProfileStep) SetRetries(val int64) {
+	s.Retries = val
+}
+
+// SetTimeoutMs sets the value of TimeoutMs.
+func (s *ProfileStep) SetTimeoutMs(val int64) {
+	s.TimeoutMs = val
+}
+
+// SetUses sets the value of Uses.
+func (s *ProfileStep) SetUses(val string) {
+	s.Uses = val
+}
+
+// SetWith sets the value of With.
+func (s *ProfileStep) SetWith(val ProfileStepWith) {
+	s.With = val
+}
+
+type ProfileStepPhase string
+
+const (
+	ProfileStepPhasePrepare   ProfileStepPhase = "prepare"
+	ProfileStepPhaseProvision ProfileStepPhase = "provision"
+	ProfileStepPhaseConfigure ProfileStepPhase = "configure"
+	ProfileStepPhaseVerify    ProfileStepPhase = "verify"
+)
+
+// AllValues returns all ProfileStepPhase values.
+func (ProfileStepPhase) AllValues() []ProfileStepPhase {
+	return []ProfileStepPhase{
+		ProfileStepPhasePrepare,
+		ProfileStepPhaseProvision,
+		ProfileStepPhaseConfigure,
+		ProfileStepPhaseVerify,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s ProfileStepPhase) MarshalText() ([]byte, error) {
+	switch s {
+	case ProfileStepPhasePrepare:
+		return []byte(s), nil
+	case ProfileStepPhaseProvision:
+		return []byte(s), nil
+	case ProfileStepPhaseConfigure:
+		return []byte(s), nil
+	case ProfileStepPhaseVerify:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *ProfileStepPhase) UnmarshalText(data []byte) error {
+	switch ProfileStepPhase(data) {
+	case ProfileStepPhasePrepare:
+		*s = ProfileStepPhasePrepare
+		return nil
+	case ProfileStepPhaseProvision:
+		*s = ProfileStepPhaseProvision
+		return nil
+	case ProfileStepPhaseConfigure:
+		*s = ProfileStepPhaseConfigure
+		return nil
+	case ProfileStepPhaseVerify:
+		*s = ProfileStepPhaseVerify
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// The action inputs; "${name}" values are workflow inputs.
+type ProfileStepWith map[string]jx.Raw
+
+func (s *ProfileStepWith) init() ProfileStepWith {
 	m := *s
 	if m == nil {
 		m = map[string]jx.Raw{}

@@ -371,6 +371,18 @@ type Pool struct {
 	UpdatedAt   time.Time
 }
 
+type Profile struct {
+	TenantID       string
+	ProfileID      string
+	ProfileVersion int32
+	Document       []byte
+	Visibility     string
+	Version        int64
+	LockedAt       *time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
 type Project struct {
 	ProjectID   string
 	TenantID    string

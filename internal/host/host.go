@@ -44,6 +44,7 @@ import (
 	"computeplane/internal/pki"
 	"computeplane/internal/placement"
 	"computeplane/internal/pools"
+	"computeplane/internal/profiles"
 	"computeplane/internal/projects"
 	"computeplane/internal/provideraccounts"
 	"computeplane/internal/quotas"
@@ -190,6 +191,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Events:           events.New(cursors),
 		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
 		Workflows:        workflows.Service{},
+		Profiles:         &profiles.Service{Cursors: cursors},
 	}
 	sys.WithChecks(
 		system.CatalogCheck(services),
