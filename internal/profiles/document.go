@@ -142,6 +142,15 @@ func CheckJSON(raw []byte) (*Document, []Issue) {
 		sortIssues(out)
 		return nil, out
 	}
+	// The schema takes 1.0 for the integer 1, encoding/json does not:
+	// numbers are written again the way Go writes them first.
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, []Issue{{Path: "", Message: "is not JSON"}}
+	}
+	if raw, err = json.Marshal(v); err != nil {
+		return nil, []Issue{{Path: "", Message: "is not JSON"}}
+	}
 	var d Document
 	if err := json.Unmarshal(raw, &d); err != nil {
 		return nil, []Issue{{Path: "", Message: "is not a profile document: " + err.Error()}}

@@ -89,6 +89,14 @@ func TestCheckNamesTheFirstOffendingField(t *testing.T) {
 	}
 }
 
+func TestCheckTakesIntegersWrittenAsDecimals(t *testing.T) {
+	t.Parallel()
+	d, issues := CheckJSON([]byte(`{"id":"a","version":1.0,"steps":[{"name":"x","phase":"prepare","uses":"power.on","timeoutSeconds":3e1,"retries":2.0}]}`))
+	require.Empty(t, issues)
+	assert.Equal(t, 1, d.Version)
+	assert.Equal(t, 30, *d.Steps[0].TimeoutSeconds)
+}
+
 func TestCheckReturnsEveryIssue(t *testing.T) {
 	t.Parallel()
 	_, issues := Check(edit(t, func(m map[string]any) {
@@ -184,6 +192,7 @@ func FuzzCheck(f *testing.F) {
 	f.Add([]byte(`{"id":"a","version":1,"steps":[{"name":"x","phase":"prepare","uses":"profile:a@1"}]}`))
 	f.Add([]byte(`{"id":"a","version":1,"steps":[{"name":"x","phase":"verify","uses":"power.on"},{"name":"x","phase":"prepare","uses":"y"}]}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"id":"a","version":1.0,"steps":[{"name":"x","phase":"prepare","uses":"power.on","retries":1e0}]}`))
 	f.Add([]byte(`{"steps":[{}]}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		d, issues := CheckJSON(raw)
