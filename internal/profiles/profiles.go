@@ -248,8 +248,14 @@ func (s *Service) List(ctx context.Context, in *api.ProfilesListInput) (*api.Pro
 	consumed := all[:min(len(all), skip+limit)]
 	page := consumed[skip:]
 	out := &api.ProfileList{Items: []api.Profile{}}
+	readable := map[string]bool{} // one decision per id: versions and owners share it
 	for _, e := range page {
-		if !sess.CanRead(ctx, "compute:profiles:read", ResourceType, e.ID, in.TenantID) {
+		ok, seen := readable[e.ID]
+		if !seen {
+			ok = sess.CanRead(ctx, "compute:profiles:read", ResourceType, e.ID, in.TenantID)
+			readable[e.ID] = ok
+		}
+		if !ok {
 			continue
 		}
 		out.Items = append(out.Items, *output(e))
