@@ -227,17 +227,13 @@ func Render(ctx context.Context, tx db.DBTX, tenant, id string, version int) (*R
 // builtin) are immutable already; a version the tenant does not store is
 // NOT_FOUND.
 func Lock(ctx context.Context, tx pgx.Tx, tenant, id string, version int) error {
-	if tenant == BuiltinTenant {
-		if findBuiltin(id, version) == nil {
-			return notFound(id, version)
-		}
-		return nil
-	}
+	// A tenant may be named builtin too: its stored rows are locked like
+	// any other's.
 	n, err := db.New(tx).LockProfile(ctx, db.LockProfileParams{TenantID: tenant, ProfileID: id, ProfileVersion: int32(version)})
 	if err != nil {
 		return err
 	}
-	if n == 0 {
+	if n == 0 && (tenant != BuiltinTenant || version == 0 || findBuiltin(id, version) == nil) {
 		return notFound(id, version)
 	}
 	return nil
