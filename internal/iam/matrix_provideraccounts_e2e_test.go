@@ -40,6 +40,15 @@ func (fx *fixture) providerAccount(t *testing.T, tenant string) string {
 	return id
 }
 
+// spareAccount is a fresh account for a call that changes or deletes one,
+// or, once the refused calls are counted, the one prepared for them.
+func (fx *fixture) spareAccount(t *testing.T, tenant string) string {
+	if id, ok := fx.prepared["provider-account-spare/"+tenant]; ok {
+		return id
+	}
+	return fx.providerAccount(t, tenant)
+}
+
 func (fx *fixture) keptAccount(t *testing.T, tenant string) string {
 	if id, ok := fx.prepared["provider-account/"+tenant]; ok {
 		return id
@@ -50,6 +59,7 @@ func (fx *fixture) keptAccount(t *testing.T, tenant string) string {
 func init() {
 	preparers = append(preparers, func(t *testing.T, fx *fixture, tenant string, objs map[string]string) {
 		objs["provider-account/"+tenant] = fx.providerAccount(t, tenant)
+		objs["provider-account-spare/"+tenant] = fx.providerAccount(t, tenant)
 	})
 	readers := []string{owner, admin, member, viewer}
 	operators := []string{owner, admin}
@@ -97,7 +107,7 @@ func init() {
 	}}
 	matrix[api.MethodProviderAccountsUpdate] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
-			return c.ProviderAccountsUpdate(t.Context(), &client.ProviderAccountsUpdateInput{TenantId: tenant, AccountId: fx.providerAccount(t, tenant),
+			return c.ProviderAccountsUpdate(t.Context(), &client.ProviderAccountsUpdateInput{TenantId: tenant, AccountId: fx.spareAccount(t, tenant),
 				Config: []byte(matrixProviderConfig)})
 		},
 		tenantRoles: operators, rootRoles: operators,
@@ -107,7 +117,7 @@ func init() {
 	}}
 	matrix[api.MethodProviderAccountsDelete] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
-			return c.ProviderAccountsDelete(t.Context(), &client.ProviderAccountsDeleteInput{TenantId: tenant, AccountId: fx.providerAccount(t, tenant)})
+			return c.ProviderAccountsDelete(t.Context(), &client.ProviderAccountsDeleteInput{TenantId: tenant, AccountId: fx.spareAccount(t, tenant)})
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {

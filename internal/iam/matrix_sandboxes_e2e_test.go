@@ -24,9 +24,13 @@ import (
 )
 
 // sandbox writes a sandbox of tenant whose VM is in state (running or
-// paused, its identity taken).
-func (fx *fixture) sandbox(t *testing.T, tenant, state string) string {
+// paused, its identity taken); the one prepared for slot (before the
+// refused calls are counted) is reused.
+func (fx *fixture) sandbox(t *testing.T, tenant, state, slot string) string {
 	t.Helper()
+	if id, ok := fx.prepared["sandbox/"+slot+"/"+tenant]; ok {
+		return id
+	}
 	tmpl := fx.template(t, tenant)
 	node := fx.node(t, tenant)
 	id, vm := ids.New("sbx"), ids.New("inst")
@@ -57,7 +61,10 @@ func (fx *fixture) sandbox(t *testing.T, tenant, state string) string {
 // snapshot writes a ready snapshot of a sandbox of tenant.
 func (fx *fixture) snapshot(t *testing.T, tenant string) string {
 	t.Helper()
-	sbx := fx.keep("sandbox", tenant, func() string { return fx.sandbox(t, tenant, "running") })
+	if id, ok := fx.prepared["snapshot/"+tenant]; ok {
+		return id
+	}
+	sbx := fx.sandbox(t, tenant, "running", "run")
 	id := ids.New("snap")
 	require.NoError(t, fx.env.Store.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `insert into sandbox_snapshots (snapshot_id, tenant_id, sandbox_id, node_id, keep, state, command_id, created_by, idem_request)
@@ -84,13 +91,15 @@ func refusedAs[T any](code string) func(T, error) (any, error) {
 
 func init() {
 	preparers = append(preparers, func(t *testing.T, fx *fixture, tenant string, objs map[string]string) {
-		objs["sandbox/"+tenant] = fx.sandbox(t, tenant, "running")
+		for slot, state := range map[string]string{"run": "running", "pause": "running", "resume": "paused", "delete": "running", "paused": "paused"} {
+			objs["sandbox/"+slot+"/"+tenant] = fx.sandbox(t, tenant, state, slot)
+		}
 		objs["snapshot/"+tenant] = fx.snapshot(t, tenant)
 	})
 	readers := []string{owner, admin, member, viewer}
 	operators := []string{owner, admin}
 	running := func(t *testing.T, fx *fixture, tenant string) string {
-		return fx.keep("sandbox", tenant, func() string { return fx.sandbox(t, tenant, "running") })
+		return fx.sandbox(t, tenant, "running", "run")
 	}
 	matrix[api.MethodSandboxesCreate] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
@@ -125,14 +134,14 @@ func init() {
 	}}
 	matrix[api.MethodSandboxesPause] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
-			return c.SandboxesPause(t.Context(), &client.SandboxesPauseInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "running")})
+			return c.SandboxesPause(t.Context(), &client.SandboxesPauseInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "running", "pause")})
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok:          func(*testing.T, any, string) {},
 	}}
 	matrix[api.MethodSandboxesResume] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
-			return c.SandboxesResume(t.Context(), &client.SandboxesResumeInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "paused")})
+			return c.SandboxesResume(t.Context(), &client.SandboxesResumeInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "paused", "resume")})
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok:          func(*testing.T, any, string) {},
@@ -146,7 +155,7 @@ func init() {
 	}}
 	matrix[api.MethodSandboxesDelete] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
-			return c.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "running")})
+			return c.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "running", "delete")})
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
@@ -154,7 +163,7 @@ func init() {
 		},
 	}}
 	paused := func(t *testing.T, fx *fixture, tenant string) string {
-		return fx.keep("paused-sandbox", tenant, func() string { return fx.sandbox(t, tenant, "paused") })
+		return fx.sandbox(t, tenant, "paused", "paused")
 	}
 	matrix[api.MethodSandboxesExec] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
@@ -193,7 +202,7 @@ func init() {
 	matrix[api.MethodSandboxSnapshotsGet] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			return c.SandboxSnapshotsGet(t.Context(), &client.SandboxSnapshotsGetInput{TenantId: tenant,
-				SnapshotId: fx.keep("snapshot", tenant, func() string { return fx.snapshot(t, tenant) })})
+				SnapshotId: fx.snapshot(t, tenant)})
 		},
 		tenantRoles: readers, rootRoles: operators,
 		ok: func(t *testing.T, res any, tenant string) {
