@@ -137,21 +137,21 @@ func init() {
 			return c.SandboxesPause(t.Context(), &client.SandboxesPauseInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "running", "pause")})
 		},
 		tenantRoles: operators, rootRoles: operators,
-		ok:          func(*testing.T, any, string) {},
+		ok: func(*testing.T, any, string) {},
 	}}
 	matrix[api.MethodSandboxesResume] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			return c.SandboxesResume(t.Context(), &client.SandboxesResumeInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "paused", "resume")})
 		},
 		tenantRoles: operators, rootRoles: operators,
-		ok:          func(*testing.T, any, string) {},
+		ok: func(*testing.T, any, string) {},
 	}}
 	matrix[api.MethodSandboxesExtend] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			return c.SandboxesExtend(t.Context(), &client.SandboxesExtendInput{TenantId: tenant, SandboxId: running(t, fx, tenant), TtlSeconds: 600})
 		},
 		tenantRoles: operators, rootRoles: operators,
-		ok:          func(*testing.T, any, string) {},
+		ok: func(*testing.T, any, string) {},
 	}}
 	matrix[api.MethodSandboxesDelete] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
@@ -171,7 +171,7 @@ func init() {
 				SandboxId: paused(t, fx, tenant), Argv: []string{"true"}}))
 		},
 		tenantRoles: operators, rootRoles: operators,
-		ok:          func(*testing.T, any, string) {},
+		ok: func(*testing.T, any, string) {},
 	}}
 	matrix[api.MethodSandboxesReadFile] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
@@ -179,7 +179,7 @@ func init() {
 				SandboxId: paused(t, fx, tenant), Path: "/etc/hostname"}))
 		},
 		tenantRoles: operators, rootRoles: operators,
-		ok:          func(*testing.T, any, string) {},
+		ok: func(*testing.T, any, string) {},
 	}}
 	matrix[api.MethodSandboxesWriteFile] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
@@ -187,7 +187,7 @@ func init() {
 				SandboxId: paused(t, fx, tenant), Path: "/tmp/x", ContentBase64: "aGk="}))
 		},
 		tenantRoles: operators, rootRoles: operators,
-		ok:          func(*testing.T, any, string) {},
+		ok: func(*testing.T, any, string) {},
 	}}
 	matrix[api.MethodSandboxSnapshotsCreate] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
