@@ -124,6 +124,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 			fmt.Fprintln(stderr, "compute-agent run:", err)
 			return 1
 		}
+		q.VolumeDir = *volumes
+		if q.VolumeDir == "" {
+			q.VolumeDir = *dir + "/volumes" // as the agent's default
+		}
 		r = q
 	default:
 		fmt.Fprintf(stderr, "compute-agent run: unknown runtime %q\n", *rt)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"regexp"
 	"time"
 
+	"computeplane/internal/agent/runtime"
 	"computeplane/internal/agentproto"
 )
 
@@ -75,6 +77,64 @@ func (a *Agent) run(c *agentproto.Command) (json.RawMessage, error) {
 		inv := a.inventory()
 		a.pendingInventory.Store(&inv)
 		return json.Marshal(inv)
+	case agentproto.CommandExec, agentproto.CommandReadFile, agentproto.CommandWriteFile:
+		return a.guestCommand(c)
 	}
 	return nil, errors.New("unknown command kind " + c.Kind)
+}
+
+// guestCommand runs a command inside an instance's guest through the
+// runtime.
+func (a *Agent) guestCommand(c *agentproto.Command) (json.RawMessage, error) {
+	g, ok := a.o.Runtime.(runtime.Guests)
+	if !ok {
+		return nil, errors.New("the " + a.o.Runtime.Name() + " runtime runs no guests")
+	}
+	ctx := context.Background()
+	switch c.Kind {
+	case agentproto.CommandExec:
+		var args agentproto.ExecArgs
+		if err := json.Unmarshal(c.Args, &args); err != nil {
+			return nil, err
+		}
+		out, err := g.Exec(ctx, args)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(out)
+	default:
+		var args agentproto.FileArgs
+		if err := json.Unmarshal(c.Args, &args); err != nil {
+			return nil, err
+		}
+		read := g.ReadFile
+		if c.Kind == agentproto.CommandWriteFile {
+			read = g.WriteFile
+		}
+		out, err := read(ctx, args)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(out)
+	}
+}
+
+// guestKinds are the commands that run inside a guest.
+var guestKinds = map[string]bool{agentproto.CommandExec: true, agentproto.CommandReadFile: true, agentproto.CommandWriteFile: true}
+
+// begin marks a guest command in flight; false when it already is.
+func (a *Agent) begin(id string) bool {
+	a.imu.Lock()
+	defer a.imu.Unlock()
+	if a.inflight[id] {
+		return false
+	}
+	a.inflight[id] = true
+	return true
+}
+
+func (a *Agent) finish(id string) {
+	a.imu.Lock()
+	delete(a.inflight, id)
+	a.imu.Unlock()
 }

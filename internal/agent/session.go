@@ -73,6 +73,10 @@ type Agent struct {
 	rmu   sync.Mutex
 	rsend func(agentproto.Message)
 	rwait map[string]chan *agentproto.Resolved
+
+	// inflight are the guest commands running now.
+	imu      sync.Mutex
+	inflight map[string]bool
 }
 
 // New loads the directory.
@@ -96,7 +100,7 @@ func New(o Options) (*Agent, error) {
 	_ = readJSON(o.Dir.path(fileStatus), &prev)
 	prev.NodeID, prev.Connected = st.NodeID, false
 	a := &Agent{o: o, dir: o.Dir, log: o.Log, state: st, key: key, transports: map[string]string{},
-		status: &statusFile{dir: o.Dir, s: prev}, lastGateway: prev.GatewayID, rwait: map[string]chan *agentproto.Resolved{}}
+		status: &statusFile{dir: o.Dir, s: prev}, lastGateway: prev.GatewayID, rwait: map[string]chan *agentproto.Resolved{}, inflight: map[string]bool{}}
 	if u, ok := o.Runtime.(runtime.SecretUser); ok {
 		u.UseSecrets(a.ResolveSecrets)
 	}
@@ -412,7 +416,19 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 			case <-sctx.Done():
 				return
 			case c := <-commands:
-				send(agentproto.Message{Type: agentproto.TypeResult, Result: a.execute(c)})
+				if !guestKinds[c.Kind] {
+					send(agentproto.Message{Type: agentproto.TypeResult, Result: a.execute(c)})
+					continue
+				}
+				// Guest commands (an exec may run for minutes) run beside
+				// each other; a re-send of one in flight waits for its
+				// first run's result.
+				if a.begin(c.ID) {
+					go func() {
+						defer a.finish(c.ID)
+						send(agentproto.Message{Type: agentproto.TypeResult, Result: a.execute(c)})
+					}()
+				}
 			}
 		}
 	}()

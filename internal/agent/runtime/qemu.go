@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -37,14 +38,31 @@ type VMSpec struct {
 	} `json:"boot"`
 	UserData string `json:"userData,omitempty"`
 	Reboots  int    `json:"reboots"`
+	// Sandboxes and warm instances (docs/sandboxes.md): who the guest is
+	// (a claim raises the generation), the volumes it mounts, guest
+	// memory in a shared file.
+	Identity   *agentproto.SpecIdentity `json:"identity,omitempty"`
+	Volumes    []agentproto.SpecVolume  `json:"volumes,omitempty"`
+	MemoryFile bool                     `json:"memoryFile,omitempty"`
+	Restore    string                   `json:"restore,omitempty"`
+}
+
+func (vs VMSpec) generation() int64 {
+	if vs.Identity == nil {
+		return 0
+	}
+	return vs.Identity.Generation
 }
 
 // QEMU runs each instance as a qemu VM (internal/qemu) under Dir/vms/<id>.
 // VMs outlive the daemon: a new QEMU re-attaches to the ones running.
 type QEMU struct {
-	Dir   string
-	Log   *slog.Logger
-	accel string
+	Dir string
+	// VolumeDir is the node's volume store (<serial>.raw files): volumes
+	// of a spec attach from there.
+	VolumeDir string
+	Log       *slog.Logger
+	accel     string
 	// Changed is signalled when an instance's state changes outside Apply
 	// (a boot finished, a VM died): the daemon sends a status.
 	Changed chan struct{}
@@ -69,6 +87,10 @@ type vmState struct {
 	qmpFailures int
 	forceGone   bool
 	boots       int // raised by each boot and each stop: a boot that finds it changed lets go of its VM
+	// identity is the identity generation the guest took and was checked
+	// with; timings are the last start's.
+	identity int64
+	timings  *agentproto.HostTimings
 }
 
 // NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
@@ -84,7 +106,7 @@ func NewQEMU(dir, accel string, log *slog.Logger) (*QEMU, error) {
 		if readSpec(d, &spec) != nil {
 			continue
 		}
-		st := &vmState{spec: spec, reboots: spec.Reboots}
+		st := &vmState{spec: spec, reboots: spec.Reboots, identity: readIdentity(d)}
 		vm, err := qemu.Attach(d)
 		switch {
 		case err == nil:
@@ -174,6 +196,21 @@ func readSpec(dir string, s *VMSpec) error {
 }
 
 func (r *QEMU) vmDir(id string) string { return filepath.Join(r.Dir, "vms", id) }
+
+// The identity generation a guest took survives a daemon restart in its
+// VM's directory.
+func readIdentity(dir string) int64 {
+	b, err := os.ReadFile(filepath.Join(dir, "identity"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n
+}
+
+func (r *QEMU) keepIdentity(id string, gen int64) {
+	_ = os.WriteFile(filepath.Join(r.vmDir(id), "identity"), []byte(strconv.FormatInt(gen, 10)), 0o600)
+}
 
 // UseSecrets gives the runtime the daemon's way to resolve secret
 // references in user data.
@@ -287,11 +324,13 @@ func (r *QEMU) converge(ctx context.Context, id string, vs VMSpec) error {
 		switch {
 		case !alive && st.cancel == nil:
 			r.boot(id, st)
-		case alive && st.state == StatePaused:
-			if err := st.vm.Resume(); err != nil {
-				return err
-			}
-			st.state = StateRunning
+		case alive && st.cancel == nil && vs.generation() > st.identity:
+			// A warm instance claimed: resumed, given its new identity and
+			// checked before it is called running.
+			r.restart(id, st, true)
+		case alive && st.state == StatePaused && st.cancel == nil:
+			// Every resume is checked before it is called running.
+			r.restart(id, st, false)
 		case alive && vs.Reboots > st.reboots:
 			st.reboots = vs.Reboots
 			if err := st.vm.Reset(); err != nil {
@@ -301,7 +340,9 @@ func (r *QEMU) converge(ctx context.Context, id string, vs VMSpec) error {
 			r.awaitGuest(id, st, false)
 		}
 	case StatePaused:
-		if alive && st.state == StateRunning {
+		if !alive && st.cancel == nil {
+			r.boot(id, st) // a warm instance: booted, checked, then paused
+		} else if alive && st.state == StateRunning && st.cancel == nil {
 			if err := st.vm.Pause(); err != nil {
 				return err
 			}
@@ -348,6 +389,12 @@ func (r *QEMU) boot(id string, st *vmState) {
 		}
 		c.Disks = append(c.Disks, qemu.Disk{Path: disk, Serial: "disk0", Format: "raw"})
 	}
+	for _, v := range vs.Volumes {
+		c.Disks = append(c.Disks, qemu.Disk{Path: filepath.Join(r.VolumeDir, v.Serial+".raw"), Serial: v.Serial, Format: "raw", ReadOnly: v.ReadOnly})
+	}
+	if vs.MemoryFile {
+		c.MemoryFile = filepath.Join(r.vmDir(id), "memory")
+	}
 	// qemu starts in the background too: Apply returns at once, so the
 	// daemon acknowledges the spec without waiting for a process to start.
 	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
@@ -357,9 +404,10 @@ func (r *QEMU) boot(id string, st *vmState) {
 	boot := st.boots
 	go func() {
 		defer cancel()
+		t := startTimings("boot")
 		vm, err := qemu.Start(ctx, c)
 		if err == nil {
-			err = r.greet(ctx, vm, vs, true)
+			err = r.greet(ctx, vm, vs, true, t)
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -376,13 +424,109 @@ func (r *QEMU) boot(id string, st *vmState) {
 				_ = vm.Kill()
 			}
 		} else {
-			st.vm, st.state = vm, StateRunning
+			st.vm, st.state, st.timings = vm, StateRunning, t.done()
+			r.tookIdentity(id, st, vs)
 			if st.spec.State == StatePaused && vm.Pause() == nil {
 				st.state = StatePaused
 			}
 		}
 		r.changed()
 	}()
+}
+
+// timer measures a start for HostTimings.
+type timer struct {
+	how                 string
+	start, guest, ready time.Time
+}
+
+func startTimings(how string) *timer { return &timer{how: how, start: time.Now()} }
+
+func (t *timer) done() *agentproto.HostTimings {
+	ms := func(at time.Time) int64 {
+		if at.IsZero() {
+			at = time.Now()
+		}
+		return at.Sub(t.start).Milliseconds()
+	}
+	return &agentproto.HostTimings{How: t.how, StartMs: 0, GuestMs: ms(t.guest), IdentityMs: ms(t.ready)}
+}
+
+// tookIdentity records that the guest runs with the spec's identity (r.mu
+// held).
+func (r *QEMU) tookIdentity(id string, st *vmState, vs VMSpec) {
+	if g := vs.generation(); g > 0 {
+		st.identity = g
+		r.keepIdentity(id, g)
+	}
+}
+
+// restart resumes a paused VM in the background and, with identity, gives
+// the guest the spec's (new) identity; either way the guest is checked (its
+// agent answers, its root filesystem takes a write) before the instance is
+// called running again (r.mu held).
+func (r *QEMU) restart(id string, st *vmState, identity bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
+	vm, vs := st.vm, st.spec
+	st.cancel, st.state, st.err = cancel, "starting", ""
+	go func() {
+		defer cancel()
+		t := startTimings("resume")
+		err := vm.Resume()
+		if err == nil {
+			err = r.check(ctx, vm, vs, identity, t)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.vms[id] != st || st.vm != vm {
+			return
+		}
+		st.cancel = nil
+		if err != nil {
+			st.state, st.err = "failed", "resume: "+err.Error()
+			_ = vm.Kill()
+			st.vm = nil
+		} else {
+			st.state, st.timings = StateRunning, t.done()
+			if identity {
+				r.tookIdentity(id, st, vs)
+			}
+			if st.spec.State == StatePaused && vm.Pause() == nil {
+				st.state = StatePaused
+			}
+		}
+		r.changed()
+	}()
+}
+
+// check gives a running guest its identity (when asked) and checks it:
+// the agent answers, the root filesystem takes a write and reads it back,
+// hostname and machine id are the spec's.
+func (r *QEMU) check(ctx context.Context, vm *qemu.VM, vs VMSpec, identity bool, t *timer) error {
+	g, err := vm.Guest()
+	if err != nil {
+		return err
+	}
+	resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpPing})
+	if err != nil {
+		return fmt.Errorf("the guest agent did not answer: %w", err)
+	}
+	t.guest = time.Now()
+	if identity && vs.Identity != nil {
+		if resp, err = g.Call(ctx, guestproto.Request{Op: guestproto.OpIdentity, Identity: &guestproto.Identity{
+			Hostname: vs.Identity.Hostname, MachineID: vs.Identity.MachineID, Env: vs.Identity.Env}}); err != nil {
+			return err
+		}
+	}
+	st := resp.Status
+	switch {
+	case st == nil || !st.RootOK:
+		return errors.New("the guest's root filesystem did not check out")
+	case vs.Identity != nil && (st.Hostname != vs.Identity.Hostname || st.MachineID != vs.Identity.MachineID):
+		return fmt.Errorf("the guest runs as %s, not %s", st.Hostname, vs.Identity.Hostname)
+	}
+	t.ready = time.Now()
+	return nil
 }
 
 // awaitGuest waits, in the background, for the guest agent to answer,
@@ -393,7 +537,7 @@ func (r *QEMU) awaitGuest(id string, st *vmState, first bool) {
 	vm, vs := st.vm, st.spec
 	go func() {
 		defer cancel()
-		err := r.greet(ctx, vm, vs, first)
+		err := r.greet(ctx, vm, vs, first, startTimings("boot"))
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if r.vms[id] != st || st.vm != vm {
@@ -414,7 +558,7 @@ func (r *QEMU) awaitGuest(id string, st *vmState, first bool) {
 	}()
 }
 
-func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs VMSpec, first bool) error {
+func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs VMSpec, first bool, t *timer) error {
 	var g *qemu.Guest
 	for {
 		var err error
@@ -433,8 +577,19 @@ func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs VMSpec, first bool) er
 	if _, err := g.Ready(ctx); err != nil {
 		return fmt.Errorf("the guest agent did not answer within %s: %w", BootTimeout, err)
 	}
-	if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpIdentity, Identity: &guestproto.Identity{Hostname: vs.Hostname}}); err != nil {
+	t.guest = time.Now()
+	ident := &guestproto.Identity{Hostname: vs.Hostname}
+	if vs.Identity != nil {
+		ident = &guestproto.Identity{Hostname: vs.Identity.Hostname, MachineID: vs.Identity.MachineID, Env: vs.Identity.Env}
+	}
+	if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpIdentity, Identity: ident}); err != nil {
 		return err
+	}
+	for _, v := range vs.Volumes {
+		if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpMount, Mount: &guestproto.Mount{
+			Serial: v.Serial, Path: v.MountPath, ReadOnly: v.ReadOnly, Format: !v.ReadOnly}}); err != nil {
+			return fmt.Errorf("volume %s: %w", v.Serial, err)
+		}
 	}
 	if first && vs.UserData != "" {
 		userData, err := r.withSecrets(ctx, vs.ID, vs.UserData)
@@ -453,6 +608,10 @@ func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs VMSpec, first bool) er
 			r.Log.Info("user data ran", "exitCode", resp.Exec.ExitCode)
 		}
 	}
+	if vs.Identity != nil {
+		return r.check(ctx, vm, vs, false, t)
+	}
+	t.ready = time.Now()
 	return nil
 }
 
@@ -474,7 +633,7 @@ func (r *QEMU) observeLocked() []agentproto.InstanceStatus {
 			st.state, st.err, st.vm = "failed", "the VM's process ended without being asked (killed from outside or crashed)", nil
 			r.Log.Warn("a VM ended unexpectedly", "instance", id)
 		}
-		out = append(out, agentproto.InstanceStatus{ID: id, State: st.state, Error: st.err})
+		out = append(out, agentproto.InstanceStatus{ID: id, State: st.state, Error: st.err, Identity: st.identity, Timings: st.timings})
 	}
 	return out
 }
@@ -493,4 +652,66 @@ func (r *QEMU) Close() error {
 		}
 	}
 	return nil
+}
+
+// guest is the guest channel of a running instance (not paused: a paused
+// guest answers nothing).
+func (r *QEMU) guest(id string) (*qemu.Guest, error) {
+	r.mu.Lock()
+	st := r.vms[id]
+	r.mu.Unlock()
+	if st == nil || st.vm == nil || st.state != StateRunning {
+		return nil, fmt.Errorf("instance %s is not running here", id)
+	}
+	return st.vm.Guest()
+}
+
+// Exec runs a program in an instance's guest (agentproto.CommandExec).
+func (r *QEMU) Exec(ctx context.Context, a agentproto.ExecArgs) (agentproto.ExecOutput, error) {
+	g, err := r.guest(a.InstanceID)
+	if err != nil {
+		return agentproto.ExecOutput{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(a.TimeoutMs)*time.Millisecond+10*time.Second)
+	defer cancel()
+	resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: a.Argv, Env: a.Env, Dir: a.Dir,
+		Stdin: a.Stdin, TimeoutMs: a.TimeoutMs}})
+	if err != nil {
+		return agentproto.ExecOutput{}, err
+	}
+	e := resp.Exec
+	return agentproto.ExecOutput{ExitCode: e.ExitCode, Stdout: e.Stdout, Stderr: e.Stderr, Truncated: e.Truncated, TimedOut: e.TimedOut,
+		DurationMs: e.DurationMs}, nil
+}
+
+// FileTimeout bounds a file read or write in a guest.
+const FileTimeout = 20 * time.Second
+
+// ReadFile reads a file of an instance's guest (agentproto.CommandReadFile).
+func (r *QEMU) ReadFile(ctx context.Context, a agentproto.FileArgs) (agentproto.FileOutput, error) {
+	g, err := r.guest(a.InstanceID)
+	if err != nil {
+		return agentproto.FileOutput{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, FileTimeout)
+	defer cancel()
+	resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpReadFile, File: &guestproto.File{Path: a.Path}})
+	if err != nil {
+		return agentproto.FileOutput{}, err
+	}
+	return agentproto.FileOutput{Data: resp.Data, SizeBytes: int64(len(resp.Data))}, nil
+}
+
+// WriteFile writes a file into an instance's guest (agentproto.CommandWriteFile).
+func (r *QEMU) WriteFile(ctx context.Context, a agentproto.FileArgs) (agentproto.FileOutput, error) {
+	g, err := r.guest(a.InstanceID)
+	if err != nil {
+		return agentproto.FileOutput{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, FileTimeout)
+	defer cancel()
+	if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpWriteFile, File: &guestproto.File{Path: a.Path, Data: a.Data, Mode: a.Mode}}); err != nil {
+		return agentproto.FileOutput{}, err
+	}
+	return agentproto.FileOutput{SizeBytes: int64(len(a.Data))}, nil
 }

@@ -40,6 +40,14 @@ type SecretUser interface {
 	UseSecrets(ResolveFunc)
 }
 
+// Guests is a runtime whose instances run a guest agent: the daemon's
+// guest commands (exec, readFile, writeFile) go through it.
+type Guests interface {
+	Exec(ctx context.Context, a agentproto.ExecArgs) (agentproto.ExecOutput, error)
+	ReadFile(ctx context.Context, a agentproto.FileArgs) (agentproto.FileOutput, error)
+	WriteFile(ctx context.Context, a agentproto.FileArgs) (agentproto.FileOutput, error)
+}
+
 // MaxInstances bounds one spec.
 const MaxInstances = 1024
 
