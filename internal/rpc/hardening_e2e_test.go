@@ -119,10 +119,22 @@ func cursorMethods(t *testing.T, c *computeclient.Client, tenant string) map[str
 		}
 		return res.Data.Cursor.Or(""), nil
 	}
+	profilesList := func(cursor string) (string, error) {
+		in := &client.ProfilesListInput{TenantId: tenant, Limit: client.NewOptInt64(1)}
+		if cursor != "" {
+			in.Cursor = client.NewOptString(cursor)
+		}
+		res, err := c.ProfilesList(t.Context(), in)
+		if err != nil {
+			return "", err
+		}
+		return res.Data.Cursor.Or(""), nil
+	}
 	return map[string]func(string) (string, error){
-		api.MethodSitesList:  sitesList,
-		api.MethodEventsList: eventsList,
-		api.MethodUsageList:  usageList,
+		api.MethodSitesList:    sitesList,
+		api.MethodEventsList:   eventsList,
+		api.MethodUsageList:    usageList,
+		api.MethodProfilesList: profilesList,
 	}
 }
 

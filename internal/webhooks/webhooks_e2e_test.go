@@ -531,10 +531,10 @@ func TestEventTypesIsTheEventCatalog(t *testing.T) {
 		assert.Equal(t, "nodes", e.Module, typ)
 		assert.True(t, e.Served, typ)
 	}
-	// A module without a registered method is not served (providerAccounts,
-	// the provisioning issue); sandboxVolumes is.
-	assert.False(t, types["provider.bootstrap.started"].Served)
-	assert.True(t, types["sandbox.volume.created"].Served)
+	// A module's events are served once it has a registered method.
+	for _, typ := range []string{"provider.bootstrap.started", "sandbox.volume.created", "sandbox.created", "sandbox.snapshot.created", "workflow.started"} {
+		assert.True(t, types[typ].Served, typ)
+	}
 	_, err = f.viewer.WebhooksEventTypes(t.Context(), &client.WebhooksEventTypesInput{TenantId: "acme"})
 	assert.Equal(t, "ACCESS_DENIED", code(t, err))
 	_, err = f.globex.WebhooksEventTypes(t.Context(), &client.WebhooksEventTypesInput{TenantId: "acme"})
