@@ -77,7 +77,8 @@ func (a *Agent) run(c *agentproto.Command) (json.RawMessage, error) {
 		inv := a.inventory()
 		a.pendingInventory.Store(&inv)
 		return json.Marshal(inv)
-	case agentproto.CommandExec, agentproto.CommandReadFile, agentproto.CommandWriteFile:
+	case agentproto.CommandExec, agentproto.CommandReadFile, agentproto.CommandWriteFile,
+		agentproto.CommandSnapshot, agentproto.CommandDeleteSnapshot:
 		return a.guestCommand(c)
 	}
 	return nil, errors.New("unknown command kind " + c.Kind)
@@ -98,6 +99,19 @@ func (a *Agent) guestCommand(c *agentproto.Command) (json.RawMessage, error) {
 			return nil, err
 		}
 		out, err := g.Exec(ctx, args)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(out)
+	case agentproto.CommandSnapshot, agentproto.CommandDeleteSnapshot:
+		var args agentproto.SnapshotArgs
+		if err := json.Unmarshal(c.Args, &args); err != nil {
+			return nil, err
+		}
+		if c.Kind == agentproto.CommandDeleteSnapshot {
+			return json.RawMessage(`{}`), g.DeleteSnapshot(ctx, args.SnapshotID)
+		}
+		out, err := g.Snapshot(ctx, args)
 		if err != nil {
 			return nil, err
 		}

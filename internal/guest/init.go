@@ -251,11 +251,45 @@ func (a *Agent) mount(m *guestproto.Mount) error {
 	if err := os.MkdirAll(target, 0o755); err != nil {
 		return err
 	}
-	var flags uintptr
 	if m.ReadOnly {
-		flags |= syscall.MS_RDONLY
+		// noload: a read-only disk cannot replay a journal; the writer's
+		// host froze the filesystem (quiesceVolumes) before it let go, so
+		// everything is in place.
+		return syscall.Mount(dev, target, "ext4", syscall.MS_RDONLY, "noload")
 	}
-	return syscall.Mount(dev, target, "ext4", flags, "")
+	if err := syscall.Mount(dev, target, "ext4", 0, ""); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.writable = append(a.writable, target)
+	a.mu.Unlock()
+	return nil
+}
+
+// Filesystem freeze and thaw (linux/fs.h): a freeze writes everything of
+// the filesystem in place, journal included.
+const (
+	ioctlFIFREEZE = 0xC0045877
+	ioctlFITHAW   = 0xC0045878
+)
+
+// quiesceVolumes freezes and thaws each volume mounted read-write, so that
+// a host that ends the VM next leaves a filesystem that reads whole
+// without its journal (read-only attachments mount it with noload).
+func (a *Agent) quiesceVolumes() {
+	a.mu.Lock()
+	targets := append([]string(nil), a.writable...)
+	a.mu.Unlock()
+	for _, t := range targets {
+		f, err := os.Open(t)
+		if err != nil {
+			continue
+		}
+		if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), ioctlFIFREEZE, 0); e == 0 {
+			_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), ioctlFITHAW, 0)
+		}
+		_ = f.Close()
+	}
 }
 
 // hasExtFS reads the ext2/3/4 superblock magic (0xEF53 at byte 1080).

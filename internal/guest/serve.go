@@ -40,6 +40,8 @@ type Agent struct {
 	mu     sync.Mutex // identity
 	ident  guestproto.Identity
 	env    map[string]string
+	// writable are the volumes mounted read-write (quiesced on sync).
+	writable []string
 
 	wmu sync.Mutex // writes to the port
 }
@@ -138,6 +140,7 @@ func (a *Agent) handle(ctx context.Context, r guestproto.Request) guestproto.Res
 		return guestproto.Response{OK: true, Status: a.status()}
 	case guestproto.OpSync:
 		syscall.Sync()
+		a.quiesceVolumes()
 		return guestproto.Response{OK: true}
 	case guestproto.OpPoweroff:
 		syscall.Sync()

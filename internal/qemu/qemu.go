@@ -186,7 +186,8 @@ func (c *Config) Args() []string {
 		a = append(a, "-drive", drive, "-device", fmt.Sprintf("virtio-blk-%s,drive=d%d,serial=%s", bus, i, d.Serial))
 	}
 	if c.Incoming != "" {
-		a = append(a, "-incoming", "exec:cat "+c.Incoming)
+		// The state goes in by QMP once the capabilities are set (Start).
+		a = append(a, "-incoming", "defer")
 	}
 	return a
 }

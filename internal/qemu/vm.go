@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -89,6 +90,12 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 	// for the rest of the start timeout.
 	for deadline := time.Now().Add(StartTimeout); ; {
 		err := v.connect()
+		if err == nil && c.Incoming != "" {
+			if err = v.incoming(ctx); err != nil {
+				_ = cmd.Process.Kill()
+				return nil, err
+			}
+		}
 		if err == nil {
 			return v, nil
 		}
@@ -350,4 +357,125 @@ func tailFile(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// qmpRaw runs one QMP command given as JSON (for commands go-qemu's
+// generated API lacks, such as the x-ignore-shared capability) and
+// returns its "return" member, bounded like run.
+func (v *VM) qmpRaw(cmd string) (json.RawMessage, error) {
+	type result struct {
+		out json.RawMessage
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		v.qmpMu.Lock()
+		defer v.qmpMu.Unlock()
+		mon, err := v.dial()
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer mon.Disconnect()
+		out, err := mon.Run([]byte(cmd))
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		var resp struct {
+			Return json.RawMessage `json:"return"`
+		}
+		err = json.Unmarshal(out, &resp)
+		ch <- result{resp.Return, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil && !v.Alive() {
+			return nil, ErrGone
+		}
+		return r.out, r.err
+	case <-time.After(2 * QMPTimeout):
+		return nil, fmt.Errorf("qemu: QMP command timed out after %s", 2*QMPTimeout)
+	}
+}
+
+func (v *VM) ignoreShared() error {
+	if v.Config.MemoryFile == "" {
+		return nil
+	}
+	_, err := v.qmpRaw(`{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}`)
+	return err
+}
+
+// awaitMigration polls query-migrate until the migration completed.
+func (v *VM) awaitMigration(ctx context.Context) error {
+	for {
+		out, err := v.qmpRaw(`{"execute":"query-migrate"}`)
+		if err != nil {
+			return err
+		}
+		var info struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		_ = json.Unmarshal(out, &info)
+		switch info.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("qemu: migration %s: %s", info.Status, info.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: migration not done: %w", ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// SaveState writes the VM's device state (and its RAM, unless it is in a
+// shared memory file) to file with a migration; the VM must be paused and
+// stays so.
+func (v *VM) SaveState(ctx context.Context, file string) error {
+	if strings.ContainsAny(file, `"\ `) {
+		return fmt.Errorf("qemu: state file %q", file)
+	}
+	if err := v.ignoreShared(); err != nil {
+		return err
+	}
+	if _, err := v.qmpRaw(`{"execute":"migrate","arguments":{"uri":"exec:cat > ` + file + `"}}`); err != nil {
+		return err
+	}
+	return v.awaitMigration(ctx)
+}
+
+// incoming loads the state file named by Config.Incoming into a VM
+// started with -incoming defer; it runs when the state is in.
+func (v *VM) incoming(ctx context.Context) error {
+	if err := v.ignoreShared(); err != nil {
+		return err
+	}
+	if _, err := v.qmpRaw(`{"execute":"migrate-incoming","arguments":{"uri":"exec:cat ` + v.Config.Incoming + `"}}`); err != nil {
+		return err
+	}
+	if err := v.awaitMigration(ctx); err != nil {
+		return err
+	}
+	for {
+		st, err := v.Status()
+		if err != nil {
+			return err
+		}
+		switch st {
+		case "running":
+			return nil
+		case "paused", "postmigrate", "prelaunch":
+			return v.Resume()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: restored VM is %s: %w", st, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }

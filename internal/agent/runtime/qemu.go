@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"computeplane/internal/agentproto"
@@ -291,6 +294,15 @@ func (r *QEMU) remove(id string, st *vmState) {
 		st.cancel()
 	}
 	if st.vm != nil {
+		if len(st.spec.Volumes) > 0 && st.state == StateRunning {
+			// The guest writes its volumes' filesystems in place first: the
+			// next sandbox may attach them read-only.
+			if g, err := st.vm.Guest(); err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				_, _ = g.Call(ctx, guestproto.Request{Op: guestproto.OpSync})
+				cancel()
+			}
+		}
 		_ = st.vm.Kill()
 	}
 	_ = os.RemoveAll(r.vmDir(id))
@@ -379,6 +391,23 @@ func (r *QEMU) boot(id string, st *vmState) {
 		c.Disks = append(c.Disks, qemu.Disk{Path: vs.Boot.Location, Serial: "root", Format: vs.Boot.Format, ReadOnly: false})
 		c.Machine = qemu.MachineQ35
 	}
+	how := "boot"
+	if vs.Restore != "" {
+		// Started from a snapshot: its memory and disk copied in, its
+		// device state loaded (qemu -incoming), no boot.
+		snap := r.snapshotDir(vs.Restore)
+		if err := copySparse(filepath.Join(snap, "memory"), filepath.Join(r.vmDir(id), "memory")); err != nil {
+			st.state, st.err = "failed", "restore: "+err.Error()
+			return
+		}
+		if _, err := os.Stat(filepath.Join(snap, "disk0.raw")); err == nil {
+			if err := copySparse(filepath.Join(snap, "disk0.raw"), filepath.Join(r.vmDir(id), "disk0.raw")); err != nil {
+				st.state, st.err = "failed", "restore: "+err.Error()
+				return
+			}
+		}
+		c.Incoming, how = filepath.Join(snap, "state"), "restore"
+	}
 	if vs.DiskGiB > 0 {
 		disk := filepath.Join(r.vmDir(id), "disk0.raw")
 		if _, err := os.Stat(disk); errors.Is(err, os.ErrNotExist) {
@@ -404,9 +433,14 @@ func (r *QEMU) boot(id string, st *vmState) {
 	boot := st.boots
 	go func() {
 		defer cancel()
-		t := startTimings("boot")
+		t := startTimings(how)
 		vm, err := qemu.Start(ctx, c)
-		if err == nil {
+		switch {
+		case err == nil && how == "restore":
+			// The guest runs on from where it was snapshotted: it gets its
+			// own identity and is checked, it does not boot.
+			err = r.check(ctx, vm, vs, true, t)
+		case err == nil:
 			err = r.greet(ctx, vm, vs, true, t)
 		}
 		r.mu.Lock()
@@ -714,4 +748,93 @@ func (r *QEMU) WriteFile(ctx context.Context, a agentproto.FileArgs) (agentproto
 		return agentproto.FileOutput{}, err
 	}
 	return agentproto.FileOutput{SizeBytes: int64(len(a.Data))}, nil
+}
+
+func (r *QEMU) snapshotDir(id string) string {
+	return filepath.Join(r.Dir, "snapshots", filepath.Base(id))
+}
+
+// copySparse copies a file keeping its holes (and sharing its blocks where
+// the filesystem can).
+func copySparse(from, to string) error {
+	out, err := exec.Command("cp", "--reflink=auto", "--sparse=always", from, to).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("copy %s: %v: %s", filepath.Base(from), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Snapshot saves a running or paused instance whose memory is in a shared
+// file: the guest syncs, the VM pauses, its device state is saved
+// (x-ignore-shared: memory stays in its file), the memory file and disk
+// are copied, and a running VM goes on. Apply waits meanwhile.
+func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentproto.SnapshotOutput, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.vms[a.InstanceID]
+	if st == nil || st.vm == nil || st.cancel != nil || (st.state != StateRunning && st.state != StatePaused) {
+		return agentproto.SnapshotOutput{}, fmt.Errorf("instance %s is not running or paused here", a.InstanceID)
+	}
+	if !st.spec.MemoryFile {
+		return agentproto.SnapshotOutput{}, fmt.Errorf("instance %s keeps no memory file", a.InstanceID)
+	}
+	dir := r.snapshotDir(a.SnapshotID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return agentproto.SnapshotOutput{}, err
+	}
+	running := st.state == StateRunning
+	if running {
+		if g, err := st.vm.Guest(); err == nil {
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, _ = g.Call(sctx, guestproto.Request{Op: guestproto.OpSync})
+			cancel()
+		}
+	}
+	start := time.Now()
+	err := func() error {
+		if running {
+			if err := st.vm.Pause(); err != nil {
+				return err
+			}
+		}
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if err := st.vm.SaveState(sctx, filepath.Join(dir, "state")); err != nil {
+			return err
+		}
+		if err := copySparse(filepath.Join(r.vmDir(a.InstanceID), "memory"), filepath.Join(dir, "memory")); err != nil {
+			return err
+		}
+		if _, err := os.Stat(filepath.Join(r.vmDir(a.InstanceID), "disk0.raw")); err == nil {
+			return copySparse(filepath.Join(r.vmDir(a.InstanceID), "disk0.raw"), filepath.Join(dir, "disk0.raw"))
+		}
+		return nil
+	}()
+	if running {
+		if rerr := st.vm.Resume(); err == nil {
+			err = rerr
+		}
+	}
+	paused := time.Since(start)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return agentproto.SnapshotOutput{}, fmt.Errorf("snapshot: %w", err)
+	}
+	var size int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if info, err := d.Info(); err == nil {
+				if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+					size += sys.Blocks * 512 // allocated, not apparent
+				}
+			}
+		}
+		return nil
+	})
+	return agentproto.SnapshotOutput{SizeBytes: size, PausedMs: paused.Milliseconds()}, nil
+}
+
+// DeleteSnapshot removes a snapshot's files (none is fine).
+func (r *QEMU) DeleteSnapshot(_ context.Context, id string) error {
+	return os.RemoveAll(r.snapshotDir(id))
 }

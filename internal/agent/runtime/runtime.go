@@ -46,6 +46,8 @@ type Guests interface {
 	Exec(ctx context.Context, a agentproto.ExecArgs) (agentproto.ExecOutput, error)
 	ReadFile(ctx context.Context, a agentproto.FileArgs) (agentproto.FileOutput, error)
 	WriteFile(ctx context.Context, a agentproto.FileArgs) (agentproto.FileOutput, error)
+	Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentproto.SnapshotOutput, error)
+	DeleteSnapshot(ctx context.Context, id string) error
 }
 
 // MaxInstances bounds one spec.
