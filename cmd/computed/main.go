@@ -40,6 +40,7 @@ import (
 	"computeplane/internal/logging"
 	"computeplane/internal/nodes"
 	"computeplane/internal/pki"
+	"computeplane/internal/profiles"
 	"computeplane/internal/store"
 	"computeplane/internal/workflows"
 )
@@ -77,6 +78,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			servePprof(ctx, addr, log)
 		}
 		gatewayGC(cfg, getenv, log)
+		// Workflows render and lock profiles through the profiles group
+		// (own, public, then shipped: the specification's lookup order).
+		workflows.Profiles, workflows.ProfileLocker = profiles.ForWorkflows{}, profiles.ForWorkflows{}
 		h, err := host.New(ctx, cfg, log, host.Options{SkipMigrations: getenv("SERVICE_SKIP_MIGRATIONS") == "1"})
 		if err != nil {
 			log.Error("startup failed", "error", err.Error())

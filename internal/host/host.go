@@ -345,9 +345,6 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		runner.RegisterSingleton(reservations.JobName, rsv.Run)
 		sbx := &sandboxes.Job{Service: sandboxService, Store: work, Notifier: notifier, Log: log}
 		runner.RegisterSingleton(sandboxes.JobName, sbx.Run)
-		// Workflows render and lock profiles through the profiles group
-		// (own, public, then shipped: the specification's lookup order).
-		workflows.Profiles, workflows.ProfileLocker = profiles.ForWorkflows{}, profiles.ForWorkflows{}
 		wf := &workflows.Job{Store: work, Notifier: notifier, Images: imageSource, Log: log,
 			Drivers: drivers.Registry{qemudriver.Name: qemudriver.Open, redfish.Name: redfish.Open}}
 		runner.RegisterSingleton(workflows.JobName, wf.Run)
