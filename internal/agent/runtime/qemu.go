@@ -392,6 +392,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 		c.Machine = qemu.MachineQ35
 	}
 	how := "boot"
+	t := startTimings(how) // the host's share includes a restore's copies
 	if vs.Restore != "" {
 		// Started from a snapshot: its memory and disk copied in, its
 		// device state loaded (qemu -incoming), no boot.
@@ -407,6 +408,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 			}
 		}
 		c.Incoming, how = filepath.Join(snap, "state"), "restore"
+		t.how = how
 	}
 	if vs.DiskGiB > 0 {
 		disk := filepath.Join(r.vmDir(id), "disk0.raw")
@@ -433,7 +435,6 @@ func (r *QEMU) boot(id string, st *vmState) {
 	boot := st.boots
 	go func() {
 		defer cancel()
-		t := startTimings(how)
 		vm, err := qemu.Start(ctx, c)
 		switch {
 		case err == nil && how == "restore":
