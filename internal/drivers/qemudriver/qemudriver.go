@@ -337,8 +337,8 @@ func (d *Driver) firmware(c *qemu.Config) error {
 	if err := os.MkdirAll(fw, 0o700); err != nil {
 		return err
 	}
-	files := map[string]string{"vmlinux": "", "initrd": "", "cmdline": ""}
-	for name := range files {
+	files := map[string]string{}
+	for _, name := range []string{"vmlinux", "initrd", "cmdline"} { // in order: the first missing one is named
 		out := filepath.Join(fw, name)
 		_ = os.Remove(out)
 		cmd := exec.Command("debugfs", "-R", "dump /boot/"+name+" "+out, d.DiskPath())
