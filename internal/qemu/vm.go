@@ -229,6 +229,12 @@ func (v *VM) Alive() bool {
 // run runs one QMP command, bounded by QMPTimeout (go-qemu's socket has
 // no per-command deadline: a stalled qemu must not stall the caller).
 func run[T any](v *VM, fn func(m *raw.Monitor) (T, error)) (T, error) {
+	return onMonitor(v, func(mon *qmp.SocketMonitor) (T, error) { return fn(raw.NewMonitor(mon)) })
+}
+
+// onMonitor runs fn on a QMP connection of its own, one at a time per VM,
+// bounded by twice QMPTimeout.
+func onMonitor[T any](v *VM, fn func(mon *qmp.SocketMonitor) (T, error)) (T, error) {
 	var zero T
 	type result struct {
 		val T
@@ -236,7 +242,6 @@ func run[T any](v *VM, fn func(m *raw.Monitor) (T, error)) (T, error) {
 	}
 	ch := make(chan result, 1)
 	go func() {
-		// One command at a time per VM, on a connection of its own.
 		v.qmpMu.Lock()
 		defer v.qmpMu.Unlock()
 		mon, err := v.dial()
@@ -245,7 +250,7 @@ func run[T any](v *VM, fn func(m *raw.Monitor) (T, error)) (T, error) {
 			return
 		}
 		defer mon.Disconnect()
-		val, err := fn(raw.NewMonitor(mon))
+		val, err := fn(mon)
 		ch <- result{val, err}
 	}()
 	select {
@@ -363,40 +368,17 @@ func tailFile(path string, n int) string {
 // generated API lacks, such as the x-ignore-shared capability) and
 // returns its "return" member, bounded like run.
 func (v *VM) qmpRaw(cmd string) (json.RawMessage, error) {
-	type result struct {
-		out json.RawMessage
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		v.qmpMu.Lock()
-		defer v.qmpMu.Unlock()
-		mon, err := v.dial()
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer mon.Disconnect()
+	return onMonitor(v, func(mon *qmp.SocketMonitor) (json.RawMessage, error) {
 		out, err := mon.Run([]byte(cmd))
 		if err != nil {
-			ch <- result{err: err}
-			return
+			return nil, err
 		}
 		var resp struct {
 			Return json.RawMessage `json:"return"`
 		}
 		err = json.Unmarshal(out, &resp)
-		ch <- result{resp.Return, err}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil && !v.Alive() {
-			return nil, ErrGone
-		}
-		return r.out, r.err
-	case <-time.After(2 * QMPTimeout):
-		return nil, fmt.Errorf("qemu: QMP command timed out after %s", 2*QMPTimeout)
-	}
+		return resp.Return, err
+	})
 }
 
 func (v *VM) ignoreShared() error {
