@@ -101,6 +101,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	rt := fs.String("runtime", "qemu", "the runtime behind specs: qemu (virtual machines) or recording (protocol tests)")
 	accel := fs.String("accel", "auto", "qemu acceleration: auto (a probe boot decides), kvm or tcg")
 	volumes := fs.String("volumes", "", "the volume store's directory (default <dir>/volumes)")
+	memory := fs.String("memory-dir", "", "where guest memory files live (sandboxes); a tmpfs such as /dev/shm/compute-agent is much faster than a disk (default: each VM's directory)")
 	var d agent.Declared
 	fs.IntVar(&d.VCPU, "vcpu", 0, "declare this many vCPUs instead of the host's")
 	fs.Int64Var(&d.MemoryMiB, "memory-mib", 0, "declare this much memory instead of the host's")
@@ -123,6 +124,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		if err != nil {
 			fmt.Fprintln(stderr, "compute-agent run:", err)
 			return 1
+		}
+		if q.MemoryDir = *memory; q.MemoryDir != "" {
+			if err := os.MkdirAll(q.MemoryDir, 0o700); err != nil {
+				fmt.Fprintln(stderr, "compute-agent run:", err)
+				return 1
+			}
 		}
 		q.VolumeDir = *volumes
 		if q.VolumeDir == "" {

@@ -106,7 +106,11 @@ func (f *Fleet) Join(pool string, args ...string) *Agent {
 	require.NoError(t, err)
 	dir, err := os.MkdirTemp("", "agent") // short: unix socket paths under it
 	require.NoError(t, err)
-	a := &Agent{f: f, Dir: dir, args: args}
+	// Guest memory files on a tmpfs, as an operator would set it, gone
+	// with the test.
+	memory, err := os.MkdirTemp("/dev/shm", "agent-memory")
+	require.NoError(t, err)
+	a := &Agent{f: f, Dir: dir, args: append([]string{"--memory-dir", memory}, args...)}
 	t.Cleanup(func() {
 		a.Stop()
 		// VMs outlive their daemon by design: end them with the test.
@@ -119,6 +123,7 @@ func (f *Fleet) Join(pool string, args ...string) *Agent {
 			}
 		}
 		_ = os.RemoveAll(dir)
+		_ = os.RemoveAll(memory)
 	})
 	tokFile := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(tokFile, []byte(tok.Data.Token), 0o600))

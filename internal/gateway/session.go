@@ -389,6 +389,7 @@ func (s *session) status(st *agentproto.Status) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, WriteTimeout)
 	defer cancel()
+	ctx = notify.WithLater(ctx) // OnStatus names what its changes wake
 	events := false
 	err := s.g.o.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
 		n, err := db.New(tx).ReportStatus(ctx, db.ReportStatusParams{
@@ -405,6 +406,9 @@ func (s *session) status(st *agentproto.Status) {
 		events, err = s.g.o.OnStatus(ctx, tx, s.nodeID, st)
 		return err
 	})
+	if err == nil {
+		s.g.o.Notifier.WakeLater(ctx)
+	}
 	if events {
 		s.g.o.Notifier.Wake(notify.TopicOutbox)
 	}
@@ -433,6 +437,7 @@ func (s *session) result(r *agentproto.Result) {
 			s.g.o.Log.Warn("gateway: following a command result", "node", s.nodeID, "command", r.ID, "error", err.Error())
 		}
 	}
+	s.g.o.Notifier.Wake(ResultTopic(r.ID))
 }
 
 // ResolveTimeout bounds one resolution of secret references.

@@ -29,6 +29,10 @@ import (
 // Topic is the wake-up topic of one gateway.
 func Topic(gatewayID string) string { return "gateway/" + gatewayID }
 
+// ResultTopic is woken once command id's result is written (and
+// followed by OnResult): the calls waiting for it re-read at once.
+func ResultTopic(commandID string) string { return "command/" + commandID }
+
 // TopicAll wakes every gateway (a node out of session has none).
 const TopicAll = "gateway/*"
 

@@ -128,3 +128,23 @@ func FuzzDecodeRequest(f *testing.F) {
 		require.NotZero(t, r.ID)
 	})
 }
+
+// Module lines load under their conditions, read from sysfs.
+func TestModuleWanted(t *testing.T) {
+	sys := t.TempDir()
+	assert.True(t, moduleWanted(sys, ""), "no condition")
+	assert.True(t, moduleWanted(sys, "later"), "a condition this version does not know")
+	assert.False(t, moduleWanted(sys, "pci"), "no PCI bus (microvm)")
+	assert.False(t, moduleWanted(sys, "virtio:1"), "no virtio device yet")
+
+	require.NoError(t, os.MkdirAll(filepath.Join(sys, "bus/pci/devices/0000:00:00.0"), 0o755))
+	assert.True(t, moduleWanted(sys, "pci"))
+	console := filepath.Join(sys, "bus/virtio/devices/virtio0")
+	require.NoError(t, os.MkdirAll(console, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(console, "device"), []byte("0x0003\n"), 0o644))
+	assert.False(t, moduleWanted(sys, "virtio:1"), "a console is not a network card")
+	net := filepath.Join(sys, "bus/virtio/devices/virtio1")
+	require.NoError(t, os.MkdirAll(net, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(net, "device"), []byte("0x0001\n"), 0o644))
+	assert.True(t, moduleWanted(sys, "virtio:1"))
+}

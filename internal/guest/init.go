@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -78,10 +79,28 @@ func initSystem(log *slog.Logger) error {
 	}
 	loadModules(log)
 	_ = os.MkdirAll("/dev/disk/by-id", 0o755)
-	for i := 0; i < 50 && linkDisks() == 0; i++ {
-		time.Sleep(10 * time.Millisecond) // block devices appear as their driver probes
+	// Block devices appear as their driver probes. The host says how many
+	// to expect (compute.disks=N); without it, wait for at least one.
+	want, told := expectedDisks()
+	for i := 0; i < 50; i++ {
+		if n := linkDisks(); (told && n >= want) || (!told && n > 0) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	return nil
+}
+
+// expectedDisks reads compute.disks=N from the kernel command line.
+func expectedDisks() (int, bool) {
+	raw, _ := os.ReadFile("/proc/cmdline")
+	for _, f := range strings.Fields(string(raw)) {
+		if v, ok := strings.CutPrefix(f, "compute.disks="); ok {
+			n, err := strconv.Atoi(v)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 func loadModules(log *slog.Logger) {
@@ -92,8 +111,8 @@ func loadModules(log *slog.Logger) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		path := strings.TrimSpace(sc.Text())
-		if path == "" || strings.HasPrefix(path, "#") {
+		path, when, _ := strings.Cut(strings.TrimSpace(sc.Text()), " ")
+		if path == "" || strings.HasPrefix(path, "#") || !moduleWanted("/sys", strings.TrimSpace(when)) {
 			continue
 		}
 		m, err := os.Open(path)
@@ -106,6 +125,34 @@ func loadModules(log *slog.Logger) {
 		}
 		_ = m.Close()
 	}
+}
+
+// moduleWanted decides a module line's condition (ModulesFile) from sysfs
+// at sys: "pci" loads it only on a machine with a PCI bus, "virtio:N" only
+// when a virtio device of id N is there (1 is a network card), none
+// always. Loading a module costs tens of milliseconds under emulation.
+func moduleWanted(sys, when string) bool {
+	switch {
+	case when == "":
+		return true
+	case when == "pci":
+		devs, _ := filepath.Glob(filepath.Join(sys, "bus/pci/devices/*"))
+		return len(devs) > 0
+	case strings.HasPrefix(when, "virtio:"):
+		want, err := strconv.ParseUint(strings.TrimPrefix(when, "virtio:"), 0, 32)
+		if err != nil {
+			return true
+		}
+		ids, _ := filepath.Glob(filepath.Join(sys, "bus/virtio/devices/*/device"))
+		for _, p := range ids {
+			b, _ := os.ReadFile(p)
+			if id, err := strconv.ParseUint(strings.TrimSpace(string(b)), 0, 32); err == nil && id == want {
+				return true
+			}
+		}
+		return false
+	}
+	return true // a condition this version does not know
 }
 
 // linkDisks makes /dev/disk/by-id/virtio-<serial> for every virtio disk

@@ -262,6 +262,8 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Store:    st,
 		Metrics:  rpcMetrics,
 		Audit:    audit.Record,
+		// Waits re-read when what they wait on is reported changed.
+		Wakes: notifier,
 		// A committed mutation may have written outbox rows: wake their
 		// consumers.
 		AfterCommit: func(ctx context.Context, _ *rpc.Call) {

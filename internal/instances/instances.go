@@ -26,6 +26,7 @@ import (
 	"computeplane/internal/idem"
 	"computeplane/internal/images"
 	"computeplane/internal/nodespec"
+	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
 	"computeplane/internal/pools"
@@ -469,6 +470,10 @@ func (s *Service) takeUnit(ctx context.Context, tx pgx.Tx, q *db.Queries, in *ap
 	return &reservationUnit{booking: u.BookingID, node: u.NodeID}, nil
 }
 
+// Topic is woken after a commit that changed instance id's reported
+// state: the waits on it re-read at once.
+func Topic(id string) string { return "instance/" + id }
+
 // waited follows the Waiting convention: after commit, until the state is
 // until (or failed, or deleted).
 func (s *Service) waited(ctx context.Context, r db.Instance, wait *api.Wait, until string) (*api.Instance, error) {
@@ -476,7 +481,7 @@ func (s *Service) waited(ctx context.Context, r db.Instance, wait *api.Wait, unt
 		return output(r), nil
 	}
 	id, tenant := r.InstanceID, r.TenantID
-	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, output(r), func(ctx context.Context) (any, bool) {
+	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, Topic(id), output(r), func(ctx context.Context) (any, bool) {
 		row, err := db.New(s.Store.Pool()).GetInstance(ctx, id)
 		if err != nil || row.TenantID != tenant {
 			return nil, false
@@ -514,6 +519,7 @@ func ApplyStatus(ctx context.Context, tx pgx.Tx, node string, reported []agentpr
 		if err != nil {
 			return false, err
 		}
+		notify.Later(ctx, Topic(r.InstanceID)) // its waits re-read
 		if r.Kind != KindVPS {
 			wrote, err := applySandboxStatus(ctx, tx, r)
 			if err != nil {

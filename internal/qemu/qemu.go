@@ -63,6 +63,12 @@ type Config struct {
 	// MemoryFile keeps guest memory in a shared file (snapshots move
 	// device state only); empty uses anonymous memory.
 	MemoryFile string `json:"memoryFile,omitempty"`
+	// MemoryPrivate maps MemoryFile copy-on-write instead (share=off):
+	// the guest starts from the file's pages and never writes the file,
+	// so a snapshot's memory file serves any number of restores without
+	// a copy, its pages shared in the page cache. A snapshot of such a VM
+	// carries its memory in the migration stream.
+	MemoryPrivate bool `json:"memoryPrivate,omitempty"`
 	// Incoming restores a saved state (a migration stream file).
 	Incoming string `json:"incoming,omitempty"`
 }
@@ -166,10 +172,15 @@ func (c *Config) Args() []string {
 		a = append(a, "-cpu", "max")
 	}
 	if c.MemoryFile != "" {
-		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=on", c.MemoryMiB, c.MemoryFile))
+		share := "on"
+		if c.MemoryPrivate {
+			share = "off"
+		}
+		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", c.MemoryMiB, c.MemoryFile, share))
 	}
 	if c.Kernel != "" {
-		cmdline := c.Cmdline
+		// compute-guest waits for this many disks to appear, no longer.
+		cmdline := strings.TrimSpace(c.Cmdline + " compute.disks=" + strconv.Itoa(len(c.Disks)))
 		if c.Accel == AccelTCG && c.Machine == MachineMicroVM && tscKHz() > 0 && !strings.Contains(cmdline, "tsc_early_khz=") {
 			cmdline = strings.TrimSpace(cmdline + " tsc_early_khz=" + strconv.Itoa(tscKHz()))
 		}

@@ -99,3 +99,65 @@ func TestVMLifecycle(t *testing.T) {
 	assert.ErrorIs(t, err, qemu.ErrGone)
 	assert.True(t, strings.Contains(console(v), "compute-guest: READY"), "the console was written")
 }
+
+// A snapshot (device state by migration, guest memory in its shared
+// file) restored twice from the same files: each restore maps the
+// memory file copy-on-write, runs on from where the snapshot was taken,
+// and neither sees the other's writes nor changes the snapshot.
+func TestSnapshotRestoredTwice(t *testing.T) {
+	im := qemutest.Image(t)
+	dir, err := os.MkdirTemp("", "vm")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	config := func(id string) *qemu.Config {
+		return &qemu.Config{ID: id, Dir: filepath.Join(dir, id), VCPU: 1, MemoryMiB: 256, Accel: qemu.AccelTCG,
+			Machine: qemu.MachineMicroVM, Kernel: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline + " compute.hostname=" + id}
+	}
+	src := config("src")
+	src.MemoryFile = filepath.Join(src.Dir, "memory")
+	v, err := qemu.Start(t.Context(), src)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = v.Kill() })
+	g := guestReady(t, v)
+	call(t, g, guestproto.Request{Op: guestproto.OpWriteFile, File: &guestproto.File{Path: "/root/before", Data: []byte("snapshotted")}})
+
+	snap := filepath.Join(dir, "snap")
+	require.NoError(t, os.MkdirAll(snap, 0o700))
+	require.NoError(t, v.Pause())
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	require.NoError(t, v.SaveState(ctx, filepath.Join(snap, "state")))
+	t.Logf("device state saved in %s", time.Since(start).Round(time.Millisecond))
+	require.NoError(t, v.Kill())
+	require.NoError(t, os.Rename(src.MemoryFile, filepath.Join(snap, "memory")))
+	before, err := os.ReadFile(filepath.Join(snap, "memory"))
+	require.NoError(t, err)
+
+	restore := func(id string) *qemu.Guest {
+		c := config(id)
+		c.MemoryFile, c.MemoryPrivate, c.Incoming = filepath.Join(snap, "memory"), true, filepath.Join(snap, "state")
+		start := time.Now()
+		v, err := qemu.Start(ctx, c)
+		require.NoError(t, err, "qemu.log: %s", func() string { b, _ := os.ReadFile(filepath.Join(c.Dir, "qemu.log")); return string(b) }())
+		t.Cleanup(func() { _ = v.Kill() })
+		started := time.Since(start)
+		g, err := v.Guest()
+		require.NoError(t, err)
+		r := call(t, g, guestproto.Request{Op: guestproto.OpPing})
+		require.True(t, r.Status.RootOK)
+		t.Logf("%s: qemu and its state in %s, then the guest answered in %s", id, started.Round(time.Millisecond), (time.Since(start) - started).Round(time.Millisecond))
+		return g
+	}
+	a, b := restore("a"), restore("b")
+	for _, g := range []*qemu.Guest{a, b} {
+		r := call(t, g, guestproto.Request{Op: guestproto.OpReadFile, File: &guestproto.File{Path: "/root/before"}})
+		assert.Equal(t, "snapshotted", string(r.Data))
+	}
+	call(t, a, guestproto.Request{Op: guestproto.OpWriteFile, File: &guestproto.File{Path: "/root/after", Data: []byte("a")}})
+	r := call(t, b, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", "ls /root"}}})
+	assert.Equal(t, "before\n", string(r.Exec.Stdout), "b does not see a's write")
+	after, err := os.ReadFile(filepath.Join(snap, "memory"))
+	require.NoError(t, err)
+	assert.True(t, string(before) == string(after), "the snapshot's memory file is unchanged")
+}

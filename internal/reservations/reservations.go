@@ -510,7 +510,7 @@ func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Reservation, w
 		return out, err
 	}
 	id, tenant := r.ReservationID, r.TenantID
-	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, out, func(ctx context.Context) (any, bool) {
+	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, "", out, func(ctx context.Context) (any, bool) {
 		q := db.New(s.Store.Pool())
 		row, err := q.GetReservation(ctx, id)
 		if err != nil || row.TenantID != tenant {

@@ -7,6 +7,7 @@
 package rpc
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -98,7 +99,11 @@ type Handler struct {
 	// AfterCommit runs after a mutation committed, outside its transaction
 	// (the notifier's wake-up); nil does nothing.
 	AfterCommit func(ctx context.Context, call *Call)
-	Log         *slog.Logger
+	// Wakes lets a wait (ThenWait) re-read as soon as the row it waits on
+	// is reported changed, between its backoff's re-reads; nil waits by
+	// the backoff alone.
+	Wakes Subscriber
+	Log   *slog.Logger
 	// Now is the clock of durations; tests may replace it.
 	Now func() time.Time
 	// CallTimeout bounds the decision and the transaction of one call;
@@ -225,7 +230,7 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 		ctx = notify.WithLater(ctx)
 	}
 	if m.Kind == api.KindMutation {
-		ctx = context.WithValue(ctx, thenKey{}, &thenSlot{})
+		ctx = context.WithValue(ctx, thenKey{}, &thenSlot{wakes: h.Wakes})
 	}
 	err = h.Store.WithTx(ctx, m.Kind == api.KindRead, func(ctx context.Context, tx pgx.Tx) error {
 		ctx = store.ContextWithTx(ctx, tx)
@@ -263,7 +268,14 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 type thenKey struct{}
 
 type thenSlot struct {
-	fn func(ctx context.Context) (any, error)
+	fn    func(ctx context.Context) (any, error)
+	wakes Subscriber
+}
+
+// Subscriber is the notifier's side a wait listens on
+// (notify.Notifier.Subscribe).
+type Subscriber interface {
+	Subscribe(topic string) (<-chan struct{}, func())
 }
 
 func thenOf(ctx context.Context) *thenSlot {
@@ -439,29 +451,76 @@ const (
 )
 
 // ThenWait answers a mutation that accepts wait { timeoutMs } (the
-// Waiting convention): after commit, read is called again, backing off
-// from WaitFirst to WaitMax, until it reports done or timeout passes (up
-// to 30 s, beyond the call's own deadline); a timeout answers the last
-// output read, or initial, and is not an error.
-func ThenWait(ctx context.Context, timeout time.Duration, initial any, read func(ctx context.Context) (out any, done bool)) {
+// Waiting convention): after commit, read is called again until it
+// reports done or timeout passes (up to 30 s, beyond the call's own
+// deadline); a timeout answers the last output read, or initial, and is
+// not an error. topic is as ThenPoll's.
+func ThenWait(ctx context.Context, timeout time.Duration, topic string, initial any, read func(ctx context.Context) (out any, done bool)) {
+	ThenPoll(ctx, Poll{Timeout: timeout, Topic: topic, Initial: initial}, func(ctx context.Context) (any, bool, error) {
+		out, done := read(ctx)
+		return out, done, nil
+	})
+}
+
+// Poll is how ThenPoll re-reads.
+type Poll struct {
+	Timeout time.Duration
+	// Topic, when set, is woken by whoever changes what the read reads
+	// (notify.Later after their commit): the read runs again at each
+	// wake-up too, so a change is seen within milliseconds rather than at
+	// the next step of the backoff. The backoff stays, for a wake-up lost
+	// or sent from a process without a notifier.
+	Topic   string
+	Initial any
+	// TimedOut is the call's error at the timeout; nil answers the last
+	// output read, or Initial.
+	TimedOut error
+	// First is the backoff's first step; 0 is WaitFirst.
+	First time.Duration
+}
+
+// ThenPoll replaces a mutation's output, after commit, with what read
+// returns once it reports done or fails, re-reading at once and then
+// backing off from WaitFirst to WaitMax (the Waiting convention), at most
+// p.Timeout.
+func ThenPoll(ctx context.Context, p Poll, read func(ctx context.Context) (out any, done bool, err error)) {
+	var wakes Subscriber
+	if s := thenOf(ctx); s != nil {
+		wakes = s.wakes
+	}
 	Then(ctx, func(ctx context.Context) (any, error) {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.Timeout)
 		defer cancel()
-		last := initial
-		for delay := WaitFirst; ; delay = min(2*delay, WaitMax) {
-			out, done := read(ctx)
+		var wake <-chan struct{} // nil: never ready
+		if wakes != nil && p.Topic != "" {
+			// Subscribed before the first read: a change between that
+			// read and the select is not missed.
+			ch, stop := wakes.Subscribe(p.Topic)
+			defer stop()
+			wake = ch
+		}
+		last := p.Initial
+		delay := cmp.Or(p.First, WaitFirst)
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		for {
+			out, done, err := read(ctx)
 			if out != nil {
 				last = out
 			}
-			if done {
-				return last, nil
+			if done || err != nil {
+				return last, err
 			}
-			t := time.NewTimer(delay)
 			select {
 			case <-ctx.Done():
-				t.Stop()
+				if p.TimedOut != nil {
+					return nil, p.TimedOut
+				}
 				return last, nil // the work is pending
+			case <-wake:
 			case <-t.C:
+				delay = min(2*delay, WaitMax)
+				t.Reset(delay)
 			}
 		}
 	})

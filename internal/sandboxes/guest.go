@@ -47,7 +47,7 @@ func (s *Service) guest(ctx context.Context, tenant, sandbox, kind string, args 
 	}
 	notify.Later(ctx, topic)
 	id := cmd.CommandID
-	poll(ctx, wait, nil, func(ctx context.Context) (any, bool, error) {
+	rpc.ThenPoll(ctx, rpc.Poll{Timeout: wait, Topic: gateway.ResultTopic(id), TimedOut: unanswered(sandbox)}, func(ctx context.Context) (any, bool, error) {
 		res, err := db.New(s.Store.Pool()).GetCommandResult(ctx, id)
 		if err != nil {
 			return nil, false, nil
@@ -68,7 +68,7 @@ func (s *Service) guest(ctx context.Context, tenant, sandbox, kind string, args 
 			return nil, true, unanswered(sandbox)
 		}
 		return nil, false, nil
-	}, unanswered(sandbox))
+	})
 	return nil
 }
 
@@ -86,39 +86,6 @@ func guestError(msg string) error {
 		return api.Errorf(api.CodeInvalidState, "%s", msg)
 	}
 	return api.Errorf(api.CodeInvalidInput, "the sandbox refused it: %s", msg)
-}
-
-// poll answers a mutation after its commit by re-reading until done (fast
-// at first, as waited), at most timeout; timedOut is the error at the
-// timeout (nil: answer the last output, or initial).
-func poll(ctx context.Context, timeout time.Duration, initial any, read func(ctx context.Context) (any, bool, error), timedOut error) {
-	rpc.Then(ctx, func(ctx context.Context) (any, error) {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		defer cancel()
-		last, start := initial, time.Now()
-		for delay := waitStep; ; {
-			if time.Since(start) > waitFast {
-				delay = min(2*delay, waitMax)
-			}
-			out, done, err := read(ctx)
-			if out != nil {
-				last = out
-			}
-			if done || err != nil {
-				return last, err
-			}
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				if timedOut != nil {
-					return nil, timedOut
-				}
-				return last, nil
-			case <-t.C:
-			}
-		}
-	})
 }
 
 // Exec answers sandboxes.exec.

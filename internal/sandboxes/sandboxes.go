@@ -635,16 +635,6 @@ func end(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Sandbox,
 		Data: api.SandboxDeletedPayload{SandboxID: r.SandboxID, Reason: reason}})
 }
 
-// Waiting re-reads a sandbox every waitStep for waitFast (a warm claim or
-// a restore is ready within tens of milliseconds, and the Waiting
-// convention's 50 ms first step would dominate it), then backing off to
-// waitMax.
-const (
-	waitStep = 3 * time.Millisecond
-	waitFast = time.Second
-	waitMax  = 250 * time.Millisecond
-)
-
 // waited follows the Waiting convention: after commit, until the sandbox
 // is until (or failed or deleted), at most wait.timeoutMs.
 func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Sandbox, wait *api.Wait, until string) (*api.Sandbox, error) {
@@ -657,33 +647,21 @@ func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Sandbox, wait 
 		return out, err
 	}
 	id := r.SandboxID
-	rpc.Then(ctx, func(ctx context.Context) (any, error) {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(wait.TimeoutMs)*time.Millisecond)
-		defer cancel()
-		last, start := out, time.Now()
-		for delay := waitStep; ; {
-			if time.Since(start) > waitFast {
-				delay = min(2*delay, waitMax)
-			}
-			q := db.New(s.Store.Pool())
-			if r, err := q.GetSandbox(ctx, id); err == nil {
-				if vm, err := q.GetInstance(ctx, r.InstanceID); err == nil {
-					if o, err := output(ctx, q, r, vm); err == nil {
-						last = o
-						if o.State == until || o.State == StateFailed || o.State == StateDeleted {
-							return last, nil
-						}
-					}
-				}
-			}
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return last, nil // still on its way: not an error
-			case <-t.C:
-			}
+	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, instances.Topic(r.InstanceID), out, func(ctx context.Context) (any, bool) {
+		q := db.New(s.Store.Pool())
+		r, err := q.GetSandbox(ctx, id)
+		if err != nil {
+			return nil, false
 		}
+		vm, err := q.GetInstance(ctx, r.InstanceID)
+		if err != nil {
+			return nil, false
+		}
+		o, err := output(ctx, q, r, vm)
+		if err != nil {
+			return nil, false
+		}
+		return o, o.State == until || o.State == StateFailed || o.State == StateDeleted
 	})
 	return out, nil
 }

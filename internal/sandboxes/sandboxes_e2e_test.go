@@ -45,7 +45,7 @@ func setup(t *testing.T) *world {
 func (w *world) template(name string, warm int64, volumes []client.VolumeMount) client.SandboxTemplate {
 	w.t.Helper()
 	in := &client.SandboxTemplatesCreateInput{TenantId: tenant, Name: name, PoolId: w.pool, Flavor: "small", ImageId: "computeplane/minimal",
-		Env: client.NewOptSandboxTemplatesCreateInputEnv(client.SandboxTemplatesCreateInputEnv{"GREETING": "hello-" + name}),
+		Env:  client.NewOptSandboxTemplatesCreateInputEnv(client.SandboxTemplatesCreateInputEnv{"GREETING": "hello-" + name}),
 		Warm: client.NewOptWarm(client.Warm{Min: warm}), Volumes: volumes}
 	res, err := w.C.SandboxTemplatesCreate(w.t.Context(), in)
 	require.NoError(w.t, err)
@@ -238,11 +238,20 @@ func TestSandboxesOnRealVMs(t *testing.T) {
 		assert.Equal(t, 1, w.Events("sandbox.deleted", second.SandboxId))
 
 		// An unkept snapshot goes with its sandbox; a kept one outlives it.
+		w.write(restored.SandboxId, "/root/notes/b.txt", "written in a restored sandbox")
 		res, err := w.C.SandboxSnapshotsCreate(t.Context(), &client.SandboxSnapshotsCreateInput{TenantId: tenant, SandboxId: restored.SandboxId,
 			IdempotencyKey: "s2", Wait: client.NewOptWait(client.Wait{TimeoutMs: 30000})})
 		require.NoError(t, err)
 		unkept := res.Data
 		require.Equal(t, "ready", string(unkept.State))
+		// A restored sandbox maps its snapshot's memory copy-on-write, so
+		// its own snapshot carries its memory in the device state: that
+		// restores too.
+		chained := w.running("r-chained", client.SandboxesCreateInput{FromSnapshot: client.NewOptString(unkept.SnapshotId)})
+		assert.Equal(t, "written in a restored sandbox", w.read(chained.SandboxId, "/root/notes/b.txt"))
+		assert.Equal(t, "kept across pause and snapshot", w.read(chained.SandboxId, "/root/notes/a.txt"))
+		_, err = w.C.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: chained.SandboxId})
+		require.NoError(t, err)
 		for _, id := range []string{first.SandboxId, restored.SandboxId} {
 			del, err := w.C.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: id})
 			require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"computeplane/internal/idem"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
+	"computeplane/internal/rpc"
 	"computeplane/internal/wire"
 )
 
@@ -132,7 +133,7 @@ func (s Snapshots) waited(ctx context.Context, q *db.Queries, r db.SandboxSnapsh
 		return out, err
 	}
 	id := r.SnapshotID
-	poll(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, out, func(ctx context.Context) (any, bool, error) {
+	rpc.ThenPoll(ctx, rpc.Poll{Timeout: time.Duration(wait.TimeoutMs) * time.Millisecond, Topic: gateway.ResultTopic(r.CommandID), Initial: out}, func(ctx context.Context) (any, bool, error) {
 		q := db.New(s.S.Store.Pool())
 		r, err := q.GetSnapshot(ctx, id)
 		if err != nil {
@@ -143,7 +144,7 @@ func (s Snapshots) waited(ctx context.Context, q *db.Queries, r db.SandboxSnapsh
 			return nil, false, nil
 		}
 		return o, r.State != SnapshotCreating, nil
-	}, nil)
+	})
 	return out, nil
 }
 

@@ -85,8 +85,11 @@ func StartFleet(ctx context.Context, name, database, imagesDir string) *Fleet {
 	f.AgentDir = filepath.Join(f.Work, "a")
 	f.Node = lastLine(f.output(env, filepath.Join(f.Work, "compute-agent"), "join", "--api", fmt.Sprintf("http://127.0.0.1:%d", port),
 		"--token", tok.Data.Token, "--dir", f.AgentDir))
+	memory, err := os.MkdirTemp("/dev/shm", name) // guest memory on a tmpfs, as an operator would set it
+	f.check(err)
+	f.defer_(func() { _ = os.RemoveAll(memory) })
 	f.start(env, "agent.log", filepath.Join(f.Work, "compute-agent"), "run", "--dir", f.AgentDir, "--runtime", "qemu",
-		"--accel", "tcg", "--vcpu", "16", "--memory-mib", "16384")
+		"--memory-dir", memory, "--accel", "tcg", "--vcpu", "16", "--memory-mib", "16384")
 	f.DB, err = pgx.Connect(ctx, dbURL)
 	f.check(err)
 	f.defer_(func() { _ = f.DB.Close(context.Background()) })

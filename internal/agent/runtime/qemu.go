@@ -64,6 +64,11 @@ type QEMU struct {
 	// VolumeDir is the node's volume store (<serial>.raw files): volumes
 	// of a spec attach from there.
 	VolumeDir string
+	// MemoryDir holds the guest memory files of the instances that keep
+	// one (VMSpec.MemoryFile); a tmpfs there spares each page the guest
+	// touches a block allocation on disk. Empty keeps them in the VMs'
+	// directories.
+	MemoryDir string
 	Log       *slog.Logger
 	accel     string
 	// Changed is signalled when an instance's state changes outside Apply
@@ -306,7 +311,17 @@ func (r *QEMU) remove(id string, st *vmState) {
 		_ = st.vm.Kill()
 	}
 	_ = os.RemoveAll(r.vmDir(id))
+	_ = os.Remove(r.memoryFile(id))
 	delete(r.vms, id)
+}
+
+// memoryFile is where instance id's guest memory lives when it keeps it
+// in a file of its own.
+func (r *QEMU) memoryFile(id string) string {
+	if r.MemoryDir != "" {
+		return filepath.Join(r.MemoryDir, id+".memory")
+	}
+	return filepath.Join(r.vmDir(id), "memory")
 }
 
 // converge moves one instance towards its desired state (r.mu held).
@@ -393,14 +408,15 @@ func (r *QEMU) boot(id string, st *vmState) {
 	}
 	how := "boot"
 	t := startTimings(how) // the host's share includes a restore's copies
+	if vs.MemoryFile {
+		c.MemoryFile = r.memoryFile(id)
+	}
 	if vs.Restore != "" {
-		// Started from a snapshot: its memory and disk copied in, its
-		// device state loaded (qemu -incoming), no boot.
+		// Started from a snapshot: its memory file mapped copy-on-write
+		// (shared by every restore, never written), its disk copied in,
+		// its device state loaded (qemu -incoming); no boot.
 		snap := r.snapshotDir(vs.Restore)
-		if err := copySparse(filepath.Join(snap, "memory"), filepath.Join(r.vmDir(id), "memory")); err != nil {
-			st.state, st.err = "failed", "restore: "+err.Error()
-			return
-		}
+		c.MemoryFile, c.MemoryPrivate = filepath.Join(snap, "memory"), true
 		if _, err := os.Stat(filepath.Join(snap, "disk0.raw")); err == nil {
 			if err := copySparse(filepath.Join(snap, "disk0.raw"), filepath.Join(r.vmDir(id), "disk0.raw")); err != nil {
 				st.state, st.err = "failed", "restore: "+err.Error()
@@ -422,9 +438,6 @@ func (r *QEMU) boot(id string, st *vmState) {
 	}
 	for _, v := range vs.Volumes {
 		c.Disks = append(c.Disks, qemu.Disk{Path: filepath.Join(r.VolumeDir, v.Serial+".raw"), Serial: v.Serial, Format: "raw", ReadOnly: v.ReadOnly})
-	}
-	if vs.MemoryFile {
-		c.MemoryFile = filepath.Join(r.vmDir(id), "memory")
 	}
 	// qemu starts in the background too: Apply returns at once, so the
 	// daemon acknowledges the spec without waiting for a process to start.
@@ -542,17 +555,19 @@ func (r *QEMU) check(ctx context.Context, vm *qemu.VM, vs VMSpec, identity bool,
 	if err != nil {
 		return err
 	}
-	resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpPing})
+	// One round trip: an identity change answers with the same status a
+	// ping does (the first request to a resumed guest is the slow one
+	// under emulation).
+	req := guestproto.Request{Op: guestproto.OpPing}
+	if identity && vs.Identity != nil {
+		req = guestproto.Request{Op: guestproto.OpIdentity, Identity: &guestproto.Identity{
+			Hostname: vs.Identity.Hostname, MachineID: vs.Identity.MachineID, Env: vs.Identity.Env}}
+	}
+	resp, err := g.Call(ctx, req)
 	if err != nil {
 		return fmt.Errorf("the guest agent did not answer: %w", err)
 	}
 	t.guest = time.Now()
-	if identity && vs.Identity != nil {
-		if resp, err = g.Call(ctx, guestproto.Request{Op: guestproto.OpIdentity, Identity: &guestproto.Identity{
-			Hostname: vs.Identity.Hostname, MachineID: vs.Identity.MachineID, Env: vs.Identity.Env}}); err != nil {
-			return err
-		}
-	}
 	st := resp.Status
 	switch {
 	case st == nil || !st.RootOK:
@@ -803,7 +818,7 @@ func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentpr
 		if err := st.vm.SaveState(sctx, filepath.Join(dir, "state")); err != nil {
 			return err
 		}
-		if err := copySparse(filepath.Join(r.vmDir(a.InstanceID), "memory"), filepath.Join(dir, "memory")); err != nil {
+		if err := saveMemory(st.vm.Config, filepath.Join(dir, "memory")); err != nil {
 			return err
 		}
 		if _, err := os.Stat(filepath.Join(r.vmDir(a.InstanceID), "disk0.raw")); err == nil {
@@ -833,6 +848,25 @@ func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentpr
 		return nil
 	})
 	return agentproto.SnapshotOutput{SizeBytes: size, PausedMs: paused.Milliseconds()}, nil
+}
+
+// saveMemory writes a paused VM's memory file for a snapshot: a copy of
+// its shared memory file or, for a VM that maps a snapshot's memory
+// privately (a restored one, whose memory SaveState put in the migration
+// stream), an empty file of its size for the restore to map.
+func saveMemory(c *qemu.Config, to string) error {
+	if !c.MemoryPrivate {
+		return copySparse(c.MemoryFile, to)
+	}
+	f, err := os.Create(to)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(int64(c.MemoryMiB) << 20); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // DeleteSnapshot removes a snapshot's files (none is fine).

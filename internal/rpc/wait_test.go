@@ -1,0 +1,73 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// topics is a Subscriber whose wakes the test sends.
+type topics struct{ ch chan struct{} }
+
+func (s topics) Subscribe(string) (<-chan struct{}, func()) { return s.ch, func() {} }
+
+// thenCall runs the function a mutation's ThenPoll left, as the envelope
+// does after commit.
+func thenCall(t *testing.T, wakes Subscriber, poll func(ctx context.Context)) (any, error) {
+	t.Helper()
+	ctx := context.WithValue(t.Context(), thenKey{}, &thenSlot{wakes: wakes})
+	poll(ctx)
+	slot := thenOf(ctx)
+	require.NotNil(t, slot.fn)
+	return slot.fn(ctx)
+}
+
+// A wake-up re-reads at once: with a backoff step of an hour, only the
+// wake can end this wait before its timeout.
+func TestThenPollReadsAgainAtAWakeUp(t *testing.T) {
+	wakes := topics{ch: make(chan struct{}, 1)}
+	var reads atomic.Int32
+	start := time.Now()
+	out, err := thenCall(t, wakes, func(ctx context.Context) {
+		ThenPoll(ctx, Poll{Timeout: 20 * time.Second, Topic: "instance/i-1", First: time.Hour}, func(context.Context) (any, bool, error) {
+			if reads.Add(1) == 1 {
+				wakes.ch <- struct{}{} // changed right after the first read
+				return "creating", false, nil
+			}
+			return "running", true, nil
+		})
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "running", out)
+	assert.EqualValues(t, 2, reads.Load())
+	assert.Less(t, time.Since(start), 10*time.Second, "answered at the wake-up, not at the timeout")
+}
+
+// Without a topic (or a notifier) the backoff alone re-reads; the timeout
+// answers the last output, or TimedOut.
+func TestThenPollBacksOffAndTimesOut(t *testing.T) {
+	var reads atomic.Int32
+	out, err := thenCall(t, nil, func(ctx context.Context) {
+		ThenPoll(ctx, Poll{Timeout: 300 * time.Millisecond, Initial: "initial", First: 10 * time.Millisecond}, func(context.Context) (any, bool, error) {
+			reads.Add(1)
+			return nil, false, nil
+		})
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "initial", out, "a timeout is not an error")
+	// 10, 20, 40, 80, 160 ms: six reads with the first, give or take
+	// a slow scheduler.
+	assert.GreaterOrEqual(t, reads.Load(), int32(3))
+	assert.LessOrEqual(t, reads.Load(), int32(7), "it backs off")
+
+	timedOut := errors.New("no answer")
+	_, err = thenCall(t, nil, func(ctx context.Context) {
+		ThenPoll(ctx, Poll{Timeout: 30 * time.Millisecond, TimedOut: timedOut}, func(context.Context) (any, bool, error) { return nil, false, nil })
+	})
+	assert.ErrorIs(t, err, timedOut)
+}
