@@ -73,7 +73,8 @@ IMAGES_DIR ?= .service/images
 images: ## Build the minimal guest image from the distribution's packages into IMAGES_DIR
 	images/build.sh $(IMAGES_DIR)
 
-$(IMAGES_DIR)/minimal.json:
+# Rebuilt when the build script or the guest agent changed.
+$(IMAGES_DIR)/minimal.json: images/build.sh $(shell find cmd/compute-guest internal/guest internal/guestproto -name '*.go' -not -name '*_test.go')
 	images/build.sh $(IMAGES_DIR)
 
 .PHONY: run
