@@ -69,6 +69,10 @@ type Config struct {
 	// a copy, its pages shared in the page cache. A snapshot of such a VM
 	// carries its memory in the migration stream.
 	MemoryPrivate bool `json:"memoryPrivate,omitempty"`
+	// Nice starts qemu at this CPU niceness (0: as the caller): work
+	// that nobody waits for yet, such as a warm instance, yields the CPU
+	// to work somebody does (SetNice raises it later).
+	Nice int `json:"nice,omitempty"`
 	// Incoming restores a saved state (a migration stream file).
 	Incoming string `json:"incoming,omitempty"`
 }

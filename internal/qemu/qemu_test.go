@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -160,4 +161,35 @@ func TestSnapshotRestoredTwice(t *testing.T) {
 	after, err := os.ReadFile(filepath.Join(snap, "memory"))
 	require.NoError(t, err)
 	assert.True(t, string(before) == string(after), "the snapshot's memory file is unchanged")
+}
+
+// A VM started nice runs every thread nice, until SetNice raises them.
+func TestNice(t *testing.T) {
+	im := qemutest.Image(t)
+	dir, err := os.MkdirTemp("", "vm")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	c := &qemu.Config{ID: "nice", Dir: filepath.Join(dir, "nice"), VCPU: 1, MemoryMiB: 128, Accel: qemu.AccelTCG,
+		Machine: qemu.MachineMicroVM, Kernel: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline, Nice: 10}
+	v, err := qemu.Start(t.Context(), c)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = v.Kill() })
+	nices := func() map[int]bool {
+		out := map[int]bool{}
+		tasks, err := filepath.Glob(filepath.Join("/proc", strconv.Itoa(v.Pid), "task", "*", "stat"))
+		require.NoError(t, err)
+		for _, p := range tasks {
+			b, err := os.ReadFile(p)
+			require.NoError(t, err)
+			// pid (comm) state ... the 19th field is the nice value.
+			f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+			n, err := strconv.Atoi(f[16])
+			require.NoError(t, err)
+			out[n] = true
+		}
+		return out
+	}
+	assert.Equal(t, map[int]bool{10: true}, nices())
+	require.NoError(t, v.SetNice(0))
+	assert.Equal(t, map[int]bool{0: true}, nices())
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/digitalocean/go-qemu/qmp"
 	"github.com/digitalocean/go-qemu/qmp/raw"
+	"golang.org/x/sys/unix"
 
 	"computeplane/internal/guestproto"
 )
@@ -61,6 +62,11 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 	}
 	defer logf.Close()
 	cmd := exec.Command(Binary, c.Args()...)
+	if c.Nice != 0 {
+		// Through nice(1), which execs qemu in its place (same pid): every
+		// thread qemu starts inherits the niceness.
+		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(c.Nice), Binary}, c.Args()...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -271,6 +277,26 @@ func (v *VM) Status() (string, error) {
 		return "", err
 	}
 	return st.Status.String(), nil
+}
+
+// SetNice sets the CPU niceness of every thread of the VM's qemu (Linux
+// keeps one per thread). Raising the priority back needs CAP_SYS_NICE.
+func (v *VM) SetNice(nice int) error {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", v.Pid))
+	if err != nil {
+		return ErrGone
+	}
+	var errs []error
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Pause stops the vCPUs.

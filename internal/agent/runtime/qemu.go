@@ -81,6 +81,11 @@ type QEMU struct {
 	mu   sync.Mutex
 	vms  map[string]*vmState
 	done chan struct{} // closed by Close: the watcher ends
+	// releasing maps a volume's serial to the removal of the VM that
+	// still holds it (closed once its qemu is gone); removals counts
+	// the removals in flight.
+	releasing map[string]chan struct{}
+	removals  sync.WaitGroup
 }
 
 type vmState struct {
@@ -104,7 +109,7 @@ type vmState struct {
 // NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
 // caller decides, by qemu.ChooseAccel where /dev/kvm exists).
 func NewQEMU(dir, accel string, log *slog.Logger) (*QEMU, error) {
-	r := &QEMU{Dir: dir, Log: log, accel: accel, Changed: make(chan struct{}, 1), vms: map[string]*vmState{}}
+	r := &QEMU{Dir: dir, Log: log, accel: accel, Changed: make(chan struct{}, 1), vms: map[string]*vmState{}, releasing: map[string]chan struct{}{}}
 	if err := os.MkdirAll(filepath.Join(dir, "vms"), 0o700); err != nil {
 		return nil, err
 	}
@@ -294,25 +299,60 @@ func (r *QEMU) Apply(ctx context.Context, _ int64, body json.RawMessage) ([]agen
 	return r.observeLocked(), errors.Join(errs...)
 }
 
+// remove forgets an instance and ends its VM in the background (r.mu
+// held): a guest with volumes writes their filesystems out first, which
+// may take seconds, and nothing else on the node waits for it but a boot
+// that attaches one of those volumes (released).
 func (r *QEMU) remove(id string, st *vmState) {
 	if st.cancel != nil {
 		st.cancel()
 	}
+	delete(r.vms, id)
+	gone := make(chan struct{})
 	if st.vm != nil {
-		if len(st.spec.Volumes) > 0 && st.state == StateRunning {
-			// The guest writes its volumes' filesystems in place first: the
-			// next sandbox may attach them read-only.
-			if g, err := st.vm.Guest(); err == nil {
-				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-				_, _ = g.Call(ctx, guestproto.Request{Op: guestproto.OpSync})
-				cancel()
+		for _, v := range st.spec.Volumes {
+			r.releasing[v.Serial] = gone
+		}
+	}
+	vm, quiesce := st.vm, len(st.spec.Volumes) > 0 && st.state == StateRunning
+	r.removals.Add(1)
+	go func() {
+		defer r.removals.Done()
+		if vm != nil {
+			if quiesce {
+				// The guest writes its volumes' filesystems in place
+				// first: the next sandbox may attach them read-only.
+				if g, err := vm.Guest(); err == nil {
+					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+					_, _ = g.Call(ctx, guestproto.Request{Op: guestproto.OpSync})
+					cancel()
+				}
+			}
+			_ = vm.Kill()
+		}
+		_ = os.RemoveAll(r.vmDir(id))
+		_ = os.Remove(r.memoryFile(id))
+		r.mu.Lock()
+		for serial, ch := range r.releasing {
+			if ch == gone {
+				delete(r.releasing, serial)
 			}
 		}
-		_ = st.vm.Kill()
+		r.mu.Unlock()
+		close(gone)
+	}()
+}
+
+// released returns what a boot with these volumes waits for: the removals
+// of the VMs that still hold one of them (r.mu held).
+func (r *QEMU) released(volumes []agentproto.SpecVolume) []chan struct{} {
+	var out []chan struct{}
+	for _, v := range volumes {
+		if ch := r.releasing[v.Serial]; ch != nil {
+			out = append(out, ch)
+		}
 	}
-	_ = os.RemoveAll(r.vmDir(id))
-	_ = os.Remove(r.memoryFile(id))
-	delete(r.vms, id)
+	return out
 }
 
 // memoryFile is where instance id's guest memory lives when it keeps it
@@ -439,6 +479,11 @@ func (r *QEMU) boot(id string, st *vmState) {
 	for _, v := range vs.Volumes {
 		c.Disks = append(c.Disks, qemu.Disk{Path: filepath.Join(r.VolumeDir, v.Serial+".raw"), Serial: v.Serial, Format: "raw", ReadOnly: v.ReadOnly})
 	}
+	if vs.State == StatePaused {
+		// A warm instance: nobody waits for it, so its boot yields the
+		// CPU to the claims and sandboxes it is there to serve.
+		c.Nice = WarmNice
+	}
 	// qemu starts in the background too: Apply returns at once, so the
 	// daemon acknowledges the spec without waiting for a process to start.
 	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
@@ -446,8 +491,15 @@ func (r *QEMU) boot(id string, st *vmState) {
 	st.forceGone, st.qmpFailures = false, 0
 	st.boots++
 	boot := st.boots
+	holders := r.released(vs.Volumes)
 	go func() {
 		defer cancel()
+		for _, gone := range holders {
+			select {
+			case <-gone:
+			case <-ctx.Done():
+			}
+		}
 		vm, err := qemu.Start(ctx, c)
 		switch {
 		case err == nil && how == "restore":
@@ -481,6 +533,9 @@ func (r *QEMU) boot(id string, st *vmState) {
 		r.changed()
 	}()
 }
+
+// WarmNice is the CPU niceness a warm instance boots at.
+const WarmNice = 10
 
 // timer measures a start for HostTimings.
 type timer struct {
@@ -520,6 +575,11 @@ func (r *QEMU) restart(id string, st *vmState, identity bool) {
 	go func() {
 		defer cancel()
 		t := startTimings("resume")
+		if vm.Config.Nice != 0 {
+			if err := vm.SetNice(0); err != nil {
+				r.Log.Warn("could not raise a claimed VM's CPU priority", "instance", id, "error", err.Error())
+			}
+		}
 		err := vm.Resume()
 		if err == nil {
 			err = r.check(ctx, vm, vs, identity, t)
@@ -688,9 +748,11 @@ func (r *QEMU) observeLocked() []agentproto.InstanceStatus {
 	return out
 }
 
-// Close detaches from the VMs; they keep running.
+// Close detaches from the VMs; they keep running. The removals in
+// flight finish first.
 func (r *QEMU) Close() error {
 	close(r.done)
+	r.removals.Wait()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, st := range r.vms {
