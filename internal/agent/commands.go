@@ -133,18 +133,34 @@ func (a *Agent) guestCommand(c *agentproto.Command) (json.RawMessage, error) {
 	}
 }
 
-// guestKinds are the commands that run inside a guest.
-var guestKinds = map[string]bool{agentproto.CommandExec: true, agentproto.CommandReadFile: true, agentproto.CommandWriteFile: true}
+// guestKinds are the commands that may run long (inside a guest, or
+// copying a VM's files): they run beside each other.
+var guestKinds = map[string]bool{agentproto.CommandExec: true, agentproto.CommandReadFile: true, agentproto.CommandWriteFile: true,
+	agentproto.CommandSnapshot: true, agentproto.CommandDeleteSnapshot: true}
 
-// begin marks a guest command in flight; false when it already is.
-func (a *Agent) begin(id string) bool {
+// MaxGuestCommands bounds the guest commands in flight on a node: each
+// holds a goroutine, a guest channel request and, for an exec, a process
+// in the guest.
+const MaxGuestCommands = 64
+
+// ErrBusy answers a guest command beyond MaxGuestCommands; the control
+// plane answers UNAVAILABLE with a retry hint.
+var ErrBusy = errors.New(agentproto.BusyPrefix + "this node runs as many guest commands as it takes; retry")
+
+// begin marks a guest command in flight: false when it already is (a
+// re-send waits for its first run's result), ErrBusy when the node runs
+// MaxGuestCommands.
+func (a *Agent) begin(id string) (bool, error) {
 	a.imu.Lock()
 	defer a.imu.Unlock()
 	if a.inflight[id] {
-		return false
+		return false, nil
+	}
+	if len(a.inflight) >= MaxGuestCommands {
+		return false, ErrBusy
 	}
 	a.inflight[id] = true
-	return true
+	return true, nil
 }
 
 func (a *Agent) finish(id string) {

@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -48,4 +49,24 @@ func TestCommandsRunOnceAndOnlyWhenSigned(t *testing.T) {
 	assert.Contains(t, r.Error, "expired")
 	r = a.execute(cmd("../../etc/passwd", `{}`, priv))
 	assert.False(t, r.OK, "an id that is not a file name")
+}
+
+// A node runs at most MaxGuestCommands guest commands; a re-send of one in
+// flight is not run twice.
+func TestGuestCommandsAreBounded(t *testing.T) {
+	a := &Agent{inflight: map[string]bool{}}
+	for i := range MaxGuestCommands {
+		started, err := a.begin(fmt.Sprintf("cmd_%d", i))
+		require.NoError(t, err)
+		require.True(t, started)
+	}
+	started, err := a.begin("cmd_0")
+	require.NoError(t, err)
+	assert.False(t, started, "in flight already")
+	_, err = a.begin("cmd_more")
+	assert.ErrorIs(t, err, ErrBusy)
+	a.finish("cmd_0")
+	started, err = a.begin("cmd_more")
+	require.NoError(t, err)
+	assert.True(t, started)
 }

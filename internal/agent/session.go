@@ -420,10 +420,18 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 					send(agentproto.Message{Type: agentproto.TypeResult, Result: a.execute(c)})
 					continue
 				}
-				// Guest commands (an exec may run for minutes) run beside
-				// each other; a re-send of one in flight waits for its
-				// first run's result.
-				if a.begin(c.ID) {
+				// Guest commands (an exec may run for minutes, a snapshot
+				// copies files) run beside each other, at most
+				// MaxGuestCommands; a re-send of one in flight waits for
+				// its first run's result.
+				started, err := a.begin(c.ID)
+				if err != nil {
+					// Not journaled: the answer is final for this call,
+					// and the command is never run.
+					send(agentproto.Message{Type: agentproto.TypeResult, Result: &agentproto.Result{ID: c.ID, Error: err.Error()}})
+					continue
+				}
+				if started {
 					go func() {
 						defer a.finish(c.ID)
 						send(agentproto.Message{Type: agentproto.TypeResult, Result: a.execute(c)})

@@ -251,6 +251,10 @@ type InstanceStatus struct {
 	Timings *HostTimings `json:"timings,omitempty"`
 }
 
+// BusyPrefix starts the error of a command the node refused because it
+// runs as many as it takes: a retry may succeed.
+const BusyPrefix = "busy: "
+
 // HostTimings say where a start's host time went, in milliseconds: qemu
 // started (or a paused VM resumed, or a snapshot restored) to the guest
 // agent answering, and to the identity taken and checked.

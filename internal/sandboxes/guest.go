@@ -80,6 +80,9 @@ func unanswered(sandbox string) error {
 // guestError maps what the guest said to the call's error.
 func guestError(msg string) error {
 	switch {
+	case strings.HasPrefix(msg, agentproto.BusyPrefix):
+		return api.Errorf(api.CodeUnavailable, "the sandbox's host is busy (%s)", strings.TrimPrefix(msg, agentproto.BusyPrefix)).
+			WithDetails(map[string]any{"retryAfterMs": rpc.DefaultRetryAfterMs})
 	case strings.Contains(msg, "no such file") || strings.Contains(msg, "not exist"):
 		return api.Errorf(api.CodeNotFound, "path: %s", msg)
 	case strings.Contains(msg, "not running") || strings.Contains(msg, "no such instance"):

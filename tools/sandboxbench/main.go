@@ -67,7 +67,7 @@ func main() {
 		host := time.Duration(sb.Timings.HostReadyMs.Value) * time.Millisecond
 		if s != nil {
 			s.total, s.host, s.control = append(s.total, total), append(s.host, host), append(s.control, max(total-host, 0))
-			log.Printf("%s %d: %s (host %s)", s.name, len(s.total), total.Round(time.Millisecond), host)
+			log.Printf("%s %d: %s (host %s; the database saw it ready after %d ms)", s.name, len(s.total), total.Round(time.Millisecond), host, sb.Timings.ReadyMs.Value)
 		}
 		return sb
 	}

@@ -446,7 +446,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 		c.Disks = append(c.Disks, qemu.Disk{Path: vs.Boot.Location, Serial: "root", Format: vs.Boot.Format, ReadOnly: false})
 		c.Machine = qemu.MachineQ35
 	}
-	how := "boot"
+	how, restoreDisk := "boot", ""
 	t := startTimings(how) // the host's share includes a restore's copies
 	if vs.MemoryFile {
 		c.MemoryFile = r.memoryFile(id)
@@ -458,17 +458,14 @@ func (r *QEMU) boot(id string, st *vmState) {
 		snap := r.snapshotDir(vs.Restore)
 		c.MemoryFile, c.MemoryPrivate = filepath.Join(snap, "memory"), true
 		if _, err := os.Stat(filepath.Join(snap, "disk0.raw")); err == nil {
-			if err := copySparse(filepath.Join(snap, "disk0.raw"), filepath.Join(r.vmDir(id), "disk0.raw")); err != nil {
-				st.state, st.err = "failed", "restore: "+err.Error()
-				return
-			}
+			restoreDisk = filepath.Join(snap, "disk0.raw") // copied in below, off the lock
 		}
 		c.Incoming, how = filepath.Join(snap, "state"), "restore"
 		t.how = how
 	}
 	if vs.DiskGiB > 0 {
 		disk := filepath.Join(r.vmDir(id), "disk0.raw")
-		if _, err := os.Stat(disk); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(disk); restoreDisk == "" && errors.Is(err, os.ErrNotExist) {
 			if f, err := os.Create(disk); err == nil {
 				_ = f.Truncate(vs.DiskGiB << 30) // sparse
 				_ = f.Close()
@@ -500,7 +497,16 @@ func (r *QEMU) boot(id string, st *vmState) {
 			case <-ctx.Done():
 			}
 		}
-		vm, err := qemu.Start(ctx, c)
+		var vm *qemu.VM
+		var err error
+		if restoreDisk != "" {
+			if err = copySparse(ctx, restoreDisk, filepath.Join(c.Dir, "disk0.raw")); err != nil {
+				err = fmt.Errorf("restore: %w", err)
+			}
+		}
+		if err == nil {
+			vm, err = qemu.Start(ctx, c)
+		}
 		switch {
 		case err == nil && how == "restore":
 			// The guest runs on from where it was snapshotted: it gets its
@@ -834,8 +840,8 @@ func (r *QEMU) snapshotDir(id string) string {
 
 // copySparse copies a file keeping its holes (and sharing its blocks where
 // the filesystem can).
-func copySparse(from, to string) error {
-	out, err := exec.Command("cp", "--reflink=auto", "--sparse=always", from, to).CombinedOutput()
+func copySparse(ctx context.Context, from, to string) error {
+	out, err := exec.CommandContext(ctx, "cp", "--reflink=auto", "--sparse=always", from, to).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("copy %s: %v: %s", filepath.Base(from), err, strings.TrimSpace(string(out)))
 	}
@@ -845,24 +851,45 @@ func copySparse(from, to string) error {
 // Snapshot saves a running or paused instance whose memory is in a shared
 // file: the guest syncs, the VM pauses, its device state is saved
 // (x-ignore-shared: memory stays in its file), the memory file and disk
-// are copied, and a running VM goes on. Apply waits meanwhile.
+// are copied, and a running VM goes on. The instance is busy meanwhile
+// (as during a boot: Apply records its spec and acts on it when the
+// snapshot is done, a stop or a delete cancels it); the node's other VMs
+// are not held up.
 func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentproto.SnapshotOutput, error) {
+	id := a.InstanceID
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	st := r.vms[a.InstanceID]
+	st := r.vms[id]
 	if st == nil || st.vm == nil || st.cancel != nil || (st.state != StateRunning && st.state != StatePaused) {
-		return agentproto.SnapshotOutput{}, fmt.Errorf("instance %s is not running or paused here", a.InstanceID)
+		r.mu.Unlock()
+		return agentproto.SnapshotOutput{}, fmt.Errorf("instance %s is not running or paused here", id)
 	}
 	if !st.spec.MemoryFile {
-		return agentproto.SnapshotOutput{}, fmt.Errorf("instance %s keeps no memory file", a.InstanceID)
+		r.mu.Unlock()
+		return agentproto.SnapshotOutput{}, fmt.Errorf("instance %s keeps no memory file", id)
 	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	vm, running := st.vm, st.state == StateRunning
+	st.cancel = cancel
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.vms[id] == st && st.vm == vm && st.cancel != nil {
+			st.cancel = nil
+			if err := r.converge(context.Background(), id, st.spec); err != nil { // what Apply asked meanwhile
+				r.Log.Warn("after a snapshot", "instance", id, "error", err.Error())
+			}
+			r.changed()
+		}
+	}()
+
 	dir := r.snapshotDir(a.SnapshotID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return agentproto.SnapshotOutput{}, err
 	}
-	running := st.state == StateRunning
 	if running {
-		if g, err := st.vm.Guest(); err == nil {
+		if g, err := vm.Guest(); err == nil {
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, _ = g.Call(sctx, guestproto.Request{Op: guestproto.OpSync})
 			cancel()
@@ -871,25 +898,23 @@ func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentpr
 	start := time.Now()
 	err := func() error {
 		if running {
-			if err := st.vm.Pause(); err != nil {
+			if err := vm.Pause(); err != nil {
 				return err
 			}
 		}
-		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		defer cancel()
-		if err := st.vm.SaveState(sctx, filepath.Join(dir, "state")); err != nil {
+		if err := vm.SaveState(ctx, filepath.Join(dir, "state")); err != nil {
 			return err
 		}
-		if err := saveMemory(st.vm.Config, filepath.Join(dir, "memory")); err != nil {
+		if err := saveMemory(ctx, vm.Config, filepath.Join(dir, "memory")); err != nil {
 			return err
 		}
-		if _, err := os.Stat(filepath.Join(r.vmDir(a.InstanceID), "disk0.raw")); err == nil {
-			return copySparse(filepath.Join(r.vmDir(a.InstanceID), "disk0.raw"), filepath.Join(dir, "disk0.raw"))
+		if _, err := os.Stat(filepath.Join(r.vmDir(id), "disk0.raw")); err == nil {
+			return copySparse(ctx, filepath.Join(r.vmDir(id), "disk0.raw"), filepath.Join(dir, "disk0.raw"))
 		}
 		return nil
 	}()
 	if running {
-		if rerr := st.vm.Resume(); err == nil {
+		if rerr := vm.Resume(); err == nil {
 			err = rerr
 		}
 	}
@@ -916,9 +941,9 @@ func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentpr
 // its shared memory file or, for a VM that maps a snapshot's memory
 // privately (a restored one, whose memory SaveState put in the migration
 // stream), an empty file of its size for the restore to map.
-func saveMemory(c *qemu.Config, to string) error {
+func saveMemory(ctx context.Context, c *qemu.Config, to string) error {
 	if !c.MemoryPrivate {
-		return copySparse(c.MemoryFile, to)
+		return copySparse(ctx, c.MemoryFile, to)
 	}
 	f, err := os.Create(to)
 	if err != nil {
