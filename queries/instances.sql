@@ -35,21 +35,25 @@ RETURNING *;
 -- name: NodeInstances :many
 SELECT * FROM instances WHERE node_id = sqlc.arg(node_id) AND state <> 'deleted' ORDER BY instance_id;
 
--- ReportInstance writes what the daemon observed of an instance of its
--- node, when it changed; running sets readyAt the first time.
--- name: ReportInstance :one
--- A sandbox's VM (memory_file) is ready when it runs with the identity
--- generation it was given (reported_identity).
-UPDATE instances SET state = sqlc.arg(state), error = sqlc.narg(error), reported_identity = sqlc.arg(reported_identity),
-    host_timings = coalesce(sqlc.narg(host_timings), host_timings),
-    ready_at = CASE WHEN sqlc.arg(state)::text = 'running' THEN coalesce(ready_at, now()) ELSE ready_at END,
-    identity_ready_at = CASE WHEN sqlc.arg(state)::text = 'running' AND sqlc.arg(reported_identity)::bigint = identity_generation
-        THEN coalesce(identity_ready_at, now()) ELSE identity_ready_at END,
+-- ReportInstances writes what a node's status says of its instances, in
+-- one statement (a node may run many): an empty error or host_timings
+-- stands for none. Only the rows that changed come back. A sandbox's VM
+-- (memory_file) is ready when it runs with the identity generation it was
+-- given (reported_identity).
+-- name: ReportInstances :many
+UPDATE instances i SET state = r.state, error = NULLIF(r.error, ''), reported_identity = r.reported_identity,
+    host_timings = coalesce(NULLIF(r.host_timings, '')::jsonb, i.host_timings),
+    ready_at = CASE WHEN r.state = 'running' THEN coalesce(i.ready_at, now()) ELSE i.ready_at END,
+    identity_ready_at = CASE WHEN r.state = 'running' AND r.reported_identity = i.identity_generation
+        THEN coalesce(i.identity_ready_at, now()) ELSE i.identity_ready_at END,
     updated_at = now()
-WHERE instance_id = sqlc.arg(instance_id) AND node_id = sqlc.arg(node_id) AND state <> 'deleted'
-  AND (state <> sqlc.arg(state)::text OR error IS DISTINCT FROM sqlc.narg(error) OR reported_identity <> sqlc.arg(reported_identity)::bigint
-       OR (sqlc.narg(host_timings)::jsonb IS NOT NULL AND host_timings IS DISTINCT FROM sqlc.narg(host_timings)::jsonb))
-RETURNING *;
+FROM (SELECT unnest(sqlc.arg(instance_ids)::text[]) AS instance_id, unnest(sqlc.arg(states)::text[]) AS state,
+             unnest(sqlc.arg(errors)::text[]) AS error, unnest(sqlc.arg(reported_identities)::bigint[]) AS reported_identity,
+             unnest(sqlc.arg(host_timings)::text[]) AS host_timings) r
+WHERE i.instance_id = r.instance_id AND i.node_id = sqlc.arg(node_id) AND i.state <> 'deleted'
+  AND (i.state <> r.state OR i.error IS DISTINCT FROM NULLIF(r.error, '') OR i.reported_identity <> r.reported_identity
+       OR (r.host_timings <> '' AND i.host_timings IS DISTINCT FROM r.host_timings::jsonb))
+RETURNING i.*;
 
 -- GoneInstances marks deleted the instances asked deleted that the
 -- daemon no longer reports.

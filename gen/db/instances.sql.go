@@ -413,83 +413,100 @@ func (q *Queries) NodeInstances(ctx context.Context, nodeID pgtype.Text) ([]Inst
 	return items, nil
 }
 
-const reportInstance = `-- name: ReportInstance :one
-UPDATE instances SET state = $1, error = $2, reported_identity = $3,
-    host_timings = coalesce($4, host_timings),
-    ready_at = CASE WHEN $1::text = 'running' THEN coalesce(ready_at, now()) ELSE ready_at END,
-    identity_ready_at = CASE WHEN $1::text = 'running' AND $3::bigint = identity_generation
-        THEN coalesce(identity_ready_at, now()) ELSE identity_ready_at END,
+const reportInstances = `-- name: ReportInstances :many
+UPDATE instances i SET state = r.state, error = NULLIF(r.error, ''), reported_identity = r.reported_identity,
+    host_timings = coalesce(NULLIF(r.host_timings, '')::jsonb, i.host_timings),
+    ready_at = CASE WHEN r.state = 'running' THEN coalesce(i.ready_at, now()) ELSE i.ready_at END,
+    identity_ready_at = CASE WHEN r.state = 'running' AND r.reported_identity = i.identity_generation
+        THEN coalesce(i.identity_ready_at, now()) ELSE i.identity_ready_at END,
     updated_at = now()
-WHERE instance_id = $5 AND node_id = $6 AND state <> 'deleted'
-  AND (state <> $1::text OR error IS DISTINCT FROM $2 OR reported_identity <> $3::bigint
-       OR ($4::jsonb IS NOT NULL AND host_timings IS DISTINCT FROM $4::jsonb))
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at
+FROM (SELECT unnest($2::text[]) AS instance_id, unnest($3::text[]) AS state,
+             unnest($4::text[]) AS error, unnest($5::bigint[]) AS reported_identity,
+             unnest($6::text[]) AS host_timings) r
+WHERE i.instance_id = r.instance_id AND i.node_id = $1 AND i.state <> 'deleted'
+  AND (i.state <> r.state OR i.error IS DISTINCT FROM NULLIF(r.error, '') OR i.reported_identity <> r.reported_identity
+       OR (r.host_timings <> '' AND i.host_timings IS DISTINCT FROM r.host_timings::jsonb))
+RETURNING i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at
 `
 
-type ReportInstanceParams struct {
-	State            string
-	Error            pgtype.Text
-	ReportedIdentity int64
-	HostTimings      []byte
-	InstanceID       string
-	NodeID           pgtype.Text
+type ReportInstancesParams struct {
+	NodeID             pgtype.Text
+	InstanceIds        []string
+	States             []string
+	Errors             []string
+	ReportedIdentities []int64
+	HostTimings        []string
 }
 
-// ReportInstance writes what the daemon observed of an instance of its
-// node, when it changed; running sets readyAt the first time.
-// A sandbox's VM (memory_file) is ready when it runs with the identity
-// generation it was given (reported_identity).
-func (q *Queries) ReportInstance(ctx context.Context, arg ReportInstanceParams) (Instance, error) {
-	row := q.db.QueryRow(ctx, reportInstance,
-		arg.State,
-		arg.Error,
-		arg.ReportedIdentity,
-		arg.HostTimings,
-		arg.InstanceID,
+// ReportInstances writes what a node's status says of its instances, in
+// one statement (a node may run many): an empty error or host_timings
+// stands for none. Only the rows that changed come back. A sandbox's VM
+// (memory_file) is ready when it runs with the identity generation it was
+// given (reported_identity).
+func (q *Queries) ReportInstances(ctx context.Context, arg ReportInstancesParams) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, reportInstances,
 		arg.NodeID,
+		arg.InstanceIds,
+		arg.States,
+		arg.Errors,
+		arg.ReportedIdentities,
+		arg.HostTimings,
 	)
-	var i Instance
-	err := row.Scan(
-		&i.InstanceID,
-		&i.TenantID,
-		&i.PoolID,
-		&i.NodeID,
-		&i.BookingID,
-		&i.Flavor,
-		&i.ImageID,
-		&i.Boot,
-		&i.Name,
-		&i.UserData,
-		&i.Vcpu,
-		&i.MemoryMib,
-		&i.DiskGib,
-		&i.DesiredState,
-		&i.State,
-		&i.Error,
-		&i.Reboots,
-		&i.Version,
-		&i.CreatedBy,
-		&i.IdemRequest,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.ReadyAt,
-		&i.DeletedAt,
-		&i.ReservationID,
-		&i.ReservationBookingID,
-		&i.Kind,
-		&i.TemplateID,
-		&i.Hostname,
-		&i.MachineID,
-		&i.Env,
-		&i.IdentityGeneration,
-		&i.ReportedIdentity,
-		&i.MemoryFile,
-		&i.RestoreSnapshot,
-		&i.Volumes,
-		&i.HostTimings,
-		&i.IdentityReadyAt,
-	)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.InstanceID,
+			&i.TenantID,
+			&i.PoolID,
+			&i.NodeID,
+			&i.BookingID,
+			&i.Flavor,
+			&i.ImageID,
+			&i.Boot,
+			&i.Name,
+			&i.UserData,
+			&i.Vcpu,
+			&i.MemoryMib,
+			&i.DiskGib,
+			&i.DesiredState,
+			&i.State,
+			&i.Error,
+			&i.Reboots,
+			&i.Version,
+			&i.CreatedBy,
+			&i.IdemRequest,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.ReadyAt,
+			&i.DeletedAt,
+			&i.ReservationID,
+			&i.ReservationBookingID,
+			&i.Kind,
+			&i.TemplateID,
+			&i.Hostname,
+			&i.MachineID,
+			&i.Env,
+			&i.IdentityGeneration,
+			&i.ReportedIdentity,
+			&i.MemoryFile,
+			&i.RestoreSnapshot,
+			&i.Volumes,
+			&i.HostTimings,
+			&i.IdentityReadyAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const reservationInstances = `-- name: ReservationInstances :many

@@ -9,10 +9,12 @@
 package instances
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -497,12 +499,12 @@ func (s *Service) waited(ctx context.Context, r db.Instance, wait *api.Wait, unt
 func ApplyStatus(ctx context.Context, tx pgx.Tx, node string, reported []agentproto.InstanceStatus) (bool, error) {
 	q := db.New(tx)
 	nodeID := pgtype.Text{String: node, Valid: true}
-	events := false
 	ids := make([]string, 0, len(reported))
+	p := db.ReportInstancesParams{NodeID: nodeID}
+	known := map[string]agentproto.InstanceStatus{}
 	for _, st := range reported {
 		ids = append(ids, st.ID)
-		state := st.State
-		switch state {
+		switch st.State {
 		case StateStarting, StateRunning, StateStopped, StatePaused, StateFailed:
 		default:
 			continue // a state this version does not know
@@ -511,14 +513,20 @@ func ApplyStatus(ctx context.Context, tx pgx.Tx, node string, reported []agentpr
 		if st.Timings != nil {
 			timings, _ = json.Marshal(st.Timings)
 		}
-		r, err := q.ReportInstance(ctx, db.ReportInstanceParams{State: state, Error: pgtype.Text{String: st.Error, Valid: st.Error != ""},
-			ReportedIdentity: st.Identity, HostTimings: timings, InstanceID: st.ID, NodeID: nodeID})
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // unchanged, or not an instance of this node
-		}
-		if err != nil {
-			return false, err
-		}
+		known[st.ID] = st
+		p.InstanceIds, p.States, p.Errors = append(p.InstanceIds, st.ID), append(p.States, st.State), append(p.Errors, st.Error)
+		p.ReportedIdentities, p.HostTimings = append(p.ReportedIdentities, st.Identity), append(p.HostTimings, string(timings))
+	}
+	changed, err := q.ReportInstances(ctx, p)
+	if err != nil {
+		return false, err
+	}
+	// In the order of the report, so events come out in a stable order.
+	slices.SortFunc(changed, func(a, b db.Instance) int {
+		return cmp.Compare(slices.Index(p.InstanceIds, a.InstanceID), slices.Index(p.InstanceIds, b.InstanceID))
+	})
+	events := false
+	for _, r := range changed {
 		notify.Later(ctx, Topic(r.InstanceID)) // its waits re-read
 		if r.Kind != KindVPS {
 			wrote, err := applySandboxStatus(ctx, tx, r)
@@ -529,13 +537,13 @@ func ApplyStatus(ctx context.Context, tx pgx.Tx, node string, reported []agentpr
 			continue
 		}
 		var e *outbox.Event
-		switch state {
+		switch r.State {
 		case StateRunning:
 			e = &outbox.Event{Type: api.EventInstanceRunning, Data: api.InstanceRunningPayload{InstanceID: r.InstanceID, NodeID: node}}
 		case StateStopped:
 			e = &outbox.Event{Type: api.EventInstanceStopped, Data: api.InstanceStoppedPayload{InstanceID: r.InstanceID}}
 		case StateFailed:
-			e = &outbox.Event{Type: api.EventInstanceFailed, Data: api.InstanceFailedPayload{InstanceID: r.InstanceID, Error: st.Error}}
+			e = &outbox.Event{Type: api.EventInstanceFailed, Data: api.InstanceFailedPayload{InstanceID: r.InstanceID, Error: known[r.InstanceID].Error}}
 		}
 		if e != nil {
 			e.Subject, e.TenantID = r.InstanceID, r.TenantID
