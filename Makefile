@@ -112,12 +112,12 @@ bench-sessions: $(SECRET_FILE) ## Gateway benchmark: 5,000 daemon sessions, memo
 	@$(SERVICE_ENV); go run ./tools/sessionload -n $${SESSIONS:-5000}
 
 .PHONY: bench-instances
-bench-instances: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: instances.create to running over 50 real VMs (writes docs/benchmarks.md)
-	@$(SERVICE_ENV); go run ./tools/instancebench -runs $${RUNS:-50} -images $(IMAGES_DIR)
+bench-instances: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: instances.create to running over 100 real VMs (writes docs/benchmarks.md)
+	@$(SERVICE_ENV); go run ./tools/instancebench -runs $${RUNS:-100} -images $(IMAGES_DIR)
 
 .PHONY: bench-sandboxes
-bench-sandboxes: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: sandboxes.create to running, warm claim, cold boot and restore (writes docs/benchmarks.md)
-	@$(SERVICE_ENV); go run ./tools/sandboxbench -runs $${RUNS:-50} -images $(IMAGES_DIR)
+bench-sandboxes: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: sandboxes.create to running, warm claim, cold boot and restore, 100 of each (writes docs/benchmarks.md)
+	@$(SERVICE_ENV); go run ./tools/sandboxbench -runs $${RUNS:-100} -images $(IMAGES_DIR)
 
 .PHONY: bench
 bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks

@@ -8,7 +8,7 @@
 // rest of the end-to-end time. It writes the section "Sandboxes" of
 // docs/benchmarks.md and docs/benchmarks-notes.md.
 //
-//	go run ./tools/sandboxbench [-runs 50] [-database $SERVICE_DATABASE_URL]
+//	go run ./tools/sandboxbench [-runs 100] [-database $SERVICE_DATABASE_URL]
 package main
 
 import (
@@ -32,7 +32,7 @@ type series struct {
 }
 
 func main() {
-	runs := flag.Int("runs", 50, "sandboxes created of each kind")
+	runs := flag.Int("runs", 100, "sandboxes created of each kind (the nearest-rank p99 of 50 is their maximum, of 100 the second largest)")
 	database := flag.String("database", os.Getenv("SERVICE_DATABASE_URL"), "a PostgreSQL URL; a database of its own is made on that server")
 	imagesDir := flag.String("images", ".service/images", "the image source with computeplane/minimal (make images)")
 	out := flag.String("out", "docs/benchmarks.md", "the benchmarks page")
@@ -122,8 +122,10 @@ func main() {
 
 Written by `+"`make bench-sandboxes`"+` (tools/sandboxbench) on %s: computed (every role, the
 gateway included) and one compute-agent with the qemu runtime on this machine; %d sandboxes of
-each kind (1 vCPU, 256 MiB, the minimal image, guest memory in a shared file), created one after
-another with wait and deleted before the next; TCG, not KVM (see ../shared/design/TOOLING.md);
+each kind (1 vCPU, 256 MiB, the minimal image, guest memory in a shared file on a tmpfs, a
+restore mapping its snapshot's memory file copy-on-write), created one after another with wait
+and deleted before the next, a warm pool of 2 refilled at nice 10; TCG, not KVM (see
+../shared/design/TOOLING.md);
 %d cores, %s. End to end is the client's create call until the answer says running (the guest
 answered with the sandbox's own identity and its root filesystem checked out); the host's share
 is what the daemon measured from the VM's start, resume or restore to that point; the control
