@@ -58,6 +58,12 @@ RETURNING *;
 -- name: GetSandbox :one
 SELECT * FROM sandboxes WHERE sandbox_id = sqlc.arg(sandbox_id);
 
+-- GetSandboxWithVM is a sandbox with its VM's row, in one round trip (a
+-- wait re-reads it).
+-- name: GetSandboxWithVM :one
+SELECT sqlc.embed(s), sqlc.embed(i) FROM sandboxes s JOIN instances i ON i.instance_id = s.instance_id
+WHERE s.sandbox_id = sqlc.arg(sandbox_id);
+
 -- name: GetSandboxForUpdate :one
 SELECT * FROM sandboxes WHERE sandbox_id = sqlc.arg(sandbox_id) FOR UPDATE;
 

@@ -368,6 +368,81 @@ func (q *Queries) GetSandboxForUpdate(ctx context.Context, sandboxID string) (Sa
 	return i, err
 }
 
+const getSandboxWithVM = `-- name: GetSandboxWithVM :one
+SELECT s.sandbox_id, s.tenant_id, s.template_id, s.from_snapshot, s.instance_id, s.pool_id, s.node_id, s.how, s.max_ttl_seconds, s.expires_at, s.created_by, s.idem_request, s.created_at, s.placed_at, s.ready_at, s.deleted_at, s.delete_reason, i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at FROM sandboxes s JOIN instances i ON i.instance_id = s.instance_id
+WHERE s.sandbox_id = $1
+`
+
+type GetSandboxWithVMRow struct {
+	Sandbox  Sandbox
+	Instance Instance
+}
+
+// GetSandboxWithVM is a sandbox with its VM's row, in one round trip (a
+// wait re-reads it).
+func (q *Queries) GetSandboxWithVM(ctx context.Context, sandboxID string) (GetSandboxWithVMRow, error) {
+	row := q.db.QueryRow(ctx, getSandboxWithVM, sandboxID)
+	var i GetSandboxWithVMRow
+	err := row.Scan(
+		&i.Sandbox.SandboxID,
+		&i.Sandbox.TenantID,
+		&i.Sandbox.TemplateID,
+		&i.Sandbox.FromSnapshot,
+		&i.Sandbox.InstanceID,
+		&i.Sandbox.PoolID,
+		&i.Sandbox.NodeID,
+		&i.Sandbox.How,
+		&i.Sandbox.MaxTtlSeconds,
+		&i.Sandbox.ExpiresAt,
+		&i.Sandbox.CreatedBy,
+		&i.Sandbox.IdemRequest,
+		&i.Sandbox.CreatedAt,
+		&i.Sandbox.PlacedAt,
+		&i.Sandbox.ReadyAt,
+		&i.Sandbox.DeletedAt,
+		&i.Sandbox.DeleteReason,
+		&i.Instance.InstanceID,
+		&i.Instance.TenantID,
+		&i.Instance.PoolID,
+		&i.Instance.NodeID,
+		&i.Instance.BookingID,
+		&i.Instance.Flavor,
+		&i.Instance.ImageID,
+		&i.Instance.Boot,
+		&i.Instance.Name,
+		&i.Instance.UserData,
+		&i.Instance.Vcpu,
+		&i.Instance.MemoryMib,
+		&i.Instance.DiskGib,
+		&i.Instance.DesiredState,
+		&i.Instance.State,
+		&i.Instance.Error,
+		&i.Instance.Reboots,
+		&i.Instance.Version,
+		&i.Instance.CreatedBy,
+		&i.Instance.IdemRequest,
+		&i.Instance.CreatedAt,
+		&i.Instance.UpdatedAt,
+		&i.Instance.ReadyAt,
+		&i.Instance.DeletedAt,
+		&i.Instance.ReservationID,
+		&i.Instance.ReservationBookingID,
+		&i.Instance.Kind,
+		&i.Instance.TemplateID,
+		&i.Instance.Hostname,
+		&i.Instance.MachineID,
+		&i.Instance.Env,
+		&i.Instance.IdentityGeneration,
+		&i.Instance.ReportedIdentity,
+		&i.Instance.MemoryFile,
+		&i.Instance.RestoreSnapshot,
+		&i.Instance.Volumes,
+		&i.Instance.HostTimings,
+		&i.Instance.IdentityReadyAt,
+	)
+	return i, err
+}
+
 const getSnapshot = `-- name: GetSnapshot :one
 SELECT snapshot_id, tenant_id, sandbox_id, node_id, keep, state, error, size_bytes, paused_ms, command_id, created_by, idem_request, created_at, ready_at, deleted_at FROM sandbox_snapshots WHERE snapshot_id = $1
 `

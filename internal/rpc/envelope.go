@@ -471,6 +471,8 @@ type Poll struct {
 	// the next step of the backoff. The backoff stays, for a wake-up lost
 	// or sent from a process without a notifier.
 	Topic   string
+	// Initial answers a timeout when no read succeeded; nil answers
+	// UNAVAILABLE then.
 	Initial any
 	// TimedOut is the call's error at the timeout; nil answers the last
 	// output read, or Initial.
@@ -515,6 +517,12 @@ func ThenPoll(ctx context.Context, p Poll, read func(ctx context.Context) (out a
 			case <-ctx.Done():
 				if p.TimedOut != nil {
 					return nil, p.TimedOut
+				}
+				if last == nil {
+					// Committed, but never read back: the same call again
+					// (its idempotency key) answers it.
+					return nil, api.Errorf(api.CodeUnavailable, "the outcome could not be read back in time; repeat the call").
+						WithDetails(map[string]any{"retryAfterMs": DefaultRetryAfterMs})
 				}
 				return last, nil // the work is pending
 			case <-wake:

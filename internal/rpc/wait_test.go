@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"computeplane/gen/api"
 )
 
 // topics is a Subscriber whose wakes the test sends.
@@ -64,6 +66,16 @@ func TestThenPollBacksOffAndTimesOut(t *testing.T) {
 	// a slow scheduler.
 	assert.GreaterOrEqual(t, reads.Load(), int32(3))
 	assert.LessOrEqual(t, reads.Load(), int32(7), "it backs off")
+
+	// Nothing was ever read back (and no Initial): UNAVAILABLE, repeat
+	// the call.
+	_, err = thenCall(t, nil, func(ctx context.Context) {
+		ThenPoll(ctx, Poll{Timeout: 30 * time.Millisecond}, func(context.Context) (any, bool, error) { return nil, false, nil })
+	})
+	var e *api.Error
+	require.ErrorAs(t, err, &e)
+	assert.Equal(t, api.CodeUnavailable, e.Code)
+	assert.Contains(t, e.Details, "retryAfterMs")
 
 	timedOut := errors.New("no answer")
 	_, err = thenCall(t, nil, func(ctx context.Context) {

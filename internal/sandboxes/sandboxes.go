@@ -636,32 +636,28 @@ func end(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Sandbox,
 }
 
 // waited follows the Waiting convention: after commit, until the sandbox
-// is until (or failed or deleted), at most wait.timeoutMs.
+// is until (or failed or deleted), at most wait.timeoutMs. A wait reads
+// nothing more in the transaction: its answer is read after the commit.
 func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Sandbox, wait *api.Wait, until string) (*api.Sandbox, error) {
-	vm, err := q.GetInstance(ctx, r.InstanceID)
-	if err != nil {
-		return nil, err
-	}
-	out, err := output(ctx, q, r, vm)
-	if err != nil || wait == nil || wait.TimeoutMs == 0 || out.State == until {
-		return out, err
-	}
-	id := r.SandboxID
-	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, instances.Topic(r.InstanceID), out, func(ctx context.Context) (any, bool) {
-		q := db.New(s.Store.Pool())
-		r, err := q.GetSandbox(ctx, id)
-		if err != nil {
-			return nil, false
-		}
+	if wait == nil || wait.TimeoutMs == 0 {
 		vm, err := q.GetInstance(ctx, r.InstanceID)
 		if err != nil {
+			return nil, err
+		}
+		return output(ctx, q, r, vm)
+	}
+	id := r.SandboxID
+	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, instances.Topic(r.InstanceID), nil, func(ctx context.Context) (any, bool) {
+		q := db.New(s.Store.Pool())
+		row, err := q.GetSandboxWithVM(ctx, id)
+		if err != nil {
 			return nil, false
 		}
-		o, err := output(ctx, q, r, vm)
+		o, err := output(ctx, q, row.Sandbox, row.Instance)
 		if err != nil {
 			return nil, false
 		}
 		return o, o.State == until || o.State == StateFailed || o.State == StateDeleted
 	})
-	return out, nil
+	return nil, nil
 }

@@ -291,9 +291,16 @@ func (r *QEMU) Apply(ctx context.Context, _ int64, body json.RawMessage) ([]agen
 			r.remove(id, st)
 		}
 	}
-	for id, vs := range desired {
-		if err := r.converge(ctx, id, vs); err != nil {
-			errs = append(errs, fmt.Errorf("instance %s: %w", id, err))
+	// Deletions first: a boot of this spec may attach a volume that an
+	// instance deleted by it still holds (released).
+	for _, deleting := range []bool{true, false} {
+		for id, vs := range desired {
+			if (vs.State == StateDeleted) != deleting {
+				continue
+			}
+			if err := r.converge(ctx, id, vs); err != nil {
+				errs = append(errs, fmt.Errorf("instance %s: %w", id, err))
+			}
 		}
 	}
 	return r.observeLocked(), errors.Join(errs...)
