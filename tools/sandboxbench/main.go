@@ -125,9 +125,9 @@ gateway included) and one compute-agent with the qemu runtime on this machine; %
 each kind (1 vCPU, 256 MiB, the minimal image, guest memory in a shared file on a tmpfs, a
 restore mapping its snapshot's memory file copy-on-write), created one after another with wait
 and deleted before the next, a warm pool of 2 refilled at nice 10; TCG, not KVM (see
-../shared/design/TOOLING.md);
-%d cores, %s. End to end is the client's create call until the answer says running (the guest
-answered with the sandbox's own identity and its root filesystem checked out); the host's share
+../shared/design/TOOLING.md); %d cores, %s. End to end is the client's create call until the
+answer says running (the guest answered with the sandbox's own identity and its root filesystem
+checked out); the host's share
 is what the daemon measured from the VM's start, resume or restore to that point; the control
 plane's share is the rest (admission, placement, commit, the spec reaching the daemon, its
 status written, the wait noticing it).
