@@ -258,6 +258,18 @@ func (e *Engine) refusal(ctx context.Context, q *db.Queries, req Request) error 
 	if err := e.refusalOfQuota(ctx, q, req.TenantID, req.PoolID, charges(held, req)); err != nil {
 		return err
 	}
+	if req.NodeID != "" {
+		// A node that is not ready takes nothing, room or not: say so
+		// rather than blame its room.
+		n, err := q.GetNode(ctx, req.NodeID)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if err == nil && n.Node.State != "ready" {
+			return api.Errorf(api.CodeCapacityUnavailable, "node %s is %s: it takes no new work until it is ready", req.NodeID, n.Node.State).
+				WithDetails(map[string]any{"poolId": req.PoolID, "nodeId": req.NodeID, "state": n.Node.State})
+		}
+	}
 	return noCapacity(req)
 }
 

@@ -25,6 +25,7 @@ import (
 const (
 	StartTimeout = 10 * time.Second // qemu up with its QMP socket
 	QMPTimeout   = 5 * time.Second  // one QMP command
+	KillTimeout  = 10 * time.Second // a SIGKILLed qemu gone, its files closed
 )
 
 // ErrGone is the answer about a VM whose qemu process is no longer there.
@@ -105,7 +106,10 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 		if err == nil {
 			return v, nil
 		}
-		if time.Now().After(deadline) || !v.Alive() {
+		if !v.Alive() {
+			return nil, fmt.Errorf("%w; qemu exited: %s", err, tailFile(c.path("qemu.log"), 5))
+		}
+		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
 			return nil, err
 		}
@@ -215,21 +219,28 @@ func (v *VM) Detach() { v.close() }
 // zombie, and is a qemu of this VM (a reused pid is not).
 func (v *VM) Alive() bool {
 	if v.exited != nil {
+		// Our child: it is gone once reaped, which is after its last
+		// thread exited and closed its files (the locks on its disks
+		// with them). Its main thread alone may be a zombie before that.
 		select {
 		case <-v.exited:
 			return false
 		default:
+			return true
 		}
 	}
-	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(v.Pid), "stat"))
+	proc := filepath.Join("/proc", strconv.Itoa(v.Pid))
+	cmdline, err := os.ReadFile(filepath.Join(proc, "cmdline"))
 	if err != nil {
 		return false
 	}
-	if rp := strings.LastIndexByte(string(stat), ')'); rp > 0 && len(stat) > rp+2 && stat[rp+2] == 'Z' {
-		return false
+	if len(cmdline) == 0 {
+		// A zombie main thread: the process still holds its files while
+		// another of its threads is exiting.
+		tasks, _ := os.ReadDir(filepath.Join(proc, "task"))
+		return len(tasks) > 1
 	}
-	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(v.Pid), "cmdline"))
-	return err == nil && strings.Contains(string(cmdline), v.Config.QMPSocket())
+	return strings.Contains(string(cmdline), v.Config.QMPSocket())
 }
 
 // run runs one QMP command, bounded by QMPTimeout (go-qemu's socket has
@@ -345,7 +356,10 @@ func (v *VM) Kill() error {
 	if err := syscall.Kill(v.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return err
 	}
-	waitFor(3*time.Second, func() bool { return !v.Alive() })
+	if !waitFor(KillTimeout, func() bool { return !v.Alive() }) {
+		v.close()
+		return fmt.Errorf("qemu: pid %d still runs %s after SIGKILL", v.Pid, KillTimeout)
+	}
 	v.close()
 	return nil
 }

@@ -470,7 +470,7 @@ type Poll struct {
 	// wake-up too, so a change is seen within milliseconds rather than at
 	// the next step of the backoff. The backoff stays, for a wake-up lost
 	// or sent from a process without a notifier.
-	Topic   string
+	Topic string
 	// Initial answers a timeout when no read succeeded; nil answers
 	// UNAVAILABLE then.
 	Initial any

@@ -330,6 +330,12 @@ func TestSandboxVolumesAttachedToRealVMs(t *testing.T) {
 	_, err = w.C.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: writer.SandboxId})
 	require.NoError(t, err)
 	grown, err := w.C.SandboxVolumesResize(t.Context(), &client.SandboxVolumesResizeInput{TenantId: tenant, VolumeId: v.VolumeId, SizeGiB: 2})
+	if err != nil {
+		var a, b, c, d, e, f int64
+		var st string
+		_ = w.DB.QueryRow(t.Context(), `select state, cap_vcpu, booked_vcpu, cap_memory_mib, booked_memory_mib, cap_disk_gib, booked_disk_gib from nodes where node_id=$1`, w.agent.Node).Scan(&st, &a, &b, &c, &d, &e, &f)
+		t.Logf("node after the refusal: state %s, vCPU %d booked %d, MiB %d booked %d, GiB %d booked %d", st, a, b, c, d, e, f)
+	}
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, grown.Data.SizeGiB)
 
