@@ -6,13 +6,13 @@ SELECT x.ev->>'id', x.ev->>'type', x.ev->>'source', x.ev->>'subject', x.ev->>'te
 FROM jsonb_array_elements(sqlc.arg(events)::jsonb) WITH ORDINALITY AS x(ev, ord)
 ORDER BY x.ord;
 -- ListOutboxCommitted reads the outbox in visibility order after a cursor
--- (xid, seq): only rows of transactions older than this snapshot's xmin,
--- which can no longer change, so a reader never passes a row that commits
--- later. An empty tenant reads every tenant.
+-- (xid, seq): only rows below visibility_frontier() (every transaction of
+-- this database older than it has finished), which can no longer change,
+-- so a reader never passes a row that commits later. An empty tenant reads every tenant.
 -- name: ListOutboxCommitted :many
 SELECT seq, xid::text AS xid, id, type, source, subject, tenant_id, time, data
 FROM outbox
-WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+WHERE xid < visibility_frontier()
   AND (xid, seq) > (sqlc.arg(after_xid)::text::xid8, sqlc.arg(after_seq)::bigint)
   AND (sqlc.arg(tenant_id)::text = '' OR tenant_id = sqlc.arg(tenant_id))
 ORDER BY xid, seq

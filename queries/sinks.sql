@@ -25,13 +25,13 @@ SET after_xid = excluded.after_xid,
 WHERE c.after_xid = sqlc.arg(from_xid)::text::xid8 AND c.after_seq = sqlc.arg(from_seq)::bigint;
 
 -- ListAuditCommitted reads audit rows in visibility order after a cursor
--- (xid, id), only from transactions older than this snapshot's xmin, as
+-- (xid, id), only from transactions below visibility_frontier(), as
 -- ListOutboxCommitted does for the outbox.
 -- name: ListAuditCommitted :many
 SELECT id, xid::text AS xid, at, tenant_id, identity_id, identity_kind, agent_id, delegation_id,
        method, resource_type, resource_id, request_id, traceparent, outcome
 FROM audit_log
-WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+WHERE xid < visibility_frontier()
   AND (xid, id) > (sqlc.arg(after_xid)::text::xid8, sqlc.arg(after_id)::bigint)
 ORDER BY xid, id
 LIMIT sqlc.arg(max_rows);

@@ -35,7 +35,7 @@ func (q *Queries) InsertEvents(ctx context.Context, arg InsertEventsParams) erro
 const listOutboxCommitted = `-- name: ListOutboxCommitted :many
 SELECT seq, xid::text AS xid, id, type, source, subject, tenant_id, time, data
 FROM outbox
-WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+WHERE xid < visibility_frontier()
   AND (xid, seq) > ($1::text::xid8, $2::bigint)
   AND ($3::text = '' OR tenant_id = $3)
 ORDER BY xid, seq
@@ -62,9 +62,9 @@ type ListOutboxCommittedRow struct {
 }
 
 // ListOutboxCommitted reads the outbox in visibility order after a cursor
-// (xid, seq): only rows of transactions older than this snapshot's xmin,
-// which can no longer change, so a reader never passes a row that commits
-// later. An empty tenant reads every tenant.
+// (xid, seq): only rows below visibility_frontier() (every transaction of
+// this database older than it has finished), which can no longer change,
+// so a reader never passes a row that commits later. An empty tenant reads every tenant.
 func (q *Queries) ListOutboxCommitted(ctx context.Context, arg ListOutboxCommittedParams) ([]ListOutboxCommittedRow, error) {
 	rows, err := q.db.Query(ctx, listOutboxCommitted,
 		arg.AfterXid,

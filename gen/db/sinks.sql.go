@@ -188,7 +188,7 @@ const listAuditCommitted = `-- name: ListAuditCommitted :many
 SELECT id, xid::text AS xid, at, tenant_id, identity_id, identity_kind, agent_id, delegation_id,
        method, resource_type, resource_id, request_id, traceparent, outcome
 FROM audit_log
-WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+WHERE xid < visibility_frontier()
   AND (xid, id) > ($1::text::xid8, $2::bigint)
 ORDER BY xid, id
 LIMIT $3
@@ -218,7 +218,7 @@ type ListAuditCommittedRow struct {
 }
 
 // ListAuditCommitted reads audit rows in visibility order after a cursor
-// (xid, id), only from transactions older than this snapshot's xmin, as
+// (xid, id), only from transactions below visibility_frontier(), as
 // ListOutboxCommitted does for the outbox.
 func (q *Queries) ListAuditCommitted(ctx context.Context, arg ListAuditCommittedParams) ([]ListAuditCommittedRow, error) {
 	rows, err := q.db.Query(ctx, listAuditCommitted, arg.AfterXid, arg.AfterID, arg.MaxRows)

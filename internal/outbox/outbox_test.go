@@ -45,8 +45,8 @@ func TestCommittedNeverSkipsALateCommit(t *testing.T) {
 	assert.Empty(t, rows, "an open older transaction holds back what follows it")
 
 	require.NoError(t, slow.Commit(ctx))
-	// Transaction ids are cluster-wide: a write transaction of a parallel
-	// test on another database holds the horizon back for a moment.
+	// Other transactions of this database (the store's own) may hold the
+	// frontier back for a moment.
 	require.Eventually(t, func() bool {
 		rows, err = outbox.Committed(ctx, q, "", outbox.Position{}, 100)
 		return err == nil && len(rows) == 2
@@ -76,4 +76,54 @@ func TestCommittedNeverSkipsALateCommit(t *testing.T) {
 	assert.Equal(t, "application/json", env.DataContentType)
 	assert.Equal(t, "acme", env.TenantID)
 	assert.Regexp(t, `^evt_`, env.ID)
+}
+
+// Transaction ids are cluster-wide, but a transaction of another database
+// cannot write this outbox: one left open there does not hold the reader
+// back (a shared cluster with a long transaction elsewhere still delivers
+// events), while one open here does.
+func TestCommittedIgnoresOtherDatabasesTransactions(t *testing.T) {
+	t.Parallel()
+	st := dbtest.NewStore(t)
+	ctx := t.Context()
+	q := st.Queries()
+
+	elsewhere, err := pgx.Connect(ctx, dbtest.EmptyURL(t))
+	require.NoError(t, err)
+	defer func() { _ = elsewhere.Close(context.WithoutCancel(ctx)) }()
+	other, err := elsewhere.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback(context.WithoutCancel(ctx)) }()
+	var otherXid string
+	require.NoError(t, other.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&otherXid))
+
+	require.NoError(t, st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		write(t, tx, "acme", "after-the-other")
+		return nil
+	}))
+	// Other tests' transactions come and go; the open one of the other
+	// database stays open throughout.
+	require.Eventually(t, func() bool {
+		rows, err := outbox.Committed(ctx, q, "", outbox.Position{}, 100)
+		return err == nil && len(rows) == 1
+	}, 10*time.Second, 10*time.Millisecond, "a transaction open on another database (xid %s) holds nothing back", otherXid)
+
+	// The same open transaction on this database does hold back.
+	here, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = here.Rollback(context.WithoutCancel(ctx)) }()
+	var hereXid string
+	require.NoError(t, here.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&hereXid))
+	require.NoError(t, st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		write(t, tx, "acme", "after-this-one")
+		return nil
+	}))
+	rows, err := outbox.Committed(ctx, q, "", outbox.Position{}, 100)
+	require.NoError(t, err)
+	require.Len(t, rows, 1, "an open transaction of this database (xid %s) holds back what follows it", hereXid)
+	require.NoError(t, here.Rollback(ctx))
+	require.Eventually(t, func() bool {
+		rows, err := outbox.Committed(ctx, q, "", outbox.Position{}, 100)
+		return err == nil && len(rows) == 2
+	}, 10*time.Second, 10*time.Millisecond)
 }
