@@ -156,7 +156,7 @@ func decodeSandboxSnapshotsDeleteInput(obj map[string]any, path string, iss *wir
 
 // SandboxSnapshotsService implements the sandboxSnapshots group: Snapshots of sandboxes: memory and disks of a running or paused sandbox, kept on its node. Private to the tenant; with keep true a snapshot outlives its sandbox, else it goes with it. sandboxes.create with fromSnapshot restores one.
 type SandboxSnapshotsService interface {
-	// Create: Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its device state and goes on); any other state is INVALID_STATE. The caller owns the snapshot. With wait the answer comes when it is ready (or failed), or at the timeout while creating.
+	// Create: Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its device state and goes on); any other state is INVALID_STATE. A sandbox with volumes attached is INVALID_STATE with details.reason 'volumes-attached': its memory holds their filesystems mounted, which a restore could not match to the volumes as they are by then. The caller owns the snapshot. With wait the answer comes when it is ready (or failed), or at the timeout while creating.
 	Create(ctx context.Context, in *SandboxSnapshotsCreateInput) (*SandboxSnapshot, error)
 	// Get: One snapshot of the tenant; anything else is NOT_FOUND.
 	Get(ctx context.Context, in *SandboxSnapshotsGetInput) (*SandboxSnapshot, error)

@@ -972,7 +972,7 @@ var Groups = []cliruntime.Group{
 		Methods: []cliruntime.Method{
 			{
 				Name:        "create",
-				Description: "Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its device state and goes on); any other state is INVALID_STATE. The caller owns the snapshot. With wait the answer comes when it is ready (or failed), or at the timeout while creating.",
+				Description: "Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its device state and goes on); any other state is INVALID_STATE. A sandbox with volumes attached is INVALID_STATE with details.reason 'volumes-attached': its memory holds their filesystems mounted, which a restore could not match to the volumes as they are by then. The caller owns the snapshot. With wait the answer comes when it is ready (or failed), or at the timeout while creating.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
 				Flags: []cliruntime.Flag{

@@ -732,8 +732,10 @@ type SandboxSnapshotsInvoker interface {
 	// SandboxSnapshotsCreate invokes sandboxSnapshotsCreate operation.
 	//
 	// Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its
-	// device state and goes on); any other state is INVALID_STATE. The caller owns the snapshot. With wait
-	// the answer comes when it is ready (or failed), or at the timeout while creating.
+	// device state and goes on); any other state is INVALID_STATE. A sandbox with volumes attached is
+	// INVALID_STATE with details.reason 'volumes-attached': its memory holds their filesystems mounted,
+	// which a restore could not match to the volumes as they are by then. The caller owns the snapshot.
+	// With wait the answer comes when it is ready (or failed), or at the timeout while creating.
 	//
 	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Idempotent
 	// under idempotencyKey (a repeat with different sandboxId, keep is CONFLICT). Publishes
@@ -6885,8 +6887,10 @@ func (c *Client) sendReservationsList(ctx context.Context, request *Reservations
 // SandboxSnapshotsCreate invokes sandboxSnapshotsCreate operation.
 //
 // Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its
-// device state and goes on); any other state is INVALID_STATE. The caller owns the snapshot. With wait
-// the answer comes when it is ready (or failed), or at the timeout while creating.
+// device state and goes on); any other state is INVALID_STATE. A sandbox with volumes attached is
+// INVALID_STATE with details.reason 'volumes-attached': its memory holds their filesystems mounted,
+// which a restore could not match to the volumes as they are by then. The caller owns the snapshot.
+// With wait the answer comes when it is ready (or failed), or at the timeout while creating.
 //
 // Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Idempotent
 // under idempotencyKey (a repeat with different sandboxId, keep is CONFLICT). Publishes

@@ -316,10 +316,14 @@ func TestSandboxVolumesAttachedToRealVMs(t *testing.T) {
 	assert.Equal(t, v.Serial, writer.Volumes[0].Serial)
 	assert.Contains(t, w.sh(writer.SandboxId, "readlink -f /dev/disk/by-id/virtio-"+v.Serial), "/dev/vd")
 	w.sh(writer.SandboxId, "echo from-the-first > /data/hello && sync")
+	_, err = w.C.SandboxSnapshotsCreate(t.Context(), &client.SandboxSnapshotsCreateInput{TenantId: tenant, SandboxId: writer.SandboxId, IdempotencyKey: "with-volumes"})
+	e := testenv.APIError(t, err)
+	assert.Equal(t, "INVALID_STATE", e.Code)
+	assert.Equal(t, "volumes-attached", e.Details["reason"], "no memory snapshot of mounted volumes")
 
 	// One read-write attachment at a time, and none read-only beside it.
 	_, err = w.create("w2", client.SandboxesCreateInput{TemplateId: client.NewOptString(rw.TemplateId)})
-	e := testenv.APIError(t, err)
+	e = testenv.APIError(t, err)
 	assert.Equal(t, "CONFLICT", e.Code)
 	assert.Equal(t, "volume-in-use", e.Details["reason"])
 	_, err = w.create("r0", client.SandboxesCreateInput{TemplateId: client.NewOptString(ro.TemplateId)})

@@ -102,6 +102,17 @@ func (s Snapshots) Create(ctx context.Context, in *api.SandboxSnapshotsCreateInp
 		return nil, api.Errorf(api.CodeInvalidState, "sandbox %s is %s; only a running or paused one is snapshotted", sbx.SandboxID, st).
 			WithDetails(map[string]any{"state": st})
 	}
+	// A guest's memory holds its volumes' filesystems mounted (caches,
+	// journal): restored later, it would meet the volumes as they are by
+	// then, written since by other sandboxes, or attached elsewhere.
+	atts, err := q.SandboxAttachments(ctx, sbx.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if len(atts) > 0 {
+		return nil, api.Errorf(api.CodeInvalidState, "sandbox %s has volumes attached (%s first); a memory snapshot of it could not be restored consistently",
+			sbx.SandboxID, atts[0].VolumeID).WithDetails(map[string]any{"reason": "volumes-attached", "volumeId": atts[0].VolumeID})
+	}
 	args, _ := json.Marshal(agentproto.SnapshotArgs{InstanceID: vm.InstanceID, SnapshotID: id})
 	cmd, topic, err := gateway.EnqueueCommand(ctx, tx, sbx.NodeID, agentproto.CommandSnapshot, args, "sandboxes", SnapshotTTL, time.Now())
 	if err != nil {
