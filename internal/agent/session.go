@@ -38,6 +38,10 @@ const (
 	RevokedWait   = 60 * time.Second
 	// MaxReconnectDelay bounds a drain's delay (gateways send up to 60 s).
 	MaxReconnectDelay = 2 * time.Minute
+	// HigherRungRetry is how often a session on the WebSocket fallback
+	// tries mutual TLS to its gateway again (a proxy in the way may have
+	// gone): when it answers, the session moves there.
+	HigherRungRetry = 5 * time.Minute
 )
 
 // Options configure the daemon.
@@ -48,6 +52,8 @@ type Options struct {
 	Declared Declared
 	Version  string
 	Log      *slog.Logger
+	// HigherRungRetry overrides the package's HigherRungRetry (tests).
+	HigherRungRetry time.Duration
 }
 
 // Agent is the running daemon.
@@ -124,6 +130,7 @@ type endReason struct {
 	reconnectAfter time.Duration // the gateway drains: go elsewhere after this
 	drained        bool
 	revoked        bool
+	climbed        bool // left the fallback: mutual TLS answers again
 }
 
 // ShortSession is how long a welcomed session must last to count as a
@@ -153,6 +160,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.status.update(func(s *Status) { s.Connected = false })
 			if !why.welcomed {
 				continue // refused: the next gateway
+			}
+			if why.climbed {
+				// Straight back to the same gateway, mutual TLS first.
+				a.log.Info("mutual TLS answers again: leaving the WebSocket fallback", "gateway", gw.ID)
+				connected = true
+				break
 			}
 			lasted := time.Since(start)
 			connected = lasted >= ShortSession || why.drained || why.revoked
@@ -441,12 +454,26 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 		}
 	}()
 	go func() { defer wg.Done(); a.heartbeat(sctx, conn, w.HeartbeatMS, send) }()
+	var climbed atomic.Bool
+	if transport == agentproto.TransportWebSocket && gw.URL != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if a.climb(sctx, gw) {
+				climbed.Store(true)
+				stop()
+			}
+		}()
+	}
 	go func() {
 		defer wg.Done()
 		<-sctx.Done()
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			_ = conn.Close(websocket.StatusGoingAway, "the daemon stops")
-		} else {
+		case climbed.Load():
+			_ = conn.Close(websocket.StatusNormalClosure, "moving to mutual TLS")
+		default:
 			_ = conn.CloseNow()
 		}
 	}()
@@ -461,6 +488,7 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 			if sctx.Err() == nil {
 				a.log.Info("session ended", "gateway", w.GatewayID, "error", err.Error())
 			}
+			why.climbed = climbed.Load()
 			return why
 		}
 		switch m.Type {
@@ -493,6 +521,33 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 		case agentproto.TypeError:
 			a.log.Warn("the gateway reports an error", "code", m.Error.Code, "message", m.Error.Message)
 		}
+	}
+}
+
+// climb tries mutual TLS to gw every HigherRungRetry while a fallback
+// session runs, and reports when it answers (remembered for the next
+// dial). The probe upgrades and closes before its hello: the gateway opens
+// no session for it.
+func (a *Agent) climb(ctx context.Context, gw agentproto.Gateway) bool {
+	every := a.o.HigherRungRetry
+	if every <= 0 {
+		every = HigherRungRetry
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		conn, err := a.dialMTLS(ctx, gw)
+		if err != nil {
+			continue
+		}
+		_ = conn.CloseNow()
+		a.remember(gw.ID, agentproto.TransportMTLS)
+		return true
 	}
 }
 

@@ -116,9 +116,13 @@ func (w *world) setGateways(fallback string, gws ...*fakeGateway) {
 }
 
 // run starts the daemon with the recording runtime until the test ends.
-func (w *world) run() {
-	a, err := New(Options{Dir: w.dir, Runtime: &runtime.Recording{Dir: w.dir.path("runtime")}, Declared: Declared{VCPU: 4, MemoryMiB: 8192, DiskGiB: 50},
-		Version: "test", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+func (w *world) run(opts ...func(*Options)) {
+	o := Options{Dir: w.dir, Runtime: &runtime.Recording{Dir: w.dir.path("runtime")}, Declared: Declared{VCPU: 4, MemoryMiB: 8192, DiskGiB: 50},
+		Version: "test", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	for _, f := range opts {
+		f(&o)
+	}
+	a, err := New(o)
 	require.NoError(w.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -379,6 +383,45 @@ func TestFallbackWhenMutualTLSFailsIsRemembered(t *testing.T) {
 	s = fb.next(t)
 	assert.Equal(t, agentproto.TransportWebSocket, s.hello.Transport)
 	assert.Equal(t, tried, g.requests.Load(), "mutual TLS not tried first")
+}
+
+// A session on the fallback tries mutual TLS again now and then, and moves
+// there once it answers: to the same gateway, remembered for next time.
+func TestFallbackClimbsBackToMutualTLS(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, time.Minute, time.Hour)
+	g := w.gateway("gw_1", false)
+	fb := w.gateway("public", true)
+	g.refuse.Store(true)
+	w.setGateways(fb.wsURL(), g)
+	w.run(func(o *Options) { o.HigherRungRetry = 100 * time.Millisecond })
+
+	s := fb.next(t)
+	assert.Equal(t, agentproto.TransportWebSocket, s.hello.Transport)
+	// Probes while the proxy is in the way change nothing.
+	require.Eventually(t, func() bool { return g.requests.Load() >= 3 }, waitFor, 10*time.Millisecond)
+	assert.Equal(t, agentproto.TransportWebSocket, w.status().Transport)
+
+	g.refuse.Store(false)
+	m := g.next(t)
+	assert.Equal(t, agentproto.TransportMTLS, m.hello.Transport)
+	require.Eventually(t, func() bool { st := w.status(); return st.Connected && st.Transport == agentproto.TransportMTLS }, waitFor, 10*time.Millisecond)
+	var remembered map[string]string
+	require.NoError(t, readJSON(w.dir.path(fileTransports), &remembered))
+	assert.Equal(t, agentproto.TransportMTLS, remembered["gw_1"])
+	select {
+	case _, open := <-s.in:
+		for open {
+			_, open = <-s.in
+		}
+	case <-time.After(waitFor):
+		t.Fatal("the fallback session was not closed")
+	}
+	select {
+	case extra := <-g.sessions:
+		t.Fatalf("a second session on the gateway (%s): the probe opened one", extra.hello.Transport)
+	case <-time.After(300 * time.Millisecond):
+	}
 }
 
 func TestRenewalWritesTheNewCertificate(t *testing.T) {
