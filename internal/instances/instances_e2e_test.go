@@ -149,10 +149,17 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 	started, err := w.c.InstancesStart(t.Context(), &client.InstancesStartInput{TenantId: "acme", InstanceId: id, Wait: client.NewOptWait(client.Wait{TimeoutMs: 30000})})
 	require.NoError(t, err)
 	require.Equal(t, "running", string(started.Data.State), "error: %v; agent:\n%s", started.Data.Error, proctest.Tail(w.agent.Proc.Stderr.String(), 20))
+	boots := func() int {
+		b, _ := os.ReadFile(w.vmFile(id, "console.log"))
+		return strings.Count(string(b), "compute-guest: READY")
+	}
+	before := boots()
+	require.Positive(t, before)
 	rb, err := w.c.InstancesReboot(t.Context(), &client.InstancesRebootInput{TenantId: "acme", InstanceId: id})
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, rb.Data.Reboots)
-	require.Eventually(t, func() bool { return w.get(id).State == "running" }, 30*time.Second, 100*time.Millisecond)
+	require.Eventually(t, func() bool { return boots() > before && w.get(id).State == "running" }, 30*time.Second, 100*time.Millisecond,
+		"the guest booted again and answered")
 
 	// The daemon killed and restarted: the VM runs on and is still tracked.
 	pid := w.vmPid(id)

@@ -405,7 +405,9 @@ func (r *QEMU) converge(ctx context.Context, id string, vs VMSpec) error {
 		case alive && st.state == StatePaused && st.cancel == nil:
 			// Every resume is checked before it is called running.
 			r.restart(id, st, false)
-		case alive && vs.Reboots > st.reboots:
+		case alive && st.cancel == nil && vs.Reboots > st.reboots:
+			// (While the guest is awaited, the reboot waits for it: the
+			// wait re-converges when it ends.)
 			st.reboots = vs.Reboots
 			if err := st.vm.Reset(); err != nil {
 				return err
@@ -542,9 +544,19 @@ func (r *QEMU) boot(id string, st *vmState) {
 			if st.spec.State == StatePaused && vm.Pause() == nil {
 				st.state = StatePaused
 			}
+			r.catchUp(id, st)
 		}
 		r.changed()
 	}()
+}
+
+// catchUp applies what Apply asked of an instance while a boot, resume,
+// guest wait or snapshot kept it busy (converge skips a busy instance),
+// such as a claim's new identity or a reboot (r.mu held).
+func (r *QEMU) catchUp(id string, st *vmState) {
+	if err := r.converge(context.Background(), id, st.spec); err != nil {
+		r.Log.Warn("catching up with the spec", "instance", id, "error", err.Error())
+	}
 }
 
 // WarmNice is the CPU niceness a warm instance boots at.
@@ -615,6 +627,7 @@ func (r *QEMU) restart(id string, st *vmState, identity bool) {
 			if st.spec.State == StatePaused && vm.Pause() == nil {
 				st.state = StatePaused
 			}
+			r.catchUp(id, st)
 		}
 		r.changed()
 	}()
@@ -676,6 +689,7 @@ func (r *QEMU) awaitGuest(id string, st *vmState, first bool) {
 			if st.spec.State == StatePaused && vm.Pause() == nil {
 				st.state = StatePaused
 			}
+			r.catchUp(id, st)
 		}
 		r.changed()
 	}()
@@ -884,9 +898,7 @@ func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentpr
 		defer r.mu.Unlock()
 		if r.vms[id] == st && st.vm == vm && st.cancel != nil {
 			st.cancel = nil
-			if err := r.converge(context.Background(), id, st.spec); err != nil { // what Apply asked meanwhile
-				r.Log.Warn("after a snapshot", "instance", id, "error", err.Error())
-			}
+			r.catchUp(id, st)
 			r.changed()
 		}
 	}()
