@@ -24,7 +24,9 @@ LIMIT 1000;
 
 -- name: SetInstanceDesired :one
 UPDATE instances SET desired_state = sqlc.arg(desired_state), reboots = reboots + sqlc.arg(reboot)::integer,
-    state = CASE WHEN sqlc.arg(desired_state)::text = 'deleted' AND node_id IS NULL THEN 'deleted' ELSE state END,
+    state = CASE WHEN sqlc.arg(desired_state)::text = 'deleted' AND node_id IS NULL AND provider_machine IS NULL THEN 'deleted' ELSE state END,
+    -- A provider instance's machine is released by the provider-instances job, at once.
+    provider_next_at = CASE WHEN sqlc.arg(desired_state)::text = 'deleted' AND provider_machine IS NOT NULL THEN now() ELSE provider_next_at END,
     deleted_at = CASE WHEN sqlc.arg(desired_state)::text = 'deleted' THEN coalesce(deleted_at, now()) ELSE deleted_at END,
     version = version + 1, updated_at = now()
 WHERE instance_id = sqlc.arg(instance_id)
@@ -76,3 +78,45 @@ LIMIT 1;
 -- ReservationInstances are the live instances running in a reservation.
 -- name: ReservationInstances :many
 SELECT * FROM instances WHERE reservation_id = sqlc.arg(reservation_id) AND desired_state <> 'deleted' ORDER BY instance_id FOR UPDATE;
+
+-- name: InsertProviderInstance :one
+-- An instance of a provider pool: no node; the provider-instances job
+-- launches its machine (due at once).
+INSERT INTO instances (instance_id, tenant_id, pool_id, flavor, image_id, boot, name, user_data,
+    vcpu, memory_mib, disk_gib, desired_state, state, created_by, idem_request, provider_next_at)
+VALUES (sqlc.arg(instance_id), sqlc.arg(tenant_id), sqlc.arg(pool_id), sqlc.arg(flavor),
+    sqlc.arg(image_id), sqlc.arg(boot), sqlc.arg(name), sqlc.narg(user_data), sqlc.arg(vcpu), sqlc.arg(memory_mib),
+    sqlc.arg(disk_gib), 'running', 'pending', sqlc.arg(created_by), sqlc.arg(idem_request), now())
+ON CONFLICT (instance_id) DO NOTHING
+RETURNING *;
+
+-- name: DueProviderInstances :many
+-- Provider instances whose next step is due, oldest first.
+SELECT * FROM instances
+WHERE provider_next_at IS NOT NULL AND provider_next_at <= now()
+ORDER BY provider_next_at
+LIMIT sqlc.arg(lim);
+
+-- name: SaveProviderInstance :one
+-- What the provider-instances job found, on a row still as it read it
+-- (version): a concurrent delete makes it read again.
+UPDATE instances SET state = sqlc.arg(state), error = sqlc.narg(error),
+    provider_machine = sqlc.narg(provider_machine), provider_offer = sqlc.narg(provider_offer),
+    provider_attempts = sqlc.arg(provider_attempts), provider_next_at = sqlc.narg(provider_next_at),
+    ready_at = CASE WHEN sqlc.arg(state)::text = 'running' THEN coalesce(ready_at, now()) ELSE ready_at END,
+    deleted_at = CASE WHEN sqlc.arg(state)::text = 'deleted' THEN coalesce(deleted_at, now()) ELSE deleted_at END,
+    version = version + 1, updated_at = now()
+WHERE instance_id = sqlc.arg(instance_id) AND version = sqlc.arg(version)
+RETURNING *;
+
+-- name: RecordProviderLaunch :one
+-- A launched machine, recorded whatever happened to the row meanwhile: a
+-- deleted instance keeps it for the job to release at once.
+UPDATE instances SET provider_machine = sqlc.arg(provider_machine), provider_offer = sqlc.arg(provider_offer),
+    provider_attempts = 0, error = NULL,
+    state = CASE WHEN desired_state = 'deleted' THEN state ELSE 'running' END,
+    ready_at = CASE WHEN desired_state = 'deleted' THEN ready_at ELSE coalesce(ready_at, now()) END,
+    provider_next_at = CASE WHEN desired_state = 'deleted' THEN now() ELSE now() + sqlc.arg(watch_every)::interval END,
+    version = version + 1, updated_at = now()
+WHERE instance_id = sqlc.arg(instance_id)
+RETURNING *;

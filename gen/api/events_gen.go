@@ -302,13 +302,13 @@ var EventTypes = []EventSpec{
 		Type:        EventProjectDeleted,
 	},
 	{
-		Description: "An instance was placed and charged to quota; its node's daemon starts it.",
+		Description: "An instance was placed and charged to quota; its node's daemon starts it, or, in a provider pool, the provider launches its machine.",
 		Module:      "instances",
 		Subject:     "instance id",
 		Type:        EventInstanceCreated,
 	},
 	{
-		Description: "An instance runs and its guest agent answered.",
+		Description: "An instance runs and its guest agent answered (in a provider pool, the provider's machine runs).",
 		Module:      "instances",
 		Subject:     "instance id",
 		Type:        EventInstanceRunning,
@@ -673,16 +673,17 @@ type ProjectDeletedPayload struct {
 
 // InstanceCreatedPayload: Payload of instance.created.
 type InstanceCreatedPayload struct {
-	InstanceID string `json:"instanceId"` // Instance identifier.
-	PoolID     string `json:"poolId"`     // Pool identifier.
-	NodeID     string `json:"nodeId"`     // Node identifier.
-	Flavor     string `json:"flavor"`     // Lowercase DNS-like name.
+	InstanceID string  `json:"instanceId"` // Instance identifier.
+	PoolID     string  `json:"poolId"`     // Pool identifier.
+	NodeID     *string `json:"nodeId"`     // Null in a provider pool.
+	Flavor     string  `json:"flavor"`     // Lowercase DNS-like name.
 }
 
 // InstanceRunningPayload: Payload of instance.running.
 type InstanceRunningPayload struct {
-	InstanceID string `json:"instanceId"` // Instance identifier.
-	NodeID     string `json:"nodeId"`     // Node identifier.
+	InstanceID string  `json:"instanceId"` // Instance identifier.
+	NodeID     *string `json:"nodeId"`     // Null in a provider pool.
+	MachineID  *string `json:"machineId"`  // The provider machine, in a provider pool.
 }
 
 // InstanceStoppedPayload: Payload of instance.stopped.

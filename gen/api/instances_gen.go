@@ -281,19 +281,19 @@ func decodeInstancesDeleteInput(obj map[string]any, path string, iss *wire.Issue
 	return
 }
 
-// InstancesService implements the instances group: VPS instances: virtual machines of a flavor and an image, placed on a ready node of a hosted vps-host pool, booked and charged to quota at creation, run by the node's daemon through its VM runtime. desiredState (running, stopped, paused, deleted) is what the tenant asks; state is what the daemon last reported (pending until it reports, starting, running, stopped, paused, failed) or deleted. Provider pools are refused with UNSUPPORTED until providers land.
+// InstancesService implements the instances group: VPS instances: virtual machines of a flavor and an image, placed on a ready node of a hosted vps-host pool, booked and charged to quota at creation, run by the node's daemon through its VM runtime. desiredState (running, stopped, paused, deleted) is what the tenant asks; state is what the daemon last reported (pending until it reports, starting, running, stopped, paused, failed) or deleted. In a provider pool an instance runs on a machine of the pool's provider account instead (machineId), launched, watched and released by the provider-instances job; a provider that cannot launch instances is UNSUPPORTED.
 type InstancesService interface {
-	// Create: Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.
+	// Create: Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.
 	Create(ctx context.Context, in *InstancesCreateInput) (*Instance, error)
 	// Get: One instance of the tenant; anything else is NOT_FOUND.
 	Get(ctx context.Context, in *InstancesGetInput) (*Instance, error)
 	// List: The tenant's instances, newest first, in one pool when asked; deleted ones only when asked.
 	List(ctx context.Context, in *InstancesListInput) (*InstanceList, error)
-	// Start: Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned unchanged; a deleted one is INVALID_STATE.
+	// Start: Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).
 	Start(ctx context.Context, in *InstancesStartInput) (*Instance, error)
-	// Stop: Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned unchanged; a deleted one is INVALID_STATE.
+	// Stop: Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).
 	Stop(ctx context.Context, in *InstancesStopInput) (*Instance, error)
-	// Reboot: Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE.
+	// Reboot: Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).
 	Reboot(ctx context.Context, in *InstancesRebootInput) (*Instance, error)
 	// Delete: Deletes the instance; its VM ends, its booking and quota are returned at once and its usage stops. Deleting twice returns it unchanged.
 	Delete(ctx context.Context, in *InstancesDeleteInput) (*Instance, error)

@@ -305,7 +305,7 @@ var Methods = []*Method{
 			in := decodeInstancesCreateInput(obj, "", iss)
 			return &in
 		},
-		Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.",
+		Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeInvalidConfig, CodeCapacityUnavailable, CodeQuotaExceeded, CodeUnsupported, CodeUnauthenticated, CodeAccessDenied},
 		Events:      []string{"instance.created"},
 		FullName:    "instances.create",
@@ -401,8 +401,8 @@ var Methods = []*Method{
 			in := decodeInstancesStartInput(obj, "", iss)
 			return &in
 		},
-		Description: "Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned unchanged; a deleted one is INVALID_STATE.",
-		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Description: "Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnsupported, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "instances.start",
 		Group:       "instances",
 		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
@@ -429,8 +429,8 @@ var Methods = []*Method{
 			in := decodeInstancesStopInput(obj, "", iss)
 			return &in
 		},
-		Description: "Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned unchanged; a deleted one is INVALID_STATE.",
-		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Description: "Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnsupported, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "instances.stop",
 		Group:       "instances",
 		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
@@ -457,8 +457,8 @@ var Methods = []*Method{
 			in := decodeInstancesRebootInput(obj, "", iss)
 			return &in
 		},
-		Description: "Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE.",
-		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Description: "Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnsupported, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "instances.reboot",
 		Group:       "instances",
 		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {

@@ -174,6 +174,7 @@ type Instance struct {
 	ImageID       string              `json:"imageId"`       // Image identifier.
 	Name          string              `json:"name"`          // Lowercase DNS-like name.
 	NodeID        *string             `json:"nodeId"`        // Node identifier.
+	MachineID     *string             `json:"machineId"`     // In a provider pool, the machine of the provider account it runs on, once launched.
 	ReservationID *string             `json:"reservationId"` // The reservation whose capacity it runs in, if any.
 	DesiredState  string              `json:"desiredState"`
 	State         string              `json:"state"`

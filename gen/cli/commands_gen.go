@@ -140,11 +140,11 @@ var Groups = []cliruntime.Group{
 	},
 	{
 		Name:        "instances",
-		Description: "VPS instances: virtual machines of a flavor and an image, placed on a ready node of a hosted vps-host pool, booked and charged to quota at creation, run by the node's daemon through its VM runtime. desiredState (running, stopped, paused, deleted) is what the tenant asks; state is what the daemon last reported (pending until it reports, starting, running, stopped, paused, failed) or deleted. Provider pools are refused with UNSUPPORTED until providers land.",
+		Description: "VPS instances: virtual machines of a flavor and an image, placed on a ready node of a hosted vps-host pool, booked and charged to quota at creation, run by the node's daemon through its VM runtime. desiredState (running, stopped, paused, deleted) is what the tenant asks; state is what the daemon last reported (pending until it reports, starting, running, stopped, paused, failed) or deleted. In a provider pool an instance runs on a machine of the pool's provider account instead (machineId), launched, watched and released by the provider-instances job; a provider that cannot launch instances is UNSUPPORTED.",
 		Methods: []cliruntime.Method{
 			{
 				Name:        "create",
-				Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.",
+				Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
 				Flags: []cliruntime.Flag{
@@ -194,7 +194,7 @@ var Groups = []cliruntime.Group{
 			},
 			{
 				Name:        "start",
-				Description: "Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned unchanged; a deleted one is INVALID_STATE.",
+				Description: "Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
 				Flags: []cliruntime.Flag{
@@ -209,7 +209,7 @@ var Groups = []cliruntime.Group{
 			},
 			{
 				Name:        "stop",
-				Description: "Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned unchanged; a deleted one is INVALID_STATE.",
+				Description: "Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
 				Flags: []cliruntime.Flag{
@@ -224,7 +224,7 @@ var Groups = []cliruntime.Group{
 			},
 			{
 				Name:        "reboot",
-				Description: "Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE.",
+				Description: "Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
 				Flags: []cliruntime.Flag{

@@ -141,9 +141,12 @@ type InstancesInvoker interface {
 	// (through the image source; its format must boot on the pool's runtime) decide its shape; it is
 	// placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same
 	// transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData
-	// (at most 16 KiB) reaches the guest at boot and is never returned. With wait the answer comes when it
-	// runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and
-	// key.
+	// (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider
+	// account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT:
+	// quota is charged at once and the machine is launched after the commit, on the smallest offer that
+	// holds the flavor, with the user data's secret references resolved only when the provider is called.
+	// With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id
+	// derives from tenant, caller and key.
 	//
 	// Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
 	// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData, reservationId
@@ -184,33 +187,36 @@ type InstancesInvoker interface {
 	InstancesList(ctx context.Context, request *InstancesListInput) (*InstancesListResult, error)
 	// InstancesReboot invokes instancesReboot operation.
 	//
-	// Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE.
+	// Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE. An instance of
+	// a provider pool is UNSUPPORTED (its provider launches and releases machines only).
 	//
 	// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
-	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
-	// (403).
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /instances/reboot
 	InstancesReboot(ctx context.Context, request *InstancesRebootInput) (*InstancesRebootResult, error)
 	// InstancesStart invokes instancesStart operation.
 	//
 	// Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned
-	// unchanged; a deleted one is INVALID_STATE.
+	// unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its
+	// provider launches and releases machines only).
 	//
 	// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
-	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
-	// (403).
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /instances/start
 	InstancesStart(ctx context.Context, request *InstancesStartInput) (*InstancesStartResult, error)
 	// InstancesStop invokes instancesStop operation.
 	//
 	// Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned
-	// unchanged; a deleted one is INVALID_STATE.
+	// unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its
+	// provider launches and releases machines only).
 	//
 	// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
-	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
-	// (403).
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /instances/stop
 	InstancesStop(ctx context.Context, request *InstancesStopInput) (*InstancesStopResult, error)
@@ -2060,9 +2066,12 @@ func (c *Client) sendImagesList(ctx context.Context, request *ImagesListInput) (
 // (through the image source; its format must boot on the pool's runtime) decide its shape; it is
 // placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same
 // transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData
-// (at most 16 KiB) reaches the guest at boot and is never returned. With wait the answer comes when it
-// runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and
-// key.
+// (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider
+// account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT:
+// quota is charged at once and the machine is launched after the commit, on the smallest offer that
+// holds the flavor, with the user data's secret references resolved only when the provider is called.
+// With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id
+// derives from tenant, caller and key.
 //
 // Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
 // under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData, reservationId
@@ -2439,11 +2448,12 @@ func (c *Client) sendInstancesList(ctx context.Context, request *InstancesListIn
 
 // InstancesReboot invokes instancesReboot operation.
 //
-// Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE.
+// Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE. An instance of
+// a provider pool is UNSUPPORTED (its provider launches and releases machines only).
 //
 // Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
-// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
-// (403).
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /instances/reboot
 func (c *Client) InstancesReboot(ctx context.Context, request *InstancesRebootInput) (*InstancesRebootResult, error) {
@@ -2534,11 +2544,12 @@ func (c *Client) sendInstancesReboot(ctx context.Context, request *InstancesRebo
 // InstancesStart invokes instancesStart operation.
 //
 // Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned
-// unchanged; a deleted one is INVALID_STATE.
+// unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its
+// provider launches and releases machines only).
 //
 // Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
-// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
-// (403).
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /instances/start
 func (c *Client) InstancesStart(ctx context.Context, request *InstancesStartInput) (*InstancesStartResult, error) {
@@ -2629,11 +2640,12 @@ func (c *Client) sendInstancesStart(ctx context.Context, request *InstancesStart
 // InstancesStop invokes instancesStop operation.
 //
 // Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned
-// unchanged; a deleted one is INVALID_STATE.
+// unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its
+// provider launches and releases machines only).
 //
 // Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Errors:
-// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
-// (403).
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /instances/stop
 func (c *Client) InstancesStop(ctx context.Context, request *InstancesStopInput) (*InstancesStopResult, error) {

@@ -5180,6 +5180,10 @@ func (s *Instance) encodeFields(e *jx.Encoder) {
 		e.Str(s.InstanceId)
 	}
 	{
+		e.FieldStart("machineId")
+		s.MachineId.Encode(e)
+	}
+	{
 		e.FieldStart("memoryMiB")
 		e.Int64(s.MemoryMiB)
 	}
@@ -5229,7 +5233,7 @@ func (s *Instance) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfInstance = [21]string{
+var jsonFieldsNameOfInstance = [22]string{
 	0:  "conditions",
 	1:  "createdAt",
 	2:  "desiredState",
@@ -5239,18 +5243,19 @@ var jsonFieldsNameOfInstance = [21]string{
 	6:  "hasUserData",
 	7:  "imageId",
 	8:  "instanceId",
-	9:  "memoryMiB",
-	10: "name",
-	11: "nodeId",
-	12: "poolId",
-	13: "readyAt",
-	14: "reboots",
-	15: "reservationId",
-	16: "state",
-	17: "tenantId",
-	18: "updatedAt",
-	19: "vcpu",
-	20: "version",
+	9:  "machineId",
+	10: "memoryMiB",
+	11: "name",
+	12: "nodeId",
+	13: "poolId",
+	14: "readyAt",
+	15: "reboots",
+	16: "reservationId",
+	17: "state",
+	18: "tenantId",
+	19: "updatedAt",
+	20: "vcpu",
+	21: "version",
 }
 
 // Decode decodes Instance from json.
@@ -5372,8 +5377,18 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"instanceId\"")
 			}
-		case "memoryMiB":
+		case "machineId":
 			requiredBitSet[1] |= 1 << 1
+			if err := func() error {
+				if err := s.MachineId.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"machineId\"")
+			}
+		case "memoryMiB":
+			requiredBitSet[1] |= 1 << 2
 			if err := func() error {
 				v, err := d.Int64()
 				s.MemoryMiB = int64(v)
@@ -5385,7 +5400,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"memoryMiB\"")
 			}
 		case "name":
-			requiredBitSet[1] |= 1 << 2
+			requiredBitSet[1] |= 1 << 3
 			if err := func() error {
 				v, err := d.Str()
 				s.Name = string(v)
@@ -5397,7 +5412,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"name\"")
 			}
 		case "nodeId":
-			requiredBitSet[1] |= 1 << 3
+			requiredBitSet[1] |= 1 << 4
 			if err := func() error {
 				if err := s.NodeId.Decode(d); err != nil {
 					return err
@@ -5407,7 +5422,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"nodeId\"")
 			}
 		case "poolId":
-			requiredBitSet[1] |= 1 << 4
+			requiredBitSet[1] |= 1 << 5
 			if err := func() error {
 				v, err := d.Str()
 				s.PoolId = string(v)
@@ -5419,7 +5434,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"poolId\"")
 			}
 		case "readyAt":
-			requiredBitSet[1] |= 1 << 5
+			requiredBitSet[1] |= 1 << 6
 			if err := func() error {
 				if err := s.ReadyAt.Decode(d, json.DecodeDateTime); err != nil {
 					return err
@@ -5429,7 +5444,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"readyAt\"")
 			}
 		case "reboots":
-			requiredBitSet[1] |= 1 << 6
+			requiredBitSet[1] |= 1 << 7
 			if err := func() error {
 				v, err := d.Int64()
 				s.Reboots = int64(v)
@@ -5441,7 +5456,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"reboots\"")
 			}
 		case "reservationId":
-			requiredBitSet[1] |= 1 << 7
+			requiredBitSet[2] |= 1 << 0
 			if err := func() error {
 				if err := s.ReservationId.Decode(d); err != nil {
 					return err
@@ -5451,7 +5466,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"reservationId\"")
 			}
 		case "state":
-			requiredBitSet[2] |= 1 << 0
+			requiredBitSet[2] |= 1 << 1
 			if err := func() error {
 				if err := s.State.Decode(d); err != nil {
 					return err
@@ -5461,7 +5476,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"state\"")
 			}
 		case "tenantId":
-			requiredBitSet[2] |= 1 << 1
+			requiredBitSet[2] |= 1 << 2
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -5473,7 +5488,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"tenantId\"")
 			}
 		case "updatedAt":
-			requiredBitSet[2] |= 1 << 2
+			requiredBitSet[2] |= 1 << 3
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.UpdatedAt = v
@@ -5485,7 +5500,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"updatedAt\"")
 			}
 		case "vcpu":
-			requiredBitSet[2] |= 1 << 3
+			requiredBitSet[2] |= 1 << 4
 			if err := func() error {
 				v, err := d.Int64()
 				s.Vcpu = int64(v)
@@ -5497,7 +5512,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"vcpu\"")
 			}
 		case "version":
-			requiredBitSet[2] |= 1 << 4
+			requiredBitSet[2] |= 1 << 5
 			if err := func() error {
 				v, err := d.Int64()
 				s.Version = int64(v)
@@ -5520,7 +5535,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 	for i, mask := range [3]uint8{
 		0b11111111,
 		0b11111111,
-		0b00011111,
+		0b00111111,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.

@@ -1826,7 +1826,9 @@ type Instance struct {
 	ImageId string `json:"imageId"`
 	// Instance identifier.
 	InstanceId string `json:"instanceId"`
-	MemoryMiB  int64  `json:"memoryMiB"`
+	// In a provider pool, the machine of the provider account it runs on, once launched.
+	MachineId NilString `json:"machineId"`
+	MemoryMiB int64     `json:"memoryMiB"`
 	// Lowercase DNS-like name.
 	Name string `json:"name"`
 	// Node identifier.
@@ -1890,6 +1892,11 @@ func (s *Instance) GetImageId() string {
 // GetInstanceId returns the value of InstanceId.
 func (s *Instance) GetInstanceId() string {
 	return s.InstanceId
+}
+
+// GetMachineId returns the value of MachineId.
+func (s *Instance) GetMachineId() NilString {
+	return s.MachineId
 }
 
 // GetMemoryMiB returns the value of MemoryMiB.
@@ -1995,6 +2002,11 @@ func (s *Instance) SetImageId(val string) {
 // SetInstanceId sets the value of InstanceId.
 func (s *Instance) SetInstanceId(val string) {
 	s.InstanceId = val
+}
+
+// SetMachineId sets the value of MachineId.
+func (s *Instance) SetMachineId(val NilString) {
+	s.MachineId = val
 }
 
 // SetMemoryMiB sets the value of MemoryMiB.

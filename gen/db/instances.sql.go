@@ -7,9 +7,81 @@ package db
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 )
+
+const dueProviderInstances = `-- name: DueProviderInstances :many
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances
+WHERE provider_next_at IS NOT NULL AND provider_next_at <= now()
+ORDER BY provider_next_at
+LIMIT $1
+`
+
+// Provider instances whose next step is due, oldest first.
+func (q *Queries) DueProviderInstances(ctx context.Context, lim int32) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, dueProviderInstances, lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.InstanceID,
+			&i.TenantID,
+			&i.PoolID,
+			&i.NodeID,
+			&i.BookingID,
+			&i.Flavor,
+			&i.ImageID,
+			&i.Boot,
+			&i.Name,
+			&i.UserData,
+			&i.Vcpu,
+			&i.MemoryMib,
+			&i.DiskGib,
+			&i.DesiredState,
+			&i.State,
+			&i.Error,
+			&i.Reboots,
+			&i.Version,
+			&i.CreatedBy,
+			&i.IdemRequest,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.ReadyAt,
+			&i.DeletedAt,
+			&i.ReservationID,
+			&i.ReservationBookingID,
+			&i.Kind,
+			&i.TemplateID,
+			&i.Hostname,
+			&i.MachineID,
+			&i.Env,
+			&i.IdentityGeneration,
+			&i.ReportedIdentity,
+			&i.MemoryFile,
+			&i.RestoreSnapshot,
+			&i.Volumes,
+			&i.HostTimings,
+			&i.IdentityReadyAt,
+			&i.ProviderMachine,
+			&i.ProviderOffer,
+			&i.ProviderAttempts,
+			&i.ProviderNextAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
 
 const freeReservationUnit = `-- name: FreeReservationUnit :one
 SELECT b.booking_id, b.node_id, b.vcpu, b.memory_mib, b.disk_gib, b.gpus FROM bookings b
@@ -46,7 +118,7 @@ func (q *Queries) FreeReservationUnit(ctx context.Context, reservationID string)
 }
 
 const getInstance = `-- name: GetInstance :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE instance_id = $1
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE instance_id = $1
 `
 
 func (q *Queries) GetInstance(ctx context.Context, instanceID string) (Instance, error) {
@@ -91,12 +163,16 @@ func (q *Queries) GetInstance(ctx context.Context, instanceID string) (Instance,
 		&i.Volumes,
 		&i.HostTimings,
 		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
 	)
 	return i, err
 }
 
 const getInstanceForUpdate = `-- name: GetInstanceForUpdate :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE instance_id = $1 FOR UPDATE
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE instance_id = $1 FOR UPDATE
 `
 
 func (q *Queries) GetInstanceForUpdate(ctx context.Context, instanceID string) (Instance, error) {
@@ -141,6 +217,10 @@ func (q *Queries) GetInstanceForUpdate(ctx context.Context, instanceID string) (
 		&i.Volumes,
 		&i.HostTimings,
 		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
 	)
 	return i, err
 }
@@ -187,7 +267,7 @@ VALUES ($1, $2, $3, $4, $5, $6,
     $13, 'running', 'pending', $14, $15,
     $16, $17)
 ON CONFLICT (instance_id) DO NOTHING
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
 `
 
 type InsertInstanceParams struct {
@@ -270,12 +350,108 @@ func (q *Queries) InsertInstance(ctx context.Context, arg InsertInstanceParams) 
 		&i.Volumes,
 		&i.HostTimings,
 		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
+	)
+	return i, err
+}
+
+const insertProviderInstance = `-- name: InsertProviderInstance :one
+INSERT INTO instances (instance_id, tenant_id, pool_id, flavor, image_id, boot, name, user_data,
+    vcpu, memory_mib, disk_gib, desired_state, state, created_by, idem_request, provider_next_at)
+VALUES ($1, $2, $3, $4,
+    $5, $6, $7, $8, $9, $10,
+    $11, 'running', 'pending', $12, $13, now())
+ON CONFLICT (instance_id) DO NOTHING
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+`
+
+type InsertProviderInstanceParams struct {
+	InstanceID  string
+	TenantID    string
+	PoolID      string
+	Flavor      string
+	ImageID     string
+	Boot        []byte
+	Name        string
+	UserData    pgtype.Text
+	Vcpu        int32
+	MemoryMib   int64
+	DiskGib     int64
+	CreatedBy   string
+	IdemRequest []byte
+}
+
+// An instance of a provider pool: no node; the provider-instances job
+// launches its machine (due at once).
+func (q *Queries) InsertProviderInstance(ctx context.Context, arg InsertProviderInstanceParams) (Instance, error) {
+	row := q.db.QueryRow(ctx, insertProviderInstance,
+		arg.InstanceID,
+		arg.TenantID,
+		arg.PoolID,
+		arg.Flavor,
+		arg.ImageID,
+		arg.Boot,
+		arg.Name,
+		arg.UserData,
+		arg.Vcpu,
+		arg.MemoryMib,
+		arg.DiskGib,
+		arg.CreatedBy,
+		arg.IdemRequest,
+	)
+	var i Instance
+	err := row.Scan(
+		&i.InstanceID,
+		&i.TenantID,
+		&i.PoolID,
+		&i.NodeID,
+		&i.BookingID,
+		&i.Flavor,
+		&i.ImageID,
+		&i.Boot,
+		&i.Name,
+		&i.UserData,
+		&i.Vcpu,
+		&i.MemoryMib,
+		&i.DiskGib,
+		&i.DesiredState,
+		&i.State,
+		&i.Error,
+		&i.Reboots,
+		&i.Version,
+		&i.CreatedBy,
+		&i.IdemRequest,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ReadyAt,
+		&i.DeletedAt,
+		&i.ReservationID,
+		&i.ReservationBookingID,
+		&i.Kind,
+		&i.TemplateID,
+		&i.Hostname,
+		&i.MachineID,
+		&i.Env,
+		&i.IdentityGeneration,
+		&i.ReportedIdentity,
+		&i.MemoryFile,
+		&i.RestoreSnapshot,
+		&i.Volumes,
+		&i.HostTimings,
+		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
 	)
 	return i, err
 }
 
 const listInstances = `-- name: ListInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances
 WHERE tenant_id = $1 AND kind = 'vps'
   AND ($2::text IS NULL OR pool_id = $2)
   AND ($3::boolean OR state <> 'deleted')
@@ -337,6 +513,10 @@ func (q *Queries) ListInstances(ctx context.Context, arg ListInstancesParams) ([
 			&i.Volumes,
 			&i.HostTimings,
 			&i.IdentityReadyAt,
+			&i.ProviderMachine,
+			&i.ProviderOffer,
+			&i.ProviderAttempts,
+			&i.ProviderNextAt,
 		); err != nil {
 			return nil, err
 		}
@@ -349,7 +529,7 @@ func (q *Queries) ListInstances(ctx context.Context, arg ListInstancesParams) ([
 }
 
 const nodeInstances = `-- name: NodeInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE node_id = $1 AND state <> 'deleted' ORDER BY instance_id
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE node_id = $1 AND state <> 'deleted' ORDER BY instance_id
 `
 
 // NodeInstances are the instances a node's spec carries: every one not
@@ -402,6 +582,10 @@ func (q *Queries) NodeInstances(ctx context.Context, nodeID pgtype.Text) ([]Inst
 			&i.Volumes,
 			&i.HostTimings,
 			&i.IdentityReadyAt,
+			&i.ProviderMachine,
+			&i.ProviderOffer,
+			&i.ProviderAttempts,
+			&i.ProviderNextAt,
 		); err != nil {
 			return nil, err
 		}
@@ -411,6 +595,81 @@ func (q *Queries) NodeInstances(ctx context.Context, nodeID pgtype.Text) ([]Inst
 		return nil, err
 	}
 	return items, nil
+}
+
+const recordProviderLaunch = `-- name: RecordProviderLaunch :one
+UPDATE instances SET provider_machine = $1, provider_offer = $2,
+    provider_attempts = 0, error = NULL,
+    state = CASE WHEN desired_state = 'deleted' THEN state ELSE 'running' END,
+    ready_at = CASE WHEN desired_state = 'deleted' THEN ready_at ELSE coalesce(ready_at, now()) END,
+    provider_next_at = CASE WHEN desired_state = 'deleted' THEN now() ELSE now() + $3::interval END,
+    version = version + 1, updated_at = now()
+WHERE instance_id = $4
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+`
+
+type RecordProviderLaunchParams struct {
+	ProviderMachine pgtype.Text
+	ProviderOffer   pgtype.Text
+	WatchEvery      pgtype.Interval
+	InstanceID      string
+}
+
+// A launched machine, recorded whatever happened to the row meanwhile: a
+// deleted instance keeps it for the job to release at once.
+func (q *Queries) RecordProviderLaunch(ctx context.Context, arg RecordProviderLaunchParams) (Instance, error) {
+	row := q.db.QueryRow(ctx, recordProviderLaunch,
+		arg.ProviderMachine,
+		arg.ProviderOffer,
+		arg.WatchEvery,
+		arg.InstanceID,
+	)
+	var i Instance
+	err := row.Scan(
+		&i.InstanceID,
+		&i.TenantID,
+		&i.PoolID,
+		&i.NodeID,
+		&i.BookingID,
+		&i.Flavor,
+		&i.ImageID,
+		&i.Boot,
+		&i.Name,
+		&i.UserData,
+		&i.Vcpu,
+		&i.MemoryMib,
+		&i.DiskGib,
+		&i.DesiredState,
+		&i.State,
+		&i.Error,
+		&i.Reboots,
+		&i.Version,
+		&i.CreatedBy,
+		&i.IdemRequest,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ReadyAt,
+		&i.DeletedAt,
+		&i.ReservationID,
+		&i.ReservationBookingID,
+		&i.Kind,
+		&i.TemplateID,
+		&i.Hostname,
+		&i.MachineID,
+		&i.Env,
+		&i.IdentityGeneration,
+		&i.ReportedIdentity,
+		&i.MemoryFile,
+		&i.RestoreSnapshot,
+		&i.Volumes,
+		&i.HostTimings,
+		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
+	)
+	return i, err
 }
 
 const reportInstances = `-- name: ReportInstances :many
@@ -426,7 +685,7 @@ FROM (SELECT unnest($2::text[]) AS instance_id, unnest($3::text[]) AS state,
 WHERE i.instance_id = r.instance_id AND i.node_id = $1 AND i.state <> 'deleted'
   AND (i.state <> r.state OR i.error IS DISTINCT FROM NULLIF(r.error, '') OR i.reported_identity <> r.reported_identity
        OR (r.host_timings <> '' AND i.host_timings IS DISTINCT FROM r.host_timings::jsonb))
-RETURNING i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at
+RETURNING i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at, i.provider_machine, i.provider_offer, i.provider_attempts, i.provider_next_at
 `
 
 type ReportInstancesParams struct {
@@ -498,6 +757,10 @@ func (q *Queries) ReportInstances(ctx context.Context, arg ReportInstancesParams
 			&i.Volumes,
 			&i.HostTimings,
 			&i.IdentityReadyAt,
+			&i.ProviderMachine,
+			&i.ProviderOffer,
+			&i.ProviderAttempts,
+			&i.ProviderNextAt,
 		); err != nil {
 			return nil, err
 		}
@@ -510,7 +773,7 @@ func (q *Queries) ReportInstances(ctx context.Context, arg ReportInstancesParams
 }
 
 const reservationInstances = `-- name: ReservationInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE reservation_id = $1 AND desired_state <> 'deleted' ORDER BY instance_id FOR UPDATE
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE reservation_id = $1 AND desired_state <> 'deleted' ORDER BY instance_id FOR UPDATE
 `
 
 // ReservationInstances are the live instances running in a reservation.
@@ -562,6 +825,10 @@ func (q *Queries) ReservationInstances(ctx context.Context, reservationID pgtype
 			&i.Volumes,
 			&i.HostTimings,
 			&i.IdentityReadyAt,
+			&i.ProviderMachine,
+			&i.ProviderOffer,
+			&i.ProviderAttempts,
+			&i.ProviderNextAt,
 		); err != nil {
 			return nil, err
 		}
@@ -573,13 +840,98 @@ func (q *Queries) ReservationInstances(ctx context.Context, reservationID pgtype
 	return items, nil
 }
 
+const saveProviderInstance = `-- name: SaveProviderInstance :one
+UPDATE instances SET state = $1, error = $2,
+    provider_machine = $3, provider_offer = $4,
+    provider_attempts = $5, provider_next_at = $6,
+    ready_at = CASE WHEN $1::text = 'running' THEN coalesce(ready_at, now()) ELSE ready_at END,
+    deleted_at = CASE WHEN $1::text = 'deleted' THEN coalesce(deleted_at, now()) ELSE deleted_at END,
+    version = version + 1, updated_at = now()
+WHERE instance_id = $7 AND version = $8
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+`
+
+type SaveProviderInstanceParams struct {
+	State            string
+	Error            pgtype.Text
+	ProviderMachine  pgtype.Text
+	ProviderOffer    pgtype.Text
+	ProviderAttempts int32
+	ProviderNextAt   *time.Time
+	InstanceID       string
+	Version          int64
+}
+
+// What the provider-instances job found, on a row still as it read it
+// (version): a concurrent delete makes it read again.
+func (q *Queries) SaveProviderInstance(ctx context.Context, arg SaveProviderInstanceParams) (Instance, error) {
+	row := q.db.QueryRow(ctx, saveProviderInstance,
+		arg.State,
+		arg.Error,
+		arg.ProviderMachine,
+		arg.ProviderOffer,
+		arg.ProviderAttempts,
+		arg.ProviderNextAt,
+		arg.InstanceID,
+		arg.Version,
+	)
+	var i Instance
+	err := row.Scan(
+		&i.InstanceID,
+		&i.TenantID,
+		&i.PoolID,
+		&i.NodeID,
+		&i.BookingID,
+		&i.Flavor,
+		&i.ImageID,
+		&i.Boot,
+		&i.Name,
+		&i.UserData,
+		&i.Vcpu,
+		&i.MemoryMib,
+		&i.DiskGib,
+		&i.DesiredState,
+		&i.State,
+		&i.Error,
+		&i.Reboots,
+		&i.Version,
+		&i.CreatedBy,
+		&i.IdemRequest,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ReadyAt,
+		&i.DeletedAt,
+		&i.ReservationID,
+		&i.ReservationBookingID,
+		&i.Kind,
+		&i.TemplateID,
+		&i.Hostname,
+		&i.MachineID,
+		&i.Env,
+		&i.IdentityGeneration,
+		&i.ReportedIdentity,
+		&i.MemoryFile,
+		&i.RestoreSnapshot,
+		&i.Volumes,
+		&i.HostTimings,
+		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
+	)
+	return i, err
+}
+
 const setInstanceDesired = `-- name: SetInstanceDesired :one
 UPDATE instances SET desired_state = $1, reboots = reboots + $2::integer,
-    state = CASE WHEN $1::text = 'deleted' AND node_id IS NULL THEN 'deleted' ELSE state END,
+    state = CASE WHEN $1::text = 'deleted' AND node_id IS NULL AND provider_machine IS NULL THEN 'deleted' ELSE state END,
+    -- A provider instance's machine is released by the provider-instances job, at once.
+    provider_next_at = CASE WHEN $1::text = 'deleted' AND provider_machine IS NOT NULL THEN now() ELSE provider_next_at END,
     deleted_at = CASE WHEN $1::text = 'deleted' THEN coalesce(deleted_at, now()) ELSE deleted_at END,
     version = version + 1, updated_at = now()
 WHERE instance_id = $3
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
 `
 
 type SetInstanceDesiredParams struct {
@@ -630,6 +982,10 @@ func (q *Queries) SetInstanceDesired(ctx context.Context, arg SetInstanceDesired
 		&i.Volumes,
 		&i.HostTimings,
 		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
 	)
 	return i, err
 }

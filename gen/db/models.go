@@ -229,6 +229,10 @@ type Instance struct {
 	Volumes              []byte
 	HostTimings          []byte
 	IdentityReadyAt      *time.Time
+	ProviderMachine      pgtype.Text
+	ProviderOffer        pgtype.Text
+	ProviderAttempts     int32
+	ProviderNextAt       *time.Time
 }
 
 type JoinToken struct {

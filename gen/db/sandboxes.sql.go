@@ -17,7 +17,7 @@ UPDATE instances SET kind = 'sandbox', desired_state = 'running', name = $1, hos
     machine_id = $3, env = $4, identity_generation = identity_generation + 1,
     identity_ready_at = NULL, created_by = $5, version = version + 1, updated_at = now()
 WHERE instance_id = $6
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
 `
 
 type BecomeSandboxParams struct {
@@ -80,12 +80,16 @@ func (q *Queries) BecomeSandbox(ctx context.Context, arg BecomeSandboxParams) (I
 		&i.Volumes,
 		&i.HostTimings,
 		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
 	)
 	return i, err
 }
 
 const claimWarmInstance = `-- name: ClaimWarmInstance :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances
 WHERE kind = 'warm' AND template_id = $1 AND desired_state = 'paused' AND state = 'paused'
   AND reported_identity = identity_generation
 ORDER BY created_at, instance_id
@@ -137,6 +141,10 @@ func (q *Queries) ClaimWarmInstance(ctx context.Context, templateID pgtype.Text)
 		&i.Volumes,
 		&i.HostTimings,
 		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
 	)
 	return i, err
 }
@@ -369,7 +377,7 @@ func (q *Queries) GetSandboxForUpdate(ctx context.Context, sandboxID string) (Sa
 }
 
 const getSandboxWithVM = `-- name: GetSandboxWithVM :one
-SELECT s.sandbox_id, s.tenant_id, s.template_id, s.from_snapshot, s.instance_id, s.pool_id, s.node_id, s.how, s.max_ttl_seconds, s.expires_at, s.created_by, s.idem_request, s.created_at, s.placed_at, s.ready_at, s.deleted_at, s.delete_reason, i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at FROM sandboxes s JOIN instances i ON i.instance_id = s.instance_id
+SELECT s.sandbox_id, s.tenant_id, s.template_id, s.from_snapshot, s.instance_id, s.pool_id, s.node_id, s.how, s.max_ttl_seconds, s.expires_at, s.created_by, s.idem_request, s.created_at, s.placed_at, s.ready_at, s.deleted_at, s.delete_reason, i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at, i.provider_machine, i.provider_offer, i.provider_attempts, i.provider_next_at FROM sandboxes s JOIN instances i ON i.instance_id = s.instance_id
 WHERE s.sandbox_id = $1
 `
 
@@ -439,6 +447,10 @@ func (q *Queries) GetSandboxWithVM(ctx context.Context, sandboxID string) (GetSa
 		&i.Instance.Volumes,
 		&i.Instance.HostTimings,
 		&i.Instance.IdentityReadyAt,
+		&i.Instance.ProviderMachine,
+		&i.Instance.ProviderOffer,
+		&i.Instance.ProviderAttempts,
+		&i.Instance.ProviderNextAt,
 	)
 	return i, err
 }
@@ -594,7 +606,7 @@ VALUES ($1, $2, $3, $4, $5, $6,
     $13, $14, 'pending', $15, '{}',
     $16, $17, $18, $19, $20, 1, true,
     $21, $22)
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
 `
 
 type InsertSandboxInstanceParams struct {
@@ -691,6 +703,10 @@ func (q *Queries) InsertSandboxInstance(ctx context.Context, arg InsertSandboxIn
 		&i.Volumes,
 		&i.HostTimings,
 		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
 	)
 	return i, err
 }
@@ -943,7 +959,7 @@ func (q *Queries) SandboxAttachments(ctx context.Context, sandboxID string) ([]S
 }
 
 const sandboxInstances = `-- name: SandboxInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE instance_id = ANY($1::text[])
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE instance_id = ANY($1::text[])
 `
 
 func (q *Queries) SandboxInstances(ctx context.Context, ids []string) ([]Instance, error) {
@@ -994,6 +1010,10 @@ func (q *Queries) SandboxInstances(ctx context.Context, ids []string) ([]Instanc
 			&i.Volumes,
 			&i.HostTimings,
 			&i.IdentityReadyAt,
+			&i.ProviderMachine,
+			&i.ProviderOffer,
+			&i.ProviderAttempts,
+			&i.ProviderNextAt,
 		); err != nil {
 			return nil, err
 		}
@@ -1137,7 +1157,7 @@ func (q *Queries) VolumeAttached(ctx context.Context, volumeID string) (bool, er
 }
 
 const warmInstances = `-- name: WarmInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at FROM instances WHERE kind = 'warm' AND template_id = $1 AND desired_state <> 'deleted'
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE kind = 'warm' AND template_id = $1 AND desired_state <> 'deleted'
 ORDER BY created_at DESC, instance_id DESC
 `
 
@@ -1190,6 +1210,10 @@ func (q *Queries) WarmInstances(ctx context.Context, templateID pgtype.Text) ([]
 			&i.Volumes,
 			&i.HostTimings,
 			&i.IdentityReadyAt,
+			&i.ProviderMachine,
+			&i.ProviderOffer,
+			&i.ProviderAttempts,
+			&i.ProviderNextAt,
 		); err != nil {
 			return nil, err
 		}

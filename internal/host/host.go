@@ -181,7 +181,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Projects:         projects.Service{},
 		Usage:            usage.Service{Cursors: cursors},
 		Images:           images.Service{Source: imageSource},
-		Instances:        &instances.Service{Placer: placer, Images: imageSource, Store: st},
+		Instances:        &instances.Service{Placer: placer, Images: imageSource, Store: st, Providers: providerAccounts},
 		Reservations:     rsvService,
 		SandboxVolumes:   &sandboxvolumes.Service{Placer: placer},
 		SandboxTemplates: &sandboxtemplates.Service{Images: imageSource},
@@ -351,6 +351,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			Drivers: drivers.Registry{qemudriver.Name: qemudriver.Open, redfish.Name: redfish.Open}}
 		runner.RegisterSingleton(workflows.JobName, wf.Run)
 		runner.RegisterSingleton(provideraccounts.JobName, providerAccounts.Job(work, func() { notifier.Wake(notify.TopicOutbox) }, log).Run)
+		runner.RegisterSingleton(provideraccounts.InstancesJobName, providerAccounts.InstancesJob(work, func() { notifier.Wake(notify.TopicOutbox) }, log).Run)
 	}
 	// The gateway role refuses to start (INVALID_CONFIG) without a region,
 	// node CA roots or a trust domain, before any listener opens.

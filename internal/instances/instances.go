@@ -65,6 +65,30 @@ type Service struct {
 	Placer *placement.Engine
 	Images images.Source
 	Store  *store.Store // the waits re-read through it
+	// Providers checks that a provider pool's account can launch
+	// instances (provideraccounts); nil refuses provider pools.
+	Providers Launchers
+}
+
+// Launchers answers whether the provider account of a provider pool can
+// launch instances: nil, or the error to answer (UNSUPPORTED when its
+// provider cannot, NOT_FOUND or INVALID_CONFIG when the account is gone or
+// its provider no longer registered).
+type Launchers interface {
+	CheckLaunch(ctx context.Context, q *db.Queries, accountID string) error
+}
+
+// Provider reports whether r is an instance of a provider pool: it has no
+// node and runs in no reservation (hosted ones are placed at creation).
+func Provider(r db.Instance) bool {
+	return r.Kind == KindVPS && !r.NodeID.Valid && !r.ReservationID.Valid
+}
+
+// ProviderCharge is what an instance of a provider pool is charged: its
+// shape and one instance, with no node booking.
+func ProviderCharge(r db.Instance) map[string]int64 {
+	return map[string]int64{placement.ResourceVCPU: int64(r.Vcpu), placement.ResourceMemoryMiB: r.MemoryMib,
+		placement.ResourceDiskGiB: r.DiskGib, placement.ResourceInstances: 1}
 }
 
 var _ api.InstancesService = (*Service)(nil)
@@ -98,6 +122,9 @@ func output(r db.Instance) *api.Instance {
 	}
 	if r.NodeID.Valid {
 		o.NodeID = &r.NodeID.String
+	}
+	if r.ProviderMachine.Valid {
+		o.MachineID = &r.ProviderMachine.String
 	}
 	if r.ReservationID.Valid {
 		o.ReservationID = &r.ReservationID.String
@@ -154,8 +181,14 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 		return nil, api.Errorf(api.CodeInvalidState, "pool %s is archived", pool.PoolID)
 	case pool.Class != "vps-host":
 		return nil, api.Errorf(api.CodeInvalidInput, "poolId: pool %s is a %s pool; instances run in vps-host pools", pool.PoolID, pool.Class)
+	case pool.Hosting == "provider" && s.Providers == nil:
+		return nil, api.Errorf(api.CodeUnsupported, "poolId: this service runs no instances in provider pools")
+	case pool.Hosting == "provider" && in.ReservationID != nil:
+		return nil, api.Errorf(api.CodeInvalidInput, "reservationId: pool %s is a provider pool; reservations hold hosted capacity", pool.PoolID)
 	case pool.Hosting == "provider":
-		return nil, api.Errorf(api.CodeUnsupported, "poolId: instances of provider pools are not supported yet (the provisioning issue)")
+		if err := s.Providers.CheckLaunch(ctx, q, pool.AccountID.String); err != nil {
+			return nil, err
+		}
 	}
 	flavor, err := flavors.Get(ctx, q, in.TenantID, in.PoolID, in.Flavor)
 	if err != nil {
@@ -175,8 +208,11 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if runtime == "" {
 		runtime = "qemu"
 	}
-	if !images.Boots(runtime, im.Format) {
+	if pool.Hosting != "provider" && !images.Boots(runtime, im.Format) { // a provider boots what it can
 		return nil, api.Errorf(api.CodeInvalidInput, "imageId: the pool's runtime %s does not boot %s images", runtime, im.Format)
+	}
+	if pool.Hosting == "provider" {
+		return s.createOnProvider(ctx, tx, q, in, id, fp, flavor, BootOf(im))
 	}
 	shape := placement.Shape{VCPU: int32(flavor.Vcpu), MemoryMiB: flavor.MemoryMiB, DiskGiB: flavor.DiskGiB}
 	if flavor.Gpus != nil {
@@ -237,11 +273,61 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 		return nil, err
 	}
 	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceCreated, Subject: id, TenantID: in.TenantID,
-		Data: api.InstanceCreatedPayload{InstanceID: id, PoolID: in.PoolID, NodeID: booking.NodeID, Flavor: in.Flavor}}); err != nil {
+		Data: api.InstanceCreatedPayload{InstanceID: id, PoolID: in.PoolID, NodeID: &booking.NodeID, Flavor: in.Flavor}}); err != nil {
 		return nil, err
 	}
 	return s.waited(ctx, row, in.Wait, StateRunning)
 }
+
+// createOnProvider creates an instance of a provider pool: charged to
+// quota now, its machine launched after the commit by the
+// provider-instances job (provideraccounts).
+func (s *Service) createOnProvider(ctx context.Context, tx pgx.Tx, q *db.Queries, in *api.InstancesCreateInput, id string, fp []byte,
+	flavor *api.Flavor, boot []byte) (*api.Instance, error) {
+	if flavor.Gpus != nil && flavor.Gpus.Count > 0 {
+		return nil, api.Errorf(api.CodeUnsupported, "flavor: %s has GPUs; instances of provider pools are launched without", in.Flavor)
+	}
+	if err := secrets.CheckUserData(ctx, q, in.TenantID, in.UserData, false); err != nil {
+		return nil, err
+	}
+	var userData pgtype.Text
+	if in.UserData != nil {
+		userData = pgtype.Text{String: *in.UserData, Valid: true}
+	}
+	sess, _, _, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	row, err := q.InsertProviderInstance(ctx, db.InsertProviderInstanceParams{
+		InstanceID: id, TenantID: in.TenantID, PoolID: in.PoolID, Flavor: in.Flavor, ImageID: in.ImageID, Boot: boot, Name: in.Name,
+		UserData: userData, Vcpu: int32(flavor.Vcpu), MemoryMib: flavor.MemoryMiB, DiskGib: flavor.DiskGiB,
+		CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, api.Errorf(api.CodeConflict, "idempotencyKey: a concurrent create with this key is in progress; retry")
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Placer.ChargeCount(ctx, tx, in.TenantID, in.PoolID, ProviderCharge(row)); err != nil {
+		return nil, err
+	}
+	if err := sess.MakeReal(ctx, tx, map[string]string{"poolId": in.PoolID}); err != nil {
+		return nil, err
+	}
+	if err := openUsage(ctx, tx, row); err != nil {
+		return nil, err
+	}
+	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceCreated, Subject: id, TenantID: in.TenantID,
+		Data: api.InstanceCreatedPayload{InstanceID: id, PoolID: in.PoolID, Flavor: in.Flavor}}); err != nil {
+		return nil, err
+	}
+	notify.Later(ctx, TopicProviderInstances)
+	return s.waited(ctx, row, in.Wait, StateRunning)
+}
+
+// TopicProviderInstances wakes the provider-instances job.
+const TopicProviderInstances = "provider-instances"
 
 // openUsage starts the instance's metering: vCPU-hours and GiB-hours of
 // memory (and GPU-hours) while it holds them.
@@ -319,6 +405,8 @@ func (s *Service) desire(ctx context.Context, tenant, id, desired string, reboot
 	switch {
 	case r.DesiredState == StateDeleted:
 		return nil, api.Errorf(api.CodeInvalidState, "instance %s is deleted", id).WithDetails(map[string]any{"state": r.State})
+	case Provider(r):
+		return nil, api.Errorf(api.CodeUnsupported, "instance %s runs on a provider's machine, which is launched and released only; delete it instead", id)
 	case reboot && (r.DesiredState != StateRunning || r.State != StateRunning):
 		return nil, api.Errorf(api.CodeInvalidState, "instance %s is %s; only a running instance reboots", id, r.State).
 			WithDetails(map[string]any{"state": r.State})
@@ -385,6 +473,10 @@ func End(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Instance
 		counted = map[string]int64{placement.ResourceSandboxes: 1}
 	}
 	switch {
+	case Provider(r):
+		if err := placer.RefundCount(ctx, tx, r.TenantID, r.PoolID, ProviderCharge(r)); err != nil {
+			return r, err
+		}
 	case r.BookingID.Valid:
 		if err := placer.Release(ctx, tx, r.BookingID.String, counted); err != nil {
 			return r, err
@@ -539,7 +631,7 @@ func ApplyStatus(ctx context.Context, tx pgx.Tx, node string, reported []agentpr
 		var e *outbox.Event
 		switch r.State {
 		case StateRunning:
-			e = &outbox.Event{Type: api.EventInstanceRunning, Data: api.InstanceRunningPayload{InstanceID: r.InstanceID, NodeID: node}}
+			e = &outbox.Event{Type: api.EventInstanceRunning, Data: api.InstanceRunningPayload{InstanceID: r.InstanceID, NodeID: &node}}
 		case StateStopped:
 			e = &outbox.Event{Type: api.EventInstanceStopped, Data: api.InstanceStoppedPayload{InstanceID: r.InstanceID}}
 		case StateFailed:

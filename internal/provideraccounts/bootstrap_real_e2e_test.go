@@ -34,14 +34,35 @@ import (
 	"computeplane/internal/testenv"
 )
 
+// localFleet starts computed (every role) with the deployment's image
+// source and a provider directory for localqemu, whose machines end with
+// the test; extra is more of the config.
+func localFleet(t *testing.T, extra string) (*fleettest.Fleet, *images.Image, string) {
+	im, imagesDir, provDir := localProvider(t)
+	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\nproviderDir: %q\n", imagesDir, provDir)+extra)
+	return f, im, provDir
+}
+
+// localProvider finds the guest image and its image source's directory,
+// and makes a provider directory whose machines end with the test.
+func localProvider(t *testing.T) (im *images.Image, imagesDir, provDir string) {
+	im = qemutest.Image(t)
+	imagesDir = filepath.Dir(filepath.Dir(im.Location)) // .service/images
+	if _, err := os.Stat(filepath.Join(imagesDir, "minimal.json")); err != nil {
+		imagesDir = filepath.Dir(im.Location)
+	}
+	provDir, err := os.MkdirTemp("", "pv") // short: the VMs' unix sockets live under it
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		localqemu.KillAll(filepath.Join(provDir, localqemu.Name))
+		_ = os.RemoveAll(provDir)
+	})
+	return im, imagesDir, provDir
+}
+
 func TestRealBootstrap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a VM and runs computed and compute-agent")
-	}
-	im := qemutest.Image(t)
-	imagesDir := filepath.Dir(filepath.Dir(im.Location)) // .service/images
-	if _, err := os.Stat(filepath.Join(imagesDir, "minimal.json")); err != nil {
-		imagesDir = filepath.Dir(im.Location)
 	}
 	agentBin := proctest.Build(t, "computeplane/cmd/compute-agent")
 	// The machine's side of the delivery, watched: a wrapper keeps a copy
@@ -52,13 +73,7 @@ func TestRealBootstrap(t *testing.T) {
 	wrapper := filepath.Join(work, "agent-wrapper")
 	require.NoError(t, os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\nif [ \"$1\" = join ]; then printf %%s \"$COMPUTE_AGENT_TOKEN\" > %q; fi\nexec %q \"$@\"\n",
 		captured, agentBin)), 0o700))
-	provDir, err := os.MkdirTemp("", "pv") // short: the VMs' unix sockets live under it
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		localqemu.KillAll(filepath.Join(provDir, localqemu.Name))
-		_ = os.RemoveAll(provDir)
-	})
-	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\nproviderDir: %q\nbootstrap: {agent: %q}\n", imagesDir, provDir, wrapper))
+	f, im, provDir := localFleet(t, fmt.Sprintf("bootstrap: {agent: %q}\n", wrapper))
 	ctx := t.Context()
 	pool := f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
 	acct, err := f.C.ProviderAccountsCreate(ctx, &client.ProviderAccountsCreateInput{TenantId: fleettest.Tenant, Provider: localqemu.Name, Name: "lab",
@@ -192,19 +207,9 @@ func TestFailedBootstrapReleasesItsMachine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a VM")
 	}
-	im := qemutest.Image(t)
-	imagesDir := filepath.Dir(filepath.Dir(im.Location))
-	if _, err := os.Stat(filepath.Join(imagesDir, "minimal.json")); err != nil {
-		imagesDir = filepath.Dir(im.Location)
-	}
-	provDir, err := os.MkdirTemp("", "pv")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		localqemu.KillAll(filepath.Join(provDir, localqemu.Name))
-		_ = os.RemoveAll(provDir)
-	})
+	im, imagesDir, provDir := localProvider(t)
 	pkiFile := filepath.Join(t.TempDir(), "pki.json")
-	_, _, err = pki.Init(pkiFile, testenv.TestSecret, "test.local")
+	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "test.local")
 	require.NoError(t, err)
 	w := setup(t, fmt.Sprintf("images: {dir: %q}\nproviderDir: %q\nbootstrap: {agent: /bin/false}\n", imagesDir, provDir), testenv.WithEnv("SERVICE_PKI", pkiFile))
 	ctx := t.Context()

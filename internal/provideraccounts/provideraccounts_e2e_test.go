@@ -576,6 +576,18 @@ func TestEC2Account(t *testing.T) {
 	_, err = w.owner.ProviderAccountsBootstrap(ctx, &client.ProviderAccountsBootstrapInput{TenantId: "acme", AccountId: a.AccountId,
 		PoolId: w.pool(t, "p", nil), IdempotencyKey: "b", OfferId: client.NewOptString("t3.micro")})
 	assert.Equal(t, "UNSUPPORTED", code(t, err))
+	// ec2 launches no instances: a provider pool of it takes none.
+	cloud := w.pool(t, "ec2-pool", func(in *client.PoolsCreateInput) {
+		in.Hosting = client.NewOptPoolsCreateInputHosting(client.PoolsCreateInputHostingProvider)
+		in.AccountId = client.NewOptString(a.AccountId)
+	})
+	_, err = w.owner.FlavorsCreate(ctx, &client.FlavorsCreateInput{TenantId: "acme", PoolId: cloud, Name: "web", Vcpu: 1, MemoryMiB: 256})
+	require.NoError(t, err)
+	_, err = w.owner.InstancesCreate(ctx, &client.InstancesCreateInput{TenantId: "acme", PoolId: cloud, Flavor: "web",
+		ImageId: "computeplane/minimal", Name: "web-1", IdempotencyKey: "i"})
+	e = testenv.APIError(t, err)
+	assert.Equal(t, "UNSUPPORTED", e.Code, e.Message)
+	assert.Equal(t, "ec2", e.Details["provider"])
 	_, err = w.owner.SecretsDelete(ctx, &client.SecretsDeleteInput{TenantId: "acme", Name: "aws"})
 	require.NoError(t, err)
 	_, err = w.owner.ProviderAccountsOffers(ctx, &client.ProviderAccountsOffersInput{TenantId: "acme", AccountId: a.AccountId})

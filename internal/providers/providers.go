@@ -30,6 +30,10 @@ const (
 	CapClaim     Capability = "claim"     // get a new machine of an offer
 	CapRelease   Capability = "release"   // give a machine back
 	CapBootstrap Capability = "bootstrap" // install the node daemon on a machine
+	// CapInstances (ours, beyond the specification's list): launch a
+	// machine running a tenant's image and user data (Launcher), so that
+	// instances of provider pools run on the provider's machines.
+	CapInstances Capability = "instances"
 )
 
 // Manifest describes a provider.
@@ -126,6 +130,23 @@ type Provider interface {
 	Install(ctx context.Context, m Machine, in Install) error
 	// Close ends the client (an update replaced its config).
 	Close()
+}
+
+// Launch is what an instance of a provider pool asks of its machine: the
+// tenant's image, a hostname, and user data (secret references already
+// resolved: the provider is the host here; it must not keep it).
+type Launch struct {
+	ImageID  string
+	Hostname string
+	UserData string
+}
+
+// Launcher is a provider whose machines can run instances of provider
+// pools: Launch gets a machine of an offer running the launch's image
+// and user data, and returns once it runs. The key makes a retried launch
+// (after a crash) find the machine it made. Release ends it.
+type Launcher interface {
+	Launch(ctx context.Context, offerID, key string, l Launch) (Machine, error)
 }
 
 // Env is what the deployment gives a provider's client.

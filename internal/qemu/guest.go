@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -139,3 +140,25 @@ func (g *Guest) Closed() bool {
 
 // Close ends the connection.
 func (g *Guest) Close() { _ = g.conn.Close() }
+
+// UserDataPath is where user data lands in the guest.
+const UserDataPath = "/run/user-data"
+
+// RunUserData writes user data into the guest and, when it is a script
+// (#!), runs it once, bounded by a minute; it returns the script's exit
+// code (0 for data that is not a script). The data stays in the guest's
+// memory (/run is a tmpfs).
+func (g *Guest) RunUserData(ctx context.Context, userData string) (int, error) {
+	if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpWriteFile,
+		File: &guestproto.File{Path: UserDataPath, Data: []byte(userData), Mode: 0o700}}); err != nil {
+		return 0, err
+	}
+	if !strings.HasPrefix(userData, "#!") {
+		return 0, nil
+	}
+	resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{UserDataPath}, TimeoutMs: 60_000}})
+	if err != nil {
+		return 0, fmt.Errorf("user data: %w", err)
+	}
+	return resp.Exec.ExitCode, nil
+}

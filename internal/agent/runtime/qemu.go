@@ -733,17 +733,11 @@ func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs VMSpec, first bool, t 
 		if err != nil {
 			return err
 		}
-		if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpWriteFile,
-			File: &guestproto.File{Path: "/run/user-data", Data: []byte(userData), Mode: 0o700}}); err != nil {
+		code, err := g.RunUserData(ctx, userData)
+		if err != nil {
 			return err
 		}
-		if len(userData) > 2 && userData[:2] == "#!" {
-			resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/run/user-data"}, TimeoutMs: 60_000}})
-			if err != nil {
-				return fmt.Errorf("user data: %w", err)
-			}
-			r.Log.Info("user data ran", "exitCode", resp.Exec.ExitCode)
-		}
+		r.Log.Info("user data delivered", "exitCode", code)
 	}
 	if vs.Identity != nil {
 		return r.check(ctx, vm, vs, false, t)

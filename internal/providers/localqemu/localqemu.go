@@ -72,7 +72,7 @@ var Manifest = providers.Manifest{
 	Name:         Name,
 	Description:  "qemu virtual machines on the service's own host",
 	ConfigSchema: ConfigSchema,
-	Capabilities: []providers.Capability{providers.CapOffers, providers.CapIdentify, providers.CapClaim, providers.CapRelease, providers.CapBootstrap},
+	Capabilities: []providers.Capability{providers.CapOffers, providers.CapIdentify, providers.CapClaim, providers.CapRelease, providers.CapBootstrap, providers.CapInstances},
 }
 
 func init() {
@@ -105,6 +105,7 @@ type meta struct {
 	OfferID   string `json:"offerId"`
 	VCPU      int64  `json:"vcpu"`
 	MemoryMiB int64  `json:"memoryMiB"`
+	Hostname  string `json:"hostname,omitempty"`
 }
 
 // Provider is a client of one account.
@@ -202,7 +203,11 @@ func (p *Provider) machine(m *meta) providers.Machine {
 	if vmAlive(p.vmDir(m.ID)) {
 		state = "running"
 	}
-	return providers.Machine{ID: m.ID, OfferID: m.OfferID, State: state, Hostname: m.ID, VCPU: m.VCPU, MemoryMiB: m.MemoryMiB}
+	hostname := m.Hostname
+	if hostname == "" {
+		hostname = m.ID
+	}
+	return providers.Machine{ID: m.ID, OfferID: m.OfferID, State: state, Hostname: hostname, VCPU: m.VCPU, MemoryMiB: m.MemoryMiB}
 }
 
 // Identify finds a machine of the account by id.
@@ -214,9 +219,22 @@ func (p *Provider) Identify(_ context.Context, id string) (providers.Machine, er
 	return p.machine(m), nil
 }
 
-// Claim boots a machine of the offer and returns once its guest is up. The
-// key makes a retried claim (after a crash) find the machine it made.
+// Claim boots a machine of the offer with the account's image and returns
+// once its guest is up. The key makes a retried claim (after a crash) find
+// the machine it made.
 func (p *Provider) Claim(ctx context.Context, offerID, key string) (providers.Machine, error) {
+	return p.start(ctx, offerID, key, providers.Launch{ImageID: p.cfg.Image})
+}
+
+// Launch boots a machine of the offer with the launch's image, gives its
+// guest the hostname and delivers the user data (run when it is a
+// script), and returns once that is done: an instance of a provider pool.
+func (p *Provider) Launch(ctx context.Context, offerID, key string, l providers.Launch) (providers.Machine, error) {
+	return p.start(ctx, offerID, key, l)
+}
+
+// start boots (or finds again, by key) a machine of the offer.
+func (p *Provider) start(ctx context.Context, offerID, key string, l providers.Launch) (providers.Machine, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var t *MachineType
@@ -241,11 +259,15 @@ func (p *Provider) Claim(ctx context.Context, offerID, key string) (providers.Ma
 	if p.env.Images == nil {
 		return providers.Machine{}, errors.New("localqemu: the service has no image source")
 	}
-	kernel, initrd, cmdline, err := p.env.Images(ctx, p.cfg.Image)
+	kernel, initrd, cmdline, err := p.env.Images(ctx, l.ImageID)
 	if err != nil {
 		return providers.Machine{}, fmt.Errorf("localqemu: %w", err)
 	}
-	m := &meta{ID: id, AccountID: p.env.AccountID, Key: key, OfferID: t.Name, VCPU: t.VCPU, MemoryMiB: t.MemoryMiB}
+	hostname := l.Hostname
+	if hostname == "" {
+		hostname = id
+	}
+	m := &meta{ID: id, AccountID: p.env.AccountID, Key: key, OfferID: t.Name, VCPU: t.VCPU, MemoryMiB: t.MemoryMiB, Hostname: hostname}
 	if err := os.MkdirAll(p.machineDir(id), 0o700); err != nil {
 		return providers.Machine{}, err
 	}
@@ -254,17 +276,17 @@ func (p *Provider) Claim(ctx context.Context, offerID, key string) (providers.Ma
 		return providers.Machine{}, err
 	}
 	vm, err := qemu.Start(ctx, &qemu.Config{ID: id, Dir: p.vmDir(id), VCPU: int(t.VCPU), MemoryMiB: int(t.MemoryMiB), Accel: p.cfg.Accel,
-		Machine: qemu.MachineMicroVM, Kernel: kernel, Initrd: initrd, Cmdline: strings.TrimSpace(cmdline + " compute.hostname=" + id)})
+		Machine: qemu.MachineMicroVM, Kernel: kernel, Initrd: initrd, Cmdline: strings.TrimSpace(cmdline + " compute.hostname=" + hostname)})
 	if err != nil {
 		return providers.Machine{}, err
 	}
 	defer vm.Detach()
-	// Booted means its guest answers.
+	// Booted means its guest answers (and took the user data).
 	bctx, cancel := context.WithTimeout(ctx, BootTimeout)
 	defer cancel()
+	var g *qemu.Guest
 	for {
-		g, err := vm.Guest()
-		if err == nil {
+		if g, err = vm.Guest(); err == nil {
 			if _, err = g.Ready(bctx); err == nil {
 				break
 			}
@@ -274,6 +296,12 @@ func (p *Provider) Claim(ctx context.Context, offerID, key string) (providers.Ma
 			return providers.Machine{}, fmt.Errorf("localqemu: machine %s did not boot: %v", id, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if l.UserData != "" {
+		if _, err := g.RunUserData(bctx, l.UserData); err != nil {
+			_ = vm.Kill()
+			return providers.Machine{}, fmt.Errorf("localqemu: machine %s: %w", id, err)
+		}
 	}
 	return p.machine(m), nil
 }
