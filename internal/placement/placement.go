@@ -163,14 +163,23 @@ func (e *Engine) Admit(ctx context.Context, tx pgx.Tx, req Request) (*Booking, e
 	return b, nil
 }
 
+// HeldWait bounds how long an admission keeps looking when the nodes that
+// would take it are held (row-locked) by other transactions (a node's
+// status write, another admission) rather than full: those rounds do not
+// count as attempts, or a node's own heartbeat could refuse work it has
+// room for.
+const HeldWait = 2 * time.Second
+
 // book finds a node for req (other than exclude) and books it.
 func (e *Engine) book(ctx context.Context, q *db.Queries, req Request, exclude string) (*Booking, error) {
 	shape := req.Shape
-	for attempt := 0; attempt < e.attempts; attempt++ {
-		if attempt > 0 {
-			// Every candidate was taken or held by a concurrent admission:
-			// look again after a moment.
-			if err := pause(ctx, attempt); err != nil {
+	start := time.Now()
+	var tried []string // the nodes the last round could not book
+	for round, filled := 0, 0; ; round++ {
+		if round > 0 {
+			// Every candidate was taken or held by a concurrent
+			// transaction: look again after a moment.
+			if err := pause(ctx, round); err != nil {
 				return nil, err
 			}
 		}
@@ -185,6 +194,18 @@ func (e *Engine) book(ctx context.Context, q *db.Queries, req Request, exclude s
 		if len(rows) == 0 {
 			return nil, e.refusal(ctx, q, req)
 		}
+		if tried != nil {
+			// A node tried last round that still fits was held, not
+			// filled: only filled rounds count as attempts.
+			held := slices.ContainsFunc(rows, func(n db.PlacementCandidatesPackRow) bool { return slices.Contains(tried, n.NodeID) })
+			if !held {
+				filled++
+			}
+			if filled >= e.attempts || (held && time.Since(start) > HeldWait) {
+				return nil, e.refusal(ctx, q, req)
+			}
+		}
+		tried = tried[:0]
 		for _, n := range e.order(rows) {
 			held := shape
 			if req.Whole {
@@ -200,12 +221,12 @@ func (e *Engine) book(ctx context.Context, q *db.Queries, req Request, exclude s
 				return nil, err
 			}
 			if booked == 0 {
-				continue // filled or held by another admission: the next one
+				tried = append(tried, n.NodeID)
+				continue // filled or held by another transaction: the next one
 			}
 			return b, nil
 		}
 	}
-	return nil, e.refusal(ctx, q, req)
 }
 
 // Move moves a live booking to another node of its pool (toNode, or the
@@ -479,7 +500,7 @@ func frac64(free, capacity int64) float64 {
 
 // pause waits a few random milliseconds, more after each attempt.
 func pause(ctx context.Context, attempt int) error {
-	t := time.NewTimer(time.Duration(1+rand.IntN(4*attempt)) * time.Millisecond)
+	t := time.NewTimer(time.Duration(1+rand.IntN(min(4*attempt, 50))) * time.Millisecond)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -302,5 +303,45 @@ func TestMove(t *testing.T) {
 	var booked int32
 	require.NoError(t, f.st.Pool().QueryRow(ctx, `select booked_vcpu from nodes where node_id = $1`, b).Scan(&booked))
 	assert.Equal(t, int32(3), booked, "nothing moved")
+	f.checkInvariants(t)
+}
+
+// A node held (row-locked) by another transaction, such as its own status
+// write, is waited for: the admission books it once the lock is gone,
+// rather than refusing work the node has room for. A full node still
+// refuses at once.
+func TestHeldNodeIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	st := dbtest.NewStore(t)
+	f := newFleet(t, st, 1, 4, 4096, map[string]map[string]int64{"acme": {"vcpu": 10, "memoryMiB": 1 << 20}})
+	e := placement.New(placement.Options{})
+	ctx := t.Context()
+	node := f.pool + "-00001"
+
+	status, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	_, err = status.Exec(ctx, `update nodes set updated_at = now() where node_id = $1`, node)
+	require.NoError(t, err)
+	released := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		released <- time.Now()
+		_ = status.Commit(context.Background())
+	}()
+	req := placement.Request{TenantID: "acme", Owner: placement.Owner{Type: "instance", ID: "i1"}, Shape: placement.Shape{VCPU: 1, MemoryMiB: 1}}
+	b, err := f.admit(ctx, e, req)
+	require.NoError(t, err, "the node was held, not full")
+	assert.Equal(t, node, b.NodeID)
+	select {
+	case at := <-released:
+		assert.False(t, time.Now().Before(at), "booked after the lock was released")
+	default:
+		t.Fatal("booked while the node was held")
+	}
+
+	start := time.Now()
+	_, err = f.admit(ctx, e, placement.Request{TenantID: "acme", Owner: req.Owner, Shape: placement.Shape{VCPU: 4, MemoryMiB: 1}})
+	assert.Equal(t, api.CodeCapacityUnavailable, code(err))
+	assert.Less(t, time.Since(start), placement.HeldWait, "a full node refuses without waiting")
 	f.checkInvariants(t)
 }
