@@ -450,9 +450,13 @@ func (r *QEMU) boot(id string, st *vmState) {
 	vs := st.spec
 	c := &qemu.Config{ID: id, Dir: r.vmDir(id), VCPU: max(vs.VCPU, 1), MemoryMiB: max(vs.MemoryMiB, 128), Accel: r.accel,
 		Machine: qemu.MachineMicroVM, Kernel: vs.Boot.Location, Initrd: vs.Boot.Initrd, Cmdline: vs.Boot.Cmdline + " compute.hostname=" + vs.Hostname}
+	rootImage := ""
 	if vs.Boot.Format != "kernel+initrd" {
+		// The image is shared by every VM of it: each boots from a qcow2
+		// overlay of its own (made below, off the lock).
 		c.Kernel, c.Initrd = "", ""
-		c.Disks = append(c.Disks, qemu.Disk{Path: vs.Boot.Location, Serial: "root", Format: vs.Boot.Format, ReadOnly: false})
+		rootImage = vs.Boot.Location
+		c.Disks = append(c.Disks, qemu.Disk{Path: filepath.Join(r.vmDir(id), "root.qcow2"), Serial: "root", Format: "qcow2"})
 		c.Machine = qemu.MachineQ35
 	}
 	how, restoreDisk := "boot", ""
@@ -512,6 +516,9 @@ func (r *QEMU) boot(id string, st *vmState) {
 			if err = copySparse(ctx, restoreDisk, filepath.Join(c.Dir, "disk0.raw")); err != nil {
 				err = fmt.Errorf("restore: %w", err)
 			}
+		}
+		if err == nil && rootImage != "" {
+			err = qemu.Overlay(ctx, rootImage, vs.Boot.Format, c.Disks[0].Path)
 		}
 		if err == nil {
 			vm, err = qemu.Start(ctx, c)
