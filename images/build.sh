@@ -7,9 +7,14 @@
 #   <OUT_DIR>/minimal/initramfs.cpio  /init = compute-guest, busybox, mkfs.ext4,
 #                                     the virtio modules in load order
 #   <OUT_DIR>/minimal.json            the manifest (format kernel+initrd)
+#   <OUT_DIR>/minimal/disk.raw, .qcow2 the same guest as disk images booted by
+#                                     firmware (syslinux on a FAT disk, the
+#                                     cloud kernel's bzImage, the initramfs)
+#   <OUT_DIR>/minimal-raw.json, minimal-qcow2.json   their manifests
 #
 # The packages (linux-image-cloud-amd64, busybox-static, e2fsprogs, lz4,
-# cpio) are installed with apt-get when missing and this runs as root.
+# cpio, syslinux, mtools, dosfstools, qemu-utils) are installed with apt-get
+# when missing and this runs as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="$(realpath -m "${1:-.service/images}")"
@@ -21,6 +26,10 @@ command -v busybox >/dev/null || need+=(busybox-static)
 command -v mke2fs >/dev/null || need+=(e2fsprogs)
 command -v lz4 >/dev/null || need+=(lz4)
 command -v cpio >/dev/null || need+=(cpio)
+command -v syslinux >/dev/null || need+=(syslinux)
+command -v mcopy >/dev/null || need+=(mtools)
+command -v mkfs.vfat >/dev/null || need+=(dosfstools)
+command -v qemu-img >/dev/null || need+=(qemu-utils)
 if ((${#need[@]})); then
 	if [[ $(id -u) -ne 0 ]]; then
 		echo "images: install ${need[*]} (apt-get) first" >&2
@@ -115,5 +124,37 @@ cat >"$out/minimal.json.tmp" <<JSON
   "description": "Minimal guest: Debian cloud kernel $kver, initramfs with compute-guest as init, busybox, mkfs.ext4"
 }
 JSON
+
+# The same guest as disk images, for the q35 machine and its firmware: a
+# FAT disk that syslinux boots (no partition table: SeaBIOS runs the
+# filesystem's boot sector), holding the cloud kernel's bzImage and the
+# initramfs. They show a disk image with compute-guest end to end
+# (docs/images.md); an operator's own disk carries GRUB or extlinux.
+printf 'DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL vmlinuz\n  APPEND initrd=initrd.img %s\n' "$cmdline" >"$work/syslinux.cfg"
+disk="$work/disk.raw"
+mkfs.vfat -C "$disk" 32768 >/dev/null
+mcopy -i "$disk" "$vmlinuz" ::vmlinuz
+mcopy -i "$disk" "$out/minimal/initramfs.cpio" ::initrd.img
+mcopy -i "$disk" "$work/syslinux.cfg" ::syslinux.cfg
+syslinux --install "$disk"
+qemu-img convert -O qcow2 "$disk" "$work/disk.qcow2"
+mv "$disk" "$out/minimal/disk.raw"
+mv "$work/disk.qcow2" "$out/minimal/disk.qcow2"
+for format in raw qcow2; do
+	f="$out/minimal/disk.$format"
+	cat >"$out/minimal-$format.json.tmp" <<JSON
+{
+  "id": "$id-$format",
+  "format": "$format",
+  "sizeBytes": $(stat -c %s "$f"),
+  "sha256": "$(sha256sum "$f" | cut -d' ' -f1)",
+  "location": "$f",
+  "description": "The minimal guest as a $format disk booted by firmware (syslinux, Debian cloud kernel $kver)"
+}
+JSON
+	mv "$out/minimal-$format.json.tmp" "$out/minimal-$format.json"
+done
+
+# The kernel+initrd manifest last: its presence means the build finished.
 mv "$out/minimal.json.tmp" "$out/minimal.json"
-echo "images: $id -> $out/minimal.json ($((size / 1024 / 1024)) MiB)"
+echo "images: $id -> $out/minimal.json ($((size / 1024 / 1024)) MiB), $id-raw, $id-qcow2"

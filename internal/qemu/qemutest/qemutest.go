@@ -30,17 +30,30 @@ func Image(t testing.TB) *images.Image {
 	require.NoError(t, err)
 	defer lock.Close()
 	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
-	manifest := filepath.Join(dir, "minimal.json")
-	if _, err := os.Stat(manifest); err != nil {
-		cmd := exec.Command(filepath.Join(root, "images", "build.sh"), dir)
-		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "images/build.sh: %s", out)
+	for _, manifest := range []string{"minimal.json", "minimal-raw.json", "minimal-qcow2.json"} {
+		if _, err := os.Stat(filepath.Join(dir, manifest)); err != nil {
+			cmd := exec.Command(filepath.Join(root, "images", "build.sh"), dir)
+			cmd.Dir = root
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "images/build.sh: %s", out)
+			break
+		}
 	}
 	src := images.Dir{Path: dir}
 	im, err := src.Get(t.Context(), "computeplane/minimal")
 	require.NoError(t, err)
 	return im
+}
+
+// DiskImage returns the minimal guest as a disk image of format (raw or
+// qcow2), booted by firmware, from the same image source as Image.
+func DiskImage(t testing.TB, format string) *images.Image {
+	t.Helper()
+	im := Image(t)
+	src := images.Dir{Path: filepath.Dir(filepath.Dir(im.Location))}
+	disk, err := src.Get(t.Context(), im.ID+"-"+format)
+	require.NoError(t, err)
+	return disk
 }
 
 func moduleRoot(t testing.TB) string {
