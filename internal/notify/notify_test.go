@@ -125,7 +125,9 @@ func TestInProcessWakeIsImmediateAndCoalesced(t *testing.T) {
 	}
 	slices.Sort(lat)
 	t.Logf("in-process wake latency: p50 %v, p99 %v", lat[500], lat[990])
-	assert.Less(t, lat[990], time.Millisecond)
+	// Microseconds when idle; the bound leaves room for a machine busy
+	// with other test packages, and is still far below any poll.
+	assert.Less(t, lat[990], 5*time.Millisecond)
 
 	for range 10 {
 		n.Wake("t")

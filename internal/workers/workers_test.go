@@ -469,7 +469,7 @@ func TestJobBackoffAndPoll(t *testing.T) {
 		gap := failing[i+1].Sub(failing[i])
 		w *= time.Millisecond
 		assert.GreaterOrEqual(t, gap, w, "retry %d", i+1)
-		assert.Less(t, gap, w+100*time.Millisecond, "retry %d", i+1)
+		assert.Less(t, gap, w+slack, "retry %d", i+1)
 	}
 	// A job that returns nil runs again after the poll interval (20 ms).
 	require.Greater(t, len(fine), 10)
@@ -559,13 +559,13 @@ func TestReconcilerRetryTiming(t *testing.T) {
 	for i := 1; i < 4; i++ {
 		gap := rec.syncs["again"][i].Sub(rec.syncs["again"][i-1])
 		assert.GreaterOrEqual(t, gap, fast.SyncAgain)
-		assert.Less(t, gap, fast.SyncAgain+80*time.Millisecond)
+		assert.Less(t, gap, fast.SyncAgain+slack)
 	}
 	for i, w := range []time.Duration{50, 100, 200, 400, 400} {
 		gap := rec.syncs["fail"][i+1].Sub(rec.syncs["fail"][i])
 		w *= time.Millisecond
 		assert.GreaterOrEqual(t, gap, w, "retry %d", i+1)
-		assert.Less(t, gap, w+80*time.Millisecond, "retry %d", i+1)
+		assert.Less(t, gap, w+slack, "retry %d", i+1)
 	}
 	assert.Zero(t, rec.badLease, "each key syncs under its shard's lease")
 	rec.mu.Unlock()
@@ -650,3 +650,7 @@ func TestDerivedIDAndRegistration(t *testing.T) {
 	assert.False(t, active, "released on Stop")
 	require.NoError(t, r.Stop(t.Context()), "Stop twice is harmless")
 }
+
+// slack is how late a retry may run on a machine busy with other test
+// packages; the lower bounds (each retry waits its backoff) are exact.
+const slack = 250 * time.Millisecond
