@@ -351,7 +351,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			Drivers: drivers.Registry{qemudriver.Name: qemudriver.Open, redfish.Name: redfish.Open}}
 		runner.RegisterSingleton(workflows.JobName, wf.Run)
 		runner.RegisterSingleton(provideraccounts.JobName, providerAccounts.Job(work, func() { notifier.Wake(notify.TopicOutbox) }, log).Run)
-		runner.RegisterSingleton(provideraccounts.InstancesJobName, providerAccounts.InstancesJob(work, func() { notifier.Wake(notify.TopicOutbox) }, log).Run)
+		runner.RegisterSingleton(provideraccounts.InstancesJobName, providerAccounts.InstancesJob(work, notifier, log).Run)
 	}
 	// The gateway role refuses to start (INVALID_CONFIG) without a region,
 	// node CA roots or a trust domain, before any listener opens.

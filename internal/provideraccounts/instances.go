@@ -17,6 +17,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/instances"
+	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/providers"
 	"computeplane/internal/store"
@@ -63,16 +64,25 @@ type InstancesJob struct {
 	Store   *store.Store
 	// Wake, when set, is called after a pass wrote events.
 	Wake func()
-	Log  *slog.Logger
+	// Notifier, when set, wakes a pass as soon as an instance is created
+	// (instances.TopicProviderInstances) rather than at the next tick.
+	Notifier *notify.Notifier
+	Log      *slog.Logger
 }
 
 // InstancesJob returns the provider-instances job of the service.
-func (s *Service) InstancesJob(st *store.Store, wake func(), log *slog.Logger) *InstancesJob {
-	return &InstancesJob{Service: s, Store: st, Wake: wake, Log: log}
+func (s *Service) InstancesJob(st *store.Store, n *notify.Notifier, log *slog.Logger) *InstancesJob {
+	return &InstancesJob{Service: s, Store: st, Notifier: n, Wake: func() { n.Wake(notify.TopicOutbox) }, Log: log}
 }
 
 // Run is the singleton job.
 func (j *InstancesJob) Run(ctx context.Context, l workers.Lease) error {
+	var wake <-chan struct{}
+	if j.Notifier != nil {
+		ch, stop := j.Notifier.Subscribe(instances.TopicProviderInstances)
+		defer stop()
+		wake = ch
+	}
 	t := time.NewTicker(JobEvery)
 	defer t.Stop()
 	for {
@@ -82,6 +92,7 @@ func (j *InstancesJob) Run(ctx context.Context, l workers.Lease) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-wake:
 		case <-t.C:
 		}
 	}
