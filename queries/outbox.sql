@@ -15,5 +15,5 @@ FROM outbox
 WHERE xid < visibility_frontier()
   AND (xid, seq) > (sqlc.arg(after_xid)::text::xid8, sqlc.arg(after_seq)::bigint)
   AND (sqlc.arg(tenant_id)::text = '' OR tenant_id = sqlc.arg(tenant_id))
-ORDER BY xid, seq
+ORDER BY outbox.xid, outbox.seq -- the column, not the text alias: "10" sorts before "9"
 LIMIT sqlc.arg(max_rows);

@@ -33,7 +33,7 @@ SELECT id, xid::text AS xid, at, tenant_id, identity_id, identity_kind, agent_id
 FROM audit_log
 WHERE xid < visibility_frontier()
   AND (xid, id) > (sqlc.arg(after_xid)::text::xid8, sqlc.arg(after_id)::bigint)
-ORDER BY xid, id
+ORDER BY audit_log.xid, audit_log.id -- the column, not the text alias
 LIMIT sqlc.arg(max_rows);
 
 -- InsertSinkDeadLetters records the rows a sink gave up on, in order; each

@@ -38,7 +38,7 @@ FROM outbox
 WHERE xid < visibility_frontier()
   AND (xid, seq) > ($1::text::xid8, $2::bigint)
   AND ($3::text = '' OR tenant_id = $3)
-ORDER BY xid, seq
+ORDER BY outbox.xid, outbox.seq -- the column, not the text alias: "10" sorts before "9"
 LIMIT $4
 `
 

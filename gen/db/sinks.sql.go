@@ -190,7 +190,7 @@ SELECT id, xid::text AS xid, at, tenant_id, identity_id, identity_kind, agent_id
 FROM audit_log
 WHERE xid < visibility_frontier()
   AND (xid, id) > ($1::text::xid8, $2::bigint)
-ORDER BY xid, id
+ORDER BY audit_log.xid, audit_log.id -- the column, not the text alias
 LIMIT $3
 `
 

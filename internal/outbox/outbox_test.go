@@ -127,3 +127,32 @@ func TestCommittedIgnoresOtherDatabasesTransactions(t *testing.T) {
 		return err == nil && len(rows) == 2
 	}, 10*time.Second, 10*time.Millisecond)
 }
+
+// Rows are read in the numeric order of their transaction ids, also where
+// the ids gain a digit (9, then 10): ordered as text, "10" came first, the
+// cursor moved past it, and the row of transaction 9 was never read. It
+// happened for real at every power of ten a cluster's ids crossed.
+func TestCommittedOrdersTransactionIDsAsNumbers(t *testing.T) {
+	t.Parallel()
+	st := dbtest.NewStore(t)
+	ctx := t.Context()
+	q := st.Queries()
+	require.NoError(t, st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		write(t, tx, "acme", "nine")
+		write(t, tx, "acme", "ten")
+		_, err := tx.Exec(ctx, `UPDATE outbox SET xid = (CASE subject WHEN 'nine' THEN '9' ELSE '10' END)::xid8`)
+		return err
+	}))
+	var got []string
+	pos := outbox.Position{}
+	for range 3 {
+		rows, err := outbox.Committed(ctx, q, "", pos, 1)
+		require.NoError(t, err)
+		if len(rows) == 0 {
+			break
+		}
+		got = append(got, rows[0].Event.Subject)
+		pos = rows[0].Position
+	}
+	assert.Equal(t, []string{"nine", "ten"}, got)
+}

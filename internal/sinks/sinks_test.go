@@ -651,3 +651,29 @@ func configSinks() config.Sinks {
 		Audit:  []config.Sink{{ID: "siem", Kind: config.SinkFile, Path: "/var/log/cp/audit.jsonl"}},
 	}
 }
+
+// Audit rows are read in the numeric order of their transaction ids, also
+// where the ids gain a digit (see outbox TestCommittedOrdersTransactionIDsAsNumbers).
+func TestAuditReadOrdersTransactionIDsAsNumbers(t *testing.T) {
+	t.Parallel()
+	st := dbtest.NewStore(t)
+	ctx := t.Context()
+	for _, xid := range []string{"10", "9"} { // the row of 10 is written first: ids alone must order them
+		_, err := st.Pool().Exec(ctx, `INSERT INTO audit_log (tenant_id, identity_id, identity_kind, method, resource_type, resource_id, request_id, outcome, xid)
+			VALUES ('acme', 'ann', 'user', 'm', 'r', $1::text, 'req', 'allowed', $1::text::xid8)`, xid)
+		require.NoError(t, err)
+	}
+	q := db.New(st.Pool())
+	var got []string
+	after := db.ListAuditCommittedParams{AfterXid: "0", MaxRows: 1}
+	for range 3 {
+		rows, err := q.ListAuditCommitted(ctx, after)
+		require.NoError(t, err)
+		if len(rows) == 0 {
+			break
+		}
+		got = append(got, rows[0].Xid)
+		after.AfterXid, after.AfterID = rows[0].Xid, rows[0].ID
+	}
+	assert.Equal(t, []string{"9", "10"}, got)
+}
