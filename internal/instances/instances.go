@@ -211,8 +211,17 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if pool.Hosting != "provider" && !images.Boots(runtime, im.Format) { // a provider boots what it can
 		return nil, api.Errorf(api.CodeInvalidInput, "imageId: the pool's runtime %s does not boot %s images", runtime, im.Format)
 	}
+	// Other URIs are the user's business: a script may fetch what it likes.
+	if err := secrets.CheckUserData(ctx, q, in.TenantID, in.UserData, false); err != nil {
+		return nil, err
+	}
+	var userData pgtype.Text
+	if in.UserData != nil {
+		userData = pgtype.Text{String: *in.UserData, Valid: true}
+	}
+	boot := BootOf(im)
 	if pool.Hosting == "provider" {
-		return s.createOnProvider(ctx, tx, q, in, id, fp, flavor, BootOf(im))
+		return s.createOnProvider(ctx, tx, q, sess, in, id, fp, flavor, boot, userData)
 	}
 	shape := placement.Shape{VCPU: int32(flavor.Vcpu), MemoryMiB: flavor.MemoryMiB, DiskGiB: flavor.DiskGiB}
 	if flavor.Gpus != nil {
@@ -233,15 +242,6 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	}
 	if err != nil {
 		return nil, err
-	}
-	boot := BootOf(im)
-	// Other URIs are the user's business: a script may fetch what it likes.
-	if err := secrets.CheckUserData(ctx, q, in.TenantID, in.UserData, false); err != nil {
-		return nil, err
-	}
-	var userData pgtype.Text
-	if in.UserData != nil {
-		userData = pgtype.Text{String: *in.UserData, Valid: true}
 	}
 	params := db.InsertInstanceParams{
 		InstanceID: id, TenantID: in.TenantID, PoolID: in.PoolID, NodeID: pgtype.Text{String: booking.NodeID, Valid: true},
@@ -282,21 +282,10 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 // createOnProvider creates an instance of a provider pool: charged to
 // quota now, its machine launched after the commit by the
 // provider-instances job (provideraccounts).
-func (s *Service) createOnProvider(ctx context.Context, tx pgx.Tx, q *db.Queries, in *api.InstancesCreateInput, id string, fp []byte,
-	flavor *api.Flavor, boot []byte) (*api.Instance, error) {
+func (s *Service) createOnProvider(ctx context.Context, tx pgx.Tx, q *db.Queries, sess *iam.Session, in *api.InstancesCreateInput,
+	id string, fp []byte, flavor *api.Flavor, boot []byte, userData pgtype.Text) (*api.Instance, error) {
 	if flavor.Gpus != nil && flavor.Gpus.Count > 0 {
 		return nil, api.Errorf(api.CodeUnsupported, "flavor: %s has GPUs; instances of provider pools are launched without", in.Flavor)
-	}
-	if err := secrets.CheckUserData(ctx, q, in.TenantID, in.UserData, false); err != nil {
-		return nil, err
-	}
-	var userData pgtype.Text
-	if in.UserData != nil {
-		userData = pgtype.Text{String: *in.UserData, Valid: true}
-	}
-	sess, _, _, err := iam.CallFromContext(ctx)
-	if err != nil {
-		return nil, err
 	}
 	row, err := q.InsertProviderInstance(ctx, db.InsertProviderInstanceParams{
 		InstanceID: id, TenantID: in.TenantID, PoolID: in.PoolID, Flavor: in.Flavor, ImageID: in.ImageID, Boot: boot, Name: in.Name,

@@ -244,7 +244,10 @@ func TestDiskImagesOnRealVMs(t *testing.T) {
 				60*time.Second, 100*time.Millisecond)
 		}
 		require.Equal(t, "running", string(inst.State), "%s: %v; console: %s; agent:\n%s", images[i], inst.Error,
-			func() string { b, _ := os.ReadFile(w.vmFile(inst.InstanceId, "console.log")); return proctest.Tail(string(b), 5) }(),
+			func() string {
+				b, _ := os.ReadFile(w.vmFile(inst.InstanceId, "console.log"))
+				return proctest.Tail(string(b), 5)
+			}(),
 			proctest.Tail(w.agent.Proc.Stderr.String(), 20))
 		info, err := exec.Command(qemu.ImgBinary, "info", "-U", w.vmFile(inst.InstanceId, "root.qcow2")).CombinedOutput()
 		require.NoError(t, err, "its own overlay: %s", info)

@@ -344,4 +344,14 @@ func TestHeldNodeIsWaitedFor(t *testing.T) {
 	assert.Equal(t, api.CodeCapacityUnavailable, code(err))
 	assert.Less(t, time.Since(start), placement.HeldWait, "a full node refuses without waiting")
 	f.checkInvariants(t)
+
+	// A node asked for by name that is not ready is named as such, not as
+	// short of room.
+	_, err = st.Pool().Exec(ctx, `update nodes set state = 'cordoned' where node_id = $1`, node)
+	require.NoError(t, err)
+	_, err = f.admit(ctx, e, placement.Request{TenantID: "acme", Owner: req.Owner, NodeID: node, Shape: placement.Shape{VCPU: 1, MemoryMiB: 1}})
+	var refused *api.Error
+	require.ErrorAs(t, err, &refused)
+	assert.Equal(t, api.CodeCapacityUnavailable, refused.Code)
+	assert.Equal(t, "cordoned", refused.Details["state"])
 }

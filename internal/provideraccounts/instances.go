@@ -62,17 +62,16 @@ func (s *Service) CheckLaunch(ctx context.Context, q *db.Queries, accountID stri
 type InstancesJob struct {
 	Service *Service
 	Store   *store.Store
-	// Wake, when set, is called after a pass wrote events.
-	Wake func()
 	// Notifier, when set, wakes a pass as soon as an instance is created
-	// (instances.TopicProviderInstances) rather than at the next tick.
+	// (instances.TopicProviderInstances) rather than at the next tick, and
+	// wakes the outbox's readers after a pass wrote events.
 	Notifier *notify.Notifier
 	Log      *slog.Logger
 }
 
 // InstancesJob returns the provider-instances job of the service.
 func (s *Service) InstancesJob(st *store.Store, n *notify.Notifier, log *slog.Logger) *InstancesJob {
-	return &InstancesJob{Service: s, Store: st, Notifier: n, Wake: func() { n.Wake(notify.TopicOutbox) }, Log: log}
+	return &InstancesJob{Service: s, Store: st, Notifier: n, Log: log}
 }
 
 // Run is the singleton job.
@@ -230,7 +229,7 @@ func (j *InstancesJob) retry(ctx context.Context, fence func(context.Context, pg
 		}
 		return j.failed(ctx, fence, r, fmt.Sprintf("%s (after %d attempts)", cause.Error(), r.ProviderAttempts))
 	}
-	next := time.Now().Add(min(time.Second<<(r.ProviderAttempts-1), MaxBackoff))
+	next := time.Now().Add(backoff(r.ProviderAttempts))
 	r.Error, r.ProviderNextAt = str(cause.Error()), &next
 	j.Log.Info("provider instance: a provider call failed", "instanceId", r.InstanceID, "attempt", r.ProviderAttempts, "error", cause.Error())
 	return j.save(ctx, fence, r)
@@ -271,25 +270,9 @@ func (j *InstancesJob) save(ctx context.Context, fence func(context.Context, pgx
 
 // write runs change under the lease and writes the events it returns.
 func (j *InstancesJob) write(ctx context.Context, fence func(context.Context, pgx.Tx) error, change func(q *db.Queries) ([]outbox.Event, error)) error {
-	wrote := false
-	err := j.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if err := fence(ctx, tx); err != nil {
-			return err
-		}
-		events, err := change(db.New(tx))
-		if err != nil {
-			return err
-		}
-		for _, e := range events {
-			if err := outbox.Write(ctx, tx, e); err != nil {
-				return err
-			}
-		}
-		wrote = len(events) > 0
-		return nil
-	})
-	if err == nil && wrote && j.Wake != nil {
-		j.Wake()
+	var wake func()
+	if j.Notifier != nil {
+		wake = func() { j.Notifier.Wake(notify.TopicOutbox) }
 	}
-	return err
+	return writeFenced(ctx, j.Store, fence, wake, change)
 }

@@ -65,6 +65,12 @@ func TestProviderInstancesOnRealVMs(t *testing.T) {
 	_, err = f.C.InstancesCreate(ctx, &client.InstancesCreateInput{TenantId: fleettest.Tenant, PoolId: poolID, Flavor: "web",
 		ImageId: im.ID, Name: "bad", IdempotencyKey: "bad2", UserData: client.NewOptString("echo secret://tenants/acme/nope")})
 	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "a reference to a secret that does not exist")
+	_, err = f.C.FlavorsCreate(ctx, &client.FlavorsCreateInput{TenantId: fleettest.Tenant, PoolId: poolID, Name: "gpu", Vcpu: 1, MemoryMiB: 200,
+		Gpus: client.NewOptGPUs(client.GPUs{Count: 1, Model: "L4"})})
+	require.NoError(t, err)
+	_, err = f.C.InstancesCreate(ctx, &client.InstancesCreateInput{TenantId: fleettest.Tenant, PoolId: poolID, Flavor: "gpu",
+		ImageId: im.ID, Name: "bad", IdempotencyKey: "bad3"})
+	assert.Equal(t, "UNSUPPORTED", testenv.APIError(t, err).Code, "machines are launched without GPUs")
 	assert.Zero(t, quota("instances"))
 
 	secretValue := "pv-" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -118,6 +124,8 @@ func TestProviderInstancesOnRealVMs(t *testing.T) {
 	_, err = f.C.InstancesStop(ctx, &client.InstancesStopInput{TenantId: fleettest.Tenant, InstanceId: id})
 	assert.Equal(t, "UNSUPPORTED", testenv.APIError(t, err).Code)
 	_, err = f.C.InstancesReboot(ctx, &client.InstancesRebootInput{TenantId: fleettest.Tenant, InstanceId: id})
+	assert.Equal(t, "UNSUPPORTED", testenv.APIError(t, err).Code)
+	_, err = f.C.InstancesStart(ctx, &client.InstancesStartInput{TenantId: fleettest.Tenant, InstanceId: id})
 	assert.Equal(t, "UNSUPPORTED", testenv.APIError(t, err).Code)
 
 	// The account cannot go while the instance lives.

@@ -77,11 +77,24 @@ func (j *Job) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) erro
 // save writes r (and events) under the lease; it reports whether the
 // bootstrap was still as read (another step did not move it).
 func (j *Job) save(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.ProviderBootstrap, events ...outbox.Event) error {
-	err := j.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+	return writeFenced(ctx, j.Store, fence, j.Wake, func(q *db.Queries) ([]outbox.Event, error) {
+		_, err := q.SaveProviderBootstrap(ctx, saveParams(r))
+		return events, err
+	})
+}
+
+// writeFenced runs change in a transaction fenced by the job's lease and
+// writes the events it returns; wake (when set) follows a commit that
+// wrote events.
+func writeFenced(ctx context.Context, st *store.Store, fence func(context.Context, pgx.Tx) error, wake func(),
+	change func(q *db.Queries) ([]outbox.Event, error)) error {
+	wrote := false
+	err := st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
 		if err := fence(ctx, tx); err != nil {
 			return err
 		}
-		if _, err := db.New(tx).SaveProviderBootstrap(ctx, saveParams(r)); err != nil {
+		events, err := change(db.New(tx))
+		if err != nil {
 			return err
 		}
 		for _, e := range events {
@@ -89,12 +102,19 @@ func (j *Job) save(ctx context.Context, fence func(context.Context, pgx.Tx) erro
 				return err
 			}
 		}
+		wrote = len(events) > 0
 		return nil
 	})
-	if err == nil && len(events) > 0 && j.Wake != nil {
-		j.Wake()
+	if err == nil && wrote && wake != nil {
+		wake()
 	}
 	return err
+}
+
+// backoff is the wait before the next try after attempts failed provider
+// calls: 1 s doubling, at most MaxBackoff.
+func backoff(attempts int32) time.Duration {
+	return min(time.Second<<(attempts-1), MaxBackoff)
 }
 
 func saveParams(r db.ProviderBootstrap) db.SaveProviderBootstrapParams {
@@ -119,9 +139,8 @@ func (j *Job) retry(ctx context.Context, fence func(context.Context, pgx.Tx) err
 	if int(r.Attempts) >= MaxAttempts {
 		return j.fail(ctx, fence, r, fmt.Sprintf("%s (after %d attempts)", cause.Error(), r.Attempts))
 	}
-	backoff := min(time.Second<<(r.Attempts-1), MaxBackoff)
 	r.Error = str(cause.Error())
-	r.NextAttemptAt = time.Now().Add(backoff)
+	r.NextAttemptAt = time.Now().Add(backoff(r.Attempts))
 	j.Log.Info("provider bootstrap attempt failed", "bootstrapId", r.BootstrapID, "state", r.State, "attempt", r.Attempts, "error", cause.Error())
 	return j.save(ctx, fence, r)
 }
@@ -131,27 +150,20 @@ func (j *Job) retry(ctx context.Context, fence func(context.Context, pgx.Tx) err
 func (j *Job) fail(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.ProviderBootstrap, why string) error {
 	now := time.Now()
 	r.State, r.Error, r.FinishedAt = StateFailed, str(why), &now
-	err := j.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if err := fence(ctx, tx); err != nil {
-			return err
-		}
-		q := db.New(tx)
+	err := writeFenced(ctx, j.Store, fence, j.Wake, func(q *db.Queries) ([]outbox.Event, error) {
 		if _, err := q.SaveProviderBootstrap(ctx, saveParams(r)); err != nil {
-			return err
+			return nil, err
 		}
 		if r.TokenID.Valid {
 			if err := q.RevokeJoinToken(ctx, r.TokenID.String); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		return outbox.Write(ctx, tx, outbox.Event{Type: api.EventProviderBootstrapFailed, Subject: r.AccountID, TenantID: r.TenantID,
-			Data: api.ProviderBootstrapFailedPayload{AccountID: r.AccountID, PoolID: r.PoolID, MachineID: ptr(r.MachineID), OfferID: ptr(r.OfferID), Error: why}})
+		return []outbox.Event{{Type: api.EventProviderBootstrapFailed, Subject: r.AccountID, TenantID: r.TenantID,
+			Data: api.ProviderBootstrapFailedPayload{AccountID: r.AccountID, PoolID: r.PoolID, MachineID: ptr(r.MachineID), OfferID: ptr(r.OfferID), Error: why}}}, nil
 	})
 	if err != nil {
 		return err
-	}
-	if j.Wake != nil {
-		j.Wake()
 	}
 	j.Log.Warn("provider bootstrap failed", "bootstrapId", r.BootstrapID, "error", why)
 	if r.Claimed && r.MachineID.Valid {

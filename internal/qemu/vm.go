@@ -215,8 +215,9 @@ func (v *VM) connect() error {
 // its QMP and guest connections close, qemu runs on.
 func (v *VM) Detach() { v.close() }
 
-// Alive reports whether the VM's qemu still runs: its pid is there, not a
-// zombie, and is a qemu of this VM (a reused pid is not).
+// Alive reports whether the VM's qemu still runs (and holds its files): a
+// child until it is reaped; otherwise its pid is there, is a qemu of this
+// VM (a reused pid is not), and not a zombie whose threads all ended.
 func (v *VM) Alive() bool {
 	if v.exited != nil {
 		// Our child: it is gone once reaped, which is after its last

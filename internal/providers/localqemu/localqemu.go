@@ -223,18 +223,14 @@ func (p *Provider) Identify(_ context.Context, id string) (providers.Machine, er
 // once its guest is up. The key makes a retried claim (after a crash) find
 // the machine it made.
 func (p *Provider) Claim(ctx context.Context, offerID, key string) (providers.Machine, error) {
-	return p.start(ctx, offerID, key, providers.Launch{ImageID: p.cfg.Image})
+	return p.Launch(ctx, offerID, key, providers.Launch{ImageID: p.cfg.Image})
 }
 
-// Launch boots a machine of the offer with the launch's image, gives its
-// guest the hostname and delivers the user data (run when it is a
-// script), and returns once that is done: an instance of a provider pool.
+// Launch boots (or finds again, by key) a machine of the offer with the
+// launch's image, gives its guest the hostname and delivers the user data
+// (run when it is a script), and returns once that is done: an instance
+// of a provider pool.
 func (p *Provider) Launch(ctx context.Context, offerID, key string, l providers.Launch) (providers.Machine, error) {
-	return p.start(ctx, offerID, key, l)
-}
-
-// start boots (or finds again, by key) a machine of the offer.
-func (p *Provider) start(ctx context.Context, offerID, key string, l providers.Launch) (providers.Machine, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var t *MachineType
