@@ -78,8 +78,11 @@ $(IMAGES_DIR)/minimal.json: images/build.sh $(shell find cmd/compute-guest inter
 	images/build.sh $(IMAGES_DIR)
 
 .PHONY: run
-run: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Run the service, every role (a gateway on :7443), on PORT (default 3000)
+run: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Run the service, every role, on PORT (default 3000), its gateway on GATEWAY_PORT (default 7443)
 	@$(SERVICE_ENV); export SERVICE_CONFIG="$${SERVICE_CONFIG:-deploy/dev.yaml}"; \
+		if [[ -n "$${GATEWAY_PORT:-}" ]]; then \
+			export SERVICE_GATEWAY_LISTEN="127.0.0.1:$$GATEWAY_PORT" SERVICE_GATEWAY_URL="https://localhost:$$GATEWAY_PORT"; \
+		fi; \
 		go run ./cmd/computed pki init >/dev/null; exec go run ./cmd/computed
 
 .PHONY: key

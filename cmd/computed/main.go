@@ -87,15 +87,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return 1
 		}
 		// A fresh install gets one root admin key, printed once, so that
-		// its operator can make the first call.
-		token, created, err := h.Identity().EnsureRootAdminKey(ctx)
-		if err != nil {
-			log.Error("startup failed", "error", err.Error())
-			h.Close()
-			return 1
+		// its operator can make the first call: made only once every
+		// listener is bound, so that a busy port does not lose it.
+		ready := func() error {
+			token, created, err := h.Identity().EnsureRootAdminKey(ctx)
+			if err != nil {
+				return fmt.Errorf("root admin key: %w", err)
+			}
+			banner(stdout, cfg, token, created)
+			return nil
 		}
-		banner(stdout, cfg, token, created)
-		if err := h.Serve(ctx); err != nil {
+		if err := h.Serve(ctx, ready); err != nil {
 			log.Error("serve failed", "error", err.Error())
 			return 1
 		}

@@ -28,6 +28,7 @@ import (
 	"computeplane/internal/buildinfo"
 	"computeplane/internal/dbtest"
 	"computeplane/internal/host"
+	"computeplane/internal/pki"
 	"computeplane/internal/store"
 	"computeplane/internal/testenv"
 	"computeplane/migrations"
@@ -453,4 +454,74 @@ func TestPKIInit(t *testing.T) {
 	env["SERVICE_SECRET"] = testenv.TestSecret + "-other"
 	assert.Equal(t, 1, run(t.Context(), []string{"pki", "init"}, getenv(env), &again, &stderr), "another secret does not open it")
 	assert.Equal(t, 2, run(t.Context(), []string{"pki", "rotate"}, getenv(env), &again, &stderr))
+}
+
+// A busy port stops the process before it prints anything, naming what
+// moves the listener; the root admin key of a first start is made only
+// once every listener is bound, so the next start still prints it.
+func TestBusyPortNamesItsOption(t *testing.T) {
+	t.Parallel()
+	pkiFile := filepath.Join(t.TempDir(), "pki.json")
+	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "test.local")
+	require.NoError(t, err)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	_, busyPort, _ := net.SplitHostPort(busy.Addr().String())
+	dbURL := dbtest.URL(t)
+	gwPort := strconv.Itoa(testenv.FreePort(t))
+	gwConfig := testenv.ConfigFile(t, "gateway: {url: 'https://localhost:"+gwPort+"', region: local}\n")
+
+	serve := func(env map[string]string) (int, string, string) {
+		env["SERVICE_DATABASE_URL"] = dbURL
+		env["SERVICE_SECRET"] = testenv.TestSecret
+		env["SERVICE_PKI"] = pkiFile
+		env["HOST"] = "127.0.0.1"
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		var stdout, stderr syncBuffer
+		return run(ctx, nil, getenv(env), &stdout, &stderr), stdout.String(), stderr.String()
+	}
+
+	code, stdout, stderr := serve(map[string]string{"PORT": busyPort})
+	assert.Equal(t, 1, code)
+	assert.Empty(t, stdout, "no banner and no key before every listener is bound")
+	assert.Contains(t, stderr, "address already in use")
+	assert.Contains(t, stderr, "PORT and HOST move it")
+
+	code, stdout, stderr = serve(map[string]string{
+		"PORT":                   strconv.Itoa(testenv.FreePort(t)),
+		"SERVICE_CONFIG":         gwConfig,
+		"SERVICE_GATEWAY_LISTEN": "127.0.0.1:" + busyPort,
+	})
+	assert.Equal(t, 1, code)
+	assert.Empty(t, stdout)
+	assert.Contains(t, stderr, "gateway.listen or SERVICE_GATEWAY_LISTEN moves it")
+
+	// Moved by the environment, the gateway serves there, and the key of
+	// this first successful start is printed.
+	port := strconv.Itoa(testenv.FreePort(t))
+	ctx, cancel := context.WithCancel(t.Context())
+	var out, errs syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, nil, getenv(map[string]string{
+			"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile,
+			"HOST": "127.0.0.1", "PORT": port,
+			"SERVICE_CONFIG": gwConfig, "SERVICE_GATEWAY_LISTEN": "127.0.0.1:" + gwPort,
+		}), &out, &errs)
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "Root admin API key") }, 30*time.Second, 20*time.Millisecond, errs.String())
+	for _, addr := range []string{"127.0.0.1:" + port, "127.0.0.1:" + gwPort} {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		require.NoError(t, err, "%s is bound when the banner is printed", addr)
+		_ = c.Close()
+	}
+	cancel()
+	select {
+	case code := <-done:
+		assert.Equal(t, 0, code, errs.String())
+	case <-time.After(host.ShutdownGrace + 10*time.Second):
+		t.Fatal("run did not return after cancel")
+	}
 }

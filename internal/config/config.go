@@ -32,6 +32,7 @@ const (
 	EnvMetricsToken      = "SERVICE_METRICS_TOKEN"
 	EnvGatewayURL        = "SERVICE_GATEWAY_URL"
 	EnvGatewayServerName = "SERVICE_GATEWAY_SERVER_NAME"
+	EnvGatewayListen     = "SERVICE_GATEWAY_LISTEN"
 	EnvDownloadsDir      = "SERVICE_DOWNLOADS_DIR"
 	// EnvLogLevel sets log.level: debug, info, warn or error.
 	EnvLogLevel = "SERVICE_LOG_LEVEL"

@@ -268,6 +268,7 @@ downloads: {blob: "s3://b/d"}
 		EnvMetricsToken:      "env-token-0123456789",
 		EnvGatewayURL:        "https://env-gw.example.com",
 		EnvGatewayServerName: "gw.env.example.com",
+		EnvGatewayListen:     "127.0.0.1:7444",
 		EnvDownloadsDir:      "/env/downloads",
 		EnvPKI:               "/env/pki.json",
 	}
@@ -280,7 +281,7 @@ downloads: {blob: "s3://b/d"}
 	require.Equal(t, 0, c.Port)
 	require.Equal(t, []Role{RoleSinks, RoleGateway}, c.Roles)
 	require.Equal(t, Metrics{Token: "env-token-0123456789", Path: "/m"}, c.Metrics)
-	require.Equal(t, &Gateway{URL: "https://env-gw.example.com", ServerName: "gw.env.example.com", Region: "eu", Listen: ":443", MaxStreams: DefaultGatewayMaxStreams, DrainDelay: DefaultGatewayDrainDelay, DownAfter: DefaultGatewayDownAfter}, c.Gateway)
+	require.Equal(t, &Gateway{URL: "https://env-gw.example.com", ServerName: "gw.env.example.com", Region: "eu", Listen: "127.0.0.1:7444", MaxStreams: DefaultGatewayMaxStreams, DrainDelay: DefaultGatewayDrainDelay, DownAfter: DefaultGatewayDownAfter}, c.Gateway)
 	require.Equal(t, &Downloads{Dir: "/env/downloads", Blob: "s3://b/d"}, c.Downloads)
 	require.Equal(t, "/env/pki.json", c.PKIFile)
 }
@@ -553,6 +554,7 @@ func TestInvalid(t *testing.T) {
 		{"gateway url from the environment", "", env(EnvGatewayURL, "gw:443"), "gateway.url", "(set by SERVICE_GATEWAY_URL)"},
 		{"gateway serverName DNS name", "gateway: {url: 'https://gw', serverName: 'gw_1.example.com'}", nil, "gateway.serverName", "DNS name"},
 		{"gateway serverName IP", "gateway: {url: 'https://gw', serverName: '10.0.0.1'}", nil, "gateway.serverName", "not an IP address"},
+		{"gateway listen from the environment", "gateway: {url: 'https://gw'}", env(EnvGatewayListen, "7443"), "gateway.listen", "(set by SERVICE_GATEWAY_LISTEN)"},
 		{"gateway region shape", "gateway: {url: 'https://gw', region: EU}", nil, "gateway.region", "Region"},
 
 		// downloads and supportBundles.

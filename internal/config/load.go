@@ -97,13 +97,14 @@ func (b *builder) applyEnv(fc *fileConfig, getenv func(string) string) error {
 		fc.Metrics.Token = &v
 		b.env["metrics.token"] = EnvMetricsToken
 	}
-	gwURL, gwName := getenv(EnvGatewayURL), getenv(EnvGatewayServerName)
-	if gwURL != "" || gwName != "" {
+	gwURL, gwName, gwListen := getenv(EnvGatewayURL), getenv(EnvGatewayServerName), getenv(EnvGatewayListen)
+	if gwURL != "" || gwName != "" || gwListen != "" {
 		if fc.Gateway == nil {
 			fc.Gateway = &fileGateway{}
 		}
 		str("gateway.url", EnvGatewayURL, &fc.Gateway.URL)
 		str("gateway.serverName", EnvGatewayServerName, &fc.Gateway.ServerName)
+		str("gateway.listen", EnvGatewayListen, &fc.Gateway.Listen)
 	}
 	if v := getenv(EnvDownloadsDir); v != "" {
 		if fc.Downloads == nil {

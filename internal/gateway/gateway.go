@@ -177,7 +177,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 	if a := g.o.Config.InternalListen; a != "" {
 		u, err := g.serveInternal(a)
 		if err != nil {
-			return fmt.Errorf("gateway internal API: %w", err)
+			return fmt.Errorf("gateway internal API: %w (gateway.internalListen moves it)", err)
 		}
 		g.internalURL = u
 	}
@@ -194,7 +194,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 	g.trustVersion = int(tv)
 	ln, err := net.Listen("tcp", g.o.Config.Listen)
 	if err != nil {
-		return err
+		return fmt.Errorf("gateway listener: %w (gateway.listen or SERVICE_GATEWAY_LISTEN moves it)", err)
 	}
 	g.ln = ln
 	g.lis = &listener{g: g, ln: ln, tls: g.tlsConfig(), conns: map[net.Conn]struct{}{}}

@@ -527,8 +527,23 @@ func closeAll(siblings []*store.Store) {
 // specification's order: the HTTP listener closes with a grace period, the
 // workers stop (releasing their leases and leaving the workers table), then
 // the notifier and the store close.
-func (h *Host) Serve(ctx context.Context) error {
+//
+// ready, when not nil, is called once every listener of the process (the
+// api's and the gateway's) is bound, so that what it prints is true; an
+// error from it stops the process.
+func (h *Host) Serve(ctx context.Context, ready func() error) error {
 	defer h.Close()
+	var ln net.Listener
+	if h.cfg.HasRole(config.RoleAPI) {
+		// Bound first, so that a busy port stops the process before any
+		// worker or gateway starts.
+		addr := net.JoinHostPort(h.cfg.Host, fmt.Sprint(h.cfg.Port))
+		var err error
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("api listener: %w (PORT and HOST move it)", err)
+		}
+		defer ln.Close()
+	}
 	h.notifier.Start()
 	defer h.notifier.Close()
 	if h.cfg.HasRole(config.RoleAPI) {
@@ -586,15 +601,15 @@ func (h *Host) Serve(ctx context.Context) error {
 		}
 	})
 	defer drainGateway()
-	if !h.cfg.HasRole(config.RoleAPI) {
+	if ready != nil {
+		if err := ready(); err != nil {
+			return err
+		}
+	}
+	if ln == nil {
 		h.log.Info("no api role: nothing to listen on")
 		<-ctx.Done()
 		return nil
-	}
-	addr := net.JoinHostPort(h.cfg.Host, fmt.Sprint(h.cfg.Port))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
 	}
 	srv := &http.Server{
 		Handler:           h.handler,

@@ -68,7 +68,7 @@ func serve(t *testing.T, roles string, ov host.Overrides) *served {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &served{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cancel: cancel, done: make(chan error, 1), logs: logs}
-	go func() { s.done <- h.Serve(ctx) }()
+	go func() { s.done <- h.Serve(ctx, nil) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -260,7 +260,7 @@ func TestServeFailsWhenAddressTaken(t *testing.T) {
 	h, err := host.New(t.Context(), cfg, logging.New(io.Discard, slog.LevelDebug), host.Options{})
 	require.NoError(t, err)
 	done := make(chan error, 1)
-	go func() { done <- h.Serve(t.Context()) }()
+	go func() { done <- h.Serve(t.Context(), nil) }()
 	select {
 	case err := <-done:
 		require.Error(t, err)

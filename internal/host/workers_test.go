@@ -75,7 +75,7 @@ func TestServeRunsWorkersAndWakesAfterCommit(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- h.Serve(ctx) }()
+	go func() { done <- h.Serve(ctx, nil) }()
 	defer func() {
 		cancel()
 		<-done
