@@ -20,6 +20,7 @@ import (
 	"computeplane/gen/client"
 	"computeplane/internal/config"
 	"computeplane/internal/pki"
+	"computeplane/internal/qemu/vmowner"
 )
 
 // Fleet is computed (every role, a gateway included) and one compute-agent
@@ -35,6 +36,7 @@ type Fleet struct {
 	Node     string
 
 	name    string
+	owner   string // the vmowner mark of the qemu processes it starts
 	cleanup []func()
 }
 
@@ -44,7 +46,8 @@ const benchSecret = "benchkit-secret-0123456789abcdefghijklmnop"
 // imagesDir; it exits the process on any failure (a benchmark has no one
 // to return to).
 func StartFleet(ctx context.Context, name, database, imagesDir string) *Fleet {
-	f := &Fleet{name: name}
+	// Marked before any child starts, so that every VM it boots carries it.
+	f := &Fleet{name: name, owner: vmowner.Mark()}
 	abs, err := filepath.Abs(imagesDir)
 	f.check(err)
 	f.Work, err = os.MkdirTemp("", name)
@@ -103,12 +106,61 @@ func StartFleet(ctx context.Context, name, database, imagesDir string) *Fleet {
 	}
 }
 
-// Close stops the processes and removes what the fleet made.
+// Close deletes every sandbox, template and instance of the fleet through
+// the API, waits for their VMs to end, stops the processes and removes what
+// the fleet made. A VM still running after that is killed and ends the
+// tool with an error: VMs outlive their daemon by design, so a benchmark
+// that left one would leave it running for good.
 func (f *Fleet) Close() {
+	if f.C != nil {
+		f.deleteAll()
+	}
+	left := vmowner.WaitGone(f.owner, 60*time.Second)
 	for _, fn := range slices.Backward(f.cleanup) {
 		fn()
 	}
 	f.cleanup = nil
+	if len(left) > 0 {
+		vmowner.Kill(left)
+		log.Fatalf("%s: %d VM(s) still running after every sandbox, template and instance was deleted (killed now):\n  %s",
+			f.name, len(left), strings.Join(left, "\n  "))
+	}
+}
+
+// deleteAll deletes what the benchmark booted, through the API as a
+// tenant would; errors are logged, and what is left is found by Close.
+func (f *Fleet) deleteAll() {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	warn := func(what string, err error) {
+		if err != nil {
+			log.Printf("%s: cleanup: %s: %v", f.name, what, err)
+		}
+	}
+	if sbs, err := f.C.SandboxesList(ctx, &client.SandboxesListInput{TenantId: "bench"}); err == nil {
+		for _, sb := range sbs.Data.Items {
+			_, err := f.C.SandboxesDelete(ctx, &client.SandboxesDeleteInput{TenantId: "bench", SandboxId: sb.SandboxId})
+			warn("delete "+sb.SandboxId, err)
+		}
+	} else {
+		warn("list sandboxes", err)
+	}
+	if tps, err := f.C.SandboxTemplatesList(ctx, &client.SandboxTemplatesListInput{TenantId: "bench"}); err == nil {
+		for _, tp := range tps.Data.Items {
+			_, err := f.C.SandboxTemplatesDelete(ctx, &client.SandboxTemplatesDeleteInput{TenantId: "bench", TemplateId: tp.TemplateId})
+			warn("delete "+tp.TemplateId, err)
+		}
+	} else {
+		warn("list templates", err)
+	}
+	if ins, err := f.C.InstancesList(ctx, &client.InstancesListInput{TenantId: "bench"}); err == nil {
+		for _, in := range ins.Data.Items {
+			_, err := f.C.InstancesDelete(ctx, &client.InstancesDeleteInput{TenantId: "bench", InstanceId: in.InstanceId})
+			warn("delete "+in.InstanceId, err)
+		}
+	} else {
+		warn("list instances", err)
+	}
 }
 
 func (f *Fleet) defer_(fn func()) { f.cleanup = append(f.cleanup, fn) }

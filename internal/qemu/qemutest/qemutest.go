@@ -3,16 +3,19 @@
 package qemutest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"computeplane/internal/images"
+	"computeplane/internal/qemu/vmowner"
 )
 
 // Image builds the minimal guest image if its manifest is missing and
@@ -61,4 +64,21 @@ func moduleRoot(t testing.TB) string {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	require.NoError(t, err)
 	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+// Main runs a package's tests that boot VMs and fails the package when a
+// qemu process one of them started is still running after them (each test
+// deletes, or its cleanup kills, what it booted). Use it as
+// `func TestMain(m *testing.M) { qemutest.Main(m) }`.
+func Main(m *testing.M) {
+	token := vmowner.Mark()
+	code := m.Run()
+	// A deleted VM is removed in the background: give it a moment.
+	if left := vmowner.WaitGone(token, 15*time.Second); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "qemutest: %d qemu process(es) of this package's tests still running after them (killed now):\n  %s\n",
+			len(left), strings.Join(left, "\n  "))
+		vmowner.Kill(left)
+		code = 1
+	}
+	os.Exit(code)
 }
