@@ -14,7 +14,9 @@
 #
 # The packages (linux-image-cloud-amd64, busybox-static, e2fsprogs, lz4,
 # cpio, syslinux, mtools, dosfstools, qemu-utils) are installed with apt-get
-# when missing and this runs as root.
+# when missing and this runs as root; so is qemu-system-x86, which the image
+# does not need but the qemu runtime of a compute-agent on this machine does
+# (`make run` builds the image, and the README's VM steps follow it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="$(realpath -m "${1:-.service/images}")"
@@ -30,11 +32,18 @@ command -v syslinux >/dev/null || need+=(syslinux)
 command -v mcopy >/dev/null || need+=(mtools)
 command -v mkfs.vfat >/dev/null || need+=(dosfstools)
 command -v qemu-img >/dev/null || need+=(qemu-utils)
-if ((${#need[@]})); then
-	if [[ $(id -u) -ne 0 ]]; then
+if [[ $(id -u) -ne 0 ]]; then
+	if ((${#need[@]})); then
 		echo "images: install ${need[*]} (apt-get) first" >&2
 		exit 1
 	fi
+	# Not needed for the image: a warning only.
+	command -v qemu-system-x86_64 >/dev/null ||
+		echo "images: compute-agent's qemu runtime needs qemu-system-x86 (apt-get install qemu-system-x86)" >&2
+else
+	command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+fi
+if ((${#need[@]})); then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi

@@ -114,6 +114,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	case "recording":
 		r = &runtime.Recording{Dir: *dir + "/runtime"}
 	case "qemu":
+		// Refuse to start without a working qemu: the node would look
+		// ready and fail every instance it is given.
+		qv, err := runtime.CheckQEMU(ctx)
+		if err != nil {
+			fmt.Fprintln(stderr, "compute-agent run:", err)
+			return 1
+		}
+		log.Info("qemu found", "version", qv)
 		acc, err := chooseAccel(ctx, *dir, *accel, log)
 		if err != nil {
 			fmt.Fprintln(stderr, "compute-agent run:", err)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
@@ -8,14 +9,17 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	mathrand "math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +42,12 @@ const (
 	RevokedWait   = 60 * time.Second
 	// MaxReconnectDelay bounds a drain's delay (gateways send up to 60 s).
 	MaxReconnectDelay = 2 * time.Minute
+	// DrainRetryMax caps the backoff for DrainRetryWindow after a drain:
+	// the drained gateway (the region's only one, or the only one that
+	// answers) is usually back within seconds, and its daemons should be
+	// too.
+	DrainRetryMax    = time.Second
+	DrainRetryWindow = time.Minute
 	// HigherRungRetry is how often a session on the WebSocket fallback
 	// tries mutual TLS to its gateway again (a proxy in the way may have
 	// gone): when it answers, the session moves there.
@@ -71,8 +81,8 @@ type Agent struct {
 	status           *statusFile
 
 	tmu         sync.Mutex
-	transports  map[string]string // gateway id -> the transport that last worked
-	lastGateway string            // the gateway of the last welcomed session
+	transports  map[string]string // gateway URL -> the transport that last worked
+	lastGateway gatewayRef        // the gateway of the last welcomed session
 
 	// Resolving secret references (resolve.go): the open session's send
 	// and the requests waiting for their answers.
@@ -106,7 +116,7 @@ func New(o Options) (*Agent, error) {
 	_ = readJSON(o.Dir.path(fileStatus), &prev)
 	prev.NodeID, prev.Connected = st.NodeID, false
 	a := &Agent{o: o, dir: o.Dir, log: o.Log, state: st, key: key, transports: map[string]string{},
-		status: &statusFile{dir: o.Dir, s: prev}, lastGateway: prev.GatewayID, rwait: map[string]chan *agentproto.Resolved{}, inflight: map[string]bool{}}
+		status: &statusFile{dir: o.Dir, s: prev}, lastGateway: gatewayRef{id: prev.GatewayID, url: prev.GatewayURL}, rwait: map[string]chan *agentproto.Resolved{}, inflight: map[string]bool{}}
 	if u, ok := o.Runtime.(runtime.SecretUser); ok {
 		u.UseSecrets(a.ResolveSecrets)
 	}
@@ -124,9 +134,28 @@ func (a *Agent) inventory() agentproto.Inventory {
 	return inventory(a.o.Volumes, a.o.Declared, a.o.Runtime.Name(), a.o.Runtime.Accel())
 }
 
+// gatewayRef names a gateway the daemon held a session with: the id its
+// welcome gave and the URL dialled. A restarted gateway keeps its URL and
+// gets a new id; the list entry dialled may still carry the old one.
+type gatewayRef struct{ id, url string }
+
+func (r gatewayRef) is(g agentproto.Gateway) bool {
+	return (r.id != "" && g.ID == r.id) || (r.url != "" && g.URL == r.url)
+}
+
+// transportKey is what the transport memory is kept by: the gateway's URL
+// (which survives its restarts), its id when it has none.
+func transportKey(g agentproto.Gateway) string {
+	if g.URL != "" {
+		return g.URL
+	}
+	return g.ID
+}
+
 // endReason says why a session ended.
 type endReason struct {
 	welcomed       bool
+	gateway        gatewayRef    // who welcomed it
 	reconnectAfter time.Duration // the gateway drains: go elsewhere after this
 	drained        bool
 	revoked        bool
@@ -142,10 +171,11 @@ const ShortSession = time.Second
 func (a *Agent) Run(ctx context.Context) error {
 	a.status.update(func(s *Status) { s.Connected, s.ObservedGeneration = false, a.observed.Load() })
 	backoff := BackoffMin
-	avoid := ""
+	var avoid gatewayRef
+	var quickUntil time.Time // a drain's short backoff lasts until then
 	for ctx.Err() == nil {
 		gws := a.order(avoid)
-		avoid = ""
+		avoid = gatewayRef{}
 		connected := false
 		for _, gw := range gws {
 			conn, transport, err := a.dial(ctx, gw)
@@ -174,15 +204,26 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			// The next round starts with the other gateways: a dropped
 			// gateway's nodes move at once, a draining one is left.
-			avoid = gw.ID
+			avoid = why.gateway
 			switch {
 			case ctx.Err() != nil:
 			case why.revoked:
 				a.log.Error("this node's certificate was revoked; waiting before trying again")
 				sleep(ctx, RevokedWait)
 			case why.drained:
-				a.log.Info("gateway draining: reconnecting elsewhere", "gateway", gw.ID, "after", why.reconnectAfter)
-				sleep(ctx, why.reconnectAfter)
+				// The delay spreads the drained daemons over the other
+				// gateways in time. Without another gateway there is
+				// nothing to spread over: the drained one (restarting,
+				// most likely) is dialled again at once. Either way a
+				// round without a session then retries with a short
+				// backoff.
+				backoff, quickUntil = BackoffMin, time.Now().Add(DrainRetryWindow)
+				if a.others(why.gateway) {
+					a.log.Info("gateway draining: reconnecting elsewhere", "gateway", why.gateway.id, "after", why.reconnectAfter)
+					sleep(ctx, why.reconnectAfter)
+				} else {
+					a.log.Info("gateway draining and no other in the region: dialling it again", "gateway", why.gateway.id)
+				}
 			}
 			break
 		}
@@ -190,36 +231,79 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		}
 		if !connected {
+			limit := BackoffMax
+			if time.Now().Before(quickUntil) {
+				limit = DrainRetryMax
+			}
+			backoff = min(backoff, limit)
 			sleep(ctx, backoff+time.Duration(mathrand.Int64N(int64(backoff/2)+1)))
-			backoff = min(2*backoff, BackoffMax)
+			backoff = min(2*backoff, limit)
 		}
 	}
 	return nil
 }
 
-// order is the gateways to try: the one whose session worked last first
-// (unless it is avoided), then the rest as the control plane listed them
-// (least loaded first), the avoided one last.
-func (a *Agent) order(avoid string) []agentproto.Gateway {
+// order is the gateways to try, one entry per URL: the one whose session
+// worked last first (unless it is avoided), then the rest in this node's
+// own order, the avoided one last. The rest are ranked by rendezvous
+// hashing of node id and gateway URL, draining ones after: the region's
+// daemons spread over its gateways (one list order read by all would put
+// every daemon on the same gateway, and move them all at its loss), and a
+// gateway's loss moves its daemons evenly over the others while each
+// daemon elsewhere stays.
+func (a *Agent) order(avoid gatewayRef) []agentproto.Gateway {
 	a.tmu.Lock()
 	last := a.lastGateway
 	a.tmu.Unlock()
 	var head, rest, tail []agentproto.Gateway
+	seen := map[string]bool{}
 	for _, g := range a.state.Gateways {
-		switch g.ID {
-		case avoid:
+		if g.URL != "" {
+			if seen[g.URL] {
+				continue // a restarted gateway listed under its old id too
+			}
+			seen[g.URL] = true
+		}
+		switch {
+		case avoid.is(g):
 			tail = append(tail, g)
-		case last:
+		case last.is(g):
 			head = append(head, g)
 		default:
 			rest = append(rest, g)
 		}
 	}
+	node := a.state.NodeID
+	slices.SortStableFunc(rest, func(x, y agentproto.Gateway) int {
+		if x.Draining != y.Draining {
+			if x.Draining {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Compare(rank(node, y), rank(node, x)) // highest first
+	})
 	out := append(append(head, rest...), tail...)
 	if len(out) == 0 && a.state.FallbackURL != "" {
 		out = []agentproto.Gateway{{ID: "fallback"}} // only the public host is known
 	}
 	return out
+}
+
+// rank is node's rendezvous weight for gateway g.
+func rank(node string, g agentproto.Gateway) uint64 {
+	h := sha256.Sum256([]byte(node + "\x00" + transportKey(g)))
+	return binary.BigEndian.Uint64(h[:8])
+}
+
+// others reports whether the region lists a gateway other than gw.
+func (a *Agent) others(gw gatewayRef) bool {
+	for _, g := range a.state.Gateways {
+		if !gw.is(g) {
+			return true
+		}
+	}
+	return false
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -236,7 +320,7 @@ func sleep(ctx context.Context, d time.Duration) {
 func (a *Agent) dial(ctx context.Context, gw agentproto.Gateway) (*websocket.Conn, string, error) {
 	ladder := []string{agentproto.TransportMTLS, agentproto.TransportWebSocket}
 	a.tmu.Lock()
-	if a.transports[gw.ID] == agentproto.TransportWebSocket {
+	if a.transports[transportKey(gw)] == agentproto.TransportWebSocket {
 		ladder[0], ladder[1] = ladder[1], ladder[0]
 	}
 	a.tmu.Unlock()
@@ -250,12 +334,34 @@ func (a *Agent) dial(ctx context.Context, gw agentproto.Gateway) (*websocket.Con
 			conn, err = a.dialFallback(ctx)
 		}
 		if err == nil {
-			a.remember(gw.ID, t)
+			a.remember(transportKey(gw), t)
 			return conn, t, nil
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", t, err))
+		if errors.Is(err, errBusy) {
+			// The gateway itself answered over mutual TLS (draining or
+			// full): the rung works, the fallback would not help, and
+			// must not be remembered as what works.
+			break
+		}
 	}
 	return nil, "", errors.Join(errs...)
+}
+
+// pruneTransports forgets the transports of gateways no longer listed:
+// without it transports.json would grow by an entry per gateway ever seen.
+func (a *Agent) pruneTransports() {
+	listed := map[string]bool{}
+	for _, g := range a.state.Gateways {
+		listed[transportKey(g)] = true
+	}
+	a.tmu.Lock()
+	defer a.tmu.Unlock()
+	n := len(a.transports)
+	maps.DeleteFunc(a.transports, func(k, _ string) bool { return !listed[k] })
+	if len(a.transports) != n {
+		_ = writeJSON(a.dir.path(fileTransports), a.transports)
+	}
 }
 
 func (a *Agent) remember(gw, transport string) {
@@ -292,9 +398,16 @@ func (a *Agent) dialMTLS(ctx context.Context, gw agentproto.Gateway) (*websocket
 	ctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	defer cancel()
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: false}}
-	conn, _, err := websocket.Dial(ctx, "wss://"+u.Host+agentproto.SessionPath, &websocket.DialOptions{HTTPClient: hc})
+	conn, resp, err := websocket.Dial(ctx, "wss://"+u.Host+agentproto.SessionPath, &websocket.DialOptions{HTTPClient: hc})
+	if err != nil && resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
+		err = fmt.Errorf("%w: %v", errBusy, err)
+	}
 	return conn, err
 }
+
+// errBusy is a gateway's refusal before the upgrade (503: it drains or is
+// full), which only a gateway verified by the serving CA can give.
+var errBusy = errors.New("the gateway takes no session now")
 
 // dialFallback opens the public host's session endpoint and proves the
 // node's identity by signing the challenge.
@@ -390,12 +503,14 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 			a.log.Warn("saving the gateways", "error", err.Error())
 		}
 	}
+	ref := gatewayRef{id: w.GatewayID, url: gw.URL}
 	a.tmu.Lock()
-	a.lastGateway = gw.ID
+	a.lastGateway = ref
 	a.tmu.Unlock()
+	a.pruneTransports()
 	a.log.Info("session open", "gateway", w.GatewayID, "transport", transport, "epoch", w.SessionEpoch, "protocol", w.Protocol)
 	a.status.update(func(s *Status) {
-		s.GatewayID, s.Transport, s.SessionEpoch, s.Connected, s.ObservedGeneration = w.GatewayID, transport, w.SessionEpoch, true, a.observed.Load()
+		s.GatewayID, s.GatewayURL, s.Transport, s.SessionEpoch, s.Connected, s.ObservedGeneration = w.GatewayID, gw.URL, transport, w.SessionEpoch, true, a.observed.Load()
 	})
 
 	sctx, stop := context.WithCancel(ctx)
@@ -481,7 +596,7 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 	a.setSender(send)
 	defer a.setSender(nil)
 
-	why := endReason{welcomed: true}
+	why := endReason{welcomed: true, gateway: ref}
 	for {
 		m, err := read(rctx, conn)
 		if err != nil {
@@ -546,7 +661,7 @@ func (a *Agent) climb(ctx context.Context, gw agentproto.Gateway) bool {
 			continue
 		}
 		_ = conn.CloseNow()
-		a.remember(gw.ID, agentproto.TransportMTLS)
+		a.remember(transportKey(gw), agentproto.TransportMTLS)
 		return true
 	}
 }

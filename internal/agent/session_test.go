@@ -150,7 +150,12 @@ type fakeGateway struct {
 	srv      *httptest.Server
 	sessions chan *fakeSession
 	refuse   atomic.Bool // answer 502 before the upgrade, as a breaking proxy does
+	busy     atomic.Bool // answer 503 before the upgrade, as a draining gateway does
 	requests atomic.Int64
+	// welcomeID and list, when set before the daemon runs, are the
+	// welcome's gateway id (default id) and gateways.
+	welcomeID string
+	list      []agentproto.Gateway
 }
 
 // fakeSession is one welcomed session.
@@ -168,6 +173,10 @@ func (w *world) gateway(id string, fallback bool) *fakeGateway {
 		g.requests.Add(1)
 		if g.refuse.Load() || r.URL.Path != agentproto.SessionPath {
 			http.Error(rw, "no", http.StatusBadGateway)
+			return
+		}
+		if g.busy.Load() {
+			http.Error(rw, "the gateway is draining", http.StatusServiceUnavailable)
 			return
 		}
 		conn, err := websocket.Accept(rw, r, nil)
@@ -203,7 +212,11 @@ func (w *world) gateway(id string, fallback bool) *fakeGateway {
 			return
 		}
 		s.hello = m.Hello
-		if s.send(agentproto.Message{Type: agentproto.TypeWelcome, Welcome: &agentproto.Welcome{SessionEpoch: 7, Protocol: 1, GatewayID: id, HeartbeatMS: 50}}) != nil {
+		wid := id
+		if g.welcomeID != "" {
+			wid = g.welcomeID
+		}
+		if s.send(agentproto.Message{Type: agentproto.TypeWelcome, Welcome: &agentproto.Welcome{SessionEpoch: 7, Protocol: 1, GatewayID: wid, Gateways: g.list, HeartbeatMS: 50}}) != nil {
 			return
 		}
 		g.sessions <- s
@@ -341,10 +354,19 @@ func TestSessionHelloSpecsAndCommands(t *testing.T) {
 	assert.Len(t, st.Instances, 1)
 }
 
+// ranked is gws in node_a's order (rendezvous hashing): g1 first.
+func ranked(gws ...*fakeGateway) (g1, g2 *fakeGateway) {
+	a, b := gws[0], gws[1]
+	if rank("node_a", agentproto.Gateway{URL: a.srv.URL}) < rank("node_a", agentproto.Gateway{URL: b.srv.URL}) {
+		a, b = b, a
+	}
+	return a, b
+}
+
 func TestFailoverToTheNextGateway(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, time.Minute, time.Hour)
-	g1, g2 := w.gateway("gw_1", false), w.gateway("gw_2", false)
+	g1, g2 := ranked(w.gateway("gw_1", false), w.gateway("gw_2", false))
 	w.setGateways("", g1, g2)
 	w.run()
 
@@ -352,7 +374,7 @@ func TestFailoverToTheNextGateway(t *testing.T) {
 	require.NoError(t, s.conn.CloseNow())
 	s = g2.next(t)
 	assert.Equal(t, agentproto.TransportMTLS, s.hello.Transport)
-	require.Eventually(t, func() bool { st := w.status(); return st.Connected && st.GatewayID == "gw_2" }, waitFor, 10*time.Millisecond)
+	require.Eventually(t, func() bool { st := w.status(); return st.Connected && st.GatewayID == g2.id }, waitFor, 10*time.Millisecond)
 
 	// A draining gateway: the daemon leaves it for the other.
 	require.NoError(t, s.send(agentproto.Message{Type: agentproto.TypeReconnect, Reconnect: &agentproto.Reconnect{DelayMS: 10}}))
@@ -374,7 +396,7 @@ func TestFallbackWhenMutualTLSFailsIsRemembered(t *testing.T) {
 	require.Eventually(t, func() bool { return w.status().Transport == agentproto.TransportWebSocket }, waitFor, 10*time.Millisecond)
 	var remembered map[string]string
 	require.NoError(t, readJSON(w.dir.path(fileTransports), &remembered))
-	assert.Equal(t, agentproto.TransportWebSocket, remembered["gw_1"])
+	assert.Equal(t, agentproto.TransportWebSocket, remembered[g.srv.URL])
 
 	// Mutual TLS works again, but the remembered transport is tried first.
 	g.refuse.Store(false)
@@ -408,7 +430,7 @@ func TestFallbackClimbsBackToMutualTLS(t *testing.T) {
 	require.Eventually(t, func() bool { st := w.status(); return st.Connected && st.Transport == agentproto.TransportMTLS }, waitFor, 10*time.Millisecond)
 	var remembered map[string]string
 	require.NoError(t, readJSON(w.dir.path(fileTransports), &remembered))
-	assert.Equal(t, agentproto.TransportMTLS, remembered["gw_1"])
+	assert.Equal(t, agentproto.TransportMTLS, remembered[g.srv.URL])
 	select {
 	case _, open := <-s.in:
 		for open {

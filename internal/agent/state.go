@@ -139,6 +139,7 @@ func (s *State) commandKeys() []ed25519.PublicKey {
 type Status struct {
 	NodeID             string    `json:"nodeId"`
 	GatewayID          string    `json:"gatewayId"`
+	GatewayURL         string    `json:"gatewayUrl,omitempty"` // the URL dialled
 	Transport          string    `json:"transport"`
 	SessionEpoch       int64     `json:"sessionEpoch"`
 	ObservedGeneration int64     `json:"observedGeneration"`

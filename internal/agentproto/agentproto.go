@@ -192,6 +192,8 @@ type Gateway struct {
 	URL        string `json:"url"` // https://host:port of the mutual-TLS listener
 	ServerName string `json:"serverName,omitempty"`
 	Region     string `json:"region"`
+	// Draining gateways refuse new sessions: daemons dial them last.
+	Draining bool `json:"draining,omitempty"`
 }
 
 // Welcome accepts a session.

@@ -486,7 +486,9 @@ func (g *Gateway) Drain() {
 	g.o.Log.Info("gateway drained", "id", g.id)
 }
 
-// liveGateways lists the region's gateways for daemons (join, welcome).
+// LiveGateways lists the region's gateways for daemons (join, welcome),
+// least loaded first; each daemon ranks them its own way (agent.order),
+// so that the region's daemons spread over them.
 func LiveGateways(ctx context.Context, q *db.Queries, region string) ([]agentproto.Gateway, error) {
 	var r pgtype.Text
 	if region != "" {
@@ -498,7 +500,7 @@ func LiveGateways(ctx context.Context, q *db.Queries, region string) ([]agentpro
 	}
 	out := make([]agentproto.Gateway, 0, len(rows))
 	for _, g := range rows {
-		out = append(out, agentproto.Gateway{ID: g.GatewayID, URL: g.Url, ServerName: g.ServerName.String, Region: g.Region})
+		out = append(out, agentproto.Gateway{ID: g.GatewayID, URL: g.Url, ServerName: g.ServerName.String, Region: g.Region, Draining: g.Draining})
 	}
 	return out, nil
 }

@@ -52,3 +52,11 @@ func TestRecordingReportsWhatItAppliedBeforeARestart(t *testing.T) {
 	st := (&Recording{Dir: dir}).Observe(t.Context())
 	assert.Equal(t, []agentproto.InstanceStatus{{ID: "a", State: "paused"}}, st)
 }
+
+// The host's qemu passes the check the daemon makes at start (VM tests
+// need it on PATH anyway).
+func TestCheckQEMUOnThisHost(t *testing.T) {
+	v, err := CheckQEMU(t.Context())
+	require.NoError(t, err)
+	assert.Contains(t, v, "QEMU emulator version")
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Issue 21: `run --runtime qemu` on a host without qemu refused to do
+// nothing; it started, and every instance failed later.
+func TestRunRefusesWithoutQEMU(t *testing.T) {
+	t.Setenv("PATH", t.TempDir()) // no qemu-system-x86_64, no qemu-img
+	dir := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"run", "--dir", dir, "--runtime", "qemu"}, &stdout, &stderr)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr.String(), "needs qemu-system-x86_64, which is not on PATH")
+	assert.Contains(t, stderr.String(), "apt-get install qemu-system-x86")
+	assert.NoFileExists(t, filepath.Join(dir, "accel"), "no acceleration was decided")
+}
+
+// A qemu that does not run (a broken install) is refused the same way.
+func TestRunRefusesABrokenQEMU(t *testing.T) {
+	bin := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "qemu-system-x86_64"), []byte("#!/bin/sh\necho 'error while loading shared libraries' >&2\nexit 127\n"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "qemu-img"), []byte("#!/bin/sh\necho 'qemu-img version 9'\n"), 0o755))
+	t.Setenv("PATH", bin)
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"run", "--dir", t.TempDir(), "--runtime", "qemu"}, &stdout, &stderr)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr.String(), "qemu-system-x86_64")
+	assert.Contains(t, stderr.String(), "does not run")
+	assert.Contains(t, stderr.String(), "error while loading shared libraries")
+
+	// qemu-img missing alone is named too.
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "qemu-system-x86_64"), []byte("#!/bin/sh\necho 'QEMU emulator version 9'\n"), 0o755))
+	require.NoError(t, os.Remove(filepath.Join(bin, "qemu-img")))
+	stderr.Reset()
+	code = run([]string{"run", "--dir", t.TempDir(), "--runtime", "qemu"}, &stdout, &stderr)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr.String(), "needs qemu-img, which is not on PATH")
+}
