@@ -327,9 +327,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	}
 	if runner != nil && cfg.HasRole(config.RoleIAM) {
 		// Drafts a killed process left in the projection go after a bound.
-		runner.RegisterSingleton(embedded.DraftSweepJob, func(ctx context.Context, _ workers.Lease) error {
-			return identity.SweepDraftsEvery(ctx, embedded.DraftSweepEvery, embedded.DraftTTL, log)
-		})
+		runner.RegisterPeriodic(identity.DraftSweep(log))
 	}
 	if runner != nil && cfg.HasRole(config.RoleSinks) {
 		if err := registerDispatch(runner, work, cfg, reg, notifier, dispatch.Jobs(sinkList, cfg.Workers.BatchSize), log); err != nil {
@@ -350,7 +348,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		runner.RegisterPeriodic(sbx.Periodic())
 		wf := &workflows.Job{Store: work, Notifier: notifier, Images: imageSource, Log: log,
 			Drivers: drivers.Registry{qemudriver.Name: qemudriver.Open, redfish.Name: redfish.Open}}
-		runner.RegisterSingleton(workflows.JobName, wf.Run)
+		runner.RegisterPeriodic(wf.Periodic())
 		runner.RegisterPeriodic(providerAccounts.Job(work, notifier, log).Periodic())
 		runner.RegisterPeriodic(providerAccounts.InstancesJob(work, notifier, log).Periodic())
 	}
@@ -449,11 +447,7 @@ const DispatchPoll = time.Second
 func registerDispatch(runner *workers.Runner, st *store.Store, cfg *config.Config, reg *metrics.Registry,
 	n *notify.Notifier, jobs []sinks.Job, log *slog.Logger) error {
 	for _, j := range jobs {
-		runner.RegisterSingleton(j.Name, func(ctx context.Context, l workers.Lease) error {
-			wake, stop := n.Subscribe(notify.TopicOutbox)
-			defer stop()
-			return j.Loop(ctx, l.Fence, DispatchPoll, wake)
-		})
+		runner.RegisterPeriodic(j.Periodic(n, DispatchPoll))
 	}
 	engine, err := webhooks.NewEngine(st, webhooks.OptionsFrom(cfg), webhooks.EngineOptions{
 		Metrics: reg, Log: log,

@@ -38,7 +38,11 @@ type Periodic struct {
 	// it a failure is logged and the next pass comes at Interval.
 	Backoff bool
 	// Pass is one pass; every write it makes is fenced by fence.
-	Pass     func(ctx context.Context, fence Fence) error
+	Pass func(ctx context.Context, fence Fence) error
+	// Drain, when set, is called as the run ends, before Run returns: a
+	// job whose passes start work that outlives them waits for it there,
+	// so that the next holder of the lease never overlaps with it.
+	Drain    func()
 	Notifier *notify.Notifier
 	Log      *slog.Logger
 
@@ -71,7 +75,14 @@ func (r *Runner) RegisterPeriodic(p *Periodic) {
 }
 
 // Run is the job (a JobFunc): passes until ctx ends, each fenced by l.
-func (p *Periodic) Run(ctx context.Context, l Lease) error {
+func (p *Periodic) Run(ctx context.Context, l Lease) error { return p.RunFenced(ctx, l.Fence) }
+
+// RunFenced runs passes until ctx ends, their writes fenced by fence (nil:
+// unfenced, for tests).
+func (p *Periodic) RunFenced(ctx context.Context, fence Fence) error {
+	if p.Drain != nil {
+		defer p.Drain()
+	}
 	var wake <-chan struct{}
 	if p.Wake != "" && p.Notifier != nil {
 		ch, stop := p.Notifier.Subscribe(p.Wake)
@@ -81,7 +92,7 @@ func (p *Periodic) Run(ctx context.Context, l Lease) error {
 	t := time.NewTicker(p.Interval)
 	defer t.Stop()
 	for {
-		if err := p.RunOnce(ctx, l.Fence); err != nil && ctx.Err() == nil {
+		if err := p.RunOnce(ctx, fence); err != nil && ctx.Err() == nil {
 			if p.Backoff {
 				return err
 			}
