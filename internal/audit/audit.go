@@ -12,18 +12,18 @@ import (
 
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
-	"computeplane/internal/outbox"
 	"computeplane/internal/rpc"
+	"computeplane/internal/uow"
 )
 
 // OutcomeOK is the outcome of a committed mutation.
 const OutcomeOK = "ok"
 
 // Record writes the audit row of call in tx, together with the events the
-// call held (outbox.WithPending) in the same statement: one round trip
+// call held (its unit of work) in the same statement: one round trip
 // before commit. The envelope calls it after the business function
 // succeeded.
-func Record(ctx context.Context, tx pgx.Tx, call *rpc.Call, events *outbox.Pending) error {
+func Record(ctx context.Context, tx pgx.Tx, call *rpc.Call, u *uow.Unit) error {
 	s := iam.SessionFromContext(ctx)
 	if s == nil {
 		return errors.New("audit: a mutation ran without an authenticated session")
@@ -41,7 +41,7 @@ func Record(ctx context.Context, tx pgx.Tx, call *rpc.Call, events *outbox.Pendi
 		RequestID:    text(call.RequestID),
 		Traceparent:  text(call.Traceparent),
 		Outcome:      OutcomeOK,
-		Events:       events.JSON(),
+		Events:       u.TakeEvents(),
 	})
 }
 

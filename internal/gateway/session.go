@@ -29,6 +29,7 @@ import (
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/pki"
+	"computeplane/internal/uow"
 )
 
 // session is one daemon's WebSocket session on this gateway.
@@ -389,9 +390,10 @@ func (s *session) status(st *agentproto.Status) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, WriteTimeout)
 	defer cancel()
-	ctx = notify.WithLater(ctx) // OnStatus names what its changes wake
+	// One unit of work: OnStatus names what its changes wake.
 	events := false
-	err := s.g.o.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+	u, err := uow.Run(ctx, s.g.o.Store, false, func(ctx context.Context, u *uow.Unit) error {
+		tx := u.Tx
 		n, err := db.New(tx).ReportStatus(ctx, db.ReportStatusParams{
 			ObservedGeneration: st.ObservedGeneration, ApplyError: pgtype.Text{String: st.ApplyError, Valid: st.ApplyError != ""},
 			InstanceStatus:         instances,
@@ -407,7 +409,7 @@ func (s *session) status(st *agentproto.Status) {
 		return err
 	})
 	if err == nil {
-		s.g.o.Notifier.WakeLater(ctx)
+		s.g.o.Notifier.WakeUnit(u)
 	}
 	if events {
 		s.g.o.Notifier.Wake(notify.TopicOutbox)

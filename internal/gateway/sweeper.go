@@ -38,40 +38,23 @@ type Sweeper struct {
 	Log       *slog.Logger
 }
 
-// Run is the job: a pass every SweepEvery, every write fenced by the
-// lease.
-func (s *Sweeper) Run(ctx context.Context, l workers.Lease) error {
-	t := time.NewTicker(SweepEvery)
-	defer t.Stop()
-	for {
-		if err := s.Pass(ctx, l.Fence); err != nil && ctx.Err() == nil {
-			s.Log.Warn("command sweeper pass", "error", err.Error())
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+// Periodic is the sweeper's job: a pass every SweepEvery, bounded by
+// it, every write fenced by the lease.
+func (s *Sweeper) Periodic() *workers.Periodic {
+	return &workers.Periodic{Name: SweeperJob, Interval: SweepEvery, PassTimeout: SweepEvery, Pass: s.Pass, Log: s.Log}
 }
 
-// Pass runs one sweep.
-func (s *Sweeper) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) error) error {
-	ctx, cancel := context.WithTimeout(ctx, SweepEvery)
-	defer cancel()
-	wake := map[string]bool{}
-	var down bool
-	err := s.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if err := fence(ctx, tx); err != nil {
-			return err
-		}
+// Pass runs one sweep; the gateways of re-sent commands are woken after
+// the commit.
+func (s *Sweeper) Pass(ctx context.Context, fence workers.Fence) error {
+	return workers.Tx(ctx, s.Store, s.Notifier, fence, func(ctx context.Context, tx pgx.Tx) error {
 		q := db.New(tx)
 		resent, err := q.ResendCommands(ctx, SweepEvery.Milliseconds())
 		if err != nil {
 			return err
 		}
 		for _, r := range resent {
-			wake[topicOf(r.SessionGateway)] = true
+			notify.Later(ctx, topicOf(r.SessionGateway))
 		}
 		if _, err := q.ExpireCommands(ctx); err != nil {
 			return err
@@ -88,21 +71,10 @@ func (s *Sweeper) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) 
 				Data: api.NodeDownPayload{NodeID: n.NodeID}}); err != nil {
 				return err
 			}
-			down = true
 		}
 		_, err = q.DeleteDeadGateways(ctx, DeadGatewayTTL.Milliseconds())
 		return err
 	})
-	if err != nil {
-		return err
-	}
-	for t := range wake {
-		s.Notifier.Wake(t)
-	}
-	if down {
-		s.Notifier.Wake(notify.TopicOutbox)
-	}
-	return nil
 }
 
 // Check is the gateways' part of system.selfCheck: sweeper lag, gateway

@@ -59,6 +59,7 @@ import (
 	"computeplane/internal/sites"
 	"computeplane/internal/store"
 	"computeplane/internal/system"
+	"computeplane/internal/uow"
 	"computeplane/internal/usage"
 	"computeplane/internal/webhooks"
 	"computeplane/internal/workers"
@@ -266,9 +267,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		Wakes: notifier,
 		// A committed mutation may have written outbox rows: wake their
 		// consumers.
-		AfterCommit: func(ctx context.Context, _ *rpc.Call) {
+		AfterCommit: func(ctx context.Context, _ *rpc.Call, u *uow.Unit) {
 			notifier.Wake(notify.TopicOutbox)
-			for _, t := range notifier.WakeLater(ctx) {
+			for _, t := range notifier.WakeUnit(u) {
 				// A gateway with an internal API is woken there too: no
 				// database round trip, and without a notifier at all.
 				if id, ok := strings.CutPrefix(t, "gateway/"); ok && t != gateway.TopicAll {
@@ -322,13 +323,11 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		if err != nil {
 			return nil, err
 		}
-		runner.RegisterSingleton(usage.HandoverJob, handovers.Run)
+		runner.RegisterPeriodic(handovers.Periodic())
 	}
 	if runner != nil && cfg.HasRole(config.RoleIAM) {
 		// Drafts a killed process left in the projection go after a bound.
-		runner.RegisterSingleton(embedded.DraftSweepJob, func(ctx context.Context, _ workers.Lease) error {
-			return identity.SweepDraftsEvery(ctx, embedded.DraftSweepEvery, embedded.DraftTTL, log)
-		})
+		runner.RegisterPeriodic(identity.DraftSweep(log))
 	}
 	if runner != nil && cfg.HasRole(config.RoleSinks) {
 		if err := registerDispatch(runner, work, cfg, reg, notifier, dispatch.Jobs(sinkList, cfg.Workers.BatchSize), log); err != nil {
@@ -341,17 +340,17 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 			downAfter = cfg.Gateway.DownAfter
 		}
 		sweeper := &gateway.Sweeper{Store: work, Notifier: notifier, DownAfter: downAfter, Log: log}
-		runner.RegisterSingleton(gateway.SweeperJob, sweeper.Run)
+		runner.RegisterPeriodic(sweeper.Periodic())
 		rsv := &reservations.Job{Service: rsvService, Store: work, Notifier: notifier,
 			MaxAttempts: cfg.Capacity.MaxAttempts, Log: log}
-		runner.RegisterSingleton(reservations.JobName, rsv.Run)
+		runner.RegisterPeriodic(rsv.Periodic())
 		sbx := &sandboxes.Job{Service: sandboxService, Store: work, Notifier: notifier, Log: log}
-		runner.RegisterSingleton(sandboxes.JobName, sbx.Run)
+		runner.RegisterPeriodic(sbx.Periodic())
 		wf := &workflows.Job{Store: work, Notifier: notifier, Images: imageSource, Log: log,
 			Drivers: drivers.Registry{qemudriver.Name: qemudriver.Open, redfish.Name: redfish.Open}}
-		runner.RegisterSingleton(workflows.JobName, wf.Run)
-		runner.RegisterSingleton(provideraccounts.JobName, providerAccounts.Job(work, func() { notifier.Wake(notify.TopicOutbox) }, log).Run)
-		runner.RegisterSingleton(provideraccounts.InstancesJobName, providerAccounts.InstancesJob(work, notifier, log).Run)
+		runner.RegisterPeriodic(wf.Periodic())
+		runner.RegisterPeriodic(providerAccounts.Job(work, notifier, log).Periodic())
+		runner.RegisterPeriodic(providerAccounts.InstancesJob(work, notifier, log).Periodic())
 	}
 	// The gateway role refuses to start (INVALID_CONFIG) without a region,
 	// node CA roots or a trust domain, before any listener opens.
@@ -448,11 +447,7 @@ const DispatchPoll = time.Second
 func registerDispatch(runner *workers.Runner, st *store.Store, cfg *config.Config, reg *metrics.Registry,
 	n *notify.Notifier, jobs []sinks.Job, log *slog.Logger) error {
 	for _, j := range jobs {
-		runner.RegisterSingleton(j.Name, func(ctx context.Context, l workers.Lease) error {
-			wake, stop := n.Subscribe(notify.TopicOutbox)
-			defer stop()
-			return j.Loop(ctx, l.Fence, DispatchPoll, wake)
-		})
+		runner.RegisterPeriodic(j.Periodic(n, DispatchPoll))
 	}
 	engine, err := webhooks.NewEngine(st, webhooks.OptionsFrom(cfg), webhooks.EngineOptions{
 		Metrics: reg, Log: log,

@@ -25,6 +25,7 @@ import (
 
 	"computeplane/gen/db"
 	"computeplane/internal/config"
+	"computeplane/internal/uow"
 )
 
 // Channel is the one PostgreSQL channel; the payload is the topic.
@@ -339,41 +340,18 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// laterKey carries the topics a call's transaction asks to wake once it
-// has committed.
-type laterKey struct{}
-
-type later struct {
-	mu     sync.Mutex
-	topics []string
-}
-
-// WithLater returns a context that collects Later topics; the caller
-// wakes them with WakeLater after its transaction commits.
-func WithLater(ctx context.Context) context.Context {
-	return context.WithValue(ctx, laterKey{}, &later{})
-}
-
-// Later asks for topic to be woken after the current call commits; it
-// does nothing outside a context made by WithLater.
+// Later asks for topic to be woken once the unit of work ctx runs in
+// (uow.Run) has committed; it does nothing outside one.
 func Later(ctx context.Context, topic string) {
-	if l, ok := ctx.Value(laterKey{}).(*later); ok {
-		l.mu.Lock()
-		l.topics = append(l.topics, topic)
-		l.mu.Unlock()
+	if u := uow.From(ctx); u != nil {
+		u.WakeAfter(topic)
 	}
 }
 
-// WakeLater wakes the topics collected in ctx and returns them.
-func (n *Notifier) WakeLater(ctx context.Context) []string {
-	l, ok := ctx.Value(laterKey{}).(*later)
-	if !ok {
-		return nil
-	}
-	l.mu.Lock()
-	topics := l.topics
-	l.topics = nil
-	l.mu.Unlock()
+// WakeUnit wakes, after u committed, the topics it asked for (Later) and
+// returns them.
+func (n *Notifier) WakeUnit(u *uow.Unit) []string {
+	topics := u.Wakes()
 	for _, t := range topics {
 		n.Wake(t)
 	}

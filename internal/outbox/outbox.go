@@ -18,6 +18,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/ids"
 	"computeplane/internal/reqmeta"
+	"computeplane/internal/uow"
 	"computeplane/internal/wire"
 )
 
@@ -41,19 +42,27 @@ var modules = func() map[string]string {
 	return m
 }()
 
-// Write adds e to the outbox in tx. Inside an RPC call (a context from
-// WithPending) the event is held and written with the call's audit row in
-// one statement before commit (see Flush); elsewhere it is written at once.
+// Write adds e to the outbox in tx. Inside a unit of work (uow.Run: an RPC
+// call, a job's fenced write) the event is held and written with the
+// unit's other events in one statement before commit; elsewhere it is
+// written at once.
 func Write(ctx context.Context, tx pgx.Tx, e Event) error {
 	r, err := newRow(e)
 	if err != nil {
 		return err
 	}
-	if p, ok := ctx.Value(pendingKey{}).(*Pending); ok {
-		p.rows = append(p.rows, r)
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if u := uow.From(ctx); u != nil {
+		u.Hold(b)
 		return nil
 	}
-	return Flush(ctx, tx, &Pending{rows: []row{r}})
+	meta := reqmeta.FromContext(ctx)
+	return db.New(tx).InsertEvents(ctx, db.InsertEventsParams{
+		RequestID: text(meta.RequestID), Traceparent: text(meta.Traceparent), Events: []byte("[" + string(b) + "]"),
+	})
 }
 
 // row is an event as the insert statements read it (a JSON array element).
@@ -76,43 +85,6 @@ func newRow(e Event) (row, error) {
 		return row{}, fmt.Errorf("outbox: %s payload: %w", e.Type, err)
 	}
 	return row{ID: ids.New("evt"), Type: e.Type, Source: SourcePrefix + module, Subject: e.Subject, TenantID: e.TenantID, Data: data}, nil
-}
-
-// Pending holds the events of one call until it is about to commit.
-type Pending struct{ rows []row }
-
-type pendingKey struct{}
-
-// WithPending returns a context whose Write calls are held in p.
-func WithPending(ctx context.Context) (context.Context, *Pending) {
-	p := &Pending{}
-	return context.WithValue(ctx, pendingKey{}, p), p
-}
-
-// Len is the number of events held.
-func (p *Pending) Len() int { return len(p.rows) }
-
-// JSON is the held events as the insert statements read them.
-func (p *Pending) JSON() []byte {
-	if len(p.rows) == 0 {
-		return []byte("[]") // an array even when empty: null is a scalar to jsonb
-	}
-	b, err := json.Marshal(p.rows)
-	if err != nil {
-		panic(err) // rows hold strings and marshalled JSON only
-	}
-	return b
-}
-
-// Flush writes the held events in tx in one statement.
-func Flush(ctx context.Context, tx pgx.Tx, p *Pending) error {
-	if p.Len() == 0 {
-		return nil
-	}
-	meta := reqmeta.FromContext(ctx)
-	return db.New(tx).InsertEvents(ctx, db.InsertEventsParams{
-		RequestID: text(meta.RequestID), Traceparent: text(meta.Traceparent), Events: p.JSON(),
-	})
 }
 
 func text(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }

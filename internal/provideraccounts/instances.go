@@ -74,31 +74,16 @@ func (s *Service) InstancesJob(st *store.Store, n *notify.Notifier, log *slog.Lo
 	return &InstancesJob{Service: s, Store: st, Notifier: n, Log: log}
 }
 
-// Run is the singleton job.
-func (j *InstancesJob) Run(ctx context.Context, l workers.Lease) error {
-	var wake <-chan struct{}
-	if j.Notifier != nil {
-		ch, stop := j.Notifier.Subscribe(instances.TopicProviderInstances)
-		defer stop()
-		wake = ch
-	}
-	t := time.NewTicker(JobEvery)
-	defer t.Stop()
-	for {
-		if err := j.Pass(ctx, l.Fence); err != nil && ctx.Err() == nil {
-			j.Log.Warn("provider instances pass", "error", err.Error())
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-wake:
-		case <-t.C:
-		}
-	}
+// Periodic is the job: a pass every JobEvery, or at once when an instance
+// is created (instances.TopicProviderInstances). A pass has no overall
+// bound: its provider calls bound themselves.
+func (j *InstancesJob) Periodic() *workers.Periodic {
+	return &workers.Periodic{Name: InstancesJobName, Interval: JobEvery, Wake: instances.TopicProviderInstances,
+		Pass: j.Pass, Notifier: j.Notifier, Log: j.Log}
 }
 
 // Pass moves every due provider instance one step.
-func (j *InstancesJob) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) error) error {
+func (j *InstancesJob) Pass(ctx context.Context, fence workers.Fence) error {
 	rows, err := db.New(j.Store.Pool()).DueProviderInstances(ctx, 16)
 	if err != nil {
 		return err
@@ -112,7 +97,7 @@ func (j *InstancesJob) Pass(ctx context.Context, fence func(context.Context, pgx
 	return errors.Join(errs...)
 }
 
-func (j *InstancesJob) step(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.Instance) error {
+func (j *InstancesJob) step(ctx context.Context, fence workers.Fence, r db.Instance) error {
 	q := db.New(j.Store.Pool())
 	pool, err := q.GetPool(ctx, r.PoolID)
 	if err != nil {
@@ -163,7 +148,7 @@ func (j *InstancesJob) step(ctx context.Context, fence func(context.Context, pgx
 // launch picks the smallest offer that holds the instance's flavor and
 // has the provider launch a machine of it, keyed by the instance (a
 // launch retried after a crash finds the machine it made).
-func (j *InstancesJob) launch(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.Instance, acct db.ProviderAccount, p providers.Provider) error {
+func (j *InstancesJob) launch(ctx context.Context, fence workers.Fence, r db.Instance, acct db.ProviderAccount, p providers.Provider) error {
 	launcher, ok := p.(providers.Launcher)
 	if !ok {
 		return j.failed(ctx, fence, r, fmt.Sprintf("provider %s does not launch instances", acct.Provider))
@@ -218,7 +203,7 @@ func (j *InstancesJob) userData(ctx context.Context, r db.Instance) (string, err
 
 // retry records a failed provider call: again after a backoff, or failed
 // after MaxAttempts.
-func (j *InstancesJob) retry(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.Instance, cause error) error {
+func (j *InstancesJob) retry(ctx context.Context, fence workers.Fence, r db.Instance, cause error) error {
 	r.ProviderAttempts++
 	if int(r.ProviderAttempts) >= MaxAttempts {
 		if r.DesiredState == instances.StateDeleted {
@@ -237,7 +222,7 @@ func (j *InstancesJob) retry(ctx context.Context, fence func(context.Context, pg
 
 // failed makes the instance failed (instance.failed); a machine it has is
 // released when the instance is deleted.
-func (j *InstancesJob) failed(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.Instance, why string) error {
+func (j *InstancesJob) failed(ctx context.Context, fence workers.Fence, r db.Instance, why string) error {
 	j.Log.Warn("provider instance failed", "instanceId", r.InstanceID, "error", why)
 	r.State, r.Error, r.ProviderNextAt = instances.StateFailed, str(why), nil
 	return j.save(ctx, fence, r, outbox.Event{Type: api.EventInstanceFailed, Subject: r.InstanceID, TenantID: r.TenantID,
@@ -246,7 +231,7 @@ func (j *InstancesJob) failed(ctx context.Context, fence func(context.Context, p
 
 // finish ends a deleted instance whose machine cannot be released, or
 // fails a live one whose account is gone.
-func (j *InstancesJob) finish(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.Instance, why string) error {
+func (j *InstancesJob) finish(ctx context.Context, fence workers.Fence, r db.Instance, why string) error {
 	if r.DesiredState != instances.StateDeleted {
 		return j.failed(ctx, fence, r, why)
 	}
@@ -256,7 +241,7 @@ func (j *InstancesJob) finish(ctx context.Context, fence func(context.Context, p
 
 // save writes r as the job found it, if the row did not change meanwhile
 // (a delete): the next pass reads it again.
-func (j *InstancesJob) save(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.Instance, events ...outbox.Event) error {
+func (j *InstancesJob) save(ctx context.Context, fence workers.Fence, r db.Instance, events ...outbox.Event) error {
 	return j.write(ctx, fence, func(q *db.Queries) ([]outbox.Event, error) {
 		_, err := q.SaveProviderInstance(ctx, db.SaveProviderInstanceParams{InstanceID: r.InstanceID, Version: r.Version, State: r.State,
 			Error: r.Error, ProviderMachine: r.ProviderMachine, ProviderOffer: r.ProviderOffer, ProviderAttempts: r.ProviderAttempts,
@@ -269,10 +254,6 @@ func (j *InstancesJob) save(ctx context.Context, fence func(context.Context, pgx
 }
 
 // write runs change under the lease and writes the events it returns.
-func (j *InstancesJob) write(ctx context.Context, fence func(context.Context, pgx.Tx) error, change func(q *db.Queries) ([]outbox.Event, error)) error {
-	var wake func()
-	if j.Notifier != nil {
-		wake = func() { j.Notifier.Wake(notify.TopicOutbox) }
-	}
-	return writeFenced(ctx, j.Store, fence, wake, change)
+func (j *InstancesJob) write(ctx context.Context, fence workers.Fence, change func(q *db.Queries) ([]outbox.Event, error)) error {
+	return writeFenced(ctx, j.Store, j.Notifier, fence, change)
 }

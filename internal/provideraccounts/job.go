@@ -14,6 +14,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/join"
 	"computeplane/internal/nodes"
+	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/providers"
 	"computeplane/internal/store"
@@ -38,29 +39,20 @@ var (
 type Job struct {
 	Service *Service
 	Store   *store.Store
-	// Wake, when set, is called after a pass wrote events.
-	Wake func()
-	Log  *slog.Logger
+	// Notifier, when set, wakes the outbox's readers after a write of
+	// events.
+	Notifier *notify.Notifier
+	Log      *slog.Logger
 }
 
-// Run is the singleton job.
-func (j *Job) Run(ctx context.Context, l workers.Lease) error {
-	t := time.NewTicker(JobEvery)
-	defer t.Stop()
-	for {
-		if err := j.Pass(ctx, l.Fence); err != nil && ctx.Err() == nil {
-			j.Log.Warn("provider bootstraps pass", "error", err.Error())
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+// Periodic is the job: a pass every JobEvery. A pass has no overall
+// bound: its provider calls bound themselves.
+func (j *Job) Periodic() *workers.Periodic {
+	return &workers.Periodic{Name: JobName, Interval: JobEvery, Pass: j.Pass, Log: j.Log}
 }
 
 // Pass moves every due bootstrap one step.
-func (j *Job) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) error) error {
+func (j *Job) Pass(ctx context.Context, fence workers.Fence) error {
 	rows, err := db.New(j.Store.Pool()).DueProviderBootstraps(ctx, 16)
 	if err != nil {
 		return err
@@ -76,23 +68,19 @@ func (j *Job) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) erro
 
 // save writes r (and events) under the lease; it reports whether the
 // bootstrap was still as read (another step did not move it).
-func (j *Job) save(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.ProviderBootstrap, events ...outbox.Event) error {
-	return writeFenced(ctx, j.Store, fence, j.Wake, func(q *db.Queries) ([]outbox.Event, error) {
+func (j *Job) save(ctx context.Context, fence workers.Fence, r db.ProviderBootstrap, events ...outbox.Event) error {
+	return writeFenced(ctx, j.Store, j.Notifier, fence, func(q *db.Queries) ([]outbox.Event, error) {
 		_, err := q.SaveProviderBootstrap(ctx, saveParams(r))
 		return events, err
 	})
 }
 
-// writeFenced runs change in a transaction fenced by the job's lease and
-// writes the events it returns; wake (when set) follows a commit that
-// wrote events.
-func writeFenced(ctx context.Context, st *store.Store, fence func(context.Context, pgx.Tx) error, wake func(),
+// writeFenced runs change in a transaction fenced by the job's lease
+// (workers.Tx) and writes the events it returns; n (when set) wakes the
+// outbox's readers after a commit that wrote events.
+func writeFenced(ctx context.Context, st *store.Store, n *notify.Notifier, fence workers.Fence,
 	change func(q *db.Queries) ([]outbox.Event, error)) error {
-	wrote := false
-	err := st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if err := fence(ctx, tx); err != nil {
-			return err
-		}
+	return workers.Tx(ctx, st, n, fence, func(ctx context.Context, tx pgx.Tx) error {
 		events, err := change(db.New(tx))
 		if err != nil {
 			return err
@@ -102,13 +90,8 @@ func writeFenced(ctx context.Context, st *store.Store, fence func(context.Contex
 				return err
 			}
 		}
-		wrote = len(events) > 0
 		return nil
 	})
-	if err == nil && wrote && wake != nil {
-		wake()
-	}
-	return err
 }
 
 // backoff is the wait before the next try after attempts failed provider
@@ -134,7 +117,7 @@ func ptr(p pgtype.Text) *string {
 
 // retry records a failed attempt: again after a backoff, or failed after
 // MaxAttempts.
-func (j *Job) retry(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.ProviderBootstrap, cause error) error {
+func (j *Job) retry(ctx context.Context, fence workers.Fence, r db.ProviderBootstrap, cause error) error {
 	r.Attempts++
 	if int(r.Attempts) >= MaxAttempts {
 		return j.fail(ctx, fence, r, fmt.Sprintf("%s (after %d attempts)", cause.Error(), r.Attempts))
@@ -147,10 +130,10 @@ func (j *Job) retry(ctx context.Context, fence func(context.Context, pgx.Tx) err
 
 // fail ends a bootstrap: failed, its unused token revoked, and a machine
 // it claimed released (after the commit; best effort).
-func (j *Job) fail(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.ProviderBootstrap, why string) error {
+func (j *Job) fail(ctx context.Context, fence workers.Fence, r db.ProviderBootstrap, why string) error {
 	now := time.Now()
 	r.State, r.Error, r.FinishedAt = StateFailed, str(why), &now
-	err := writeFenced(ctx, j.Store, fence, j.Wake, func(q *db.Queries) ([]outbox.Event, error) {
+	err := writeFenced(ctx, j.Store, j.Notifier, fence, func(q *db.Queries) ([]outbox.Event, error) {
 		if _, err := q.SaveProviderBootstrap(ctx, saveParams(r)); err != nil {
 			return nil, err
 		}
@@ -178,7 +161,7 @@ func (j *Job) fail(ctx context.Context, fence func(context.Context, pgx.Tx) erro
 	return nil
 }
 
-func (j *Job) step(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.ProviderBootstrap) error {
+func (j *Job) step(ctx context.Context, fence workers.Fence, r db.ProviderBootstrap) error {
 	q := db.New(j.Store.Pool())
 	acct, err := q.GetProviderAccount(ctx, r.AccountID)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -244,7 +227,7 @@ func (j *Job) step(ctx context.Context, fence func(context.Context, pgx.Tx) erro
 // install mints a join token bound to the machine (its row only is
 // stored; an earlier attempt's unused token is revoked), hands the token
 // to the provider, and forgets it.
-func (j *Job) install(ctx context.Context, fence func(context.Context, pgx.Tx) error, r db.ProviderBootstrap, p providers.Provider) error {
+func (j *Job) install(ctx context.Context, fence workers.Fence, r db.ProviderBootstrap, p providers.Provider) error {
 	s := j.Service
 	if s.bootstrap == nil {
 		return j.retry(ctx, fence, r, errors.New("this service has no bootstrap options"))
@@ -254,10 +237,7 @@ func (j *Job) install(ctx context.Context, fence func(context.Context, pgx.Tx) e
 		return j.retry(ctx, fence, r, fmt.Errorf("no PKI bundle: %w", err))
 	}
 	var token string
-	err = j.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if err := fence(ctx, tx); err != nil {
-			return err
-		}
+	err = workers.Tx(ctx, j.Store, j.Notifier, fence, func(ctx context.Context, tx pgx.Tx) error {
 		q := db.New(tx)
 		pool, err := q.GetPool(ctx, r.PoolID)
 		if err != nil {
@@ -302,9 +282,9 @@ func (j *Job) install(ctx context.Context, fence func(context.Context, pgx.Tx) e
 }
 
 // Job returns the bootstrap reconciler of the service.
-func (s *Service) Job(st *store.Store, wake func(), log *slog.Logger) *Job {
+func (s *Service) Job(st *store.Store, n *notify.Notifier, log *slog.Logger) *Job {
 	if log == nil {
 		log = s.log
 	}
-	return &Job{Service: s, Store: st, Wake: wake, Log: log}
+	return &Job{Service: s, Store: st, Notifier: n, Log: log}
 }

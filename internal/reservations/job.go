@@ -34,37 +34,18 @@ type Job struct {
 	Log         *slog.Logger
 }
 
-// Run is the singleton job.
-func (j *Job) Run(ctx context.Context, l workers.Lease) error {
-	wake, stop := j.Notifier.Subscribe(TopicJob)
-	defer stop()
-	t := time.NewTicker(JobEvery)
-	defer t.Stop()
-	for {
-		if err := j.Pass(ctx, l.Fence); err != nil && ctx.Err() == nil {
-			j.Log.Warn("reservations pass", "error", err.Error())
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-wake:
-		case <-t.C:
-		}
-	}
+// Periodic is the job: a pass every JobEvery, or at once when woken
+// (TopicJob), each bounded to 10 s.
+func (j *Job) Periodic() *workers.Periodic {
+	return &workers.Periodic{Name: JobName, Interval: JobEvery, Wake: TopicJob, PassTimeout: 10 * time.Second,
+		Pass: j.Pass, Notifier: j.Notifier, Log: j.Log}
 }
 
-// Pass runs once, in one transaction fenced by the lease.
-func (j *Job) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) error) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	// Node specs changed here (instances of an ending reservation) wake
-	// their gateways after the commit.
-	ctx = notify.WithLater(ctx)
-	wrote := false
-	err := j.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if err := fence(ctx, tx); err != nil {
-			return err
-		}
+// Pass runs once, in one transaction fenced by the lease. Node specs
+// changed here (instances of an ending reservation) wake their gateways
+// after the commit.
+func (j *Job) Pass(ctx context.Context, fence workers.Fence) error {
+	return workers.Tx(ctx, j.Store, j.Notifier, fence, func(ctx context.Context, tx pgx.Tx) error {
 		q := db.New(tx)
 		rows, err := q.DueReservations(ctx)
 		if err != nil {
@@ -83,25 +64,15 @@ func (j *Job) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) erro
 				if err := write(ctx, tx, api.EventReservationPreempted, r, api.ReservationPreemptedPayload{ReservationID: r.ReservationID}); err != nil {
 					return err
 				}
-				wrote = true
 			}
 		}
 		for _, r := range rows {
-			changed, err := j.step(ctx, tx, r, now)
-			if err != nil {
+			if _, err := j.step(ctx, tx, r, now); err != nil {
 				return err
 			}
-			wrote = wrote || changed
 		}
 		return nil
 	})
-	if err == nil {
-		j.Notifier.WakeLater(ctx)
-	}
-	if err == nil && wrote {
-		j.Notifier.Wake(notify.TopicOutbox)
-	}
-	return err
 }
 
 // step moves one due reservation; it reports whether it wrote events.

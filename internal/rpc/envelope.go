@@ -23,10 +23,9 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/internal/metrics"
-	"computeplane/internal/notify"
-	"computeplane/internal/outbox"
 	"computeplane/internal/reqmeta"
 	"computeplane/internal/store"
+	"computeplane/internal/uow"
 	"computeplane/internal/wire"
 )
 
@@ -95,10 +94,10 @@ type Handler struct {
 	// Audit writes the audit row of a mutation and the events it held in
 	// its transaction, after the business function succeeded; nil writes
 	// the events alone.
-	Audit func(ctx context.Context, tx pgx.Tx, call *Call, events *outbox.Pending) error
+	Audit func(ctx context.Context, tx pgx.Tx, call *Call, u *uow.Unit) error
 	// AfterCommit runs after a mutation committed, outside its transaction
-	// (the notifier's wake-up); nil does nothing.
-	AfterCommit func(ctx context.Context, call *Call)
+	// (the notifier's wake-ups, among them u's); nil does nothing.
+	AfterCommit func(ctx context.Context, call *Call, u *uow.Unit)
 	// Wakes lets a wait (ThenWait) re-read as soon as the row it waits on
 	// is reported changed, between its backoff's re-reads; nil waits by
 	// the backoff alone.
@@ -224,53 +223,39 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 	if f, ok := h.Gate.(Finisher); ok {
 		defer func() { f.Finish(ctx, err) }()
 	}
-	if m.Kind == api.KindMutation && h.AfterCommit != nil {
-		// Work the mutation hands to other processes (a gateway, say)
-		// is woken once it has committed.
-		ctx = notify.WithLater(ctx)
-	}
 	if m.Kind == api.KindMutation {
-		ctx = context.WithValue(ctx, thenKey{}, &thenSlot{wakes: h.Wakes})
+		ctx = context.WithValue(ctx, wakesKey{}, h.Wakes)
 	}
-	err = h.Store.WithTx(ctx, m.Kind == api.KindRead, func(ctx context.Context, tx pgx.Tx) error {
-		ctx = store.ContextWithTx(ctx, tx)
-		if m.Kind != api.KindMutation {
-			var err error
-			out, err = m.Invoke(ctx, h.Services, in)
-			return err
-		}
-		// A mutation's events are held and written with its audit row in
-		// one statement just before commit.
-		ctx, events := outbox.WithPending(ctx)
+	// One unit of work: a mutation's events are held and written with its
+	// audit row in one statement just before commit; what it asks to wake
+	// and its continuation act after the commit.
+	u, err := uow.Run(ctx, h.Store, m.Kind == api.KindRead, func(ctx context.Context, u *uow.Unit) error {
+		ctx = store.ContextWithTx(ctx, u.Tx)
 		var err error
-		if out, err = m.Invoke(ctx, h.Services, in); err != nil {
+		if out, err = m.Invoke(ctx, h.Services, in); err != nil || m.Kind != api.KindMutation {
 			return err
 		}
 		if h.Audit != nil {
-			return h.Audit(ctx, tx, call, events)
+			return h.Audit(ctx, u.Tx, call, u)
 		}
-		return outbox.Flush(ctx, tx, events)
+		return nil // uow.Run writes the events
 	})
-	if err == nil && m.Kind == api.KindMutation && h.AfterCommit != nil {
+	if err != nil || m.Kind != api.KindMutation {
+		return out, err
+	}
+	if h.AfterCommit != nil {
 		// Before any wait: the wake-ups start the work waited for.
-		h.AfterCommit(ctx, call)
+		h.AfterCommit(ctx, call, u)
 	}
-	if err == nil {
-		if then := thenOf(ctx); then != nil && then.fn != nil {
-			// The Waiting convention: re-read after commit, outside the
-			// transaction, within the call's deadline.
-			return then.fn(ctx)
-		}
+	if then := u.Continuation(); then != nil {
+		// The Waiting convention: re-read after commit, outside the
+		// transaction, within the call's deadline.
+		return then(ctx)
 	}
-	return out, err
+	return out, nil
 }
 
-type thenKey struct{}
-
-type thenSlot struct {
-	fn    func(ctx context.Context) (any, error)
-	wakes Subscriber
-}
+type wakesKey struct{}
 
 // Subscriber is the notifier's side a wait listens on
 // (notify.Notifier.Subscribe).
@@ -278,18 +263,13 @@ type Subscriber interface {
 	Subscribe(topic string) (<-chan struct{}, func())
 }
 
-func thenOf(ctx context.Context) *thenSlot {
-	s, _ := ctx.Value(thenKey{}).(*thenSlot)
-	return s
-}
-
 // Then replaces a mutation's output with what fn returns after the
 // transaction committed (the Waiting convention: wait { timeoutMs }). fn
 // runs outside the transaction; its error is the call's. It does nothing
 // outside a mutation.
 func Then(ctx context.Context, fn func(ctx context.Context) (any, error)) {
-	if s := thenOf(ctx); s != nil {
-		s.fn = fn
+	if u := uow.From(ctx); u != nil {
+		u.Then(fn)
 	}
 }
 
@@ -486,10 +466,7 @@ type Poll struct {
 // backing off from WaitFirst to WaitMax (the Waiting convention), at most
 // p.Timeout.
 func ThenPoll(ctx context.Context, p Poll, read func(ctx context.Context) (out any, done bool, err error)) {
-	var wakes Subscriber
-	if s := thenOf(ctx); s != nil {
-		wakes = s.wakes
-	}
+	wakes, _ := ctx.Value(wakesKey{}).(Subscriber)
 	Then(ctx, func(ctx context.Context) (any, error) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.Timeout)
 		defer cancel()

@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"computeplane/gen/api"
+	"computeplane/internal/uow"
 )
 
 // topics is a Subscriber whose wakes the test sends.
@@ -22,11 +24,19 @@ func (s topics) Subscribe(string) (<-chan struct{}, func()) { return s.ch, func(
 // does after commit.
 func thenCall(t *testing.T, wakes Subscriber, poll func(ctx context.Context)) (any, error) {
 	t.Helper()
-	ctx := context.WithValue(t.Context(), thenKey{}, &thenSlot{wakes: wakes})
-	poll(ctx)
-	slot := thenOf(ctx)
-	require.NotNil(t, slot.fn)
-	return slot.fn(ctx)
+	ctx := context.WithValue(t.Context(), wakesKey{}, wakes)
+	u, err := uow.Run(ctx, noTx{}, false, func(ctx context.Context, _ *uow.Unit) error { poll(ctx); return nil })
+	require.NoError(t, err)
+	then := u.Continuation()
+	require.NotNil(t, then)
+	return then(ctx)
+}
+
+// noTx runs a unit of work without a database.
+type noTx struct{}
+
+func (noTx) WithTx(ctx context.Context, _ bool, fn func(context.Context, pgx.Tx) error) error {
+	return fn(ctx, nil)
 }
 
 // A wake-up re-reads at once: with a backoff step of an hour, only the

@@ -44,29 +44,16 @@ type Job struct {
 	Log      *slog.Logger
 }
 
-// Run is the singleton job.
-func (j *Job) Run(ctx context.Context, l workers.Lease) error {
-	t := time.NewTicker(JobEvery)
-	defer t.Stop()
-	for {
-		if err := j.Pass(ctx, l.Fence); err != nil && ctx.Err() == nil {
-			j.Log.Warn("sandboxes pass", "error", err.Error())
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+// Periodic is the job: a pass every JobEvery, bounded to 20 s.
+func (j *Job) Periodic() *workers.Periodic {
+	return &workers.Periodic{Name: JobName, Interval: JobEvery, PassTimeout: 20 * time.Second, Pass: j.Pass, Log: j.Log}
 }
 
 // Pass ends expired sandboxes, then reconciles each template's warm pool,
 // each in a transaction of its own fenced by the lease: one template that
 // cannot be refilled (no capacity, no quota) is logged and retried on a
 // later pass without holding back the others.
-func (j *Job) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) error) error {
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
+func (j *Job) Pass(ctx context.Context, fence workers.Fence) error {
 	if err := j.tx(ctx, fence, j.expire); err != nil {
 		return err
 	}
@@ -90,19 +77,8 @@ func (j *Job) Pass(ctx context.Context, fence func(context.Context, pgx.Tx) erro
 
 // tx runs fn in a fenced transaction and wakes what it asked for after
 // the commit (gateways of the nodes whose specs changed, event readers).
-func (j *Job) tx(ctx context.Context, fence func(context.Context, pgx.Tx) error, fn func(context.Context, pgx.Tx) error) error {
-	ctx = notify.WithLater(ctx)
-	err := j.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if err := fence(ctx, tx); err != nil {
-			return err
-		}
-		return fn(ctx, tx)
-	})
-	if err == nil {
-		j.Notifier.WakeLater(ctx)
-		j.Notifier.Wake(notify.TopicOutbox)
-	}
-	return err
+func (j *Job) tx(ctx context.Context, fence workers.Fence, fn func(context.Context, pgx.Tx) error) error {
+	return workers.Tx(ctx, j.Store, j.Notifier, fence, fn)
 }
 
 // expire deletes the sandboxes whose TTL passed.

@@ -15,6 +15,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/outbox"
 	"computeplane/internal/wire"
+	"computeplane/internal/workers"
 )
 
 // Defaults of a Dispatcher.
@@ -38,7 +39,7 @@ type Store interface {
 // Fence is run first in the transaction that advances a cursor; an error
 // (the caller's lease is lost) rolls it back, leaving the cursor where it
 // was.
-type Fence func(ctx context.Context, tx pgx.Tx) error
+type Fence = workers.Fence
 
 // ErrCursorMoved is returned when a sink's cursor moved under a dispatch:
 // another dispatcher owns the sink now. Nothing was advanced.

@@ -10,15 +10,14 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/gen/db"
+	"computeplane/internal/notify"
 	"computeplane/internal/system"
+	"computeplane/internal/workers"
 )
 
-// Job is the singleton job of one sink, for the worker runner: Run drains
-// the sink (DispatchOnce until a batch comes back short) under the job's
-// lease, whose fence it is given, and returns; an error is the runner's to
-// back off from. A runner that calls jobs again after its poll interval can
-// take Run as it is; Loop keeps draining until the lease's context ends and
-// wakes early on a notifier wake-up.
+// Job is the singleton job of one sink: Run drains the sink (DispatchOnce
+// until a batch comes back short) under the job's lease, whose fence it is
+// given, and returns; Periodic makes it a job of the worker runner.
 type Job struct {
 	// Name is the lease name: sink:<kind>:<id>.
 	Name string
@@ -26,33 +25,11 @@ type Job struct {
 	Run  func(ctx context.Context, fence Fence) error
 }
 
-// Loop runs the job until ctx ends: a drain, then a wait for poll or a
-// wake-up (nil: poll only), then the next drain. An error of a drain ends
-// the loop and is returned, for the runner's backoff. For a runner whose
-// jobs should run until their lease ends:
-//
-//	runner.RegisterSingleton(j.Name, func(ctx context.Context, l workers.Lease) error {
-//		wake, stop := notifier.Subscribe(notify.TopicOutbox)
-//		defer stop()
-//		return j.Loop(ctx, l.Fence, time.Second, wake)
-//	})
-func (j Job) Loop(ctx context.Context, fence Fence, poll time.Duration, wake <-chan struct{}) error {
-	t := time.NewTicker(poll)
-	defer t.Stop()
-	for {
-		if err := j.Run(ctx, fence); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-wake:
-		}
-	}
+// Periodic is the job for the worker runner: a drain at once, then one
+// every poll or as soon as n wakes the outbox's readers; a failed drain is
+// backed off by the runner.
+func (j Job) Periodic(n *notify.Notifier, poll time.Duration) *workers.Periodic {
+	return &workers.Periodic{Name: j.Name, Interval: poll, Wake: notify.TopicOutbox, Notifier: n, Backoff: true, Pass: j.Run}
 }
 
 // JobName is the singleton job name of a sink.

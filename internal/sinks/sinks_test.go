@@ -25,6 +25,7 @@ import (
 	"computeplane/internal/config"
 	"computeplane/internal/dbtest"
 	"computeplane/internal/metrics"
+	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/sinks"
 	"computeplane/internal/store"
@@ -534,17 +535,17 @@ func TestJobsDrainEachSink(t *testing.T) {
 	assert.Empty(t, b.batches, "no audit rows")
 }
 
-// Loop drains at once, again on a wake-up, and ends with its context.
-func TestJobLoopWakesAndStops(t *testing.T) {
+// The job drains at once, again on a wake-up, and ends with its context.
+func TestJobWakesAndStops(t *testing.T) {
 	t.Parallel()
 	st := dbtest.NewStore(t)
 	publish(t, st, "acme", "a")
 	sink := &fakeSink{kind: sinks.KindEvents}
 	job := fastDispatcher(st, nil).Jobs([]sinks.Sink{sink}, 10)[0]
 	ctx, cancel := context.WithCancel(t.Context())
-	wake := make(chan struct{})
+	n := notify.New(nil, nil, nil)
 	done := make(chan error, 1)
-	go func() { done <- job.Loop(ctx, nil, time.Hour, wake) }()
+	go func() { done <- job.Periodic(n, time.Hour).RunFenced(ctx, nil) }()
 	batches := func() int {
 		sink.mu.Lock()
 		defer sink.mu.Unlock()
@@ -552,7 +553,7 @@ func TestJobLoopWakesAndStops(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return batches() == 1 }, 5*time.Second, 5*time.Millisecond)
 	publish(t, st, "acme", "b")
-	wake <- struct{}{}
+	n.Wake(notify.TopicOutbox)
 	require.Eventually(t, func() bool { return batches() == 2 }, 5*time.Second, 5*time.Millisecond)
 	cancel()
 	require.NoError(t, <-done)

@@ -49,10 +49,7 @@ func (r *Rollups) Keys(ctx context.Context, shard int) ([]string, error) {
 
 // Sync rolls one tenant up.
 func (r *Rollups) Sync(ctx context.Context, l workers.Lease, tenant string) (workers.Result, error) {
-	return workers.Done, r.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if err := l.Fence(ctx, tx); err != nil {
-			return err
-		}
+	return workers.Done, workers.Tx(ctx, r.Store, nil, l.Fence, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := Rollup(ctx, tx, tenant, r.Now())
 		return err
 	})
@@ -78,30 +75,17 @@ func NewHandovers(st *store.Store, billing iam.Billing, every time.Duration, reg
 	return &Handovers{Store: st, Billing: billing, Every: every, Batch: 500, Now: time.Now, counted: c}, nil
 }
 
-// Run is the singleton job: a hand-over now and every Every.
-func (h *Handovers) Run(ctx context.Context, l workers.Lease) error {
-	t := time.NewTicker(h.Every)
-	defer t.Stop()
-	for {
-		if err := h.Once(ctx, l.Fence); err != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+// Periodic is the job: a hand-over now and every Every; a failed one is
+// backed off by the runner.
+func (h *Handovers) Periodic() *workers.Periodic {
+	return &workers.Periodic{Name: HandoverJob, Interval: h.Every, Backoff: true, Pass: h.Once}
 }
 
 // Once hands over every closed window pending now, batch by batch.
-func (h *Handovers) Once(ctx context.Context, fence func(context.Context, pgx.Tx) error) error {
+func (h *Handovers) Once(ctx context.Context, fence workers.Fence) error {
 	for {
 		var out Outcomes
-		err := h.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) (err error) {
-			if err := fence(ctx, tx); err != nil {
-				return err
-			}
+		err := workers.Tx(ctx, h.Store, nil, fence, func(ctx context.Context, tx pgx.Tx) (err error) {
 			out, err = Handover(ctx, tx, h.Billing, h.Now(), h.Batch)
 			return err
 		})

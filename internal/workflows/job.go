@@ -53,14 +53,10 @@ type Job struct {
 	running map[string]bool
 }
 
-// Run is the singleton job.
-func (j *Job) Run(ctx context.Context, l workers.Lease) error {
-	var wake <-chan struct{}
-	if j.Notifier != nil {
-		ch, stop := j.Notifier.Subscribe(TopicJob)
-		defer stop()
-		wake = ch
-	}
+// Periodic is the job: every JobEvery, or at once when woken (TopicJob),
+// a pass starts a goroutine for each runnable workflow not yet driven, up
+// to Concurrency; as the lease goes, the run waits for them.
+func (j *Job) Periodic() *workers.Periodic {
 	if j.Log == nil {
 		j.Log = slog.Default()
 	}
@@ -72,49 +68,37 @@ func (j *Job) Run(ctx context.Context, l workers.Lease) error {
 	j.running = map[string]bool{}
 	j.mu.Unlock()
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	t := time.NewTicker(JobEvery)
-	defer t.Stop()
-	for {
-		ids, err := j.Store.Queries().RunnableWorkflows(ctx, int32(conc*2))
-		if err != nil && ctx.Err() == nil {
-			j.Log.Warn("workflows: runnable", "error", err.Error())
-		}
-		for _, id := range ids {
-			j.mu.Lock()
-			busy := j.running[id] || len(j.running) >= conc
-			if !busy {
-				j.running[id] = true
+	return &workers.Periodic{Name: JobName, Interval: JobEvery, Wake: TopicJob, Notifier: j.Notifier, Log: j.Log, Drain: wg.Wait,
+		Pass: func(ctx context.Context, fence workers.Fence) error {
+			ids, err := j.Store.Queries().RunnableWorkflows(ctx, int32(conc*2))
+			for _, id := range ids {
+				j.mu.Lock()
+				busy := j.running[id] || len(j.running) >= conc
+				if !busy {
+					j.running[id] = true
+				}
+				j.mu.Unlock()
+				if busy {
+					continue
+				}
+				wg.Go(func() {
+					defer func() {
+						j.mu.Lock()
+						delete(j.running, id)
+						j.mu.Unlock()
+					}()
+					j.drive(ctx, fence, id)
+				})
 			}
-			j.mu.Unlock()
-			if busy {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() {
-					j.mu.Lock()
-					delete(j.running, id)
-					j.mu.Unlock()
-				}()
-				j.drive(ctx, l, id)
-			}()
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-wake:
-		case <-t.C:
-		}
-	}
+			return err
+		}}
 }
 
 // drive runs the steps of one workflow until it finishes, pauses, waits
 // for a retry or the lease goes.
-func (j *Job) drive(ctx context.Context, l workers.Lease, id string) {
+func (j *Job) drive(ctx context.Context, fence workers.Fence, id string) {
 	for ctx.Err() == nil {
-		more, err := j.Step(ctx, l.Fence, id)
+		more, err := j.Step(ctx, fence, id)
 		if err != nil {
 			if ctx.Err() == nil {
 				j.Log.Warn("workflows: step", "workflow", id, "error", err.Error())
@@ -127,15 +111,14 @@ func (j *Job) drive(ctx context.Context, l workers.Lease, id string) {
 	}
 }
 
-type fenceFunc func(context.Context, pgx.Tx) error
+type fenceFunc = workers.Fence
 
+// tx is one write of the job, bounded to 10 s (workers.Tx: fenced, the
+// outbox's readers woken after it wrote events).
 func (j *Job) tx(ctx context.Context, fence fenceFunc, fn func(ctx context.Context, tx pgx.Tx, q *db.Queries) error) error {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return j.Store.WithTx(wctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if err := fence(ctx, tx); err != nil {
-			return err
-		}
+	return workers.Tx(wctx, j.Store, j.Notifier, fence, func(ctx context.Context, tx pgx.Tx) error {
 		return fn(ctx, tx, db.New(tx))
 	})
 }
@@ -281,9 +264,6 @@ func (j *Job) Step(ctx context.Context, fence fenceFunc, id string) (more bool, 
 		return outbox.Write(ctx, tx, outbox.Event{Type: api.EventWorkflowFailed, Subject: id, TenantID: w.TenantID,
 			Data: api.WorkflowFailedPayload{WorkflowID: id, NodeID: w.NodeID, Step: s.Name, Error: msg}})
 	})
-	if err == nil && j.Notifier != nil {
-		j.Notifier.Wake(notify.TopicOutbox)
-	}
 	return more && err == nil, err
 }
 

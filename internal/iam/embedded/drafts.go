@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"computeplane/internal/workers"
 )
 
 // Drafts are written by PutDraft before a create's decision and made real
@@ -28,27 +30,16 @@ func (s *Service) SweepDrafts(ctx context.Context, olderThan time.Duration) (int
 	return n, wrapStore(err)
 }
 
-// SweepDraftsEvery sweeps at once and then every interval until ctx ends:
-// the body of DraftSweepJob. A failed sweep returns its error, so the
-// runner backs off and calls again.
-func (s *Service) SweepDraftsEvery(ctx context.Context, every, olderThan time.Duration, log *slog.Logger) error {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		n, err := s.SweepDrafts(ctx, olderThan)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+// DraftSweep is DraftSweepJob: a sweep of the drafts older than DraftTTL
+// at once and then every DraftSweepEvery. A failed sweep is backed off by
+// the runner.
+func (s *Service) DraftSweep(log *slog.Logger) *workers.Periodic {
+	return &workers.Periodic{Name: DraftSweepJob, Interval: DraftSweepEvery, Backoff: true, Log: log,
+		Pass: func(ctx context.Context, _ workers.Fence) error {
+			n, err := s.SweepDrafts(ctx, DraftTTL)
+			if n > 0 {
+				log.InfoContext(ctx, "swept stale authorization drafts", "count", n)
 			}
 			return err
-		}
-		if n > 0 {
-			log.InfoContext(ctx, "swept stale authorization drafts", "count", n)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		}}
 }
