@@ -200,3 +200,41 @@ func TestWebhooksListen(t *testing.T) {
 	assert.Contains(t, r.stderr, "signed with whsec_")
 	assert.Contains(t, r.stdout, "-> 401", "signed with another secret than the receiver's")
 }
+
+// login is in the help, has its own, and a bare login without a terminal
+// saves nothing (not the environment's token).
+func TestLoginHelpAndBareLogin(t *testing.T) {
+	e, env := server(t)
+	r := cmd(t, env, "", "--help")
+	assert.Regexp(t, `(?m)^  login\s+check an API key`, r.stdout)
+	r = cmd(t, env, "", "login", "--help")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "computectl login --url URL --token TOKEN [--profile NAME]")
+	path := filepath.Join(t.TempDir(), "config.json")
+	r = cmd(t, with(env, cli.EnvToken, e.Key(t, "acme", "ann", "owner"), cli.EnvConfig, path), "", "login")
+	assert.Equal(t, cli.ExitUsage, r.code)
+	assert.Contains(t, r.stderr, "login needs --token TOKEN")
+	_, err := os.Stat(path)
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing saved")
+}
+
+// --wait takes a duration, nothing (30 s) or the JSON object; past 30 s is
+// a usage error and nothing is sent.
+func TestWaitForms(t *testing.T) {
+	e, env := server(t)
+	env = with(env, cli.EnvToken, e.Key(t, "acme", "ann", "owner"), cli.EnvTenant, "acme")
+	r := cmd(t, env, "", "instances", "start", "--instance-id", "inst_0000000000000000000000000a", "--wait", "45s")
+	assert.Equal(t, cli.ExitUsage, r.code)
+	assert.Contains(t, r.stderr, "--wait 45s: the service waits at most 30s")
+	for _, args := range [][]string{
+		{"--wait"}, {"--wait", "2s"}, {"--wait", `{"timeoutMs": 100}`}, {"--wait=1s"},
+	} {
+		// Sent and answered (the instance does not exist): the flag parsed.
+		r = cmd(t, env, "", append([]string{"instances", "start", "--instance-id", "inst_0000000000000000000000000a"}, args...)...)
+		assert.Equal(t, cli.ExitNotFound, r.code, "%v: %s", args, r.stderr)
+	}
+	r = cmd(t, env, "", "instances", "start", "--wait", "--instance-id", "inst_0000000000000000000000000a")
+	assert.Equal(t, cli.ExitNotFound, r.code, "--wait alone before another flag: %s", r.stderr)
+	r = cmd(t, env, "", "instances", "start", "--instance-id", "inst_0000000000000000000000000a", "--wait", "soon")
+	assert.Equal(t, cli.ExitUsage, r.code, "an argument that is not a wait is not taken as one")
+}

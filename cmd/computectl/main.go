@@ -25,5 +25,6 @@ func main() {
 
 // run runs computectl with args and returns the exit code.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return cli.Run(ctx, gencli.Groups, args, getenv, cli.Streams{Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	return cli.Run(ctx, gencli.Groups, args, getenv, cli.Streams{Stdin: stdin, Stdout: stdout, Stderr: stderr,
+		StdinTTY: cli.IsTerminal(stdin), StderrTTY: cli.IsTerminal(stderr)})
 }

@@ -44,6 +44,7 @@ var Groups = []cliruntime.Group{
 				Description: "Adds a flavor to a pool of the tenant; a name the pool has (archived or not) is CONFLICT; an archived pool is INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:pools:manage",
+				IDField:     "name",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -63,6 +64,7 @@ var Groups = []cliruntime.Group{
 				Description: "Flavors of a pool the tenant owns or is offered; archived ones only when asked.",
 				Kind:        "read",
 				Action:      "compute:pools:read",
+				IDField:     "name",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -78,6 +80,7 @@ var Groups = []cliruntime.Group{
 				Description: "One flavor of a pool the tenant owns or is offered.",
 				Kind:        "read",
 				Action:      "compute:pools:read",
+				IDField:     "name",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -93,6 +96,7 @@ var Groups = []cliruntime.Group{
 				Description: "Archives a flavor; new work refuses it, what runs in it lives on; archiving twice returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:pools:manage",
+				IDField:     "name",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -114,6 +118,7 @@ var Groups = []cliruntime.Group{
 				Description: "Every image of the image source, by id.",
 				Kind:        "read",
 				Action:      "compute:images:read",
+				IDField:     "imageId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 				},
@@ -127,6 +132,7 @@ var Groups = []cliruntime.Group{
 				Description: "One image; an id the source does not resolve is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:images:read",
+				IDField:     "imageId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "image-id", Field: "imageId", Type: cliruntime.String, Required: true, Help: "Image identifier."},
@@ -147,6 +153,7 @@ var Groups = []cliruntime.Group{
 				Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
+				IDField:     "instanceId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -155,7 +162,7 @@ var Groups = []cliruntime.Group{
 					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
 					{Name: "user-data", Field: "userData", Type: cliruntime.String},
 					{Name: "reservation-id", Field: "reservationId", Type: cliruntime.String, Help: "Run inside this active reservation of the pool: the instance takes one of its units (its flavor must fit the reservation's) and is charged only the instances quota; it is deleted when the reservation ends."},
-					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
@@ -168,6 +175,7 @@ var Groups = []cliruntime.Group{
 				Description: "One instance of the tenant; anything else is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:instances:read",
+				IDField:     "instanceId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
@@ -182,6 +190,7 @@ var Groups = []cliruntime.Group{
 				Description: "The tenant's instances, newest first, in one pool when asked; deleted ones only when asked.",
 				Kind:        "read",
 				Action:      "compute:instances:read",
+				IDField:     "instanceId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Help: "Pool identifier."},
@@ -197,10 +206,11 @@ var Groups = []cliruntime.Group{
 				Description: "Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
+				IDField:     "instanceId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
-					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.InstancesStart(ctx, new(client.InstancesStartInput))
@@ -212,10 +222,11 @@ var Groups = []cliruntime.Group{
 				Description: "Asks for the instance to stop (its VM ends; its booking and quota stay); a stopped one is returned unchanged; a deleted one is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
+				IDField:     "instanceId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
-					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.InstancesStop(ctx, new(client.InstancesStopInput))
@@ -227,6 +238,7 @@ var Groups = []cliruntime.Group{
 				Description: "Resets a running instance's VM (reboots counts it); any other state is INVALID_STATE. An instance of a provider pool is UNSUPPORTED (its provider launches and releases machines only).",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
+				IDField:     "instanceId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
@@ -241,6 +253,7 @@ var Groups = []cliruntime.Group{
 				Description: "Deletes the instance; its VM ends, its booking and quota are returned at once and its usage stops. Deleting twice returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
+				IDField:     "instanceId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
@@ -261,6 +274,7 @@ var Groups = []cliruntime.Group{
 				Description: "Nodes of the tenant's pools, in every pool or in poolId, by state when asked; retired ones only when asked.",
 				Kind:        "read",
 				Action:      "compute:nodes:read",
+				IDField:     "nodeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Help: "Pool identifier."},
@@ -276,6 +290,7 @@ var Groups = []cliruntime.Group{
 				Description: "One node of the tenant's pools; anything else is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:nodes:read",
+				IDField:     "nodeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -290,6 +305,7 @@ var Groups = []cliruntime.Group{
 				Description: "A ready node stops taking new work; what runs on it stays. Cordoning a cordoned node returns it unchanged; draining and retired nodes are INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:nodes:manage",
+				IDField:     "nodeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -305,6 +321,7 @@ var Groups = []cliruntime.Group{
 				Description: "A cordoned or draining node takes new work again; a ready node is returned unchanged; retired and down nodes are INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:nodes:manage",
+				IDField:     "nodeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -319,6 +336,7 @@ var Groups = []cliruntime.Group{
 				Description: "A ready or cordoned node takes no new work and its work is to move elsewhere; draining twice returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:nodes:manage",
+				IDField:     "nodeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -333,6 +351,7 @@ var Groups = []cliruntime.Group{
 				Description: "A node with nothing booked on it leaves its pool for good (INVALID_STATE while bookings hold it; cordon or drain it first); retiring twice returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:nodes:manage",
+				IDField:     "nodeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -347,6 +366,7 @@ var Groups = []cliruntime.Group{
 				Description: "Sets and removes labels of a node (at most 64; keys and values of at most 63 characters); a key both set and removed is INVALID_INPUT.",
 				Kind:        "mutation",
 				Action:      "compute:nodes:manage",
+				IDField:     "nodeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -369,6 +389,7 @@ var Groups = []cliruntime.Group{
 				Description: "Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. The id derives from tenant, caller and key.",
 				Kind:        "mutation",
 				Action:      "compute:pools:manage",
+				IDField:     "poolId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "site-id", Field: "siteId", Type: cliruntime.String, Required: true, Help: "Site identifier."},
@@ -391,6 +412,7 @@ var Groups = []cliruntime.Group{
 				Description: "A pool the tenant owns or is offered; anything else is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:pools:read",
+				IDField:     "poolId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -405,6 +427,7 @@ var Groups = []cliruntime.Group{
 				Description: "Pools the tenant owns or is offered, in name order; archived ones only when asked.",
 				Kind:        "read",
 				Action:      "compute:pools:read",
+				IDField:     "poolId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "site-id", Field: "siteId", Type: cliruntime.String, Help: "Site identifier."},
@@ -420,6 +443,7 @@ var Groups = []cliruntime.Group{
 				Description: "Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:pools:manage",
+				IDField:     "poolId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -436,6 +460,7 @@ var Groups = []cliruntime.Group{
 				Description: "Archives a pool; it refuses new work from then on while what runs on it lives on. Archiving twice returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:pools:manage",
+				IDField:     "poolId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -482,6 +507,7 @@ var Groups = []cliruntime.Group{
 				Description: "Mints a single-use join token for a pool of the tenant, valid for ttlSeconds (default 30 minutes): sealed to the join service's key, bound at first use to the key of the joining machine's certificate request, revoked when the site is deleted. An archived pool is INVALID_STATE; INVALID_CONFIG when the deployment has no PKI bundle (computed pki init).",
 				Kind:        "mutation",
 				Action:      "compute:pools:manage",
+				IDField:     "tokenId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -503,6 +529,7 @@ var Groups = []cliruntime.Group{
 				Description: "Stores a profile version under the id and version its document names; the document is checked like a profile definition (details.path names the first problem); an existing id and version is CONFLICT.",
 				Kind:        "mutation",
 				Action:      "compute:profiles:manage",
+				IDField:     "profileId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "document", Field: "document", Type: cliruntime.JSON, Required: true},
@@ -518,6 +545,7 @@ var Groups = []cliruntime.Group{
 				Description: "One profile version, preferring the tenant's own, then a public one, then a module-shipped one.",
 				Kind:        "read",
 				Action:      "compute:profiles:read",
+				IDField:     "profileId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "profile-id", Field: "profileId", Type: cliruntime.String, Required: true, Help: "Profile identifier."},
@@ -563,6 +591,7 @@ var Groups = []cliruntime.Group{
 				Description: "A page of the tenant's, public and module-shipped profiles ordered by id and version; unreadable ones are left out.",
 				Kind:        "read",
 				Action:      "compute:profiles:read",
+				IDField:     "profileId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "limit", Field: "limit", Type: cliruntime.Int, Default: "50"},
@@ -578,6 +607,7 @@ var Groups = []cliruntime.Group{
 				Description: "Replaces the document and/or visibility of one of the tenant's versions (at least one is needed); a used version keeps its document (INVALID_STATE); a new document keeps id and version; a stale expectedVersion is CONFLICT.",
 				Kind:        "mutation",
 				Action:      "compute:profiles:manage",
+				IDField:     "profileId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "profile-id", Field: "profileId", Type: cliruntime.String, Required: true, Help: "Profile identifier."},
@@ -617,6 +647,7 @@ var Groups = []cliruntime.Group{
 				Description: "Creates a project; its creator becomes its owner and first member. A name another live project of the tenant has is CONFLICT. The id derives from tenant, caller and key.",
 				Kind:        "mutation",
 				Action:      "compute:projects:manage",
+				IDField:     "projectId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
@@ -633,6 +664,7 @@ var Groups = []cliruntime.Group{
 				Description: "One project; members read it without a tenant role.",
 				Kind:        "read",
 				Action:      "compute:projects:read",
+				IDField:     "projectId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Required: true, Help: "Project identifier."},
@@ -647,6 +679,7 @@ var Groups = []cliruntime.Group{
 				Description: "The tenant's projects by name, each decided on its own.",
 				Kind:        "read",
 				Action:      "compute:projects:read",
+				IDField:     "projectId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 				},
@@ -660,6 +693,7 @@ var Groups = []cliruntime.Group{
 				Description: "Renames or redescribes a project; a stale version is CONFLICT; no change named is INVALID_INPUT; a no-op returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:projects:manage",
+				IDField:     "projectId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "project-id", Field: "projectId", Type: cliruntime.String, Required: true, Help: "Project identifier."},
@@ -741,6 +775,7 @@ var Groups = []cliruntime.Group{
 				Description: "Connects the tenant to a registered provider; config is validated by the provider's manifest and secret-like fields must be secret://, vault:// or env:// references; names are unique per tenant; with a key the id derives from tenant, caller and key and a repeat returns the stored account.",
 				Kind:        "mutation",
 				Action:      "compute:providers:manage",
+				IDField:     "accountId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "provider", Field: "provider", Type: cliruntime.String, Required: true, Help: "Runtime or provider name."},
@@ -758,6 +793,7 @@ var Groups = []cliruntime.Group{
 				Description: "The tenant's accounts sorted by name; configs hold only references; unreadable ones are left out.",
 				Kind:        "read",
 				Action:      "compute:providers:read",
+				IDField:     "accountId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 				},
@@ -771,6 +807,7 @@ var Groups = []cliruntime.Group{
 				Description: "One account; another tenant's or an absent one is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:providers:read",
+				IDField:     "accountId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Required: true, Help: "Provider account identifier."},
@@ -800,6 +837,7 @@ var Groups = []cliruntime.Group{
 				Description: "Replaces the config, validated as on create, and increments version; the next provider call builds a new client.",
 				Kind:        "mutation",
 				Action:      "compute:providers:manage",
+				IDField:     "accountId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Required: true, Help: "Provider account identifier."},
@@ -829,6 +867,7 @@ var Groups = []cliruntime.Group{
 				Description: "Starts turning one machine (identifying, given machineId) or a claimed offer (claiming, given offerId) into a node-daemon host of the tenant's pool; a reconciler drives it to joined or failed; a repeat returns the current status.",
 				Kind:        "mutation",
 				Action:      "compute:providers:manage",
+				IDField:     "bootstrapId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Required: true, Help: "Provider account identifier."},
@@ -905,6 +944,7 @@ var Groups = []cliruntime.Group{
 				Description: "Reserves count units of a flavor in a pool the tenant owns or is offered, from startAt (default now) to endAt (open when left out). With the inline placer it is placed at once and charged to quota, or refused (CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED) leaving nothing behind, unless it is on-demand and spot reservations hold the capacity it needs: they are preempted, each with capacity.spotNoticeMs notice to it and to the daemons running its work, and it waits queued until their capacity comes back. With the pool-lease placer it is queued and the pool's worker places it. wait follows the Waiting convention until it is placed or active. The id derives from tenant, caller and key.",
 				Kind:        "mutation",
 				Action:      "compute:reservations:manage",
+				IDField:     "reservationId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -913,7 +953,7 @@ var Groups = []cliruntime.Group{
 					{Name: "priority", Field: "priority", Type: cliruntime.String, Enum: []string{"on-demand", "spot"}, Default: "on-demand"},
 					{Name: "start-at", Field: "startAt", Type: cliruntime.String},
 					{Name: "end-at", Field: "endAt", Type: cliruntime.String},
-					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
@@ -926,6 +966,7 @@ var Groups = []cliruntime.Group{
 				Description: "One reservation of the tenant; anything else is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:reservations:read",
+				IDField:     "reservationId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "reservation-id", Field: "reservationId", Type: cliruntime.String, Required: true, Help: "Reservation identifier."},
@@ -940,6 +981,7 @@ var Groups = []cliruntime.Group{
 				Description: "The tenant's reservations, newest first, in one pool or one state when asked.",
 				Kind:        "read",
 				Action:      "compute:reservations:read",
+				IDField:     "reservationId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Help: "Pool identifier."},
@@ -955,6 +997,7 @@ var Groups = []cliruntime.Group{
 				Description: "Cancels a queued, placed, active or preempting reservation; its capacity and quota come back at once. Cancelling an ended, cancelled, failed or preempted one returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:reservations:manage",
+				IDField:     "reservationId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "reservation-id", Field: "reservationId", Type: cliruntime.String, Required: true, Help: "Reservation identifier."},
@@ -975,11 +1018,12 @@ var Groups = []cliruntime.Group{
 				Description: "Snapshots a running or paused sandbox (memory and disks; a running one pauses for the copy of its device state and goes on); any other state is INVALID_STATE. A sandbox with volumes attached is INVALID_STATE with details.reason 'volumes-attached': its memory holds their filesystems mounted, which a restore could not match to the volumes as they are by then. The caller owns the snapshot. With wait the answer comes when it is ready (or failed), or at the timeout while creating.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "snapshotId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
 					{Name: "keep", Field: "keep", Type: cliruntime.Bool, Default: "false", Help: "Outlive the sandbox."},
-					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
@@ -992,6 +1036,7 @@ var Groups = []cliruntime.Group{
 				Description: "One snapshot of the tenant; anything else is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:sandboxes:read",
+				IDField:     "snapshotId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "snapshot-id", Field: "snapshotId", Type: cliruntime.String, Required: true, Help: "Sandbox snapshot identifier."},
@@ -1006,6 +1051,7 @@ var Groups = []cliruntime.Group{
 				Description: "The tenant's snapshots, newest first (at most 1000), of one sandbox when asked; deleted ones only when asked.",
 				Kind:        "read",
 				Action:      "compute:sandboxes:read",
+				IDField:     "snapshotId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Help: "Sandbox identifier."},
@@ -1021,6 +1067,7 @@ var Groups = []cliruntime.Group{
 				Description: "Deletes a snapshot and its files on the node; deleting twice returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "snapshotId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "snapshot-id", Field: "snapshotId", Type: cliruntime.String, Required: true, Help: "Sandbox snapshot identifier."},
@@ -1041,6 +1088,7 @@ var Groups = []cliruntime.Group{
 				Description: "Creates a template on a hosted vps-host pool the tenant owns or is offered; flavor, image, runtime, TTLs, warm bounds, user data secret references and volumes (each also decided on the caller's credential; volumes need warm.max 0) are checked; a live template with the same name is CONFLICT; the caller becomes owner; no event.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "templateId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
@@ -1066,6 +1114,7 @@ var Groups = []cliruntime.Group{
 				Description: "Every live template of the tenant ordered by name in one answer; unreadable ones are left out.",
 				Kind:        "read",
 				Action:      "compute:sandboxes:read",
+				IDField:     "templateId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 				},
@@ -1079,6 +1128,7 @@ var Groups = []cliruntime.Group{
 				Description: "One template; a deleted template or another tenant's is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:sandboxes:read",
+				IDField:     "templateId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "template-id", Field: "templateId", Type: cliruntime.String, Required: true, Help: "Sandbox template identifier."},
@@ -1093,6 +1143,7 @@ var Groups = []cliruntime.Group{
 				Description: "Changes the named fields and raises version; pool, name and runtime stay; omitted fields keep their values; warm replaces the warm pool; changes are checked as on create; concurrent secret or volume changes are CONFLICT (retry); existing sandboxes keep their shape; no event.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "templateId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "template-id", Field: "templateId", Type: cliruntime.String, Required: true, Help: "Sandbox template identifier."},
@@ -1136,6 +1187,7 @@ var Groups = []cliruntime.Group{
 				Description: "Creates a ready volume on one host of a hosted pool with room in its reported volume store, booked as diskGiB and charged to quota; the name is unique among non-deleted volumes; the id derives from tenant, caller and key; a refusal leaves nothing behind.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "volumeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
@@ -1153,6 +1205,7 @@ var Groups = []cliruntime.Group{
 				Description: "The caller's own volumes (scope mine) or every volume of the tenant (all), oldest first; at most 500.",
 				Kind:        "read",
 				Action:      "compute:sandboxes:read",
+				IDField:     "volumeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "scope", Field: "scope", Type: cliruntime.String, Enum: []string{"mine", "all"}, Default: "mine"},
@@ -1169,6 +1222,7 @@ var Groups = []cliruntime.Group{
 				Description: "One volume with size, serial, host and state; another tenant's volume is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:sandboxes:read",
+				IDField:     "volumeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "volume-id", Field: "volumeId", Type: cliruntime.String, Required: true, Help: "Sandbox volume identifier."},
@@ -1183,6 +1237,7 @@ var Groups = []cliruntime.Group{
 				Description: "Grows a ready volume, never shrinks; equal size returns it unchanged; the growth must fit the host's volume store, is charged to quota and then booked; one resize per volume at a time.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "volumeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "volume-id", Field: "volumeId", Type: cliruntime.String, Required: true, Help: "Sandbox volume identifier."},
@@ -1198,6 +1253,7 @@ var Groups = []cliruntime.Group{
 				Description: "Takes the volume out of its host's spec (deleting; deleted once the host applied it); CONFLICT while a non-deleted sandbox attaches it or a template names it; already deleting or deleted returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "volumeId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "volume-id", Field: "volumeId", Type: cliruntime.String, Required: true, Help: "Sandbox volume identifier."},
@@ -1218,13 +1274,14 @@ var Groups = []cliruntime.Group{
 				Description: "Creates a sandbox from templateId (claiming a ready warm instance of the template, else a cold boot on the pool, or on the host of the template's volumes) or from fromSnapshot (a ready snapshot of the tenant, restored on its node); exactly one of them. ttlSeconds (default the template's default TTL) may not pass its max TTL. env is merged over the template's. Charged to the tenant's quota (sandboxes and the flavor's shape) unless a warm instance, already charged, is claimed. A read-write volume another live sandbox attaches, or a read-only one attached read-write, is CONFLICT with details.reason 'volume-in-use'. With wait the answer comes when it runs (or failed), or at the timeout while it is creating.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "sandboxId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "template-id", Field: "templateId", Type: cliruntime.String, Help: "Sandbox template identifier."},
 					{Name: "from-snapshot", Field: "fromSnapshot", Type: cliruntime.String, Help: "Sandbox snapshot identifier."},
 					{Name: "ttl-seconds", Field: "ttlSeconds", Type: cliruntime.Int},
 					{Name: "env", Field: "env", Type: cliruntime.JSON},
-					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
@@ -1237,6 +1294,7 @@ var Groups = []cliruntime.Group{
 				Description: "One sandbox of the tenant; anything else is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:sandboxes:read",
+				IDField:     "sandboxId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
@@ -1251,6 +1309,7 @@ var Groups = []cliruntime.Group{
 				Description: "The tenant's sandboxes, newest first (at most 1000), of one template when asked; deleted ones only when asked.",
 				Kind:        "read",
 				Action:      "compute:sandboxes:read",
+				IDField:     "sandboxId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "template-id", Field: "templateId", Type: cliruntime.String, Help: "Sandbox template identifier."},
@@ -1266,10 +1325,11 @@ var Groups = []cliruntime.Group{
 				Description: "Pauses a running sandbox (its VM stops executing, memory kept); a paused one is returned unchanged; any other state is INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "sandboxId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
-					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.SandboxesPause(ctx, new(client.SandboxesPauseInput))
@@ -1281,10 +1341,11 @@ var Groups = []cliruntime.Group{
 				Description: "Resumes a paused sandbox; it is running again once the guest answered and its filesystem checked out. A running one is returned unchanged; any other state is INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "sandboxId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
-					{Name: "wait", Field: "wait", Type: cliruntime.JSON, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.SandboxesResume(ctx, new(client.SandboxesResumeInput))
@@ -1296,6 +1357,7 @@ var Groups = []cliruntime.Group{
 				Description: "Sets expiresAt to now plus ttlSeconds; past the template's max TTL from creation is INVALID_INPUT with details.maxExpiresAt; a deleted sandbox is INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "sandboxId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
@@ -1311,6 +1373,7 @@ var Groups = []cliruntime.Group{
 				Description: "Deletes the sandbox; its VM ends, its capacity, quota and volumes are returned at once, its snapshots without keep go with it. Deleting twice returns it unchanged.",
 				Kind:        "mutation",
 				Action:      "compute:sandboxes:manage",
+				IDField:     "sandboxId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
@@ -1414,6 +1477,7 @@ var Groups = []cliruntime.Group{
 				Description: "Lists the tenant's live secrets (scope tenant) or the fleet's (scope fleet, only in the root tenant) by name, with reference, current version, store and when that version was written; never a value. Decided like put and delete. Pages of at most limit, after the name given.",
 				Kind:        "read",
 				Action:      "compute:secrets:manage",
+				IDField:     "name",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "scope", Field: "scope", Type: cliruntime.String, Enum: []string{"tenant", "fleet"}, Default: "tenant"},
@@ -1436,6 +1500,7 @@ var Groups = []cliruntime.Group{
 				Description: "Sites visible to the tenant in id order; unreadable ones are left out.",
 				Kind:        "read",
 				Action:      "compute:sites:read",
+				IDField:     "siteId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "kind", Field: "kind", Type: cliruntime.String, Enum: []string{"shared", "dedicated", "custom"}},
@@ -1453,6 +1518,7 @@ var Groups = []cliruntime.Group{
 				Description: "One site; a site the tenant cannot see is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:sites:read",
+				IDField:     "siteId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "site-id", Field: "siteId", Type: cliruntime.String, Required: true, Help: "Site identifier."},
@@ -1467,6 +1533,7 @@ var Groups = []cliruntime.Group{
 				Description: "Creates a site. Shared and dedicated sites are decided on fleet/global and belong to the root tenant. The id derives from tenant, calling identity and key.",
 				Kind:        "mutation",
 				Action:      "compute:sites:manage",
+				IDField:     "siteId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "kind", Field: "kind", Type: cliruntime.String, Required: true, Enum: []string{"shared", "dedicated", "custom"}},
@@ -1484,6 +1551,7 @@ var Groups = []cliruntime.Group{
 				Description: "Changes region or IAM region; only the owner tenant; stale version is CONFLICT.",
 				Kind:        "mutation",
 				Action:      "compute:sites:manage",
+				IDField:     "siteId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "site-id", Field: "siteId", Type: cliruntime.String, Required: true, Help: "Site identifier."},
@@ -1531,6 +1599,7 @@ var Groups = []cliruntime.Group{
 				Name:        "version",
 				Description: "Name, release version, API base path and agent protocol versions.",
 				Kind:        "public",
+				IDField:     "name",
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.SystemVersion(ctx, new(client.SystemVersionInput))
 					return err
@@ -1616,6 +1685,7 @@ var Groups = []cliruntime.Group{
 				Description: "The tenant's webhooks oldest first, without secrets.",
 				Kind:        "read",
 				Action:      "compute:webhooks:manage",
+				IDField:     "webhookId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 				},
@@ -1629,6 +1699,7 @@ var Groups = []cliruntime.Group{
 				Description: "One webhook without its secret; another tenant's is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:webhooks:manage",
+				IDField:     "webhookId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
@@ -1643,6 +1714,7 @@ var Groups = []cliruntime.Group{
 				Description: "Changes url, patterns, description or active and increments version; url and patterns are checked as on create; naming no field is INVALID_INPUT and values equal to the stored ones change nothing; pausing (active false) cancels pending deliveries; after re-activation only events committed after it are delivered.",
 				Kind:        "mutation",
 				Action:      "compute:webhooks:manage",
+				IDField:     "webhookId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
@@ -1690,6 +1762,7 @@ var Groups = []cliruntime.Group{
 				Description: "Queues a webhook.ping delivery due now; a delivery only, never written to the outbox. A ping of a paused webhook is cancelled by the delivery worker.",
 				Kind:        "mutation",
 				Action:      "compute:webhooks:manage",
+				IDField:     "deliveryId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
@@ -1704,6 +1777,7 @@ var Groups = []cliruntime.Group{
 				Description: "A webhook's deliveries newest first with attempts, next attempt time and last status or error.",
 				Kind:        "read",
 				Action:      "compute:webhooks:manage",
+				IDField:     "deliveryId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "webhook-id", Field: "webhookId", Type: cliruntime.String, Required: true, Help: "Webhook identifier."},
@@ -1720,6 +1794,7 @@ var Groups = []cliruntime.Group{
 				Description: "Makes a delivered, dead or cancelled delivery pending and due now with its attempt count reset and its id kept; another tenant's delivery or one of a paused webhook is NOT_FOUND; a delivery still pending is INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:webhooks:manage",
+				IDField:     "deliveryId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "delivery-id", Field: "deliveryId", Type: cliruntime.String, Required: true, Help: "Webhook delivery identifier."},
@@ -1753,6 +1828,7 @@ var Groups = []cliruntime.Group{
 				Description: "One workflow of a node of the tenant's pools, with its steps; anything else is NOT_FOUND.",
 				Kind:        "read",
 				Action:      "compute:workflows:read",
+				IDField:     "workflowId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -1768,6 +1844,7 @@ var Groups = []cliruntime.Group{
 				Description: "The workflows of one node, newest first, by state when asked.",
 				Kind:        "read",
 				Action:      "compute:workflows:read",
+				IDField:     "workflowId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -1783,6 +1860,7 @@ var Groups = []cliruntime.Group{
 				Description: "Stops a running, pausing, paused or failed workflow for good: the step in flight is cancelled and no further step runs. Aborting an aborted workflow returns it unchanged; a succeeded one is INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:workflows:manage",
+				IDField:     "workflowId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -1799,6 +1877,7 @@ var Groups = []cliruntime.Group{
 				Description: "Runs a failed workflow again from the step that failed, with a fresh retry budget for it; the steps that succeeded do not run again. Only a failed workflow can be retried (INVALID_STATE), and only while no other workflow runs on the node (CONFLICT).",
 				Kind:        "mutation",
 				Action:      "compute:workflows:manage",
+				IDField:     "workflowId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -1814,6 +1893,7 @@ var Groups = []cliruntime.Group{
 				Description: "Pauses a running workflow after the step that runs now (state pausing until it ends, then paused; paused at once when no step is in flight). Pausing a pausing or paused workflow returns it unchanged; a finished one is INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:workflows:manage",
+				IDField:     "workflowId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
@@ -1829,6 +1909,7 @@ var Groups = []cliruntime.Group{
 				Description: "Runs a pausing or paused workflow on from where it stopped. Resuming a running workflow returns it unchanged; a finished one is INVALID_STATE.",
 				Kind:        "mutation",
 				Action:      "compute:workflows:manage",
+				IDField:     "workflowId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},

@@ -21,6 +21,7 @@ const (
 	ExitState        = 6 // conflicts with the current state
 	ExitRetryable    = 7 // retry later
 	ExitUnsupported  = 8 // not implemented or not supported
+	ExitFailed       = 9 // the work waited for (--wait) ended failed
 )
 
 // ExitClass is one exit code and the error codes that map to it.
@@ -42,6 +43,7 @@ var ExitClasses = []ExitClass{
 	{ExitState, "conflicts with the current state", []string{"CONFLICT", "INVALID_STATE", "QUOTA_EXCEEDED", "CAPACITY_UNAVAILABLE", "CONFIG_DRIFT"}},
 	{ExitRetryable, "retryable (try again later)", []string{"RATE_LIMITED", "UNAVAILABLE"}},
 	{ExitUnsupported, "not served by this deployment", []string{"NOT_IMPLEMENTED", "UNSUPPORTED"}},
+	{ExitFailed, "--wait: the work waited for ended failed (its error on stderr)", nil},
 }
 
 // ExitCode is the exit code of an API error code: ExitError for codes no

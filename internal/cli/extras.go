@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,8 +11,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"computeplane/computeclient"
 	"computeplane/gen/client"
@@ -127,6 +129,16 @@ func (inv *invocation) profile(getenv func(string) string) (*Profile, error) {
 // the tenant taken from the key when not given; the profile becomes the
 // current one.
 func login(ctx context.Context, inv *invocation, getenv func(string) string, s Streams) (int, error) {
+	if len(inv.global) == 0 {
+		// A bare login: the user types what to save, or nothing is saved
+		// (not the environment's token, silently, as the default).
+		if !s.StdinTTY {
+			return 0, usagef("login needs --token TOKEN (and --url URL): the standard input is not a terminal to ask on; see '%s login --help'", Program)
+		}
+		if err := promptLogin(inv, getenv, s); err != nil {
+			return 0, err
+		}
+	}
 	// The profile named is the one being saved, not one to read.
 	name := inv.global[flagProfile]
 	delete(inv.global, flagProfile)
@@ -164,6 +176,51 @@ func login(ctx context.Context, inv *invocation, getenv func(string) string, s S
 	path, _ := configPath(getenv)
 	fmt.Fprintf(s.Stdout, "logged in to %s as tenant %s; profile %s saved in %s\n", set.origin, tenant, name, path)
 	return ExitOK, nil
+}
+
+// promptLogin asks on the terminal for the service's URL and the token
+// (not echoed).
+func promptLogin(inv *invocation, getenv func(string) string, s Streams) error {
+	in := bufio.NewReader(s.Stdin)
+	def := getenv(EnvURL)
+	if def == "" {
+		def = DefaultURL
+	}
+	fmt.Fprintf(s.Stderr, "Service URL [%s]: ", def)
+	u, err := in.ReadString('\n')
+	if err != nil {
+		return usagef("login: %v", err)
+	}
+	if u = strings.TrimSpace(u); u == "" {
+		u = def
+	}
+	fmt.Fprint(s.Stderr, "API key (not shown): ")
+	restore := noEcho(s.Stdin)
+	tok, err := in.ReadString('\n')
+	restore()
+	fmt.Fprintln(s.Stderr)
+	if err != nil || strings.TrimSpace(tok) == "" {
+		return usagef("login: no API key given")
+	}
+	inv.global[flagURL], inv.global[flagToken] = u, strings.TrimSpace(tok)
+	return nil
+}
+
+// noEcho turns the terminal's echo off until the returned func is called.
+func noEcho(r io.Reader) func() {
+	f, ok := r.(*os.File)
+	if !ok {
+		return func() {}
+	}
+	fd := int(f.Fd())
+	old, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	if err != nil {
+		return func() {}
+	}
+	quiet := *old
+	quiet.Lflag &^= unix.ECHO
+	_ = unix.IoctlSetTermios(fd, unix.TCSETS, &quiet)
+	return func() { _ = unix.IoctlSetTermios(fd, unix.TCSETS, old) }
 }
 
 // whoamiTenant asks the service whose credential this is.
@@ -294,32 +351,29 @@ func writeAPIErrorJSON(w io.Writer, e *computeclient.Error, requestID string) {
 	fmt.Fprintln(w, string(raw))
 }
 
-// writeIDs prints, for -q, the id of each item of a list answer (the first
-// field whose name ends in Id), or of the one object answered.
-func writeIDs(w io.Writer, data []byte) error {
-	var v any
-	if err := json.Unmarshal(data, &v); err != nil {
+// writeIDs prints, for -q, the own id (idField) of each item of a list
+// answer, or of the one object answered; without idField, the first field
+// in the answer's order whose name ends in Id, other than tenantId.
+func writeIDs(w io.Writer, data []byte, idField string) error {
+	v, err := parseOrdered(data)
+	if err != nil {
 		return err
 	}
-	objs := []any{v}
-	if m, ok := v.(map[string]any); ok {
-		if items, ok := m["items"].([]any); ok {
-			objs = items
-		}
+	objs := []*value{v}
+	if v.isList() {
+		objs = v.get("items").elems
 	}
 	for _, o := range objs {
-		m, ok := o.(map[string]any)
-		if !ok {
+		if o.kind != kindObject {
 			continue
 		}
-		keys := make([]string, 0, len(m))
-		for k := range m {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			if s, ok := m[k].(string); ok && strings.HasSuffix(k, "Id") && k != "tenantId" {
-				fmt.Fprintln(w, s)
+		for i, k := range o.keys {
+			val := o.vals[i]
+			if val.kind != kindString {
+				continue
+			}
+			if k == idField || (idField == "" && strings.HasSuffix(k, "Id") && k != TenantField) {
+				fmt.Fprintln(w, val.str)
 				break
 			}
 		}

@@ -13,6 +13,10 @@ func writeMainHelp(w io.Writer, groups []Group) {
 	fmt.Fprintf(w, "Usage:\n  %s [global flags] <group> <command> [flags]\n", Program)
 	fmt.Fprintf(w, "  %s help [<group> [<command>]]\n\n", Program)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "Commands:")
+	fmt.Fprintf(tw, "  login\t%s\n", loginSummary)
+	fmt.Fprintf(tw, "  help\tshow help of a group or command\n")
+	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "Groups:")
 	for _, g := range groups {
 		fmt.Fprintf(tw, "  %s\t%s\n", g.Name, g.Description)
@@ -144,4 +148,18 @@ func writeTrimmed(w io.Writer, text []byte) {
 		lines[i] = bytes.TrimRight(l, " ")
 	}
 	_, _ = w.Write(bytes.Join(lines, []byte("\n")))
+}
+
+const loginSummary = "check an API key and save it, with the service's URL and the key's tenant, as a profile"
+
+func writeLoginHelp(w io.Writer) {
+	fmt.Fprintf(w, "%s login: %s.\n\n", Program, loginSummary)
+	fmt.Fprintf(w, "Usage:\n  %s login --url URL --token TOKEN [--profile NAME]\n  %s login            (on a terminal: asks for the URL and the key)\n\n", Program, Program)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "Flags:")
+	fmt.Fprintf(tw, "  --url URL\torigin of the service (also --cp-url; default $%s, else %s)\n", EnvURL, DefaultURL)
+	fmt.Fprintf(tw, "  --token TOKEN\tthe API key to save (also --cp-token; default $%s when another flag is given)\n", EnvToken)
+	fmt.Fprintf(tw, "  --profile NAME\tthe profile saved (default default); it becomes the current one\n")
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\nThe key is checked with system.whoami and saved in $XDG_CONFIG_HOME/computectl/config.json\n(mode 0600; $%s names another file). Without flags and without a terminal,\nlogin refuses (exit 2) rather than save $%s.\n", EnvConfig, EnvToken)
 }

@@ -55,6 +55,9 @@ func BuildInput(m *Method, tenant string, input []byte, flags []FlagValue) ([]by
 		if f == nil {
 			return nil, usagef("unknown flag --%s", fv.Name)
 		}
+		if f.Local {
+			continue // computectl's own: read before
+		}
 		v, err := f.Encode(fv.Value)
 		if err != nil {
 			return nil, err
@@ -63,7 +66,7 @@ func BuildInput(m *Method, tenant string, input []byte, flags []FlagValue) ([]by
 	}
 	var missing []string
 	for _, f := range m.Flags {
-		if _, ok := obj[f.Field]; f.Required && !ok {
+		if _, ok := obj[f.Field]; f.Required && !f.Local && !ok {
 			missing = append(missing, "--"+f.Name)
 		}
 	}
@@ -119,6 +122,8 @@ func (f *Flag) Encode(text string) (json.RawMessage, error) {
 			return nil, usagef("--%s must be true or false, not %q", f.Name, text)
 		}
 		return json.RawMessage(strconv.FormatBool(b)), nil
+	case Wait:
+		return encodeWait(f, text)
 	case JSON:
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, []byte(text)); err != nil {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -87,6 +88,9 @@ func takesNoValue(name string) bool { return name == flagQuiet || name == flagVe
 type Streams struct {
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+	// StdinTTY and StderrTTY say the streams are terminals (IsTerminal):
+	// a wait shows its state changes on stderr; a bare login prompts.
+	StdinTTY, StderrTTY bool
 }
 
 // Run runs computectl with args (without the program name) over the
@@ -104,7 +108,10 @@ func Run(ctx context.Context, groups []Group, args []string, getenv func(string)
 	case inv.version:
 		fmt.Fprintf(s.Stdout, "%s %s\n", Program, buildinfo.Version())
 		return ExitOK
-	case inv.login && !inv.help:
+	case inv.login && inv.help:
+		writeLoginHelp(s.Stdout)
+		return ExitOK
+	case inv.login:
 		code, err := login(ctx, inv, getenv, s)
 		if err != nil {
 			fmt.Fprintf(s.Stderr, "error: %v\n", err)
@@ -152,6 +159,7 @@ type invocation struct {
 	login   bool // computectl login: save a profile
 	global  map[string]string
 	flags   []FlagValue
+	rest    []string // the arguments after --: sandboxes exec's argv
 }
 
 // parse reads the command line: global flags anywhere; the group; the
@@ -181,6 +189,8 @@ func parse(groups []Group, args []string) (*invocation, error) {
 			case inv.method == nil && !inv.login:
 				if inv.method = inv.group.method(a); inv.method == nil {
 					inv.method = builtin(inv.group, a)
+				} else {
+					inv.method = withLocalFlags(inv.group, inv.method)
 				}
 				if inv.method == nil {
 					if near := suggest(a, methodNames(inv.group)); near != "" {
@@ -192,6 +202,10 @@ func parse(groups []Group, args []string) (*invocation, error) {
 				return inv, usagef("unexpected argument %q", a)
 			}
 			continue
+		}
+		if a == "--" && inv.method != nil {
+			inv.rest = args[i+1:]
+			break
 		}
 		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
 		if name == "h" || name == "help" {
@@ -216,9 +230,12 @@ func parse(groups []Group, args []string) (*invocation, error) {
 			return inv, usagef("unknown flag %s", a)
 		}
 		if !hasValue {
-			if f != nil && f.Type == Bool {
+			switch {
+			case f != nil && f.Type == Bool:
 				value = "true"
-			} else {
+			case f != nil && f.Type == Wait && (i+1 >= len(args) || !isWaitValue(args[i+1])):
+				value = DefaultWait.String() // --wait alone
+			default:
 				if i+1 >= len(args) {
 					return inv, usagef("flag --%s needs a value", name)
 				}
@@ -359,6 +376,9 @@ func (inv *invocation) call(ctx context.Context, getenv func(string) string, s S
 		fmt.Fprintf(s.Stderr, "idempotency key: %s (pass --%s %s to retry this call safely)\n", key, f.Name, key)
 		flags = append(slices.Clone(flags), FlagValue{Name: f.Name, Value: key})
 	}
+	if flags, err = inv.localInput(flags, s); err != nil {
+		return 0, err
+	}
 	body, err := BuildInput(inv.method, set.tenant, input, flags)
 	if err != nil {
 		return 0, err
@@ -374,8 +394,8 @@ func (inv *invocation) call(ctx context.Context, getenv func(string) string, s S
 		ctx, cancel = context.WithTimeout(ctx, set.timeout)
 		defer cancel()
 	}
-	x := &exchange{body: body}
-	if err := inv.method.Call(withExchange(ctx, x), c); err != nil {
+	// failed prints an error the call ended with and returns its exit code.
+	failed := func(x *exchange, err error) (int, error) {
 		if e, ok := computeclient.AsError(err); ok {
 			if set.output == OutputJSON {
 				writeAPIErrorJSON(s.Stderr, e, x.requestID)
@@ -399,17 +419,77 @@ func (inv *invocation) call(ctx context.Context, getenv func(string) string, s S
 		}
 		return 0, err
 	}
+	wait := waitGiven(inv.method, body)
+	var prog *progress
+	if wait && s.StderrTTY {
+		// On a terminal a wait shows the state changes as they come: get
+		// is read while the waiting call is out.
+		prog = &progress{w: s.Stderr, start: time.Now()}
+		id := bodyString(body, inv.method.IDField)
+		if key := bodyString(body, IdempotencyField); id == "" && key != "" {
+			// A create: a first call without wait names the object; the
+			// same call again (the same key: the same object, no second
+			// decision) waits.
+			first := &exchange{body: withBody(body, firstOfType(inv.method, Wait).Field, nil)}
+			if err := inv.method.Call(withExchange(ctx, first), c); err != nil {
+				return failed(first, err)
+			}
+			if data, err := first.data(); err == nil {
+				var state string
+				state, _, id = stateOf(inv.method, data)
+				prog.show(inv.group.Name, id, state)
+			}
+		}
+		if id != "" {
+			pctx, stop := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); prog.follow(pctx, c, inv.group, set.tenant, id) }()
+			defer func() { stop(); <-done }()
+		}
+	}
+	x := &exchange{body: body}
+	if err := inv.method.Call(withExchange(ctx, x), c); err != nil {
+		return failed(x, err)
+	}
 	data, err := x.data()
 	if err != nil {
 		return 0, err
 	}
-	if inv.global[flagQuiet] == "true" {
-		return ExitOK, writeIDs(s.Stdout, data)
+	if code, ok, err := inv.rawOutput(set, data, s); ok {
+		return code, err
 	}
-	if err := WriteOutput(s.Stdout, set.output, data); err != nil {
+	if inv.global[flagQuiet] == "true" {
+		if err := writeIDs(s.Stdout, data, inv.method.IDField); err != nil {
+			return 0, err
+		}
+	} else if err := WriteOutput(s.Stdout, set.output, data); err != nil {
 		return 0, fmt.Errorf("print the answer: %w", err)
 	}
+	if wait {
+		state, reason, id := stateOf(inv.method, data)
+		if prog != nil {
+			prog.show(inv.group.Name, id, state)
+		}
+		if state == StateFailed {
+			if reason == "" {
+				reason = "no reason given"
+			}
+			fmt.Fprintf(s.Stderr, "error: %s %s failed: %s\n", inv.group.Name, id, reason)
+			return ExitFailed, nil
+		}
+	}
 	return ExitOK, nil
+}
+
+// bodyString is a string field of a JSON object body, "" when absent.
+func bodyString(body []byte, field string) string {
+	if field == "" {
+		return ""
+	}
+	var obj map[string]any
+	_ = json.Unmarshal(body, &obj)
+	v, _ := obj[field].(string)
+	return v
 }
 
 // readInput reads --input: a file, or stdin for "-".

@@ -29,6 +29,9 @@ const (
 	// JSON sends the text, which must be one JSON value: objects, arrays,
 	// maps and any.
 	JSON FlagType = "json"
+	// Wait sends wait { timeoutMs } (the Waiting convention): the text is
+	// a duration (30s), or the JSON object; the flag alone is DefaultWait.
+	Wait FlagType = "wait"
 )
 
 // Flag is one top-level field of a method's input.
@@ -41,6 +44,9 @@ type Flag struct {
 	Enum     []string // allowed values of a string
 	Default  string   // the catalog default as shown in help, "" when none
 	Help     string   // the field's description
+	// Local flags are computectl's own (sandboxes writeFile --from): they
+	// are not sent.
+	Local bool
 }
 
 // Method is one subcommand: a registered method of the catalog.
@@ -49,7 +55,10 @@ type Method struct {
 	Description string
 	Kind        string // read, mutation or public
 	Action      string // the action decided on; "" for public methods
-	Flags       []Flag // in catalog order
+	// IDField is the own id of the object answered (of each item of a
+	// list), "" when it has none: what -q prints.
+	IDField string
+	Flags   []Flag // in catalog order
 	// Call calls the method through the generated client. The runtime puts
 	// the JSON input into ctx (the body of the request) and reads the
 	// answer's data from there; the typed input only selects the operation.

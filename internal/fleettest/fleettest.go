@@ -33,6 +33,7 @@ const Tenant = "acme"
 type Fleet struct {
 	t         *testing.T
 	C         *computeclient.Client
+	Key       string // the owner key C uses
 	DB        *pgxpool.Pool
 	Computed  *proctest.Process
 	PublicURL string
@@ -61,6 +62,7 @@ func Start(t *testing.T, extraConfig string) *Fleet {
 	f.Computed = proctest.Start(t, "computed", computed, env, "serve")
 	f.Computed.WaitHealthy(t, fmt.Sprintf("127.0.0.1:%d", port))
 	key := proctest.CreateKey(t, computed, env, Tenant, "ops", "owner")
+	f.Key = key
 	f.C, err = computeclient.New(f.PublicURL+config.DefaultBasePath, computeclient.WithToken(key),
 		computeclient.WithHTTPClient(&http.Client{Timeout: 60 * time.Second}))
 	require.NoError(t, err)

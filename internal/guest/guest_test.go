@@ -8,7 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -147,4 +151,37 @@ func TestModuleWanted(t *testing.T) {
 	require.NoError(t, os.MkdirAll(net, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(net, "device"), []byte("0x0001\n"), 0o644))
 	assert.True(t, moduleWanted(sys, "virtio:1"))
+}
+
+// A command that leaves a process running in the background answers with
+// its output and exit code as soon as it exits, and the process goes on
+// (and may keep writing to the output it inherited).
+func TestExecLeavesABackgroundProcessRunning(t *testing.T) {
+	p, _ := serve(t)
+	p.next(t) // ready
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	script := `(sleep 0.1; while :; do echo tick; sleep 0.05; done) & echo $! > ` + pidFile + `; echo started; echo warn >&2; exit 4`
+	start := time.Now()
+	r := p.call(t, guestproto.Request{ID: 1, Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", script}}})
+	require.True(t, r.OK, r.Error)
+	assert.Less(t, time.Since(start), 900*time.Millisecond, "not after a WaitDelay")
+	assert.Equal(t, 4, r.Exec.ExitCode)
+	assert.True(t, strings.HasPrefix(string(r.Exec.Stdout), "started\n"), "%q", r.Exec.Stdout)
+	assert.Equal(t, "warn\n", string(r.Exec.Stderr))
+	assert.False(t, r.Exec.TimedOut)
+
+	raw, err := os.ReadFile(pidFile)
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	time.Sleep(300 * time.Millisecond) // it writes to its inherited stdout meanwhile
+	require.NoError(t, syscall.Kill(pid, 0), "the background process still runs")
+
+	// The same with exit 0 and stdin given.
+	r = p.call(t, guestproto.Request{ID: 2, Op: guestproto.OpExec, Exec: &guestproto.Exec{
+		Argv: []string{"/bin/sh", "-c", "sleep 5 & cat"}, Stdin: []byte("in")}})
+	require.True(t, r.OK, r.Error)
+	assert.Equal(t, 0, r.Exec.ExitCode)
+	assert.Equal(t, "in", string(r.Exec.Stdout))
 }

@@ -172,6 +172,58 @@ func (a *Agent) status() *guestproto.Status {
 		UptimeMs: time.Since(a.Start).Milliseconds(), RootOK: ok}
 }
 
+// outputGrace is how long an exec answer waits for the end of its output
+// once the command exited, when a process it left running holds the pipes.
+const outputGrace = 200 * time.Millisecond
+
+// drain reads one output pipe of a command into a capped buffer until
+// every holder of its write end is gone.
+type drain struct {
+	w    *os.File // the command's end, closed here once it started
+	mu   sync.Mutex
+	c    capped
+	done chan struct{} // closed at EOF
+}
+
+func newDrain() (*drain, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	d := &drain{w: w, c: capped{max: guestproto.MaxOutputBytes}, done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		defer r.Close()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := r.Read(buf)
+			d.mu.Lock()
+			_, _ = d.c.Write(buf[:n])
+			d.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return d, nil
+}
+
+// closeOurs closes our copy of the write end once the command started (or
+// failed to): EOF comes when the command and its children closed theirs.
+func (d *drain) closeOurs() { _ = d.w.Close() }
+
+// take is the output so far, at EOF or when grace fires, whichever is
+// first; the drain goes on discarding past the cap.
+func (d *drain) take(grace <-chan struct{}) ([]byte, bool) {
+	select {
+	case <-d.done:
+	case <-grace:
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return bytes.Clone(d.c.buf.Bytes()), d.c.truncated
+}
+
 // capped keeps the first max bytes written to it.
 type capped struct {
 	buf       bytes.Buffer
@@ -209,20 +261,45 @@ func (a *Agent) exec(ctx context.Context, e *guestproto.Exec) guestproto.Respons
 		env = append(env, k+"="+v)
 	}
 	cmd.Env = env
-	cmd.Stdin = bytes.NewReader(e.Stdin)
-	out, errOut := &capped{max: guestproto.MaxOutputBytes}, &capped{max: guestproto.MaxOutputBytes}
-	cmd.Stdout, cmd.Stderr = out, errOut
+	if len(e.Stdin) > 0 {
+		cmd.Stdin = bytes.NewReader(e.Stdin)
+		// A child left running may hold stdin unread: the copy gives up
+		// then, and Wait answers ErrWaitDelay (handled below).
+		cmd.WaitDelay = time.Second
+	}
+	// stdout and stderr are pipes of our own, not os/exec's: Wait returns
+	// when the command exits, even if a process it left in the background
+	// (sh -c "server & echo started") still holds them, and a drain keeps
+	// reading them so that process never blocks or dies of SIGPIPE.
+	out, err := newDrain()
+	if err != nil {
+		return fail(err)
+	}
+	errOut, err := newDrain()
+	if err != nil {
+		out.closeOurs()
+		return fail(err)
+	}
+	cmd.Stdout, cmd.Stderr = out.w, errOut.w
 	// The whole process group dies with the timeout.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = time.Second
 	start := time.Now()
-	if err := startTracked(cmd); err != nil {
+	err = startTracked(cmd)
+	out.closeOurs()
+	errOut.closeOurs()
+	if err != nil {
 		return fail(err)
 	}
-	err := cmd.Wait()
+	err = cmd.Wait()
 	untrack(cmd.Process.Pid)
-	res := &guestproto.ExecResult{Stdout: out.buf.Bytes(), Stderr: errOut.buf.Bytes(), Truncated: out.truncated || errOut.truncated,
+	// Everything the command wrote is in the pipes now; a background
+	// process still holding them gets outputGrace to finish a line.
+	grace, stop := context.WithTimeout(context.Background(), outputGrace)
+	defer stop()
+	stdout, outCut := out.take(grace.Done())
+	stderr, errCut := errOut.take(grace.Done())
+	res := &guestproto.ExecResult{Stdout: stdout, Stderr: stderr, Truncated: outCut || errCut,
 		DurationMs: time.Since(start).Milliseconds()}
 	var exit *exec.ExitError
 	switch {
@@ -230,6 +307,8 @@ func (a *Agent) exec(ctx context.Context, e *guestproto.Exec) guestproto.Respons
 		res.TimedOut, res.ExitCode = true, -1
 	case errors.As(err, &exit):
 		res.ExitCode = exit.ExitCode()
+	case errors.Is(err, exec.ErrWaitDelay):
+		res.ExitCode = cmd.ProcessState.ExitCode() // exited 0; only the stdin copy was cut
 	case err != nil:
 		return fail(err)
 	}

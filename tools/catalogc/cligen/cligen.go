@@ -38,6 +38,9 @@ const (
 	TypeNumber = "Number"
 	TypeBool   = "Bool"
 	TypeJSON   = "JSON"
+	// TypeWait is a method's wait { timeoutMs } (the Waiting convention):
+	// a duration, the flag alone, or the JSON object.
+	TypeWait = "Wait"
 )
 
 // reserved flag names: the runtime's help flags. The runtime's global flags
@@ -64,6 +67,9 @@ type Flag struct {
 type Command struct {
 	Method *catalog.Method
 	Flags  []Flag
+	// IDField is the own id of the object answered (of each item of a
+	// list), "" when it has none: what -q prints.
+	IDField string
 }
 
 // Commands lists the commands of the registered methods, groups sorted by
@@ -83,7 +89,7 @@ func Commands(c *catalog.Catalog) ([]Command, error) {
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, Command{Method: m, Flags: flags})
+			out = append(out, Command{Method: m, Flags: flags, IDField: IDField(m)})
 		}
 	}
 	return out, nil
@@ -117,6 +123,9 @@ func Flags(m *catalog.Method) ([]Flag, error) {
 			Nullable: s.Nullable,
 			Help:     help(s),
 		}
+		if f.Name == "wait" && s.Ref != nil && s.Ref.Name == "Wait" {
+			flag.Type = TypeWait
+		}
 		if s.Ref == nil && s.Type == catalog.TString {
 			flag.Enum = s.Enum
 		}
@@ -130,6 +139,33 @@ func Flags(m *catalog.Method) ([]Flag, error) {
 		out = append(out, flag)
 	}
 	return out, nil
+}
+
+// IDField is the own id field of what m answers (of the items of a list):
+// the field named after the type's last word, Id appended (Instance:
+// instanceId, SandboxSnapshot: snapshotId, ProviderAccount: accountId);
+// else name, for types known by name (Flavor); else "".
+func IDField(m *catalog.Method) string {
+	out := m.Output
+	if out == nil || out.Ref == nil {
+		return ""
+	}
+	if items := out.Field("items"); items != nil && items.Schema.Items != nil && items.Schema.Items.Ref != nil {
+		out = items.Schema.Items
+	}
+	typ := out.Ref.Name
+	last := len(typ) - 1
+	for last > 0 && !unicode.IsUpper(rune(typ[last])) {
+		last--
+	}
+	id := strings.ToLower(typ[last:last+1]) + typ[last+1:] + "Id"
+	if f := out.Field(id); f != nil && f.Schema.Type == catalog.TString {
+		return id
+	}
+	if f := out.Field("name"); f != nil && f.Schema.Type == catalog.TString {
+		return "name"
+	}
+	return ""
 }
 
 func flagType(s *catalog.Schema) string {
@@ -243,6 +279,9 @@ func command(c Command) jen.Code {
 	}
 	if m.Action != "" {
 		pairs = append(pairs, "Action", jen.Lit(m.Action))
+	}
+	if c.IDField != "" {
+		pairs = append(pairs, "IDField", jen.Lit(c.IDField))
 	}
 	if len(c.Flags) > 0 {
 		var flags []jen.Code

@@ -183,6 +183,7 @@ func TestFileFragments(t *testing.T) {
 					Description: "Creates a thing. It has a second sentence.",
 					Kind:        "mutation",
 					Action:      "compute:things:manage",
+					IDField:     "thingId",
 					Flags: []cliruntime.Flag{
 						{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},`,
 		`{Name: "size", Field: "size", Type: cliruntime.Int, Default: "10"},`,
@@ -202,6 +203,7 @@ func TestFileFragments(t *testing.T) {
 			Name:        "ping",
 			Description: "Answers pong; no credential needed.",
 			Kind:        "public",
+			IDField:     "thingId",
 			Call: func(ctx context.Context, c *client.Client) error {
 				_, err := c.ThingsPing(ctx, new(client.ThingsPingInput))
 				return err
@@ -233,4 +235,50 @@ func TestRepoCatalog(t *testing.T) {
 			assert.NotContains(t, src, call, m.FullName())
 		}
 	}
+}
+
+// -q prints the object's own id: for every group of the repository's
+// catalog, what its get and list answer (each item of a list) is known by.
+// A group added to the catalog must be added here.
+func TestIDFieldOfEveryGroup(t *testing.T) {
+	t.Parallel()
+	want := map[string]string{
+		"events": "", "flavors": "name", "images": "imageId", "instances": "instanceId", "nodes": "nodeId",
+		"pools": "poolId", "profiles": "profileId", "projects": "projectId", "providerAccounts": "accountId",
+		"quotas": "", "reservations": "reservationId", "sandboxSnapshots": "snapshotId",
+		"sandboxTemplates": "templateId", "sandboxVolumes": "volumeId", "sandboxes": "sandboxId",
+		"secrets": "name", "sites": "siteId", "system": "", "usage": "", "webhooks": "webhookId",
+		"workflows": "workflowId",
+	}
+	cmds, err := Commands(load(t, repoCatalog))
+	require.NoError(t, err)
+	groups := map[string]bool{}
+	for _, c := range cmds {
+		g := c.Method.Group.Name
+		groups[g] = true
+		id, ok := want[g]
+		require.Truef(t, ok, "group %s: add its id field to this test", g)
+		if c.Method.Name == "get" || c.Method.Name == "list" {
+			assert.Equal(t, id, c.IDField, c.Method.FullName())
+		}
+	}
+	assert.Len(t, groups, len(want))
+}
+
+// --wait of a method with wait { timeoutMs } is a Wait flag.
+func TestWaitFlag(t *testing.T) {
+	t.Parallel()
+	c := load(t, repoCatalog)
+	n := 0
+	for _, m := range c.Methods() {
+		flags, err := Flags(m)
+		require.NoError(t, err)
+		for _, f := range flags {
+			if f.Field == "wait" {
+				assert.Equal(t, TypeWait, f.Type, m.FullName())
+				n++
+			}
+		}
+	}
+	assert.GreaterOrEqual(t, n, 8)
 }
