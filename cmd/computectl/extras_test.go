@@ -18,6 +18,7 @@ import (
 
 	"computeplane/internal/buildinfo"
 	"computeplane/internal/cli"
+	"computeplane/internal/qemu/qemutest"
 	"computeplane/internal/whsig"
 )
 
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	cli.ConfigPath = func() (string, error) { return filepath.Join(dir, "config.json"), nil }
-	code := m.Run()
+	code := qemutest.Run(m) // fails when a VM a test booted outlives the tests
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

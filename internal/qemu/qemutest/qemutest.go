@@ -70,7 +70,10 @@ func moduleRoot(t testing.TB) string {
 // qemu process one of them started is still running after them (each test
 // deletes, or its cleanup kills, what it booted). Use it as
 // `func TestMain(m *testing.M) { qemutest.Main(m) }`.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main for a TestMain that does more: it returns the exit code.
+func Run(m *testing.M) int {
 	token := vmowner.Mark()
 	code := m.Run()
 	// A deleted VM is removed in the background: give it a moment.
@@ -80,5 +83,5 @@ func Main(m *testing.M) {
 		vmowner.Kill(left)
 		code = 1
 	}
-	os.Exit(code)
+	return code
 }
