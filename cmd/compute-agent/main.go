@@ -12,9 +12,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -109,44 +111,15 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	if fs.Parse(args) != nil {
 		return 2
 	}
-	var r runtime.Runtime
-	switch *rt {
-	case "recording":
-		r = &runtime.Recording{Dir: *dir + "/runtime"}
-	case "qemu":
-		// Refuse to start without a working qemu: the node would look
-		// ready and fail every instance it is given.
-		qv, err := runtime.CheckQEMU(ctx)
-		if err != nil {
-			fmt.Fprintln(stderr, "compute-agent run:", err)
-			return 1
-		}
-		log.Info("qemu found", "version", qv)
-		acc, err := chooseAccel(ctx, *dir, *accel, log)
-		if err != nil {
-			fmt.Fprintln(stderr, "compute-agent run:", err)
-			return 2
-		}
-		log.Info("starting the qemu runtime", "accel", acc)
-		q, err := runtime.NewQEMU(*dir+"/runtime", acc, log)
-		if err != nil {
-			fmt.Fprintln(stderr, "compute-agent run:", err)
-			return 1
-		}
-		if q.MemoryDir = *memory; q.MemoryDir != "" {
-			if err := os.MkdirAll(q.MemoryDir, 0o700); err != nil {
-				fmt.Fprintln(stderr, "compute-agent run:", err)
-				return 1
-			}
-		}
-		q.VolumeDir = *volumes
-		if q.VolumeDir == "" {
-			q.VolumeDir = *dir + "/volumes" // as the agent's default
-		}
-		r = q
-	default:
-		fmt.Fprintf(stderr, "compute-agent run: unknown runtime %q\n", *rt)
+	newRuntime, ok := runtimes[*rt]
+	if !ok {
+		fmt.Fprintf(stderr, "compute-agent run: unknown runtime %q (built in: %s)\n", *rt, strings.Join(slices.Sorted(maps.Keys(runtimes)), ", "))
 		return 2
+	}
+	r, code, err := newRuntime(ctx, runtimeFlags{dir: *dir, accel: *accel, volumes: *volumes, memory: *memory}, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return code
 	}
 	defer r.Close()
 	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: version, Log: log})
@@ -159,6 +132,54 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		return 1
 	}
 	return 0
+}
+
+// runtimes are the runtimes built into this compute-agent, by the name
+// --runtime takes. Adding one is a line here (CONTRIBUTING.md).
+var runtimes = map[string]func(context.Context, runtimeFlags, *slog.Logger) (runtime.Runtime, int, error){
+	"qemu":      newQEMU,
+	"recording": newRecording,
+}
+
+// runtimeFlags are the run flags a runtime reads.
+type runtimeFlags struct {
+	dir, accel, volumes, memory string
+}
+
+// newRecording is the recording runtime: protocol tests and scale
+// benchmarks only, it boots nothing.
+func newRecording(_ context.Context, f runtimeFlags, _ *slog.Logger) (runtime.Runtime, int, error) {
+	return &runtime.Recording{Dir: f.dir + "/runtime"}, 0, nil
+}
+
+// newQEMU is the qemu runtime. It refuses to start without a working
+// qemu: the node would look ready and fail every instance it is given.
+// The int is the exit code of a refusal.
+func newQEMU(ctx context.Context, f runtimeFlags, log *slog.Logger) (runtime.Runtime, int, error) {
+	qv, err := runtime.CheckQEMU(ctx)
+	if err != nil {
+		return nil, 1, err
+	}
+	log.Info("qemu found", "version", qv)
+	acc, err := chooseAccel(ctx, f.dir, f.accel, log)
+	if err != nil {
+		return nil, 2, err
+	}
+	log.Info("starting the qemu runtime", "accel", acc)
+	q, err := runtime.NewQEMU(f.dir+"/runtime", acc, log)
+	if err != nil {
+		return nil, 1, err
+	}
+	if q.MemoryDir = f.memory; q.MemoryDir != "" {
+		if err := os.MkdirAll(q.MemoryDir, 0o700); err != nil {
+			return nil, 1, err
+		}
+	}
+	q.VolumeDir = f.volumes
+	if q.VolumeDir == "" {
+		q.VolumeDir = f.dir + "/volumes" // as the agent's default
+	}
+	return q, 0, nil
 }
 
 // chooseAccel decides the qemu accelerator: kvm or tcg as asked, or auto:

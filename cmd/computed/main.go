@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"computeplane/internal/buildinfo"
+	"computeplane/internal/builtin"
 	"computeplane/internal/config"
 	"computeplane/internal/gateway"
 	"computeplane/internal/host"
@@ -81,7 +82,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// Workflows render and lock profiles through the profiles group
 		// (own, public, then shipped: the specification's lookup order).
 		workflows.Profiles, workflows.ProfileLocker = profiles.ForWorkflows{}, profiles.ForWorkflows{}
-		h, err := host.New(ctx, cfg, log, host.Options{SkipMigrations: getenv("SERVICE_SKIP_MIGRATIONS") == "1"})
+		h, err := host.New(ctx, cfg, log, host.Options{SkipMigrations: getenv("SERVICE_SKIP_MIGRATIONS") == "1", Plugins: builtin.All()})
 		if err != nil {
 			log.Error("startup failed", "error", err.Error())
 			return 1

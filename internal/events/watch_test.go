@@ -24,6 +24,7 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/gen/client"
+	"computeplane/internal/builtin"
 	"computeplane/internal/config"
 	"computeplane/internal/cursor"
 	"computeplane/internal/dbtest"
@@ -315,7 +316,7 @@ func hostEnv(t *testing.T) (*testenv.Env, *host.Host) {
 	})
 	require.NoError(t, err)
 	log := logging.New(io.Discard, slog.LevelDebug)
-	h, err := host.Assemble(cfg, st, log, host.Overrides{})
+	h, err := host.Assemble(cfg, st, log, builtin.All(), host.Overrides{})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h.Handler())
 	t.Cleanup(srv.Close)

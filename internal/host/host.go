@@ -24,11 +24,9 @@ import (
 	gendocs "computeplane/gen/docs"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/audit"
+	"computeplane/internal/builtin"
 	"computeplane/internal/config"
 	"computeplane/internal/cursor"
-	"computeplane/internal/drivers"
-	"computeplane/internal/drivers/qemudriver"
-	"computeplane/internal/drivers/redfish"
 	"computeplane/internal/events"
 	"computeplane/internal/flavors"
 	"computeplane/internal/gateway"
@@ -99,7 +97,10 @@ type Host struct {
 // Options change how a host starts; the zero value runs migrations.
 type Options struct {
 	SkipMigrations bool
-	Overrides      Overrides
+	// Plugins are the provider adapters and bare-metal drivers built in
+	// (builtin.All in the main).
+	Plugins   builtin.Plugins
+	Overrides Overrides
 }
 
 // Overrides replace parts of the host, for tests of the envelope: a gate
@@ -124,7 +125,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger, opt Options)
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
 	}
-	h, err := Assemble(cfg, st, log, opt.Overrides)
+	h, err := Assemble(cfg, st, log, opt.Plugins, opt.Overrides)
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -134,7 +135,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger, opt Options)
 
 // Assemble builds the host around an open store: services, registry check,
 // envelope and routes. Tests use it with a store of their own.
-func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Overrides) (_ *Host, err error) {
+func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins builtin.Plugins, ov Overrides) (_ *Host, err error) {
 	// Pools opened beside st (see Store.Sibling) close with the host, or
 	// here when assembling fails.
 	var siblings []*store.Store
@@ -163,7 +164,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 	rsvService := &reservations.Service{Placer: placer, Store: st, PlacerKind: cfg.Capacity.Placer,
 		SpotNotice: time.Duration(cfg.Capacity.SpotNoticeMs) * time.Millisecond}
 	secretService := secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets))
-	providerAccounts, err := provideraccounts.New(cfg, st, imageSource, bundle, log)
+	providerAccounts, err := provideraccounts.New(cfg, st, plugins.Providers, imageSource, bundle, log)
 	if err != nil {
 		return nil, err
 	}
@@ -347,7 +348,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, ov Override
 		sbx := &sandboxes.Job{Service: sandboxService, Store: work, Notifier: notifier, Log: log}
 		runner.RegisterPeriodic(sbx.Periodic())
 		wf := &workflows.Job{Store: work, Notifier: notifier, Images: imageSource, Log: log,
-			Drivers: drivers.Registry{qemudriver.Name: qemudriver.Open, redfish.Name: redfish.Open}}
+			Drivers: plugins.Drivers}
 		runner.RegisterPeriodic(wf.Periodic())
 		runner.RegisterPeriodic(providerAccounts.Job(work, notifier, log).Periodic())
 		runner.RegisterPeriodic(providerAccounts.InstancesJob(work, notifier, log).Periodic())

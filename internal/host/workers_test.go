@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"computeplane/internal/builtin"
 	"computeplane/internal/config"
 	"computeplane/internal/dbtest"
 	"computeplane/internal/host"
@@ -145,7 +146,7 @@ func TestAPIRoleAloneRunsNoWorker(t *testing.T) {
 	env := map[string]string{"SERVICE_DATABASE_URL": "postgres://unused", "SERVICE_SECRET": testenv.TestSecret, "SERVICE_ROLES": "api"}
 	cfg, err := config.Load(func(k string) string { return env[k] })
 	require.NoError(t, err)
-	h, err := host.Assemble(cfg, st, logging.New(io.Discard, slog.LevelDebug), host.Overrides{})
+	h, err := host.Assemble(cfg, st, logging.New(io.Discard, slog.LevelDebug), builtin.All(), host.Overrides{})
 	require.NoError(t, err)
 	assert.Nil(t, h.Workers())
 	assert.False(t, h.Notifier().CrossProcess(), "no notifier configured: in-process wakes only")
@@ -153,7 +154,7 @@ func TestAPIRoleAloneRunsNoWorker(t *testing.T) {
 		env["SERVICE_ROLES"] = roles
 		cfg, err := config.Load(func(k string) string { return env[k] })
 		require.NoError(t, err)
-		h, err := host.Assemble(cfg, st, logging.New(io.Discard, slog.LevelDebug), host.Overrides{})
+		h, err := host.Assemble(cfg, st, logging.New(io.Discard, slog.LevelDebug), builtin.All(), host.Overrides{})
 		require.NoError(t, err)
 		assert.NotNil(t, h.Workers(), fmt.Sprint(roles))
 	}

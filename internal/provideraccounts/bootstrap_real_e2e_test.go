@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"computeplane/gen/client"
+	"computeplane/internal/builtin"
 	"computeplane/internal/fleettest"
 	"computeplane/internal/images"
 	"computeplane/internal/pki"
@@ -218,7 +219,7 @@ func TestFailedBootstrapReleasesItsMachine(t *testing.T) {
 		OfferId: client.NewOptString("small")}
 	res, err := w.owner.ProviderAccountsBootstrap(ctx, in)
 	require.NoError(t, err)
-	svc, err := provideraccounts.New(w.env.Config, w.env.Store, images.FromConfig(w.env.Config.Images), pki.Loader(w.env.Config.PKIFile, w.env.Config.Secret), nil)
+	svc, err := provideraccounts.New(w.env.Config, w.env.Store, append(builtin.All().Providers, fakeFactory), images.FromConfig(w.env.Config.Images), pki.Loader(w.env.Config.PKIFile, w.env.Config.Secret), nil)
 	require.NoError(t, err)
 	job := svc.Job(w.env.Store, nil, slog.New(slog.DiscardHandler))
 	var machine string

@@ -42,21 +42,21 @@ type fakeClient struct {
 	}
 }
 
-func init() {
-	providers.Register(&providers.Factory{
-		Manifest: providers.Manifest{Name: "fake", ConfigSchema: fakeSchema,
-			Capabilities: []providers.Capability{providers.CapOffers, providers.CapIdentify, providers.CapClaim, providers.CapRelease}},
-		New: func(env providers.Env, raw json.RawMessage) (providers.Provider, error) {
-			c := &fakeClient{env: env}
-			if err := json.Unmarshal(raw, &c.cfg); err != nil {
-				return nil, err
-			}
-			fake.mu.Lock()
-			fake.built++
-			fake.mu.Unlock()
-			return c, nil
-		},
-	})
+// fakeFactory is the fake provider, added to the built-in ones by the
+// tests' envs (testenv.WithProviders).
+var fakeFactory = &providers.Factory{
+	Manifest: providers.Manifest{Name: "fake", ConfigSchema: fakeSchema,
+		Capabilities: []providers.Capability{providers.CapOffers, providers.CapIdentify, providers.CapClaim, providers.CapRelease}},
+	New: func(env providers.Env, raw json.RawMessage) (providers.Provider, error) {
+		c := &fakeClient{env: env}
+		if err := json.Unmarshal(raw, &c.cfg); err != nil {
+			return nil, err
+		}
+		fake.mu.Lock()
+		fake.built++
+		fake.mu.Unlock()
+		return c, nil
+	},
 }
 
 func (c *fakeClient) Offers(ctx context.Context, q providers.Query) ([]providers.Offer, error) {

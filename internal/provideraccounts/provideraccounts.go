@@ -30,8 +30,6 @@ import (
 	"computeplane/internal/keys"
 	"computeplane/internal/pki"
 	"computeplane/internal/providers"
-	_ "computeplane/internal/providers/ec2"       // a provider of this build
-	_ "computeplane/internal/providers/localqemu" // a provider of this build
 	"computeplane/internal/secrets"
 	"computeplane/internal/store"
 	"computeplane/internal/wire"
@@ -79,10 +77,10 @@ type cached struct {
 var _ api.ProviderAccountsService = (*Service)(nil)
 
 // New builds the service of a deployment: the providers it registers (the
-// providers option; every built-in one when empty), where local providers
-// keep machines, and what bootstraps deliver.
-func New(cfg *config.Config, st *store.Store, imgs images.Source, bundle func() (*pki.Bundle, error), log *slog.Logger) (*Service, error) {
-	reg, err := providers.NewRegistry(cfg.Providers)
+// providers option among builtIn; every built-in one when empty), where
+// local providers keep machines, and what bootstraps deliver.
+func New(cfg *config.Config, st *store.Store, builtIn []*providers.Factory, imgs images.Source, bundle func() (*pki.Bundle, error), log *slog.Logger) (*Service, error) {
+	reg, err := providers.NewRegistry(builtIn, cfg.Providers)
 	if err != nil {
 		return nil, api.Errorf(api.CodeInvalidConfig, "providers: %s", err.Error())
 	}

@@ -24,6 +24,7 @@ import (
 
 	"computeplane/computeclient"
 	"computeplane/gen/client"
+	"computeplane/internal/builtin"
 	"computeplane/internal/images"
 	"computeplane/internal/pki"
 	"computeplane/internal/provideraccounts"
@@ -43,7 +44,7 @@ func setup(t *testing.T, yaml string, opts ...testenv.Option) *world {
 	if yaml != "" {
 		opts = append(opts, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, yaml)))
 	}
-	env := testenv.Start(t, opts...)
+	env := testenv.Start(t, append(opts, testenv.WithProviders(fakeFactory))...)
 	w := &world{env: env, owner: env.Client(t, computeclient.WithToken(env.Key(t, "acme", "ann", "owner"))),
 		member: env.Client(t, computeclient.WithToken(env.Key(t, "acme", "mo", "member"))),
 		globex: env.Client(t, computeclient.WithToken(env.Key(t, "globex", "gil", "owner")))}
@@ -486,7 +487,7 @@ func TestBootstrapRules(t *testing.T) {
 
 	// The reconciler: the machine is not the account's, so identifying
 	// fails with provider.bootstrap.failed; the repeat shows it.
-	svc, err := provideraccounts.New(w.env.Config, w.env.Store, images.FromConfig(w.env.Config.Images), pki.Loader(w.env.Config.PKIFile, w.env.Config.Secret), nil)
+	svc, err := provideraccounts.New(w.env.Config, w.env.Store, append(builtin.All().Providers, fakeFactory), images.FromConfig(w.env.Config.Images), pki.Loader(w.env.Config.PKIFile, w.env.Config.Secret), nil)
 	require.NoError(t, err)
 	job := svc.Job(w.env.Store, nil, slog.New(slog.DiscardHandler))
 	// Only the identifying one: the claiming one is moved out of the way

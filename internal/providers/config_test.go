@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"computeplane/internal/providers"
+	"computeplane/internal/providers/ec2"
 	"computeplane/internal/providers/localqemu"
 )
 
@@ -77,14 +78,17 @@ func TestManifestSchema(t *testing.T) {
 
 func TestRegistry(t *testing.T) {
 	t.Parallel()
-	r, err := providers.NewRegistry(nil)
+	builtIn := []*providers.Factory{localqemu.Factory, ec2.Factory}
+	r, err := providers.NewRegistry(builtIn, nil)
 	require.NoError(t, err)
-	assert.Contains(t, r.Known(), "localqemu")
-	r, err = providers.NewRegistry([]string{"localqemu"})
+	assert.Equal(t, []string{"ec2", "localqemu"}, r.Known())
+	r, err = providers.NewRegistry(builtIn, []string{"localqemu"})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"localqemu"}, r.Known())
-	_, err = providers.NewRegistry([]string{"hetzner"})
-	assert.ErrorContains(t, err, "not built into this binary")
+	_, err = providers.NewRegistry(builtIn, []string{"hetzner"})
+	assert.ErrorContains(t, err, "not built into this binary (built in: ec2, localqemu)")
+	_, err = providers.NewRegistry([]*providers.Factory{ec2.Factory, ec2.Factory}, nil)
+	assert.ErrorContains(t, err, "built in twice")
 	assert.Len(t, r.Check("hetzner", map[string]any{}), 1)
 	m := localqemu.Manifest
 	assert.True(t, m.CanBootstrap())

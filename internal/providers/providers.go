@@ -17,7 +17,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 )
 
 // Capability is one thing a provider can do.
@@ -176,59 +175,35 @@ type Factory struct {
 	New func(env Env, config json.RawMessage) (Provider, error)
 }
 
-var (
-	catalogMu sync.RWMutex
-	catalog   = map[string]*Factory{}
-)
-
-// Register adds a provider to the ones compiled into this binary (from an
-// adapter's init, or a test's). Registering a name twice panics.
-func Register(f *Factory) {
-	catalogMu.Lock()
-	defer catalogMu.Unlock()
-	if _, ok := catalog[f.Manifest.Name]; ok {
-		panic("providers: " + f.Manifest.Name + " registered twice")
-	}
-	if _, err := compile(f.Manifest); err != nil {
-		panic(fmt.Sprintf("providers: %s: %v", f.Manifest.Name, err))
-	}
-	catalog[f.Manifest.Name] = f
-}
-
-// Compiled lists the names of the providers compiled into this binary.
-func Compiled() []string {
-	catalogMu.RLock()
-	defer catalogMu.RUnlock()
-	names := make([]string, 0, len(catalog))
-	for n := range catalog {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
 // Registry holds the providers a deployment registered.
 type Registry struct {
 	factories map[string]*Factory
 	schemas   map[string]*schema
 }
 
-// NewRegistry registers the named providers; none named registers every
-// provider compiled in. A name that is not compiled in is an error.
-func NewRegistry(names []string) (*Registry, error) {
-	catalogMu.RLock()
-	defer catalogMu.RUnlock()
+// NewRegistry registers the named providers among those built into this
+// binary (the list its main passes, internal/builtin); none named
+// registers every one built in. A name that is not built in is an error,
+// and so is a built-in provider whose manifest does not compile.
+func NewRegistry(builtIn []*Factory, names []string) (*Registry, error) {
+	byName := make(map[string]*Factory, len(builtIn))
+	for _, f := range builtIn {
+		if _, ok := byName[f.Manifest.Name]; ok {
+			return nil, fmt.Errorf("provider %q is built in twice", f.Manifest.Name)
+		}
+		byName[f.Manifest.Name] = f
+	}
 	if len(names) == 0 {
-		for n := range catalog {
+		for n := range byName {
 			names = append(names, n)
 		}
 	}
 	r := &Registry{factories: map[string]*Factory{}, schemas: map[string]*schema{}}
 	for _, n := range names {
-		f, ok := catalog[n]
+		f, ok := byName[n]
 		if !ok {
-			known := make([]string, 0, len(catalog))
-			for k := range catalog {
+			known := make([]string, 0, len(byName))
+			for k := range byName {
 				known = append(known, k)
 			}
 			sort.Strings(known)
@@ -236,7 +211,7 @@ func NewRegistry(names []string) (*Registry, error) {
 		}
 		s, err := compile(f.Manifest)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("provider %s: %w", n, err)
 		}
 		r.factories[n], r.schemas[n] = f, s
 	}

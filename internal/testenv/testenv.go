@@ -17,10 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"computeplane/computeclient"
+	"computeplane/internal/builtin"
 	"computeplane/internal/config"
 	"computeplane/internal/dbtest"
 	"computeplane/internal/host"
 	"computeplane/internal/logging"
+	"computeplane/internal/providers"
 	"computeplane/internal/store"
 )
 
@@ -39,6 +41,7 @@ type settings struct {
 	env       map[string]string
 	overrides host.Overrides
 	store     *store.Store
+	plugins   builtin.Plugins
 }
 
 // Option changes how Start builds the env.
@@ -50,6 +53,11 @@ func WithEnv(key, value string) Option { return func(s *settings) { s.env[key] =
 // WithStore runs the env on st (a database the test prepared, on a cluster
 // of its own) instead of a fresh database of the shared test cluster.
 func WithStore(st *store.Store) Option { return func(s *settings) { s.store = st } }
+
+// WithProviders adds provider adapters (a test double) to the built-in ones.
+func WithProviders(f ...*providers.Factory) Option {
+	return func(s *settings) { s.plugins.Providers = append(s.plugins.Providers, f...) }
+}
 
 // WithOverrides replaces parts of the host (a gate, a service double).
 func WithOverrides(ov host.Overrides) Option { return func(s *settings) { s.overrides = ov } }
@@ -63,7 +71,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 	s := settings{env: map[string]string{
 		"SERVICE_DATABASE_URL": "postgres://unused", // the store is already open
 		"SERVICE_SECRET":       TestSecret,
-	}}
+	}, plugins: builtin.All()}
 	for _, o := range opts {
 		o(&s)
 	}
@@ -75,7 +83,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 	require.NoError(t, err)
 	logs := &SyncBuffer{}
 	log := logging.New(logs, slog.LevelDebug)
-	h, err := host.Assemble(cfg, st, log, s.overrides)
+	h, err := host.Assemble(cfg, st, log, s.plugins, s.overrides)
 	require.NoError(t, err)
 	t.Cleanup(h.Close) // before the database is dropped (cleanups run last first)
 	srv := httptest.NewServer(h.Handler())

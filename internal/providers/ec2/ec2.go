@@ -66,9 +66,9 @@ var Manifest = providers.Manifest{
 	Capabilities: []providers.Capability{providers.CapOffers, providers.CapIdentify, providers.CapClaim, providers.CapRelease},
 }
 
-func init() {
-	providers.Register(&providers.Factory{Manifest: Manifest, New: New})
-}
+// Factory makes clients of accounts of this provider; the main lists it
+// among the providers built in (internal/builtin).
+var Factory = &providers.Factory{Manifest: Manifest, New: New}
 
 // Config is an account's config.
 type Config struct {

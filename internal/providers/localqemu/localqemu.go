@@ -75,9 +75,9 @@ var Manifest = providers.Manifest{
 	Capabilities: []providers.Capability{providers.CapOffers, providers.CapIdentify, providers.CapClaim, providers.CapRelease, providers.CapBootstrap, providers.CapInstances},
 }
 
-func init() {
-	providers.Register(&providers.Factory{Manifest: Manifest, New: New})
-}
+// Factory makes clients of accounts of this provider; the main lists it
+// among the providers built in (internal/builtin).
+var Factory = &providers.Factory{Manifest: Manifest, New: New}
 
 // MachineType is one offer of the config.
 type MachineType struct {

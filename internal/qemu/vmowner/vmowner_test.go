@@ -44,4 +44,3 @@ func TestLeftoversFollowTheMark(t *testing.T) {
 	vmowner.Kill(left)
 	assert.Empty(t, vmowner.WaitGone(token, 5*time.Second))
 }
-
