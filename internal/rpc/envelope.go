@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime"
@@ -217,7 +218,7 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 		}
 	}
 	if m.Kind == api.KindPublic || h.Store == nil {
-		return m.Invoke(ctx, h.Services, in)
+		return invoke(ctx, m, h.Services, in)
 	}
 	var out any
 	if f, ok := h.Gate.(Finisher); ok {
@@ -232,7 +233,7 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 	u, err := uow.Run(ctx, h.Store, m.Kind == api.KindRead, func(ctx context.Context, u *uow.Unit) error {
 		ctx = store.ContextWithTx(ctx, u.Tx)
 		var err error
-		if out, err = m.Invoke(ctx, h.Services, in); err != nil || m.Kind != api.KindMutation {
+		if out, err = invoke(ctx, m, h.Services, in); err != nil || m.Kind != api.KindMutation {
 			return err
 		}
 		if h.Audit != nil {
@@ -256,6 +257,19 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 }
 
 type wakesKey struct{}
+
+// invoke calls the group's function. An error that is not a service error
+// leaves the group wrapped with the method it came from, so that the log
+// of an INTERNAL_ERROR says what was being done ("instances.create: ...")
+// rather than a bare "no rows in result set".
+func invoke(ctx context.Context, m *api.Method, s *api.Services, in any) (any, error) {
+	out, err := m.Invoke(ctx, s, in)
+	var se *api.Error
+	if err != nil && !errors.As(err, &se) {
+		err = fmt.Errorf("%s: %w", m.FullName, err)
+	}
+	return out, err
+}
 
 // Subscriber is the notifier's side a wait listens on
 // (notify.Notifier.Subscribe).

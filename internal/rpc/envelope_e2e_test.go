@@ -337,6 +337,10 @@ func TestNonServiceErrorsBecomeInternalError(t *testing.T) {
 		lines := env.LogLines("req-internal-1")
 		require.NotEmpty(t, lines, name)
 		assert.Contains(t, strings.Join(lines, "\n"), "hunter2", name)
+		if name == "plain error" {
+			// Wrapped at the group boundary with what was being done.
+			assert.Contains(t, strings.Join(lines, "\n"), "system.version: "+secret, name)
+		}
 	}
 }
 
