@@ -332,7 +332,12 @@ func (s *session) sendSpec(gen int64, body []byte) {
 			break
 		}
 	}
-	s.send(agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: gen, Body: body}})
+	var spec agentproto.SpecBody // as nodework.PutSpec wrote it
+	if err := json.Unmarshal(body, &spec); err != nil {
+		s.g.o.Log.Warn("gateway: a spec that does not decode", "node", s.nodeID, "generation", gen, "error", err.Error())
+		return
+	}
+	s.send(agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: gen, Body: spec}})
 }
 
 // end closes the session once, first sending m when it has a type.

@@ -95,19 +95,10 @@ var _ api.InstancesService = (*Service)(nil)
 
 var createMethod = api.Lookup("/instances/create")
 
-// Boot is what the runtime needs of the image, resolved at creation.
-type Boot struct {
-	Format   string `json:"format"`
-	Location string `json:"location"`
-	Initrd   string `json:"initrd,omitempty"`
-	Cmdline  string `json:"cmdline,omitempty"`
-	SHA256   string `json:"sha256"`
-}
-
 // BootOf is what an instance keeps of its image (resolved at creation,
 // so a later change in the image source never changes it).
 func BootOf(im *images.Image) []byte {
-	b, _ := json.Marshal(Boot{Format: im.Format, Location: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline, SHA256: im.SHA256})
+	b, _ := json.Marshal(agentproto.Boot{Format: im.Format, Location: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline, SHA256: im.SHA256})
 	return b
 }
 

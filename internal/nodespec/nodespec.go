@@ -17,32 +17,6 @@ import (
 	"computeplane/internal/notify"
 )
 
-// Instance is an instance as the node's runtime reads it.
-type Instance struct {
-	ID        string          `json:"id"`
-	State     string          `json:"state"`
-	Hostname  string          `json:"hostname"`
-	VCPU      int32           `json:"vcpu"`
-	MemoryMiB int64           `json:"memoryMiB"`
-	DiskGiB   int64           `json:"diskGiB"`
-	Boot      json.RawMessage `json:"boot"`
-	UserData  string          `json:"userData,omitempty"`
-	Reboots   int32           `json:"reboots"`
-	// Sandboxes and warm instances: who the guest is (a claim raises the
-	// generation), the volumes it mounts, guest memory in a shared file
-	// (fast pause, snapshot, restore), the snapshot it starts from.
-	Identity   *agentproto.SpecIdentity `json:"identity,omitempty"`
-	Volumes    []agentproto.SpecVolume  `json:"volumes,omitempty"`
-	MemoryFile bool                     `json:"memoryFile,omitempty"`
-	Restore    string                   `json:"restore,omitempty"`
-}
-
-// Spec is the body of a node spec.
-type Spec struct {
-	Instances []Instance              `json:"instances"`
-	Volumes   []agentproto.VolumeSpec `json:"volumes"`
-}
-
 // Push rebuilds node's spec in tx and asks for its gateway to be woken
 // after the commit (notify.Later).
 func Push(ctx context.Context, tx pgx.Tx, node string) error {
@@ -56,11 +30,16 @@ func Push(ctx context.Context, tx pgx.Tx, node string) error {
 	if err != nil {
 		return err
 	}
-	spec := Spec{Instances: make([]Instance, 0, len(instances)), Volumes: make([]agentproto.VolumeSpec, 0, len(volumes))}
+	spec := agentproto.SpecBody{Instances: make([]agentproto.InstanceSpec, 0, len(instances)), Volumes: make([]agentproto.VolumeSpec, 0, len(volumes))}
 	for _, r := range instances {
-		in := Instance{ID: r.InstanceID, State: r.DesiredState, Hostname: r.Name,
-			VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, Boot: r.Boot, UserData: r.UserData.String, Reboots: r.Reboots,
+		in := agentproto.InstanceSpec{ID: r.InstanceID, State: r.DesiredState, Hostname: r.Name,
+			VCPU: int(r.Vcpu), MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, UserData: r.UserData.String, Reboots: int(r.Reboots),
 			MemoryFile: r.MemoryFile, Restore: r.RestoreSnapshot.String}
+		if len(r.Boot) > 0 {
+			if err := json.Unmarshal(r.Boot, &in.Boot); err != nil {
+				return err
+			}
+		}
 		if r.IdentityGeneration > 0 {
 			in.Hostname = r.Hostname.String
 			in.Identity = &agentproto.SpecIdentity{Generation: r.IdentityGeneration, Hostname: r.Hostname.String, MachineID: r.MachineID.String}
