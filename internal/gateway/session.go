@@ -26,6 +26,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/nodes"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/pki"
@@ -442,7 +443,7 @@ func (s *session) result(r *agentproto.Result) {
 			s.g.o.Log.Warn("gateway: following a command result", "node", s.nodeID, "command", r.ID, "error", err.Error())
 		}
 	}
-	s.g.o.Notifier.Wake(ResultTopic(r.ID))
+	s.g.o.Notifier.Wake(nodework.ResultTopic(r.ID))
 }
 
 // ResolveTimeout bounds one resolution of secret references.

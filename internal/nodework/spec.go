@@ -1,8 +1,4 @@
-// Package nodespec writes a daemon-run node's desired spec: the instances
-// and the volumes the node holds, rebuilt whole after any change to
-// either, with a new generation (gateway.PutSpec); the node's gateway is
-// woken once the change commits.
-package nodespec
+package nodework
 
 import (
 	"context"
@@ -13,13 +9,13 @@ import (
 
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
-	"computeplane/internal/gateway"
 	"computeplane/internal/notify"
 )
 
-// Push rebuilds node's spec in tx and asks for its gateway to be woken
-// after the commit (notify.Later).
-func Push(ctx context.Context, tx pgx.Tx, node string) error {
+// PushSpec rebuilds node's spec from what the database places there, the
+// instances and the volumes the node holds, with a new generation, in tx,
+// and asks for its gateway to be woken after the commit (notify.Later).
+func PushSpec(ctx context.Context, tx pgx.Tx, node string) error {
 	q := db.New(tx)
 	nodeID := pgtype.Text{String: node, Valid: true}
 	instances, err := q.NodeInstances(ctx, nodeID)
@@ -59,11 +55,7 @@ func Push(ctx context.Context, tx pgx.Tx, node string) error {
 	for _, v := range volumes {
 		spec.Volumes = append(spec.Volumes, agentproto.VolumeSpec{Serial: v.Serial, SizeGiB: v.SizeGib})
 	}
-	body, err := json.Marshal(spec)
-	if err != nil {
-		return err
-	}
-	_, topic, err := gateway.PutSpec(ctx, tx, node, body)
+	_, topic, err := PutSpec(ctx, tx, node, spec)
 	if err != nil {
 		return err
 	}
