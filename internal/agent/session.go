@@ -694,7 +694,7 @@ func (a *Agent) applyLoop(ctx context.Context, specs <-chan *agentproto.Spec, se
 			return
 		case sp := <-specs:
 			if sp.Generation > a.observed.Load() {
-				verr := applyVolumes(a.o.Volumes, sp.Body)
+				verr := applyVolumes(a.o.Volumes, sp.Body.Volumes)
 				_, err := a.o.Runtime.Apply(ctx, sp.Generation, sp.Body)
 				err = errors.Join(verr, err)
 				msg := ""

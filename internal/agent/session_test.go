@@ -318,13 +318,13 @@ func TestSessionHelloSpecsAndCommands(t *testing.T) {
 
 	// A spec is applied once; sent again, only reported.
 	spec := agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: 3,
-		Body: json.RawMessage(`{"instances":[{"id":"i1","state":"running"},{"id":"i2","state":"deleted"}]}`)}}
+		Body: agentproto.SpecBody{Instances: []agentproto.InstanceSpec{{ID: "i1", State: "running"}, {ID: "i2", State: "deleted"}}}}}
 	require.NoError(t, s.send(spec))
 	st := s.expect(agentproto.TypeStatus, func(m agentproto.Message) bool { return m.Status.ObservedGeneration == 3 }).Status
 	assert.Equal(t, []agentproto.InstanceStatus{{ID: "i1", State: "running"}}, st.Instances)
 	require.NoError(t, s.send(spec))
 	s.expect(agentproto.TypeStatus, func(m agentproto.Message) bool { return m.Status.ObservedGeneration == 3 })
-	require.NoError(t, s.send(agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: 2, Body: json.RawMessage(`{"instances":[]}`)}}))
+	require.NoError(t, s.send(agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: 2, Body: agentproto.SpecBody{Instances: []agentproto.InstanceSpec{}}}}))
 	s.expect(agentproto.TypeStatus, func(m agentproto.Message) bool { return m.Status.ObservedGeneration == 3 })
 	log, err := os.ReadFile(filepath.Join(string(w.dir), "runtime", "applied.log"))
 	require.NoError(t, err)

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -26,19 +25,12 @@ const volumeSuffix = ".raw"
 // mistake, and a shift past it would overflow.
 const MaxVolumeGiB = 64 << 10
 
-// parseVolumes reads the volumes of a spec body (untrusted: it comes from
-// the gateway): the size in bytes per serial (0: keep the file as it
-// is), whether the body has a
-// volumes key at all, and what was refused.
-func parseVolumes(body json.RawMessage) (want map[string]int64, present bool, errs []error) {
-	var spec struct {
-		Volumes *[]agentproto.VolumeSpec `json:"volumes"`
-	}
-	if err := json.Unmarshal(body, &spec); err != nil || spec.Volumes == nil {
-		return nil, false, nil // the runtime reports a malformed spec
-	}
-	want = map[string]int64{}
-	for _, v := range *spec.Volumes {
+// wantVolumes reads the volumes of a spec (untrusted: it comes from the
+// gateway): the size in bytes per serial (0: keep the file as it is), and
+// what was refused.
+func wantVolumes(volumes []agentproto.VolumeSpec) (want map[string]int64, errs []error) {
+	want = make(map[string]int64, len(volumes))
+	for _, v := range volumes {
 		if !serialRe.MatchString(v.Serial) || v.SizeGiB < 1 || v.SizeGiB > MaxVolumeGiB {
 			errs = append(errs, fmt.Errorf("volume %q: a serial of 1 to 20 letters, digits, _ or - and a size of 1 GiB to %d GiB", v.Serial, MaxVolumeGiB))
 			if _, dup := want[v.Serial]; !dup && serialRe.MatchString(v.Serial) {
@@ -48,16 +40,17 @@ func parseVolumes(body json.RawMessage) (want map[string]int64, present bool, er
 		}
 		want[v.Serial] = v.SizeGiB << 30
 	}
-	return want, true, errs
+	return want, errs
 }
 
 // applyVolumes converges the volume directory on the spec's volumes. A
-// spec without a volumes key leaves the store as it is.
-func applyVolumes(dir string, body json.RawMessage) error {
-	want, present, errs := parseVolumes(body)
-	if !present {
+// spec without volumes (nil: a control plane that does not speak of them)
+// leaves the store as it is.
+func applyVolumes(dir string, volumes []agentproto.VolumeSpec) error {
+	if volumes == nil {
 		return nil
 	}
+	want, errs := wantVolumes(volumes)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}

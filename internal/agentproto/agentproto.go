@@ -210,11 +210,10 @@ type Welcome struct {
 	TrustVersion int `json:"trustVersion,omitempty"`
 }
 
-// Spec is the desired state of a node. Body is opaque to the protocol: the
-// runtime reads it.
+// Spec is the desired state of a node at a generation (spec.go).
 type Spec struct {
-	Generation int64           `json:"generation"`
-	Body       json.RawMessage `json:"body"`
+	Generation int64    `json:"generation"`
+	Body       SpecBody `json:"body"`
 }
 
 // VolumeStore is the daemon's volume storage, from statfs and its own

@@ -32,6 +32,7 @@ import (
 	"computeplane/internal/config"
 	"computeplane/internal/dbtest"
 	"computeplane/internal/gateway"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/pki"
 	"computeplane/internal/proctest"
@@ -141,10 +142,10 @@ func (f *fleet) events(typ, node string) int {
 
 // putSpec writes a node's desired spec and wakes its gateway, as the api
 // does after commit.
-func (f *fleet) putSpec(node, body string) int64 {
+func (f *fleet) putSpec(node string, instances ...agentproto.InstanceSpec) int64 {
 	var gen int64
 	require.NoError(f.t, pgx.BeginFunc(f.t.Context(), f.db, func(tx pgx.Tx) error {
-		g, topic, err := gateway.PutSpec(f.t.Context(), tx, node, json.RawMessage(body))
+		g, topic, err := nodework.PutSpec(f.t.Context(), tx, node, agentproto.SpecBody{Instances: instances})
 		gen = g
 		if err != nil {
 			return err
@@ -240,13 +241,13 @@ func TestDaemonsEndToEnd(t *testing.T) {
 	// A spec reaches the daemon, which applies it and reports the
 	// generation it observed.
 	a := agents[0]
-	gen := f.putSpec(a.node, `{"instances":[{"id":"inst-1","state":"running"}]}`)
+	gen := f.putSpec(a.node, agentproto.InstanceSpec{ID: "inst-1", State: "running"})
 	require.Eventually(t, func() bool { return appliedGeneration(a.dir) == gen && f.observed(a.node) == gen }, 15*time.Second, 50*time.Millisecond)
 
 	// A signed command runs once and its result comes back.
 	var cmdID string
 	require.NoError(t, pgx.BeginFunc(t.Context(), f.db, func(tx pgx.Tx) error {
-		c, topic, err := gateway.EnqueueCommand(t.Context(), tx, a.node, agentproto.CommandEcho, json.RawMessage(`{"say":"hello"}`), "test", time.Minute, time.Now())
+		c, topic, err := nodework.EnqueueCommand(t.Context(), tx, a.node, agentproto.CommandEcho, json.RawMessage(`{"say":"hello"}`), "test", time.Minute, time.Now())
 		cmdID = c.CommandID
 		if err != nil {
 			return err
@@ -287,7 +288,7 @@ func TestDaemonsEndToEnd(t *testing.T) {
 	// its daemons reconnect to the restarted one and re-sync, a spec
 	// written meanwhile arrives.
 	f.startGateway(victim)
-	gen = f.putSpec(a.node, `{"instances":[{"id":"inst-1","state":"stopped"}]}`)
+	gen = f.putSpec(a.node, agentproto.InstanceSpec{ID: "inst-1", State: "stopped"})
 	assert.Equal(t, 0, f.gws[survivor].Stop(t, 15*time.Second), "a drained gateway exits cleanly")
 	for _, ag := range agents {
 		require.Eventually(t, func() bool { return f.gatewayOf(ag.node) == victim }, 15*time.Second, 50*time.Millisecond)

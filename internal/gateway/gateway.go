@@ -67,8 +67,8 @@ type Options struct {
 	// TrustVersion is the lowest trust bundle version (pki.trustVersion).
 	TrustVersion int
 	// OnStatus applies a daemon's report to what runs there (instances,
-	// volumes), in the status's transaction; it reports whether it wrote
-	// events.
+	// volumes: nodework.Registry.ApplyStatus), in the status's
+	// transaction; it reports whether it wrote events.
 	OnStatus func(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error)
 	// OnResolve resolves the secret references of the user data of an
 	// instance on node (nil: the gateway resolves none). Its errors reach

@@ -38,6 +38,7 @@ import (
 	"computeplane/internal/agentproto"
 	"computeplane/internal/gateway"
 	"computeplane/internal/join"
+	"computeplane/internal/nodework"
 	"computeplane/internal/pki"
 	"computeplane/internal/testenv"
 )
@@ -247,10 +248,16 @@ func TestSessionMakesTheNodeReadyAndCarriesSpecsAndCommands(t *testing.T) {
 	assert.Equal(t, 1, registered)
 
 	// A spec reaches the daemon at once (the notifier), once.
+	// It arrives as it was put, through node_specs.
 	var gen int64
 	var topic string
+	body := agentproto.SpecBody{Instances: []agentproto.InstanceSpec{{ID: "i1", State: "running", Hostname: "web-1", VCPU: 2, MemoryMiB: 512, DiskGiB: 3,
+		Boot:     agentproto.Boot{Format: "qcow2", Location: "https://images.example/a.qcow2", SHA256: "ab"},
+		Identity: &agentproto.SpecIdentity{Generation: 2, Hostname: "web-1", MachineID: "m", Env: map[string]string{"A": "1"}},
+		Volumes:  []agentproto.SpecVolume{{Serial: "v1", MountPath: "/data"}}}},
+		Volumes: []agentproto.VolumeSpec{{Serial: "v1", SizeGiB: 1}}}
 	require.NoError(t, w.env.Store.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) (err error) {
-		gen, topic, err = gateway.PutSpec(ctx, tx, n.nodeID, json.RawMessage(`{"instances":[{"id":"i1","state":"running"}]}`))
+		gen, topic, err = nodework.PutSpec(ctx, tx, n.nodeID, body)
 		return err
 	}))
 	assert.Equal(t, gateway.Topic(w.gw.ID()), topic)
@@ -259,6 +266,7 @@ func TestSessionMakesTheNodeReadyAndCarriesSpecsAndCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, agentproto.TypeSpec, m.Type)
 	assert.Equal(t, gen, m.Spec.Generation)
+	assert.Equal(t, body, m.Spec.Body)
 	send(t, conn, agentproto.Message{Type: agentproto.TypeStatus, Status: &agentproto.Status{ObservedGeneration: gen,
 		Instances: []agentproto.InstanceStatus{{ID: "i1", State: "running"}}, VolumeStore: agentproto.VolumeStore{AvailableBytes: 1 << 30}}})
 	require.Eventually(t, func() bool {
@@ -272,7 +280,7 @@ func TestSessionMakesTheNodeReadyAndCarriesSpecsAndCommands(t *testing.T) {
 	// recorded once.
 	var cmdID string
 	require.NoError(t, w.env.Store.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) error {
-		c, topic, err := gateway.EnqueueCommand(ctx, tx, n.nodeID, agentproto.CommandEcho, json.RawMessage(`{"say":"hi"}`), "test", time.Minute, time.Now())
+		c, topic, err := nodework.EnqueueCommand(ctx, tx, n.nodeID, agentproto.CommandEcho, json.RawMessage(`{"say":"hi"}`), "test", time.Minute, time.Now())
 		cmdID = c.CommandID
 		w.wake(t, topic)
 		return err

@@ -26,6 +26,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/nodes"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/pki"
@@ -333,7 +334,12 @@ func (s *session) sendSpec(gen int64, body []byte) {
 			break
 		}
 	}
-	s.send(agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: gen, Body: body}})
+	var spec agentproto.SpecBody // as nodework.PutSpec wrote it
+	if err := json.Unmarshal(body, &spec); err != nil {
+		s.g.o.Log.Warn("gateway: a spec that does not decode", "node", s.nodeID, "generation", gen, "error", err.Error())
+		return
+	}
+	s.send(agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: gen, Body: spec}})
 }
 
 // end closes the session once, first sending m when it has a type.
@@ -439,7 +445,7 @@ func (s *session) result(r *agentproto.Result) {
 			s.g.o.Log.Warn("gateway: following a command result", "node", s.nodeID, "command", r.ID, "error", err.Error())
 		}
 	}
-	s.g.o.Notifier.Wake(ResultTopic(r.ID))
+	s.g.o.Notifier.Wake(nodework.ResultTopic(r.ID))
 }
 
 // ResolveTimeout bounds one resolution of secret references.

@@ -38,6 +38,7 @@ import (
 	"computeplane/internal/keys"
 	"computeplane/internal/metrics"
 	"computeplane/internal/nodes"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/pki"
 	"computeplane/internal/placement"
@@ -362,20 +363,18 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins bui
 			return nil, err
 		}
 		siblings = append(siblings, gwStore)
+		// Each group follows its own kinds of instances.
+		statuses := &nodework.Registry{}
+		instances.RegisterStatus(statuses)
+		sandboxes.RegisterStatus(statuses)
+		sandboxvolumes.RegisterStatus(statuses, placer)
 		var roots config.PEM
 		if cfg.PKI.NodeCA != nil {
 			roots = cfg.PKI.NodeCA.Cert
 		}
 		if gwRole, err = gateway.New(gateway.Options{Config: cfg.Gateway, NodeCARoots: roots, Bundle: bundle,
 			Store: gwStore, Notifier: notifier, Log: log.With("role", "gateway"), TrustVersion: cfg.PKI.TrustVersion,
-			OnStatus: func(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error) {
-				a, err := instances.ApplyStatus(ctx, tx, node, st.Instances)
-				if err != nil {
-					return false, err
-				}
-				b, err := sandboxvolumes.ApplyStatus(ctx, tx, placer, node, st.Volumes)
-				return a || b, err
-			},
+			OnStatus: statuses.ApplyStatus,
 			OnResolve: func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error) {
 				return instances.ResolveUserData(ctx, db.New(gwStore.Pool()), secretService, node, instanceID, refs)
 			},

@@ -1,20 +1,18 @@
 // Package instances implements the instances group: VPS virtual machines
 // of a flavor and an image, placed and charged at creation through the
 // placement engine, carried to their node's daemon in its desired spec
-// (gateway.PutSpec) and run by its VM runtime; the daemon's reports move
-// their state (ApplyStatus).
+// (nodework.PushSpec) and run by its VM runtime; the daemon's reports move
+// their state (nodework.Registry, RegisterStatus).
 //
 //	desiredState: running <-> stopped, running <-> paused, any -> deleted
 //	state: pending -> starting -> running | failed; stopped; paused; deleted
 package instances
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,7 +25,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
 	"computeplane/internal/images"
-	"computeplane/internal/nodespec"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
@@ -95,19 +93,10 @@ var _ api.InstancesService = (*Service)(nil)
 
 var createMethod = api.Lookup("/instances/create")
 
-// Boot is what the runtime needs of the image, resolved at creation.
-type Boot struct {
-	Format   string `json:"format"`
-	Location string `json:"location"`
-	Initrd   string `json:"initrd,omitempty"`
-	Cmdline  string `json:"cmdline,omitempty"`
-	SHA256   string `json:"sha256"`
-}
-
 // BootOf is what an instance keeps of its image (resolved at creation,
 // so a later change in the image source never changes it).
 func BootOf(im *images.Image) []byte {
-	b, _ := json.Marshal(Boot{Format: im.Format, Location: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline, SHA256: im.SHA256})
+	b, _ := json.Marshal(agentproto.Boot{Format: im.Format, Location: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline, SHA256: im.SHA256})
 	return b
 }
 
@@ -269,7 +258,7 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 			return nil, err
 		}
 	}
-	if err := nodespec.Push(ctx, tx, booking.NodeID); err != nil {
+	if err := nodework.PushSpec(ctx, tx, booking.NodeID); err != nil {
 		return nil, err
 	}
 	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceCreated, Subject: id, TenantID: in.TenantID,
@@ -410,7 +399,7 @@ func (s *Service) desire(ctx context.Context, tenant, id, desired string, reboot
 		return nil, err
 	}
 	if r.NodeID.Valid {
-		if err := nodespec.Push(ctx, tx, r.NodeID.String); err != nil {
+		if err := nodework.PushSpec(ctx, tx, r.NodeID.String); err != nil {
 			return nil, err
 		}
 	}
@@ -483,7 +472,7 @@ func End(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Instance
 		return r, err
 	}
 	if r.NodeID.Valid {
-		if err := nodespec.Push(ctx, tx, r.NodeID.String); err != nil {
+		if err := nodework.PushSpec(ctx, tx, r.NodeID.String); err != nil {
 			return r, err
 		}
 	}
@@ -555,7 +544,7 @@ func (s *Service) takeUnit(ctx context.Context, tx pgx.Tx, q *db.Queries, in *ap
 
 // Topic is woken after a commit that changed instance id's reported
 // state: the waits on it re-read at once.
-func Topic(id string) string { return "instance/" + id }
+func Topic(id string) string { return nodework.InstanceTopic(id) }
 
 // waited follows the Waiting convention: after commit, until the state is
 // until (or failed, or deleted).
@@ -574,70 +563,24 @@ func (s *Service) waited(ctx context.Context, r db.Instance, wait *api.Wait, unt
 	return output(r), nil
 }
 
-// ApplyStatus moves the instances of a node as its daemon reported them
-// (the gateway calls it with each status that changed), in tx, and writes
-// the events of the transitions.
-func ApplyStatus(ctx context.Context, tx pgx.Tx, node string, reported []agentproto.InstanceStatus) (bool, error) {
-	q := db.New(tx)
-	nodeID := pgtype.Text{String: node, Valid: true}
-	ids := make([]string, 0, len(reported))
-	p := db.ReportInstancesParams{NodeID: nodeID}
-	known := map[string]agentproto.InstanceStatus{}
-	for _, st := range reported {
-		ids = append(ids, st.ID)
-		switch st.State {
-		case StateStarting, StateRunning, StateStopped, StatePaused, StateFailed:
-		default:
-			continue // a state this version does not know
-		}
-		var timings []byte
-		if st.Timings != nil {
-			timings, _ = json.Marshal(st.Timings)
-		}
-		known[st.ID] = st
-		p.InstanceIds, p.States, p.Errors = append(p.InstanceIds, st.ID), append(p.States, st.State), append(p.Errors, st.Error)
-		p.ReportedIdentities, p.HostTimings = append(p.ReportedIdentities, st.Identity), append(p.HostTimings, string(timings))
+// RegisterStatus makes reg follow this group's instances: a daemon's
+// report that moves one writes its event.
+func RegisterStatus(reg *nodework.Registry) { reg.Register(KindVPS, applyStatus) }
+
+func applyStatus(ctx context.Context, tx pgx.Tx, node string, r db.Instance, reported agentproto.InstanceStatus) (bool, error) {
+	var e *outbox.Event
+	switch r.State {
+	case StateRunning:
+		e = &outbox.Event{Type: api.EventInstanceRunning, Data: api.InstanceRunningPayload{InstanceID: r.InstanceID, NodeID: &node}}
+	case StateStopped:
+		e = &outbox.Event{Type: api.EventInstanceStopped, Data: api.InstanceStoppedPayload{InstanceID: r.InstanceID}}
+	case StateFailed:
+		e = &outbox.Event{Type: api.EventInstanceFailed, Data: api.InstanceFailedPayload{InstanceID: r.InstanceID, Error: reported.Error}}
+	default:
+		return false, nil
 	}
-	changed, err := q.ReportInstances(ctx, p)
-	if err != nil {
-		return false, err
-	}
-	// In the order of the report, so events come out in a stable order.
-	slices.SortFunc(changed, func(a, b db.Instance) int {
-		return cmp.Compare(slices.Index(p.InstanceIds, a.InstanceID), slices.Index(p.InstanceIds, b.InstanceID))
-	})
-	events := false
-	for _, r := range changed {
-		notify.Later(ctx, Topic(r.InstanceID)) // its waits re-read
-		if r.Kind != KindVPS {
-			wrote, err := applySandboxStatus(ctx, tx, r)
-			if err != nil {
-				return false, err
-			}
-			events = events || wrote
-			continue
-		}
-		var e *outbox.Event
-		switch r.State {
-		case StateRunning:
-			e = &outbox.Event{Type: api.EventInstanceRunning, Data: api.InstanceRunningPayload{InstanceID: r.InstanceID, NodeID: &node}}
-		case StateStopped:
-			e = &outbox.Event{Type: api.EventInstanceStopped, Data: api.InstanceStoppedPayload{InstanceID: r.InstanceID}}
-		case StateFailed:
-			e = &outbox.Event{Type: api.EventInstanceFailed, Data: api.InstanceFailedPayload{InstanceID: r.InstanceID, Error: known[r.InstanceID].Error}}
-		}
-		if e != nil {
-			e.Subject, e.TenantID = r.InstanceID, r.TenantID
-			if err := outbox.Write(ctx, tx, *e); err != nil {
-				return false, err
-			}
-			events = true
-		}
-	}
-	if _, err := q.GoneInstances(ctx, db.GoneInstancesParams{NodeID: nodeID, Reported: ids}); err != nil {
-		return false, err
-	}
-	return events, nil
+	e.Subject, e.TenantID = r.InstanceID, r.TenantID
+	return true, outbox.Write(ctx, tx, *e)
 }
 
 // Resolver reads secrets for hosts (secrets.Service.Resolve).
@@ -674,37 +617,4 @@ func ResolveUserData(ctx context.Context, q *db.Queries, resolver Resolver, node
 		out[ref] = string(v)
 	}
 	return out, nil
-}
-
-// applySandboxStatus follows a sandbox's VM: the sandbox is running once
-// the VM runs with the identity it was given (its first time sets readyAt),
-// failed when the VM failed. Warm instances publish nothing.
-func applySandboxStatus(ctx context.Context, tx pgx.Tx, r db.Instance) (bool, error) {
-	if r.Kind != KindSandbox {
-		return false, nil
-	}
-	q := db.New(tx)
-	sbx, err := q.SandboxOfInstance(ctx, r.InstanceID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && sbx.DeletedAt != nil) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	var e outbox.Event
-	switch {
-	case r.State == StateRunning && r.DesiredState == StateRunning && r.ReportedIdentity == r.IdentityGeneration:
-		if r.IdentityReadyAt != nil {
-			if err := q.SandboxReady(ctx, db.SandboxReadyParams{InstanceID: r.InstanceID, At: r.IdentityReadyAt}); err != nil {
-				return false, err
-			}
-		}
-		e = outbox.Event{Type: api.EventSandboxRunning, Data: api.SandboxRunningPayload{SandboxID: sbx.SandboxID, NodeID: sbx.NodeID}}
-	case r.State == StateFailed:
-		e = outbox.Event{Type: api.EventSandboxFailed, Data: api.SandboxFailedPayload{SandboxID: sbx.SandboxID, Error: r.Error.String}}
-	default:
-		return false, nil
-	}
-	e.Subject, e.TenantID = sbx.SandboxID, sbx.TenantID
-	return true, outbox.Write(ctx, tx, e)
 }

@@ -27,10 +27,10 @@ import (
 	"computeplane/internal/agentproto"
 	"computeplane/internal/config"
 	"computeplane/internal/flavors"
-	"computeplane/internal/gateway"
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
 	"computeplane/internal/instances"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
@@ -385,7 +385,7 @@ func (s *Service) preempt(ctx context.Context, tx pgx.Tx, r db.Reservation, f *a
 		}
 		args, _ := json.Marshal(map[string]any{"reservationId": row.ReservationID, "deadline": wire.Time(deadline), "reason": "preempted by an on-demand reservation"})
 		for _, n := range nodeIDs {
-			_, topic, err := gateway.EnqueueCommand(ctx, tx, n, agentproto.CommandNotice, args, "reservations", s.SpotNotice, now)
+			_, topic, err := nodework.EnqueueCommand(ctx, tx, n, agentproto.CommandNotice, args, "reservations", s.SpotNotice, now)
 			if err != nil {
 				return err
 			}

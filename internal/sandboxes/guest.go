@@ -10,8 +10,8 @@ import (
 	"computeplane/gen/api"
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
-	"computeplane/internal/gateway"
 	"computeplane/internal/iam"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/rpc"
 )
@@ -41,13 +41,13 @@ func (s *Service) guest(ctx context.Context, tenant, sandbox, kind string, args 
 		return api.Errorf(api.CodeInvalidState, "sandbox %s is %s; only a running one runs commands", sandbox, st).WithDetails(map[string]any{"state": st})
 	}
 	body, _ := json.Marshal(args(vm.InstanceID))
-	cmd, topic, err := gateway.EnqueueCommand(ctx, tx, r.NodeID, kind, body, "sandboxes", wait, time.Now())
+	cmd, topic, err := nodework.EnqueueCommand(ctx, tx, r.NodeID, kind, body, "sandboxes", wait, time.Now())
 	if err != nil {
 		return err
 	}
 	notify.Later(ctx, topic)
 	id := cmd.CommandID
-	rpc.ThenPoll(ctx, rpc.Poll{Timeout: wait, Topic: gateway.ResultTopic(id), TimedOut: unanswered(sandbox)}, func(ctx context.Context) (any, bool, error) {
+	rpc.ThenPoll(ctx, rpc.Poll{Timeout: wait, Topic: nodework.ResultTopic(id), TimedOut: unanswered(sandbox)}, func(ctx context.Context) (any, bool, error) {
 		res, err := db.New(s.Store.Pool()).GetCommandResult(ctx, id)
 		if err != nil {
 			return nil, false, nil

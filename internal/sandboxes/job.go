@@ -16,7 +16,7 @@ import (
 	"computeplane/internal/ids"
 	"computeplane/internal/images"
 	"computeplane/internal/instances"
-	"computeplane/internal/nodespec"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/placement"
 	"computeplane/internal/store"
@@ -181,7 +181,7 @@ func (s *Service) makeWarm(ctx context.Context, tx pgx.Tx, t db.SandboxTemplate)
 	if err != nil {
 		return err
 	}
-	return nodespec.Push(ctx, tx, row.NodeID.String)
+	return nodework.PushSpec(ctx, tx, row.NodeID.String)
 }
 
 func envOf(t db.SandboxTemplate) []byte {

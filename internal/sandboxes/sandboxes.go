@@ -36,7 +36,7 @@ import (
 	"computeplane/internal/idem"
 	"computeplane/internal/images"
 	"computeplane/internal/instances"
-	"computeplane/internal/nodespec"
+	"computeplane/internal/nodework"
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
 	"computeplane/internal/rpc"
@@ -171,7 +171,7 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxesCreateInput) (*ap
 	if err := openUsage(ctx, tx, row, a.vm); err != nil {
 		return nil, err
 	}
-	if err := nodespec.Push(ctx, tx, a.vm.NodeID.String); err != nil {
+	if err := nodework.PushSpec(ctx, tx, a.vm.NodeID.String); err != nil {
 		return nil, err
 	}
 	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxCreated, Subject: id, TenantID: in.TenantID,
@@ -547,7 +547,7 @@ func (s *Service) desire(ctx context.Context, tenant, id, desired string, wait *
 	if _, err := q.SetInstanceDesired(ctx, db.SetInstanceDesiredParams{InstanceID: vm.InstanceID, DesiredState: desired}); err != nil {
 		return nil, err
 	}
-	if err := nodespec.Push(ctx, tx, r.NodeID); err != nil {
+	if err := nodework.PushSpec(ctx, tx, r.NodeID); err != nil {
 		return nil, err
 	}
 	e := outbox.Event{Type: api.EventSandboxPaused, Subject: id, TenantID: tenant, Data: api.SandboxPausedPayload{SandboxID: id}}

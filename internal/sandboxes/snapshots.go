@@ -12,9 +12,9 @@ import (
 	"computeplane/gen/api"
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
-	"computeplane/internal/gateway"
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/rpc"
@@ -114,7 +114,7 @@ func (s Snapshots) Create(ctx context.Context, in *api.SandboxSnapshotsCreateInp
 			sbx.SandboxID, atts[0].VolumeID).WithDetails(map[string]any{"reason": "volumes-attached", "volumeId": atts[0].VolumeID})
 	}
 	args, _ := json.Marshal(agentproto.SnapshotArgs{InstanceID: vm.InstanceID, SnapshotID: id})
-	cmd, topic, err := gateway.EnqueueCommand(ctx, tx, sbx.NodeID, agentproto.CommandSnapshot, args, "sandboxes", SnapshotTTL, time.Now())
+	cmd, topic, err := nodework.EnqueueCommand(ctx, tx, sbx.NodeID, agentproto.CommandSnapshot, args, "sandboxes", SnapshotTTL, time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +144,7 @@ func (s Snapshots) waited(ctx context.Context, q *db.Queries, r db.SandboxSnapsh
 		return out, err
 	}
 	id := r.SnapshotID
-	rpc.ThenPoll(ctx, rpc.Poll{Timeout: time.Duration(wait.TimeoutMs) * time.Millisecond, Topic: gateway.ResultTopic(r.CommandID), Initial: out}, func(ctx context.Context) (any, bool, error) {
+	rpc.ThenPoll(ctx, rpc.Poll{Timeout: time.Duration(wait.TimeoutMs) * time.Millisecond, Topic: nodework.ResultTopic(r.CommandID), Initial: out}, func(ctx context.Context) (any, bool, error) {
 		q := db.New(s.S.Store.Pool())
 		r, err := q.GetSnapshot(ctx, id)
 		if err != nil {
@@ -229,7 +229,7 @@ func deleteSnapshot(ctx context.Context, tx pgx.Tx, r db.SandboxSnapshot) (db.Sa
 		return r, err
 	}
 	args, _ := json.Marshal(agentproto.SnapshotArgs{SnapshotID: r.SnapshotID})
-	_, topic, err := gateway.EnqueueCommand(ctx, tx, r.NodeID, agentproto.CommandDeleteSnapshot, args, "sandboxes", 24*time.Hour, time.Now())
+	_, topic, err := nodework.EnqueueCommand(ctx, tx, r.NodeID, agentproto.CommandDeleteSnapshot, args, "sandboxes", 24*time.Hour, time.Now())
 	if err != nil {
 		return r, err
 	}

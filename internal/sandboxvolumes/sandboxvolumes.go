@@ -23,7 +23,7 @@ import (
 	"computeplane/internal/agentproto"
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
-	"computeplane/internal/nodespec"
+	"computeplane/internal/nodework"
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
 	"computeplane/internal/pools"
@@ -151,7 +151,7 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxVolumesCreateInput)
 	if err := meter(ctx, tx, v); err != nil {
 		return nil, err
 	}
-	if err := nodespec.Push(ctx, tx, node); err != nil {
+	if err := nodework.PushSpec(ctx, tx, node); err != nil {
 		return nil, err
 	}
 	return output(v), outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxVolumeCreated, Subject: id, TenantID: in.TenantID,
@@ -260,7 +260,7 @@ func (s *Service) Resize(ctx context.Context, in *api.SandboxVolumesResizeInput)
 	if err := meter(ctx, tx, v); err != nil {
 		return nil, err
 	}
-	if err := nodespec.Push(ctx, tx, v.NodeID); err != nil {
+	if err := nodework.PushSpec(ctx, tx, v.NodeID); err != nil {
 		return nil, err
 	}
 	return output(v), outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxVolumeResized, Subject: v.VolumeID, TenantID: v.TenantID,
@@ -304,11 +304,18 @@ func (s *Service) Delete(ctx context.Context, in *api.SandboxVolumesDeleteInput)
 	if v, err = q.SetSandboxVolumeState(ctx, db.SetSandboxVolumeStateParams{VolumeID: v.VolumeID, State: StateDeleting}); err != nil {
 		return nil, err
 	}
-	if err := nodespec.Push(ctx, tx, v.NodeID); err != nil {
+	if err := nodework.PushSpec(ctx, tx, v.NodeID); err != nil {
 		return nil, err
 	}
 	return output(v), outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxVolumeDeleting, Subject: v.VolumeID, TenantID: v.TenantID,
 		Data: api.SandboxVolumeDeletingPayload{VolumeID: v.VolumeID, PoolID: v.PoolID, NodeID: v.NodeID}})
+}
+
+// RegisterStatus makes reg follow the volumes daemons report (ApplyStatus).
+func RegisterStatus(reg *nodework.Registry, placer *placement.Engine) {
+	reg.RegisterVolumes(func(ctx context.Context, tx pgx.Tx, node string, reported []agentproto.VolumeStatus) (bool, error) {
+		return ApplyStatus(ctx, tx, placer, node, reported)
+	})
 }
 
 // ApplyStatus finishes the deleting volumes of a node its daemon no

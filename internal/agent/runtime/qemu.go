@@ -25,38 +25,6 @@ import (
 // slow; a loaded host slower).
 const BootTimeout = 90 * time.Second
 
-// VMSpec is one instance of a node spec as the qemu runtime reads it.
-type VMSpec struct {
-	ID        string `json:"id"`
-	State     string `json:"state"`
-	Hostname  string `json:"hostname"`
-	VCPU      int    `json:"vcpu"`
-	MemoryMiB int    `json:"memoryMiB"`
-	DiskGiB   int64  `json:"diskGiB"`
-	Boot      struct {
-		Format   string `json:"format"`
-		Location string `json:"location"`
-		Initrd   string `json:"initrd"`
-		Cmdline  string `json:"cmdline"`
-	} `json:"boot"`
-	UserData string `json:"userData,omitempty"`
-	Reboots  int    `json:"reboots"`
-	// Sandboxes and warm instances (docs/sandboxes.md): who the guest is
-	// (a claim raises the generation), the volumes it mounts, guest
-	// memory in a shared file.
-	Identity   *agentproto.SpecIdentity `json:"identity,omitempty"`
-	Volumes    []agentproto.SpecVolume  `json:"volumes,omitempty"`
-	MemoryFile bool                     `json:"memoryFile,omitempty"`
-	Restore    string                   `json:"restore,omitempty"`
-}
-
-func (vs VMSpec) generation() int64 {
-	if vs.Identity == nil {
-		return 0
-	}
-	return vs.Identity.Generation
-}
-
 // QEMU runs each instance as a qemu VM (internal/qemu) under Dir/vms/<id>.
 // VMs outlive the daemon: a new QEMU re-attaches to the ones running.
 type QEMU struct {
@@ -65,7 +33,7 @@ type QEMU struct {
 	// of a spec attach from there.
 	VolumeDir string
 	// MemoryDir holds the guest memory files of the instances that keep
-	// one (VMSpec.MemoryFile); a tmpfs there spares each page the guest
+	// one (agentproto.InstanceSpec.MemoryFile); a tmpfs there spares each page the guest
 	// touches a block allocation on disk. Empty keeps them in the VMs'
 	// directories.
 	MemoryDir string
@@ -89,7 +57,7 @@ type QEMU struct {
 }
 
 type vmState struct {
-	spec    VMSpec
+	spec    agentproto.InstanceSpec
 	vm      *qemu.VM
 	state   string
 	err     string
@@ -115,7 +83,7 @@ func NewQEMU(dir, accel string, log *slog.Logger) (*QEMU, error) {
 	}
 	dirs, _ := filepath.Glob(filepath.Join(dir, "vms", "*"))
 	for _, d := range dirs {
-		var spec VMSpec
+		var spec agentproto.InstanceSpec
 		if readSpec(d, &spec) != nil {
 			continue
 		}
@@ -200,7 +168,7 @@ func (r *QEMU) watch() {
 	}
 }
 
-func readSpec(dir string, s *VMSpec) error {
+func readSpec(dir string, s *agentproto.InstanceSpec) error {
 	b, err := os.ReadFile(filepath.Join(dir, "instance.json"))
 	if err != nil {
 		return err
@@ -269,21 +237,15 @@ func (r *QEMU) changed() {
 // Apply converges the VMs on the spec. Boots run in the background (a
 // status follows through Changed); stops, pauses and deletes are done
 // when it returns.
-func (r *QEMU) Apply(ctx context.Context, _ int64, body json.RawMessage) ([]agentproto.InstanceStatus, error) {
-	spec, err := ParseSpec(body)
-	if err != nil {
+func (r *QEMU) Apply(ctx context.Context, _ int64, spec agentproto.SpecBody) ([]agentproto.InstanceStatus, error) {
+	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	desired := map[string]VMSpec{}
-	var errs []error
+	desired := make(map[string]agentproto.InstanceSpec, len(spec.Instances))
 	for _, in := range spec.Instances {
-		var vs VMSpec
-		if err := json.Unmarshal(in.Raw, &vs); err != nil {
-			errs = append(errs, fmt.Errorf("instance %s: %w", in.ID, err))
-			continue
-		}
-		desired[in.ID] = vs
+		desired[in.ID] = in
 	}
+	var errs []error
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for id, st := range r.vms {
@@ -372,7 +334,7 @@ func (r *QEMU) memoryFile(id string) string {
 }
 
 // converge moves one instance towards its desired state (r.mu held).
-func (r *QEMU) converge(ctx context.Context, id string, vs VMSpec) error {
+func (r *QEMU) converge(ctx context.Context, id string, vs agentproto.InstanceSpec) error {
 	st := r.vms[id]
 	if vs.State == StateDeleted {
 		if st != nil {
@@ -398,7 +360,7 @@ func (r *QEMU) converge(ctx context.Context, id string, vs VMSpec) error {
 		switch {
 		case !alive && st.cancel == nil:
 			r.boot(id, st)
-		case alive && st.cancel == nil && vs.generation() > st.identity:
+		case alive && st.cancel == nil && vs.IdentityGeneration() > st.identity:
 			// A warm instance claimed: resumed, given its new identity and
 			// checked before it is called running.
 			r.restart(id, st, true)
@@ -448,7 +410,7 @@ func (r *QEMU) converge(ctx context.Context, id string, vs VMSpec) error {
 // held).
 func (r *QEMU) boot(id string, st *vmState) {
 	vs := st.spec
-	c := &qemu.Config{ID: id, Dir: r.vmDir(id), VCPU: max(vs.VCPU, 1), MemoryMiB: max(vs.MemoryMiB, 128), Accel: r.accel,
+	c := &qemu.Config{ID: id, Dir: r.vmDir(id), VCPU: max(vs.VCPU, 1), MemoryMiB: int(max(vs.MemoryMiB, 128)), Accel: r.accel,
 		Machine: qemu.MachineMicroVM, Kernel: vs.Boot.Location, Initrd: vs.Boot.Initrd, Cmdline: vs.Boot.Cmdline + " compute.hostname=" + vs.Hostname}
 	rootImage := ""
 	if vs.Boot.Format != "kernel+initrd" {
@@ -589,8 +551,8 @@ func (t *timer) done() *agentproto.HostTimings {
 
 // tookIdentity records that the guest runs with the spec's identity (r.mu
 // held).
-func (r *QEMU) tookIdentity(id string, st *vmState, vs VMSpec) {
-	if g := vs.generation(); g > 0 {
+func (r *QEMU) tookIdentity(id string, st *vmState, vs agentproto.InstanceSpec) {
+	if g := vs.IdentityGeneration(); g > 0 {
 		st.identity = g
 		r.keepIdentity(id, g)
 	}
@@ -643,7 +605,7 @@ func (r *QEMU) restart(id string, st *vmState, identity bool) {
 // check gives a running guest its identity (when asked) and checks it:
 // the agent answers, the root filesystem takes a write and reads it back,
 // hostname and machine id are the spec's.
-func (r *QEMU) check(ctx context.Context, vm *qemu.VM, vs VMSpec, identity bool, t *timer) error {
+func (r *QEMU) check(ctx context.Context, vm *qemu.VM, vs agentproto.InstanceSpec, identity bool, t *timer) error {
 	g, err := vm.Guest()
 	if err != nil {
 		return err
@@ -702,7 +664,7 @@ func (r *QEMU) awaitGuest(id string, st *vmState, first bool) {
 	}()
 }
 
-func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs VMSpec, first bool, t *timer) error {
+func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs agentproto.InstanceSpec, first bool, t *timer) error {
 	var g *qemu.Guest
 	for {
 		var err error

@@ -15,12 +15,13 @@ import (
 )
 
 // Runtime applies specs. Apply is called with increasing generations and
-// must be idempotent: the same body again changes nothing.
+// must be idempotent: the same body again changes nothing. It refuses a
+// spec that fails agentproto's Validate and changes nothing then.
 type Runtime interface {
 	Name() string
 	// Accel is the acceleration the runtime uses (kvm, tcg), "" when none.
 	Accel() string
-	Apply(ctx context.Context, generation int64, body json.RawMessage) ([]agentproto.InstanceStatus, error)
+	Apply(ctx context.Context, generation int64, spec agentproto.SpecBody) ([]agentproto.InstanceStatus, error)
 	// Observe reports the instances as they are now (a VM killed from
 	// outside shows here).
 	Observe(ctx context.Context) []agentproto.InstanceStatus
@@ -50,69 +51,13 @@ type Guests interface {
 	DeleteSnapshot(ctx context.Context, id string) error
 }
 
-// MaxInstances bounds one spec.
-const MaxInstances = 1024
-
-// Spec is the body of a node spec as runtimes read it.
-type Spec struct {
-	Instances []Instance `json:"instances"`
-}
-
-// Instance is one desired instance. Fields beyond id and state are the
-// runtime's (image, flavor, user data ...).
-type Instance struct {
-	ID    string          `json:"id"`
-	State string          `json:"state"` // running, stopped, paused, deleted
-	Raw   json.RawMessage `json:"-"`
-}
-
-// Desired states.
+// Desired states (agentproto's).
 const (
-	StateRunning = "running"
-	StateStopped = "stopped"
-	StatePaused  = "paused"
-	StateDeleted = "deleted"
+	StateRunning = agentproto.StateRunning
+	StateStopped = agentproto.StateStopped
+	StatePaused  = agentproto.StatePaused
+	StateDeleted = agentproto.StateDeleted
 )
-
-// ParseSpec reads a spec body: instances with an id and a known state,
-// at most MaxInstances, ids unique.
-func ParseSpec(body json.RawMessage) (Spec, error) {
-	var raw struct {
-		Instances []json.RawMessage `json:"instances"`
-	}
-	if len(body) == 0 {
-		return Spec{}, nil
-	}
-	if err := json.Unmarshal(body, &raw); err != nil {
-		return Spec{}, fmt.Errorf("runtime: the spec: %w", err)
-	}
-	if len(raw.Instances) > MaxInstances {
-		return Spec{}, fmt.Errorf("runtime: at most %d instances in a spec", MaxInstances)
-	}
-	s := Spec{Instances: make([]Instance, 0, len(raw.Instances))}
-	seen := map[string]bool{}
-	for i, r := range raw.Instances {
-		var in Instance
-		if err := json.Unmarshal(r, &in); err != nil {
-			return Spec{}, fmt.Errorf("runtime: instances[%d]: %w", i, err)
-		}
-		switch {
-		case in.ID == "" || len(in.ID) > 128:
-			return Spec{}, fmt.Errorf("runtime: instances[%d]: an id of 1 to 128 characters", i)
-		case seen[in.ID]:
-			return Spec{}, fmt.Errorf("runtime: instances[%d]: id %s twice", i, in.ID)
-		}
-		switch in.State {
-		case StateRunning, StateStopped, StatePaused, StateDeleted:
-		default:
-			return Spec{}, fmt.Errorf("runtime: instances[%d]: state %q", i, in.State)
-		}
-		seen[in.ID] = true
-		in.Raw = r
-		s.Instances = append(s.Instances, in)
-	}
-	return s, nil
-}
 
 // Recording records specs on disk (dir/spec.json and a line per applied
 // generation in dir/applied.log) and reports every instance in its
@@ -127,7 +72,7 @@ type Recording struct {
 
 // desired is what a spec reports: each instance in its desired state,
 // deleted ones omitted.
-func desired(spec Spec) []agentproto.InstanceStatus {
+func desired(spec agentproto.SpecBody) []agentproto.InstanceStatus {
 	var out []agentproto.InstanceStatus
 	for _, in := range spec.Instances {
 		if in.State != StateDeleted {
@@ -144,18 +89,14 @@ func (r *Recording) Name() string { return "recording" }
 func (r *Recording) Accel() string { return "" }
 
 // Apply records the spec.
-func (r *Recording) Apply(_ context.Context, generation int64, body json.RawMessage) ([]agentproto.InstanceStatus, error) {
-	spec, err := ParseSpec(body)
-	if err != nil {
+func (r *Recording) Apply(_ context.Context, generation int64, spec agentproto.SpecBody) ([]agentproto.InstanceStatus, error) {
+	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	b, _ := json.Marshal(struct {
-		Generation int64           `json:"generation"`
-		Body       json.RawMessage `json:"body"`
-	}{generation, body})
+	b, _ := json.Marshal(agentproto.Spec{Generation: generation, Body: spec})
 	tmp := filepath.Join(r.Dir, "spec.json.tmp")
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return nil, err
@@ -185,13 +126,9 @@ func (r *Recording) Observe(context.Context) []agentproto.InstanceStatus {
 	defer r.mu.Unlock()
 	if !r.loaded {
 		r.loaded = true
-		var rec struct {
-			Body json.RawMessage `json:"body"`
-		}
-		if b, err := os.ReadFile(filepath.Join(r.Dir, "spec.json")); err == nil && json.Unmarshal(b, &rec) == nil {
-			if spec, err := ParseSpec(rec.Body); err == nil {
-				r.instances = desired(spec)
-			}
+		var rec agentproto.Spec
+		if b, err := os.ReadFile(filepath.Join(r.Dir, "spec.json")); err == nil && json.Unmarshal(b, &rec) == nil && rec.Body.Validate() == nil {
+			r.instances = desired(rec.Body)
 		}
 	}
 	return append([]agentproto.InstanceStatus(nil), r.instances...)

@@ -1,0 +1,53 @@
+package agent
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// agentSide are the packages of this module the node daemon may link:
+// the protocols it speaks (agentproto with the gateway, guestproto with
+// its guests) and its own code. Anything else of the control plane stays
+// out of it: the two meet only in agentproto.
+var agentSide = []string{
+	"computeplane/cmd/compute-agent",
+	"computeplane/internal/agent",
+	"computeplane/internal/agentproto",
+	"computeplane/internal/guestproto",
+	"computeplane/internal/qemu",
+	"computeplane/internal/buildinfo",
+}
+
+// serverImports returns the packages of this module in deps that are not
+// on the agent's side.
+func serverImports(deps []string) []string {
+	var out []string
+	for _, d := range deps {
+		if d != "computeplane" && !strings.HasPrefix(d, "computeplane/") {
+			continue // the standard library and third parties
+		}
+		ok := false
+		for _, a := range agentSide {
+			ok = ok || d == a || strings.HasPrefix(d, a+"/")
+		}
+		if !ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func TestTheAgentImportsNoServerPackage(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "computeplane/cmd/compute-agent").Output()
+	require.NoError(t, err, "go list")
+	deps := strings.Fields(string(out))
+	require.Contains(t, deps, "computeplane/internal/agentproto")
+	assert.Empty(t, serverImports(deps), "the node daemon links control-plane packages")
+	// The check sees one.
+	assert.Equal(t, []string{"computeplane/internal/gateway", "computeplane/gen/db"},
+		serverImports([]string{"fmt", "computeplane/internal/agent/runtime", "computeplane/internal/gateway", "computeplane/gen/db", "github.com/coder/websocket"}))
+}

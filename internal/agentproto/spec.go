@@ -1,0 +1,124 @@
+package agentproto
+
+import "fmt"
+
+// The node spec: what the control plane wants a node to run. The control
+// plane builds it (nodework.PushSpec), stores the body in node_specs and
+// the gateway sends it as is; the daemon decodes it once, with the
+// message, and hands the typed values to its volume store and runtime.
+//
+// Version rules (protocol 1): a field is only ever added, optional
+// (omitempty or a zero value that means what its absence meant), and an
+// older peer ignores what it does not know (encoding/json drops unknown
+// keys). Renaming a field, changing its type or what it means takes a new
+// protocol version (ProtocolMax, buildinfo.AgentProtocolMax).
+// testdata/spec-v1.json is a spec as protocol-1 control planes send it;
+// spec_test.go keeps it readable and keeps what this build sends readable
+// by a daemon that knows only those fields.
+
+// SpecBody is the body of a spec.
+type SpecBody struct {
+	Instances []InstanceSpec `json:"instances"`
+	// Volumes are the node's volume store (nil: a control plane that does
+	// not speak of volumes; the store is left as it is).
+	Volumes []VolumeSpec `json:"volumes"`
+	// Networks and Tunnels are reserved for a later version: this one
+	// sends none and a daemon ignores them.
+	Networks []NetworkSpec `json:"networks,omitempty"`
+	Tunnels  []TunnelSpec  `json:"tunnels,omitempty"`
+}
+
+// Desired states of an instance in a spec.
+const (
+	StateRunning = "running"
+	StateStopped = "stopped"
+	StatePaused  = "paused"
+	StateDeleted = "deleted"
+)
+
+// Observed states an InstanceStatus carries besides running, stopped and
+// paused.
+const (
+	StateStarting = "starting"
+	StateFailed   = "failed"
+)
+
+// InstanceSpec is one desired instance: a VM of a flavor booting an image.
+type InstanceSpec struct {
+	ID        string `json:"id"`
+	State     string `json:"state"` // running, stopped, paused, deleted
+	Hostname  string `json:"hostname"`
+	VCPU      int    `json:"vcpu"`
+	MemoryMiB int64  `json:"memoryMiB"`
+	DiskGiB   int64  `json:"diskGiB"`
+	Boot      Boot   `json:"boot"`
+	UserData  string `json:"userData,omitempty"`
+	// Reboots counts the reboots asked for: a higher count than the
+	// runtime saw reboots the VM once.
+	Reboots int `json:"reboots"`
+	// Sandboxes and warm instances (docs/sandboxes.md): who the guest is
+	// (a claim raises the generation), the volumes it mounts, guest
+	// memory in a shared file (fast pause, snapshot, restore), the
+	// snapshot it starts from.
+	Identity   *SpecIdentity `json:"identity,omitempty"`
+	Volumes    []SpecVolume  `json:"volumes,omitempty"`
+	MemoryFile bool          `json:"memoryFile,omitempty"`
+	Restore    string        `json:"restore,omitempty"`
+}
+
+// IdentityGeneration is the identity generation the spec asks for, 0
+// without one.
+func (in InstanceSpec) IdentityGeneration() int64 {
+	if in.Identity == nil {
+		return 0
+	}
+	return in.Identity.Generation
+}
+
+// Boot is what a runtime needs of an instance's image, resolved when the
+// instance was created (an image changed later does not change it).
+type Boot struct {
+	Format   string `json:"format"` // qcow2, raw, kernel+initrd
+	Location string `json:"location"`
+	Initrd   string `json:"initrd,omitempty"`
+	Cmdline  string `json:"cmdline,omitempty"`
+	SHA256   string `json:"sha256"`
+}
+
+// NetworkSpec is reserved: a network of the node (a later version).
+type NetworkSpec struct {
+	ID string `json:"id"`
+}
+
+// TunnelSpec is reserved: a tunnel of the node (a later version).
+type TunnelSpec struct {
+	ID string `json:"id"`
+}
+
+// MaxInstances bounds one spec.
+const MaxInstances = 1024
+
+// Validate checks what a runtime relies on: at most MaxInstances
+// instances, each with an id of 1 to 128 characters, given once, and a
+// desired state this version knows.
+func (b SpecBody) Validate() error {
+	if len(b.Instances) > MaxInstances {
+		return fmt.Errorf("agentproto: at most %d instances in a spec", MaxInstances)
+	}
+	seen := make(map[string]bool, len(b.Instances))
+	for i, in := range b.Instances {
+		switch {
+		case in.ID == "" || len(in.ID) > 128:
+			return fmt.Errorf("agentproto: instances[%d]: an id of 1 to 128 characters", i)
+		case seen[in.ID]:
+			return fmt.Errorf("agentproto: instances[%d]: id %s twice", i, in.ID)
+		}
+		switch in.State {
+		case StateRunning, StateStopped, StatePaused, StateDeleted:
+		default:
+			return fmt.Errorf("agentproto: instances[%d]: state %q", i, in.State)
+		}
+		seen[in.ID] = true
+	}
+	return nil
+}

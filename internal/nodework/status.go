@@ -1,0 +1,119 @@
+package nodework
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"computeplane/gen/db"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/notify"
+)
+
+// StatusHandler follows one instance of its kind whose row a daemon's
+// report just moved (r is the row after the report; reported what the
+// daemon said of it), in the report's transaction. It says whether it
+// wrote events.
+type StatusHandler func(ctx context.Context, tx pgx.Tx, node string, r db.Instance, reported agentproto.InstanceStatus) (bool, error)
+
+// VolumesHandler follows the volume files a daemon reports (nil: it does
+// not report them), in the report's transaction.
+type VolumesHandler func(ctx context.Context, tx pgx.Tx, node string, reported []agentproto.VolumeStatus) (bool, error)
+
+// Registry holds the status handlers the groups register at start (the
+// host fills it before the gateway role runs); the gateway calls
+// ApplyStatus with each status that changed. A kind without a handler
+// only has its rows moved (a warm instance publishes nothing).
+type Registry struct {
+	mu      sync.RWMutex
+	kinds   map[string]StatusHandler
+	volumes []VolumesHandler
+}
+
+// Register sets the handler of one kind of instance (instances.kind);
+// a kind has one owner, so a second registration panics.
+func (g *Registry) Register(kind string, h StatusHandler) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, dup := g.kinds[kind]; dup {
+		panic(fmt.Sprintf("nodework: a status handler for kind %q twice", kind))
+	}
+	if g.kinds == nil {
+		g.kinds = map[string]StatusHandler{}
+	}
+	g.kinds[kind] = h
+}
+
+// RegisterVolumes adds a handler of the volumes a daemon reports.
+func (g *Registry) RegisterVolumes(h VolumesHandler) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.volumes = append(g.volumes, h)
+}
+
+// ApplyStatus moves the instances of a node as its daemon reported them,
+// in tx: the rows first (state, error, identity, timings; an instance the
+// daemon no longer reports is gone), then each moved row's kind handler,
+// in the order of the report so events come out in a stable order, then
+// the volume handlers. It reports whether a handler wrote events.
+func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error) {
+	q := db.New(tx)
+	nodeID := pgtype.Text{String: node, Valid: true}
+	ids := make([]string, 0, len(st.Instances))
+	p := db.ReportInstancesParams{NodeID: nodeID}
+	known := map[string]agentproto.InstanceStatus{}
+	for _, in := range st.Instances {
+		ids = append(ids, in.ID)
+		switch in.State {
+		case agentproto.StateStarting, agentproto.StateRunning, agentproto.StateStopped, agentproto.StatePaused, agentproto.StateFailed:
+		default:
+			continue // a state this version does not know
+		}
+		var timings []byte
+		if in.Timings != nil {
+			timings, _ = json.Marshal(in.Timings)
+		}
+		known[in.ID] = in
+		p.InstanceIds, p.States, p.Errors = append(p.InstanceIds, in.ID), append(p.States, in.State), append(p.Errors, in.Error)
+		p.ReportedIdentities, p.HostTimings = append(p.ReportedIdentities, in.Identity), append(p.HostTimings, string(timings))
+	}
+	changed, err := q.ReportInstances(ctx, p)
+	if err != nil {
+		return false, err
+	}
+	slices.SortFunc(changed, func(a, b db.Instance) int {
+		return cmp.Compare(slices.Index(p.InstanceIds, a.InstanceID), slices.Index(p.InstanceIds, b.InstanceID))
+	})
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	events := false
+	for _, r := range changed {
+		notify.Later(ctx, InstanceTopic(r.InstanceID)) // its waits re-read
+		h := g.kinds[r.Kind]
+		if h == nil {
+			continue
+		}
+		wrote, err := h(ctx, tx, node, r, known[r.InstanceID])
+		if err != nil {
+			return false, err
+		}
+		events = events || wrote
+	}
+	if _, err := q.GoneInstances(ctx, db.GoneInstancesParams{NodeID: nodeID, Reported: ids}); err != nil {
+		return false, err
+	}
+	for _, h := range g.volumes {
+		wrote, err := h(ctx, tx, node, st.Volumes)
+		if err != nil {
+			return false, err
+		}
+		events = events || wrote
+	}
+	return events, nil
+}
