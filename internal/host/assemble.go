@@ -1,0 +1,420 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"computeplane"
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	gendocs "computeplane/gen/docs"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/audit"
+	"computeplane/internal/builtin"
+	"computeplane/internal/config"
+	"computeplane/internal/cursor"
+	"computeplane/internal/events"
+	"computeplane/internal/flavors"
+	"computeplane/internal/gateway"
+	"computeplane/internal/iam"
+	"computeplane/internal/iam/embedded"
+	"computeplane/internal/images"
+	"computeplane/internal/instances"
+	"computeplane/internal/join"
+	"computeplane/internal/keys"
+	"computeplane/internal/metrics"
+	"computeplane/internal/nodes"
+	"computeplane/internal/nodework"
+	"computeplane/internal/notify"
+	"computeplane/internal/pki"
+	"computeplane/internal/placement"
+	"computeplane/internal/pools"
+	"computeplane/internal/profiles"
+	"computeplane/internal/projects"
+	"computeplane/internal/provideraccounts"
+	"computeplane/internal/quotas"
+	"computeplane/internal/reservations"
+	"computeplane/internal/rpc"
+	"computeplane/internal/sandboxes"
+	"computeplane/internal/sandboxtemplates"
+	"computeplane/internal/sandboxvolumes"
+	"computeplane/internal/secrets"
+	"computeplane/internal/server"
+	"computeplane/internal/sinks"
+	"computeplane/internal/sites"
+	"computeplane/internal/store"
+	"computeplane/internal/system"
+	"computeplane/internal/uow"
+	"computeplane/internal/usage"
+	"computeplane/internal/webhooks"
+	"computeplane/internal/workers"
+	"computeplane/internal/workflows"
+)
+
+// assembly is what the roles of one process are built from and share:
+// Assemble fills it one role at a time.
+type assembly struct {
+	cfg     *config.Config
+	st      *store.Store
+	log     *slog.Logger
+	plugins builtin.Plugins
+	now     func() time.Time
+	bundle  func() (*pki.Bundle, error)
+
+	siblings []*store.Store // pools opened beside st, closed with the host
+	gw       *system.Gateway
+	cursors  *cursor.Sealer
+	sinkList []sinks.Sink
+	placer   *placement.Engine
+	images   images.Source
+	reg      *metrics.Registry
+	notifier *notify.Notifier
+
+	// The groups' services, and those of them jobs and the gateway use.
+	services      *api.Services
+	reservations  *reservations.Service
+	sandboxes     *sandboxes.Service
+	secrets       *secrets.Service
+	providerAccts *provideraccounts.Service
+
+	identity *embedded.Service
+	cached   *iam.Cached
+	gate     rpc.Gate
+}
+
+// Assemble builds the host around an open store: services, registry check,
+// envelope and routes. Tests use it with a store of their own.
+func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins builtin.Plugins, ov Overrides) (_ *Host, err error) {
+	a := &assembly{cfg: cfg, st: st, log: log, plugins: plugins, now: time.Now, bundle: pki.Loader(cfg.PKIFile, cfg.Secret)}
+	if ov.Now != nil {
+		a.now = ov.Now
+	}
+	defer func() {
+		if err != nil {
+			closeAll(a.siblings)
+		}
+	}()
+	if err := a.groupServices(ov); err != nil {
+		return nil, err
+	}
+	if err := a.identityPort(ov); err != nil {
+		return nil, err
+	}
+	a.reg = metrics.NewRegistry()
+	// The notifier's connections open in Serve; until then wakes stay in
+	// the process.
+	a.notifier = notify.New(cfg.Notifier, st.Pool(), log)
+	envelope, watch, err := a.apiRole()
+	if err != nil {
+		return nil, err
+	}
+	runner, dispatch, queue, err := a.workerRoles()
+	if err != nil {
+		return nil, err
+	}
+	gwRole, err := a.gatewayRole()
+	if err != nil {
+		return nil, err
+	}
+	handler := a.routes(envelope, watch, gwRole)
+	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, caches: a.cached, watch: watch,
+		sinks: a.sinkList, dispatch: dispatch,
+		notifier: a.notifier, workers: runner, siblings: a.siblings, placer: a.placer, gateway: gwRole, queue: queue,
+	}, nil
+}
+
+// sibling opens a pool of its own beside the store's, closed with the host.
+func (a *assembly) sibling(name string, conns int32) (*store.Store, error) {
+	s, err := a.st.Sibling(context.Background(), name, conns)
+	if err != nil {
+		return nil, err
+	}
+	a.siblings = append(a.siblings, s)
+	return s, nil
+}
+
+// groupServices builds every API group's service and the system checks.
+func (a *assembly) groupServices(ov Overrides) error {
+	cfg, st := a.cfg, a.st
+	if cfg.Gateway != nil {
+		a.gw = &system.Gateway{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
+		if b, err := a.bundle(); err == nil {
+			// Daemons pin the serving CA they verify gateways with.
+			a.gw.ServingCAPin = pki.Fingerprint(b.ServingCA.Cert)
+		}
+	}
+	sys := system.New(cfg.BasePath, a.gw)
+	a.cursors = cursor.New(cfg.Secret)
+	var err error
+	if a.sinkList, err = sinks.FromConfig(cfg.Sinks); err != nil {
+		return err
+	}
+	a.placer = placement.New(placement.OptionsFrom(cfg))
+	a.images = images.FromConfig(cfg.Images)
+	a.reservations = &reservations.Service{Placer: a.placer, Store: st, PlacerKind: cfg.Capacity.Placer,
+		SpotNotice: time.Duration(cfg.Capacity.SpotNoticeMs) * time.Millisecond}
+	a.secrets = secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets))
+	if a.providerAccts, err = provideraccounts.New(cfg, st, a.plugins.Providers, a.images, a.bundle, a.log); err != nil {
+		return err
+	}
+	a.sandboxes = &sandboxes.Service{Placer: a.placer, Images: a.images, Store: st}
+	a.services = &api.Services{
+		ProviderAccounts: a.providerAccts,
+		System:           sys,
+		Sites: sites.New(cfg.RootTenantID, a.cursors, pools.SiteReferences).OnDelete(func(ctx context.Context, tx pgx.Tx, site string) error {
+			_, err := join.RevokeSite(ctx, tx, site)
+			return err
+		}),
+		Pools:            pools.New(cfg.RootTenantID).WithPKI(a.bundle),
+		Flavors:          flavors.Service{},
+		Quotas:           quotas.Service{},
+		Nodes:            nodes.Service{},
+		Projects:         projects.Service{},
+		Usage:            usage.Service{Cursors: a.cursors},
+		Images:           images.Service{Source: a.images},
+		Instances:        &instances.Service{Placer: a.placer, Images: a.images, Store: st, Providers: a.providerAccts},
+		Reservations:     a.reservations,
+		SandboxVolumes:   &sandboxvolumes.Service{Placer: a.placer},
+		SandboxTemplates: &sandboxtemplates.Service{Images: a.images},
+		Sandboxes:        a.sandboxes,
+		SandboxSnapshots: sandboxes.Snapshots{S: a.sandboxes},
+		Secrets:          a.secrets,
+		Events:           events.New(a.cursors),
+		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
+		Workflows:        workflows.Service{},
+		Profiles:         &profiles.Service{Cursors: a.cursors},
+	}
+	sys.WithChecks(
+		system.CatalogCheck(a.services),
+		system.MigrationsCheck(st),
+		system.ExtensionCheck(),
+		system.ClockCheck(time.Now),
+		sinks.Check(a.sinkList),
+		workers.Check(),
+		nodes.Check(),
+		usage.Check(cfg.Capacity.UsageEvery, time.Now),
+		gateway.Check(),
+	)
+	if ov.Services != nil {
+		ov.Services(a.services)
+	}
+	if err := a.services.Check(); err != nil {
+		return fmt.Errorf("registry check: %w", err)
+	}
+	return nil
+}
+
+// identityPort builds the embedded identity service, its caches and the
+// gate every call is decided by.
+func (a *assembly) identityPort(ov Overrides) error {
+	// The embedded identity service is a dependency like an external one
+	// would be: its own connections, so that calls queued on the API's
+	// pool (behind a held lock, say) never keep decisions from being made.
+	iamStore, err := a.sibling("computed-iam", a.st.Pool().Config().MaxConns)
+	if err != nil {
+		return err
+	}
+	a.identity = embedded.New(iamStore, a.cfg.RootTenantID, a.cfg.TypePrefix, a.now)
+	a.cached = iam.NewCached(a.identity, a.now)
+	a.gate = &iam.Gate{
+		Port:         a.cached,
+		TypePrefix:   a.cfg.TypePrefix,
+		AcceptCookie: a.cfg.AcceptIAMCookie,
+		Origin:       a.cfg.BaseURL,
+	}
+	if ov.Gate != nil {
+		a.gate = ov.Gate
+	}
+	return nil
+}
+
+// apiRole builds the call envelope and GET /watch.
+func (a *assembly) apiRole() (*rpc.Handler, *events.Watch, error) {
+	cfg, log, notifier := a.cfg, a.log, a.notifier
+	// GET /watch is decided through the same gate as events.list; revoked
+	// sessions close their streams; the notifier wakes open streams at
+	// once after a commit instead of at their next poll.
+	watch := &events.Watch{Gate: a.gate, Store: a.st, Cursors: a.cursors, Revocations: a.cached, Log: log}
+	watch.Wake = func() (<-chan struct{}, func()) { return notifier.Subscribe(notify.TopicOutbox) }
+	rpcMetrics, err := metrics.NewRPC(a.reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	internalAPI := gateway.NewInternalClient(a.st, a.bundle, log)
+	envelope := &rpc.Handler{
+		BasePath: cfg.BasePath,
+		Services: a.services,
+		Gate:     a.gate,
+		// The catalog's rootTenantOnly rules are input validation: they
+		// answer before authentication.
+		Precheck: iam.RootTenantPrecheck(a.cached.RootTenant()),
+		Store:    a.st,
+		Metrics:  rpcMetrics,
+		Audit:    audit.Record,
+		// Waits re-read when what they wait on is reported changed.
+		Wakes: notifier,
+		// A committed mutation may have written outbox rows: wake their
+		// consumers.
+		AfterCommit: func(ctx context.Context, _ *rpc.Call, u *uow.Unit) {
+			notifier.Wake(notify.TopicOutbox)
+			for _, t := range notifier.WakeUnit(u) {
+				// A gateway with an internal API is woken there too: no
+				// database round trip, and without a notifier at all.
+				if id, ok := strings.CutPrefix(t, "gateway/"); ok && t != gateway.TopicAll {
+					go func() {
+						wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+						defer cancel()
+						if err := internalAPI.Wake(wctx, id, t); err != nil {
+							log.Debug("gateway internal wake", "gateway", id, "error", err.Error())
+						}
+					}()
+				}
+			}
+		},
+		Log: log,
+	}
+	return envelope, watch, nil
+}
+
+// workerRoles builds the runner and the jobs of the controllers,
+// scheduler, iam and sinks roles; all nil without a worker role.
+func (a *assembly) workerRoles() (*workers.Runner, *sinks.Dispatcher, *placement.Queue, error) {
+	cfg, log, notifier := a.cfg, a.log, a.notifier
+	sinkMetrics, err := sinks.NewMetrics(a.reg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// Background work runs on pools of its own: API load, however heavy,
+	// never keeps a worker from its connections, and lease renewal has a
+	// pool nothing else uses, so a busy job cannot cost a lease either.
+	work := a.st
+	var runner *workers.Runner
+	if slices.ContainsFunc(workerRoles, cfg.HasRole) {
+		if work, err = a.sibling("computed-workers", int32(cfg.Workers.Concurrency)+4); err != nil {
+			return nil, nil, nil, err
+		}
+		leases, err := a.sibling("computed-leases", 2)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		runner = workers.New(leases, workers.Options{Workers: cfg.Workers, Log: log})
+	}
+	dispatch := &sinks.Dispatcher{Store: work, Metrics: sinkMetrics, Log: log}
+	if runner == nil {
+		return nil, dispatch, nil, nil
+	}
+	var queue *placement.Queue
+	if cfg.HasRole(config.RoleScheduler) && cfg.Capacity.Placer == config.PlacerPoolLease {
+		queue = &placement.Queue{
+			Engine: a.placer, Store: work, MaxBatch: cfg.Capacity.MaxBatch,
+			WithTx: func(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+				return work.WithTx(ctx, false, fn)
+			},
+		}
+		runner.RegisterReconciler(placement.ReconcilerName, queue)
+	}
+	if cfg.HasRole(config.RoleIAM) {
+		handovers, err := usage.NewHandovers(work, a.identity.Billing(), cfg.Capacity.UsageEvery, a.reg)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		runner.RegisterPeriodic(handovers.Periodic())
+		// Drafts a killed process left in the projection go after a bound.
+		runner.RegisterPeriodic(a.identity.DraftSweep(log))
+	}
+	if cfg.HasRole(config.RoleSinks) {
+		if err := registerDispatch(runner, work, cfg, a.reg, notifier, dispatch.Jobs(a.sinkList, cfg.Workers.BatchSize), log); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	if cfg.HasRole(config.RoleControllers) {
+		runner.RegisterReconciler(usage.RollupReconciler, &usage.Rollups{Store: work, Now: time.Now})
+		downAfter := config.DefaultGatewayDownAfter
+		if cfg.Gateway != nil {
+			downAfter = cfg.Gateway.DownAfter
+		}
+		for _, job := range []*workers.Periodic{
+			(&gateway.Sweeper{Store: work, Notifier: notifier, DownAfter: downAfter, Log: log}).Periodic(),
+			(&reservations.Job{Service: a.reservations, Store: work, Notifier: notifier, MaxAttempts: cfg.Capacity.MaxAttempts, Log: log}).Periodic(),
+			(&sandboxes.Job{Service: a.sandboxes, Store: work, Notifier: notifier, Log: log}).Periodic(),
+			(&workflows.Job{Store: work, Notifier: notifier, Images: a.images, Log: log, Drivers: a.plugins.Drivers}).Periodic(),
+			a.providerAccts.Job(work, notifier, log).Periodic(),
+			a.providerAccts.InstancesJob(work, notifier, log).Periodic(),
+		} {
+			runner.RegisterPeriodic(job)
+		}
+	}
+	return runner, dispatch, queue, nil
+}
+
+// gatewayRole builds the gateway, nil without the role. It refuses to
+// start (INVALID_CONFIG) without a region, node CA roots or a trust
+// domain, before any listener opens.
+func (a *assembly) gatewayRole() (*gateway.Gateway, error) {
+	if !a.cfg.HasRole(config.RoleGateway) {
+		return nil, nil
+	}
+	gwStore, err := a.sibling("computed-gateway", 8)
+	if err != nil {
+		return nil, err
+	}
+	// Each group follows its own kinds of instances.
+	statuses := &nodework.Registry{}
+	instances.RegisterStatus(statuses)
+	sandboxes.RegisterStatus(statuses)
+	sandboxvolumes.RegisterStatus(statuses, a.placer)
+	var roots config.PEM
+	if a.cfg.PKI.NodeCA != nil {
+		roots = a.cfg.PKI.NodeCA.Cert
+	}
+	return gateway.New(gateway.Options{Config: a.cfg.Gateway, NodeCARoots: roots, Bundle: a.bundle,
+		Store: gwStore, Notifier: a.notifier, Log: a.log.With("role", "gateway"), TrustVersion: a.cfg.PKI.TrustVersion,
+		OnStatus: statuses.ApplyStatus,
+		OnResolve: func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error) {
+			return instances.ResolveUserData(ctx, db.New(gwStore.Pool()), a.secrets, node, instanceID, refs)
+		},
+		OnResult: func(ctx context.Context, _ string, r *agentproto.Result) error {
+			return sandboxes.ApplyResult(ctx, db.New(gwStore.Pool()), r)
+		}})
+}
+
+// routes builds the HTTP surface: the envelope, documents, metrics, the
+// join endpoint, the daemons' fallback session and identity events.
+func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *gateway.Gateway) http.Handler {
+	cfg, log := a.cfg, a.log
+	opts := server.Options{
+		BasePath:     cfg.BasePath,
+		RPC:          envelope,
+		Store:        a.st,
+		Document:     system.Document(cfg.BasePath, a.gw),
+		MetricsToken: cfg.Metrics.Token,
+		MetricsPath:  cfg.Metrics.Path,
+		Metrics:      a.reg,
+		OpenAPI:      computeplane.OpenAPI,
+		DocsHTML:     gendocs.IndexHTML,
+		Watch:        watch,
+		Log:          log,
+		Join: &join.Handler{Store: a.st, Bundle: a.bundle, Projection: a.identity.Projection(), TypePrefix: cfg.TypePrefix,
+			Gateways: gateway.LiveGateways, FallbackURL: fallbackURL(cfg, gwRole), Log: log, Now: a.now},
+	}
+	if gwRole != nil {
+		opts.Session = gwRole.FallbackHandler()
+	}
+	if ev := cfg.IAM.Events; ev != nil {
+		// Identity-service events signed with the configured secret feed
+		// the inbox; this process's caches react at once.
+		opts.IAMEvents = &iam.EventHook{Key: iam.EventHookKey(ev.Secret), Record: a.identity.RecordEvent,
+			React: a.cached.React, Now: a.now, Log: log}
+		opts.IAMEventsPath = ev.Path
+	}
+	handler := server.New(opts)
+	// Forwarding headers are resolved and stripped before anything else.
+	return iam.WithSourceIP(cfg.TrustedProxies, handler)
+}
