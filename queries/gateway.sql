@@ -35,7 +35,8 @@ ORDER BY g.draining, g.sessions, g.gateway_id;
 
 -- OpenSession makes the gateway the holder of a node's session with a new
 -- session epoch, recording what the daemon said in its hello. A daemon
--- run host's capacity follows its inventory, never below what is booked.
+-- run host's capacity follows its inventory, never below what is booked
+-- (vCPU: never below what its allocatable figure needs to hold the booked).
 -- name: OpenSession :one
 UPDATE nodes SET
     session_gateway = sqlc.arg(gateway_id), session_epoch = session_epoch + 1, session_since = now(),
@@ -43,7 +44,7 @@ UPDATE nodes SET
     agent_version = sqlc.arg(agent_version), agent_protocol = sqlc.arg(agent_protocol),
     inventory = sqlc.arg(inventory), observed_generation = sqlc.arg(observed_generation),
     cert_not_after = sqlc.arg(cert_not_after), cert_serial = sqlc.arg(cert_serial),
-    cap_vcpu = CASE WHEN declared THEN cap_vcpu ELSE greatest(booked_vcpu, sqlc.arg(vcpu)::integer) END,
+    cap_vcpu = CASE WHEN declared THEN cap_vcpu ELSE greatest(ceil(booked_vcpu / vcpu_allocation_ratio)::integer, sqlc.arg(vcpu)::integer) END,
     cap_memory_mib = CASE WHEN declared THEN cap_memory_mib ELSE greatest(booked_memory_mib, sqlc.arg(memory_mib)::bigint) END,
     cap_disk_gib = CASE WHEN declared THEN cap_disk_gib ELSE greatest(booked_disk_gib, sqlc.arg(disk_gib)::bigint) END,
     cap_gpus = CASE WHEN declared THEN cap_gpus ELSE greatest(booked_gpus, sqlc.arg(gpus)::integer) END,

@@ -1,7 +1,11 @@
 -- name: InsertNode :one
-INSERT INTO nodes (node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, declared)
+-- The node takes its pool's vCPU allocation ratio; FOR SHARE waits for a
+-- pools.update changing it and reads what it committed.
+INSERT INTO nodes (node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, declared,
+                   vcpu_allocation_ratio)
 VALUES (sqlc.arg(node_id), sqlc.arg(pool_id), sqlc.arg(site_id), sqlc.arg(hostname), sqlc.arg(state), sqlc.arg(labels),
-        sqlc.arg(cap_vcpu), sqlc.arg(cap_memory_mib), sqlc.arg(cap_disk_gib), sqlc.narg(gpu_model), sqlc.arg(cap_gpus), sqlc.arg(declared))
+        sqlc.arg(cap_vcpu), sqlc.arg(cap_memory_mib), sqlc.arg(cap_disk_gib), sqlc.narg(gpu_model), sqlc.arg(cap_gpus), sqlc.arg(declared),
+        (SELECT p.vcpu_allocation_ratio FROM pools p WHERE p.pool_id = sqlc.arg(pool_id) FOR SHARE))
 RETURNING *;
 
 -- name: GetNode :one
@@ -40,6 +44,6 @@ SELECT count(*) FROM bookings WHERE node_id = sqlc.arg(node_id) AND NOT released
 -- their bounds (the constraints make both impossible; counted to prove it).
 SELECT
     (SELECT count(*) FROM nodes WHERE NOT declared AND state = 'ready' AND session_gateway IS NULL)::bigint AS sessionless,
-    (SELECT count(*) FROM nodes WHERE booked_vcpu > cap_vcpu OR booked_memory_mib > cap_memory_mib
+    (SELECT count(*) FROM nodes WHERE booked_vcpu > alloc_vcpu OR booked_memory_mib > cap_memory_mib
         OR booked_disk_gib > cap_disk_gib OR booked_gpus > cap_gpus)::bigint AS overbooked,
     (SELECT count(*) FROM quotas WHERE used > max)::bigint AS overdrawn;

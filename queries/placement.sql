@@ -3,10 +3,11 @@
 -- would let through (migrations/00011_fleet.sql).
 
 -- name: PlacementCandidatesPack :many
--- Ready nodes of a live (unarchived) pool with room for the shape, least
--- free vCPU first (bin packing), at most lim of them: a walk of
+-- Ready nodes of a live (unarchived) pool with room for the shape (vCPU:
+-- within the allocatable figure, the pool's ratio applied), least free
+-- vCPU first (bin packing), at most lim of them: a walk of
 -- nodes_placement_idx.
-SELECT node_id, cap_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
        free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
 FROM nodes
 WHERE nodes.pool_id = sqlc.arg(pool_id) AND state = 'ready'
@@ -21,7 +22,7 @@ LIMIT sqlc.arg(lim);
 
 -- name: PlacementCandidatesSpread :many
 -- As PlacementCandidatesPack, most free vCPU first (spreading).
-SELECT node_id, cap_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
        free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
 FROM nodes
 WHERE nodes.pool_id = sqlc.arg(pool_id) AND state = 'ready'

@@ -1,9 +1,9 @@
 -- name: InsertPool :one
 -- A row for the id exists already when this is a retry: nothing is written
 -- and no row returns.
-INSERT INTO pools (pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, created_by, idem_request)
+INSERT INTO pools (pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, vcpu_allocation_ratio, created_by, idem_request)
 VALUES (sqlc.arg(pool_id), sqlc.arg(tenant_id), sqlc.arg(site_id), sqlc.arg(name), sqlc.arg(class), sqlc.arg(hosting),
-        sqlc.narg(account_id), sqlc.narg(runtime), sqlc.narg(agent), sqlc.arg(created_by), sqlc.arg(idem_request))
+        sqlc.narg(account_id), sqlc.narg(runtime), sqlc.narg(agent), sqlc.arg(vcpu_allocation_ratio), sqlc.arg(created_by), sqlc.arg(idem_request))
 ON CONFLICT DO NOTHING
 RETURNING *;
 
@@ -31,10 +31,23 @@ WHERE (p.tenant_id = sqlc.arg(tenant_id)
   AND (sqlc.narg(site_id)::text IS NULL OR p.site_id = sqlc.narg(site_id))
 ORDER BY p.name, p.pool_id;
 
--- name: RenamePool :one
-UPDATE pools SET name = sqlc.arg(name), version = version + 1, updated_at = now()
+-- name: UpdatePool :one
+UPDATE pools SET name = sqlc.arg(name), vcpu_allocation_ratio = sqlc.arg(vcpu_allocation_ratio), version = version + 1, updated_at = now()
 WHERE pool_id = sqlc.arg(pool_id)
 RETURNING *;
+
+-- name: LockPoolNodes :many
+-- A pool's nodes locked for a change of its ratio, each with the vCPU
+-- booked on it and what it could take at the new ratio; waits for the
+-- admissions booking them.
+SELECT node_id, booked_vcpu, floor(cap_vcpu * sqlc.arg(vcpu_allocation_ratio)::numeric)::integer AS alloc_vcpu
+FROM nodes WHERE pool_id = sqlc.arg(pool_id)
+ORDER BY node_id
+FOR NO KEY UPDATE;
+
+-- name: SetPoolNodesRatio :exec
+UPDATE nodes SET vcpu_allocation_ratio = sqlc.arg(vcpu_allocation_ratio), updated_at = now()
+WHERE pool_id = sqlc.arg(pool_id);
 
 -- name: ArchivePool :one
 UPDATE pools SET archived = true, version = version + 1, updated_at = now()

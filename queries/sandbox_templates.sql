@@ -38,3 +38,11 @@ SELECT EXISTS (SELECT 1 FROM secrets WHERE reference = sqlc.arg(reference) AND t
 -- refused while one does).
 SELECT EXISTS (SELECT 1 FROM sandbox_templates WHERE NOT deleted
     AND volumes @> jsonb_build_array(jsonb_build_object('resolved', sqlc.arg(volume_id)::text)))::boolean;
+
+-- name: WarmReadyCounts :many
+-- How many warm instances of each template are ready to be claimed now
+-- (what ClaimWarmInstance takes: paused, their guest checked).
+SELECT template_id::text AS template_id, count(*)::bigint AS ready FROM instances
+WHERE kind = 'warm' AND template_id = ANY(sqlc.arg(template_ids)::text[]) AND desired_state = 'paused' AND state = 'paused'
+  AND reported_identity = identity_generation
+GROUP BY template_id;

@@ -8,8 +8,12 @@ RETURNING *;
 -- name: GetSandboxVolume :one
 SELECT * FROM sandbox_volumes WHERE volume_id = sqlc.arg(volume_id);
 
--- name: GetSandboxVolumeForUpdateNowait :one
-SELECT * FROM sandbox_volumes WHERE volume_id = sqlc.arg(volume_id) FOR UPDATE NOWAIT;
+-- name: TryVolumeResizeLock :one
+-- Takes the volume's resize lock for the transaction without waiting:
+-- false while another resize of the volume holds it. Only resizes take it,
+-- so a delete or a status report holding the volume's row is no resize
+-- in flight.
+SELECT pg_try_advisory_xact_lock(hashtextextended('sandbox-volume-resize/' || sqlc.arg(volume_id)::text, 0))::boolean;
 
 -- name: GetSandboxVolumeForUpdate :one
 SELECT * FROM sandbox_volumes WHERE volume_id = sqlc.arg(volume_id) FOR UPDATE;

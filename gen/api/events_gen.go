@@ -170,7 +170,7 @@ var EventTypes = []EventSpec{
 		Type:        EventPoolCreated,
 	},
 	{
-		Description: "A pool was renamed.",
+		Description: "A pool was renamed or its vCPU allocation ratio set.",
 		Module:      "pools",
 		Subject:     "pool id",
 		Type:        EventPoolUpdated,
@@ -542,9 +542,10 @@ type PoolCreatedPayload struct {
 
 // PoolUpdatedPayload: Payload of pool.updated.
 type PoolUpdatedPayload struct {
-	PoolID  string `json:"poolId"` // Pool identifier.
-	Name    string `json:"name"`   // Lowercase DNS-like name.
-	Version int64  `json:"version"`
+	PoolID              string  `json:"poolId"` // Pool identifier.
+	Name                string  `json:"name"`   // Lowercase DNS-like name.
+	VcpuAllocationRatio float64 `json:"vcpuAllocationRatio"`
+	Version             int64   `json:"version"`
 }
 
 // PoolArchivedPayload: Payload of pool.archived.

@@ -21,35 +21,38 @@ const (
 
 // PoolsCreateInput: Input of pools.create.
 type PoolsCreateInput struct {
-	TenantID       string  `json:"tenantId"` // Tenant identifier.
-	SiteID         string  `json:"siteId"`   // Site identifier.
-	Name           string  `json:"name"`     // Lowercase DNS-like name.
-	Class          string  `json:"class"`
-	Hosting        string  `json:"hosting,omitempty"`
-	AccountID      *string `json:"accountId,omitempty"` // Provider account identifier.
-	Runtime        *string `json:"runtime,omitempty"`   // Runtime or provider name.
-	Agent          *string `json:"agent,omitempty"`
-	OwnerLimits    *Limits `json:"ownerLimits,omitempty"`
-	IdempotencyKey string  `json:"idempotencyKey"` // Idempotency key (wide alphabet).
+	TenantID            string  `json:"tenantId"` // Tenant identifier.
+	SiteID              string  `json:"siteId"`   // Site identifier.
+	Name                string  `json:"name"`     // Lowercase DNS-like name.
+	Class               string  `json:"class"`
+	Hosting             string  `json:"hosting,omitempty"`
+	AccountID           *string `json:"accountId,omitempty"` // Provider account identifier.
+	Runtime             *string `json:"runtime,omitempty"`   // Runtime or provider name.
+	Agent               *string `json:"agent,omitempty"`
+	VcpuAllocationRatio float64 `json:"vcpuAllocationRatio,omitempty"` // vCPU booked per host core, in steps of 0.01.
+	OwnerLimits         *Limits `json:"ownerLimits,omitempty"`
+	IdempotencyKey      string  `json:"idempotencyKey"` // Idempotency key (wide alphabet).
 }
 
 var fieldsPoolsCreateInput = map[string]struct{}{
-	"accountId":      {},
-	"agent":          {},
-	"class":          {},
-	"hosting":        {},
-	"idempotencyKey": {},
-	"name":           {},
-	"ownerLimits":    {},
-	"runtime":        {},
-	"siteId":         {},
-	"tenantId":       {},
+	"accountId":           {},
+	"agent":               {},
+	"class":               {},
+	"hosting":             {},
+	"idempotencyKey":      {},
+	"name":                {},
+	"ownerLimits":         {},
+	"runtime":             {},
+	"siteId":              {},
+	"tenantId":            {},
+	"vcpuAllocationRatio": {},
 }
 
 // decodePoolsCreateInput checks obj against the schema of PoolsCreateInput, collecting every issue.
 func decodePoolsCreateInput(obj map[string]any, path string, iss *wire.Issues) (out PoolsCreateInput) {
 	wire.Unknown(obj, path, fieldsPoolsCreateInput, iss)
 	out.Hosting = "hosted"
+	out.VcpuAllocationRatio = 1.0
 	if v, ok := obj["tenantId"]; !ok {
 		wire.Required(wire.Join(path, "tenantId"), iss)
 	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), rulePoolsCreateInputTenantID, iss); ok {
@@ -88,6 +91,11 @@ func decodePoolsCreateInput(obj map[string]any, path string, iss *wire.Issues) (
 	if v, ok := obj["agent"]; ok {
 		if x1, ok := wire.String(v, wire.Join(path, "agent"), rulePoolsCreateInputAgent, iss); ok {
 			out.Agent = &x1
+		}
+	}
+	if v, ok := obj["vcpuAllocationRatio"]; ok {
+		if x1, ok := wire.Float(v, wire.Join(path, "vcpuAllocationRatio"), rulePoolsCreateInputVcpuAllocationRatio, iss); ok {
+			out.VcpuAllocationRatio = x1
 		}
 	}
 	if v, ok := obj["ownerLimits"]; ok {
@@ -168,17 +176,19 @@ func decodePoolsListInput(obj map[string]any, path string, iss *wire.Issues) (ou
 
 // PoolsUpdateInput: Input of pools.update.
 type PoolsUpdateInput struct {
-	TenantID string `json:"tenantId"` // Tenant identifier.
-	PoolID   string `json:"poolId"`   // Pool identifier.
-	Name     string `json:"name"`     // Lowercase DNS-like name.
-	Version  *int64 `json:"version,omitempty"`
+	TenantID            string   `json:"tenantId"`                      // Tenant identifier.
+	PoolID              string   `json:"poolId"`                        // Pool identifier.
+	Name                *string  `json:"name,omitempty"`                // Lowercase DNS-like name.
+	VcpuAllocationRatio *float64 `json:"vcpuAllocationRatio,omitempty"` // vCPU booked per host core, in steps of 0.01.
+	Version             *int64   `json:"version,omitempty"`
 }
 
 var fieldsPoolsUpdateInput = map[string]struct{}{
-	"name":     {},
-	"poolId":   {},
-	"tenantId": {},
-	"version":  {},
+	"name":                {},
+	"poolId":              {},
+	"tenantId":            {},
+	"vcpuAllocationRatio": {},
+	"version":             {},
 }
 
 // decodePoolsUpdateInput checks obj against the schema of PoolsUpdateInput, collecting every issue.
@@ -194,10 +204,15 @@ func decodePoolsUpdateInput(obj map[string]any, path string, iss *wire.Issues) (
 	} else if x1, ok := wire.String(v, wire.Join(path, "poolId"), rulePoolsUpdateInputPoolID, iss); ok {
 		out.PoolID = x1
 	}
-	if v, ok := obj["name"]; !ok {
-		wire.Required(wire.Join(path, "name"), iss)
-	} else if x1, ok := wire.String(v, wire.Join(path, "name"), rulePoolsUpdateInputName, iss); ok {
-		out.Name = x1
+	if v, ok := obj["name"]; ok {
+		if x1, ok := wire.String(v, wire.Join(path, "name"), rulePoolsUpdateInputName, iss); ok {
+			out.Name = &x1
+		}
+	}
+	if v, ok := obj["vcpuAllocationRatio"]; ok {
+		if x1, ok := wire.Float(v, wire.Join(path, "vcpuAllocationRatio"), rulePoolsUpdateInputVcpuAllocationRatio, iss); ok {
+			out.VcpuAllocationRatio = &x1
+		}
 	}
 	if v, ok := obj["version"]; ok {
 		if x1, ok := wire.Int(v, wire.Join(path, "version"), rulePoolsUpdateInputVersion, iss); ok {
@@ -354,13 +369,13 @@ func decodePoolsJoinTokenInput(obj map[string]any, path string, iss *wire.Issues
 
 // PoolsService implements the pools group: Sets of hosts in one site that admissions place work on. A pool belongs to its tenant (the root tenant for platform pools); pools.offer opens it to another tenant within limits (that tenant's quota rows). An archived pool refuses new work; what runs on it lives on.
 type PoolsService interface {
-	// Create: Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. The id derives from tenant, caller and key.
+	// Create: Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. vcpuAllocationRatio (1.0 to 16.0, at most two decimals, default 1.0) is how many vCPU placement books per host core: 1.0 for dedicated cores, up to 4.0 or so for a sandbox pool of mostly idle 1-vCPU guests. The id derives from tenant, caller and key.
 	Create(ctx context.Context, in *PoolsCreateInput) (*Pool, error)
 	// Get: A pool the tenant owns or is offered; anything else is NOT_FOUND.
 	Get(ctx context.Context, in *PoolsGetInput) (*Pool, error)
 	// List: Pools the tenant owns or is offered, in name order; archived ones only when asked.
 	List(ctx context.Context, in *PoolsListInput) (*PoolList, error)
-	// Update: Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.
+	// Update: Renames a pool or sets its vcpuAllocationRatio (the owner only; at least one of the two); a stale version is CONFLICT; the same values return it unchanged. A new ratio applies to every node of the pool at once; one that would leave a node with more vCPU booked than it could then take is INVALID_STATE (details nodeId, bookedVcpu, allocatableVcpu) and changes nothing.
 	Update(ctx context.Context, in *PoolsUpdateInput) (*Pool, error)
 	// Archive: Archives a pool; it refuses new work from then on while what runs on it lives on. Archiving twice returns it unchanged.
 	Archive(ctx context.Context, in *PoolsArchiveInput) (*Pool, error)

@@ -718,13 +718,13 @@ var Methods = []*Method{
 			in := decodePoolsCreateInput(obj, "", iss)
 			return &in
 		},
-		Description: "Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. The id derives from tenant, caller and key.",
+		Description: "Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. vcpuAllocationRatio (1.0 to 16.0, at most two decimals, default 1.0) is how many vCPU placement books per host core: 1.0 for dedicated cores, up to 4.0 or so for a sandbox pool of mostly idle 1-vCPU guests. The id derives from tenant, caller and key.",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeUnsupported, CodeUnauthenticated, CodeAccessDenied},
 		Events:      []string{"pool.created"},
 		FullName:    "pools.create",
 		Group:       "pools",
 		Idempotency: &Idempotency{
-			Compare:   []string{"siteId", "name", "class", "hosting", "accountId", "runtime", "agent", "ownerLimits"},
+			Compare:   []string{"siteId", "name", "class", "hosting", "accountId", "runtime", "agent", "vcpuAllocationRatio", "ownerLimits"},
 			DerivesID: "poolId",
 			IDPrefix:  "pool",
 			Key:       "idempotencyKey",
@@ -814,7 +814,7 @@ var Methods = []*Method{
 			in := decodePoolsUpdateInput(obj, "", iss)
 			return &in
 		},
-		Description: "Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.",
+		Description: "Renames a pool or sets its vcpuAllocationRatio (the owner only; at least one of the two); a stale version is CONFLICT; the same values return it unchanged. A new ratio applies to every node of the pool at once; one that would leave a node with more vCPU booked than it could then take is INVALID_STATE (details nodeId, bookedVcpu, allocatableVcpu) and changes nothing.",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
 		Events:      []string{"pool.updated"},
 		FullName:    "pools.update",

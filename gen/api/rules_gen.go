@@ -480,7 +480,13 @@ var (
 		Pattern:   ShapeRuntimeName,
 		Words:     "a lowercase letter, then up to 63 lowercase letters, digits or hyphens",
 	}
-	rulePoolsCreateInputAgent          = &wire.StringRule{Enum: []string{"node-daemon"}}
+	rulePoolsCreateInputAgent               = &wire.StringRule{Enum: []string{"node-daemon"}}
+	rulePoolsCreateInputVcpuAllocationRatio = &wire.FloatRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    16.0,
+		Min:    1.0,
+	}
 	rulePoolsCreateInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdemKeyB,
@@ -520,6 +526,12 @@ var (
 		MaxLength: 63,
 		Pattern:   ShapeName63,
 		Words:     "a lowercase name of 1 to 63 letters, digits, dots, underscores or hyphens, starting with a letter or digit",
+	}
+	rulePoolsUpdateInputVcpuAllocationRatio = &wire.FloatRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    16.0,
+		Min:    1.0,
 	}
 	rulePoolsUpdateInputVersion = &wire.IntRule{
 		HasMin: true,

@@ -284,7 +284,9 @@ type Node struct {
 	State               string            `json:"state"`
 	Labels              map[string]string `json:"labels"`
 	Capacity            Capacity          `json:"capacity"`
-	Booked              Capacity          `json:"booked"` // What bookings hold on it now.
+	AllocatableVcpu     int64             `json:"allocatableVcpu"`     // The vCPU placement books up to: floor(capacity.vcpu x vcpuAllocationRatio).
+	VcpuAllocationRatio float64           `json:"vcpuAllocationRatio"` // The pool's vCPU allocation ratio.
+	Booked              Capacity          `json:"booked"`              // What bookings hold on it now.
 	VolumeStore         *VolumeStore      `json:"volumeStore"`
 	Agent               *Agent            `json:"agent"`
 	CertificateNotAfter *string           `json:"certificateNotAfter"`
@@ -371,20 +373,21 @@ type Operation struct {
 
 // Pool: A set of hosts in one site.
 type Pool struct {
-	PoolID    string  `json:"poolId"`   // Pool identifier.
-	TenantID  string  `json:"tenantId"` // Owner tenant.
-	SiteID    string  `json:"siteId"`   // Site identifier.
-	Name      string  `json:"name"`     // Lowercase DNS-like name.
-	Class     string  `json:"class"`
-	Hosting   string  `json:"hosting"`   // hosted: our node daemons; provider: machines of a provider account.
-	AccountID *string `json:"accountId"` // The provider account of a provider pool.
-	Runtime   *string `json:"runtime"`   // The VM runtime of a vps-host pool.
-	Agent     *string `json:"agent"`     // The host agent of a hosted pool: node-daemon.
-	Archived  bool    `json:"archived"`
-	Offered   bool    `json:"offered"` // True when the caller's tenant sees the pool through an offer rather than as its owner.
-	Version   int64   `json:"version"`
-	CreatedAt string  `json:"createdAt"`
-	UpdatedAt string  `json:"updatedAt"`
+	PoolID              string  `json:"poolId"`   // Pool identifier.
+	TenantID            string  `json:"tenantId"` // Owner tenant.
+	SiteID              string  `json:"siteId"`   // Site identifier.
+	Name                string  `json:"name"`     // Lowercase DNS-like name.
+	Class               string  `json:"class"`
+	Hosting             string  `json:"hosting"`             // hosted: our node daemons; provider: machines of a provider account.
+	AccountID           *string `json:"accountId"`           // The provider account of a provider pool.
+	Runtime             *string `json:"runtime"`             // The VM runtime of a vps-host pool.
+	Agent               *string `json:"agent"`               // The host agent of a hosted pool: node-daemon.
+	VcpuAllocationRatio float64 `json:"vcpuAllocationRatio"` // vCPU placement books per host core (OpenStack's cpu_allocation_ratio): a node takes up to floor(capacity.vcpu x ratio) vCPU (its allocatableVcpu). Memory is never overcommitted.
+	Archived            bool    `json:"archived"`
+	Offered             bool    `json:"offered"` // True when the caller's tenant sees the pool through an offer rather than as its owner.
+	Version             int64   `json:"version"`
+	CreatedAt           string  `json:"createdAt"`
+	UpdatedAt           string  `json:"updatedAt"`
 }
 type PoolList struct {
 	Items []Pool `json:"items"` // Pools in name order.
@@ -585,6 +588,7 @@ type SandboxTemplate struct {
 	DefaultTTLSeconds int64             `json:"defaultTtlSeconds"`
 	MaxTTLSeconds     int64             `json:"maxTtlSeconds"`
 	Warm              Warm              `json:"warm"`
+	WarmReady         int64             `json:"warmReady"` // Warm instances ready to be claimed now (paused, their guest checked): a sandbox of the template starts from one of them while any is ready, and boots cold otherwise.
 	Env               map[string]string `json:"env"`
 	Network           string            `json:"network"`
 	Volumes           []VolumeMount     `json:"volumes"`

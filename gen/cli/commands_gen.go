@@ -386,7 +386,7 @@ var Groups = []cliruntime.Group{
 		Methods: []cliruntime.Method{
 			{
 				Name:        "create",
-				Description: "Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. The id derives from tenant, caller and key.",
+				Description: "Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs accountId. vcpuAllocationRatio (1.0 to 16.0, at most two decimals, default 1.0) is how many vCPU placement books per host core: 1.0 for dedicated cores, up to 4.0 or so for a sandbox pool of mostly idle 1-vCPU guests. The id derives from tenant, caller and key.",
 				Kind:        "mutation",
 				Action:      "compute:pools:manage",
 				IDField:     "poolId",
@@ -399,6 +399,7 @@ var Groups = []cliruntime.Group{
 					{Name: "account-id", Field: "accountId", Type: cliruntime.String, Help: "Provider account identifier."},
 					{Name: "runtime", Field: "runtime", Type: cliruntime.String, Help: "Runtime or provider name."},
 					{Name: "agent", Field: "agent", Type: cliruntime.String, Enum: []string{"node-daemon"}},
+					{Name: "vcpu-allocation-ratio", Field: "vcpuAllocationRatio", Type: cliruntime.Number, Default: "1", Help: "vCPU booked per host core, in steps of 0.01."},
 					{Name: "owner-limits", Field: "ownerLimits", Type: cliruntime.JSON, Help: "Quota limits per resource; a resource left out grants nothing."},
 					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
 				},
@@ -440,14 +441,15 @@ var Groups = []cliruntime.Group{
 			},
 			{
 				Name:        "update",
-				Description: "Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.",
+				Description: "Renames a pool or sets its vcpuAllocationRatio (the owner only; at least one of the two); a stale version is CONFLICT; the same values return it unchanged. A new ratio applies to every node of the pool at once; one that would leave a node with more vCPU booked than it could then take is INVALID_STATE (details nodeId, bookedVcpu, allocatableVcpu) and changes nothing.",
 				Kind:        "mutation",
 				Action:      "compute:pools:manage",
 				IDField:     "poolId",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "pool-id", Field: "poolId", Type: cliruntime.String, Required: true, Help: "Pool identifier."},
-					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
+					{Name: "name", Field: "name", Type: cliruntime.String, Help: "Lowercase DNS-like name."},
+					{Name: "vcpu-allocation-ratio", Field: "vcpuAllocationRatio", Type: cliruntime.Number, Help: "vCPU booked per host core, in steps of 0.01."},
 					{Name: "version", Field: "version", Type: cliruntime.Int},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {

@@ -322,12 +322,14 @@ type PoolsInvoker interface {
 	// Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the
 	// owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool
 	// has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs
-	// accountId. The id derives from tenant, caller and key.
+	// accountId. vcpuAllocationRatio (1.0 to 16.0, at most two decimals, default 1.0) is how many vCPU
+	// placement books per host core: 1.0 for dedicated cores, up to 4.0 or so for a sandbox pool of mostly
+	// idle 1-vCPU guests. The id derives from tenant, caller and key.
 	//
 	// Served since v1.1. Kind: mutation. Action compute:pools:manage on tenant/tenantId. Idempotent under
 	// idempotencyKey (a repeat with different siteId, name, class, hosting, accountId, runtime, agent,
-	// ownerLimits is CONFLICT). Publishes pool.created. Errors: INVALID_INPUT (400), NOT_FOUND (404),
-	// CONFLICT (409), UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// vcpuAllocationRatio, ownerLimits is CONFLICT). Publishes pool.created. Errors: INVALID_INPUT (400),
+	// NOT_FOUND (404), CONFLICT (409), UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /pools/create
 	PoolsCreate(ctx context.Context, request *PoolsCreateInput) (*PoolsCreateResult, error)
@@ -387,7 +389,10 @@ type PoolsInvoker interface {
 	PoolsUnoffer(ctx context.Context, request *PoolsUnofferInput) (*PoolsUnofferResult, error)
 	// PoolsUpdate invokes poolsUpdate operation.
 	//
-	// Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.
+	// Renames a pool or sets its vcpuAllocationRatio (the owner only; at least one of the two); a stale
+	// version is CONFLICT; the same values return it unchanged. A new ratio applies to every node of the
+	// pool at once; one that would leave a node with more vCPU booked than it could then take is
+	// INVALID_STATE (details nodeId, bookedVcpu, allocatableVcpu) and changes nothing.
 	//
 	// Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
 	// pool.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE (409),
@@ -3495,12 +3500,14 @@ func (c *Client) sendPoolsArchive(ctx context.Context, request *PoolsArchiveInpu
 // Creates a pool in a live site the tenant can see (its own, or a shared platform site) and writes the
 // owner's quota rows (ownerLimits; a resource left out is unlimited for the owner). A vps-host pool
 // has a runtime (qemu by default); a hosted pool runs the node-daemon agent; a provider pool needs
-// accountId. The id derives from tenant, caller and key.
+// accountId. vcpuAllocationRatio (1.0 to 16.0, at most two decimals, default 1.0) is how many vCPU
+// placement books per host core: 1.0 for dedicated cores, up to 4.0 or so for a sandbox pool of mostly
+// idle 1-vCPU guests. The id derives from tenant, caller and key.
 //
 // Served since v1.1. Kind: mutation. Action compute:pools:manage on tenant/tenantId. Idempotent under
 // idempotencyKey (a repeat with different siteId, name, class, hosting, accountId, runtime, agent,
-// ownerLimits is CONFLICT). Publishes pool.created. Errors: INVALID_INPUT (400), NOT_FOUND (404),
-// CONFLICT (409), UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// vcpuAllocationRatio, ownerLimits is CONFLICT). Publishes pool.created. Errors: INVALID_INPUT (400),
+// NOT_FOUND (404), CONFLICT (409), UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /pools/create
 func (c *Client) PoolsCreate(ctx context.Context, request *PoolsCreateInput) (*PoolsCreateResult, error) {
@@ -4064,7 +4071,10 @@ func (c *Client) sendPoolsUnoffer(ctx context.Context, request *PoolsUnofferInpu
 
 // PoolsUpdate invokes poolsUpdate operation.
 //
-// Renames a pool (the owner only); a stale version is CONFLICT; the same name returns it unchanged.
+// Renames a pool or sets its vcpuAllocationRatio (the owner only; at least one of the two); a stale
+// version is CONFLICT; the same values return it unchanged. A new ratio applies to every node of the
+// pool at once; one that would leave a node with more vCPU booked than it could then take is
+// INVALID_STATE (details nodeId, bookedVcpu, allocatableVcpu) and changes nothing.
 //
 // Served since v1.1. Kind: mutation. Action compute:pools:manage on pool/poolId. Publishes
 // pool.updated. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE (409),

@@ -40,6 +40,10 @@ func (s *PoolsCreateInput) setDefaults() {
 		val := PoolsCreateInputHosting("hosted")
 		s.Hosting.SetTo(val)
 	}
+	{
+		val := float64(1)
+		s.VcpuAllocationRatio.SetTo(val)
+	}
 }
 
 // setDefaults set default value of fields.

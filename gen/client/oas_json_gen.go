@@ -8391,6 +8391,10 @@ func (s *Node) encodeFields(e *jx.Encoder) {
 		s.Agent.Encode(e)
 	}
 	{
+		e.FieldStart("allocatableVcpu")
+		e.Int64(s.AllocatableVcpu)
+	}
+	{
 		e.FieldStart("booked")
 		s.Booked.Encode(e)
 	}
@@ -8447,6 +8451,10 @@ func (s *Node) encodeFields(e *jx.Encoder) {
 		json.EncodeDateTime(e, s.UpdatedAt)
 	}
 	{
+		e.FieldStart("vcpuAllocationRatio")
+		e.Float64(s.VcpuAllocationRatio)
+	}
+	{
 		e.FieldStart("version")
 		e.Int64(s.Version)
 	}
@@ -8456,24 +8464,26 @@ func (s *Node) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfNode = [17]string{
+var jsonFieldsNameOfNode = [19]string{
 	0:  "agent",
-	1:  "booked",
-	2:  "capacity",
-	3:  "certificateNotAfter",
-	4:  "createdAt",
-	5:  "declared",
-	6:  "hostname",
-	7:  "labels",
-	8:  "nodeId",
-	9:  "poolId",
-	10: "session",
-	11: "siteId",
-	12: "state",
-	13: "tenantId",
-	14: "updatedAt",
-	15: "version",
-	16: "volumeStore",
+	1:  "allocatableVcpu",
+	2:  "booked",
+	3:  "capacity",
+	4:  "certificateNotAfter",
+	5:  "createdAt",
+	6:  "declared",
+	7:  "hostname",
+	8:  "labels",
+	9:  "nodeId",
+	10: "poolId",
+	11: "session",
+	12: "siteId",
+	13: "state",
+	14: "tenantId",
+	15: "updatedAt",
+	16: "vcpuAllocationRatio",
+	17: "version",
+	18: "volumeStore",
 }
 
 // Decode decodes Node from json.
@@ -8495,8 +8505,20 @@ func (s *Node) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"agent\"")
 			}
-		case "booked":
+		case "allocatableVcpu":
 			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				v, err := d.Int64()
+				s.AllocatableVcpu = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"allocatableVcpu\"")
+			}
+		case "booked":
+			requiredBitSet[0] |= 1 << 2
 			if err := func() error {
 				if err := s.Booked.Decode(d); err != nil {
 					return err
@@ -8506,7 +8528,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"booked\"")
 			}
 		case "capacity":
-			requiredBitSet[0] |= 1 << 2
+			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
 				if err := s.Capacity.Decode(d); err != nil {
 					return err
@@ -8516,7 +8538,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"capacity\"")
 			}
 		case "certificateNotAfter":
-			requiredBitSet[0] |= 1 << 3
+			requiredBitSet[0] |= 1 << 4
 			if err := func() error {
 				if err := s.CertificateNotAfter.Decode(d, json.DecodeDateTime); err != nil {
 					return err
@@ -8526,7 +8548,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"certificateNotAfter\"")
 			}
 		case "createdAt":
-			requiredBitSet[0] |= 1 << 4
+			requiredBitSet[0] |= 1 << 5
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.CreatedAt = v
@@ -8538,7 +8560,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"createdAt\"")
 			}
 		case "declared":
-			requiredBitSet[0] |= 1 << 5
+			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
 				v, err := d.Bool()
 				s.Declared = bool(v)
@@ -8550,7 +8572,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"declared\"")
 			}
 		case "hostname":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[0] |= 1 << 7
 			if err := func() error {
 				v, err := d.Str()
 				s.Hostname = string(v)
@@ -8562,7 +8584,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"hostname\"")
 			}
 		case "labels":
-			requiredBitSet[0] |= 1 << 7
+			requiredBitSet[1] |= 1 << 0
 			if err := func() error {
 				if err := s.Labels.Decode(d); err != nil {
 					return err
@@ -8572,7 +8594,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"labels\"")
 			}
 		case "nodeId":
-			requiredBitSet[1] |= 1 << 0
+			requiredBitSet[1] |= 1 << 1
 			if err := func() error {
 				v, err := d.Str()
 				s.NodeId = string(v)
@@ -8584,7 +8606,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"nodeId\"")
 			}
 		case "poolId":
-			requiredBitSet[1] |= 1 << 1
+			requiredBitSet[1] |= 1 << 2
 			if err := func() error {
 				v, err := d.Str()
 				s.PoolId = string(v)
@@ -8596,7 +8618,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"poolId\"")
 			}
 		case "session":
-			requiredBitSet[1] |= 1 << 2
+			requiredBitSet[1] |= 1 << 3
 			if err := func() error {
 				if err := s.Session.Decode(d); err != nil {
 					return err
@@ -8606,7 +8628,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"session\"")
 			}
 		case "siteId":
-			requiredBitSet[1] |= 1 << 3
+			requiredBitSet[1] |= 1 << 4
 			if err := func() error {
 				v, err := d.Str()
 				s.SiteId = string(v)
@@ -8618,7 +8640,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"siteId\"")
 			}
 		case "state":
-			requiredBitSet[1] |= 1 << 4
+			requiredBitSet[1] |= 1 << 5
 			if err := func() error {
 				if err := s.State.Decode(d); err != nil {
 					return err
@@ -8628,7 +8650,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"state\"")
 			}
 		case "tenantId":
-			requiredBitSet[1] |= 1 << 5
+			requiredBitSet[1] |= 1 << 6
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -8640,7 +8662,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"tenantId\"")
 			}
 		case "updatedAt":
-			requiredBitSet[1] |= 1 << 6
+			requiredBitSet[1] |= 1 << 7
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.UpdatedAt = v
@@ -8651,8 +8673,20 @@ func (s *Node) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"updatedAt\"")
 			}
+		case "vcpuAllocationRatio":
+			requiredBitSet[2] |= 1 << 0
+			if err := func() error {
+				v, err := d.Float64()
+				s.VcpuAllocationRatio = float64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"vcpuAllocationRatio\"")
+			}
 		case "version":
-			requiredBitSet[1] |= 1 << 7
+			requiredBitSet[2] |= 1 << 1
 			if err := func() error {
 				v, err := d.Int64()
 				s.Version = int64(v)
@@ -8664,7 +8698,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"version\"")
 			}
 		case "volumeStore":
-			requiredBitSet[2] |= 1 << 0
+			requiredBitSet[2] |= 1 << 2
 			if err := func() error {
 				if err := s.VolumeStore.Decode(d); err != nil {
 					return err
@@ -8685,7 +8719,7 @@ func (s *Node) Decode(d *jx.Decoder) error {
 	for i, mask := range [3]uint8{
 		0b11111111,
 		0b11111111,
-		0b00000001,
+		0b00000111,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -11431,6 +11465,41 @@ func (s *OptErrorResponseErrorDetails) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes float64 as json.
+func (o OptFloat64) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	e.Float64(float64(o.Value))
+}
+
+// Decode decodes float64 from json.
+func (o *OptFloat64) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptFloat64 to nil")
+	}
+	o.Set = true
+	v, err := d.Float64()
+	if err != nil {
+		return err
+	}
+	o.Value = float64(v)
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptFloat64) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptFloat64) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes GPUs as json.
 func (o OptGPUs) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -12576,12 +12645,16 @@ func (s *Pool) encodeFields(e *jx.Encoder) {
 		json.EncodeDateTime(e, s.UpdatedAt)
 	}
 	{
+		e.FieldStart("vcpuAllocationRatio")
+		e.Float64(s.VcpuAllocationRatio)
+	}
+	{
 		e.FieldStart("version")
 		e.Int64(s.Version)
 	}
 }
 
-var jsonFieldsNameOfPool = [14]string{
+var jsonFieldsNameOfPool = [15]string{
 	0:  "accountId",
 	1:  "agent",
 	2:  "archived",
@@ -12595,7 +12668,8 @@ var jsonFieldsNameOfPool = [14]string{
 	10: "siteId",
 	11: "tenantId",
 	12: "updatedAt",
-	13: "version",
+	13: "vcpuAllocationRatio",
+	14: "version",
 }
 
 // Decode decodes Pool from json.
@@ -12753,8 +12827,20 @@ func (s *Pool) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"updatedAt\"")
 			}
-		case "version":
+		case "vcpuAllocationRatio":
 			requiredBitSet[1] |= 1 << 5
+			if err := func() error {
+				v, err := d.Float64()
+				s.VcpuAllocationRatio = float64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"vcpuAllocationRatio\"")
+			}
+		case "version":
+			requiredBitSet[1] |= 1 << 6
 			if err := func() error {
 				v, err := d.Int64()
 				s.Version = int64(v)
@@ -12776,7 +12862,7 @@ func (s *Pool) Decode(d *jx.Decoder) error {
 	var failures []validate.FieldError
 	for i, mask := range [2]uint8{
 		0b11111111,
-		0b00111111,
+		0b01111111,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -13421,19 +13507,26 @@ func (s *PoolsCreateInput) encodeFields(e *jx.Encoder) {
 		e.FieldStart("tenantId")
 		e.Str(s.TenantId)
 	}
+	{
+		if s.VcpuAllocationRatio.Set {
+			e.FieldStart("vcpuAllocationRatio")
+			s.VcpuAllocationRatio.Encode(e)
+		}
+	}
 }
 
-var jsonFieldsNameOfPoolsCreateInput = [10]string{
-	0: "accountId",
-	1: "agent",
-	2: "class",
-	3: "hosting",
-	4: "idempotencyKey",
-	5: "name",
-	6: "ownerLimits",
-	7: "runtime",
-	8: "siteId",
-	9: "tenantId",
+var jsonFieldsNameOfPoolsCreateInput = [11]string{
+	0:  "accountId",
+	1:  "agent",
+	2:  "class",
+	3:  "hosting",
+	4:  "idempotencyKey",
+	5:  "name",
+	6:  "ownerLimits",
+	7:  "runtime",
+	8:  "siteId",
+	9:  "tenantId",
+	10: "vcpuAllocationRatio",
 }
 
 // Decode decodes PoolsCreateInput from json.
@@ -13553,6 +13646,16 @@ func (s *PoolsCreateInput) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"tenantId\"")
+			}
+		case "vcpuAllocationRatio":
+			if err := func() error {
+				s.VcpuAllocationRatio.Reset()
+				if err := s.VcpuAllocationRatio.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"vcpuAllocationRatio\"")
 			}
 		default:
 			return d.Skip()
@@ -14953,8 +15056,10 @@ func (s *PoolsUpdateInput) Encode(e *jx.Encoder) {
 // encodeFields encodes fields.
 func (s *PoolsUpdateInput) encodeFields(e *jx.Encoder) {
 	{
-		e.FieldStart("name")
-		e.Str(s.Name)
+		if s.Name.Set {
+			e.FieldStart("name")
+			s.Name.Encode(e)
+		}
 	}
 	{
 		e.FieldStart("poolId")
@@ -14965,6 +15070,12 @@ func (s *PoolsUpdateInput) encodeFields(e *jx.Encoder) {
 		e.Str(s.TenantId)
 	}
 	{
+		if s.VcpuAllocationRatio.Set {
+			e.FieldStart("vcpuAllocationRatio")
+			s.VcpuAllocationRatio.Encode(e)
+		}
+	}
+	{
 		if s.Version.Set {
 			e.FieldStart("version")
 			s.Version.Encode(e)
@@ -14972,11 +15083,12 @@ func (s *PoolsUpdateInput) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfPoolsUpdateInput = [4]string{
+var jsonFieldsNameOfPoolsUpdateInput = [5]string{
 	0: "name",
 	1: "poolId",
 	2: "tenantId",
-	3: "version",
+	3: "vcpuAllocationRatio",
+	4: "version",
 }
 
 // Decode decodes PoolsUpdateInput from json.
@@ -14989,11 +15101,9 @@ func (s *PoolsUpdateInput) Decode(d *jx.Decoder) error {
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
 		case "name":
-			requiredBitSet[0] |= 1 << 0
 			if err := func() error {
-				v, err := d.Str()
-				s.Name = string(v)
-				if err != nil {
+				s.Name.Reset()
+				if err := s.Name.Decode(d); err != nil {
 					return err
 				}
 				return nil
@@ -15024,6 +15134,16 @@ func (s *PoolsUpdateInput) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"tenantId\"")
 			}
+		case "vcpuAllocationRatio":
+			if err := func() error {
+				s.VcpuAllocationRatio.Reset()
+				if err := s.VcpuAllocationRatio.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"vcpuAllocationRatio\"")
+			}
 		case "version":
 			if err := func() error {
 				s.Version.Reset()
@@ -15044,7 +15164,7 @@ func (s *PoolsUpdateInput) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [1]uint8{
-		0b00000111,
+		0b00000110,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -27607,9 +27727,13 @@ func (s *SandboxTemplate) encodeFields(e *jx.Encoder) {
 		e.FieldStart("warm")
 		s.Warm.Encode(e)
 	}
+	{
+		e.FieldStart("warmReady")
+		e.Int64(s.WarmReady)
+	}
 }
 
-var jsonFieldsNameOfSandboxTemplate = [17]string{
+var jsonFieldsNameOfSandboxTemplate = [18]string{
 	0:  "createdAt",
 	1:  "defaultTtlSeconds",
 	2:  "env",
@@ -27627,6 +27751,7 @@ var jsonFieldsNameOfSandboxTemplate = [17]string{
 	14: "version",
 	15: "volumes",
 	16: "warm",
+	17: "warmReady",
 }
 
 // Decode decodes SandboxTemplate from json.
@@ -27840,6 +27965,18 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"warm\"")
 			}
+		case "warmReady":
+			requiredBitSet[2] |= 1 << 1
+			if err := func() error {
+				v, err := d.Int64()
+				s.WarmReady = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"warmReady\"")
+			}
 		default:
 			return d.Skip()
 		}
@@ -27852,7 +27989,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 	for i, mask := range [3]uint8{
 		0b11111111,
 		0b11111111,
-		0b00000001,
+		0b00000011,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.

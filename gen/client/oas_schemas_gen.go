@@ -3264,7 +3264,9 @@ func (o NilWorkflowStepOutput) Or(d WorkflowStepOutput) WorkflowStepOutput {
 
 // Ref: #/components/schemas/Node
 type Node struct {
-	Agent               NilAgent    `json:"agent"`
+	Agent NilAgent `json:"agent"`
+	// The vCPU placement books up to: floor(capacity.vcpu x vcpuAllocationRatio).
+	AllocatableVcpu     int64       `json:"allocatableVcpu"`
 	Booked              Capacity    `json:"booked"`
 	Capacity            Capacity    `json:"capacity"`
 	CertificateNotAfter NilDateTime `json:"certificateNotAfter"`
@@ -3282,15 +3284,22 @@ type Node struct {
 	SiteId string    `json:"siteId"`
 	State  NodeState `json:"state"`
 	// The pool's owner.
-	TenantId    string         `json:"tenantId"`
-	UpdatedAt   time.Time      `json:"updatedAt"`
-	Version     int64          `json:"version"`
-	VolumeStore NilVolumeStore `json:"volumeStore"`
+	TenantId  string    `json:"tenantId"`
+	UpdatedAt time.Time `json:"updatedAt"`
+	// The pool's vCPU allocation ratio.
+	VcpuAllocationRatio float64        `json:"vcpuAllocationRatio"`
+	Version             int64          `json:"version"`
+	VolumeStore         NilVolumeStore `json:"volumeStore"`
 }
 
 // GetAgent returns the value of Agent.
 func (s *Node) GetAgent() NilAgent {
 	return s.Agent
+}
+
+// GetAllocatableVcpu returns the value of AllocatableVcpu.
+func (s *Node) GetAllocatableVcpu() int64 {
+	return s.AllocatableVcpu
 }
 
 // GetBooked returns the value of Booked.
@@ -3363,6 +3372,11 @@ func (s *Node) GetUpdatedAt() time.Time {
 	return s.UpdatedAt
 }
 
+// GetVcpuAllocationRatio returns the value of VcpuAllocationRatio.
+func (s *Node) GetVcpuAllocationRatio() float64 {
+	return s.VcpuAllocationRatio
+}
+
 // GetVersion returns the value of Version.
 func (s *Node) GetVersion() int64 {
 	return s.Version
@@ -3376,6 +3390,11 @@ func (s *Node) GetVolumeStore() NilVolumeStore {
 // SetAgent sets the value of Agent.
 func (s *Node) SetAgent(val NilAgent) {
 	s.Agent = val
+}
+
+// SetAllocatableVcpu sets the value of AllocatableVcpu.
+func (s *Node) SetAllocatableVcpu(val int64) {
+	s.AllocatableVcpu = val
 }
 
 // SetBooked sets the value of Booked.
@@ -3446,6 +3465,11 @@ func (s *Node) SetTenantId(val string) {
 // SetUpdatedAt sets the value of UpdatedAt.
 func (s *Node) SetUpdatedAt(val time.Time) {
 	s.UpdatedAt = val
+}
+
+// SetVcpuAllocationRatio sets the value of VcpuAllocationRatio.
+func (s *Node) SetVcpuAllocationRatio(val float64) {
+	s.VcpuAllocationRatio = val
 }
 
 // SetVersion sets the value of Version.
@@ -4397,6 +4421,52 @@ func (o OptErrorResponseErrorDetails) Get() (v ErrorResponseErrorDetails, ok boo
 
 // Or returns value if set, or given parameter if does not.
 func (o OptErrorResponseErrorDetails) Or(d ErrorResponseErrorDetails) ErrorResponseErrorDetails {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptFloat64 returns new OptFloat64 with value set to v.
+func NewOptFloat64(v float64) OptFloat64 {
+	return OptFloat64{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptFloat64 is optional float64.
+type OptFloat64 struct {
+	Value float64
+	Set   bool
+}
+
+// IsSet returns true if OptFloat64 was set.
+func (o OptFloat64) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptFloat64) Reset() {
+	var v float64
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptFloat64) SetTo(v float64) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptFloat64) Get() (v float64, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptFloat64) Or(d float64) float64 {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -5922,7 +5992,10 @@ type Pool struct {
 	// Owner tenant.
 	TenantId  string    `json:"tenantId"`
 	UpdatedAt time.Time `json:"updatedAt"`
-	Version   int64     `json:"version"`
+	// VCPU placement books per host core (OpenStack's cpu_allocation_ratio): a node takes up to
+	// floor(capacity.vcpu x ratio) vCPU (its allocatableVcpu). Memory is never overcommitted.
+	VcpuAllocationRatio float64 `json:"vcpuAllocationRatio"`
+	Version             int64   `json:"version"`
 }
 
 // GetAccountId returns the value of AccountId.
@@ -5988,6 +6061,11 @@ func (s *Pool) GetTenantId() string {
 // GetUpdatedAt returns the value of UpdatedAt.
 func (s *Pool) GetUpdatedAt() time.Time {
 	return s.UpdatedAt
+}
+
+// GetVcpuAllocationRatio returns the value of VcpuAllocationRatio.
+func (s *Pool) GetVcpuAllocationRatio() float64 {
+	return s.VcpuAllocationRatio
 }
 
 // GetVersion returns the value of Version.
@@ -6058,6 +6136,11 @@ func (s *Pool) SetTenantId(val string) {
 // SetUpdatedAt sets the value of UpdatedAt.
 func (s *Pool) SetUpdatedAt(val time.Time) {
 	s.UpdatedAt = val
+}
+
+// SetVcpuAllocationRatio sets the value of VcpuAllocationRatio.
+func (s *Pool) SetVcpuAllocationRatio(val float64) {
+	s.VcpuAllocationRatio = val
 }
 
 // SetVersion sets the value of Version.
@@ -6278,6 +6361,8 @@ type PoolsCreateInput struct {
 	SiteId string `json:"siteId"`
 	// Tenant identifier.
 	TenantId string `json:"tenantId"`
+	// VCPU booked per host core, in steps of 0.01.
+	VcpuAllocationRatio OptFloat64 `json:"vcpuAllocationRatio"`
 }
 
 // GetAccountId returns the value of AccountId.
@@ -6330,6 +6415,11 @@ func (s *PoolsCreateInput) GetTenantId() string {
 	return s.TenantId
 }
 
+// GetVcpuAllocationRatio returns the value of VcpuAllocationRatio.
+func (s *PoolsCreateInput) GetVcpuAllocationRatio() OptFloat64 {
+	return s.VcpuAllocationRatio
+}
+
 // SetAccountId sets the value of AccountId.
 func (s *PoolsCreateInput) SetAccountId(val OptString) {
 	s.AccountId = val
@@ -6378,6 +6468,11 @@ func (s *PoolsCreateInput) SetSiteId(val string) {
 // SetTenantId sets the value of TenantId.
 func (s *PoolsCreateInput) SetTenantId(val string) {
 	s.TenantId = val
+}
+
+// SetVcpuAllocationRatio sets the value of VcpuAllocationRatio.
+func (s *PoolsCreateInput) SetVcpuAllocationRatio(val OptFloat64) {
+	s.VcpuAllocationRatio = val
 }
 
 type PoolsCreateInputAgent string
@@ -6798,16 +6893,18 @@ func (s *PoolsUnofferResult) SetData(val PoolOffer) {
 // Ref: #/components/schemas/PoolsUpdateInput
 type PoolsUpdateInput struct {
 	// Lowercase DNS-like name.
-	Name string `json:"name"`
+	Name OptString `json:"name"`
 	// Pool identifier.
 	PoolId string `json:"poolId"`
 	// Tenant identifier.
-	TenantId string   `json:"tenantId"`
-	Version  OptInt64 `json:"version"`
+	TenantId string `json:"tenantId"`
+	// VCPU booked per host core, in steps of 0.01.
+	VcpuAllocationRatio OptFloat64 `json:"vcpuAllocationRatio"`
+	Version             OptInt64   `json:"version"`
 }
 
 // GetName returns the value of Name.
-func (s *PoolsUpdateInput) GetName() string {
+func (s *PoolsUpdateInput) GetName() OptString {
 	return s.Name
 }
 
@@ -6821,13 +6918,18 @@ func (s *PoolsUpdateInput) GetTenantId() string {
 	return s.TenantId
 }
 
+// GetVcpuAllocationRatio returns the value of VcpuAllocationRatio.
+func (s *PoolsUpdateInput) GetVcpuAllocationRatio() OptFloat64 {
+	return s.VcpuAllocationRatio
+}
+
 // GetVersion returns the value of Version.
 func (s *PoolsUpdateInput) GetVersion() OptInt64 {
 	return s.Version
 }
 
 // SetName sets the value of Name.
-func (s *PoolsUpdateInput) SetName(val string) {
+func (s *PoolsUpdateInput) SetName(val OptString) {
 	s.Name = val
 }
 
@@ -6839,6 +6941,11 @@ func (s *PoolsUpdateInput) SetPoolId(val string) {
 // SetTenantId sets the value of TenantId.
 func (s *PoolsUpdateInput) SetTenantId(val string) {
 	s.TenantId = val
+}
+
+// SetVcpuAllocationRatio sets the value of VcpuAllocationRatio.
+func (s *PoolsUpdateInput) SetVcpuAllocationRatio(val OptFloat64) {
+	s.VcpuAllocationRatio = val
 }
 
 // SetVersion sets the value of Version.
@@ -11097,6 +11204,9 @@ type SandboxTemplate struct {
 	Version int64         `json:"version"`
 	Volumes []VolumeMount `json:"volumes"`
 	Warm    Warm          `json:"warm"`
+	// Warm instances ready to be claimed now (paused, their guest checked): a sandbox of the template
+	// starts from one of them while any is ready, and boots cold otherwise.
+	WarmReady int64 `json:"warmReady"`
 }
 
 // GetCreatedAt returns the value of CreatedAt.
@@ -11184,6 +11294,11 @@ func (s *SandboxTemplate) GetWarm() Warm {
 	return s.Warm
 }
 
+// GetWarmReady returns the value of WarmReady.
+func (s *SandboxTemplate) GetWarmReady() int64 {
+	return s.WarmReady
+}
+
 // SetCreatedAt sets the value of CreatedAt.
 func (s *SandboxTemplate) SetCreatedAt(val time.Time) {
 	s.CreatedAt = val
@@ -11267,6 +11382,11 @@ func (s *SandboxTemplate) SetVolumes(val []VolumeMount) {
 // SetWarm sets the value of Warm.
 func (s *SandboxTemplate) SetWarm(val Warm) {
 	s.Warm = val
+}
+
+// SetWarmReady sets the value of WarmReady.
+func (s *SandboxTemplate) SetWarmReady(val int64) {
+	s.WarmReady = val
 }
 
 // Ref: #/components/schemas/SandboxTemplateDeleted

@@ -505,14 +505,14 @@ UPDATE nodes SET
     agent_version = $3, agent_protocol = $4,
     inventory = $5, observed_generation = $6,
     cert_not_after = $7, cert_serial = $8,
-    cap_vcpu = CASE WHEN declared THEN cap_vcpu ELSE greatest(booked_vcpu, $9::integer) END,
+    cap_vcpu = CASE WHEN declared THEN cap_vcpu ELSE greatest(ceil(booked_vcpu / vcpu_allocation_ratio)::integer, $9::integer) END,
     cap_memory_mib = CASE WHEN declared THEN cap_memory_mib ELSE greatest(booked_memory_mib, $10::bigint) END,
     cap_disk_gib = CASE WHEN declared THEN cap_disk_gib ELSE greatest(booked_disk_gib, $11::bigint) END,
     cap_gpus = CASE WHEN declared THEN cap_gpus ELSE greatest(booked_gpus, $12::integer) END,
     gpu_model = CASE WHEN declared THEN gpu_model ELSE $13 END,
     updated_at = now()
 WHERE node_id = $14
-RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_vcpu, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from
+RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu
 `
 
 type OpenSessionParams struct {
@@ -534,7 +534,8 @@ type OpenSessionParams struct {
 
 // OpenSession makes the gateway the holder of a node's session with a new
 // session epoch, recording what the daemon said in its hello. A daemon
-// run host's capacity follows its inventory, never below what is booked.
+// run host's capacity follows its inventory, never below what is booked
+// (vCPU: never below what its allocatable figure needs to hold the booked).
 func (q *Queries) OpenSession(ctx context.Context, arg OpenSessionParams) (Node, error) {
 	row := q.db.QueryRow(ctx, openSession,
 		arg.GatewayID,
@@ -579,7 +580,6 @@ func (q *Queries) OpenSession(ctx context.Context, arg OpenSessionParams) (Node,
 		&i.SessionGateway,
 		&i.SessionSince,
 		&i.Declared,
-		&i.FreeVcpu,
 		&i.FreeMemoryMib,
 		&i.Version,
 		&i.CreatedAt,
@@ -594,6 +594,9 @@ func (q *Queries) OpenSession(ctx context.Context, arg OpenSessionParams) (Node,
 		&i.InstanceStatus,
 		&i.CertSerial,
 		&i.DownFrom,
+		&i.VcpuAllocationRatio,
+		&i.AllocVcpu,
+		&i.FreeVcpu,
 	)
 	return i, err
 }

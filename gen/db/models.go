@@ -290,7 +290,6 @@ type Node struct {
 	SessionGateway         pgtype.Text
 	SessionSince           *time.Time
 	Declared               bool
-	FreeVcpu               pgtype.Int4
 	FreeMemoryMib          pgtype.Int8
 	Version                int64
 	CreatedAt              time.Time
@@ -305,6 +304,9 @@ type Node struct {
 	InstanceStatus         []byte
 	CertSerial             pgtype.Text
 	DownFrom               pgtype.Text
+	VcpuAllocationRatio    float64
+	AllocVcpu              int32
+	FreeVcpu               int32
 }
 
 type NodeCommand struct {
@@ -358,21 +360,22 @@ type PlacementQueue struct {
 }
 
 type Pool struct {
-	PoolID      string
-	TenantID    string
-	SiteID      string
-	Name        string
-	Class       string
-	Hosting     string
-	AccountID   pgtype.Text
-	Runtime     pgtype.Text
-	Agent       pgtype.Text
-	Archived    bool
-	Version     int64
-	CreatedBy   string
-	IdemRequest []byte
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
+	PoolID              string
+	TenantID            string
+	SiteID              string
+	Name                string
+	Class               string
+	Hosting             string
+	AccountID           pgtype.Text
+	Runtime             pgtype.Text
+	Agent               pgtype.Text
+	Archived            bool
+	Version             int64
+	CreatedBy           string
+	IdemRequest         []byte
+	CreatedAt           time.Time
+	UpdatedAt           time.Time
+	VcpuAllocationRatio float64
 }
 
 type Profile struct {

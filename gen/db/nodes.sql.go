@@ -25,7 +25,7 @@ func (q *Queries) CountLiveBookings(ctx context.Context, nodeID string) (int64, 
 const fleetCensus = `-- name: FleetCensus :one
 SELECT
     (SELECT count(*) FROM nodes WHERE NOT declared AND state = 'ready' AND session_gateway IS NULL)::bigint AS sessionless,
-    (SELECT count(*) FROM nodes WHERE booked_vcpu > cap_vcpu OR booked_memory_mib > cap_memory_mib
+    (SELECT count(*) FROM nodes WHERE booked_vcpu > alloc_vcpu OR booked_memory_mib > cap_memory_mib
         OR booked_disk_gib > cap_disk_gib OR booked_gpus > cap_gpus)::bigint AS overbooked,
     (SELECT count(*) FROM quotas WHERE used > max)::bigint AS overdrawn
 `
@@ -47,7 +47,7 @@ func (q *Queries) FleetCensus(ctx context.Context) (FleetCensusRow, error) {
 }
 
 const getNode = `-- name: GetNode :one
-SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_vcpu, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id) WHERE n.node_id = $1
+SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id) WHERE n.node_id = $1
 `
 
 type GetNodeRow struct {
@@ -84,7 +84,6 @@ func (q *Queries) GetNode(ctx context.Context, nodeID string) (GetNodeRow, error
 		&i.Node.SessionGateway,
 		&i.Node.SessionSince,
 		&i.Node.Declared,
-		&i.Node.FreeVcpu,
 		&i.Node.FreeMemoryMib,
 		&i.Node.Version,
 		&i.Node.CreatedAt,
@@ -99,13 +98,16 @@ func (q *Queries) GetNode(ctx context.Context, nodeID string) (GetNodeRow, error
 		&i.Node.InstanceStatus,
 		&i.Node.CertSerial,
 		&i.Node.DownFrom,
+		&i.Node.VcpuAllocationRatio,
+		&i.Node.AllocVcpu,
+		&i.Node.FreeVcpu,
 		&i.Owner,
 	)
 	return i, err
 }
 
 const getNodeForUpdate = `-- name: GetNodeForUpdate :one
-SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_vcpu, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
+SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
 WHERE n.node_id = $1 FOR UPDATE OF n
 `
 
@@ -143,7 +145,6 @@ func (q *Queries) GetNodeForUpdate(ctx context.Context, nodeID string) (GetNodeF
 		&i.Node.SessionGateway,
 		&i.Node.SessionSince,
 		&i.Node.Declared,
-		&i.Node.FreeVcpu,
 		&i.Node.FreeMemoryMib,
 		&i.Node.Version,
 		&i.Node.CreatedAt,
@@ -158,16 +159,21 @@ func (q *Queries) GetNodeForUpdate(ctx context.Context, nodeID string) (GetNodeF
 		&i.Node.InstanceStatus,
 		&i.Node.CertSerial,
 		&i.Node.DownFrom,
+		&i.Node.VcpuAllocationRatio,
+		&i.Node.AllocVcpu,
+		&i.Node.FreeVcpu,
 		&i.Owner,
 	)
 	return i, err
 }
 
 const insertNode = `-- name: InsertNode :one
-INSERT INTO nodes (node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, declared)
+INSERT INTO nodes (node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, declared,
+                   vcpu_allocation_ratio)
 VALUES ($1, $2, $3, $4, $5, $6,
-        $7, $8, $9, $10, $11, $12)
-RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_vcpu, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from
+        $7, $8, $9, $10, $11, $12,
+        (SELECT p.vcpu_allocation_ratio FROM pools p WHERE p.pool_id = $2 FOR SHARE))
+RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu
 `
 
 type InsertNodeParams struct {
@@ -185,6 +191,8 @@ type InsertNodeParams struct {
 	Declared     bool
 }
 
+// The node takes its pool's vCPU allocation ratio; FOR SHARE waits for a
+// pools.update changing it and reads what it committed.
 func (q *Queries) InsertNode(ctx context.Context, arg InsertNodeParams) (Node, error) {
 	row := q.db.QueryRow(ctx, insertNode,
 		arg.NodeID,
@@ -227,7 +235,6 @@ func (q *Queries) InsertNode(ctx context.Context, arg InsertNodeParams) (Node, e
 		&i.SessionGateway,
 		&i.SessionSince,
 		&i.Declared,
-		&i.FreeVcpu,
 		&i.FreeMemoryMib,
 		&i.Version,
 		&i.CreatedAt,
@@ -242,12 +249,15 @@ func (q *Queries) InsertNode(ctx context.Context, arg InsertNodeParams) (Node, e
 		&i.InstanceStatus,
 		&i.CertSerial,
 		&i.DownFrom,
+		&i.VcpuAllocationRatio,
+		&i.AllocVcpu,
+		&i.FreeVcpu,
 	)
 	return i, err
 }
 
 const listNodes = `-- name: ListNodes :many
-SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_vcpu, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
+SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
 WHERE p.tenant_id = $1
   AND ($2::text IS NULL OR n.pool_id = $2)
   AND ($3::text IS NULL OR n.state = $3)
@@ -303,7 +313,6 @@ func (q *Queries) ListNodes(ctx context.Context, arg ListNodesParams) ([]ListNod
 			&i.Node.SessionGateway,
 			&i.Node.SessionSince,
 			&i.Node.Declared,
-			&i.Node.FreeVcpu,
 			&i.Node.FreeMemoryMib,
 			&i.Node.Version,
 			&i.Node.CreatedAt,
@@ -318,6 +327,9 @@ func (q *Queries) ListNodes(ctx context.Context, arg ListNodesParams) ([]ListNod
 			&i.Node.InstanceStatus,
 			&i.Node.CertSerial,
 			&i.Node.DownFrom,
+			&i.Node.VcpuAllocationRatio,
+			&i.Node.AllocVcpu,
+			&i.Node.FreeVcpu,
 			&i.Owner,
 		); err != nil {
 			return nil, err
@@ -333,7 +345,7 @@ func (q *Queries) ListNodes(ctx context.Context, arg ListNodesParams) ([]ListNod
 const setNodeLabels = `-- name: SetNodeLabels :one
 UPDATE nodes SET labels = $1, version = version + 1, updated_at = now()
 WHERE node_id = $2
-RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_vcpu, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from
+RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu
 `
 
 type SetNodeLabelsParams struct {
@@ -370,7 +382,6 @@ func (q *Queries) SetNodeLabels(ctx context.Context, arg SetNodeLabelsParams) (N
 		&i.SessionGateway,
 		&i.SessionSince,
 		&i.Declared,
-		&i.FreeVcpu,
 		&i.FreeMemoryMib,
 		&i.Version,
 		&i.CreatedAt,
@@ -385,6 +396,9 @@ func (q *Queries) SetNodeLabels(ctx context.Context, arg SetNodeLabelsParams) (N
 		&i.InstanceStatus,
 		&i.CertSerial,
 		&i.DownFrom,
+		&i.VcpuAllocationRatio,
+		&i.AllocVcpu,
+		&i.FreeVcpu,
 	)
 	return i, err
 }
@@ -392,7 +406,7 @@ func (q *Queries) SetNodeLabels(ctx context.Context, arg SetNodeLabelsParams) (N
 const setNodeState = `-- name: SetNodeState :one
 UPDATE nodes SET state = $1, version = version + 1, updated_at = now()
 WHERE node_id = $2
-RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_vcpu, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from
+RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu
 `
 
 type SetNodeStateParams struct {
@@ -429,7 +443,6 @@ func (q *Queries) SetNodeState(ctx context.Context, arg SetNodeStateParams) (Nod
 		&i.SessionGateway,
 		&i.SessionSince,
 		&i.Declared,
-		&i.FreeVcpu,
 		&i.FreeMemoryMib,
 		&i.Version,
 		&i.CreatedAt,
@@ -444,6 +457,9 @@ func (q *Queries) SetNodeState(ctx context.Context, arg SetNodeStateParams) (Nod
 		&i.InstanceStatus,
 		&i.CertSerial,
 		&i.DownFrom,
+		&i.VcpuAllocationRatio,
+		&i.AllocVcpu,
+		&i.FreeVcpu,
 	)
 	return i, err
 }

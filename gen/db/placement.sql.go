@@ -224,7 +224,7 @@ func (q *Queries) GetQuota(ctx context.Context, arg GetQuotaParams) (GetQuotaRow
 
 const placementCandidatesPack = `-- name: PlacementCandidatesPack :many
 
-SELECT node_id, cap_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
        free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
 FROM nodes
 WHERE nodes.pool_id = $1 AND state = 'ready'
@@ -252,7 +252,7 @@ type PlacementCandidatesPackParams struct {
 
 type PlacementCandidatesPackRow struct {
 	NodeID        string
-	CapVcpu       int32
+	AllocVcpu     int32
 	CapMemoryMib  int64
 	CapDiskGib    int64
 	CapGpus       int32
@@ -265,8 +265,9 @@ type PlacementCandidatesPackRow struct {
 // Placement: candidate nodes, bookings and quota charges. Every write is
 // conditional, and the tables' constraints refuse what a wrong condition
 // would let through (migrations/00011_fleet.sql).
-// Ready nodes of a live (unarchived) pool with room for the shape, least
-// free vCPU first (bin packing), at most lim of them: a walk of
+// Ready nodes of a live (unarchived) pool with room for the shape (vCPU:
+// within the allocatable figure, the pool's ratio applied), least free
+// vCPU first (bin packing), at most lim of them: a walk of
 // nodes_placement_idx.
 func (q *Queries) PlacementCandidatesPack(ctx context.Context, arg PlacementCandidatesPackParams) ([]PlacementCandidatesPackRow, error) {
 	rows, err := q.db.Query(ctx, placementCandidatesPack,
@@ -289,7 +290,7 @@ func (q *Queries) PlacementCandidatesPack(ctx context.Context, arg PlacementCand
 		var i PlacementCandidatesPackRow
 		if err := rows.Scan(
 			&i.NodeID,
-			&i.CapVcpu,
+			&i.AllocVcpu,
 			&i.CapMemoryMib,
 			&i.CapDiskGib,
 			&i.CapGpus,
@@ -309,7 +310,7 @@ func (q *Queries) PlacementCandidatesPack(ctx context.Context, arg PlacementCand
 }
 
 const placementCandidatesSpread = `-- name: PlacementCandidatesSpread :many
-SELECT node_id, cap_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
        free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
 FROM nodes
 WHERE nodes.pool_id = $1 AND state = 'ready'
@@ -337,7 +338,7 @@ type PlacementCandidatesSpreadParams struct {
 
 type PlacementCandidatesSpreadRow struct {
 	NodeID        string
-	CapVcpu       int32
+	AllocVcpu     int32
 	CapMemoryMib  int64
 	CapDiskGib    int64
 	CapGpus       int32
@@ -369,7 +370,7 @@ func (q *Queries) PlacementCandidatesSpread(ctx context.Context, arg PlacementCa
 		var i PlacementCandidatesSpreadRow
 		if err := rows.Scan(
 			&i.NodeID,
-			&i.CapVcpu,
+			&i.AllocVcpu,
 			&i.CapMemoryMib,
 			&i.CapDiskGib,
 			&i.CapGpus,

@@ -41,7 +41,7 @@ func (q *Queries) ArchiveFlavor(ctx context.Context, arg ArchiveFlavorParams) (F
 const archivePool = `-- name: ArchivePool :one
 UPDATE pools SET archived = true, version = version + 1, updated_at = now()
 WHERE pool_id = $1
-RETURNING pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at
+RETURNING pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at, vcpu_allocation_ratio
 `
 
 func (q *Queries) ArchivePool(ctx context.Context, poolID string) (Pool, error) {
@@ -63,6 +63,7 @@ func (q *Queries) ArchivePool(ctx context.Context, poolID string) (Pool, error) 
 		&i.IdemRequest,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.VcpuAllocationRatio,
 	)
 	return i, err
 }
@@ -94,7 +95,7 @@ func (q *Queries) GetFlavor(ctx context.Context, arg GetFlavorParams) (Flavor, e
 }
 
 const getPool = `-- name: GetPool :one
-SELECT pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at FROM pools WHERE pool_id = $1
+SELECT pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at, vcpu_allocation_ratio FROM pools WHERE pool_id = $1
 `
 
 func (q *Queries) GetPool(ctx context.Context, poolID string) (Pool, error) {
@@ -116,12 +117,13 @@ func (q *Queries) GetPool(ctx context.Context, poolID string) (Pool, error) {
 		&i.IdemRequest,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.VcpuAllocationRatio,
 	)
 	return i, err
 }
 
 const getPoolForUpdate = `-- name: GetPoolForUpdate :one
-SELECT pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at FROM pools WHERE pool_id = $1 FOR UPDATE
+SELECT pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at, vcpu_allocation_ratio FROM pools WHERE pool_id = $1 FOR UPDATE
 `
 
 func (q *Queries) GetPoolForUpdate(ctx context.Context, poolID string) (Pool, error) {
@@ -143,6 +145,7 @@ func (q *Queries) GetPoolForUpdate(ctx context.Context, poolID string) (Pool, er
 		&i.IdemRequest,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.VcpuAllocationRatio,
 	)
 	return i, err
 }
@@ -190,25 +193,26 @@ func (q *Queries) InsertFlavor(ctx context.Context, arg InsertFlavorParams) (Fla
 }
 
 const insertPool = `-- name: InsertPool :one
-INSERT INTO pools (pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, created_by, idem_request)
+INSERT INTO pools (pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, vcpu_allocation_ratio, created_by, idem_request)
 VALUES ($1, $2, $3, $4, $5, $6,
-        $7, $8, $9, $10, $11)
+        $7, $8, $9, $10, $11, $12)
 ON CONFLICT DO NOTHING
-RETURNING pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at
+RETURNING pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at, vcpu_allocation_ratio
 `
 
 type InsertPoolParams struct {
-	PoolID      string
-	TenantID    string
-	SiteID      string
-	Name        string
-	Class       string
-	Hosting     string
-	AccountID   pgtype.Text
-	Runtime     pgtype.Text
-	Agent       pgtype.Text
-	CreatedBy   string
-	IdemRequest []byte
+	PoolID              string
+	TenantID            string
+	SiteID              string
+	Name                string
+	Class               string
+	Hosting             string
+	AccountID           pgtype.Text
+	Runtime             pgtype.Text
+	Agent               pgtype.Text
+	VcpuAllocationRatio float64
+	CreatedBy           string
+	IdemRequest         []byte
 }
 
 // A row for the id exists already when this is a retry: nothing is written
@@ -224,6 +228,7 @@ func (q *Queries) InsertPool(ctx context.Context, arg InsertPoolParams) (Pool, e
 		arg.AccountID,
 		arg.Runtime,
 		arg.Agent,
+		arg.VcpuAllocationRatio,
 		arg.CreatedBy,
 		arg.IdemRequest,
 	)
@@ -244,6 +249,7 @@ func (q *Queries) InsertPool(ctx context.Context, arg InsertPoolParams) (Pool, e
 		&i.IdemRequest,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.VcpuAllocationRatio,
 	)
 	return i, err
 }
@@ -289,7 +295,7 @@ func (q *Queries) ListFlavors(ctx context.Context, arg ListFlavorsParams) ([]Fla
 }
 
 const listPoolsOfTenant = `-- name: ListPoolsOfTenant :many
-SELECT pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at FROM pools p
+SELECT pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at, vcpu_allocation_ratio FROM pools p
 WHERE (p.tenant_id = $1
        OR EXISTS (SELECT 1 FROM quotas q WHERE q.pool_id = p.pool_id AND q.tenant_id = $1 AND q.offered))
   AND ($2::boolean OR NOT p.archived)
@@ -329,6 +335,7 @@ func (q *Queries) ListPoolsOfTenant(ctx context.Context, arg ListPoolsOfTenantPa
 			&i.IdemRequest,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.VcpuAllocationRatio,
 		); err != nil {
 			return nil, err
 		}
@@ -383,6 +390,47 @@ func (q *Queries) ListQuotas(ctx context.Context, arg ListQuotasParams) ([]Quota
 	return items, nil
 }
 
+const lockPoolNodes = `-- name: LockPoolNodes :many
+SELECT node_id, booked_vcpu, floor(cap_vcpu * $1::numeric)::integer AS alloc_vcpu
+FROM nodes WHERE pool_id = $2
+ORDER BY node_id
+FOR NO KEY UPDATE
+`
+
+type LockPoolNodesParams struct {
+	VcpuAllocationRatio float64
+	PoolID              string
+}
+
+type LockPoolNodesRow struct {
+	NodeID     string
+	BookedVcpu int32
+	AllocVcpu  int32
+}
+
+// A pool's nodes locked for a change of its ratio, each with the vCPU
+// booked on it and what it could take at the new ratio; waits for the
+// admissions booking them.
+func (q *Queries) LockPoolNodes(ctx context.Context, arg LockPoolNodesParams) ([]LockPoolNodesRow, error) {
+	rows, err := q.db.Query(ctx, lockPoolNodes, arg.VcpuAllocationRatio, arg.PoolID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LockPoolNodesRow
+	for rows.Next() {
+		var i LockPoolNodesRow
+		if err := rows.Scan(&i.NodeID, &i.BookedVcpu, &i.AllocVcpu); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const poolNameTaken = `-- name: PoolNameTaken :one
 SELECT EXISTS (SELECT 1 FROM pools WHERE tenant_id = $1 AND name = $2
                AND NOT archived AND pool_id <> $3)::boolean
@@ -419,38 +467,19 @@ func (q *Queries) PoolOfferedTo(ctx context.Context, arg PoolOfferedToParams) (b
 	return column_1, err
 }
 
-const renamePool = `-- name: RenamePool :one
-UPDATE pools SET name = $1, version = version + 1, updated_at = now()
+const setPoolNodesRatio = `-- name: SetPoolNodesRatio :exec
+UPDATE nodes SET vcpu_allocation_ratio = $1, updated_at = now()
 WHERE pool_id = $2
-RETURNING pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at
 `
 
-type RenamePoolParams struct {
-	Name   string
-	PoolID string
+type SetPoolNodesRatioParams struct {
+	VcpuAllocationRatio float64
+	PoolID              string
 }
 
-func (q *Queries) RenamePool(ctx context.Context, arg RenamePoolParams) (Pool, error) {
-	row := q.db.QueryRow(ctx, renamePool, arg.Name, arg.PoolID)
-	var i Pool
-	err := row.Scan(
-		&i.PoolID,
-		&i.TenantID,
-		&i.SiteID,
-		&i.Name,
-		&i.Class,
-		&i.Hosting,
-		&i.AccountID,
-		&i.Runtime,
-		&i.Agent,
-		&i.Archived,
-		&i.Version,
-		&i.CreatedBy,
-		&i.IdemRequest,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-	)
-	return i, err
+func (q *Queries) SetPoolNodesRatio(ctx context.Context, arg SetPoolNodesRatioParams) error {
+	_, err := q.db.Exec(ctx, setPoolNodesRatio, arg.VcpuAllocationRatio, arg.PoolID)
+	return err
 }
 
 const setQuota = `-- name: SetQuota :one
@@ -567,4 +596,40 @@ func (q *Queries) UnofferPool(ctx context.Context, arg UnofferPoolParams) (int64
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const updatePool = `-- name: UpdatePool :one
+UPDATE pools SET name = $1, vcpu_allocation_ratio = $2, version = version + 1, updated_at = now()
+WHERE pool_id = $3
+RETURNING pool_id, tenant_id, site_id, name, class, hosting, account_id, runtime, agent, archived, version, created_by, idem_request, created_at, updated_at, vcpu_allocation_ratio
+`
+
+type UpdatePoolParams struct {
+	Name                string
+	VcpuAllocationRatio float64
+	PoolID              string
+}
+
+func (q *Queries) UpdatePool(ctx context.Context, arg UpdatePoolParams) (Pool, error) {
+	row := q.db.QueryRow(ctx, updatePool, arg.Name, arg.VcpuAllocationRatio, arg.PoolID)
+	var i Pool
+	err := row.Scan(
+		&i.PoolID,
+		&i.TenantID,
+		&i.SiteID,
+		&i.Name,
+		&i.Class,
+		&i.Hosting,
+		&i.AccountID,
+		&i.Runtime,
+		&i.Agent,
+		&i.Archived,
+		&i.Version,
+		&i.CreatedBy,
+		&i.IdemRequest,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.VcpuAllocationRatio,
+	)
+	return i, err
 }

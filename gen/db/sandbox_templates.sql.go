@@ -328,3 +328,37 @@ func (q *Queries) VolumeInTemplates(ctx context.Context, volumeID string) (bool,
 	err := row.Scan(&column_1)
 	return column_1, err
 }
+
+const warmReadyCounts = `-- name: WarmReadyCounts :many
+SELECT template_id::text AS template_id, count(*)::bigint AS ready FROM instances
+WHERE kind = 'warm' AND template_id = ANY($1::text[]) AND desired_state = 'paused' AND state = 'paused'
+  AND reported_identity = identity_generation
+GROUP BY template_id
+`
+
+type WarmReadyCountsRow struct {
+	TemplateID string
+	Ready      int64
+}
+
+// How many warm instances of each template are ready to be claimed now
+// (what ClaimWarmInstance takes: paused, their guest checked).
+func (q *Queries) WarmReadyCounts(ctx context.Context, templateIds []string) ([]WarmReadyCountsRow, error) {
+	rows, err := q.db.Query(ctx, warmReadyCounts, templateIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WarmReadyCountsRow
+	for rows.Next() {
+		var i WarmReadyCountsRow
+		if err := rows.Scan(&i.TemplateID, &i.Ready); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

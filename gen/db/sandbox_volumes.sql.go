@@ -61,31 +61,6 @@ func (q *Queries) GetSandboxVolumeForUpdate(ctx context.Context, volumeID string
 	return i, err
 }
 
-const getSandboxVolumeForUpdateNowait = `-- name: GetSandboxVolumeForUpdateNowait :one
-SELECT volume_id, tenant_id, pool_id, node_id, name, size_gib, serial, state, created_by, idem_request, created_at, updated_at, sized_at FROM sandbox_volumes WHERE volume_id = $1 FOR UPDATE NOWAIT
-`
-
-func (q *Queries) GetSandboxVolumeForUpdateNowait(ctx context.Context, volumeID string) (SandboxVolume, error) {
-	row := q.db.QueryRow(ctx, getSandboxVolumeForUpdateNowait, volumeID)
-	var i SandboxVolume
-	err := row.Scan(
-		&i.VolumeID,
-		&i.TenantID,
-		&i.PoolID,
-		&i.NodeID,
-		&i.Name,
-		&i.SizeGib,
-		&i.Serial,
-		&i.State,
-		&i.CreatedBy,
-		&i.IdemRequest,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.SizedAt,
-	)
-	return i, err
-}
-
 const goneVolumes = `-- name: GoneVolumes :many
 UPDATE sandbox_volumes SET state = 'deleted', updated_at = now()
 WHERE node_id = $1 AND state = 'deleting' AND NOT (serial = ANY($2::text[]))
@@ -357,6 +332,21 @@ func (q *Queries) SetSandboxVolumeState(ctx context.Context, arg SetSandboxVolum
 		&i.SizedAt,
 	)
 	return i, err
+}
+
+const tryVolumeResizeLock = `-- name: TryVolumeResizeLock :one
+SELECT pg_try_advisory_xact_lock(hashtextextended('sandbox-volume-resize/' || $1::text, 0))::boolean
+`
+
+// Takes the volume's resize lock for the transaction without waiting:
+// false while another resize of the volume holds it. Only resizes take it,
+// so a delete or a status report holding the volume's row is no resize
+// in flight.
+func (q *Queries) TryVolumeResizeLock(ctx context.Context, volumeID string) (bool, error) {
+	row := q.db.QueryRow(ctx, tryVolumeResizeLock, volumeID)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
 }
 
 const volumeBookings = `-- name: VolumeBookings :many

@@ -109,7 +109,7 @@ func init() {
 	}}
 	matrix[api.MethodPoolsUpdate] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
-			return c.PoolsUpdate(t.Context(), &client.PoolsUpdateInput{TenantId: tenant, PoolId: fx.pool(t, tenant), Name: fx.unique()})
+			return c.PoolsUpdate(t.Context(), &client.PoolsUpdateInput{TenantId: tenant, PoolId: fx.pool(t, tenant), Name: client.NewOptString(fx.unique())})
 		},
 		tenantRoles: operators, // the pool's creator is another identity (its tenant's owner key)
 		rootRoles:   operators,

@@ -68,7 +68,8 @@ func Output(n db.Node, owner string) *api.Node {
 	_ = json.Unmarshal(n.Labels, &labels)
 	out := &api.Node{
 		NodeID: n.NodeID, TenantID: owner, PoolID: n.PoolID, SiteID: n.SiteID, Hostname: n.Hostname, State: n.State, Labels: labels,
-		Capacity:            api.Capacity{Vcpu: int64(n.CapVcpu), MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, Gpus: gpus(n.GpuModel.String, n.CapGpus)},
+		Capacity:        api.Capacity{Vcpu: int64(n.CapVcpu), MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, Gpus: gpus(n.GpuModel.String, n.CapGpus)},
+		AllocatableVcpu: int64(n.AllocVcpu), VcpuAllocationRatio: n.VcpuAllocationRatio,
 		Booked:              api.Capacity{Vcpu: int64(n.BookedVcpu), MemoryMiB: n.BookedMemoryMib, DiskGiB: n.BookedDiskGib, Gpus: gpus(n.GpuModel.String, n.BookedGpus)},
 		CertificateNotAfter: formatTimePtr(n.CertNotAfter), Declared: n.Declared, Version: n.Version,
 		CreatedAt: wire.Time(n.CreatedAt), UpdatedAt: wire.Time(n.UpdatedAt),

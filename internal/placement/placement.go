@@ -9,7 +9,8 @@
 // UPDATE, and charges the tenant's quota rows last (the hot rows of a
 // tenant are then locked only for the end of the transaction). The
 // database has the last word: a node's booked amounts cannot pass its
-// capacity, a quota's used cannot pass its max, and whole-node bookings
+// capacity (vCPU: its allocatable figure, capacity times the pool's
+// vCPU allocation ratio; memory is never overcommitted), a quota's used cannot pass its max, and whole-node bookings
 // of one node cannot overlap (migrations/00011_fleet.sql), so a bug here
 // can fail an admission but never over-commit.
 package placement
@@ -209,7 +210,8 @@ func (e *Engine) book(ctx context.Context, q *db.Queries, req Request, exclude s
 		for _, n := range e.order(rows) {
 			held := shape
 			if req.Whole {
-				held = Shape{VCPU: n.CapVcpu, MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, GPUs: n.CapGpus, GPUModel: shape.GPUModel}
+				// The whole node: its vCPU as the pool's ratio allocates it.
+				held = Shape{VCPU: n.AllocVcpu, MemoryMiB: n.CapMemoryMib, DiskGiB: n.CapDiskGib, GPUs: n.CapGpus, GPUModel: shape.GPUModel}
 			}
 			b := &Booking{ID: ids.New("bkg"), NodeID: n.NodeID, Shape: held, Whole: req.Whole}
 			booked, err := q.BookNode(ctx, db.BookNodeParams{
@@ -465,7 +467,7 @@ func (e *Engine) candidates(ctx context.Context, q *db.Queries, p db.PlacementCa
 // drawn at random from the top N.
 func (e *Engine) order(rows []db.PlacementCandidatesPackRow) []db.PlacementCandidatesPackRow {
 	score := func(n db.PlacementCandidatesPackRow) float64 {
-		used := 1 - (frac(n.FreeVcpu, n.CapVcpu)+frac64(n.FreeMemoryMib, n.CapMemoryMib))/2
+		used := 1 - (frac(n.FreeVcpu, n.AllocVcpu)+frac64(n.FreeMemoryMib, n.CapMemoryMib))/2
 		return e.w.Pack*used + e.w.Spread*(1-used)
 	}
 	slices.SortStableFunc(rows, func(a, b db.PlacementCandidatesPackRow) int {

@@ -7,6 +7,7 @@ package pools
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -81,7 +82,7 @@ func text(s *string) pgtype.Text {
 func output(r db.Pool, tenant string) *api.Pool {
 	return &api.Pool{
 		PoolID: r.PoolID, TenantID: r.TenantID, SiteID: r.SiteID, Name: r.Name, Class: r.Class, Hosting: r.Hosting,
-		AccountID: ptr(r.AccountID), Runtime: ptr(r.Runtime), Agent: ptr(r.Agent), Archived: r.Archived,
+		AccountID: ptr(r.AccountID), Runtime: ptr(r.Runtime), Agent: ptr(r.Agent), VcpuAllocationRatio: r.VcpuAllocationRatio, Archived: r.Archived,
 		Offered: r.TenantID != tenant, Version: r.Version, CreatedAt: wire.Time(r.CreatedAt), UpdatedAt: wire.Time(r.UpdatedAt),
 	}
 }
@@ -94,6 +95,9 @@ var createMethod = api.Lookup("/pools/create")
 func (s *Service) Create(ctx context.Context, in *api.PoolsCreateInput) (*api.Pool, error) {
 	runtime, agent, err := shape(in)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkRatio(in.VcpuAllocationRatio); err != nil {
 		return nil, err
 	}
 	sess, tx, q, err := iam.CallFromContext(ctx)
@@ -136,7 +140,8 @@ func (s *Service) Create(ctx context.Context, in *api.PoolsCreateInput) (*api.Po
 	}
 	row, err := q.InsertPool(ctx, db.InsertPoolParams{
 		PoolID: id, TenantID: in.TenantID, SiteID: in.SiteID, Name: in.Name, Class: in.Class, Hosting: in.Hosting,
-		AccountID: text(in.AccountID), Runtime: text(runtime), Agent: text(agent), CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
+		AccountID: text(in.AccountID), Runtime: text(runtime), Agent: text(agent), VcpuAllocationRatio: in.VcpuAllocationRatio,
+		CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// A concurrent call committed first: with the same key, answer as
@@ -166,6 +171,16 @@ func (s *Service) Create(ctx context.Context, in *api.PoolsCreateInput) (*api.Po
 		Type: api.EventPoolCreated, Subject: row.PoolID, TenantID: row.TenantID,
 		Data: api.PoolCreatedPayload{PoolID: row.PoolID, SiteID: row.SiteID, Name: row.Name, Class: row.Class, Hosting: row.Hosting},
 	})
+}
+
+// checkRatio refuses a vCPU allocation ratio finer than the hundredths
+// the database keeps (the catalog bounds it to 1.0..16.0): rounding it
+// silently would book other than asked.
+func checkRatio(r float64) error {
+	if c := r * 100; math.Abs(c-math.Round(c)) > 1e-6 {
+		return api.Errorf(api.CodeInvalidInput, "vcpuAllocationRatio: %g has more than two decimals", r)
+	}
+	return nil
 }
 
 // shape checks the combination of class, hosting, account, runtime and
@@ -311,31 +326,76 @@ func Owned(ctx context.Context, q *db.Queries, tenant, id string, version *int64
 	return row, nil
 }
 
-// Update answers pools.update.
+// Update answers pools.update: a new name, a new vCPU allocation ratio
+// (applied to the pool's nodes in the same transaction), or both.
 func (s *Service) Update(ctx context.Context, in *api.PoolsUpdateInput) (*api.Pool, error) {
+	if in.Name == nil && in.VcpuAllocationRatio == nil {
+		return nil, api.Errorf(api.CodeInvalidInput, "name: give a name or a vcpuAllocationRatio to change")
+	}
+	if in.VcpuAllocationRatio != nil {
+		if err := checkRatio(*in.VcpuAllocationRatio); err != nil {
+			return nil, err
+		}
+	}
 	_, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
 	row, err := Owned(ctx, q, in.TenantID, in.PoolID, in.Version)
-	if err != nil || row.Name == in.Name {
-		return output(row, in.TenantID), err
+	if err != nil {
+		return nil, err
+	}
+	name, ratio := row.Name, row.VcpuAllocationRatio
+	if in.Name != nil {
+		name = *in.Name
+	}
+	if in.VcpuAllocationRatio != nil {
+		ratio = *in.VcpuAllocationRatio
+	}
+	if name == row.Name && ratio == row.VcpuAllocationRatio {
+		return output(row, in.TenantID), nil
 	}
 	if row.Archived {
 		return nil, api.Errorf(api.CodeInvalidState, "pool %s is archived", row.PoolID)
 	}
-	if taken, err := q.PoolNameTaken(ctx, db.PoolNameTakenParams{TenantID: in.TenantID, Name: in.Name, PoolID: row.PoolID}); err != nil {
-		return nil, err
-	} else if taken {
-		return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a live pool named %s", in.TenantID, in.Name)
+	if name != row.Name {
+		if taken, err := q.PoolNameTaken(ctx, db.PoolNameTakenParams{TenantID: in.TenantID, Name: name, PoolID: row.PoolID}); err != nil {
+			return nil, err
+		} else if taken {
+			return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a live pool named %s", in.TenantID, name)
+		}
 	}
-	if row, err = q.RenamePool(ctx, db.RenamePoolParams{PoolID: row.PoolID, Name: in.Name}); err != nil {
+	if ratio != row.VcpuAllocationRatio {
+		if err := setNodesRatio(ctx, q, row.PoolID, ratio); err != nil {
+			return nil, err
+		}
+	}
+	if row, err = q.UpdatePool(ctx, db.UpdatePoolParams{PoolID: row.PoolID, Name: name, VcpuAllocationRatio: ratio}); err != nil {
 		return nil, err
 	}
 	return output(row, in.TenantID), outbox.Write(ctx, tx, outbox.Event{
 		Type: api.EventPoolUpdated, Subject: row.PoolID, TenantID: row.TenantID,
-		Data: api.PoolUpdatedPayload{PoolID: row.PoolID, Name: row.Name, Version: row.Version},
+		Data: api.PoolUpdatedPayload{PoolID: row.PoolID, Name: row.Name, VcpuAllocationRatio: row.VcpuAllocationRatio, Version: row.Version},
 	})
+}
+
+// setNodesRatio gives every node of pool the vCPU allocation ratio: a
+// node with more vCPU booked than the ratio would let it take refuses the
+// change (INVALID_STATE) rather than leave it over-committed. The nodes
+// are locked first, so no admission books them between check and write.
+func setNodesRatio(ctx context.Context, q *db.Queries, pool string, ratio float64) error {
+	nodes, err := q.LockPoolNodes(ctx, db.LockPoolNodesParams{PoolID: pool, VcpuAllocationRatio: ratio})
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if n.BookedVcpu > n.AllocVcpu {
+			return api.Errorf(api.CodeInvalidState, "vcpuAllocationRatio: node %s has %d vCPU booked, more than the %d it could take at %g",
+				n.NodeID, n.BookedVcpu, n.AllocVcpu, ratio).
+				WithDetails(map[string]any{"nodeId": n.NodeID, "bookedVcpu": n.BookedVcpu, "allocatableVcpu": n.AllocVcpu})
+		}
+	}
+	return q.SetPoolNodesRatio(ctx, db.SetPoolNodesRatioParams{PoolID: pool, VcpuAllocationRatio: ratio})
 }
 
 // Archive answers pools.archive.

@@ -155,6 +155,14 @@ func TestSandboxesOnRealVMs(t *testing.T) {
 		w.dump()
 		t.FailNow()
 	}
+	// The template shows them ready, besides its min and max.
+	shown, err := w.C.SandboxTemplatesGet(t.Context(), &client.SandboxTemplatesGetInput{TenantId: tenant, TemplateId: tmpl.TemplateId})
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, shown.Data.WarmReady)
+	listed, err := w.C.SandboxTemplatesList(t.Context(), &client.SandboxTemplatesListInput{TenantId: tenant})
+	require.NoError(t, err)
+	require.Len(t, listed.Data.Items, 1)
+	assert.EqualValues(t, 2, listed.Data.Items[0].WarmReady)
 
 	var first, second, restored client.Sandbox
 	t.Run("warm claims get their own identity", func(t *testing.T) {

@@ -53,7 +53,19 @@ type mount struct {
 
 func notFound(id string) error { return api.Errorf(api.CodeNotFound, "template %s not found", id) }
 
-func output(t db.SandboxTemplate) (*api.SandboxTemplate, error) {
+// warmReady counts each template's warm instances ready to be claimed.
+func warmReady(ctx context.Context, q *db.Queries, ids ...string) (map[string]int64, error) {
+	rows, err := q.WarmReadyCounts(ctx, ids)
+	out := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		out[r.TemplateID] = r.Ready
+	}
+	return out, err
+}
+
+// output is the template with ready, its warm instances ready to be
+// claimed.
+func output(t db.SandboxTemplate, ready int64) (*api.SandboxTemplate, error) {
 	var env map[string]string
 	var ms []mount
 	if err := json.Unmarshal(t.Env, &env); err != nil {
@@ -69,7 +81,7 @@ func output(t db.SandboxTemplate) (*api.SandboxTemplate, error) {
 	max := int64(t.WarmMax)
 	o := &api.SandboxTemplate{TenantID: t.TenantID, TemplateID: t.TemplateID, Name: t.Name, PoolID: t.PoolID, Flavor: t.Flavor,
 		ImageID: t.ImageID, Runtime: t.Runtime, DefaultTTLSeconds: int64(t.DefaultTtlSeconds), MaxTTLSeconds: int64(t.MaxTtlSeconds),
-		Warm: api.Warm{Min: int64(t.WarmMin), Max: &max}, Env: env, Network: t.Network, Volumes: vols, Version: t.Version,
+		Warm: api.Warm{Min: int64(t.WarmMin), Max: &max}, WarmReady: ready, Env: env, Network: t.Network, Volumes: vols, Version: t.Version,
 		CreatedAt: wire.Time(t.CreatedAt), UpdatedAt: wire.Time(t.UpdatedAt)}
 	if env == nil {
 		o.Env = map[string]string{}
@@ -266,7 +278,7 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxTemplatesCreateInpu
 		Attributes: map[string]string{"poolId": in.PoolID}}); err != nil {
 		return nil, err
 	}
-	return output(row)
+	return output(row, 0) // no warm instance yet
 }
 
 func nonNil(m map[string]string) map[string]string {
@@ -305,7 +317,11 @@ func (s *Service) Get(ctx context.Context, in *api.SandboxTemplatesGetInput) (*a
 	if err != nil {
 		return nil, err
 	}
-	return output(t)
+	ready, err := warmReady(ctx, q, t.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	return output(t, ready[t.TemplateID])
 }
 
 // List answers sandboxTemplates.list: items the caller may not read are
@@ -319,12 +335,20 @@ func (s *Service) List(ctx context.Context, in *api.SandboxTemplatesListInput) (
 	if err != nil {
 		return nil, err
 	}
+	ids := make([]string, len(rows))
+	for i, t := range rows {
+		ids[i] = t.TemplateID
+	}
+	ready, err := warmReady(ctx, q, ids...)
+	if err != nil {
+		return nil, err
+	}
 	out := &api.SandboxTemplateList{Items: []api.SandboxTemplate{}}
 	for _, t := range rows {
 		if !sess.CanRead(ctx, "compute:sandboxes:read", ResourceType, t.TemplateID, t.TenantID) {
 			continue
 		}
-		o, err := output(t)
+		o, err := output(t, ready[t.TemplateID])
 		if err != nil {
 			return nil, err
 		}
@@ -428,7 +452,11 @@ func (s *Service) Update(ctx context.Context, in *api.SandboxTemplatesUpdateInpu
 	if err != nil {
 		return nil, err
 	}
-	return output(row)
+	ready, err := warmReady(ctx, q, row.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	return output(row, ready[row.TemplateID])
 }
 
 // Delete answers sandboxTemplates.delete.

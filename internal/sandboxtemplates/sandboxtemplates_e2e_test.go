@@ -93,6 +93,7 @@ func TestCreateRules(t *testing.T) {
 	assert.EqualValues(t, 86400, tp.MaxTtlSeconds)
 	assert.Equal(t, "egress", string(tp.Network))
 	assert.EqualValues(t, 1, tp.Version)
+	assert.Zero(t, tp.WarmReady, "no warm instance is ready yet")
 
 	_, err = w.owner.SecretsPut(ctx, &client.SecretsPutInput{TenantId: "acme", Name: "db", Value: "s3cret", IdempotencyKey: "sec"})
 	require.NoError(t, err)

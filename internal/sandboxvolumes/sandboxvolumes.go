@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"computeplane/gen/api"
@@ -214,22 +213,29 @@ func (s *Service) List(ctx context.Context, in *api.SandboxVolumesListInput) (*a
 	return out, nil
 }
 
-// Resize answers sandboxVolumes.resize: one resize per volume at a time
-// (the row is taken without waiting; a resize in flight holds it).
+// Resize answers sandboxVolumes.resize: one resize per volume at a time.
+// Resizes take a lock of their own without waiting (one in flight holds
+// it), then wait for the volume's row: a delete or a status report holding
+// the row is no resize in flight, and the state it leaves decides.
 func (s *Service) Resize(ctx context.Context, in *api.SandboxVolumesResizeInput) (*api.SandboxVolume, error) {
 	_, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	v, err := q.GetSandboxVolumeForUpdateNowait(ctx, in.VolumeID)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "55P03":
+	v, err := q.GetSandboxVolume(ctx, in.VolumeID)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && v.TenantID != in.TenantID) {
+		return nil, notFound(in.VolumeID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if free, err := q.TryVolumeResizeLock(ctx, v.VolumeID); err != nil {
+		return nil, err
+	} else if !free {
 		return nil, api.Errorf(api.CodeConflict, "volume %s: another resize is in flight; retry", in.VolumeID).
 			WithDetails(map[string]any{"reason": "resize-in-flight"})
-	case errors.Is(err, pgx.ErrNoRows) || (err == nil && v.TenantID != in.TenantID):
-		return nil, notFound(in.VolumeID)
-	case err != nil:
+	}
+	if v, err = q.GetSandboxVolumeForUpdate(ctx, v.VolumeID); err != nil {
 		return nil, err
 	}
 	switch {

@@ -5,6 +5,7 @@ package sandboxvolumes_test
 // store, reported with statfs.
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -137,4 +138,101 @@ func TestVolumesOnTheirHost(t *testing.T) {
 	// The name is free again.
 	_, err = create("data", "k4", 1)
 	require.NoError(t, err, fmt.Sprint("a deleted volume's name is free"))
+}
+
+// A transaction holding a volume's row (a delete, the host's status report
+// finishing one, a sandbox attaching it) is no resize in flight: a resize
+// waits for it and the state it leaves decides. Only another resize is
+// CONFLICT resize-in-flight. Before the fix, every resize that met a held
+// row answered resize-in-flight, so one on a deleting volume sometimes did.
+func TestResizeMeetsAHeldRow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs computed and compute-agent")
+	}
+	f := fleettest.Start(t, "")
+	pool := f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
+	agent := f.Join(pool, "--runtime", "recording", "--disk-gib", "1000000")
+	require.Eventually(t, func() bool {
+		var reported bool
+		_ = f.DB.QueryRow(t.Context(), `select volume_reported_at is not null from nodes where node_id = $1`, agent.Node).Scan(&reported)
+		return reported
+	}, 20*time.Second, 50*time.Millisecond)
+	v, err := f.C.SandboxVolumesCreate(t.Context(), &client.SandboxVolumesCreateInput{TenantId: tenant, PoolId: pool, Name: "data",
+		SizeGiB: 1, IdempotencyKey: "k1"})
+	require.NoError(t, err)
+	id := v.Data.VolumeId
+
+	// hold locks the volume's row in a transaction of the test's, as the
+	// writers other than resize do; the returned func commits it.
+	hold := func() func() {
+		tx, err := f.DB.Begin(t.Context())
+		require.NoError(t, err)
+		// A failed test still gives the connection back (the pool's
+		// Close waits for it); after a commit this does nothing.
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		_, err = tx.Exec(t.Context(), `select 1 from sandbox_volumes where volume_id = $1 for update`, id)
+		require.NoError(t, err)
+		return func() { require.NoError(t, tx.Commit(t.Context())) }
+	}
+	// resize starts a resize and returns its answer's code ("" for done).
+	resize := func(size int64) <-chan string {
+		out := make(chan string, 1)
+		go func() {
+			_, err := f.C.SandboxVolumesResize(t.Context(), &client.SandboxVolumesResizeInput{TenantId: tenant, VolumeId: id, SizeGiB: size})
+			code := ""
+			if err != nil {
+				e := testenv.APIError(t, err)
+				code = e.Code + " " + fmt.Sprint(e.Details["reason"])
+			}
+			out <- code
+		}()
+		return out
+	}
+	// waiting is whether the service's locking read of a volume waits for
+	// the row (no delete runs meanwhile, so it is the resize's).
+	waiting := func() bool {
+		var n int
+		require.NoError(t, f.DB.QueryRow(t.Context(), `select count(*) from pg_stat_activity
+			where datname = current_database() and wait_event_type = 'Lock' and query like '%GetSandboxVolumeForUpdate %'`).Scan(&n))
+		return n > 0
+	}
+	// blocked waits until the resize whose answer is res waits for the
+	// row, failing if it answers first.
+	blocked := func(res <-chan string) {
+		deadline := time.Now().Add(15 * time.Second)
+		for !waiting() {
+			select {
+			case code := <-res:
+				require.Failf(t, "the resize answered instead of waiting for the held row", "answer %q", code)
+			default:
+			}
+			require.True(t, time.Now().Before(deadline), "the resize never waited for the row")
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	// A ready volume whose row is held: the resize waits; a second resize
+	// meanwhile is CONFLICT resize-in-flight; the first grows the volume.
+	commit := hold()
+	first := resize(2)
+	blocked(first)
+	assert.Equal(t, "CONFLICT resize-in-flight", <-resize(3))
+	commit()
+	assert.Equal(t, "", <-first)
+	got, err := f.C.SandboxVolumesGet(t.Context(), &client.SandboxVolumesGetInput{TenantId: tenant, VolumeId: id})
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, got.Data.SizeGiB)
+
+	// A deleting volume whose row is held (the host's status report
+	// finishing the delete): INVALID_STATE, never resize-in-flight.
+	_, err = f.C.SandboxVolumesDelete(t.Context(), &client.SandboxVolumesDeleteInput{TenantId: tenant, VolumeId: id})
+	require.NoError(t, err)
+	commit = hold()
+	res := resize(5)
+	blocked(res)
+	commit()
+	assert.Equal(t, "INVALID_STATE <nil>", <-res)
+	got, err = f.C.SandboxVolumesGet(t.Context(), &client.SandboxVolumesGetInput{TenantId: tenant, VolumeId: id})
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, got.Data.SizeGiB, "unchanged")
 }
