@@ -398,7 +398,7 @@ type SandboxesWriteFileInput struct {
 	TenantID      string `json:"tenantId"`  // Tenant identifier.
 	SandboxID     string `json:"sandboxId"` // Sandbox identifier.
 	Path          string `json:"path"`
-	ContentBase64 string `json:"contentBase64"`
+	ContentBase64 []byte `json:"contentBase64"` // The content, base64 (RFC 4648, padded); text that is not base64 is INVALID_INPUT.
 	Mode          int64  `json:"mode,omitempty"`
 }
 
@@ -431,7 +431,7 @@ func decodeSandboxesWriteFileInput(obj map[string]any, path string, iss *wire.Is
 	}
 	if v, ok := obj["contentBase64"]; !ok {
 		wire.Required(wire.Join(path, "contentBase64"), iss)
-	} else if x1, ok := wire.String(v, wire.Join(path, "contentBase64"), ruleSandboxesWriteFileInputContentBase64, iss); ok {
+	} else if x1, ok := wire.Bytes(v, wire.Join(path, "contentBase64"), ruleSandboxesWriteFileInputContentBase64, iss); ok {
 		out.ContentBase64 = x1
 	}
 	if v, ok := obj["mode"]; ok {

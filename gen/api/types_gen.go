@@ -550,7 +550,7 @@ type SandboxAttachment struct {
 type SandboxFile struct {
 	Path          string  `json:"path"`
 	SizeBytes     int64   `json:"sizeBytes"`
-	ContentBase64 *string `json:"contentBase64"` // readFile: the content; writeFile: null.
+	ContentBase64 *[]byte `json:"contentBase64"` // readFile: the content (base64); writeFile: null.
 }
 type SandboxList struct {
 	Items []Sandbox `json:"items"` // Newest first.

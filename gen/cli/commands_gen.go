@@ -1428,7 +1428,7 @@ var Groups = []cliruntime.Group{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
 					{Name: "path", Field: "path", Type: cliruntime.String, Required: true},
-					{Name: "content-base64", Field: "contentBase64", Type: cliruntime.String, Required: true},
+					{Name: "content-base64", Field: "contentBase64", Type: cliruntime.String, Required: true, Help: "The content, base64 (RFC 4648, padded); text that is not base64 is INVALID_INPUT."},
 					{Name: "mode", Field: "mode", Type: cliruntime.Int, Default: "420"},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {

@@ -26023,7 +26023,7 @@ func (s *SandboxFile) Encode(e *jx.Encoder) {
 func (s *SandboxFile) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("contentBase64")
-		s.ContentBase64.Encode(e)
+		e.Base64(s.ContentBase64)
 	}
 	{
 		e.FieldStart("path")
@@ -26053,7 +26053,9 @@ func (s *SandboxFile) Decode(d *jx.Decoder) error {
 		case "contentBase64":
 			requiredBitSet[0] |= 1 << 0
 			if err := func() error {
-				if err := s.ContentBase64.Decode(d); err != nil {
+				v, err := d.Base64()
+				s.ContentBase64 = []byte(v)
+				if err != nil {
 					return err
 				}
 				return nil
@@ -33996,7 +33998,7 @@ func (s *SandboxesWriteFileInput) Encode(e *jx.Encoder) {
 func (s *SandboxesWriteFileInput) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("contentBase64")
-		e.Str(s.ContentBase64)
+		e.Base64(s.ContentBase64)
 	}
 	{
 		if s.Mode.Set {
@@ -34039,8 +34041,8 @@ func (s *SandboxesWriteFileInput) Decode(d *jx.Decoder) error {
 		case "contentBase64":
 			requiredBitSet[0] |= 1 << 0
 			if err := func() error {
-				v, err := d.Str()
-				s.ContentBase64 = string(v)
+				v, err := d.Base64()
+				s.ContentBase64 = []byte(v)
 				if err != nil {
 					return err
 				}

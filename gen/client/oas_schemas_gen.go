@@ -10594,14 +10594,14 @@ func (s *SandboxAttachment) SetVolumeId(val string) {
 
 // Ref: #/components/schemas/SandboxFile
 type SandboxFile struct {
-	// ReadFile: the content; writeFile: null.
-	ContentBase64 NilString `json:"contentBase64"`
-	Path          string    `json:"path"`
-	SizeBytes     int64     `json:"sizeBytes"`
+	// ReadFile: the content (base64); writeFile: null.
+	ContentBase64 []byte `json:"contentBase64"`
+	Path          string `json:"path"`
+	SizeBytes     int64  `json:"sizeBytes"`
 }
 
 // GetContentBase64 returns the value of ContentBase64.
-func (s *SandboxFile) GetContentBase64() NilString {
+func (s *SandboxFile) GetContentBase64() []byte {
 	return s.ContentBase64
 }
 
@@ -10616,7 +10616,7 @@ func (s *SandboxFile) GetSizeBytes() int64 {
 }
 
 // SetContentBase64 sets the value of ContentBase64.
-func (s *SandboxFile) SetContentBase64(val NilString) {
+func (s *SandboxFile) SetContentBase64(val []byte) {
 	s.ContentBase64 = val
 }
 
@@ -13290,7 +13290,8 @@ func (s *SandboxesResumeResult) SetData(val Sandbox) {
 // INVALID_INPUT.
 // Ref: #/components/schemas/SandboxesWriteFileInput
 type SandboxesWriteFileInput struct {
-	ContentBase64 string   `json:"contentBase64"`
+	// The content, base64 (RFC 4648, padded); text that is not base64 is INVALID_INPUT.
+	ContentBase64 []byte   `json:"contentBase64"`
 	Mode          OptInt64 `json:"mode"`
 	Path          string   `json:"path"`
 	// Sandbox identifier.
@@ -13300,7 +13301,7 @@ type SandboxesWriteFileInput struct {
 }
 
 // GetContentBase64 returns the value of ContentBase64.
-func (s *SandboxesWriteFileInput) GetContentBase64() string {
+func (s *SandboxesWriteFileInput) GetContentBase64() []byte {
 	return s.ContentBase64
 }
 
@@ -13325,7 +13326,7 @@ func (s *SandboxesWriteFileInput) GetTenantId() string {
 }
 
 // SetContentBase64 sets the value of ContentBase64.
-func (s *SandboxesWriteFileInput) SetContentBase64(val string) {
+func (s *SandboxesWriteFileInput) SetContentBase64(val []byte) {
 	s.ContentBase64 = val
 }
 

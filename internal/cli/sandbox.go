@@ -120,14 +120,11 @@ func (inv *invocation) rawOutput(set *settings, data []byte, s Streams) (code in
 		}
 		return execExit(r.ExitCode, r.TimedOut), true, nil
 	case inv.is("sandboxes", "readFile"):
-		var r struct{ ContentBase64 string }
+		var r struct{ ContentBase64 []byte } // format byte: encoding/json decodes the base64
 		if err := json.Unmarshal(data, &r); err != nil {
-			return 0, true, err
-		}
-		content, err := base64.StdEncoding.DecodeString(r.ContentBase64)
-		if err != nil {
 			return 0, true, fmt.Errorf("the answer's contentBase64: %w", err)
 		}
+		content := r.ContentBase64
 		if to, ok := inv.local("to"); ok && to != "-" {
 			return ExitOK, true, os.WriteFile(to, content, 0o644)
 		}

@@ -184,7 +184,7 @@ func init() {
 	matrix[api.MethodSandboxesWriteFile] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			return refusedAs[*client.SandboxesWriteFileResult]("INVALID_STATE")(c.SandboxesWriteFile(t.Context(), &client.SandboxesWriteFileInput{TenantId: tenant,
-				SandboxId: paused(t, fx, tenant), Path: "/tmp/x", ContentBase64: "aGk="}))
+				SandboxId: paused(t, fx, tenant), Path: "/tmp/x", ContentBase64: []byte("hi")}))
 		},
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(*testing.T, any, string) {},

@@ -7,8 +7,11 @@ package sandboxes_test
 // seconds.
 
 import (
-	"encoding/base64"
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"computeplane/gen/client"
+	"computeplane/internal/config"
 	"computeplane/internal/fleettest"
 	"computeplane/internal/proctest"
 	"computeplane/internal/qemu/qemutest"
@@ -96,17 +100,34 @@ func (w *world) sh(id, script string) string {
 func (w *world) write(id, path, content string) {
 	w.t.Helper()
 	_, err := w.C.SandboxesWriteFile(w.t.Context(), &client.SandboxesWriteFileInput{TenantId: tenant, SandboxId: id, Path: path,
-		ContentBase64: base64.StdEncoding.EncodeToString([]byte(content))})
+		ContentBase64: []byte(content)})
 	require.NoError(w.t, err)
+}
+
+// post calls route with body as JSON outside the client, which only sends
+// valid input; it returns the status and the answer's body.
+func (w *world) post(route string, body any) (int, []byte) {
+	w.t.Helper()
+	b, err := json.Marshal(body)
+	require.NoError(w.t, err)
+	req, err := http.NewRequestWithContext(w.t.Context(), http.MethodPost, w.PublicURL+config.DefaultBasePath+route, bytes.NewReader(b))
+	require.NoError(w.t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Service", "1")
+	req.Header.Set("Authorization", "Bearer "+w.Key)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(w.t, err)
+	defer res.Body.Close()
+	out, err := io.ReadAll(res.Body)
+	require.NoError(w.t, err)
+	return res.StatusCode, out
 }
 
 func (w *world) read(id, path string) string {
 	w.t.Helper()
 	res, err := w.C.SandboxesReadFile(w.t.Context(), &client.SandboxesReadFileInput{TenantId: tenant, SandboxId: id, Path: path})
 	require.NoError(w.t, err)
-	b, err := base64.StdEncoding.DecodeString(res.Data.ContentBase64.Value)
-	require.NoError(w.t, err)
-	return string(b)
+	return string(res.Data.ContentBase64)
 }
 
 // readyWarm counts a template's warm instances that are ready to be
@@ -194,6 +215,43 @@ func TestSandboxesOnRealVMs(t *testing.T) {
 		assert.Equal(t, "kept across pause and snapshot", w.read(first.SandboxId, "/root/notes/a.txt"))
 		_, err := w.C.SandboxesReadFile(t.Context(), &client.SandboxesReadFileInput{TenantId: tenant, SandboxId: first.SandboxId, Path: "/no/such"})
 		assert.Equal(t, "NOT_FOUND", testenv.APIError(t, err).Code)
+
+		// contentBase64 is format byte: bytes in the client, base64 on the wire.
+		binary := make([]byte, 256)
+		for i := range binary {
+			binary[i] = byte(i)
+		}
+		w.write(first.SandboxId, "/root/notes/bin", string(binary))
+		assert.Equal(t, string(binary), w.read(first.SandboxId, "/root/notes/bin"))
+		w.write(first.SandboxId, "/root/notes/empty", "")
+		res, err := w.C.SandboxesReadFile(t.Context(), &client.SandboxesReadFileInput{TenantId: tenant, SandboxId: first.SandboxId, Path: "/root/notes/empty"})
+		require.NoError(t, err)
+		assert.NotNil(t, res.Data.ContentBase64, "an empty file is \"\", not null")
+		assert.Empty(t, res.Data.ContentBase64)
+
+		// Text that is not base64 is INVALID_INPUT naming the field, and the
+		// file is left as it was.
+		for _, bad := range []string{"not base64!", "aGk", "-_8="} {
+			status, body := w.post("/sandboxes/writeFile", map[string]any{"tenantId": tenant, "sandboxId": first.SandboxId,
+				"path": "/root/notes/a.txt", "contentBase64": bad})
+			assert.Equal(t, 400, status, "%q: %s", bad, body)
+			var e struct {
+				Error struct {
+					Code    string
+					Message string
+					Details struct {
+						Issues []struct{ Path, Message string }
+					}
+				}
+			}
+			require.NoError(t, json.Unmarshal(body, &e), "%s", body)
+			assert.Equal(t, "INVALID_INPUT", e.Error.Code, "%q", bad)
+			assert.True(t, strings.HasPrefix(e.Error.Message, "contentBase64: must be base64"), "%q: %s", bad, e.Error.Message)
+			if assert.Len(t, e.Error.Details.Issues, 1, "%q", bad) {
+				assert.Equal(t, "contentBase64", e.Error.Details.Issues[0].Path)
+			}
+		}
+		assert.Equal(t, "kept across pause and snapshot", w.read(first.SandboxId, "/root/notes/a.txt"), "a refused write changes nothing")
 	})
 
 	t.Run("pause and resume twice", func(t *testing.T) {

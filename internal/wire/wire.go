@@ -6,6 +6,7 @@ package wire
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -242,6 +243,21 @@ func String(v any, path string, r *StringRule, iss *Issues) (string, bool) {
 		return "", false
 	}
 	return s, true
+}
+
+// Bytes checks v against r, then decodes it as base64 (RFC 4648, standard
+// alphabet, padded: OpenAPI's format byte); r bounds the text, not the bytes.
+func Bytes(v any, path string, r *StringRule, iss *Issues) ([]byte, bool) {
+	s, ok := String(v, path, r, iss)
+	if !ok {
+		return nil, false
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		iss.Add(path, "must be base64 (RFC 4648, standard alphabet, padded): %s", err.Error())
+		return nil, false
+	}
+	return b, true
 }
 
 // IntRule holds the bounds of an integer field.

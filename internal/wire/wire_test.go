@@ -147,6 +147,42 @@ func TestString(t *testing.T) {
 	}
 }
 
+func TestBytes(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		v    any
+		rule wire.StringRule
+		want []byte
+		err  string
+	}{
+		{name: "padded", v: "aGk=", want: []byte("hi")},
+		{name: "empty is no bytes", v: "", want: []byte{}},
+		{name: "binary", v: "AP8=", want: []byte{0, 255}},
+		{name: "unpadded", v: "aGk", err: "must be base64 (RFC 4648, standard alphabet, padded): illegal base64 data at input byte 0"},
+		{name: "url alphabet", v: "-_8=", err: "must be base64 (RFC 4648, standard alphabet, padded): illegal base64 data at input byte 0"},
+		{name: "not base64", v: "hello world", err: "must be base64 (RFC 4648, standard alphabet, padded): illegal base64 data at input byte 5"},
+		{name: "the rule bounds the text", v: "aGVsbG8=", rule: wire.StringRule{MaxLength: 4}, err: "must be at most 4 characters"},
+		{name: "number", v: num("1"), err: "must be a string, got number"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var iss wire.Issues
+			got, ok := wire.Bytes(tt.v, "a.b", &tt.rule, &iss)
+			if tt.err != "" {
+				require.False(t, ok)
+				require.Nil(t, got)
+				require.Equal(t, []wire.Issue{{Path: "a.b", Message: tt.err}}, iss.List)
+				return
+			}
+			require.True(t, ok)
+			require.True(t, iss.Empty())
+			require.Equal(t, tt.want, got)
+		})
+	}
+}
+
 func TestInt(t *testing.T) {
 	t.Parallel()
 	bounded := wire.IntRule{Min: 1, Max: 10, HasMin: true, HasMax: true}

@@ -972,7 +972,9 @@ func (c *Catalog) schema(n node, name string) (*Schema, error) {
 		case "enum":
 			s.Enum, err = v.strings("enum")
 		case "format":
-			s.Format, err = v.str("format")
+			if s.Format, err = v.str("format"); err == nil && !slices.Contains(Formats, s.Format) {
+				err = v.errf("unknown format %q (one of %s)", s.Format, strings.Join(Formats, ", "))
+			}
 		case "minimum":
 			var x float64
 			x, err = v.number("minimum")
@@ -1033,6 +1035,10 @@ func checkSchema(n node, name string, s *Schema) error {
 		return n.nameErrf("field %s: integer bounds must be integers", name)
 	case s.Required && s.HasDefault:
 		return n.nameErrf("field %s: a required field takes no default", name)
+	case s.Format == FormatByte && (s.HasDefault || s.Pattern != "" || len(s.Enum) > 0):
+		// Bytes are decoded from base64: a default, pattern or enum would
+		// constrain the text, not the bytes.
+		return n.nameErrf("field %s: format byte takes no default, pattern or enum", name)
 	case s.Nullable && s.HasDefault:
 		// A nullable input tells absent, null and a value apart; a default
 		// would make absent a value, which wire.Nullable cannot express.

@@ -44,6 +44,8 @@ func TestNegative(t *testing.T) {
 		"duplicate_type_across_groups":   {"things.yaml", 4, "type Thing is already defined at "},
 		"required_with_default":          {"things.yaml", 18, "field limit: a required field takes no default"},
 		"nullable_with_default":          {"things.yaml", 18, "field note: a nullable field takes no default"},
+		"unknown_format":                 {"things.yaml", 18, `unknown format "bytes" (one of date-time, uri, byte)`},
+		"byte_with_default":              {"things.yaml", 18, "field note: format byte takes no default, pattern or enum"},
 		"default_out_of_bounds":          {"things.yaml", 18, "field limit: default 60 is out of bounds"},
 		"default_not_in_enum":            {"things.yaml", 18, `field kind: default "dedicated" is not one of the enum values`},
 		"default_wrong_type":             {"things.yaml", 18, "field limit: default must be an integer"},

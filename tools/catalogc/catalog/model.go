@@ -221,6 +221,17 @@ const (
 	TAny     = "any"
 )
 
+// String formats. FormatByte is base64 (RFC 4648, padded) on the wire and
+// bytes in Go: the generated decoder refuses text that is not base64.
+const (
+	FormatDateTime = "date-time"
+	FormatURI      = "uri"
+	FormatByte     = "byte"
+)
+
+// Formats lists the formats a string field may declare.
+var Formats = []string{FormatDateTime, FormatURI, FormatByte}
+
 // Schema is the type of a field, an input or an output.
 type Schema struct {
 	Type        string
@@ -237,7 +248,7 @@ type Schema struct {
 	MaxLength *int
 	Pattern   string
 	Enum      []string
-	Format    string
+	Format    string // one of Formats
 
 	// integer and number
 	Minimum *float64

@@ -212,6 +212,31 @@ func TestDecodeFirstIssue(t *testing.T) {
 	require.Equal(t, "idempotencyKey", iss.List[1].Path)
 }
 
+// A format byte field is []byte in gen/api: the decoder checks the text's
+// rule, then decodes the base64; text that is not base64 is an issue on
+// the field.
+func TestDecodeBytes(t *testing.T) {
+	t.Parallel()
+	const sandboxID = "sbx_0123456789abcdefghjkmnpqrs"
+	base := `"tenantId":"t1","sandboxId":"` + sandboxID + `","path":"/a"`
+	in, iss := decode(t, "/sandboxes/writeFile", `{`+base+`,"contentBase64":"AP9oaQ=="}`)
+	require.Empty(t, iss)
+	require.Equal(t, []byte{0, 255, 'h', 'i'}, in.(*api.SandboxesWriteFileInput).ContentBase64)
+
+	in, iss = decode(t, "/sandboxes/writeFile", `{`+base+`,"contentBase64":""}`)
+	require.Empty(t, iss)
+	require.Equal(t, []byte{}, in.(*api.SandboxesWriteFileInput).ContentBase64, "an empty file")
+
+	for _, bad := range []string{`"hi there"`, `"aGk"`, `"-_8="`} {
+		_, iss = decode(t, "/sandboxes/writeFile", `{`+base+`,"contentBase64":`+bad+`}`)
+		require.Len(t, iss, 1, bad)
+		require.Equal(t, "contentBase64", iss[0].Path, bad)
+		require.Contains(t, iss[0].Message, "must be base64", bad)
+	}
+	_, iss = decode(t, "/sandboxes/writeFile", `{`+base+`,"contentBase64":5}`)
+	require.Equal(t, []wire.Issue{issue("contentBase64", "must be a string, got number")}, iss)
+}
+
 func TestDecodeNullable(t *testing.T) {
 	t.Parallel()
 	base := `"tenantId":"t1","templateId":"` + templateID + `"`

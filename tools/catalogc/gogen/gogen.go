@@ -264,6 +264,9 @@ func (g *generator) nestedTypes(s *catalog.Schema, name string, input, decode bo
 func (g *generator) baseType(s *catalog.Schema, inline string, input bool) *jen.Statement {
 	switch s.Type {
 	case catalog.TString:
+		if s.Format == catalog.FormatByte {
+			return jen.Index().Byte() // base64 on the wire only
+		}
 		return jen.String()
 	case catalog.TInteger:
 		return jen.Int64()
@@ -423,7 +426,11 @@ func (g *generator) value(s *catalog.Schema, v, p jen.Code, assign func(jen.Code
 	switch s.Type {
 	case catalog.TString:
 		rule := g.stringRule(ctx, s)
-		return []jen.Code{jen.If(jen.List(x.Clone(), jen.Id("ok")).Op(":=").Qual(wirePkg, "String").Call(v, p, jen.Id(rule), iss), jen.Id("ok")).
+		fn := "String"
+		if s.Format == catalog.FormatByte {
+			fn = "Bytes" // decodes base64: bad text is INVALID_INPUT naming the field
+		}
+		return []jen.Code{jen.If(jen.List(x.Clone(), jen.Id("ok")).Op(":=").Qual(wirePkg, fn).Call(v, p, jen.Id(rule), iss), jen.Id("ok")).
 			Block(assign(x.Clone()))}
 	case catalog.TInteger, catalog.TNumber:
 		rule, fn := g.numberRule(ctx, s)
