@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -176,7 +177,11 @@ func newWorld(t *testing.T) *world {
 		ln := w.inet.listen(t, "0.0.0.0"+port)
 		srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/big" {
-				_, _ = rw.Write(make([]byte, bigBodyBytes))
+				n := bigBodyBytes
+				if v, err := strconv.Atoi(r.URL.Query().Get("n")); err == nil {
+					n = v
+				}
+				_, _ = rw.Write(make([]byte, n))
 				return
 			}
 			host, _, _ := net.SplitHostPort(r.RemoteAddr)

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -299,4 +300,20 @@ func TestRemoveAndCleanup(t *testing.T) {
 		_, err = c.ListTableOfFamily("someone_else", nftables.TableFamilyINet)
 		return err
 	})
+}
+
+func TestBandwidthCap(t *testing.T) {
+	requireRoot(t)
+	w := newWorld(t)
+	cfg := testConfig(w)
+	cfg.BandwidthMbps = 8 // 1 MB/s each way
+	m := newManager(t, cfg)
+	a := w.startVM(t, m, egressVM("vm-a", "acme", "10.200.1.2/24", "10.200.1.1", "52:54:00:00:01:02"))
+	start := time.Now()
+	body, err := a.get(fmt.Sprintf("http://%s/big?n=%d", upstream, 2<<20))
+	require.NoError(t, err)
+	require.Len(t, body, 2<<20)
+	// nftables' byte limit lets a second's worth plus the burst through at
+	// once (1.1 MB), then 1 MB/s: about 1 s for 2 MiB (uncapped, a few ms).
+	assert.Greater(t, time.Since(start), 600*time.Millisecond)
 }

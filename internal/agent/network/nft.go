@@ -250,7 +250,7 @@ func (m *Manager) addVM(c *nftables.Conn, b *base, vm *VM, tap string) error {
 	rule(port, load(expr.MetaKeyPROTOCOL), eq(arp), payload(expr.PayloadBaseNetworkHeader, 14, 4), neq(ip), drop)
 	rule(port, load(expr.MetaKeyPROTOCOL), eq(ipv4), ipSaddr(), neq(ip), drop)
 	if rate := m.rateBytes(); rate > 0 {
-		rule(port, &expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Over: true, Unit: expr.LimitTimeSecond, Burst: uint32(min(rate/10, 1<<30))}, drop)
+		rule(port, &expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Over: true, Unit: expr.LimitTimeSecond, Burst: burst(rate)}, drop)
 	}
 	rule(port, load(expr.MetaKeyPROTOCOL), eq(arp), verdict(expr.VerdictAccept))
 	rule(port, load(expr.MetaKeyPROTOCOL), eq(ipv4), verdict(expr.VerdictAccept))
@@ -260,7 +260,7 @@ func (m *Manager) addVM(c *nftables.Conn, b *base, vm *VM, tap string) error {
 	}
 	if rate := m.rateBytes(); rate > 0 {
 		out := c.AddChain(&nftables.Chain{Table: b.bridge, Name: outChain(key)})
-		rule(out, &expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Over: true, Unit: expr.LimitTimeSecond, Burst: uint32(min(rate/10, 1<<30))}, drop)
+		rule(out, &expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Over: true, Unit: expr.LimitTimeSecond, Burst: burst(rate)}, drop)
 		if err := c.SetAddElements(b.outPorts, []nftables.SetElement{{Key: ifnameKey(tap), VerdictData: jump(out.Name)}}); err != nil {
 			return err
 		}
@@ -312,3 +312,8 @@ func (m *Manager) addPolicy(c *nftables.Conn, b *base, vm *VM, replace bool) err
 	rule(counter(txCounter(key)), verdict(expr.VerdictAccept))
 	return nil
 }
+
+// burst is a cap's allowance above its rate: nftables' byte limit holds a
+// second's worth plus the burst, so a VM may send about 1.1 s of its cap
+// at once, then no more than the cap.
+func burst(rate uint64) uint32 { return uint32(min(rate/10, 1<<30)) }
