@@ -79,6 +79,15 @@ for lib in $(ldd "$(command -v mke2fs)" | grep -o '/[^ ]*'); do
 	cp -L "$lib" "$root$lib"
 done
 echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
+# Name resolution for busybox's wget, nc and nslookup (static glibc): the
+# files and dns sources are built into glibc, so with this nsswitch.conf
+# nothing is dlopened (the image carries mke2fs's shared libc, which a
+# static binary must not load). compute-guest writes resolv.conf from the
+# VM's network (compute.net=); images/netcheck.sh boots the image on a tap
+# and runs the tools.
+printf 'hosts: files dns\nnetworks: files\n' >"$root/etc/nsswitch.conf"
+printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
+: >"$root/etc/resolv.conf"
 echo "minimal" >"$root/etc/hostname"
 
 # The modules compute-guest loads at boot, dependencies first (from
@@ -130,7 +139,7 @@ cat >"$out/minimal.json.tmp" <<JSON
   "location": "$out/minimal/vmlinux",
   "initrd": "$out/minimal/initramfs.cpio",
   "cmdline": "$cmdline",
-  "description": "Minimal guest: Debian cloud kernel $kver, initramfs with compute-guest as init, busybox, mkfs.ext4"
+  "description": "Minimal guest: Debian cloud kernel $kver, initramfs with compute-guest as init, busybox (wget, nc, ip, nslookup), mkfs.ext4"
 }
 JSON
 

@@ -235,7 +235,8 @@ func findPort() string {
 }
 
 // applyCmdline takes the identity the host put on the kernel command line
-// (compute.hostname=, compute.env=<base64 of KEY=VALUE lines>) and runs
+// (compute.hostname=, compute.env=<base64 of KEY=VALUE lines>, compute.net=
+// <base64url JSON of guestproto.Network>) and runs
 // compute.userdata=<base64 script> once, at boot.
 func (a *Agent) applyCmdline(log *slog.Logger) {
 	raw, err := os.ReadFile("/proc/cmdline")
@@ -256,6 +257,13 @@ func (a *Agent) applyCmdline(log *slog.Logger) {
 					id.Env[k] = v
 				}
 			}
+		case "compute.net":
+			n, err := netFromCmdline(v)
+			if err != nil {
+				log.Warn("network", "error", err.Error())
+				continue
+			}
+			id.Network = n
 		case "compute.userdata":
 			userData, _ = base64.RawURLEncoding.DecodeString(v)
 		}

@@ -35,6 +35,9 @@ type Agent struct {
 	// guest.
 	Root  string
 	Start time.Time
+	// Network lets a test agent (Root set) configure the network of the
+	// namespace it runs in; a guest's agent always does.
+	Network bool
 
 	bootID string
 	mu     sync.Mutex // identity
@@ -368,6 +371,7 @@ func (a *Agent) setIdentity(id *guestproto.Identity) error {
 	if id.MachineID == "" {
 		id.MachineID = randomHex(16)
 	}
+
 	if a.Root == "" && os.Getpid() == 1 {
 		if err := syscall.Sethostname([]byte(id.Hostname)); err != nil {
 			return err
@@ -376,9 +380,12 @@ func (a *Agent) setIdentity(id *guestproto.Identity) error {
 		_ = os.WriteFile("/etc/machine-id", []byte(id.MachineID+"\n"), 0o444)
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	a.ident = *id
 	a.env = id.Env
+	a.mu.Unlock()
+	if id.Network != nil && (a.Root == "" || a.Network) {
+		return a.configureNetwork(id.Network)
+	}
 	return nil
 }
 

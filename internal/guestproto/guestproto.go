@@ -13,6 +13,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 )
 
 // PortName is the virtio-serial port's name (virtserialport name=...).
@@ -80,6 +82,26 @@ type Identity struct {
 	Hostname  string            `json:"hostname"`
 	MachineID string            `json:"machineId"`
 	Env       map[string]string `json:"env,omitempty"`
+	// Network, when set, (re)configures the guest's network card: at boot
+	// it comes on the kernel command line (compute.net=<base64url JSON>),
+	// after a resume or restore with a new address in this request.
+	Network *Network `json:"network,omitempty"`
+}
+
+// Network is the guest's side of its network: one card (virtio-net),
+// addressed statically by compute-guest (no DHCP).
+type Network struct {
+	// MAC picks the card; empty is the first card that is not loopback.
+	MAC string `json:"mac,omitempty"`
+	// Address is the guest's IPv4 address with its prefix length, e.g.
+	// 10.200.3.7/24.
+	Address string `json:"address"`
+	// Gateway is the default route's next hop; empty is no default route
+	// (a private network).
+	Gateway string `json:"gateway,omitempty"`
+	// DNS are the resolvers written to /etc/resolv.conf.
+	DNS []string `json:"dns,omitempty"`
+	MTU int      `json:"mtu,omitempty"`
 }
 
 // Response answers a request; ID 0 with Ready set is the boot event.
@@ -157,8 +179,41 @@ func DecodeRequest(line []byte) (Request, error) {
 		if r.Identity == nil || r.Identity.Hostname == "" {
 			return r, errors.New("guestproto: identity needs a hostname")
 		}
+		if n := r.Identity.Network; n != nil {
+			if err := n.Validate(); err != nil {
+				return r, err
+			}
+		}
 	default:
 		return r, fmt.Errorf("guestproto: unknown op %q", r.Op)
 	}
 	return r, nil
+}
+
+// Validate checks a network before the guest touches its card.
+func (n *Network) Validate() error {
+	p, err := netip.ParsePrefix(n.Address)
+	if err != nil || !p.Addr().Is4() {
+		return fmt.Errorf("guestproto: network address %q is not IPv4/len", n.Address)
+	}
+	if n.Gateway != "" {
+		gw, err := netip.ParseAddr(n.Gateway)
+		if err != nil || !p.Masked().Contains(gw) {
+			return fmt.Errorf("guestproto: gateway %q is not in %v", n.Gateway, p.Masked())
+		}
+	}
+	for _, d := range n.DNS {
+		if _, err := netip.ParseAddr(d); err != nil {
+			return fmt.Errorf("guestproto: resolver %q is not an address", d)
+		}
+	}
+	if n.MTU != 0 && (n.MTU < 576 || n.MTU > 9000) {
+		return fmt.Errorf("guestproto: mtu %d is outside 576..9000", n.MTU)
+	}
+	if n.MAC != "" {
+		if _, err := net.ParseMAC(n.MAC); err != nil {
+			return fmt.Errorf("guestproto: mac %q: %w", n.MAC, err)
+		}
+	}
+	return nil
 }
