@@ -13,7 +13,9 @@ import (
 
 // A kind has one owner: a second handler for it is a wiring mistake.
 func TestRegisterAKindOnce(t *testing.T) {
-	h := func(context.Context, pgx.Tx, string, db.Instance, agentproto.InstanceStatus) (bool, error) { return false, nil }
+	h := func(context.Context, pgx.Tx, string, db.Instance, agentproto.InstanceStatus) (bool, error) {
+		return false, nil
+	}
 	var reg Registry
 	reg.Register("vps", h)
 	reg.Register("sandbox", h)
