@@ -333,8 +333,11 @@ func TestDaemonsEndToEnd(t *testing.T) {
 		_ = f.db.QueryRow(t.Context(), `select coalesce(session_transport, '') from nodes where node_id = $1 and session_gateway is not null`, a.node).Scan(&transport)
 		return transport == agentproto.TransportWebSocket
 	}, 30*time.Second, 50*time.Millisecond, "%s", proctest.Tail(a.p.Stderr.String(), 10))
-	status, err := os.ReadFile(filepath.Join(a.dir, "status.json"))
-	require.NoError(t, err)
-	assert.Contains(t, string(status), `"transport": "wss-fallback"`)
+	// The gateway records the session at hello, the daemon its status
+	// file once the welcome arrives: a moment later.
+	require.Eventually(t, func() bool {
+		status, err := os.ReadFile(filepath.Join(a.dir, "status.json"))
+		return err == nil && strings.Contains(string(status), `"transport": "wss-fallback"`)
+	}, 10*time.Second, 20*time.Millisecond, "status.json reports the fallback")
 	assert.Equal(t, "ready", f.state(a.node))
 }
