@@ -21,7 +21,7 @@ import (
 	"syscall"
 
 	"computeplane/internal/agent"
-	"computeplane/internal/agent/runtime"
+	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/qemu"
 )
@@ -136,7 +136,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 
 // runtimes are the runtimes built into this compute-agent, by the name
 // --runtime takes. Adding one is a line here (CONTRIBUTING.md).
-var runtimes = map[string]func(context.Context, runtimeFlags, *slog.Logger) (runtime.Runtime, int, error){
+var runtimes = map[string]func(context.Context, runtimeFlags, *slog.Logger) (vmruntime.Runtime, int, error){
 	"qemu":      newQEMU,
 	"recording": newRecording,
 }
@@ -148,15 +148,15 @@ type runtimeFlags struct {
 
 // newRecording is the recording runtime: protocol tests and scale
 // benchmarks only, it boots nothing.
-func newRecording(_ context.Context, f runtimeFlags, _ *slog.Logger) (runtime.Runtime, int, error) {
-	return &runtime.Recording{Dir: f.dir + "/runtime"}, 0, nil
+func newRecording(_ context.Context, f runtimeFlags, _ *slog.Logger) (vmruntime.Runtime, int, error) {
+	return &vmruntime.Recording{Dir: f.dir + "/runtime"}, 0, nil
 }
 
 // newQEMU is the qemu runtime. It refuses to start without a working
 // qemu: the node would look ready and fail every instance it is given.
 // The int is the exit code of a refusal.
-func newQEMU(ctx context.Context, f runtimeFlags, log *slog.Logger) (runtime.Runtime, int, error) {
-	qv, err := runtime.CheckQEMU(ctx)
+func newQEMU(ctx context.Context, f runtimeFlags, log *slog.Logger) (vmruntime.Runtime, int, error) {
+	qv, err := vmruntime.CheckQEMU(ctx)
 	if err != nil {
 		return nil, 1, err
 	}
@@ -166,7 +166,7 @@ func newQEMU(ctx context.Context, f runtimeFlags, log *slog.Logger) (runtime.Run
 		return nil, 2, err
 	}
 	log.Info("starting the qemu runtime", "accel", acc)
-	q, err := runtime.NewQEMU(f.dir+"/runtime", acc, log)
+	q, err := vmruntime.NewQEMU(f.dir+"/runtime", acc, log)
 	if err != nil {
 		return nil, 1, err
 	}

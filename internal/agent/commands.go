@@ -9,7 +9,7 @@ import (
 	"regexp"
 	"time"
 
-	"computeplane/internal/agent/runtime"
+	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
 )
 
@@ -87,7 +87,7 @@ func (a *Agent) run(c *agentproto.Command) (json.RawMessage, error) {
 // guestCommand runs a command inside an instance's guest through the
 // runtime.
 func (a *Agent) guestCommand(c *agentproto.Command) (json.RawMessage, error) {
-	g, ok := a.o.Runtime.(runtime.Guests)
+	g, ok := a.o.Runtime.(vmruntime.Guests)
 	if !ok {
 		return nil, errors.New("the " + a.o.Runtime.Name() + " runtime runs no guests")
 	}

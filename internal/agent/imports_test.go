@@ -49,5 +49,5 @@ func TestTheAgentImportsNoServerPackage(t *testing.T) {
 	assert.Empty(t, serverImports(deps), "the node daemon links control-plane packages")
 	// The check sees one.
 	assert.Equal(t, []string{"computeplane/internal/gateway", "computeplane/gen/db"},
-		serverImports([]string{"fmt", "computeplane/internal/agent/runtime", "computeplane/internal/gateway", "computeplane/gen/db", "github.com/coder/websocket"}))
+		serverImports([]string{"fmt", "computeplane/internal/agent/vmruntime", "computeplane/internal/gateway", "computeplane/gen/db", "github.com/coder/websocket"}))
 }

@@ -26,7 +26,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"computeplane/internal/agent/runtime"
+	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
 )
 
@@ -57,7 +57,7 @@ const (
 // Options configure the daemon.
 type Options struct {
 	Dir      Dir
-	Runtime  runtime.Runtime
+	Runtime  vmruntime.Runtime
 	Volumes  string // the volume store's directory
 	Declared Declared
 	Version  string
@@ -117,7 +117,7 @@ func New(o Options) (*Agent, error) {
 	prev.NodeID, prev.Connected = st.NodeID, false
 	a := &Agent{o: o, dir: o.Dir, log: o.Log, state: st, key: key, transports: map[string]string{},
 		status: &statusFile{dir: o.Dir, s: prev}, lastGateway: gatewayRef{id: prev.GatewayID, url: prev.GatewayURL}, rwait: map[string]chan *agentproto.Resolved{}, inflight: map[string]bool{}}
-	if u, ok := o.Runtime.(runtime.SecretUser); ok {
+	if u, ok := o.Runtime.(vmruntime.SecretUser); ok {
 		u.UseSecrets(a.ResolveSecrets)
 	}
 	a.cert.Store(cert)

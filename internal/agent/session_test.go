@@ -28,7 +28,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"computeplane/internal/agent/runtime"
+	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
 )
 
@@ -117,7 +117,7 @@ func (w *world) setGateways(fallback string, gws ...*fakeGateway) {
 
 // run starts the daemon with the recording runtime until the test ends.
 func (w *world) run(opts ...func(*Options)) {
-	o := Options{Dir: w.dir, Runtime: &runtime.Recording{Dir: w.dir.path("runtime")}, Declared: Declared{VCPU: 4, MemoryMiB: 8192, DiskGiB: 50},
+	o := Options{Dir: w.dir, Runtime: &vmruntime.Recording{Dir: w.dir.path("runtime")}, Declared: Declared{VCPU: 4, MemoryMiB: 8192, DiskGiB: 50},
 		Version: "test", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	for _, f := range opts {
 		f(&o)

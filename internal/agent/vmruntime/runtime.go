@@ -1,7 +1,7 @@
-// Package runtime is what runs a node's desired spec on the host: the
+// Package vmruntime is what runs a node's desired spec on the host: the
 // qemu runtime (real virtual machines) and the recording runtime, which
 // only records specs on disk, for protocol tests and scale benchmarks.
-package runtime
+package vmruntime
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package runtime
+package vmruntime
 
 import (
 	"context"
@@ -45,6 +45,8 @@ type QEMU struct {
 
 	// resolve resolves secret references in user data (UseSecrets).
 	resolve ResolveFunc
+	// launch starts and re-attaches VMs: qemu's, a fake in unit tests.
+	launch Launcher
 
 	mu   sync.Mutex
 	vms  map[string]*vmState
@@ -58,7 +60,7 @@ type QEMU struct {
 
 type vmState struct {
 	spec    agentproto.InstanceSpec
-	vm      *qemu.VM
+	vm      VM
 	state   string
 	err     string
 	reboots int
@@ -77,7 +79,11 @@ type vmState struct {
 // NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
 // caller decides, by qemu.ChooseAccel where /dev/kvm exists).
 func NewQEMU(dir, accel string, log *slog.Logger) (*QEMU, error) {
-	r := &QEMU{Dir: dir, Log: log, accel: accel, Changed: make(chan struct{}, 1), vms: map[string]*vmState{}, releasing: map[string]chan struct{}{}}
+	return newQEMU(dir, accel, log, qemuLauncher{})
+}
+
+func newQEMU(dir, accel string, log *slog.Logger, launch Launcher) (*QEMU, error) {
+	r := &QEMU{Dir: dir, Log: log, accel: accel, launch: launch, Changed: make(chan struct{}, 1), vms: map[string]*vmState{}, releasing: map[string]chan struct{}{}}
 	if err := os.MkdirAll(filepath.Join(dir, "vms"), 0o700); err != nil {
 		return nil, err
 	}
@@ -88,14 +94,14 @@ func NewQEMU(dir, accel string, log *slog.Logger) (*QEMU, error) {
 			continue
 		}
 		st := &vmState{spec: spec, reboots: spec.Reboots, identity: readIdentity(d)}
-		vm, err := qemu.Attach(d)
+		vm, err := launch.Attach(d)
 		switch {
 		case err == nil:
 			st.vm, st.state = vm, StateRunning
 			if s, err := vm.Status(); err == nil && s == "paused" {
 				st.state = StatePaused
 			}
-			log.Info("re-attached to a running VM", "instance", spec.ID, "pid", vm.Pid)
+			log.Info("re-attached to a running VM", "instance", spec.ID, "pid", vm.Pid())
 		case spec.State == StateStopped:
 			st.state = StateStopped
 		case errors.Is(err, qemu.ErrGone):
@@ -103,7 +109,7 @@ func NewQEMU(dir, accel string, log *slog.Logger) (*QEMU, error) {
 		default:
 			// Running but out of reach: end it rather than leave it
 			// running untracked.
-			qemu.KillDir(d)
+			launch.KillDir(d)
 			st.state, st.err = "failed", "the daemon could not re-attach to the VM: "+err.Error()
 			log.Warn("could not re-attach to a VM; ended it", "instance", spec.ID, "error", err.Error())
 		}
@@ -472,7 +478,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 			case <-ctx.Done():
 			}
 		}
-		var vm *qemu.VM
+		var vm VM
 		var err error
 		if restoreDisk != "" {
 			if err = copySparse(ctx, restoreDisk, filepath.Join(c.Dir, "disk0.raw")); err != nil {
@@ -483,7 +489,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 			err = qemu.Overlay(ctx, rootImage, vs.Boot.Format, c.Disks[0].Path)
 		}
 		if err == nil {
-			vm, err = qemu.Start(ctx, c)
+			vm, err = r.launch.Start(ctx, c)
 		}
 		switch {
 		case err == nil && how == "restore":
@@ -569,7 +575,7 @@ func (r *QEMU) restart(id string, st *vmState, identity bool) {
 	go func() {
 		defer cancel()
 		t := startTimings("resume")
-		if vm.Config.Nice != 0 {
+		if vm.Config().Nice != 0 {
 			if err := vm.SetNice(0); err != nil {
 				r.Log.Warn("could not raise a claimed VM's CPU priority", "instance", id, "error", err.Error())
 			}
@@ -605,7 +611,7 @@ func (r *QEMU) restart(id string, st *vmState, identity bool) {
 // check gives a running guest its identity (when asked) and checks it:
 // the agent answers, the root filesystem takes a write and reads it back,
 // hostname and machine id are the spec's.
-func (r *QEMU) check(ctx context.Context, vm *qemu.VM, vs agentproto.InstanceSpec, identity bool, t *timer) error {
+func (r *QEMU) check(ctx context.Context, vm VM, vs agentproto.InstanceSpec, identity bool, t *timer) error {
 	g, err := vm.Guest()
 	if err != nil {
 		return err
@@ -664,8 +670,8 @@ func (r *QEMU) awaitGuest(id string, st *vmState, first bool) {
 	}()
 }
 
-func (r *QEMU) greet(ctx context.Context, vm *qemu.VM, vs agentproto.InstanceSpec, first bool, t *timer) error {
-	var g *qemu.Guest
+func (r *QEMU) greet(ctx context.Context, vm VM, vs agentproto.InstanceSpec, first bool, t *timer) error {
+	var g Guest
 	for {
 		var err error
 		if g, err = vm.Guest(); err == nil {
@@ -758,7 +764,7 @@ func (r *QEMU) Close() error {
 
 // guest is the guest channel of a running instance (not paused: a paused
 // guest answers nothing).
-func (r *QEMU) guest(id string) (*qemu.Guest, error) {
+func (r *QEMU) guest(id string) (Guest, error) {
 	r.mu.Lock()
 	st := r.vms[id]
 	r.mu.Unlock()
@@ -887,7 +893,7 @@ func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentpr
 		if err := vm.SaveState(ctx, filepath.Join(dir, "state")); err != nil {
 			return err
 		}
-		if err := saveMemory(ctx, vm.Config, filepath.Join(dir, "memory")); err != nil {
+		if err := saveMemory(ctx, vm.Config(), filepath.Join(dir, "memory")); err != nil {
 			return err
 		}
 		if _, err := os.Stat(filepath.Join(r.vmDir(id), "disk0.raw")); err == nil {
