@@ -112,6 +112,16 @@ func init() {
 			assert.EqualValues(t, 1, res.(*client.InstancesRebootResult).Data.Reboots)
 		},
 	}}
+	matrix[api.MethodInstancesSetEgressPolicy] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.InstancesSetEgressPolicy(t.Context(), &client.InstancesSetEgressPolicyInput{TenantId: tenant, InstanceId: fx.instance(t, tenant),
+				Egress: client.EgressPolicy{Allow: []string{"203.0.113.0/24"}}})
+		},
+		tenantRoles: operators, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Equal(t, []string{"203.0.113.0/24"}, res.(*client.InstancesSetEgressPolicyResult).Data.Egress.Allow)
+		},
+	}}
 	matrix[api.MethodInstancesDelete] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			return c.InstancesDelete(t.Context(), &client.InstancesDeleteInput{TenantId: tenant, InstanceId: fx.instance(t, tenant)})

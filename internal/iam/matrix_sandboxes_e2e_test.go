@@ -153,6 +153,16 @@ func init() {
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(*testing.T, any, string) {},
 	}}
+	matrix[api.MethodSandboxesSetEgressPolicy] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.SandboxesSetEgressPolicy(t.Context(), &client.SandboxesSetEgressPolicyInput{TenantId: tenant, SandboxId: running(t, fx, tenant),
+				Egress: client.EgressPolicy{Deny: []string{"198.51.100.7"}}})
+		},
+		tenantRoles: operators, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Equal(t, []string{"198.51.100.7/32"}, res.(*client.SandboxesSetEgressPolicyResult).Data.Egress.Deny)
+		},
+	}}
 	matrix[api.MethodSandboxesDelete] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			return c.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "running", "delete")})
