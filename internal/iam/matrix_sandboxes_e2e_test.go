@@ -155,7 +155,11 @@ func init() {
 	}}
 	matrix[api.MethodSandboxesSetEgressPolicy] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
-			return c.SandboxesSetEgressPolicy(t.Context(), &client.SandboxesSetEgressPolicyInput{TenantId: tenant, SandboxId: running(t, fx, tenant),
+			id := running(t, fx, tenant)
+			var vm string
+			require.NoError(t, fx.env.Store.Pool().QueryRow(t.Context(), `select instance_id from sandboxes where sandbox_id = $1`, id).Scan(&vm))
+			fx.egress(t, vm)
+			return c.SandboxesSetEgressPolicy(t.Context(), &client.SandboxesSetEgressPolicyInput{TenantId: tenant, SandboxId: id,
 				Egress: client.EgressPolicy{Deny: []string{"198.51.100.7"}}})
 		},
 		tenantRoles: operators, rootRoles: operators,
