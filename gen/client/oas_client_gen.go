@@ -148,8 +148,8 @@ type InstancesInvoker interface {
 	// With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id
 	// derives from tenant, caller and key. network (default egress) gets an address of the tenant's subnet
 	// of the pool (CAPACITY_UNAVAILABLE when the pool's range has none left); egress, only under network
-	// egress, is the VM's egress policy. In a provider pool the provider's network applies and network is
-	// stored only.
+	// egress, is the VM's egress policy. In a provider pool the provider's own network applies (network
+	// shows none; an egress policy is INVALID_INPUT).
 	//
 	// Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
 	// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData,
@@ -2108,8 +2108,8 @@ func (c *Client) sendImagesList(ctx context.Context, request *ImagesListInput) (
 // With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id
 // derives from tenant, caller and key. network (default egress) gets an address of the tenant's subnet
 // of the pool (CAPACITY_UNAVAILABLE when the pool's range has none left); egress, only under network
-// egress, is the VM's egress policy. In a provider pool the provider's network applies and network is
-// stored only.
+// egress, is the VM's egress policy. In a provider pool the provider's own network applies (network
+// shows none; an egress policy is INVALID_INPUT).
 //
 // Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
 // under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData,
