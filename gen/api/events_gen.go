@@ -55,12 +55,14 @@ const (
 	EventInstanceStopped            = "instance.stopped"
 	EventInstanceFailed             = "instance.failed"
 	EventInstanceDeleted            = "instance.deleted"
+	EventInstanceEgressChanged      = "instance.egress.changed"
 	EventWorkflowStarted            = "workflow.started"
 	EventWorkflowStepSucceeded      = "workflow.step.succeeded"
 	EventWorkflowStepFailed         = "workflow.step.failed"
 	EventWorkflowSucceeded          = "workflow.succeeded"
 	EventWorkflowFailed             = "workflow.failed"
 	EventWorkflowAborted            = "workflow.aborted"
+	EventSandboxEgressChanged       = "sandbox.egress.changed"
 	EventSandboxCreated             = "sandbox.created"
 	EventSandboxRunning             = "sandbox.running"
 	EventSandboxPaused              = "sandbox.paused"
@@ -332,6 +334,12 @@ var EventTypes = []EventSpec{
 		Type:        EventInstanceDeleted,
 	},
 	{
+		Description: "An instance's egress policy was replaced (instances.setEgressPolicy); its node applies it.",
+		Module:      "instances",
+		Subject:     "instance id",
+		Type:        EventInstanceEgressChanged,
+	},
+	{
 		Description: "A workflow started on a node (its profile version became immutable).",
 		Module:      "workflows",
 		Subject:     "workflow id",
@@ -366,6 +374,12 @@ var EventTypes = []EventSpec{
 		Module:      "workflows",
 		Subject:     "workflow id",
 		Type:        EventWorkflowAborted,
+	},
+	{
+		Description: "A sandbox's egress policy was replaced (sandboxes.setEgressPolicy); its node applies it.",
+		Module:      "sandboxes",
+		Subject:     "sandbox id",
+		Type:        EventSandboxEgressChanged,
 	},
 	{
 		Description: "A sandbox was admitted (a warm instance claimed, a VM placed for a cold boot, or a restore placed on its snapshot's node).",
@@ -703,6 +717,13 @@ type InstanceDeletedPayload struct {
 	InstanceID string `json:"instanceId"` // Instance identifier.
 }
 
+// InstanceEgressChangedPayload: Payload of instance.egress.changed.
+type InstanceEgressChangedPayload struct {
+	InstanceID string `json:"instanceId"` // Instance identifier.
+	Allow      int64  `json:"allow"`      // Entries in the allow list.
+	Deny       int64  `json:"deny"`       // Entries in the deny list.
+}
+
 // WorkflowStartedPayload: Payload of workflow.started.
 type WorkflowStartedPayload struct {
 	WorkflowID     string `json:"workflowId"` // Workflow identifier.
@@ -750,6 +771,13 @@ type WorkflowFailedPayload struct {
 type WorkflowAbortedPayload struct {
 	WorkflowID string `json:"workflowId"` // Workflow identifier.
 	NodeID     string `json:"nodeId"`     // Node identifier.
+}
+
+// SandboxEgressChangedPayload: Payload of sandbox.egress.changed.
+type SandboxEgressChangedPayload struct {
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+	Allow     int64  `json:"allow"`     // Entries in the allow list.
+	Deny      int64  `json:"deny"`      // Entries in the deny list.
 }
 
 // SandboxCreatedPayload: Payload of sandbox.created.

@@ -9,33 +9,38 @@ import (
 
 // Full names of the instances methods.
 const (
-	MethodInstancesCreate = "instances.create"
-	MethodInstancesGet    = "instances.get"
-	MethodInstancesList   = "instances.list"
-	MethodInstancesStart  = "instances.start"
-	MethodInstancesStop   = "instances.stop"
-	MethodInstancesReboot = "instances.reboot"
-	MethodInstancesDelete = "instances.delete"
+	MethodInstancesCreate          = "instances.create"
+	MethodInstancesGet             = "instances.get"
+	MethodInstancesList            = "instances.list"
+	MethodInstancesStart           = "instances.start"
+	MethodInstancesStop            = "instances.stop"
+	MethodInstancesReboot          = "instances.reboot"
+	MethodInstancesDelete          = "instances.delete"
+	MethodInstancesSetEgressPolicy = "instances.setEgressPolicy"
 )
 
 // InstancesCreateInput: Input of instances.create.
 type InstancesCreateInput struct {
-	TenantID       string  `json:"tenantId"` // Tenant identifier.
-	PoolID         string  `json:"poolId"`   // Pool identifier.
-	Flavor         string  `json:"flavor"`   // Lowercase DNS-like name.
-	ImageID        string  `json:"imageId"`  // Image identifier.
-	Name           string  `json:"name"`     // Lowercase DNS-like name.
-	UserData       *string `json:"userData,omitempty"`
-	ReservationID  *string `json:"reservationId,omitempty"` // Run inside this active reservation of the pool: the instance takes one of its units (its flavor must fit the reservation's) and is charged only the instances quota; it is deleted when the reservation ends.
-	Wait           *Wait   `json:"wait,omitempty"`
-	IdempotencyKey string  `json:"idempotencyKey"` // Idempotency key (wide alphabet).
+	TenantID       string        `json:"tenantId"` // Tenant identifier.
+	PoolID         string        `json:"poolId"`   // Pool identifier.
+	Flavor         string        `json:"flavor"`   // Lowercase DNS-like name.
+	ImageID        string        `json:"imageId"`  // Image identifier.
+	Name           string        `json:"name"`     // Lowercase DNS-like name.
+	UserData       *string       `json:"userData,omitempty"`
+	ReservationID  *string       `json:"reservationId,omitempty"` // Run inside this active reservation of the pool: the instance takes one of its units (its flavor must fit the reservation's) and is charged only the instances quota; it is deleted when the reservation ends.
+	Network        string        `json:"network,omitempty"`
+	Egress         *EgressPolicy `json:"egress,omitempty"` // Only under network egress (else INVALID_INPUT).
+	Wait           *Wait         `json:"wait,omitempty"`
+	IdempotencyKey string        `json:"idempotencyKey"` // Idempotency key (wide alphabet).
 }
 
 var fieldsInstancesCreateInput = map[string]struct{}{
+	"egress":         {},
 	"flavor":         {},
 	"idempotencyKey": {},
 	"imageId":        {},
 	"name":           {},
+	"network":        {},
 	"poolId":         {},
 	"reservationId":  {},
 	"tenantId":       {},
@@ -46,6 +51,7 @@ var fieldsInstancesCreateInput = map[string]struct{}{
 // decodeInstancesCreateInput checks obj against the schema of InstancesCreateInput, collecting every issue.
 func decodeInstancesCreateInput(obj map[string]any, path string, iss *wire.Issues) (out InstancesCreateInput) {
 	wire.Unknown(obj, path, fieldsInstancesCreateInput, iss)
+	out.Network = "egress"
 	if v, ok := obj["tenantId"]; !ok {
 		wire.Required(wire.Join(path, "tenantId"), iss)
 	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleInstancesCreateInputTenantID, iss); ok {
@@ -79,6 +85,17 @@ func decodeInstancesCreateInput(obj map[string]any, path string, iss *wire.Issue
 	if v, ok := obj["reservationId"]; ok {
 		if x1, ok := wire.String(v, wire.Join(path, "reservationId"), ruleInstancesCreateInputReservationID, iss); ok {
 			out.ReservationID = &x1
+		}
+	}
+	if v, ok := obj["network"]; ok {
+		if x1, ok := wire.String(v, wire.Join(path, "network"), ruleInstancesCreateInputNetwork, iss); ok {
+			out.Network = x1
+		}
+	}
+	if v, ok := obj["egress"]; ok {
+		if o1, ok := wire.Object(v, wire.Join(path, "egress"), iss); ok {
+			x1 := decodeEgressPolicy(o1, wire.Join(path, "egress"), iss)
+			out.Egress = &x1
 		}
 	}
 	if v, ok := obj["wait"]; ok {
@@ -281,9 +298,44 @@ func decodeInstancesDeleteInput(obj map[string]any, path string, iss *wire.Issue
 	return
 }
 
+// InstancesSetEgressPolicyInput: Input of instances.setEgressPolicy.
+type InstancesSetEgressPolicyInput struct {
+	TenantID   string       `json:"tenantId"`   // Tenant identifier.
+	InstanceID string       `json:"instanceId"` // Instance identifier.
+	Egress     EgressPolicy `json:"egress"`
+}
+
+var fieldsInstancesSetEgressPolicyInput = map[string]struct{}{
+	"egress":     {},
+	"instanceId": {},
+	"tenantId":   {},
+}
+
+// decodeInstancesSetEgressPolicyInput checks obj against the schema of InstancesSetEgressPolicyInput, collecting every issue.
+func decodeInstancesSetEgressPolicyInput(obj map[string]any, path string, iss *wire.Issues) (out InstancesSetEgressPolicyInput) {
+	wire.Unknown(obj, path, fieldsInstancesSetEgressPolicyInput, iss)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleInstancesSetEgressPolicyInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["instanceId"]; !ok {
+		wire.Required(wire.Join(path, "instanceId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "instanceId"), ruleInstancesSetEgressPolicyInputInstanceID, iss); ok {
+		out.InstanceID = x1
+	}
+	if v, ok := obj["egress"]; !ok {
+		wire.Required(wire.Join(path, "egress"), iss)
+	} else if o1, ok := wire.Object(v, wire.Join(path, "egress"), iss); ok {
+		x1 := decodeEgressPolicy(o1, wire.Join(path, "egress"), iss)
+		out.Egress = x1
+	}
+	return
+}
+
 // InstancesService implements the instances group: VPS instances: virtual machines of a flavor and an image, placed on a ready node of a hosted vps-host pool, booked and charged to quota at creation, run by the node's daemon through its VM runtime. desiredState (running, stopped, paused, deleted) is what the tenant asks; state is what the daemon last reported (pending until it reports, starting, running, stopped, paused, failed) or deleted. In a provider pool an instance runs on a machine of the pool's provider account instead (machineId), launched, watched and released by the provider-instances job; a provider that cannot launch instances is UNSUPPORTED.
 type InstancesService interface {
-	// Create: Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.
+	// Create: Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key. network (default egress) gets an address of the tenant's subnet of the pool (CAPACITY_UNAVAILABLE when the pool's range has none left); egress, only under network egress, is the VM's egress policy. In a provider pool the provider's own network applies (network shows none; an egress policy is INVALID_INPUT).
 	Create(ctx context.Context, in *InstancesCreateInput) (*Instance, error)
 	// Get: One instance of the tenant; anything else is NOT_FOUND.
 	Get(ctx context.Context, in *InstancesGetInput) (*Instance, error)
@@ -297,6 +349,8 @@ type InstancesService interface {
 	Reboot(ctx context.Context, in *InstancesRebootInput) (*Instance, error)
 	// Delete: Deletes the instance; its VM ends, its booking and quota are returned at once and its usage stops. Deleting twice returns it unchanged.
 	Delete(ctx context.Context, in *InstancesDeleteInput) (*Instance, error)
+	// SetEgressPolicy: Replaces the egress policy of an instance under network egress (any other network, a deleted instance or one of a provider pool is INVALID_STATE); the node applies it to the running or paused VM, open connections included, and a stopped one starts with it. Entries are checked as on create (a domain in deny is INVALID_INPUT naming it). The version is raised even when the policy is the same.
+	SetEgressPolicy(ctx context.Context, in *InstancesSetEgressPolicyInput) (*Instance, error)
 }
 
 // UnimplementedInstancesService answers NOT_IMPLEMENTED for every method; embed it to implement a group bit by bit.
@@ -324,4 +378,7 @@ func (UnimplementedInstancesService) Reboot(context.Context, *InstancesRebootInp
 }
 func (UnimplementedInstancesService) Delete(context.Context, *InstancesDeleteInput) (*Instance, error) {
 	return nil, NotImplemented(Lookup("/instances/delete"))
+}
+func (UnimplementedInstancesService) SetEgressPolicy(context.Context, *InstancesSetEgressPolicyInput) (*Instance, error) {
+	return nil, NotImplemented(Lookup("/instances/setEgressPolicy"))
 }

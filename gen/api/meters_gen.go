@@ -23,6 +23,7 @@ const (
 	MeterReservationVcpuHours   = "reservation.vcpu.hours"
 	MeterReservationGPUHours    = "reservation.gpu.hours"
 	MeterNodeHours              = "node.hours"
+	MeterVpsEgressBytes         = "vps.egress.bytes"
 )
 
 // Meters is the meter catalog, in catalog order.
@@ -92,5 +93,11 @@ var Meters = []MeterSpec{
 		Module:      "nodes",
 		Name:        MeterNodeHours,
 		Unit:        "node-hour",
+	},
+	{
+		Description: "Bytes a VM (an instance or a sandbox's VM) sent and received through its node's uplink under network egress, as its node counts them.",
+		Module:      "instances",
+		Name:        MeterVpsEgressBytes,
+		Unit:        "byte",
 	},
 }

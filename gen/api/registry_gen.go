@@ -305,13 +305,13 @@ var Methods = []*Method{
 			in := decodeInstancesCreateInput(obj, "", iss)
 			return &in
 		},
-		Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.",
+		Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key. network (default egress) gets an address of the tenant's subnet of the pool (CAPACITY_UNAVAILABLE when the pool's range has none left); egress, only under network egress, is the VM's egress policy. In a provider pool the provider's own network applies (network shows none; an egress policy is INVALID_INPUT).",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeInvalidConfig, CodeCapacityUnavailable, CodeQuotaExceeded, CodeUnsupported, CodeUnauthenticated, CodeAccessDenied},
 		Events:      []string{"instance.created"},
 		FullName:    "instances.create",
 		Group:       "instances",
 		Idempotency: &Idempotency{
-			Compare:   []string{"poolId", "flavor", "imageId", "name", "userData", "reservationId"},
+			Compare:   []string{"poolId", "flavor", "imageId", "name", "userData", "reservationId", "network", "egress"},
 			DerivesID: "instanceId",
 			IDPrefix:  "inst",
 			Key:       "idempotencyKey",
@@ -505,6 +505,35 @@ var Methods = []*Method{
 			Type:    "instance",
 		}},
 		Route:        "/instances/delete",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:instances:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeInstancesSetEgressPolicyInput(obj, "", iss)
+			return &in
+		},
+		Description: "Replaces the egress policy of an instance under network egress (any other network, a deleted instance or one of a provider pool is INVALID_STATE); the node applies it to the running or paused VM, open connections included, and a stopped one starts with it. Entries are checked as on create (a domain in deny is INVALID_INPUT naming it). The version is raised even when the policy is the same.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"instance.egress.changed"},
+		FullName:    "instances.setEgressPolicy",
+		Group:       "instances",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Instances.SetEgressPolicy(ctx, in.(*InstancesSetEgressPolicyInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "setEgressPolicy",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "instanceId",
+			Type:    "instance",
+		}},
+		Route:        "/instances/setEgressPolicy",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},
@@ -2532,6 +2561,35 @@ var Methods = []*Method{
 			Type:    "sandbox",
 		}},
 		Route:        "/sandboxes/writeFile",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesSetEgressPolicyInput(obj, "", iss)
+			return &in
+		},
+		Description: "Replaces the egress policy of a creating, running or paused sandbox under network egress (any other network, a failed or deleted sandbox is INVALID_STATE); the node applies it to the VM, open connections included. Entries are checked as on instances.create (a domain in deny is INVALID_INPUT naming it). The template keeps its own policy.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"sandbox.egress.changed"},
+		FullName:    "sandboxes.setEgressPolicy",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.SetEgressPolicy(ctx, in.(*SandboxesSetEgressPolicyInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "setEgressPolicy",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/setEgressPolicy",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

@@ -65,6 +65,16 @@ var (
 
 // Rules of the input fields, built once.
 var (
+	ruleEgressPolicyAllow     = &wire.CountRule{Max: 64}
+	ruleEgressPolicyAllowItem = &wire.StringRule{
+		MaxLength: 253,
+		MinLength: 1,
+	}
+	ruleEgressPolicyDeny     = &wire.CountRule{Max: 64}
+	ruleEgressPolicyDenyItem = &wire.StringRule{
+		MaxLength: 253,
+		MinLength: 1,
+	}
 	ruleGPUsModel = &wire.StringRule{
 		MaxLength: 32,
 		Pattern:   regexp.MustCompile("^[A-Za-z0-9-]{1,32}$"),
@@ -306,6 +316,7 @@ var (
 		Pattern:   ShapeReservationId,
 		Words:     "a reservation id: rsv_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
+	ruleInstancesCreateInputNetwork        = &wire.StringRule{Enum: []string{"none", "egress", "private"}}
 	ruleInstancesCreateInputIdempotencyKey = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeIdemKeyB,
@@ -367,6 +378,16 @@ var (
 		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleInstancesDeleteInputInstanceID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeInstanceId,
+		Words:     "an instance id: inst_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleInstancesSetEgressPolicyInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleInstancesSetEgressPolicyInputInstanceID = &wire.StringRule{
 		MaxLength: 57,
 		Pattern:   ShapeInstanceId,
 		Words:     "an instance id: inst_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
@@ -1402,6 +1423,16 @@ var (
 		HasMin: true,
 		Max:    int64(4095),
 		Min:    int64(0),
+	}
+	ruleSandboxesSetEgressPolicyInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesSetEgressPolicyInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleSecretsPutInputTenantID = &wire.StringRule{
 		MaxLength: 128,

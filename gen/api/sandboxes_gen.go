@@ -9,16 +9,17 @@ import (
 
 // Full names of the sandboxes methods.
 const (
-	MethodSandboxesCreate    = "sandboxes.create"
-	MethodSandboxesGet       = "sandboxes.get"
-	MethodSandboxesList      = "sandboxes.list"
-	MethodSandboxesPause     = "sandboxes.pause"
-	MethodSandboxesResume    = "sandboxes.resume"
-	MethodSandboxesExtend    = "sandboxes.extend"
-	MethodSandboxesDelete    = "sandboxes.delete"
-	MethodSandboxesExec      = "sandboxes.exec"
-	MethodSandboxesReadFile  = "sandboxes.readFile"
-	MethodSandboxesWriteFile = "sandboxes.writeFile"
+	MethodSandboxesCreate          = "sandboxes.create"
+	MethodSandboxesGet             = "sandboxes.get"
+	MethodSandboxesList            = "sandboxes.list"
+	MethodSandboxesPause           = "sandboxes.pause"
+	MethodSandboxesResume          = "sandboxes.resume"
+	MethodSandboxesExtend          = "sandboxes.extend"
+	MethodSandboxesDelete          = "sandboxes.delete"
+	MethodSandboxesExec            = "sandboxes.exec"
+	MethodSandboxesReadFile        = "sandboxes.readFile"
+	MethodSandboxesWriteFile       = "sandboxes.writeFile"
+	MethodSandboxesSetEgressPolicy = "sandboxes.setEgressPolicy"
 )
 
 // SandboxesCreateInput: Input of sandboxes.create.
@@ -442,6 +443,41 @@ func decodeSandboxesWriteFileInput(obj map[string]any, path string, iss *wire.Is
 	return
 }
 
+// SandboxesSetEgressPolicyInput: Input of sandboxes.setEgressPolicy.
+type SandboxesSetEgressPolicyInput struct {
+	TenantID  string       `json:"tenantId"`  // Tenant identifier.
+	SandboxID string       `json:"sandboxId"` // Sandbox identifier.
+	Egress    EgressPolicy `json:"egress"`
+}
+
+var fieldsSandboxesSetEgressPolicyInput = map[string]struct{}{
+	"egress":    {},
+	"sandboxId": {},
+	"tenantId":  {},
+}
+
+// decodeSandboxesSetEgressPolicyInput checks obj against the schema of SandboxesSetEgressPolicyInput, collecting every issue.
+func decodeSandboxesSetEgressPolicyInput(obj map[string]any, path string, iss *wire.Issues) (out SandboxesSetEgressPolicyInput) {
+	wire.Unknown(obj, path, fieldsSandboxesSetEgressPolicyInput, iss)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleSandboxesSetEgressPolicyInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["sandboxId"]; !ok {
+		wire.Required(wire.Join(path, "sandboxId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "sandboxId"), ruleSandboxesSetEgressPolicyInputSandboxID, iss); ok {
+		out.SandboxID = x1
+	}
+	if v, ok := obj["egress"]; !ok {
+		wire.Required(wire.Join(path, "egress"), iss)
+	} else if o1, ok := wire.Object(v, wire.Join(path, "egress"), iss); ok {
+		x1 := decodeEgressPolicy(o1, wire.Join(path, "egress"), iss)
+		out.Egress = x1
+	}
+	return
+}
+
 // SandboxesService implements the sandboxes group: Sandboxes: short-lived microVMs run from a template (or restored from a snapshot) on a hosted vps-host pool, with a TTL. A create claims a ready warm instance of the template when there is one (resumed with a fresh identity: hostname, machine id and environment) and falls back to a cold boot; a restore starts from a snapshot on its node. Every start is verified (the guest agent answers and its root filesystem checks out) before the sandbox is called running. exec runs a bounded, non-interactive command; readFile and writeFile move bounded files.
 type SandboxesService interface {
 	// Create: Creates a sandbox from templateId (claiming a ready warm instance of the template, else a cold boot on the pool, or on the host of the template's volumes) or from fromSnapshot (a ready snapshot of the tenant, restored on its node); exactly one of them. ttlSeconds (default the template's default TTL) may not pass its max TTL. env is merged over the template's. Charged to the tenant's quota (sandboxes and the flavor's shape) unless a warm instance, already charged, is claimed. A read-write volume another live sandbox attaches, or a read-only one attached read-write, is CONFLICT with details.reason 'volume-in-use'. With wait the answer comes when it runs (or failed), or at the timeout while it is creating.
@@ -464,6 +500,8 @@ type SandboxesService interface {
 	ReadFile(ctx context.Context, in *SandboxesReadFileInput) (*SandboxFile, error)
 	// WriteFile: Writes a file of at most 4 MiB (base64, about 5.6 MB of text) into a running sandbox, creating its directories; a sandbox that is not running is INVALID_STATE.
 	WriteFile(ctx context.Context, in *SandboxesWriteFileInput) (*SandboxFile, error)
+	// SetEgressPolicy: Replaces the egress policy of a creating, running or paused sandbox under network egress (any other network, a failed or deleted sandbox is INVALID_STATE); the node applies it to the VM, open connections included. Entries are checked as on instances.create (a domain in deny is INVALID_INPUT naming it). The template keeps its own policy.
+	SetEgressPolicy(ctx context.Context, in *SandboxesSetEgressPolicyInput) (*Sandbox, error)
 }
 
 // UnimplementedSandboxesService answers NOT_IMPLEMENTED for every method; embed it to implement a group bit by bit.
@@ -500,4 +538,7 @@ func (UnimplementedSandboxesService) ReadFile(context.Context, *SandboxesReadFil
 }
 func (UnimplementedSandboxesService) WriteFile(context.Context, *SandboxesWriteFileInput) (*SandboxFile, error) {
 	return nil, NotImplemented(Lookup("/sandboxes/writeFile"))
+}
+func (UnimplementedSandboxesService) SetEgressPolicy(context.Context, *SandboxesSetEgressPolicyInput) (*Sandbox, error) {
+	return nil, NotImplemented(Lookup("/sandboxes/setEgressPolicy"))
 }

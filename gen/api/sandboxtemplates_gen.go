@@ -30,11 +30,13 @@ type SandboxTemplatesCreateInput struct {
 	Warm              *Warm                 `json:"warm,omitempty"`
 	Env               map[string]string     `json:"env,omitempty"`
 	Network           *string               `json:"network,omitempty"`
+	Egress            *EgressPolicy         `json:"egress,omitempty"` // Only under network egress (else INVALID_INPUT); on update, replaces the policy (empty lists clear it).
 	Volumes           []VolumeMount         `json:"volumes,omitempty"`
 }
 
 var fieldsSandboxTemplatesCreateInput = map[string]struct{}{
 	"defaultTtlSeconds": {},
+	"egress":            {},
 	"env":               {},
 	"flavor":            {},
 	"imageId":           {},
@@ -125,6 +127,12 @@ func decodeSandboxTemplatesCreateInput(obj map[string]any, path string, iss *wir
 			out.Network = &x1
 		}
 	}
+	if v, ok := obj["egress"]; ok {
+		if o1, ok := wire.Object(v, wire.Join(path, "egress"), iss); ok {
+			x1 := decodeEgressPolicy(o1, wire.Join(path, "egress"), iss)
+			out.Egress = &x1
+		}
+	}
 	if v, ok := obj["volumes"]; ok {
 		if a1, ok := wire.Array(v, wire.Join(path, "volumes"), ruleSandboxTemplatesCreateInputVolumes, iss); ok {
 			xs1 := make([]VolumeMount, 0, len(a1))
@@ -197,11 +205,13 @@ type SandboxTemplatesUpdateInput struct {
 	Warm              *Warm                 `json:"warm,omitempty"`
 	Env               map[string]string     `json:"env,omitempty"`
 	Network           *string               `json:"network,omitempty"`
+	Egress            *EgressPolicy         `json:"egress,omitempty"` // Only under network egress (else INVALID_INPUT); on update, replaces the policy (empty lists clear it).
 	Volumes           []VolumeMount         `json:"volumes,omitempty"`
 }
 
 var fieldsSandboxTemplatesUpdateInput = map[string]struct{}{
 	"defaultTtlSeconds": {},
+	"egress":            {},
 	"env":               {},
 	"flavor":            {},
 	"imageId":           {},
@@ -277,6 +287,12 @@ func decodeSandboxTemplatesUpdateInput(obj map[string]any, path string, iss *wir
 	if v, ok := obj["network"]; ok {
 		if x1, ok := wire.String(v, wire.Join(path, "network"), ruleSandboxTemplatesUpdateInputNetwork, iss); ok {
 			out.Network = &x1
+		}
+	}
+	if v, ok := obj["egress"]; ok {
+		if o1, ok := wire.Object(v, wire.Join(path, "egress"), iss); ok {
+			x1 := decodeEgressPolicy(o1, wire.Join(path, "egress"), iss)
+			out.Egress = &x1
 		}
 	}
 	if v, ok := obj["volumes"]; ok {

@@ -78,6 +78,46 @@ type Delivery struct {
 type DeliveryList struct {
 	Items []Delivery `json:"items"`
 }
+
+// EgressPolicy: A VM's own egress policy, under the platform deny set no policy lifts (docs/networking.md). Entries are IPv4 addresses or CIDRs, and in allow also domain names (matched on TLS SNI and the HTTP Host; '*.' admits subdomains). An empty allow admits everything the deny set and deny leave; a non-empty one admits exactly its entries.
+type EgressPolicy struct {
+	Allow []string `json:"allow,omitempty"` // CIDRs, addresses and domain names admitted.
+	Deny  []string `json:"deny,omitempty"`  // CIDRs and addresses refused (a domain here is INVALID_INPUT).
+}
+
+var fieldsEgressPolicy = map[string]struct{}{
+	"allow": {},
+	"deny":  {},
+}
+
+// decodeEgressPolicy checks obj against the schema of EgressPolicy, collecting every issue.
+func decodeEgressPolicy(obj map[string]any, path string, iss *wire.Issues) (out EgressPolicy) {
+	wire.Unknown(obj, path, fieldsEgressPolicy, iss)
+	if v, ok := obj["allow"]; ok {
+		if a1, ok := wire.Array(v, wire.Join(path, "allow"), ruleEgressPolicyAllow, iss); ok {
+			xs1 := make([]string, 0, len(a1))
+			for i1, e1 := range a1 {
+				if x2, ok := wire.String(e1, wire.Index(wire.Join(path, "allow"), i1), ruleEgressPolicyAllowItem, iss); ok {
+					xs1 = append(xs1, x2)
+				}
+			}
+			out.Allow = xs1
+		}
+	}
+	if v, ok := obj["deny"]; ok {
+		if a1, ok := wire.Array(v, wire.Join(path, "deny"), ruleEgressPolicyDeny, iss); ok {
+			xs1 := make([]string, 0, len(a1))
+			for i1, e1 := range a1 {
+				if x2, ok := wire.String(e1, wire.Index(wire.Join(path, "deny"), i1), ruleEgressPolicyDenyItem, iss); ok {
+					xs1 = append(xs1, x2)
+				}
+			}
+			out.Deny = xs1
+		}
+	}
+	return
+}
+
 type EventPage struct {
 	Items  []CloudEvent `json:"items"`  // Events in visibility order.
 	Cursor *string      `json:"cursor"` // Position after the last event looked at, matching or not (the given cursor when there was nothing new); pass it back to read what commits later. Null only when no cursor was given and the tenant has no committed event yet.
@@ -184,6 +224,10 @@ type Instance struct {
 	MemoryMiB     int64               `json:"memoryMiB"`
 	DiskGiB       int64               `json:"diskGiB"`
 	Reboots       int64               `json:"reboots"` // Reboots asked for so far.
+	Network       string              `json:"network"` // none: no network card; egress: outbound through the node with source NAT, nothing inbound; private: a network among the tenant's VMs of the pool, no internet.
+	Address       *string             `json:"address"` // The VM's IPv4 address and subnet length (e.g. 10.200.3.7/24), unique among the pool's live VMs; null under none.
+	Mac           *string             `json:"mac"`     // The network card's MAC address (locally administered, derived from the id); null under none.
+	Egress        EgressPolicy        `json:"egress"`  // The egress policy (empty lists: none of its own).
 	Conditions    []InstanceCondition `json:"conditions"`
 	Version       int64               `json:"version"`
 	CreatedAt     string              `json:"createdAt"`
@@ -536,6 +580,10 @@ type Sandbox struct {
 	Error        *string             `json:"error"`
 	ExpiresAt    string              `json:"expiresAt"` // The sandbox is deleted then unless extended.
 	Volumes      []SandboxAttachment `json:"volumes"`
+	Network      string              `json:"network"` // The template's network when the VM was made.
+	Address      *string             `json:"address"` // The VM's IPv4 address and subnet length, unique among the pool's live VMs (a restore gets its own); null under none.
+	Mac          *string             `json:"mac"`     // The network card's MAC address; null under none.
+	Egress       EgressPolicy        `json:"egress"`
 	Timings      SandboxTimings      `json:"timings"`
 	CreatedAt    string              `json:"createdAt"`
 	ReadyAt      *string             `json:"readyAt"`
@@ -591,6 +639,7 @@ type SandboxTemplate struct {
 	WarmReady         int64             `json:"warmReady"` // Warm instances ready to be claimed now (paused, their guest checked): a sandbox of the template starts from one of them while any is ready, and boots cold otherwise.
 	Env               map[string]string `json:"env"`
 	Network           string            `json:"network"`
+	Egress            EgressPolicy      `json:"egress"` // The egress policy its sandboxes start with (empty lists: none of its own).
 	Volumes           []VolumeMount     `json:"volumes"`
 	Version           int64             `json:"version"` // Raised by each update.
 	CreatedAt         string            `json:"createdAt"`

@@ -150,7 +150,7 @@ var Groups = []cliruntime.Group{
 		Methods: []cliruntime.Method{
 			{
 				Name:        "create",
-				Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key.",
+				Description: "Creates an instance in a pool the tenant owns or is offered: the flavor (not archived) and the image (through the image source; its format must boot on the pool's runtime) decide its shape; it is placed on a ready node and charged to quota (vcpu, memoryMiB, diskGiB, instances) in the same transaction, or refused with CAPACITY_UNAVAILABLE or QUOTA_EXCEEDED leaving nothing behind. userData (at most 16 KiB) reaches the guest at boot and is never returned. In a provider pool the provider account's provider must launch instances (else UNSUPPORTED) and reservationId is INVALID_INPUT: quota is charged at once and the machine is launched after the commit, on the smallest offer that holds the flavor, with the user data's secret references resolved only when the provider is called. With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id derives from tenant, caller and key. network (default egress) gets an address of the tenant's subnet of the pool (CAPACITY_UNAVAILABLE when the pool's range has none left); egress, only under network egress, is the VM's egress policy. In a provider pool the provider's own network applies (network shows none; an egress policy is INVALID_INPUT).",
 				Kind:        "mutation",
 				Action:      "compute:instances:manage",
 				IDField:     "instanceId",
@@ -162,6 +162,8 @@ var Groups = []cliruntime.Group{
 					{Name: "name", Field: "name", Type: cliruntime.String, Required: true, Help: "Lowercase DNS-like name."},
 					{Name: "user-data", Field: "userData", Type: cliruntime.String},
 					{Name: "reservation-id", Field: "reservationId", Type: cliruntime.String, Help: "Run inside this active reservation of the pool: the instance takes one of its units (its flavor must fit the reservation's) and is charged only the instances quota; it is deleted when the reservation ends."},
+					{Name: "network", Field: "network", Type: cliruntime.String, Enum: []string{"none", "egress", "private"}, Default: "egress"},
+					{Name: "egress", Field: "egress", Type: cliruntime.JSON, Help: "Only under network egress (else INVALID_INPUT)."},
 					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
 					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
 				},
@@ -260,6 +262,22 @@ var Groups = []cliruntime.Group{
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.InstancesDelete(ctx, new(client.InstancesDeleteInput))
+					return err
+				},
+			},
+			{
+				Name:        "setEgressPolicy",
+				Description: "Replaces the egress policy of an instance under network egress (any other network, a deleted instance or one of a provider pool is INVALID_STATE); the node applies it to the running or paused VM, open connections included, and a stopped one starts with it. Entries are checked as on create (a domain in deny is INVALID_INPUT naming it). The version is raised even when the policy is the same.",
+				Kind:        "mutation",
+				Action:      "compute:instances:manage",
+				IDField:     "instanceId",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "instance-id", Field: "instanceId", Type: cliruntime.String, Required: true, Help: "Instance identifier."},
+					{Name: "egress", Field: "egress", Type: cliruntime.JSON, Required: true, Help: "A VM's own egress policy, under the platform deny set no policy lifts (docs/networking.md). Entries are IPv4 addresses or CIDRs, and in allow also domain names (matched on TLS SNI and the HTTP Host; '*.' admits subdomains). An empty allow admits everything the deny set and deny leave; a non-empty one admits exactly its entries."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.InstancesSetEgressPolicy(ctx, new(client.InstancesSetEgressPolicyInput))
 					return err
 				},
 			},
@@ -1104,6 +1122,7 @@ var Groups = []cliruntime.Group{
 					{Name: "warm", Field: "warm", Type: cliruntime.JSON, Help: "Warm pool bounds; the reconciler keeps min paused instances and deletes those beyond max."},
 					{Name: "env", Field: "env", Type: cliruntime.JSON},
 					{Name: "network", Field: "network", Type: cliruntime.String, Enum: []string{"egress", "private", "none"}},
+					{Name: "egress", Field: "egress", Type: cliruntime.JSON, Help: "Only under network egress (else INVALID_INPUT); on update, replaces the policy (empty lists clear it)."},
 					{Name: "volumes", Field: "volumes", Type: cliruntime.JSON},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
@@ -1157,6 +1176,7 @@ var Groups = []cliruntime.Group{
 					{Name: "warm", Field: "warm", Type: cliruntime.JSON, Help: "Warm pool bounds; the reconciler keeps min paused instances and deletes those beyond max."},
 					{Name: "env", Field: "env", Type: cliruntime.JSON},
 					{Name: "network", Field: "network", Type: cliruntime.String, Enum: []string{"egress", "private", "none"}},
+					{Name: "egress", Field: "egress", Type: cliruntime.JSON, Help: "Only under network egress (else INVALID_INPUT); on update, replaces the policy (empty lists clear it)."},
 					{Name: "volumes", Field: "volumes", Type: cliruntime.JSON},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
@@ -1433,6 +1453,22 @@ var Groups = []cliruntime.Group{
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.SandboxesWriteFile(ctx, new(client.SandboxesWriteFileInput))
+					return err
+				},
+			},
+			{
+				Name:        "setEgressPolicy",
+				Description: "Replaces the egress policy of a creating, running or paused sandbox under network egress (any other network, a failed or deleted sandbox is INVALID_STATE); the node applies it to the VM, open connections included. Entries are checked as on instances.create (a domain in deny is INVALID_INPUT naming it). The template keeps its own policy.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				IDField:     "sandboxId",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "egress", Field: "egress", Type: cliruntime.JSON, Required: true, Help: "A VM's own egress policy, under the platform deny set no policy lifts (docs/networking.md). Entries are IPv4 addresses or CIDRs, and in allow also domain names (matched on TLS SNI and the HTTP Host; '*.' admits subdomains). An empty allow admits everything the deny set and deny leave; a non-empty one admits exactly its entries."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesSetEgressPolicy(ctx, new(client.SandboxesSetEgressPolicyInput))
 					return err
 				},
 			},

@@ -146,13 +146,17 @@ type InstancesInvoker interface {
 	// quota is charged at once and the machine is launched after the commit, on the smallest offer that
 	// holds the flavor, with the user data's secret references resolved only when the provider is called.
 	// With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id
-	// derives from tenant, caller and key.
+	// derives from tenant, caller and key. network (default egress) gets an address of the tenant's subnet
+	// of the pool (CAPACITY_UNAVAILABLE when the pool's range has none left); egress, only under network
+	// egress, is the VM's egress policy. In a provider pool the provider's own network applies (network
+	// shows none; an egress policy is INVALID_INPUT).
 	//
 	// Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
-	// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData, reservationId
-	// is CONFLICT). Publishes instance.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT
-	// (409), INVALID_STATE (409), INVALID_CONFIG (500), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409),
-	// UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData,
+	// reservationId, network, egress is CONFLICT). Publishes instance.created. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE (409), INVALID_CONFIG (500),
+	// CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNSUPPORTED (422), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
 	//
 	// POST /instances/create
 	InstancesCreate(ctx context.Context, request *InstancesCreateInput) (*InstancesCreateResult, error)
@@ -196,6 +200,19 @@ type InstancesInvoker interface {
 	//
 	// POST /instances/reboot
 	InstancesReboot(ctx context.Context, request *InstancesRebootInput) (*InstancesRebootResult, error)
+	// InstancesSetEgressPolicy invokes instancesSetEgressPolicy operation.
+	//
+	// Replaces the egress policy of an instance under network egress (any other network, a deleted
+	// instance or one of a provider pool is INVALID_STATE); the node applies it to the running or paused
+	// VM, open connections included, and a stopped one starts with it. Entries are checked as on create (a
+	// domain in deny is INVALID_INPUT naming it). The version is raised even when the policy is the same.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Publishes
+	// instance.egress.changed. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409),
+	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /instances/setEgressPolicy
+	InstancesSetEgressPolicy(ctx context.Context, request *InstancesSetEgressPolicyInput) (*InstancesSetEgressPolicyResult, error)
 	// InstancesStart invokes instancesStart operation.
 	//
 	// Asks for a stopped or paused instance to run (a paused one resumes); a running one is returned
@@ -1018,6 +1035,19 @@ type SandboxesInvoker interface {
 	//
 	// POST /sandboxes/resume
 	SandboxesResume(ctx context.Context, request *SandboxesResumeInput) (*SandboxesResumeResult, error)
+	// SandboxesSetEgressPolicy invokes sandboxesSetEgressPolicy operation.
+	//
+	// Replaces the egress policy of a creating, running or paused sandbox under network egress (any other
+	// network, a failed or deleted sandbox is INVALID_STATE); the node applies it to the VM, open
+	// connections included. Entries are checked as on instances.create (a domain in deny is INVALID_INPUT
+	// naming it). The template keeps its own policy.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Publishes
+	// sandbox.egress.changed. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409),
+	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/setEgressPolicy
+	SandboxesSetEgressPolicy(ctx context.Context, request *SandboxesSetEgressPolicyInput) (*SandboxesSetEgressPolicyResult, error)
 	// SandboxesWriteFile invokes sandboxesWriteFile operation.
 	//
 	// Writes a file of at most 4 MiB (base64, about 5.6 MB of text) into a running sandbox, creating its
@@ -2076,13 +2106,17 @@ func (c *Client) sendImagesList(ctx context.Context, request *ImagesListInput) (
 // quota is charged at once and the machine is launched after the commit, on the smallest offer that
 // holds the flavor, with the user data's secret references resolved only when the provider is called.
 // With wait the answer comes when it runs (or failed), or at the timeout with the work pending. The id
-// derives from tenant, caller and key.
+// derives from tenant, caller and key. network (default egress) gets an address of the tenant's subnet
+// of the pool (CAPACITY_UNAVAILABLE when the pool's range has none left); egress, only under network
+// egress, is the VM's egress policy. In a provider pool the provider's own network applies (network
+// shows none; an egress policy is INVALID_INPUT).
 //
 // Served since v1.1. Kind: mutation. Action compute:instances:manage on tenant/tenantId. Idempotent
-// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData, reservationId
-// is CONFLICT). Publishes instance.created. Errors: INVALID_INPUT (400), NOT_FOUND (404), CONFLICT
-// (409), INVALID_STATE (409), INVALID_CONFIG (500), CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409),
-// UNSUPPORTED (422), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// under idempotencyKey (a repeat with different poolId, flavor, imageId, name, userData,
+// reservationId, network, egress is CONFLICT). Publishes instance.created. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), CONFLICT (409), INVALID_STATE (409), INVALID_CONFIG (500),
+// CAPACITY_UNAVAILABLE (409), QUOTA_EXCEEDED (409), UNSUPPORTED (422), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
 //
 // POST /instances/create
 func (c *Client) InstancesCreate(ctx context.Context, request *InstancesCreateInput) (*InstancesCreateResult, error) {
@@ -2539,6 +2573,103 @@ func (c *Client) sendInstancesReboot(ctx context.Context, request *InstancesRebo
 	}()
 
 	result, err := decodeInstancesRebootResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// InstancesSetEgressPolicy invokes instancesSetEgressPolicy operation.
+//
+// Replaces the egress policy of an instance under network egress (any other network, a deleted
+// instance or one of a provider pool is INVALID_STATE); the node applies it to the running or paused
+// VM, open connections included, and a stopped one starts with it. Entries are checked as on create (a
+// domain in deny is INVALID_INPUT naming it). The version is raised even when the policy is the same.
+//
+// Served since v1.1. Kind: mutation. Action compute:instances:manage on instance/instanceId. Publishes
+// instance.egress.changed. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409),
+// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /instances/setEgressPolicy
+func (c *Client) InstancesSetEgressPolicy(ctx context.Context, request *InstancesSetEgressPolicyInput) (*InstancesSetEgressPolicyResult, error) {
+	res, err := c.sendInstancesSetEgressPolicy(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendInstancesSetEgressPolicy(ctx context.Context, request *InstancesSetEgressPolicyInput) (res *InstancesSetEgressPolicyResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/instances/setEgressPolicy"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeInstancesSetEgressPolicyRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, InstancesSetEgressPolicyOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, InstancesSetEgressPolicyOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeInstancesSetEgressPolicyResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}
@@ -9091,6 +9222,103 @@ func (c *Client) sendSandboxesResume(ctx context.Context, request *SandboxesResu
 	}()
 
 	result, err := decodeSandboxesResumeResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesSetEgressPolicy invokes sandboxesSetEgressPolicy operation.
+//
+// Replaces the egress policy of a creating, running or paused sandbox under network egress (any other
+// network, a failed or deleted sandbox is INVALID_STATE); the node applies it to the VM, open
+// connections included. Entries are checked as on instances.create (a domain in deny is INVALID_INPUT
+// naming it). The template keeps its own policy.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Publishes
+// sandbox.egress.changed. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409),
+// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /sandboxes/setEgressPolicy
+func (c *Client) SandboxesSetEgressPolicy(ctx context.Context, request *SandboxesSetEgressPolicyInput) (*SandboxesSetEgressPolicyResult, error) {
+	res, err := c.sendSandboxesSetEgressPolicy(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesSetEgressPolicy(ctx context.Context, request *SandboxesSetEgressPolicyInput) (res *SandboxesSetEgressPolicyResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/setEgressPolicy"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesSetEgressPolicyRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesSetEgressPolicyOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesSetEgressPolicyOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesSetEgressPolicyResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -27,6 +27,14 @@ func (s *FlavorsListInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *InstancesCreateInput) setDefaults() {
+	{
+		val := InstancesCreateInputNetwork("egress")
+		s.Network.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *InstancesListInput) setDefaults() {
 	{
 		val := bool(false)

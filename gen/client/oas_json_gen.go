@@ -1512,6 +1512,112 @@ func (s *DeliveryState) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode implements json.Marshaler.
+func (s *EgressPolicy) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *EgressPolicy) encodeFields(e *jx.Encoder) {
+	{
+		if s.Allow != nil {
+			e.FieldStart("allow")
+			e.ArrStart()
+			for _, elem := range s.Allow {
+				e.Str(elem)
+			}
+			e.ArrEnd()
+		}
+	}
+	{
+		if s.Deny != nil {
+			e.FieldStart("deny")
+			e.ArrStart()
+			for _, elem := range s.Deny {
+				e.Str(elem)
+			}
+			e.ArrEnd()
+		}
+	}
+}
+
+var jsonFieldsNameOfEgressPolicy = [2]string{
+	0: "allow",
+	1: "deny",
+}
+
+// Decode decodes EgressPolicy from json.
+func (s *EgressPolicy) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode EgressPolicy to nil")
+	}
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "allow":
+			if err := func() error {
+				s.Allow = make([]string, 0)
+				if err := d.Arr(func(d *jx.Decoder) error {
+					var elem string
+					v, err := d.Str()
+					elem = string(v)
+					if err != nil {
+						return err
+					}
+					s.Allow = append(s.Allow, elem)
+					return nil
+				}); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"allow\"")
+			}
+		case "deny":
+			if err := func() error {
+				s.Deny = make([]string, 0)
+				if err := d.Arr(func(d *jx.Decoder) error {
+					var elem string
+					v, err := d.Str()
+					elem = string(v)
+					if err != nil {
+						return err
+					}
+					s.Deny = append(s.Deny, elem)
+					return nil
+				}); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"deny\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode EgressPolicy")
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *EgressPolicy) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *EgressPolicy) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes ErrorCode as json.
 func (s ErrorCode) Encode(e *jx.Encoder) {
 	unwrapped := string(s)
@@ -5140,6 +5246,10 @@ func (s *Instance) Encode(e *jx.Encoder) {
 // encodeFields encodes fields.
 func (s *Instance) encodeFields(e *jx.Encoder) {
 	{
+		e.FieldStart("address")
+		s.Address.Encode(e)
+	}
+	{
 		e.FieldStart("conditions")
 		e.ArrStart()
 		for _, elem := range s.Conditions {
@@ -5158,6 +5268,10 @@ func (s *Instance) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("diskGiB")
 		e.Int64(s.DiskGiB)
+	}
+	{
+		e.FieldStart("egress")
+		s.Egress.Encode(e)
 	}
 	{
 		e.FieldStart("error")
@@ -5180,6 +5294,10 @@ func (s *Instance) encodeFields(e *jx.Encoder) {
 		e.Str(s.InstanceId)
 	}
 	{
+		e.FieldStart("mac")
+		s.MAC.Encode(e)
+	}
+	{
 		e.FieldStart("machineId")
 		s.MachineId.Encode(e)
 	}
@@ -5190,6 +5308,10 @@ func (s *Instance) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("name")
 		e.Str(s.Name)
+	}
+	{
+		e.FieldStart("network")
+		s.Network.Encode(e)
 	}
 	{
 		e.FieldStart("nodeId")
@@ -5233,29 +5355,33 @@ func (s *Instance) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfInstance = [22]string{
-	0:  "conditions",
-	1:  "createdAt",
-	2:  "desiredState",
-	3:  "diskGiB",
-	4:  "error",
-	5:  "flavor",
-	6:  "hasUserData",
-	7:  "imageId",
-	8:  "instanceId",
-	9:  "machineId",
-	10: "memoryMiB",
-	11: "name",
-	12: "nodeId",
-	13: "poolId",
-	14: "readyAt",
-	15: "reboots",
-	16: "reservationId",
-	17: "state",
-	18: "tenantId",
-	19: "updatedAt",
-	20: "vcpu",
-	21: "version",
+var jsonFieldsNameOfInstance = [26]string{
+	0:  "address",
+	1:  "conditions",
+	2:  "createdAt",
+	3:  "desiredState",
+	4:  "diskGiB",
+	5:  "egress",
+	6:  "error",
+	7:  "flavor",
+	8:  "hasUserData",
+	9:  "imageId",
+	10: "instanceId",
+	11: "mac",
+	12: "machineId",
+	13: "memoryMiB",
+	14: "name",
+	15: "network",
+	16: "nodeId",
+	17: "poolId",
+	18: "readyAt",
+	19: "reboots",
+	20: "reservationId",
+	21: "state",
+	22: "tenantId",
+	23: "updatedAt",
+	24: "vcpu",
+	25: "version",
 }
 
 // Decode decodes Instance from json.
@@ -5263,12 +5389,22 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 	if s == nil {
 		return errors.New("invalid: unable to decode Instance to nil")
 	}
-	var requiredBitSet [3]uint8
+	var requiredBitSet [4]uint8
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
-		case "conditions":
+		case "address":
 			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				if err := s.Address.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"address\"")
+			}
+		case "conditions":
+			requiredBitSet[0] |= 1 << 1
 			if err := func() error {
 				s.Conditions = make([]InstanceCondition, 0)
 				if err := d.Arr(func(d *jx.Decoder) error {
@@ -5286,7 +5422,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"conditions\"")
 			}
 		case "createdAt":
-			requiredBitSet[0] |= 1 << 1
+			requiredBitSet[0] |= 1 << 2
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.CreatedAt = v
@@ -5298,7 +5434,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"createdAt\"")
 			}
 		case "desiredState":
-			requiredBitSet[0] |= 1 << 2
+			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
 				if err := s.DesiredState.Decode(d); err != nil {
 					return err
@@ -5308,7 +5444,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"desiredState\"")
 			}
 		case "diskGiB":
-			requiredBitSet[0] |= 1 << 3
+			requiredBitSet[0] |= 1 << 4
 			if err := func() error {
 				v, err := d.Int64()
 				s.DiskGiB = int64(v)
@@ -5319,8 +5455,18 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"diskGiB\"")
 			}
+		case "egress":
+			requiredBitSet[0] |= 1 << 5
+			if err := func() error {
+				if err := s.Egress.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"egress\"")
+			}
 		case "error":
-			requiredBitSet[0] |= 1 << 4
+			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
 				if err := s.Error.Decode(d); err != nil {
 					return err
@@ -5330,7 +5476,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"error\"")
 			}
 		case "flavor":
-			requiredBitSet[0] |= 1 << 5
+			requiredBitSet[0] |= 1 << 7
 			if err := func() error {
 				v, err := d.Str()
 				s.Flavor = string(v)
@@ -5342,7 +5488,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"flavor\"")
 			}
 		case "hasUserData":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[1] |= 1 << 0
 			if err := func() error {
 				v, err := d.Bool()
 				s.HasUserData = bool(v)
@@ -5354,7 +5500,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"hasUserData\"")
 			}
 		case "imageId":
-			requiredBitSet[0] |= 1 << 7
+			requiredBitSet[1] |= 1 << 1
 			if err := func() error {
 				v, err := d.Str()
 				s.ImageId = string(v)
@@ -5366,7 +5512,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"imageId\"")
 			}
 		case "instanceId":
-			requiredBitSet[1] |= 1 << 0
+			requiredBitSet[1] |= 1 << 2
 			if err := func() error {
 				v, err := d.Str()
 				s.InstanceId = string(v)
@@ -5377,8 +5523,18 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"instanceId\"")
 			}
+		case "mac":
+			requiredBitSet[1] |= 1 << 3
+			if err := func() error {
+				if err := s.MAC.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"mac\"")
+			}
 		case "machineId":
-			requiredBitSet[1] |= 1 << 1
+			requiredBitSet[1] |= 1 << 4
 			if err := func() error {
 				if err := s.MachineId.Decode(d); err != nil {
 					return err
@@ -5388,7 +5544,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"machineId\"")
 			}
 		case "memoryMiB":
-			requiredBitSet[1] |= 1 << 2
+			requiredBitSet[1] |= 1 << 5
 			if err := func() error {
 				v, err := d.Int64()
 				s.MemoryMiB = int64(v)
@@ -5400,7 +5556,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"memoryMiB\"")
 			}
 		case "name":
-			requiredBitSet[1] |= 1 << 3
+			requiredBitSet[1] |= 1 << 6
 			if err := func() error {
 				v, err := d.Str()
 				s.Name = string(v)
@@ -5411,8 +5567,18 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"name\"")
 			}
+		case "network":
+			requiredBitSet[1] |= 1 << 7
+			if err := func() error {
+				if err := s.Network.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"network\"")
+			}
 		case "nodeId":
-			requiredBitSet[1] |= 1 << 4
+			requiredBitSet[2] |= 1 << 0
 			if err := func() error {
 				if err := s.NodeId.Decode(d); err != nil {
 					return err
@@ -5422,7 +5588,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"nodeId\"")
 			}
 		case "poolId":
-			requiredBitSet[1] |= 1 << 5
+			requiredBitSet[2] |= 1 << 1
 			if err := func() error {
 				v, err := d.Str()
 				s.PoolId = string(v)
@@ -5434,7 +5600,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"poolId\"")
 			}
 		case "readyAt":
-			requiredBitSet[1] |= 1 << 6
+			requiredBitSet[2] |= 1 << 2
 			if err := func() error {
 				if err := s.ReadyAt.Decode(d, json.DecodeDateTime); err != nil {
 					return err
@@ -5444,7 +5610,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"readyAt\"")
 			}
 		case "reboots":
-			requiredBitSet[1] |= 1 << 7
+			requiredBitSet[2] |= 1 << 3
 			if err := func() error {
 				v, err := d.Int64()
 				s.Reboots = int64(v)
@@ -5456,7 +5622,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"reboots\"")
 			}
 		case "reservationId":
-			requiredBitSet[2] |= 1 << 0
+			requiredBitSet[2] |= 1 << 4
 			if err := func() error {
 				if err := s.ReservationId.Decode(d); err != nil {
 					return err
@@ -5466,7 +5632,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"reservationId\"")
 			}
 		case "state":
-			requiredBitSet[2] |= 1 << 1
+			requiredBitSet[2] |= 1 << 5
 			if err := func() error {
 				if err := s.State.Decode(d); err != nil {
 					return err
@@ -5476,7 +5642,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"state\"")
 			}
 		case "tenantId":
-			requiredBitSet[2] |= 1 << 2
+			requiredBitSet[2] |= 1 << 6
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -5488,7 +5654,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"tenantId\"")
 			}
 		case "updatedAt":
-			requiredBitSet[2] |= 1 << 3
+			requiredBitSet[2] |= 1 << 7
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.UpdatedAt = v
@@ -5500,7 +5666,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"updatedAt\"")
 			}
 		case "vcpu":
-			requiredBitSet[2] |= 1 << 4
+			requiredBitSet[3] |= 1 << 0
 			if err := func() error {
 				v, err := d.Int64()
 				s.Vcpu = int64(v)
@@ -5512,7 +5678,7 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"vcpu\"")
 			}
 		case "version":
-			requiredBitSet[2] |= 1 << 5
+			requiredBitSet[3] |= 1 << 1
 			if err := func() error {
 				v, err := d.Int64()
 				s.Version = int64(v)
@@ -5532,10 +5698,11 @@ func (s *Instance) Decode(d *jx.Decoder) error {
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
-	for i, mask := range [3]uint8{
+	for i, mask := range [4]uint8{
 		0b11111111,
 		0b11111111,
-		0b00111111,
+		0b11111111,
+		0b00000011,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -5878,6 +6045,48 @@ func (s *InstanceList) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes InstanceNetwork as json.
+func (s InstanceNetwork) Encode(e *jx.Encoder) {
+	e.Str(string(s))
+}
+
+// Decode decodes InstanceNetwork from json.
+func (s *InstanceNetwork) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode InstanceNetwork to nil")
+	}
+	v, err := d.StrBytes()
+	if err != nil {
+		return err
+	}
+	// Try to use constant string.
+	switch InstanceNetwork(v) {
+	case InstanceNetworkNone:
+		*s = InstanceNetworkNone
+	case InstanceNetworkEgress:
+		*s = InstanceNetworkEgress
+	case InstanceNetworkPrivate:
+		*s = InstanceNetworkPrivate
+	default:
+		*s = InstanceNetwork(v)
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s InstanceNetwork) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *InstanceNetwork) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes InstanceState as json.
 func (s InstanceState) Encode(e *jx.Encoder) {
 	e.Str(string(s))
@@ -5938,6 +6147,12 @@ func (s *InstancesCreateInput) Encode(e *jx.Encoder) {
 // encodeFields encodes fields.
 func (s *InstancesCreateInput) encodeFields(e *jx.Encoder) {
 	{
+		if s.Egress.Set {
+			e.FieldStart("egress")
+			s.Egress.Encode(e)
+		}
+	}
+	{
 		e.FieldStart("flavor")
 		e.Str(s.Flavor)
 	}
@@ -5952,6 +6167,12 @@ func (s *InstancesCreateInput) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("name")
 		e.Str(s.Name)
+	}
+	{
+		if s.Network.Set {
+			e.FieldStart("network")
+			s.Network.Encode(e)
+		}
 	}
 	{
 		e.FieldStart("poolId")
@@ -5981,16 +6202,18 @@ func (s *InstancesCreateInput) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfInstancesCreateInput = [9]string{
-	0: "flavor",
-	1: "idempotencyKey",
-	2: "imageId",
-	3: "name",
-	4: "poolId",
-	5: "reservationId",
-	6: "tenantId",
-	7: "userData",
-	8: "wait",
+var jsonFieldsNameOfInstancesCreateInput = [11]string{
+	0:  "egress",
+	1:  "flavor",
+	2:  "idempotencyKey",
+	3:  "imageId",
+	4:  "name",
+	5:  "network",
+	6:  "poolId",
+	7:  "reservationId",
+	8:  "tenantId",
+	9:  "userData",
+	10: "wait",
 }
 
 // Decode decodes InstancesCreateInput from json.
@@ -5999,11 +6222,22 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 		return errors.New("invalid: unable to decode InstancesCreateInput to nil")
 	}
 	var requiredBitSet [2]uint8
+	s.setDefaults()
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
+		case "egress":
+			if err := func() error {
+				s.Egress.Reset()
+				if err := s.Egress.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"egress\"")
+			}
 		case "flavor":
-			requiredBitSet[0] |= 1 << 0
+			requiredBitSet[0] |= 1 << 1
 			if err := func() error {
 				v, err := d.Str()
 				s.Flavor = string(v)
@@ -6015,7 +6249,7 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"flavor\"")
 			}
 		case "idempotencyKey":
-			requiredBitSet[0] |= 1 << 1
+			requiredBitSet[0] |= 1 << 2
 			if err := func() error {
 				v, err := d.Str()
 				s.IdempotencyKey = string(v)
@@ -6027,7 +6261,7 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"idempotencyKey\"")
 			}
 		case "imageId":
-			requiredBitSet[0] |= 1 << 2
+			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
 				v, err := d.Str()
 				s.ImageId = string(v)
@@ -6039,7 +6273,7 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"imageId\"")
 			}
 		case "name":
-			requiredBitSet[0] |= 1 << 3
+			requiredBitSet[0] |= 1 << 4
 			if err := func() error {
 				v, err := d.Str()
 				s.Name = string(v)
@@ -6050,8 +6284,18 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"name\"")
 			}
+		case "network":
+			if err := func() error {
+				s.Network.Reset()
+				if err := s.Network.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"network\"")
+			}
 		case "poolId":
-			requiredBitSet[0] |= 1 << 4
+			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
 				v, err := d.Str()
 				s.PoolId = string(v)
@@ -6073,7 +6317,7 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"reservationId\"")
 			}
 		case "tenantId":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[1] |= 1 << 0
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -6114,8 +6358,8 @@ func (s *InstancesCreateInput) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [2]uint8{
-		0b01011111,
-		0b00000000,
+		0b01011110,
+		0b00000001,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -6157,6 +6401,48 @@ func (s *InstancesCreateInput) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *InstancesCreateInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes InstancesCreateInputNetwork as json.
+func (s InstancesCreateInputNetwork) Encode(e *jx.Encoder) {
+	e.Str(string(s))
+}
+
+// Decode decodes InstancesCreateInputNetwork from json.
+func (s *InstancesCreateInputNetwork) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode InstancesCreateInputNetwork to nil")
+	}
+	v, err := d.StrBytes()
+	if err != nil {
+		return err
+	}
+	// Try to use constant string.
+	switch InstancesCreateInputNetwork(v) {
+	case InstancesCreateInputNetworkNone:
+		*s = InstancesCreateInputNetworkNone
+	case InstancesCreateInputNetworkEgress:
+		*s = InstancesCreateInputNetworkEgress
+	case InstancesCreateInputNetworkPrivate:
+		*s = InstancesCreateInputNetworkPrivate
+	default:
+		*s = InstancesCreateInputNetwork(v)
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s InstancesCreateInputNetwork) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *InstancesCreateInputNetwork) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -7097,6 +7383,228 @@ func (s *InstancesRebootResult) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *InstancesRebootResult) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *InstancesSetEgressPolicyInput) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *InstancesSetEgressPolicyInput) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("egress")
+		s.Egress.Encode(e)
+	}
+	{
+		e.FieldStart("instanceId")
+		e.Str(s.InstanceId)
+	}
+	{
+		e.FieldStart("tenantId")
+		e.Str(s.TenantId)
+	}
+}
+
+var jsonFieldsNameOfInstancesSetEgressPolicyInput = [3]string{
+	0: "egress",
+	1: "instanceId",
+	2: "tenantId",
+}
+
+// Decode decodes InstancesSetEgressPolicyInput from json.
+func (s *InstancesSetEgressPolicyInput) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode InstancesSetEgressPolicyInput to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "egress":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				if err := s.Egress.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"egress\"")
+			}
+		case "instanceId":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				v, err := d.Str()
+				s.InstanceId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"instanceId\"")
+			}
+		case "tenantId":
+			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				v, err := d.Str()
+				s.TenantId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"tenantId\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode InstancesSetEgressPolicyInput")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000111,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfInstancesSetEgressPolicyInput) {
+					name = jsonFieldsNameOfInstancesSetEgressPolicyInput[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *InstancesSetEgressPolicyInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *InstancesSetEgressPolicyInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *InstancesSetEgressPolicyResult) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *InstancesSetEgressPolicyResult) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("data")
+		s.Data.Encode(e)
+	}
+}
+
+var jsonFieldsNameOfInstancesSetEgressPolicyResult = [1]string{
+	0: "data",
+}
+
+// Decode decodes InstancesSetEgressPolicyResult from json.
+func (s *InstancesSetEgressPolicyResult) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode InstancesSetEgressPolicyResult to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "data":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				if err := s.Data.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"data\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode InstancesSetEgressPolicyResult")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000001,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfInstancesSetEgressPolicyResult) {
+					name = jsonFieldsNameOfInstancesSetEgressPolicyResult[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *InstancesSetEgressPolicyResult) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *InstancesSetEgressPolicyResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -11431,6 +11939,39 @@ func (s *OptDateTime) UnmarshalJSON(data []byte) error {
 	return s.Decode(d, json.DecodeDateTime)
 }
 
+// Encode encodes EgressPolicy as json.
+func (o OptEgressPolicy) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes EgressPolicy from json.
+func (o *OptEgressPolicy) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptEgressPolicy to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptEgressPolicy) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptEgressPolicy) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes ErrorResponseErrorDetails as json.
 func (o OptErrorResponseErrorDetails) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -11562,6 +12103,39 @@ func (s OptGatewayInfo) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *OptGatewayInfo) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes InstancesCreateInputNetwork as json.
+func (o OptInstancesCreateInputNetwork) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	e.Str(string(o.Value))
+}
+
+// Decode decodes InstancesCreateInputNetwork from json.
+func (o *OptInstancesCreateInputNetwork) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptInstancesCreateInputNetwork to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptInstancesCreateInputNetwork) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptInstancesCreateInputNetwork) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -25542,12 +26116,20 @@ func (s *Sandbox) Encode(e *jx.Encoder) {
 // encodeFields encodes fields.
 func (s *Sandbox) encodeFields(e *jx.Encoder) {
 	{
+		e.FieldStart("address")
+		s.Address.Encode(e)
+	}
+	{
 		e.FieldStart("createdAt")
 		json.EncodeDateTime(e, s.CreatedAt)
 	}
 	{
 		e.FieldStart("deletedAt")
 		s.DeletedAt.Encode(e, json.EncodeDateTime)
+	}
+	{
+		e.FieldStart("egress")
+		s.Egress.Encode(e)
 	}
 	{
 		e.FieldStart("error")
@@ -25564,6 +26146,14 @@ func (s *Sandbox) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("hostname")
 		e.Str(s.Hostname)
+	}
+	{
+		e.FieldStart("mac")
+		s.MAC.Encode(e)
+	}
+	{
+		e.FieldStart("network")
+		s.Network.Encode(e)
 	}
 	{
 		e.FieldStart("nodeId")
@@ -25607,22 +26197,26 @@ func (s *Sandbox) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfSandbox = [15]string{
-	0:  "createdAt",
-	1:  "deletedAt",
-	2:  "error",
-	3:  "expiresAt",
-	4:  "fromSnapshot",
-	5:  "hostname",
-	6:  "nodeId",
-	7:  "poolId",
-	8:  "readyAt",
-	9:  "sandboxId",
-	10: "state",
-	11: "templateId",
-	12: "tenantId",
-	13: "timings",
-	14: "volumes",
+var jsonFieldsNameOfSandbox = [19]string{
+	0:  "address",
+	1:  "createdAt",
+	2:  "deletedAt",
+	3:  "egress",
+	4:  "error",
+	5:  "expiresAt",
+	6:  "fromSnapshot",
+	7:  "hostname",
+	8:  "mac",
+	9:  "network",
+	10: "nodeId",
+	11: "poolId",
+	12: "readyAt",
+	13: "sandboxId",
+	14: "state",
+	15: "templateId",
+	16: "tenantId",
+	17: "timings",
+	18: "volumes",
 }
 
 // Decode decodes Sandbox from json.
@@ -25630,12 +26224,22 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 	if s == nil {
 		return errors.New("invalid: unable to decode Sandbox to nil")
 	}
-	var requiredBitSet [2]uint8
+	var requiredBitSet [3]uint8
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
-		case "createdAt":
+		case "address":
 			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				if err := s.Address.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"address\"")
+			}
+		case "createdAt":
+			requiredBitSet[0] |= 1 << 1
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.CreatedAt = v
@@ -25647,7 +26251,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"createdAt\"")
 			}
 		case "deletedAt":
-			requiredBitSet[0] |= 1 << 1
+			requiredBitSet[0] |= 1 << 2
 			if err := func() error {
 				if err := s.DeletedAt.Decode(d, json.DecodeDateTime); err != nil {
 					return err
@@ -25656,8 +26260,18 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"deletedAt\"")
 			}
+		case "egress":
+			requiredBitSet[0] |= 1 << 3
+			if err := func() error {
+				if err := s.Egress.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"egress\"")
+			}
 		case "error":
-			requiredBitSet[0] |= 1 << 2
+			requiredBitSet[0] |= 1 << 4
 			if err := func() error {
 				if err := s.Error.Decode(d); err != nil {
 					return err
@@ -25667,7 +26281,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"error\"")
 			}
 		case "expiresAt":
-			requiredBitSet[0] |= 1 << 3
+			requiredBitSet[0] |= 1 << 5
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.ExpiresAt = v
@@ -25679,7 +26293,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"expiresAt\"")
 			}
 		case "fromSnapshot":
-			requiredBitSet[0] |= 1 << 4
+			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
 				if err := s.FromSnapshot.Decode(d); err != nil {
 					return err
@@ -25689,7 +26303,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"fromSnapshot\"")
 			}
 		case "hostname":
-			requiredBitSet[0] |= 1 << 5
+			requiredBitSet[0] |= 1 << 7
 			if err := func() error {
 				v, err := d.Str()
 				s.Hostname = string(v)
@@ -25700,8 +26314,28 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"hostname\"")
 			}
+		case "mac":
+			requiredBitSet[1] |= 1 << 0
+			if err := func() error {
+				if err := s.MAC.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"mac\"")
+			}
+		case "network":
+			requiredBitSet[1] |= 1 << 1
+			if err := func() error {
+				if err := s.Network.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"network\"")
+			}
 		case "nodeId":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[1] |= 1 << 2
 			if err := func() error {
 				v, err := d.Str()
 				s.NodeId = string(v)
@@ -25713,7 +26347,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"nodeId\"")
 			}
 		case "poolId":
-			requiredBitSet[0] |= 1 << 7
+			requiredBitSet[1] |= 1 << 3
 			if err := func() error {
 				v, err := d.Str()
 				s.PoolId = string(v)
@@ -25725,7 +26359,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"poolId\"")
 			}
 		case "readyAt":
-			requiredBitSet[1] |= 1 << 0
+			requiredBitSet[1] |= 1 << 4
 			if err := func() error {
 				if err := s.ReadyAt.Decode(d, json.DecodeDateTime); err != nil {
 					return err
@@ -25735,7 +26369,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"readyAt\"")
 			}
 		case "sandboxId":
-			requiredBitSet[1] |= 1 << 1
+			requiredBitSet[1] |= 1 << 5
 			if err := func() error {
 				v, err := d.Str()
 				s.SandboxId = string(v)
@@ -25747,7 +26381,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"sandboxId\"")
 			}
 		case "state":
-			requiredBitSet[1] |= 1 << 2
+			requiredBitSet[1] |= 1 << 6
 			if err := func() error {
 				if err := s.State.Decode(d); err != nil {
 					return err
@@ -25757,7 +26391,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"state\"")
 			}
 		case "templateId":
-			requiredBitSet[1] |= 1 << 3
+			requiredBitSet[1] |= 1 << 7
 			if err := func() error {
 				v, err := d.Str()
 				s.TemplateId = string(v)
@@ -25769,7 +26403,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"templateId\"")
 			}
 		case "tenantId":
-			requiredBitSet[1] |= 1 << 4
+			requiredBitSet[2] |= 1 << 0
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -25781,7 +26415,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"tenantId\"")
 			}
 		case "timings":
-			requiredBitSet[1] |= 1 << 5
+			requiredBitSet[2] |= 1 << 1
 			if err := func() error {
 				if err := s.Timings.Decode(d); err != nil {
 					return err
@@ -25791,7 +26425,7 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"timings\"")
 			}
 		case "volumes":
-			requiredBitSet[1] |= 1 << 6
+			requiredBitSet[2] |= 1 << 2
 			if err := func() error {
 				s.Volumes = make([]SandboxAttachment, 0)
 				if err := d.Arr(func(d *jx.Decoder) error {
@@ -25817,9 +26451,10 @@ func (s *Sandbox) Decode(d *jx.Decoder) error {
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
-	for i, mask := range [2]uint8{
+	for i, mask := range [3]uint8{
 		0b11111111,
-		0b01111111,
+		0b11111111,
+		0b00000111,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -26244,6 +26879,48 @@ func (s *SandboxList) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *SandboxList) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes SandboxNetwork as json.
+func (s SandboxNetwork) Encode(e *jx.Encoder) {
+	e.Str(string(s))
+}
+
+// Decode decodes SandboxNetwork from json.
+func (s *SandboxNetwork) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode SandboxNetwork to nil")
+	}
+	v, err := d.StrBytes()
+	if err != nil {
+		return err
+	}
+	// Try to use constant string.
+	switch SandboxNetwork(v) {
+	case SandboxNetworkNone:
+		*s = SandboxNetworkNone
+	case SandboxNetworkEgress:
+		*s = SandboxNetworkEgress
+	case SandboxNetworkPrivate:
+		*s = SandboxNetworkPrivate
+	default:
+		*s = SandboxNetwork(v)
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s SandboxNetwork) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *SandboxNetwork) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -27666,6 +28343,10 @@ func (s *SandboxTemplate) encodeFields(e *jx.Encoder) {
 		e.Int64(s.DefaultTtlSeconds)
 	}
 	{
+		e.FieldStart("egress")
+		s.Egress.Encode(e)
+	}
+	{
 		e.FieldStart("env")
 		s.Env.Encode(e)
 	}
@@ -27735,25 +28416,26 @@ func (s *SandboxTemplate) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfSandboxTemplate = [18]string{
+var jsonFieldsNameOfSandboxTemplate = [19]string{
 	0:  "createdAt",
 	1:  "defaultTtlSeconds",
-	2:  "env",
-	3:  "flavor",
-	4:  "imageId",
-	5:  "maxTtlSeconds",
-	6:  "name",
-	7:  "network",
-	8:  "poolId",
-	9:  "runtime",
-	10: "templateId",
-	11: "tenantId",
-	12: "updatedAt",
-	13: "userData",
-	14: "version",
-	15: "volumes",
-	16: "warm",
-	17: "warmReady",
+	2:  "egress",
+	3:  "env",
+	4:  "flavor",
+	5:  "imageId",
+	6:  "maxTtlSeconds",
+	7:  "name",
+	8:  "network",
+	9:  "poolId",
+	10: "runtime",
+	11: "templateId",
+	12: "tenantId",
+	13: "updatedAt",
+	14: "userData",
+	15: "version",
+	16: "volumes",
+	17: "warm",
+	18: "warmReady",
 }
 
 // Decode decodes SandboxTemplate from json.
@@ -27789,8 +28471,18 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"defaultTtlSeconds\"")
 			}
-		case "env":
+		case "egress":
 			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				if err := s.Egress.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"egress\"")
+			}
+		case "env":
+			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
 				if err := s.Env.Decode(d); err != nil {
 					return err
@@ -27800,7 +28492,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"env\"")
 			}
 		case "flavor":
-			requiredBitSet[0] |= 1 << 3
+			requiredBitSet[0] |= 1 << 4
 			if err := func() error {
 				v, err := d.Str()
 				s.Flavor = string(v)
@@ -27812,7 +28504,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"flavor\"")
 			}
 		case "imageId":
-			requiredBitSet[0] |= 1 << 4
+			requiredBitSet[0] |= 1 << 5
 			if err := func() error {
 				v, err := d.Str()
 				s.ImageId = string(v)
@@ -27824,7 +28516,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"imageId\"")
 			}
 		case "maxTtlSeconds":
-			requiredBitSet[0] |= 1 << 5
+			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
 				v, err := d.Int64()
 				s.MaxTtlSeconds = int64(v)
@@ -27836,7 +28528,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"maxTtlSeconds\"")
 			}
 		case "name":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[0] |= 1 << 7
 			if err := func() error {
 				v, err := d.Str()
 				s.Name = string(v)
@@ -27848,7 +28540,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"name\"")
 			}
 		case "network":
-			requiredBitSet[0] |= 1 << 7
+			requiredBitSet[1] |= 1 << 0
 			if err := func() error {
 				if err := s.Network.Decode(d); err != nil {
 					return err
@@ -27858,7 +28550,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"network\"")
 			}
 		case "poolId":
-			requiredBitSet[1] |= 1 << 0
+			requiredBitSet[1] |= 1 << 1
 			if err := func() error {
 				v, err := d.Str()
 				s.PoolId = string(v)
@@ -27870,7 +28562,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"poolId\"")
 			}
 		case "runtime":
-			requiredBitSet[1] |= 1 << 1
+			requiredBitSet[1] |= 1 << 2
 			if err := func() error {
 				v, err := d.Str()
 				s.Runtime = string(v)
@@ -27882,7 +28574,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"runtime\"")
 			}
 		case "templateId":
-			requiredBitSet[1] |= 1 << 2
+			requiredBitSet[1] |= 1 << 3
 			if err := func() error {
 				v, err := d.Str()
 				s.TemplateId = string(v)
@@ -27894,7 +28586,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"templateId\"")
 			}
 		case "tenantId":
-			requiredBitSet[1] |= 1 << 3
+			requiredBitSet[1] |= 1 << 4
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -27906,7 +28598,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"tenantId\"")
 			}
 		case "updatedAt":
-			requiredBitSet[1] |= 1 << 4
+			requiredBitSet[1] |= 1 << 5
 			if err := func() error {
 				v, err := json.DecodeDateTime(d)
 				s.UpdatedAt = v
@@ -27918,7 +28610,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"updatedAt\"")
 			}
 		case "userData":
-			requiredBitSet[1] |= 1 << 5
+			requiredBitSet[1] |= 1 << 6
 			if err := func() error {
 				if err := s.UserData.Decode(d); err != nil {
 					return err
@@ -27928,7 +28620,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"userData\"")
 			}
 		case "version":
-			requiredBitSet[1] |= 1 << 6
+			requiredBitSet[1] |= 1 << 7
 			if err := func() error {
 				v, err := d.Int64()
 				s.Version = int64(v)
@@ -27940,7 +28632,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"version\"")
 			}
 		case "volumes":
-			requiredBitSet[1] |= 1 << 7
+			requiredBitSet[2] |= 1 << 0
 			if err := func() error {
 				s.Volumes = make([]VolumeMount, 0)
 				if err := d.Arr(func(d *jx.Decoder) error {
@@ -27958,7 +28650,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"volumes\"")
 			}
 		case "warm":
-			requiredBitSet[2] |= 1 << 0
+			requiredBitSet[2] |= 1 << 1
 			if err := func() error {
 				if err := s.Warm.Decode(d); err != nil {
 					return err
@@ -27968,7 +28660,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"warm\"")
 			}
 		case "warmReady":
-			requiredBitSet[2] |= 1 << 1
+			requiredBitSet[2] |= 1 << 2
 			if err := func() error {
 				v, err := d.Int64()
 				s.WarmReady = int64(v)
@@ -27991,7 +28683,7 @@ func (s *SandboxTemplate) Decode(d *jx.Decoder) error {
 	for i, mask := range [3]uint8{
 		0b11111111,
 		0b11111111,
-		0b00000011,
+		0b00000111,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -28364,6 +29056,12 @@ func (s *SandboxTemplatesCreateInput) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.Egress.Set {
+			e.FieldStart("egress")
+			s.Egress.Encode(e)
+		}
+	}
+	{
 		if s.Env.Set {
 			e.FieldStart("env")
 			s.Env.Encode(e)
@@ -28431,20 +29129,21 @@ func (s *SandboxTemplatesCreateInput) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfSandboxTemplatesCreateInput = [13]string{
+var jsonFieldsNameOfSandboxTemplatesCreateInput = [14]string{
 	0:  "defaultTtlSeconds",
-	1:  "env",
-	2:  "flavor",
-	3:  "imageId",
-	4:  "maxTtlSeconds",
-	5:  "name",
-	6:  "network",
-	7:  "poolId",
-	8:  "runtime",
-	9:  "tenantId",
-	10: "userData",
-	11: "volumes",
-	12: "warm",
+	1:  "egress",
+	2:  "env",
+	3:  "flavor",
+	4:  "imageId",
+	5:  "maxTtlSeconds",
+	6:  "name",
+	7:  "network",
+	8:  "poolId",
+	9:  "runtime",
+	10: "tenantId",
+	11: "userData",
+	12: "volumes",
+	13: "warm",
 }
 
 // Decode decodes SandboxTemplatesCreateInput from json.
@@ -28467,6 +29166,16 @@ func (s *SandboxTemplatesCreateInput) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"defaultTtlSeconds\"")
 			}
+		case "egress":
+			if err := func() error {
+				s.Egress.Reset()
+				if err := s.Egress.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"egress\"")
+			}
 		case "env":
 			if err := func() error {
 				s.Env.Reset()
@@ -28478,7 +29187,7 @@ func (s *SandboxTemplatesCreateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"env\"")
 			}
 		case "flavor":
-			requiredBitSet[0] |= 1 << 2
+			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
 				v, err := d.Str()
 				s.Flavor = string(v)
@@ -28490,7 +29199,7 @@ func (s *SandboxTemplatesCreateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"flavor\"")
 			}
 		case "imageId":
-			requiredBitSet[0] |= 1 << 3
+			requiredBitSet[0] |= 1 << 4
 			if err := func() error {
 				v, err := d.Str()
 				s.ImageId = string(v)
@@ -28512,7 +29221,7 @@ func (s *SandboxTemplatesCreateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"maxTtlSeconds\"")
 			}
 		case "name":
-			requiredBitSet[0] |= 1 << 5
+			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
 				v, err := d.Str()
 				s.Name = string(v)
@@ -28534,7 +29243,7 @@ func (s *SandboxTemplatesCreateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"network\"")
 			}
 		case "poolId":
-			requiredBitSet[0] |= 1 << 7
+			requiredBitSet[1] |= 1 << 0
 			if err := func() error {
 				v, err := d.Str()
 				s.PoolId = string(v)
@@ -28556,7 +29265,7 @@ func (s *SandboxTemplatesCreateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"runtime\"")
 			}
 		case "tenantId":
-			requiredBitSet[1] |= 1 << 1
+			requiredBitSet[1] |= 1 << 2
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -28614,8 +29323,8 @@ func (s *SandboxTemplatesCreateInput) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [2]uint8{
-		0b10101100,
-		0b00000010,
+		0b01011000,
+		0b00000101,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -29484,6 +30193,12 @@ func (s *SandboxTemplatesUpdateInput) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.Egress.Set {
+			e.FieldStart("egress")
+			s.Egress.Encode(e)
+		}
+	}
+	{
 		if s.Env.Set {
 			e.FieldStart("env")
 			s.Env.Encode(e)
@@ -29545,18 +30260,19 @@ func (s *SandboxTemplatesUpdateInput) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfSandboxTemplatesUpdateInput = [11]string{
+var jsonFieldsNameOfSandboxTemplatesUpdateInput = [12]string{
 	0:  "defaultTtlSeconds",
-	1:  "env",
-	2:  "flavor",
-	3:  "imageId",
-	4:  "maxTtlSeconds",
-	5:  "network",
-	6:  "templateId",
-	7:  "tenantId",
-	8:  "userData",
-	9:  "volumes",
-	10: "warm",
+	1:  "egress",
+	2:  "env",
+	3:  "flavor",
+	4:  "imageId",
+	5:  "maxTtlSeconds",
+	6:  "network",
+	7:  "templateId",
+	8:  "tenantId",
+	9:  "userData",
+	10: "volumes",
+	11: "warm",
 }
 
 // Decode decodes SandboxTemplatesUpdateInput from json.
@@ -29577,6 +30293,16 @@ func (s *SandboxTemplatesUpdateInput) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"defaultTtlSeconds\"")
+			}
+		case "egress":
+			if err := func() error {
+				s.Egress.Reset()
+				if err := s.Egress.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"egress\"")
 			}
 		case "env":
 			if err := func() error {
@@ -29629,7 +30355,7 @@ func (s *SandboxTemplatesUpdateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"network\"")
 			}
 		case "templateId":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[0] |= 1 << 7
 			if err := func() error {
 				v, err := d.Str()
 				s.TemplateId = string(v)
@@ -29641,7 +30367,7 @@ func (s *SandboxTemplatesUpdateInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"templateId\"")
 			}
 		case "tenantId":
-			requiredBitSet[0] |= 1 << 7
+			requiredBitSet[1] |= 1 << 0
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -29699,8 +30425,8 @@ func (s *SandboxTemplatesUpdateInput) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [2]uint8{
-		0b11000000,
-		0b00000000,
+		0b10000000,
+		0b00000001,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -33983,6 +34709,228 @@ func (s *SandboxesResumeResult) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *SandboxesResumeResult) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *SandboxesSetEgressPolicyInput) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *SandboxesSetEgressPolicyInput) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("egress")
+		s.Egress.Encode(e)
+	}
+	{
+		e.FieldStart("sandboxId")
+		e.Str(s.SandboxId)
+	}
+	{
+		e.FieldStart("tenantId")
+		e.Str(s.TenantId)
+	}
+}
+
+var jsonFieldsNameOfSandboxesSetEgressPolicyInput = [3]string{
+	0: "egress",
+	1: "sandboxId",
+	2: "tenantId",
+}
+
+// Decode decodes SandboxesSetEgressPolicyInput from json.
+func (s *SandboxesSetEgressPolicyInput) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode SandboxesSetEgressPolicyInput to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "egress":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				if err := s.Egress.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"egress\"")
+			}
+		case "sandboxId":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				v, err := d.Str()
+				s.SandboxId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"sandboxId\"")
+			}
+		case "tenantId":
+			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				v, err := d.Str()
+				s.TenantId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"tenantId\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode SandboxesSetEgressPolicyInput")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000111,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfSandboxesSetEgressPolicyInput) {
+					name = jsonFieldsNameOfSandboxesSetEgressPolicyInput[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *SandboxesSetEgressPolicyInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *SandboxesSetEgressPolicyInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *SandboxesSetEgressPolicyResult) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *SandboxesSetEgressPolicyResult) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("data")
+		s.Data.Encode(e)
+	}
+}
+
+var jsonFieldsNameOfSandboxesSetEgressPolicyResult = [1]string{
+	0: "data",
+}
+
+// Decode decodes SandboxesSetEgressPolicyResult from json.
+func (s *SandboxesSetEgressPolicyResult) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode SandboxesSetEgressPolicyResult to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "data":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				if err := s.Data.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"data\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode SandboxesSetEgressPolicyResult")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000001,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfSandboxesSetEgressPolicyResult) {
+					name = jsonFieldsNameOfSandboxesSetEgressPolicyResult[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *SandboxesSetEgressPolicyResult) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *SandboxesSetEgressPolicyResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }

@@ -178,6 +178,20 @@ func encodeInstancesRebootRequest(
 	return nil
 }
 
+func encodeInstancesSetEgressPolicyRequest(
+	req *InstancesSetEgressPolicyInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodeInstancesStartRequest(
 	req *InstancesStartInput,
 	r *http.Request,
@@ -1132,6 +1146,20 @@ func encodeSandboxesReadFileRequest(
 
 func encodeSandboxesResumeRequest(
 	req *SandboxesResumeInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
+func encodeSandboxesSetEgressPolicyRequest(
+	req *SandboxesSetEgressPolicyInput,
 	r *http.Request,
 ) error {
 	const contentType = "application/json"

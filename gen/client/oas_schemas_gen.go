@@ -682,6 +682,38 @@ func (s *DeliveryState) UnmarshalText(data []byte) error {
 	}
 }
 
+// A VM's own egress policy, under the platform deny set no policy lifts (docs/networking.md). Entries
+// are IPv4 addresses or CIDRs, and in allow also domain names (matched on TLS SNI and the HTTP Host;
+// '*.' admits subdomains). An empty allow admits everything the deny set and deny leave; a non-empty
+// one admits exactly its entries.
+// Ref: #/components/schemas/EgressPolicy
+type EgressPolicy struct {
+	// CIDRs, addresses and domain names admitted.
+	Allow []string `json:"allow"`
+	// CIDRs and addresses refused (a domain here is INVALID_INPUT).
+	Deny []string `json:"deny"`
+}
+
+// GetAllow returns the value of Allow.
+func (s *EgressPolicy) GetAllow() []string {
+	return s.Allow
+}
+
+// GetDeny returns the value of Deny.
+func (s *EgressPolicy) GetDeny() []string {
+	return s.Deny
+}
+
+// SetAllow sets the value of Allow.
+func (s *EgressPolicy) SetAllow(val []string) {
+	s.Allow = val
+}
+
+// SetDeny sets the value of Deny.
+func (s *EgressPolicy) SetDeny(val []string) {
+	s.Deny = val
+}
+
 type ErrorCode string
 
 // Error envelope, answered with the code's HTTP status.
@@ -1812,10 +1844,14 @@ func (s *ImagesListResult) SetData(val ImageList) {
 
 // Ref: #/components/schemas/Instance
 type Instance struct {
+	// The VM's IPv4 address and subnet length (e.g. 10.200.3.7/24), unique among the pool's live VMs; null
+	// under none.
+	Address      NilString            `json:"address"`
 	Conditions   []InstanceCondition  `json:"conditions"`
 	CreatedAt    time.Time            `json:"createdAt"`
 	DesiredState InstanceDesiredState `json:"desiredState"`
 	DiskGiB      int64                `json:"diskGiB"`
+	Egress       EgressPolicy         `json:"egress"`
 	// Why the instance failed, as the daemon reported it.
 	Error NilString `json:"error"`
 	// Lowercase DNS-like name.
@@ -1826,11 +1862,16 @@ type Instance struct {
 	ImageId string `json:"imageId"`
 	// Instance identifier.
 	InstanceId string `json:"instanceId"`
+	// The network card's MAC address (locally administered, derived from the id); null under none.
+	MAC NilString `json:"mac"`
 	// In a provider pool, the machine of the provider account it runs on, once launched.
 	MachineId NilString `json:"machineId"`
 	MemoryMiB int64     `json:"memoryMiB"`
 	// Lowercase DNS-like name.
 	Name string `json:"name"`
+	// None: no network card; egress: outbound through the node with source NAT, nothing inbound; private:
+	// a network among the tenant's VMs of the pool, no internet.
+	Network InstanceNetwork `json:"network"`
 	// Node identifier.
 	NodeId NilString `json:"nodeId"`
 	// Pool identifier.
@@ -1847,6 +1888,11 @@ type Instance struct {
 	UpdatedAt time.Time `json:"updatedAt"`
 	Vcpu      int64     `json:"vcpu"`
 	Version   int64     `json:"version"`
+}
+
+// GetAddress returns the value of Address.
+func (s *Instance) GetAddress() NilString {
+	return s.Address
 }
 
 // GetConditions returns the value of Conditions.
@@ -1867,6 +1913,11 @@ func (s *Instance) GetDesiredState() InstanceDesiredState {
 // GetDiskGiB returns the value of DiskGiB.
 func (s *Instance) GetDiskGiB() int64 {
 	return s.DiskGiB
+}
+
+// GetEgress returns the value of Egress.
+func (s *Instance) GetEgress() EgressPolicy {
+	return s.Egress
 }
 
 // GetError returns the value of Error.
@@ -1894,6 +1945,11 @@ func (s *Instance) GetInstanceId() string {
 	return s.InstanceId
 }
 
+// GetMAC returns the value of MAC.
+func (s *Instance) GetMAC() NilString {
+	return s.MAC
+}
+
 // GetMachineId returns the value of MachineId.
 func (s *Instance) GetMachineId() NilString {
 	return s.MachineId
@@ -1907,6 +1963,11 @@ func (s *Instance) GetMemoryMiB() int64 {
 // GetName returns the value of Name.
 func (s *Instance) GetName() string {
 	return s.Name
+}
+
+// GetNetwork returns the value of Network.
+func (s *Instance) GetNetwork() InstanceNetwork {
+	return s.Network
 }
 
 // GetNodeId returns the value of NodeId.
@@ -1959,6 +2020,11 @@ func (s *Instance) GetVersion() int64 {
 	return s.Version
 }
 
+// SetAddress sets the value of Address.
+func (s *Instance) SetAddress(val NilString) {
+	s.Address = val
+}
+
 // SetConditions sets the value of Conditions.
 func (s *Instance) SetConditions(val []InstanceCondition) {
 	s.Conditions = val
@@ -1977,6 +2043,11 @@ func (s *Instance) SetDesiredState(val InstanceDesiredState) {
 // SetDiskGiB sets the value of DiskGiB.
 func (s *Instance) SetDiskGiB(val int64) {
 	s.DiskGiB = val
+}
+
+// SetEgress sets the value of Egress.
+func (s *Instance) SetEgress(val EgressPolicy) {
+	s.Egress = val
 }
 
 // SetError sets the value of Error.
@@ -2004,6 +2075,11 @@ func (s *Instance) SetInstanceId(val string) {
 	s.InstanceId = val
 }
 
+// SetMAC sets the value of MAC.
+func (s *Instance) SetMAC(val NilString) {
+	s.MAC = val
+}
+
 // SetMachineId sets the value of MachineId.
 func (s *Instance) SetMachineId(val NilString) {
 	s.MachineId = val
@@ -2017,6 +2093,11 @@ func (s *Instance) SetMemoryMiB(val int64) {
 // SetName sets the value of Name.
 func (s *Instance) SetName(val string) {
 	s.Name = val
+}
+
+// SetNetwork sets the value of Network.
+func (s *Instance) SetNetwork(val InstanceNetwork) {
+	s.Network = val
 }
 
 // SetNodeId sets the value of NodeId.
@@ -2188,6 +2269,56 @@ func (s *InstanceList) SetItems(val []Instance) {
 	s.Items = val
 }
 
+// None: no network card; egress: outbound through the node with source NAT, nothing inbound; private:
+// a network among the tenant's VMs of the pool, no internet.
+type InstanceNetwork string
+
+const (
+	InstanceNetworkNone    InstanceNetwork = "none"
+	InstanceNetworkEgress  InstanceNetwork = "egress"
+	InstanceNetworkPrivate InstanceNetwork = "private"
+)
+
+// AllValues returns all InstanceNetwork values.
+func (InstanceNetwork) AllValues() []InstanceNetwork {
+	return []InstanceNetwork{
+		InstanceNetworkNone,
+		InstanceNetworkEgress,
+		InstanceNetworkPrivate,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s InstanceNetwork) MarshalText() ([]byte, error) {
+	switch s {
+	case InstanceNetworkNone:
+		return []byte(s), nil
+	case InstanceNetworkEgress:
+		return []byte(s), nil
+	case InstanceNetworkPrivate:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *InstanceNetwork) UnmarshalText(data []byte) error {
+	switch InstanceNetwork(data) {
+	case InstanceNetworkNone:
+		*s = InstanceNetworkNone
+		return nil
+	case InstanceNetworkEgress:
+		*s = InstanceNetworkEgress
+		return nil
+	case InstanceNetworkPrivate:
+		*s = InstanceNetworkPrivate
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
 type InstanceState string
 
 const (
@@ -2267,6 +2398,7 @@ func (s *InstanceState) UnmarshalText(data []byte) error {
 // Input of instances.create. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
 // Ref: #/components/schemas/InstancesCreateInput
 type InstancesCreateInput struct {
+	Egress OptEgressPolicy `json:"egress"`
 	// Lowercase DNS-like name.
 	Flavor string `json:"flavor"`
 	// Idempotency key (wide alphabet).
@@ -2274,7 +2406,8 @@ type InstancesCreateInput struct {
 	// Image identifier.
 	ImageId string `json:"imageId"`
 	// Lowercase DNS-like name.
-	Name string `json:"name"`
+	Name    string                         `json:"name"`
+	Network OptInstancesCreateInputNetwork `json:"network"`
 	// Pool identifier.
 	PoolId string `json:"poolId"`
 	// Run inside this active reservation of the pool: the instance takes one of its units (its flavor must
@@ -2285,6 +2418,11 @@ type InstancesCreateInput struct {
 	TenantId string    `json:"tenantId"`
 	UserData OptString `json:"userData"`
 	Wait     OptWait   `json:"wait"`
+}
+
+// GetEgress returns the value of Egress.
+func (s *InstancesCreateInput) GetEgress() OptEgressPolicy {
+	return s.Egress
 }
 
 // GetFlavor returns the value of Flavor.
@@ -2305,6 +2443,11 @@ func (s *InstancesCreateInput) GetImageId() string {
 // GetName returns the value of Name.
 func (s *InstancesCreateInput) GetName() string {
 	return s.Name
+}
+
+// GetNetwork returns the value of Network.
+func (s *InstancesCreateInput) GetNetwork() OptInstancesCreateInputNetwork {
+	return s.Network
 }
 
 // GetPoolId returns the value of PoolId.
@@ -2332,6 +2475,11 @@ func (s *InstancesCreateInput) GetWait() OptWait {
 	return s.Wait
 }
 
+// SetEgress sets the value of Egress.
+func (s *InstancesCreateInput) SetEgress(val OptEgressPolicy) {
+	s.Egress = val
+}
+
 // SetFlavor sets the value of Flavor.
 func (s *InstancesCreateInput) SetFlavor(val string) {
 	s.Flavor = val
@@ -2350,6 +2498,11 @@ func (s *InstancesCreateInput) SetImageId(val string) {
 // SetName sets the value of Name.
 func (s *InstancesCreateInput) SetName(val string) {
 	s.Name = val
+}
+
+// SetNetwork sets the value of Network.
+func (s *InstancesCreateInput) SetNetwork(val OptInstancesCreateInputNetwork) {
+	s.Network = val
 }
 
 // SetPoolId sets the value of PoolId.
@@ -2375,6 +2528,54 @@ func (s *InstancesCreateInput) SetUserData(val OptString) {
 // SetWait sets the value of Wait.
 func (s *InstancesCreateInput) SetWait(val OptWait) {
 	s.Wait = val
+}
+
+type InstancesCreateInputNetwork string
+
+const (
+	InstancesCreateInputNetworkNone    InstancesCreateInputNetwork = "none"
+	InstancesCreateInputNetworkEgress  InstancesCreateInputNetwork = "egress"
+	InstancesCreateInputNetworkPrivate InstancesCreateInputNetwork = "private"
+)
+
+// AllValues returns all InstancesCreateInputNetwork values.
+func (InstancesCreateInputNetwork) AllValues() []InstancesCreateInputNetwork {
+	return []InstancesCreateInputNetwork{
+		InstancesCreateInputNetworkNone,
+		InstancesCreateInputNetworkEgress,
+		InstancesCreateInputNetworkPrivate,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s InstancesCreateInputNetwork) MarshalText() ([]byte, error) {
+	switch s {
+	case InstancesCreateInputNetworkNone:
+		return []byte(s), nil
+	case InstancesCreateInputNetworkEgress:
+		return []byte(s), nil
+	case InstancesCreateInputNetworkPrivate:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *InstancesCreateInputNetwork) UnmarshalText(data []byte) error {
+	switch InstancesCreateInputNetwork(data) {
+	case InstancesCreateInputNetworkNone:
+		*s = InstancesCreateInputNetworkNone
+		return nil
+	case InstancesCreateInputNetworkEgress:
+		*s = InstancesCreateInputNetworkEgress
+		return nil
+	case InstancesCreateInputNetworkPrivate:
+		*s = InstancesCreateInputNetworkPrivate
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
 }
 
 // Success envelope of instances.create.
@@ -2581,6 +2782,63 @@ func (s *InstancesRebootResult) GetData() Instance {
 
 // SetData sets the value of Data.
 func (s *InstancesRebootResult) SetData(val Instance) {
+	s.Data = val
+}
+
+// Input of instances.setEgressPolicy. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/InstancesSetEgressPolicyInput
+type InstancesSetEgressPolicyInput struct {
+	Egress EgressPolicy `json:"egress"`
+	// Instance identifier.
+	InstanceId string `json:"instanceId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetEgress returns the value of Egress.
+func (s *InstancesSetEgressPolicyInput) GetEgress() EgressPolicy {
+	return s.Egress
+}
+
+// GetInstanceId returns the value of InstanceId.
+func (s *InstancesSetEgressPolicyInput) GetInstanceId() string {
+	return s.InstanceId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *InstancesSetEgressPolicyInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetEgress sets the value of Egress.
+func (s *InstancesSetEgressPolicyInput) SetEgress(val EgressPolicy) {
+	s.Egress = val
+}
+
+// SetInstanceId sets the value of InstanceId.
+func (s *InstancesSetEgressPolicyInput) SetInstanceId(val string) {
+	s.InstanceId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *InstancesSetEgressPolicyInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of instances.setEgressPolicy.
+// Ref: #/components/schemas/InstancesSetEgressPolicyResult
+type InstancesSetEgressPolicyResult struct {
+	Data Instance `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *InstancesSetEgressPolicyResult) GetData() Instance {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *InstancesSetEgressPolicyResult) SetData(val Instance) {
 	s.Data = val
 }
 
@@ -4381,6 +4639,52 @@ func (o OptDateTime) Or(d time.Time) time.Time {
 	return d
 }
 
+// NewOptEgressPolicy returns new OptEgressPolicy with value set to v.
+func NewOptEgressPolicy(v EgressPolicy) OptEgressPolicy {
+	return OptEgressPolicy{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptEgressPolicy is optional EgressPolicy.
+type OptEgressPolicy struct {
+	Value EgressPolicy
+	Set   bool
+}
+
+// IsSet returns true if OptEgressPolicy was set.
+func (o OptEgressPolicy) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptEgressPolicy) Reset() {
+	var v EgressPolicy
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptEgressPolicy) SetTo(v EgressPolicy) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptEgressPolicy) Get() (v EgressPolicy, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptEgressPolicy) Or(d EgressPolicy) EgressPolicy {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptErrorResponseErrorDetails returns new OptErrorResponseErrorDetails with value set to v.
 func NewOptErrorResponseErrorDetails(v ErrorResponseErrorDetails) OptErrorResponseErrorDetails {
 	return OptErrorResponseErrorDetails{
@@ -4559,6 +4863,52 @@ func (o OptGatewayInfo) Get() (v GatewayInfo, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptGatewayInfo) Or(d GatewayInfo) GatewayInfo {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptInstancesCreateInputNetwork returns new OptInstancesCreateInputNetwork with value set to v.
+func NewOptInstancesCreateInputNetwork(v InstancesCreateInputNetwork) OptInstancesCreateInputNetwork {
+	return OptInstancesCreateInputNetwork{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptInstancesCreateInputNetwork is optional InstancesCreateInputNetwork.
+type OptInstancesCreateInputNetwork struct {
+	Value InstancesCreateInputNetwork
+	Set   bool
+}
+
+// IsSet returns true if OptInstancesCreateInputNetwork was set.
+func (o OptInstancesCreateInputNetwork) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptInstancesCreateInputNetwork) Reset() {
+	var v InstancesCreateInputNetwork
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptInstancesCreateInputNetwork) SetTo(v InstancesCreateInputNetwork) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptInstancesCreateInputNetwork) Get() (v InstancesCreateInputNetwork, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptInstancesCreateInputNetwork) Or(d InstancesCreateInputNetwork) InstancesCreateInputNetwork {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -10367,14 +10717,22 @@ func (s *ReservationsListResult) SetData(val ReservationList) {
 
 // Ref: #/components/schemas/Sandbox
 type Sandbox struct {
-	CreatedAt time.Time   `json:"createdAt"`
-	DeletedAt NilDateTime `json:"deletedAt"`
-	Error     NilString   `json:"error"`
+	// The VM's IPv4 address and subnet length, unique among the pool's live VMs (a restore gets its own);
+	// null under none.
+	Address   NilString    `json:"address"`
+	CreatedAt time.Time    `json:"createdAt"`
+	DeletedAt NilDateTime  `json:"deletedAt"`
+	Egress    EgressPolicy `json:"egress"`
+	Error     NilString    `json:"error"`
 	// The sandbox is deleted then unless extended.
 	ExpiresAt time.Time `json:"expiresAt"`
 	// Sandbox snapshot identifier.
 	FromSnapshot NilString `json:"fromSnapshot"`
 	Hostname     string    `json:"hostname"`
+	// The network card's MAC address; null under none.
+	MAC NilString `json:"mac"`
+	// The template's network when the VM was made.
+	Network SandboxNetwork `json:"network"`
 	// Node identifier.
 	NodeId string `json:"nodeId"`
 	// Pool identifier.
@@ -10392,6 +10750,11 @@ type Sandbox struct {
 	Volumes  []SandboxAttachment `json:"volumes"`
 }
 
+// GetAddress returns the value of Address.
+func (s *Sandbox) GetAddress() NilString {
+	return s.Address
+}
+
 // GetCreatedAt returns the value of CreatedAt.
 func (s *Sandbox) GetCreatedAt() time.Time {
 	return s.CreatedAt
@@ -10400,6 +10763,11 @@ func (s *Sandbox) GetCreatedAt() time.Time {
 // GetDeletedAt returns the value of DeletedAt.
 func (s *Sandbox) GetDeletedAt() NilDateTime {
 	return s.DeletedAt
+}
+
+// GetEgress returns the value of Egress.
+func (s *Sandbox) GetEgress() EgressPolicy {
+	return s.Egress
 }
 
 // GetError returns the value of Error.
@@ -10420,6 +10788,16 @@ func (s *Sandbox) GetFromSnapshot() NilString {
 // GetHostname returns the value of Hostname.
 func (s *Sandbox) GetHostname() string {
 	return s.Hostname
+}
+
+// GetMAC returns the value of MAC.
+func (s *Sandbox) GetMAC() NilString {
+	return s.MAC
+}
+
+// GetNetwork returns the value of Network.
+func (s *Sandbox) GetNetwork() SandboxNetwork {
+	return s.Network
 }
 
 // GetNodeId returns the value of NodeId.
@@ -10467,6 +10845,11 @@ func (s *Sandbox) GetVolumes() []SandboxAttachment {
 	return s.Volumes
 }
 
+// SetAddress sets the value of Address.
+func (s *Sandbox) SetAddress(val NilString) {
+	s.Address = val
+}
+
 // SetCreatedAt sets the value of CreatedAt.
 func (s *Sandbox) SetCreatedAt(val time.Time) {
 	s.CreatedAt = val
@@ -10475,6 +10858,11 @@ func (s *Sandbox) SetCreatedAt(val time.Time) {
 // SetDeletedAt sets the value of DeletedAt.
 func (s *Sandbox) SetDeletedAt(val NilDateTime) {
 	s.DeletedAt = val
+}
+
+// SetEgress sets the value of Egress.
+func (s *Sandbox) SetEgress(val EgressPolicy) {
+	s.Egress = val
 }
 
 // SetError sets the value of Error.
@@ -10495,6 +10883,16 @@ func (s *Sandbox) SetFromSnapshot(val NilString) {
 // SetHostname sets the value of Hostname.
 func (s *Sandbox) SetHostname(val string) {
 	s.Hostname = val
+}
+
+// SetMAC sets the value of MAC.
+func (s *Sandbox) SetMAC(val NilString) {
+	s.MAC = val
+}
+
+// SetNetwork sets the value of Network.
+func (s *Sandbox) SetNetwork(val SandboxNetwork) {
+	s.Network = val
 }
 
 // SetNodeId sets the value of NodeId.
@@ -10644,6 +11042,55 @@ func (s *SandboxList) GetItems() []Sandbox {
 // SetItems sets the value of Items.
 func (s *SandboxList) SetItems(val []Sandbox) {
 	s.Items = val
+}
+
+// The template's network when the VM was made.
+type SandboxNetwork string
+
+const (
+	SandboxNetworkNone    SandboxNetwork = "none"
+	SandboxNetworkEgress  SandboxNetwork = "egress"
+	SandboxNetworkPrivate SandboxNetwork = "private"
+)
+
+// AllValues returns all SandboxNetwork values.
+func (SandboxNetwork) AllValues() []SandboxNetwork {
+	return []SandboxNetwork{
+		SandboxNetworkNone,
+		SandboxNetworkEgress,
+		SandboxNetworkPrivate,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s SandboxNetwork) MarshalText() ([]byte, error) {
+	switch s {
+	case SandboxNetworkNone:
+		return []byte(s), nil
+	case SandboxNetworkEgress:
+		return []byte(s), nil
+	case SandboxNetworkPrivate:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *SandboxNetwork) UnmarshalText(data []byte) error {
+	switch SandboxNetwork(data) {
+	case SandboxNetworkNone:
+		*s = SandboxNetworkNone
+		return nil
+	case SandboxNetworkEgress:
+		*s = SandboxNetworkEgress
+		return nil
+	case SandboxNetworkPrivate:
+		*s = SandboxNetworkPrivate
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
 }
 
 // Ref: #/components/schemas/SandboxSnapshot
@@ -11178,8 +11625,9 @@ func (s *SandboxState) UnmarshalText(data []byte) error {
 // What a tenant's sandboxes run; name unique among the tenant's live templates.
 // Ref: #/components/schemas/SandboxTemplate
 type SandboxTemplate struct {
-	CreatedAt         time.Time `json:"createdAt"`
-	DefaultTtlSeconds int64     `json:"defaultTtlSeconds"`
+	CreatedAt         time.Time    `json:"createdAt"`
+	DefaultTtlSeconds int64        `json:"defaultTtlSeconds"`
+	Egress            EgressPolicy `json:"egress"`
 	// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
 	Env SandboxTemplateEnv `json:"env"`
 	// Lowercase DNS-like name.
@@ -11217,6 +11665,11 @@ func (s *SandboxTemplate) GetCreatedAt() time.Time {
 // GetDefaultTtlSeconds returns the value of DefaultTtlSeconds.
 func (s *SandboxTemplate) GetDefaultTtlSeconds() int64 {
 	return s.DefaultTtlSeconds
+}
+
+// GetEgress returns the value of Egress.
+func (s *SandboxTemplate) GetEgress() EgressPolicy {
+	return s.Egress
 }
 
 // GetEnv returns the value of Env.
@@ -11307,6 +11760,11 @@ func (s *SandboxTemplate) SetCreatedAt(val time.Time) {
 // SetDefaultTtlSeconds sets the value of DefaultTtlSeconds.
 func (s *SandboxTemplate) SetDefaultTtlSeconds(val int64) {
 	s.DefaultTtlSeconds = val
+}
+
+// SetEgress sets the value of Egress.
+func (s *SandboxTemplate) SetEgress(val EgressPolicy) {
+	s.Egress = val
 }
 
 // SetEnv sets the value of Env.
@@ -11483,7 +11941,8 @@ func (s *SandboxTemplateNetwork) UnmarshalText(data []byte) error {
 // INVALID_INPUT.
 // Ref: #/components/schemas/SandboxTemplatesCreateInput
 type SandboxTemplatesCreateInput struct {
-	DefaultTtlSeconds OptInt64 `json:"defaultTtlSeconds"`
+	DefaultTtlSeconds OptInt64        `json:"defaultTtlSeconds"`
+	Egress            OptEgressPolicy `json:"egress"`
 	// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
 	Env OptSandboxTemplatesCreateInputEnv `json:"env"`
 	// Lowercase DNS-like name.
@@ -11510,6 +11969,11 @@ type SandboxTemplatesCreateInput struct {
 // GetDefaultTtlSeconds returns the value of DefaultTtlSeconds.
 func (s *SandboxTemplatesCreateInput) GetDefaultTtlSeconds() OptInt64 {
 	return s.DefaultTtlSeconds
+}
+
+// GetEgress returns the value of Egress.
+func (s *SandboxTemplatesCreateInput) GetEgress() OptEgressPolicy {
+	return s.Egress
 }
 
 // GetEnv returns the value of Env.
@@ -11575,6 +12039,11 @@ func (s *SandboxTemplatesCreateInput) GetWarm() OptWarm {
 // SetDefaultTtlSeconds sets the value of DefaultTtlSeconds.
 func (s *SandboxTemplatesCreateInput) SetDefaultTtlSeconds(val OptInt64) {
 	s.DefaultTtlSeconds = val
+}
+
+// SetEgress sets the value of Egress.
+func (s *SandboxTemplatesCreateInput) SetEgress(val OptEgressPolicy) {
+	s.Egress = val
 }
 
 // SetEnv sets the value of Env.
@@ -11843,7 +12312,8 @@ func (s *SandboxTemplatesListResult) SetData(val SandboxTemplateList) {
 // INVALID_INPUT.
 // Ref: #/components/schemas/SandboxTemplatesUpdateInput
 type SandboxTemplatesUpdateInput struct {
-	DefaultTtlSeconds OptInt64 `json:"defaultTtlSeconds"`
+	DefaultTtlSeconds OptInt64        `json:"defaultTtlSeconds"`
+	Egress            OptEgressPolicy `json:"egress"`
 	// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
 	Env OptSandboxTemplatesUpdateInputEnv `json:"env"`
 	// Lowercase DNS-like name.
@@ -11865,6 +12335,11 @@ type SandboxTemplatesUpdateInput struct {
 // GetDefaultTtlSeconds returns the value of DefaultTtlSeconds.
 func (s *SandboxTemplatesUpdateInput) GetDefaultTtlSeconds() OptInt64 {
 	return s.DefaultTtlSeconds
+}
+
+// GetEgress returns the value of Egress.
+func (s *SandboxTemplatesUpdateInput) GetEgress() OptEgressPolicy {
+	return s.Egress
 }
 
 // GetEnv returns the value of Env.
@@ -11920,6 +12395,11 @@ func (s *SandboxTemplatesUpdateInput) GetWarm() OptWarm {
 // SetDefaultTtlSeconds sets the value of DefaultTtlSeconds.
 func (s *SandboxTemplatesUpdateInput) SetDefaultTtlSeconds(val OptInt64) {
 	s.DefaultTtlSeconds = val
+}
+
+// SetEgress sets the value of Egress.
+func (s *SandboxTemplatesUpdateInput) SetEgress(val OptEgressPolicy) {
+	s.Egress = val
 }
 
 // SetEnv sets the value of Env.
@@ -13283,6 +13763,63 @@ func (s *SandboxesResumeResult) GetData() Sandbox {
 
 // SetData sets the value of Data.
 func (s *SandboxesResumeResult) SetData(val Sandbox) {
+	s.Data = val
+}
+
+// Input of sandboxes.setEgressPolicy. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesSetEgressPolicyInput
+type SandboxesSetEgressPolicyInput struct {
+	Egress EgressPolicy `json:"egress"`
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetEgress returns the value of Egress.
+func (s *SandboxesSetEgressPolicyInput) GetEgress() EgressPolicy {
+	return s.Egress
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesSetEgressPolicyInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesSetEgressPolicyInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetEgress sets the value of Egress.
+func (s *SandboxesSetEgressPolicyInput) SetEgress(val EgressPolicy) {
+	s.Egress = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesSetEgressPolicyInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesSetEgressPolicyInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxes.setEgressPolicy.
+// Ref: #/components/schemas/SandboxesSetEgressPolicyResult
+type SandboxesSetEgressPolicyResult struct {
+	Data Sandbox `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesSetEgressPolicyResult) GetData() Sandbox {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesSetEgressPolicyResult) SetData(val Sandbox) {
 	s.Data = val
 }
 

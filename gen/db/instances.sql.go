@@ -13,7 +13,7 @@ import (
 )
 
 const dueProviderInstances = `-- name: DueProviderInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances
 WHERE provider_next_at IS NOT NULL AND provider_next_at <= now()
 ORDER BY provider_next_at
 LIMIT $1
@@ -72,6 +72,9 @@ func (q *Queries) DueProviderInstances(ctx context.Context, lim int32) ([]Instan
 			&i.ProviderOffer,
 			&i.ProviderAttempts,
 			&i.ProviderNextAt,
+			&i.Network,
+			&i.NetAddress,
+			&i.EgressPolicy,
 		); err != nil {
 			return nil, err
 		}
@@ -118,7 +121,7 @@ func (q *Queries) FreeReservationUnit(ctx context.Context, reservationID string)
 }
 
 const getInstance = `-- name: GetInstance :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE instance_id = $1
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances WHERE instance_id = $1
 `
 
 func (q *Queries) GetInstance(ctx context.Context, instanceID string) (Instance, error) {
@@ -167,12 +170,15 @@ func (q *Queries) GetInstance(ctx context.Context, instanceID string) (Instance,
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
 
 const getInstanceForUpdate = `-- name: GetInstanceForUpdate :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE instance_id = $1 FOR UPDATE
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances WHERE instance_id = $1 FOR UPDATE
 `
 
 func (q *Queries) GetInstanceForUpdate(ctx context.Context, instanceID string) (Instance, error) {
@@ -221,6 +227,9 @@ func (q *Queries) GetInstanceForUpdate(ctx context.Context, instanceID string) (
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
@@ -267,7 +276,7 @@ VALUES ($1, $2, $3, $4, $5, $6,
     $13, 'running', 'pending', $14, $15,
     $16, $17)
 ON CONFLICT (instance_id) DO NOTHING
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy
 `
 
 type InsertInstanceParams struct {
@@ -354,6 +363,9 @@ func (q *Queries) InsertInstance(ctx context.Context, arg InsertInstanceParams) 
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
@@ -365,7 +377,7 @@ VALUES ($1, $2, $3, $4,
     $5, $6, $7, $8, $9, $10,
     $11, 'running', 'pending', $12, $13, now())
 ON CONFLICT (instance_id) DO NOTHING
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy
 `
 
 type InsertProviderInstanceParams struct {
@@ -446,12 +458,15 @@ func (q *Queries) InsertProviderInstance(ctx context.Context, arg InsertProvider
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
 
 const listInstances = `-- name: ListInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances
 WHERE tenant_id = $1 AND kind = 'vps'
   AND ($2::text IS NULL OR pool_id = $2)
   AND ($3::boolean OR state <> 'deleted')
@@ -517,6 +532,9 @@ func (q *Queries) ListInstances(ctx context.Context, arg ListInstancesParams) ([
 			&i.ProviderOffer,
 			&i.ProviderAttempts,
 			&i.ProviderNextAt,
+			&i.Network,
+			&i.NetAddress,
+			&i.EgressPolicy,
 		); err != nil {
 			return nil, err
 		}
@@ -529,7 +547,7 @@ func (q *Queries) ListInstances(ctx context.Context, arg ListInstancesParams) ([
 }
 
 const nodeInstances = `-- name: NodeInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE node_id = $1 AND state <> 'deleted' ORDER BY instance_id
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances WHERE node_id = $1 AND state <> 'deleted' ORDER BY instance_id
 `
 
 // NodeInstances are the instances a node's spec carries: every one not
@@ -586,6 +604,9 @@ func (q *Queries) NodeInstances(ctx context.Context, nodeID pgtype.Text) ([]Inst
 			&i.ProviderOffer,
 			&i.ProviderAttempts,
 			&i.ProviderNextAt,
+			&i.Network,
+			&i.NetAddress,
+			&i.EgressPolicy,
 		); err != nil {
 			return nil, err
 		}
@@ -605,7 +626,7 @@ UPDATE instances SET provider_machine = $1, provider_offer = $2,
     provider_next_at = CASE WHEN desired_state = 'deleted' THEN now() ELSE now() + $3::interval END,
     version = version + 1, updated_at = now()
 WHERE instance_id = $4
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy
 `
 
 type RecordProviderLaunchParams struct {
@@ -668,6 +689,9 @@ func (q *Queries) RecordProviderLaunch(ctx context.Context, arg RecordProviderLa
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
@@ -685,7 +709,7 @@ FROM (SELECT unnest($2::text[]) AS instance_id, unnest($3::text[]) AS state,
 WHERE i.instance_id = r.instance_id AND i.node_id = $1 AND i.state <> 'deleted'
   AND (i.state <> r.state OR i.error IS DISTINCT FROM NULLIF(r.error, '') OR i.reported_identity <> r.reported_identity
        OR (r.host_timings <> '' AND i.host_timings IS DISTINCT FROM r.host_timings::jsonb))
-RETURNING i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at, i.provider_machine, i.provider_offer, i.provider_attempts, i.provider_next_at
+RETURNING i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at, i.provider_machine, i.provider_offer, i.provider_attempts, i.provider_next_at, i.network, i.net_address, i.egress_policy
 `
 
 type ReportInstancesParams struct {
@@ -761,6 +785,9 @@ func (q *Queries) ReportInstances(ctx context.Context, arg ReportInstancesParams
 			&i.ProviderOffer,
 			&i.ProviderAttempts,
 			&i.ProviderNextAt,
+			&i.Network,
+			&i.NetAddress,
+			&i.EgressPolicy,
 		); err != nil {
 			return nil, err
 		}
@@ -773,7 +800,7 @@ func (q *Queries) ReportInstances(ctx context.Context, arg ReportInstancesParams
 }
 
 const reservationInstances = `-- name: ReservationInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE reservation_id = $1 AND desired_state <> 'deleted' ORDER BY instance_id FOR UPDATE
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances WHERE reservation_id = $1 AND desired_state <> 'deleted' ORDER BY instance_id FOR UPDATE
 `
 
 // ReservationInstances are the live instances running in a reservation.
@@ -829,6 +856,9 @@ func (q *Queries) ReservationInstances(ctx context.Context, reservationID pgtype
 			&i.ProviderOffer,
 			&i.ProviderAttempts,
 			&i.ProviderNextAt,
+			&i.Network,
+			&i.NetAddress,
+			&i.EgressPolicy,
 		); err != nil {
 			return nil, err
 		}
@@ -848,7 +878,7 @@ UPDATE instances SET state = $1, error = $2,
     deleted_at = CASE WHEN $1::text = 'deleted' THEN coalesce(deleted_at, now()) ELSE deleted_at END,
     version = version + 1, updated_at = now()
 WHERE instance_id = $7 AND version = $8
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy
 `
 
 type SaveProviderInstanceParams struct {
@@ -919,6 +949,9 @@ func (q *Queries) SaveProviderInstance(ctx context.Context, arg SaveProviderInst
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
@@ -931,7 +964,7 @@ UPDATE instances SET desired_state = $1, reboots = reboots + $2::integer,
     deleted_at = CASE WHEN $1::text = 'deleted' THEN coalesce(deleted_at, now()) ELSE deleted_at END,
     version = version + 1, updated_at = now()
 WHERE instance_id = $3
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy
 `
 
 type SetInstanceDesiredParams struct {
@@ -986,6 +1019,9 @@ func (q *Queries) SetInstanceDesired(ctx context.Context, arg SetInstanceDesired
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }

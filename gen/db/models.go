@@ -233,6 +233,9 @@ type Instance struct {
 	ProviderOffer        pgtype.Text
 	ProviderAttempts     int32
 	ProviderNextAt       *time.Time
+	Network              string
+	NetAddress           pgtype.Text
+	EgressPolicy         []byte
 }
 
 type JoinToken struct {
@@ -544,6 +547,7 @@ type SandboxTemplate struct {
 	Deleted           bool
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	EgressPolicy      []byte
 }
 
 type SandboxVolume struct {
@@ -644,6 +648,14 @@ type UsageWindow struct {
 	RecordedAt      *time.Time
 	Outcome         pgtype.Text
 	CreatedAt       time.Time
+}
+
+type VmSubnet struct {
+	PoolID    string
+	Network   string
+	TenantID  string
+	Subnet    string
+	CreatedAt time.Time
 }
 
 type Webhook struct {

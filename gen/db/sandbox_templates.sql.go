@@ -24,7 +24,7 @@ func (q *Queries) DeleteSandboxTemplate(ctx context.Context, templateID string) 
 }
 
 const getSandboxTemplate = `-- name: GetSandboxTemplate :one
-SELECT template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at FROM sandbox_templates WHERE template_id = $1 AND NOT deleted
+SELECT template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at, egress_policy FROM sandbox_templates WHERE template_id = $1 AND NOT deleted
 `
 
 func (q *Queries) GetSandboxTemplate(ctx context.Context, templateID string) (SandboxTemplate, error) {
@@ -51,12 +51,13 @@ func (q *Queries) GetSandboxTemplate(ctx context.Context, templateID string) (Sa
 		&i.Deleted,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
 
 const getSandboxTemplateForUpdate = `-- name: GetSandboxTemplateForUpdate :one
-SELECT template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at FROM sandbox_templates WHERE template_id = $1 AND NOT deleted FOR UPDATE
+SELECT template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at, egress_policy FROM sandbox_templates WHERE template_id = $1 AND NOT deleted FOR UPDATE
 `
 
 func (q *Queries) GetSandboxTemplateForUpdate(ctx context.Context, templateID string) (SandboxTemplate, error) {
@@ -83,6 +84,7 @@ func (q *Queries) GetSandboxTemplateForUpdate(ctx context.Context, templateID st
 		&i.Deleted,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
@@ -94,7 +96,7 @@ VALUES ($1, $2, $3, $4, $5, $6,
     $7, $8, $9, $10, $11,
     $12, $13, $14, $15, $16)
 ON CONFLICT DO NOTHING
-RETURNING template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at
+RETURNING template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at, egress_policy
 `
 
 type InsertSandboxTemplateParams struct {
@@ -157,12 +159,13 @@ func (q *Queries) InsertSandboxTemplate(ctx context.Context, arg InsertSandboxTe
 		&i.Deleted,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
 
 const listSandboxTemplates = `-- name: ListSandboxTemplates :many
-SELECT template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted ORDER BY name
+SELECT template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at, egress_policy FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted ORDER BY name
 `
 
 func (q *Queries) ListSandboxTemplates(ctx context.Context, tenantID string) ([]SandboxTemplate, error) {
@@ -195,6 +198,7 @@ func (q *Queries) ListSandboxTemplates(ctx context.Context, tenantID string) ([]
 			&i.Deleted,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.EgressPolicy,
 		); err != nil {
 			return nil, err
 		}
@@ -258,7 +262,7 @@ UPDATE sandbox_templates SET flavor = $1, image_id = $2, user_data = $3,
     warm_min = $6, warm_max = $7, env = $8, network = $9,
     volumes = $10, version = version + 1, updated_at = now()
 WHERE template_id = $11
-RETURNING template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at
+RETURNING template_id, tenant_id, name, pool_id, flavor, image_id, runtime, user_data, default_ttl_seconds, max_ttl_seconds, warm_min, warm_max, env, network, volumes, owner, version, deleted, created_at, updated_at, egress_policy
 `
 
 type UpdateSandboxTemplateParams struct {
@@ -311,6 +315,7 @@ func (q *Queries) UpdateSandboxTemplate(ctx context.Context, arg UpdateSandboxTe
 		&i.Deleted,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.EgressPolicy,
 	)
 	return i, err
 }

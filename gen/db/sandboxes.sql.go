@@ -17,7 +17,7 @@ UPDATE instances SET kind = 'sandbox', desired_state = 'running', name = $1, hos
     machine_id = $3, env = $4, identity_generation = identity_generation + 1,
     identity_ready_at = NULL, created_by = $5, version = version + 1, updated_at = now()
 WHERE instance_id = $6
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy
 `
 
 type BecomeSandboxParams struct {
@@ -84,12 +84,15 @@ func (q *Queries) BecomeSandbox(ctx context.Context, arg BecomeSandboxParams) (I
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
 
 const claimWarmInstance = `-- name: ClaimWarmInstance :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances
 WHERE kind = 'warm' AND template_id = $1 AND desired_state = 'paused' AND state = 'paused'
   AND reported_identity = identity_generation
 ORDER BY created_at, instance_id
@@ -145,6 +148,9 @@ func (q *Queries) ClaimWarmInstance(ctx context.Context, templateID pgtype.Text)
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
@@ -377,7 +383,7 @@ func (q *Queries) GetSandboxForUpdate(ctx context.Context, sandboxID string) (Sa
 }
 
 const getSandboxWithVM = `-- name: GetSandboxWithVM :one
-SELECT s.sandbox_id, s.tenant_id, s.template_id, s.from_snapshot, s.instance_id, s.pool_id, s.node_id, s.how, s.max_ttl_seconds, s.expires_at, s.created_by, s.idem_request, s.created_at, s.placed_at, s.ready_at, s.deleted_at, s.delete_reason, i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at, i.provider_machine, i.provider_offer, i.provider_attempts, i.provider_next_at FROM sandboxes s JOIN instances i ON i.instance_id = s.instance_id
+SELECT s.sandbox_id, s.tenant_id, s.template_id, s.from_snapshot, s.instance_id, s.pool_id, s.node_id, s.how, s.max_ttl_seconds, s.expires_at, s.created_by, s.idem_request, s.created_at, s.placed_at, s.ready_at, s.deleted_at, s.delete_reason, i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at, i.provider_machine, i.provider_offer, i.provider_attempts, i.provider_next_at, i.network, i.net_address, i.egress_policy FROM sandboxes s JOIN instances i ON i.instance_id = s.instance_id
 WHERE s.sandbox_id = $1
 `
 
@@ -451,6 +457,9 @@ func (q *Queries) GetSandboxWithVM(ctx context.Context, sandboxID string) (GetSa
 		&i.Instance.ProviderOffer,
 		&i.Instance.ProviderAttempts,
 		&i.Instance.ProviderNextAt,
+		&i.Instance.Network,
+		&i.Instance.NetAddress,
+		&i.Instance.EgressPolicy,
 	)
 	return i, err
 }
@@ -606,7 +615,7 @@ VALUES ($1, $2, $3, $4, $5, $6,
     $13, $14, 'pending', $15, '{}',
     $16, $17, $18, $19, $20, 1, true,
     $21, $22)
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at
+RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy
 `
 
 type InsertSandboxInstanceParams struct {
@@ -707,6 +716,9 @@ func (q *Queries) InsertSandboxInstance(ctx context.Context, arg InsertSandboxIn
 		&i.ProviderOffer,
 		&i.ProviderAttempts,
 		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
 	)
 	return i, err
 }
@@ -959,7 +971,7 @@ func (q *Queries) SandboxAttachments(ctx context.Context, sandboxID string) ([]S
 }
 
 const sandboxInstances = `-- name: SandboxInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE instance_id = ANY($1::text[])
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances WHERE instance_id = ANY($1::text[])
 `
 
 func (q *Queries) SandboxInstances(ctx context.Context, ids []string) ([]Instance, error) {
@@ -1014,6 +1026,9 @@ func (q *Queries) SandboxInstances(ctx context.Context, ids []string) ([]Instanc
 			&i.ProviderOffer,
 			&i.ProviderAttempts,
 			&i.ProviderNextAt,
+			&i.Network,
+			&i.NetAddress,
+			&i.EgressPolicy,
 		); err != nil {
 			return nil, err
 		}
@@ -1157,7 +1172,7 @@ func (q *Queries) VolumeAttached(ctx context.Context, volumeID string) (bool, er
 }
 
 const warmInstances = `-- name: WarmInstances :many
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at FROM instances WHERE kind = 'warm' AND template_id = $1 AND desired_state <> 'deleted'
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances WHERE kind = 'warm' AND template_id = $1 AND desired_state <> 'deleted'
 ORDER BY created_at DESC, instance_id DESC
 `
 
@@ -1214,6 +1229,9 @@ func (q *Queries) WarmInstances(ctx context.Context, templateID pgtype.Text) ([]
 			&i.ProviderOffer,
 			&i.ProviderAttempts,
 			&i.ProviderNextAt,
+			&i.Network,
+			&i.NetAddress,
+			&i.EgressPolicy,
 		); err != nil {
 			return nil, err
 		}
@@ -1226,7 +1244,7 @@ func (q *Queries) WarmInstances(ctx context.Context, templateID pgtype.Text) ([]
 }
 
 const warmTemplates = `-- name: WarmTemplates :many
-SELECT t.template_id, t.tenant_id, t.name, t.pool_id, t.flavor, t.image_id, t.runtime, t.user_data, t.default_ttl_seconds, t.max_ttl_seconds, t.warm_min, t.warm_max, t.env, t.network, t.volumes, t.owner, t.version, t.deleted, t.created_at, t.updated_at FROM sandbox_templates t
+SELECT t.template_id, t.tenant_id, t.name, t.pool_id, t.flavor, t.image_id, t.runtime, t.user_data, t.default_ttl_seconds, t.max_ttl_seconds, t.warm_min, t.warm_max, t.env, t.network, t.volumes, t.owner, t.version, t.deleted, t.created_at, t.updated_at, t.egress_policy FROM sandbox_templates t
 WHERE NOT t.deleted
    OR EXISTS (SELECT 1 FROM instances i WHERE i.kind = 'warm' AND i.template_id = t.template_id AND i.desired_state <> 'deleted')
 ORDER BY t.template_id
@@ -1264,6 +1282,7 @@ func (q *Queries) WarmTemplates(ctx context.Context) ([]SandboxTemplate, error) 
 			&i.Deleted,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.EgressPolicy,
 		); err != nil {
 			return nil, err
 		}

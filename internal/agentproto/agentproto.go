@@ -250,6 +250,12 @@ type InstanceStatus struct {
 	Identity int64 `json:"identity,omitempty"`
 	// Timings of the instance's last start, as the host saw them.
 	Timings *HostTimings `json:"timings,omitempty"`
+	// EgressTxBytes and EgressRxBytes count the VM's routed traffic
+	// through the node since its network was added (egress mode: Tx left
+	// the VM past its policy, Rx came back). Cumulative: the control plane
+	// meters the growth; a smaller value than last seen is a new count.
+	EgressTxBytes uint64 `json:"egressTxBytes,omitempty"`
+	EgressRxBytes uint64 `json:"egressRxBytes,omitempty"`
 }
 
 // BusyPrefix starts the error of a command the node refused because it

@@ -1,6 +1,9 @@
 package agentproto
 
-import "fmt"
+import (
+	"fmt"
+	"net/netip"
+)
 
 // The node spec: what the control plane wants a node to run. The control
 // plane builds it (nodework.PushSpec), stores the body in node_specs and
@@ -64,6 +67,9 @@ type InstanceSpec struct {
 	Volumes    []SpecVolume  `json:"volumes,omitempty"`
 	MemoryFile bool          `json:"memoryFile,omitempty"`
 	Restore    string        `json:"restore,omitempty"`
+	// Network is the VM's network (issue 23); nil from a control plane
+	// that does not speak of networks (the VM gets none, as before).
+	Network *VMNetwork `json:"network,omitempty"`
 }
 
 // IdentityGeneration is the identity generation the spec asks for, 0
@@ -85,6 +91,52 @@ type Boot struct {
 	SHA256   string `json:"sha256"`
 }
 
+// Network modes of a VM.
+const (
+	NetNone    = "none"    // no network device at all
+	NetEgress  = "egress"  // outbound through the node's uplink, source NAT, nothing inbound
+	NetPrivate = "private" // a layer-2 network among one tenant's VMs of a pool, no internet
+)
+
+// VMNetwork is one VM's network, field for field the agent's
+// network.VM (internal/agent/network) less its id, which is the
+// instance's. The control plane allocates Address and MAC per pool (never
+// two live VMs on one address); DNS and MTU left empty are the agent's
+// own (its resolvers, its taps' MTU).
+type VMNetwork struct {
+	Mode   string `json:"mode"` // none, egress, private
+	Tenant string `json:"tenant,omitempty"`
+	// MAC is the virtio-net card's address (locally administered,
+	// derived from the instance id).
+	MAC string `json:"mac,omitempty"`
+	// Address is the VM's IPv4 address with its subnet's length, inside
+	// the pool's range for Mode (docs/networking.md).
+	Address netip.Prefix `json:"address,omitzero"`
+	// Gateway is the node's address on the tenant's egress bridge; empty
+	// in private mode.
+	Gateway netip.Addr   `json:"gateway,omitzero"`
+	DNS     []netip.Addr `json:"dns,omitempty"`
+	MTU     int          `json:"mtu,omitempty"`
+	Policy  EgressPolicy `json:"policy,omitzero"`
+	// NetworkID names the tenant's private network of the pool (private
+	// mode): the key of a future overlay between the pool's nodes.
+	NetworkID string `json:"networkId,omitempty"`
+	// Peers are the overlay endpoints of the pool's other nodes carrying
+	// this private network (not sent yet: the overlay comes later).
+	Peers []netip.Addr `json:"peers,omitempty"`
+}
+
+// EgressPolicy is a VM's own egress policy, under the platform deny set.
+// An empty Allow and AllowDomains admit what the deny set and Deny leave;
+// otherwise exactly their entries pass. Domains are matched on TLS SNI
+// and the HTTP Host; a domain is only ever allowed.
+type EgressPolicy struct {
+	Allow        []netip.Prefix `json:"allow,omitempty"`
+	Deny         []netip.Prefix `json:"deny,omitempty"`
+	AllowDomains []string       `json:"allowDomains,omitempty"`
+	DenyDomains  []string       `json:"denyDomains,omitempty"`
+}
+
 // NetworkSpec is reserved: a network of the node (a later version).
 type NetworkSpec struct {
 	ID string `json:"id"`
@@ -99,8 +151,8 @@ type TunnelSpec struct {
 const MaxInstances = 1024
 
 // Validate checks what a runtime relies on: at most MaxInstances
-// instances, each with an id of 1 to 128 characters, given once, and a
-// desired state this version knows.
+// instances, each with an id of 1 to 128 characters, given once, a
+// desired state and a network mode this version knows.
 func (b SpecBody) Validate() error {
 	if len(b.Instances) > MaxInstances {
 		return fmt.Errorf("agentproto: at most %d instances in a spec", MaxInstances)
@@ -117,6 +169,9 @@ func (b SpecBody) Validate() error {
 		case StateRunning, StateStopped, StatePaused, StateDeleted:
 		default:
 			return fmt.Errorf("agentproto: instances[%d]: state %q", i, in.State)
+		}
+		if n := in.Network; n != nil && n.Mode != NetNone && n.Mode != NetEgress && n.Mode != NetPrivate {
+			return fmt.Errorf("agentproto: instances[%d]: network mode %q", i, n.Mode)
 		}
 		seen[in.ID] = true
 	}

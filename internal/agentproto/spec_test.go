@@ -2,6 +2,7 @@ package agentproto
 
 import (
 	"encoding/json"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -27,9 +28,23 @@ func fullSpec() Spec {
 	}}
 }
 
+// withNetworks gives fullSpec's instances the networks of issue 23: an
+// egress VM with a policy, a private one, one with none.
+func withNetworks(s Spec) Spec {
+	s.Body.Instances[0].Network = &VMNetwork{Mode: NetEgress, Tenant: "acme", MAC: "02:1a:2b:3c:4d:5e",
+		Address: netip.MustParsePrefix("10.200.3.7/24"), Gateway: netip.MustParseAddr("10.200.3.1"),
+		DNS: []netip.Addr{netip.MustParseAddr("10.0.0.53")}, MTU: 1450,
+		Policy: EgressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")},
+			Deny: []netip.Prefix{netip.MustParsePrefix("198.51.100.7/32")}, AllowDomains: []string{"pypi.org"}}}
+	s.Body.Instances[1].Network = &VMNetwork{Mode: NetPrivate, Tenant: "acme", MAC: "02:00:00:00:00:02",
+		Address: netip.MustParsePrefix("10.201.0.2/24"), NetworkID: "pnet_1", Peers: []netip.Addr{netip.MustParseAddr("192.0.2.10")}}
+	s.Body.Instances[2].Network = &VMNetwork{Mode: NetNone}
+	return s
+}
+
 // What the control plane sends is what the daemon reads.
 func TestSpecRoundTrip(t *testing.T) {
-	sent := fullSpec()
+	sent := withNetworks(fullSpec())
 	b, err := json.Marshal(Message{Type: TypeSpec, Spec: &sent})
 	require.NoError(t, err)
 	m, err := Decode(b)
@@ -106,7 +121,7 @@ type v1Body struct {
 // What this build sends, reserved fields included, a protocol-1 daemon
 // reads whole: every field it knows has the value sent.
 func TestSpecReadByAnOlderDaemon(t *testing.T) {
-	sent := fullSpec()
+	sent := withNetworks(fullSpec())
 	sent.Body.Networks = []NetworkSpec{{ID: "net_1"}}
 	sent.Body.Tunnels = []TunnelSpec{{ID: "tun_1"}}
 	b, err := json.Marshal(Message{Type: TypeSpec, Spec: &sent})
@@ -138,6 +153,7 @@ func TestSpecReadByAnOlderDaemon(t *testing.T) {
 		require.NoError(t, json.Unmarshal(ob, &back))
 		want := sent.Body.Instances[i]
 		want.Boot.SHA256 = "" // the old daemon never read it
+		want.Network = nil    // nor networks: its VMs have none, as before
 		assert.Equal(t, want, back, "instance %d", i)
 	}
 }
@@ -167,8 +183,30 @@ func TestSpecValidateRefuses(t *testing.T) {
 		{{ID: strings.Repeat("x", 129), State: StateRunning}},
 		{{ID: "a", State: StateRunning}, {ID: "a", State: StatePaused}},
 		{{ID: "a", State: "flying"}},
+		{{ID: "a", State: StateRunning, Network: &VMNetwork{Mode: "bridged"}}},
 		make([]InstanceSpec, MaxInstances+1),
 	} {
 		assert.Error(t, SpecBody{Instances: in}.Validate())
 	}
+}
+
+// A status with egress counters round-trips; one from an older daemon
+// (no counters) reads as zero, and an older control plane ignores them.
+func TestStatusEgressCounters(t *testing.T) {
+	sent := InstanceStatus{ID: "inst_a", State: StateRunning, EgressTxBytes: 1 << 40, EgressRxBytes: 12345}
+	b, err := json.Marshal(sent)
+	require.NoError(t, err)
+	var got InstanceStatus
+	require.NoError(t, json.Unmarshal(b, &got))
+	assert.Equal(t, sent, got)
+	var old struct {
+		ID, State string
+	}
+	require.NoError(t, json.Unmarshal(b, &old))
+	assert.Equal(t, "inst_a", old.ID)
+	got = InstanceStatus{}
+	require.NoError(t, json.Unmarshal([]byte(`{"id":"inst_a","state":"running"}`), &got))
+	assert.Zero(t, got.EgressTxBytes+got.EgressRxBytes)
+	b, _ = json.Marshal(InstanceStatus{ID: "i", State: StateRunning})
+	assert.NotContains(t, string(b), "egress")
 }

@@ -48,6 +48,18 @@ func (fx *fixture) instance(t *testing.T, tenant string) string {
 	return id
 }
 
+// egress gives a fixture's VM row network egress with an address of its
+// own (fixture rows are written without a network), so that
+// setEgressPolicy applies to it.
+func (fx *fixture) egress(t *testing.T, instanceID string) {
+	t.Helper()
+	_, err := fx.env.Store.Pool().Exec(t.Context(), `update instances set network = 'egress',
+		net_address = '10.200.' || (select count(*) from instances where net_address is not null) / 250 || '.'
+			|| (select count(*) from instances where net_address is not null) % 250 + 2 || '/24'
+		where instance_id = $1 and network = 'none'`, instanceID)
+	require.NoError(t, err)
+}
+
 func init() {
 	preparers = append(preparers, func(t *testing.T, fx *fixture, tenant string, objs map[string]string) {
 		objs["instance/"+tenant] = fx.instance(t, tenant)
@@ -110,6 +122,18 @@ func init() {
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(t *testing.T, res any, _ string) {
 			assert.EqualValues(t, 1, res.(*client.InstancesRebootResult).Data.Reboots)
+		},
+	}}
+	matrix[api.MethodInstancesSetEgressPolicy] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			id := fx.instance(t, tenant)
+			fx.egress(t, id)
+			return c.InstancesSetEgressPolicy(t.Context(), &client.InstancesSetEgressPolicyInput{TenantId: tenant, InstanceId: id,
+				Egress: client.EgressPolicy{Allow: []string{"203.0.113.0/24"}}})
+		},
+		tenantRoles: operators, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Equal(t, []string{"203.0.113.0/24"}, res.(*client.InstancesSetEgressPolicyResult).Data.Egress.Allow)
 		},
 	}}
 	matrix[api.MethodInstancesDelete] = []matrixCase{{

@@ -153,6 +153,20 @@ func init() {
 		tenantRoles: operators, rootRoles: operators,
 		ok: func(*testing.T, any, string) {},
 	}}
+	matrix[api.MethodSandboxesSetEgressPolicy] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			id := running(t, fx, tenant)
+			var vm string
+			require.NoError(t, fx.env.Store.Pool().QueryRow(t.Context(), `select instance_id from sandboxes where sandbox_id = $1`, id).Scan(&vm))
+			fx.egress(t, vm)
+			return c.SandboxesSetEgressPolicy(t.Context(), &client.SandboxesSetEgressPolicyInput{TenantId: tenant, SandboxId: id,
+				Egress: client.EgressPolicy{Deny: []string{"198.51.100.7"}}})
+		},
+		tenantRoles: operators, rootRoles: operators,
+		ok: func(t *testing.T, res any, _ string) {
+			assert.Equal(t, []string{"198.51.100.7/32"}, res.(*client.SandboxesSetEgressPolicyResult).Data.Egress.Deny)
+		},
+	}}
 	matrix[api.MethodSandboxesDelete] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
 			return c.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: fx.sandbox(t, tenant, "running", "delete")})

@@ -34,6 +34,7 @@ import (
 	"computeplane/internal/secrets"
 	"computeplane/internal/store"
 	"computeplane/internal/usage"
+	"computeplane/internal/vmnet"
 	"computeplane/internal/wire"
 )
 
@@ -109,6 +110,7 @@ func output(r db.Instance) *api.Instance {
 		Vcpu: int64(r.Vcpu), MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, Reboots: int64(r.Reboots), Version: r.Version,
 		CreatedAt: wire.Time(r.CreatedAt), UpdatedAt: wire.Time(r.UpdatedAt), Conditions: conditions(r),
 	}
+	o.Network, o.Address, o.Mac, o.Egress = vmnet.Output(r)
 	if r.NodeID.Valid {
 		o.NodeID = &r.NodeID.String
 	}
@@ -200,6 +202,10 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if pool.Hosting != "provider" && !images.Boots(runtime, im.Format) { // a provider boots what it can
 		return nil, api.Errorf(api.CodeInvalidInput, "imageId: the pool's runtime %s does not boot %s images", runtime, im.Format)
 	}
+	network, policy, err := networkOf(in, pool.Hosting == "provider")
+	if err != nil {
+		return nil, err
+	}
 	// Other URIs are the user's business: a script may fetch what it likes.
 	if err := secrets.CheckUserData(ctx, q, in.TenantID, in.UserData, false); err != nil {
 		return nil, err
@@ -250,6 +256,9 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if err != nil {
 		return nil, err
 	}
+	if row, err = vmnet.Assign(ctx, q, row, network, policy); err != nil {
+		return nil, err
+	}
 	if err := sess.MakeReal(ctx, tx, map[string]string{"poolId": in.PoolID}); err != nil {
 		return nil, err
 	}
@@ -266,6 +275,79 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 		return nil, err
 	}
 	return s.waited(ctx, row, in.Wait, StateRunning)
+}
+
+// networkOf checks create's network and egress policy: the mode (egress
+// by default) and the policy as stored. A provider's machine has the
+// provider's network: its row has none of ours and takes no policy.
+func networkOf(in *api.InstancesCreateInput, provider bool) (string, []byte, error) {
+	mode := in.Network
+	if mode == "" {
+		mode = vmnet.Egress
+	}
+	if in.Egress == nil {
+		return mode, nil, nil
+	}
+	p, err := vmnet.CheckPolicy("egress", *in.Egress)
+	if err != nil {
+		return "", nil, err
+	}
+	if provider && len(p.Allow)+len(p.Deny) > 0 {
+		return "", nil, api.Errorf(api.CodeInvalidInput, "egress: the pool is a provider pool; its machines have the provider's network")
+	}
+	if err := vmnet.CheckMode("egress", mode, p); err != nil {
+		return "", nil, err
+	}
+	return mode, vmnet.Encode(p), nil
+}
+
+// SetEgressPolicy answers instances.setEgressPolicy: the policy goes into
+// the instance's row and its node's spec, which the daemon applies to the
+// VM as it runs.
+func (s *Service) SetEgressPolicy(ctx context.Context, in *api.InstancesSetEgressPolicyInput) (*api.Instance, error) {
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := load(ctx, q, in.TenantID, in.InstanceID, true)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case r.DesiredState == StateDeleted:
+		return nil, api.Errorf(api.CodeInvalidState, "instance %s is deleted", r.InstanceID).WithDetails(map[string]any{"state": r.State})
+	case r.Network != vmnet.Egress:
+		return nil, api.Errorf(api.CodeInvalidState, "instance %s has network %s; an egress policy applies only under network egress", r.InstanceID, r.Network).
+			WithDetails(map[string]any{"network": r.Network})
+	}
+	p, err := vmnet.CheckPolicy("egress", in.Egress)
+	if err != nil {
+		return nil, err
+	}
+	r, err = SetEgress(ctx, tx, r, p)
+	if err != nil {
+		return nil, err
+	}
+	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceEgressChanged, Subject: r.InstanceID, TenantID: r.TenantID,
+		Data: api.InstanceEgressChangedPayload{InstanceID: r.InstanceID, Allow: int64(len(p.Allow)), Deny: int64(len(p.Deny))}}); err != nil {
+		return nil, err
+	}
+	return output(r), nil
+}
+
+// SetEgress writes a checked policy on a live row of any kind and pushes
+// its node's spec (a new generation) so the daemon applies it.
+func SetEgress(ctx context.Context, tx pgx.Tx, r db.Instance, p api.EgressPolicy) (db.Instance, error) {
+	r, err := db.New(tx).SetInstanceEgressPolicy(ctx, db.SetInstanceEgressPolicyParams{InstanceID: r.InstanceID, EgressPolicy: vmnet.Encode(p)})
+	if err != nil {
+		return db.Instance{}, err
+	}
+	if r.NodeID.Valid {
+		if err := nodework.PushSpec(ctx, tx, r.NodeID.String); err != nil {
+			return db.Instance{}, err
+		}
+	}
+	return r, nil
 }
 
 // createOnProvider creates an instance of a provider pool: charged to

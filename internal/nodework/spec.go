@@ -10,6 +10,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/notify"
+	"computeplane/internal/vmnet"
 )
 
 // PushSpec rebuilds node's spec from what the database places there, the
@@ -49,6 +50,9 @@ func PushSpec(ctx context.Context, tx pgx.Tx, node string) error {
 			if err := json.Unmarshal(r.Volumes, &in.Volumes); err != nil {
 				return err
 			}
+		}
+		if in.Network, err = vmnet.Spec(r); err != nil {
+			return err
 		}
 		spec.Instances = append(spec.Instances, in)
 	}

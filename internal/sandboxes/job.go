@@ -20,6 +20,7 @@ import (
 	"computeplane/internal/notify"
 	"computeplane/internal/placement"
 	"computeplane/internal/store"
+	"computeplane/internal/vmnet"
 	"computeplane/internal/workers"
 )
 
@@ -179,6 +180,9 @@ func (s *Service) makeWarm(ctx context.Context, tx pgx.Tx, t db.SandboxTemplate)
 		MachineID: pgtype.Text{String: machineID, Valid: true}, Env: envOf(t),
 	})
 	if err != nil {
+		return err
+	}
+	if row, err = vmnet.Assign(ctx, q, row, t.Network, t.EgressPolicy); err != nil {
 		return err
 	}
 	return nodework.PushSpec(ctx, tx, row.NodeID.String)

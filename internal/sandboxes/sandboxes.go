@@ -17,6 +17,7 @@
 package sandboxes
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -42,6 +43,7 @@ import (
 	"computeplane/internal/rpc"
 	"computeplane/internal/store"
 	"computeplane/internal/usage"
+	"computeplane/internal/vmnet"
 	"computeplane/internal/wire"
 )
 
@@ -258,7 +260,15 @@ func (a *admission) claimWarm(ctx context.Context) (bool, error) {
 	a.vm, err = a.q.BecomeSandbox(ctx, db.BecomeSandboxParams{InstanceID: w.InstanceID, Name: a.hostname,
 		Hostname: pgtype.Text{String: a.hostname, Valid: true}, MachineID: pgtype.Text{String: a.machineID, Valid: true},
 		Env: a.env, CreatedBy: a.caller})
+	if err != nil {
+		return false, err
+	}
 	a.how = HowWarm
+	// The warm VM keeps its network; the sandbox starts with the
+	// template's policy as it is now.
+	if a.vm.Network == vmnet.Egress && !bytes.Equal(a.vm.EgressPolicy, a.tmpl.EgressPolicy) {
+		a.vm, err = a.q.SetInstanceEgressPolicy(ctx, db.SetInstanceEgressPolicyParams{InstanceID: a.vm.InstanceID, EgressPolicy: a.tmpl.EgressPolicy})
+	}
 	return err == nil, err
 }
 
@@ -337,6 +347,16 @@ func (a *admission) place(ctx context.Context, node, flavorName, imageID, restor
 		MachineID: pgtype.Text{String: a.machineID, Valid: true}, Env: a.env,
 		RestoreSnapshot: pgtype.Text{String: restore, Valid: restore != ""}, Volumes: volumes,
 	})
+	if err != nil {
+		return err
+	}
+	// A restore keeps its sandbox's network and policy with an address of
+	// its own (two restores of one snapshot never share one).
+	mode, policy := t.Network, t.EgressPolicy
+	if restore != "" {
+		mode, policy = a.origin.Network, a.origin.EgressPolicy
+	}
+	a.vm, err = vmnet.Assign(ctx, a.q, a.vm, mode, policy)
 	return err
 }
 
@@ -431,6 +451,7 @@ func output(ctx context.Context, q *db.Queries, r db.Sandbox, vm db.Instance) (*
 		Volumes: []api.SandboxAttachment{},
 		Timings: api.SandboxTimings{How: r.How, PlacedMs: ms(r.PlacedAt.Sub(r.CreatedAt))},
 	}
+	o.Network, o.Address, o.Mac, o.Egress = vmnet.Output(vm)
 	if r.FromSnapshot.Valid {
 		o.FromSnapshot = &r.FromSnapshot.String
 	}
@@ -580,6 +601,38 @@ func (s *Service) Extend(ctx context.Context, in *api.SandboxesExtendInput) (*ap
 			wire.Time(limit), r.MaxTtlSeconds).WithDetails(map[string]any{"maxExpiresAt": wire.Time(limit)})
 	}
 	if r, err = q.SetSandboxExpiry(ctx, db.SetSandboxExpiryParams{SandboxID: r.SandboxID, ExpiresAt: until}); err != nil {
+		return nil, err
+	}
+	return output(ctx, q, r, vm)
+}
+
+// SetEgressPolicy answers sandboxes.setEgressPolicy: the policy goes into
+// the sandbox's VM row and its node's spec (the template keeps its own).
+func (s *Service) SetEgressPolicy(ctx context.Context, in *api.SandboxesSetEgressPolicyInput) (*api.Sandbox, error) {
+	_, tx, q, err := iam.CallFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, vm, err := load(ctx, q, in.TenantID, in.SandboxID, true)
+	if err != nil {
+		return nil, err
+	}
+	switch st := state(r, vm); {
+	case st == StateDeleted || st == StateFailed:
+		return nil, api.Errorf(api.CodeInvalidState, "sandbox %s is %s", r.SandboxID, st).WithDetails(map[string]any{"state": st})
+	case vm.Network != vmnet.Egress:
+		return nil, api.Errorf(api.CodeInvalidState, "sandbox %s has network %s; an egress policy applies only under network egress", r.SandboxID, vm.Network).
+			WithDetails(map[string]any{"network": vm.Network})
+	}
+	p, err := vmnet.CheckPolicy("egress", in.Egress)
+	if err != nil {
+		return nil, err
+	}
+	if vm, err = instances.SetEgress(ctx, tx, vm, p); err != nil {
+		return nil, err
+	}
+	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxEgressChanged, Subject: r.SandboxID, TenantID: r.TenantID,
+		Data: api.SandboxEgressChangedPayload{SandboxID: r.SandboxID, Allow: int64(len(p.Allow)), Deny: int64(len(p.Deny))}}); err != nil {
 		return nil, err
 	}
 	return output(ctx, q, r, vm)

@@ -6,6 +6,7 @@
 package sandboxtemplates
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"computeplane/internal/images"
 	"computeplane/internal/pools"
 	"computeplane/internal/secrets"
+	"computeplane/internal/vmnet"
 	"computeplane/internal/wire"
 )
 
@@ -81,7 +83,7 @@ func output(t db.SandboxTemplate, ready int64) (*api.SandboxTemplate, error) {
 	max := int64(t.WarmMax)
 	o := &api.SandboxTemplate{TenantID: t.TenantID, TemplateID: t.TemplateID, Name: t.Name, PoolID: t.PoolID, Flavor: t.Flavor,
 		ImageID: t.ImageID, Runtime: t.Runtime, DefaultTTLSeconds: int64(t.DefaultTtlSeconds), MaxTTLSeconds: int64(t.MaxTtlSeconds),
-		Warm: api.Warm{Min: int64(t.WarmMin), Max: &max}, WarmReady: ready, Env: env, Network: t.Network, Volumes: vols, Version: t.Version,
+		Warm: api.Warm{Min: int64(t.WarmMin), Max: &max}, WarmReady: ready, Env: env, Network: t.Network, Egress: vmnet.Decode(t.EgressPolicy), Volumes: vols, Version: t.Version,
 		CreatedAt: wire.Time(t.CreatedAt), UpdatedAt: wire.Time(t.UpdatedAt)}
 	if env == nil {
 		o.Env = map[string]string{}
@@ -260,6 +262,10 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxTemplatesCreateInpu
 	if in.Network != nil {
 		network = *in.Network
 	}
+	policy, err := egressOf(network, in.Egress, nil)
+	if err != nil {
+		return nil, err
+	}
 	env, _ := json.Marshal(nonNil(in.Env))
 	vols, _ := json.Marshal(mounts)
 	id := ids.New("sbxt")
@@ -273,12 +279,34 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxTemplatesCreateInpu
 	if err != nil {
 		return nil, err
 	}
+	if row.EgressPolicy = policy; policy != nil {
+		if err := q.SetSandboxTemplateEgress(ctx, db.SetSandboxTemplateEgressParams{TemplateID: id, EgressPolicy: policy}); err != nil {
+			return nil, err
+		}
+	}
 	if err := sess.Projection().Put(ctx, tx, iam.Resource{Type: sess.TypePrefix() + ResourceType, ID: id, TenantID: in.TenantID,
 		Parent: &iam.Ref{Type: sess.TypePrefix() + "pool", ID: in.PoolID}, Owner: sess.Caller.IdentityID,
 		Attributes: map[string]string{"poolId": in.PoolID}}); err != nil {
 		return nil, err
 	}
 	return output(row, 0) // no warm instance yet
+}
+
+// egressOf is a template's egress policy as stored after a create or an
+// update: the one given, checked, or the current one, and none of it
+// under a network other than egress.
+func egressOf(network string, given *api.EgressPolicy, current []byte) ([]byte, error) {
+	p := vmnet.Decode(current)
+	if given != nil {
+		var err error
+		if p, err = vmnet.CheckPolicy("egress", *given); err != nil {
+			return nil, err
+		}
+	}
+	if err := vmnet.CheckMode("egress", network, p); err != nil {
+		return nil, err
+	}
+	return vmnet.Encode(p), nil
 }
 
 func nonNil(m map[string]string) map[string]string {
@@ -415,6 +443,10 @@ func (s *Service) Update(ctx context.Context, in *api.SandboxTemplatesUpdateInpu
 	if in.Network != nil {
 		network, shapeChanged = *in.Network, true
 	}
+	policy, err := egressOf(network, in.Egress, t.EgressPolicy)
+	if err != nil {
+		return nil, err
+	}
 	if in.Volumes != nil {
 		sh.volumes = in.Volumes
 	}
@@ -451,6 +483,12 @@ func (s *Service) Update(ctx context.Context, in *api.SandboxTemplatesUpdateInpu
 		WarmMin: int32(sh.warmMin), WarmMax: int32(sh.warmMax), Env: env, Network: network, Volumes: vols})
 	if err != nil {
 		return nil, err
+	}
+	if !bytes.Equal(policy, row.EgressPolicy) {
+		if err := q.SetSandboxTemplateEgress(ctx, db.SetSandboxTemplateEgressParams{TemplateID: row.TemplateID, EgressPolicy: policy}); err != nil {
+			return nil, err
+		}
+		row.EgressPolicy = policy
 	}
 	ready, err := warmReady(ctx, q, row.TemplateID)
 	if err != nil {
