@@ -75,6 +75,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	log := logging.New(stderr, logging.ParseLevel(cfg.Log.Level))
 	switch cmd {
 	case "serve":
+		if err := host.CheckBuilt(cfg, builtin.All()); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
 		if addr := getenv("SERVICE_PPROF_ADDR"); addr != "" {
 			servePprof(ctx, addr, log)
 		}

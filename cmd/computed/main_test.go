@@ -88,6 +88,31 @@ func TestInvalidConfigBeforeAnyConnection(t *testing.T) {
 		{name: "port not a number", env: map[string]string{"PORT": "http"}, option: "port"},
 		{name: "config file missing", env: map[string]string{"SERVICE_CONFIG": "/nonexistent/computed.yaml"}, option: "SERVICE_CONFIG"},
 	}
+	// Options this build parses but does not implement are refused, never
+	// accepted and ignored; so is a driver it does not have (serve only).
+	serveOnly := []struct {
+		name, file, option string
+	}{
+		{"tunnels not built", "baseURL: https://compute.example.com\ntunnels: {issuer: https://compute.example.com}\n", "tunnels"},
+		{"downloads not built", "downloads: {dir: /srv/downloads}\n", "downloads"},
+		{"plugins not built", "plugins: [billing]\n", "plugins"},
+		{"attestors not built", "attestors: [tpm]\n", "attestors"},
+		{"driver not built in", "drivers: [redfish, ipmi]\n", "drivers[1]"},
+	}
+	for _, tc := range serveOnly {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := newFakeDatabase(t)
+			env := map[string]string{
+				"SERVICE_DATABASE_URL": db.url, "SERVICE_SECRET": testenv.TestSecret, "HOST": "127.0.0.1",
+				"PORT": strconv.Itoa(testenv.FreePort(t)), "SERVICE_CONFIG": testenv.ConfigFile(t, tc.file),
+			}
+			var stdout, stderr syncBuffer
+			assert.Equal(t, 2, run(t.Context(), []string{"serve"}, getenv(env), &stdout, &stderr))
+			assert.Contains(t, stderr.String(), "INVALID_CONFIG: "+tc.option+": ")
+			assert.Zero(t, db.accepted.Load(), "no connection is opened")
+		})
+	}
 	for _, tc := range cases {
 		for _, cmd := range []string{"serve", "migrate"} {
 			t.Run(tc.name+"/"+cmd, func(t *testing.T) {

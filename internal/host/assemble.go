@@ -92,6 +92,12 @@ type assembly struct {
 // Assemble builds the host around an open store: services, registry check,
 // envelope and routes. Tests use it with a store of their own.
 func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins builtin.Plugins, ov Overrides) (_ *Host, err error) {
+	if err := CheckBuilt(cfg, plugins); err != nil {
+		return nil, err
+	}
+	if plugins.Drivers, err = enabledDrivers(cfg, plugins.Drivers); err != nil {
+		return nil, err
+	}
 	a := &assembly{cfg: cfg, st: st, log: log, plugins: plugins, now: time.Now, bundle: pki.Loader(cfg.PKIFile, cfg.Secret)}
 	if ov.Now != nil {
 		a.now = ov.Now
