@@ -12,7 +12,7 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/gen/db"
-	"computeplane/internal/ids"
+	"computeplane/internal/idem"
 	"computeplane/internal/rpc"
 	"computeplane/internal/store"
 	"computeplane/internal/wire"
@@ -229,7 +229,7 @@ func (g *Gate) Finish(ctx context.Context, err error) {
 // DerivedID is the id an idempotent create derives from its tenant, the
 // calling identity and its idempotency key.
 func DerivedID(m *api.Method, tenant, identity, key string) string {
-	return ids.Derive(m.Idempotency.IDPrefix, tenant, identity, key)
+	return idem.ID(m, tenant, identity, key)
 }
 
 // credential reads the bearer token or, when accepted, the session cookie

@@ -153,16 +153,14 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if err != nil {
 		return nil, err
 	}
-	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
-	fp := idem.FingerprintOf(createMethod, in)
-	if existing, err := q.GetInstance(ctx, id); err == nil {
-		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-			return nil, err
-		}
-		return s.waited(ctx, existing, in.Wait, StateRunning)
-	} else if !errors.Is(err, pgx.ErrNoRows) {
+	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
+	existing, err := q.GetInstance(ctx, k.ID)
+	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 		return nil, err
+	} else if replay {
+		return s.waited(ctx, existing, in.Wait, StateRunning)
 	}
+	id, fp := k.ID, k.Fingerprint
 	pool, err := pools.Readable(ctx, q, in.TenantID, in.PoolID)
 	if err != nil {
 		return nil, err
@@ -412,10 +410,7 @@ func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool)
 	}
 	r, err := get(ctx, id)
 	// Warm instances and sandboxes' VMs are the sandboxes group's.
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (r.TenantID != tenant || r.Kind != KindVPS)) {
-		return db.Instance{}, notFound(id)
-	}
-	return r, err
+	return store.Visible(r, err, r.TenantID == tenant && r.Kind == KindVPS, notFound(id))
 }
 
 // Get answers instances.get.
@@ -591,10 +586,7 @@ type reservationUnit struct{ booking, node string }
 func (s *Service) takeUnit(ctx context.Context, tx pgx.Tx, q *db.Queries, in *api.InstancesCreateInput, shape placement.Shape) (*reservationUnit, error) {
 	id := *in.ReservationID
 	rsv, err := q.GetReservationForUpdate(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && rsv.TenantID != in.TenantID) {
-		return nil, api.Errorf(api.CodeNotFound, "reservationId: reservation %s not found", id)
-	}
-	if err != nil {
+	if rsv, err = store.Visible(rsv, err, rsv.TenantID == in.TenantID, api.Errorf(api.CodeNotFound, "reservationId: reservation %s not found", id)); err != nil {
 		return nil, err
 	}
 	switch {
@@ -677,10 +669,8 @@ type Resolver interface {
 // nowhere else.
 func ResolveUserData(ctx context.Context, q *db.Queries, resolver Resolver, node, id string, refs []string) (map[string]string, error) {
 	r, err := q.GetInstance(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (r.NodeID.String != node || r.DesiredState == StateDeleted)) {
-		return nil, fmt.Errorf("instance %s is not placed on node %s", id, node)
-	}
-	if err != nil {
+	if r, err = store.Visible(r, err, r.NodeID.String == node && r.DesiredState != StateDeleted,
+		fmt.Errorf("instance %s is not placed on node %s", id, node)); err != nil {
 		return nil, err
 	}
 	held := map[string]bool{}

@@ -12,16 +12,14 @@ package nodes
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"maps"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"computeplane/gen/api"
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
 	"computeplane/internal/outbox"
+	"computeplane/internal/store"
 	"computeplane/internal/wire"
 )
 
@@ -124,10 +122,7 @@ func (Service) Get(ctx context.Context, in *api.NodesGetInput) (*api.Node, error
 		return nil, err
 	}
 	r, err := q.GetNode(ctx, in.NodeID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.Owner != in.TenantID) {
-		return nil, notFound(in.NodeID)
-	}
-	if err != nil {
+	if r, err = store.Visible(r, err, r.Owner == in.TenantID, notFound(in.NodeID)); err != nil {
 		return nil, err
 	}
 	return Output(r.Node, r.Owner), nil
@@ -148,10 +143,7 @@ func (Service) move(ctx context.Context, tenant, id string, c change, reason *st
 		return nil, err
 	}
 	r, err := q.GetNodeForUpdate(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.Owner != tenant) {
-		return nil, notFound(id)
-	}
-	if err != nil {
+	if r, err = store.Visible(r, err, r.Owner == tenant, notFound(id)); err != nil {
 		return nil, err
 	}
 	n := r.Node
@@ -227,10 +219,7 @@ func (Service) Label(ctx context.Context, in *api.NodesLabelInput) (*api.Node, e
 		return nil, err
 	}
 	r, err := q.GetNodeForUpdate(ctx, in.NodeID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.Owner != in.TenantID) {
-		return nil, notFound(in.NodeID)
-	}
-	if err != nil {
+	if r, err = store.Visible(r, err, r.Owner == in.TenantID, notFound(in.NodeID)); err != nil {
 		return nil, err
 	}
 	if r.Node.State == StateRetired {

@@ -22,6 +22,7 @@ import (
 	"computeplane/internal/pki"
 	"computeplane/internal/placement"
 	"computeplane/internal/sites"
+	"computeplane/internal/store"
 	"computeplane/internal/wire"
 )
 
@@ -104,64 +105,51 @@ func (s *Service) Create(ctx context.Context, in *api.PoolsCreateInput) (*api.Po
 	if err != nil {
 		return nil, err
 	}
-	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
-	fp := idem.FingerprintOf(createMethod, in)
-	if existing, err := q.GetPool(ctx, id); err == nil {
-		// A retry: the same request returns the pool, another is CONFLICT.
-		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-			return nil, err
-		}
-		return output(existing, in.TenantID), nil
-	} else if !errors.Is(err, pgx.ErrNoRows) {
+	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
+	existing, err := q.GetPool(ctx, k.ID)
+	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 		return nil, err
+	} else if replay {
+		return output(existing, in.TenantID), nil
 	}
 	if in.AccountID != nil {
 		// A provider pool's account is one of the tenant's.
 		acct, err := q.GetProviderAccount(ctx, *in.AccountID)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && acct.TenantID != in.TenantID) {
-			return nil, api.Errorf(api.CodeNotFound, "accountId: provider account %s not found", *in.AccountID)
-		}
-		if err != nil {
+		if _, err := store.Visible(acct, err, acct.TenantID == in.TenantID, api.Errorf(api.CodeNotFound, "accountId: provider account %s not found", *in.AccountID)); err != nil {
 			return nil, err
 		}
 	}
 	site, err := q.GetSite(ctx, in.SiteID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (site.Tombstoned ||
-		!(site.TenantID == in.TenantID || (site.TenantID == s.root && site.Kind == sites.KindShared)))) {
-		return nil, api.Errorf(api.CodeNotFound, "siteId: site %s not found", in.SiteID)
-	}
-	if err != nil {
+	if _, err := store.Visible(site, err, !site.Tombstoned &&
+		(site.TenantID == in.TenantID || (site.TenantID == s.root && site.Kind == sites.KindShared)),
+		api.Errorf(api.CodeNotFound, "siteId: site %s not found", in.SiteID)); err != nil {
 		return nil, err
 	}
-	if taken, err := q.PoolNameTaken(ctx, db.PoolNameTakenParams{TenantID: in.TenantID, Name: in.Name, PoolID: id}); err != nil {
+	if taken, err := q.PoolNameTaken(ctx, db.PoolNameTakenParams{TenantID: in.TenantID, Name: in.Name, PoolID: k.ID}); err != nil {
 		return nil, err
 	} else if taken {
 		return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a live pool named %s", in.TenantID, in.Name)
 	}
 	row, err := q.InsertPool(ctx, db.InsertPoolParams{
-		PoolID: id, TenantID: in.TenantID, SiteID: in.SiteID, Name: in.Name, Class: in.Class, Hosting: in.Hosting,
+		PoolID: k.ID, TenantID: in.TenantID, SiteID: in.SiteID, Name: in.Name, Class: in.Class, Hosting: in.Hosting,
 		AccountID: text(in.AccountID), Runtime: text(runtime), Agent: text(agent), VcpuAllocationRatio: in.VcpuAllocationRatio,
-		CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
+		CreatedBy: sess.Caller.IdentityID, IdemRequest: k.Fingerprint,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// A concurrent call committed first: with the same key, answer as
 		// its retry; else it took the name.
-		existing, err := q.GetPool(ctx, id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a live pool named %s", in.TenantID, in.Name)
-		}
-		if err != nil {
+		existing, err := q.GetPool(ctx, k.ID)
+		if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 			return nil, err
+		} else if replay {
+			return output(existing, in.TenantID), nil
 		}
-		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-			return nil, err
-		}
-		return output(existing, in.TenantID), nil
+		return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a live pool named %s", in.TenantID, in.Name)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if err := setLimits(ctx, q, in.TenantID, id, in.OwnerLimits, Unlimited); err != nil {
+	if err := setLimits(ctx, q, in.TenantID, k.ID, in.OwnerLimits, Unlimited); err != nil {
 		return nil, err
 	}
 	if err := sess.MakeReal(ctx, tx, map[string]string{"class": row.Class, "hosting": row.Hosting, "siteId": row.SiteID}); err != nil {
@@ -313,10 +301,7 @@ func (s *Service) List(ctx context.Context, in *api.PoolsListInput) (*api.PoolLi
 // is NOT_FOUND, a stale version CONFLICT.
 func Owned(ctx context.Context, q *db.Queries, tenant, id string, version *int64) (db.Pool, error) {
 	row, err := q.GetPoolForUpdate(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.TenantID != tenant) {
-		return db.Pool{}, notFound(id)
-	}
-	if err != nil {
+	if row, err = store.Visible(row, err, row.TenantID == tenant, notFound(id)); err != nil {
 		return db.Pool{}, err
 	}
 	if version != nil && *version != row.Version {

@@ -17,6 +17,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
 	"computeplane/internal/outbox"
+	"computeplane/internal/store"
 	"computeplane/internal/wire"
 )
 
@@ -50,25 +51,22 @@ func (Service) Create(ctx context.Context, in *api.ProjectsCreateInput) (*api.Pr
 	if err != nil {
 		return nil, err
 	}
-	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
-	fp := idem.FingerprintOf(createMethod, in)
-	if existing, err := q.GetProject(ctx, id); err == nil {
-		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-			return nil, err
-		}
-		return output(existing), nil
-	} else if !errors.Is(err, pgx.ErrNoRows) {
+	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
+	existing, err := q.GetProject(ctx, k.ID)
+	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 		return nil, err
+	} else if replay {
+		return output(existing), nil
 	}
 	row, err := q.InsertProject(ctx, db.InsertProjectParams{
-		ProjectID: id, TenantID: in.TenantID, Name: in.Name, Description: in.Description, Owner: sess.Caller.IdentityID, IdemRequest: fp,
+		ProjectID: k.ID, TenantID: in.TenantID, Name: in.Name, Description: in.Description, Owner: sess.Caller.IdentityID, IdemRequest: k.Fingerprint,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The id (a concurrent call with the same key) or the name is taken.
-		if existing, err := q.GetProject(ctx, id); err == nil {
-			if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-				return nil, err
-			}
+		existing, err := q.GetProject(ctx, k.ID)
+		if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
+			return nil, err
+		} else if replay {
 			return output(existing), nil
 		}
 		return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a project named %s", in.TenantID, in.Name)
@@ -79,12 +77,12 @@ func (Service) Create(ctx context.Context, in *api.ProjectsCreateInput) (*api.Pr
 	if err := sess.MakeReal(ctx, tx, map[string]string{"name": row.Name}); err != nil {
 		return nil, err
 	}
-	if err := sess.Projection().Relate(ctx, tx, ref(sess, id), RelationMember, row.Owner); err != nil {
+	if err := sess.Projection().Relate(ctx, tx, ref(sess, k.ID), RelationMember, row.Owner); err != nil {
 		return nil, err
 	}
 	return output(row), outbox.Write(ctx, tx, outbox.Event{
-		Type: api.EventProjectCreated, Subject: id, TenantID: row.TenantID,
-		Data: api.ProjectCreatedPayload{ProjectID: id, Name: row.Name, Owner: row.Owner},
+		Type: api.EventProjectCreated, Subject: k.ID, TenantID: row.TenantID,
+		Data: api.ProjectCreatedPayload{ProjectID: k.ID, Name: row.Name, Owner: row.Owner},
 	})
 }
 
@@ -95,10 +93,7 @@ func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool)
 		get = q.GetProjectForUpdate
 	}
 	row, err := get(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.TenantID != tenant) {
-		return db.Project{}, notFound(id)
-	}
-	return row, err
+	return store.Visible(row, err, row.TenantID == tenant, notFound(id))
 }
 
 // Get answers projects.get.

@@ -12,6 +12,7 @@ import (
 	"computeplane/internal/idem"
 	"computeplane/internal/outbox"
 	"computeplane/internal/providers"
+	"computeplane/internal/store"
 	"computeplane/internal/wire"
 )
 
@@ -54,15 +55,12 @@ func (s *Service) Bootstrap(ctx context.Context, in *api.ProviderAccountsBootstr
 	if err != nil {
 		return nil, err
 	}
-	id := iam.DerivedID(bootstrapMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
-	fp := idem.FingerprintOf(bootstrapMethod, in)
-	if existing, err := q.GetProviderBootstrap(ctx, id); err == nil {
-		if err := idem.Check(bootstrapMethod, existing.IdemRequest, fp); err != nil {
-			return nil, err
-		}
-		return bootstrapOutput(existing), nil
-	} else if !errors.Is(err, pgx.ErrNoRows) {
+	k := idem.For(bootstrapMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
+	existing, err := q.GetProviderBootstrap(ctx, k.ID)
+	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 		return nil, err
+	} else if replay {
+		return bootstrapOutput(existing), nil
 	}
 	acct, err := load(ctx, q, in.TenantID, in.AccountID, false)
 	if err != nil {
@@ -88,9 +86,8 @@ func (s *Service) Bootstrap(ctx context.Context, in *api.ProviderAccountsBootstr
 		return nil, api.Errorf(api.CodeInvalidConfig, "this service has no PKI bundle to mint join tokens (computed pki init): %v", err)
 	}
 	pool, err := q.GetPool(ctx, in.PoolID)
+	pool, err = store.Visible(pool, err, pool.TenantID == in.TenantID, api.Errorf(api.CodeNotFound, "poolId: pool %s not found", in.PoolID))
 	switch {
-	case errors.Is(err, pgx.ErrNoRows) || (err == nil && pool.TenantID != in.TenantID):
-		return nil, api.Errorf(api.CodeNotFound, "poolId: pool %s not found", in.PoolID)
 	case err != nil:
 		return nil, err
 	case pool.Archived:
@@ -104,8 +101,8 @@ func (s *Service) Bootstrap(ctx context.Context, in *api.ProviderAccountsBootstr
 	if in.MachineID != nil {
 		state = StateIdentifying
 	}
-	row, err := q.InsertProviderBootstrap(ctx, db.InsertProviderBootstrapParams{BootstrapID: id, TenantID: in.TenantID, AccountID: acct.AccountID,
-		PoolID: in.PoolID, MachineID: text(in.MachineID), OfferID: text(in.OfferID), State: state, IdemRequest: fp, CreatedBy: sess.Caller.IdentityID})
+	row, err := q.InsertProviderBootstrap(ctx, db.InsertProviderBootstrapParams{BootstrapID: k.ID, TenantID: in.TenantID, AccountID: acct.AccountID,
+		PoolID: in.PoolID, MachineID: text(in.MachineID), OfferID: text(in.OfferID), State: state, IdemRequest: k.Fingerprint, CreatedBy: sess.Caller.IdentityID})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, api.Errorf(api.CodeConflict, "a concurrent bootstrap with the same key came first; retry")
 	}

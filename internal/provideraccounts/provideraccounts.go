@@ -150,20 +150,16 @@ func (s *Service) Create(ctx context.Context, in *api.ProviderAccountsCreateInpu
 	if err != nil {
 		return nil, err
 	}
-	var fp []byte
-	id := ids.New("pacct")
+	k := idem.Key{Method: createMethod, ID: ids.New("pacct")}
 	if in.IdempotencyKey != nil {
-		id = iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, *in.IdempotencyKey)
-		fp = idem.FingerprintOf(createMethod, in)
-		if existing, err := q.GetProviderAccount(ctx, id); err == nil {
-			// A retry (no second decision was made): the same request
-			// returns the account, another is CONFLICT.
-			if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-				return nil, err
-			}
-			return output(existing)
-		} else if !errors.Is(err, pgx.ErrNoRows) {
+		// A retry (no second decision was made): the same request returns
+		// the account, another is CONFLICT.
+		k = idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, *in.IdempotencyKey, in)
+		existing, err := q.GetProviderAccount(ctx, k.ID)
+		if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 			return nil, err
+		} else if replay {
+			return output(existing)
 		}
 	}
 	if err := s.known(in.Provider); err != nil {
@@ -185,19 +181,18 @@ func (s *Service) Create(ctx context.Context, in *api.ProviderAccountsCreateInpu
 	} else if !errors.Is(err, pgx.ErrNoRows) {
 		return nil, err
 	}
-	row, err := q.InsertProviderAccount(ctx, db.InsertProviderAccountParams{AccountID: id, TenantID: in.TenantID, Provider: in.Provider,
-		Name: in.Name, Config: raw, CreatedBy: sess.Caller.IdentityID, IdemRequest: fp})
+	row, err := q.InsertProviderAccount(ctx, db.InsertProviderAccountParams{AccountID: k.ID, TenantID: in.TenantID, Provider: in.Provider,
+		Name: in.Name, Config: raw, CreatedBy: sess.Caller.IdentityID, IdemRequest: k.Fingerprint})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// A concurrent create committed first: with the same key it is
-		// this call's retry; else it took the name.
-		existing, gerr := q.GetProviderAccount(ctx, id)
-		if gerr != nil || fp == nil {
-			return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a provider account named %s", in.TenantID, in.Name)
-		}
-		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
+		// this call's retry; else it took the name (a new k.ID is no one's).
+		existing, err := q.GetProviderAccount(ctx, k.ID)
+		if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 			return nil, err
+		} else if replay {
+			return output(existing)
 		}
-		return output(existing)
+		return nil, api.Errorf(api.CodeConflict, "name: tenant %s has a provider account named %s", in.TenantID, in.Name)
 	}
 	if err != nil {
 		return nil, err
@@ -206,7 +201,7 @@ func (s *Service) Create(ctx context.Context, in *api.ProviderAccountsCreateInpu
 	if sess.Draft != nil {
 		err = sess.MakeReal(ctx, tx, attrs)
 	} else {
-		err = sess.Projection().Put(ctx, tx, iam.Resource{Type: sess.TypePrefix() + ResourceType, ID: id, TenantID: in.TenantID,
+		err = sess.Projection().Put(ctx, tx, iam.Resource{Type: sess.TypePrefix() + ResourceType, ID: k.ID, TenantID: in.TenantID,
 			Owner: sess.Caller.IdentityID, Attributes: attrs})
 	}
 	if err != nil {
@@ -221,10 +216,7 @@ func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool)
 		get = q.GetProviderAccountForUpdate
 	}
 	r, err := get(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.TenantID != tenant) {
-		return db.ProviderAccount{}, notFound(id)
-	}
-	return r, err
+	return store.Visible(r, err, r.TenantID == tenant, notFound(id))
 }
 
 // Get answers providerAccounts.get.

@@ -192,15 +192,12 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 	if err != nil {
 		return nil, err
 	}
-	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
-	fp := idem.FingerprintOf(createMethod, in)
-	if existing, err := q.GetReservation(ctx, id); err == nil {
-		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-			return nil, err
-		}
-		return s.waited(ctx, q, existing, in.Wait)
-	} else if !errors.Is(err, pgx.ErrNoRows) {
+	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
+	existing, err := q.GetReservation(ctx, k.ID)
+	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 		return nil, err
+	} else if replay {
+		return s.waited(ctx, q, existing, in.Wait)
 	}
 	var now time.Time
 	if err := tx.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
@@ -243,7 +240,7 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 	if priority == "" {
 		priority = OnDemand
 	}
-	r := db.Reservation{ReservationID: id, TenantID: in.TenantID, PoolID: in.PoolID, Flavor: in.Flavor, Count: int32(count),
+	r := db.Reservation{ReservationID: k.ID, TenantID: in.TenantID, PoolID: in.PoolID, Flavor: in.Flavor, Count: int32(count),
 		Priority: priority, Whole: pool.Class == "metal-host", StartAt: start, EndAt: end}
 	req := unit(r, f)
 	state, waiting := StatePlaced, false
@@ -278,9 +275,9 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 		state = StateActive
 	}
 	row, err := q.InsertReservation(ctx, db.InsertReservationParams{
-		ReservationID: id, TenantID: in.TenantID, PoolID: in.PoolID, Flavor: in.Flavor, Count: int32(count), Priority: priority,
+		ReservationID: k.ID, TenantID: in.TenantID, PoolID: in.PoolID, Flavor: in.Flavor, Count: int32(count), Priority: priority,
 		Whole: r.Whole, StartAt: start, EndAt: end, State: state, PlacementItems: nonNil(items), WaitingForPreemption: waiting,
-		CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
+		CreatedBy: sess.Caller.IdentityID, IdemRequest: k.Fingerprint,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, api.Errorf(api.CodeConflict, "idempotencyKey: a concurrent create with this key is in progress; retry")
@@ -291,7 +288,7 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 	if err := sess.MakeReal(ctx, tx, map[string]string{"poolId": in.PoolID}); err != nil {
 		return nil, err
 	}
-	if err := write(ctx, tx, api.EventReservationCreated, row, api.ReservationCreatedPayload{ReservationID: id, PoolID: in.PoolID,
+	if err := write(ctx, tx, api.EventReservationCreated, row, api.ReservationCreatedPayload{ReservationID: k.ID, PoolID: in.PoolID,
 		Flavor: in.Flavor, Count: int64(count), Spot: priority == Spot}); err != nil {
 		return nil, err
 	}
@@ -402,10 +399,7 @@ func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool)
 		get = q.GetReservationForUpdate
 	}
 	r, err := get(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.TenantID != tenant) {
-		return db.Reservation{}, notFound(id)
-	}
-	return r, err
+	return store.Visible(r, err, r.TenantID == tenant, notFound(id))
 }
 
 // Get answers reservations.get.

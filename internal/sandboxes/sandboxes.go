@@ -104,16 +104,14 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxesCreateInput) (*ap
 	if err != nil {
 		return nil, err
 	}
-	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
-	fp := idem.FingerprintOf(createMethod, in)
-	if existing, err := q.GetSandbox(ctx, id); err == nil {
-		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-			return nil, err
-		}
-		return s.waited(ctx, q, existing, in.Wait, StateRunning)
-	} else if !errors.Is(err, pgx.ErrNoRows) {
+	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
+	existing, err := q.GetSandbox(ctx, k.ID)
+	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 		return nil, err
+	} else if replay {
+		return s.waited(ctx, q, existing, in.Wait, StateRunning)
 	}
+	id, fp := k.ID, k.Fingerprint
 
 	a := admission{s: s, tx: tx, q: q, in: in, id: id, caller: sess.Caller.IdentityID}
 	if err := a.source(ctx); err != nil {
@@ -209,10 +207,8 @@ func (a *admission) source(ctx context.Context) error {
 	tenant := a.in.TenantID
 	if a.in.FromSnapshot != nil {
 		snap, err := a.q.GetSnapshot(ctx, *a.in.FromSnapshot)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && (snap.TenantID != tenant || snap.State == SnapshotDeleted)) {
-			return api.Errorf(api.CodeNotFound, "fromSnapshot: snapshot %s not found", *a.in.FromSnapshot)
-		}
-		if err != nil {
+		if snap, err = store.Visible(snap, err, snap.TenantID == tenant && snap.State != SnapshotDeleted,
+			api.Errorf(api.CodeNotFound, "fromSnapshot: snapshot %s not found", *a.in.FromSnapshot)); err != nil {
 			return err
 		}
 		if snap.State != SnapshotReady {
@@ -233,10 +229,8 @@ func (a *admission) source(ctx context.Context) error {
 		return nil
 	}
 	t, err := a.q.GetSandboxTemplate(ctx, *a.in.TemplateID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (t.TenantID != tenant || t.Deleted)) {
-		return api.Errorf(api.CodeNotFound, "templateId: template %s not found", *a.in.TemplateID)
-	}
-	if err != nil {
+	if t, err = store.Visible(t, err, t.TenantID == tenant && !t.Deleted,
+		api.Errorf(api.CodeNotFound, "templateId: template %s not found", *a.in.TemplateID)); err != nil {
 		return err
 	}
 	a.tmpl = t
@@ -411,11 +405,8 @@ func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool)
 		get = q.GetSandboxForUpdate
 	}
 	r, err := get(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.TenantID != tenant) {
-		return db.Sandbox{}, db.Instance{}, notFound(id)
-	}
-	if err != nil {
-		return r, db.Instance{}, err
+	if r, err = store.Visible(r, err, r.TenantID == tenant, notFound(id)); err != nil {
+		return db.Sandbox{}, db.Instance{}, err
 	}
 	getVM := q.GetInstance
 	if forUpdate {

@@ -18,6 +18,7 @@ import (
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/rpc"
+	"computeplane/internal/store"
 	"computeplane/internal/wire"
 )
 
@@ -84,16 +85,14 @@ func (s Snapshots) Create(ctx context.Context, in *api.SandboxSnapshotsCreateInp
 	if err != nil {
 		return nil, err
 	}
-	id := iam.DerivedID(snapshotCreate, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
-	fp := idem.FingerprintOf(snapshotCreate, in)
-	if existing, err := q.GetSnapshot(ctx, id); err == nil {
-		if err := idem.Check(snapshotCreate, existing.IdemRequest, fp); err != nil {
-			return nil, err
-		}
-		return s.waited(ctx, q, existing, in.Wait)
-	} else if !errors.Is(err, pgx.ErrNoRows) {
+	k := idem.For(snapshotCreate, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
+	existing, err := q.GetSnapshot(ctx, k.ID)
+	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 		return nil, err
+	} else if replay {
+		return s.waited(ctx, q, existing, in.Wait)
 	}
+	id, fp := k.ID, k.Fingerprint
 	sbx, vm, err := load(ctx, q, in.TenantID, in.SandboxID, true)
 	if err != nil {
 		return nil, err
@@ -166,10 +165,7 @@ func (s Snapshots) Get(ctx context.Context, in *api.SandboxSnapshotsGetInput) (*
 		return nil, err
 	}
 	r, err := q.GetSnapshot(ctx, in.SnapshotID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.TenantID != in.TenantID) {
-		return nil, snapshotNotFound(in.SnapshotID)
-	}
-	if err != nil {
+	if r, err = store.Visible(r, err, r.TenantID == in.TenantID, snapshotNotFound(in.SnapshotID)); err != nil {
 		return nil, err
 	}
 	return s.output(ctx, q, r)
@@ -207,10 +203,7 @@ func (s Snapshots) Delete(ctx context.Context, in *api.SandboxSnapshotsDeleteInp
 		return nil, err
 	}
 	r, err := q.GetSnapshotForUpdate(ctx, in.SnapshotID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && r.TenantID != in.TenantID) {
-		return nil, snapshotNotFound(in.SnapshotID)
-	}
-	if err != nil {
+	if r, err = store.Visible(r, err, r.TenantID == in.TenantID, snapshotNotFound(in.SnapshotID)); err != nil {
 		return nil, err
 	}
 	if r.State != SnapshotDeleted {

@@ -25,6 +25,7 @@ import (
 	"computeplane/internal/images"
 	"computeplane/internal/pools"
 	"computeplane/internal/secrets"
+	"computeplane/internal/store"
 	"computeplane/internal/vmnet"
 	"computeplane/internal/wire"
 )
@@ -153,10 +154,7 @@ func checkVolumes(ctx context.Context, sess *iam.Session, q *db.Queries, sh shap
 		case m.Name != nil:
 			v, err = q.SandboxVolumeByName(ctx, db.SandboxVolumeByNameParams{TenantID: sh.tenant, Name: *m.Name})
 		}
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && v.TenantID != sh.tenant) {
-			return nil, api.Errorf(api.CodeNotFound, "%s: volume not found", at)
-		}
-		if err != nil {
+		if v, err = store.Visible(v, err, v.TenantID == sh.tenant, api.Errorf(api.CodeNotFound, "%s: volume not found", at)); err != nil {
 			return nil, err
 		}
 		switch {
@@ -329,10 +327,7 @@ func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool)
 		get = q.GetSandboxTemplateForUpdate
 	}
 	t, err := get(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && t.TenantID != tenant) {
-		return db.SandboxTemplate{}, notFound(id)
-	}
-	return t, err
+	return store.Visible(t, err, t.TenantID == tenant, notFound(id))
 }
 
 // Get answers sandboxTemplates.get.

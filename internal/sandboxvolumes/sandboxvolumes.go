@@ -26,6 +26,7 @@ import (
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
 	"computeplane/internal/pools"
+	"computeplane/internal/store"
 	"computeplane/internal/usage"
 	"computeplane/internal/wire"
 )
@@ -96,15 +97,12 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxVolumesCreateInput)
 	if err != nil {
 		return nil, err
 	}
-	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
-	fp := idem.FingerprintOf(createMethod, in)
-	if existing, err := q.GetSandboxVolume(ctx, id); err == nil {
-		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-			return nil, err
-		}
-		return output(existing), nil
-	} else if !errors.Is(err, pgx.ErrNoRows) {
+	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
+	existing, err := q.GetSandboxVolume(ctx, k.ID)
+	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 		return nil, err
+	} else if replay {
+		return output(existing), nil
 	}
 	pool, err := pools.Readable(ctx, q, in.TenantID, in.PoolID)
 	if err != nil {
@@ -133,11 +131,11 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxVolumesCreateInput)
 		return nil, noStorage(free)
 	}
 	if _, err := s.Placer.Admit(ctx, tx, placement.Request{TenantID: in.TenantID, PoolID: in.PoolID, NodeID: node,
-		Owner: placement.Owner{Type: ResourceType, ID: id}, Shape: placement.Shape{DiskGiB: in.SizeGiB}}); err != nil {
+		Owner: placement.Owner{Type: ResourceType, ID: k.ID}, Shape: placement.Shape{DiskGiB: in.SizeGiB}}); err != nil {
 		return nil, err
 	}
-	v, err := q.InsertSandboxVolume(ctx, db.InsertSandboxVolumeParams{VolumeID: id, TenantID: in.TenantID, PoolID: in.PoolID, NodeID: node,
-		Name: in.Name, SizeGib: in.SizeGiB, Serial: serialOf(id), CreatedBy: sess.Caller.IdentityID, IdemRequest: fp})
+	v, err := q.InsertSandboxVolume(ctx, db.InsertSandboxVolumeParams{VolumeID: k.ID, TenantID: in.TenantID, PoolID: in.PoolID, NodeID: node,
+		Name: in.Name, SizeGib: in.SizeGiB, Serial: serialOf(k.ID), CreatedBy: sess.Caller.IdentityID, IdemRequest: k.Fingerprint})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, api.Errorf(api.CodeConflict, "name: a concurrent create took the name %s or the key; retry", in.Name)
 	}
@@ -153,8 +151,8 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxVolumesCreateInput)
 	if err := nodework.PushSpec(ctx, tx, node); err != nil {
 		return nil, err
 	}
-	return output(v), outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxVolumeCreated, Subject: id, TenantID: in.TenantID,
-		Data: api.SandboxVolumeCreatedPayload{VolumeID: id, PoolID: in.PoolID, Name: in.Name, SizeGiB: in.SizeGiB, NodeID: node}})
+	return output(v), outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxVolumeCreated, Subject: k.ID, TenantID: in.TenantID,
+		Data: api.SandboxVolumeCreatedPayload{VolumeID: k.ID, PoolID: in.PoolID, Name: in.Name, SizeGiB: in.SizeGiB, NodeID: node}})
 }
 
 // meter (re)opens the volume's usage at its current size.
@@ -170,10 +168,7 @@ func meter(ctx context.Context, tx pgx.Tx, v db.SandboxVolume) error {
 
 func load(ctx context.Context, q *db.Queries, tenant, id string) (db.SandboxVolume, error) {
 	v, err := q.GetSandboxVolume(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && v.TenantID != tenant) {
-		return db.SandboxVolume{}, notFound(id)
-	}
-	return v, err
+	return store.Visible(v, err, v.TenantID == tenant, notFound(id))
 }
 
 // Get answers sandboxVolumes.get.
@@ -223,10 +218,7 @@ func (s *Service) Resize(ctx context.Context, in *api.SandboxVolumesResizeInput)
 		return nil, err
 	}
 	v, err := q.GetSandboxVolume(ctx, in.VolumeID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && v.TenantID != in.TenantID) {
-		return nil, notFound(in.VolumeID)
-	}
-	if err != nil {
+	if v, err = store.Visible(v, err, v.TenantID == in.TenantID, notFound(in.VolumeID)); err != nil {
 		return nil, err
 	}
 	if free, err := q.TryVolumeResizeLock(ctx, v.VolumeID); err != nil {
@@ -282,10 +274,7 @@ func (s *Service) Delete(ctx context.Context, in *api.SandboxVolumesDeleteInput)
 		return nil, err
 	}
 	v, err := q.GetSandboxVolumeForUpdate(ctx, in.VolumeID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && v.TenantID != in.TenantID) {
-		return nil, notFound(in.VolumeID)
-	}
-	if err != nil {
+	if v, err = store.Visible(v, err, v.TenantID == in.TenantID, notFound(in.VolumeID)); err != nil {
 		return nil, err
 	}
 	if v.State != StateReady {

@@ -17,6 +17,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
 	"computeplane/internal/outbox"
+	"computeplane/internal/store"
 	"computeplane/internal/wire"
 )
 
@@ -100,19 +101,18 @@ func (s *Service) Create(ctx context.Context, in *api.SitesCreateInput) (*api.Si
 	if err != nil {
 		return nil, err
 	}
-	id := iam.DerivedID(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey)
-	fp := idem.FingerprintOf(createMethod, in)
+	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
 	row, err := q.InsertSite(ctx, db.InsertSiteParams{
-		SiteID: id, TenantID: in.TenantID, Kind: in.Kind, Region: in.Region, IamRegion: text(in.IAMRegion),
-		CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
+		SiteID: k.ID, TenantID: in.TenantID, Kind: in.Kind, Region: in.Region, IamRegion: text(in.IAMRegion),
+		CreatedBy: sess.Caller.IdentityID, IdemRequest: k.Fingerprint,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		existing, err := q.GetSite(ctx, id)
-		if err != nil {
+		// The id is taken: a retry, or a concurrent call with the key.
+		existing, err := q.GetSite(ctx, k.ID)
+		if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
 			return nil, err
-		}
-		if err := idem.Check(createMethod, existing.IdemRequest, fp); err != nil {
-			return nil, err
+		} else if !replay {
+			return nil, notFound(k.ID) // removed since
 		}
 		return output(existing), nil
 	}
@@ -142,10 +142,7 @@ func (s *Service) Get(ctx context.Context, in *api.SitesGetInput) (*api.Site, er
 		return nil, err
 	}
 	row, err := q.GetSite(ctx, in.SiteID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !s.visible(row, in.TenantID)) {
-		return nil, notFound(in.SiteID)
-	}
-	if err != nil {
+	if row, err = store.Visible(row, err, s.visible(row, in.TenantID), notFound(in.SiteID)); err != nil {
 		return nil, err
 	}
 	return output(row), nil
@@ -194,10 +191,7 @@ func (s *Service) List(ctx context.Context, in *api.SitesListInput) (*api.SiteLi
 // or another tenant's is NOT_FOUND; a stale version is CONFLICT.
 func locked(ctx context.Context, q *db.Queries, tenant, id string, version *int64) (db.Site, error) {
 	row, err := q.GetSiteForUpdate(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (row.Tombstoned || row.TenantID != tenant)) {
-		return db.Site{}, notFound(id)
-	}
-	if err != nil {
+	if row, err = store.Visible(row, err, !row.Tombstoned && row.TenantID == tenant, notFound(id)); err != nil {
 		return db.Site{}, err
 	}
 	if version != nil && *version != row.Version {

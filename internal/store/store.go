@@ -31,6 +31,22 @@ func MapNoRows(err error) error {
 	return err
 }
 
+// Visible answers a read of one row for a caller who may see only some rows
+// (a tenant's own, a live one): no row, or a row visible says the caller
+// may not see, is notFound, so the two cannot be told apart; any other
+// error passes. visible is computed by the caller from row (zero when err
+// is set), as in
+//
+//	r, err := q.GetVolume(ctx, id)
+//	return store.Visible(r, err, r.TenantID == tenant, notFound(id))
+func Visible[T any](row T, err error, visible bool, notFound error) (T, error) {
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !visible) {
+		var zero T
+		return zero, notFound
+	}
+	return row, err
+}
+
 // Store is a pool of connections to one PostgreSQL database.
 type Store struct {
 	pool    *pgxpool.Pool

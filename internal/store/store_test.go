@@ -290,6 +290,39 @@ func TestMapNoRowsFromAQuery(t *testing.T) {
 	require.False(t, strings.Contains(store.ErrNotFound.Error(), "pgx"))
 }
 
+func TestVisible(t *testing.T) {
+	t.Parallel()
+	type row struct{ Tenant string }
+	notFound := errors.New("row r1 not found")
+	other := errors.New("connection lost")
+	tests := []struct {
+		name    string
+		row     row
+		err     error
+		visible bool
+		want    row
+		wantErr error
+	}{
+		{"a visible row is returned", row{"t1"}, nil, true, row{"t1"}, nil},
+		{"an invisible row is not found and not returned", row{"t2"}, nil, false, row{}, notFound},
+		{"no row is not found", row{}, pgx.ErrNoRows, false, row{}, notFound},
+		{"a wrapped no row is not found", row{}, fmt.Errorf("get: %w", pgx.ErrNoRows), true, row{}, notFound},
+		{"other errors pass, whatever visible says", row{}, other, false, row{}, other},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := store.Visible(tc.row, tc.err, tc.visible, notFound)
+			require.Equal(t, tc.want, got)
+			if tc.wantErr == nil {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, tc.wantErr)
+		})
+	}
+}
+
 func knownMigrations(t *testing.T) []int64 {
 	t.Helper()
 	known, err := store.KnownMigrations()

@@ -50,6 +50,7 @@ import (
 	"computeplane/internal/iam"
 	"computeplane/internal/ids"
 	"computeplane/internal/outbox"
+	"computeplane/internal/store"
 	"computeplane/internal/wire"
 )
 
@@ -145,10 +146,7 @@ func owned(ctx context.Context, tenant, id string, lock bool) (*iam.Session, *db
 	} else {
 		row, err = q.GetWebhook(ctx, id)
 	}
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.TenantID != tenant) {
-		return nil, nil, db.Webhook{}, notFound(id)
-	}
-	if err != nil {
+	if row, err = store.Visible(row, err, row.TenantID == tenant, notFound(id)); err != nil {
 		return nil, nil, db.Webhook{}, err
 	}
 	audited(sess, "webhook", row.WebhookID, row.TenantID)

@@ -31,6 +31,7 @@ import (
 	"computeplane/internal/ids"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
+	"computeplane/internal/store"
 	"computeplane/internal/wire"
 	"computeplane/internal/workflows/actionspec"
 )
@@ -219,9 +220,7 @@ func notFound(id string) error {
 // node checks that the node belongs to a pool of tenant (else NOT_FOUND).
 func node(ctx context.Context, q *db.Queries, tenant, nodeID string) error {
 	o, err := q.WorkflowNodeOwner(ctx, nodeID)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && o.TenantID != tenant) {
-		return api.Errorf(api.CodeNotFound, "nodeId: node %s not found", nodeID)
-	}
+	_, err = store.Visible(o, err, o.TenantID == tenant, api.Errorf(api.CodeNotFound, "nodeId: node %s not found", nodeID))
 	return err
 }
 
@@ -236,10 +235,7 @@ func get(ctx context.Context, q *db.Queries, tenant, nodeID, id string, forUpdat
 	} else {
 		w, err = q.GetWorkflow(ctx, id)
 	}
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && w.NodeID != nodeID) {
-		return db.Workflow{}, notFound(id)
-	}
-	return w, err
+	return store.Visible(w, err, w.NodeID == nodeID, notFound(id))
 }
 
 // Get answers workflows.get.

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"computeplane/gen/db"
+	"computeplane/internal/store"
 )
 
 // Errors of the administration functions (possibly wrapped).
@@ -257,10 +258,8 @@ func (s *Service) SetRole(ctx context.Context, tenant, identity, role string) (s
 	err := s.st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
 		q := db.New(tx)
 		ident, err := q.IAMGetIdentity(ctx, identity)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && ident.TenantID != tenant) {
-			return fmt.Errorf("%w: identity %s is not in tenant %s", ErrIdentityNotFound, identity, tenant)
-		}
-		if err != nil {
+		if _, err := store.Visible(ident, err, ident.TenantID == tenant,
+			fmt.Errorf("%w: identity %s is not in tenant %s", ErrIdentityNotFound, identity, tenant)); err != nil {
 			return err
 		}
 		if old, err = q.IAMGetRole(ctx, db.IAMGetRoleParams{TenantID: tenant, IdentityID: identity}); err != nil && !errors.Is(err, pgx.ErrNoRows) {
