@@ -39,11 +39,9 @@ type EgressCount struct {
 // lower than last seen (or first seen, or seen on another node) is a new
 // count: all of it is growth. A warm instance (no tenant's work yet) has
 // its counters kept and nothing metered, so a claim bills only what comes
-// after it. Instances not on the node are left alone.
+// after it. Instances not on the node are left alone; the counters of
+// the node's deleted instances are dropped.
 func MeterEgress(ctx context.Context, tx pgx.Tx, node string, reported []EgressCount, at time.Time) error {
-	if len(reported) == 0 {
-		return nil
-	}
 	q := db.New(tx)
 	byID := make(map[string]EgressCount, len(reported))
 	idsOf := make([]string, 0, len(reported))
