@@ -136,9 +136,12 @@ WHERE c.node_id = n.node_id AND n.session_gateway = sqlc.arg(gateway_id)
   AND c.command_id IN (SELECT command_id FROM node_commands WHERE state = 'pending' ORDER BY created_at LIMIT sqlc.arg(max)::int FOR UPDATE SKIP LOCKED)
 RETURNING c.*;
 
--- name: FinishCommand :execrows
+-- FinishCommand writes a command's result and returns its kind; no row
+-- when it was finished already (a result sent again) or is not the node's.
+-- name: FinishCommand :one
 UPDATE node_commands SET state = sqlc.arg(state), result = sqlc.arg(result), finished_at = now()
-WHERE command_id = sqlc.arg(command_id) AND node_id = sqlc.arg(node_id) AND state IN ('pending', 'sent');
+WHERE command_id = sqlc.arg(command_id) AND node_id = sqlc.arg(node_id) AND state IN ('pending', 'sent')
+RETURNING kind;
 
 -- ResendCommands puts commands sent resend_after_ms ago without a result
 -- back to pending and names the gateways to wake.

@@ -19,9 +19,12 @@ SELECT * FROM allocations WHERE allocation_id = sqlc.arg(allocation_id);
 SELECT * FROM allocations WHERE owner_type = sqlc.arg(owner_type) AND owner_id = sqlc.arg(owner_id) AND ended_at IS NULL;
 
 -- name: TenantsToRoll :many
--- Tenants with allocations the rollup has hours or changes to window for.
-SELECT DISTINCT tenant_id FROM allocations
-WHERE dirty OR (ended_at IS NULL AND rolled_until < sqlc.arg(horizon)::timestamptz);
+-- Tenants with allocations the rollup has hours or changes to window for,
+-- or counted rows of closed hours not windowed in full.
+SELECT tenant_id FROM allocations
+WHERE dirty OR (ended_at IS NULL AND rolled_until < sqlc.arg(horizon)::timestamptz)
+UNION
+SELECT tenant_id FROM counted_usage WHERE quantity > windowed AND hour_start < sqlc.arg(horizon)::timestamptz;
 
 -- name: AllocationsToRoll :many
 SELECT * FROM allocations
@@ -79,3 +82,46 @@ SELECT
 
 -- name: MarkDirty :exec
 UPDATE allocations SET dirty = true WHERE allocation_id = sqlc.arg(allocation_id);
+
+-- name: EgressCountersOf :many
+-- The instances of a node a status reports, with the counters last seen
+-- for them (none: never counted). A node's statuses are written one at a
+-- time (ReportStatus holds its row), so no other lock is needed.
+SELECT i.instance_id, i.tenant_id, i.kind, c.node_id AS counted_on, c.tx_bytes, c.rx_bytes
+FROM instances i LEFT JOIN egress_counters c ON c.instance_id = i.instance_id
+WHERE i.instance_id = ANY(sqlc.arg(instance_ids)::text[]) AND i.node_id = sqlc.arg(node_id);
+
+-- name: PutEgressCounters :exec
+INSERT INTO egress_counters (instance_id, node_id, tx_bytes, rx_bytes, updated_at)
+SELECT unnest(sqlc.arg(instance_ids)::text[]), sqlc.arg(node_id), unnest(sqlc.arg(tx)::bigint[]), unnest(sqlc.arg(rx)::bigint[]), sqlc.arg(at)
+ON CONFLICT (instance_id) DO UPDATE SET node_id = excluded.node_id, tx_bytes = excluded.tx_bytes,
+    rx_bytes = excluded.rx_bytes, updated_at = excluded.updated_at;
+
+-- name: ForgetEgressCounters :exec
+-- The counters of a node's instances that are gone (deleted rows).
+DELETE FROM egress_counters c USING instances i
+WHERE c.node_id = sqlc.arg(node_id) AND i.instance_id = c.instance_id AND i.state = 'deleted';
+
+-- name: AddCounted :exec
+-- Adds each instance's growth to its row of the hour.
+INSERT INTO counted_usage (counted_id, tenant_id, project_id, instance_id, meter, hour_start, quantity)
+SELECT unnest(sqlc.arg(counted_ids)::text[]), unnest(sqlc.arg(tenant_ids)::text[]), NULL, unnest(sqlc.arg(instance_ids)::text[]),
+       sqlc.arg(meter), sqlc.arg(hour_start), unnest(sqlc.arg(quantities)::bigint[])
+ON CONFLICT (tenant_id, project_id, instance_id, meter, hour_start)
+DO UPDATE SET quantity = counted_usage.quantity + excluded.quantity;
+
+-- name: CountedToRoll :many
+-- A tenant's counted rows of closed hours not windowed in full.
+SELECT * FROM counted_usage
+WHERE tenant_id = sqlc.arg(tenant_id) AND quantity > windowed AND hour_start < sqlc.arg(horizon)::timestamptz
+ORDER BY counted_id
+FOR UPDATE;
+
+-- name: InsertCountedWindow :exec
+INSERT INTO usage_windows (key, counted_id, tenant_id, project_id, meter, window_start, window_end, quantity_micro_ms, quantity_units, tags, adjustment)
+VALUES (sqlc.arg(key), sqlc.arg(counted_id), sqlc.arg(tenant_id), sqlc.narg(project_id), sqlc.arg(meter),
+        sqlc.arg(window_start), sqlc.arg(window_end), 0, sqlc.arg(quantity_units), sqlc.arg(tags), sqlc.arg(adjustment))
+ON CONFLICT DO NOTHING;
+
+-- name: MarkCountedWindowed :exec
+UPDATE counted_usage SET windowed = sqlc.arg(windowed), windows = windows + 1 WHERE counted_id = sqlc.arg(counted_id);

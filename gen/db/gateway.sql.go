@@ -126,9 +126,10 @@ func (q *Queries) ExpireCommands(ctx context.Context) (int64, error) {
 	return result.RowsAffected(), nil
 }
 
-const finishCommand = `-- name: FinishCommand :execrows
+const finishCommand = `-- name: FinishCommand :one
 UPDATE node_commands SET state = $1, result = $2, finished_at = now()
 WHERE command_id = $3 AND node_id = $4 AND state IN ('pending', 'sent')
+RETURNING kind
 `
 
 type FinishCommandParams struct {
@@ -138,17 +139,18 @@ type FinishCommandParams struct {
 	NodeID    string
 }
 
-func (q *Queries) FinishCommand(ctx context.Context, arg FinishCommandParams) (int64, error) {
-	result, err := q.db.Exec(ctx, finishCommand,
+// FinishCommand writes a command's result and returns its kind; no row
+// when it was finished already (a result sent again) or is not the node's.
+func (q *Queries) FinishCommand(ctx context.Context, arg FinishCommandParams) (string, error) {
+	row := q.db.QueryRow(ctx, finishCommand,
 		arg.State,
 		arg.Result,
 		arg.CommandID,
 		arg.NodeID,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var kind string
+	err := row.Scan(&kind)
+	return kind, err
 }
 
 const gatewayFindings = `-- name: GatewayFindings :one

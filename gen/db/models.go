@@ -59,6 +59,26 @@ type Booking struct {
 	CreatedAt time.Time
 }
 
+type CountedUsage struct {
+	CountedID  string
+	TenantID   string
+	ProjectID  pgtype.Text
+	InstanceID string
+	Meter      string
+	HourStart  time.Time
+	Quantity   int64
+	Windowed   int64
+	Windows    int32
+}
+
+type EgressCounter struct {
+	InstanceID string
+	NodeID     string
+	TxBytes    int64
+	RxBytes    int64
+	UpdatedAt  time.Time
+}
+
 type Flavor struct {
 	PoolID    string
 	Name      string
@@ -636,7 +656,7 @@ type TrustVersion struct {
 
 type UsageWindow struct {
 	Key             string
-	AllocationID    string
+	AllocationID    pgtype.Text
 	TenantID        string
 	ProjectID       pgtype.Text
 	Meter           string
@@ -648,6 +668,8 @@ type UsageWindow struct {
 	RecordedAt      *time.Time
 	Outcome         pgtype.Text
 	CreatedAt       time.Time
+	CountedID       pgtype.Text
+	QuantityUnits   pgtype.Int8
 }
 
 type VmSubnet struct {

@@ -12,6 +12,36 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const addCounted = `-- name: AddCounted :exec
+INSERT INTO counted_usage (counted_id, tenant_id, project_id, instance_id, meter, hour_start, quantity)
+SELECT unnest($1::text[]), unnest($2::text[]), NULL, unnest($3::text[]),
+       $4, $5, unnest($6::bigint[])
+ON CONFLICT (tenant_id, project_id, instance_id, meter, hour_start)
+DO UPDATE SET quantity = counted_usage.quantity + excluded.quantity
+`
+
+type AddCountedParams struct {
+	CountedIds  []string
+	TenantIds   []string
+	InstanceIds []string
+	Meter       string
+	HourStart   time.Time
+	Quantities  []int64
+}
+
+// Adds each instance's growth to its row of the hour.
+func (q *Queries) AddCounted(ctx context.Context, arg AddCountedParams) error {
+	_, err := q.db.Exec(ctx, addCounted,
+		arg.CountedIds,
+		arg.TenantIds,
+		arg.InstanceIds,
+		arg.Meter,
+		arg.HourStart,
+		arg.Quantities,
+	)
+	return err
+}
+
 const allocationsToRoll = `-- name: AllocationsToRoll :many
 SELECT allocation_id, tenant_id, project_id, meter, quantity_micro, tags, owner_type, owner_id, started_at, ended_at, rolled_until, dirty FROM allocations
 WHERE tenant_id = $1
@@ -91,6 +121,110 @@ func (q *Queries) CloseAllocation(ctx context.Context, arg CloseAllocationParams
 	return i, err
 }
 
+const countedToRoll = `-- name: CountedToRoll :many
+SELECT counted_id, tenant_id, project_id, instance_id, meter, hour_start, quantity, windowed, windows FROM counted_usage
+WHERE tenant_id = $1 AND quantity > windowed AND hour_start < $2::timestamptz
+ORDER BY counted_id
+FOR UPDATE
+`
+
+type CountedToRollParams struct {
+	TenantID string
+	Horizon  time.Time
+}
+
+// A tenant's counted rows of closed hours not windowed in full.
+func (q *Queries) CountedToRoll(ctx context.Context, arg CountedToRollParams) ([]CountedUsage, error) {
+	rows, err := q.db.Query(ctx, countedToRoll, arg.TenantID, arg.Horizon)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []CountedUsage
+	for rows.Next() {
+		var i CountedUsage
+		if err := rows.Scan(
+			&i.CountedID,
+			&i.TenantID,
+			&i.ProjectID,
+			&i.InstanceID,
+			&i.Meter,
+			&i.HourStart,
+			&i.Quantity,
+			&i.Windowed,
+			&i.Windows,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const egressCountersOf = `-- name: EgressCountersOf :many
+SELECT i.instance_id, i.tenant_id, i.kind, c.node_id AS counted_on, c.tx_bytes, c.rx_bytes
+FROM instances i LEFT JOIN egress_counters c ON c.instance_id = i.instance_id
+WHERE i.instance_id = ANY($1::text[]) AND i.node_id = $2
+`
+
+type EgressCountersOfParams struct {
+	InstanceIds []string
+	NodeID      pgtype.Text
+}
+
+type EgressCountersOfRow struct {
+	InstanceID string
+	TenantID   string
+	Kind       string
+	CountedOn  pgtype.Text
+	TxBytes    pgtype.Int8
+	RxBytes    pgtype.Int8
+}
+
+// The instances of a node a status reports, with the counters last seen
+// for them (none: never counted). A node's statuses are written one at a
+// time (ReportStatus holds its row), so no other lock is needed.
+func (q *Queries) EgressCountersOf(ctx context.Context, arg EgressCountersOfParams) ([]EgressCountersOfRow, error) {
+	rows, err := q.db.Query(ctx, egressCountersOf, arg.InstanceIds, arg.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []EgressCountersOfRow
+	for rows.Next() {
+		var i EgressCountersOfRow
+		if err := rows.Scan(
+			&i.InstanceID,
+			&i.TenantID,
+			&i.Kind,
+			&i.CountedOn,
+			&i.TxBytes,
+			&i.RxBytes,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const forgetEgressCounters = `-- name: ForgetEgressCounters :exec
+DELETE FROM egress_counters c USING instances i
+WHERE c.node_id = $1 AND i.instance_id = c.instance_id AND i.state = 'deleted'
+`
+
+// The counters of a node's instances that are gone (deleted rows).
+func (q *Queries) ForgetEgressCounters(ctx context.Context, nodeID string) error {
+	_, err := q.db.Exec(ctx, forgetEgressCounters, nodeID)
+	return err
+}
+
 const getAllocation = `-- name: GetAllocation :one
 SELECT allocation_id, tenant_id, project_id, meter, quantity_micro, tags, owner_type, owner_id, started_at, ended_at, rolled_until, dirty FROM allocations WHERE allocation_id = $1
 `
@@ -115,6 +249,42 @@ func (q *Queries) GetAllocation(ctx context.Context, allocationID string) (Alloc
 	return i, err
 }
 
+const insertCountedWindow = `-- name: InsertCountedWindow :exec
+INSERT INTO usage_windows (key, counted_id, tenant_id, project_id, meter, window_start, window_end, quantity_micro_ms, quantity_units, tags, adjustment)
+VALUES ($1, $2, $3, $4, $5,
+        $6, $7, 0, $8, $9, $10)
+ON CONFLICT DO NOTHING
+`
+
+type InsertCountedWindowParams struct {
+	Key           string
+	CountedID     pgtype.Text
+	TenantID      string
+	ProjectID     pgtype.Text
+	Meter         string
+	WindowStart   time.Time
+	WindowEnd     time.Time
+	QuantityUnits pgtype.Int8
+	Tags          []byte
+	Adjustment    int32
+}
+
+func (q *Queries) InsertCountedWindow(ctx context.Context, arg InsertCountedWindowParams) error {
+	_, err := q.db.Exec(ctx, insertCountedWindow,
+		arg.Key,
+		arg.CountedID,
+		arg.TenantID,
+		arg.ProjectID,
+		arg.Meter,
+		arg.WindowStart,
+		arg.WindowEnd,
+		arg.QuantityUnits,
+		arg.Tags,
+		arg.Adjustment,
+	)
+	return err
+}
+
 const insertWindow = `-- name: InsertWindow :exec
 INSERT INTO usage_windows (key, allocation_id, tenant_id, project_id, meter, window_start, window_end, quantity_micro_ms, tags, adjustment)
 VALUES ($1, $2, $3, $4, $5,
@@ -124,7 +294,7 @@ ON CONFLICT DO NOTHING
 
 type InsertWindowParams struct {
 	Key             string
-	AllocationID    string
+	AllocationID    pgtype.Text
 	TenantID        string
 	ProjectID       pgtype.Text
 	Meter           string
@@ -152,7 +322,7 @@ func (q *Queries) InsertWindow(ctx context.Context, arg InsertWindowParams) erro
 }
 
 const listWindows = `-- name: ListWindows :many
-SELECT key, allocation_id, tenant_id, project_id, meter, window_start, window_end, quantity_micro_ms, tags, adjustment, recorded_at, outcome, created_at FROM usage_windows
+SELECT key, allocation_id, tenant_id, project_id, meter, window_start, window_end, quantity_micro_ms, tags, adjustment, recorded_at, outcome, created_at, counted_id, quantity_units FROM usage_windows
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR project_id = $2)
   AND ($3::text IS NULL OR meter = $3)
@@ -207,6 +377,8 @@ func (q *Queries) ListWindows(ctx context.Context, arg ListWindowsParams) ([]Usa
 			&i.RecordedAt,
 			&i.Outcome,
 			&i.CreatedAt,
+			&i.CountedID,
+			&i.QuantityUnits,
 		); err != nil {
 			return nil, err
 		}
@@ -216,6 +388,20 @@ func (q *Queries) ListWindows(ctx context.Context, arg ListWindowsParams) ([]Usa
 		return nil, err
 	}
 	return items, nil
+}
+
+const markCountedWindowed = `-- name: MarkCountedWindowed :exec
+UPDATE counted_usage SET windowed = $1, windows = windows + 1 WHERE counted_id = $2
+`
+
+type MarkCountedWindowedParams struct {
+	Windowed  int64
+	CountedID string
+}
+
+func (q *Queries) MarkCountedWindowed(ctx context.Context, arg MarkCountedWindowedParams) error {
+	_, err := q.db.Exec(ctx, markCountedWindowed, arg.Windowed, arg.CountedID)
+	return err
 }
 
 const markDirty = `-- name: MarkDirty :exec
@@ -334,7 +520,7 @@ func (q *Queries) OpenAllocationsOf(ctx context.Context, arg OpenAllocationsOfPa
 }
 
 const pendingWindows = `-- name: PendingWindows :many
-SELECT key, allocation_id, tenant_id, project_id, meter, window_start, window_end, quantity_micro_ms, tags, adjustment, recorded_at, outcome, created_at FROM usage_windows
+SELECT key, allocation_id, tenant_id, project_id, meter, window_start, window_end, quantity_micro_ms, tags, adjustment, recorded_at, outcome, created_at, counted_id, quantity_units FROM usage_windows
 WHERE outcome IS NULL AND window_end <= $1::timestamptz
 ORDER BY window_end, key
 LIMIT $2
@@ -370,6 +556,8 @@ func (q *Queries) PendingWindows(ctx context.Context, arg PendingWindowsParams) 
 			&i.RecordedAt,
 			&i.Outcome,
 			&i.CreatedAt,
+			&i.CountedID,
+			&i.QuantityUnits,
 		); err != nil {
 			return nil, err
 		}
@@ -379,6 +567,32 @@ func (q *Queries) PendingWindows(ctx context.Context, arg PendingWindowsParams) 
 		return nil, err
 	}
 	return items, nil
+}
+
+const putEgressCounters = `-- name: PutEgressCounters :exec
+INSERT INTO egress_counters (instance_id, node_id, tx_bytes, rx_bytes, updated_at)
+SELECT unnest($1::text[]), $2, unnest($3::bigint[]), unnest($4::bigint[]), $5
+ON CONFLICT (instance_id) DO UPDATE SET node_id = excluded.node_id, tx_bytes = excluded.tx_bytes,
+    rx_bytes = excluded.rx_bytes, updated_at = excluded.updated_at
+`
+
+type PutEgressCountersParams struct {
+	InstanceIds []string
+	NodeID      string
+	Tx          []int64
+	Rx          []int64
+	At          time.Time
+}
+
+func (q *Queries) PutEgressCounters(ctx context.Context, arg PutEgressCountersParams) error {
+	_, err := q.db.Exec(ctx, putEgressCounters,
+		arg.InstanceIds,
+		arg.NodeID,
+		arg.Tx,
+		arg.Rx,
+		arg.At,
+	)
+	return err
 }
 
 const recordOutcome = `-- name: RecordOutcome :exec
@@ -398,11 +612,14 @@ func (q *Queries) RecordOutcome(ctx context.Context, arg RecordOutcomeParams) er
 }
 
 const tenantsToRoll = `-- name: TenantsToRoll :many
-SELECT DISTINCT tenant_id FROM allocations
+SELECT tenant_id FROM allocations
 WHERE dirty OR (ended_at IS NULL AND rolled_until < $1::timestamptz)
+UNION
+SELECT tenant_id FROM counted_usage WHERE quantity > windowed AND hour_start < $1::timestamptz
 `
 
-// Tenants with allocations the rollup has hours or changes to window for.
+// Tenants with allocations the rollup has hours or changes to window for,
+// or counted rows of closed hours not windowed in full.
 func (q *Queries) TenantsToRoll(ctx context.Context, horizon time.Time) ([]string, error) {
 	rows, err := q.db.Query(ctx, tenantsToRoll, horizon)
 	if err != nil {
@@ -457,7 +674,7 @@ type WindowSumsRow struct {
 
 // What the windows of an allocation already hold per hour, adjustments
 // included, and the highest adjustment number per hour.
-func (q *Queries) WindowSums(ctx context.Context, allocationID string) ([]WindowSumsRow, error) {
+func (q *Queries) WindowSums(ctx context.Context, allocationID pgtype.Text) ([]WindowSumsRow, error) {
 	rows, err := q.db.Query(ctx, windowSums, allocationID)
 	if err != nil {
 		return nil, err

@@ -33,6 +33,7 @@ import (
 	"computeplane/internal/agentproto"
 	"computeplane/internal/config"
 	"computeplane/internal/ids"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/pki"
 	"computeplane/internal/store"
@@ -66,17 +67,14 @@ type Options struct {
 	Now         func() time.Time
 	// TrustVersion is the lowest trust bundle version (pki.trustVersion).
 	TrustVersion int
-	// OnStatus applies a daemon's report to what runs there (instances,
-	// volumes: nodework.Registry.ApplyStatus), in the status's
-	// transaction; it reports whether it wrote events.
-	OnStatus func(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error)
+	// Work applies a daemon's statuses (instances, volumes, usage) and
+	// command results, each in the transaction that writes it; nil is a
+	// registry without handlers.
+	Work *nodework.Registry
 	// OnResolve resolves the secret references of the user data of an
 	// instance on node (nil: the gateway resolves none). Its errors reach
 	// the daemon as text.
 	OnResolve func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error)
-	// OnResult follows a command's result once it is written (snapshots
-	// taken, say); nil: nothing does.
-	OnResult func(ctx context.Context, node string, r *agentproto.Result) error
 }
 
 // Gateway is one running gateway role.
@@ -112,6 +110,9 @@ type Gateway struct {
 func New(o Options) (*Gateway, error) {
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Work == nil {
+		o.Work = &nodework.Registry{}
 	}
 	c := o.Config
 	if c == nil {

@@ -26,7 +26,6 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/nodes"
-	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/pki"
@@ -396,7 +395,7 @@ func (s *session) status(st *agentproto.Status) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, WriteTimeout)
 	defer cancel()
-	// One unit of work: OnStatus names what its changes wake.
+	// One unit of work: the registry names what its changes wake.
 	events := false
 	u, err := uow.Run(ctx, s.g.o.Store, false, func(ctx context.Context, u *uow.Unit) error {
 		tx := u.Tx
@@ -408,10 +407,10 @@ func (s *session) status(st *agentproto.Status) {
 			VolumeOutstandingBytes: pgtype.Int8{Int64: st.VolumeStore.OutstandingBytes, Valid: true},
 			Inventory:              inv, NodeID: s.nodeID, GatewayID: pgtype.Text{String: s.g.id, Valid: true}, SessionEpoch: s.epoch,
 		})
-		if err != nil || n == 0 || s.g.o.OnStatus == nil {
+		if err != nil || n == 0 {
 			return err // n == 0: the session is no longer this one
 		}
-		events, err = s.g.o.OnStatus(ctx, tx, s.nodeID, st)
+		events, err = s.g.o.Work.ApplyStatus(ctx, tx, s.nodeID, st)
 		return err
 	})
 	if err == nil {
@@ -428,24 +427,28 @@ func (s *session) status(st *agentproto.Status) {
 	}
 }
 
+// result writes a command's result and follows it, in one unit of work
+// (nodework.Registry.ApplyResult). When it fails, nothing is written: the
+// sweeper sends the command again and the daemon answers from its journal.
 func (s *session) result(r *agentproto.Result) {
-	state := "failed"
-	if r.OK {
-		state = "succeeded"
-	}
-	b, _ := json.Marshal(r)
 	ctx, cancel := context.WithTimeout(s.ctx, WriteTimeout)
 	defer cancel()
-	if _, err := s.g.q().FinishCommand(ctx, db.FinishCommandParams{State: state, Result: b, CommandID: r.ID, NodeID: s.nodeID}); err != nil {
+	var applied, events bool
+	u, err := uow.Run(ctx, s.g.o.Store, false, func(ctx context.Context, u *uow.Unit) (err error) {
+		applied, events, err = s.g.o.Work.ApplyResult(ctx, u.Tx, s.nodeID, r)
+		return err
+	})
+	if err != nil {
 		s.g.o.Log.Warn("gateway: writing a command result", "node", s.nodeID, "command", r.ID, "error", err.Error())
 		return
 	}
-	if s.g.o.OnResult != nil {
-		if err := s.g.o.OnResult(ctx, s.nodeID, r); err != nil {
-			s.g.o.Log.Warn("gateway: following a command result", "node", s.nodeID, "command", r.ID, "error", err.Error())
-		}
+	if !applied {
+		s.g.o.Log.Debug("gateway: a result for a command finished already or not the node's", "node", s.nodeID, "command", r.ID)
 	}
-	s.g.o.Notifier.Wake(nodework.ResultTopic(r.ID))
+	s.g.o.Notifier.WakeUnit(u)
+	if events {
+		s.g.o.Notifier.Wake(notify.TopicOutbox)
+	}
 }
 
 // ResolveTimeout bounds one resolution of secret references.

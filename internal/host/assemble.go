@@ -15,7 +15,6 @@ import (
 	"computeplane/gen/api"
 	"computeplane/gen/db"
 	gendocs "computeplane/gen/docs"
-	"computeplane/internal/agentproto"
 	"computeplane/internal/audit"
 	"computeplane/internal/builtin"
 	"computeplane/internal/config"
@@ -371,23 +370,21 @@ func (a *assembly) gatewayRole() (*gateway.Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Each group follows its own kinds of instances.
-	statuses := &nodework.Registry{}
-	instances.RegisterStatus(statuses)
-	sandboxes.RegisterStatus(statuses)
-	sandboxvolumes.RegisterStatus(statuses, a.placer)
+	// Each group follows its own kinds of instances and of commands.
+	work := &nodework.Registry{Now: a.now}
+	instances.RegisterStatus(work)
+	sandboxes.RegisterStatus(work)
+	sandboxvolumes.RegisterStatus(work, a.placer)
+	sandboxes.RegisterResults(work)
 	var roots config.PEM
 	if a.cfg.PKI.NodeCA != nil {
 		roots = a.cfg.PKI.NodeCA.Cert
 	}
 	return gateway.New(gateway.Options{Config: a.cfg.Gateway, NodeCARoots: roots, Bundle: a.bundle,
 		Store: gwStore, Notifier: a.notifier, Log: a.log.With("role", "gateway"), TrustVersion: a.cfg.PKI.TrustVersion,
-		OnStatus: statuses.ApplyStatus,
+		Work: work,
 		OnResolve: func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error) {
 			return instances.ResolveUserData(ctx, db.New(gwStore.Pool()), a.secrets, node, instanceID, refs)
-		},
-		OnResult: func(ctx context.Context, _ string, r *agentproto.Result) error {
-			return sandboxes.ApplyResult(ctx, db.New(gwStore.Pool()), r)
 		}})
 }
 

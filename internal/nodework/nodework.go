@@ -2,8 +2,9 @@
 // and what comes back: the desired spec (node_specs, rebuilt whole by
 // PushSpec), the command queue (node_commands, EnqueueCommand) and a
 // Registry of status handlers, one per kind of instance, that each group
-// fills with its own transitions. The gateway role only carries them: it
-// sends what is pending and hands each status to the Registry.
+// fills with its own transitions, and of result handlers, one per kind of
+// command. The gateway role only carries them: it sends what is pending
+// and hands each status and each command result to the Registry.
 //
 // Each write is in the caller's transaction and names the topic to wake
 // after commit (notify.Notifier.Wake), so the owning gateway sends at once.
@@ -30,9 +31,8 @@ func GatewayTopic(gatewayID string) string { return "gateway/" + gatewayID }
 // TopicAll wakes every gateway (a node out of session has none).
 const TopicAll = "gateway/*"
 
-// ResultTopic is woken once command id's result is written (and
-// followed by the gateway's OnResult): the calls waiting for it re-read
-// at once.
+// ResultTopic is woken once command id's result is written and followed
+// (Registry.ApplyResult): the calls waiting for it re-read at once.
 func ResultTopic(commandID string) string { return "command/" + commandID }
 
 // InstanceTopic is woken when a daemon's report moves instance id: its

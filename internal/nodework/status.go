@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -14,6 +15,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/notify"
+	"computeplane/internal/usage"
 )
 
 // StatusHandler follows one instance of its kind whose row a daemon's
@@ -31,9 +33,14 @@ type VolumesHandler func(ctx context.Context, tx pgx.Tx, node string, reported [
 // ApplyStatus with each status that changed. A kind without a handler
 // only has its rows moved (a warm instance publishes nothing).
 type Registry struct {
+	// Now is the clock of the usage a status meters (the hour a VM's
+	// egress bytes count in); nil is time.Now.
+	Now func() time.Time
+
 	mu      sync.RWMutex
 	kinds   map[string]StatusHandler
 	volumes []VolumesHandler
+	results map[string]ResultHandler
 }
 
 // Register sets the handler of one kind of instance (instances.kind);
@@ -61,15 +68,18 @@ func (g *Registry) RegisterVolumes(h VolumesHandler) {
 // in tx: the rows first (state, error, identity, timings; an instance the
 // daemon no longer reports is gone), then each moved row's kind handler,
 // in the order of the report so events come out in a stable order, then
-// the volume handlers. It reports whether a handler wrote events.
+// the volume handlers; the VMs' egress counters are metered
+// (usage.MeterEgress). It reports whether a handler wrote events.
 func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error) {
 	q := db.New(tx)
 	nodeID := pgtype.Text{String: node, Valid: true}
 	ids := make([]string, 0, len(st.Instances))
 	p := db.ReportInstancesParams{NodeID: nodeID}
 	known := map[string]agentproto.InstanceStatus{}
+	counts := make([]usage.EgressCount, 0, len(st.Instances))
 	for _, in := range st.Instances {
 		ids = append(ids, in.ID)
+		counts = append(counts, usage.EgressCount{InstanceID: in.ID, Tx: in.EgressTxBytes, Rx: in.EgressRxBytes})
 		switch in.State {
 		case agentproto.StateStarting, agentproto.StateRunning, agentproto.StateStopped, agentproto.StatePaused, agentproto.StateFailed:
 		default:
@@ -106,6 +116,13 @@ func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *
 		events = events || wrote
 	}
 	if _, err := q.GoneInstances(ctx, db.GoneInstancesParams{NodeID: nodeID, Reported: ids}); err != nil {
+		return false, err
+	}
+	now := time.Now
+	if g.Now != nil {
+		now = g.Now
+	}
+	if err := usage.MeterEgress(ctx, tx, node, counts, now()); err != nil {
 		return false, err
 	}
 	for _, h := range g.volumes {

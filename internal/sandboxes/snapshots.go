@@ -39,7 +39,8 @@ const SnapshotTTL = 5 * time.Minute
 
 // Snapshots implements api.SandboxSnapshotsService: snapshots are taken
 // and deleted on the sandbox's node by signed commands; the command's
-// result (ApplyResult) makes a snapshot ready or failed.
+// result (applySnapshotResult, registered in nodework) makes a snapshot
+// ready or failed.
 type Snapshots struct{ S *Service }
 
 var snapshotCreate = api.Lookup("/sandboxSnapshots/create")
@@ -231,10 +232,15 @@ func deleteSnapshot(ctx context.Context, tx pgx.Tx, r db.SandboxSnapshot) (db.Sa
 		Data: api.SandboxSnapshotDeletedPayload{SnapshotID: r.SnapshotID}})
 }
 
-// ApplyResult follows a node's command result: a snapshot command makes
-// its snapshot ready (with its size) or failed. Other results change
-// nothing here.
-func ApplyResult(ctx context.Context, q *db.Queries, r *agentproto.Result) error {
+// RegisterResults makes reg follow the results of snapshot commands.
+func RegisterResults(reg *nodework.Registry) {
+	reg.RegisterResult(agentproto.CommandSnapshot, applySnapshotResult)
+}
+
+// applySnapshotResult makes a snapshot command's snapshot ready (with its
+// size) or failed, in the result's transaction.
+func applySnapshotResult(ctx context.Context, tx pgx.Tx, _ string, r *agentproto.Result) (bool, error) {
+	q := db.New(tx)
 	p := db.FinishSnapshotParams{CommandID: r.ID, State: SnapshotFailed, Error: pgtype.Text{String: r.Error, Valid: !r.OK}}
 	if r.OK {
 		var out agentproto.SnapshotOutput
@@ -248,7 +254,7 @@ func ApplyResult(ctx context.Context, q *db.Queries, r *agentproto.Result) error
 	}
 	_, err := q.FinishSnapshot(ctx, p)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil // not a snapshot's command, or already followed
+		return false, nil // a command of no snapshot (deleted meanwhile)
 	}
-	return err
+	return false, err
 }

@@ -8,7 +8,10 @@
 // capacity.usageEvery) gives closed windows to billing through the
 // identity port's billing bridge, key cmp:<allocationId>:<windowStartMs>,
 // and records the outcome. A window is never changed after it is written:
-// a later correction is an adjustment window of its own.
+// a later correction is an adjustment window of its own. A counted meter
+// (vps.egress.bytes) has no allocation: MeterEgress adds what the
+// daemons counted to a row per instance and hour, windowed the same way
+// (counted.go).
 //
 // Units: a quantity per hour is an integer of micro-units (1e-6 of the
 // meter's unit); a window's quantity is an integer of micro-unit-

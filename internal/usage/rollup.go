@@ -6,24 +6,27 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
 )
 
-// Key is a window's billing idempotency key: cmp:<allocationId>:<windowStartMs>,
-// with :adj<n> for the nth adjustment of that hour.
-func Key(allocationID string, windowStart time.Time, adjustment int32) string {
-	k := fmt.Sprintf("cmp:%s:%d", allocationID, windowStart.UnixMilli())
+// Key is a window's billing idempotency key: cmp:<allocationId>:<windowStartMs>
+// (cmp:<countedId>:<windowStartMs> for a counted row), with :adj<n> for the
+// nth adjustment of that hour.
+func Key(sourceID string, windowStart time.Time, adjustment int32) string {
+	k := fmt.Sprintf("cmp:%s:%d", sourceID, windowStart.UnixMilli())
 	if adjustment > 0 {
 		k += fmt.Sprintf(":adj%d", adjustment)
 	}
 	return k
 }
 
-// Rollup writes the windows of tenant's allocations for every hour closed
-// by now, in tx: for each hour an allocation covered, what it measured
-// (the quantity per hour times the milliseconds covered). An hour whose
+// Rollup writes the windows of tenant's allocations and counted rows for
+// every hour closed by now, in tx: for each hour an allocation covered,
+// what it measured (the quantity per hour times the milliseconds covered);
+// for a counted row, what it counted (see rollCounted). An hour whose
 // windows already hold less than that (a backfill, an allocation found
 // longer) gains an adjustment window with the difference; windows already
 // written are never changed, so running it again over the same hours
@@ -43,7 +46,8 @@ func Rollup(ctx context.Context, tx pgx.Tx, tenant string, now time.Time) (int, 
 		}
 		written += n
 	}
-	return written, nil
+	n, err := rollCounted(ctx, q, tenant, horizon)
+	return written + n, err
 }
 
 func rollAllocation(ctx context.Context, q *db.Queries, a db.Allocation, horizon time.Time) (int, error) {
@@ -58,7 +62,7 @@ func rollAllocation(ctx context.Context, q *db.Queries, a db.Allocation, horizon
 	}
 	sums := map[int64]db.WindowSumsRow{}
 	if a.Dirty || from.Before(horizon) {
-		rows, err := q.WindowSums(ctx, a.AllocationID)
+		rows, err := q.WindowSums(ctx, pgtype.Text{String: a.AllocationID, Valid: true})
 		if err != nil {
 			return 0, err
 		}
@@ -84,7 +88,7 @@ func rollAllocation(ctx context.Context, q *db.Queries, a db.Allocation, horizon
 			adj = have.LastAdjustment + 1
 		}
 		if err := q.InsertWindow(ctx, db.InsertWindowParams{
-			Key: Key(a.AllocationID, h, adj), AllocationID: a.AllocationID, TenantID: a.TenantID, ProjectID: a.ProjectID,
+			Key: Key(a.AllocationID, h, adj), AllocationID: pgtype.Text{String: a.AllocationID, Valid: true}, TenantID: a.TenantID, ProjectID: a.ProjectID,
 			Meter: a.Meter, WindowStart: h, WindowEnd: h.Add(time.Hour), QuantityMicroMs: want - have.QuantityMicroMs,
 			Tags: a.Tags, Adjustment: adj,
 		}); err != nil {
@@ -137,7 +141,7 @@ func Handover(ctx context.Context, tx pgx.Tx, billing iam.Billing, now time.Time
 		tags := map[string]string{}
 		_ = jsonUnmarshal(w.Tags, &tags)
 		outcome, err := billing.Record(ctx, iam.UsageWindow{
-			Key: w.Key, TenantID: w.TenantID, Meter: w.Meter, Quantity: Quantity(w.QuantityMicroMs),
+			Key: w.Key, TenantID: w.TenantID, Meter: w.Meter, Quantity: windowQuantity(w),
 			Start: w.WindowStart, End: w.WindowEnd, Tags: tags,
 		})
 		if err != nil {

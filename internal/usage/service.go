@@ -40,7 +40,7 @@ func output(w db.UsageWindow) api.UsageWindow {
 	tags := map[string]string{}
 	_ = json.Unmarshal(w.Tags, &tags)
 	out := api.UsageWindow{
-		IdempotencyKey: w.Key, Meter: w.Meter, Quantity: Quantity(w.QuantityMicroMs),
+		IdempotencyKey: w.Key, Meter: w.Meter, Quantity: windowQuantity(w),
 		WindowStart: wire.Time(w.WindowStart), WindowEnd: wire.Time(w.WindowEnd), Tags: tags,
 	}
 	if w.RecordedAt != nil {
@@ -51,6 +51,15 @@ func output(w db.UsageWindow) api.UsageWindow {
 		out.Outcome = &w.Outcome.String
 	}
 	return out
+}
+
+// windowQuantity is a window's quantity in its meter's unit: counted
+// (bytes) or micro-unit-milliseconds of an allocation.
+func windowQuantity(w db.UsageWindow) float64 {
+	if w.QuantityUnits.Valid {
+		return float64(w.QuantityUnits.Int64)
+	}
+	return Quantity(w.QuantityMicroMs)
 }
 
 // span checks a range: to after from (else INVALID_INPUT) and, for an
@@ -160,7 +169,8 @@ func (s Service) Export(ctx context.Context, in *api.UsageExportInput) (*api.Usa
 	}
 	var b strings.Builder
 	enc := newEncoder(&b, in.Format)
-	totals := map[string]int64{}
+	totals := map[string]int64{} // micro-unit-milliseconds
+	units := map[string]int64{}  // counted meters' units
 	counts := map[string]int64{}
 	n, truncated := 0, false
 	for {
@@ -177,6 +187,7 @@ func (s Service) Export(ctx context.Context, in *api.UsageExportInput) (*api.Usa
 				return nil, err
 			}
 			totals[r.Meter] += r.QuantityMicroMs
+			units[r.Meter] += r.QuantityUnits.Int64
 			counts[r.Meter]++
 			n++
 		}
@@ -191,7 +202,7 @@ func (s Service) Export(ctx context.Context, in *api.UsageExportInput) (*api.Usa
 	}
 	meters := map[string]api.MeterTotal{}
 	for m, c := range counts {
-		meters[m] = api.MeterTotal{Windows: c, Quantity: Quantity(totals[m])}
+		meters[m] = api.MeterTotal{Windows: c, Quantity: Quantity(totals[m]) + float64(units[m])}
 	}
 	return &api.UsageExport{Format: in.Format, Content: b.String(), Windows: int64(n), Meters: meters, Truncated: truncated}, nil
 }

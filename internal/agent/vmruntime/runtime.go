@@ -61,7 +61,9 @@ const (
 
 // Recording records specs on disk (dir/spec.json and a line per applied
 // generation in dir/applied.log) and reports every instance in its
-// desired state. It runs nothing.
+// desired state. It runs nothing: the egress counters it reports are
+// what dir/egress.json holds when it observes ({"<id>": {"tx": n, "rx": n}},
+// written by a test to play a node's counters; none without the file).
 type Recording struct {
 	Dir string
 
@@ -131,8 +133,19 @@ func (r *Recording) Observe(context.Context) []agentproto.InstanceStatus {
 			r.instances = desired(rec.Body)
 		}
 	}
-	return append([]agentproto.InstanceStatus(nil), r.instances...)
+	out := append([]agentproto.InstanceStatus(nil), r.instances...)
+	var counters map[string]struct{ Tx, Rx uint64 }
+	if b, err := os.ReadFile(filepath.Join(r.Dir, RecordingCounters)); err == nil && json.Unmarshal(b, &counters) == nil {
+		for i := range out {
+			c := counters[out[i].ID]
+			out[i].EgressTxBytes, out[i].EgressRxBytes = c.Tx, c.Rx
+		}
+	}
+	return out
 }
+
+// RecordingCounters is the file of the recording runtime's egress counters.
+const RecordingCounters = "egress.json"
 
 // Changes is nil: nothing changes on its own.
 func (r *Recording) Changes() <-chan struct{} { return nil }
