@@ -113,7 +113,7 @@ type fakeVM struct {
 	hostname  string
 	machineID string
 	networks  []*guestproto.Network // the identity requests' networks, in order
-	userData  string // as RunUserData got it
+	userData  string                // as RunUserData got it
 
 	readyGate chan struct{} // Ready waits for it
 	saveGate  chan struct{} // SaveState waits for it
