@@ -21,6 +21,7 @@ import (
 	"syscall"
 
 	"computeplane/internal/agent"
+	"computeplane/internal/agent/network"
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/qemu"
@@ -34,6 +35,8 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force]")
 	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime qemu|recording] [--accel auto|kvm|tcg] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
+	fmt.Fprintln(w, "             [--network none|nftables [--net-uplink IF] [--net-egress-pool CIDR] [--net-private-pool CIDR] [--net-allow-private CIDRS]")
+	fmt.Fprintln(w, "              [--net-deny CIDRS] [--net-resolvers ADDRS] [--net-bandwidth-mbps N] [--net-mtu N]]")
 	fmt.Fprintln(w, "       compute-agent version")
 }
 
@@ -108,6 +111,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	fs.IntVar(&d.VCPU, "vcpu", 0, "declare this many vCPUs instead of the host's")
 	fs.Int64Var(&d.MemoryMiB, "memory-mib", 0, "declare this much memory instead of the host's")
 	fs.Int64Var(&d.DiskGiB, "disk-gib", 0, "declare this much disk instead of the volume store's")
+	var nf netFlags
+	nf.register(fs)
 	if fs.Parse(args) != nil {
 		return 2
 	}
@@ -116,7 +121,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		fmt.Fprintf(stderr, "compute-agent run: unknown runtime %q (built in: %s)\n", *rt, strings.Join(slices.Sorted(maps.Keys(runtimes)), ", "))
 		return 2
 	}
-	r, code, err := newRuntime(ctx, runtimeFlags{dir: *dir, accel: *accel, volumes: *volumes, memory: *memory}, log)
+	netCfg, code, err := netConfig(fs, &nf, agent.Dir(*dir), log)
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return code
+	}
+	r, code, err := newRuntime(ctx, runtimeFlags{dir: *dir, accel: *accel, volumes: *volumes, memory: *memory, net: netCfg}, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return code
@@ -144,11 +154,35 @@ var runtimes = map[string]func(context.Context, runtimeFlags, *slog.Logger) (vmr
 // runtimeFlags are the run flags a runtime reads.
 type runtimeFlags struct {
 	dir, accel, volumes, memory string
+	// net is the node's VM networking; nil is none (--network none).
+	net *network.Config
+}
+
+// netConfig checks the network flags; the int is the exit code of a
+// refusal.
+func netConfig(fs *flag.FlagSet, nf *netFlags, dir agent.Dir, log *slog.Logger) (*network.Config, int, error) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	st := &agent.State{}
+	if nf.mode != "none" {
+		var err error
+		if st, err = dir.LoadState(); err != nil { // the agent's id comes from the node's
+			return nil, 1, err
+		}
+	}
+	cfg, err := nf.config(set, st, log)
+	if err != nil {
+		return nil, 2, err
+	}
+	return cfg, 0, nil
 }
 
 // newRecording is the recording runtime: protocol tests and scale
 // benchmarks only, it boots nothing.
 func newRecording(_ context.Context, f runtimeFlags, _ *slog.Logger) (vmruntime.Runtime, int, error) {
+	if f.net != nil {
+		return nil, 2, errors.New("--network nftables: the recording runtime runs no VMs to network")
+	}
 	return &vmruntime.Recording{Dir: f.dir + "/runtime"}, 0, nil
 }
 
@@ -178,6 +212,19 @@ func newQEMU(ctx context.Context, f runtimeFlags, log *slog.Logger) (vmruntime.R
 	q.VolumeDir = f.volumes
 	if q.VolumeDir == "" {
 		q.VolumeDir = f.dir + "/volumes" // as the agent's default
+	}
+	if f.net != nil {
+		// Before any spec: what an earlier agent left is removed, the VMs
+		// it adopted keep their taps and are wired again.
+		m, err := network.New(*f.net)
+		if err == nil {
+			err = q.UseNetwork(m, f.net.MTU)
+		}
+		if err != nil {
+			_ = q.Close()
+			return nil, 1, fmt.Errorf("--network nftables: %w", err)
+		}
+		log.Info("VM networks wired", "uplink", f.net.Uplink, "egressPool", f.net.EgressPool, "privatePool", f.net.PrivatePool, "deny", f.net.Deny)
 	}
 	return q, 0, nil
 }

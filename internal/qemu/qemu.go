@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -75,6 +76,17 @@ type Config struct {
 	Nice int `json:"nice,omitempty"`
 	// Incoming restores a saved state (a migration stream file).
 	Incoming string `json:"incoming,omitempty"`
+	// Net is the VM's one network card; nil is none (-nodefaults leaves
+	// no other).
+	Net *NetDevice `json:"net,omitempty"`
+}
+
+// NetDevice is a virtio-net card on a tap the host made beforehand
+// (compute-agent's network manager): qemu opens it by name and runs no
+// script on it.
+type NetDevice struct {
+	Tap string `json:"tap"`
+	MAC string `json:"mac"`
 }
 
 // Paths of a VM's files.
@@ -111,6 +123,14 @@ func (c *Config) Check() error {
 		return fmt.Errorf("qemu: machine %q", c.Machine)
 	case c.Kernel == "" && len(c.Disks) == 0:
 		return errors.New("qemu: a kernel or a boot disk")
+	}
+	if n := c.Net; n != nil {
+		if hw, err := net.ParseMAC(n.MAC); err != nil || len(hw) != 6 {
+			return fmt.Errorf("qemu: mac %q", n.MAC)
+		}
+		if n.Tap == "" || len(n.Tap) > 15 || strings.ContainsAny(n.Tap, ",= /\t\n") {
+			return fmt.Errorf("qemu: tap %q", n.Tap)
+		}
 	}
 	for _, d := range c.Disks {
 		switch {
@@ -199,6 +219,10 @@ func (c *Config) Args() []string {
 			drive += ",readonly=on"
 		}
 		a = append(a, "-drive", drive, "-device", fmt.Sprintf("virtio-blk-%s,drive=d%d,serial=%s", bus, i, d.Serial))
+	}
+	if n := c.Net; n != nil {
+		a = append(a, "-netdev", "tap,id=n0,ifname="+n.Tap+",script=no,downscript=no",
+			"-device", "virtio-net-"+bus+",netdev=n0,mac="+n.MAC)
 	}
 	if c.Incoming != "" {
 		// The state goes in by QMP once the capabilities are set (Start).

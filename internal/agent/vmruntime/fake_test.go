@@ -112,7 +112,8 @@ type fakeVM struct {
 	requests  []string
 	hostname  string
 	machineID string
-	userData  string // as RunUserData got it
+	networks  []*guestproto.Network // the identity requests' networks, in order
+	userData  string                // as RunUserData got it
 
 	readyGate chan struct{} // Ready waits for it
 	saveGate  chan struct{} // SaveState waits for it
@@ -153,6 +154,13 @@ func (v *fakeVM) Hostname() string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.hostname
+}
+
+// Networks are the networks the identity requests carried, in order.
+func (v *fakeVM) Networks() []*guestproto.Network {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.networks)
 }
 
 // UserData is what the guest was given as user data.
@@ -270,6 +278,7 @@ func (v *fakeVM) Call(_ context.Context, r guestproto.Request) (guestproto.Respo
 	v.requests = append(v.requests, r.Op)
 	if r.Op == guestproto.OpIdentity {
 		v.hostname, v.machineID = r.Identity.Hostname, r.Identity.MachineID
+		v.networks = append(v.networks, r.Identity.Network)
 	}
 	return guestproto.Response{OK: true, Status: &guestproto.Status{Hostname: v.hostname, MachineID: v.machineID, RootOK: !v.rootBad}}, nil
 }

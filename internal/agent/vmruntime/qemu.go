@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"computeplane/internal/agent/network"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/guestproto"
 	"computeplane/internal/qemu"
@@ -47,6 +48,12 @@ type QEMU struct {
 	resolve ResolveFunc
 	// launch starts and re-attaches VMs: qemu's, a fake in unit tests.
 	launch Launcher
+	// net wires VMs' networks (UseNetwork); nil runs VMs without one.
+	// netMTU is the node's MTU for VMs that name none; netHook replaces
+	// netOf in tests.
+	net     Network
+	netMTU  int
+	netHook func(agentproto.InstanceSpec) *network.VM
 
 	mu   sync.Mutex
 	vms  map[string]*vmState
@@ -74,6 +81,10 @@ type vmState struct {
 	// with; timings are the last start's.
 	identity int64
 	timings  *agentproto.HostTimings
+	// wired is the network the node applied for the VM (Network.Add),
+	// port its card; nil while none is.
+	wired *network.VM
+	port  network.Port
 }
 
 // NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
@@ -289,6 +300,9 @@ func (r *QEMU) remove(id string, st *vmState) {
 			r.releasing[v.Serial] = gone
 		}
 	}
+	// A boot of the same id waits too: its network is added after this
+	// one's is removed.
+	r.releasing[endingKey(id)] = gone
 	vm, quiesce := st.vm, len(st.spec.Volumes) > 0 && st.state == StateRunning
 	r.removals.Add(1)
 	go func() {
@@ -308,6 +322,7 @@ func (r *QEMU) remove(id string, st *vmState) {
 		_ = os.RemoveAll(r.vmDir(id))
 		_ = os.Remove(r.memoryFile(id))
 		r.mu.Lock()
+		r.unwire(id, st)
 		for serial, ch := range r.releasing {
 			if ch == gone {
 				delete(r.releasing, serial)
@@ -318,10 +333,18 @@ func (r *QEMU) remove(id string, st *vmState) {
 	}()
 }
 
-// released returns what a boot with these volumes waits for: the removals
-// of the VMs that still hold one of them (r.mu held).
-func (r *QEMU) released(volumes []agentproto.SpecVolume) []chan struct{} {
+// endingKey is an instance's own key in releasing (serials hold no
+// spaces).
+func endingKey(id string) string { return "vm " + id }
+
+// released returns what a boot of instance id with these volumes waits
+// for: the removal of an earlier instance of that id, and of the VMs that
+// still hold one of the volumes (r.mu held).
+func (r *QEMU) released(id string, volumes []agentproto.SpecVolume) []chan struct{} {
 	var out []chan struct{}
+	if ch := r.releasing[endingKey(id)]; ch != nil {
+		out = append(out, ch)
+	}
 	for _, v := range volumes {
 		if ch := r.releasing[v.Serial]; ch != nil {
 			out = append(out, ch)
@@ -361,6 +384,16 @@ func (r *QEMU) converge(ctx context.Context, id string, vs agentproto.InstanceSp
 		return err
 	}
 	alive := st.vm != nil && st.vm.Alive()
+	// A live VM's network follows the spec: a policy change at once, a
+	// claim's new address with its identity (restart).
+	claim := alive && st.cancel == nil && vs.State == StateRunning && vs.IdentityGeneration() > st.identity
+	newNet := false
+	if alive && st.cancel == nil && vs.State != StateStopped {
+		var err error
+		if newNet, err = r.rewire(id, st, claim); err != nil {
+			return err
+		}
+	}
 	switch vs.State {
 	case StateRunning:
 		switch {
@@ -369,10 +402,10 @@ func (r *QEMU) converge(ctx context.Context, id string, vs agentproto.InstanceSp
 		case alive && st.cancel == nil && vs.IdentityGeneration() > st.identity:
 			// A warm instance claimed: resumed, given its new identity and
 			// checked before it is called running.
-			r.restart(id, st, true)
+			r.restart(id, st, true, newNet)
 		case alive && st.state == StatePaused && st.cancel == nil:
 			// Every resume is checked before it is called running.
-			r.restart(id, st, false)
+			r.restart(id, st, false, false)
 		case alive && st.cancel == nil && vs.Reboots > st.reboots:
 			// (While the guest is awaited, the reboot waits for it: the
 			// wait re-converges when it ends.)
@@ -407,6 +440,7 @@ func (r *QEMU) converge(ctx context.Context, id string, vs agentproto.InstanceSp
 			}
 			st.vm = nil
 		}
+		r.unwire(id, st)
 		st.state, st.err = StateStopped, ""
 	}
 	return nil
@@ -469,7 +503,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 	st.forceGone, st.qmpFailures = false, 0
 	st.boots++
 	boot := st.boots
-	holders := r.released(vs.Volumes)
+	holders := r.released(id, vs.Volumes)
 	go func() {
 		defer cancel()
 		for _, gone := range holders {
@@ -478,9 +512,30 @@ func (r *QEMU) boot(id string, st *vmState) {
 			case <-ctx.Done():
 			}
 		}
+		// The network first: qemu opens the VM's tap by name.
+		r.mu.Lock()
+		if r.vms[id] != st || st.boots != boot {
+			r.mu.Unlock()
+			return // removed or stopped meanwhile
+		}
+		err := r.wire(id, st)
+		wired, port := st.wired, st.port
+		r.mu.Unlock()
+		var guestNetwork *guestproto.Network
+		if wired != nil {
+			c.Net = &qemu.NetDevice{Tap: port.Tap, MAC: port.MAC}
+			if c.Kernel != "" {
+				// compute-guest addresses its card before its agent answers.
+				c.Cmdline += " " + netCmdline(wired)
+			}
+			if c.Kernel == "" || how == "restore" {
+				// Booted by firmware, or restored (with an address of its
+				// own): the identity request carries the network.
+				guestNetwork = guestNet(wired)
+			}
+		}
 		var vm VM
-		var err error
-		if restoreDisk != "" {
+		if err == nil && restoreDisk != "" {
 			if err = copySparse(ctx, restoreDisk, filepath.Join(c.Dir, "disk0.raw")); err != nil {
 				err = fmt.Errorf("restore: %w", err)
 			}
@@ -495,9 +550,9 @@ func (r *QEMU) boot(id string, st *vmState) {
 		case err == nil && how == "restore":
 			// The guest runs on from where it was snapshotted: it gets its
 			// own identity and is checked, it does not boot.
-			err = r.check(ctx, vm, vs, true, t)
+			err = r.check(ctx, vm, vs, true, guestNetwork, t)
 		case err == nil:
-			err = r.greet(ctx, vm, vs, true, t)
+			err = r.greet(ctx, vm, vs, true, guestNetwork, t)
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -513,6 +568,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 			if vm != nil {
 				_ = vm.Kill()
 			}
+			r.unwire(id, st)
 		} else {
 			st.vm, st.state, st.timings = vm, StateRunning, t.done()
 			r.tookIdentity(id, st, vs)
@@ -568,9 +624,13 @@ func (r *QEMU) tookIdentity(id string, st *vmState, vs agentproto.InstanceSpec) 
 // the guest the spec's (new) identity; either way the guest is checked (its
 // agent answers, its root filesystem takes a write) before the instance is
 // called running again (r.mu held).
-func (r *QEMU) restart(id string, st *vmState, identity bool) {
+func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
 	vm, vs := st.vm, st.spec
+	var gn *guestproto.Network
+	if newNet {
+		gn = guestNet(st.wired) // the claim's new address
+	}
 	st.cancel, st.state, st.err = cancel, "starting", ""
 	go func() {
 		defer cancel()
@@ -582,7 +642,7 @@ func (r *QEMU) restart(id string, st *vmState, identity bool) {
 		}
 		err := vm.Resume()
 		if err == nil {
-			err = r.check(ctx, vm, vs, identity, t)
+			err = r.check(ctx, vm, vs, identity, gn, t)
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -594,6 +654,7 @@ func (r *QEMU) restart(id string, st *vmState, identity bool) {
 			st.state, st.err = "failed", "resume: "+err.Error()
 			_ = vm.Kill()
 			st.vm = nil
+			r.unwire(id, st)
 		} else {
 			st.state, st.timings = StateRunning, t.done()
 			if identity {
@@ -611,7 +672,7 @@ func (r *QEMU) restart(id string, st *vmState, identity bool) {
 // check gives a running guest its identity (when asked) and checks it:
 // the agent answers, the root filesystem takes a write and reads it back,
 // hostname and machine id are the spec's.
-func (r *QEMU) check(ctx context.Context, vm VM, vs agentproto.InstanceSpec, identity bool, t *timer) error {
+func (r *QEMU) check(ctx context.Context, vm VM, vs agentproto.InstanceSpec, identity bool, net *guestproto.Network, t *timer) error {
 	g, err := vm.Guest()
 	if err != nil {
 		return err
@@ -620,9 +681,12 @@ func (r *QEMU) check(ctx context.Context, vm VM, vs agentproto.InstanceSpec, ide
 	// ping does (the first request to a resumed guest is the slow one
 	// under emulation).
 	req := guestproto.Request{Op: guestproto.OpPing}
-	if identity && vs.Identity != nil {
+	switch {
+	case identity && vs.Identity != nil:
 		req = guestproto.Request{Op: guestproto.OpIdentity, Identity: &guestproto.Identity{
-			Hostname: vs.Identity.Hostname, MachineID: vs.Identity.MachineID, Env: vs.Identity.Env}}
+			Hostname: vs.Identity.Hostname, MachineID: vs.Identity.MachineID, Env: vs.Identity.Env, Network: net}}
+	case identity && net != nil:
+		req = guestproto.Request{Op: guestproto.OpIdentity, Identity: &guestproto.Identity{Hostname: vs.Hostname, Network: net}}
 	}
 	resp, err := g.Call(ctx, req)
 	if err != nil {
@@ -646,9 +710,13 @@ func (r *QEMU) awaitGuest(id string, st *vmState, first bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
 	st.cancel = cancel
 	vm, vs := st.vm, st.spec
+	var gn *guestproto.Network
+	if vm.Config().Kernel == "" {
+		gn = guestNet(st.wired) // booted by firmware: no kernel command line
+	}
 	go func() {
 		defer cancel()
-		err := r.greet(ctx, vm, vs, first, startTimings("boot"))
+		err := r.greet(ctx, vm, vs, first, gn, startTimings("boot"))
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if r.vms[id] != st || st.vm != vm {
@@ -659,6 +727,7 @@ func (r *QEMU) awaitGuest(id string, st *vmState, first bool) {
 			st.state, st.err = "failed", err.Error()
 			_ = vm.Kill()
 			st.vm = nil
+			r.unwire(id, st)
 		} else if st.state == "starting" {
 			st.state = StateRunning
 			if st.spec.State == StatePaused && vm.Pause() == nil {
@@ -670,7 +739,7 @@ func (r *QEMU) awaitGuest(id string, st *vmState, first bool) {
 	}()
 }
 
-func (r *QEMU) greet(ctx context.Context, vm VM, vs agentproto.InstanceSpec, first bool, t *timer) error {
+func (r *QEMU) greet(ctx context.Context, vm VM, vs agentproto.InstanceSpec, first bool, net *guestproto.Network, t *timer) error {
 	var g Guest
 	for {
 		var err error
@@ -694,6 +763,7 @@ func (r *QEMU) greet(ctx context.Context, vm VM, vs agentproto.InstanceSpec, fir
 	if vs.Identity != nil {
 		ident = &guestproto.Identity{Hostname: vs.Identity.Hostname, MachineID: vs.Identity.MachineID, Env: vs.Identity.Env}
 	}
+	ident.Network = net
 	if _, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpIdentity, Identity: ident}); err != nil {
 		return err
 	}
@@ -715,7 +785,7 @@ func (r *QEMU) greet(ctx context.Context, vm VM, vs agentproto.InstanceSpec, fir
 		r.Log.Info("user data delivered", "exitCode", code)
 	}
 	if vs.Identity != nil {
-		return r.check(ctx, vm, vs, false, t)
+		return r.check(ctx, vm, vs, false, nil, t)
 	}
 	t.ready = time.Now()
 	return nil
@@ -738,6 +808,7 @@ func (r *QEMU) observeLocked() []agentproto.InstanceStatus {
 		if st.vm != nil && st.cancel == nil && (st.state == StateRunning || st.state == StatePaused) && (st.forceGone || !st.vm.Alive()) {
 			st.state, st.err, st.vm = "failed", "the VM's process ended without being asked (killed from outside or crashed)", nil
 			r.Log.Warn("a VM ended unexpectedly", "instance", id)
+			r.unwire(id, st)
 		}
 		out = append(out, agentproto.InstanceStatus{ID: id, State: st.state, Error: st.err, Identity: st.identity, Timings: st.timings})
 	}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	"computeplane/internal/agent"
+	"computeplane/internal/agent/network"
+)
+
+// netFlags are compute-agent run's network flags (docs/agent-install.md,
+// docs/networking.md): --network none keeps VMs without a network card.
+type netFlags struct {
+	mode                          string
+	uplink                        string
+	egressPool, privatePool       string
+	allowPrivate, deny, resolvers string
+	bandwidthMbps, mtu            int
+}
+
+func (f *netFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.mode, "network", "none", "VM networks: none (no network card) or nftables (taps on bridges, netlink and nftables; needs root)")
+	fs.StringVar(&f.uplink, "net-uplink", "", "the interface egress leaves by, with source NAT (default: the default route's)")
+	fs.StringVar(&f.egressPool, "net-egress-pool", "10.200.0.0/16", "the IPv4 prefix egress VMs' addresses come from")
+	fs.StringVar(&f.privatePool, "net-private-pool", "10.201.0.0/16", "the IPv4 prefix private-network VMs' addresses come from")
+	fs.StringVar(&f.allowPrivate, "net-allow-private", "", "private ranges (CIDRs, comma-separated) egress VMs may reach")
+	fs.StringVar(&f.deny, "net-deny", "", "further addresses (CIDRs, comma-separated) no VM reaches, on top of the API's and gateways'")
+	fs.StringVar(&f.resolvers, "net-resolvers", "", "DNS servers (addresses, comma-separated) VMs may reach on port 53 even inside the deny set")
+	fs.IntVar(&f.bandwidthMbps, "net-bandwidth-mbps", 0, "each VM's bandwidth cap each way, megabits per second (0: none)")
+	fs.IntVar(&f.mtu, "net-mtu", 0, "the MTU of VMs that name none (0: 1500)")
+}
+
+// config checks the network flags (set: the names given on the command
+// line) against the node's state and returns the manager's configuration,
+// nil for --network none. Every refusal names its flag.
+func (f *netFlags) config(set map[string]bool, st *agent.State, log *slog.Logger) (*network.Config, error) {
+	switch f.mode {
+	case "none":
+		for name := range set {
+			if strings.HasPrefix(name, "net-") {
+				return nil, fmt.Errorf("--%s needs --network nftables", name)
+			}
+		}
+		return nil, nil
+	case "nftables":
+	default:
+		return nil, fmt.Errorf("--network %q: use none or nftables", f.mode)
+	}
+	cfg := &network.Config{ID: network.AgentID(st.NodeID), BandwidthMbps: f.bandwidthMbps, MTU: f.mtu}
+	var err error
+	if cfg.EgressPool, err = pool("net-egress-pool", f.egressPool); err != nil {
+		return nil, err
+	}
+	if cfg.PrivatePool, err = pool("net-private-pool", f.privatePool); err != nil {
+		return nil, err
+	}
+	if cfg.EgressPool.Overlaps(cfg.PrivatePool) {
+		return nil, fmt.Errorf("--net-egress-pool %v and --net-private-pool %v overlap", cfg.EgressPool, cfg.PrivatePool)
+	}
+	if cfg.AllowPrivate, err = prefixes("net-allow-private", f.allowPrivate); err != nil {
+		return nil, err
+	}
+	for _, p := range cfg.AllowPrivate {
+		if !isPrivate(p) {
+			return nil, fmt.Errorf("--net-allow-private %v is not inside a private range (10/8, 172.16/12, 192.168/16, 100.64/10)", p)
+		}
+	}
+	if cfg.Deny, err = prefixes("net-deny", f.deny); err != nil {
+		return nil, err
+	}
+	for _, s := range list(f.resolvers) {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !a.Is4() {
+			return nil, fmt.Errorf("--net-resolvers %q is not an IPv4 address", s)
+		}
+		cfg.Resolvers = append(cfg.Resolvers, a)
+	}
+	if f.bandwidthMbps < 0 {
+		return nil, fmt.Errorf("--net-bandwidth-mbps %d is negative", f.bandwidthMbps)
+	}
+	if f.mtu != 0 && (f.mtu < 576 || f.mtu > 9000) {
+		return nil, fmt.Errorf("--net-mtu %d is outside 576..9000", f.mtu)
+	}
+	if cfg.Uplink, err = uplink(f.uplink); err != nil {
+		return nil, err
+	}
+	// The platform's services: no VM reaches the API or a gateway of the
+	// node's region (the node's own addresses are denied by the manager).
+	cfg.Deny = append(cfg.Deny, serviceAddrs(st, log)...)
+	if _, err := network.New(*cfg); err != nil {
+		return nil, fmt.Errorf("--network nftables: %w", err)
+	}
+	return cfg, nil
+}
+
+func list(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func pool(flag, s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(strings.TrimSpace(s))
+	if err != nil || !p.Addr().Is4() || p != p.Masked() || p.Bits() > 28 {
+		return netip.Prefix{}, fmt.Errorf("--%s %q is not an IPv4 prefix of /28 or larger (e.g. 10.200.0.0/16)", flag, s)
+	}
+	return p, nil
+}
+
+func prefixes(flag, s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range list(s) {
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			a, aerr := netip.ParseAddr(f)
+			if aerr != nil {
+				return nil, fmt.Errorf("--%s %q is not an IPv4 CIDR", flag, f)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if !p.Addr().Is4() {
+			return nil, fmt.Errorf("--%s %q: VMs have IPv4 only", flag, f)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+var privateRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("100.64.0.0/10")}
+
+func isPrivate(p netip.Prefix) bool {
+	for _, r := range privateRanges {
+		if r.Bits() <= p.Bits() && r.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// uplink is the named interface, which must exist, or the default
+// route's.
+func uplink(name string) (string, error) {
+	if name != "" {
+		if _, err := netlink.LinkByName(name); err != nil {
+			return "", fmt.Errorf("--net-uplink %q: %w", name, err)
+		}
+		return name, nil
+	}
+	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return "", fmt.Errorf("--net-uplink: %w", err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+			if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+				return l.Attrs().Name, nil
+			}
+		}
+	}
+	return "", errors.New("--net-uplink: this host has no default route; name the uplink interface")
+}
+
+// serviceAddrs are the IPv4 addresses of the control plane's API and of
+// the region's gateways as the node's state names them, each a /32. A name
+// that does not resolve now is logged and left out (the daemon cannot
+// reach it either).
+func serviceAddrs(st *agent.State, log *slog.Logger) []netip.Prefix {
+	urls := []string{st.APIURL, st.FallbackURL}
+	for _, g := range st.Gateways {
+		urls = append(urls, g.URL)
+	}
+	seen := map[netip.Addr]bool{}
+	var out []netip.Prefix
+	for _, u := range urls {
+		pu, err := url.Parse(u)
+		if err != nil || pu.Hostname() == "" {
+			continue
+		}
+		var addrs []netip.Addr
+		if a, err := netip.ParseAddr(pu.Hostname()); err == nil {
+			addrs = []netip.Addr{a}
+		} else if ips, err := net.LookupIP(pu.Hostname()); err == nil {
+			for _, ip := range ips {
+				if a, ok := netip.AddrFromSlice(ip); ok {
+					addrs = append(addrs, a.Unmap())
+				}
+			}
+		} else {
+			log.Warn("a service of the platform does not resolve: VMs are not denied its addresses", "url", u, "error", err.Error())
+		}
+		for _, a := range addrs {
+			if a.Is4() && !seen[a] {
+				seen[a] = true
+				out = append(out, netip.PrefixFrom(a, 32))
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,366 @@
+package vmruntime
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"computeplane/internal/agent/network"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/guestproto"
+	"computeplane/internal/qemu"
+)
+
+// fakeNet is the node's network manager as the runtime sees it: it
+// records the calls, in one log with the launcher's starts, so a test
+// sees that a network is added before its VM starts and removed after it
+// ended.
+type fakeNet struct {
+	l *fakeLauncher
+
+	mu       sync.Mutex
+	log      []string
+	nets     map[string]*network.VM // what the test hook returns, by instance id
+	addErr   error
+	keep     map[string]bool // what Cleanup's keep said, by VM id asked
+	counters map[string]network.Counters
+}
+
+func newFakeNet(l *fakeLauncher) *fakeNet {
+	n := &fakeNet{l: l, nets: map[string]*network.VM{}}
+	l.prepare = func(vm *fakeVM) { n.record("start " + vm.cfg.ID) }
+	return n
+}
+
+func (n *fakeNet) record(s string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.log = append(n.log, s)
+}
+
+// Log returns the calls and starts, in order.
+func (n *fakeNet) Log() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.log)
+}
+
+// hook is the runtime's netOf for tests.
+func (n *fakeNet) hook(spec agentproto.InstanceSpec) *network.VM {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if v := n.nets[spec.ID]; v != nil {
+		c := *v
+		return &c
+	}
+	return nil
+}
+
+func (n *fakeNet) set(id string, v *network.VM) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.nets[id] = v
+}
+
+func (n *fakeNet) Cleanup(keep func(string) bool) error {
+	n.record("cleanup")
+	kept := map[string]bool{}
+	for _, id := range []string{"run", "gone", "bad", "plain"} {
+		kept[id] = keep(id)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.keep = kept
+	return nil
+}
+
+func (n *fakeNet) Add(vm network.VM) (network.Port, error) {
+	if err := vm.Validate(); err != nil {
+		return network.Port{}, err
+	}
+	n.record("add " + vm.ID + " " + vm.Address.String())
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.addErr != nil {
+		return network.Port{}, n.addErr
+	}
+	return network.Port{Tap: "cptestt" + vm.ID, MAC: vm.MAC}, nil
+}
+
+func (n *fakeNet) SetPolicy(id string, p network.Policy) error {
+	n.record("policy " + id + " " + prefixes(p.Allow))
+	return nil
+}
+
+// Remove records whether the VM's process had ended (it must have).
+func (n *fakeNet) Remove(id string) error {
+	ended := "ended"
+	for _, vm := range n.l.vms(id) {
+		if vm.Alive() {
+			ended = "ALIVE"
+		}
+	}
+	n.record("remove " + id + " " + ended)
+	return nil
+}
+
+func (n *fakeNet) Counters() (map[string]network.Counters, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.counters, nil
+}
+
+func prefixes(ps []netip.Prefix) string {
+	var s []string
+	for _, p := range ps {
+		s = append(s, p.String())
+	}
+	return strings.Join(s, ",")
+}
+
+func egress(addr string) *network.VM {
+	return &network.VM{Mode: network.ModeEgress, Tenant: "t1", MAC: "52:54:00:00:00:02",
+		Address: netip.MustParsePrefix(addr + "/24"), Gateway: netip.MustParseAddr("10.200.1.1"),
+		DNS: []netip.Addr{netip.MustParseAddr("10.200.1.1")}}
+}
+
+// newNetRuntime is a runtime over fake VMs with a fake network wired.
+func newNetRuntime(t *testing.T) (*QEMU, *fakeLauncher, *fakeNet) {
+	t.Helper()
+	l := &fakeLauncher{}
+	n := newFakeNet(l)
+	r := newRuntime(t, l)
+	r.netHook = n.hook
+	require.NoError(t, r.UseNetwork(n, 1400))
+	return r, l, n
+}
+
+// waitLog waits for the network's log to be want.
+func waitLog(t *testing.T, n *fakeNet, want ...string) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) { assert.Equal(c, want, n.Log()) }, 5*time.Second, 5*time.Millisecond)
+}
+
+// cmdlineNet decodes compute.net= from a kernel command line.
+func cmdlineNet(t *testing.T, cmdline string) guestproto.Network {
+	t.Helper()
+	for _, f := range strings.Fields(cmdline) {
+		if v, ok := strings.CutPrefix(f, "compute.net="); ok {
+			b, err := base64.RawURLEncoding.DecodeString(v)
+			require.NoError(t, err)
+			var g guestproto.Network
+			require.NoError(t, json.Unmarshal(b, &g))
+			return g
+		}
+	}
+	t.Fatalf("no compute.net= in %q", cmdline)
+	return guestproto.Network{}
+}
+
+// A VM with a network: its network is added before qemu starts, its
+// card is on the tap the manager made, compute-guest finds its address on
+// the kernel command line, and the network is removed once the VM ended.
+func TestANetworkIsAddedBeforeTheVMStartsAndRemovedAfterItEnds(t *testing.T) {
+	r, l, n := newNetRuntime(t)
+	n.set("a", egress("10.200.1.2"))
+	apply(t, r, inst("a", StateRunning))
+	waitState(t, r, "a", StateRunning)
+	assert.Equal(t, []string{"cleanup", "add a 10.200.1.2/24", "start a"}, n.Log())
+
+	vm := l.vm(t, "a")
+	assert.Equal(t, &qemu.NetDevice{Tap: "cptestta", MAC: "52:54:00:00:00:02"}, vm.Config().Net)
+	g := cmdlineNet(t, vm.Config().Cmdline)
+	assert.Equal(t, guestproto.Network{MAC: "52:54:00:00:00:02", Address: "10.200.1.2/24", Gateway: "10.200.1.1", DNS: []string{"10.200.1.1"}, MTU: 1400}, g,
+		"the node's MTU where the VM names none")
+	require.NoError(t, g.Validate())
+	assert.Equal(t, []*guestproto.Network{nil}, vm.Networks(), "a kernel boot is addressed from its command line")
+
+	// The same spec again calls nothing; a reboot keeps the network.
+	apply(t, r, inst("a", StateRunning))
+	in := inst("a", StateRunning)
+	in.Reboots = 1
+	apply(t, r, in)
+	require.Eventually(t, func() bool { return slices.Contains(vm.Calls(), "reset") }, 5*time.Second, 5*time.Millisecond)
+	waitState(t, r, "a", StateRunning)
+	assert.Equal(t, []string{"cleanup", "add a 10.200.1.2/24", "start a"}, n.Log())
+
+	// Deleted: removed after the VM was killed.
+	apply(t, r)
+	waitLog(t, n, "cleanup", "add a 10.200.1.2/24", "start a", "remove a ended")
+}
+
+// A stop removes the network; a start adds it again for the new VM.
+func TestAStopRemovesTheNetworkAndAStartAddsItAgain(t *testing.T) {
+	r, l, n := newNetRuntime(t)
+	n.set("a", egress("10.200.1.2"))
+	apply(t, r, inst("a", StateRunning))
+	waitState(t, r, "a", StateRunning)
+	apply(t, r, inst("a", StateStopped))
+	assert.Equal(t, []string{"cleanup", "add a 10.200.1.2/24", "start a", "remove a ended"}, n.Log())
+	apply(t, r, inst("a", StateRunning))
+	waitState(t, r, "a", StateRunning)
+	assert.Equal(t, []string{"cleanup", "add a 10.200.1.2/24", "start a", "remove a ended", "add a 10.200.1.2/24", "start a"}, n.Log())
+	assert.Len(t, l.vms("a"), 2)
+}
+
+// Only a policy change is applied to a live VM, in place (no reboot); a
+// running VM's new address waits for its next boot.
+func TestAPolicyChangeIsAppliedInPlace(t *testing.T) {
+	r, l, n := newNetRuntime(t)
+	n.set("a", egress("10.200.1.2"))
+	apply(t, r, inst("a", StateRunning))
+	waitState(t, r, "a", StateRunning)
+
+	changed := egress("10.200.1.2")
+	changed.Policy.Allow = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	n.set("a", changed)
+	apply(t, r, inst("a", StateRunning))
+	apply(t, r, inst("a", StateRunning)) // the same again: nothing
+	assert.Equal(t, []string{"cleanup", "add a 10.200.1.2/24", "start a", "policy a 198.51.100.0/24"}, n.Log())
+
+	// Paused too.
+	paused := *changed
+	paused.Policy.Allow = nil
+	n.set("a", &paused)
+	apply(t, r, inst("a", StatePaused))
+	assert.Equal(t, "policy a ", n.Log()[4])
+
+	// A new address on a running VM: nothing now.
+	n.set("a", egress("10.200.1.3"))
+	apply(t, r, inst("a", StatePaused))
+	assert.Len(t, n.Log(), 5)
+	assert.Len(t, l.vms("a"), 1)
+	assert.Equal(t, []string{"pause"}, l.vm(t, "a").Calls(), "no reboot, no reset")
+}
+
+// A claim keeps a warm instance's network, or wires its new address and
+// tells the guest with its identity.
+func TestAClaimKeepsOrChangesTheNetwork(t *testing.T) {
+	r, l, n := newNetRuntime(t)
+	n.set("w", egress("10.200.1.2"))
+	apply(t, r, inst("w", StatePaused))
+	waitState(t, r, "w", StatePaused)
+
+	claim := inst("w", StateRunning)
+	claim.Identity = &agentproto.SpecIdentity{Generation: 2, Hostname: "claimed", MachineID: "m-2"}
+	apply(t, r, claim)
+	waitState(t, r, "w", StateRunning)
+	vm := l.vm(t, "w")
+	assert.Equal(t, []*guestproto.Network{nil, nil}, vm.Networks(), "the same network: the guest keeps it")
+	assert.Equal(t, []string{"cleanup", "add w 10.200.1.2/24", "start w"}, n.Log())
+
+	apply(t, r, inst("w", StatePaused))
+	waitState(t, r, "w", StatePaused)
+	n.set("w", egress("10.200.1.9"))
+	claim.Identity.Generation = 3
+	apply(t, r, claim)
+	waitState(t, r, "w", StateRunning)
+	assert.Equal(t, []string{"cleanup", "add w 10.200.1.2/24", "start w", "add w 10.200.1.9/24"}, n.Log())
+	nets := vm.Networks()
+	require.Len(t, nets, 3)
+	require.NotNil(t, nets[2])
+	assert.Equal(t, "10.200.1.9/24", nets[2].Address, "the claim's identity carries the new address")
+}
+
+// Mode none (or no network) adds no card and calls nothing.
+func TestModeNoneAddsNoCard(t *testing.T) {
+	r, l, n := newNetRuntime(t)
+	n.set("a", &network.VM{Mode: network.ModeNone})
+	apply(t, r, inst("a", StateRunning), inst("b", StateRunning))
+	waitState(t, r, "a", StateRunning)
+	waitState(t, r, "b", StateRunning)
+	for _, id := range []string{"a", "b"} {
+		c := l.vm(t, id).Config()
+		assert.Nil(t, c.Net)
+		assert.NotContains(t, c.Cmdline, "compute.net=")
+	}
+	apply(t, r)
+	time.Sleep(50 * time.Millisecond)
+	assert.ElementsMatch(t, []string{"cleanup", "start a", "start b"}, n.Log())
+}
+
+// A network that cannot be added fails the boot before qemu starts; a node
+// without a network refuses an instance that asks for one.
+func TestANetworkThatCannotBeAddedFailsTheBoot(t *testing.T) {
+	r, l, n := newNetRuntime(t)
+	n.addErr = errors.New("network: 10.9.0.2/24 is not inside the egress pool 10.200.0.0/16")
+	n.set("a", egress("10.200.1.2"))
+	apply(t, r, inst("a", StateRunning))
+	st := waitState(t, r, "a", "failed")
+	assert.Contains(t, st.Error, "not inside the egress pool")
+	assert.Empty(t, l.vms("a"), "no VM started")
+
+	l2 := &fakeLauncher{}
+	bare := newRuntime(t, l2)
+	bare.netHook = n.hook
+	apply(t, bare, inst("a", StateRunning))
+	st = waitState(t, bare, "a", "failed")
+	assert.Contains(t, st.Error, "asks for a egress network and this node runs without one (compute-agent run --network none)")
+	assert.Empty(t, l2.vms("a"))
+}
+
+// A VM that dies has its network removed.
+func TestAVMThatDiesHasItsNetworkRemoved(t *testing.T) {
+	r, l, n := newNetRuntime(t)
+	n.set("a", egress("10.200.1.2"))
+	apply(t, r, inst("a", StateRunning))
+	waitState(t, r, "a", StateRunning)
+	l.vm(t, "a").die()
+	waitState(t, r, "a", "failed")
+	assert.Equal(t, []string{"cleanup", "add a 10.200.1.2/24", "start a", "remove a ended"}, n.Log())
+}
+
+// After a restart the runtime keeps the taps of the VMs it re-attached
+// to (Cleanup's keep), wires them again, and ends an adopted VM whose
+// network cannot be wired again.
+func TestANewRuntimeKeepsAndRewiresTheAdoptedVMsNetworks(t *testing.T) {
+	run, bad, plain := newFakeVM(&qemu.Config{ID: "run"}), newFakeVM(&qemu.Config{ID: "bad"}), newFakeVM(&qemu.Config{ID: "plain"})
+	l := &fakeLauncher{attach: map[string]attachAnswer{"run": {vm: run}, "bad": {vm: bad}, "plain": {vm: plain}}}
+	n := newFakeNet(l)
+	n.set("run", egress("10.200.1.2"))
+	n.set("gone", egress("10.200.1.3"))
+	n.set("bad", egress("10.200.1.4"))
+	n.nets["bad"].MAC = "not a mac"
+	dir := t.TempDir()
+	for _, id := range []string{"run", "gone", "bad", "plain"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, "vms", id), 0o700))
+		b, err := json.Marshal(inst(id, StateRunning))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "vms", id, "instance.json"), b, 0o600))
+	}
+	r, err := newQEMU(dir, "tcg", discard, l)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	r.netHook = n.hook
+	require.NoError(t, r.UseNetwork(n, 0))
+	assert.Equal(t, map[string]bool{"run": true, "gone": false, "bad": true, "plain": false}, n.keep,
+		"kept: the re-attached VMs with a network")
+	assert.Equal(t, []string{"cleanup", "add run 10.200.1.2/24"}, n.Log())
+	st := byID(r.Observe(t.Context()))
+	assert.Equal(t, StateRunning, st["run"].State)
+	assert.Equal(t, StateRunning, st["plain"].State)
+	assert.Equal(t, "failed", st["bad"].State)
+	assert.Contains(t, st["bad"].Error, "could not wire the VM's network again")
+	assert.Equal(t, []string{"kill"}, bad.Calls())
+}
+
+// The runtime keeps each VM's egress bytes ready for a usage meter.
+func TestEgressBytes(t *testing.T) {
+	r, _, n := newNetRuntime(t)
+	n.counters = map[string]network.Counters{"a": {TxBytes: 1234, RxBytes: 99}}
+	assert.Equal(t, map[string]uint64{"a": 1234}, r.EgressBytes())
+	assert.Nil(t, newRuntime(t, &fakeLauncher{}).EgressBytes(), "no network, no meter")
+}
+
+var _ Network = (*network.Manager)(nil)
