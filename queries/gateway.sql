@@ -191,3 +191,8 @@ INSERT INTO trust_versions (fingerprint, version)
 SELECT sqlc.arg(fingerprint), greatest(sqlc.arg(lowest)::integer, coalesce(max(version), 0) + 1) FROM trust_versions
 ON CONFLICT (fingerprint) DO UPDATE SET fingerprint = excluded.fingerprint
 RETURNING version;
+
+-- name: NodeGatewayInternalURL :one
+-- The internal API of the gateway holding a node's session ('' when none).
+SELECT coalesce(g.internal_url, '')::text FROM nodes n JOIN gateways g ON g.gateway_id = n.session_gateway
+WHERE n.node_id = sqlc.arg(node_id);

@@ -71,6 +71,8 @@ const (
 	EventSandboxDeleted             = "sandbox.deleted"
 	EventSandboxSnapshotCreated     = "sandbox.snapshot.created"
 	EventSandboxSnapshotDeleted     = "sandbox.snapshot.deleted"
+	EventTunnelOpened               = "tunnel.opened"
+	EventTunnelClosed               = "tunnel.closed"
 )
 
 // EventTypes is the event catalog, in catalog order.
@@ -428,6 +430,18 @@ var EventTypes = []EventSpec{
 		Module:      "sandboxSnapshots",
 		Subject:     "snapshot id",
 		Type:        EventSandboxSnapshotDeleted,
+	},
+	{
+		Description: "A tunnel's ticket was redeemed and its relay to the target's node opened.",
+		Module:      "tunnels",
+		Subject:     "tunnel id",
+		Type:        EventTunnelOpened,
+	},
+	{
+		Description: "A tunnel ended (its program exited, a side closed it, or tunnels.close); bytes each way and how long it was open.",
+		Module:      "tunnels",
+		Subject:     "tunnel id",
+		Type:        EventTunnelClosed,
 	},
 }
 
@@ -826,4 +840,24 @@ type SandboxSnapshotCreatedPayload struct {
 // SandboxSnapshotDeletedPayload: Payload of sandbox.snapshot.deleted.
 type SandboxSnapshotDeletedPayload struct {
 	SnapshotID string `json:"snapshotId"` // Sandbox snapshot identifier.
+}
+
+// TunnelOpenedPayload: Payload of tunnel.opened.
+type TunnelOpenedPayload struct {
+	TunnelID   string `json:"tunnelId"` // Tunnel identifier.
+	IdentityID string `json:"identityId"`
+	TargetKind string `json:"targetKind"`
+	TargetID   string `json:"targetId"`
+	Kind       string `json:"kind"`
+	NodeID     string `json:"nodeId"`
+}
+
+// TunnelClosedPayload: Payload of tunnel.closed.
+type TunnelClosedPayload struct {
+	TunnelID   string `json:"tunnelId"` // Tunnel identifier.
+	Reason     string `json:"reason"`
+	BytesIn    int64  `json:"bytesIn"`
+	BytesOut   int64  `json:"bytesOut"`
+	DurationMs int64  `json:"durationMs"`
+	ExitCode   *int64 `json:"exitCode"`
 }

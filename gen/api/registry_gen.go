@@ -28,6 +28,7 @@ type Services struct {
 	Secrets          SecretsService
 	Sites            SitesService
 	System           SystemService
+	Tunnels          TunnelsService
 	Usage            UsageService
 	Webhooks         WebhooksService
 	Workflows        WorkflowsService
@@ -88,6 +89,9 @@ func (s *Services) Check() error {
 	}
 	if s.System == nil {
 		return errors.New("group system has registered methods and no service")
+	}
+	if s.Tunnels == nil {
+		return errors.New("group tunnels has registered methods and no service")
 	}
 	if s.Usage == nil {
 		return errors.New("group usage has registered methods and no service")
@@ -2964,6 +2968,92 @@ var Methods = []*Method{
 		Route:        "/system/selfCheck",
 		Status:       StatusRegistered,
 		TenantScoped: false,
+	},
+	{
+		Action: "compute:tunnels:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeTunnelsOpenInput(obj, "", iss)
+			return &in
+		},
+		Description: "Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnsupported, CodeRateLimited, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"tunnel.opened"},
+		FullName:    "tunnels.open",
+		Group:       "tunnels",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Tunnels.Open(ctx, in.(*TunnelsOpenInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "open",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/tunnels/open",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:tunnels:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeTunnelsListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "tunnels.list",
+		Group:       "tunnels",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Tunnels.List(ctx, in.(*TunnelsListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/tunnels/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:tunnels:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeTunnelsCloseInput(obj, "", iss)
+			return &in
+		},
+		Description: "Closes a tunnel: an unredeemed ticket is void, an open tunnel's relay ends within a second. Closing a closed or expired one returns it unchanged.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		Events:      []string{"tunnel.closed"},
+		FullName:    "tunnels.close",
+		Group:       "tunnels",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Tunnels.Close(ctx, in.(*TunnelsCloseInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "close",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/tunnels/close",
+		Status:       StatusRegistered,
+		TenantScoped: true,
 	},
 	{
 		Action: "compute:usage:read",

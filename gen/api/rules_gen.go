@@ -61,6 +61,8 @@ var (
 	ShapeSandboxId = regexp.MustCompile("^sbx_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// SnapshotId: Sandbox snapshot identifier.
 	ShapeSnapshotId = regexp.MustCompile("^snap_[0-9a-hjkmnp-tv-z]{26,52}$")
+	// TunnelId: Tunnel identifier.
+	ShapeTunnelId = regexp.MustCompile("^tun_[0-9a-hjkmnp-tv-z]{26,52}$")
 )
 
 // Rules of the input fields, built once.
@@ -140,6 +142,11 @@ var (
 		HasMin: true,
 		Max:    int64(16384),
 		Min:    int64(0),
+	}
+	ruleTunnelTargetKind = &wire.StringRule{Enum: []string{"instance", "sandbox"}}
+	ruleTunnelTargetID   = &wire.StringRule{
+		MaxLength: 64,
+		Pattern:   regexp.MustCompile("^(inst|sbx)_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	}
 	ruleVolumeMountVolumeID = &wire.StringRule{
 		MaxLength: 56,
@@ -1571,6 +1578,37 @@ var (
 	ruleSitesDeleteInputVersion = &wire.IntRule{
 		HasMin: true,
 		Min:    int64(1),
+	}
+	ruleTunnelsOpenInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleTunnelsOpenInputKind = &wire.StringRule{Enum: []string{"exec"}}
+	ruleTunnelsOpenInputArgv = &wire.CountRule{
+		Max: 256,
+		Min: 1,
+	}
+	ruleTunnelsOpenInputArgvItem = &wire.StringRule{MaxLength: 4096}
+	ruleTunnelsOpenInputEnv      = &wire.CountRule{
+		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		Max:        64,
+	}
+	ruleTunnelsOpenInputEnvValue = &wire.StringRule{}
+	ruleTunnelsListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleTunnelsCloseInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleTunnelsCloseInputTunnelID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeTunnelId,
+		Words:     "a tunnel id: tun_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleUsageListInputTenantID = &wire.StringRule{
 		MaxLength: 128,

@@ -735,6 +735,57 @@ type SiteList struct {
 	Items  []Site  `json:"items"`
 	Cursor *string `json:"cursor"` // Next page cursor; null on the last page.
 }
+type Tunnel struct {
+	TunnelID   string       `json:"tunnelId"`   // Tunnel identifier.
+	TenantID   string       `json:"tenantId"`   // Tenant identifier.
+	IdentityID string       `json:"identityId"` // Who opened it.
+	Target     TunnelTarget `json:"target"`
+	Kind       string       `json:"kind"`
+	Argv       []string     `json:"argv"`
+	Tty        bool         `json:"tty"`
+	State      string       `json:"state"` // issued: the ticket awaits its redemption; expired: it never was.
+	CreatedAt  string       `json:"createdAt"`
+	ExpiresAt  string       `json:"expiresAt"` // When the ticket expires unredeemed.
+	OpenedAt   *string      `json:"openedAt"`
+	ClosedAt   *string      `json:"closedAt"`
+	BytesIn    int64        `json:"bytesIn"`  // Bytes from the client (stdin).
+	BytesOut   int64        `json:"bytesOut"` // Bytes to the client (stdout and stderr).
+	ExitCode   *int64       `json:"exitCode"`
+}
+type TunnelList struct {
+	Items []Tunnel `json:"items"` // Newest first.
+}
+type TunnelTarget struct {
+	Kind string `json:"kind"`
+	ID   string `json:"id"` // An instance id (inst_...) or a sandbox id (sbx_...), as kind says.
+}
+
+var fieldsTunnelTarget = map[string]struct{}{
+	"id":   {},
+	"kind": {},
+}
+
+// decodeTunnelTarget checks obj against the schema of TunnelTarget, collecting every issue.
+func decodeTunnelTarget(obj map[string]any, path string, iss *wire.Issues) (out TunnelTarget) {
+	wire.Unknown(obj, path, fieldsTunnelTarget, iss)
+	if v, ok := obj["kind"]; !ok {
+		wire.Required(wire.Join(path, "kind"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "kind"), ruleTunnelTargetKind, iss); ok {
+		out.Kind = x1
+	}
+	if v, ok := obj["id"]; !ok {
+		wire.Required(wire.Join(path, "id"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "id"), ruleTunnelTargetID, iss); ok {
+		out.ID = x1
+	}
+	return
+}
+
+type TunnelTicket struct {
+	Tunnel Tunnel `json:"tunnel"`
+	Ticket string `json:"ticket"` // Single use; redeem within 30 s from the same source address.
+	URL    string `json:"url"`    // The WebSocket URL to connect to: {issuer}{basePath}/tunnels/{ticket} with the ws or wss scheme.
+}
 
 // UsageExport: Every window of the range as CSV or JSON Lines, with totals.
 type UsageExport struct {

@@ -1656,6 +1656,60 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "tunnels",
+		Description: "Interactive access to a running sandbox or instance through the api, a gateway and the node's daemon (docs/tunnels.md). tunnels.open answers a ticket: a short-lived (30 s), single-use credential bound to the caller, the target, the kind and the caller's source address, redeemed by a WebSocket upgrade at GET {basePath}/tunnels/{ticket}. The group exists only when the tunnels option configures an issuer; otherwise every method is NOT_FOUND.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "open",
+				Description: "Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
+				Kind:        "mutation",
+				Action:      "compute:tunnels:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "target", Field: "target", Type: cliruntime.JSON, Required: true},
+					{Name: "kind", Field: "kind", Type: cliruntime.String, Required: true, Enum: []string{"exec"}},
+					{Name: "argv", Field: "argv", Type: cliruntime.JSON, Required: true},
+					{Name: "env", Field: "env", Type: cliruntime.JSON},
+					{Name: "tty", Field: "tty", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.TunnelsOpen(ctx, new(client.TunnelsOpenInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.",
+				Kind:        "read",
+				Action:      "compute:tunnels:read",
+				IDField:     "tunnelId",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "include-closed", Field: "includeClosed", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.TunnelsList(ctx, new(client.TunnelsListInput))
+					return err
+				},
+			},
+			{
+				Name:        "close",
+				Description: "Closes a tunnel: an unredeemed ticket is void, an open tunnel's relay ends within a second. Closing a closed or expired one returns it unchanged.",
+				Kind:        "mutation",
+				Action:      "compute:tunnels:manage",
+				IDField:     "tunnelId",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "tunnel-id", Field: "tunnelId", Type: cliruntime.String, Required: true, Help: "Tunnel identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.TunnelsClose(ctx, new(client.TunnelsCloseInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "usage",
 		Description: "Hourly usage windows handed to billing.",
 		Methods: []cliruntime.Method{

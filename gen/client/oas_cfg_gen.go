@@ -11,6 +11,7 @@ import (
 
 var regexMap = map[string]ogenregex.Regexp{
 	"^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$": ogenregex.MustCompile("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
+	"^(inst|sbx)_[0-9a-hjkmnp-tv-z]{26,52}$":                ogenregex.MustCompile("^(inst|sbx)_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^/[A-Za-z0-9._/-]{1,254}$":                             ogenregex.MustCompile("^/[A-Za-z0-9._/-]{1,254}$"),
 	"^/[^\\x00]+$":                                          ogenregex.MustCompile("^/[^\\x00]+$"),
 	"^/[^\\x00]{0,254}$":                                    ogenregex.MustCompile("^/[^\\x00]{0,254}$"),
@@ -41,6 +42,7 @@ var regexMap = map[string]ogenregex.Regexp{
 	"^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^site_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^site_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^snap_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^snap_[0-9a-hjkmnp-tv-z]{26,52}$"),
+	"^tun_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^tun_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^vol_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^vol_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^wf_[0-9a-hjkmnp-tv-z]{26,52}$":                        ogenregex.MustCompile("^wf_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^whk_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^whk_[0-9a-hjkmnp-tv-z]{26,52}$"),

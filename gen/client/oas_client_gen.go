@@ -39,6 +39,7 @@ type Invoker interface {
 	SecretsInvoker
 	SitesInvoker
 	SystemInvoker
+	TunnelsInvoker
 	UsageInvoker
 	WebhooksInvoker
 	WorkflowsInvoker
@@ -1190,6 +1191,49 @@ type SystemInvoker interface {
 	//
 	// POST /system/whoami
 	SystemWhoami(ctx context.Context, request *SystemWhoamiInput) (*SystemWhoamiResult, error)
+}
+
+// TunnelsInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: Tunnels
+type TunnelsInvoker interface {
+	// TunnelsClose invokes tunnelsClose operation.
+	//
+	// Closes a tunnel: an unredeemed ticket is void, an open tunnel's relay ends within a second. Closing
+	// a closed or expired one returns it unchanged.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Publishes
+	// tunnel.closed. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /tunnels/close
+	TunnelsClose(ctx context.Context, request *TunnelsCloseInput) (*TunnelsCloseResult, error)
+	// TunnelsList invokes tunnelsList operation.
+	//
+	// The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:tunnels:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /tunnels/list
+	TunnelsList(ctx context.Context, request *TunnelsListInput) (*TunnelsListResult, error)
+	// TunnelsOpen invokes tunnelsOpen operation.
+	//
+	// Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with
+	// its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is
+	// not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from
+	// the caller's source address. Frames on the WebSocket are binary messages whose first byte says what
+	// follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A
+	// target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
+	// tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
+	// retryAfterMs.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Publishes
+	// tunnel.opened. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422),
+	// RATE_LIMITED (429), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /tunnels/open
+	TunnelsOpen(ctx context.Context, request *TunnelsOpenInput) (*TunnelsOpenResult, error)
 }
 
 // UsageInvoker invokes operations described by OpenAPI v3 specification.
@@ -10453,6 +10497,295 @@ func (c *Client) sendSystemWhoami(ctx context.Context, request *SystemWhoamiInpu
 	}()
 
 	result, err := decodeSystemWhoamiResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// TunnelsClose invokes tunnelsClose operation.
+//
+// Closes a tunnel: an unredeemed ticket is void, an open tunnel's relay ends within a second. Closing
+// a closed or expired one returns it unchanged.
+//
+// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Publishes
+// tunnel.closed. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /tunnels/close
+func (c *Client) TunnelsClose(ctx context.Context, request *TunnelsCloseInput) (*TunnelsCloseResult, error) {
+	res, err := c.sendTunnelsClose(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsClose(ctx context.Context, request *TunnelsCloseInput) (res *TunnelsCloseResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/close"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsCloseRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsCloseOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsCloseOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsCloseResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// TunnelsList invokes tunnelsList operation.
+//
+// The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
+//
+// Served since v1.1. Kind: read. Action compute:tunnels:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /tunnels/list
+func (c *Client) TunnelsList(ctx context.Context, request *TunnelsListInput) (*TunnelsListResult, error) {
+	res, err := c.sendTunnelsList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsList(ctx context.Context, request *TunnelsListInput) (res *TunnelsListResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// TunnelsOpen invokes tunnelsOpen operation.
+//
+// Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with
+// its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is
+// not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from
+// the caller's source address. Frames on the WebSocket are binary messages whose first byte says what
+// follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A
+// target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
+// tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
+// retryAfterMs.
+//
+// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Publishes
+// tunnel.opened. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422),
+// RATE_LIMITED (429), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /tunnels/open
+func (c *Client) TunnelsOpen(ctx context.Context, request *TunnelsOpenInput) (*TunnelsOpenResult, error) {
+	res, err := c.sendTunnelsOpen(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsOpen(ctx context.Context, request *TunnelsOpenInput) (res *TunnelsOpenResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/open"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsOpenRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsOpenOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsOpenOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsOpenResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -211,6 +211,22 @@ func (s *SitesUpdateInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *TunnelsListInput) setDefaults() {
+	{
+		val := bool(false)
+		s.IncludeClosed.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *TunnelsOpenInput) setDefaults() {
+	{
+		val := bool(false)
+		s.Tty.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *UsageExportInput) setDefaults() {
 	{
 		val := UsageExportInputFormat("csv")

@@ -6087,6 +6087,52 @@ func (o OptString) Or(d string) string {
 	return d
 }
 
+// NewOptTunnelsOpenInputEnv returns new OptTunnelsOpenInputEnv with value set to v.
+func NewOptTunnelsOpenInputEnv(v TunnelsOpenInputEnv) OptTunnelsOpenInputEnv {
+	return OptTunnelsOpenInputEnv{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptTunnelsOpenInputEnv is optional TunnelsOpenInputEnv.
+type OptTunnelsOpenInputEnv struct {
+	Value TunnelsOpenInputEnv
+	Set   bool
+}
+
+// IsSet returns true if OptTunnelsOpenInputEnv was set.
+func (o OptTunnelsOpenInputEnv) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptTunnelsOpenInputEnv) Reset() {
+	var v TunnelsOpenInputEnv
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptTunnelsOpenInputEnv) SetTo(v TunnelsOpenInputEnv) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptTunnelsOpenInputEnv) Get() (v TunnelsOpenInputEnv, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptTunnelsOpenInputEnv) Or(d TunnelsOpenInputEnv) TunnelsOpenInputEnv {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptUsageExportInputFormat returns new OptUsageExportInputFormat with value set to v.
 func NewOptUsageExportInputFormat(v UsageExportInputFormat) OptUsageExportInputFormat {
 	return OptUsageExportInputFormat{
@@ -15195,6 +15241,619 @@ func (s *SystemWhoamiResult) GetData() Caller {
 
 // SetData sets the value of Data.
 func (s *SystemWhoamiResult) SetData(val Caller) {
+	s.Data = val
+}
+
+// Ref: #/components/schemas/Tunnel
+type Tunnel struct {
+	Argv []string `json:"argv"`
+	// Bytes from the client (stdin).
+	BytesIn int64 `json:"bytesIn"`
+	// Bytes to the client (stdout and stderr).
+	BytesOut  int64       `json:"bytesOut"`
+	ClosedAt  NilDateTime `json:"closedAt"`
+	CreatedAt time.Time   `json:"createdAt"`
+	ExitCode  NilInt64    `json:"exitCode"`
+	// When the ticket expires unredeemed.
+	ExpiresAt time.Time `json:"expiresAt"`
+	// Who opened it.
+	IdentityId string      `json:"identityId"`
+	Kind       TunnelKind  `json:"kind"`
+	OpenedAt   NilDateTime `json:"openedAt"`
+	// Issued: the ticket awaits its redemption; expired: it never was.
+	State  TunnelState  `json:"state"`
+	Target TunnelTarget `json:"target"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	Tty      bool   `json:"tty"`
+	// Tunnel identifier.
+	TunnelId string `json:"tunnelId"`
+}
+
+// GetArgv returns the value of Argv.
+func (s *Tunnel) GetArgv() []string {
+	return s.Argv
+}
+
+// GetBytesIn returns the value of BytesIn.
+func (s *Tunnel) GetBytesIn() int64 {
+	return s.BytesIn
+}
+
+// GetBytesOut returns the value of BytesOut.
+func (s *Tunnel) GetBytesOut() int64 {
+	return s.BytesOut
+}
+
+// GetClosedAt returns the value of ClosedAt.
+func (s *Tunnel) GetClosedAt() NilDateTime {
+	return s.ClosedAt
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Tunnel) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetExitCode returns the value of ExitCode.
+func (s *Tunnel) GetExitCode() NilInt64 {
+	return s.ExitCode
+}
+
+// GetExpiresAt returns the value of ExpiresAt.
+func (s *Tunnel) GetExpiresAt() time.Time {
+	return s.ExpiresAt
+}
+
+// GetIdentityId returns the value of IdentityId.
+func (s *Tunnel) GetIdentityId() string {
+	return s.IdentityId
+}
+
+// GetKind returns the value of Kind.
+func (s *Tunnel) GetKind() TunnelKind {
+	return s.Kind
+}
+
+// GetOpenedAt returns the value of OpenedAt.
+func (s *Tunnel) GetOpenedAt() NilDateTime {
+	return s.OpenedAt
+}
+
+// GetState returns the value of State.
+func (s *Tunnel) GetState() TunnelState {
+	return s.State
+}
+
+// GetTarget returns the value of Target.
+func (s *Tunnel) GetTarget() TunnelTarget {
+	return s.Target
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Tunnel) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTty returns the value of Tty.
+func (s *Tunnel) GetTty() bool {
+	return s.Tty
+}
+
+// GetTunnelId returns the value of TunnelId.
+func (s *Tunnel) GetTunnelId() string {
+	return s.TunnelId
+}
+
+// SetArgv sets the value of Argv.
+func (s *Tunnel) SetArgv(val []string) {
+	s.Argv = val
+}
+
+// SetBytesIn sets the value of BytesIn.
+func (s *Tunnel) SetBytesIn(val int64) {
+	s.BytesIn = val
+}
+
+// SetBytesOut sets the value of BytesOut.
+func (s *Tunnel) SetBytesOut(val int64) {
+	s.BytesOut = val
+}
+
+// SetClosedAt sets the value of ClosedAt.
+func (s *Tunnel) SetClosedAt(val NilDateTime) {
+	s.ClosedAt = val
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Tunnel) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetExitCode sets the value of ExitCode.
+func (s *Tunnel) SetExitCode(val NilInt64) {
+	s.ExitCode = val
+}
+
+// SetExpiresAt sets the value of ExpiresAt.
+func (s *Tunnel) SetExpiresAt(val time.Time) {
+	s.ExpiresAt = val
+}
+
+// SetIdentityId sets the value of IdentityId.
+func (s *Tunnel) SetIdentityId(val string) {
+	s.IdentityId = val
+}
+
+// SetKind sets the value of Kind.
+func (s *Tunnel) SetKind(val TunnelKind) {
+	s.Kind = val
+}
+
+// SetOpenedAt sets the value of OpenedAt.
+func (s *Tunnel) SetOpenedAt(val NilDateTime) {
+	s.OpenedAt = val
+}
+
+// SetState sets the value of State.
+func (s *Tunnel) SetState(val TunnelState) {
+	s.State = val
+}
+
+// SetTarget sets the value of Target.
+func (s *Tunnel) SetTarget(val TunnelTarget) {
+	s.Target = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Tunnel) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTty sets the value of Tty.
+func (s *Tunnel) SetTty(val bool) {
+	s.Tty = val
+}
+
+// SetTunnelId sets the value of TunnelId.
+func (s *Tunnel) SetTunnelId(val string) {
+	s.TunnelId = val
+}
+
+type TunnelKind string
+
+const (
+	TunnelKindExec TunnelKind = "exec"
+)
+
+// AllValues returns all TunnelKind values.
+func (TunnelKind) AllValues() []TunnelKind {
+	return []TunnelKind{
+		TunnelKindExec,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s TunnelKind) MarshalText() ([]byte, error) {
+	switch s {
+	case TunnelKindExec:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *TunnelKind) UnmarshalText(data []byte) error {
+	switch TunnelKind(data) {
+	case TunnelKindExec:
+		*s = TunnelKindExec
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Ref: #/components/schemas/TunnelList
+type TunnelList struct {
+	// Newest first.
+	Items []Tunnel `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *TunnelList) GetItems() []Tunnel {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *TunnelList) SetItems(val []Tunnel) {
+	s.Items = val
+}
+
+// Issued: the ticket awaits its redemption; expired: it never was.
+type TunnelState string
+
+const (
+	TunnelStateIssued  TunnelState = "issued"
+	TunnelStateOpen    TunnelState = "open"
+	TunnelStateClosed  TunnelState = "closed"
+	TunnelStateExpired TunnelState = "expired"
+)
+
+// AllValues returns all TunnelState values.
+func (TunnelState) AllValues() []TunnelState {
+	return []TunnelState{
+		TunnelStateIssued,
+		TunnelStateOpen,
+		TunnelStateClosed,
+		TunnelStateExpired,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s TunnelState) MarshalText() ([]byte, error) {
+	switch s {
+	case TunnelStateIssued:
+		return []byte(s), nil
+	case TunnelStateOpen:
+		return []byte(s), nil
+	case TunnelStateClosed:
+		return []byte(s), nil
+	case TunnelStateExpired:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *TunnelState) UnmarshalText(data []byte) error {
+	switch TunnelState(data) {
+	case TunnelStateIssued:
+		*s = TunnelStateIssued
+		return nil
+	case TunnelStateOpen:
+		*s = TunnelStateOpen
+		return nil
+	case TunnelStateClosed:
+		*s = TunnelStateClosed
+		return nil
+	case TunnelStateExpired:
+		*s = TunnelStateExpired
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Ref: #/components/schemas/TunnelTarget
+type TunnelTarget struct {
+	// An instance id (inst_...) or a sandbox id (sbx_...), as kind says.
+	ID   string           `json:"id"`
+	Kind TunnelTargetKind `json:"kind"`
+}
+
+// GetID returns the value of ID.
+func (s *TunnelTarget) GetID() string {
+	return s.ID
+}
+
+// GetKind returns the value of Kind.
+func (s *TunnelTarget) GetKind() TunnelTargetKind {
+	return s.Kind
+}
+
+// SetID sets the value of ID.
+func (s *TunnelTarget) SetID(val string) {
+	s.ID = val
+}
+
+// SetKind sets the value of Kind.
+func (s *TunnelTarget) SetKind(val TunnelTargetKind) {
+	s.Kind = val
+}
+
+type TunnelTargetKind string
+
+const (
+	TunnelTargetKindInstance TunnelTargetKind = "instance"
+	TunnelTargetKindSandbox  TunnelTargetKind = "sandbox"
+)
+
+// AllValues returns all TunnelTargetKind values.
+func (TunnelTargetKind) AllValues() []TunnelTargetKind {
+	return []TunnelTargetKind{
+		TunnelTargetKindInstance,
+		TunnelTargetKindSandbox,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s TunnelTargetKind) MarshalText() ([]byte, error) {
+	switch s {
+	case TunnelTargetKindInstance:
+		return []byte(s), nil
+	case TunnelTargetKindSandbox:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *TunnelTargetKind) UnmarshalText(data []byte) error {
+	switch TunnelTargetKind(data) {
+	case TunnelTargetKindInstance:
+		*s = TunnelTargetKindInstance
+		return nil
+	case TunnelTargetKindSandbox:
+		*s = TunnelTargetKindSandbox
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Ref: #/components/schemas/TunnelTicket
+type TunnelTicket struct {
+	// Single use; redeem within 30 s from the same source address.
+	Ticket string `json:"ticket"`
+	Tunnel Tunnel `json:"tunnel"`
+	// The WebSocket URL to connect to: {issuer}{basePath}/tunnels/{ticket} with the ws or wss scheme.
+	URL string `json:"url"`
+}
+
+// GetTicket returns the value of Ticket.
+func (s *TunnelTicket) GetTicket() string {
+	return s.Ticket
+}
+
+// GetTunnel returns the value of Tunnel.
+func (s *TunnelTicket) GetTunnel() Tunnel {
+	return s.Tunnel
+}
+
+// GetURL returns the value of URL.
+func (s *TunnelTicket) GetURL() string {
+	return s.URL
+}
+
+// SetTicket sets the value of Ticket.
+func (s *TunnelTicket) SetTicket(val string) {
+	s.Ticket = val
+}
+
+// SetTunnel sets the value of Tunnel.
+func (s *TunnelTicket) SetTunnel(val Tunnel) {
+	s.Tunnel = val
+}
+
+// SetURL sets the value of URL.
+func (s *TunnelTicket) SetURL(val string) {
+	s.URL = val
+}
+
+// Input of tunnels.close. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/TunnelsCloseInput
+type TunnelsCloseInput struct {
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// Tunnel identifier.
+	TunnelId string `json:"tunnelId"`
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsCloseInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTunnelId returns the value of TunnelId.
+func (s *TunnelsCloseInput) GetTunnelId() string {
+	return s.TunnelId
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsCloseInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTunnelId sets the value of TunnelId.
+func (s *TunnelsCloseInput) SetTunnelId(val string) {
+	s.TunnelId = val
+}
+
+// Success envelope of tunnels.close.
+// Ref: #/components/schemas/TunnelsCloseResult
+type TunnelsCloseResult struct {
+	Data Tunnel `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsCloseResult) GetData() Tunnel {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsCloseResult) SetData(val Tunnel) {
+	s.Data = val
+}
+
+// Input of tunnels.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/TunnelsListInput
+type TunnelsListInput struct {
+	IncludeClosed OptBool `json:"includeClosed"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetIncludeClosed returns the value of IncludeClosed.
+func (s *TunnelsListInput) GetIncludeClosed() OptBool {
+	return s.IncludeClosed
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetIncludeClosed sets the value of IncludeClosed.
+func (s *TunnelsListInput) SetIncludeClosed(val OptBool) {
+	s.IncludeClosed = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of tunnels.list.
+// Ref: #/components/schemas/TunnelsListResult
+type TunnelsListResult struct {
+	Data TunnelList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsListResult) GetData() TunnelList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsListResult) SetData(val TunnelList) {
+	s.Data = val
+}
+
+// Input of tunnels.open. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/TunnelsOpenInput
+type TunnelsOpenInput struct {
+	Argv []string `json:"argv"`
+	// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+	Env    OptTunnelsOpenInputEnv `json:"env"`
+	Kind   TunnelsOpenInputKind   `json:"kind"`
+	Target TunnelTarget           `json:"target"`
+	// Tenant identifier.
+	TenantId string  `json:"tenantId"`
+	Tty      OptBool `json:"tty"`
+}
+
+// GetArgv returns the value of Argv.
+func (s *TunnelsOpenInput) GetArgv() []string {
+	return s.Argv
+}
+
+// GetEnv returns the value of Env.
+func (s *TunnelsOpenInput) GetEnv() OptTunnelsOpenInputEnv {
+	return s.Env
+}
+
+// GetKind returns the value of Kind.
+func (s *TunnelsOpenInput) GetKind() TunnelsOpenInputKind {
+	return s.Kind
+}
+
+// GetTarget returns the value of Target.
+func (s *TunnelsOpenInput) GetTarget() TunnelTarget {
+	return s.Target
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsOpenInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTty returns the value of Tty.
+func (s *TunnelsOpenInput) GetTty() OptBool {
+	return s.Tty
+}
+
+// SetArgv sets the value of Argv.
+func (s *TunnelsOpenInput) SetArgv(val []string) {
+	s.Argv = val
+}
+
+// SetEnv sets the value of Env.
+func (s *TunnelsOpenInput) SetEnv(val OptTunnelsOpenInputEnv) {
+	s.Env = val
+}
+
+// SetKind sets the value of Kind.
+func (s *TunnelsOpenInput) SetKind(val TunnelsOpenInputKind) {
+	s.Kind = val
+}
+
+// SetTarget sets the value of Target.
+func (s *TunnelsOpenInput) SetTarget(val TunnelTarget) {
+	s.Target = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsOpenInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTty sets the value of Tty.
+func (s *TunnelsOpenInput) SetTty(val OptBool) {
+	s.Tty = val
+}
+
+// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+type TunnelsOpenInputEnv map[string]string
+
+func (s *TunnelsOpenInputEnv) init() TunnelsOpenInputEnv {
+	m := *s
+	if m == nil {
+		m = map[string]string{}
+		*s = m
+	}
+	return m
+}
+
+type TunnelsOpenInputKind string
+
+const (
+	TunnelsOpenInputKindExec TunnelsOpenInputKind = "exec"
+)
+
+// AllValues returns all TunnelsOpenInputKind values.
+func (TunnelsOpenInputKind) AllValues() []TunnelsOpenInputKind {
+	return []TunnelsOpenInputKind{
+		TunnelsOpenInputKindExec,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s TunnelsOpenInputKind) MarshalText() ([]byte, error) {
+	switch s {
+	case TunnelsOpenInputKindExec:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *TunnelsOpenInputKind) UnmarshalText(data []byte) error {
+	switch TunnelsOpenInputKind(data) {
+	case TunnelsOpenInputKindExec:
+		*s = TunnelsOpenInputKindExec
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of tunnels.open.
+// Ref: #/components/schemas/TunnelsOpenResult
+type TunnelsOpenResult struct {
+	Data TunnelTicket `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsOpenResult) GetData() TunnelTicket {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsOpenResult) SetData(val TunnelTicket) {
 	s.Data = val
 }
 

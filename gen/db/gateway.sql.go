@@ -500,6 +500,19 @@ func (q *Queries) MarkNodeDown(ctx context.Context, nodeID string) error {
 	return err
 }
 
+const nodeGatewayInternalURL = `-- name: NodeGatewayInternalURL :one
+SELECT coalesce(g.internal_url, '')::text FROM nodes n JOIN gateways g ON g.gateway_id = n.session_gateway
+WHERE n.node_id = $1
+`
+
+// The internal API of the gateway holding a node's session (” when none).
+func (q *Queries) NodeGatewayInternalURL(ctx context.Context, nodeID string) (string, error) {
+	row := q.db.QueryRow(ctx, nodeGatewayInternalURL, nodeID)
+	var column_1 string
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const openSession = `-- name: OpenSession :one
 UPDATE nodes SET
     session_gateway = $1, session_epoch = session_epoch + 1, session_since = now(),

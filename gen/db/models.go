@@ -654,6 +654,30 @@ type TrustVersion struct {
 	CreatedAt   time.Time
 }
 
+type Tunnel struct {
+	TunnelID   string
+	TenantID   string
+	IdentityID string
+	TargetKind string
+	TargetID   string
+	InstanceID string
+	NodeID     string
+	Kind       string
+	Argv       []byte
+	Env        []byte
+	Tty        bool
+	TicketHash []byte
+	SourceIp   string
+	State      string
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	OpenedAt   *time.Time
+	ClosedAt   *time.Time
+	BytesIn    int64
+	BytesOut   int64
+	ExitCode   pgtype.Int4
+}
+
 type UsageWindow struct {
 	Key             string
 	AllocationID    pgtype.Text

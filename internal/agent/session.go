@@ -28,6 +28,7 @@ import (
 
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
+	"computeplane/internal/agentproto/tunnel"
 )
 
 // Timings of the session loop.
@@ -469,6 +470,26 @@ func read(ctx context.Context, conn *websocket.Conn) (agentproto.Message, error)
 	return agentproto.Decode(b)
 }
 
+// readOrFeed reads the next control message, handing the binary messages
+// before it (tunnel streams) to mux.
+func readOrFeed(ctx context.Context, conn *websocket.Conn, mux *tunnel.Mux) (agentproto.Message, error) {
+	for {
+		typ, b, err := conn.Read(ctx)
+		if err != nil {
+			return agentproto.Message{}, err
+		}
+		if typ == websocket.MessageText {
+			return agentproto.Decode(b)
+		}
+		if mux == nil {
+			return agentproto.Message{}, errors.New("a binary frame, and no streams were offered")
+		}
+		if err := mux.Feed(b); err != nil {
+			return agentproto.Message{}, err
+		}
+	}
+}
+
 // session speaks on one connection until it ends.
 func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto.Gateway, transport string) endReason {
 	defer conn.CloseNow()
@@ -477,6 +498,13 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 		NodeID: a.state.NodeID, ProtocolMin: agentproto.ProtocolMin, ProtocolMax: agentproto.ProtocolMax,
 		AgentVersion: a.o.Version, Transport: transport, Inventory: a.inventory(), ObservedGeneration: a.observed.Load(),
 	}}
+	var mux *tunnel.Mux
+	if _, ok := a.o.Runtime.(vmruntime.Streams); ok {
+		// Tunnels ride yamux streams in the session's binary messages.
+		hello.Hello.Streams = tunnel.StreamsYamux
+		mux = tunnel.NewMux(conn, false, a.serveTunnel)
+		defer mux.Close()
+	}
 	if err := write(ctx, conn, hello); err != nil {
 		return endReason{}
 	}
@@ -598,7 +626,7 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 
 	why := endReason{welcomed: true, gateway: ref}
 	for {
-		m, err := read(rctx, conn)
+		m, err := readOrFeed(rctx, conn, mux)
 		if err != nil {
 			if sctx.Err() == nil {
 				a.log.Info("session ended", "gateway", w.GatewayID, "error", err.Error())

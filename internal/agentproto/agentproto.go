@@ -168,6 +168,10 @@ type Hello struct {
 	Inventory    Inventory `json:"inventory"`
 	// ObservedGeneration is the spec generation the daemon has applied.
 	ObservedGeneration int64 `json:"observedGeneration"`
+	// Streams names the stream multiplexing the daemon accepts in the
+	// session's binary messages (tunnel.StreamsYamux); empty: none, and
+	// the gateway opens no tunnel to it.
+	Streams string `json:"streams,omitempty"`
 }
 
 // Inventory is what a host offers.

@@ -40,10 +40,23 @@ type Fleet struct {
 	agentBin  string
 }
 
+// Option changes the deployment Start runs.
+type Option func(*options)
+
+type options struct{ tunnels bool }
+
+// Tunnels configures tunnels (the issuer is the public URL) and the
+// gateway's internal API they relay through.
+func Tunnels() Option { return func(o *options) { o.tunnels = true } }
+
 // Start runs computed with every role on a fresh database; extraConfig is
 // appended to its configuration file (after the gateway option).
-func Start(t *testing.T, extraConfig string) *Fleet {
+func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	dbURL := dbtest.URL(t)
 	dir := t.TempDir()
 	computed := proctest.Build(t, "computeplane/cmd/computed")
@@ -52,9 +65,14 @@ func Start(t *testing.T, extraConfig string) *Fleet {
 	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "fleet.local")
 	require.NoError(t, err)
 	port, gwPort := testenv.FreePort(t), testenv.FreePort(t)
-	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000}\n%s",
-		gwPort, gwPort, extraConfig))
 	f.PublicURL = fmt.Sprintf("http://127.0.0.1:%d", port)
+	internal := ""
+	if o.tunnels {
+		internal = fmt.Sprintf(", internalListen: \"127.0.0.1:%d\"", testenv.FreePort(t))
+		extraConfig += fmt.Sprintf("tunnels: {issuer: %q}\n", f.PublicURL)
+	}
+	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000%s}\n%s",
+		gwPort, gwPort, internal, extraConfig))
 	env := proctest.ChildEnv(map[string]string{
 		"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile, "SERVICE_CONFIG": cfg,
 		"SERVICE_BASE_URL": f.PublicURL, "HOST": "127.0.0.1", "PORT": strconv.Itoa(port),

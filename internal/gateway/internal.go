@@ -99,6 +99,7 @@ func (g *Gateway) serveInternal(addr string) (string, error) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"gatewayId": g.id, "sessions": g.count(), "draining": g.draining.Load()})
 	})
+	mux.HandleFunc("GET "+InternalTunnels+"{node}", g.serveTunnel)
 	g.internal = &http.Server{Handler: mux, TLSConfig: tc, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(g.o.Log.Handler(), slog.LevelDebug)}
 	g.wg.Add(1)

@@ -25,6 +25,7 @@ import (
 	"computeplane/gen/api"
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
+	"computeplane/internal/agentproto/tunnel"
 	"computeplane/internal/nodes"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
@@ -47,6 +48,10 @@ type session struct {
 	sentGen  atomic.Int64
 	lastSeen atomic.Int64 // unix nanoseconds
 	endOnce  sync.Once
+
+	// mux carries tunnel streams when the daemon offered them (nil
+	// otherwise); its yamux session is made at the first tunnel.
+	mux *tunnel.Mux
 
 	statusMu   sync.Mutex
 	lastStatus uint64 // FNV-1a of the last status written: a session keeps 8 bytes, not the status
@@ -227,6 +232,9 @@ func (g *Gateway) run(conn *websocket.Conn, node string, cert *x509.Certificate,
 	}
 	s := &session{g: g, conn: conn, nodeID: node, serial: pki.SerialHex(cert), transport: transport, epoch: epoch, cert: cert}
 	s.ctx, s.cancel = context.WithCancel(g.ctx)
+	if h.Streams == tunnel.StreamsYamux {
+		s.mux = tunnel.NewMux(conn, true, nil)
+	}
 	s.sentGen.Store(h.ObservedGeneration)
 	s.lastSeen.Store(g.o.Now().UnixNano())
 	g.mu.Lock()
@@ -349,6 +357,9 @@ func (s *session) end(m agentproto.Message) {
 			_ = writeMsg(ctx, s.conn, m)
 			cancel()
 		}
+		if s.mux != nil {
+			s.mux.Close()
+		}
 		_ = s.conn.Close(websocket.StatusNormalClosure, "")
 		s.cancel()
 	})
@@ -356,7 +367,20 @@ func (s *session) end(m agentproto.Message) {
 
 func (s *session) readLoop() {
 	for {
-		m, err := readMsg(s.ctx, s.conn, 0)
+		typ, b, err := s.conn.Read(s.ctx)
+		if err != nil {
+			return
+		}
+		if typ == websocket.MessageBinary {
+			// A tunnel stream's bytes: only from a daemon that offered
+			// streams.
+			if s.mux == nil || s.mux.Feed(b) != nil {
+				return
+			}
+			s.lastSeen.Store(s.g.o.Now().UnixNano())
+			continue
+		}
+		m, err := agentproto.Decode(b)
 		if err != nil {
 			return
 		}

@@ -47,6 +47,9 @@ type Agent struct {
 	writable []string
 
 	wmu sync.Mutex // writes to the port
+
+	pmu     sync.Mutex
+	running map[uint64]*proc // started programs (stream.go), by request id
 }
 
 // NewAgent returns an agent with a fresh boot id.
@@ -90,6 +93,12 @@ func (a *Agent) Serve(ctx context.Context, port io.ReadWriter) error {
 			a.write(port, guestproto.Response{ID: req.ID, Error: err.Error()})
 			continue
 		}
+		if req.Op == guestproto.OpStart {
+			wg.Add(1)
+			p := a.register(req.ID)
+			go func() { defer wg.Done(); a.start(ctx, port, req, p) }()
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -129,6 +138,11 @@ func (a *Agent) handle(ctx context.Context, r guestproto.Request) guestproto.Res
 		return a.exec(ctx, r.Exec)
 	case guestproto.OpReadFile:
 		return a.readFile(r.File)
+	case guestproto.OpInput:
+		// The host sends a program's stdin one chunk at a time, each
+		// after the answer to the last: order kept, and a program that
+		// does not read holds only its own tunnel.
+		return a.input(r.Input)
 	case guestproto.OpWriteFile:
 		return a.writeFile(r.File)
 	case guestproto.OpMount:
@@ -254,16 +268,7 @@ func (a *Agent) exec(ctx context.Context, e *guestproto.Exec) guestproto.Respons
 	defer cancel()
 	cmd := exec.CommandContext(ctx, e.Argv[0], e.Argv[1:]...)
 	cmd.Dir = e.Dir
-	a.mu.Lock()
-	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "HOSTNAME=" + a.ident.Hostname}
-	for k, v := range a.env {
-		env = append(env, k+"="+v)
-	}
-	a.mu.Unlock()
-	for k, v := range e.Env {
-		env = append(env, k+"="+v)
-	}
-	cmd.Env = env
+	cmd.Env = a.environ(e.Env)
 	if len(e.Stdin) > 0 {
 		cmd.Stdin = bytes.NewReader(e.Stdin)
 		// A child left running may hold stdin unread: the copy gives up
@@ -316,6 +321,20 @@ func (a *Agent) exec(ctx context.Context, e *guestproto.Exec) guestproto.Respons
 		return fail(err)
 	}
 	return guestproto.Response{OK: true, Exec: res}
+}
+
+// environ is a program's environment: the guest's identity, then extra.
+func (a *Agent) environ(extra map[string]string) []string {
+	a.mu.Lock()
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "HOSTNAME=" + a.ident.Hostname}
+	for k, v := range a.env {
+		env = append(env, k+"="+v)
+	}
+	a.mu.Unlock()
+	for k, v := range extra {
+		env = append(env, k+"="+v)
+	}
+	return env
 }
 
 func (a *Agent) readFile(f *guestproto.File) guestproto.Response {

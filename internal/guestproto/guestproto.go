@@ -39,7 +39,18 @@ const (
 	OpIdentity  = "identity"
 	OpSync      = "sync"
 	OpPoweroff  = "poweroff"
+	// OpStart runs a program whose output streams back as Responses with
+	// the request's ID and Output set, then one with Exec (its exit code)
+	// set and Output nil: the end. OpInput feeds it (Input.Proc names the
+	// start request).
+	OpStart = "start"
+	OpInput = "input"
 )
+
+// StreamWindow is how many output bytes a started program may have in
+// flight before the host acknowledges them (Input.Ack): the host never
+// buffers more per program, and a slow tunnel stalls only its program.
+const StreamWindow = 256 << 10
 
 // Request is one host-to-guest call.
 type Request struct {
@@ -49,6 +60,24 @@ type Request struct {
 	File     *File     `json:"file,omitempty"`
 	Mount    *Mount    `json:"mount,omitempty"`
 	Identity *Identity `json:"identity,omitempty"`
+	Input    *Input    `json:"input,omitempty"`
+}
+
+// Input goes to a started program: stdin bytes, the end of stdin, output
+// bytes the host has delivered (Ack, freeing the window), or a kill (the
+// tunnel ended first).
+type Input struct {
+	Proc uint64 `json:"proc"`
+	Data []byte `json:"data,omitempty"`
+	EOF  bool   `json:"eof,omitempty"`
+	Ack  int64  `json:"ack,omitempty"`
+	Kill bool   `json:"kill,omitempty"`
+}
+
+// Output is a chunk of a started program's stdout (Fd 1) or stderr (Fd 2).
+type Output struct {
+	Fd   int    `json:"fd"`
+	Data []byte `json:"data"`
 }
 
 // Exec runs a program without a shell unless Argv names one.
@@ -113,6 +142,7 @@ type Response struct {
 	Exec   *ExecResult `json:"exec,omitempty"`
 	Data   []byte      `json:"data,omitempty"` // readFile
 	Status *Status     `json:"status,omitempty"`
+	Output *Output     `json:"output,omitempty"` // a started program's output
 }
 
 // Ready says the guest agent runs.
@@ -157,12 +187,16 @@ func DecodeRequest(line []byte) (Request, error) {
 	}
 	switch r.Op {
 	case OpPing, OpSync, OpPoweroff:
-	case OpExec:
+	case OpExec, OpStart:
 		if r.Exec == nil || len(r.Exec.Argv) == 0 || r.Exec.Argv[0] == "" {
 			return r, errors.New("guestproto: exec needs argv")
 		}
 		if r.Exec.TimeoutMs < 0 || r.Exec.TimeoutMs > MaxExecTimeoutMs {
 			return r, fmt.Errorf("guestproto: exec timeoutMs is 0 to %d", MaxExecTimeoutMs)
+		}
+	case OpInput:
+		if r.Input == nil || r.Input.Proc == 0 || r.Input.Ack < 0 {
+			return r, errors.New("guestproto: input needs its program (proc)")
 		}
 	case OpReadFile, OpWriteFile:
 		if r.File == nil || r.File.Path == "" || r.File.Path[0] != '/' {

@@ -50,6 +50,7 @@ import (
 	"computeplane/internal/sites"
 	"computeplane/internal/store"
 	"computeplane/internal/system"
+	"computeplane/internal/tunnels"
 	"computeplane/internal/uow"
 	"computeplane/internal/usage"
 	"computeplane/internal/webhooks"
@@ -75,6 +76,8 @@ type assembly struct {
 	images   images.Source
 	reg      *metrics.Registry
 	notifier *notify.Notifier
+	// internalAPI calls gateways' internal control API (wakes, tunnels).
+	internalAPI *gateway.InternalClient
 
 	// The groups' services, and those of them jobs and the gateway use.
 	services      *api.Services
@@ -116,6 +119,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins bui
 	// The notifier's connections open in Serve; until then wakes stay in
 	// the process.
 	a.notifier = notify.New(cfg.Notifier, st.Pool(), log)
+	a.internalAPI = gateway.NewInternalClient(st, a.bundle, log)
 	envelope, watch, err := a.apiRole()
 	if err != nil {
 		return nil, err
@@ -195,6 +199,7 @@ func (a *assembly) groupServices(ov Overrides) error {
 		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
 		Workflows:        workflows.Service{},
 		Profiles:         &profiles.Service{Cursors: a.cursors},
+		Tunnels:          tunnelsService(cfg),
 	}
 	sys.WithChecks(
 		system.CatalogCheck(a.services),
@@ -214,6 +219,16 @@ func (a *assembly) groupServices(ov Overrides) error {
 		return fmt.Errorf("registry check: %w", err)
 	}
 	return nil
+}
+
+// tunnelsService is the tunnels group: absent (NOT_FOUND) without the
+// tunnels option.
+func tunnelsService(cfg *config.Config) *tunnels.Service {
+	s := &tunnels.Service{BasePath: cfg.BasePath}
+	if t := cfg.Tunnels; t != nil {
+		s.Issuer, s.PerMinute = t.Issuer, t.Limits.TunnelsPerMinute
+	}
+	return s
 }
 
 // identityPort builds the embedded identity service, its caches and the
@@ -252,7 +267,7 @@ func (a *assembly) apiRole() (*rpc.Handler, *events.Watch, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	internalAPI := gateway.NewInternalClient(a.st, a.bundle, log)
+	internalAPI := a.internalAPI
 	envelope := &rpc.Handler{
 		BasePath: cfg.BasePath,
 		Services: a.services,
@@ -409,6 +424,10 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 	}
 	if gwRole != nil {
 		opts.Session = gwRole.FallbackHandler()
+	}
+	if cfg.Tunnels != nil {
+		// Mounted only with an issuer (the tunnels option requires one).
+		opts.Tunnels = &tunnels.Relay{Store: a.st, Gateways: a.internalAPI, Notifier: a.notifier, Log: log.With("module", "tunnels")}
 	}
 	if ev := cfg.IAM.Events; ev != nil {
 		// Identity-service events signed with the configured secret feed

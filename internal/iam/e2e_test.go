@@ -912,7 +912,8 @@ func dropRole(t *testing.T, env *testenv.Env, tenant, identity string) {
 
 func TestMatrixRefusesWrongTenantAndWrongRole(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t)
+	// Tunnels configured: the group exists only then.
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "tunnels: {issuer: 'http://localhost:3000'}\n")))
 	keys := mintKeys(t, env)
 	fx := newFixture(env, keys)
 	root := env.Config.RootTenantID

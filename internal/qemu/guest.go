@@ -24,6 +24,7 @@ type Guest struct {
 
 	mu      sync.Mutex
 	pending map[uint64]chan guestproto.Response
+	streams map[uint64]*Stream    // started programs (stream.go)
 	ready   chan guestproto.Ready // boot events
 	closed  chan struct{}
 	err     error
@@ -56,6 +57,14 @@ func (g *Guest) read() {
 			continue
 		}
 		g.mu.Lock()
+		if st := g.streams[r.ID]; st != nil {
+			if r.Output == nil {
+				delete(g.streams, r.ID) // its end
+			}
+			g.mu.Unlock()
+			st.push(r)
+			continue
+		}
 		ch := g.pending[r.ID]
 		delete(g.pending, r.ID)
 		g.mu.Unlock()

@@ -150,3 +150,17 @@ func (s *Service) WriteFile(ctx context.Context, in *api.SandboxesWriteFileInput
 	}
 	return &api.SandboxFile{Path: in.Path}, nil
 }
+
+// RunningVM is the VM and node of a running sandbox of tenant (the tunnels
+// group reaches it): NOT_FOUND for another tenant's or an absent one,
+// INVALID_STATE for one not running.
+func RunningVM(ctx context.Context, q *db.Queries, tenant, sandbox string) (instanceID, nodeID string, err error) {
+	r, vm, err := load(ctx, q, tenant, sandbox, false)
+	if err != nil {
+		return "", "", err
+	}
+	if st := state(r, vm); st != StateRunning {
+		return "", "", api.Errorf(api.CodeInvalidState, "sandbox %s is %s; only a running one opens tunnels", sandbox, st).WithDetails(map[string]any{"state": st})
+	}
+	return vm.InstanceID, r.NodeID, nil
+}

@@ -53,6 +53,9 @@ type Options struct {
 	// this process runs a gateway; nil mounts nothing. It is mounted
 	// outside the response write deadline: a session lives for hours.
 	Session http.Handler
+	// Tunnels serves GET {basePath}/tunnels/{ticket} (the tunnels relay);
+	// nil when tunnels are not configured.
+	Tunnels http.Handler
 	Log     *slog.Logger
 }
 
@@ -125,11 +128,18 @@ func New(o Options) http.Handler {
 		mux.Handle(JoinPath, o.Join)
 	}
 	h := withWriteDeadline(mux, cmp.Or(o.WriteTimeout, ResponseWriteTimeout))
-	if o.Session == nil {
+	if o.Session == nil && o.Tunnels == nil {
 		return h
 	}
+	// Upgraded connections live past the write deadline of responses.
 	outer := http.NewServeMux()
-	outer.Handle(SessionPath, o.Session)
+	if o.Session != nil {
+		outer.Handle(SessionPath, o.Session)
+	}
+	if o.Tunnels != nil {
+		// GET only: POST {basePath}/tunnels/{method} stays the RPC envelope.
+		outer.Handle("GET "+o.BasePath+"/tunnels/{ticket}", o.Tunnels)
+	}
 	outer.Handle("/", h)
 	return outer
 }

@@ -863,6 +863,21 @@ func (r *QEMU) Exec(ctx context.Context, a agentproto.ExecArgs) (agentproto.Exec
 		DurationMs: e.DurationMs}, nil
 }
 
+// Start starts an interactive program in an instance's guest (a tunnel).
+func (r *QEMU) Start(ctx context.Context, instanceID string, e *guestproto.Exec) (*qemu.Stream, error) {
+	g, err := r.guest(instanceID)
+	if err != nil {
+		return nil, err
+	}
+	s, ok := g.(interface {
+		Start(context.Context, *guestproto.Exec) (*qemu.Stream, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("instance %s: its guest channel streams no programs", instanceID)
+	}
+	return s.Start(ctx, e)
+}
+
 // FileTimeout bounds a file read or write in a guest.
 const FileTimeout = 20 * time.Second
 

@@ -12,6 +12,8 @@ import (
 	"sync"
 
 	"computeplane/internal/agentproto"
+	"computeplane/internal/guestproto"
+	"computeplane/internal/qemu"
 )
 
 // Runtime applies specs. Apply is called with increasing generations and
@@ -39,6 +41,12 @@ type ResolveFunc func(ctx context.Context, id string, refs []string) (map[string
 // its guests: the daemon gives it the way to resolve them.
 type SecretUser interface {
 	UseSecrets(ResolveFunc)
+}
+
+// Streams is a runtime that starts interactive programs in its guests
+// (the exec tunnels).
+type Streams interface {
+	Start(ctx context.Context, instanceID string, e *guestproto.Exec) (*qemu.Stream, error)
 }
 
 // Guests is a runtime whose instances run a guest agent: the daemon's

@@ -1,0 +1,239 @@
+// Package tunnel is the data path of tunnels (docs/tunnels.md): the frames
+// every hop relays (client <-> api <-> gateway over WebSockets, one frame
+// per binary message; gateway <-> daemon on a yamux stream, length
+// prefixed) and the stream multiplexing beside a daemon session's control
+// messages. Both the gateway and compute-agent import it.
+package tunnel
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/hashicorp/yamux"
+)
+
+// Frame kinds: the first byte of every frame.
+const (
+	FrameOpen   byte = 'o' // JSON Open: the first frame towards the daemon
+	FrameStdin  byte = 0
+	FrameStdout byte = 1
+	FrameStderr byte = 2
+	FrameExit   byte = 3 // JSON Exit: the last frame from the daemon
+	FrameEOF    byte = 4 // the client closed stdin
+	FrameResize byte = 5 // JSON Size (PTY exec)
+)
+
+// MaxFrame bounds one frame's payload.
+const MaxFrame = 64 << 10
+
+// Kinds of tunnel.
+const KindExec = "exec"
+
+// Open asks the daemon for a tunnel into an instance's guest.
+type Open struct {
+	TunnelID   string            `json:"tunnelId"`
+	Kind       string            `json:"kind"`
+	InstanceID string            `json:"instanceId"`
+	Argv       []string          `json:"argv"`
+	Env        map[string]string `json:"env,omitempty"`
+	TTY        bool              `json:"tty,omitempty"`
+}
+
+// Exit ends a tunnel: the program's exit code, or why it could not run.
+type Exit struct {
+	ExitCode int    `json:"exitCode"`
+	Error    string `json:"error,omitempty"`
+}
+
+// WriteFrame writes one length-prefixed frame to a stream.
+func WriteFrame(w io.Writer, kind byte, p []byte) error {
+	if len(p) > MaxFrame {
+		return fmt.Errorf("tunnel: a frame of %d bytes (at most %d)", len(p), MaxFrame)
+	}
+	b := make([]byte, 5+len(p))
+	b[0] = kind
+	binary.BigEndian.PutUint32(b[1:5], uint32(len(p)))
+	copy(b[5:], p)
+	_, err := w.Write(b)
+	return err
+}
+
+// ReadFrame reads one length-prefixed frame from a stream.
+func ReadFrame(r io.Reader) (byte, []byte, error) {
+	var h [5]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(h[1:])
+	if n > MaxFrame {
+		return 0, nil, fmt.Errorf("tunnel: a frame of %d bytes (at most %d)", n, MaxFrame)
+	}
+	p := make([]byte, n)
+	_, err := io.ReadFull(r, p)
+	return h[0], p, err
+}
+
+// StreamsYamux is what a daemon's hello names when it accepts yamux
+// streams in the session's binary messages.
+const StreamsYamux = "yamux/1"
+
+// MuxConfig is the yamux configuration of both ends: no keepalive (the
+// session has its heartbeat), quiet, the default 256 KiB window per
+// stream (its flow control keeps one busy tunnel from holding the
+// session's reader).
+func MuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.EnableKeepAlive = false
+	c.LogOutput = io.Discard
+	c.StreamOpenTimeout = 10 * time.Second
+	c.ConnectionWriteTimeout = 10 * time.Second
+	return c
+}
+
+// Conn is a net.Conn over a WebSocket's binary messages, beside the text
+// messages of its owner: the owner's read loop hands each binary message
+// to Feed; Write sends binary messages (coder/websocket writes are safe
+// from several goroutines).
+type Conn struct {
+	ws     *websocket.Conn
+	pr     *io.PipeReader
+	pw     *io.PipeWriter
+	closed chan struct{}
+	once   sync.Once
+}
+
+// NewConn wraps ws.
+func NewConn(ws *websocket.Conn) *Conn {
+	pr, pw := io.Pipe()
+	return &Conn{ws: ws, pr: pr, pw: pw, closed: make(chan struct{})}
+}
+
+// Feed passes one binary message to the reader (yamux's receive loop,
+// which never waits on a slow stream: the window bounds what it buffers).
+func (c *Conn) Feed(b []byte) error {
+	_, err := c.pw.Write(b)
+	return err
+}
+
+func (c *Conn) Read(p []byte) (int, error) { return c.pr.Read(p) }
+
+func (c *Conn) Write(p []byte) (int, error) {
+	select {
+	case <-c.closed:
+		return 0, net.ErrClosed
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.ws.Write(ctx, websocket.MessageBinary, p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Close ends the reader; the WebSocket stays its owner's.
+func (c *Conn) Close() error {
+	c.once.Do(func() {
+		close(c.closed)
+		_ = c.pw.CloseWithError(io.EOF)
+		_ = c.pr.Close()
+	})
+	return nil
+}
+
+type addr struct{}
+
+func (addr) Network() string { return "websocket" }
+func (addr) String() string  { return "session" }
+
+func (c *Conn) LocalAddr() net.Addr              { return addr{} }
+func (c *Conn) RemoteAddr() net.Addr             { return addr{} }
+func (c *Conn) SetDeadline(time.Time) error      { return nil }
+func (c *Conn) SetReadDeadline(time.Time) error  { return nil }
+func (c *Conn) SetWriteDeadline(time.Time) error { return nil }
+
+// Mux is one end of a session's streams, made at the first use: idle
+// sessions (thousands per gateway) hold none.
+type Mux struct {
+	mu     sync.Mutex
+	ws     *websocket.Conn
+	client bool
+	conn   *Conn
+	sess   *yamux.Session
+	done   bool
+	// accept runs each stream the peer opens (the daemon's side).
+	accept func(net.Conn)
+}
+
+// NewMux returns the gateway's end (client true: it opens streams) or the
+// daemon's (accept runs each stream the gateway opens).
+func NewMux(ws *websocket.Conn, client bool, accept func(net.Conn)) *Mux {
+	return &Mux{ws: ws, client: client, accept: accept}
+}
+
+var errMuxClosed = errors.New("tunnel: the session ended")
+
+func (m *Mux) session() (*yamux.Session, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.done {
+		return nil, errMuxClosed
+	}
+	if m.sess != nil {
+		return m.sess, nil
+	}
+	m.conn = NewConn(m.ws)
+	var err error
+	if m.client {
+		m.sess, err = yamux.Client(m.conn, MuxConfig())
+	} else {
+		m.sess, err = yamux.Server(m.conn, MuxConfig())
+		if err == nil {
+			go func(s *yamux.Session) {
+				for {
+					st, err := s.Accept()
+					if err != nil {
+						return
+					}
+					go m.accept(st)
+				}
+			}(m.sess)
+		}
+	}
+	return m.sess, err
+}
+
+// Feed hands a binary message of the session to the multiplexer.
+func (m *Mux) Feed(b []byte) error {
+	if _, err := m.session(); err != nil {
+		return err
+	}
+	return m.conn.Feed(b)
+}
+
+// Open opens a stream (the gateway's side).
+func (m *Mux) Open() (net.Conn, error) {
+	s, err := m.session()
+	if err != nil {
+		return nil, err
+	}
+	return s.Open()
+}
+
+// Close ends every stream with the session.
+func (m *Mux) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.done = true
+	if m.sess != nil {
+		_ = m.sess.Close()
+		_ = m.conn.Close()
+	}
+}

@@ -1,0 +1,71 @@
+package iam_test
+
+// Matrix rows of the tunnels group (the matrix's env configures tunnels).
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"computeplane/computeclient"
+	"computeplane/gen/api"
+	"computeplane/gen/client"
+	"computeplane/internal/ids"
+)
+
+// tunnelRow writes an issued ticket of tenant to a fresh id (closed by the
+// row under test).
+func (fx *fixture) tunnelRow(t *testing.T, tenant string) string {
+	t.Helper()
+	id, sbx, vm := ids.New("tun"), ids.New("sbx"), ids.New("inst")
+	_, err := fx.env.Store.Pool().Exec(t.Context(), `insert into tunnels (tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id,
+		node_id, kind, argv, ticket_hash, source_ip, expires_at) values ($1, $2, 'fixture', 'sandbox', $5, $6, 'node_x', 'exec', '["true"]',
+		$3, '127.0.0.1', $4)`, id, tenant, []byte(id), time.Now().Add(time.Minute), sbx, vm)
+	require.NoError(t, err)
+	return id
+}
+
+func init() {
+	preparers = append(preparers, func(t *testing.T, fx *fixture, tenant string, objs map[string]string) {
+		objs["sandbox/tunnel/"+tenant] = fx.sandbox(t, tenant, "running", "tunnel")
+	})
+	operators := []string{owner, admin}
+	matrix[api.MethodTunnelsOpen] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.TunnelsOpen(t.Context(), &client.TunnelsOpenInput{TenantId: tenant, Kind: client.TunnelsOpenInputKindExec,
+				Target: client.TunnelTarget{Kind: client.TunnelTargetKindSandbox, ID: fx.sandbox(t, tenant, "running", "tunnel")}, Argv: []string{"sh"}})
+		},
+		tenantRoles: []string{owner, admin, member}, // decided on the tenant, like a create
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			d := res.(*client.TunnelsOpenResult).Data
+			assert.Equal(t, tenant, d.Tunnel.TenantId)
+			assert.Equal(t, "issued", string(d.Tunnel.State))
+			assert.NotEmpty(t, d.Ticket)
+		},
+	}}
+	matrix[api.MethodTunnelsList] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
+			return c.TunnelsList(t.Context(), &client.TunnelsListInput{TenantId: tenant})
+		},
+		tenantRoles: []string{owner, admin, member, viewer},
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			for _, it := range res.(*client.TunnelsListResult).Data.Items {
+				assert.Equal(t, tenant, it.TenantId)
+			}
+		},
+	}}
+	matrix[api.MethodTunnelsClose] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.TunnelsClose(t.Context(), &client.TunnelsCloseInput{TenantId: tenant, TunnelId: fx.tunnelRow(t, tenant)})
+		},
+		tenantRoles: []string{owner, admin, member},
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			assert.Equal(t, "closed", string(res.(*client.TunnelsCloseResult).Data.State))
+		},
+	}}
+}

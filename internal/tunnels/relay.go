@@ -1,0 +1,264 @@
+package tunnels
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"computeplane/gen/api"
+	"computeplane/gen/db"
+	"computeplane/internal/agentproto/tunnel"
+	"computeplane/internal/iam"
+	"computeplane/internal/notify"
+	"computeplane/internal/outbox"
+	"computeplane/internal/rpc"
+	"computeplane/internal/store"
+)
+
+// Dialer reaches the gateway holding a node's session (its internal API).
+type Dialer interface {
+	DialTunnel(ctx context.Context, node string) (*websocket.Conn, error)
+}
+
+// Relay serves GET {basePath}/tunnels/{ticket}: it redeems the ticket,
+// dials the node's gateway, upgrades the client and relays frames both
+// ways until either side ends, then writes the tunnel's end.
+type Relay struct {
+	Store    *store.Store
+	Gateways Dialer
+	Notifier *notify.Notifier
+	Log      *slog.Logger
+	// CheckEvery is how often an open tunnel's row is read again (closed
+	// by tunnels.close); default a second.
+	CheckEvery time.Duration
+}
+
+func refuse(w http.ResponseWriter, log *slog.Logger, code api.Code, format string, args ...any) {
+	rpc.WriteError(w, log, api.Errorf(code, format, args...))
+}
+
+func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		refuse(w, rl.Log, api.CodeMethodNotAllowed, "a tunnel is a GET with a WebSocket upgrade")
+		return
+	}
+	ticket := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
+	ctx := r.Context()
+	q := db.New(rl.Store.Pool())
+	hash := HashTicket(ticket)
+	cur, err := q.GetTunnelByTicket(ctx, hash)
+	if errors.Is(err, pgx.ErrNoRows) {
+		refuse(w, rl.Log, api.CodeUnauthenticated, "the ticket is unknown")
+		return
+	}
+	if err != nil {
+		rpc.WriteError(w, rl.Log, err)
+		return
+	}
+	if src := iam.SourceIPFromContext(ctx).String(); src != cur.SourceIp {
+		// Not consumed: the ticket stays its owner's.
+		refuse(w, rl.Log, api.CodeAccessDenied, "the ticket was issued to another source address")
+		return
+	}
+	t, err := q.RedeemTunnel(ctx, hash)
+	if errors.Is(err, pgx.ErrNoRows) {
+		refuse(w, rl.Log, api.CodeUnauthenticated, "the ticket was used, closed or expired")
+		return
+	}
+	if err != nil {
+		rpc.WriteError(w, rl.Log, err)
+		return
+	}
+	start := time.Now()
+	up, err := rl.Gateways.DialTunnel(ctx, t.NodeID)
+	if err != nil {
+		rl.finish(t, "failed", 0, 0, nil, start)
+		rpc.WriteError(w, rl.Log, api.Errorf(api.CodeUnavailable, "the target's node cannot be reached: %s", err.Error()).
+			WithDetails(map[string]any{"retryAfterMs": 1000}))
+		return
+	}
+	defer up.CloseNow()
+	var argv []string
+	_ = json.Unmarshal(t.Argv, &argv)
+	var env map[string]string
+	_ = json.Unmarshal(t.Env, &env)
+	open, _ := json.Marshal(tunnel.Open{TunnelID: t.TunnelID, Kind: t.Kind, InstanceID: t.InstanceID, Argv: argv, Env: env, TTY: t.Tty})
+	if err := up.Write(ctx, websocket.MessageBinary, append([]byte{tunnel.FrameOpen}, open...)); err != nil {
+		rl.finish(t, "failed", 0, 0, nil, start)
+		rpc.WriteError(w, rl.Log, api.Errorf(api.CodeUnavailable, "the target's node cannot be reached"))
+		return
+	}
+	client, err := websocket.Accept(clearDeadlines{w}, r, nil)
+	if err != nil {
+		rl.finish(t, "failed", 0, 0, nil, start)
+		return
+	}
+	defer client.CloseNow()
+	client.SetReadLimit(tunnel.MaxFrame + 1)
+	rl.opened(t)
+
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	var in, out atomic.Int64
+	var exitP atomic.Pointer[tunnel.Exit]
+	reason := make(chan string, 3)
+	go func() { // client -> node
+		for {
+			_, b, err := client.Read(rctx)
+			if err != nil {
+				reason <- "client"
+				return
+			}
+			if len(b) == 0 || (b[0] != tunnel.FrameStdin && b[0] != tunnel.FrameEOF && b[0] != tunnel.FrameResize) {
+				continue // the client sends input only
+			}
+			in.Add(int64(len(b) - 1))
+			if up.Write(rctx, websocket.MessageBinary, b) != nil {
+				reason <- "node"
+				return
+			}
+		}
+	}()
+	go func() { // node -> client
+		for {
+			_, b, err := up.Read(rctx)
+			if err != nil {
+				reason <- "node"
+				return
+			}
+			if len(b) == 0 {
+				continue
+			}
+			if b[0] == tunnel.FrameExit {
+				var e tunnel.Exit
+				if json.Unmarshal(b[1:], &e) == nil {
+					exitP.Store(&e)
+				}
+			} else {
+				out.Add(int64(len(b) - 1))
+			}
+			if client.Write(rctx, websocket.MessageBinary, b) != nil {
+				reason <- "client"
+				return
+			}
+			if b[0] == tunnel.FrameExit {
+				reason <- "exited"
+				return
+			}
+		}
+	}()
+	go func() { // tunnels.close
+		every := rl.CheckEvery
+		if every == 0 {
+			every = time.Second
+		}
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-tick.C:
+				st, err := db.New(rl.Store.Pool()).TunnelState(rctx, t.TunnelID)
+				if err == nil && st != "open" {
+					reason <- "closed"
+					return
+				}
+			}
+		}
+	}()
+	why := <-reason
+	cancel()
+	exit := exitP.Load()
+	var code *int32
+	if why == "exited" && exit != nil && exit.Error == "" {
+		c := int32(exit.ExitCode)
+		code = &c
+	} else if why == "exited" {
+		why = "failed"
+	}
+	closeCode, msg := websocket.StatusNormalClosure, why
+	if exit != nil && exit.Error != "" {
+		msg = exit.Error
+	}
+	_ = client.Close(closeCode, truncate(msg, 120))
+	rl.finish(t, why, in.Load(), out.Load(), code, start)
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+func (rl *Relay) opened(t db.Tunnel) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := rl.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		return outbox.Write(ctx, tx, outbox.Event{Type: api.EventTunnelOpened, Subject: t.TunnelID, TenantID: t.TenantID,
+			Data: api.TunnelOpenedPayload{TunnelID: t.TunnelID, IdentityID: t.IdentityID, TargetKind: t.TargetKind, TargetID: t.TargetID,
+				Kind: t.Kind, NodeID: t.NodeID}})
+	})
+	rl.wake(err, t)
+}
+
+// finish records the tunnel's end and its event.
+func (rl *Relay) finish(t db.Tunnel, why string, in, out int64, code *int32, start time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := rl.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		p := db.FinishTunnelParams{TunnelID: t.TunnelID, BytesIn: in, BytesOut: out}
+		if code != nil {
+			p.ExitCode = pgtype.Int4{Int32: *code, Valid: true}
+		}
+		row, err := db.New(tx).FinishTunnel(ctx, p)
+		if err != nil {
+			return err
+		}
+		return outbox.Write(ctx, tx, outbox.Event{Type: api.EventTunnelClosed, Subject: t.TunnelID, TenantID: t.TenantID,
+			Data: api.TunnelClosedPayload{TunnelID: t.TunnelID, Reason: why, BytesIn: in, BytesOut: out,
+				DurationMs: time.Since(start).Milliseconds(), ExitCode: exitCode(row.ExitCode)}})
+	})
+	rl.wake(err, t)
+}
+
+func (rl *Relay) wake(err error, t db.Tunnel) {
+	if err != nil {
+		rl.Log.Warn("tunnels: recording", "tunnel", t.TunnelID, "error", err.Error())
+		return
+	}
+	if rl.Notifier != nil {
+		rl.Notifier.Wake(notify.TopicOutbox)
+	}
+}
+
+// closedEvent is tunnel.closed for a ticket closed before its use.
+func closedEvent(ctx context.Context, tx pgx.Tx, t db.Tunnel, why string) error {
+	return outbox.Write(ctx, tx, outbox.Event{Type: api.EventTunnelClosed, Subject: t.TunnelID, TenantID: t.TenantID,
+		Data: api.TunnelClosedPayload{TunnelID: t.TunnelID, Reason: why, ExitCode: exitCode(t.ExitCode)}})
+}
+
+// clearDeadlines lets the upgraded connection outlive the server's
+// request deadlines (net/http keeps them on hijack).
+type clearDeadlines struct{ http.ResponseWriter }
+
+func (c clearDeadlines) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(c.ResponseWriter).Hijack()
+	if err == nil {
+		_ = conn.SetDeadline(time.Time{})
+	}
+	return conn, brw, err
+}

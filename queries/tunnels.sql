@@ -1,0 +1,45 @@
+-- name: InsertTunnel :one
+INSERT INTO tunnels (tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty,
+    ticket_hash, source_ip, expires_at)
+VALUES (sqlc.arg(tunnel_id), sqlc.arg(tenant_id), sqlc.arg(identity_id), sqlc.arg(target_kind), sqlc.arg(target_id),
+    sqlc.arg(instance_id), sqlc.arg(node_id), sqlc.arg(kind), sqlc.arg(argv), sqlc.narg(env), sqlc.arg(tty),
+    sqlc.arg(ticket_hash), sqlc.arg(source_ip), sqlc.arg(expires_at))
+RETURNING *;
+
+-- name: RedeemTunnel :one
+-- Single use: only an issued, unexpired ticket opens, once.
+UPDATE tunnels SET state = 'open', opened_at = now()
+WHERE ticket_hash = sqlc.arg(ticket_hash) AND state = 'issued' AND expires_at > now()
+RETURNING *;
+
+-- name: GetTunnelByTicket :one
+SELECT * FROM tunnels WHERE ticket_hash = sqlc.arg(ticket_hash);
+
+-- name: GetTunnel :one
+SELECT * FROM tunnels WHERE tunnel_id = sqlc.arg(tunnel_id);
+
+-- name: GetTunnelForUpdate :one
+SELECT * FROM tunnels WHERE tunnel_id = sqlc.arg(tunnel_id) FOR UPDATE;
+
+-- name: TunnelState :one
+SELECT state FROM tunnels WHERE tunnel_id = sqlc.arg(tunnel_id);
+
+-- name: FinishTunnel :one
+-- The relay's end: counts and the exit code; a tunnel closed by
+-- tunnels.close keeps its closed_at.
+UPDATE tunnels SET state = 'closed', closed_at = coalesce(closed_at, now()), bytes_in = sqlc.arg(bytes_in),
+    bytes_out = sqlc.arg(bytes_out), exit_code = sqlc.narg(exit_code)
+WHERE tunnel_id = sqlc.arg(tunnel_id)
+RETURNING *;
+
+-- name: CloseTunnel :one
+UPDATE tunnels SET state = CASE WHEN state = 'issued' AND expires_at <= now() THEN 'expired' ELSE 'closed' END,
+    closed_at = now()
+WHERE tunnel_id = sqlc.arg(tunnel_id) AND state IN ('issued', 'open')
+RETURNING *;
+
+-- name: ListTunnels :many
+SELECT * FROM tunnels
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.arg(include_closed)::boolean OR (state = 'open' OR (state = 'issued' AND expires_at > now())))
+ORDER BY created_at DESC, tunnel_id DESC LIMIT 1000;
