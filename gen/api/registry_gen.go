@@ -2977,7 +2977,6 @@ var Methods = []*Method{
 		},
 		Description: "Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnsupported, CodeRateLimited, CodeUnauthenticated, CodeAccessDenied},
-		Events:      []string{"tunnel.opened"},
 		FullName:    "tunnels.open",
 		Group:       "tunnels",
 		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {

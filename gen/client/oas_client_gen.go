@@ -1228,9 +1228,9 @@ type TunnelsInvoker interface {
 	// tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
 	// retryAfterMs.
 	//
-	// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Publishes
-	// tunnel.opened. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422),
-	// RATE_LIMITED (429), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429),
+	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 	//
 	// POST /tunnels/open
 	TunnelsOpen(ctx context.Context, request *TunnelsOpenInput) (*TunnelsOpenResult, error)
@@ -10703,9 +10703,9 @@ func (c *Client) sendTunnelsList(ctx context.Context, request *TunnelsListInput)
 // tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
 // retryAfterMs.
 //
-// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Publishes
-// tunnel.opened. Errors: INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422),
-// RATE_LIMITED (429), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429),
+// UNAUTHENTICATED (401), ACCESS_DENIED (403).
 //
 // POST /tunnels/open
 func (c *Client) TunnelsOpen(ctx context.Context, request *TunnelsOpenInput) (*TunnelsOpenResult, error) {
