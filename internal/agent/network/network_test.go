@@ -1,6 +1,7 @@
 package network
 
 import (
+	"computeplane/internal/agentproto"
 	"fmt"
 	"net"
 	"net/netip"
@@ -36,12 +37,12 @@ func newManager(t *testing.T, cfg Config) *Manager {
 }
 
 func egressVM(id, tenant, addr, gw, mac string) VM {
-	return VM{ID: id, Mode: ModeEgress, Tenant: tenant, MAC: mac,
-		Address: netip.MustParsePrefix(addr), Gateway: netip.MustParseAddr(gw)}
+	return VM{ID: id, VMNetwork: agentproto.VMNetwork{Mode: ModeEgress, Tenant: tenant, MAC: mac,
+		Address: netip.MustParsePrefix(addr), Gateway: netip.MustParseAddr(gw)}}
 }
 
 func privateVM(id, tenant, addr, mac string) VM {
-	return VM{ID: id, Mode: ModePrivate, Tenant: tenant, MAC: mac, Address: netip.MustParsePrefix(addr)}
+	return VM{ID: id, VMNetwork: agentproto.VMNetwork{Mode: ModePrivate, Tenant: tenant, MAC: mac, Address: netip.MustParsePrefix(addr)}}
 }
 
 func blocked(t *testing.T, v *fakeVM, addr string) {

@@ -1,66 +1,41 @@
 package network
 
 import (
+	"computeplane/internal/agentproto"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 )
 
-// Mode is how a VM is networked.
-type Mode string
+// Mode is how a VM is networked: the node spec's modes.
+type Mode = string
 
+// The modes (agentproto.NetNone, NetEgress, NetPrivate).
 const (
 	// ModeNone: no network device at all.
-	ModeNone Mode = "none"
+	ModeNone = agentproto.NetNone
 	// ModeEgress: outbound through the node's uplink with source NAT,
 	// nothing inbound, the platform deny set always on.
-	ModeEgress Mode = "egress"
+	ModeEgress = agentproto.NetEgress
 	// ModePrivate: a layer-2 network among one tenant's VMs, no internet
 	// and no route to the node.
-	ModePrivate Mode = "private"
+	ModePrivate = agentproto.NetPrivate
 )
 
-// VM is one virtual machine's network as the agent applies it and
-// compute-guest configures it. It is the shape that moves into
-// internal/agentproto (the node spec) once the spec carries networks; the
-// control plane allocates Address (per pool, never two live VMs on one)
-// and MAC.
+// VM is one virtual machine's network as the node spec carries it
+// (agentproto.VMNetwork: the control plane allocates Address and MAC) with
+// the id of its VM, which names every object the manager makes for it.
 type VM struct {
-	// ID names the VM (its instance or sandbox id); every object the
-	// manager makes for it derives its name from it.
-	ID     string `json:"id"`
-	Mode   Mode   `json:"mode"`
-	Tenant string `json:"tenant"`
-	// MAC is the virtio-net card's address, e.g. 52:54:00:12:34:56.
-	MAC string `json:"mac,omitempty"`
-	// Address is the VM's IPv4 address with its subnet's length, e.g.
-	// 10.200.3.7/24 (inside the node's pool for Mode).
-	Address netip.Prefix `json:"address,omitzero"`
-	// Gateway is the node's address on the tenant's egress bridge (the
-	// VM's default route); empty in private mode.
-	Gateway netip.Addr   `json:"gateway,omitzero"`
-	DNS     []netip.Addr `json:"dns,omitempty"`
-	MTU     int          `json:"mtu,omitempty"`
-	Policy  Policy       `json:"policy,omitzero"`
-	// Peers are the other nodes carrying this tenant's private network
-	// (their overlay endpoints). Not used yet: the cross-node overlay
-	// (VXLAN on the tenant's private bridge) comes later.
-	Peers []netip.Addr `json:"peers,omitempty"`
+	ID string `json:"id"`
+	agentproto.VMNetwork
 }
 
-// Policy is a VM's own egress policy, under the platform deny set (which
-// no policy lifts). An empty Allow admits everything the deny set and
-// Deny leave; a non-empty Allow admits exactly its entries.
-type Policy struct {
-	Allow []netip.Prefix `json:"allow,omitempty"`
-	Deny  []netip.Prefix `json:"deny,omitempty"`
-	// AllowDomains and DenyDomains are matched on TLS SNI and the HTTP
-	// Host by a DomainFilter (Config); without one a policy naming
-	// domains is refused (ErrDomains) rather than silently ignored.
-	AllowDomains []string `json:"allowDomains,omitempty"`
-	DenyDomains  []string `json:"denyDomains,omitempty"`
-}
+// Policy is a VM's own egress policy (agentproto.EgressPolicy), under the
+// platform deny set, which no policy lifts. Domain entries are matched on
+// TLS SNI and the HTTP Host by a DomainFilter (Config); without one a
+// policy naming domains is refused (ErrDomains) rather than ignored.
+type Policy = agentproto.EgressPolicy
 
 // Counters are a VM's routed traffic through the node (egress mode):
 // Tx leaves the VM past the policy, Rx comes back.

@@ -21,14 +21,16 @@ type Network interface {
 	Counters() (map[string]network.Counters, error)
 }
 
-// netOf is the network an instance's spec asks for; nil is none (no
-// card). Today agentproto.InstanceSpec carries no network, so it is nil:
-// when the spec's typed network lands, this maps it (mode, tenant, MAC,
-// address/prefix, gateway, DNS, MTU, policy, peers) to a network.VM.
-// The runtime sets the VM's ID to the instance's itself.
+// netOf is the network the node spec gives an instance (the control
+// plane allocated its address and MAC); nil for a spec without one (a
+// control plane from before networks: no card). The runtime sets the
+// VM's ID, and fills in the node's MTU when it names none; DNS left empty
+// is the node's resolvers (network.Config.Resolvers).
 func netOf(spec agentproto.InstanceSpec) *network.VM {
-	_ = spec
-	return nil
+	if spec.Network == nil {
+		return nil
+	}
+	return &network.VM{ID: spec.ID, VMNetwork: *spec.Network}
 }
 
 // UseNetwork wires VMs' networks through n from now on. Called once,
@@ -173,25 +175,22 @@ func netCmdline(n *network.VM) string {
 	return "compute.net=" + base64.RawURLEncoding.EncodeToString(b)
 }
 
-// EgressBytes are the bytes each instance with a network sent out past
-// its policy (network.Counters' TxBytes), by instance id, for a usage
-// meter; nil on a node without a network. Counters survive an agent
-// restart for the VMs it adopts.
-func (r *QEMU) EgressBytes() map[string]uint64 {
-	r.mu.Lock()
-	n := r.net
-	r.mu.Unlock()
+// egress fills in each status's egress counters (cumulative, as the
+// network counts them since the VM's port was made) for the control
+// plane's usage meter; without a network it leaves them zero.
+func (r *QEMU) egress(out []agentproto.InstanceStatus, n Network) []agentproto.InstanceStatus {
 	if n == nil {
-		return nil
+		return out
 	}
 	c, err := n.Counters()
 	if err != nil {
 		r.Log.Warn("could not read the network's counters", "error", err.Error())
-		return nil
+		return out
 	}
-	out := make(map[string]uint64, len(c))
-	for id, v := range c {
-		out[id] = v.TxBytes
+	for i := range out {
+		if v, ok := c[out[i].ID]; ok {
+			out[i].EgressTxBytes, out[i].EgressRxBytes = v.TxBytes, v.RxBytes
+		}
 	}
 	return out
 }

@@ -130,9 +130,9 @@ func prefixes(ps []netip.Prefix) string {
 }
 
 func egress(addr string) *network.VM {
-	return &network.VM{Mode: network.ModeEgress, Tenant: "t1", MAC: "52:54:00:00:00:02",
+	return &network.VM{VMNetwork: agentproto.VMNetwork{Mode: network.ModeEgress, Tenant: "t1", MAC: "52:54:00:00:00:02",
 		Address: netip.MustParsePrefix(addr + "/24"), Gateway: netip.MustParseAddr("10.200.1.1"),
-		DNS: []netip.Addr{netip.MustParseAddr("10.200.1.1")}}
+		DNS: []netip.Addr{netip.MustParseAddr("10.200.1.1")}}}
 }
 
 // newNetRuntime is a runtime over fake VMs with a fake network wired.
@@ -276,7 +276,7 @@ func TestAClaimKeepsOrChangesTheNetwork(t *testing.T) {
 // Mode none (or no network) adds no card and calls nothing.
 func TestModeNoneAddsNoCard(t *testing.T) {
 	r, l, n := newNetRuntime(t)
-	n.set("a", &network.VM{Mode: network.ModeNone})
+	n.set("a", &network.VM{VMNetwork: agentproto.VMNetwork{Mode: network.ModeNone}})
 	apply(t, r, inst("a", StateRunning), inst("b", StateRunning))
 	waitState(t, r, "a", StateRunning)
 	waitState(t, r, "b", StateRunning)
@@ -355,12 +355,29 @@ func TestANewRuntimeKeepsAndRewiresTheAdoptedVMsNetworks(t *testing.T) {
 	assert.Equal(t, []string{"kill"}, bad.Calls())
 }
 
-// The runtime keeps each VM's egress bytes ready for a usage meter.
-func TestEgressBytes(t *testing.T) {
+// Each VM's egress counters reach the control plane in its status (the
+// usage meter vps.egress.bytes); without a network there are none.
+func TestEgressCountersInStatus(t *testing.T) {
 	r, _, n := newNetRuntime(t)
 	n.counters = map[string]network.Counters{"a": {TxBytes: 1234, RxBytes: 99}}
-	assert.Equal(t, map[string]uint64{"a": 1234}, r.EgressBytes())
-	assert.Nil(t, newRuntime(t, &fakeLauncher{}).EgressBytes(), "no network, no meter")
+	out := r.egress([]agentproto.InstanceStatus{{ID: "a"}, {ID: "b"}}, n)
+	assert.Equal(t, uint64(1234), out[0].EgressTxBytes)
+	assert.Equal(t, uint64(99), out[0].EgressRxBytes)
+	assert.Zero(t, out[1].EgressTxBytes+out[1].EgressRxBytes)
+	plain := newRuntime(t, &fakeLauncher{})
+	assert.Zero(t, plain.egress([]agentproto.InstanceStatus{{ID: "a"}}, nil)[0].EgressTxBytes, "no network, no meter")
+}
+
+// The node spec's network is the VM's, named by the instance.
+func TestNetOfTheSpec(t *testing.T) {
+	assert.Nil(t, netOf(agentproto.InstanceSpec{ID: "a"}), "a spec without a network: no card")
+	nw := agentproto.VMNetwork{Mode: agentproto.NetEgress, Tenant: "t1", MAC: "02:00:00:00:00:01",
+		Address: netip.MustParsePrefix("10.200.0.2/24"), Gateway: netip.MustParseAddr("10.200.0.1"),
+		Policy: agentproto.EgressPolicy{Deny: []netip.Prefix{netip.MustParsePrefix("8.8.8.8/32")}}}
+	got := netOf(agentproto.InstanceSpec{ID: "a", Network: &nw})
+	require.NotNil(t, got)
+	assert.Equal(t, "a", got.ID)
+	assert.Equal(t, nw, got.VMNetwork)
 }
 
 var _ Network = (*network.Manager)(nil)

@@ -798,8 +798,10 @@ func (r *QEMU) Changes() <-chan struct{} { return r.Changed }
 // shows as failed.
 func (r *QEMU) Observe(context.Context) []agentproto.InstanceStatus {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.observeLocked()
+	out, n := r.observeLocked(), r.net
+	r.mu.Unlock()
+	// Read outside the lock: counters come from the kernel, not from us.
+	return r.egress(out, n)
 }
 
 func (r *QEMU) observeLocked() []agentproto.InstanceStatus {
