@@ -141,12 +141,7 @@ func registerDispatch(runner *workers.Runner, st *store.Store, cfg *config.Confi
 	if err != nil {
 		return err
 	}
-	runner.RegisterSingleton("webhooks", func(ctx context.Context, l workers.Lease) error {
-		wake, stop := n.Subscribe(notify.TopicOutbox)
-		defer stop()
-		engine.Run(ctx, l.Fence, wake, DispatchPoll)
-		return nil
-	})
+	runner.RegisterPeriodic(engine.Periodic(n, DispatchPoll))
 	return nil
 }
 

@@ -22,8 +22,10 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/ids"
 	"computeplane/internal/metrics"
+	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/store"
+	"computeplane/internal/workers"
 )
 
 // Fence is called first in each transaction the engine writes in; an
@@ -550,59 +552,62 @@ func (e *Engine) Step(ctx context.Context, fence Fence) error {
 }
 
 // Run alternates FanOut and Deliver until ctx ends: at once, then on
-// every wake-up (the notifier), when an attempt ends (a place is free),
-// and every poll at the latest. When ctx ends it waits for the attempts in
-// flight, which give their claims back.
+// every wake-up (wake, the notifier's), when an attempt ends (a place is
+// free), and every poll at the latest. When ctx ends it waits for the
+// attempts in flight, which give their claims back. It is Periodic run
+// without a lease's runner (tests and benchmarks).
 func (e *Engine) Run(ctx context.Context, fence Fence, wake <-chan struct{}, poll time.Duration) {
+	p := e.Periodic(nil, poll)
+	p.Also = append(p.Also, wake)
+	_ = p.RunFenced(ctx, fence)
+}
+
+// Periodic is webhook delivery as a background job (workers.Periodic)
+// woken by n's outbox topic: its start gives back the claims an earlier
+// holder of its lease left; each pass is a Step (fan-out, then delivery,
+// whose attempts run on and are waited for as the run ends); it rechecks
+// sooner, doubling from 2 ms up to poll, while committed rows wait behind
+// an older transaction.
+func (e *Engine) Periodic(n *notify.Notifier, poll time.Duration) *workers.Periodic {
 	if poll <= 0 {
 		poll = time.Second
 	}
-	// Run holds the engine's one lease: claims it finds were made under an
-	// older epoch (a killed or fenced-off holder) and would otherwise hold
-	// their webhooks' places until ClaimTTL; give them back at once.
-	if err := e.tx(ctx, fence, func(q *db.Queries) error {
-		n, err := q.ReleaseClaims(ctx, e.now())
-		if n > 0 {
-			e.log.Info("released the claims of an earlier lease holder", "claims", n)
-		}
-		return err
-	}); err != nil && ctx.Err() == nil {
-		e.log.Warn("releasing earlier claims failed", "error", err.Error())
-	}
-	timer := time.NewTimer(0)
-	defer timer.Stop()
 	lastGauge := time.Time{}
 	const firstRecheck = 2 * time.Millisecond
 	recheck := firstRecheck
-	for {
-		select {
-		case <-ctx.Done():
-			e.Wait()
-			return
-		case <-wake:
-		case <-e.freed:
-		case <-timer.C:
-		}
-		if err := e.Step(ctx, fence); err != nil && ctx.Err() == nil {
-			e.log.Warn("webhook delivery step failed", "error", err.Error())
-		}
-		if e.metrics != nil && time.Since(lastGauge) >= poll {
-			lastGauge = time.Now()
-			e.gaugeOldest(ctx)
-		}
-		next := poll
-		if e.heldBack.Load() {
-			next, recheck = min(recheck, poll), min(2*recheck, poll)
-		} else {
-			recheck = firstRecheck
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
+	return &workers.Periodic{
+		Name: "webhooks", Interval: poll, Wake: notify.TopicOutbox, Notifier: n, Log: e.log,
+		Also: []<-chan struct{}{e.freed},
+		// Claims made under an older epoch (a killed or fenced-off
+		// holder) would otherwise hold their webhooks' places until
+		// ClaimTTL.
+		Start: func(ctx context.Context, fence workers.Fence) error {
+			return e.tx(ctx, fence, func(q *db.Queries) error {
+				n, err := q.ReleaseClaims(ctx, e.now())
+				if n > 0 {
+					e.log.Info("released the claims of an earlier lease holder", "claims", n)
+				}
+				return err
+			})
+		},
+		Pass: func(ctx context.Context, fence workers.Fence) error {
+			err := e.Step(ctx, fence)
+			if e.metrics != nil && time.Since(lastGauge) >= poll {
+				lastGauge = time.Now()
+				e.gaugeOldest(ctx)
 			}
-		}
-		timer.Reset(next)
+			return err
+		},
+		Next: func() time.Duration {
+			if !e.heldBack.Load() {
+				recheck = firstRecheck
+				return poll
+			}
+			next := recheck
+			recheck = min(2*recheck, poll)
+			return next
+		},
+		Drain: e.Wait,
 	}
 }
 

@@ -42,7 +42,18 @@ type Periodic struct {
 	// Drain, when set, is called as the run ends, before Run returns: a
 	// job whose passes start work that outlives them waits for it there,
 	// so that the next holder of the lease never overlaps with it.
-	Drain    func()
+	Drain func()
+	// Start, when set, runs once as the run begins, before the first
+	// pass (a job that takes over from an earlier lease holder tidies
+	// what it left); a failure is logged.
+	Start func(ctx context.Context, fence Fence) error
+	// Also are wake-ups beside Wake that are not notifier topics (work
+	// the job itself frees, a caller's channel).
+	Also []<-chan struct{}
+	// Next, when set, chooses the wait after each pass (at most
+	// Interval), for a job that rechecks sooner while work is held back;
+	// without it passes come every Interval.
+	Next     func() time.Duration
 	Notifier *notify.Notifier
 	Log      *slog.Logger
 
@@ -61,6 +72,8 @@ func (p *Periodic) Validate() error {
 		return fmt.Errorf("workers: periodic job %s: PassTimeout must not be negative", p.Name)
 	case p.Pass == nil:
 		return fmt.Errorf("workers: periodic job %s has no Pass", p.Name)
+	case len(p.Also) > 2:
+		return fmt.Errorf("workers: periodic job %s: at most 2 Also channels", p.Name)
 	}
 	return nil
 }
@@ -89,7 +102,14 @@ func (p *Periodic) RunFenced(ctx context.Context, fence Fence) error {
 		defer stop()
 		wake = ch
 	}
-	t := time.NewTicker(p.Interval)
+	also := make([]<-chan struct{}, 2) // nil channels never fire
+	copy(also, p.Also)
+	if p.Start != nil {
+		if err := p.Start(ctx, fence); err != nil && ctx.Err() == nil {
+			p.logger().Warn("job start failed", "job", p.Name, "error", err.Error())
+		}
+	}
+	t := time.NewTimer(p.Interval)
 	defer t.Stop()
 	for {
 		if err := p.RunOnce(ctx, fence); err != nil && ctx.Err() == nil {
@@ -98,10 +118,23 @@ func (p *Periodic) RunFenced(ctx context.Context, fence Fence) error {
 			}
 			p.logger().Warn("job pass failed", "job", p.Name, "error", err.Error())
 		}
+		next := p.Interval
+		if p.Next != nil {
+			next = min(max(p.Next(), 0), p.Interval)
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
+		case <-also[0]:
+		case <-also[1]:
 		case <-t.C:
 		}
 	}

@@ -131,3 +131,40 @@ func TestTxIsOneUnitOfWork(t *testing.T) {
 	require.NoError(t, workers.Tx(t.Context(), st, n, nil, func(ctx context.Context, tx pgx.Tx) error { return nil }))
 	assert.Len(t, outboxWake, 1, "no event, no outbox wake-up (the last one is still unread)")
 }
+
+// A job's Start runs once before its first pass; a channel of Also wakes a
+// pass; Next shortens the wait after a pass (its interval is an hour).
+func TestPeriodicStartAlsoAndNext(t *testing.T) {
+	t.Parallel()
+	var order []string
+	also := make(chan struct{}, 1)
+	soon := true
+	p := &workers.Periodic{Name: "hooks", Interval: time.Hour, Also: []<-chan struct{}{also},
+		Start: func(context.Context, workers.Fence) error { order = append(order, "start"); return nil },
+		Pass:  func(context.Context, workers.Fence) error { order = append(order, "pass"); return nil },
+		Next: func() time.Duration {
+			if soon {
+				soon = false
+				return 10 * time.Millisecond
+			}
+			return time.Hour
+		}}
+	passes := p.TestSignals()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { _ = p.RunFenced(ctx, nil); close(done) }()
+	require.NoError(t, waitPass(t, passes), "the first pass")
+	require.NoError(t, waitPass(t, passes), "a pass after Next's 10 ms, not the hour")
+	select {
+	case <-passes:
+		t.Fatal("a pass without a wake-up")
+	case <-time.After(100 * time.Millisecond):
+	}
+	also <- struct{}{}
+	require.NoError(t, waitPass(t, passes), "a pass on the Also channel")
+	cancel()
+	<-done
+	assert.Equal(t, []string{"start", "pass", "pass", "pass"}, order)
+	assert.Error(t, (&workers.Periodic{Name: "x", Interval: time.Second, Pass: p.Pass,
+		Also: make([]<-chan struct{}, 3)}).Validate(), "at most two Also channels")
+}
