@@ -93,7 +93,6 @@ func TestInvalidConfigBeforeAnyConnection(t *testing.T) {
 	serveOnly := []struct {
 		name, file, option string
 	}{
-		{"tunnels not built", "baseURL: https://compute.example.com\ntunnels: {issuer: https://compute.example.com}\n", "tunnels"},
 		{"downloads not built", "downloads: {dir: /srv/downloads}\n", "downloads"},
 		{"plugins not built", "plugins: [billing]\n", "plugins"},
 		{"attestors not built", "attestors: [tpm]\n", "attestors"},
