@@ -1144,10 +1144,11 @@ func (o *txObserver) Finish(ctx context.Context, err error) {
 func TestRefusedCallsLeaveNoRow(t *testing.T) {
 	t.Parallel()
 	counter, txs := &countingSystem{}, &txObserver{}
-	env := testenv.Start(t, testenv.WithOverrides(host.Overrides{Gate: txs, Services: func(s *api.Services) {
-		counter.SystemService = s.System
-		s.System = counter
-	}}))
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "tunnels: {issuer: 'http://localhost:3000'}\n")),
+		testenv.WithOverrides(host.Overrides{Gate: txs, Services: func(s *api.Services) {
+			counter.SystemService = s.System
+			s.System = counter
+		}}))
 	txs.gate.Store(hostGate(env, nil))
 	root := env.Config.RootTenantID
 	keys := mintKeys(t, env)
@@ -1398,7 +1399,8 @@ func TestMutationsAreDecidedAfresh(t *testing.T) {
 		t.Skip("no registered mutation yet: TestRequireIsNeverCachedAuthorizeIs shows it on the port")
 	}
 	clk := newClock()
-	env := testenv.Start(t, withClock(clk))
+	// Tunnels configured: the group exists only then.
+	env := testenv.Start(t, withClock(clk), testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "tunnels: {issuer: 'http://localhost:3000'}\n")))
 	root := env.Config.RootTenantID
 	fx := newFixture(env, mintKeys(t, env))
 	tested := 0

@@ -15,9 +15,15 @@ import (
 	"computeplane/internal/ids"
 )
 
-// tunnelRow writes an issued ticket of tenant to a fresh id (closed by the
-// row under test).
+// tunnelRow is an issued ticket of tenant, kept while calls are refused
+// (no row written by a refused call) and made again once a close used it.
 func (fx *fixture) tunnelRow(t *testing.T, tenant string) string {
+	t.Helper()
+	return fx.keep("tunnel", tenant, func() string { return fx.newTunnelRow(t, tenant) })
+}
+
+// newTunnelRow writes an issued ticket of tenant to a fresh id.
+func (fx *fixture) newTunnelRow(t *testing.T, tenant string) string {
 	t.Helper()
 	id, sbx, vm := ids.New("tun"), ids.New("sbx"), ids.New("inst")
 	_, err := fx.env.Store.Pool().Exec(t.Context(), `insert into tunnels (tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id,
@@ -30,6 +36,7 @@ func (fx *fixture) tunnelRow(t *testing.T, tenant string) string {
 func init() {
 	preparers = append(preparers, func(t *testing.T, fx *fixture, tenant string, objs map[string]string) {
 		objs["sandbox/tunnel/"+tenant] = fx.sandbox(t, tenant, "running", "tunnel")
+		objs["tunnel/"+tenant] = fx.tunnelRow(t, tenant)
 	})
 	operators := []string{owner, admin}
 	matrix[api.MethodTunnelsOpen] = []matrixCase{{
@@ -60,7 +67,12 @@ func init() {
 	}}
 	matrix[api.MethodTunnelsClose] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
-			return c.TunnelsClose(t.Context(), &client.TunnelsCloseInput{TenantId: tenant, TunnelId: fx.tunnelRow(t, tenant)})
+			id := fx.tunnelRow(t, tenant)
+			res, err := c.TunnelsClose(t.Context(), &client.TunnelsCloseInput{TenantId: tenant, TunnelId: id})
+			if err == nil {
+				fx.used("tunnel", tenant, id)
+			}
+			return res, err
 		},
 		tenantRoles: []string{owner, admin, member},
 		rootRoles:   operators,

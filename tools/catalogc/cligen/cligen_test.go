@@ -247,7 +247,7 @@ func TestIDFieldOfEveryGroup(t *testing.T) {
 		"pools": "poolId", "profiles": "profileId", "projects": "projectId", "providerAccounts": "accountId",
 		"quotas": "", "reservations": "reservationId", "sandboxSnapshots": "snapshotId",
 		"sandboxTemplates": "templateId", "sandboxVolumes": "volumeId", "sandboxes": "sandboxId",
-		"secrets": "name", "sites": "siteId", "system": "", "usage": "", "webhooks": "webhookId",
+		"secrets": "name", "sites": "siteId", "system": "", "tunnels": "tunnelId", "usage": "", "webhooks": "webhookId",
 		"workflows": "workflowId",
 	}
 	cmds, err := Commands(load(t, repoCatalog))
