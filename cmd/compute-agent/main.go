@@ -213,6 +213,9 @@ func newQEMU(ctx context.Context, f runtimeFlags, log *slog.Logger) (vmruntime.R
 	if q.VolumeDir == "" {
 		q.VolumeDir = f.dir + "/volumes" // as the agent's default
 	}
+	if f.net != nil && f.net.NetNS != "" {
+		qemu.Through = []string{"nsenter", "--net=" + f.net.NetNS} // its taps are in that namespace
+	}
 	if f.net != nil {
 		// Before any spec: what an earlier agent left is removed, the VMs
 		// it adopted keep their taps and are wired again.

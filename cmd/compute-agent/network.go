@@ -8,9 +8,11 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"os/exec"
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"computeplane/internal/agent"
 	"computeplane/internal/agent/network"
@@ -24,6 +26,7 @@ type netFlags struct {
 	egressPool, privatePool       string
 	allowPrivate, deny, resolvers string
 	bandwidthMbps, mtu            int
+	netns                         string
 }
 
 func (f *netFlags) register(fs *flag.FlagSet) {
@@ -36,6 +39,9 @@ func (f *netFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.resolvers, "net-resolvers", "", "DNS servers (addresses, comma-separated) VMs may reach on port 53 even inside the deny set")
 	fs.IntVar(&f.bandwidthMbps, "net-bandwidth-mbps", 0, "each VM's bandwidth cap each way, megabits per second (0: none)")
 	fs.IntVar(&f.mtu, "net-mtu", 0, "the MTU of VMs that name none (0: 1500)")
+	// A test hook (end-to-end tests put the node in a namespace of their
+	// own while the daemon talks to the control plane on the host's).
+	fs.StringVar(&f.netns, "net-netns", "", "testing: wire VMs in the network namespace at this path (e.g. /var/run/netns/x) and start qemu inside it through nsenter; the uplink is looked up there")
 }
 
 // config checks the network flags (set: the names given on the command
@@ -89,7 +95,13 @@ func (f *netFlags) config(set map[string]bool, st *agent.State, log *slog.Logger
 	if f.mtu != 0 && (f.mtu < 576 || f.mtu > 9000) {
 		return nil, fmt.Errorf("--net-mtu %d is outside 576..9000", f.mtu)
 	}
-	if cfg.Uplink, err = uplink(f.uplink); err != nil {
+	if f.netns != "" {
+		if _, err := exec.LookPath("nsenter"); err != nil {
+			return nil, fmt.Errorf("--net-netns needs nsenter (util-linux): %w", err)
+		}
+		cfg.NetNS = f.netns
+	}
+	if cfg.Uplink, err = uplink(f.uplink, f.netns); err != nil {
 		return nil, err
 	}
 	// The platform's services: no VM reaches the API or a gateway of the
@@ -151,21 +163,33 @@ func isPrivate(p netip.Prefix) bool {
 }
 
 // uplink is the named interface, which must exist, or the default
-// route's.
-func uplink(name string) (string, error) {
+// route's, in the namespace at nsPath (empty: the agent's own).
+func uplink(name, nsPath string) (string, error) {
+	h := &netlink.Handle{} // the agent's own namespace
+	if nsPath != "" {
+		ns, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			return "", fmt.Errorf("--net-netns %q: %w", nsPath, err)
+		}
+		defer ns.Close()
+		if h, err = netlink.NewHandleAt(ns); err != nil {
+			return "", fmt.Errorf("--net-netns %q is not a network namespace: %w", nsPath, err)
+		}
+		defer h.Close()
+	}
 	if name != "" {
-		if _, err := netlink.LinkByName(name); err != nil {
+		if _, err := h.LinkByName(name); err != nil {
 			return "", fmt.Errorf("--net-uplink %q: %w", name, err)
 		}
 		return name, nil
 	}
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := h.RouteList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return "", fmt.Errorf("--net-uplink: %w", err)
 	}
 	for _, r := range routes {
 		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
-			if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+			if l, err := h.LinkByIndex(r.LinkIndex); err == nil {
 				return l.Attrs().Name, nil
 			}
 		}

@@ -41,6 +41,11 @@ const (
 // Binary is the qemu system emulator.
 var Binary = "qemu-system-x86_64"
 
+// Through is a command a VM's qemu is started through, which must exec
+// qemu in its place (same pid), e.g. nsenter into another network
+// namespace (compute-agent's --net-netns); empty: qemu directly.
+var Through []string
+
 // Disk is one virtio disk.
 type Disk struct {
 	Path     string `json:"path"`

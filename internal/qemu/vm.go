@@ -62,12 +62,13 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(Binary, c.Args()...)
+	argv := append(append(append([]string(nil), Through...), Binary), c.Args()...)
 	if c.Nice != 0 {
 		// Through nice(1), which execs qemu in its place (same pid): every
 		// thread qemu starts inherits the niceness.
-		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(c.Nice), Binary}, c.Args()...)...)
+		argv = append([]string{"nice", "-n", strconv.Itoa(c.Nice)}, argv...)
 	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
