@@ -31,7 +31,7 @@ func TestSandboxesOnARealVM(t *testing.T) {
 	env := map[string]string{cli.EnvURL: f.PublicURL, cli.EnvToken: f.Key, cli.EnvTenant: fleettest.Tenant}
 
 	// -q prints the template's id, not its image's.
-	r := cmd(t, env, "", "-q", "sandboxTemplates", "create", "--name", "t1", "--pool-id", pool, "--flavor", "small",
+	r := cmd(t, env, "", "-q", "sandboxTemplates", "create", "--name", "t1", "--pool-id", pool, "--flavor", "small", "--network", "none",
 		"--image-id", "computeplane/minimal")
 	require.Equal(t, 0, r.code, r.stderr)
 	tpl := strings.TrimSpace(r.stdout)

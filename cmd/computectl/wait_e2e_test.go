@@ -33,7 +33,7 @@ func TestWaitEndingFailedExits9(t *testing.T) {
 	agent := f.Join(pool, "--runtime", "qemu", "--accel", "tcg", "--vcpu", "2", "--memory-mib", "1024", "--disk-gib", "100")
 	env := map[string]string{cli.EnvURL: f.PublicURL, cli.EnvToken: f.Key, cli.EnvTenant: fleettest.Tenant}
 
-	r := cmd(t, env, "", "--output", "json", "instances", "create", "--pool-id", pool, "--flavor", "small", "--image-id", "test/broken",
+	r := cmd(t, env, "", "--output", "json", "instances", "create", "--pool-id", pool, "--flavor", "small", "--image-id", "test/broken", "--network", "none",
 		"--name", "broken", "--idempotency-key", "b1", "--wait", "30s")
 	require.Equal(t, cli.ExitFailed, r.code, "stdout %s\nstderr %s\nagent:\n%s", r.stdout, r.stderr, proctest.Tail(agent.Proc.Stderr.String(), 30))
 	// The answer is printed, then why on stderr.

@@ -100,13 +100,13 @@ func TestInstanceLifecycleOnRealVMs(t *testing.T) {
 	require.NoError(t, err)
 	sum := sha256.Sum256([]byte(secretValue))
 	userData := "#!/bin/sh\necho " + mark + " > /dev/console\nprintf %s 'secret://tenants/acme/db-pass' | sha256sum > /dev/console\n"
-	_, err = w.c.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: "acme", PoolId: w.poolID, Flavor: "small",
+	_, err = w.c.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: "acme", PoolId: w.poolID, Flavor: "small", Network: client.NewOptInstancesCreateInputNetwork(client.InstancesCreateInputNetworkNone),
 		ImageId: "computeplane/minimal", Name: "bad", IdempotencyKey: "bad", UserData: client.NewOptString("echo secret://tenants/acme/nope")})
 	assert.Equal(t, "INVALID_INPUT", testenv.APIError(t, err).Code, "a reference to a secret that does not exist")
 
 	// create with wait: a running instance whose guest agent answered.
 	start := time.Now()
-	res, err := w.c.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: "acme", PoolId: w.poolID, Flavor: "small",
+	res, err := w.c.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: "acme", PoolId: w.poolID, Flavor: "small", Network: client.NewOptInstancesCreateInputNetwork(client.InstancesCreateInputNetworkNone),
 		ImageId: "computeplane/minimal", Name: "web-1", IdempotencyKey: "i1",
 		UserData: client.NewOptString(userData),
 		Wait:     client.NewOptWait(client.Wait{TimeoutMs: 30000})})
@@ -226,7 +226,7 @@ func TestDiskImagesOnRealVMs(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := w.c.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: "acme", PoolId: w.poolID, Flavor: "small",
+			res, err := w.c.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: "acme", PoolId: w.poolID, Flavor: "small", Network: client.NewOptInstancesCreateInputNetwork(client.InstancesCreateInputNetworkNone),
 				ImageId: image, Name: fmt.Sprintf("disk-%d", i), IdempotencyKey: fmt.Sprintf("disk-%d", i),
 				Wait: client.NewOptWait(client.Wait{TimeoutMs: 30000})})
 			if err == nil {

@@ -198,7 +198,7 @@ func TestInstancesRunInAReservation(t *testing.T) {
 		return n
 	}
 	instance := func(key, flavor, reservation string) (client.Instance, error) {
-		res, err := f.C.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: tenant, PoolId: pool, Flavor: flavor,
+		res, err := f.C.InstancesCreate(t.Context(), &client.InstancesCreateInput{TenantId: tenant, PoolId: pool, Flavor: flavor, Network: client.NewOptInstancesCreateInputNetwork(client.InstancesCreateInputNetworkNone),
 			ImageId: "computeplane/minimal", Name: key, ReservationId: client.NewOptString(reservation), IdempotencyKey: key})
 		if err != nil {
 			return client.Instance{}, err

@@ -49,8 +49,9 @@ func setup(t *testing.T) *world {
 func (w *world) template(name string, warm int64, volumes []client.VolumeMount) client.SandboxTemplate {
 	w.t.Helper()
 	in := &client.SandboxTemplatesCreateInput{TenantId: tenant, Name: name, PoolId: w.pool, Flavor: "small", ImageId: "computeplane/minimal",
-		Env:  client.NewOptSandboxTemplatesCreateInputEnv(client.SandboxTemplatesCreateInputEnv{"GREETING": "hello-" + name}),
-		Warm: client.NewOptWarm(client.Warm{Min: warm}), Volumes: volumes}
+		Network: client.NewOptSandboxTemplatesCreateInputNetwork(client.SandboxTemplatesCreateInputNetworkNone),
+		Env:     client.NewOptSandboxTemplatesCreateInputEnv(client.SandboxTemplatesCreateInputEnv{"GREETING": "hello-" + name}),
+		Warm:    client.NewOptWarm(client.Warm{Min: warm}), Volumes: volumes}
 	res, err := w.C.SandboxTemplatesCreate(w.t.Context(), in)
 	require.NoError(w.t, err)
 	return res.Data

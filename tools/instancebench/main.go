@@ -58,7 +58,7 @@ func main() {
 		var gen0 int64
 		_ = db.QueryRow(ctx, `select observed_generation from nodes where node_id = $1`, node).Scan(&gen0)
 		t0 := time.Now()
-		res, err := c.InstancesCreate(ctx, &client.InstancesCreateInput{TenantId: "bench", PoolId: pool, Flavor: "small",
+		res, err := c.InstancesCreate(ctx, &client.InstancesCreateInput{TenantId: "bench", PoolId: pool, Flavor: "small", Network: client.NewOptInstancesCreateInputNetwork(client.InstancesCreateInputNetworkNone),
 			ImageId: "computeplane/minimal", Name: "vm-" + strconv.Itoa(i), IdempotencyKey: "i" + strconv.Itoa(i)})
 		check(err)
 		t1 := time.Now()

@@ -47,7 +47,7 @@ func main() {
 		}
 	}
 	template := func(name string, warm int64) string {
-		res, err := f.C.SandboxTemplatesCreate(ctx, &client.SandboxTemplatesCreateInput{TenantId: "bench", Name: name, PoolId: f.PoolID,
+		res, err := f.C.SandboxTemplatesCreate(ctx, &client.SandboxTemplatesCreateInput{TenantId: "bench", Name: name, PoolId: f.PoolID, Network: client.NewOptSandboxTemplatesCreateInputNetwork(client.SandboxTemplatesCreateInputNetworkNone),
 			Flavor: "small", ImageId: "computeplane/minimal", Warm: client.NewOptWarm(client.Warm{Min: warm})})
 		check(err)
 		return res.Data.TemplateId
