@@ -92,7 +92,7 @@ func (r *QEMU) wire(id string, st *vmState) error {
 		return nil
 	}
 	if r.net == nil {
-		return fmt.Errorf("the instance asks for a %s network and this node runs without one (compute-agent run --network none)", want.Mode)
+		return fmt.Errorf("the instance asks for network %s and this node runs without networks (compute-agent run --network none; start it with --network nftables)", want.Mode)
 	}
 	port, err := r.net.Add(*want)
 	if err != nil {

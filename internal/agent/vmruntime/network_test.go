@@ -306,7 +306,7 @@ func TestANetworkThatCannotBeAddedFailsTheBoot(t *testing.T) {
 	bare.netHook = n.hook
 	apply(t, bare, inst("a", StateRunning))
 	st = waitState(t, bare, "a", "failed")
-	assert.Contains(t, st.Error, "asks for a egress network and this node runs without one (compute-agent run --network none)")
+	assert.Contains(t, st.Error, "asks for network egress and this node runs without networks (compute-agent run --network none; start it with --network nftables)")
 	assert.Empty(t, l2.vms("a"))
 }
 
