@@ -94,7 +94,7 @@ type assembly struct {
 // Assemble builds the host around an open store: services, registry check,
 // envelope and routes. Tests use it with a store of their own.
 func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins builtin.Plugins, ov Overrides) (_ *Host, err error) {
-	if err := CheckBuilt(cfg, plugins); err != nil {
+	if err := refuseUnbuilt(cfg); err != nil {
 		return nil, err
 	}
 	if plugins.Drivers, err = enabledDrivers(cfg, plugins.Drivers); err != nil {

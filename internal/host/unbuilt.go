@@ -2,7 +2,8 @@ package host
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"computeplane/internal/builtin"
@@ -13,7 +14,7 @@ import (
 // CheckBuilt refuses (INVALID_CONFIG) a configuration this build cannot
 // honour: an option it parses but does not implement yet (accepting it
 // would silently do nothing), or a bare-metal driver it does not have. The
-// main calls it before any connection opens; Assemble again.
+// main calls it before any connection opens; Assemble checks the same.
 func CheckBuilt(cfg *config.Config, plugins builtin.Plugins) error {
 	if err := refuseUnbuilt(cfg); err != nil {
 		return err
@@ -53,13 +54,8 @@ func enabledDrivers(cfg *config.Config, builtIn drivers.Registry) (drivers.Regis
 	for i, name := range cfg.Drivers {
 		open, ok := builtIn[name]
 		if !ok {
-			known := make([]string, 0, len(builtIn))
-			for k := range builtIn {
-				known = append(known, k)
-			}
-			sort.Strings(known)
 			return nil, &config.Error{Option: fmt.Sprintf("drivers[%d]", i),
-				Message: fmt.Sprintf("driver %q is not built into this binary (built in: %s)", name, strings.Join(known, ", "))}
+				Message: fmt.Sprintf("driver %q is not built into this binary (built in: %s)", name, strings.Join(slices.Sorted(maps.Keys(builtIn)), ", "))}
 		}
 		out[name] = open
 	}

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -202,12 +203,7 @@ func NewRegistry(builtIn []*Factory, names []string) (*Registry, error) {
 	for _, n := range names {
 		f, ok := byName[n]
 		if !ok {
-			known := make([]string, 0, len(byName))
-			for k := range byName {
-				known = append(known, k)
-			}
-			sort.Strings(known)
-			return nil, fmt.Errorf("provider %q is not built into this binary (built in: %s)", n, strings.Join(known, ", "))
+			return nil, fmt.Errorf("provider %q is not built into this binary (built in: %s)", n, strings.Join(slices.Sorted(maps.Keys(byName)), ", "))
 		}
 		s, err := compile(f.Manifest)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,8 +41,13 @@ type EgressCount struct {
 // count: all of it is growth. A warm instance (no tenant's work yet) has
 // its counters kept and nothing metered, so a claim bills only what comes
 // after it. Instances not on the node are left alone; the counters of
-// the node's deleted instances are dropped.
+// the node's deleted instances are dropped. A status that counts nothing
+// (a node without networks, the common case) costs no query: it sits on
+// every status write.
 func MeterEgress(ctx context.Context, tx pgx.Tx, node string, reported []EgressCount, at time.Time) error {
+	if !slices.ContainsFunc(reported, func(r EgressCount) bool { return r.Tx != 0 || r.Rx != 0 }) {
+		return nil
+	}
 	q := db.New(tx)
 	byID := make(map[string]EgressCount, len(reported))
 	idsOf := make([]string, 0, len(reported))
