@@ -123,7 +123,7 @@ func (f *Fleet) Close() {
 	if len(left) > 0 {
 		vmowner.Kill(left)
 		log.Fatalf("%s: %d VM(s) still running after every sandbox, template and instance was deleted (killed now):\n  %s",
-			f.name, len(left), strings.Join(left, "\n  "))
+			f.name, len(left), vmowner.Describe(left))
 	}
 }
 

@@ -79,7 +79,7 @@ func Run(m *testing.M) int {
 	// A deleted VM is removed in the background: give it a moment.
 	if left := vmowner.WaitGone(token, 15*time.Second); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "qemutest: %d qemu process(es) of this package's tests still running after them (killed now):\n  %s\n",
-			len(left), strings.Join(left, "\n  "))
+			len(left), vmowner.Describe(left))
 		vmowner.Kill(left)
 		code = 1
 	}

@@ -34,12 +34,19 @@ func Mark() string {
 	return token
 }
 
-// Leftovers returns the qemu processes whose environment carries token,
-// each as "pid: command line".
-func Leftovers(token string) []string {
+// Process is a qemu process of the owner.
+type Process struct {
+	PID     int
+	Cmdline string
+}
+
+func (p Process) String() string { return fmt.Sprintf("%d: %s", p.PID, p.Cmdline) }
+
+// Leftovers returns the qemu processes whose environment carries token.
+func Leftovers(token string) []Process {
 	want := []byte(Env + "=" + token + "\x00")
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	var out []string
+	var out []Process
 	for _, d := range dirs {
 		cmdline, err := os.ReadFile(filepath.Join(d, "cmdline"))
 		if err != nil || !strings.Contains(filepath.Base(string(bytes.SplitN(cmdline, []byte{0}, 2)[0])), "qemu-system") {
@@ -49,14 +56,18 @@ func Leftovers(token string) []string {
 		if err != nil || !bytes.Contains(append(environ, 0), want) {
 			continue
 		}
-		out = append(out, fmt.Sprintf("%s: %s", filepath.Base(d), strings.Join(strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00"), " ")))
+		pid, err := strconv.Atoi(filepath.Base(d))
+		if err != nil {
+			continue
+		}
+		out = append(out, Process{PID: pid, Cmdline: strings.Join(strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00"), " ")})
 	}
 	return out
 }
 
 // WaitGone waits up to timeout for the owner's qemu processes to end (a
 // deleted VM is removed in the background) and returns those still left.
-func WaitGone(token string, timeout time.Duration) []string {
+func WaitGone(token string, timeout time.Duration) []Process {
 	deadline := time.Now().Add(timeout)
 	for {
 		left := Leftovers(token)
@@ -67,12 +78,18 @@ func WaitGone(token string, timeout time.Duration) []string {
 	}
 }
 
-// Kill ends the given leftovers (as Leftovers returned them).
-func Kill(left []string) {
-	for _, l := range left {
-		pidText, _, _ := strings.Cut(l, ":")
-		if pid, err := strconv.Atoi(pidText); err == nil {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+// Kill ends the given leftovers.
+func Kill(left []Process) {
+	for _, p := range left {
+		_ = syscall.Kill(p.PID, syscall.SIGKILL)
 	}
+}
+
+// Describe lists leftovers one per line, for a failure message.
+func Describe(left []Process) string {
+	lines := make([]string, len(left))
+	for i, p := range left {
+		lines[i] = p.String()
+	}
+	return strings.Join(lines, "\n  ")
 }

@@ -4,8 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -36,10 +34,10 @@ func TestLeftoversFollowTheMark(t *testing.T) {
 	require.NoError(t, unmarked.Start())
 	t.Cleanup(func() { _ = unmarked.Process.Kill(); _, _ = unmarked.Process.Wait() })
 
-	var left []string
+	var left []vmowner.Process
 	require.Eventually(t, func() bool { left = vmowner.Leftovers(token); return len(left) == 1 }, 5*time.Second, 20*time.Millisecond)
-	assert.Contains(t, left[0], bin+" 60")
-	assert.False(t, strings.HasPrefix(left[0], strconv.Itoa(unmarked.Process.Pid)+":"), "another owner's process is not listed")
+	assert.Contains(t, left[0].Cmdline, bin+" 60")
+	assert.NotEqual(t, unmarked.Process.Pid, left[0].PID, "another owner's process is not listed")
 
 	vmowner.Kill(left)
 	assert.Empty(t, vmowner.WaitGone(token, 5*time.Second))
