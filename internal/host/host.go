@@ -284,8 +284,12 @@ func (h *Host) Serve(ctx context.Context, ready func() error) error {
 		<-ctx.Done()
 		return nil
 	}
+	// What one connection may hold is bounded whatever the kernel's
+	// buffers do (a client that pipelines and never reads is let go).
+	ln, connState := server.BoundConns(ln, server.ConnLimits{}, nil)
 	srv := &http.Server{
 		Handler:           h.handler,
+		ConnState:         connState,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       60 * time.Second,
 		IdleTimeout:       120 * time.Second,
