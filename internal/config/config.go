@@ -111,6 +111,7 @@ type Config struct {
 	Secrets   Secrets // the secret store (default database)
 	Webhooks  Webhooks
 	Capacity  Capacity
+	Admission Admission
 	Scheduler Scheduler
 	Clock     Clock
 	Log       Log

@@ -63,6 +63,7 @@ func TestDefaults(t *testing.T) {
 			Placer: PlacerInline, MaxBatch: 64, MaxAttempts: 3,
 			RollupEvery: 5 * time.Minute, UsageEvery: 5 * time.Minute, SpotNoticeMs: 120000,
 		},
+		Admission: Admission{MaxInFlight: AutoInFlight},
 		Scheduler: Scheduler{TopN: 5},
 		Clock:     ClockDatabase,
 		Log:       Log{Level: "warn"},
@@ -137,6 +138,7 @@ capacity:
   rollupEvery: 1m
   usageEvery: 10m
   spotNoticeMs: 30000
+admission: {maxInFlight: 48, tenantRate: 200, tenantBurst: 400}
 scheduler:
   plugins: [gpu-affinity]
   weights: {pack: 1, spread: 0.5}
@@ -215,6 +217,7 @@ func TestFullFile(t *testing.T) {
 			Placer: PlacerPoolLease, MaxBatch: 16, MaxAttempts: 5,
 			RollupEvery: time.Minute, UsageEvery: 10 * time.Minute, SpotNoticeMs: 30000,
 		},
+		Admission: Admission{MaxInFlight: 48, TenantRate: 200, TenantBurst: 400},
 		Scheduler: Scheduler{Plugins: []string{"gpu-affinity"}, Weights: map[string]float64{"pack": 1, "spread": 0.5}, TopN: 3},
 		Clock:     ClockSystem,
 		Log:       Log{Level: "debug"},
@@ -588,6 +591,10 @@ func TestInvalid(t *testing.T) {
 		{"capacity placer", "capacity: {placer: batch}", nil, "capacity.placer", "inline or pool-lease"},
 		{"capacity maxBatch at least 1", "capacity: {maxBatch: 0}", nil, "capacity.maxBatch", "from 1 to 64"},
 		{"capacity maxBatch at most 64", "capacity: {maxBatch: 65}", nil, "capacity.maxBatch", "from 1 to 64"},
+		{"admission maxInFlight negative", "admission: {maxInFlight: -1}", nil, "admission.maxInFlight", "at least 0"},
+		{"admission tenantRate negative", "admission: {tenantRate: -2}", nil, "admission.tenantRate", "at least 0"},
+		{"admission tenantBurst without a rate", "admission: {tenantBurst: 5}", nil, "admission.tenantBurst", "needs admission.tenantRate"},
+		{"admission tenantBurst zero", "admission: {tenantRate: 5, tenantBurst: 0}", nil, "admission.tenantBurst", "at least 1"},
 		{"capacity maxAttempts", "capacity: {maxAttempts: 0}", nil, "capacity.maxAttempts", "at least 1"},
 		{"capacity rollupEvery duration", "capacity: {rollupEvery: 5}", nil, "capacity.rollupEvery", "must be a string"},
 		{"capacity rollupEvery syntax", "capacity: {rollupEvery: five}", nil, "capacity.rollupEvery", "duration"},

@@ -42,6 +42,7 @@ type fileConfig struct {
 	Secrets         *fileSecrets        `yaml:"secrets"`
 	Webhooks        *fileWebhooks       `yaml:"webhooks"`
 	Capacity        *fileCapacity       `yaml:"capacity"`
+	Admission       *fileAdmission      `yaml:"admission"`
 	Scheduler       *fileScheduler      `yaml:"scheduler"`
 	Clock           *string             `yaml:"clock"`
 	Log             *fileLog            `yaml:"log"`

@@ -143,7 +143,7 @@ func (b *builder) build(fc *fileConfig) (*Config, error) {
 	c := &Config{}
 	steps := []func(*fileConfig, *Config) error{
 		b.core, b.iam, b.lists, b.tunnels, b.pki, b.notifier, b.sinks,
-		b.proxies, b.gateway, b.downloads, b.images, b.bootstrap, b.supportBundles, b.secrets, b.webhooks, b.capacity,
+		b.proxies, b.gateway, b.downloads, b.images, b.bootstrap, b.supportBundles, b.secrets, b.webhooks, b.capacity, b.admission,
 		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles,
 	}
 	for _, step := range steps {

@@ -15,6 +15,7 @@ import (
 	"computeplane/gen/api"
 	"computeplane/gen/db"
 	gendocs "computeplane/gen/docs"
+	"computeplane/internal/admission"
 	"computeplane/internal/audit"
 	"computeplane/internal/builtin"
 	"computeplane/internal/config"
@@ -278,6 +279,8 @@ func (a *assembly) apiRole() (*rpc.Handler, *events.Watch, error) {
 		Store:    a.st,
 		Metrics:  rpcMetrics,
 		Audit:    audit.Record,
+		// Calls beyond what the pool and CPUs can run are shed at once.
+		Admission: admission.New(admissionLimits(cfg.Admission, int(a.st.Pool().Config().MaxConns))),
 		// Waits re-read when what they wait on is reported changed.
 		Wakes: notifier,
 		// A committed mutation may have written outbox rows: wake their
@@ -439,4 +442,13 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 	handler := server.New(opts)
 	// Forwarding headers are resolved and stripped before anything else.
 	return iam.WithSourceIP(cfg.TrustedProxies, handler)
+}
+
+// admissionLimits resolves the admission option against the api's pool.
+func admissionLimits(o config.Admission, poolConns int) admission.Limits {
+	l := admission.Limits{MaxInFlight: o.MaxInFlight, TenantRate: o.TenantRate, TenantBurst: o.TenantBurst}
+	if l.MaxInFlight == config.AutoInFlight {
+		l.MaxInFlight = config.InFlightPerConn * poolConns
+	}
+	return l
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"computeplane/gen/api"
+	"computeplane/internal/admission"
 	"computeplane/internal/metrics"
 	"computeplane/internal/reqmeta"
 	"computeplane/internal/store"
@@ -109,6 +110,9 @@ type Handler struct {
 	// CallTimeout bounds the decision and the transaction of one call;
 	// 0 means DefaultCallTimeout.
 	CallTimeout time.Duration
+	// Admission sheds calls before any work (RATE_LIMITED); nil admits
+	// every call.
+	Admission *admission.Controller
 }
 
 // DefaultCallTimeout bounds a call's decision and transaction.
@@ -177,6 +181,12 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 	if err := checkHeaders(r); err != nil {
 		return nil, err
 	}
+	// Shed before reading the body: a refused call costs next to nothing.
+	release, err := h.Admission.Enter()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -196,6 +206,11 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 	}
 	if !m.Registered() || m.Invoke == nil {
 		return nil, api.NotImplemented(m)
+	}
+	if tenant, ok := obj["tenantId"].(string); ok {
+		if err := h.Admission.Tenant(tenant); err != nil {
+			return nil, err
+		}
 	}
 	// Every call is bounded: the decision and the transaction share one
 	// deadline, from which the transaction's statement and lock timeouts
@@ -250,7 +265,9 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 	}
 	if then := u.Continuation(); then != nil {
 		// The Waiting convention: re-read after commit, outside the
-		// transaction, within the call's deadline.
+		// transaction, within the call's deadline. A wait is no load: it
+		// gives its slot back.
+		release()
 		return then(ctx)
 	}
 	return out, nil
