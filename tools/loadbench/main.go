@@ -1,10 +1,14 @@
-// Command loadbench drives one API method through the generated client at a
-// fixed concurrency for a fixed time against a running server and prints
-// throughput and latency percentiles as JSON. scripts/bench.sh runs it next
-// to pgbench on the same database and writes docs/benchmarks.md.
+// Command loadbench drives one API method through the generated client for a
+// fixed time against a running server and prints throughput and latency
+// percentiles as JSON: at a fixed concurrency (a closed loop: the peak), or
+// with -rate at a fixed arrival rate (an open loop: calls start on schedule
+// whether or not earlier ones answered, so queueing shows, and latency
+// counts from the scheduled start). scripts/bench.sh runs it next to
+// pgbench on the same database and writes docs/benchmarks.md.
 //
 //	loadbench -url http://127.0.0.1:3000/api/compute -token cpk_... -method sites.get -tenant bench -site site_...
 //	loadbench ... -method secrets.put -tenant bench
+//	loadbench ... -method sites.get -rate 3000   # open loop, 3,000 calls/s
 package main
 
 import (
@@ -33,6 +37,10 @@ type Result struct {
 	PerSecond   float64 `json:"perSecond"`
 	P50Ms       float64 `json:"p50Ms"`
 	P99Ms       float64 `json:"p99Ms"`
+	// Open loop only: the arrival rate asked for, and the calls refused
+	// with RATE_LIMITED (shed), apart from other errors.
+	Rate        float64 `json:"rate,omitempty"`
+	RateLimited int64   `json:"rateLimited,omitempty"`
 }
 
 func main() {
@@ -44,9 +52,11 @@ func main() {
 	conc := flag.Int("c", 32, "concurrent callers")
 	dur := flag.Duration("d", 10*time.Second, "duration")
 	warm := flag.Duration("warmup", 2*time.Second, "warm-up, not measured")
+	rate := flag.Float64("rate", 0, "open loop: calls started per second (0: closed loop at -c)")
 	flag.Parse()
 
-	transport := &http.Transport{MaxIdleConns: *conc * 2, MaxIdleConnsPerHost: *conc * 2, IdleConnTimeout: time.Minute}
+	idle := max(*conc*2, int(*rate/50)) // an open loop keeps about rate x latency connections busy
+	transport := &http.Transport{MaxIdleConns: idle, MaxIdleConnsPerHost: idle, IdleConnTimeout: time.Minute}
 	c, err := computeclient.New(*url, computeclient.WithToken(*token), computeclient.WithHTTPClient(&http.Client{Transport: transport}))
 	if err != nil {
 		fail(err)
@@ -67,8 +77,14 @@ func main() {
 		}
 		return fmt.Errorf("unknown method %s", *method)
 	}
-	run(call, *conc, *warm) // warm-up
-	res := run(call, *conc, *dur)
+	var res Result
+	if *rate > 0 {
+		openLoop(call, *rate, *warm) // warm-up
+		res = openLoop(call, *rate, *dur)
+	} else {
+		run(call, *conc, *warm) // warm-up
+		res = run(call, *conc, *dur)
+	}
 	res.Method = *method
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		fail(err)
@@ -108,6 +124,67 @@ func run(call func(context.Context) error, conc int, d time.Duration) Result {
 	for _, l := range lat {
 		all = append(all, l...)
 	}
+	res := summarize(all, secs)
+	res.Concurrency, res.Errors = conc, errs.Load()
+	return res
+}
+
+// maxOutstanding bounds the calls an open loop has started and not seen
+// answered; an arrival beyond it counts as an error (the server stalled).
+const maxOutstanding = 20000
+
+// openLoop starts calls at rate per second for d, each on schedule in its
+// own goroutine, and measures each from its scheduled start.
+func openLoop(call func(context.Context) error, rate float64, d time.Duration) Result {
+	var (
+		mu      sync.Mutex
+		lat     []time.Duration
+		errs    atomic.Int64
+		limited atomic.Int64
+		out     atomic.Int64
+		wg      sync.WaitGroup
+	)
+	interval := time.Duration(float64(time.Second) / rate)
+	start := time.Now()
+	n := int(d / interval)
+	for i := range n {
+		at := start.Add(time.Duration(i) * interval)
+		if wait := time.Until(at); wait > 0 {
+			time.Sleep(wait)
+		}
+		if out.Load() >= maxOutstanding {
+			errs.Add(1)
+			continue
+		}
+		out.Add(1)
+		wg.Go(func() {
+			defer out.Add(-1)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := call(ctx)
+			took := time.Since(at)
+			if err != nil {
+				if e, ok := computeclient.AsError(err); ok && e.Code == "RATE_LIMITED" {
+					limited.Add(1)
+				} else if errs.Add(1) == 1 {
+					fmt.Fprintln(os.Stderr, "loadbench: first error:", err)
+				}
+				return
+			}
+			mu.Lock()
+			lat = append(lat, took)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	res := summarize(lat, d.Seconds())
+	res.Rate, res.Errors, res.RateLimited = rate, errs.Load(), limited.Load()
+	return res
+}
+
+// summarize turns the latencies of the calls that succeeded within secs
+// into a Result.
+func summarize(all []time.Duration, secs float64) Result {
 	slices.Sort(all)
 	pct := func(p float64) float64 {
 		if len(all) == 0 {
@@ -115,8 +192,7 @@ func run(call func(context.Context) error, conc int, d time.Duration) Result {
 		}
 		return float64(all[int(p*float64(len(all)-1))].Microseconds()) / 1000
 	}
-	return Result{Concurrency: conc, Seconds: secs, Calls: int64(len(all)), Errors: errs.Load(),
-		PerSecond: float64(len(all)) / secs, P50Ms: pct(0.50), P99Ms: pct(0.99)}
+	return Result{Seconds: secs, Calls: int64(len(all)), PerSecond: float64(len(all)) / secs, P50Ms: pct(0.50), P99Ms: pct(0.99)}
 }
 
 func fail(err error) {
