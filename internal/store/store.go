@@ -49,7 +49,10 @@ func Visible[T any](row T, err error, visible bool, notFound error) (T, error) {
 
 // Store is a pool of connections to one PostgreSQL database.
 type Store struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool
+	// reads runs WithTx's reads (reads.go); nil on a Sibling, whose reads
+	// take a READ ONLY transaction on pool.
+	reads   *pgxpool.Pool
 	queries *db.Queries
 }
 
@@ -92,7 +95,12 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store: connect: %w", err)
 	}
-	return &Store{pool: pool, queries: db.New(pool)}, nil
+	reads, err := openReads(ctx, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &Store{pool: pool, reads: reads, queries: db.New(pool)}, nil
 }
 
 // Sibling opens a second pool to the same database, of at most maxConns
@@ -114,6 +122,9 @@ func (s *Store) Sibling(ctx context.Context, name string, maxConns int32) (*Stor
 // released.
 func (s *Store) Close() {
 	s.pool.Close()
+	if s.reads != nil {
+		s.reads.Close()
+	}
 }
 
 // Pool returns the underlying pool, for code that needs pgx directly
@@ -128,12 +139,17 @@ func (s *Store) Queries() *db.Queries {
 	return s.queries
 }
 
-// WithTx runs fn in one transaction: READ ONLY when readOnly is set,
-// READ WRITE otherwise, at READ COMMITTED. The transaction commits when fn
-// returns nil and rolls back when fn returns an error or panics (the panic
-// continues after the rollback). The error of fn is returned unchanged. Its
-// BEGIN is sent together with the first statement (see lazyTx).
+// WithTx runs fn in one READ WRITE transaction at READ COMMITTED, or, when
+// readOnly is set, on a read-only connection where each statement is its
+// own read-only transaction (reads.go: no BEGIN, no COMMIT). The
+// transaction commits when fn returns nil and rolls back when fn returns an
+// error or panics (the panic continues after the rollback). The error of fn
+// is returned unchanged. Its BEGIN is sent together with the first
+// statement (see lazyTx).
 func (s *Store) WithTx(ctx context.Context, readOnly bool, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	if readOnly && s.reads != nil {
+		return withRead(ctx, s.reads, fn)
+	}
 	return withLazyTx(ctx, s.pool, readOnly, fn)
 }
 

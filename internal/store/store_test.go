@@ -201,6 +201,28 @@ func TestWithTx(t *testing.T) {
 				}
 			},
 		},
+		{
+			name:     "a read sends no BEGIN: each statement is its own transaction",
+			readOnly: true,
+			fn: func(string) func(ctx context.Context, tx pgx.Tx) error {
+				return func(ctx context.Context, tx pgx.Tx) error {
+					var first, third time.Time
+					if err := tx.QueryRow(ctx, "SELECT transaction_timestamp()").Scan(&first); err != nil {
+						return err
+					}
+					if _, err := tx.Exec(ctx, "SELECT pg_sleep(0.01)"); err != nil {
+						return err
+					}
+					if err := tx.QueryRow(ctx, "SELECT transaction_timestamp()").Scan(&third); err != nil {
+						return err
+					}
+					if !third.After(first) {
+						return errors.New("the statements of a read ran in one transaction")
+					}
+					return nil
+				}
+			},
+		},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
