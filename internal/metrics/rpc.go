@@ -12,7 +12,12 @@ const (
 	RPCRequestsTotal   = "compute_rpc_requests_total"
 	RPCDurationSeconds = "compute_rpc_duration_seconds"
 	RPCDeniedTotal     = "compute_rpc_denied_total"
+	RPCDBRoundTrips    = "compute_rpc_db_round_trips"
 )
+
+// RPCRoundTripBuckets are the round-trip histogram's buckets: the fleet
+// paths' budget is 8.
+var RPCRoundTripBuckets = []float64{0, 1, 2, 3, 4, 6, 8, 10, 15, 20, 30, 50}
 
 // CodeOK is the code label callers pass for a successful call.
 const CodeOK = "OK"
@@ -26,13 +31,16 @@ var RPCDurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 //   - compute_rpc_requests_total{method,code}: every call;
 //   - compute_rpc_duration_seconds{method}: every call's duration;
 //   - compute_rpc_denied_total{method,code}: calls answered 401, 403 or 429,
-//     which observers treat as denied outcomes.
+//     which observers treat as denied outcomes;
+//   - compute_rpc_db_round_trips{method}: the database round trips of each
+//     call (statements sent alone and pipelines), decision included.
 //
 // A nil *RPC records nothing, so a process without metrics can pass nil.
 type RPC struct {
 	requests *CounterVec
 	duration *HistogramVec
 	denied   *CounterVec
+	trips    *HistogramVec
 }
 
 // NewRPC builds the RPC metrics and registers them in reg. It fails when
@@ -53,7 +61,18 @@ func NewRPC(reg *Registry) (*RPC, error) {
 		reg.reg.Unregister(duration.c.collector)
 		return nil, err
 	}
-	return &RPC{requests: requests, duration: duration, denied: denied}, nil
+	trips, err := reg.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    RPCDBRoundTrips,
+		Help:    "Database round trips per RPC call by method.",
+		Buckets: RPCRoundTripBuckets,
+	}, []string{"method"})
+	if err != nil {
+		reg.reg.Unregister(requests.c.collector)
+		reg.reg.Unregister(duration.c.collector)
+		reg.reg.Unregister(denied.c.collector)
+		return nil, err
+	}
+	return &RPC{requests: requests, duration: duration, denied: denied, trips: trips}, nil
 }
 
 func rpcRequestsOpts() prometheus.CounterOpts {
@@ -103,4 +122,12 @@ func Denied(status int) bool {
 		return true
 	}
 	return false
+}
+
+// RoundTrips records the database round trips of one call of method.
+func (r *RPC) RoundTrips(method string, n int64) {
+	if r == nil {
+		return
+	}
+	r.trips.WithLabelValues(method).Observe(float64(n))
 }

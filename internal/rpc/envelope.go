@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -156,7 +157,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m != nil {
 		name = m.FullName
 	}
-	data, err := h.serve(ctx, log, r, m, meta)
+	var trips atomic.Int64
+	data, err := h.serve(store.CountRoundTrips(ctx, &trips), log, r, m, meta)
 	status, code := http.StatusOK, metrics.CodeOK
 	if err == nil {
 		err = writeData(w, data)
@@ -167,6 +169,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		code = string(c)
 	}
 	h.Metrics.Observe(name, code, status, h.now().Sub(start))
+	h.Metrics.RoundTrips(name, trips.Load())
 	// One line per call at info (SERVICE_LOG_LEVEL=info), with its request id.
 	log.Info("rpc", "method", name, "status", status, "code", code, "ms", h.now().Sub(start).Milliseconds())
 }

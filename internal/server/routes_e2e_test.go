@@ -30,6 +30,7 @@ import (
 	"computeplane/gen/client"
 	"computeplane/internal/buildinfo"
 	"computeplane/internal/config"
+	"computeplane/internal/metrics"
 	"computeplane/internal/testenv"
 )
 
@@ -494,4 +495,44 @@ func TestMetricsTokenLength(t *testing.T) {
 	assert.Equal(t, http.StatusOK,
 		do(t, http.MethodGet, env.URL+"/metrics", map[string]string{"Authorization": "Bearer " + strings.Repeat("é", 16)}).status)
 	assert.Equal(t, http.StatusUnauthorized, get(t, env.URL+"/metrics").status)
+}
+
+// TestRoundTripsPerCallAreMeasured: compute_rpc_db_round_trips counts the
+// database round trips of each call. A read of one row with a cached
+// decision is one statement on a read-only connection: one round trip, no
+// BEGIN or COMMIT.
+func TestRoundTripsPerCallAreMeasured(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_METRICS_TOKEN", metricsToken))
+	c := env.Client(t, computeclient.WithToken(env.Key(t, "acme", "ann", "owner")))
+	site, err := c.SitesCreate(t.Context(), &client.SitesCreateInput{
+		TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu-west", IdempotencyKey: "rt-site",
+	})
+	require.NoError(t, err)
+	_, err = c.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: site.Data.SiteId}) // warms the decision cache
+	require.NoError(t, err)
+	fams := func() map[string]*dto.MetricFamily {
+		return families(t, do(t, http.MethodGet, env.URL+"/metrics", map[string]string{"Authorization": "Bearer " + metricsToken}).body)
+	}
+	histogram := func(method string) *dto.Histogram {
+		for _, m := range fams()[metrics.RPCDBRoundTrips].GetMetric() {
+			if m.GetLabel()[0].GetValue() == method {
+				return m.GetHistogram()
+			}
+		}
+		return nil
+	}
+	before := histogram("sites.get")
+	require.NotNil(t, before)
+	const gets = 5
+	for range gets {
+		_, err = c.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: site.Data.SiteId})
+		require.NoError(t, err)
+	}
+	after := histogram("sites.get")
+	assert.Equal(t, before.GetSampleCount()+gets, after.GetSampleCount())
+	assert.InDelta(t, float64(gets), after.GetSampleSum()-before.GetSampleSum(), 0.5, "one round trip per cached read")
+	create := histogram("sites.create")
+	require.NotNil(t, create)
+	assert.Positive(t, create.GetSampleSum(), "a mutation's statements are counted too")
 }

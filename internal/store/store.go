@@ -81,6 +81,9 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = int32(min(max(poolConnsPerCPU*runtime.GOMAXPROCS(0), minPoolConns), maxPoolConns))
 	}
+	if cfg.ConnConfig.Tracer == nil {
+		cfg.ConnConfig.Tracer = roundTripTracer{}
+	}
 	if !strings.Contains(url, "pool_max_conn_idle_time") {
 		cfg.MaxConnIdleTime = poolMaxConnIdle
 	}
