@@ -135,6 +135,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	if d.Networks = Networks(netCfg); netCfg != nil {
 		d.Underlay = netCfg.Underlay
 	}
+	if *rt == "recording" {
+		// It boots nothing and runs any spec as recorded, networks
+		// included (protocol tests and benchmarks).
+		d.Networks = []string{network.ModeEgress, network.ModePrivate}
+	}
 	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: version, Log: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
