@@ -155,4 +155,20 @@ func TestPrivateSandboxesOfATenantReachEachOtherAcrossNodes(t *testing.T) {
 	require.Zero(t, run(oc, other, b1, "ip addr add "+spoofed+"/32 dev eth0").ExitCode)
 	r := run(oc, other, b1, "ping -c 2 -W 1 -I "+spoofed+" "+addr(a2))
 	assert.NotZero(t, r.ExitCode, "a spoofed source gets nothing through: %s", r.Stdout)
+
+	// a2 deleted: node B leaves the first tenant's network, and node A's
+	// spec no longer names it as that network's peer (the other's stays).
+	_, err = f.C.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: a2.SandboxId})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var b []byte
+		require.NoError(t, f.DB.QueryRow(t.Context(), `select body from node_specs where node_id = $1`, agentA.Node).Scan(&b))
+		var body agentproto.SpecBody
+		require.NoError(t, json.Unmarshal(b, &body))
+		peers := map[string]int{}
+		for _, n := range body.Networks {
+			peers[n.Tenant] = len(n.Peers)
+		}
+		return peers[tenant] == 0 && peers[other] == 1 && len(body.Networks) == 2
+	}, 10*time.Second, 100*time.Millisecond, "node A's spec drops node B from the first tenant's network")
 }
