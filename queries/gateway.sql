@@ -54,7 +54,8 @@ WHERE node_id = sqlc.arg(node_id)
 RETURNING *;
 
 -- name: GetNodeSession :one
-SELECT n.node_id, n.state, n.down_from, n.declared, n.hostname, n.pool_id, p.tenant_id AS owner
+SELECT n.node_id, n.state, n.down_from, n.declared, n.hostname, n.pool_id, p.tenant_id AS owner,
+       coalesce(n.inventory->>'underlay', '')::text AS underlay
 FROM nodes n JOIN pools p USING (pool_id) WHERE n.node_id = sqlc.arg(node_id) FOR UPDATE OF n;
 
 -- name: SetNodeSessionState :exec

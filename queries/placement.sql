@@ -4,7 +4,9 @@
 
 -- name: PlacementCandidatesPack :many
 -- Ready nodes of a live (unarchived) pool with room for the shape (vCPU:
--- within the allocatable figure, the pool's ratio applied), least free
+-- within the allocatable figure, the pool's ratio applied) that offer the
+-- VM network mode asked for (network: the hello's inventory.networks;
+-- null asks none), least free
 -- vCPU first (bin packing), at most lim of them: a walk of
 -- nodes_placement_idx.
 SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
@@ -16,6 +18,7 @@ WHERE nodes.pool_id = sqlc.arg(pool_id) AND state = 'ready'
   AND cap_disk_gib - booked_disk_gib >= sqlc.arg(disk_gib)::bigint AND cap_gpus - booked_gpus >= sqlc.arg(gpus)::integer
   AND (sqlc.narg(gpu_model)::text IS NULL OR gpu_model = sqlc.narg(gpu_model))
   AND (sqlc.narg(node_id)::text IS NULL OR node_id = sqlc.narg(node_id))
+  AND (sqlc.narg(network)::text IS NULL OR coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array(sqlc.narg(network)::text))
   AND (NOT sqlc.arg(whole)::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
 ORDER BY free_vcpu, node_id
 LIMIT sqlc.arg(lim);
@@ -31,6 +34,7 @@ WHERE nodes.pool_id = sqlc.arg(pool_id) AND state = 'ready'
   AND cap_disk_gib - booked_disk_gib >= sqlc.arg(disk_gib)::bigint AND cap_gpus - booked_gpus >= sqlc.arg(gpus)::integer
   AND (sqlc.narg(gpu_model)::text IS NULL OR gpu_model = sqlc.narg(gpu_model))
   AND (sqlc.narg(node_id)::text IS NULL OR node_id = sqlc.narg(node_id))
+  AND (sqlc.narg(network)::text IS NULL OR coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array(sqlc.narg(network)::text))
   AND (NOT sqlc.arg(whole)::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
 ORDER BY free_vcpu DESC, node_id DESC
 LIMIT sqlc.arg(lim);
@@ -119,3 +123,15 @@ SELECT * FROM placement_queue WHERE item_id = sqlc.arg(item_id);
 
 -- name: QueuedPools :many
 SELECT DISTINCT pool_id FROM placement_queue WHERE state = 'queued';
+
+-- name: PoolNodesOffering :one
+-- How many ready nodes of a pool offer a VM network mode (their hello's
+-- inventory.networks): a refusal says whether room or the mode is missing.
+SELECT count(*) FROM nodes
+WHERE pool_id = sqlc.arg(pool_id) AND state = 'ready'
+  AND coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array(sqlc.arg(network)::text);
+
+-- name: NodeOffers :one
+-- Whether a node offers a VM network mode (its hello's inventory.networks).
+SELECT (coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array(sqlc.arg(network)::text))::boolean AS offers
+FROM nodes WHERE node_id = sqlc.arg(node_id);

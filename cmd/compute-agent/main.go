@@ -36,7 +36,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force]")
 	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime qemu|recording] [--accel auto|kvm|tcg] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
 	fmt.Fprintln(w, "             [--network none|nftables [--net-uplink IF] [--net-egress-pool CIDR] [--net-private-pool CIDR] [--net-allow-private CIDRS]")
-	fmt.Fprintln(w, "              [--net-deny CIDRS] [--net-resolvers ADDRS] [--net-bandwidth-mbps N] [--net-mtu N]]")
+	fmt.Fprintln(w, "              [--net-deny CIDRS] [--net-resolvers ADDRS] [--net-bandwidth-mbps N] [--net-mtu N] [--net-underlay ADDR|none] [--net-vxlan-port N]]")
 	fmt.Fprintln(w, "       compute-agent version")
 }
 
@@ -132,6 +132,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		return code
 	}
 	defer r.Close()
+	if d.Networks = Networks(netCfg); netCfg != nil {
+		d.Underlay = netCfg.Underlay
+	}
+	if *rt == "recording" {
+		// It boots nothing and runs any spec as recorded, networks
+		// included (protocol tests and benchmarks).
+		d.Networks = []string{network.ModeEgress, network.ModePrivate}
+	}
 	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: version, Log: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)

@@ -27,6 +27,8 @@ type netFlags struct {
 	allowPrivate, deny, resolvers string
 	bandwidthMbps, mtu            int
 	netns                         string
+	underlay                      string
+	vxlanPort                     int
 }
 
 func (f *netFlags) register(fs *flag.FlagSet) {
@@ -38,7 +40,9 @@ func (f *netFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.deny, "net-deny", "", "further addresses (CIDRs, comma-separated) no VM reaches, on top of the API's and gateways'")
 	fs.StringVar(&f.resolvers, "net-resolvers", "", "DNS servers (addresses, comma-separated) VMs may reach on port 53 even inside the deny set")
 	fs.IntVar(&f.bandwidthMbps, "net-bandwidth-mbps", 0, "each VM's bandwidth cap each way, megabits per second (0: none)")
-	fs.IntVar(&f.mtu, "net-mtu", 0, "the MTU of VMs that name none (0: 1500)")
+	fs.IntVar(&f.mtu, "net-mtu", 0, "the MTU of VMs that name none (0: 1500); private VMs get at most the underlay's MTU less 50 (VXLAN)")
+	fs.StringVar(&f.underlay, "net-underlay", "", "this node's IPv4 address on the pool's own connection, where the other nodes reach its private networks (VXLAN); none: no overlay and no private networks (default: the uplink's first global address, none without one)")
+	fs.IntVar(&f.vxlanPort, "net-vxlan-port", network.DefaultVXLANPort, "the UDP port of the private networks' overlay (VXLAN); the node drops packets to it from anything but the pool's nodes")
 	// A test hook (end-to-end tests put the node in a namespace of their
 	// own while the daemon talks to the control plane on the host's).
 	fs.StringVar(&f.netns, "net-netns", "", "testing: wire VMs in the network namespace at this path (e.g. /var/run/netns/x) and start qemu inside it through nsenter; the uplink is looked up there")
@@ -103,6 +107,18 @@ func (f *netFlags) config(set map[string]bool, st *agent.State, log *slog.Logger
 	}
 	if cfg.Uplink, err = uplink(f.uplink, f.netns); err != nil {
 		return nil, err
+	}
+	if f.vxlanPort < 1 && set["net-vxlan-port"] || f.vxlanPort < 0 || f.vxlanPort > 65535 {
+		return nil, fmt.Errorf("--net-vxlan-port %d is outside 1..65535", f.vxlanPort)
+	}
+	if f.vxlanPort != network.DefaultVXLANPort {
+		cfg.VXLANPort = f.vxlanPort
+	}
+	if cfg.Underlay, err = underlay(f.underlay, cfg.Uplink, f.netns); err != nil {
+		return nil, err
+	}
+	if !cfg.Underlay.IsValid() {
+		log.Warn("no underlay address: this node offers no private networks (name one with --net-underlay)")
 	}
 	// The platform's services: no VM reaches the API or a gateway of the
 	// node's region (the node's own addresses are denied by the manager).
@@ -195,6 +211,74 @@ func uplink(name, nsPath string) (string, error) {
 		}
 	}
 	return "", errors.New("--net-uplink: this host has no default route; name the uplink interface")
+}
+
+// Networks are the modes a node with cfg offers besides none: egress,
+// and private with an underlay (a private network must reach the pool's
+// other nodes, or a tenant's VMs placed apart would not reach each
+// other).
+func Networks(cfg *network.Config) []string {
+	if cfg == nil {
+		return nil
+	}
+	if !cfg.Underlay.IsValid() {
+		return []string{network.ModeEgress}
+	}
+	return []string{network.ModeEgress, network.ModePrivate}
+}
+
+// underlay is the address --net-underlay names, which an interface must
+// hold, none for "none", or by default the uplink's first global unicast
+// IPv4 address (none without one), in the namespace at nsPath.
+func underlay(flagValue, uplinkName, nsPath string) (netip.Addr, error) {
+	if flagValue == "none" {
+		return netip.Addr{}, nil
+	}
+	h := &netlink.Handle{}
+	if nsPath != "" {
+		ns, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("--net-netns %q: %w", nsPath, err)
+		}
+		defer ns.Close()
+		if h, err = netlink.NewHandleAt(ns); err != nil {
+			return netip.Addr{}, err
+		}
+		defer h.Close()
+	}
+	var link netlink.Link // nil: every interface
+	var want netip.Addr
+	if flagValue != "" {
+		a, err := netip.ParseAddr(flagValue)
+		if err != nil || !a.Is4() || !a.IsGlobalUnicast() {
+			return netip.Addr{}, fmt.Errorf("--net-underlay %q is not a unicast IPv4 address (or none)", flagValue)
+		}
+		want = a
+	} else {
+		l, err := h.LinkByName(uplinkName)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("--net-uplink %q: %w", uplinkName, err)
+		}
+		link = l
+	}
+	addrs, err := h.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--net-underlay: %w", err)
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		switch {
+		case !ok:
+		case want.IsValid() && ip == want:
+			return want, nil
+		case !want.IsValid() && ip.IsGlobalUnicast():
+			return ip, nil
+		}
+	}
+	if want.IsValid() {
+		return netip.Addr{}, fmt.Errorf("--net-underlay %v: no interface of the node holds it", want)
+	}
+	return netip.Addr{}, nil
 }
 
 // serviceAddrs are the IPv4 addresses of the control plane's API and of

@@ -50,6 +50,11 @@ func TestRunRefusesNetworkFlagsItCannotHonour(t *testing.T) {
 		{[]string{"--net-netns", "/var/run/netns/x"}, 2, "--net-netns needs --network nftables"},
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-netns", "/nonexistent/netns"}, 2, `--net-netns "/nonexistent/netns"`},
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-netns", "/etc/hostname"}, 2, `--net-netns "/etc/hostname" is not a network namespace`},
+		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-underlay", "127.0.0.1"}, 2, `--net-underlay "127.0.0.1" is not a unicast IPv4 address`},
+		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-underlay", "192.0.2.250"}, 2, "--net-underlay 192.0.2.250: no interface of the node holds it"},
+		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-vxlan-port", "0"}, 2, "--net-vxlan-port 0"},
+		{[]string{"--underlay", "192.0.2.1"}, 2, "flag provided but not defined"},
+		{[]string{"--net-underlay", "192.0.2.1"}, 2, "--net-underlay needs --network nftables"},
 		{[]string{"--network", "nftables", "--net-uplink", "lo"}, 2, "the recording runtime runs no VMs"},
 	} {
 		args := append([]string{"run", "--runtime", "recording", "--dir", joined}, tc.args...)
@@ -76,6 +81,10 @@ func TestNetworkFlagsMakeTheConfig(t *testing.T) {
 		AllowPrivate: []netip.Prefix{p("10.99.0.0/16")},
 		Deny:         []netip.Prefix{p("198.51.100.99/32"), p("198.51.100.0/30"), p("127.0.0.1/32"), p("192.0.2.8/32"), p("192.0.2.7/32")},
 		Resolvers:    []netip.Addr{netip.MustParseAddr("10.0.0.53")}, BandwidthMbps: 50, MTU: 1450}, cfg)
+	assert.Equal(t, []string{"egress"}, Networks(cfg), "an uplink without a global address: no underlay, no private networks")
+	cfg.Underlay = netip.MustParseAddr("192.0.2.1")
+	assert.Equal(t, []string{"egress", "private"}, Networks(cfg))
+	assert.Nil(t, Networks(nil))
 
 	none := netFlags{mode: "none"}
 	cfg, err = none.config(map[string]bool{"runtime": true}, &agent.State{}, log)

@@ -226,7 +226,8 @@ func (q *Queries) GetCommand(ctx context.Context, commandID string) (NodeCommand
 }
 
 const getNodeSession = `-- name: GetNodeSession :one
-SELECT n.node_id, n.state, n.down_from, n.declared, n.hostname, n.pool_id, p.tenant_id AS owner
+SELECT n.node_id, n.state, n.down_from, n.declared, n.hostname, n.pool_id, p.tenant_id AS owner,
+       coalesce(n.inventory->>'underlay', '')::text AS underlay
 FROM nodes n JOIN pools p USING (pool_id) WHERE n.node_id = $1 FOR UPDATE OF n
 `
 
@@ -238,6 +239,7 @@ type GetNodeSessionRow struct {
 	Hostname string
 	PoolID   string
 	Owner    string
+	Underlay string
 }
 
 func (q *Queries) GetNodeSession(ctx context.Context, nodeID string) (GetNodeSessionRow, error) {
@@ -251,6 +253,7 @@ func (q *Queries) GetNodeSession(ctx context.Context, nodeID string) (GetNodeSes
 		&i.Hostname,
 		&i.PoolID,
 		&i.Owner,
+		&i.Underlay,
 	)
 	return i, err
 }

@@ -222,6 +222,24 @@ func (q *Queries) GetQuota(ctx context.Context, arg GetQuotaParams) (GetQuotaRow
 	return i, err
 }
 
+const nodeOffers = `-- name: NodeOffers :one
+SELECT (coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array($1::text))::boolean AS offers
+FROM nodes WHERE node_id = $2
+`
+
+type NodeOffersParams struct {
+	Network string
+	NodeID  string
+}
+
+// Whether a node offers a VM network mode (its hello's inventory.networks).
+func (q *Queries) NodeOffers(ctx context.Context, arg NodeOffersParams) (bool, error) {
+	row := q.db.QueryRow(ctx, nodeOffers, arg.Network, arg.NodeID)
+	var offers bool
+	err := row.Scan(&offers)
+	return offers, err
+}
+
 const placementCandidatesPack = `-- name: PlacementCandidatesPack :many
 
 SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
@@ -233,9 +251,10 @@ WHERE nodes.pool_id = $1 AND state = 'ready'
   AND cap_disk_gib - booked_disk_gib >= $4::bigint AND cap_gpus - booked_gpus >= $5::integer
   AND ($6::text IS NULL OR gpu_model = $6)
   AND ($7::text IS NULL OR node_id = $7)
-  AND (NOT $8::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
+  AND ($8::text IS NULL OR coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array($8::text))
+  AND (NOT $9::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
 ORDER BY free_vcpu, node_id
-LIMIT $9
+LIMIT $10
 `
 
 type PlacementCandidatesPackParams struct {
@@ -246,6 +265,7 @@ type PlacementCandidatesPackParams struct {
 	Gpus      int32
 	GpuModel  pgtype.Text
 	NodeID    pgtype.Text
+	Network   pgtype.Text
 	Whole     bool
 	Lim       int32
 }
@@ -266,7 +286,9 @@ type PlacementCandidatesPackRow struct {
 // conditional, and the tables' constraints refuse what a wrong condition
 // would let through (migrations/00011_fleet.sql).
 // Ready nodes of a live (unarchived) pool with room for the shape (vCPU:
-// within the allocatable figure, the pool's ratio applied), least free
+// within the allocatable figure, the pool's ratio applied) that offer the
+// VM network mode asked for (network: the hello's inventory.networks;
+// null asks none), least free
 // vCPU first (bin packing), at most lim of them: a walk of
 // nodes_placement_idx.
 func (q *Queries) PlacementCandidatesPack(ctx context.Context, arg PlacementCandidatesPackParams) ([]PlacementCandidatesPackRow, error) {
@@ -278,6 +300,7 @@ func (q *Queries) PlacementCandidatesPack(ctx context.Context, arg PlacementCand
 		arg.Gpus,
 		arg.GpuModel,
 		arg.NodeID,
+		arg.Network,
 		arg.Whole,
 		arg.Lim,
 	)
@@ -319,9 +342,10 @@ WHERE nodes.pool_id = $1 AND state = 'ready'
   AND cap_disk_gib - booked_disk_gib >= $4::bigint AND cap_gpus - booked_gpus >= $5::integer
   AND ($6::text IS NULL OR gpu_model = $6)
   AND ($7::text IS NULL OR node_id = $7)
-  AND (NOT $8::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
+  AND ($8::text IS NULL OR coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array($8::text))
+  AND (NOT $9::boolean OR (booked_vcpu = 0 AND booked_memory_mib = 0 AND booked_disk_gib = 0 AND booked_gpus = 0))
 ORDER BY free_vcpu DESC, node_id DESC
-LIMIT $9
+LIMIT $10
 `
 
 type PlacementCandidatesSpreadParams struct {
@@ -332,6 +356,7 @@ type PlacementCandidatesSpreadParams struct {
 	Gpus      int32
 	GpuModel  pgtype.Text
 	NodeID    pgtype.Text
+	Network   pgtype.Text
 	Whole     bool
 	Lim       int32
 }
@@ -358,6 +383,7 @@ func (q *Queries) PlacementCandidatesSpread(ctx context.Context, arg PlacementCa
 		arg.Gpus,
 		arg.GpuModel,
 		arg.NodeID,
+		arg.Network,
 		arg.Whole,
 		arg.Lim,
 	)
@@ -387,6 +413,26 @@ func (q *Queries) PlacementCandidatesSpread(ctx context.Context, arg PlacementCa
 		return nil, err
 	}
 	return items, nil
+}
+
+const poolNodesOffering = `-- name: PoolNodesOffering :one
+SELECT count(*) FROM nodes
+WHERE pool_id = $1 AND state = 'ready'
+  AND coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array($2::text)
+`
+
+type PoolNodesOfferingParams struct {
+	PoolID  string
+	Network string
+}
+
+// How many ready nodes of a pool offer a VM network mode (their hello's
+// inventory.networks): a refusal says whether room or the mode is missing.
+func (q *Queries) PoolNodesOffering(ctx context.Context, arg PoolNodesOfferingParams) (int64, error) {
+	row := q.db.QueryRow(ctx, poolNodesOffering, arg.PoolID, arg.Network)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
 }
 
 const queuedPools = `-- name: QueuedPools :many

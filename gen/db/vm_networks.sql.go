@@ -101,6 +101,81 @@ func (q *Queries) LockVMSubnets(ctx context.Context, arg LockVMSubnetsParams) er
 	return err
 }
 
+const nodePrivatePeers = `-- name: NodePrivatePeers :many
+
+SELECT DISTINCT o.tenant_id, o.node_id::text AS node_id, coalesce(n.inventory->>'underlay', '')::text AS underlay
+FROM instances m
+JOIN instances o ON o.pool_id = m.pool_id AND o.network = 'private' AND o.tenant_id = m.tenant_id
+    AND o.state <> 'deleted' AND o.desired_state <> 'deleted' AND o.node_id <> m.node_id
+JOIN nodes n ON n.node_id = o.node_id
+WHERE m.node_id = $1 AND m.network = 'private' AND m.state <> 'deleted' AND m.desired_state <> 'deleted'
+ORDER BY 1, 2
+`
+
+type NodePrivatePeersRow struct {
+	TenantID string
+	NodeID   string
+	Underlay string
+}
+
+// A private network's members are the nodes with a VM on it: a tenant's
+// private VMs of a pool, live and not asked deleted.
+// The pool's other nodes carrying a private network of a node's VMs, by
+// tenant, with the underlay address their hello reported (” without).
+func (q *Queries) NodePrivatePeers(ctx context.Context, nodeID pgtype.Text) ([]NodePrivatePeersRow, error) {
+	rows, err := q.db.Query(ctx, nodePrivatePeers, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []NodePrivatePeersRow
+	for rows.Next() {
+		var i NodePrivatePeersRow
+		if err := rows.Scan(&i.TenantID, &i.NodeID, &i.Underlay); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const privateNetworkNodes = `-- name: PrivateNetworkNodes :many
+SELECT DISTINCT node_id::text AS node_id FROM instances
+WHERE pool_id = $1 AND tenant_id = $2 AND network = 'private'
+  AND state <> 'deleted' AND desired_state <> 'deleted' AND node_id IS NOT NULL AND node_id <> $3::text
+ORDER BY 1
+`
+
+type PrivateNetworkNodesParams struct {
+	PoolID   string
+	TenantID string
+	Exclude  string
+}
+
+// The nodes carrying a tenant's private network of a pool, but one.
+func (q *Queries) PrivateNetworkNodes(ctx context.Context, arg PrivateNetworkNodesParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, privateNetworkNodes, arg.PoolID, arg.TenantID, arg.Exclude)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var node_id string
+		if err := rows.Scan(&node_id); err != nil {
+			return nil, err
+		}
+		items = append(items, node_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const setInstanceEgressPolicy = `-- name: SetInstanceEgressPolicy :one
 UPDATE instances SET egress_policy = $1, version = version + 1, updated_at = now()
 WHERE instance_id = $2

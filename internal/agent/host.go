@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"net/netip"
 	"os"
 	"runtime"
 	"strconv"
@@ -12,11 +13,14 @@ import (
 )
 
 // Declared overrides what the host reports (flags; tests declare
-// capacity).
+// capacity), and says what its flags make it offer: the VM network modes
+// it wires and its underlay address (agentproto.Inventory).
 type Declared struct {
 	VCPU      int
 	MemoryMiB int64
 	DiskGiB   int64
+	Networks  []string
+	Underlay  netip.Addr
 }
 
 // inventory reads the host: CPUs, memory from /proc/meminfo, disk from
@@ -24,7 +28,7 @@ type Declared struct {
 func inventory(volumes string, d Declared, rt, accel string) agentproto.Inventory {
 	host, _ := os.Hostname()
 	inv := agentproto.Inventory{Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH, VCPU: runtime.NumCPU(),
-		MemoryMiB: memTotalMiB(), Runtime: rt, Accel: accel}
+		MemoryMiB: memTotalMiB(), Runtime: rt, Accel: accel, Networks: d.Networks, Underlay: d.Underlay}
 	var st syscall.Statfs_t
 	if syscall.Statfs(volumes, &st) == nil {
 		inv.DiskGiB = int64(st.Blocks) * int64(st.Bsize) >> 30

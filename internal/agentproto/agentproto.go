@@ -29,7 +29,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -188,6 +190,20 @@ type Inventory struct {
 	// its acceleration (kvm, tcg) where it has one.
 	Runtime string `json:"runtime"`
 	Accel   string `json:"accel,omitempty"`
+	// Networks are the VM network modes the node wires besides none
+	// (NetEgress, NetPrivate; empty: none only, as every node before
+	// issue 23): placement sends a VM asking for a mode only to a node
+	// offering it.
+	Networks []string `json:"networks,omitempty"`
+	// Underlay is the node's address on the pool's own connection, where
+	// the other nodes reach its private networks' overlay (VXLAN);
+	// invalid: the node takes part in no overlay.
+	Underlay netip.Addr `json:"underlay,omitzero"`
+}
+
+// Offers says whether the node wires VMs of network mode (none always).
+func (inv Inventory) Offers(mode string) bool {
+	return mode == "" || mode == NetNone || slices.Contains(inv.Networks, mode)
 }
 
 // Gateway is one gateway a daemon may dial.

@@ -25,10 +25,14 @@ type SpecBody struct {
 	// Volumes are the node's volume store (nil: a control plane that does
 	// not speak of volumes; the store is left as it is).
 	Volumes []VolumeSpec `json:"volumes"`
-	// Networks and Tunnels are reserved for a later version: this one
-	// sends none and a daemon ignores them.
+	// Networks are the private networks of the node's VMs with the
+	// pool's other nodes carrying each (the overlay, docs/networking.md);
+	// a daemon from before ignores them and its private networks stay
+	// within the node.
 	Networks []NetworkSpec `json:"networks,omitempty"`
-	Tunnels  []TunnelSpec  `json:"tunnels,omitempty"`
+	// Tunnels are reserved for a later version: this one sends none and
+	// a daemon ignores them.
+	Tunnels []TunnelSpec `json:"tunnels,omitempty"`
 }
 
 // Desired states of an instance in a spec.
@@ -119,10 +123,10 @@ type VMNetwork struct {
 	MTU     int          `json:"mtu,omitempty"`
 	Policy  EgressPolicy `json:"policy,omitzero"`
 	// NetworkID names the tenant's private network of the pool (private
-	// mode): the key of a future overlay between the pool's nodes.
+	// mode): SpecBody.Networks holds its overlay under this id.
 	NetworkID string `json:"networkId,omitempty"`
-	// Peers are the overlay endpoints of the pool's other nodes carrying
-	// this private network (not sent yet: the overlay comes later).
+	// Peers is never sent: a private network's peers are the node's
+	// (SpecBody.Networks), not each VM's. A daemon ignores it.
 	Peers []netip.Addr `json:"peers,omitempty"`
 }
 
@@ -137,10 +141,25 @@ type EgressPolicy struct {
 	DenyDomains  []string       `json:"denyDomains,omitempty"`
 }
 
-// NetworkSpec is reserved: a network of the node (a later version).
+// NetworkSpec is a private network some of the node's VMs are on
+// (VMNetwork.NetworkID): the node joins it to the pool's other nodes
+// carrying it by a VXLAN port on the tenant's private bridge, VNI VNI,
+// towards each peer's underlay address (Inventory.Underlay).
 type NetworkSpec struct {
-	ID string `json:"id"`
+	ID     string `json:"id"`
+	Tenant string `json:"tenant,omitempty"`
+	// VNI is the overlay's VXLAN network identifier (1 to 2^24-1),
+	// unique among the pool's private networks: the control plane
+	// derives it from the tenant's private subnet (vmnet.VNI).
+	VNI uint32 `json:"vni,omitempty"`
+	// Peers are the underlay addresses of the pool's other nodes with a
+	// VM on this network, sorted (empty: the network is this node's
+	// alone for now).
+	Peers []netip.Addr `json:"peers,omitempty"`
 }
+
+// MaxVNI is the largest VXLAN network identifier (24 bits).
+const MaxVNI = 1<<24 - 1
 
 // TunnelSpec is reserved: a tunnel of the node (a later version).
 type TunnelSpec struct {
@@ -174,6 +193,23 @@ func (b SpecBody) Validate() error {
 			return fmt.Errorf("agentproto: instances[%d]: network mode %q", i, n.Mode)
 		}
 		seen[in.ID] = true
+	}
+	nets := make(map[string]bool, len(b.Networks))
+	for i, n := range b.Networks {
+		switch {
+		case n.ID == "" || len(n.ID) > 128:
+			return fmt.Errorf("agentproto: networks[%d]: an id of 1 to 128 characters", i)
+		case nets[n.ID]:
+			return fmt.Errorf("agentproto: networks[%d]: id %s twice", i, n.ID)
+		case n.VNI == 0 || n.VNI > MaxVNI:
+			return fmt.Errorf("agentproto: networks[%d]: vni %d is outside 1..%d", i, n.VNI, MaxVNI)
+		}
+		for _, p := range n.Peers {
+			if !p.IsValid() {
+				return fmt.Errorf("agentproto: networks[%d]: a peer without an address", i)
+			}
+		}
+		nets[n.ID] = true
 	}
 	return nil
 }

@@ -37,8 +37,10 @@ func withNetworks(s Spec) Spec {
 		Policy: EgressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")},
 			Deny: []netip.Prefix{netip.MustParsePrefix("198.51.100.7/32")}, AllowDomains: []string{"pypi.org"}}}
 	s.Body.Instances[1].Network = &VMNetwork{Mode: NetPrivate, Tenant: "acme", MAC: "02:00:00:00:00:02",
-		Address: netip.MustParsePrefix("10.201.0.2/24"), NetworkID: "pnet_1", Peers: []netip.Addr{netip.MustParseAddr("192.0.2.10")}}
+		Address: netip.MustParsePrefix("10.201.0.2/24"), NetworkID: "pnet_1"}
 	s.Body.Instances[2].Network = &VMNetwork{Mode: NetNone}
+	s.Body.Networks = []NetworkSpec{{ID: "pnet_1", Tenant: "acme", VNI: 0x0ac900,
+		Peers: []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11")}}}
 	return s
 }
 
@@ -122,7 +124,6 @@ type v1Body struct {
 // reads whole: every field it knows has the value sent.
 func TestSpecReadByAnOlderDaemon(t *testing.T) {
 	sent := withNetworks(fullSpec())
-	sent.Body.Networks = []NetworkSpec{{ID: "net_1"}}
 	sent.Body.Tunnels = []TunnelSpec{{ID: "tun_1"}}
 	b, err := json.Marshal(Message{Type: TypeSpec, Spec: &sent})
 	require.NoError(t, err)
@@ -188,6 +189,39 @@ func TestSpecValidateRefuses(t *testing.T) {
 	} {
 		assert.Error(t, SpecBody{Instances: in}.Validate())
 	}
+	peer := netip.MustParseAddr("192.0.2.10")
+	for _, nets := range [][]NetworkSpec{
+		{{ID: "", VNI: 1}},
+		{{ID: "pnet_1", VNI: 0}},
+		{{ID: "pnet_1", VNI: MaxVNI + 1}},
+		{{ID: "pnet_1", VNI: 1}, {ID: "pnet_1", VNI: 2}},
+		{{ID: "pnet_1", VNI: 1, Peers: []netip.Addr{peer, {}}}},
+	} {
+		assert.Error(t, SpecBody{Networks: nets}.Validate(), "%+v", nets)
+	}
+	assert.NoError(t, SpecBody{Networks: []NetworkSpec{{ID: "pnet_1", VNI: MaxVNI, Peers: []netip.Addr{peer}}}}.Validate())
+}
+
+// A hello's network capability: none is always offered; an inventory
+// from a daemon before networks offers nothing else and has no underlay.
+func TestInventoryOffersNetworks(t *testing.T) {
+	var old Inventory
+	require.NoError(t, json.Unmarshal([]byte(`{"hostname":"h","vcpu":2,"runtime":"qemu"}`), &old))
+	assert.True(t, old.Offers(NetNone))
+	assert.False(t, old.Offers(NetEgress))
+	assert.False(t, old.Offers(NetPrivate))
+	assert.False(t, old.Underlay.IsValid())
+	b, _ := json.Marshal(old)
+	assert.NotContains(t, string(b), "underlay")
+	assert.NotContains(t, string(b), "networks")
+
+	inv := Inventory{Networks: []string{NetEgress, NetPrivate}, Underlay: netip.MustParseAddr("192.0.2.1")}
+	b, err := json.Marshal(inv)
+	require.NoError(t, err)
+	var got Inventory
+	require.NoError(t, json.Unmarshal(b, &got))
+	assert.Equal(t, inv, got)
+	assert.True(t, got.Offers(NetPrivate))
 }
 
 // A status with egress counters round-trips; one from an older daemon

@@ -27,6 +27,7 @@ import (
 	"computeplane/internal/agentproto"
 	"computeplane/internal/agentproto/tunnel"
 	"computeplane/internal/nodes"
+	"computeplane/internal/nodework"
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/pki"
@@ -270,7 +271,9 @@ func (g *Gateway) open(ctx context.Context, node string, cert *x509.Certificate,
 	inv, _ := json.Marshal(h.Inventory)
 	var epoch int64
 	var events bool
-	err := g.o.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+	// A unit of work: the peers' specs it may push wake their gateways.
+	u, err := uow.Run(ctx, g.o.Store, false, func(ctx context.Context, u *uow.Unit) error {
+		tx := u.Tx
 		q := db.New(tx)
 		cur, err := q.GetNodeSession(ctx, node)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -295,6 +298,17 @@ func (g *Gateway) open(ctx context.Context, node string, cert *x509.Certificate,
 			return err
 		}
 		epoch = n.SessionEpoch
+		underlay := ""
+		if h.Inventory.Underlay.IsValid() {
+			underlay = h.Inventory.Underlay.String()
+		}
+		if underlay != cur.Underlay {
+			// The nodes sharing a private network with it send their
+			// overlay elsewhere now.
+			if err := nodework.PushPeers(ctx, tx, node); err != nil {
+				return err
+			}
+		}
 		switch cur.State {
 		case nodes.StateJoining:
 			events = true
@@ -317,6 +331,9 @@ func (g *Gateway) open(ctx context.Context, node string, cert *x509.Certificate,
 		}
 		return nil
 	})
+	if err == nil {
+		g.o.Notifier.WakeUnit(u)
+	}
 	if err == nil && events {
 		g.o.Notifier.Wake(notify.TopicOutbox)
 	}

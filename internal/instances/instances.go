@@ -226,11 +226,12 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 		inReservation, err = s.takeUnit(ctx, tx, q, in, shape)
 		if err == nil {
 			booking = &placement.Booking{NodeID: inReservation.node}
+			err = placement.CheckNodeNetwork(ctx, q, inReservation.node, network)
 		}
 	} else {
 		booking, err = s.Placer.Admit(ctx, tx, placement.Request{
 			TenantID: in.TenantID, PoolID: in.PoolID, Owner: placement.Owner{Type: ResourceType, ID: id}, Shape: shape,
-			Count: map[string]int64{placement.ResourceInstances: 1},
+			Count: map[string]int64{placement.ResourceInstances: 1}, Network: network,
 		})
 	}
 	if err != nil {

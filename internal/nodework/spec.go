@@ -14,9 +14,19 @@ import (
 )
 
 // PushSpec rebuilds node's spec from what the database places there, the
-// instances and the volumes the node holds, with a new generation, in tx,
-// and asks for its gateway to be woken after the commit (notify.Later).
+// instances and the volumes the node holds and its VMs' private networks,
+// with a new generation, in tx, and asks for its gateway to be woken
+// after the commit (notify.Later). When the node joined or left a
+// private network, the network's other nodes get a new spec too (their
+// peers changed).
 func PushSpec(ctx context.Context, tx pgx.Tx, node string) error {
+	return pushSpec(ctx, tx, node, true)
+}
+
+// pushSpec is PushSpec; members pushes the other nodes of the networks
+// node joined or left (a node pushed for a peer's change joined or left
+// none itself).
+func pushSpec(ctx context.Context, tx pgx.Tx, node string, members bool) error {
 	q := db.New(tx)
 	nodeID := pgtype.Text{String: node, Valid: true}
 	instances, err := q.NodeInstances(ctx, nodeID)
@@ -59,10 +69,26 @@ func PushSpec(ctx context.Context, tx pgx.Tx, node string) error {
 	for _, v := range volumes {
 		spec.Volumes = append(spec.Volumes, agentproto.VolumeSpec{Serial: v.Serial, SizeGiB: v.SizeGib})
 	}
+	if spec.Networks, err = privateNetworks(ctx, q, node, instances); err != nil {
+		return err
+	}
+	var before []agentproto.NetworkSpec
+	if members {
+		if before, err = lastNetworks(ctx, q, node); err != nil {
+			return err
+		}
+	}
 	_, topic, err := PutSpec(ctx, tx, node, spec)
 	if err != nil {
 		return err
 	}
 	notify.Later(ctx, topic)
-	return nil
+	if !members {
+		return nil
+	}
+	pool := ""
+	if len(instances) > 0 {
+		pool = instances[0].PoolID
+	}
+	return pushMembers(ctx, tx, node, pool, before, spec.Networks)
 }

@@ -76,6 +76,10 @@ type Request struct {
 	Count map[string]int64
 	// Until ends the booking's time range; nil leaves it open.
 	Until *time.Time
+	// Network is the VM network mode the booking's VM asks for (egress,
+	// private): only a node whose hello offers it takes the VM. "" and
+	// none ask nothing.
+	Network string
 }
 
 // Booking is capacity held on one node.
@@ -187,6 +191,7 @@ func (e *Engine) book(ctx context.Context, q *db.Queries, req Request, exclude s
 		rows, err := e.candidates(ctx, q, db.PlacementCandidatesPackParams{
 			PoolID: req.PoolID, Vcpu: shape.VCPU, MemoryMib: shape.MemoryMiB, DiskGib: shape.DiskGiB, Gpus: shape.GPUs,
 			GpuModel: text(shape.GPUModel), NodeID: text(req.NodeID), Whole: req.Whole, Lim: int32(e.topN * candidatesPerPick),
+			Network: text(networkAsked(req.Network)),
 		})
 		if err != nil {
 			return nil, err
@@ -291,6 +296,21 @@ func (e *Engine) refusal(ctx context.Context, q *db.Queries, req Request) error 
 		if err == nil && n.Node.State != "ready" {
 			return api.Errorf(api.CodeCapacityUnavailable, "node %s is %s: it takes no new work until it is ready", req.NodeID, n.Node.State).
 				WithDetails(map[string]any{"poolId": req.PoolID, "nodeId": req.NodeID, "state": n.Node.State})
+		}
+		if err == nil {
+			if err := CheckNodeNetwork(ctx, q, req.NodeID, req.Network); err != nil {
+				return err
+			}
+		}
+	} else if mode := networkAsked(req.Network); mode != "" {
+		// No node offering the mode is another answer than no room.
+		n, err := q.PoolNodesOffering(ctx, db.PoolNodesOfferingParams{PoolID: req.PoolID, Network: mode})
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return api.Errorf(api.CodeCapacityUnavailable, "no ready node of pool %s offers network %s (its nodes run compute-agent with --network none%s)",
+				req.PoolID, mode, underlayHint(mode)).WithDetails(map[string]any{"poolId": req.PoolID, "network": mode})
 		}
 	}
 	return noCapacity(req)
@@ -428,6 +448,40 @@ func quotaExceeded(ctx context.Context, q *db.Queries, tenant, pool string, c ch
 		c.resource, tenant, pool, row.Used, row.Max, c.amount).WithDetails(details)
 }
 
+// networkAsked is the mode a request's VM asks a node for, "" for none.
+func networkAsked(mode string) string {
+	if mode == "none" {
+		return ""
+	}
+	return mode
+}
+
+func underlayHint(mode string) string {
+	if mode == "private" {
+		return " or without an underlay address"
+	}
+	return ""
+}
+
+// CheckNodeNetwork refuses, CAPACITY_UNAVAILABLE, a VM asking for a
+// network mode on a node that does not offer it (a VM placed on a given
+// node: a reservation's unit, a volume's host).
+func CheckNodeNetwork(ctx context.Context, q *db.Queries, node, mode string) error {
+	mode = networkAsked(mode)
+	if mode == "" {
+		return nil
+	}
+	offers, err := q.NodeOffers(ctx, db.NodeOffersParams{NodeID: node, Network: mode})
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	if !offers {
+		return api.Errorf(api.CodeCapacityUnavailable, "node %s does not offer network %s (it runs compute-agent with --network none%s)",
+			node, mode, underlayHint(mode)).WithDetails(map[string]any{"nodeId": node, "network": mode})
+	}
+	return nil
+}
+
 func noCapacity(req Request) error {
 	s := req.Shape
 	details := map[string]any{
@@ -441,6 +495,10 @@ func noCapacity(req Request) error {
 	if req.Whole {
 		details["whole"] = true
 		what = "a whole empty node"
+	}
+	if mode := networkAsked(req.Network); mode != "" {
+		details["network"] = mode
+		what += ", network " + mode
 	}
 	if req.NodeID != "" {
 		details["nodeId"] = req.NodeID

@@ -355,3 +355,58 @@ func TestHeldNodeIsWaitedFor(t *testing.T) {
 	assert.Equal(t, api.CodeCapacityUnavailable, refused.Code)
 	assert.Equal(t, "cordoned", refused.Details["state"])
 }
+
+// A VM asking for a network goes only to a node whose hello offers it;
+// none left is CAPACITY_UNAVAILABLE naming the network, and a VM asking
+// none goes anywhere.
+func TestAVMAskingForANetworkGoesToANodeOfferingIt(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, dbtest.NewStore(t), 3, 32, 4096, map[string]map[string]int64{"acme": {"vcpu": 100, "memoryMiB": 1 << 20}})
+	ctx := t.Context()
+	// Node 1: no networks (--network none, or a daemon from before);
+	// node 2: egress only (no underlay); node 3: both.
+	for i, inv := range []string{`{"hostname": "h1"}`, `{"networks": ["egress"]}`, `{"networks": ["egress", "private"], "underlay": "192.0.2.3"}`} {
+		_, err := f.st.Pool().Exec(ctx, `update nodes set inventory = $2 where node_id = $1`, fmt.Sprintf("%s-%05d", f.pool, i+1), inv)
+		require.NoError(t, err)
+	}
+	e := placement.New(placement.Options{Weights: placement.Weights{Spread: 1}})
+	req := func(network string) placement.Request {
+		return placement.Request{TenantID: "acme", Owner: placement.Owner{Type: "instance", ID: "i"}, Shape: placement.Shape{VCPU: 1, MemoryMiB: 1}, Network: network}
+	}
+	got := map[string]map[string]bool{}
+	for range 8 {
+		for _, n := range []string{"none", "egress", "private"} {
+			b, err := f.admit(ctx, e, req(n))
+			require.NoError(t, err, n)
+			if got[n] == nil {
+				got[n] = map[string]bool{}
+			}
+			got[n][b.NodeID[len(b.NodeID)-1:]] = true
+		}
+	}
+	assert.NotContains(t, got["egress"], "1")
+	assert.Equal(t, map[string]bool{"3": true}, got["private"])
+	none := req("none")
+	none.NodeID = f.pool + "-00001"
+	_, err := f.admit(ctx, e, none)
+	assert.NoError(t, err, "a VM asking no network goes to a node without networks")
+
+	// Node 3 full: no node offers private with room; a pinned node that
+	// does not offer the network says so.
+	_, err = f.st.Pool().Exec(ctx, `update nodes set booked_vcpu = cap_vcpu where node_id = $1`, f.pool+"-00003")
+	require.NoError(t, err)
+	_, err = f.admit(ctx, e, req("private"))
+	assert.Equal(t, api.CodeCapacityUnavailable, code(err))
+	assert.ErrorContains(t, err, "network private")
+	pinned := req("egress")
+	pinned.NodeID = f.pool + "-00001"
+	_, err = f.admit(ctx, e, pinned)
+	assert.Equal(t, api.CodeCapacityUnavailable, code(err))
+	assert.ErrorContains(t, err, "does not offer network egress")
+	// No node offering it at all: the refusal says how nodes offer it.
+	_, err = f.st.Pool().Exec(ctx, `update nodes set inventory = '{}' where pool_id = $1`, f.pool)
+	require.NoError(t, err)
+	_, err = f.admit(ctx, e, req("egress"))
+	assert.Equal(t, api.CodeCapacityUnavailable, code(err))
+	assert.ErrorContains(t, err, "offers network egress (its nodes run compute-agent with --network none")
+}

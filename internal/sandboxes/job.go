@@ -165,7 +165,7 @@ func (s *Service) makeWarm(ctx context.Context, tx pgx.Tx, t db.SandboxTemplate)
 	booking, err := s.Placer.Admit(ctx, tx, placement.Request{
 		TenantID: t.TenantID, PoolID: t.PoolID, Owner: placement.Owner{Type: ResourceType, ID: id},
 		Shape: placement.Shape{VCPU: int32(flavor.Vcpu), MemoryMiB: flavor.MemoryMiB, DiskGiB: flavor.DiskGiB},
-		Count: map[string]int64{placement.ResourceSandboxes: 1},
+		Count: map[string]int64{placement.ResourceSandboxes: 1}, Network: t.Network,
 	})
 	if err != nil {
 		return err

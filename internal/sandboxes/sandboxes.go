@@ -312,8 +312,14 @@ func (a *admission) place(ctx context.Context, node, flavorName, imageID, restor
 		boot = instances.BootOf(im)
 	}
 	vmID := iam.DerivedID(api.Lookup("/instances/create"), t.TenantID, a.id, "sandbox")
+	// A restore keeps its sandbox's network and policy with an address of
+	// its own (two restores of one snapshot never share one).
+	mode, policy := t.Network, t.EgressPolicy
+	if restore != "" {
+		mode, policy = a.origin.Network, a.origin.EgressPolicy
+	}
 	booking, err := a.s.Placer.Admit(ctx, a.tx, placement.Request{
-		TenantID: t.TenantID, PoolID: t.PoolID, Owner: placement.Owner{Type: ResourceType, ID: vmID}, NodeID: node,
+		TenantID: t.TenantID, PoolID: t.PoolID, Owner: placement.Owner{Type: ResourceType, ID: vmID}, NodeID: node, Network: mode,
 		Shape: placement.Shape{VCPU: int32(flavor.Vcpu), MemoryMiB: flavor.MemoryMiB, DiskGiB: flavor.DiskGiB},
 		Count: map[string]int64{placement.ResourceSandboxes: 1},
 	})
@@ -343,12 +349,6 @@ func (a *admission) place(ctx context.Context, node, flavorName, imageID, restor
 	})
 	if err != nil {
 		return err
-	}
-	// A restore keeps its sandbox's network and policy with an address of
-	// its own (two restores of one snapshot never share one).
-	mode, policy := t.Network, t.EgressPolicy
-	if restore != "" {
-		mode, policy = a.origin.Network, a.origin.EgressPolicy
 	}
 	a.vm, err = vmnet.Assign(ctx, a.q, a.vm, mode, policy)
 	return err

@@ -305,8 +305,19 @@ func Spec(r db.Instance) (*agentproto.VMNetwork, error) {
 	return n, nil
 }
 
-// PrivateNetworkID names a tenant's private network of a pool (the key of
-// the cross-node overlay to come).
+// VNI is the VXLAN network identifier of the private network whose
+// subnet holds addr (a VM's address): the subnet's first 24 bits. A
+// tenant's subnet is its own in the pool (vm_subnets) and SubnetBits is
+// at most 24, so no two private networks of a pool share a VNI (a hash of
+// the network id could collide, and a collision would join two tenants'
+// networks between nodes).
+func VNI(addr netip.Prefix) uint32 {
+	a := addr.Masked().Addr().As4()
+	return uint32(a[0])<<16 | uint32(a[1])<<8 | uint32(a[2])
+}
+
+// PrivateNetworkID names a tenant's private network of a pool: the key of
+// its overlay in node specs (agentproto.NetworkSpec).
 func PrivateNetworkID(pool, tenant string) string {
 	h := sha256.Sum256([]byte(pool + "\x00" + tenant))
 	return fmt.Sprintf("pnet_%x", h[:10])

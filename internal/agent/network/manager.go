@@ -51,6 +51,14 @@ type Config struct {
 	NetNS string
 	// Domains enforces policies' domain entries; nil refuses them.
 	Domains DomainFilter
+	// Underlay is the node's IPv4 address on the pool's own connection:
+	// its private networks' VXLAN packets leave from it and the other
+	// nodes' arrive at it (overlay.go). Invalid: no overlay, a private
+	// network stays within the node.
+	Underlay netip.Addr
+	// VXLANPort is the overlay's UDP port (0: DefaultVXLANPort); with an
+	// underlay the node drops packets to it from anything but a peer.
+	VXLANPort int
 }
 
 // DomainFilter is the seam for egress policy by domain name (TLS SNI and
@@ -79,6 +87,12 @@ type Manager struct {
 	mu    sync.Mutex
 	ready bool           // Cleanup installed the base ruleset
 	vms   map[string]*VM // by id: what Add applied
+	// overlays are the private networks' overlays by network id
+	// (SetOverlays); privateMTU and underlayIndex come from the underlay's
+	// interface (findUnderlay, at Cleanup).
+	overlays      map[string]Overlay
+	privateMTU    int
+	underlayIndex int
 }
 
 // New checks cfg; it changes nothing on the node (Cleanup does).
@@ -104,6 +118,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.BandwidthMbps < 0 {
 		return nil, errors.New("network: a negative bandwidth cap")
+	}
+	if err := cfg.checkOverlay(); err != nil {
+		return nil, err
 	}
 	m := &Manager{cfg: cfg, names: names{cfg.ID}, ns: -1, vms: map[string]*VM{}}
 	if cfg.NetNS != "" {
@@ -168,6 +185,9 @@ func (m *Manager) Cleanup(keep func(vmID string) bool) error {
 	defer m.mu.Unlock()
 	return m.do(func() error {
 		if err := sysctl("net/ipv4/ip_forward", "1"); err != nil {
+			return err
+		}
+		if err := m.findUnderlay(); err != nil {
 			return err
 		}
 		links, err := netlink.LinkList()
@@ -278,11 +298,19 @@ func (m *Manager) Add(vm VM) (Port, error) {
 	if !m.ready {
 		return Port{}, errors.New("network: Cleanup has not run")
 	}
+	if vm.Mode == ModePrivate && vm.MTU > m.privateMTU {
+		return Port{}, fmt.Errorf("network: mtu %d is above the private networks' %d (the underlay's less VXLAN's %d bytes)", vm.MTU, m.privateMTU, VXLANOverhead)
+	}
 	tap := m.names.tap(vm.ID)
 	err := m.do(func() error {
 		br, err := m.ensureBridge(&vm)
 		if err != nil {
 			return err
+		}
+		if vm.Mode == ModePrivate {
+			if err := m.ensureOverlay(vm.NetworkID, vm.Tenant, br); err != nil {
+				return err
+			}
 		}
 		if err := m.ensureTap(&vm, tap, br); err != nil {
 			return err
@@ -398,9 +426,9 @@ func (m *Manager) ensureTap(vm *VM, name string, br netlink.Link) error {
 	}
 	mtu := vm.MTU
 	if mtu == 0 {
-		mtu = max(m.cfg.MTU, 0)
-		if mtu == 0 {
-			mtu = 1500
+		mtu = m.defaultMTU()
+		if vm.Mode == ModePrivate {
+			mtu = m.privateMTU
 		}
 	}
 	for _, step := range []func() error{
@@ -509,9 +537,19 @@ func (m *Manager) removeBridgeIfEmpty(index int) error {
 	if err != nil {
 		return err
 	}
+	var vxlans []netlink.Link // a private bridge's overlay port goes with it
 	for _, l := range links {
-		if l.Attrs().MasterIndex == index {
+		if l.Attrs().MasterIndex != index {
+			continue
+		}
+		if !m.names.isVXLAN(l.Attrs().Name) {
 			return nil
+		}
+		vxlans = append(vxlans, l)
+	}
+	for _, l := range vxlans {
+		if err := netlink.LinkDel(l); err != nil {
+			return err
 		}
 	}
 	return netlink.LinkDel(br)

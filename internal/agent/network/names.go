@@ -16,6 +16,7 @@ import (
 //	cp<id>e<6 hex>   a tenant's egress bridge
 //	cp<id>p<6 hex>   a tenant's private bridge
 //	cp<id>t<8 hex>   a VM's tap
+//	cp<id>x<6 hex>   a tenant's private bridge's VXLAN port (overlay.go)
 //
 // nftables objects live in the agent's own tables (cp_<id>, families inet
 // and bridge) and carry the VM's key (8 hex) in their names.

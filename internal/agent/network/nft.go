@@ -195,6 +195,9 @@ func (m *Manager) addBase(c *nftables.Conn) (*base, error) {
 	b.post = c.AddChain(&nftables.Chain{Table: b.bridge, Name: "postrouting", Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(-200), Policy: &accept})
 	rule(b.post, load(expr.MetaKeyOIFNAME), vmap(b.outPorts))
+	if err := m.addOverlayBase(c, b); err != nil {
+		return nil, err
+	}
 	return b, nil
 }
 

@@ -19,6 +19,11 @@ type Network interface {
 	SetPolicy(vmID string, p network.Policy) error
 	Remove(vmID string) error
 	Counters() (map[string]network.Counters, error)
+	// SetOverlays gives the spec's private networks with their peer
+	// nodes (the cross-node overlay); PrivateMTU is the MTU of private
+	// VMs that name none (the underlay's less VXLAN's overhead).
+	SetOverlays(nets []network.Overlay) error
+	PrivateMTU() int
 }
 
 // netOf is the network the node spec gives an instance (the control
@@ -48,7 +53,7 @@ func (r *QEMU) UseNetwork(n Network, mtu int) error {
 	if err := n.Cleanup(keep); err != nil {
 		return err
 	}
-	r.net, r.netMTU = n, mtu
+	r.net, r.netMTU, r.netPrivateMTU = n, mtu, n.PrivateMTU()
 	for id, st := range r.vms {
 		if st.vm == nil || r.netFor(st.spec) == nil {
 			continue
@@ -78,8 +83,30 @@ func (r *QEMU) netFor(spec agentproto.InstanceSpec) *network.VM {
 	v.ID = spec.ID
 	if v.MTU == 0 {
 		v.MTU = r.netMTU
+		if v.Mode == network.ModePrivate && r.netPrivateMTU > 0 {
+			v.MTU = r.netPrivateMTU
+		}
 	}
 	return &v
+}
+
+// setOverlays hands the spec's private networks to the network when they
+// changed (r.mu held, before the spec's VMs are wired: a VM's first Add
+// on a node finds its network's peers). Kept for the next spec only once
+// applied, so a failure is tried again.
+func (r *QEMU) setOverlays(nets []agentproto.NetworkSpec) error {
+	if r.net == nil || slices.EqualFunc(r.overlays, nets, sameOverlay) {
+		return nil
+	}
+	if err := r.net.SetOverlays(nets); err != nil {
+		return fmt.Errorf("private networks' overlay: %w", err)
+	}
+	r.overlays = slices.Clone(nets)
+	return nil
+}
+
+func sameOverlay(a, b network.Overlay) bool {
+	return a.ID == b.ID && a.Tenant == b.Tenant && a.VNI == b.VNI && slices.Equal(a.Peers, b.Peers)
 }
 
 // wire adds an instance's network (r.mu held: every network call for an

@@ -115,6 +115,27 @@ func (n *fakeNet) Remove(id string) error {
 	return nil
 }
 
+// SetOverlays records the networks given (ids and peers).
+func (n *fakeNet) SetOverlays(nets []network.Overlay) error {
+	var s []string
+	for _, o := range nets {
+		s = append(s, o.ID+"="+addrs(o.Peers))
+	}
+	n.record("overlays " + strings.Join(s, " "))
+	return nil
+}
+
+// PrivateMTU is a 1500 underlay's.
+func (n *fakeNet) PrivateMTU() int { return 1450 }
+
+func addrs(as []netip.Addr) string {
+	var s []string
+	for _, a := range as {
+		s = append(s, a.String())
+	}
+	return strings.Join(s, ",")
+}
+
 func (n *fakeNet) Counters() (map[string]network.Counters, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -381,3 +402,31 @@ func TestNetOfTheSpec(t *testing.T) {
 }
 
 var _ Network = (*network.Manager)(nil)
+
+// A spec's private networks reach the network before its VMs are wired,
+// only when they change, and a peer joining a running VM's network
+// neither re-adds nor reboots it; a private VM that names no MTU gets
+// the overlay's.
+func TestTheSpecsOverlaysAreGivenBeforeItsVMsAndOnlyWhenTheyChange(t *testing.T) {
+	r, l, n := newNetRuntime(t)
+	n.set("p", &network.VM{VMNetwork: agentproto.VMNetwork{Mode: network.ModePrivate, Tenant: "t1", MAC: "52:54:00:00:00:03",
+		Address: netip.MustParsePrefix("10.201.0.2/24"), NetworkID: "pnet_1"}})
+	peer1, peer2 := netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")
+	spec := func(peers ...netip.Addr) agentproto.SpecBody {
+		return agentproto.SpecBody{Instances: []agentproto.InstanceSpec{inst("p", StateRunning)},
+			Networks: []agentproto.NetworkSpec{{ID: "pnet_1", Tenant: "t1", VNI: 7, Peers: peers}}}
+	}
+	_, err := r.Apply(t.Context(), 1, spec(peer1))
+	require.NoError(t, err)
+	waitState(t, r, "p", StateRunning)
+	assert.Equal(t, []string{"cleanup", "overlays pnet_1=192.0.2.2", "add p 10.201.0.2/24", "start p"}, n.Log())
+	assert.Equal(t, 1450, cmdlineNet(t, l.vm(t, "p").Config().Cmdline).MTU, "the overlay's MTU, not the node's 1400")
+
+	_, err = r.Apply(t.Context(), 2, spec(peer1))
+	require.NoError(t, err)
+	_, err = r.Apply(t.Context(), 3, spec(peer1, peer2))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"cleanup", "overlays pnet_1=192.0.2.2", "add p 10.201.0.2/24", "start p", "overlays pnet_1=192.0.2.2,192.0.2.3"}, n.Log())
+	assert.Len(t, l.vms("p"), 1, "the VM kept running")
+	assert.NotContains(t, l.vm(t, "p").Calls(), "reset")
+}

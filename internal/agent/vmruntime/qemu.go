@@ -49,11 +49,14 @@ type QEMU struct {
 	// launch starts and re-attaches VMs: qemu's, a fake in unit tests.
 	launch Launcher
 	// net wires VMs' networks (UseNetwork); nil runs VMs without one.
-	// netMTU is the node's MTU for VMs that name none; netHook replaces
-	// netOf in tests.
-	net     Network
-	netMTU  int
-	netHook func(agentproto.InstanceSpec) *network.VM
+	// netMTU is the node's MTU for VMs that name none (netPrivateMTU for
+	// private ones: the overlay's); netHook replaces netOf in tests;
+	// overlays are the spec's private networks last given to net.
+	net           Network
+	netMTU        int
+	netPrivateMTU int
+	netHook       func(agentproto.InstanceSpec) *network.VM
+	overlays      []network.Overlay
 
 	mu   sync.Mutex
 	vms  map[string]*vmState
@@ -265,6 +268,9 @@ func (r *QEMU) Apply(ctx context.Context, _ int64, spec agentproto.SpecBody) ([]
 	var errs []error
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.setOverlays(spec.Networks); err != nil {
+		errs = append(errs, err)
+	}
 	for id, st := range r.vms {
 		if _, ok := desired[id]; !ok {
 			r.remove(id, st)

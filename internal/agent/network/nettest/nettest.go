@@ -185,3 +185,49 @@ func (n NS) Links(t testing.TB) []string {
 	}))
 	return out
 }
+
+// Two nodes' underlay: UnderlayLink on each, UnderlayA and UnderlayB.
+const (
+	UnderlayLink = "ul0"
+	UnderlayA    = "192.0.2.1"
+	UnderlayB    = "192.0.2.2"
+)
+
+// NewNodes makes two node namespaces joined by a veth pair, the pool's
+// own connection (UnderlayLink, UnderlayA on a and UnderlayB on b): each
+// agent's uplink and underlay in a test of the private overlay.
+func NewNodes(t testing.TB) (a, b NS) {
+	t.Helper()
+	a, b = NewNS(t, "nodea"), NewNS(t, "nodeb")
+	must(t, a.Do(func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: UnderlayLink}, PeerName: "ulb"}); err != nil {
+			return err
+		}
+		peer, err := netlink.LinkByName("ulb")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetNsFd(peer, int(b.h)); err != nil {
+			return err
+		}
+		l, err := addr(UnderlayLink, UnderlayA+"/24")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	}))
+	must(t, b.Do(func() error {
+		l, err := netlink.LinkByName("ulb")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetName(l, UnderlayLink); err != nil {
+			return err
+		}
+		if l, err = addr(UnderlayLink, UnderlayB+"/24"); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	}))
+	return a, b
+}
