@@ -33,6 +33,11 @@ require (
 )
 
 require (
+	github.com/creack/pty v1.1.24 // indirect
+	golang.org/x/term v0.46.0 // indirect
+)
+
+require (
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/hashicorp/yamux v0.1.2
 	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42 // indirect
