@@ -27,7 +27,7 @@ type proc struct {
 	ready  chan struct{}
 	failed bool
 	stdin  io.Writer
-	eof    func()                    // the end of stdin
+	eof    func()                     // the end of stdin
 	signal func(syscall.Signal) error // nil: none to signal
 	resize func(guestproto.Size) error
 	kill   func()
