@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"computeplane/internal/guestproto"
@@ -78,6 +79,22 @@ func initSystem(log *slog.Logger) error {
 		_ = os.MkdirAll(m.dst, 0o755)
 		if err := syscall.Mount(m.src, m.dst, m.fs, 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
 			log.Warn("mount", "what", m.dst, "error", err.Error())
+		}
+	}
+	// Pseudo-terminals (exec tunnels with a tty): devpts, and /dev/ptmx
+	// when devtmpfs has none.
+	_ = os.MkdirAll("/dev/pts", 0o755)
+	if err := syscall.Mount("devpts", "/dev/pts", "devpts", 0, "gid=5,mode=620,ptmxmode=666"); err != nil && !errors.Is(err, syscall.EBUSY) {
+		log.Warn("mount", "what", "/dev/pts", "error", err.Error())
+	}
+	if _, err := os.Lstat("/dev/ptmx"); err != nil {
+		_ = os.Symlink("pts/ptmx", "/dev/ptmx")
+	}
+	// Loopback up, with or without a network card: servers on
+	// 127.0.0.1 answer the tcp tunnels.
+	if lo, err := netlink.LinkByName("lo"); err == nil {
+		if err := netlink.LinkSetUp(lo); err != nil {
+			log.Warn("loopback", "error", err.Error())
 		}
 	}
 	loadModules(log)
