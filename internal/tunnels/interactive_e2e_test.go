@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"computeplane/computeclient"
 	gencli "computeplane/gen/cli"
 	"computeplane/gen/client"
 	"computeplane/internal/cli"
@@ -107,6 +108,23 @@ func TestInteractiveTunnels(t *testing.T) {
 		require.NoError(t, err)
 		return s.Data.State == "running" && string(i.Data.State) == "running"
 	}, 120*time.Second, 200*time.Millisecond)
+
+	t.Run("an input of another kind's", func(t *testing.T) {
+		target := client.TunnelTarget{Kind: client.TunnelTargetKindSandbox, ID: sandbox}
+		for name, in := range map[string]*client.TunnelsOpenInput{
+			"tcp without a port": {Kind: client.TunnelsOpenInputKindTCP, Target: target},
+			"exec with a port":   {Kind: client.TunnelsOpenInputKindExec, Target: target, Argv: []string{"true"}, Port: client.NewOptInt64(80)},
+			"console with argv":  {Kind: client.TunnelsOpenInputKindConsole, Target: target, Argv: []string{"true"}},
+			"size without tty": {Kind: client.TunnelsOpenInputKindExec, Target: target, Argv: []string{"true"},
+				Size: client.NewOptTerminalSize(client.TerminalSize{Cols: 80, Rows: 24})},
+		} {
+			in.TenantId = fleettest.Tenant
+			_, err := f.C.TunnelsOpen(ctx, in)
+			e, ok := computeclient.AsError(err)
+			require.True(t, ok, "%s: %v", name, err)
+			assert.Equal(t, "INVALID_INPUT", e.Code, name)
+		}
+	})
 
 	t.Run("a shell on a terminal", func(t *testing.T) {
 		cmd := command("shell", sandbox)
