@@ -1,9 +1,9 @@
 -- name: InsertTunnel :one
 INSERT INTO tunnels (tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty,
-    ticket_hash, source_ip, expires_at)
+    ticket_hash, source_ip, expires_at, port, term_cols, term_rows)
 VALUES (sqlc.arg(tunnel_id), sqlc.arg(tenant_id), sqlc.arg(identity_id), sqlc.arg(target_kind), sqlc.arg(target_id),
     sqlc.arg(instance_id), sqlc.arg(node_id), sqlc.arg(kind), sqlc.arg(argv), sqlc.narg(env), sqlc.arg(tty),
-    sqlc.arg(ticket_hash), sqlc.arg(source_ip), sqlc.arg(expires_at))
+    sqlc.arg(ticket_hash), sqlc.arg(source_ip), sqlc.arg(expires_at), sqlc.narg(port), sqlc.narg(term_cols), sqlc.narg(term_rows))
 RETURNING *;
 
 -- name: RedeemTunnel :one

@@ -438,7 +438,7 @@ var EventTypes = []EventSpec{
 		Type:        EventTunnelOpened,
 	},
 	{
-		Description: "A tunnel ended (its program exited, a side closed it, or tunnels.close); bytes each way and how long it was open.",
+		Description: "A tunnel ended (its program exited or its guest side closed: exited; a side closed it, or tunnels.close); bytes each way, how long it was open and, for exec, the exit code.",
 		Module:      "tunnels",
 		Subject:     "tunnel id",
 		Type:        EventTunnelClosed,

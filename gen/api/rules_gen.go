@@ -143,6 +143,18 @@ var (
 		Max:    int64(16384),
 		Min:    int64(0),
 	}
+	ruleTerminalSizeCols = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(1000),
+		Min:    int64(1),
+	}
+	ruleTerminalSizeRows = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(1000),
+		Min:    int64(1),
+	}
 	ruleTunnelTargetKind = &wire.StringRule{Enum: []string{"instance", "sandbox"}}
 	ruleTunnelTargetID   = &wire.StringRule{
 		MaxLength: 64,
@@ -1584,7 +1596,7 @@ var (
 		Pattern:   ShapeTenantId,
 		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
-	ruleTunnelsOpenInputKind = &wire.StringRule{Enum: []string{"exec"}}
+	ruleTunnelsOpenInputKind = &wire.StringRule{Enum: []string{"exec", "tcp", "console"}}
 	ruleTunnelsOpenInputArgv = &wire.CountRule{
 		Max: 256,
 		Min: 1,
@@ -1595,6 +1607,12 @@ var (
 		Max:        64,
 	}
 	ruleTunnelsOpenInputEnvValue = &wire.StringRule{}
+	ruleTunnelsOpenInputPort     = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(65535),
+		Min:    int64(1),
+	}
 	ruleTunnelsListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,

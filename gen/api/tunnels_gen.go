@@ -19,15 +19,19 @@ type TunnelsOpenInput struct {
 	TenantID string            `json:"tenantId"` // Tenant identifier.
 	Target   TunnelTarget      `json:"target"`
 	Kind     string            `json:"kind"`
-	Argv     []string          `json:"argv"`
-	Env      map[string]string `json:"env,omitempty"`
-	Tty      bool              `json:"tty,omitempty"`
+	Argv     []string          `json:"argv,omitempty"` // The program (exec, required there; INVALID_INPUT with the other kinds).
+	Env      map[string]string `json:"env,omitempty"`  // The program's environment (exec).
+	Tty      bool              `json:"tty,omitempty"`  // Run the program on a pseudo-terminal (exec).
+	Size     *TerminalSize     `json:"size,omitempty"` // The terminal's size at the start (exec with tty); resize frames change it.
+	Port     *int64            `json:"port,omitempty"` // The guest port to connect to (tcp, required there).
 }
 
 var fieldsTunnelsOpenInput = map[string]struct{}{
 	"argv":     {},
 	"env":      {},
 	"kind":     {},
+	"port":     {},
+	"size":     {},
 	"target":   {},
 	"tenantId": {},
 	"tty":      {},
@@ -53,16 +57,16 @@ func decodeTunnelsOpenInput(obj map[string]any, path string, iss *wire.Issues) (
 	} else if x1, ok := wire.String(v, wire.Join(path, "kind"), ruleTunnelsOpenInputKind, iss); ok {
 		out.Kind = x1
 	}
-	if v, ok := obj["argv"]; !ok {
-		wire.Required(wire.Join(path, "argv"), iss)
-	} else if a1, ok := wire.Array(v, wire.Join(path, "argv"), ruleTunnelsOpenInputArgv, iss); ok {
-		xs1 := make([]string, 0, len(a1))
-		for i1, e1 := range a1 {
-			if x2, ok := wire.String(e1, wire.Index(wire.Join(path, "argv"), i1), ruleTunnelsOpenInputArgvItem, iss); ok {
-				xs1 = append(xs1, x2)
+	if v, ok := obj["argv"]; ok {
+		if a1, ok := wire.Array(v, wire.Join(path, "argv"), ruleTunnelsOpenInputArgv, iss); ok {
+			xs1 := make([]string, 0, len(a1))
+			for i1, e1 := range a1 {
+				if x2, ok := wire.String(e1, wire.Index(wire.Join(path, "argv"), i1), ruleTunnelsOpenInputArgvItem, iss); ok {
+					xs1 = append(xs1, x2)
+				}
 			}
+			out.Argv = xs1
 		}
-		out.Argv = xs1
 	}
 	if v, ok := obj["env"]; ok {
 		if o1, keys1, ok := wire.Map(v, wire.Join(path, "env"), ruleTunnelsOpenInputEnv, iss); ok {
@@ -78,6 +82,17 @@ func decodeTunnelsOpenInput(obj map[string]any, path string, iss *wire.Issues) (
 	if v, ok := obj["tty"]; ok {
 		if x1, ok := wire.Bool(v, wire.Join(path, "tty"), iss); ok {
 			out.Tty = x1
+		}
+	}
+	if v, ok := obj["size"]; ok {
+		if o1, ok := wire.Object(v, wire.Join(path, "size"), iss); ok {
+			x1 := decodeTerminalSize(o1, wire.Join(path, "size"), iss)
+			out.Size = &x1
+		}
+	}
+	if v, ok := obj["port"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "port"), ruleTunnelsOpenInputPort, iss); ok {
+			out.Port = &x1
 		}
 	}
 	return
@@ -138,9 +153,9 @@ func decodeTunnelsCloseInput(obj map[string]any, path string, iss *wire.Issues) 
 	return
 }
 
-// TunnelsService implements the tunnels group: Interactive access to a running sandbox or instance through the api, a gateway and the node's daemon (docs/tunnels.md). tunnels.open answers a ticket: a short-lived (30 s), single-use credential bound to the caller, the target, the kind and the caller's source address, redeemed by a WebSocket upgrade at GET {basePath}/tunnels/{ticket}. The group exists only when the tunnels option configures an issuer; otherwise every method is NOT_FOUND.
+// TunnelsService implements the tunnels group: Interactive access to a running sandbox or instance through the api, a gateway and the node's daemon (docs/tunnels.md): a program with or without a terminal (exec), a TCP connection to a guest port (tcp) or the serial console (console). tunnels.open answers a ticket: a short-lived (30 s), single-use credential bound to the caller, the target, the kind and the caller's source address, redeemed by a WebSocket upgrade at GET {basePath}/tunnels/{ticket}. The group exists only when the tunnels option configures an issuer; otherwise every method is NOT_FOUND.
 type TunnelsService interface {
-	// Open: Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.
+	// Open: Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.
 	Open(ctx context.Context, in *TunnelsOpenInput) (*TunnelTicket, error)
 	// List: The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
 	List(ctx context.Context, in *TunnelsListInput) (*TunnelList, error)

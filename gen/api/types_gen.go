@@ -735,14 +735,41 @@ type SiteList struct {
 	Items  []Site  `json:"items"`
 	Cursor *string `json:"cursor"` // Next page cursor; null on the last page.
 }
+type TerminalSize struct {
+	Cols int64 `json:"cols"`
+	Rows int64 `json:"rows"`
+}
+
+var fieldsTerminalSize = map[string]struct{}{
+	"cols": {},
+	"rows": {},
+}
+
+// decodeTerminalSize checks obj against the schema of TerminalSize, collecting every issue.
+func decodeTerminalSize(obj map[string]any, path string, iss *wire.Issues) (out TerminalSize) {
+	wire.Unknown(obj, path, fieldsTerminalSize, iss)
+	if v, ok := obj["cols"]; !ok {
+		wire.Required(wire.Join(path, "cols"), iss)
+	} else if x1, ok := wire.Int(v, wire.Join(path, "cols"), ruleTerminalSizeCols, iss); ok {
+		out.Cols = x1
+	}
+	if v, ok := obj["rows"]; !ok {
+		wire.Required(wire.Join(path, "rows"), iss)
+	} else if x1, ok := wire.Int(v, wire.Join(path, "rows"), ruleTerminalSizeRows, iss); ok {
+		out.Rows = x1
+	}
+	return
+}
+
 type Tunnel struct {
 	TunnelID   string       `json:"tunnelId"`   // Tunnel identifier.
 	TenantID   string       `json:"tenantId"`   // Tenant identifier.
 	IdentityID string       `json:"identityId"` // Who opened it.
 	Target     TunnelTarget `json:"target"`
 	Kind       string       `json:"kind"`
-	Argv       []string     `json:"argv"`
+	Argv       []string     `json:"argv"` // The program (exec); empty for the other kinds.
 	Tty        bool         `json:"tty"`
+	Port       *int64       `json:"port"`  // The guest port (tcp).
 	State      string       `json:"state"` // issued: the ticket awaits its redemption; expired: it never was.
 	CreatedAt  string       `json:"createdAt"`
 	ExpiresAt  string       `json:"expiresAt"` // When the ticket expires unredeemed.
@@ -750,7 +777,7 @@ type Tunnel struct {
 	ClosedAt   *string      `json:"closedAt"`
 	BytesIn    int64        `json:"bytesIn"`  // Bytes from the client (stdin).
 	BytesOut   int64        `json:"bytesOut"` // Bytes to the client (stdout and stderr).
-	ExitCode   *int64       `json:"exitCode"`
+	ExitCode   *int64       `json:"exitCode"` // The program's exit code (exec; 128 plus the signal that ended it).
 }
 type TunnelList struct {
 	Items []Tunnel `json:"items"` // Newest first.

@@ -1657,20 +1657,22 @@ var Groups = []cliruntime.Group{
 	},
 	{
 		Name:        "tunnels",
-		Description: "Interactive access to a running sandbox or instance through the api, a gateway and the node's daemon (docs/tunnels.md). tunnels.open answers a ticket: a short-lived (30 s), single-use credential bound to the caller, the target, the kind and the caller's source address, redeemed by a WebSocket upgrade at GET {basePath}/tunnels/{ticket}. The group exists only when the tunnels option configures an issuer; otherwise every method is NOT_FOUND.",
+		Description: "Interactive access to a running sandbox or instance through the api, a gateway and the node's daemon (docs/tunnels.md): a program with or without a terminal (exec), a TCP connection to a guest port (tcp) or the serial console (console). tunnels.open answers a ticket: a short-lived (30 s), single-use credential bound to the caller, the target, the kind and the caller's source address, redeemed by a WebSocket upgrade at GET {basePath}/tunnels/{ticket}. The group exists only when the tunnels option configures an issuer; otherwise every method is NOT_FOUND.",
 		Methods: []cliruntime.Method{
 			{
 				Name:        "open",
-				Description: "Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
+				Description: "Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
 				Kind:        "mutation",
 				Action:      "compute:tunnels:manage",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "target", Field: "target", Type: cliruntime.JSON, Required: true},
-					{Name: "kind", Field: "kind", Type: cliruntime.String, Required: true, Enum: []string{"exec"}},
-					{Name: "argv", Field: "argv", Type: cliruntime.JSON, Required: true},
-					{Name: "env", Field: "env", Type: cliruntime.JSON},
-					{Name: "tty", Field: "tty", Type: cliruntime.Bool, Default: "false"},
+					{Name: "kind", Field: "kind", Type: cliruntime.String, Required: true, Enum: []string{"exec", "tcp", "console"}},
+					{Name: "argv", Field: "argv", Type: cliruntime.JSON, Help: "The program (exec, required there; INVALID_INPUT with the other kinds)."},
+					{Name: "env", Field: "env", Type: cliruntime.JSON, Help: "The program's environment (exec)."},
+					{Name: "tty", Field: "tty", Type: cliruntime.Bool, Default: "false", Help: "Run the program on a pseudo-terminal (exec)."},
+					{Name: "size", Field: "size", Type: cliruntime.JSON, Help: "The terminal's size at the start (exec with tty); resize frames change it."},
+					{Name: "port", Field: "port", Type: cliruntime.Int, Help: "The guest port to connect to (tcp, required there)."},
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.TunnelsOpen(ctx, new(client.TunnelsOpenInput))

@@ -1219,12 +1219,18 @@ type TunnelsInvoker interface {
 	TunnelsList(ctx context.Context, request *TunnelsListInput) (*TunnelsListResult, error)
 	// TunnelsOpen invokes tunnelsOpen operation.
 	//
-	// Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with
-	// its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is
-	// not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from
-	// the caller's source address. Frames on the WebSocket are binary messages whose first byte says what
-	// follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A
-	// target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
+	// Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv
+	// with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a
+	// pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout.
+	// Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a
+	// network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the
+	// last 64 KiB of its log (the boot), then its output live, stdin typed on it. Answers a ticket to
+	// redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the
+	// WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the
+	// exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D
+	// under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP,
+	// INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground
+	// job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
 	// tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
 	// retryAfterMs.
 	//
@@ -10694,12 +10700,18 @@ func (c *Client) sendTunnelsList(ctx context.Context, request *TunnelsListInput)
 
 // TunnelsOpen invokes tunnelsOpen operation.
 //
-// Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with
-// its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is
-// not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from
-// the caller's source address. Frames on the WebSocket are binary messages whose first byte says what
-// follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A
-// target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
+// Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv
+// with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a
+// pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout.
+// Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a
+// network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the
+// last 64 KiB of its log (the boot), then its output live, stdin typed on it. Answers a ticket to
+// redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the
+// WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the
+// exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D
+// under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP,
+// INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground
+// job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
 // tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
 // retryAfterMs.
 //

@@ -12992,6 +12992,39 @@ func (s *OptString) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes TerminalSize as json.
+func (o OptTerminalSize) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes TerminalSize from json.
+func (o *OptTerminalSize) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptTerminalSize to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptTerminalSize) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptTerminalSize) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes TunnelsOpenInputEnv as json.
 func (o OptTunnelsOpenInputEnv) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -39083,6 +39116,119 @@ func (s *SystemWhoamiResult) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
+func (s *TerminalSize) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *TerminalSize) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("cols")
+		e.Int64(s.Cols)
+	}
+	{
+		e.FieldStart("rows")
+		e.Int64(s.Rows)
+	}
+}
+
+var jsonFieldsNameOfTerminalSize = [2]string{
+	0: "cols",
+	1: "rows",
+}
+
+// Decode decodes TerminalSize from json.
+func (s *TerminalSize) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode TerminalSize to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "cols":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Int64()
+				s.Cols = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"cols\"")
+			}
+		case "rows":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				v, err := d.Int64()
+				s.Rows = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"rows\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode TerminalSize")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000011,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfTerminalSize) {
+					name = jsonFieldsNameOfTerminalSize[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *TerminalSize) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *TerminalSize) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
 func (s *Tunnel) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
@@ -39136,6 +39282,10 @@ func (s *Tunnel) encodeFields(e *jx.Encoder) {
 		s.OpenedAt.Encode(e, json.EncodeDateTime)
 	}
 	{
+		e.FieldStart("port")
+		s.Port.Encode(e)
+	}
+	{
 		e.FieldStart("state")
 		s.State.Encode(e)
 	}
@@ -39157,7 +39307,7 @@ func (s *Tunnel) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfTunnel = [15]string{
+var jsonFieldsNameOfTunnel = [16]string{
 	0:  "argv",
 	1:  "bytesIn",
 	2:  "bytesOut",
@@ -39168,11 +39318,12 @@ var jsonFieldsNameOfTunnel = [15]string{
 	7:  "identityId",
 	8:  "kind",
 	9:  "openedAt",
-	10: "state",
-	11: "target",
-	12: "tenantId",
-	13: "tty",
-	14: "tunnelId",
+	10: "port",
+	11: "state",
+	12: "target",
+	13: "tenantId",
+	14: "tty",
+	15: "tunnelId",
 }
 
 // Decode decodes Tunnel from json.
@@ -39304,8 +39455,18 @@ func (s *Tunnel) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"openedAt\"")
 			}
-		case "state":
+		case "port":
 			requiredBitSet[1] |= 1 << 2
+			if err := func() error {
+				if err := s.Port.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"port\"")
+			}
+		case "state":
+			requiredBitSet[1] |= 1 << 3
 			if err := func() error {
 				if err := s.State.Decode(d); err != nil {
 					return err
@@ -39315,7 +39476,7 @@ func (s *Tunnel) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"state\"")
 			}
 		case "target":
-			requiredBitSet[1] |= 1 << 3
+			requiredBitSet[1] |= 1 << 4
 			if err := func() error {
 				if err := s.Target.Decode(d); err != nil {
 					return err
@@ -39325,7 +39486,7 @@ func (s *Tunnel) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"target\"")
 			}
 		case "tenantId":
-			requiredBitSet[1] |= 1 << 4
+			requiredBitSet[1] |= 1 << 5
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -39337,7 +39498,7 @@ func (s *Tunnel) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"tenantId\"")
 			}
 		case "tty":
-			requiredBitSet[1] |= 1 << 5
+			requiredBitSet[1] |= 1 << 6
 			if err := func() error {
 				v, err := d.Bool()
 				s.Tty = bool(v)
@@ -39349,7 +39510,7 @@ func (s *Tunnel) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"tty\"")
 			}
 		case "tunnelId":
-			requiredBitSet[1] |= 1 << 6
+			requiredBitSet[1] |= 1 << 7
 			if err := func() error {
 				v, err := d.Str()
 				s.TunnelId = string(v)
@@ -39371,7 +39532,7 @@ func (s *Tunnel) Decode(d *jx.Decoder) error {
 	var failures []validate.FieldError
 	for i, mask := range [2]uint8{
 		0b11111111,
-		0b01111111,
+		0b11111111,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -39435,6 +39596,10 @@ func (s *TunnelKind) Decode(d *jx.Decoder) error {
 	switch TunnelKind(v) {
 	case TunnelKindExec:
 		*s = TunnelKindExec
+	case TunnelKindTCP:
+		*s = TunnelKindTCP
+	case TunnelKindConsole:
+		*s = TunnelKindConsole
 	default:
 		*s = TunnelKind(v)
 	}
@@ -40309,12 +40474,14 @@ func (s *TunnelsOpenInput) Encode(e *jx.Encoder) {
 // encodeFields encodes fields.
 func (s *TunnelsOpenInput) encodeFields(e *jx.Encoder) {
 	{
-		e.FieldStart("argv")
-		e.ArrStart()
-		for _, elem := range s.Argv {
-			e.Str(elem)
+		if s.Argv != nil {
+			e.FieldStart("argv")
+			e.ArrStart()
+			for _, elem := range s.Argv {
+				e.Str(elem)
+			}
+			e.ArrEnd()
 		}
-		e.ArrEnd()
 	}
 	{
 		if s.Env.Set {
@@ -40325,6 +40492,18 @@ func (s *TunnelsOpenInput) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("kind")
 		s.Kind.Encode(e)
+	}
+	{
+		if s.Port.Set {
+			e.FieldStart("port")
+			s.Port.Encode(e)
+		}
+	}
+	{
+		if s.Size.Set {
+			e.FieldStart("size")
+			s.Size.Encode(e)
+		}
 	}
 	{
 		e.FieldStart("target")
@@ -40342,13 +40521,15 @@ func (s *TunnelsOpenInput) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfTunnelsOpenInput = [6]string{
+var jsonFieldsNameOfTunnelsOpenInput = [8]string{
 	0: "argv",
 	1: "env",
 	2: "kind",
-	3: "target",
-	4: "tenantId",
-	5: "tty",
+	3: "port",
+	4: "size",
+	5: "target",
+	6: "tenantId",
+	7: "tty",
 }
 
 // Decode decodes TunnelsOpenInput from json.
@@ -40362,7 +40543,6 @@ func (s *TunnelsOpenInput) Decode(d *jx.Decoder) error {
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
 		case "argv":
-			requiredBitSet[0] |= 1 << 0
 			if err := func() error {
 				s.Argv = make([]string, 0)
 				if err := d.Arr(func(d *jx.Decoder) error {
@@ -40401,8 +40581,28 @@ func (s *TunnelsOpenInput) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"kind\"")
 			}
+		case "port":
+			if err := func() error {
+				s.Port.Reset()
+				if err := s.Port.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"port\"")
+			}
+		case "size":
+			if err := func() error {
+				s.Size.Reset()
+				if err := s.Size.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"size\"")
+			}
 		case "target":
-			requiredBitSet[0] |= 1 << 3
+			requiredBitSet[0] |= 1 << 5
 			if err := func() error {
 				if err := s.Target.Decode(d); err != nil {
 					return err
@@ -40412,7 +40612,7 @@ func (s *TunnelsOpenInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"target\"")
 			}
 		case "tenantId":
-			requiredBitSet[0] |= 1 << 4
+			requiredBitSet[0] |= 1 << 6
 			if err := func() error {
 				v, err := d.Str()
 				s.TenantId = string(v)
@@ -40443,7 +40643,7 @@ func (s *TunnelsOpenInput) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [1]uint8{
-		0b00011101,
+		0b01100100,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -40574,6 +40774,10 @@ func (s *TunnelsOpenInputKind) Decode(d *jx.Decoder) error {
 	switch TunnelsOpenInputKind(v) {
 	case TunnelsOpenInputKindExec:
 		*s = TunnelsOpenInputKindExec
+	case TunnelsOpenInputKindTCP:
+		*s = TunnelsOpenInputKindTCP
+	case TunnelsOpenInputKindConsole:
+		*s = TunnelsOpenInputKindConsole
 	default:
 		*s = TunnelsOpenInputKind(v)
 	}

@@ -6087,6 +6087,52 @@ func (o OptString) Or(d string) string {
 	return d
 }
 
+// NewOptTerminalSize returns new OptTerminalSize with value set to v.
+func NewOptTerminalSize(v TerminalSize) OptTerminalSize {
+	return OptTerminalSize{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptTerminalSize is optional TerminalSize.
+type OptTerminalSize struct {
+	Value TerminalSize
+	Set   bool
+}
+
+// IsSet returns true if OptTerminalSize was set.
+func (o OptTerminalSize) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptTerminalSize) Reset() {
+	var v TerminalSize
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptTerminalSize) SetTo(v TerminalSize) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptTerminalSize) Get() (v TerminalSize, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptTerminalSize) Or(d TerminalSize) TerminalSize {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptTunnelsOpenInputEnv returns new OptTunnelsOpenInputEnv with value set to v.
 func NewOptTunnelsOpenInputEnv(v TunnelsOpenInputEnv) OptTunnelsOpenInputEnv {
 	return OptTunnelsOpenInputEnv{
@@ -15244,8 +15290,35 @@ func (s *SystemWhoamiResult) SetData(val Caller) {
 	s.Data = val
 }
 
+// Ref: #/components/schemas/TerminalSize
+type TerminalSize struct {
+	Cols int64 `json:"cols"`
+	Rows int64 `json:"rows"`
+}
+
+// GetCols returns the value of Cols.
+func (s *TerminalSize) GetCols() int64 {
+	return s.Cols
+}
+
+// GetRows returns the value of Rows.
+func (s *TerminalSize) GetRows() int64 {
+	return s.Rows
+}
+
+// SetCols sets the value of Cols.
+func (s *TerminalSize) SetCols(val int64) {
+	s.Cols = val
+}
+
+// SetRows sets the value of Rows.
+func (s *TerminalSize) SetRows(val int64) {
+	s.Rows = val
+}
+
 // Ref: #/components/schemas/Tunnel
 type Tunnel struct {
+	// The program (exec); empty for the other kinds.
 	Argv []string `json:"argv"`
 	// Bytes from the client (stdin).
 	BytesIn int64 `json:"bytesIn"`
@@ -15253,13 +15326,16 @@ type Tunnel struct {
 	BytesOut  int64       `json:"bytesOut"`
 	ClosedAt  NilDateTime `json:"closedAt"`
 	CreatedAt time.Time   `json:"createdAt"`
-	ExitCode  NilInt64    `json:"exitCode"`
+	// The program's exit code (exec; 128 plus the signal that ended it).
+	ExitCode NilInt64 `json:"exitCode"`
 	// When the ticket expires unredeemed.
 	ExpiresAt time.Time `json:"expiresAt"`
 	// Who opened it.
 	IdentityId string      `json:"identityId"`
 	Kind       TunnelKind  `json:"kind"`
 	OpenedAt   NilDateTime `json:"openedAt"`
+	// The guest port (tcp).
+	Port NilInt64 `json:"port"`
 	// Issued: the ticket awaits its redemption; expired: it never was.
 	State  TunnelState  `json:"state"`
 	Target TunnelTarget `json:"target"`
@@ -15318,6 +15394,11 @@ func (s *Tunnel) GetKind() TunnelKind {
 // GetOpenedAt returns the value of OpenedAt.
 func (s *Tunnel) GetOpenedAt() NilDateTime {
 	return s.OpenedAt
+}
+
+// GetPort returns the value of Port.
+func (s *Tunnel) GetPort() NilInt64 {
+	return s.Port
 }
 
 // GetState returns the value of State.
@@ -15395,6 +15476,11 @@ func (s *Tunnel) SetOpenedAt(val NilDateTime) {
 	s.OpenedAt = val
 }
 
+// SetPort sets the value of Port.
+func (s *Tunnel) SetPort(val NilInt64) {
+	s.Port = val
+}
+
 // SetState sets the value of State.
 func (s *Tunnel) SetState(val TunnelState) {
 	s.State = val
@@ -15423,13 +15509,17 @@ func (s *Tunnel) SetTunnelId(val string) {
 type TunnelKind string
 
 const (
-	TunnelKindExec TunnelKind = "exec"
+	TunnelKindExec    TunnelKind = "exec"
+	TunnelKindTCP     TunnelKind = "tcp"
+	TunnelKindConsole TunnelKind = "console"
 )
 
 // AllValues returns all TunnelKind values.
 func (TunnelKind) AllValues() []TunnelKind {
 	return []TunnelKind{
 		TunnelKindExec,
+		TunnelKindTCP,
+		TunnelKindConsole,
 	}
 }
 
@@ -15437,6 +15527,10 @@ func (TunnelKind) AllValues() []TunnelKind {
 func (s TunnelKind) MarshalText() ([]byte, error) {
 	switch s {
 	case TunnelKindExec:
+		return []byte(s), nil
+	case TunnelKindTCP:
+		return []byte(s), nil
+	case TunnelKindConsole:
 		return []byte(s), nil
 	default:
 		return nil, errors.Errorf("invalid value: %q", s)
@@ -15448,6 +15542,12 @@ func (s *TunnelKind) UnmarshalText(data []byte) error {
 	switch TunnelKind(data) {
 	case TunnelKindExec:
 		*s = TunnelKindExec
+		return nil
+	case TunnelKindTCP:
+		*s = TunnelKindTCP
+		return nil
+	case TunnelKindConsole:
+		*s = TunnelKindConsole
 		return nil
 	default:
 		return errors.Errorf("invalid value: %q", data)
@@ -15725,14 +15825,19 @@ func (s *TunnelsListResult) SetData(val TunnelList) {
 // Input of tunnels.open. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
 // Ref: #/components/schemas/TunnelsOpenInput
 type TunnelsOpenInput struct {
+	// The program (exec, required there; INVALID_INPUT with the other kinds).
 	Argv []string `json:"argv"`
-	// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
-	Env    OptTunnelsOpenInputEnv `json:"env"`
-	Kind   TunnelsOpenInputKind   `json:"kind"`
-	Target TunnelTarget           `json:"target"`
+	// The program's environment (exec). Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+	Env  OptTunnelsOpenInputEnv `json:"env"`
+	Kind TunnelsOpenInputKind   `json:"kind"`
+	// The guest port to connect to (tcp, required there).
+	Port   OptInt64        `json:"port"`
+	Size   OptTerminalSize `json:"size"`
+	Target TunnelTarget    `json:"target"`
 	// Tenant identifier.
-	TenantId string  `json:"tenantId"`
-	Tty      OptBool `json:"tty"`
+	TenantId string `json:"tenantId"`
+	// Run the program on a pseudo-terminal (exec).
+	Tty OptBool `json:"tty"`
 }
 
 // GetArgv returns the value of Argv.
@@ -15748,6 +15853,16 @@ func (s *TunnelsOpenInput) GetEnv() OptTunnelsOpenInputEnv {
 // GetKind returns the value of Kind.
 func (s *TunnelsOpenInput) GetKind() TunnelsOpenInputKind {
 	return s.Kind
+}
+
+// GetPort returns the value of Port.
+func (s *TunnelsOpenInput) GetPort() OptInt64 {
+	return s.Port
+}
+
+// GetSize returns the value of Size.
+func (s *TunnelsOpenInput) GetSize() OptTerminalSize {
+	return s.Size
 }
 
 // GetTarget returns the value of Target.
@@ -15780,6 +15895,16 @@ func (s *TunnelsOpenInput) SetKind(val TunnelsOpenInputKind) {
 	s.Kind = val
 }
 
+// SetPort sets the value of Port.
+func (s *TunnelsOpenInput) SetPort(val OptInt64) {
+	s.Port = val
+}
+
+// SetSize sets the value of Size.
+func (s *TunnelsOpenInput) SetSize(val OptTerminalSize) {
+	s.Size = val
+}
+
 // SetTarget sets the value of Target.
 func (s *TunnelsOpenInput) SetTarget(val TunnelTarget) {
 	s.Target = val
@@ -15795,7 +15920,7 @@ func (s *TunnelsOpenInput) SetTty(val OptBool) {
 	s.Tty = val
 }
 
-// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+// The program's environment (exec). Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
 type TunnelsOpenInputEnv map[string]string
 
 func (s *TunnelsOpenInputEnv) init() TunnelsOpenInputEnv {
@@ -15810,13 +15935,17 @@ func (s *TunnelsOpenInputEnv) init() TunnelsOpenInputEnv {
 type TunnelsOpenInputKind string
 
 const (
-	TunnelsOpenInputKindExec TunnelsOpenInputKind = "exec"
+	TunnelsOpenInputKindExec    TunnelsOpenInputKind = "exec"
+	TunnelsOpenInputKindTCP     TunnelsOpenInputKind = "tcp"
+	TunnelsOpenInputKindConsole TunnelsOpenInputKind = "console"
 )
 
 // AllValues returns all TunnelsOpenInputKind values.
 func (TunnelsOpenInputKind) AllValues() []TunnelsOpenInputKind {
 	return []TunnelsOpenInputKind{
 		TunnelsOpenInputKindExec,
+		TunnelsOpenInputKindTCP,
+		TunnelsOpenInputKindConsole,
 	}
 }
 
@@ -15824,6 +15953,10 @@ func (TunnelsOpenInputKind) AllValues() []TunnelsOpenInputKind {
 func (s TunnelsOpenInputKind) MarshalText() ([]byte, error) {
 	switch s {
 	case TunnelsOpenInputKindExec:
+		return []byte(s), nil
+	case TunnelsOpenInputKindTCP:
+		return []byte(s), nil
+	case TunnelsOpenInputKindConsole:
 		return []byte(s), nil
 	default:
 		return nil, errors.Errorf("invalid value: %q", s)
@@ -15835,6 +15968,12 @@ func (s *TunnelsOpenInputKind) UnmarshalText(data []byte) error {
 	switch TunnelsOpenInputKind(data) {
 	case TunnelsOpenInputKindExec:
 		*s = TunnelsOpenInputKindExec
+		return nil
+	case TunnelsOpenInputKindTCP:
+		*s = TunnelsOpenInputKindTCP
+		return nil
+	case TunnelsOpenInputKindConsole:
+		*s = TunnelsOpenInputKindConsole
 		return nil
 	default:
 		return errors.Errorf("invalid value: %q", data)

@@ -16934,6 +16934,60 @@ func (s *SystemSelfCheckResult) Validate() error {
 	return nil
 }
 
+func (s *TerminalSize) Validate() error {
+	if s == nil {
+		return validate.ErrNilPointer
+	}
+
+	var failures []validate.FieldError
+	if err := func() error {
+		if err := (validate.Int{
+			MinSet:        true,
+			Min:           1,
+			MaxSet:        true,
+			Max:           1000,
+			MinExclusive:  false,
+			MaxExclusive:  false,
+			MultipleOfSet: false,
+			MultipleOf:    0,
+			Pattern:       nil,
+		}).Validate(int64(s.Cols)); err != nil {
+			return errors.Wrap(err, "int")
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "cols",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if err := (validate.Int{
+			MinSet:        true,
+			Min:           1,
+			MaxSet:        true,
+			Max:           1000,
+			MinExclusive:  false,
+			MaxExclusive:  false,
+			MultipleOfSet: false,
+			MultipleOf:    0,
+			Pattern:       nil,
+		}).Validate(int64(s.Rows)); err != nil {
+			return errors.Wrap(err, "int")
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "rows",
+			Error: err,
+		})
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+	return nil
+}
+
 func (s *Tunnel) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
@@ -17081,6 +17135,10 @@ func (s *Tunnel) Validate() error {
 func (s TunnelKind) Validate() error {
 	switch s {
 	case "exec":
+		return nil
+	case "tcp":
+		return nil
+	case "console":
 		return nil
 	default:
 		return errors.Errorf("invalid value: %v", s)
@@ -17369,7 +17427,7 @@ func (s *TunnelsOpenInput) Validate() error {
 	var failures []validate.FieldError
 	if err := func() error {
 		if s.Argv == nil {
-			return errors.New("nil is invalid value")
+			return nil // optional
 		}
 		if err := (validate.Array{
 			MinLength:    1,
@@ -17445,6 +17503,52 @@ func (s *TunnelsOpenInput) Validate() error {
 		})
 	}
 	if err := func() error {
+		if value, ok := s.Port.Get(); ok {
+			if err := func() error {
+				if err := (validate.Int{
+					MinSet:        true,
+					Min:           1,
+					MaxSet:        true,
+					Max:           65535,
+					MinExclusive:  false,
+					MaxExclusive:  false,
+					MultipleOfSet: false,
+					MultipleOf:    0,
+					Pattern:       nil,
+				}).Validate(int64(value)); err != nil {
+					return errors.Wrap(err, "int")
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "port",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if value, ok := s.Size.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "size",
+			Error: err,
+		})
+	}
+	if err := func() error {
 		if err := s.Target.Validate(); err != nil {
 			return err
 		}
@@ -17496,6 +17600,10 @@ func (s TunnelsOpenInputEnv) Validate() error {
 func (s TunnelsOpenInputKind) Validate() error {
 	switch s {
 	case "exec":
+		return nil
+	case "tcp":
+		return nil
+	case "console":
 		return nil
 	default:
 		return errors.Errorf("invalid value: %v", s)

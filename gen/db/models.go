@@ -676,6 +676,9 @@ type Tunnel struct {
 	BytesIn    int64
 	BytesOut   int64
 	ExitCode   pgtype.Int4
+	Port       pgtype.Int4
+	TermCols   pgtype.Int4
+	TermRows   pgtype.Int4
 }
 
 type UsageWindow struct {

@@ -16,7 +16,7 @@ const closeTunnel = `-- name: CloseTunnel :one
 UPDATE tunnels SET state = CASE WHEN state = 'issued' AND expires_at <= now() THEN 'expired' ELSE 'closed' END,
     closed_at = now()
 WHERE tunnel_id = $1 AND state IN ('issued', 'open')
-RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code
+RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows
 `
 
 func (q *Queries) CloseTunnel(ctx context.Context, tunnelID string) (Tunnel, error) {
@@ -44,6 +44,9 @@ func (q *Queries) CloseTunnel(ctx context.Context, tunnelID string) (Tunnel, err
 		&i.BytesIn,
 		&i.BytesOut,
 		&i.ExitCode,
+		&i.Port,
+		&i.TermCols,
+		&i.TermRows,
 	)
 	return i, err
 }
@@ -52,7 +55,7 @@ const finishTunnel = `-- name: FinishTunnel :one
 UPDATE tunnels SET state = 'closed', closed_at = coalesce(closed_at, now()), bytes_in = $1,
     bytes_out = $2, exit_code = $3
 WHERE tunnel_id = $4
-RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code
+RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows
 `
 
 type FinishTunnelParams struct {
@@ -94,12 +97,15 @@ func (q *Queries) FinishTunnel(ctx context.Context, arg FinishTunnelParams) (Tun
 		&i.BytesIn,
 		&i.BytesOut,
 		&i.ExitCode,
+		&i.Port,
+		&i.TermCols,
+		&i.TermRows,
 	)
 	return i, err
 }
 
 const getTunnel = `-- name: GetTunnel :one
-SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code FROM tunnels WHERE tunnel_id = $1
+SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows FROM tunnels WHERE tunnel_id = $1
 `
 
 func (q *Queries) GetTunnel(ctx context.Context, tunnelID string) (Tunnel, error) {
@@ -127,12 +133,15 @@ func (q *Queries) GetTunnel(ctx context.Context, tunnelID string) (Tunnel, error
 		&i.BytesIn,
 		&i.BytesOut,
 		&i.ExitCode,
+		&i.Port,
+		&i.TermCols,
+		&i.TermRows,
 	)
 	return i, err
 }
 
 const getTunnelByTicket = `-- name: GetTunnelByTicket :one
-SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code FROM tunnels WHERE ticket_hash = $1
+SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows FROM tunnels WHERE ticket_hash = $1
 `
 
 func (q *Queries) GetTunnelByTicket(ctx context.Context, ticketHash []byte) (Tunnel, error) {
@@ -160,12 +169,15 @@ func (q *Queries) GetTunnelByTicket(ctx context.Context, ticketHash []byte) (Tun
 		&i.BytesIn,
 		&i.BytesOut,
 		&i.ExitCode,
+		&i.Port,
+		&i.TermCols,
+		&i.TermRows,
 	)
 	return i, err
 }
 
 const getTunnelForUpdate = `-- name: GetTunnelForUpdate :one
-SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code FROM tunnels WHERE tunnel_id = $1 FOR UPDATE
+SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows FROM tunnels WHERE tunnel_id = $1 FOR UPDATE
 `
 
 func (q *Queries) GetTunnelForUpdate(ctx context.Context, tunnelID string) (Tunnel, error) {
@@ -193,17 +205,20 @@ func (q *Queries) GetTunnelForUpdate(ctx context.Context, tunnelID string) (Tunn
 		&i.BytesIn,
 		&i.BytesOut,
 		&i.ExitCode,
+		&i.Port,
+		&i.TermCols,
+		&i.TermRows,
 	)
 	return i, err
 }
 
 const insertTunnel = `-- name: InsertTunnel :one
 INSERT INTO tunnels (tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty,
-    ticket_hash, source_ip, expires_at)
+    ticket_hash, source_ip, expires_at, port, term_cols, term_rows)
 VALUES ($1, $2, $3, $4, $5,
     $6, $7, $8, $9, $10, $11,
-    $12, $13, $14)
-RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code
+    $12, $13, $14, $15, $16, $17)
+RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows
 `
 
 type InsertTunnelParams struct {
@@ -221,6 +236,9 @@ type InsertTunnelParams struct {
 	TicketHash []byte
 	SourceIp   string
 	ExpiresAt  time.Time
+	Port       pgtype.Int4
+	TermCols   pgtype.Int4
+	TermRows   pgtype.Int4
 }
 
 func (q *Queries) InsertTunnel(ctx context.Context, arg InsertTunnelParams) (Tunnel, error) {
@@ -239,6 +257,9 @@ func (q *Queries) InsertTunnel(ctx context.Context, arg InsertTunnelParams) (Tun
 		arg.TicketHash,
 		arg.SourceIp,
 		arg.ExpiresAt,
+		arg.Port,
+		arg.TermCols,
+		arg.TermRows,
 	)
 	var i Tunnel
 	err := row.Scan(
@@ -263,12 +284,15 @@ func (q *Queries) InsertTunnel(ctx context.Context, arg InsertTunnelParams) (Tun
 		&i.BytesIn,
 		&i.BytesOut,
 		&i.ExitCode,
+		&i.Port,
+		&i.TermCols,
+		&i.TermRows,
 	)
 	return i, err
 }
 
 const listTunnels = `-- name: ListTunnels :many
-SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code FROM tunnels
+SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows FROM tunnels
 WHERE tenant_id = $1
   AND ($2::boolean OR (state = 'open' OR (state = 'issued' AND expires_at > now())))
 ORDER BY created_at DESC, tunnel_id DESC LIMIT 1000
@@ -310,6 +334,9 @@ func (q *Queries) ListTunnels(ctx context.Context, arg ListTunnelsParams) ([]Tun
 			&i.BytesIn,
 			&i.BytesOut,
 			&i.ExitCode,
+			&i.Port,
+			&i.TermCols,
+			&i.TermRows,
 		); err != nil {
 			return nil, err
 		}
@@ -324,7 +351,7 @@ func (q *Queries) ListTunnels(ctx context.Context, arg ListTunnelsParams) ([]Tun
 const redeemTunnel = `-- name: RedeemTunnel :one
 UPDATE tunnels SET state = 'open', opened_at = now()
 WHERE ticket_hash = $1 AND state = 'issued' AND expires_at > now()
-RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code
+RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows
 `
 
 // Single use: only an issued, unexpired ticket opens, once.
@@ -353,6 +380,9 @@ func (q *Queries) RedeemTunnel(ctx context.Context, ticketHash []byte) (Tunnel, 
 		&i.BytesIn,
 		&i.BytesOut,
 		&i.ExitCode,
+		&i.Port,
+		&i.TermCols,
+		&i.TermRows,
 	)
 	return i, err
 }

@@ -3,16 +3,19 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto/tunnel"
 	"computeplane/internal/guestproto"
+	"computeplane/internal/qemu"
 )
 
 // serveTunnel runs one tunnel stream the gateway opened on the session:
-// its open frame, then the program's output and exit one way and its
-// stdin the other (docs/tunnels.md).
+// its open frame, then by kind a program in the guest (exec), a
+// connection to a guest port (tcp) or the serial console (console)
+// (docs/tunnels.md).
 func (a *Agent) serveTunnel(st net.Conn) {
 	defer st.Close()
 	kind, p, err := tunnel.ReadFrame(st)
@@ -24,8 +27,8 @@ func (a *Agent) serveTunnel(st net.Conn) {
 		_ = tunnel.WriteFrame(st, tunnel.FrameExit, b)
 	}
 	var o tunnel.Open
-	if err := json.Unmarshal(p, &o); err != nil || o.Kind != tunnel.KindExec || len(o.Argv) == 0 || o.Argv[0] == "" {
-		exit(-1, "an exec tunnel needs its program")
+	if err := json.Unmarshal(p, &o); err != nil {
+		exit(-1, "a tunnel's open frame is JSON")
 		return
 	}
 	rt, ok := a.o.Runtime.(vmruntime.Streams)
@@ -35,13 +38,37 @@ func (a *Agent) serveTunnel(st net.Conn) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s, err := rt.Start(ctx, o.InstanceID, &guestproto.Exec{Argv: o.Argv, Env: o.Env})
+	var s *qemu.Stream
+	switch o.Kind {
+	case tunnel.KindExec:
+		if len(o.Argv) == 0 || o.Argv[0] == "" {
+			exit(-1, "an exec tunnel needs its program")
+			return
+		}
+		e := &guestproto.Exec{Argv: o.Argv, Env: o.Env, TTY: o.TTY}
+		if o.Size != nil {
+			e.Size = &guestproto.Size{Cols: o.Size.Cols, Rows: o.Size.Rows}
+		}
+		s, err = rt.Start(ctx, o.InstanceID, e)
+	case tunnel.KindTCP:
+		if o.Port < 1 || o.Port > 65535 {
+			exit(-1, "a tcp tunnel needs its port")
+			return
+		}
+		s, err = rt.Dial(ctx, o.InstanceID, o.Port)
+	case tunnel.KindConsole:
+		a.serveConsole(st, rt, o, exit)
+		return
+	default:
+		exit(-1, "this compute-agent opens no tunnels of kind "+o.Kind)
+		return
+	}
 	if err != nil {
 		exit(-1, err.Error())
 		return
 	}
-	defer s.Close() // kills the program when the tunnel ends first
-	a.log.Info("tunnel open", "tunnel", o.TunnelID, "instance", o.InstanceID)
+	defer s.Close() // kills the program (closes the connection) when the tunnel ends first
+	a.log.Info("tunnel open", "tunnel", o.TunnelID, "kind", o.Kind, "instance", o.InstanceID)
 	go func() {
 		// stdin, one chunk at a time (the guest answers each); the
 		// stream's end (the client gone) ends the tunnel.
@@ -51,13 +78,33 @@ func (a *Agent) serveTunnel(st net.Conn) {
 			if err != nil {
 				return
 			}
+			var in guestproto.Input
 			switch k {
 			case tunnel.FrameStdin:
-				err = s.Input(ctx, guestproto.Input{Data: p})
+				in.Data = p
 			case tunnel.FrameEOF:
-				err = s.Input(ctx, guestproto.Input{EOF: true})
+				in.EOF = true
+			case tunnel.FrameResize:
+				var sz tunnel.Size
+				if json.Unmarshal(p, &sz) != nil || sz.Cols == 0 || sz.Rows == 0 {
+					continue
+				}
+				in.Resize = &guestproto.Size{Cols: sz.Cols, Rows: sz.Rows}
+			case tunnel.FrameSignal:
+				var sg tunnel.Signal
+				if json.Unmarshal(p, &sg) != nil {
+					continue
+				}
+				if _, known := guestproto.Signals[sg.Signal]; !known {
+					continue
+				}
+				in.Signal = sg.Signal
+			default:
+				continue
 			}
-			if err != nil && ctx.Err() != nil {
+			// A refused input (a resize without a terminal, a signal to
+			// a connection) leaves the tunnel open.
+			if err := s.Input(ctx, in); err != nil && ctx.Err() != nil {
 				return
 			}
 		}
@@ -88,5 +135,49 @@ func (a *Agent) serveTunnel(st net.Conn) {
 		}
 		n := int64(len(r.Output.Data))
 		go func() { _ = s.Input(ctx, guestproto.Input{Ack: n}) }()
+	}
+}
+
+// serveConsole relays an instance's serial console: its recent past and
+// then its output as stdout frames, stdin frames typed on it, until the
+// client leaves or the instance stops.
+func (a *Agent) serveConsole(st net.Conn, rt vmruntime.Streams, o tunnel.Open, exit func(int, string)) {
+	c, err := rt.Console(o.InstanceID)
+	if err != nil {
+		exit(-1, err.Error())
+		return
+	}
+	defer c.Close()
+	a.log.Info("tunnel open", "tunnel", o.TunnelID, "kind", o.Kind, "instance", o.InstanceID)
+	go func() {
+		defer c.Close() // the client gone: the reader below ends
+		for {
+			k, p, err := tunnel.ReadFrame(st)
+			if err != nil {
+				return
+			}
+			if k == tunnel.FrameStdin && len(p) > 0 {
+				if _, err := c.Write(p); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	buf := make([]byte, 16<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			if tunnel.WriteFrame(st, tunnel.FrameStdout, buf[:n]) != nil {
+				return
+			}
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil {
+			exit(0, "") // the instance stopped
+			a.log.Info("tunnel closed", "tunnel", o.TunnelID)
+			return
+		}
 	}
 }

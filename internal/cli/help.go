@@ -16,6 +16,9 @@ func writeMainHelp(w io.Writer, groups []Group) {
 	fmt.Fprintln(tw, "Commands:")
 	fmt.Fprintf(tw, "  login\t%s\n", loginSummary)
 	fmt.Fprintf(tw, "  help\tshow help of a group or command\n")
+	for _, c := range tunnelCommands {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
+	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "Groups:")
 	for _, g := range groups {

@@ -122,6 +122,18 @@ func Run(ctx context.Context, groups []Group, args []string, getenv func(string)
 			return ExitError
 		}
 		return code
+	case inv.tunnel != "":
+		code, err := runTunnel(ctx, inv, getenv, s)
+		if err != nil {
+			fmt.Fprintf(s.Stderr, "error: %v\n", err)
+			var ue *UsageError
+			if errors.As(err, &ue) {
+				fmt.Fprintf(s.Stderr, "Run '%s %s --help' for usage.\n", Program, inv.tunnel)
+				return ExitUsage
+			}
+			return ExitError
+		}
+		return code
 	case inv.help:
 		inv.writeHelp(s.Stdout, groups)
 		return ExitOK
@@ -156,7 +168,8 @@ type invocation struct {
 	method  *Method
 	help    bool
 	version bool
-	login   bool // computectl login: save a profile
+	login   bool   // computectl login: save a profile
+	tunnel  string // a tunnel command (tunnel.go): its arguments are rest
 	global  map[string]string
 	flags   []FlagValue
 	rest    []string // the arguments after --: sandboxes exec's argv
@@ -179,6 +192,10 @@ func parse(groups []Group, args []string) (*invocation, error) {
 				helpCmd, inv.help = true, true
 			case inv.group == nil && !inv.login && a == "login" && i == firstPositional(args):
 				inv.login = true
+			case inv.group == nil && !inv.login && !helpCmd && isTunnelCommand(a) && i == firstPositional(args):
+				// Its own arguments: parsed by runTunnel.
+				inv.tunnel, inv.rest = a, args[i+1:]
+				return inv, nil
 			case inv.group == nil && !inv.login:
 				if inv.group = findGroup(groups, a); inv.group == nil {
 					if near := suggest(a, groupNames(groups)); near != "" {

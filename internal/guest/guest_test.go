@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -184,4 +186,157 @@ func TestExecLeavesABackgroundProcessRunning(t *testing.T) {
 	require.True(t, r.OK, r.Error)
 	assert.Equal(t, 0, r.Exec.ExitCode)
 	assert.Equal(t, "in", string(r.Exec.Stdout))
+}
+
+// streamed collects a started program's responses.
+type streamed struct {
+	t   *testing.T
+	p   *port
+	out strings.Builder
+	end *guestproto.Response
+	n   uint64
+}
+
+func (p *port) send(t *testing.T, r guestproto.Request) {
+	t.Helper()
+	b, err := json.Marshal(r)
+	require.NoError(t, err)
+	_, err = p.w.Write(append(b, '\n'))
+	require.NoError(t, err)
+}
+
+// until reads responses (acking output, collecting it) until the output
+// holds want or the program ends ("": until it ends); the answers to
+// inputs are checked.
+func (s *streamed) until(want string) {
+	s.t.Helper()
+	deadline := time.AfterFunc(15*time.Second, func() { panic(fmt.Sprintf("no %q in %q", want, s.out.String())) })
+	defer deadline.Stop()
+	for (want == "" || !strings.Contains(s.out.String(), want)) && s.end == nil {
+		s.read()
+	}
+	if want != "" {
+		require.Contains(s.t, s.out.String(), want)
+	}
+}
+
+// read takes one response and returns it.
+func (s *streamed) read() guestproto.Response {
+	r := s.p.next(s.t)
+	switch {
+	case r.ID == 1 && r.Output != nil:
+		s.out.Write(r.Output.Data)
+		s.n++
+		s.p.send(s.t, guestproto.Request{ID: 1000 + s.n, Op: guestproto.OpInput, Input: &guestproto.Input{Proc: 1, Ack: int64(len(r.Output.Data))}})
+	case r.ID == 1:
+		s.end = &r
+	}
+	return r
+}
+
+// serveStreams is serve, its ready event read, and the answers left
+// unread at the end discarded (so the agent can finish).
+func serveStreams(t *testing.T) *port {
+	p, _ := serve(t)
+	require.NotNil(t, p.next(t).Ready)
+	t.Cleanup(func() {
+		go func() {
+			for p.rd.Scan() {
+			}
+		}()
+	})
+	return p
+}
+
+// input sends an input and returns its answer (as the host does, one at
+// a time: the guest handles requests concurrently).
+func (s *streamed) input(in guestproto.Input) guestproto.Response {
+	s.n++
+	in.Proc = 1
+	id := 1000 + s.n
+	s.p.send(s.t, guestproto.Request{ID: id, Op: guestproto.OpInput, Input: &in})
+	for {
+		if r := s.read(); r.ID == id {
+			return r
+		}
+	}
+}
+
+func TestStartOnATerminal(t *testing.T) {
+	p := serveStreams(t)
+	p.send(t, guestproto.Request{ID: 1, Op: guestproto.OpStart, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-i"}, TTY: true,
+		Size: &guestproto.Size{Cols: 100, Rows: 30}}})
+	s := &streamed{t: t, p: p}
+	s.input(guestproto.Input{Data: []byte("tty; echo term=$TERM; stty size\n")})
+	s.until("30 100")
+	assert.Contains(t, s.out.String(), "/dev/pts/")
+	assert.Contains(t, s.out.String(), "term=xterm-256color")
+
+	s.input(guestproto.Input{Resize: &guestproto.Size{Cols: 132, Rows: 43}})
+	s.input(guestproto.Input{Data: []byte("stty size\n")})
+	s.until("43 132")
+
+	// Ctrl-C typed as a byte interrupts the foreground job; a signal
+	// frame does too.
+	s.input(guestproto.Input{Data: []byte("sleep 100\n")})
+	time.Sleep(300 * time.Millisecond)
+	s.input(guestproto.Input{Data: []byte{3}})
+	s.input(guestproto.Input{Data: []byte("echo after-$?\n")})
+	s.until("after-130")
+	s.input(guestproto.Input{Data: []byte("sleep 100\n")})
+	time.Sleep(300 * time.Millisecond)
+	s.input(guestproto.Input{Signal: "INT"})
+	s.input(guestproto.Input{Data: []byte("echo again-$?\n")})
+	s.until("again-130")
+
+	s.input(guestproto.Input{Data: []byte("exit 3\n")})
+	s.until("")
+	require.NotNil(t, s.end)
+	require.True(t, s.end.OK, s.end.Error)
+	assert.Equal(t, 3, s.end.Exec.ExitCode)
+}
+
+func TestStartSignalledWithoutATerminal(t *testing.T) {
+	p := serveStreams(t)
+	p.send(t, guestproto.Request{ID: 1, Op: guestproto.OpStart, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", "echo up; exec sleep 100"}}})
+	s := &streamed{t: t, p: p}
+	s.until("up\n")
+	r := s.input(guestproto.Input{Resize: &guestproto.Size{Cols: 1, Rows: 1}})
+	assert.Contains(t, r.Error, "no terminal")
+	s.input(guestproto.Input{Signal: "TERM"})
+	s.until("")
+	require.True(t, s.end.OK, s.end.Error)
+	assert.Equal(t, 128+15, s.end.Exec.ExitCode)
+}
+
+func TestDialAGuestPort(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		b, _ := io.ReadAll(c) // until the half close
+		_, _ = c.Write(append([]byte("echo:"), b...))
+	}()
+	p := serveStreams(t)
+	p.send(t, guestproto.Request{ID: 1, Op: guestproto.OpDial, Dial: &guestproto.Dial{Port: l.Addr().(*net.TCPAddr).Port}})
+	s := &streamed{t: t, p: p}
+	s.input(guestproto.Input{Data: []byte("ping")})
+	s.input(guestproto.Input{EOF: true})
+	s.until("")
+	assert.Equal(t, "echo:ping", s.out.String())
+	require.True(t, s.end.OK, s.end.Error)
+
+	// A closed port is an error at once.
+	p.send(t, guestproto.Request{ID: 1, Op: guestproto.OpDial, Dial: &guestproto.Dial{Port: 1}})
+	r := p.next(t)
+	for r.ID != 1 {
+		r = p.next(t)
+	}
+	assert.False(t, r.OK)
+	assert.Contains(t, r.Error, "port 1 of the guest")
 }

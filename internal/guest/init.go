@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"computeplane/internal/guestproto"
@@ -42,6 +43,9 @@ func Main() int {
 	}
 	a := NewAgent(log)
 	a.applyCmdline(log)
+	if pid1 {
+		go a.consoleShell(log)
+	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
 	// A virtio-serial port opens once in a guest: keep the one descriptor
@@ -75,6 +79,22 @@ func initSystem(log *slog.Logger) error {
 		_ = os.MkdirAll(m.dst, 0o755)
 		if err := syscall.Mount(m.src, m.dst, m.fs, 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
 			log.Warn("mount", "what", m.dst, "error", err.Error())
+		}
+	}
+	// Pseudo-terminals (exec tunnels with a tty): devpts, and /dev/ptmx
+	// when devtmpfs has none.
+	_ = os.MkdirAll("/dev/pts", 0o755)
+	if err := syscall.Mount("devpts", "/dev/pts", "devpts", 0, "gid=5,mode=620,ptmxmode=666"); err != nil && !errors.Is(err, syscall.EBUSY) {
+		log.Warn("mount", "what", "/dev/pts", "error", err.Error())
+	}
+	if _, err := os.Lstat("/dev/ptmx"); err != nil {
+		_ = os.Symlink("pts/ptmx", "/dev/ptmx")
+	}
+	// Loopback up, with or without a network card: servers on
+	// 127.0.0.1 answer the tcp tunnels.
+	if lo, err := netlink.LinkByName("lo"); err == nil {
+		if err := netlink.LinkSetUp(lo); err != nil {
+			log.Warn("loopback", "error", err.Error())
 		}
 	}
 	loadModules(log)
@@ -359,4 +379,41 @@ func hasExtFS(dev string) (bool, error) {
 		return false, err
 	}
 	return binary.LittleEndian.Uint16(magic[:]) == 0xEF53, nil
+}
+
+// consoleShell offers a shell on the serial console, as busybox init's
+// askfirst does: after Enter, a login shell whose controlling terminal is
+// the console, and again when it exits. The console reaches a tenant only
+// through a console tunnel, which is as trusted as an exec.
+func (a *Agent) consoleShell(log *slog.Logger) {
+	const dev = "/dev/ttyS0"
+	for {
+		tty, err := os.OpenFile(dev, os.O_RDWR|syscall.O_NOCTTY, 0)
+		if err != nil {
+			log.Info("compute-guest: no console shell", "error", err.Error())
+			return
+		}
+		_, _ = io.WriteString(tty, "\r\nPlease press Enter to activate this console.\r\n")
+		if _, err := bufio.NewReader(tty).ReadString('\n'); err != nil {
+			_ = tty.Close()
+			time.Sleep(time.Second)
+			continue
+		}
+		cmd := exec.Command("/bin/sh", "-l")
+		cmd.Env = append(a.environ(nil), "TERM=vt100")
+		cmd.Dir = "/root"
+		if _, err := os.Stat(cmd.Dir); err != nil {
+			cmd.Dir = "/"
+		}
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		if err := startTracked(cmd); err == nil {
+			_ = cmd.Wait()
+			untrack(cmd.Process.Pid)
+		} else {
+			log.Warn("compute-guest: console shell", "error", err.Error())
+			time.Sleep(time.Second)
+		}
+		_ = tty.Close()
+	}
 }

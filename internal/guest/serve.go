@@ -93,10 +93,17 @@ func (a *Agent) Serve(ctx context.Context, port io.ReadWriter) error {
 			a.write(port, guestproto.Response{ID: req.ID, Error: err.Error()})
 			continue
 		}
-		if req.Op == guestproto.OpStart {
+		if req.Op == guestproto.OpStart || req.Op == guestproto.OpDial {
 			wg.Add(1)
 			p := a.register(req.ID)
-			go func() { defer wg.Done(); a.start(ctx, port, req, p) }()
+			go func() {
+				defer wg.Done()
+				if req.Op == guestproto.OpDial {
+					a.dial(port, req, p)
+				} else {
+					a.start(port, req, p)
+				}
+			}()
 			continue
 		}
 		wg.Add(1)

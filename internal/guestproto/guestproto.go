@@ -45,6 +45,11 @@ const (
 	// start request).
 	OpStart = "start"
 	OpInput = "input"
+	// OpDial connects to a TCP port inside the guest (Dial): the
+	// connection streams like a started program, its bytes as Output on
+	// Fd 1, the client's as Input, and its end as an Exec with exit code
+	// 0 (the guest's side closed) or an error.
+	OpDial = "dial"
 )
 
 // StreamWindow is how many output bytes a started program may have in
@@ -61,17 +66,38 @@ type Request struct {
 	Mount    *Mount    `json:"mount,omitempty"`
 	Identity *Identity `json:"identity,omitempty"`
 	Input    *Input    `json:"input,omitempty"`
+	Dial     *Dial     `json:"dial,omitempty"`
 }
 
+// Dial names a TCP port of the guest's loopback (127.0.0.1): a server on
+// any of the guest's addresses or on loopback answers, with or without a
+// network card.
+type Dial struct {
+	Port int `json:"port"`
+}
+
+// Size is a terminal's size in characters.
+type Size struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+// Signals a started program may be sent (Input.Signal), by name.
+var Signals = map[string]int{"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "CONT": 18, "STOP": 19, "WINCH": 28}
+
 // Input goes to a started program: stdin bytes, the end of stdin, output
-// bytes the host has delivered (Ack, freeing the window), or a kill (the
-// tunnel ended first).
+// bytes the host has delivered (Ack, freeing the window), a kill (the
+// tunnel ended first), a signal by name (Signals; to the terminal's
+// foreground process group under a TTY, else to the program's group) or
+// its terminal's new size.
 type Input struct {
-	Proc uint64 `json:"proc"`
-	Data []byte `json:"data,omitempty"`
-	EOF  bool   `json:"eof,omitempty"`
-	Ack  int64  `json:"ack,omitempty"`
-	Kill bool   `json:"kill,omitempty"`
+	Proc   uint64 `json:"proc"`
+	Data   []byte `json:"data,omitempty"`
+	EOF    bool   `json:"eof,omitempty"`
+	Ack    int64  `json:"ack,omitempty"`
+	Kill   bool   `json:"kill,omitempty"`
+	Signal string `json:"signal,omitempty"`
+	Resize *Size  `json:"resize,omitempty"`
 }
 
 // Output is a chunk of a started program's stdout (Fd 1) or stderr (Fd 2).
@@ -87,6 +113,11 @@ type Exec struct {
 	Dir       string            `json:"dir,omitempty"`
 	Stdin     []byte            `json:"stdin,omitempty"`
 	TimeoutMs int64             `json:"timeoutMs,omitempty"`
+	// TTY runs a started program (OpStart only) on a pseudo-terminal of
+	// Size (default 80x24): stdin and its output (all on Fd 1) go through
+	// it, and TERM defaults to xterm-256color.
+	TTY  bool  `json:"tty,omitempty"`
+	Size *Size `json:"size,omitempty"`
 }
 
 // File names a file to read or write.
@@ -197,6 +228,13 @@ func DecodeRequest(line []byte) (Request, error) {
 	case OpInput:
 		if r.Input == nil || r.Input.Proc == 0 || r.Input.Ack < 0 {
 			return r, errors.New("guestproto: input needs its program (proc)")
+		}
+		if _, ok := Signals[r.Input.Signal]; r.Input.Signal != "" && !ok {
+			return r, fmt.Errorf("guestproto: unknown signal %q", r.Input.Signal)
+		}
+	case OpDial:
+		if r.Dial == nil || r.Dial.Port < 1 || r.Dial.Port > 65535 {
+			return r, errors.New("guestproto: dial needs a port (1 to 65535)")
 		}
 	case OpReadFile, OpWriteFile:
 		if r.File == nil || r.File.Path == "" || r.File.Path[0] != '/' {

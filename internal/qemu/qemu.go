@@ -7,7 +7,7 @@
 // compute-guest inside it over a virtio-serial port (guestproto).
 //
 // Everything of one VM lives in its directory: config.json, qemu.pid,
-// qmp.sock, guest.sock, console.log and qemu.log.
+// qmp.sock, guest.sock, serial.sock, console.log and qemu.log.
 package qemu
 
 import (
@@ -103,6 +103,10 @@ func (c *Config) QMPSocket() string { return c.path("qmp.sock") }
 // GuestSocket is the guest channel's path.
 func (c *Config) GuestSocket() string { return c.path("guest.sock") }
 
+// SerialSocket is the serial console's socket (qemu's socket chardev):
+// what the console tunnels read and write (console.go).
+func (c *Config) SerialSocket() string { return c.path("serial.sock") }
+
 // PidFile is qemu's pid file.
 func (c *Config) PidFile() string { return c.path("qemu.pid") }
 
@@ -190,7 +194,10 @@ func (c *Config) Args() []string {
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-pidfile", c.PidFile(),
 		"-qmp", "unix:" + c.QMPSocket() + ",server=on,wait=off",
-		"-serial", "file:" + c.Console(),
+		// The serial port is a socket chardev a console connects to; its
+		// logfile keeps everything the guest wrote, connected or not.
+		"-chardev", "socket,id=serial0,path=" + c.SerialSocket() + ",server=on,wait=off,logfile=" + c.Console(),
+		"-serial", "chardev:serial0",
 		"-device", "virtio-serial-" + bus,
 		"-chardev", "socket,id=guest,path=" + c.GuestSocket() + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=guest,name=" + guestproto.PortName,

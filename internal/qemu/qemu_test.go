@@ -38,6 +38,31 @@ func console(v *qemu.VM) string {
 	return string(b)
 }
 
+// readUntil reads a console until its output holds want.
+func readUntil(t *testing.T, c *qemu.Console, want string) {
+	t.Helper()
+	var got strings.Builder
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 4096)
+		for !strings.Contains(got.String(), want) {
+			n, err := c.Read(buf)
+			got.Write(buf[:n])
+			if err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = c.Close()
+		<-done
+	}
+	require.Contains(t, got.String(), want)
+}
+
 func call(t *testing.T, g *qemu.Guest, r guestproto.Request) guestproto.Response {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -70,6 +95,24 @@ func TestVMLifecycle(t *testing.T) {
 
 	r := call(t, g, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", "hostname; ls /dev/disk/by-id"}}})
 	assert.Equal(t, "vm-test\nvirtio-vol1\n", string(r.Exec.Stdout))
+
+	// The serial console: the boot from the log, then live; two at
+	// once share qemu's one connection, and both see a shell typed into.
+	c1, err := qemu.OpenConsole(c)
+	require.NoError(t, err)
+	c2, err := qemu.OpenConsole(c)
+	require.NoError(t, err)
+	readUntil(t, c1, "compute-guest: READY")
+	readUntil(t, c2, "Please press Enter")
+	_, err = c1.Write([]byte("\r"))
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond)
+	_, err = c2.Write([]byte("echo con$((40+2))sole\r"))
+	require.NoError(t, err)
+	readUntil(t, c1, "con42sole")
+	readUntil(t, c2, "con42sole")
+	require.NoError(t, c1.Close())
+	require.NoError(t, c2.Close())
 	call(t, g, guestproto.Request{Op: guestproto.OpMount, Mount: &guestproto.Mount{Serial: "vol1", Path: "/data", Format: true}})
 	call(t, g, guestproto.Request{Op: guestproto.OpWriteFile, File: &guestproto.File{Path: "/data/hello.txt", Data: []byte("kept")}})
 

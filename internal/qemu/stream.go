@@ -34,6 +34,16 @@ func (s *Stream) push(r guestproto.Response) {
 
 // Start runs e in the guest and streams it.
 func (g *Guest) Start(ctx context.Context, e *guestproto.Exec) (*Stream, error) {
+	return g.open(ctx, guestproto.Request{Op: guestproto.OpStart, Exec: e})
+}
+
+// Dial connects to a TCP port of the guest's loopback (guestproto.OpDial)
+// and streams the connection as Start streams a program.
+func (g *Guest) Dial(ctx context.Context, port int) (*Stream, error) {
+	return g.open(ctx, guestproto.Request{Op: guestproto.OpDial, Dial: &guestproto.Dial{Port: port}})
+}
+
+func (g *Guest) open(ctx context.Context, r guestproto.Request) (*Stream, error) {
 	s := &Stream{g: g, id: g.nextID.Add(1), wake: make(chan struct{}, 1)}
 	g.mu.Lock()
 	if g.streams == nil {
@@ -41,7 +51,8 @@ func (g *Guest) Start(ctx context.Context, e *guestproto.Exec) (*Stream, error) 
 	}
 	g.streams[s.id] = s
 	g.mu.Unlock()
-	if err := g.send(ctx, guestproto.Request{ID: s.id, Op: guestproto.OpStart, Exec: e}); err != nil {
+	r.ID = s.id
+	if err := g.send(ctx, r); err != nil {
 		g.mu.Lock()
 		delete(g.streams, s.id)
 		g.mu.Unlock()

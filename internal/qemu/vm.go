@@ -51,7 +51,7 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	for _, f := range []string{c.QMPSocket(), c.GuestSocket(), c.PidFile()} {
+	for _, f := range []string{c.QMPSocket(), c.GuestSocket(), c.SerialSocket(), c.PidFile()} {
 		_ = os.Remove(f)
 	}
 	if err := c.save(); err != nil {

@@ -94,7 +94,11 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.Unmarshal(t.Argv, &argv)
 	var env map[string]string
 	_ = json.Unmarshal(t.Env, &env)
-	open, _ := json.Marshal(tunnel.Open{TunnelID: t.TunnelID, Kind: t.Kind, InstanceID: t.InstanceID, Argv: argv, Env: env, TTY: t.Tty})
+	o := tunnel.Open{TunnelID: t.TunnelID, Kind: t.Kind, InstanceID: t.InstanceID, Argv: argv, Env: env, TTY: t.Tty, Port: int(t.Port.Int32)}
+	if t.TermCols.Valid && t.TermRows.Valid {
+		o.Size = &tunnel.Size{Cols: uint16(t.TermCols.Int32), Rows: uint16(t.TermRows.Int32)}
+	}
+	open, _ := json.Marshal(o)
 	if err := up.Write(ctx, websocket.MessageBinary, append([]byte{tunnel.FrameOpen}, open...)); err != nil {
 		rl.finish(t, "failed", 0, 0, nil, start)
 		rpc.WriteError(w, rl.Log, api.Errorf(api.CodeUnavailable, "the target's node cannot be reached"))
@@ -121,10 +125,12 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				reason <- "client"
 				return
 			}
-			if len(b) == 0 || (b[0] != tunnel.FrameStdin && b[0] != tunnel.FrameEOF && b[0] != tunnel.FrameResize) {
+			if len(b) == 0 || !tunnel.FromClient(b[0]) {
 				continue // the client sends input only
 			}
-			in.Add(int64(len(b) - 1))
+			if b[0] == tunnel.FrameStdin {
+				in.Add(int64(len(b) - 1))
+			}
 			if up.Write(rctx, websocket.MessageBinary, b) != nil {
 				reason <- "node"
 				return
@@ -183,11 +189,14 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	cancel()
 	exit := exitP.Load()
 	var code *int32
-	if why == "exited" && exit != nil && exit.Error == "" {
+	switch {
+	case why == "exited" && (exit == nil || exit.Error != ""):
+		why = "failed"
+	case why == "exited" && t.Kind == tunnel.KindExec:
+		// Only a program has an exit code; the other kinds end when
+		// their guest side closed (tcp) or the instance stopped.
 		c := int32(exit.ExitCode)
 		code = &c
-	} else if why == "exited" {
-		why = "failed"
 	}
 	closeCode, msg := websocket.StatusNormalClosure, why
 	if exit != nil && exit.Error != "" {

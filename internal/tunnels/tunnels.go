@@ -21,6 +21,7 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/gen/db"
+	"computeplane/internal/agentproto/tunnel"
 	"computeplane/internal/iam"
 	"computeplane/internal/ids"
 	"computeplane/internal/instances"
@@ -98,8 +99,8 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 	if err != nil {
 		return nil, err
 	}
-	if in.Tty {
-		return nil, api.Errorf(api.CodeUnsupported, "tty: exec tunnels with a terminal are not built yet")
+	if err := checkKind(in); err != nil {
+		return nil, err
 	}
 	var instance, node string
 	switch in.Target.Kind {
@@ -124,15 +125,26 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 	_, _ = rand.Read(raw)
 	ticket := base64.RawURLEncoding.EncodeToString(raw)
 	argv, _ := json.Marshal(in.Argv)
+	if in.Argv == nil {
+		argv = []byte("[]")
+	}
 	var env []byte
 	if len(in.Env) > 0 {
 		env, _ = json.Marshal(in.Env)
 	}
-	row, err := q.InsertTunnel(ctx, db.InsertTunnelParams{
+	p := db.InsertTunnelParams{
 		TunnelID: ids.New("tun"), TenantID: in.TenantID, IdentityID: sess.Caller.IdentityID, TargetKind: in.Target.Kind,
 		TargetID: in.Target.ID, InstanceID: instance, NodeID: node, Kind: in.Kind, Argv: argv, Env: env, Tty: in.Tty,
 		TicketHash: HashTicket(ticket), SourceIp: iam.SourceIPFromContext(ctx).String(), ExpiresAt: s.now().Add(TicketTTL),
-	})
+	}
+	if in.Port != nil {
+		p.Port = pgtype.Int4{Int32: int32(*in.Port), Valid: true}
+	}
+	if in.Size != nil {
+		p.TermCols = pgtype.Int4{Int32: int32(in.Size.Cols), Valid: true}
+		p.TermRows = pgtype.Int4{Int32: int32(in.Size.Rows), Valid: true}
+	}
+	row, err := q.InsertTunnel(ctx, p)
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +155,27 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 		u = "ws://" + strings.TrimPrefix(u, "http://")
 	}
 	return &api.TunnelTicket{Tunnel: toAPI(row), Ticket: ticket, URL: strings.TrimSuffix(u, "/") + s.BasePath + "/tunnels/" + ticket}, nil
+}
+
+// checkKind checks that the input gives what its kind needs and nothing
+// another kind's.
+func checkKind(in *api.TunnelsOpenInput) error {
+	exec := in.Kind == tunnel.KindExec
+	switch {
+	case exec && len(in.Argv) == 0:
+		return api.Errorf(api.CodeInvalidInput, "argv: an exec tunnel runs a program").WithDetails(map[string]any{"field": "argv"})
+	case !exec && len(in.Argv) > 0:
+		return api.Errorf(api.CodeInvalidInput, "argv: only an exec tunnel runs a program").WithDetails(map[string]any{"field": "argv"})
+	case !exec && (len(in.Env) > 0 || in.Tty || in.Size != nil):
+		return api.Errorf(api.CodeInvalidInput, "env, tty and size are an exec tunnel's")
+	case in.Size != nil && !in.Tty:
+		return api.Errorf(api.CodeInvalidInput, "size: a terminal's size needs tty").WithDetails(map[string]any{"field": "size"})
+	case in.Kind == tunnel.KindTCP && in.Port == nil:
+		return api.Errorf(api.CodeInvalidInput, "port: a tcp tunnel connects to a guest port").WithDetails(map[string]any{"field": "port"})
+	case in.Kind != tunnel.KindTCP && in.Port != nil:
+		return api.Errorf(api.CodeInvalidInput, "port: only a tcp tunnel connects to a port").WithDetails(map[string]any{"field": "port"})
+	}
+	return nil
 }
 
 func runningInstance(ctx context.Context, q *db.Queries, tenant, id string) (string, string, error) {
@@ -219,6 +252,13 @@ func toAPI(r db.Tunnel) api.Tunnel {
 		Target: api.TunnelTarget{Kind: r.TargetKind, ID: r.TargetID}, Kind: r.Kind, Tty: r.Tty, State: r.State,
 		CreatedAt: stamp(r.CreatedAt), ExpiresAt: stamp(r.ExpiresAt), BytesIn: r.BytesIn, BytesOut: r.BytesOut}
 	_ = json.Unmarshal(r.Argv, &t.Argv)
+	if t.Argv == nil {
+		t.Argv = []string{}
+	}
+	if r.Port.Valid {
+		v := int64(r.Port.Int32)
+		t.Port = &v
+	}
 	if r.OpenedAt != nil {
 		v := stamp(*r.OpenedAt)
 		t.OpenedAt = &v

@@ -886,6 +886,34 @@ func (r *QEMU) Start(ctx context.Context, instanceID string, e *guestproto.Exec)
 	return s.Start(ctx, e)
 }
 
+// Dial connects to a TCP port of an instance's guest (a tcp tunnel):
+// compute-guest dials it on the guest's loopback.
+func (r *QEMU) Dial(ctx context.Context, instanceID string, port int) (*qemu.Stream, error) {
+	g, err := r.guest(instanceID)
+	if err != nil {
+		return nil, err
+	}
+	s, ok := g.(interface {
+		Dial(context.Context, int) (*qemu.Stream, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("instance %s: its guest channel streams no connections", instanceID)
+	}
+	return s.Dial(ctx, port)
+}
+
+// Console opens the serial console of a running instance (a console
+// tunnel).
+func (r *QEMU) Console(instanceID string) (*qemu.Console, error) {
+	r.mu.Lock()
+	st := r.vms[instanceID]
+	r.mu.Unlock()
+	if st == nil || st.vm == nil || st.state != StateRunning {
+		return nil, fmt.Errorf("instance %s is not running here", instanceID)
+	}
+	return qemu.OpenConsole(st.vm.Config())
+}
+
 // FileTimeout bounds a file read or write in a guest.
 const FileTimeout = 20 * time.Second
 

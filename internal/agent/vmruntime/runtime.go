@@ -44,9 +44,12 @@ type SecretUser interface {
 }
 
 // Streams is a runtime that starts interactive programs in its guests
-// (the exec tunnels).
+// (the exec tunnels), connects to its guests' TCP ports (tcp tunnels) and
+// opens their serial consoles (console tunnels).
 type Streams interface {
 	Start(ctx context.Context, instanceID string, e *guestproto.Exec) (*qemu.Stream, error)
+	Dial(ctx context.Context, instanceID string, port int) (*qemu.Stream, error)
+	Console(instanceID string) (*qemu.Console, error)
 }
 
 // Guests is a runtime whose instances run a guest agent: the daemon's

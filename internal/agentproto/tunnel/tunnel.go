@@ -27,23 +27,55 @@ const (
 	FrameStderr byte = 2
 	FrameExit   byte = 3 // JSON Exit: the last frame from the daemon
 	FrameEOF    byte = 4 // the client closed stdin
-	FrameResize byte = 5 // JSON Size (PTY exec)
+	FrameResize byte = 5 // JSON Size: the client's terminal's new size (exec with tty)
+	FrameSignal byte = 6 // JSON Signal: a signal for the program (exec)
 )
+
+// Size is a terminal's size in characters (FrameResize).
+type Size struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+// Signal names a signal without its SIG prefix (FrameSignal): HUP, INT,
+// QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH.
+type Signal struct {
+	Signal string `json:"signal"`
+}
+
+// FromClient reports whether a frame kind is one a client may send.
+func FromClient(kind byte) bool {
+	switch kind {
+	case FrameStdin, FrameEOF, FrameResize, FrameSignal:
+		return true
+	}
+	return false
+}
 
 // MaxFrame bounds one frame's payload.
 const MaxFrame = 64 << 10
 
-// Kinds of tunnel.
-const KindExec = "exec"
+// Kinds of tunnel: a program (exec), a TCP connection to a guest port
+// (tcp; stdin and stdout frames carry its bytes), an instance's serial
+// console (console; likewise).
+const (
+	KindExec    = "exec"
+	KindTCP     = "tcp"
+	KindConsole = "console"
+)
 
 // Open asks the daemon for a tunnel into an instance's guest.
 type Open struct {
 	TunnelID   string            `json:"tunnelId"`
 	Kind       string            `json:"kind"`
 	InstanceID string            `json:"instanceId"`
-	Argv       []string          `json:"argv"`
+	Argv       []string          `json:"argv,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	TTY        bool              `json:"tty,omitempty"`
+	// Size is the terminal's size at the start (tty); FrameResize
+	// changes it.
+	Size *Size `json:"size,omitempty"`
+	Port int   `json:"port,omitempty"`
 }
 
 // Exit ends a tunnel: the program's exit code, or why it could not run.
