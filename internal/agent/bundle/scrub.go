@@ -46,7 +46,7 @@ func (s *Scrubber) Add(values ...string) {
 
 // secretName matches names of keys, variables and flags that hold a
 // secret.
-var secretName = regexp.MustCompile(`(?i)(pass(word|wd|phrase)?|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth(orization)?|cookie|session[_-]?id|signature|bearer|\bpwd\b|\bkey\b)`)
+var secretName = regexp.MustCompile(`(?i)(pass(word|wd|phrase)?|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth(orization)?|cookie|session[_-]?id|signature|bearer|\bpwd\b|keys?\b)`)
 
 // IsSecretName reports whether a key, variable or flag name names a
 // secret.
