@@ -20,16 +20,18 @@ const pemKey = "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIPlantedKeyMaterialPlant
 // planted are secrets in every shape the scrubber knows, with the one
 // value that must not survive it.
 var planted = map[string]string{
-	"password=hunter2-planted":                       "hunter2-planted",
-	`{"apiKey": "ak-planted-123456"}`:                 "ak-planted-123456",
-	"Authorization: Bearer bt-planted-abcdef":        "bt-planted-abcdef",
-	"dial postgres://svc:pw-planted-99@db:5432/x":    "pw-planted-99",
-	"GET /b?X-Amz-Signature=sig-planted-0a0a&x=1":    "sig-planted-0a0a",
-	"webhook whsec_plantedplantedplanted":            "whsec_plantedplantedplanted",
-	"compute-agent join --token jt-planted-flag-777": "jt-planted-flag-777",
-	"client_secret: 'cs-planted-quoted'":             "cs-planted-quoted",
-	pemKey:                                           "PlantedKeyMaterial",
-	"a known value kv-planted-known appears bare":    "kv-planted-known",
+	"password=hunter2-planted":                          "hunter2-planted",
+	`{"apiKey": "ak-planted-123456"}`:                   "ak-planted-123456",
+	"Authorization: Bearer bt-planted-abcdef":           "bt-planted-abcdef",
+	"dial postgres://svc:pw-planted-99@db:5432/x":       "pw-planted-99",
+	"GET /b?X-Amz-Signature=sig-planted-0a0a&x=1":       "sig-planted-0a0a",
+	"webhook whsec_plantedplantedplanted":               "whsec_plantedplantedplanted",
+	"compute-agent join --token jt-planted-flag-777":    "jt-planted-flag-777",
+	"token file holds cjt_0123456789abcdefghjkmnpqrstv": "cjt_0123456789abcdefghjkmnpqrstv",
+	"key cpk_0123456789abcdef_0123456789abcdefghjkmnpq": "cpk_0123456789abcdef_0123456789abcdefghjkmnpq",
+	"client_secret: 'cs-planted-quoted'":                "cs-planted-quoted",
+	pemKey:                                              "PlantedKeyMaterial",
+	"a known value kv-planted-known appears bare":       "kv-planted-known",
 }
 
 func TestScrubText(t *testing.T) {

@@ -67,7 +67,7 @@ var (
 	// scheme://user:password@host
 	urlUser = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@`)
 	// Presigned URLs' and the service's token shapes.
-	tokenShapes = regexp.MustCompile(`(?i)(X-Amz-(Signature|Credential|Security-Token)=)[^&\s"']+|\bwhsec_[A-Za-z0-9+/=_-]{8,}|\b(cpk|cmp|jt)_[A-Za-z0-9_-]{16,}|\bAKIA[0-9A-Z]{16}\b|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}`)
+	tokenShapes = regexp.MustCompile(`(?i)(X-Amz-(Signature|Credential|Security-Token)=)[^&\s"']+|\bwhsec_[A-Za-z0-9+/=_-]{8,}|\b(cpk|cjt|cfm)_[A-Za-z0-9_-]{16,}|\bAKIA[0-9A-Z]{16}\b|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}`)
 )
 
 // Text scrubs text and says how many secrets it removed.
