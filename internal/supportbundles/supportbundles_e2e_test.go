@@ -35,7 +35,7 @@ func TestMain(m *testing.M) { qemutest.Main(m) }
 
 // Planted secrets: none may appear in a bundle.
 const (
-	envToken      = "jt-planted-env-5f1c2a9d"    // COMPUTE_AGENT_TOKEN (a join token)
+	envToken      = "jt-planted-env-5f1c2a9d"     // COMPUTE_AGENT_TOKEN (a join token)
 	envPassword   = "pw-planted-env-77aa01"       // DB_PASSWORD
 	stateKey      = "ak-planted-state-9c9c9c"     // an apiKey in state.json
 	logBearer     = "bearer-planted-log-31337"    // Authorization: Bearer in the log

@@ -131,7 +131,7 @@ func (s *Server) client() *s3.Client {
 		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
 			return aws.Credentials{AccessKeyID: s.AccessKey, SecretAccessKey: s.SecretKey, Source: "blobtest"}, nil
 		}),
-		HTTPClient:  &http.Client{Timeout: 10 * time.Second}})
+		HTTPClient: &http.Client{Timeout: 10 * time.Second}})
 }
 
 // URL is the store URL of prefix in the server's bucket, as the blob
