@@ -90,12 +90,24 @@ key: $(SECRET_FILE) ## Make an API key: make key TENANT=acme ROLE=owner [IDENTIT
 	@test -n "$(TENANT)" -a -n "$(ROLE)" || { echo "usage: make key TENANT=<tenant> ROLE=owner|admin|member|viewer [IDENTITY=<id>]" >&2; exit 2; }
 	@$(SERVICE_ENV); go run ./cmd/computed iam create-key --tenant "$(TENANT)" --identity "$${IDENTITY:-$(TENANT)-$(ROLE)}" --role "$(ROLE)"
 
+# Tools the tests run, built from the Go module proxy into .service/bin:
+# versitygw, a real S3-compatible server (internal/blob/blobtest pins the
+# same version and builds it on demand when this was not run).
+VERSITYGW ?= github.com/versity/versitygw/cmd/versitygw@v1.8.0
+
+.PHONY: tools
+tools: .service/bin/versitygw ## Build the servers tests run (versitygw, the S3 server) into .service/bin
+
+.service/bin/versitygw:
+	@mkdir -p $(@D)
+	GOBIN="$(CURDIR)/$(@D)" go install $(VERSITYGW)
+
 .PHONY: test
 # Tests that run real processes and VMs (and the kill test, which measures
 # against deadlines) run one package at a time after the others: on a
 # 2-core machine their CPU load would otherwise share the clock of every
 # timing-sensitive test.
-PROCESS_TESTS = ./internal/killtest ./cmd/computectl ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts
+PROCESS_TESTS = ./internal/killtest ./cmd/computectl ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob
 
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
 	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v -F -x $(foreach p,$(PROCESS_TESTS),-e computeplane/$(patsubst ./%,%,$(p)))) && \

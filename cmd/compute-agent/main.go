@@ -116,6 +116,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	if fs.Parse(args) != nil {
 		return 2
 	}
+	// The daemon keeps a log of its own for support bundles, besides
+	// stderr.
+	if lf, err := agent.OpenLog(agent.Dir(*dir)); err != nil {
+		log.Warn("the agent's log file", "error", err.Error())
+	} else {
+		defer lf.Close()
+		log = slog.New(slog.NewTextHandler(io.MultiWriter(stderr, lf), nil))
+	}
 	newRuntime, ok := runtimes[*rt]
 	if !ok {
 		fmt.Fprintf(stderr, "compute-agent run: unknown runtime %q (built in: %s)\n", *rt, strings.Join(slices.Sorted(maps.Keys(runtimes)), ", "))

@@ -27,6 +27,7 @@ type Services struct {
 	Sandboxes        SandboxesService
 	Secrets          SecretsService
 	Sites            SitesService
+	SupportBundles   SupportBundlesService
 	System           SystemService
 	Tunnels          TunnelsService
 	Usage            UsageService
@@ -86,6 +87,9 @@ func (s *Services) Check() error {
 	}
 	if s.Sites == nil {
 		return errors.New("group sites has registered methods and no service")
+	}
+	if s.SupportBundles == nil {
+		return errors.New("group supportBundles has registered methods and no service")
 	}
 	if s.System == nil {
 		return errors.New("group system has registered methods and no service")
@@ -2892,6 +2896,124 @@ var Methods = []*Method{
 			Type:    "site",
 		}},
 		Route:        "/sites/delete",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:admin",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSupportBundlesCreateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Asks a daemon-run node for a support bundle (a signed command, sent when the node is in session and re-sent until it answers, for at most 10 minutes). A declared or retired node is INVALID_STATE. With wait the answer comes when the bundle is ready or failed, or at the timeout.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeConflict, CodeInvalidState, CodeInvalidConfig, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "supportBundles.create",
+		Group:       "supportBundles",
+		Idempotency: &Idempotency{
+			Compare:   []string{"nodeId"},
+			DerivesID: "bundleId",
+			IDPrefix:  "sbun",
+			Key:       "idempotencyKey",
+		},
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SupportBundles.Create(ctx, in.(*SupportBundlesCreateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "create",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "nodeId",
+			Type:    "node",
+		}},
+		Route:        "/supportBundles/create",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:admin",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSupportBundlesGetInput(obj, "", iss)
+			return &in
+		},
+		Description: "One bundle of the tenant, with a presigned download URL when it is ready; anything else is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidConfig, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "supportBundles.get",
+		Group:       "supportBundles",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SupportBundles.Get(ctx, in.(*SupportBundlesGetInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "get",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "bundleId",
+			Type:    "support-bundle",
+		}},
+		Route:        "/supportBundles/get",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:admin",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSupportBundlesListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's bundles, newest first (at most 1000), of one node when asked; deleted ones only when asked.",
+		Errors:      []Code{CodeInvalidInput, CodeInvalidConfig, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "supportBundles.list",
+		Group:       "supportBundles",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SupportBundles.List(ctx, in.(*SupportBundlesListInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "list",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/supportBundles/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:nodes:admin",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSupportBundlesDeleteInput(obj, "", iss)
+			return &in
+		},
+		Description: "Deletes a bundle's archive from the blob store and marks it deleted; deleting twice returns it unchanged. A bundle whose upload is under way is INVALID_STATE (retry once it is ready or failed); a blob store that does not answer is UNAVAILABLE and changes nothing.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeInvalidConfig, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "supportBundles.delete",
+		Group:       "supportBundles",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.SupportBundles.Delete(ctx, in.(*SupportBundlesDeleteInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "delete",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "bundleId",
+			Type:    "support-bundle",
+		}},
+		Route:        "/supportBundles/delete",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

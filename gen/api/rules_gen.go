@@ -61,6 +61,8 @@ var (
 	ShapeSandboxId = regexp.MustCompile("^sbx_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// SnapshotId: Sandbox snapshot identifier.
 	ShapeSnapshotId = regexp.MustCompile("^snap_[0-9a-hjkmnp-tv-z]{26,52}$")
+	// SupportBundleId: Support bundle identifier.
+	ShapeSupportBundleId = regexp.MustCompile("^sbun_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// TunnelId: Tunnel identifier.
 	ShapeTunnelId = regexp.MustCompile("^tun_[0-9a-hjkmnp-tv-z]{26,52}$")
 )
@@ -1590,6 +1592,51 @@ var (
 	ruleSitesDeleteInputVersion = &wire.IntRule{
 		HasMin: true,
 		Min:    int64(1),
+	}
+	ruleSupportBundlesCreateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSupportBundlesCreateInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSupportBundlesCreateInputIdempotencyKey = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeIdemKeyB,
+		Words:     "1 to 128 letters, digits or . _ ~ : / + = -",
+	}
+	ruleSupportBundlesGetInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSupportBundlesGetInputBundleID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeSupportBundleId,
+		Words:     "a support bundle id: sbun_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSupportBundlesListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSupportBundlesListInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSupportBundlesDeleteInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSupportBundlesDeleteInputBundleID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeSupportBundleId,
+		Words:     "a support bundle id: sbun_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleTunnelsOpenInputTenantID = &wire.StringRule{
 		MaxLength: 128,

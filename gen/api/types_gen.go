@@ -735,6 +735,26 @@ type SiteList struct {
 	Items  []Site  `json:"items"`
 	Cursor *string `json:"cursor"` // Next page cursor; null on the last page.
 }
+type SupportBundle struct {
+	BundleID          string  `json:"bundleId"`    // Support bundle identifier.
+	TenantID          string  `json:"tenantId"`    // Tenant identifier.
+	NodeID            string  `json:"nodeId"`      // Node identifier.
+	PoolID            string  `json:"poolId"`      // Pool identifier.
+	State             string  `json:"state"`       // collecting on the node, uploading to the blob store, then ready or failed; a node that does not answer before the command expires makes it failed.
+	Error             *string `json:"error"`       // Why it failed.
+	MaxBytes          int64   `json:"maxBytes"`    // The size limit it was asked with (supportBundles.maxBytes).
+	SizeBytes         *int64  `json:"sizeBytes"`   // The archive's size once the node collected it.
+	Sha256            *string `json:"sha256"`      // Hex SHA-256 of the archive.
+	Redactions        *int64  `json:"redactions"`  // How many secrets the node scrubbed from it.
+	DownloadURL       *string `json:"downloadUrl"` // get only, when ready: a presigned GET of the archive (a .tar.gz), good until downloadExpiresAt; null elsewhere.
+	DownloadExpiresAt *string `json:"downloadExpiresAt"`
+	CreatedAt         string  `json:"createdAt"`
+	ReadyAt           *string `json:"readyAt"`
+	DeletedAt         *string `json:"deletedAt"`
+}
+type SupportBundleList struct {
+	Items []SupportBundle `json:"items"` // Newest first, at most 1000; no downloadUrl (get gives one).
+}
 type TerminalSize struct {
 	Cols int64 `json:"cols"`
 	Rows int64 `json:"rows"`

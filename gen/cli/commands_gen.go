@@ -1621,6 +1621,75 @@ var Groups = []cliruntime.Group{
 		},
 	},
 	{
+		Name:        "supportBundles",
+		Description: "Support bundles: an operator asks a node's daemon for its logs, state, the runtime's view of each VM (console and qemu log tails) and system facts, with every secret scrubbed; the daemon tars and gzips them and uploads the archive to the supportBundles blob store through a presigned PUT that admits exactly the size the control plane accepted (at most supportBundles.maxBytes). Without the supportBundles option every method answers INVALID_CONFIG. Bundles belong to the node's owner and need an owner or admin.",
+		Methods: []cliruntime.Method{
+			{
+				Name:        "create",
+				Description: "Asks a daemon-run node for a support bundle (a signed command, sent when the node is in session and re-sent until it answers, for at most 10 minutes). A declared or retired node is INVALID_STATE. With wait the answer comes when the bundle is ready or failed, or at the timeout.",
+				Kind:        "mutation",
+				Action:      "compute:nodes:admin",
+				IDField:     "bundleId",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "wait", Field: "wait", Type: cliruntime.Wait, Help: "Wait after commit until the work is done, at most timeoutMs (30 s); a timeout is not an error."},
+					{Name: "idempotency-key", Field: "idempotencyKey", Type: cliruntime.String, Required: true, Help: "Idempotency key (wide alphabet)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SupportBundlesCreate(ctx, new(client.SupportBundlesCreateInput))
+					return err
+				},
+			},
+			{
+				Name:        "get",
+				Description: "One bundle of the tenant, with a presigned download URL when it is ready; anything else is NOT_FOUND.",
+				Kind:        "read",
+				Action:      "compute:nodes:admin",
+				IDField:     "bundleId",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "bundle-id", Field: "bundleId", Type: cliruntime.String, Required: true, Help: "Support bundle identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SupportBundlesGet(ctx, new(client.SupportBundlesGetInput))
+					return err
+				},
+			},
+			{
+				Name:        "list",
+				Description: "The tenant's bundles, newest first (at most 1000), of one node when asked; deleted ones only when asked.",
+				Kind:        "read",
+				Action:      "compute:nodes:admin",
+				IDField:     "bundleId",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Help: "Node identifier."},
+					{Name: "include-deleted", Field: "includeDeleted", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SupportBundlesList(ctx, new(client.SupportBundlesListInput))
+					return err
+				},
+			},
+			{
+				Name:        "delete",
+				Description: "Deletes a bundle's archive from the blob store and marks it deleted; deleting twice returns it unchanged. A bundle whose upload is under way is INVALID_STATE (retry once it is ready or failed); a blob store that does not answer is UNAVAILABLE and changes nothing.",
+				Kind:        "mutation",
+				Action:      "compute:nodes:admin",
+				IDField:     "bundleId",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "bundle-id", Field: "bundleId", Type: cliruntime.String, Required: true, Help: "Support bundle identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SupportBundlesDelete(ctx, new(client.SupportBundlesDeleteInput))
+					return err
+				},
+			},
+		},
+	},
+	{
 		Name:        "system",
 		Description: "Deployment self-description and health.",
 		Methods: []cliruntime.Method{

@@ -38,6 +38,7 @@ var regexMap = map[string]ogenregex.Regexp{
 	"^pool_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^pool_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^prj_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^prj_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^rsv_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^rsv_[0-9a-hjkmnp-tv-z]{26,52}$"),
+	"^sbun_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^sbun_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^sbx_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^sbx_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^site_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^site_[0-9a-hjkmnp-tv-z]{26,52}$"),

@@ -38,6 +38,7 @@ type Invoker interface {
 	SandboxesInvoker
 	SecretsInvoker
 	SitesInvoker
+	SupportBundlesInvoker
 	SystemInvoker
 	TunnelsInvoker
 	UsageInvoker
@@ -1160,6 +1161,58 @@ type SitesInvoker interface {
 	//
 	// POST /sites/update
 	SitesUpdate(ctx context.Context, request *SitesUpdateInput) (*SitesUpdateResult, error)
+}
+
+// SupportBundlesInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: SupportBundles
+type SupportBundlesInvoker interface {
+	// SupportBundlesCreate invokes supportBundlesCreate operation.
+	//
+	// Asks a daemon-run node for a support bundle (a signed command, sent when the node is in session and
+	// re-sent until it answers, for at most 10 minutes). A declared or retired node is INVALID_STATE. With
+	// wait the answer comes when the bundle is ready or failed, or at the timeout.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:nodes:admin on node/nodeId. Idempotent under
+	// idempotencyKey (a repeat with different nodeId is CONFLICT). Errors: INVALID_INPUT (400), NOT_FOUND
+	// (404), CONFLICT (409), INVALID_STATE (409), INVALID_CONFIG (500), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /supportBundles/create
+	SupportBundlesCreate(ctx context.Context, request *SupportBundlesCreateInput) (*SupportBundlesCreateResult, error)
+	// SupportBundlesDelete invokes supportBundlesDelete operation.
+	//
+	// Deletes a bundle's archive from the blob store and marks it deleted; deleting twice returns it
+	// unchanged. A bundle whose upload is under way is INVALID_STATE (retry once it is ready or failed); a
+	// blob store that does not answer is UNAVAILABLE and changes nothing.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:nodes:admin on support-bundle/bundleId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), INVALID_CONFIG (500), UNAVAILABLE (503),
+	// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /supportBundles/delete
+	SupportBundlesDelete(ctx context.Context, request *SupportBundlesDeleteInput) (*SupportBundlesDeleteResult, error)
+	// SupportBundlesGet invokes supportBundlesGet operation.
+	//
+	// One bundle of the tenant, with a presigned download URL when it is ready; anything else is
+	// NOT_FOUND.
+	//
+	// Served since v1.1. Kind: read. Action compute:nodes:admin on support-bundle/bundleId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /supportBundles/get
+	SupportBundlesGet(ctx context.Context, request *SupportBundlesGetInput) (*SupportBundlesGetResult, error)
+	// SupportBundlesList invokes supportBundlesList operation.
+	//
+	// The tenant's bundles, newest first (at most 1000), of one node when asked; deleted ones only when
+	// asked.
+	//
+	// Served since v1.1. Kind: read. Action compute:nodes:admin on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /supportBundles/list
+	SupportBundlesList(ctx context.Context, request *SupportBundlesListInput) (*SupportBundlesListResult, error)
 }
 
 // SystemInvoker invokes operations described by OpenAPI v3 specification.
@@ -10224,6 +10277,388 @@ func (c *Client) sendSitesUpdate(ctx context.Context, request *SitesUpdateInput)
 	}()
 
 	result, err := decodeSitesUpdateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SupportBundlesCreate invokes supportBundlesCreate operation.
+//
+// Asks a daemon-run node for a support bundle (a signed command, sent when the node is in session and
+// re-sent until it answers, for at most 10 minutes). A declared or retired node is INVALID_STATE. With
+// wait the answer comes when the bundle is ready or failed, or at the timeout.
+//
+// Served since v1.1. Kind: mutation. Action compute:nodes:admin on node/nodeId. Idempotent under
+// idempotencyKey (a repeat with different nodeId is CONFLICT). Errors: INVALID_INPUT (400), NOT_FOUND
+// (404), CONFLICT (409), INVALID_STATE (409), INVALID_CONFIG (500), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /supportBundles/create
+func (c *Client) SupportBundlesCreate(ctx context.Context, request *SupportBundlesCreateInput) (*SupportBundlesCreateResult, error) {
+	res, err := c.sendSupportBundlesCreate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSupportBundlesCreate(ctx context.Context, request *SupportBundlesCreateInput) (res *SupportBundlesCreateResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/supportBundles/create"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSupportBundlesCreateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SupportBundlesCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SupportBundlesCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSupportBundlesCreateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SupportBundlesDelete invokes supportBundlesDelete operation.
+//
+// Deletes a bundle's archive from the blob store and marks it deleted; deleting twice returns it
+// unchanged. A bundle whose upload is under way is INVALID_STATE (retry once it is ready or failed); a
+// blob store that does not answer is UNAVAILABLE and changes nothing.
+//
+// Served since v1.1. Kind: mutation. Action compute:nodes:admin on support-bundle/bundleId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), INVALID_CONFIG (500), UNAVAILABLE (503),
+// UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /supportBundles/delete
+func (c *Client) SupportBundlesDelete(ctx context.Context, request *SupportBundlesDeleteInput) (*SupportBundlesDeleteResult, error) {
+	res, err := c.sendSupportBundlesDelete(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSupportBundlesDelete(ctx context.Context, request *SupportBundlesDeleteInput) (res *SupportBundlesDeleteResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/supportBundles/delete"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSupportBundlesDeleteRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SupportBundlesDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SupportBundlesDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSupportBundlesDeleteResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SupportBundlesGet invokes supportBundlesGet operation.
+//
+// One bundle of the tenant, with a presigned download URL when it is ready; anything else is
+// NOT_FOUND.
+//
+// Served since v1.1. Kind: read. Action compute:nodes:admin on support-bundle/bundleId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /supportBundles/get
+func (c *Client) SupportBundlesGet(ctx context.Context, request *SupportBundlesGetInput) (*SupportBundlesGetResult, error) {
+	res, err := c.sendSupportBundlesGet(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSupportBundlesGet(ctx context.Context, request *SupportBundlesGetInput) (res *SupportBundlesGetResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/supportBundles/get"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSupportBundlesGetRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SupportBundlesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SupportBundlesGetOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSupportBundlesGetResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SupportBundlesList invokes supportBundlesList operation.
+//
+// The tenant's bundles, newest first (at most 1000), of one node when asked; deleted ones only when
+// asked.
+//
+// Served since v1.1. Kind: read. Action compute:nodes:admin on tenant/tenantId. Errors: INVALID_INPUT
+// (400), INVALID_CONFIG (500), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /supportBundles/list
+func (c *Client) SupportBundlesList(ctx context.Context, request *SupportBundlesListInput) (*SupportBundlesListResult, error) {
+	res, err := c.sendSupportBundlesList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSupportBundlesList(ctx context.Context, request *SupportBundlesListInput) (res *SupportBundlesListResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/supportBundles/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSupportBundlesListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SupportBundlesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SupportBundlesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSupportBundlesListResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

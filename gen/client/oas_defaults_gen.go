@@ -211,6 +211,14 @@ func (s *SitesUpdateInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *SupportBundlesListInput) setDefaults() {
+	{
+		val := bool(false)
+		s.IncludeDeleted.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *TunnelsListInput) setDefaults() {
 	{
 		val := bool(false)

@@ -15230,6 +15230,486 @@ func (s *SitesUpdateResult) SetData(val Site) {
 	s.Data = val
 }
 
+// Ref: #/components/schemas/SupportBundle
+type SupportBundle struct {
+	// Support bundle identifier.
+	BundleId          string      `json:"bundleId"`
+	CreatedAt         time.Time   `json:"createdAt"`
+	DeletedAt         NilDateTime `json:"deletedAt"`
+	DownloadExpiresAt NilDateTime `json:"downloadExpiresAt"`
+	// Get only, when ready: a presigned GET of the archive (a .tar.gz), good until downloadExpiresAt; null
+	// elsewhere.
+	DownloadUrl NilString `json:"downloadUrl"`
+	// Why it failed.
+	Error NilString `json:"error"`
+	// The size limit it was asked with (supportBundles.maxBytes).
+	MaxBytes int64 `json:"maxBytes"`
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Pool identifier.
+	PoolId  string      `json:"poolId"`
+	ReadyAt NilDateTime `json:"readyAt"`
+	// How many secrets the node scrubbed from it.
+	Redactions NilInt64 `json:"redactions"`
+	// Hex SHA-256 of the archive.
+	SHA256 NilString `json:"sha256"`
+	// The archive's size once the node collected it.
+	SizeBytes NilInt64 `json:"sizeBytes"`
+	// Collecting on the node, uploading to the blob store, then ready or failed; a node that does not
+	// answer before the command expires makes it failed.
+	State SupportBundleState `json:"state"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetBundleId returns the value of BundleId.
+func (s *SupportBundle) GetBundleId() string {
+	return s.BundleId
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *SupportBundle) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetDeletedAt returns the value of DeletedAt.
+func (s *SupportBundle) GetDeletedAt() NilDateTime {
+	return s.DeletedAt
+}
+
+// GetDownloadExpiresAt returns the value of DownloadExpiresAt.
+func (s *SupportBundle) GetDownloadExpiresAt() NilDateTime {
+	return s.DownloadExpiresAt
+}
+
+// GetDownloadUrl returns the value of DownloadUrl.
+func (s *SupportBundle) GetDownloadUrl() NilString {
+	return s.DownloadUrl
+}
+
+// GetError returns the value of Error.
+func (s *SupportBundle) GetError() NilString {
+	return s.Error
+}
+
+// GetMaxBytes returns the value of MaxBytes.
+func (s *SupportBundle) GetMaxBytes() int64 {
+	return s.MaxBytes
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *SupportBundle) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetPoolId returns the value of PoolId.
+func (s *SupportBundle) GetPoolId() string {
+	return s.PoolId
+}
+
+// GetReadyAt returns the value of ReadyAt.
+func (s *SupportBundle) GetReadyAt() NilDateTime {
+	return s.ReadyAt
+}
+
+// GetRedactions returns the value of Redactions.
+func (s *SupportBundle) GetRedactions() NilInt64 {
+	return s.Redactions
+}
+
+// GetSHA256 returns the value of SHA256.
+func (s *SupportBundle) GetSHA256() NilString {
+	return s.SHA256
+}
+
+// GetSizeBytes returns the value of SizeBytes.
+func (s *SupportBundle) GetSizeBytes() NilInt64 {
+	return s.SizeBytes
+}
+
+// GetState returns the value of State.
+func (s *SupportBundle) GetState() SupportBundleState {
+	return s.State
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SupportBundle) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetBundleId sets the value of BundleId.
+func (s *SupportBundle) SetBundleId(val string) {
+	s.BundleId = val
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *SupportBundle) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetDeletedAt sets the value of DeletedAt.
+func (s *SupportBundle) SetDeletedAt(val NilDateTime) {
+	s.DeletedAt = val
+}
+
+// SetDownloadExpiresAt sets the value of DownloadExpiresAt.
+func (s *SupportBundle) SetDownloadExpiresAt(val NilDateTime) {
+	s.DownloadExpiresAt = val
+}
+
+// SetDownloadUrl sets the value of DownloadUrl.
+func (s *SupportBundle) SetDownloadUrl(val NilString) {
+	s.DownloadUrl = val
+}
+
+// SetError sets the value of Error.
+func (s *SupportBundle) SetError(val NilString) {
+	s.Error = val
+}
+
+// SetMaxBytes sets the value of MaxBytes.
+func (s *SupportBundle) SetMaxBytes(val int64) {
+	s.MaxBytes = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *SupportBundle) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetPoolId sets the value of PoolId.
+func (s *SupportBundle) SetPoolId(val string) {
+	s.PoolId = val
+}
+
+// SetReadyAt sets the value of ReadyAt.
+func (s *SupportBundle) SetReadyAt(val NilDateTime) {
+	s.ReadyAt = val
+}
+
+// SetRedactions sets the value of Redactions.
+func (s *SupportBundle) SetRedactions(val NilInt64) {
+	s.Redactions = val
+}
+
+// SetSHA256 sets the value of SHA256.
+func (s *SupportBundle) SetSHA256(val NilString) {
+	s.SHA256 = val
+}
+
+// SetSizeBytes sets the value of SizeBytes.
+func (s *SupportBundle) SetSizeBytes(val NilInt64) {
+	s.SizeBytes = val
+}
+
+// SetState sets the value of State.
+func (s *SupportBundle) SetState(val SupportBundleState) {
+	s.State = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SupportBundle) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Ref: #/components/schemas/SupportBundleList
+type SupportBundleList struct {
+	// Newest first, at most 1000; no downloadUrl (get gives one).
+	Items []SupportBundle `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *SupportBundleList) GetItems() []SupportBundle {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *SupportBundleList) SetItems(val []SupportBundle) {
+	s.Items = val
+}
+
+// Collecting on the node, uploading to the blob store, then ready or failed; a node that does not
+// answer before the command expires makes it failed.
+type SupportBundleState string
+
+const (
+	SupportBundleStateCollecting SupportBundleState = "collecting"
+	SupportBundleStateUploading  SupportBundleState = "uploading"
+	SupportBundleStateReady      SupportBundleState = "ready"
+	SupportBundleStateFailed     SupportBundleState = "failed"
+	SupportBundleStateDeleted    SupportBundleState = "deleted"
+)
+
+// AllValues returns all SupportBundleState values.
+func (SupportBundleState) AllValues() []SupportBundleState {
+	return []SupportBundleState{
+		SupportBundleStateCollecting,
+		SupportBundleStateUploading,
+		SupportBundleStateReady,
+		SupportBundleStateFailed,
+		SupportBundleStateDeleted,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s SupportBundleState) MarshalText() ([]byte, error) {
+	switch s {
+	case SupportBundleStateCollecting:
+		return []byte(s), nil
+	case SupportBundleStateUploading:
+		return []byte(s), nil
+	case SupportBundleStateReady:
+		return []byte(s), nil
+	case SupportBundleStateFailed:
+		return []byte(s), nil
+	case SupportBundleStateDeleted:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *SupportBundleState) UnmarshalText(data []byte) error {
+	switch SupportBundleState(data) {
+	case SupportBundleStateCollecting:
+		*s = SupportBundleStateCollecting
+		return nil
+	case SupportBundleStateUploading:
+		*s = SupportBundleStateUploading
+		return nil
+	case SupportBundleStateReady:
+		*s = SupportBundleStateReady
+		return nil
+	case SupportBundleStateFailed:
+		*s = SupportBundleStateFailed
+		return nil
+	case SupportBundleStateDeleted:
+		*s = SupportBundleStateDeleted
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Input of supportBundles.create. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SupportBundlesCreateInput
+type SupportBundlesCreateInput struct {
+	// Idempotency key (wide alphabet).
+	IdempotencyKey string `json:"idempotencyKey"`
+	// Node identifier.
+	NodeId string `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string  `json:"tenantId"`
+	Wait     OptWait `json:"wait"`
+}
+
+// GetIdempotencyKey returns the value of IdempotencyKey.
+func (s *SupportBundlesCreateInput) GetIdempotencyKey() string {
+	return s.IdempotencyKey
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *SupportBundlesCreateInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SupportBundlesCreateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWait returns the value of Wait.
+func (s *SupportBundlesCreateInput) GetWait() OptWait {
+	return s.Wait
+}
+
+// SetIdempotencyKey sets the value of IdempotencyKey.
+func (s *SupportBundlesCreateInput) SetIdempotencyKey(val string) {
+	s.IdempotencyKey = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *SupportBundlesCreateInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SupportBundlesCreateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWait sets the value of Wait.
+func (s *SupportBundlesCreateInput) SetWait(val OptWait) {
+	s.Wait = val
+}
+
+// Success envelope of supportBundles.create.
+// Ref: #/components/schemas/SupportBundlesCreateResult
+type SupportBundlesCreateResult struct {
+	Data SupportBundle `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SupportBundlesCreateResult) GetData() SupportBundle {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SupportBundlesCreateResult) SetData(val SupportBundle) {
+	s.Data = val
+}
+
+// Input of supportBundles.delete. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SupportBundlesDeleteInput
+type SupportBundlesDeleteInput struct {
+	// Support bundle identifier.
+	BundleId string `json:"bundleId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetBundleId returns the value of BundleId.
+func (s *SupportBundlesDeleteInput) GetBundleId() string {
+	return s.BundleId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SupportBundlesDeleteInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetBundleId sets the value of BundleId.
+func (s *SupportBundlesDeleteInput) SetBundleId(val string) {
+	s.BundleId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SupportBundlesDeleteInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of supportBundles.delete.
+// Ref: #/components/schemas/SupportBundlesDeleteResult
+type SupportBundlesDeleteResult struct {
+	Data SupportBundle `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SupportBundlesDeleteResult) GetData() SupportBundle {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SupportBundlesDeleteResult) SetData(val SupportBundle) {
+	s.Data = val
+}
+
+// Input of supportBundles.get. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SupportBundlesGetInput
+type SupportBundlesGetInput struct {
+	// Support bundle identifier.
+	BundleId string `json:"bundleId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetBundleId returns the value of BundleId.
+func (s *SupportBundlesGetInput) GetBundleId() string {
+	return s.BundleId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SupportBundlesGetInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetBundleId sets the value of BundleId.
+func (s *SupportBundlesGetInput) SetBundleId(val string) {
+	s.BundleId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SupportBundlesGetInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of supportBundles.get.
+// Ref: #/components/schemas/SupportBundlesGetResult
+type SupportBundlesGetResult struct {
+	Data SupportBundle `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SupportBundlesGetResult) GetData() SupportBundle {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SupportBundlesGetResult) SetData(val SupportBundle) {
+	s.Data = val
+}
+
+// Input of supportBundles.list. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SupportBundlesListInput
+type SupportBundlesListInput struct {
+	IncludeDeleted OptBool `json:"includeDeleted"`
+	// Node identifier.
+	NodeId OptString `json:"nodeId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetIncludeDeleted returns the value of IncludeDeleted.
+func (s *SupportBundlesListInput) GetIncludeDeleted() OptBool {
+	return s.IncludeDeleted
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *SupportBundlesListInput) GetNodeId() OptString {
+	return s.NodeId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SupportBundlesListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetIncludeDeleted sets the value of IncludeDeleted.
+func (s *SupportBundlesListInput) SetIncludeDeleted(val OptBool) {
+	s.IncludeDeleted = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *SupportBundlesListInput) SetNodeId(val OptString) {
+	s.NodeId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SupportBundlesListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of supportBundles.list.
+// Ref: #/components/schemas/SupportBundlesListResult
+type SupportBundlesListResult struct {
+	Data SupportBundleList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SupportBundlesListResult) GetData() SupportBundleList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SupportBundlesListResult) SetData(val SupportBundleList) {
+	s.Data = val
+}
+
 // Input of system.selfCheck. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
 // Ref: #/components/schemas/SystemSelfCheckInput
 type SystemSelfCheckInput struct{}

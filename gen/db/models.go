@@ -648,6 +648,26 @@ type Site struct {
 	UpdatedAt   time.Time
 }
 
+type SupportBundle struct {
+	BundleID    string
+	TenantID    string
+	NodeID      string
+	PoolID      string
+	State       string
+	Error       pgtype.Text
+	MaxBytes    int64
+	SizeBytes   pgtype.Int8
+	Sha256      pgtype.Text
+	Redactions  pgtype.Int8
+	ObjectKey   string
+	CommandID   string
+	CreatedBy   string
+	IdemRequest []byte
+	CreatedAt   time.Time
+	ReadyAt     *time.Time
+	DeletedAt   *time.Time
+}
+
 type TrustVersion struct {
 	Fingerprint string
 	Version     int32

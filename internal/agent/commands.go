@@ -80,6 +80,10 @@ func (a *Agent) run(c *agentproto.Command) (json.RawMessage, error) {
 	case agentproto.CommandExec, agentproto.CommandReadFile, agentproto.CommandWriteFile,
 		agentproto.CommandSnapshot, agentproto.CommandDeleteSnapshot:
 		return a.guestCommand(c)
+	case agentproto.CommandSupportBundle:
+		return a.supportBundle(c)
+	case agentproto.CommandUploadSupportBundle:
+		return a.uploadSupportBundle(c)
 	}
 	return nil, errors.New("unknown command kind " + c.Kind)
 }
@@ -133,10 +137,12 @@ func (a *Agent) guestCommand(c *agentproto.Command) (json.RawMessage, error) {
 	}
 }
 
-// guestKinds are the commands that may run long (inside a guest, or
-// copying a VM's files): they run beside each other.
+// guestKinds are the commands that may run long (inside a guest, copying
+// a VM's files, collecting or uploading a support bundle): they run beside
+// each other.
 var guestKinds = map[string]bool{agentproto.CommandExec: true, agentproto.CommandReadFile: true, agentproto.CommandWriteFile: true,
-	agentproto.CommandSnapshot: true, agentproto.CommandDeleteSnapshot: true}
+	agentproto.CommandSnapshot: true, agentproto.CommandDeleteSnapshot: true,
+	agentproto.CommandSupportBundle: true, agentproto.CommandUploadSupportBundle: true}
 
 // MaxGuestCommands bounds the guest commands in flight on a node: each
 // holds a goroutine, a guest channel request and, for an exec, a process

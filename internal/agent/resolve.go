@@ -67,6 +67,9 @@ func (a *Agent) ResolveSecrets(ctx context.Context, id string, refs []string) (m
 			if r.Error != "" {
 				return nil, errors.New(r.Error)
 			}
+			for _, v := range r.Values {
+				a.secrets.add(v)
+			}
 			return r.Values, nil
 		case <-ctx.Done():
 			t.Stop()

@@ -94,6 +94,9 @@ type Agent struct {
 	// inflight are the guest commands running now.
 	imu      sync.Mutex
 	inflight map[string]bool
+
+	// secrets are values resolved for guests: never in a bundle.
+	secrets secretSet
 }
 
 // New loads the directory.

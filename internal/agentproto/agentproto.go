@@ -340,7 +340,38 @@ const (
 	// Snapshots of an instance's memory and disks, kept on the node.
 	CommandSnapshot       = "snapshot"       // SnapshotArgs -> SnapshotOutput
 	CommandDeleteSnapshot = "deleteSnapshot" // SnapshotArgs -> {}
+	// Support bundles: the daemon collects and scrubs a bundle on its disk,
+	// then uploads it through the presigned PUT the control plane signed
+	// for exactly its size.
+	CommandSupportBundle       = "supportBundle"       // SupportBundleArgs -> SupportBundleOutput
+	CommandUploadSupportBundle = "uploadSupportBundle" // UploadSupportBundleArgs -> SupportBundleOutput
 )
+
+// SupportBundleArgs ask for a bundle of at most MaxBytes.
+type SupportBundleArgs struct {
+	BundleID string `json:"bundleId"`
+	MaxBytes int64  `json:"maxBytes"`
+}
+
+// SupportBundleOutput is a bundle collected (or uploaded): its size, hex
+// SHA-256, the secrets scrubbed from it and its number of files.
+type SupportBundleOutput struct {
+	SizeBytes  int64  `json:"sizeBytes"`
+	SHA256     string `json:"sha256"`
+	Redactions int    `json:"redactions"`
+	Entries    int    `json:"entries"`
+}
+
+// UploadSupportBundleArgs send a collected bundle: a PUT of URL with
+// Headers (signed with it), of exactly SizeBytes with digest SHA256.
+type UploadSupportBundleArgs struct {
+	BundleID  string            `json:"bundleId"`
+	URL       string            `json:"url"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	SizeBytes int64             `json:"sizeBytes"`
+	SHA256    string            `json:"sha256"`
+	MaxBytes  int64             `json:"maxBytes"`
+}
 
 // ExecArgs run a bounded, non-interactive program in instance's guest.
 type ExecArgs struct {

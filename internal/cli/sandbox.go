@@ -24,6 +24,8 @@ var localFlags = map[string][]Flag{
 		Help: "local file whose bytes are written; - reads stdin (instead of --content-base64)"}},
 	"sandboxes/readFile": {{Name: "to", Field: "to", Type: String, Local: true,
 		Help: "local file the bytes are written to (default: stdout, raw)"}},
+	"supportBundles/get": {{Name: "to", Field: "to", Type: String, Local: true,
+		Help: "download the ready bundle (a .tar.gz) to this local file, - for stdout, instead of printing the answer"}},
 }
 
 // withLocalFlags is m with computectl's own flags, when it has any.
@@ -119,6 +121,12 @@ func (inv *invocation) rawOutput(set *settings, data []byte, s Streams) (code in
 			fmt.Fprintf(s.Stderr, "computectl: the command timed out after %d ms\n", r.DurationMs)
 		}
 		return execExit(r.ExitCode, r.TimedOut), true, nil
+	case inv.is("supportBundles", "get"):
+		to, ok := inv.local("to")
+		if !ok {
+			return 0, false, nil
+		}
+		return fetchBundle(data, to, s)
 	case inv.is("sandboxes", "readFile"):
 		var r struct{ ContentBase64 []byte } // format byte: encoding/json decodes the base64
 		if err := json.Unmarshal(data, &r); err != nil {

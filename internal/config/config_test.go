@@ -570,7 +570,10 @@ func TestInvalid(t *testing.T) {
 		{"images url credentials", "images: {url: 'https://u:p@i/index.json'}", nil, "images.url", "without credentials"},
 		{"supportBundles blob required", "supportBundles: {maxBytes: 10}", nil, "supportBundles.blob", "is required"},
 		{"supportBundles blob credentials", "supportBundles: {blob: 's3://k:s@bucket'}", nil, "supportBundles.blob", "credentials"},
-		{"supportBundles maxBytes positive", "supportBundles: {blob: 's3://b', maxBytes: 0}", nil, "supportBundles.maxBytes", "positive"},
+		{"supportBundles maxBytes positive", "supportBundles: {blob: 's3://bkt', maxBytes: 0}", nil, "supportBundles.maxBytes", "positive"},
+		{"supportBundles blob s3 only", "supportBundles: {blob: 'gs://bkt/x'}", nil, "supportBundles.blob", "s3://"},
+		{"supportBundles blob parameters", "supportBundles: {blob: 's3://bkt/x?acl=public'}", nil, "supportBundles.blob", "unknown parameter"},
+		{"supportBundles blob endpoint", "supportBundles: {blob: 's3://bkt/x?endpoint=ftp://h'}", nil, "supportBundles.blob", "endpoint"},
 
 		// secrets.
 		{"secrets store", "secrets: {store: vault}", nil, "secrets.store", "database or none"},

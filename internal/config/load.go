@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"computeplane/internal/blob"
 )
 
 // Load reads the file named by SERVICE_CONFIG (when set), applies the
@@ -772,8 +774,8 @@ func (b *builder) supportBundles(fc *fileConfig, c *Config) error {
 	if sb.Blob == "" {
 		return b.errorf("supportBundles.blob", "is required when support bundles are configured")
 	}
-	if msg := checkBlob(sb.Blob); msg != "" {
-		return b.errorf("supportBundles.blob", "%s", msg)
+	if _, err := blob.ParseURL(sb.Blob); err != nil {
+		return b.errorf("supportBundles.blob", "%s", err.Error())
 	}
 	if sb.MaxBytes < 1 {
 		return b.errorf("supportBundles.maxBytes", "must be a positive integer")

@@ -41,12 +41,24 @@ type Fleet struct {
 	// computed and env make more keys (Client).
 	computed string
 	env      []string
+	agentEnv map[string]string
 }
 
 // Option changes the deployment Start runs.
 type Option func(*options)
 
-type options struct{ tunnels bool }
+type options struct {
+	tunnels  bool
+	env      map[string]string
+	agentEnv map[string]string
+}
+
+// Env adds variables to computed's environment (a blob store's
+// credentials, say).
+func Env(vars map[string]string) Option { return func(o *options) { o.env = vars } }
+
+// AgentEnv adds variables to every compute-agent's environment.
+func AgentEnv(vars map[string]string) Option { return func(o *options) { o.agentEnv = vars } }
 
 // Tunnels configures tunnels (the issuer is the public URL) and the
 // gateway's internal API they relay through.
@@ -63,7 +75,7 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	dbURL := dbtest.URL(t)
 	dir := t.TempDir()
 	computed := proctest.Build(t, "computeplane/cmd/computed")
-	f := &Fleet{t: t, agentBin: proctest.Build(t, "computeplane/cmd/compute-agent")}
+	f := &Fleet{t: t, agentBin: proctest.Build(t, "computeplane/cmd/compute-agent"), agentEnv: o.agentEnv}
 	pkiFile := filepath.Join(dir, "pki.json")
 	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "fleet.local")
 	require.NoError(t, err)
@@ -76,10 +88,14 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	}
 	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000%s}\n%s",
 		gwPort, gwPort, internal, extraConfig))
-	env := proctest.ChildEnv(map[string]string{
+	vars := map[string]string{
 		"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile, "SERVICE_CONFIG": cfg,
 		"SERVICE_BASE_URL": f.PublicURL, "HOST": "127.0.0.1", "PORT": strconv.Itoa(port),
-	})
+	}
+	for k, v := range o.env {
+		vars[k] = v
+	}
+	env := proctest.ChildEnv(vars)
 	f.computed, f.env = computed, env
 	f.Computed = proctest.Start(t, "computed", computed, env, "serve")
 	f.Computed.WaitHealthy(t, fmt.Sprintf("127.0.0.1:%d", port))
@@ -174,7 +190,7 @@ func (f *Fleet) Join(pool string, args ...string) *Agent {
 
 // Run starts the agent (again).
 func (a *Agent) Run() {
-	a.Proc = proctest.Start(a.f.t, "agent", a.f.agentBin, proctest.ChildEnv(nil), append([]string{"run", "--dir", a.Dir}, a.args...)...)
+	a.Proc = proctest.Start(a.f.t, "agent", a.f.agentBin, proctest.ChildEnv(a.f.agentEnv), append([]string{"run", "--dir", a.Dir}, a.args...)...)
 }
 
 // Stop ends the agent with SIGTERM when it runs.

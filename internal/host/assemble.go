@@ -50,6 +50,7 @@ import (
 	"computeplane/internal/sinks"
 	"computeplane/internal/sites"
 	"computeplane/internal/store"
+	"computeplane/internal/supportbundles"
 	"computeplane/internal/system"
 	"computeplane/internal/tunnels"
 	"computeplane/internal/uow"
@@ -86,6 +87,7 @@ type assembly struct {
 	sandboxes     *sandboxes.Service
 	secrets       *secrets.Service
 	providerAccts *provideraccounts.Service
+	bundles       *supportbundles.Service
 
 	identity *embedded.Service
 	cached   *iam.Cached
@@ -175,6 +177,9 @@ func (a *assembly) groupServices(ov Overrides) error {
 		return err
 	}
 	a.sandboxes = &sandboxes.Service{Placer: a.placer, Images: a.images, Store: st}
+	if a.bundles, err = supportBundlesService(cfg, st); err != nil {
+		return err
+	}
 	a.services = &api.Services{
 		ProviderAccounts: a.providerAccts,
 		System:           sys,
@@ -195,6 +200,7 @@ func (a *assembly) groupServices(ov Overrides) error {
 		SandboxTemplates: &sandboxtemplates.Service{Images: a.images},
 		Sandboxes:        a.sandboxes,
 		SandboxSnapshots: sandboxes.Snapshots{S: a.sandboxes},
+		SupportBundles:   a.bundles,
 		Secrets:          a.secrets,
 		Events:           events.New(a.cursors),
 		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
@@ -394,6 +400,7 @@ func (a *assembly) gatewayRole() (*gateway.Gateway, error) {
 	sandboxes.RegisterStatus(work)
 	sandboxvolumes.RegisterStatus(work, a.placer)
 	sandboxes.RegisterResults(work)
+	supportbundles.RegisterResults(work, a.bundles)
 	var roots config.PEM
 	if a.cfg.PKI.NodeCA != nil {
 		roots = a.cfg.PKI.NodeCA.Cert

@@ -3,6 +3,7 @@ package host
 import (
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 
@@ -19,6 +20,9 @@ func CheckBuilt(cfg *config.Config, plugins builtin.Plugins) error {
 	if err := refuseUnbuilt(cfg); err != nil {
 		return err
 	}
+	if _, err := supportBundleStore(cfg, os.Getenv); err != nil {
+		return err
+	}
 	_, err := enabledDrivers(cfg, plugins.Drivers)
 	return err
 }
@@ -31,7 +35,6 @@ func refuseUnbuilt(cfg *config.Config) error {
 	}{
 		{"tunnels.ssh", cfg.Tunnels != nil && cfg.Tunnels.SSH, "SSH tunnels and certificates are not built yet (exec tunnels are)"},
 		{"downloads", cfg.Downloads != nil, "daemon downloads are not served yet"},
-		{"supportBundles", cfg.SupportBundles != nil, "support bundles are not built yet"},
 		{"modules", len(cfg.Modules) > 0, "extra modules are not built yet"},
 		{"plugins", len(cfg.Plugins) > 0, "plugins are not built yet"},
 		{"attestors", len(cfg.Attestors) > 0, "join attestors beyond the join token are not built yet"},

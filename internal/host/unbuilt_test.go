@@ -20,3 +20,19 @@ func TestTunnelsOptionAcceptedButSSHRefused(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, "tunnels.ssh", ce.Option)
 }
+
+// Support bundles are built: the option starts with the blob store's
+// credentials in the environment and is INVALID_CONFIG without them.
+func TestSupportBundlesNeedCredentials(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "")
+	cfg := &config.Config{SupportBundles: &config.SupportBundles{Blob: "s3://bundles/x?endpoint=http://127.0.0.1:9000", MaxBytes: 1 << 20}}
+	err := CheckBuilt(cfg, builtin.All())
+	var ce *config.Error
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, "supportBundles.blob", ce.Option)
+	assert.Contains(t, ce.Message, "AWS_ACCESS_KEY_ID")
+	t.Setenv("AWS_ACCESS_KEY_ID", "id")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	require.NoError(t, CheckBuilt(cfg, builtin.All()))
+}

@@ -75,7 +75,8 @@ func EnqueueCommand(ctx context.Context, tx pgx.Tx, nodeID, kind string, args js
 	switch kind {
 	case agentproto.CommandEcho, agentproto.CommandInventory, agentproto.CommandNotice,
 		agentproto.CommandExec, agentproto.CommandReadFile, agentproto.CommandWriteFile,
-		agentproto.CommandSnapshot, agentproto.CommandDeleteSnapshot:
+		agentproto.CommandSnapshot, agentproto.CommandDeleteSnapshot,
+		agentproto.CommandSupportBundle, agentproto.CommandUploadSupportBundle:
 	default:
 		return db.NodeCommand{}, "", fmt.Errorf("%w %q", ErrUnknownCommand, kind)
 	}

@@ -245,7 +245,7 @@ func TestIDFieldOfEveryGroup(t *testing.T) {
 	want := map[string]string{
 		"events": "", "flavors": "name", "images": "imageId", "instances": "instanceId", "nodes": "nodeId",
 		"pools": "poolId", "profiles": "profileId", "projects": "projectId", "providerAccounts": "accountId",
-		"quotas": "", "reservations": "reservationId", "sandboxSnapshots": "snapshotId",
+		"quotas": "", "reservations": "reservationId", "sandboxSnapshots": "snapshotId", "supportBundles": "bundleId",
 		"sandboxTemplates": "templateId", "sandboxVolumes": "volumeId", "sandboxes": "sandboxId",
 		"secrets": "name", "sites": "siteId", "system": "", "tunnels": "tunnelId", "usage": "", "webhooks": "webhookId",
 		"workflows": "workflowId",
