@@ -1208,6 +1208,25 @@ type TunnelsInvoker interface {
 	//
 	// POST /tunnels/close
 	TunnelsClose(ctx context.Context, request *TunnelsCloseInput) (*TunnelsCloseResult, error)
+	// TunnelsIssueSshCertificate invokes tunnelsIssueSshCertificate operation.
+	//
+	// Signs publicKey (an OpenSSH public key: ed25519, ecdsa, or rsa of 2048 bits or more) with the
+	// deployment's SSH CA: a user certificate valid 5 minutes (a connection made within them lives on).
+	// For a target (a running instance or sandbox of the tenant) its principals are @ and @; the guest's
+	// SSH server, reached by a tunnel of kind ssh, accepts the first. For nodeId (break-glass, root tenant
+	// only, decided on the fleet) the principal is @, the account one of tunnels.sshAccounts, and the
+	// caller's session must be an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED
+	// with details.reason mfa-required). At most tunnels.limits.sshCertificatesPerHour (default 20) per
+	// identity and api replica: beyond, RATE_LIMITED with retryAfterMs. UNSUPPORTED unless tunnels.ssh is
+	// configured.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:tunnels:ssh on tenant/tenantId alt=fleet/global
+	// when nodeId. Publishes security.ssh.certificate.issued. Errors: INVALID_INPUT (400), NOT_FOUND
+	// (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403), CONFIRMATION_REQUIRED (403).
+	//
+	// POST /tunnels/issueSshCertificate
+	TunnelsIssueSshCertificate(ctx context.Context, request *TunnelsIssueSshCertificateInput) (*TunnelsIssueSshCertificateResult, error)
 	// TunnelsList invokes tunnelsList operation.
 	//
 	// The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
@@ -1221,12 +1240,14 @@ type TunnelsInvoker interface {
 	//
 	// Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with
 	// its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is
-	// not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from
-	// the caller's source address. Frames on the WebSocket are binary messages whose first byte says what
-	// follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A
-	// target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
-	// tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
-	// retryAfterMs.
+	// not built yet: UNSUPPORTED. Kind ssh: a byte stream to the guest's SSH server, stdin frames to it
+	// and stdout frames from it, for an ssh client's ProxyCommand; it accepts certificates of
+	// tunnels.issueSshCertificate; UNSUPPORTED unless tunnels.ssh is configured). Answers a ticket to
+	// redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the
+	// WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the
+	// exit (JSON {exitCode, error}), 4 the end of stdin. A target not running is INVALID_STATE, another
+	// tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per
+	// identity and api replica: beyond, RATE_LIMITED with retryAfterMs.
 	//
 	// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
 	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429),
@@ -10599,6 +10620,109 @@ func (c *Client) sendTunnelsClose(ctx context.Context, request *TunnelsCloseInpu
 	return result, nil
 }
 
+// TunnelsIssueSshCertificate invokes tunnelsIssueSshCertificate operation.
+//
+// Signs publicKey (an OpenSSH public key: ed25519, ecdsa, or rsa of 2048 bits or more) with the
+// deployment's SSH CA: a user certificate valid 5 minutes (a connection made within them lives on).
+// For a target (a running instance or sandbox of the tenant) its principals are @ and @; the guest's
+// SSH server, reached by a tunnel of kind ssh, accepts the first. For nodeId (break-glass, root tenant
+// only, decided on the fleet) the principal is @, the account one of tunnels.sshAccounts, and the
+// caller's session must be an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED
+// with details.reason mfa-required). At most tunnels.limits.sshCertificatesPerHour (default 20) per
+// identity and api replica: beyond, RATE_LIMITED with retryAfterMs. UNSUPPORTED unless tunnels.ssh is
+// configured.
+//
+// Served since v1.1. Kind: mutation. Action compute:tunnels:ssh on tenant/tenantId alt=fleet/global
+// when nodeId. Publishes security.ssh.certificate.issued. Errors: INVALID_INPUT (400), NOT_FOUND
+// (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403), CONFIRMATION_REQUIRED (403).
+//
+// POST /tunnels/issueSshCertificate
+func (c *Client) TunnelsIssueSshCertificate(ctx context.Context, request *TunnelsIssueSshCertificateInput) (*TunnelsIssueSshCertificateResult, error) {
+	res, err := c.sendTunnelsIssueSshCertificate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsIssueSshCertificate(ctx context.Context, request *TunnelsIssueSshCertificateInput) (res *TunnelsIssueSshCertificateResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/issueSshCertificate"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsIssueSshCertificateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsIssueSshCertificateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsIssueSshCertificateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsIssueSshCertificateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
 // TunnelsList invokes tunnelsList operation.
 //
 // The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
@@ -10696,12 +10820,14 @@ func (c *Client) sendTunnelsList(ctx context.Context, request *TunnelsListInput)
 //
 // Asks for a tunnel into a running sandbox or instance of the tenant (kind exec: the program argv with
 // its stdin, stdout and stderr streamed and its exit code at the end; tty asks for a terminal and is
-// not built yet: UNSUPPORTED). Answers a ticket to redeem at the WebSocket URL within 30 s, once, from
-// the caller's source address. Frames on the WebSocket are binary messages whose first byte says what
-// follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}), 4 the end of stdin. A
-// target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
-// tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
-// retryAfterMs.
+// not built yet: UNSUPPORTED. Kind ssh: a byte stream to the guest's SSH server, stdin frames to it
+// and stdout frames from it, for an ssh client's ProxyCommand; it accepts certificates of
+// tunnels.issueSshCertificate; UNSUPPORTED unless tunnels.ssh is configured). Answers a ticket to
+// redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the
+// WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the
+// exit (JSON {exitCode, error}), 4 the end of stdin. A target not running is INVALID_STATE, another
+// tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per
+// identity and api replica: beyond, RATE_LIMITED with retryAfterMs.
 //
 // Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
 // INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429),

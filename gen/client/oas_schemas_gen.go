@@ -6087,6 +6087,52 @@ func (o OptString) Or(d string) string {
 	return d
 }
 
+// NewOptTunnelTarget returns new OptTunnelTarget with value set to v.
+func NewOptTunnelTarget(v TunnelTarget) OptTunnelTarget {
+	return OptTunnelTarget{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptTunnelTarget is optional TunnelTarget.
+type OptTunnelTarget struct {
+	Value TunnelTarget
+	Set   bool
+}
+
+// IsSet returns true if OptTunnelTarget was set.
+func (o OptTunnelTarget) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptTunnelTarget) Reset() {
+	var v TunnelTarget
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptTunnelTarget) SetTo(v TunnelTarget) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptTunnelTarget) Get() (v TunnelTarget, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptTunnelTarget) Or(d TunnelTarget) TunnelTarget {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptTunnelsOpenInputEnv returns new OptTunnelsOpenInputEnv with value set to v.
 func NewOptTunnelsOpenInputEnv(v TunnelsOpenInputEnv) OptTunnelsOpenInputEnv {
 	return OptTunnelsOpenInputEnv{
@@ -15184,6 +15230,130 @@ func (s *SitesUpdateResult) SetData(val Site) {
 	s.Data = val
 }
 
+// A user certificate of the deployment's SSH CA for the caller's public key, valid minutes.
+// Ref: #/components/schemas/SshCertificate
+type SshCertificate struct {
+	// The CA's public key in authorized_keys form: what an image's own sshd trusts (TrustedUserCAKeys).
+	CaPublicKey string `json:"caPublicKey"`
+	// The certificate in authorized_keys form (ssh-ed25519-cert-v01@openssh.com ...): save it as
+	// -cert.pub, or pass it with -o CertificateFile.
+	Certificate string `json:"certificate"`
+	// The name the target's SSH server presents a host certificate for (its id): ssh -o HostKeyAlias=.
+	HostName string `json:"hostName"`
+	// What servers log for the certificate.
+	KeyId string `json:"keyId"`
+	// A known_hosts line trusting the CA's host certificates for hostName (@cert-authority).
+	KnownHosts string `json:"knownHosts"`
+	// @<instanceId|sandboxId> and @, or @ for a node.
+	Principals []string `json:"principals"`
+	// The certificate's serial (decimal).
+	Serial string `json:"serial"`
+	// The account to log in as (ssh -l).
+	User        string    `json:"user"`
+	ValidAfter  time.Time `json:"validAfter"`
+	ValidBefore time.Time `json:"validBefore"`
+}
+
+// GetCaPublicKey returns the value of CaPublicKey.
+func (s *SshCertificate) GetCaPublicKey() string {
+	return s.CaPublicKey
+}
+
+// GetCertificate returns the value of Certificate.
+func (s *SshCertificate) GetCertificate() string {
+	return s.Certificate
+}
+
+// GetHostName returns the value of HostName.
+func (s *SshCertificate) GetHostName() string {
+	return s.HostName
+}
+
+// GetKeyId returns the value of KeyId.
+func (s *SshCertificate) GetKeyId() string {
+	return s.KeyId
+}
+
+// GetKnownHosts returns the value of KnownHosts.
+func (s *SshCertificate) GetKnownHosts() string {
+	return s.KnownHosts
+}
+
+// GetPrincipals returns the value of Principals.
+func (s *SshCertificate) GetPrincipals() []string {
+	return s.Principals
+}
+
+// GetSerial returns the value of Serial.
+func (s *SshCertificate) GetSerial() string {
+	return s.Serial
+}
+
+// GetUser returns the value of User.
+func (s *SshCertificate) GetUser() string {
+	return s.User
+}
+
+// GetValidAfter returns the value of ValidAfter.
+func (s *SshCertificate) GetValidAfter() time.Time {
+	return s.ValidAfter
+}
+
+// GetValidBefore returns the value of ValidBefore.
+func (s *SshCertificate) GetValidBefore() time.Time {
+	return s.ValidBefore
+}
+
+// SetCaPublicKey sets the value of CaPublicKey.
+func (s *SshCertificate) SetCaPublicKey(val string) {
+	s.CaPublicKey = val
+}
+
+// SetCertificate sets the value of Certificate.
+func (s *SshCertificate) SetCertificate(val string) {
+	s.Certificate = val
+}
+
+// SetHostName sets the value of HostName.
+func (s *SshCertificate) SetHostName(val string) {
+	s.HostName = val
+}
+
+// SetKeyId sets the value of KeyId.
+func (s *SshCertificate) SetKeyId(val string) {
+	s.KeyId = val
+}
+
+// SetKnownHosts sets the value of KnownHosts.
+func (s *SshCertificate) SetKnownHosts(val string) {
+	s.KnownHosts = val
+}
+
+// SetPrincipals sets the value of Principals.
+func (s *SshCertificate) SetPrincipals(val []string) {
+	s.Principals = val
+}
+
+// SetSerial sets the value of Serial.
+func (s *SshCertificate) SetSerial(val string) {
+	s.Serial = val
+}
+
+// SetUser sets the value of User.
+func (s *SshCertificate) SetUser(val string) {
+	s.User = val
+}
+
+// SetValidAfter sets the value of ValidAfter.
+func (s *SshCertificate) SetValidAfter(val time.Time) {
+	s.ValidAfter = val
+}
+
+// SetValidBefore sets the value of ValidBefore.
+func (s *SshCertificate) SetValidBefore(val time.Time) {
+	s.ValidBefore = val
+}
+
 // Input of system.selfCheck. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
 // Ref: #/components/schemas/SystemSelfCheckInput
 type SystemSelfCheckInput struct{}
@@ -15246,6 +15416,7 @@ func (s *SystemWhoamiResult) SetData(val Caller) {
 
 // Ref: #/components/schemas/Tunnel
 type Tunnel struct {
+	// The program of an exec tunnel; empty for ssh.
 	Argv []string `json:"argv"`
 	// Bytes from the client (stdin).
 	BytesIn int64 `json:"bytesIn"`
@@ -15424,12 +15595,14 @@ type TunnelKind string
 
 const (
 	TunnelKindExec TunnelKind = "exec"
+	TunnelKindSSH  TunnelKind = "ssh"
 )
 
 // AllValues returns all TunnelKind values.
 func (TunnelKind) AllValues() []TunnelKind {
 	return []TunnelKind{
 		TunnelKindExec,
+		TunnelKindSSH,
 	}
 }
 
@@ -15437,6 +15610,8 @@ func (TunnelKind) AllValues() []TunnelKind {
 func (s TunnelKind) MarshalText() ([]byte, error) {
 	switch s {
 	case TunnelKindExec:
+		return []byte(s), nil
+	case TunnelKindSSH:
 		return []byte(s), nil
 	default:
 		return nil, errors.Errorf("invalid value: %q", s)
@@ -15448,6 +15623,9 @@ func (s *TunnelKind) UnmarshalText(data []byte) error {
 	switch TunnelKind(data) {
 	case TunnelKindExec:
 		*s = TunnelKindExec
+		return nil
+	case TunnelKindSSH:
+		*s = TunnelKindSSH
 		return nil
 	default:
 		return errors.Errorf("invalid value: %q", data)
@@ -15678,6 +15856,87 @@ func (s *TunnelsCloseResult) SetData(val Tunnel) {
 	s.Data = val
 }
 
+// Input of tunnels.issueSshCertificate. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT. Give exactly one of target, nodeId.
+// Ref: #/components/schemas/TunnelsIssueSshCertificateInput
+type TunnelsIssueSshCertificateInput struct {
+	// The account to log in as.
+	Account OptString `json:"account"`
+	// Node identifier.
+	NodeId OptString `json:"nodeId"`
+	// An authorized_keys line: the key to certify (its comment is ignored).
+	PublicKey string          `json:"publicKey"`
+	Target    OptTunnelTarget `json:"target"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetAccount returns the value of Account.
+func (s *TunnelsIssueSshCertificateInput) GetAccount() OptString {
+	return s.Account
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *TunnelsIssueSshCertificateInput) GetNodeId() OptString {
+	return s.NodeId
+}
+
+// GetPublicKey returns the value of PublicKey.
+func (s *TunnelsIssueSshCertificateInput) GetPublicKey() string {
+	return s.PublicKey
+}
+
+// GetTarget returns the value of Target.
+func (s *TunnelsIssueSshCertificateInput) GetTarget() OptTunnelTarget {
+	return s.Target
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsIssueSshCertificateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetAccount sets the value of Account.
+func (s *TunnelsIssueSshCertificateInput) SetAccount(val OptString) {
+	s.Account = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *TunnelsIssueSshCertificateInput) SetNodeId(val OptString) {
+	s.NodeId = val
+}
+
+// SetPublicKey sets the value of PublicKey.
+func (s *TunnelsIssueSshCertificateInput) SetPublicKey(val string) {
+	s.PublicKey = val
+}
+
+// SetTarget sets the value of Target.
+func (s *TunnelsIssueSshCertificateInput) SetTarget(val OptTunnelTarget) {
+	s.Target = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsIssueSshCertificateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of tunnels.issueSshCertificate.
+// Ref: #/components/schemas/TunnelsIssueSshCertificateResult
+type TunnelsIssueSshCertificateResult struct {
+	Data SshCertificate `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsIssueSshCertificateResult) GetData() SshCertificate {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsIssueSshCertificateResult) SetData(val SshCertificate) {
+	s.Data = val
+}
+
 // Input of tunnels.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
 // Ref: #/components/schemas/TunnelsListInput
 type TunnelsListInput struct {
@@ -15725,6 +15984,7 @@ func (s *TunnelsListResult) SetData(val TunnelList) {
 // Input of tunnels.open. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
 // Ref: #/components/schemas/TunnelsOpenInput
 type TunnelsOpenInput struct {
+	// The program (kind exec, where it is required; not with ssh).
 	Argv []string `json:"argv"`
 	// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
 	Env    OptTunnelsOpenInputEnv `json:"env"`
@@ -15811,12 +16071,14 @@ type TunnelsOpenInputKind string
 
 const (
 	TunnelsOpenInputKindExec TunnelsOpenInputKind = "exec"
+	TunnelsOpenInputKindSSH  TunnelsOpenInputKind = "ssh"
 )
 
 // AllValues returns all TunnelsOpenInputKind values.
 func (TunnelsOpenInputKind) AllValues() []TunnelsOpenInputKind {
 	return []TunnelsOpenInputKind{
 		TunnelsOpenInputKindExec,
+		TunnelsOpenInputKindSSH,
 	}
 }
 
@@ -15824,6 +16086,8 @@ func (TunnelsOpenInputKind) AllValues() []TunnelsOpenInputKind {
 func (s TunnelsOpenInputKind) MarshalText() ([]byte, error) {
 	switch s {
 	case TunnelsOpenInputKindExec:
+		return []byte(s), nil
+	case TunnelsOpenInputKindSSH:
 		return []byte(s), nil
 	default:
 		return nil, errors.Errorf("invalid value: %q", s)
@@ -15835,6 +16099,9 @@ func (s *TunnelsOpenInputKind) UnmarshalText(data []byte) error {
 	switch TunnelsOpenInputKind(data) {
 	case TunnelsOpenInputKindExec:
 		*s = TunnelsOpenInputKindExec
+		return nil
+	case TunnelsOpenInputKindSSH:
+		*s = TunnelsOpenInputKindSSH
 		return nil
 	default:
 		return errors.Errorf("invalid value: %q", data)

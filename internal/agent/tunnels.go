@@ -24,7 +24,11 @@ func (a *Agent) serveTunnel(st net.Conn) {
 		_ = tunnel.WriteFrame(st, tunnel.FrameExit, b)
 	}
 	var o tunnel.Open
-	if err := json.Unmarshal(p, &o); err != nil || o.Kind != tunnel.KindExec || len(o.Argv) == 0 || o.Argv[0] == "" {
+	err = json.Unmarshal(p, &o)
+	if o.Kind == tunnel.KindSSH {
+		o = sshExec(o) // the guest's SSH server, on the program's stdin and stdout
+	}
+	if err != nil || o.Kind != tunnel.KindExec || len(o.Argv) == 0 || o.Argv[0] == "" {
 		exit(-1, "an exec tunnel needs its program")
 		return
 	}

@@ -63,7 +63,8 @@ func (a *Agent) start(ctx context.Context, port io.Writer, r guestproto.Request,
 		}
 	}()
 	e := r.Exec
-	cmd := exec.Command(e.Argv[0], e.Argv[1:]...)
+	argv := ownProgram(e.Argv) // the SSH server is compute-guest itself
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = e.Dir
 	cmd.Env = a.environ(e.Env)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

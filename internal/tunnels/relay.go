@@ -42,6 +42,8 @@ type Relay struct {
 	// CheckEvery is how often an open tunnel's row is read again (closed
 	// by tunnels.close); default a second.
 	CheckEvery time.Duration
+	// SSH makes the server side of tunnels of kind ssh (nil: none open).
+	SSH *SSH
 }
 
 func refuse(w http.ResponseWriter, log *slog.Logger, code api.Code, format string, args ...any) {
@@ -94,7 +96,15 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.Unmarshal(t.Argv, &argv)
 	var env map[string]string
 	_ = json.Unmarshal(t.Env, &env)
-	open, _ := json.Marshal(tunnel.Open{TunnelID: t.TunnelID, Kind: t.Kind, InstanceID: t.InstanceID, Argv: argv, Env: env, TTY: t.Tty})
+	o := tunnel.Open{TunnelID: t.TunnelID, Kind: t.Kind, InstanceID: t.InstanceID, Argv: argv, Env: env, TTY: t.Tty}
+	if t.Kind == tunnel.KindSSH {
+		if o.SSH, err = rl.SSH.sshOpen(t); err != nil {
+			rl.finish(t, "failed", 0, 0, nil, start)
+			rpc.WriteError(w, rl.Log, err)
+			return
+		}
+	}
+	open, _ := json.Marshal(o)
 	if err := up.Write(ctx, websocket.MessageBinary, append([]byte{tunnel.FrameOpen}, open...)); err != nil {
 		rl.finish(t, "failed", 0, 0, nil, start)
 		rpc.WriteError(w, rl.Log, api.Errorf(api.CodeUnavailable, "the target's node cannot be reached"))

@@ -39,6 +39,9 @@ type Service struct {
 	// PerMinute bounds opens per identity on this replica.
 	PerMinute int
 	Now       func() time.Time
+	// SSH is nil unless tunnels.ssh: certificates and tunnels of kind
+	// ssh (ssh.go).
+	SSH *SSH
 
 	mu     sync.Mutex
 	opened map[string][]time.Time // identity -> opens of the last minute
@@ -101,6 +104,9 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 	if in.Tty {
 		return nil, api.Errorf(api.CodeUnsupported, "tty: exec tunnels with a terminal are not built yet")
 	}
+	if err := checkKind(in, s.SSH != nil); err != nil {
+		return nil, err
+	}
 	var instance, node string
 	switch in.Target.Kind {
 	case "sandbox":
@@ -123,7 +129,7 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 	raw := make([]byte, 32)
 	_, _ = rand.Read(raw)
 	ticket := base64.RawURLEncoding.EncodeToString(raw)
-	argv, _ := json.Marshal(in.Argv)
+	argv, _ := json.Marshal(append([]string{}, in.Argv...)) // [] for ssh
 	var env []byte
 	if len(in.Env) > 0 {
 		env, _ = json.Marshal(in.Env)

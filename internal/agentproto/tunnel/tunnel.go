@@ -34,7 +34,12 @@ const (
 const MaxFrame = 64 << 10
 
 // Kinds of tunnel.
-const KindExec = "exec"
+const (
+	KindExec = "exec"
+	// KindSSH carries an SSH connection (stdin frames to the server,
+	// stdout frames from it) to the guest's SSH server (ssh.go).
+	KindSSH = "ssh"
+)
 
 // Open asks the daemon for a tunnel into an instance's guest.
 type Open struct {
@@ -44,6 +49,8 @@ type Open struct {
 	Argv       []string          `json:"argv"`
 	Env        map[string]string `json:"env,omitempty"`
 	TTY        bool              `json:"tty,omitempty"`
+	// SSH is set for KindSSH.
+	SSH *SSH `json:"ssh,omitempty"`
 }
 
 // Exit ends a tunnel: the program's exit code, or why it could not run.
