@@ -16,6 +16,7 @@ func writeMainHelp(w io.Writer, groups []Group) {
 	fmt.Fprintln(tw, "Commands:")
 	fmt.Fprintf(tw, "  login\t%s\n", loginSummary)
 	fmt.Fprintf(tw, "  help\tshow help of a group or command\n")
+	fmt.Fprintf(tw, "  ssh\t%s\n", sshSummary)
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "Groups:")
 	for _, g := range groups {

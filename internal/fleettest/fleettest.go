@@ -37,17 +37,24 @@ type Fleet struct {
 	DB        *pgxpool.Pool
 	Computed  *proctest.Process
 	PublicURL string
-	agentBin  string
+	// PKIFile is the deployment's sealed PKI bundle (testenv.TestSecret).
+	PKIFile  string
+	agentBin string
+	computed string
+	env      []string
 }
 
 // Option changes the deployment Start runs.
 type Option func(*options)
 
-type options struct{ tunnels bool }
+type options struct{ tunnels, ssh bool }
 
 // Tunnels configures tunnels (the issuer is the public URL) and the
 // gateway's internal API they relay through.
 func Tunnels() Option { return func(o *options) { o.tunnels = true } }
+
+// SSH configures tunnels with SSH (tunnels.ssh: true).
+func SSH() Option { return func(o *options) { o.tunnels, o.ssh = true, true } }
 
 // Start runs computed with every role on a fresh database; extraConfig is
 // appended to its configuration file (after the gateway option).
@@ -62,6 +69,7 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	computed := proctest.Build(t, "computeplane/cmd/computed")
 	f := &Fleet{t: t, agentBin: proctest.Build(t, "computeplane/cmd/compute-agent")}
 	pkiFile := filepath.Join(dir, "pki.json")
+	f.PKIFile = pkiFile
 	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "fleet.local")
 	require.NoError(t, err)
 	port, gwPort := testenv.FreePort(t), testenv.FreePort(t)
@@ -69,7 +77,7 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	internal := ""
 	if o.tunnels {
 		internal = fmt.Sprintf(", internalListen: \"127.0.0.1:%d\"", testenv.FreePort(t))
-		extraConfig += fmt.Sprintf("tunnels: {issuer: %q}\n", f.PublicURL)
+		extraConfig += fmt.Sprintf("tunnels: {issuer: %q, ssh: %t}\n", f.PublicURL, o.ssh)
 	}
 	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000%s}\n%s",
 		gwPort, gwPort, internal, extraConfig))
@@ -77,6 +85,7 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 		"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile, "SERVICE_CONFIG": cfg,
 		"SERVICE_BASE_URL": f.PublicURL, "HOST": "127.0.0.1", "PORT": strconv.Itoa(port),
 	})
+	f.computed, f.env = computed, env
 	f.Computed = proctest.Start(t, "computed", computed, env, "serve")
 	f.Computed.WaitHealthy(t, fmt.Sprintf("127.0.0.1:%d", port))
 	key := proctest.CreateKey(t, computed, env, Tenant, "ops", "owner")
@@ -88,6 +97,15 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	require.NoError(t, err)
 	t.Cleanup(f.DB.Close)
 	return f
+}
+
+// CreateKey creates an API key for identity with role in tenant (args:
+// more of computed iam create-key's flags, e.g. --mfa) and returns it.
+func (f *Fleet) CreateKey(tenant, identity, role string, args ...string) string {
+	f.t.Helper()
+	out := proctest.Run(f.t, f.computed, f.env, append([]string{"iam", "create-key", "--tenant", tenant, "--identity", identity, "--role", role}, args...)...)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
 }
 
 // Pool makes a site and a hosted pool of class (vps-host, metal-host)

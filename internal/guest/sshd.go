@@ -50,7 +50,10 @@ func ownProgram(argv []string) []string {
 // sshServeMain is `compute-guest ssh-serve`: the configuration from the
 // environment (then removed from it: sessions do not see it), the
 // connection on stdin and stdout.
-func sshServeMain(log *slog.Logger) int {
+func sshServeMain(*slog.Logger) int {
+	// stderr reaches the client's terminal (the tunnel's stderr frames):
+	// refusals only, which say why ssh was denied.
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	raw := os.Getenv(guestproto.SSHServeEnv)
 	_ = os.Unsetenv(guestproto.SSHServeEnv)
 	var cfg guestproto.SSHServe
