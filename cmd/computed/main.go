@@ -41,8 +41,8 @@ import (
 	"computeplane/internal/logging"
 	"computeplane/internal/nodes"
 	"computeplane/internal/pki"
-	"computeplane/internal/sshca"
 	"computeplane/internal/profiles"
+	"computeplane/internal/sshca"
 	"computeplane/internal/store"
 	"computeplane/internal/workflows"
 )
