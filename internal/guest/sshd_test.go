@@ -129,6 +129,23 @@ func TestSSHServerRunsCommands(t *testing.T) {
 	require.NoError(t, s.Run("tty; stty size; echo $TERM"))
 	assert.Regexp(t, `^/dev/pts/\d+\r\n33 101\r\nxterm-256color\r\n$`, ttyOut.String())
 
+	// ssh -L: a connection to an address the guest reaches.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		if conn, err := ln.Accept(); err == nil {
+			_, _ = conn.Write([]byte("hello from a guest port\n"))
+			conn.Close()
+		}
+	}()
+	fwd, err := c.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	greeting, err := io.ReadAll(fwd)
+	require.NoError(t, err)
+	assert.Equal(t, "hello from a guest port\n", string(greeting))
+	fwd.Close()
+
 	// A command that does not read its input ends without waiting for it.
 	s2, err := c.NewSession()
 	require.NoError(t, err)
