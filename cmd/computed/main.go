@@ -42,6 +42,7 @@ import (
 	"computeplane/internal/nodes"
 	"computeplane/internal/pki"
 	"computeplane/internal/profiles"
+	"computeplane/internal/sshca"
 	"computeplane/internal/store"
 	"computeplane/internal/workflows"
 )
@@ -174,8 +175,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 // pkiCommand runs `computed pki init`: a new bundle (CAs, join and
-// command signing keys) sealed with the service secret at SERVICE_PKI, or
-// the one already there.
+// command signing keys, SSH CA) sealed with the service secret at
+// SERVICE_PKI, or the one already there with what it lacks added.
 func pkiCommand(cfg *config.Config, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("computed pki init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -194,6 +195,9 @@ func pkiCommand(cfg *config.Config, args []string, stdout, stderr io.Writer) int
 		what = "wrote a new PKI bundle to"
 	}
 	fmt.Fprintf(stdout, "%s %s (trust domain %s, version %d, node CA %s)\n", what, cfg.PKIFile, b.TrustDomain, b.TrustVersion, pki.Fingerprint(b.NodeCA.Cert)[:16])
+	if ca, err := sshca.New(b.SSHCA, nil); err == nil {
+		fmt.Fprintf(stdout, "SSH CA (TrustedUserCAKeys): %s\n", ca.AuthorizedKey())
+	}
 	return 0
 }
 

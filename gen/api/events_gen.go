@@ -12,67 +12,68 @@ type EventSpec struct {
 
 // Event types.
 const (
-	EventSandboxVolumeCreated       = "sandbox.volume.created"
-	EventSandboxVolumeResized       = "sandbox.volume.resized"
-	EventSandboxVolumeDeleting      = "sandbox.volume.deleting"
-	EventSandboxVolumeDeleted       = "sandbox.volume.deleted"
-	EventProviderBootstrapStarted   = "provider.bootstrap.started"
-	EventProviderBootstrapInstalled = "provider.bootstrap.installed"
-	EventProviderBootstrapJoined    = "provider.bootstrap.joined"
-	EventProviderBootstrapFailed    = "provider.bootstrap.failed"
-	EventSiteCreated                = "site.created"
-	EventSiteUpdated                = "site.updated"
-	EventSiteDeleted                = "site.deleted"
-	EventSecuritySecretPut          = "security.secret.put"
-	EventSecuritySecretDeleted      = "security.secret.deleted"
-	EventWebhookPing                = "webhook.ping"
-	EventNodeCordoned               = "node.cordoned"
-	EventPoolCreated                = "pool.created"
-	EventPoolUpdated                = "pool.updated"
-	EventPoolArchived               = "pool.archived"
-	EventPoolOffered                = "pool.offered"
-	EventPoolUnoffered              = "pool.unoffered"
-	EventNodeRegistered             = "node.registered"
-	EventNodeUncordoned             = "node.uncordoned"
-	EventNodeDraining               = "node.draining"
-	EventNodeRetired                = "node.retired"
-	EventNodeDown                   = "node.down"
-	EventNodeUp                     = "node.up"
-	EventNodeLabeled                = "node.labeled"
-	EventReservationCreated         = "reservation.created"
-	EventReservationPlaced          = "reservation.placed"
-	EventReservationActive          = "reservation.active"
-	EventReservationEnded           = "reservation.ended"
-	EventReservationCancelled       = "reservation.cancelled"
-	EventReservationFailed          = "reservation.failed"
-	EventReservationPreempting      = "reservation.preempting"
-	EventReservationPreempted       = "reservation.preempted"
-	EventProjectCreated             = "project.created"
-	EventProjectUpdated             = "project.updated"
-	EventProjectDeleted             = "project.deleted"
-	EventInstanceCreated            = "instance.created"
-	EventInstanceRunning            = "instance.running"
-	EventInstanceStopped            = "instance.stopped"
-	EventInstanceFailed             = "instance.failed"
-	EventInstanceDeleted            = "instance.deleted"
-	EventInstanceEgressChanged      = "instance.egress.changed"
-	EventWorkflowStarted            = "workflow.started"
-	EventWorkflowStepSucceeded      = "workflow.step.succeeded"
-	EventWorkflowStepFailed         = "workflow.step.failed"
-	EventWorkflowSucceeded          = "workflow.succeeded"
-	EventWorkflowFailed             = "workflow.failed"
-	EventWorkflowAborted            = "workflow.aborted"
-	EventSandboxEgressChanged       = "sandbox.egress.changed"
-	EventSandboxCreated             = "sandbox.created"
-	EventSandboxRunning             = "sandbox.running"
-	EventSandboxPaused              = "sandbox.paused"
-	EventSandboxResumed             = "sandbox.resumed"
-	EventSandboxFailed              = "sandbox.failed"
-	EventSandboxDeleted             = "sandbox.deleted"
-	EventSandboxSnapshotCreated     = "sandbox.snapshot.created"
-	EventSandboxSnapshotDeleted     = "sandbox.snapshot.deleted"
-	EventTunnelOpened               = "tunnel.opened"
-	EventTunnelClosed               = "tunnel.closed"
+	EventSandboxVolumeCreated         = "sandbox.volume.created"
+	EventSandboxVolumeResized         = "sandbox.volume.resized"
+	EventSandboxVolumeDeleting        = "sandbox.volume.deleting"
+	EventSandboxVolumeDeleted         = "sandbox.volume.deleted"
+	EventProviderBootstrapStarted     = "provider.bootstrap.started"
+	EventProviderBootstrapInstalled   = "provider.bootstrap.installed"
+	EventProviderBootstrapJoined      = "provider.bootstrap.joined"
+	EventProviderBootstrapFailed      = "provider.bootstrap.failed"
+	EventSiteCreated                  = "site.created"
+	EventSiteUpdated                  = "site.updated"
+	EventSiteDeleted                  = "site.deleted"
+	EventSecuritySecretPut            = "security.secret.put"
+	EventSecuritySecretDeleted        = "security.secret.deleted"
+	EventWebhookPing                  = "webhook.ping"
+	EventNodeCordoned                 = "node.cordoned"
+	EventPoolCreated                  = "pool.created"
+	EventPoolUpdated                  = "pool.updated"
+	EventPoolArchived                 = "pool.archived"
+	EventPoolOffered                  = "pool.offered"
+	EventPoolUnoffered                = "pool.unoffered"
+	EventNodeRegistered               = "node.registered"
+	EventNodeUncordoned               = "node.uncordoned"
+	EventNodeDraining                 = "node.draining"
+	EventNodeRetired                  = "node.retired"
+	EventNodeDown                     = "node.down"
+	EventNodeUp                       = "node.up"
+	EventNodeLabeled                  = "node.labeled"
+	EventReservationCreated           = "reservation.created"
+	EventReservationPlaced            = "reservation.placed"
+	EventReservationActive            = "reservation.active"
+	EventReservationEnded             = "reservation.ended"
+	EventReservationCancelled         = "reservation.cancelled"
+	EventReservationFailed            = "reservation.failed"
+	EventReservationPreempting        = "reservation.preempting"
+	EventReservationPreempted         = "reservation.preempted"
+	EventProjectCreated               = "project.created"
+	EventProjectUpdated               = "project.updated"
+	EventProjectDeleted               = "project.deleted"
+	EventInstanceCreated              = "instance.created"
+	EventInstanceRunning              = "instance.running"
+	EventInstanceStopped              = "instance.stopped"
+	EventInstanceFailed               = "instance.failed"
+	EventInstanceDeleted              = "instance.deleted"
+	EventInstanceEgressChanged        = "instance.egress.changed"
+	EventWorkflowStarted              = "workflow.started"
+	EventWorkflowStepSucceeded        = "workflow.step.succeeded"
+	EventWorkflowStepFailed           = "workflow.step.failed"
+	EventWorkflowSucceeded            = "workflow.succeeded"
+	EventWorkflowFailed               = "workflow.failed"
+	EventWorkflowAborted              = "workflow.aborted"
+	EventSandboxEgressChanged         = "sandbox.egress.changed"
+	EventSandboxCreated               = "sandbox.created"
+	EventSandboxRunning               = "sandbox.running"
+	EventSandboxPaused                = "sandbox.paused"
+	EventSandboxResumed               = "sandbox.resumed"
+	EventSandboxFailed                = "sandbox.failed"
+	EventSandboxDeleted               = "sandbox.deleted"
+	EventSandboxSnapshotCreated       = "sandbox.snapshot.created"
+	EventSandboxSnapshotDeleted       = "sandbox.snapshot.deleted"
+	EventTunnelOpened                 = "tunnel.opened"
+	EventTunnelClosed                 = "tunnel.closed"
+	EventSecuritySshCertificateIssued = "security.ssh.certificate.issued"
 )
 
 // EventTypes is the event catalog, in catalog order.
@@ -442,6 +443,12 @@ var EventTypes = []EventSpec{
 		Module:      "tunnels",
 		Subject:     "tunnel id",
 		Type:        EventTunnelClosed,
+	},
+	{
+		Description: "tunnels.issueSshCertificate signed a user certificate (who, for what, until when; never the key itself).",
+		Module:      "tunnels",
+		Subject:     "the target's id (instance, sandbox or node)",
+		Type:        EventSecuritySshCertificateIssued,
 	},
 }
 
@@ -860,4 +867,16 @@ type TunnelClosedPayload struct {
 	BytesOut   int64  `json:"bytesOut"`
 	DurationMs int64  `json:"durationMs"`
 	ExitCode   *int64 `json:"exitCode"`
+}
+
+// SecuritySshCertificateIssuedPayload: Payload of security.ssh.certificate.issued.
+type SecuritySshCertificateIssuedPayload struct {
+	IdentityID           string   `json:"identityId"`
+	TargetKind           string   `json:"targetKind"`
+	TargetID             string   `json:"targetId"`
+	Principals           []string `json:"principals"`
+	KeyID                string   `json:"keyId"`
+	Serial               string   `json:"serial"`
+	PublicKeyFingerprint string   `json:"publicKeyFingerprint"` // SHA256:... of the certified key, as ssh-keygen -l prints it.
+	ValidBefore          string   `json:"validBefore"`
 }

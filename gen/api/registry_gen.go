@@ -3097,7 +3097,7 @@ var Methods = []*Method{
 			in := decodeTunnelsOpenInput(obj, "", iss)
 			return &in
 		},
-		Description: "Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
+		Description: "Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Kind ssh is a byte stream to the guest's SSH server (stdin frames to it, stdout frames from it), for an ssh client's ProxyCommand; it accepts certificates of tunnels.issueSshCertificate and is UNSUPPORTED unless tunnels.ssh is configured. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
 		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnsupported, CodeRateLimited, CodeUnauthenticated, CodeAccessDenied},
 		FullName:    "tunnels.open",
 		Group:       "tunnels",
@@ -3173,6 +3173,49 @@ var Methods = []*Method{
 			Type:    "tenant",
 		}},
 		Route:        "/tunnels/close",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:tunnels:ssh",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeTunnelsIssueSshCertificateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Signs publicKey (an OpenSSH public key: ed25519, ecdsa, or rsa of 2048 bits or more) with the deployment's SSH CA: a user certificate valid 5 minutes (a connection made within them lives on). For a target (a running instance or sandbox of the tenant) its principals are <account>@<targetId> and <account>@<tenantId>; the guest's SSH server, reached by a tunnel of kind ssh, accepts the first. For nodeId (break-glass, root tenant only, decided on the fleet) the principal is <account>@<nodeId>, the account one of tunnels.sshAccounts, and the caller's session must be an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED with details.reason mfa-required). At most tunnels.limits.sshCertificatesPerHour (default 20) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs. UNSUPPORTED unless tunnels.ssh is configured.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnsupported, CodeRateLimited, CodeUnauthenticated, CodeAccessDenied, CodeConfirmationRequired},
+		Events:      []string{"security.ssh.certificate.issued"},
+		FullName:    "tunnels.issueSshCertificate",
+		Group:       "tunnels",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Tunnels.IssueSshCertificate(ctx, in.(*TunnelsIssueSshCertificateInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "issueSshCertificate",
+		Phase: "v1.1",
+		Resource: &Resource{
+			Alternates: []Alternate{{
+				ResourceRef: ResourceRef{
+					IDField: "global",
+					Type:    "fleet",
+				},
+				WhenField: "nodeId",
+				WhenIn:    nil,
+			}},
+			ResourceRef: ResourceRef{
+				IDField: "tenantId",
+				Type:    "tenant",
+			},
+			RootTenantOnly: &Condition{
+				Field: "nodeId",
+				In:    nil,
+			},
+		},
+		Route:        "/tunnels/issueSshCertificate",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

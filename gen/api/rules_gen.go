@@ -1643,7 +1643,7 @@ var (
 		Pattern:   ShapeTenantId,
 		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
-	ruleTunnelsOpenInputKind = &wire.StringRule{Enum: []string{"exec", "tcp", "console"}}
+	ruleTunnelsOpenInputKind = &wire.StringRule{Enum: []string{"exec", "tcp", "console", "ssh"}}
 	ruleTunnelsOpenInputArgv = &wire.CountRule{
 		Max: 256,
 		Min: 1,
@@ -1674,6 +1674,24 @@ var (
 		MaxLength: 56,
 		Pattern:   ShapeTunnelId,
 		Words:     "a tunnel id: tun_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleTunnelsIssueSshCertificateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleTunnelsIssueSshCertificateInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleTunnelsIssueSshCertificateInputPublicKey = &wire.StringRule{
+		MaxLength: 8192,
+		MinLength: 1,
+	}
+	ruleTunnelsIssueSshCertificateInputAccount = &wire.StringRule{
+		MaxLength: 32,
+		Pattern:   regexp.MustCompile("^[a-z_][a-z0-9_-]{0,31}$"),
 	}
 	ruleUsageListInputTenantID = &wire.StringRule{
 		MaxLength: 128,

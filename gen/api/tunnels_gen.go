@@ -9,9 +9,10 @@ import (
 
 // Full names of the tunnels methods.
 const (
-	MethodTunnelsOpen  = "tunnels.open"
-	MethodTunnelsList  = "tunnels.list"
-	MethodTunnelsClose = "tunnels.close"
+	MethodTunnelsOpen                = "tunnels.open"
+	MethodTunnelsList                = "tunnels.list"
+	MethodTunnelsClose               = "tunnels.close"
+	MethodTunnelsIssueSshCertificate = "tunnels.issueSshCertificate"
 )
 
 // TunnelsOpenInput: Input of tunnels.open.
@@ -153,14 +154,67 @@ func decodeTunnelsCloseInput(obj map[string]any, path string, iss *wire.Issues) 
 	return
 }
 
+// TunnelsIssueSshCertificateInput: Input of tunnels.issueSshCertificate.
+type TunnelsIssueSshCertificateInput struct {
+	TenantID  string        `json:"tenantId"` // Tenant identifier.
+	Target    *TunnelTarget `json:"target,omitempty"`
+	NodeID    *string       `json:"nodeId,omitempty"`  // Node identifier.
+	PublicKey string        `json:"publicKey"`         // An authorized_keys line: the key to certify (its comment is ignored).
+	Account   string        `json:"account,omitempty"` // The account to log in as.
+}
+
+var fieldsTunnelsIssueSshCertificateInput = map[string]struct{}{
+	"account":   {},
+	"nodeId":    {},
+	"publicKey": {},
+	"target":    {},
+	"tenantId":  {},
+}
+
+// decodeTunnelsIssueSshCertificateInput checks obj against the schema of TunnelsIssueSshCertificateInput, collecting every issue.
+func decodeTunnelsIssueSshCertificateInput(obj map[string]any, path string, iss *wire.Issues) (out TunnelsIssueSshCertificateInput) {
+	wire.Unknown(obj, path, fieldsTunnelsIssueSshCertificateInput, iss)
+	out.Account = "root"
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleTunnelsIssueSshCertificateInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["target"]; ok {
+		if o1, ok := wire.Object(v, wire.Join(path, "target"), iss); ok {
+			x1 := decodeTunnelTarget(o1, wire.Join(path, "target"), iss)
+			out.Target = &x1
+		}
+	}
+	if v, ok := obj["nodeId"]; ok {
+		if x1, ok := wire.String(v, wire.Join(path, "nodeId"), ruleTunnelsIssueSshCertificateInputNodeID, iss); ok {
+			out.NodeID = &x1
+		}
+	}
+	if v, ok := obj["publicKey"]; !ok {
+		wire.Required(wire.Join(path, "publicKey"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "publicKey"), ruleTunnelsIssueSshCertificateInputPublicKey, iss); ok {
+		out.PublicKey = x1
+	}
+	if v, ok := obj["account"]; ok {
+		if x1, ok := wire.String(v, wire.Join(path, "account"), ruleTunnelsIssueSshCertificateInputAccount, iss); ok {
+			out.Account = x1
+		}
+	}
+	wire.ExactlyOne(obj, path, []string{"target", "nodeId"}, iss)
+	return
+}
+
 // TunnelsService implements the tunnels group: Interactive access to a running sandbox or instance through the api, a gateway and the node's daemon (docs/tunnels.md): a program with or without a terminal (exec), a TCP connection to a guest port (tcp) or the serial console (console). tunnels.open answers a ticket: a short-lived (30 s), single-use credential bound to the caller, the target, the kind and the caller's source address, redeemed by a WebSocket upgrade at GET {basePath}/tunnels/{ticket}. The group exists only when the tunnels option configures an issuer; otherwise every method is NOT_FOUND.
 type TunnelsService interface {
-	// Open: Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.
+	// Open: Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Kind ssh is a byte stream to the guest's SSH server (stdin frames to it, stdout frames from it), for an ssh client's ProxyCommand; it accepts certificates of tunnels.issueSshCertificate and is UNSUPPORTED unless tunnels.ssh is configured. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.
 	Open(ctx context.Context, in *TunnelsOpenInput) (*TunnelTicket, error)
 	// List: The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
 	List(ctx context.Context, in *TunnelsListInput) (*TunnelList, error)
 	// Close: Closes a tunnel: an unredeemed ticket is void, an open tunnel's relay ends within a second. Closing a closed or expired one returns it unchanged.
 	Close(ctx context.Context, in *TunnelsCloseInput) (*Tunnel, error)
+	// IssueSshCertificate: Signs publicKey (an OpenSSH public key: ed25519, ecdsa, or rsa of 2048 bits or more) with the deployment's SSH CA: a user certificate valid 5 minutes (a connection made within them lives on). For a target (a running instance or sandbox of the tenant) its principals are <account>@<targetId> and <account>@<tenantId>; the guest's SSH server, reached by a tunnel of kind ssh, accepts the first. For nodeId (break-glass, root tenant only, decided on the fleet) the principal is <account>@<nodeId>, the account one of tunnels.sshAccounts, and the caller's session must be an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED with details.reason mfa-required). At most tunnels.limits.sshCertificatesPerHour (default 20) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs. UNSUPPORTED unless tunnels.ssh is configured.
+	IssueSshCertificate(ctx context.Context, in *TunnelsIssueSshCertificateInput) (*SshCertificate, error)
 }
 
 // UnimplementedTunnelsService answers NOT_IMPLEMENTED for every method; embed it to implement a group bit by bit.
@@ -176,4 +230,7 @@ func (UnimplementedTunnelsService) List(context.Context, *TunnelsListInput) (*Tu
 }
 func (UnimplementedTunnelsService) Close(context.Context, *TunnelsCloseInput) (*Tunnel, error) {
 	return nil, NotImplemented(Lookup("/tunnels/close"))
+}
+func (UnimplementedTunnelsService) IssueSshCertificate(context.Context, *TunnelsIssueSshCertificateInput) (*SshCertificate, error) {
+	return nil, NotImplemented(Lookup("/tunnels/issueSshCertificate"))
 }

@@ -735,6 +735,20 @@ type SiteList struct {
 	Items  []Site  `json:"items"`
 	Cursor *string `json:"cursor"` // Next page cursor; null on the last page.
 }
+
+// SshCertificate: A user certificate of the deployment's SSH CA for the caller's public key, valid minutes.
+type SshCertificate struct {
+	Certificate string   `json:"certificate"` // The certificate in authorized_keys form (ssh-ed25519-cert-v01@openssh.com ...): save it as <key>-cert.pub, or pass it with -o CertificateFile.
+	User        string   `json:"user"`        // The account to log in as (ssh -l).
+	Principals  []string `json:"principals"`  // <account>@<instanceId|sandboxId> and <account>@<tenantId>, or <account>@<nodeId> for a node.
+	KeyID       string   `json:"keyId"`       // What servers log for the certificate.
+	Serial      string   `json:"serial"`      // The certificate's serial (decimal).
+	ValidAfter  string   `json:"validAfter"`
+	ValidBefore string   `json:"validBefore"`
+	CaPublicKey string   `json:"caPublicKey"` // The CA's public key in authorized_keys form: what an image's own sshd trusts (TrustedUserCAKeys).
+	HostName    string   `json:"hostName"`    // The name the target's SSH server presents a host certificate for (its id): ssh -o HostKeyAlias=<hostName>.
+	KnownHosts  string   `json:"knownHosts"`  // A known_hosts line trusting the CA's host certificates for hostName (@cert-authority).
+}
 type SupportBundle struct {
 	BundleID          string  `json:"bundleId"`    // Support bundle identifier.
 	TenantID          string  `json:"tenantId"`    // Tenant identifier.

@@ -1730,13 +1730,13 @@ var Groups = []cliruntime.Group{
 		Methods: []cliruntime.Method{
 			{
 				Name:        "open",
-				Description: "Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
+				Description: "Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Kind ssh is a byte stream to the guest's SSH server (stdin frames to it, stdout frames from it), for an ssh client's ProxyCommand; it accepts certificates of tunnels.issueSshCertificate and is UNSUPPORTED unless tunnels.ssh is configured. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
 				Kind:        "mutation",
 				Action:      "compute:tunnels:manage",
 				Flags: []cliruntime.Flag{
 					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
 					{Name: "target", Field: "target", Type: cliruntime.JSON, Required: true},
-					{Name: "kind", Field: "kind", Type: cliruntime.String, Required: true, Enum: []string{"exec", "tcp", "console"}},
+					{Name: "kind", Field: "kind", Type: cliruntime.String, Required: true, Enum: []string{"exec", "tcp", "console", "ssh"}},
 					{Name: "argv", Field: "argv", Type: cliruntime.JSON, Help: "The program (exec, required there; INVALID_INPUT with the other kinds)."},
 					{Name: "env", Field: "env", Type: cliruntime.JSON, Help: "The program's environment (exec)."},
 					{Name: "tty", Field: "tty", Type: cliruntime.Bool, Default: "false", Help: "Run the program on a pseudo-terminal (exec)."},
@@ -1775,6 +1775,23 @@ var Groups = []cliruntime.Group{
 				},
 				Call: func(ctx context.Context, c *client.Client) error {
 					_, err := c.TunnelsClose(ctx, new(client.TunnelsCloseInput))
+					return err
+				},
+			},
+			{
+				Name:        "issueSshCertificate",
+				Description: "Signs publicKey (an OpenSSH public key: ed25519, ecdsa, or rsa of 2048 bits or more) with the deployment's SSH CA: a user certificate valid 5 minutes (a connection made within them lives on). For a target (a running instance or sandbox of the tenant) its principals are <account>@<targetId> and <account>@<tenantId>; the guest's SSH server, reached by a tunnel of kind ssh, accepts the first. For nodeId (break-glass, root tenant only, decided on the fleet) the principal is <account>@<nodeId>, the account one of tunnels.sshAccounts, and the caller's session must be an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED with details.reason mfa-required). At most tunnels.limits.sshCertificatesPerHour (default 20) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs. UNSUPPORTED unless tunnels.ssh is configured.",
+				Kind:        "mutation",
+				Action:      "compute:tunnels:ssh",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "target", Field: "target", Type: cliruntime.JSON},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Help: "Node identifier."},
+					{Name: "public-key", Field: "publicKey", Type: cliruntime.String, Required: true, Help: "An authorized_keys line: the key to certify (its comment is ignored)."},
+					{Name: "account", Field: "account", Type: cliruntime.String, Default: "root", Help: "The account to log in as."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.TunnelsIssueSshCertificate(ctx, new(client.TunnelsIssueSshCertificateInput))
 					return err
 				},
 			},

@@ -30,6 +30,7 @@ var regexMap = map[string]ogenregex.Regexp{
 	"^[a-z][a-z0-9-]{0,62}$":                                ogenregex.MustCompile("^[a-z][a-z0-9-]{0,62}$"),
 	"^[a-z][a-z0-9-]{0,63}$":                                ogenregex.MustCompile("^[a-z][a-z0-9-]{0,63}$"),
 	"^[a-z][a-z0-9_.-]{0,127}$":                             ogenregex.MustCompile("^[a-z][a-z0-9_.-]{0,127}$"),
+	"^[a-z_][a-z0-9_-]{0,31}$":                              ogenregex.MustCompile("^[a-z_][a-z0-9_-]{0,31}$"),
 	"^dlv_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^dlv_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^inst_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^inst_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^node_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^node_[0-9a-hjkmnp-tv-z]{26,52}$"),

@@ -1261,6 +1261,25 @@ type TunnelsInvoker interface {
 	//
 	// POST /tunnels/close
 	TunnelsClose(ctx context.Context, request *TunnelsCloseInput) (*TunnelsCloseResult, error)
+	// TunnelsIssueSshCertificate invokes tunnelsIssueSshCertificate operation.
+	//
+	// Signs publicKey (an OpenSSH public key: ed25519, ecdsa, or rsa of 2048 bits or more) with the
+	// deployment's SSH CA: a user certificate valid 5 minutes (a connection made within them lives on).
+	// For a target (a running instance or sandbox of the tenant) its principals are @ and @; the guest's
+	// SSH server, reached by a tunnel of kind ssh, accepts the first. For nodeId (break-glass, root tenant
+	// only, decided on the fleet) the principal is @, the account one of tunnels.sshAccounts, and the
+	// caller's session must be an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED
+	// with details.reason mfa-required). At most tunnels.limits.sshCertificatesPerHour (default 20) per
+	// identity and api replica: beyond, RATE_LIMITED with retryAfterMs. UNSUPPORTED unless tunnels.ssh is
+	// configured.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:tunnels:ssh on tenant/tenantId alt=fleet/global
+	// when nodeId. Publishes security.ssh.certificate.issued. Errors: INVALID_INPUT (400), NOT_FOUND
+	// (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403), CONFIRMATION_REQUIRED (403).
+	//
+	// POST /tunnels/issueSshCertificate
+	TunnelsIssueSshCertificate(ctx context.Context, request *TunnelsIssueSshCertificateInput) (*TunnelsIssueSshCertificateResult, error)
 	// TunnelsList invokes tunnelsList operation.
 	//
 	// The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
@@ -1277,15 +1296,17 @@ type TunnelsInvoker interface {
 	// pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout.
 	// Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a
 	// network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the
-	// last 64 KiB of its log (the boot), then its output live, stdin typed on it. Answers a ticket to
-	// redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the
-	// WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the
-	// exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D
-	// under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP,
-	// INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground
-	// job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
-	// tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
-	// retryAfterMs.
+	// last 64 KiB of its log (the boot), then its output live, stdin typed on it. Kind ssh is a byte
+	// stream to the guest's SSH server (stdin frames to it, stdout frames from it), for an ssh client's
+	// ProxyCommand; it accepts certificates of tunnels.issueSshCertificate and is UNSUPPORTED unless
+	// tunnels.ssh is configured. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from
+	// the caller's source address. Frames on the WebSocket are binary messages whose first byte says what
+	// follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end
+	// of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with
+	// tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec;
+	// under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or
+	// an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api
+	// replica: beyond, RATE_LIMITED with retryAfterMs.
 	//
 	// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
 	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429),
@@ -11040,6 +11061,109 @@ func (c *Client) sendTunnelsClose(ctx context.Context, request *TunnelsCloseInpu
 	return result, nil
 }
 
+// TunnelsIssueSshCertificate invokes tunnelsIssueSshCertificate operation.
+//
+// Signs publicKey (an OpenSSH public key: ed25519, ecdsa, or rsa of 2048 bits or more) with the
+// deployment's SSH CA: a user certificate valid 5 minutes (a connection made within them lives on).
+// For a target (a running instance or sandbox of the tenant) its principals are @ and @; the guest's
+// SSH server, reached by a tunnel of kind ssh, accepts the first. For nodeId (break-glass, root tenant
+// only, decided on the fleet) the principal is @, the account one of tunnels.sshAccounts, and the
+// caller's session must be an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED
+// with details.reason mfa-required). At most tunnels.limits.sshCertificatesPerHour (default 20) per
+// identity and api replica: beyond, RATE_LIMITED with retryAfterMs. UNSUPPORTED unless tunnels.ssh is
+// configured.
+//
+// Served since v1.1. Kind: mutation. Action compute:tunnels:ssh on tenant/tenantId alt=fleet/global
+// when nodeId. Publishes security.ssh.certificate.issued. Errors: INVALID_INPUT (400), NOT_FOUND
+// (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403), CONFIRMATION_REQUIRED (403).
+//
+// POST /tunnels/issueSshCertificate
+func (c *Client) TunnelsIssueSshCertificate(ctx context.Context, request *TunnelsIssueSshCertificateInput) (*TunnelsIssueSshCertificateResult, error) {
+	res, err := c.sendTunnelsIssueSshCertificate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsIssueSshCertificate(ctx context.Context, request *TunnelsIssueSshCertificateInput) (res *TunnelsIssueSshCertificateResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/issueSshCertificate"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsIssueSshCertificateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsIssueSshCertificateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsIssueSshCertificateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsIssueSshCertificateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
 // TunnelsList invokes tunnelsList operation.
 //
 // The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
@@ -11140,15 +11264,17 @@ func (c *Client) sendTunnelsList(ctx context.Context, request *TunnelsListInput)
 // pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout.
 // Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a
 // network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the
-// last 64 KiB of its log (the boot), then its output live, stdin typed on it. Answers a ticket to
-// redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the
-// WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the
-// exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D
-// under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP,
-// INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground
-// job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most
-// tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with
-// retryAfterMs.
+// last 64 KiB of its log (the boot), then its output live, stdin typed on it. Kind ssh is a byte
+// stream to the guest's SSH server (stdin frames to it, stdout frames from it), for an ssh client's
+// ProxyCommand; it accepts certificates of tunnels.issueSshCertificate and is UNSUPPORTED unless
+// tunnels.ssh is configured. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from
+// the caller's source address. Frames on the WebSocket are binary messages whose first byte says what
+// follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end
+// of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with
+// tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec;
+// under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or
+// an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api
+// replica: beyond, RATE_LIMITED with retryAfterMs.
 //
 // Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
 // INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNSUPPORTED (422), RATE_LIMITED (429),

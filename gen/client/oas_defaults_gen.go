@@ -219,6 +219,14 @@ func (s *SupportBundlesListInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *TunnelsIssueSshCertificateInput) setDefaults() {
+	{
+		val := string("root")
+		s.Account.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *TunnelsListInput) setDefaults() {
 	{
 		val := bool(false)

@@ -1410,6 +1410,20 @@ func encodeTunnelsCloseRequest(
 	return nil
 }
 
+func encodeTunnelsIssueSshCertificateRequest(
+	req *TunnelsIssueSshCertificateInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodeTunnelsListRequest(
 	req *TunnelsListInput,
 	r *http.Request,

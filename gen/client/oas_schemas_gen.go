@@ -6133,6 +6133,52 @@ func (o OptTerminalSize) Or(d TerminalSize) TerminalSize {
 	return d
 }
 
+// NewOptTunnelTarget returns new OptTunnelTarget with value set to v.
+func NewOptTunnelTarget(v TunnelTarget) OptTunnelTarget {
+	return OptTunnelTarget{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptTunnelTarget is optional TunnelTarget.
+type OptTunnelTarget struct {
+	Value TunnelTarget
+	Set   bool
+}
+
+// IsSet returns true if OptTunnelTarget was set.
+func (o OptTunnelTarget) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptTunnelTarget) Reset() {
+	var v TunnelTarget
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptTunnelTarget) SetTo(v TunnelTarget) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptTunnelTarget) Get() (v TunnelTarget, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptTunnelTarget) Or(d TunnelTarget) TunnelTarget {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptTunnelsOpenInputEnv returns new OptTunnelsOpenInputEnv with value set to v.
 func NewOptTunnelsOpenInputEnv(v TunnelsOpenInputEnv) OptTunnelsOpenInputEnv {
 	return OptTunnelsOpenInputEnv{
@@ -15230,6 +15276,130 @@ func (s *SitesUpdateResult) SetData(val Site) {
 	s.Data = val
 }
 
+// A user certificate of the deployment's SSH CA for the caller's public key, valid minutes.
+// Ref: #/components/schemas/SshCertificate
+type SshCertificate struct {
+	// The CA's public key in authorized_keys form: what an image's own sshd trusts (TrustedUserCAKeys).
+	CaPublicKey string `json:"caPublicKey"`
+	// The certificate in authorized_keys form (ssh-ed25519-cert-v01@openssh.com ...): save it as
+	// -cert.pub, or pass it with -o CertificateFile.
+	Certificate string `json:"certificate"`
+	// The name the target's SSH server presents a host certificate for (its id): ssh -o HostKeyAlias=.
+	HostName string `json:"hostName"`
+	// What servers log for the certificate.
+	KeyId string `json:"keyId"`
+	// A known_hosts line trusting the CA's host certificates for hostName (@cert-authority).
+	KnownHosts string `json:"knownHosts"`
+	// @<instanceId|sandboxId> and @, or @ for a node.
+	Principals []string `json:"principals"`
+	// The certificate's serial (decimal).
+	Serial string `json:"serial"`
+	// The account to log in as (ssh -l).
+	User        string    `json:"user"`
+	ValidAfter  time.Time `json:"validAfter"`
+	ValidBefore time.Time `json:"validBefore"`
+}
+
+// GetCaPublicKey returns the value of CaPublicKey.
+func (s *SshCertificate) GetCaPublicKey() string {
+	return s.CaPublicKey
+}
+
+// GetCertificate returns the value of Certificate.
+func (s *SshCertificate) GetCertificate() string {
+	return s.Certificate
+}
+
+// GetHostName returns the value of HostName.
+func (s *SshCertificate) GetHostName() string {
+	return s.HostName
+}
+
+// GetKeyId returns the value of KeyId.
+func (s *SshCertificate) GetKeyId() string {
+	return s.KeyId
+}
+
+// GetKnownHosts returns the value of KnownHosts.
+func (s *SshCertificate) GetKnownHosts() string {
+	return s.KnownHosts
+}
+
+// GetPrincipals returns the value of Principals.
+func (s *SshCertificate) GetPrincipals() []string {
+	return s.Principals
+}
+
+// GetSerial returns the value of Serial.
+func (s *SshCertificate) GetSerial() string {
+	return s.Serial
+}
+
+// GetUser returns the value of User.
+func (s *SshCertificate) GetUser() string {
+	return s.User
+}
+
+// GetValidAfter returns the value of ValidAfter.
+func (s *SshCertificate) GetValidAfter() time.Time {
+	return s.ValidAfter
+}
+
+// GetValidBefore returns the value of ValidBefore.
+func (s *SshCertificate) GetValidBefore() time.Time {
+	return s.ValidBefore
+}
+
+// SetCaPublicKey sets the value of CaPublicKey.
+func (s *SshCertificate) SetCaPublicKey(val string) {
+	s.CaPublicKey = val
+}
+
+// SetCertificate sets the value of Certificate.
+func (s *SshCertificate) SetCertificate(val string) {
+	s.Certificate = val
+}
+
+// SetHostName sets the value of HostName.
+func (s *SshCertificate) SetHostName(val string) {
+	s.HostName = val
+}
+
+// SetKeyId sets the value of KeyId.
+func (s *SshCertificate) SetKeyId(val string) {
+	s.KeyId = val
+}
+
+// SetKnownHosts sets the value of KnownHosts.
+func (s *SshCertificate) SetKnownHosts(val string) {
+	s.KnownHosts = val
+}
+
+// SetPrincipals sets the value of Principals.
+func (s *SshCertificate) SetPrincipals(val []string) {
+	s.Principals = val
+}
+
+// SetSerial sets the value of Serial.
+func (s *SshCertificate) SetSerial(val string) {
+	s.Serial = val
+}
+
+// SetUser sets the value of User.
+func (s *SshCertificate) SetUser(val string) {
+	s.User = val
+}
+
+// SetValidAfter sets the value of ValidAfter.
+func (s *SshCertificate) SetValidAfter(val time.Time) {
+	s.ValidAfter = val
+}
+
+// SetValidBefore sets the value of ValidBefore.
+func (s *SshCertificate) SetValidBefore(val time.Time) {
+	s.ValidBefore = val
+}
+
 // Ref: #/components/schemas/SupportBundle
 type SupportBundle struct {
 	// Support bundle identifier.
@@ -15992,6 +16162,7 @@ const (
 	TunnelKindExec    TunnelKind = "exec"
 	TunnelKindTCP     TunnelKind = "tcp"
 	TunnelKindConsole TunnelKind = "console"
+	TunnelKindSSH     TunnelKind = "ssh"
 )
 
 // AllValues returns all TunnelKind values.
@@ -16000,6 +16171,7 @@ func (TunnelKind) AllValues() []TunnelKind {
 		TunnelKindExec,
 		TunnelKindTCP,
 		TunnelKindConsole,
+		TunnelKindSSH,
 	}
 }
 
@@ -16011,6 +16183,8 @@ func (s TunnelKind) MarshalText() ([]byte, error) {
 	case TunnelKindTCP:
 		return []byte(s), nil
 	case TunnelKindConsole:
+		return []byte(s), nil
+	case TunnelKindSSH:
 		return []byte(s), nil
 	default:
 		return nil, errors.Errorf("invalid value: %q", s)
@@ -16028,6 +16202,9 @@ func (s *TunnelKind) UnmarshalText(data []byte) error {
 		return nil
 	case TunnelKindConsole:
 		*s = TunnelKindConsole
+		return nil
+	case TunnelKindSSH:
+		*s = TunnelKindSSH
 		return nil
 	default:
 		return errors.Errorf("invalid value: %q", data)
@@ -16258,6 +16435,87 @@ func (s *TunnelsCloseResult) SetData(val Tunnel) {
 	s.Data = val
 }
 
+// Input of tunnels.issueSshCertificate. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT. Give exactly one of target, nodeId.
+// Ref: #/components/schemas/TunnelsIssueSshCertificateInput
+type TunnelsIssueSshCertificateInput struct {
+	// The account to log in as.
+	Account OptString `json:"account"`
+	// Node identifier.
+	NodeId OptString `json:"nodeId"`
+	// An authorized_keys line: the key to certify (its comment is ignored).
+	PublicKey string          `json:"publicKey"`
+	Target    OptTunnelTarget `json:"target"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetAccount returns the value of Account.
+func (s *TunnelsIssueSshCertificateInput) GetAccount() OptString {
+	return s.Account
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *TunnelsIssueSshCertificateInput) GetNodeId() OptString {
+	return s.NodeId
+}
+
+// GetPublicKey returns the value of PublicKey.
+func (s *TunnelsIssueSshCertificateInput) GetPublicKey() string {
+	return s.PublicKey
+}
+
+// GetTarget returns the value of Target.
+func (s *TunnelsIssueSshCertificateInput) GetTarget() OptTunnelTarget {
+	return s.Target
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsIssueSshCertificateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetAccount sets the value of Account.
+func (s *TunnelsIssueSshCertificateInput) SetAccount(val OptString) {
+	s.Account = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *TunnelsIssueSshCertificateInput) SetNodeId(val OptString) {
+	s.NodeId = val
+}
+
+// SetPublicKey sets the value of PublicKey.
+func (s *TunnelsIssueSshCertificateInput) SetPublicKey(val string) {
+	s.PublicKey = val
+}
+
+// SetTarget sets the value of Target.
+func (s *TunnelsIssueSshCertificateInput) SetTarget(val OptTunnelTarget) {
+	s.Target = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsIssueSshCertificateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of tunnels.issueSshCertificate.
+// Ref: #/components/schemas/TunnelsIssueSshCertificateResult
+type TunnelsIssueSshCertificateResult struct {
+	Data SshCertificate `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsIssueSshCertificateResult) GetData() SshCertificate {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsIssueSshCertificateResult) SetData(val SshCertificate) {
+	s.Data = val
+}
+
 // Input of tunnels.list. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
 // Ref: #/components/schemas/TunnelsListInput
 type TunnelsListInput struct {
@@ -16418,6 +16676,7 @@ const (
 	TunnelsOpenInputKindExec    TunnelsOpenInputKind = "exec"
 	TunnelsOpenInputKindTCP     TunnelsOpenInputKind = "tcp"
 	TunnelsOpenInputKindConsole TunnelsOpenInputKind = "console"
+	TunnelsOpenInputKindSSH     TunnelsOpenInputKind = "ssh"
 )
 
 // AllValues returns all TunnelsOpenInputKind values.
@@ -16426,6 +16685,7 @@ func (TunnelsOpenInputKind) AllValues() []TunnelsOpenInputKind {
 		TunnelsOpenInputKindExec,
 		TunnelsOpenInputKindTCP,
 		TunnelsOpenInputKindConsole,
+		TunnelsOpenInputKindSSH,
 	}
 }
 
@@ -16437,6 +16697,8 @@ func (s TunnelsOpenInputKind) MarshalText() ([]byte, error) {
 	case TunnelsOpenInputKindTCP:
 		return []byte(s), nil
 	case TunnelsOpenInputKindConsole:
+		return []byte(s), nil
+	case TunnelsOpenInputKindSSH:
 		return []byte(s), nil
 	default:
 		return nil, errors.Errorf("invalid value: %q", s)
@@ -16454,6 +16716,9 @@ func (s *TunnelsOpenInputKind) UnmarshalText(data []byte) error {
 		return nil
 	case TunnelsOpenInputKindConsole:
 		*s = TunnelsOpenInputKindConsole
+		return nil
+	case TunnelsOpenInputKindSSH:
+		*s = TunnelsOpenInputKindSSH
 		return nil
 	default:
 		return errors.Errorf("invalid value: %q", data)

@@ -31,6 +31,9 @@ func (a *Agent) serveTunnel(st net.Conn) {
 		exit(-1, "a tunnel's open frame is JSON")
 		return
 	}
+	if o.Kind == tunnel.KindSSH {
+		o = sshExec(o) // the guest's SSH server, on the program's stdin and stdout
+	}
 	rt, ok := a.o.Runtime.(vmruntime.Streams)
 	if !ok {
 		exit(-1, "this node's runtime has no guests to reach")

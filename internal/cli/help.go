@@ -19,6 +19,7 @@ func writeMainHelp(w io.Writer, groups []Group) {
 	for _, c := range tunnelCommands {
 		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
 	}
+	fmt.Fprintf(tw, "  ssh\t%s\n", sshSummary)
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "Groups:")
 	for _, g := range groups {

@@ -98,6 +98,9 @@ type Streams struct {
 // environment (SERVICE_URL, SERVICE_BASE_PATH, SERVICE_TOKEN,
 // SERVICE_TENANT).
 func Run(ctx context.Context, groups []Group, args []string, getenv func(string) string, s Streams) int {
+	if code, ok := runTerminalCommand(ctx, groups, args, getenv, s); ok {
+		return code // ssh (ssh.go)
+	}
 	inv, err := parse(groups, args)
 	if err != nil {
 		fmt.Fprintf(s.Stderr, "error: %v\n", err)

@@ -37,8 +37,10 @@ type Fleet struct {
 	DB        *pgxpool.Pool
 	Computed  *proctest.Process
 	PublicURL string
-	agentBin  string
-	// computed and env make more keys (Client).
+	// PKIFile is the deployment's sealed PKI bundle (testenv.TestSecret).
+	PKIFile  string
+	agentBin string
+	// computed and env make more keys (Client, CreateKey).
 	computed string
 	env      []string
 	agentEnv map[string]string
@@ -49,6 +51,7 @@ type Option func(*options)
 
 type options struct {
 	tunnels  bool
+	ssh      bool
 	env      map[string]string
 	agentEnv map[string]string
 }
@@ -64,6 +67,9 @@ func AgentEnv(vars map[string]string) Option { return func(o *options) { o.agent
 // gateway's internal API they relay through.
 func Tunnels() Option { return func(o *options) { o.tunnels = true } }
 
+// SSH configures tunnels with SSH (tunnels.ssh: true).
+func SSH() Option { return func(o *options) { o.tunnels, o.ssh = true, true } }
+
 // Start runs computed with every role on a fresh database; extraConfig is
 // appended to its configuration file (after the gateway option).
 func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
@@ -77,6 +83,7 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	computed := proctest.Build(t, "computeplane/cmd/computed")
 	f := &Fleet{t: t, agentBin: proctest.Build(t, "computeplane/cmd/compute-agent"), agentEnv: o.agentEnv}
 	pkiFile := filepath.Join(dir, "pki.json")
+	f.PKIFile = pkiFile
 	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "fleet.local")
 	require.NoError(t, err)
 	port, gwPort := testenv.FreePort(t), testenv.FreePort(t)
@@ -84,7 +91,7 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	internal := ""
 	if o.tunnels {
 		internal = fmt.Sprintf(", internalListen: \"127.0.0.1:%d\"", testenv.FreePort(t))
-		extraConfig += fmt.Sprintf("tunnels: {issuer: %q}\n", f.PublicURL)
+		extraConfig += fmt.Sprintf("tunnels: {issuer: %q, ssh: %t}\n", f.PublicURL, o.ssh)
 	}
 	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000%s}\n%s",
 		gwPort, gwPort, internal, extraConfig))
@@ -120,6 +127,15 @@ func (f *Fleet) Client(tenant string) *computeclient.Client {
 		computeclient.WithHTTPClient(&http.Client{Timeout: 60 * time.Second}))
 	require.NoError(t, err)
 	return c
+}
+
+// CreateKey creates an API key for identity with role in tenant (args:
+// more of computed iam create-key's flags, e.g. --mfa) and returns it.
+func (f *Fleet) CreateKey(tenant, identity, role string, args ...string) string {
+	f.t.Helper()
+	out := proctest.Run(f.t, f.computed, f.env, append([]string{"iam", "create-key", "--tenant", tenant, "--identity", identity, "--role", role}, args...)...)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
 }
 
 // Pool makes a site and a hosted pool of class (vps-host, metal-host)

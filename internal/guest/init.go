@@ -32,6 +32,9 @@ const ModulesFile = "/etc/compute-guest/modules"
 // port loop, forever (an init must not exit).
 func Main() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if len(os.Args) > 1 && os.Args[1] == sshServeCommand {
+		return sshServeMain(log) // one SSH connection on stdin and stdout (sshd.go)
+	}
 	pid1 := os.Getpid() == 1
 	if pid1 {
 		// The kernel starts init with no PATH.

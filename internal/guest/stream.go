@@ -106,7 +106,8 @@ func (a *Agent) start(port io.Writer, r guestproto.Request, p *proc) {
 }
 
 func (a *Agent) command(e *guestproto.Exec) *exec.Cmd {
-	cmd := exec.Command(e.Argv[0], e.Argv[1:]...)
+	argv := ownProgram(e.Argv) // the SSH server is compute-guest itself
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = e.Dir
 	cmd.Env = a.environ(e.Env)
 	return cmd

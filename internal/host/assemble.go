@@ -85,6 +85,7 @@ type assembly struct {
 	services      *api.Services
 	reservations  *reservations.Service
 	sandboxes     *sandboxes.Service
+	tunnels       *tunnels.Service
 	secrets       *secrets.Service
 	providerAccts *provideraccounts.Service
 	bundles       *supportbundles.Service
@@ -180,6 +181,7 @@ func (a *assembly) groupServices(ov Overrides) error {
 	if a.bundles, err = supportBundlesService(cfg, st); err != nil {
 		return err
 	}
+	a.tunnels = tunnelsService(cfg, a.bundle)
 	a.services = &api.Services{
 		ProviderAccounts: a.providerAccts,
 		System:           sys,
@@ -206,7 +208,7 @@ func (a *assembly) groupServices(ov Overrides) error {
 		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
 		Workflows:        workflows.Service{},
 		Profiles:         &profiles.Service{Cursors: a.cursors},
-		Tunnels:          tunnelsService(cfg),
+		Tunnels:          a.tunnels,
 	}
 	sys.WithChecks(
 		system.CatalogCheck(a.services),
@@ -229,11 +231,14 @@ func (a *assembly) groupServices(ov Overrides) error {
 }
 
 // tunnelsService is the tunnels group: absent (NOT_FOUND) without the
-// tunnels option.
-func tunnelsService(cfg *config.Config) *tunnels.Service {
+// tunnels option; its SSH side (the bundle's SSH CA) with tunnels.ssh.
+func tunnelsService(cfg *config.Config, bundle func() (*pki.Bundle, error)) *tunnels.Service {
 	s := &tunnels.Service{BasePath: cfg.BasePath}
 	if t := cfg.Tunnels; t != nil {
 		s.Issuer, s.PerMinute = t.Issuer, t.Limits.TunnelsPerMinute
+		if t.SSH {
+			s.SSH = &tunnels.SSH{Bundle: bundle, RequiresMFA: t.SSHRequiresMFA, Accounts: t.SSHAccounts, PerHour: t.Limits.SSHCertificatesPerHour}
+		}
 	}
 	return s
 }
@@ -437,7 +442,7 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 	}
 	if cfg.Tunnels != nil {
 		// Mounted only with an issuer (the tunnels option requires one).
-		opts.Tunnels = &tunnels.Relay{Store: a.st, Gateways: a.internalAPI, Notifier: a.notifier, Log: log.With("module", "tunnels")}
+		opts.Tunnels = &tunnels.Relay{Store: a.st, Gateways: a.internalAPI, Notifier: a.notifier, Log: log.With("module", "tunnels"), SSH: a.tunnels.SSH}
 	}
 	if ev := cfg.IAM.Events; ev != nil {
 		// Identity-service events signed with the configured secret feed

@@ -33,7 +33,6 @@ func refuseUnbuilt(cfg *config.Config) error {
 		set    bool
 		phase  string
 	}{
-		{"tunnels.ssh", cfg.Tunnels != nil && cfg.Tunnels.SSH, "SSH tunnels and certificates are not built yet (exec tunnels are)"},
 		{"downloads", cfg.Downloads != nil, "daemon downloads are not served yet"},
 		{"modules", len(cfg.Modules) > 0, "extra modules are not built yet"},
 		{"plugins", len(cfg.Plugins) > 0, "plugins are not built yet"},

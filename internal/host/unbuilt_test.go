@@ -10,15 +10,17 @@ import (
 	"computeplane/internal/config"
 )
 
-// Exec tunnels are built: the option starts; SSH is not yet and is refused.
-func TestTunnelsOptionAcceptedButSSHRefused(t *testing.T) {
+// Tunnels are built, SSH included: the options start.
+func TestTunnelsOptionAccepted(t *testing.T) {
 	cfg := &config.Config{Tunnels: &config.Tunnels{Issuer: "http://localhost:3000"}}
 	require.NoError(t, CheckBuilt(cfg, builtin.All()))
 	cfg.Tunnels.SSH = true
-	err := CheckBuilt(cfg, builtin.All())
+	require.NoError(t, CheckBuilt(cfg, builtin.All()))
+
+	cfg.Downloads = &config.Downloads{}
 	var ce *config.Error
-	require.ErrorAs(t, err, &ce)
-	assert.Equal(t, "tunnels.ssh", ce.Option)
+	require.ErrorAs(t, CheckBuilt(cfg, builtin.All()), &ce, "an option not built is still refused")
+	assert.Equal(t, "downloads", ce.Option)
 }
 
 // Support bundles are built: the option starts with the blob store's

@@ -1,7 +1,8 @@
 // Package pki owns the deployment's certificate authorities and signing
 // keys: the node CA (client certificates of node daemons), the gateway
 // serving CA, the internal CA (the gateways' control API), the join
-// service's key (join tokens are sealed to it) and the command signing key.
+// service's key (join tokens are sealed to it), the command signing key
+// and the SSH certificate authority (tunnels' SSH certificates, internal/sshca).
 // A bundle is generated once (`computed pki init`, or by the first start
 // of `make run`) and kept sealed with the service secret in SERVICE_PKI.
 //
@@ -67,6 +68,10 @@ type Bundle struct {
 	Join *ecdsa.PrivateKey
 	// CommandSigning signs commands to daemons.
 	CommandSigning ed25519.PrivateKey
+	// SSHCA signs the SSH certificates of tunnels (users) and the host
+	// certificates of the SSH servers they reach. Nil in a bundle written
+	// before it existed: `computed pki init` adds it (AddMissing).
+	SSHCA ed25519.PrivateKey
 }
 
 // Generate makes a new bundle for trustDomain (DefaultTrustDomain when
@@ -92,6 +97,9 @@ func Generate(trustDomain string) (*Bundle, error) {
 		return nil, err
 	}
 	if _, b.CommandSigning, err = ed25519.GenerateKey(rand.Reader); err != nil {
+		return nil, err
+	}
+	if _, b.SSHCA, err = ed25519.GenerateKey(rand.Reader); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -184,6 +192,7 @@ type fileBundle struct {
 	InternalCA     pair   `json:"internalCa"`
 	Join           string `json:"join"`
 	CommandSigning string `json:"commandSigning"`
+	SSHCA          string `json:"sshCa,omitempty"`
 }
 
 type pair struct {
@@ -232,6 +241,11 @@ func (b *Bundle) Seal(secret string) ([]byte, error) {
 	}
 	if fb.CommandSigning, err = keyPEM(b.CommandSigning); err != nil {
 		return nil, err
+	}
+	if b.SSHCA != nil {
+		if fb.SSHCA, err = keyPEM(b.SSHCA); err != nil {
+			return nil, err
+		}
 	}
 	plain, err := json.Marshal(fb)
 	if err != nil {
@@ -305,6 +319,15 @@ func Open(secret string, data []byte) (*Bundle, error) {
 	if b.CommandSigning, ok = cmd.(ed25519.PrivateKey); !ok {
 		return nil, errors.New("pki: the command signing key is not Ed25519")
 	}
+	if fb.SSHCA != "" {
+		k, err := parseKey(fb.SSHCA)
+		if err != nil {
+			return nil, err
+		}
+		if b.SSHCA, ok = k.(ed25519.PrivateKey); !ok {
+			return nil, errors.New("pki: the SSH CA key is not Ed25519")
+		}
+	}
 	return b, nil
 }
 
@@ -344,11 +367,19 @@ func Fingerprint(c *x509.Certificate) string {
 }
 
 // Init writes a new bundle to path, sealed with secret, unless one is
-// there already; it returns the bundle at path and whether it made it.
+// there already; it returns the bundle at path and whether it made it. A
+// bundle there already gets the materials it lacks (AddMissing) written
+// back: a bundle of an older release gains its SSH CA.
 func Init(path, secret, trustDomain string) (*Bundle, bool, error) {
 	if data, err := os.ReadFile(path); err == nil {
 		b, err := Open(secret, data)
-		return b, false, err
+		if err != nil {
+			return nil, false, err
+		}
+		if added, err := b.AddMissing(); err != nil || len(added) == 0 {
+			return b, false, err
+		}
+		return b, false, write(path, secret, b)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, false, err
 	}
@@ -356,18 +387,37 @@ func Init(path, secret, trustDomain string) (*Bundle, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
+	return b, true, write(path, secret, b)
+}
+
+// AddMissing generates the materials a bundle of an older release lacks
+// (the SSH CA) and names them. Only `computed pki init` calls it, once, so
+// that the replicas of a deployment never make different ones.
+func (b *Bundle) AddMissing() ([]string, error) {
+	var added []string
+	if b.SSHCA == nil {
+		var err error
+		if _, b.SSHCA, err = ed25519.GenerateKey(rand.Reader); err != nil {
+			return nil, err
+		}
+		added = append(added, "SSH CA")
+	}
+	return added, nil
+}
+
+func write(path, secret string, b *Bundle) error {
 	sealed, err := b.Seal(secret)
 	if err != nil {
-		return nil, false, err
+		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, false, err
+		return err
 	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, sealed, 0o600); err != nil {
-		return nil, false, err
+		return err
 	}
-	return b, true, os.Rename(tmp, path)
+	return os.Rename(tmp, path)
 }
 
 // ErrNoBundle is the answer of a Loader whose file does not exist.

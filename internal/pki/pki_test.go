@@ -82,6 +82,8 @@ func TestSealedBundle(t *testing.T) {
 	assert.Equal(t, pki.Fingerprint(b.NodeCA.Cert), pki.Fingerprint(again.NodeCA.Cert))
 	assert.True(t, b.CommandSigning.Equal(again.CommandSigning))
 	assert.True(t, b.Join.Equal(again.Join))
+	require.NotNil(t, b.SSHCA)
+	assert.True(t, b.SSHCA.Equal(again.SSHCA))
 
 	_, err = pki.Open(secret+"x", raw)
 	assert.ErrorIs(t, err, pki.ErrSealed, "another secret")
@@ -90,4 +92,34 @@ func TestSealedBundle(t *testing.T) {
 	assert.Error(t, err, "a changed file")
 	_, err = pki.Generate("Not A Domain")
 	assert.Error(t, err)
+}
+
+// A bundle of a release before the SSH CA opens without one; pki init
+// adds one, once, and keeps everything else.
+func TestInitAddsTheSSHCA(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "pki.json")
+	old, err := pki.Generate("")
+	require.NoError(t, err)
+	old.SSHCA = nil
+	sealed, err := old.Seal(secret)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, sealed, 0o600))
+	opened, err := pki.Loader(path, secret)()
+	require.NoError(t, err)
+	assert.Nil(t, opened.SSHCA)
+
+	b, made, err := pki.Init(path, secret, "")
+	require.NoError(t, err)
+	assert.False(t, made)
+	require.NotNil(t, b.SSHCA)
+	assert.True(t, old.CommandSigning.Equal(b.CommandSigning))
+	assert.Equal(t, pki.Fingerprint(old.NodeCA.Cert), pki.Fingerprint(b.NodeCA.Cert))
+	assert.Equal(t, old.TrustFingerprint(), b.TrustFingerprint(), "daemons' trust does not change")
+	again, err := pki.Loader(path, secret)()
+	require.NoError(t, err)
+	assert.True(t, b.SSHCA.Equal(again.SSHCA), "written back")
+	third, _, err := pki.Init(path, secret, "")
+	require.NoError(t, err)
+	assert.True(t, b.SSHCA.Equal(third.SSHCA), "made once")
 }

@@ -42,6 +42,8 @@ type Relay struct {
 	// CheckEvery is how often an open tunnel's row is read again (closed
 	// by tunnels.close); default a second.
 	CheckEvery time.Duration
+	// SSH makes the server side of tunnels of kind ssh (nil: none open).
+	SSH *SSH
 }
 
 func refuse(w http.ResponseWriter, log *slog.Logger, code api.Code, format string, args ...any) {
@@ -97,6 +99,13 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	o := tunnel.Open{TunnelID: t.TunnelID, Kind: t.Kind, InstanceID: t.InstanceID, Argv: argv, Env: env, TTY: t.Tty, Port: int(t.Port.Int32)}
 	if t.TermCols.Valid && t.TermRows.Valid {
 		o.Size = &tunnel.Size{Cols: uint16(t.TermCols.Int32), Rows: uint16(t.TermRows.Int32)}
+	}
+	if t.Kind == tunnel.KindSSH {
+		if o.SSH, err = rl.SSH.sshOpen(t); err != nil {
+			rl.finish(t, "failed", 0, 0, nil, start)
+			rpc.WriteError(w, rl.Log, err)
+			return
+		}
 	}
 	open, _ := json.Marshal(o)
 	if err := up.Write(ctx, websocket.MessageBinary, append([]byte{tunnel.FrameOpen}, open...)); err != nil {

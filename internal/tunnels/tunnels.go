@@ -40,6 +40,9 @@ type Service struct {
 	// PerMinute bounds opens per identity on this replica.
 	PerMinute int
 	Now       func() time.Time
+	// SSH is nil unless tunnels.ssh: certificates and tunnels of kind
+	// ssh (ssh.go).
+	SSH *SSH
 
 	mu     sync.Mutex
 	opened map[string][]time.Time // identity -> opens of the last minute
@@ -99,7 +102,7 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 	if err != nil {
 		return nil, err
 	}
-	if err := checkKind(in); err != nil {
+	if err := checkKind(in, s.SSH != nil); err != nil {
 		return nil, err
 	}
 	var instance, node string
@@ -158,10 +161,12 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 }
 
 // checkKind checks that the input gives what its kind needs and nothing
-// another kind's.
-func checkKind(in *api.TunnelsOpenInput) error {
+// another kind's; ssh is UNSUPPORTED unless tunnels.ssh (sshOn).
+func checkKind(in *api.TunnelsOpenInput, sshOn bool) error {
 	exec := in.Kind == tunnel.KindExec
 	switch {
+	case in.Kind == tunnel.KindSSH && !sshOn:
+		return api.Errorf(api.CodeUnsupported, "SSH is not enabled on this deployment (tunnels.ssh)")
 	case exec && len(in.Argv) == 0:
 		return api.Errorf(api.CodeInvalidInput, "argv: an exec tunnel runs a program").WithDetails(map[string]any{"field": "argv"})
 	case !exec && len(in.Argv) > 0:

@@ -62,6 +62,9 @@ const (
 	KindExec    = "exec"
 	KindTCP     = "tcp"
 	KindConsole = "console"
+	// KindSSH carries an SSH connection (stdin frames to the server,
+	// stdout frames from it) to the guest's SSH server (ssh.go).
+	KindSSH = "ssh"
 )
 
 // Open asks the daemon for a tunnel into an instance's guest.
@@ -76,6 +79,8 @@ type Open struct {
 	// changes it.
 	Size *Size `json:"size,omitempty"`
 	Port int   `json:"port,omitempty"`
+	// SSH is set for KindSSH.
+	SSH *SSH `json:"ssh,omitempty"`
 }
 
 // Exit ends a tunnel: the program's exit code, or why it could not run.
