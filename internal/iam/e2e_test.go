@@ -913,7 +913,7 @@ func dropRole(t *testing.T, env *testenv.Env, tenant, identity string) {
 func TestMatrixRefusesWrongTenantAndWrongRole(t *testing.T) {
 	t.Parallel()
 	// Tunnels configured: the group exists only then.
-	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "tunnels: {issuer: 'http://localhost:3000'}\n")))
+	env := testenv.Start(t, withTunnels(t))
 	keys := mintKeys(t, env)
 	fx := newFixture(env, keys)
 	root := env.Config.RootTenantID
@@ -1144,7 +1144,7 @@ func (o *txObserver) Finish(ctx context.Context, err error) {
 func TestRefusedCallsLeaveNoRow(t *testing.T) {
 	t.Parallel()
 	counter, txs := &countingSystem{}, &txObserver{}
-	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "tunnels: {issuer: 'http://localhost:3000'}\n")),
+	env := testenv.Start(t, withTunnels(t),
 		testenv.WithOverrides(host.Overrides{Gate: txs, Services: func(s *api.Services) {
 			counter.SystemService = s.System
 			s.System = counter
@@ -1400,7 +1400,7 @@ func TestMutationsAreDecidedAfresh(t *testing.T) {
 	}
 	clk := newClock()
 	// Tunnels configured: the group exists only then.
-	env := testenv.Start(t, withClock(clk), testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "tunnels: {issuer: 'http://localhost:3000'}\n")))
+	env := testenv.Start(t, withClock(clk), withTunnels(t))
 	root := env.Config.RootTenantID
 	fx := newFixture(env, mintKeys(t, env))
 	tested := 0

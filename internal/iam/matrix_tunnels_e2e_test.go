@@ -3,16 +3,22 @@ package iam_test
 // Matrix rows of the tunnels group (the matrix's env configures tunnels).
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
 	"computeplane/computeclient"
 	"computeplane/gen/api"
 	"computeplane/gen/client"
 	"computeplane/internal/ids"
+	"computeplane/internal/pki"
+	"computeplane/internal/testenv"
 )
 
 // tunnelRow is an issued ticket of tenant, kept while calls are refused
@@ -53,6 +59,18 @@ func init() {
 			assert.NotEmpty(t, d.Ticket)
 		},
 	}}
+	matrix[api.MethodTunnelsIssueSshCertificate] = []matrixCase{{
+		call: func(t *testing.T, c *computeclient.Client, fx *fixture, tenant string) (any, error) {
+			return c.TunnelsIssueSshCertificate(t.Context(), &client.TunnelsIssueSshCertificateInput{TenantId: tenant, PublicKey: userKey(t),
+				Target: client.NewOptTunnelTarget(client.TunnelTarget{Kind: client.TunnelTargetKindSandbox, ID: fx.sandbox(t, tenant, "running", "tunnel")})})
+		},
+		tenantRoles: []string{owner, admin, member}, // decided on the tenant, like an open
+		rootRoles:   operators,
+		ok: func(t *testing.T, res any, tenant string) {
+			d := res.(*client.TunnelsIssueSshCertificateResult).Data
+			assert.Contains(t, d.Principals, "root@"+tenant)
+		},
+	}}
 	matrix[api.MethodTunnelsList] = []matrixCase{{
 		call: func(t *testing.T, c *computeclient.Client, _ *fixture, tenant string) (any, error) {
 			return c.TunnelsList(t.Context(), &client.TunnelsListInput{TenantId: tenant})
@@ -80,4 +98,25 @@ func init() {
 			assert.Equal(t, "closed", string(res.(*client.TunnelsCloseResult).Data.State))
 		},
 	}}
+}
+
+// userKey is a fresh ed25519 public key in authorized_keys form.
+func userKey(t *testing.T) string {
+	t.Helper()
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	k, err := ssh.NewPublicKey(pub)
+	require.NoError(t, err)
+	return string(ssh.MarshalAuthorizedKey(k))
+}
+
+// withTunnels configures tunnels with SSH (the group exists only with an
+// issuer; certificates need the PKI bundle's SSH CA).
+func withTunnels(t *testing.T) testenv.Option {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "pki.json")
+	_, _, err := pki.Init(path, testenv.TestSecret, "")
+	require.NoError(t, err)
+	return testenv.All(testenv.WithEnv("SERVICE_PKI", path),
+		testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "tunnels: {issuer: 'http://localhost:3000', ssh: true}\n")))
 }

@@ -50,6 +50,15 @@ type Option func(*settings)
 // WithEnv sets an environment variable the configuration is loaded from.
 func WithEnv(key, value string) Option { return func(s *settings) { s.env[key] = value } }
 
+// All is the options opts as one.
+func All(opts ...Option) Option {
+	return func(s *settings) {
+		for _, o := range opts {
+			o(s)
+		}
+	}
+}
+
 // WithStore runs the env on st (a database the test prepared, on a cluster
 // of its own) instead of a fresh database of the shared test cluster.
 func WithStore(st *store.Store) Option { return func(s *settings) { s.store = st } }
