@@ -27,6 +27,7 @@ type netFlags struct {
 	allowPrivate, deny, resolvers string
 	bandwidthMbps, mtu            int
 	netns                         string
+	domainFilter                  bool
 }
 
 func (f *netFlags) register(fs *flag.FlagSet) {
@@ -39,6 +40,7 @@ func (f *netFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.resolvers, "net-resolvers", "", "DNS servers (addresses, comma-separated) VMs may reach on port 53 even inside the deny set")
 	fs.IntVar(&f.bandwidthMbps, "net-bandwidth-mbps", 0, "each VM's bandwidth cap each way, megabits per second (0: none)")
 	fs.IntVar(&f.mtu, "net-mtu", 0, "the MTU of VMs that name none (0: 1500)")
+	fs.BoolVar(&f.domainFilter, "net-domain-filter", true, "enforce domain entries of egress policies (TLS SNI, HTTP Host) with a transparent proxy on the node; false refuses policies that name domains")
 	// A test hook (end-to-end tests put the node in a namespace of their
 	// own while the daemon talks to the control plane on the host's).
 	fs.StringVar(&f.netns, "net-netns", "", "testing: wire VMs in the network namespace at this path (e.g. /var/run/netns/x) and start qemu inside it through nsenter; the uplink is looked up there")
