@@ -236,6 +236,7 @@ func newQEMU(ctx context.Context, f runtimeFlags, log *slog.Logger) (vmruntime.R
 		// it adopted keep their taps and are wired again.
 		m, err := network.New(*f.net)
 		if err == nil {
+			q.NetDNS = f.net.Resolvers
 			err = q.UseNetwork(m, f.net.MTU)
 		}
 		if err != nil {

@@ -38,6 +38,9 @@ type Fleet struct {
 	Computed  *proctest.Process
 	PublicURL string
 	agentBin  string
+	// computed's binary and environment, for keys of other tenants.
+	computedBin string
+	computedEnv []string
 }
 
 // Option changes the deployment Start runs.
@@ -77,6 +80,7 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 		"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile, "SERVICE_CONFIG": cfg,
 		"SERVICE_BASE_URL": f.PublicURL, "HOST": "127.0.0.1", "PORT": strconv.Itoa(port),
 	})
+	f.computedBin, f.computedEnv = computed, env
 	f.Computed = proctest.Start(t, "computed", computed, env, "serve")
 	f.Computed.WaitHealthy(t, fmt.Sprintf("127.0.0.1:%d", port))
 	key := proctest.CreateKey(t, computed, env, Tenant, "ops", "owner")
@@ -88,6 +92,18 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	require.NoError(t, err)
 	t.Cleanup(f.DB.Close)
 	return f
+}
+
+// TenantClient is a client acting as another tenant (an owner key of
+// its own), e.g. one that a pool of Tenant is offered to.
+func (f *Fleet) TenantClient(tenant string) *computeclient.Client {
+	t := f.t
+	t.Helper()
+	key := proctest.CreateKey(t, f.computedBin, f.computedEnv, tenant, "ops-"+tenant, "owner")
+	c, err := computeclient.New(f.PublicURL+config.DefaultBasePath, computeclient.WithToken(key),
+		computeclient.WithHTTPClient(&http.Client{Timeout: 60 * time.Second}))
+	require.NoError(t, err)
+	return c
 }
 
 // Pool makes a site and a hosted pool of class (vps-host, metal-host)

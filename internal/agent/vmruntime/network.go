@@ -79,6 +79,9 @@ func (r *QEMU) netFor(spec agentproto.InstanceSpec) *network.VM {
 	if v.MTU == 0 {
 		v.MTU = r.netMTU
 	}
+	if len(v.DNS) == 0 && v.Mode == network.ModeEgress {
+		v.DNS = r.NetDNS
+	}
 	return &v
 }
 

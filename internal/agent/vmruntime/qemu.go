@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,6 +55,10 @@ type QEMU struct {
 	net     Network
 	netMTU  int
 	netHook func(agentproto.InstanceSpec) *network.VM
+	// NetDNS are the node's resolvers (network.Config.Resolvers): the
+	// DNS of an egress VM whose network names none. Set before
+	// UseNetwork.
+	NetDNS []netip.Addr
 
 	mu   sync.Mutex
 	vms  map[string]*vmState
