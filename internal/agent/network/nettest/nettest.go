@@ -22,6 +22,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -176,7 +177,21 @@ func NewWorld(t testing.TB) *World {
 	}))
 	// Both servers answer with the client's address as they saw it and
 	// the name it asked for (the Host; over TLS, the SNI too).
+	// /bytes?n=N answers N zero bytes (throughput benchmarks).
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bytes" {
+			n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+			rw.Header().Set("Content-Length", strconv.Itoa(n))
+			buf := make([]byte, 64<<10)
+			for n > 0 {
+				k, err := rw.Write(buf[:min(n, len(buf))])
+				if err != nil {
+					return
+				}
+				n -= k
+			}
+			return
+		}
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
 		if r.TLS != nil {
 			fmt.Fprintf(rw, "hello %s from %s over tls to %s\n", host, r.Host, r.TLS.ServerName)
