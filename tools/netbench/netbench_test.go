@@ -125,7 +125,7 @@ func TestNetworkBenchmark(t *testing.T) {
 		return res.Data
 	}
 	exec("for i in $(seq 30); do wget -q -T 2 -O /dev/null http://" + nettest.Upstream + "/ && exit 0; sleep 1; done; exit 1")
-	const size, conns = 64 << 20, 200
+	const size, conns = 8 << 20, 50
 	measure := func(host string) (mbps, perSec float64) {
 		base := exec("true").DurationMs
 		d := exec(fmt.Sprintf("wget -q -O /dev/null 'http://%s/bytes?n=%d'", host, size)).DurationMs - base
