@@ -134,6 +134,10 @@ bench-instances: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: inst
 bench-sandboxes: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: sandboxes.create to running, warm claim, cold boot and restore, 100 of each (writes docs/benchmarks.md)
 	@$(SERVICE_ENV); go run ./tools/sandboxbench -runs $${RUNS:-100} -images $(IMAGES_DIR)
 
+.PHONY: bench-network
+bench-network: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Network benchmark, as root: what egress adds to cold boot and warm claim, guest TCP throughput and connection rate (writes docs/benchmarks.md)
+	@$(SERVICE_ENV); NETBENCH_OUT=$(CURDIR)/docs/benchmarks.md RUNS=$${RUNS:-20} go test -tags netbench -count=1 -v -timeout 120m -run TestNetworkBenchmark ./tools/netbench
+
 .PHONY: bench
 bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks
 	NOTIFIER_BENCH=$${NOTIFIER_BENCH:-1} scripts/bench.sh

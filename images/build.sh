@@ -12,7 +12,7 @@
 #                                     cloud kernel's bzImage, the initramfs)
 #   <OUT_DIR>/minimal-raw.json, minimal-qcow2.json   their manifests
 #
-# The packages (linux-image-cloud-amd64, busybox-static, e2fsprogs, lz4,
+# The packages (linux-image-cloud-amd64, busybox (downloaded), e2fsprogs, lz4,
 # cpio, syslinux, mtools, dosfstools, qemu-utils) are installed with apt-get
 # when missing and this runs as root; so is qemu-system-x86, which the image
 # does not need but the qemu runtime of a compute-agent on this machine does
@@ -24,7 +24,7 @@ id="computeplane/minimal"
 
 need=()
 ls /lib/modules/*-cloud-amd64 >/dev/null 2>&1 || need+=(linux-image-cloud-amd64)
-command -v busybox >/dev/null || need+=(busybox-static)
+command -v dpkg-deb >/dev/null || need+=(dpkg)
 command -v mke2fs >/dev/null || need+=(e2fsprogs)
 command -v lz4 >/dev/null || need+=(lz4)
 command -v cpio >/dev/null || need+=(cpio)
@@ -67,24 +67,35 @@ fi
 root="$work/root"
 mkdir -p "$root"/{bin,sbin,etc/compute-guest,proc,sys,dev,run,tmp,root,mnt,lib64,usr/lib}
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$root/init" ./cmd/compute-guest
-cp "$(command -v busybox)" "$root/bin/busybox"
+# busybox: Debian's dynamically linked build (package busybox, fetched
+# with apt-get download and unpacked here: it conflicts with
+# busybox-static on the host). Its ash looks commands up in PATH, where
+# busybox-static's runs its own applets first: the image's /bin/wget must
+# stand in for the wget applet, which dies of SIGSEGV on -T (Debian builds
+# it without the timeout feature yet parses -T into a null pointer; exit
+# 139): images/files/wget takes -T itself.
+(cd "$work" && apt-get download -qq busybox 2>/dev/null) ||
+	(apt-get update -qq && cd "$work" && apt-get download -qq busybox)
+dpkg-deb -x "$work"/busybox_*.deb "$work/busybox"
+cp "$work/busybox/bin/busybox" "$root/bin/busybox"
 for applet in $("$root/bin/busybox" --list); do
 	[[ -e "$root/bin/$applet" ]] || ln -s busybox "$root/bin/$applet"
 done
-# mkfs.ext4 from e2fsprogs with the libraries it links.
+rm -f "$root/bin/wget"
+install -m 0755 images/files/wget "$root/bin/wget"
+# mkfs.ext4 from e2fsprogs; the libraries both link (glibc).
 cp "$(command -v mke2fs)" "$root/sbin/mke2fs"
 ln -sf mke2fs "$root/sbin/mkfs.ext4"
-for lib in $(ldd "$(command -v mke2fs)" | grep -o '/[^ ]*'); do
+for lib in $( (ldd "$(command -v mke2fs)"; ldd "$root/bin/busybox") | grep -o '/[^ ]*' | sort -u); do
 	mkdir -p "$root$(dirname "$lib")"
 	cp -L "$lib" "$root$lib"
 done
 echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
-# Name resolution for busybox's wget, nc and nslookup (static glibc): the
-# files and dns sources are built into glibc, so with this nsswitch.conf
-# nothing is dlopened (the image carries mke2fs's shared libc, which a
-# static binary must not load). compute-guest writes resolv.conf from the
-# VM's network (compute.net=); images/netcheck.sh boots the image on a tap
-# and runs the tools.
+# Name resolution for busybox's wget, nc and nslookup: the files and dns
+# sources are built into glibc, so with this nsswitch.conf nothing is
+# dlopened. compute-guest writes resolv.conf from the VM's network
+# (compute.net=); images/netcheck.sh boots the image on a tap and runs the
+# tools.
 printf 'hosts: files dns\nnetworks: files\n' >"$root/etc/nsswitch.conf"
 printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
 : >"$root/etc/resolv.conf"

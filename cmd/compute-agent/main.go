@@ -21,6 +21,7 @@ import (
 	"syscall"
 
 	"computeplane/internal/agent"
+	"computeplane/internal/agent/egressproxy"
 	"computeplane/internal/agent/network"
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
@@ -134,7 +135,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return code
 	}
-	r, code, err := newRuntime(ctx, runtimeFlags{dir: *dir, accel: *accel, volumes: *volumes, memory: *memory, net: netCfg}, log)
+	r, code, err := newRuntime(ctx, runtimeFlags{dir: *dir, accel: *accel, volumes: *volumes, memory: *memory, net: netCfg,
+		domainFilter: nf.domainFilter}, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return code
@@ -172,6 +174,9 @@ type runtimeFlags struct {
 	dir, accel, volumes, memory string
 	// net is the node's VM networking; nil is none (--network none).
 	net *network.Config
+	// domainFilter runs the egress proxy for policies' domain entries
+	// (--net-domain-filter).
+	domainFilter bool
 }
 
 // netConfig checks the network flags; the int is the exit code of a
@@ -233,17 +238,29 @@ func newQEMU(ctx context.Context, f runtimeFlags, log *slog.Logger) (vmruntime.R
 		qemu.Through = []string{"nsenter", "--net=" + f.net.NetNS} // its taps are in that namespace
 	}
 	if f.net != nil {
+		// Domain entries of egress policies go through the node's proxy,
+		// which lives as long as the process.
+		if f.domainFilter {
+			p, err := egressproxy.New(egressproxy.Config{NetNS: f.net.NetNS, Log: log})
+			if err != nil {
+				_ = q.Close()
+				return nil, 1, fmt.Errorf("--net-domain-filter: %w", err)
+			}
+			f.net.Domains = p
+		}
 		// Before any spec: what an earlier agent left is removed, the VMs
 		// it adopted keep their taps and are wired again.
 		m, err := network.New(*f.net)
 		if err == nil {
+			q.NetDNS = f.net.Resolvers
 			err = q.UseNetwork(m, f.net.MTU)
 		}
 		if err != nil {
 			_ = q.Close()
 			return nil, 1, fmt.Errorf("--network nftables: %w", err)
 		}
-		log.Info("VM networks wired", "uplink", f.net.Uplink, "egressPool", f.net.EgressPool, "privatePool", f.net.PrivatePool, "deny", f.net.Deny)
+		log.Info("VM networks wired", "uplink", f.net.Uplink, "egressPool", f.net.EgressPool, "privatePool", f.net.PrivatePool, "deny", f.net.Deny,
+			"domainFilter", f.domainFilter)
 	}
 	return q, 0, nil
 }

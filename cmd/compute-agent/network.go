@@ -29,6 +29,7 @@ type netFlags struct {
 	netns                         string
 	underlay                      string
 	vxlanPort                     int
+	domainFilter                  bool
 }
 
 func (f *netFlags) register(fs *flag.FlagSet) {
@@ -43,6 +44,7 @@ func (f *netFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.mtu, "net-mtu", 0, "the MTU of VMs that name none (0: 1500); private VMs get at most the underlay's MTU less 50 (VXLAN)")
 	fs.StringVar(&f.underlay, "net-underlay", "", "this node's IPv4 address on the pool's own connection, where the other nodes reach its private networks (VXLAN); none: no overlay and no private networks (default: the uplink's first global address, none without one)")
 	fs.IntVar(&f.vxlanPort, "net-vxlan-port", network.DefaultVXLANPort, "the UDP port of the private networks' overlay (VXLAN); the node drops packets to it from anything but the pool's nodes")
+	fs.BoolVar(&f.domainFilter, "net-domain-filter", true, "enforce domain entries of egress policies (TLS SNI, HTTP Host) with a transparent proxy on the node; false refuses policies that name domains")
 	// A test hook (end-to-end tests put the node in a namespace of their
 	// own while the daemon talks to the control plane on the host's).
 	fs.StringVar(&f.netns, "net-netns", "", "testing: wire VMs in the network namespace at this path (e.g. /var/run/netns/x) and start qemu inside it through nsenter; the uplink is looked up there")

@@ -48,6 +48,7 @@ func TestRunRefusesNetworkFlagsItCannotHonour(t *testing.T) {
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-bandwidth-mbps", "-1"}, 2, "--net-bandwidth-mbps -1"},
 		{[]string{"--network", "nftables", "--net-uplink", "cpnosuch0"}, 2, `--net-uplink "cpnosuch0"`},
 		{[]string{"--net-netns", "/var/run/netns/x"}, 2, "--net-netns needs --network nftables"},
+		{[]string{"--net-domain-filter=false"}, 2, "--net-domain-filter needs --network nftables"},
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-netns", "/nonexistent/netns"}, 2, `--net-netns "/nonexistent/netns"`},
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-netns", "/etc/hostname"}, 2, `--net-netns "/etc/hostname" is not a network namespace`},
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-underlay", "127.0.0.1"}, 2, `--net-underlay "127.0.0.1" is not a unicast IPv4 address`},

@@ -101,6 +101,16 @@ func initSystem(log *slog.Logger) error {
 		}
 	}
 	loadModules(log)
+	// Loopback up, as every init does: programs that talk to themselves
+	// (127.0.0.1, or the card's own address, routed through lo) need it,
+	// with a network or without.
+	lo, err := netlink.LinkByName("lo")
+	if err == nil {
+		err = netlink.LinkSetUp(lo)
+	}
+	if err != nil {
+		log.Warn("loopback", "error", err.Error())
+	}
 	_ = os.MkdirAll("/dev/disk/by-id", 0o755)
 	// Block devices appear as their driver probes. The host says how many
 	// to expect (compute.disks=N); without it, wait for at least one.

@@ -61,14 +61,6 @@ type Config struct {
 	VXLANPort int
 }
 
-// DomainFilter is the seam for egress policy by domain name (TLS SNI and
-// HTTP Host), e.g. a transparent proxy the VM chain diverts ports 80 and
-// 443 to. Not built yet.
-type DomainFilter interface {
-	Set(vm VM) error
-	Remove(vmID string) error
-}
-
 // Port is what a VM's runtime needs to plug a VM in: qemu's
 // -netdev tap,ifname=<Tap>,script=no,downscript=no
 // -device virtio-net-pci,mac=<MAC>.
@@ -335,10 +327,8 @@ func (m *Manager) Add(vm VM) (Port, error) {
 	if err != nil {
 		return Port{}, err
 	}
-	if m.cfg.Domains != nil {
-		if err := m.cfg.Domains.Set(vm); err != nil {
-			return Port{}, err
-		}
+	if err := m.setFilter(vm); err != nil {
+		return Port{}, err
 	}
 	v := vm
 	m.vms[vm.ID] = &v
@@ -469,8 +459,14 @@ func (m *Manager) SetPolicy(vmID string, p Policy) error {
 			if err != nil {
 				return err
 			}
-			if err := m.addPolicy(c, m.existingBase(), &next, true); err != nil {
+			b := m.existingBase()
+			if err := m.addPolicy(c, b, &next, true); err != nil {
 				return err
+			}
+			if m.cfg.Domains != nil {
+				if err := m.setRedirect(c, b, vm, &next); err != nil {
+					return err
+				}
 			}
 			return c.Flush()
 		})
@@ -478,10 +474,8 @@ func (m *Manager) SetPolicy(vmID string, p Policy) error {
 			return fmt.Errorf("network: policy of %s: %w", vmID, err)
 		}
 	}
-	if m.cfg.Domains != nil {
-		if err := m.cfg.Domains.Set(next); err != nil {
-			return err
-		}
+	if err := m.setFilter(next); err != nil {
+		return err
 	}
 	*vm = next
 	return nil
@@ -566,6 +560,10 @@ func (m *Manager) queueRemoveNFT(c *nftables.Conn, b *base, vmID string, counter
 	if old := m.vms[vmID]; old != nil && old.Mode == ModeEgress {
 		keys[b.fromVM] = old.Address.Addr().AsSlice()
 		keys[b.toVM] = old.Address.Addr().AsSlice()
+		if m.cfg.Domains != nil {
+			keys[b.domains] = old.Address.Addr().AsSlice()
+			keys[b.proxied] = old.Address.Addr().AsSlice()
+		}
 	}
 	for mp, k := range keys {
 		els, err := c.GetSetElements(mp)

@@ -31,7 +31,7 @@ import (
 // does). Nothing touches the host's own namespace; deleting a namespace
 // removes everything in it.
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("!!! SKIPPED: internal/agent/network tests need root (network namespaces, taps, nftables); run them as root !!!")
@@ -52,7 +52,7 @@ func randHex(n int) string {
 }
 
 // newNS makes a named namespace, deleted when the test ends.
-func newNS(t *testing.T, role string) ns {
+func newNS(t testing.TB, role string) ns {
 	t.Helper()
 	name := "cptest-" + randHex(6) + "-" + role
 	errc := make(chan error, 1)
@@ -96,7 +96,7 @@ func (n ns) do(f func() error) error {
 	return <-errc
 }
 
-func (n ns) run(t *testing.T, f func() error) {
+func (n ns) run(t testing.TB, f func() error) {
 	t.Helper()
 	require.NoError(t, n.do(f))
 }
@@ -135,7 +135,7 @@ const (
 	bigBodyBytes = 200 << 10
 )
 
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	t.Helper()
 	w := &world{node: newNS(t, "node"), inet: newNS(t, "inet")}
 	w.node.run(t, func() error {
@@ -202,7 +202,7 @@ func newWorld(t *testing.T) *world {
 }
 
 // listen opens a TCP listener inside n.
-func (n ns) listen(t *testing.T, addr string) net.Listener {
+func (n ns) listen(t testing.TB, addr string) net.Listener {
 	t.Helper()
 	var ln net.Listener
 	n.run(t, func() (err error) { ln, err = net.Listen("tcp", addr); return err })
@@ -211,7 +211,7 @@ func (n ns) listen(t *testing.T, addr string) net.Listener {
 }
 
 // accept listens inside n and answers every connection with "hello".
-func (n ns) accept(t *testing.T, addr string) {
+func (n ns) accept(t testing.TB, addr string) {
 	ln := n.listen(t, addr)
 	go func() {
 		for {

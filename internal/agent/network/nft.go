@@ -83,6 +83,7 @@ type base struct {
 	inet, bridge                                      *nftables.Table
 	hard, private, allowPriv, pool, resolvers         *nftables.Set
 	fromVM, toVM, ports, outPorts                     *nftables.Set
+	domains, proxied                                  *nftables.Set // with a DomainFilter only
 	forward, input, fromVMChain, toVMChain, pre, post *nftables.Chain
 }
 
@@ -178,6 +179,11 @@ func (m *Manager) addBase(c *nftables.Conn) (*base, error) {
 			load(expr.MetaKeyL4PROTO), eq([]byte{proto}), payload(expr.PayloadBaseTransportHeader, 2, 2), eq(binaryutil.BigEndian.PutUint16(53)),
 			verdict(expr.VerdictAccept))...)
 	}
+	if m.cfg.Domains != nil {
+		if err := m.addDomainBase(c, b, ours); err != nil {
+			return nil, err
+		}
+	}
 	rule(b.input, load(expr.MetaKeyIIFNAME), eq(ours), verdict(expr.VerdictDrop))
 	// Source NAT of the egress pool out of the uplink.
 	nat := c.AddChain(&nftables.Chain{Table: b.inet, Name: "postrouting", Type: nftables.ChainTypeNAT,
@@ -210,6 +216,9 @@ func (m *Manager) existingBase() *base {
 	b.pool, b.resolvers = set(b.inet, setPool), set(b.inet, setResolvers)
 	b.fromVM, b.toVM = set(b.inet, mapFromVM), set(b.inet, mapToVM)
 	b.ports, b.outPorts = set(b.bridge, mapPorts), set(b.bridge, mapOutPorts)
+	if m.cfg.Domains != nil {
+		b.domains, b.proxied = set(b.inet, mapDomains), set(b.inet, mapProxied)
+	}
 	return b
 }
 
@@ -233,6 +242,11 @@ func (m *Manager) addVM(c *nftables.Conn, b *base, vm *VM, tap string) error {
 		}
 		if err := c.SetAddElements(b.toVM, []nftables.SetElement{{Key: addr, VerdictData: jump(rxChain(key))}}); err != nil {
 			return err
+		}
+		if m.cfg.Domains != nil {
+			if err := m.addDomainVM(c, b, vm); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -309,7 +323,9 @@ func (m *Manager) addPolicy(c *nftables.Conn, b *base, vm *VM, replace bool) err
 	rule(ipDaddr(), in(b.private), notIn(b.allowPriv), drop)
 	rule(load(expr.MetaKeyL4PROTO), eq([]byte{unix.IPPROTO_TCP}), payload(expr.PayloadBaseTransportHeader, 2, 2), eq(binaryutil.BigEndian.PutUint16(25)), drop)
 	rule(ipDaddr(), in(deny), drop)
-	if len(vm.Policy.Allow) > 0 {
+	// An allow list (CIDRs or domains: what the domain filter admits
+	// never comes here) drops the rest.
+	if len(vm.Policy.Allow) > 0 || hasDomains(vm.Policy) {
 		rule(ipDaddr(), notIn(allow), drop)
 	}
 	rule(counter(txCounter(key)), verdict(expr.VerdictAccept))

@@ -43,8 +43,9 @@ type Counters struct {
 	TxBytes, TxPackets, RxBytes, RxPackets uint64
 }
 
-// ErrDomains: a policy names domains and no DomainFilter is configured.
-var ErrDomains = errors.New("network: domain policies need a domain filter (not built yet)")
+// ErrDomains: a policy names domains and no DomainFilter is configured
+// (compute-agent's --net-domain-filter=false).
+var ErrDomains = errors.New("network: domain policies need a domain filter (the node runs without one)")
 
 // Validate checks a VM's network before anything is made for it.
 func (v *VM) Validate() error {
@@ -72,6 +73,9 @@ func (v *VM) Validate() error {
 	}
 	if v.MTU != 0 && (v.MTU < 576 || v.MTU > 9000) {
 		return fmt.Errorf("network: mtu %d is outside 576..9000", v.MTU)
+	}
+	if len(v.Policy.DenyDomains) > 0 {
+		return errors.New("network: a domain entry belongs in the allow list only (deny takes addresses and CIDRs)")
 	}
 	for _, p := range append(append([]netip.Prefix(nil), v.Policy.Allow...), v.Policy.Deny...) {
 		if !p.IsValid() || !p.Addr().Is4() {

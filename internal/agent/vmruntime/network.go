@@ -87,6 +87,9 @@ func (r *QEMU) netFor(spec agentproto.InstanceSpec) *network.VM {
 			v.MTU = r.netPrivateMTU
 		}
 	}
+	if len(v.DNS) == 0 && v.Mode == network.ModeEgress {
+		v.DNS = r.NetDNS
+	}
 	return &v
 }
 

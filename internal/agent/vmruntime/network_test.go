@@ -430,3 +430,22 @@ func TestTheSpecsOverlaysAreGivenBeforeItsVMsAndOnlyWhenTheyChange(t *testing.T)
 	assert.Len(t, l.vms("p"), 1, "the VM kept running")
 	assert.NotContains(t, l.vm(t, "p").Calls(), "reset")
 }
+
+// A VM given the address of one being removed (the control plane frees
+// an address once its VM is no longer reported) is added only after the
+// other's rules are gone: two VMs never hold one address on the node.
+func TestAnAddressIsAddedAgainOnlyAfterItsRemoval(t *testing.T) {
+	r, l, n := newNetRuntime(t)
+	n.set("a", egress("10.200.1.2"))
+	n.set("b", egress("10.200.1.2"))
+	apply(t, r, inst("a", StateRunning))
+	waitState(t, r, "a", StateRunning)
+	gate := make(chan struct{})
+	l.vm(t, "a").killGate = gate
+	apply(t, r, inst("b", StateRunning)) // a deleted, b booted with its address
+	time.Sleep(100 * time.Millisecond)
+	assert.Equal(t, []string{"cleanup", "add a 10.200.1.2/24", "start a"}, n.Log(), "b waits for a's removal")
+	close(gate)
+	waitLog(t, n, "cleanup", "add a 10.200.1.2/24", "start a", "remove a ended", "add b 10.200.1.2/24", "start b")
+	waitState(t, r, "b", StateRunning)
+}

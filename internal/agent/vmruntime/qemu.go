@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,6 +58,10 @@ type QEMU struct {
 	netPrivateMTU int
 	netHook       func(agentproto.InstanceSpec) *network.VM
 	overlays      []network.Overlay
+	// NetDNS are the node's resolvers (network.Config.Resolvers): the
+	// DNS of an egress VM whose network names none. Set before
+	// UseNetwork.
+	NetDNS []netip.Addr
 
 	mu   sync.Mutex
 	vms  map[string]*vmState
@@ -307,8 +312,13 @@ func (r *QEMU) remove(id string, st *vmState) {
 		}
 	}
 	// A boot of the same id waits too: its network is added after this
-	// one's is removed.
+	// one's is removed. So does a boot of another VM given this one's
+	// address (the control plane frees it once this VM is no longer
+	// reported, before its rules are gone).
 	r.releasing[endingKey(id)] = gone
+	if st.wired != nil {
+		r.releasing[addressKey(st.wired)] = gone
+	}
 	vm, quiesce := st.vm, len(st.spec.Volumes) > 0 && st.state == StateRunning
 	r.removals.Add(1)
 	go func() {
@@ -343,13 +353,22 @@ func (r *QEMU) remove(id string, st *vmState) {
 // spaces).
 func endingKey(id string) string { return "vm " + id }
 
-// released returns what a boot of instance id with these volumes waits
-// for: the removal of an earlier instance of that id, and of the VMs that
-// still hold one of the volumes (r.mu held).
-func (r *QEMU) released(id string, volumes []agentproto.SpecVolume) []chan struct{} {
+// addressKey is a network address's key in releasing.
+func addressKey(n *network.VM) string { return "net " + n.Mode + " " + n.Address.Addr().String() }
+
+// released returns what a boot of instance id with these volumes and
+// this network waits for: the removal of an earlier instance of that id,
+// of the VMs that still hold one of the volumes, and of one that still
+// holds its address (r.mu held).
+func (r *QEMU) released(id string, volumes []agentproto.SpecVolume, net *network.VM) []chan struct{} {
 	var out []chan struct{}
 	if ch := r.releasing[endingKey(id)]; ch != nil {
 		out = append(out, ch)
+	}
+	if net != nil {
+		if ch := r.releasing[addressKey(net)]; ch != nil {
+			out = append(out, ch)
+		}
 	}
 	for _, v := range volumes {
 		if ch := r.releasing[v.Serial]; ch != nil {
@@ -509,7 +528,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 	st.forceGone, st.qmpFailures = false, 0
 	st.boots++
 	boot := st.boots
-	holders := r.released(id, vs.Volumes)
+	holders := r.released(id, vs.Volumes, r.netFor(vs))
 	go func() {
 		defer cancel()
 		for _, gone := range holders {

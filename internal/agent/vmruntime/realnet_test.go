@@ -72,10 +72,9 @@ func TestARealVMReachesTheInternetThroughItsNetwork(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	// busybox's wget segfaults in this image when run through exec (exit
-	// 139, with an address URL too): HTTP by nc. The guest's link comes
-	// up a moment after its agent answers (and the node answers no ping):
-	// the first request is tried for a while.
+	// HTTP by nc (wget works too: docs/networking.md, "wget exit 139").
+	// The guest's link comes up a moment after its agent answers (and the
+	// node answers no ping): the first request is tried for a while.
 	get := func(addr string, tries int) agentproto.ExecOutput {
 		return sh(fmt.Sprintf("for i in $(seq %d); do printf 'GET / HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n' | nc -w 3 %s 80 && exit 0; sleep 1; done; exit 1", tries, addr, addr))
 	}

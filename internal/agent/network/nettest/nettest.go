@@ -1,23 +1,35 @@
 // Package nettest gives tests outside internal/agent/network a node and
 // an internet of their own, as network namespaces: a "node" joined to an
-// "internet" by a veth pair, the internet holding an HTTP server on
-// every address (the test's upstream, and addresses a VM must not reach,
-// such as the metadata address). Nothing touches the host's own
+// "internet" by a veth pair, the internet holding an HTTP and an HTTPS
+// server (self-signed) on every address (the test's upstream, and
+// addresses a VM must not reach, such as the metadata address) and a DNS
+// server that answers the upstream's names. Nothing touches the host's own
 // namespace; the namespaces are deleted when the test ends. Root only.
 package nettest
 
 import (
 	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"fmt"
+	"math/big"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 // The world's addresses.
@@ -26,9 +38,14 @@ const (
 	InetAddr  = "203.0.113.2" // the internet's end of the veth pair
 	Upstream  = "198.51.100.10"
 	Metadata  = "169.254.169.254"
+	DNS       = "198.51.100.53" // answers Names with Upstream (compute-agent --net-resolvers)
 	Uplink    = "up0"
 	VMNetwork = "10.200.0.0/15" // routed back to the node from the internet
 )
+
+// Names resolve to Upstream in the internet's DNS; the HTTPS server's
+// certificate names them too.
+var Names = []string{"upstream.test", "other.test", "api.example.test"}
 
 // RequireRoot skips the test, loudly, without root.
 func RequireRoot(t testing.TB) {
@@ -130,13 +147,14 @@ func NewWorld(t testing.TB) *World {
 		}
 		return netlink.RouteAdd(&netlink.Route{Gw: net.ParseIP(InetAddr)})
 	}))
-	var ln net.Listener
+	var ln, tlsLn net.Listener
+	var dns net.PacketConn
 	must(t, w.Inet.Do(func() error {
 		wan, err := addr("wan0", InetAddr+"/24")
 		if err != nil {
 			return err
 		}
-		for _, a := range []string{Upstream, Metadata} {
+		for _, a := range []string{Upstream, Metadata, DNS} {
 			if _, err := addr("lo", a+"/32"); err != nil {
 				return err
 			}
@@ -148,16 +166,94 @@ func NewWorld(t testing.TB) *World {
 		if err := netlink.RouteAdd(&netlink.Route{Dst: vms, Gw: net.ParseIP(NodeAddr)}); err != nil {
 			return err
 		}
-		ln, err = net.Listen("tcp", "0.0.0.0:80")
+		if ln, err = net.Listen("tcp", "0.0.0.0:80"); err != nil {
+			return err
+		}
+		if tlsLn, err = net.Listen("tcp", "0.0.0.0:443"); err != nil {
+			return err
+		}
+		dns, err = net.ListenPacket("udp", DNS+":53")
 		return err
 	}))
-	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	// Both servers answer with the client's address as they saw it and
+	// the name it asked for (the Host; over TLS, the SNI too).
+	// /bytes?n=N answers N zero bytes (throughput benchmarks).
+	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bytes" {
+			n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+			rw.Header().Set("Content-Length", strconv.Itoa(n))
+			buf := make([]byte, 64<<10)
+			for n > 0 {
+				k, err := rw.Write(buf[:min(n, len(buf))])
+				if err != nil {
+					return
+				}
+				n -= k
+			}
+			return
+		}
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		if r.TLS != nil {
+			fmt.Fprintf(rw, "hello %s from %s over tls to %s\n", host, r.Host, r.TLS.ServerName)
+			return
+		}
 		fmt.Fprintf(rw, "hello %s from %s\n", host, r.Host)
-	})}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	})
+	// RSA key exchange: busybox's TLS client (the minimal image's wget)
+	// sends no signature_algorithms, without which Go's server refuses
+	// every ECDHE suite of TLS 1.2.
+	tlsCfg := &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, CipherSuites: []uint16{
+		tls.TLS_RSA_WITH_AES_128_GCM_SHA256, tls.TLS_RSA_WITH_AES_128_CBC_SHA256, tls.TLS_RSA_WITH_AES_128_CBC_SHA}}
+	for _, l := range []net.Listener{ln, tls.NewListener(tlsLn, tlsCfg)} {
+		srv := &http.Server{Handler: hello}
+		go func() { _ = srv.Serve(l) }()
+		t.Cleanup(func() { _ = srv.Close() })
+	}
+	t.Cleanup(func() { _ = dns.Close() })
+	go serveDNS(dns, netip.MustParseAddr(Upstream))
 	return w
+}
+
+// selfSigned is the HTTPS server's certificate, for Names.
+func selfSigned(t testing.TB) tls.Certificate {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	must(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: Names[0]}, DNSNames: Names,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	must(t, err)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// serveDNS answers A queries for Names with addr, others with no answer.
+func serveDNS(pc net.PacketConn, addr netip.Addr) {
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		var p dnsmessage.Parser
+		h, err := p.Start(buf[:n])
+		if err != nil {
+			continue
+		}
+		q, err := p.Question()
+		if err != nil {
+			continue
+		}
+		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true})
+		b.EnableCompression()
+		_ = b.StartQuestions()
+		_ = b.Question(q)
+		_ = b.StartAnswers()
+		if q.Type == dnsmessage.TypeA && slices.Contains(Names, strings.TrimSuffix(strings.ToLower(q.Name.String()), ".")) {
+			_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: addr.As4()})
+		}
+		if out, err := b.Finish(); err == nil {
+			_, _ = pc.WriteTo(out, from)
+		}
+	}
 }
 
 func addr(link, cidr string) (netlink.Link, error) {
