@@ -85,6 +85,11 @@ run: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Run the service, every role, o
 		fi; \
 		go run ./cmd/computed pki init >/dev/null; exec go run ./cmd/computed
 
+.PHONY: release
+RELEASE_DIR ?= dist/downloads
+release: $(SECRET_FILE) ## Build, checksum and sign every binary for linux/amd64 and linux/arm64 into RELEASE_DIR (default dist/downloads): make release [VERSION=v1.2.3]
+	go run ./tools/release -out "$(RELEASE_DIR)" $(if $(VERSION),-version "$(VERSION)")
+
 .PHONY: key
 key: $(SECRET_FILE) ## Make an API key: make key TENANT=acme ROLE=owner [IDENTITY=ann]
 	@test -n "$(TENANT)" -a -n "$(ROLE)" || { echo "usage: make key TENANT=<tenant> ROLE=owner|admin|member|viewer [IDENTITY=<id>]" >&2; exit 2; }
@@ -148,5 +153,5 @@ clean: ## Stop the dev cluster and delete .service/ (its data, secret and PKI) a
 		base="$$(cat .service/pg.base)"; \
 		case "$$base" in /tmp/computeplane-devdb-*) rm -rf "$$base" ;; esac; \
 	fi
-	rm -rf .service bin
+	rm -rf .service bin dist
 	go clean -testcache

@@ -18,17 +18,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"computeplane/internal/agent"
 	"computeplane/internal/agent/network"
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
+	"computeplane/internal/buildinfo"
 	"computeplane/internal/qemu"
 )
-
-// version is set at build time (-ldflags "-X main.version=...").
-var version = "dev"
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
@@ -54,7 +53,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "run":
 		return serve(ctx, args[1:], stderr, log)
 	case "version":
-		fmt.Fprintf(stdout, "compute-agent %s (protocol %d-%d)\n", version, agentproto.ProtocolMin, agentproto.ProtocolMax)
+		// The version alone first, as `computed version` and system.version
+		// give it; then the protocol range.
+		fmt.Fprintf(stdout, "%s\nprotocol %d-%d\n", buildinfo.Version(), agentproto.ProtocolMin, agentproto.ProtocolMax)
 		return 0
 	}
 	usage(stderr)
@@ -126,19 +127,52 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return code
 	}
+	// The binary as it was started: after an upgrade renamed a new one
+	// over it, SIGHUP executes that path again.
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return 1
+	}
 	r, code, err := newRuntime(ctx, runtimeFlags{dir: *dir, accel: *accel, volumes: *volumes, memory: *memory, net: netCfg}, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return code
 	}
-	defer r.Close()
-	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: version, Log: log})
+	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: buildinfo.Version(), Log: log})
+	if err != nil {
+		_ = r.Close()
+		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return 1
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	var reexec atomic.Bool
+	go func() {
+		select {
+		case <-hup:
+			log.Info("SIGHUP: closing the session and executing the binary again", "binary", exe)
+			reexec.Store(true)
+			stopRun()
+		case <-runCtx.Done():
+		}
+	}()
+	err = a.Run(runCtx)
+	// The runtime detaches from its VMs; they run on.
+	_ = r.Close()
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return 1
 	}
-	if err := a.Run(ctx); err != nil {
-		fmt.Fprintln(stderr, "compute-agent run:", err)
+	if reexec.Load() && ctx.Err() == nil {
+		// The same pid: a service manager sees the daemon run on, and the
+		// VMs (its children) stay its children; the new binary
+		// re-attaches to them and reaps them when they end.
+		err := syscall.Exec(exe, os.Args, os.Environ())
+		fmt.Fprintln(stderr, "compute-agent run: execute the binary again:", err)
 		return 1
 	}
 	return 0

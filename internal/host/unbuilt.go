@@ -30,7 +30,7 @@ func refuseUnbuilt(cfg *config.Config) error {
 		phase  string
 	}{
 		{"tunnels.ssh", cfg.Tunnels != nil && cfg.Tunnels.SSH, "SSH tunnels and certificates are not built yet (exec tunnels are)"},
-		{"downloads", cfg.Downloads != nil, "daemon downloads are not served yet"},
+		{"downloads.blob", cfg.Downloads != nil && cfg.Downloads.Blob != "", "downloads from a blob store are not built yet (downloads.dir is)"},
 		{"supportBundles", cfg.SupportBundles != nil, "support bundles are not built yet"},
 		{"modules", len(cfg.Modules) > 0, "extra modules are not built yet"},
 		{"plugins", len(cfg.Plugins) > 0, "plugins are not built yet"},

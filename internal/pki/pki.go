@@ -1,7 +1,9 @@
 // Package pki owns the deployment's certificate authorities and signing
 // keys: the node CA (client certificates of node daemons), the gateway
 // serving CA, the internal CA (the gateways' control API), the join
-// service's key (join tokens are sealed to it) and the command signing key.
+// service's key (join tokens are sealed to it), the command signing key and
+// the release signing key (signs the artifacts `make release` lays out;
+// daemons pin its public half at join and verify downloads with it).
 // A bundle is generated once (`computed pki init`, or by the first start
 // of `make run`) and kept sealed with the service secret in SERVICE_PKI.
 //
@@ -67,6 +69,10 @@ type Bundle struct {
 	Join *ecdsa.PrivateKey
 	// CommandSigning signs commands to daemons.
 	CommandSigning ed25519.PrivateKey
+	// ReleaseSigning signs release artifacts (internal/release). A bundle
+	// written before release keys existed has none until `computed pki
+	// init` adds one.
+	ReleaseSigning ed25519.PrivateKey
 }
 
 // Generate makes a new bundle for trustDomain (DefaultTrustDomain when
@@ -92,6 +98,9 @@ func Generate(trustDomain string) (*Bundle, error) {
 		return nil, err
 	}
 	if _, b.CommandSigning, err = ed25519.GenerateKey(rand.Reader); err != nil {
+		return nil, err
+	}
+	if _, b.ReleaseSigning, err = ed25519.GenerateKey(rand.Reader); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -184,6 +193,7 @@ type fileBundle struct {
 	InternalCA     pair   `json:"internalCa"`
 	Join           string `json:"join"`
 	CommandSigning string `json:"commandSigning"`
+	ReleaseSigning string `json:"releaseSigning,omitempty"`
 }
 
 type pair struct {
@@ -232,6 +242,11 @@ func (b *Bundle) Seal(secret string) ([]byte, error) {
 	}
 	if fb.CommandSigning, err = keyPEM(b.CommandSigning); err != nil {
 		return nil, err
+	}
+	if b.ReleaseSigning != nil {
+		if fb.ReleaseSigning, err = keyPEM(b.ReleaseSigning); err != nil {
+			return nil, err
+		}
 	}
 	plain, err := json.Marshal(fb)
 	if err != nil {
@@ -305,6 +320,15 @@ func Open(secret string, data []byte) (*Bundle, error) {
 	if b.CommandSigning, ok = cmd.(ed25519.PrivateKey); !ok {
 		return nil, errors.New("pki: the command signing key is not Ed25519")
 	}
+	if fb.ReleaseSigning != "" {
+		rel, err := parseKey(fb.ReleaseSigning)
+		if err != nil {
+			return nil, err
+		}
+		if b.ReleaseSigning, ok = rel.(ed25519.PrivateKey); !ok {
+			return nil, errors.New("pki: the release signing key is not Ed25519")
+		}
+	}
 	return b, nil
 }
 
@@ -344,11 +368,19 @@ func Fingerprint(c *x509.Certificate) string {
 }
 
 // Init writes a new bundle to path, sealed with secret, unless one is
-// there already; it returns the bundle at path and whether it made it.
+// there already; it returns the bundle at path and whether it made it. A
+// bundle written before release keys existed gets one added (and is
+// written again); everything else in it stays.
 func Init(path, secret, trustDomain string) (*Bundle, bool, error) {
 	if data, err := os.ReadFile(path); err == nil {
 		b, err := Open(secret, data)
-		return b, false, err
+		if err != nil || b.ReleaseSigning != nil {
+			return b, false, err
+		}
+		if _, b.ReleaseSigning, err = ed25519.GenerateKey(rand.Reader); err != nil {
+			return nil, false, err
+		}
+		return b, false, write(path, secret, b)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, false, err
 	}
@@ -356,18 +388,23 @@ func Init(path, secret, trustDomain string) (*Bundle, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
+	return b, true, write(path, secret, b)
+}
+
+// write seals b into path through a temporary file and a rename.
+func write(path, secret string, b *Bundle) error {
 	sealed, err := b.Seal(secret)
 	if err != nil {
-		return nil, false, err
+		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, false, err
+		return err
 	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, sealed, 0o600); err != nil {
-		return nil, false, err
+		return err
 	}
-	return b, true, os.Rename(tmp, path)
+	return os.Rename(tmp, path)
 }
 
 // ErrNoBundle is the answer of a Loader whose file does not exist.
@@ -465,6 +502,15 @@ func issueTLS(ca CA, cn string, hosts []string, uris []*url.URL, usage x509.ExtK
 // SerialHex names a certificate's serial in revocation sets.
 func SerialHex(c *x509.Certificate) string { return c.SerialNumber.Text(16) }
 
+// ReleaseKey is the public half of the release signing key, nil when the
+// bundle has none.
+func (b *Bundle) ReleaseKey() ed25519.PublicKey {
+	if b.ReleaseSigning == nil {
+		return nil
+	}
+	return b.ReleaseSigning.Public().(ed25519.PublicKey)
+}
+
 // CommandKey is the public half of the command signing key.
 func (b *Bundle) CommandKey() ed25519.PublicKey {
 	return b.CommandSigning.Public().(ed25519.PublicKey)
@@ -488,13 +534,14 @@ func VerifyNodeCert(cert *x509.Certificate, roots, intermediates *x509.CertPool,
 }
 
 // TrustFingerprint names what daemons trust of this bundle: the node,
-// serving and internal CAs and the command key. A changed bundle has
-// another one, and so the next trust version.
+// serving and internal CAs, the command key and the release key. A changed
+// bundle has another one, and so the next trust version.
 func (b *Bundle) TrustFingerprint() string {
 	h := sha256.New()
 	for _, c := range []*x509.Certificate{b.NodeCA.Cert, b.ServingCA.Cert, b.InternalCA.Cert} {
 		h.Write(c.Raw)
 	}
 	h.Write(b.CommandKey())
+	h.Write(b.ReleaseKey()) // nothing for a bundle without one: its fingerprint stays
 	return fmt.Sprintf("%x", h.Sum(nil))
 }
