@@ -27,6 +27,7 @@ import (
 	"computeplane/internal/agentproto"
 	"computeplane/internal/buildinfo"
 	"computeplane/internal/qemu"
+	"computeplane/internal/release"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -36,6 +37,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime qemu|recording] [--accel auto|kvm|tcg] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
 	fmt.Fprintln(w, "             [--network none|nftables [--net-uplink IF] [--net-egress-pool CIDR] [--net-private-pool CIDR] [--net-allow-private CIDRS]")
 	fmt.Fprintln(w, "              [--net-deny CIDRS] [--net-resolvers ADDRS] [--net-bandwidth-mbps N] [--net-mtu N]]")
+	fmt.Fprintln(w, "       compute-agent upgrade --dir D [--version V] [--release-key F] [--restart exec|none] [--force]")
 	fmt.Fprintln(w, "       compute-agent version")
 }
 
@@ -52,6 +54,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return join(ctx, args[1:], stdout, stderr)
 	case "run":
 		return serve(ctx, args[1:], stderr, log)
+	case "upgrade":
+		return upgrade(ctx, args[1:], stdout, stderr)
 	case "version":
 		// The version alone first, as `computed version` and system.version
 		// give it; then the protocol range.
@@ -97,6 +101,63 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintln(stdout, node)
+	return 0
+}
+
+// upgrade installs a release of compute-agent from the control plane the
+// node joined (verified against the pinned release key) over this binary,
+// then has the daemon of the directory execute it.
+func upgrade(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("compute-agent upgrade", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "/var/lib/compute-agent", "the agent's directory (its node names the control plane)")
+	version := fs.String("version", "latest", "the release to install (v1.2.3), or latest")
+	keyFile := fs.String("release-key", "", "a release public key to pin besides the node's (PEM or hex), for a node joined before its control plane had one")
+	restart := fs.String("restart", "exec", "exec: the running daemon executes the new binary (same pid, VMs run on); none: install only")
+	force := fs.Bool("force", false, "install even when the version is the one running")
+	if fs.Parse(args) != nil {
+		return 2
+	}
+	if *restart != "exec" && *restart != "none" {
+		fmt.Fprintf(stderr, "compute-agent upgrade: --restart %q: use exec or none\n", *restart)
+		return 2
+	}
+	o := agent.UpgradeOptions{Dir: agent.Dir(*dir), Version: *version, Current: buildinfo.Version(), Force: *force}
+	if *keyFile != "" {
+		b, err := os.ReadFile(*keyFile)
+		if err == nil {
+			var k []byte
+			if k, err = release.ParsePublicKey(b); err == nil {
+				o.ReleaseKeys = append(o.ReleaseKeys, k)
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "compute-agent upgrade: --release-key:", err)
+			return 2
+		}
+	}
+	res, err := agent.Upgrade(ctx, o)
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent upgrade:", err)
+		return 1
+	}
+	if !res.Installed {
+		fmt.Fprintf(stdout, "compute-agent %s is the release asked for: nothing to install\n", res.To)
+		return 0
+	}
+	fmt.Fprintf(stdout, "installed compute-agent %s over %s (%s), checksum and signature verified\n", res.To, res.From, res.Exe)
+	if *restart == "none" {
+		return 0
+	}
+	switch err := agent.Restart(ctx, agent.Dir(*dir), res.Exe, res.To); {
+	case errors.Is(err, agent.ErrNoDaemon):
+		fmt.Fprintln(stdout, "no daemon of this directory runs it: the next start runs the new version")
+	case err != nil:
+		fmt.Fprintln(stderr, "compute-agent upgrade:", err)
+		return 1
+	default:
+		fmt.Fprintf(stdout, "the daemon runs %s\n", res.To)
+	}
 	return 0
 }
 

@@ -7,6 +7,9 @@
 //	                    (create-key, revoke-key, list-keys)
 //	computed pki init [--trust-domain D]
 //	                    write the sealed PKI bundle to SERVICE_PKI unless it exists
+//	                    (adding a release key to a bundle without one)
+//	computed pki release-key
+//	                    print the release public key (PEM) daemons pin
 //	computed nodes register ...
 //	                    enter a node with a declared capacity (no daemon)
 //	computed metal enroll ...
@@ -42,6 +45,7 @@ import (
 	"computeplane/internal/nodes"
 	"computeplane/internal/pki"
 	"computeplane/internal/profiles"
+	"computeplane/internal/release"
 	"computeplane/internal/store"
 	"computeplane/internal/workflows"
 )
@@ -180,8 +184,22 @@ func pkiCommand(cfg *config.Config, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("computed pki init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	domain := fs.String("trust-domain", pki.DefaultTrustDomain, "SPIFFE trust domain of node identities")
+	if len(args) == 1 && args[0] == "release-key" {
+		// The public half, for operators to pin (compute-agent upgrade
+		// --release-key) and to verify releases with.
+		b, err := pki.Loader(cfg.PKIFile, cfg.Secret)()
+		if err == nil && b.ReleaseKey() == nil {
+			err = errors.New("the bundle has no release key yet: computed pki init adds one")
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "computed pki release-key:", err)
+			return 1
+		}
+		_, _ = stdout.Write(release.PublicKeyPEM(b.ReleaseKey()))
+		return 0
+	}
 	if len(args) == 0 || args[0] != "init" || fs.Parse(args[1:]) != nil {
-		fmt.Fprintln(stderr, "usage: computed pki init [--trust-domain D] | computed pki revoke --node ID | --serial HEX")
+		fmt.Fprintln(stderr, "usage: computed pki init [--trust-domain D] | computed pki release-key | computed pki revoke --node ID | --serial HEX")
 		return 2
 	}
 	b, made, err := pki.Init(cfg.PKIFile, cfg.Secret, *domain)

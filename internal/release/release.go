@@ -60,7 +60,7 @@ func CheckAgent(name string) error {
 // CheckVersion checks a release version: a semantic version with a
 // leading v (v1.2.3, v1.3.0-rc.1).
 func CheckVersion(v string) error {
-	if !semver.IsValid(v) || strings.Contains(v, "+") {
+	if !semver.IsValid(v) || semver.Canonical(v) != v { // v1 and v1.2 are shorthands; +build is dropped
 		return fmt.Errorf("release: %q is not a version such as v1.2.3 (semantic, with a leading v, no build metadata)", v)
 	}
 	return nil
