@@ -37,13 +37,25 @@ type Fleet struct {
 	DB        *pgxpool.Pool
 	Computed  *proctest.Process
 	PublicURL string
-	agentBin  string
+	// PKIFile is the deployment's sealed PKI bundle (the service secret
+	// is testenv.TestSecret).
+	PKIFile string
+	// ComputedBin and AgentBin are the binaries the fleet runs.
+	ComputedBin, AgentBin string
+	agentBin              string
 }
 
 // Option changes the deployment Start runs.
 type Option func(*options)
 
-type options struct{ tunnels bool }
+type options struct {
+	tunnels bool
+	version string
+}
+
+// Version stamps the release version into the binaries the fleet builds,
+// as make release does.
+func Version(v string) Option { return func(o *options) { o.version = v } }
 
 // Tunnels configures tunnels (the issuer is the public URL) and the
 // gateway's internal API they relay through.
@@ -59,9 +71,11 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	}
 	dbURL := dbtest.URL(t)
 	dir := t.TempDir()
-	computed := proctest.Build(t, "computeplane/cmd/computed")
-	f := &Fleet{t: t, agentBin: proctest.Build(t, "computeplane/cmd/compute-agent")}
+	computed := proctest.BuildVersion(t, "computeplane/cmd/computed", o.version)
+	f := &Fleet{t: t, agentBin: proctest.BuildVersion(t, "computeplane/cmd/compute-agent", o.version)}
+	f.ComputedBin, f.AgentBin = computed, f.agentBin
 	pkiFile := filepath.Join(dir, "pki.json")
+	f.PKIFile = pkiFile
 	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "fleet.local")
 	require.NoError(t, err)
 	port, gwPort := testenv.FreePort(t), testenv.FreePort(t)
