@@ -79,7 +79,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if cmd == "serve" {
 		// The check `computed config check` makes: the options, then
 		// what this build has (every problem of both at once).
-		load = func(getenv func(string) string) (*config.Config, error) { return host.CheckConfig(getenv, builtin.All()) }
+		load = func(getenv func(string) string) (*config.Config, error) {
+			return host.CheckConfig(getenv, builtin.All())
+		}
 	}
 	cfg, err := load(getenv)
 	if err != nil {

@@ -56,7 +56,9 @@ func get(t *testing.T, url string, header ...string) (*http.Response, []byte) {
 
 func errorCode(t *testing.T, body []byte) string {
 	t.Helper()
-	var e struct{ Error struct{ Code, Message string } }
+	var e struct {
+		Error struct{ Code, Message string }
+	}
 	require.NoError(t, json.Unmarshal(body, &e), "%s", body)
 	return e.Error.Code
 }
