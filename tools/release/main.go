@@ -62,9 +62,12 @@ func run(args []string, stdout io.Writer) error {
 	if err := release.CheckVersion(*version); err != nil {
 		return err
 	}
-	key, err := releaseKey()
+	key, made, err := releaseKey()
 	if err != nil {
 		return err
+	}
+	if made {
+		fmt.Fprintln(stdout, "release: no PKI bundle was there: made a new one; deployments verify with the key of their own bundle, so sign with that one (SERVICE_PKI, SERVICE_SECRET)")
 	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
@@ -136,13 +139,14 @@ func fileSum(path string) ([sha256.Size]byte, error) {
 	return h.Sum(), nil
 }
 
-// releaseKey opens the PKI bundle (adding a release key to one without).
-func releaseKey() (*pki.Bundle, error) {
+// releaseKey opens the PKI bundle (adding a release key to one without,
+// making one where there is none, as make run would).
+func releaseKey() (*pki.Bundle, bool, error) {
 	secret := os.Getenv(config.EnvSecret)
 	if secret == "" {
 		b, err := os.ReadFile(".service/secret")
 		if err != nil {
-			return nil, errors.New("no service secret: set SERVICE_SECRET (or keep it in .service/secret)")
+			return nil, false, errors.New("no service secret: set SERVICE_SECRET (or keep it in .service/secret)")
 		}
 		secret = strings.TrimSpace(string(b))
 	}
@@ -150,11 +154,11 @@ func releaseKey() (*pki.Bundle, error) {
 	if path == "" {
 		path = config.DefaultPKIFile
 	}
-	b, _, err := pki.Init(path, secret, "")
+	b, made, err := pki.Init(path, secret, "")
 	if err != nil {
-		return nil, fmt.Errorf("the PKI bundle %s: %w", path, err)
+		return nil, false, fmt.Errorf("the PKI bundle %s: %w", path, err)
 	}
-	return b, nil
+	return b, made, nil
 }
 
 // pseudoVersion names the checked-out commit: its tag v* when it has
