@@ -2,7 +2,6 @@ package downloads
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -152,11 +151,10 @@ func writeJSON(w http.ResponseWriter, status int, code api.Code, msg string) {
 // bounded by the progress of its reader, not by its size.
 type stallWriter struct {
 	http.ResponseWriter
-	timeout time.Duration
 }
 
 func (s *stallWriter) Write(p []byte) (int, error) {
-	_ = http.NewResponseController(s.ResponseWriter).SetWriteDeadline(time.Now().Add(cmp.Or(s.timeout, StallTimeout)))
+	_ = http.NewResponseController(s.ResponseWriter).SetWriteDeadline(time.Now().Add(StallTimeout))
 	return s.ResponseWriter.Write(p)
 }
 
