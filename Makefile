@@ -85,6 +85,11 @@ run: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Run the service, every role, o
 		fi; \
 		go run ./cmd/computed pki init >/dev/null; exec go run ./cmd/computed
 
+.PHONY: release
+RELEASE_DIR ?= dist/downloads
+release: $(SECRET_FILE) ## Build, checksum and sign every binary for linux/amd64 and linux/arm64 into RELEASE_DIR (default dist/downloads): make release [VERSION=v1.2.3]
+	go run ./tools/release -out "$(RELEASE_DIR)" $(if $(VERSION),-version "$(VERSION)")
+
 .PHONY: key
 key: $(SECRET_FILE) ## Make an API key: make key TENANT=acme ROLE=owner [IDENTITY=ann]
 	@test -n "$(TENANT)" -a -n "$(ROLE)" || { echo "usage: make key TENANT=<tenant> ROLE=owner|admin|member|viewer [IDENTITY=<id>]" >&2; exit 2; }
@@ -107,7 +112,7 @@ tools: .service/bin/versitygw ## Build the servers tests run (versitygw, the S3 
 # against deadlines) run one package at a time after the others: on a
 # 2-core machine their CPU load would otherwise share the clock of every
 # timing-sensitive test.
-PROCESS_TESTS = ./internal/killtest ./cmd/computectl ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob
+PROCESS_TESTS = ./internal/killtest ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob
 
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
 	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v -F -x $(foreach p,$(PROCESS_TESTS),-e computeplane/$(patsubst ./%,%,$(p)))) && \
@@ -164,5 +169,5 @@ clean: ## Stop the dev cluster and delete .service/ (its data, secret and PKI) a
 		base="$$(cat .service/pg.base)"; \
 		case "$$base" in /tmp/computeplane-devdb-*) rm -rf "$$base" ;; esac; \
 	fi
-	rm -rf .service bin
+	rm -rf .service bin dist
 	go clean -testcache

@@ -116,7 +116,7 @@ require (
 	go.uber.org/zap v1.28.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/exp v0.0.0-20260824195058-e88cd73687aa // indirect
-	golang.org/x/mod v0.41.0 // indirect
+	golang.org/x/mod v0.41.0
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/text v0.42.0
 	golang.org/x/tools v0.49.0 // indirect

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"computeplane/internal/agent"
@@ -25,11 +26,10 @@ import (
 	"computeplane/internal/agent/network"
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
+	"computeplane/internal/buildinfo"
 	"computeplane/internal/qemu"
+	"computeplane/internal/release"
 )
-
-// version is set at build time (-ldflags "-X main.version=...").
-var version = "dev"
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
@@ -38,6 +38,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime qemu|recording] [--accel auto|kvm|tcg] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
 	fmt.Fprintln(w, "             [--network none|nftables [--net-uplink IF] [--net-egress-pool CIDR] [--net-private-pool CIDR] [--net-allow-private CIDRS]")
 	fmt.Fprintln(w, "              [--net-deny CIDRS] [--net-resolvers ADDRS] [--net-bandwidth-mbps N] [--net-mtu N] [--net-underlay ADDR|none] [--net-vxlan-port N]]")
+	fmt.Fprintln(w, "       compute-agent upgrade --dir D [--version V] [--release-key F] [--restart exec|none] [--force]")
 	fmt.Fprintln(w, "       compute-agent version")
 }
 
@@ -54,8 +55,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return join(ctx, args[1:], stdout, stderr)
 	case "run":
 		return serve(ctx, args[1:], stderr, log)
+	case "upgrade":
+		return upgrade(ctx, args[1:], stdout, stderr)
 	case "version":
-		fmt.Fprintf(stdout, "compute-agent %s (protocol %d-%d)\n", version, agentproto.ProtocolMin, agentproto.ProtocolMax)
+		// The version alone first, as `computed version` and system.version
+		// give it; then the protocol range.
+		fmt.Fprintf(stdout, "%s\nprotocol %d-%d\n", buildinfo.Version(), agentproto.ProtocolMin, agentproto.ProtocolMax)
 		return 0
 	}
 	usage(stderr)
@@ -100,6 +105,63 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// upgrade installs a release of compute-agent from the control plane the
+// node joined (verified against the pinned release key) over this binary,
+// then has the daemon of the directory execute it.
+func upgrade(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("compute-agent upgrade", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "/var/lib/compute-agent", "the agent's directory (its node names the control plane)")
+	version := fs.String("version", "latest", "the release to install (v1.2.3), or latest")
+	keyFile := fs.String("release-key", "", "a release public key to pin besides the node's (PEM or hex), for a node joined before its control plane had one")
+	restart := fs.String("restart", "exec", "exec: the running daemon executes the new binary (same pid, VMs run on); none: install only")
+	force := fs.Bool("force", false, "install even when the version is the one running")
+	if fs.Parse(args) != nil {
+		return 2
+	}
+	if *restart != "exec" && *restart != "none" {
+		fmt.Fprintf(stderr, "compute-agent upgrade: --restart %q: use exec or none\n", *restart)
+		return 2
+	}
+	o := agent.UpgradeOptions{Dir: agent.Dir(*dir), Version: *version, Current: buildinfo.Version(), Force: *force}
+	if *keyFile != "" {
+		b, err := os.ReadFile(*keyFile)
+		if err == nil {
+			var k []byte
+			if k, err = release.ParsePublicKey(b); err == nil {
+				o.ReleaseKeys = append(o.ReleaseKeys, k)
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "compute-agent upgrade: --release-key:", err)
+			return 2
+		}
+	}
+	res, err := agent.Upgrade(ctx, o)
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent upgrade:", err)
+		return 1
+	}
+	if !res.Installed {
+		fmt.Fprintf(stdout, "compute-agent %s is the release asked for: nothing to install\n", res.To)
+		return 0
+	}
+	fmt.Fprintf(stdout, "installed compute-agent %s over %s (%s), checksum and signature verified\n", res.To, res.From, res.Exe)
+	if *restart == "none" {
+		return 0
+	}
+	switch err := agent.Restart(ctx, agent.Dir(*dir), res.Exe, res.To); {
+	case errors.Is(err, agent.ErrNoDaemon):
+		fmt.Fprintln(stdout, "no daemon of this directory runs it: the next start runs the new version")
+	case err != nil:
+		fmt.Fprintln(stderr, "compute-agent upgrade:", err)
+		return 1
+	default:
+		fmt.Fprintf(stdout, "the daemon runs %s\n", res.To)
+	}
+	return 0
+}
+
 func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logger) int {
 	fs := flag.NewFlagSet("compute-agent run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -135,13 +197,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return code
 	}
+	// The binary as it was started: after an upgrade renamed a new one
+	// over it, SIGHUP executes that path again.
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return 1
+	}
 	r, code, err := newRuntime(ctx, runtimeFlags{dir: *dir, accel: *accel, volumes: *volumes, memory: *memory, net: netCfg,
 		domainFilter: nf.domainFilter}, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return code
 	}
-	defer r.Close()
 	if d.Networks = Networks(netCfg); netCfg != nil {
 		d.Underlay = netCfg.Underlay
 	}
@@ -150,13 +218,40 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		// included (protocol tests and benchmarks).
 		d.Networks = []string{network.ModeEgress, network.ModePrivate}
 	}
-	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: version, Log: log})
+	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: buildinfo.Version(), Log: log})
+	if err != nil {
+		_ = r.Close()
+		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return 1
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	var reexec atomic.Bool
+	go func() {
+		select {
+		case <-hup:
+			log.Info("SIGHUP: closing the session and executing the binary again", "binary", exe)
+			reexec.Store(true)
+			stopRun()
+		case <-runCtx.Done():
+		}
+	}()
+	err = a.Run(runCtx)
+	// The runtime detaches from its VMs; they run on.
+	_ = r.Close()
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return 1
 	}
-	if err := a.Run(ctx); err != nil {
-		fmt.Fprintln(stderr, "compute-agent run:", err)
+	if reexec.Load() && ctx.Err() == nil {
+		// The same pid: a service manager sees the daemon run on, and the
+		// VMs (its children) stay its children; the new binary
+		// re-attaches to them and reaps them when they end.
+		err := syscall.Exec(exe, os.Args, os.Environ())
+		fmt.Fprintln(stderr, "compute-agent run: execute the binary again:", err)
 		return 1
 	}
 	return 0

@@ -7,10 +7,15 @@
 //	                    (create-key, revoke-key, list-keys)
 //	computed pki init [--trust-domain D]
 //	                    write the sealed PKI bundle to SERVICE_PKI unless it exists
+//	                    (adding a release key to a bundle without one)
+//	computed pki release-key
+//	                    print the release public key (PEM) daemons pin
 //	computed nodes register ...
 //	                    enter a node with a declared capacity (no daemon)
 //	computed metal enroll ...
 //	                    enter a bare-metal host and start its provisioning workflow
+//	computed config check [--no-env] FILE
+//	                    check a configuration file offline: every problem, with its option path
 //	computed version    print the release version
 package main
 
@@ -42,6 +47,7 @@ import (
 	"computeplane/internal/nodes"
 	"computeplane/internal/pki"
 	"computeplane/internal/profiles"
+	"computeplane/internal/release"
 	"computeplane/internal/sshca"
 	"computeplane/internal/store"
 	"computeplane/internal/workflows"
@@ -63,11 +69,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stdout, buildinfo.Version())
 		return 0
 	}
+	if cmd == "config" {
+		return configCommand(args[1:], getenv, stdout, stderr)
+	}
 	if cmd == "iam" || cmd == "nodes" || cmd == "metal" {
 		// Operator commands find the dev cluster the way make run does.
 		getenv = devEnv(getenv, stderr)
 	}
-	cfg, err := config.Load(getenv)
+	load := config.Load
+	if cmd == "serve" {
+		// The check `computed config check` makes: the options, then
+		// what this build has (every problem of both at once).
+		load = func(getenv func(string) string) (*config.Config, error) {
+			return host.CheckConfig(getenv, builtin.All())
+		}
+	}
+	cfg, err := load(getenv)
 	if err != nil {
 		// Configuration errors come before any connection is opened.
 		fmt.Fprintln(stderr, err)
@@ -76,10 +93,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	log := logging.New(stderr, logging.ParseLevel(cfg.Log.Level))
 	switch cmd {
 	case "serve":
-		if err := host.CheckBuilt(cfg, builtin.All()); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 2
-		}
 		if addr := getenv("SERVICE_PPROF_ADDR"); addr != "" {
 			servePprof(ctx, addr, log)
 		}
@@ -169,9 +182,48 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return 0
 	default:
-		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|iam|nodes|pki|version]"))
+		fmt.Fprintln(stderr, errors.New("usage: computed [serve|migrate|iam|nodes|metal|pki|config|version]"))
 		return 2
 	}
+}
+
+// configCommand runs `computed config check FILE`: the file (as
+// SERVICE_CONFIG) with the environment on top, checked as serve checks it
+// at start, offline. Every problem is printed, one a line with its option
+// path; exit 1 when there is any, 2 for a usage error.
+func configCommand(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("computed config check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	noEnv := fs.Bool("no-env", false, "check the file alone, without the SERVICE_* environment (database and secret must then be in it)")
+	if len(args) == 0 || args[0] != "check" || fs.Parse(args[1:]) != nil || fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "usage: computed config check [--no-env] FILE")
+		return 2
+	}
+	file := fs.Arg(0)
+	env := func(k string) string {
+		switch {
+		case k == config.EnvConfig:
+			return file
+		case *noEnv:
+			return ""
+		}
+		return getenv(k)
+	}
+	_, err := host.CheckConfig(env, builtin.All())
+	problems := config.Problems(err)
+	if err != nil && len(problems) == 0 {
+		fmt.Fprintln(stderr, "computed config check:", err)
+		return 1
+	}
+	for _, p := range problems {
+		fmt.Fprintln(stdout, p)
+	}
+	if len(problems) > 0 {
+		fmt.Fprintf(stderr, "%s: %d problem(s)\n", file, len(problems))
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: ok\n", file)
+	return 0
 }
 
 // pkiCommand runs `computed pki init`: a new bundle (CAs, join and
@@ -181,8 +233,22 @@ func pkiCommand(cfg *config.Config, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("computed pki init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	domain := fs.String("trust-domain", pki.DefaultTrustDomain, "SPIFFE trust domain of node identities")
+	if len(args) == 1 && args[0] == "release-key" {
+		// The public half, for operators to pin (compute-agent upgrade
+		// --release-key) and to verify releases with.
+		b, err := pki.Loader(cfg.PKIFile, cfg.Secret)()
+		if err == nil && b.ReleaseKey() == nil {
+			err = errors.New("the bundle has no release key yet: computed pki init adds one")
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "computed pki release-key:", err)
+			return 1
+		}
+		_, _ = stdout.Write(release.PublicKeyPEM(b.ReleaseKey()))
+		return 0
+	}
 	if len(args) == 0 || args[0] != "init" || fs.Parse(args[1:]) != nil {
-		fmt.Fprintln(stderr, "usage: computed pki init [--trust-domain D] | computed pki revoke --node ID | --serial HEX")
+		fmt.Fprintln(stderr, "usage: computed pki init [--trust-domain D] | computed pki release-key | computed pki revoke --node ID | --serial HEX")
 		return 2
 	}
 	b, made, err := pki.Init(cfg.PKIFile, cfg.Secret, *domain)

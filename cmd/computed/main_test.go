@@ -10,11 +10,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -93,7 +95,8 @@ func TestInvalidConfigBeforeAnyConnection(t *testing.T) {
 	serveOnly := []struct {
 		name, file, option string
 	}{
-		{"downloads not built", "downloads: {dir: /srv/downloads}\n", "downloads"},
+		{"downloads from a blob store not built", "downloads: {blob: \"s3://releases/downloads\"}\n", "downloads.blob"},
+		{"downloads directory missing", "downloads: {dir: /nonexistent/downloads}\n", "downloads.dir"},
 		{"plugins not built", "plugins: [billing]\n", "plugins"},
 		{"attestors not built", "attestors: [tpm]\n", "attestors"},
 		{"driver not built in", "drivers: [redfish, ipmi]\n", "drivers[1]"},
@@ -161,6 +164,73 @@ func TestValidConfigConnects(t *testing.T) {
 	assert.NotContains(t, stderr.String(), "INVALID_CONFIG")
 	assert.Contains(t, stderr.String(), "startup failed")
 	assert.NotContains(t, stderr.String(), db.url, "the database URL is not logged")
+}
+
+// computed config check lists every problem of a file, each with its
+// option path, offline; serve refuses the same file with the same list.
+func TestConfigCheckListsEveryProblem(t *testing.T) {
+	t.Parallel()
+	db := newFakeDatabase(t)
+	env := map[string]string{"SERVICE_DATABASE_URL": db.url, "SERVICE_SECRET": testenv.TestSecret,
+		"HOST": "127.0.0.1", "PORT": strconv.Itoa(testenv.FreePort(t))}
+	file := testenv.ConfigFile(t, `
+bogusOption: 1
+basePath: /api/compute/
+capacity: {maxBatch: 65, placer: fastest}
+trustedProxies: [10.0.0.0/8, not-an-address, 192.168.0.300]
+sinks:
+  events:
+    - {id: ok, kind: http, url: "https://sink.example.com/e"}
+    - {id: bad, kind: carrier-pigeon}
+workers: {batchSize: 0, concurrency: "four"}
+downloads: {dir: /nonexistent/downloads}
+drivers: [redfish, ipmi]
+metrics: {token: short}
+`)
+	want := []string{
+		"INVALID_CONFIG: bogusOption: unknown option",
+		"INVALID_CONFIG: workers.concurrency: must be an integer",
+		"INVALID_CONFIG: basePath: must not end with /",
+		"INVALID_CONFIG: drivers[1]: driver \"ipmi\" is not built into this binary",
+		"INVALID_CONFIG: sinks.events[1].kind: must be http or file",
+		"INVALID_CONFIG: trustedProxies[1]: must be an IPv4 or IPv6 address",
+		"INVALID_CONFIG: trustedProxies[2]: must be an IPv4 or IPv6 address",
+		"INVALID_CONFIG: capacity.placer: must be inline or pool-lease",
+		"INVALID_CONFIG: capacity.maxBatch: must be from 1 to 64",
+		"INVALID_CONFIG: workers.batchSize: must be from 1 to 1000",
+		"INVALID_CONFIG: metrics.token: must be at least 16 characters",
+		"INVALID_CONFIG: downloads.dir: stat /nonexistent/downloads: no such file or directory",
+	}
+	var stdout, stderr syncBuffer
+	assert.Equal(t, 1, run(t.Context(), []string{"config", "check", file}, getenv(env), &stdout, &stderr), stderr.String())
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	for _, w := range want {
+		assert.True(t, slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, w) }), "missing %q in\n%s", w, stdout.String())
+	}
+	assert.Len(t, lines, len(want), "one line a problem:\n%s", stdout.String())
+	assert.Contains(t, stderr.String(), fmt.Sprintf("%s: %d problem(s)", file, len(want)))
+
+	// serve refuses the same file with the same problems, before any
+	// connection.
+	env["SERVICE_CONFIG"] = file
+	var serveOut, serveErr syncBuffer
+	assert.Equal(t, 2, run(t.Context(), []string{"serve"}, getenv(env), &serveOut, &serveErr))
+	assert.Equal(t, strings.TrimSpace(stdout.String()), strings.TrimSpace(serveErr.String()))
+	assert.Zero(t, db.accepted.Load(), "no connection is opened")
+
+	// A good file is ok; without the environment it lacks database and
+	// secret.
+	good := testenv.ConfigFile(t, "capacity: {maxBatch: 8}\n")
+	stdout, stderr = syncBuffer{}, syncBuffer{}
+	assert.Equal(t, 0, run(t.Context(), []string{"config", "check", good}, getenv(env), &stdout, &stderr), stdout.String()+stderr.String())
+	assert.Equal(t, good+": ok\n", stdout.String())
+	stdout, stderr = syncBuffer{}, syncBuffer{}
+	assert.Equal(t, 1, run(t.Context(), []string{"config", "check", "--no-env", good}, getenv(env), &stdout, &stderr))
+	assert.Contains(t, stdout.String(), "INVALID_CONFIG: database: is required")
+	assert.Contains(t, stdout.String(), "INVALID_CONFIG: secret: is required")
+	assert.Zero(t, db.accepted.Load())
+
+	assert.Equal(t, 2, run(t.Context(), []string{"config", "check"}, getenv(env), &stdout, &stderr), "usage")
 }
 
 func TestUnknownCommand(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 
 // agentSide are the packages of this module the node daemon may link:
 // the protocols it speaks (agentproto with the gateway, guestproto with
-// its guests) and its own code. Anything else of the control plane stays
+// its guests), the release format and its own code. Anything else of the control plane stays
 // out of it: the two meet only in agentproto.
 var agentSide = []string{
 	"computeplane/cmd/compute-agent",
@@ -20,6 +20,9 @@ var agentSide = []string{
 	"computeplane/internal/guestproto",
 	"computeplane/internal/qemu",
 	"computeplane/internal/buildinfo",
+	// The release format: the control plane signs and serves what the
+	// daemon verifies (stdlib and x/mod only).
+	"computeplane/internal/release",
 }
 
 // serverImports returns the packages of this module in deps that are not

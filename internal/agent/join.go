@@ -137,7 +137,8 @@ func Join(ctx context.Context, o JoinOptions) (string, error) {
 		return "", err
 	}
 	st := &State{NodeID: jr.NodeID, PoolID: jr.PoolID, TrustDomain: jr.TrustDomain, APIURL: u.String(), FallbackURL: jr.FallbackURL,
-		NodeCA: jr.NodeCA, ServingCA: jr.ServingCA, CommandSigningKeys: jr.CommandSigningKeys, Gateways: jr.Gateways}
+		NodeCA: jr.NodeCA, ServingCA: jr.ServingCA, CommandSigningKeys: jr.CommandSigningKeys, Gateways: jr.Gateways,
+		ReleaseKeys: jr.ReleaseKeys}
 	if err := o.Dir.SaveState(st); err != nil {
 		return "", err
 	}

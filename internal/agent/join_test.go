@@ -37,7 +37,7 @@ func TestJoinKeepsTheAnswerAndRefusesAgain(t *testing.T) {
 		cert := w.nodeCA.issue(t, csr.PublicKey, false, time.Now(), time.Now().Add(time.Hour))
 		_ = json.NewEncoder(rw).Encode(agentproto.JoinResponse{NodeID: "node_new", PoolID: "pool_a", Certificate: cert.Raw,
 			NodeCA: w.nodeCA.cert.Raw, ServingCA: w.serving.cert.Raw, Gateways: []agentproto.Gateway{{ID: "gw_1", URL: "https://127.0.0.1:1"}},
-			FallbackURL: "ws://127.0.0.1:1/v1/session"})
+			FallbackURL: "ws://127.0.0.1:1/v1/session", ReleaseKeys: [][]byte{[]byte("0123456789abcdef0123456789abcdef")}})
 	}))
 	t.Cleanup(srv.Close)
 	dir := Dir(t.TempDir() + "/agent")
@@ -54,6 +54,7 @@ func TestJoinKeepsTheAnswerAndRefusesAgain(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "gw_1", st.Gateways[0].ID)
 	assert.Equal(t, srv.URL, st.APIURL)
+	assert.Len(t, st.ReleasePublicKeys(), 1, "the release key is pinned")
 	_, _, err = dir.LoadIdentity()
 	require.NoError(t, err)
 	for name, mode := range map[string]os.FileMode{"": 0o700, fileKey: 0o600} {

@@ -119,6 +119,7 @@ func New(o Options) (*Agent, error) {
 	var prev Status
 	_ = readJSON(o.Dir.path(fileStatus), &prev)
 	prev.NodeID, prev.Connected = st.NodeID, false
+	prev.Version, prev.Pid, prev.StartedAt = o.Version, os.Getpid(), time.Now().UTC()
 	a := &Agent{o: o, dir: o.Dir, log: o.Log, state: st, key: key, transports: map[string]string{},
 		status: &statusFile{dir: o.Dir, s: prev}, lastGateway: gatewayRef{id: prev.GatewayID, url: prev.GatewayURL}, rwait: map[string]chan *agentproto.Resolved{}, inflight: map[string]bool{}}
 	if u, ok := o.Runtime.(vmruntime.SecretUser); ok {

@@ -43,6 +43,9 @@ type State struct {
 	ServingCA          []byte               `json:"servingCa"` // DER
 	CommandSigningKeys [][]byte             `json:"commandSigningKeys"`
 	Gateways           []agentproto.Gateway `json:"gateways"`
+	// ReleaseKeys are the pinned release keys (Ed25519 public keys) that
+	// upgrades must be signed with.
+	ReleaseKeys [][]byte `json:"releaseKeys,omitempty"`
 }
 
 // writeFileAtomic writes through a temporary file and a rename.
@@ -125,6 +128,17 @@ func (d Dir) SaveCert(der []byte) error {
 	return writeFileAtomic(d.path(fileCert), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
 }
 
+// ReleasePublicKeys are the pinned release keys.
+func (s *State) ReleasePublicKeys() []ed25519.PublicKey {
+	var out []ed25519.PublicKey
+	for _, k := range s.ReleaseKeys {
+		if len(k) == ed25519.PublicKeySize {
+			out = append(out, ed25519.PublicKey(k))
+		}
+	}
+	return out
+}
+
 func (s *State) commandKeys() []ed25519.PublicKey {
 	out := make([]ed25519.PublicKey, 0, len(s.CommandSigningKeys))
 	for _, k := range s.CommandSigningKeys {
@@ -145,6 +159,11 @@ type Status struct {
 	ObservedGeneration int64     `json:"observedGeneration"`
 	Connected          bool      `json:"connected"`
 	UpdatedAt          time.Time `json:"updatedAt"`
+	// Version, Pid and StartedAt name the daemon process: upgrade signals
+	// that pid and waits for a start of the new version.
+	Version   string    `json:"version,omitempty"`
+	Pid       int       `json:"pid,omitempty"`
+	StartedAt time.Time `json:"startedAt,omitzero"`
 }
 
 // statusFile keeps status.json current.

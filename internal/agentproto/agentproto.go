@@ -545,6 +545,10 @@ type JoinResponse struct {
 	Gateways           []Gateway `json:"gateways"`
 	// FallbackURL is the wss:// URL of the public host's session endpoint.
 	FallbackURL string `json:"fallbackUrl"`
+	// ReleaseKeys verify downloaded releases (Ed25519 public keys): the
+	// daemon pins them and `compute-agent upgrade` installs only what one
+	// of them signed. Absent from an older control plane.
+	ReleaseKeys [][]byte `json:"releaseKeys,omitempty"`
 }
 
 var uriRe = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]*`)

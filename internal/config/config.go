@@ -13,8 +13,10 @@
 package config
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -410,4 +412,79 @@ type Error struct {
 
 func (e *Error) Error() string {
 	return "INVALID_CONFIG: " + e.Option + ": " + e.Message
+}
+
+// Errors is every problem of a configuration, in the order of the
+// options. Load answers a single *Error when there is one problem and
+// Errors when there are more; errors.As finds the first *Error of either.
+type Errors []*Error
+
+// Error is one problem a line.
+func (e Errors) Error() string {
+	lines := make([]string, len(e))
+	for i, p := range e {
+		lines[i] = p.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Unwrap gives each problem to errors.Is and errors.As.
+func (e Errors) Unwrap() []error {
+	out := make([]error, len(e))
+	for i, p := range e {
+		out[i] = p
+	}
+	return out
+}
+
+// Problems lists the problems of err: every one of an Errors, the one of
+// an *Error, none otherwise.
+func Problems(err error) []*Error {
+	var many Errors
+	if errors.As(err, &many) {
+		return many
+	}
+	var one *Error
+	if errors.As(err, &one) {
+		return []*Error{one}
+	}
+	return nil
+}
+
+// Join is nil for no problem, the problem for one, Errors for more.
+func Join(list []*Error) error {
+	p := problems{list: list}
+	return p.err()
+}
+
+// problems collects the problems of one load. An option is reported
+// once: a problem within an option already reported (or around it) is a
+// consequence of the first (a value of the wrong type, then missing).
+type problems struct{ list Errors }
+
+func (p *problems) add(err error) {
+	for _, e := range Problems(err) {
+		if !slices.ContainsFunc(p.list, func(have *Error) bool { return related(have.Option, e.Option) }) {
+			p.list = append(p.list, e)
+		}
+	}
+}
+
+// related reports whether one option path is the other or within it.
+func related(a, b string) bool {
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	return a == b || (strings.HasPrefix(b, a) && (b[len(a)] == '.' || b[len(a)] == '['))
+}
+
+// err is nil, the one problem, or Errors.
+func (p *problems) err() error {
+	switch len(p.list) {
+	case 0:
+		return nil
+	case 1:
+		return p.list[0]
+	}
+	return p.list
 }

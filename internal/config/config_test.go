@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -692,4 +693,39 @@ func TestBaseURLFollowsThePort(t *testing.T) {
 	require.Equal(t, "http://localhost:3000", load(nil).BaseURL)
 	require.Equal(t, "http://localhost:3001", load(map[string]string{EnvPort: "3001"}).BaseURL)
 	require.Equal(t, "https://api.example.com", load(map[string]string{EnvPort: "3001", EnvBaseURL: "https://api.example.com"}).BaseURL, "set wins")
+}
+
+// Every problem of a file is reported at once, each with its option path,
+// and an option once: a value of the wrong type is not also "required".
+func TestEveryProblemAtOnce(t *testing.T) {
+	t.Parallel()
+	_, err := run(`
+secret: 12345
+unknownThing: true
+gateway: {url: "http://gw.example.com", maxStreams: 0}
+sinks: {audit: [{id: a, kind: file}, {id: a, kind: file, path: /x}]}
+scheduler: {topN: 0}
+roles: [api, gateway, web]
+`, map[string]string{EnvSecret: ""})
+	problems := Problems(err)
+	var got []string
+	for _, p := range problems {
+		got = append(got, p.Option)
+	}
+	assert.Equal(t, []string{
+		"secret", "unknownThing", // the file's own problems first, then in the order of the checks
+		"sinks.audit[0].path", "sinks.audit[1].id",
+		"gateway.maxStreams",
+		"scheduler.topN",
+		"roles[2]",
+	}, got, "%v", err)
+	assert.Equal(t, "must be a string", problems[0].Message, "not also: is required")
+	var first *Error
+	require.ErrorAs(t, err, &first)
+	assert.Equal(t, "secret", first.Option)
+	assert.Len(t, strings.Split(err.Error(), "\n"), len(problems), "one line a problem")
+
+	// One problem is a plain *Error, as before.
+	_, err = run("capacity: {maxBatch: 65}", nil)
+	require.IsType(t, &Error{}, err)
 }

@@ -194,38 +194,41 @@ type fileMetrics struct {
 // parseFile decodes a YAML or JSON document (JSON is YAML) into the file
 // form. Unlike yaml.Decoder.KnownFields, which also refuses unknown keys,
 // it walks the node tree itself so that every problem, a wrong type
-// included, names the option by its path.
-func parseFile(data []byte) (*fileConfig, error) {
+// included, names the option by its path; it goes on past a problem, so
+// that all of them are reported at once. A document that does not parse
+// at all is one problem and no file form.
+func parseFile(data []byte, p *problems) *fileConfig {
 	var doc yaml.Node
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return &fileConfig{}, nil // an empty file configures nothing
+			return &fileConfig{} // an empty file configures nothing
 		}
-		return nil, &Error{Option: EnvConfig, Message: "not valid YAML or JSON: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		p.add(&Error{Option: EnvConfig, Message: "not valid YAML or JSON: " + strings.TrimPrefix(err.Error(), "yaml: ")})
+		return nil
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, &Error{Option: EnvConfig, Message: "holds more than one document"}
+		p.add(&Error{Option: EnvConfig, Message: "holds more than one document"})
+		return nil
 	}
 	fc := &fileConfig{}
 	root := &doc
 	if root.Kind == yaml.DocumentNode {
 		if len(root.Content) == 0 {
-			return fc, nil
+			return fc
 		}
 		root = root.Content[0]
 	}
 	if isNull(root) {
-		return fc, nil
+		return fc
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, &Error{Option: EnvConfig, Message: "must hold an object of options"}
+		p.add(&Error{Option: EnvConfig, Message: "must hold an object of options"})
+		return nil
 	}
-	if err := decodeNode(root, reflect.ValueOf(fc).Elem(), ""); err != nil {
-		return nil, err
-	}
-	return fc, nil
+	decodeNode(root, reflect.ValueOf(fc).Elem(), "", p)
+	return fc
 }
 
 var yamlNodeType = reflect.TypeFor[yaml.Node]()
@@ -241,30 +244,32 @@ func join(path, key string) string {
 	return path + "." + key
 }
 
-// decodeNode decodes n into v (addressable), strictly.
-func decodeNode(n *yaml.Node, v reflect.Value, path string) error {
+// decodeNode decodes n into v (addressable), strictly; each problem goes
+// to p and leaves its option unset.
+func decodeNode(n *yaml.Node, v reflect.Value, path string, p *problems) {
 	for n.Kind == yaml.AliasNode {
 		n = n.Alias
 	}
 	if v.Type() == yamlNodeType {
 		v.Set(reflect.ValueOf(*n))
-		return nil
+		return
 	}
 	if isNull(n) {
 		v.SetZero() // null is the same as absent
-		return nil
+		return
 	}
 	switch v.Kind() {
 	case reflect.Pointer:
 		elem := reflect.New(v.Type().Elem())
-		if err := decodeNode(n, elem.Elem(), path); err != nil {
-			return err
+		before := len(p.list)
+		decodeNode(n, elem.Elem(), path, p)
+		if len(p.list) == before || v.Type().Elem().Kind() == reflect.Struct {
+			v.Set(elem) // an object keeps the options that decoded
 		}
-		v.Set(elem)
-		return nil
 	case reflect.Struct:
 		if n.Kind != yaml.MappingNode {
-			return &Error{Option: path, Message: "must be an object"}
+			p.add(&Error{Option: path, Message: "must be an object"})
+			return
 		}
 		fields := map[string]int{}
 		for i := range v.NumField() {
@@ -276,57 +281,56 @@ func decodeNode(n *yaml.Node, v reflect.Value, path string) error {
 			key := n.Content[i].Value
 			opt := join(path, key)
 			if n.Content[i].Kind != yaml.ScalarNode {
-				return &Error{Option: path, Message: "option names must be strings"}
+				p.add(&Error{Option: path, Message: "option names must be strings"})
+				continue
 			}
 			idx, ok := fields[key]
-			if !ok {
-				return &Error{Option: opt, Message: "unknown option"}
-			}
-			if seen[key] {
-				return &Error{Option: opt, Message: "given more than once"}
-			}
-			seen[key] = true
-			if err := decodeNode(n.Content[i+1], v.Field(idx), opt); err != nil {
-				return err
+			switch {
+			case !ok:
+				p.add(&Error{Option: opt, Message: "unknown option"})
+			case seen[key]:
+				p.add(&Error{Option: opt, Message: "given more than once"})
+			default:
+				seen[key] = true
+				decodeNode(n.Content[i+1], v.Field(idx), opt, p)
 			}
 		}
-		return nil
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
-			return &Error{Option: path, Message: "must be a list"}
+			p.add(&Error{Option: path, Message: "must be a list"})
+			return
 		}
 		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
 		for i, item := range n.Content {
-			if err := decodeNode(item, s.Index(i), path+"["+strconv.Itoa(i)+"]"); err != nil {
-				return err
-			}
+			decodeNode(item, s.Index(i), path+"["+strconv.Itoa(i)+"]", p)
 		}
 		v.Set(s)
-		return nil
 	case reflect.Map:
 		if n.Kind != yaml.MappingNode {
-			return &Error{Option: path, Message: "must be an object"}
+			p.add(&Error{Option: path, Message: "must be an object"})
+			return
 		}
 		m := reflect.MakeMapWithSize(v.Type(), len(n.Content)/2)
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			key := n.Content[i].Value
 			opt := join(path, key)
 			if n.Content[i].Kind != yaml.ScalarNode {
-				return &Error{Option: path, Message: "keys must be strings"}
+				p.add(&Error{Option: path, Message: "keys must be strings"})
+				continue
 			}
 			if m.MapIndex(reflect.ValueOf(key)).IsValid() {
-				return &Error{Option: opt, Message: "given more than once"}
+				p.add(&Error{Option: opt, Message: "given more than once"})
+				continue
 			}
 			elem := reflect.New(v.Type().Elem()).Elem()
-			if err := decodeNode(n.Content[i+1], elem, opt); err != nil {
-				return err
-			}
+			decodeNode(n.Content[i+1], elem, opt, p)
 			m.SetMapIndex(reflect.ValueOf(key), elem)
 		}
 		v.Set(m)
-		return nil
 	default:
-		return decodeScalar(n, v, path)
+		if err := decodeScalar(n, v, path); err != nil {
+			p.add(err)
+		}
 	}
 }
 

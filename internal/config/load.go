@@ -19,26 +19,41 @@ import (
 
 // Load reads the file named by SERVICE_CONFIG (when set), applies the
 // environment on top and validates the result. getenv is os.Getenv in a
-// process; tests pass their own. The error is an *Error.
+// process; tests pass their own. The error is an *Error, or Errors when
+// there is more than one problem: every problem is reported at once.
 func Load(getenv func(string) string) (*Config, error) {
 	return load(getenv, os.ReadFile)
 }
 
+// Check is Load for reporting: with problems it returns, besides them,
+// the configuration as far as it was built (nil when the file did not
+// parse), so that checks of later stages (host.CheckBuilt) report theirs
+// too. Never run a process with a configuration Check found problems in.
+func Check(getenv func(string) string) (*Config, error) {
+	return check(getenv, os.ReadFile)
+}
+
 func load(getenv func(string) string, readFile func(string) ([]byte, error)) (*Config, error) {
+	c, err := check(getenv, readFile)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func check(getenv func(string) string, readFile func(string) ([]byte, error)) (*Config, error) {
+	b := &builder{env: map[string]string{}}
 	fc := &fileConfig{}
 	if path := getenv(EnvConfig); path != "" {
 		data, err := readFile(path)
 		if err != nil {
 			return nil, &Error{Option: EnvConfig, Message: fmt.Sprintf("cannot read %s: %v", path, unwrapPathError(err))}
 		}
-		if fc, err = parseFile(data); err != nil {
-			return nil, err
+		if fc = parseFile(data, &b.problems); fc == nil {
+			return nil, b.problems.err() // nothing to check further
 		}
 	}
-	b := &builder{env: map[string]string{}}
-	if err := b.applyEnv(fc, getenv); err != nil {
-		return nil, err
-	}
+	b.applyEnv(fc, getenv)
 	return b.build(fc)
 }
 
@@ -52,8 +67,22 @@ func unwrapPathError(err error) error {
 // builder validates the file form and builds the Config. env records which
 // options the environment set, to say so in errors.
 type builder struct {
-	env     map[string]string
-	pkiFile string
+	env      map[string]string
+	pkiFile  string
+	problems problems
+}
+
+// report keeps a problem and goes on.
+func (b *builder) report(err error) {
+	if err != nil {
+		b.problems.add(err)
+	}
+}
+
+// failed reports whether option (or anything within it) has a problem:
+// checks that depend on it say nothing more.
+func (b *builder) failed(option string) bool {
+	return slices.ContainsFunc(b.problems.list, func(e *Error) bool { return related(e.Option, option) })
 }
 
 func (b *builder) errorf(option, format string, args ...any) *Error {
@@ -66,7 +95,7 @@ func (b *builder) errorf(option, format string, args ...any) *Error {
 
 // applyEnv lets the environment override the file. An empty variable is
 // unset.
-func (b *builder) applyEnv(fc *fileConfig, getenv func(string) string) error {
+func (b *builder) applyEnv(fc *fileConfig, getenv func(string) string) {
 	str := func(option, name string, dst **string) {
 		if v := getenv(name); v != "" {
 			*dst = &v
@@ -81,9 +110,11 @@ func (b *builder) applyEnv(fc *fileConfig, getenv func(string) string) error {
 		b.env["port"] = EnvPort
 		p, err := strconv.Atoi(v)
 		if err != nil {
-			return b.errorf("port", "must be an integer from 0 to 65535")
+			b.report(b.errorf("port", "must be an integer from 0 to 65535"))
+			fc.Port = nil
+		} else {
+			fc.Port = &p
 		}
-		fc.Port = &p
 	}
 	if v := getenv(EnvRoles); v != "" {
 		b.env["roles"] = EnvRoles
@@ -126,7 +157,6 @@ func (b *builder) applyEnv(fc *fileConfig, getenv func(string) string) error {
 		b.env["pkiFile"] = EnvPKI
 		b.pkiFile = v
 	}
-	return nil
 }
 
 // Shapes of the specification.
@@ -148,12 +178,11 @@ func (b *builder) build(fc *fileConfig) (*Config, error) {
 		b.proxies, b.gateway, b.downloads, b.images, b.bootstrap, b.supportBundles, b.secrets, b.webhooks, b.capacity, b.admission,
 		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles,
 	}
+	// Every step runs: a problem in one option does not hide another's.
 	for _, step := range steps {
-		if err := step(fc, c); err != nil {
-			return nil, err
-		}
+		b.report(step(fc, c))
 	}
-	return c, nil
+	return c, b.problems.err()
 }
 
 func deref[T any](p *T, def T) T {
@@ -163,22 +192,21 @@ func deref[T any](p *T, def T) T {
 	return *p
 }
 
-// core: database, secret, baseURL, basePath, typePrefix.
+// core: database, secret, baseURL, basePath, typePrefix; each is
+// checked on its own.
 func (b *builder) core(fc *fileConfig, c *Config) error {
 	c.Database = deref(fc.Database, "")
 	if c.Database == "" {
-		return b.errorf("database", "is required (set SERVICE_DATABASE_URL)")
-	}
-	if err := checkDatabase(c.Database); err != "" {
-		return b.errorf("database", "%s", err) // never echo it: it may hold a password
+		b.report(b.errorf("database", "is required (set SERVICE_DATABASE_URL)"))
+	} else if err := checkDatabase(c.Database); err != "" {
+		b.report(b.errorf("database", "%s", err)) // never echo it: it may hold a password
 	}
 
 	c.Secret = deref(fc.Secret, "")
 	if c.Secret == "" {
-		return b.errorf("secret", "is required (set SERVICE_SECRET)")
-	}
-	if n := utf8.RuneCountInString(c.Secret); n < MinSecretLength {
-		return b.errorf("secret", "must be at least %d characters, got %d", MinSecretLength, n)
+		b.report(b.errorf("secret", "is required (set SERVICE_SECRET)"))
+	} else if n := utf8.RuneCountInString(c.Secret); n < MinSecretLength {
+		b.report(b.errorf("secret", "must be at least %d characters, got %d", MinSecretLength, n))
 	}
 
 	// Unset, the public origin follows the listening port: a second local
@@ -187,23 +215,22 @@ func (b *builder) core(fc *fileConfig, c *Config) error {
 	if fc.Port != nil && *fc.Port > 0 && *fc.Port <= 65535 && *fc.Port != DefaultPort {
 		defaultBase = "http://localhost:" + strconv.Itoa(*fc.Port)
 	}
-	base, msg := checkOrigin(deref(fc.BaseURL, defaultBase))
-	if msg != "" {
-		return b.errorf("baseURL", "%s", msg)
+	if base, msg := checkOrigin(deref(fc.BaseURL, defaultBase)); msg != "" {
+		b.report(b.errorf("baseURL", "%s", msg))
+	} else {
+		c.BaseURL = base
 	}
-	c.BaseURL = base
 
 	c.BasePath = deref(fc.BasePath, DefaultBasePath)
 	if msg := checkAbsPath(c.BasePath); msg != "" {
-		return b.errorf("basePath", "%s", msg)
-	}
-	if c.BasePath == "/" {
-		return b.errorf("basePath", "must not be / (use a path such as %s)", DefaultBasePath)
+		b.report(b.errorf("basePath", "%s", msg))
+	} else if c.BasePath == "/" {
+		b.report(b.errorf("basePath", "must not be / (use a path such as %s)", DefaultBasePath))
 	}
 
 	c.TypePrefix = deref(fc.TypePrefix, DefaultTypePrefix)
 	if !typePrefixRe.MatchString(c.TypePrefix) {
-		return b.errorf("typePrefix", "must be 1 to 32 characters of a-z, 0-9 and -, starting with a letter")
+		b.report(b.errorf("typePrefix", "must be 1 to 32 characters of a-z, 0-9 and -, starting with a letter"))
 	}
 	return nil
 }
@@ -336,16 +363,17 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-// checkNames validates a list of ids: shape, no duplicates.
+// checkNames validates a list of ids: shape, no duplicates. Every bad
+// entry is reported; the error is nil (the problems are kept).
 func (b *builder) checkNames(option string, names []string, re *regexp.Regexp, shape string) ([]string, error) {
 	seen := map[string]bool{}
 	for i, n := range names {
 		opt := fmt.Sprintf("%s[%d]", option, i)
-		if !re.MatchString(n) {
-			return nil, b.errorf(opt, "must be %s, got %q", shape, n)
-		}
-		if seen[n] {
-			return nil, b.errorf(opt, "duplicates %q", n)
+		switch {
+		case !re.MatchString(n):
+			b.report(b.errorf(opt, "must be %s, got %q", shape, n))
+		case seen[n]:
+			b.report(b.errorf(opt, "duplicates %q", n))
 		}
 		seen[n] = true
 	}
@@ -392,7 +420,7 @@ func (b *builder) tunnels(fc *fileConfig, c *Config) error {
 	if msg != "" {
 		return b.errorf("tunnels.issuer", "%s", msg)
 	}
-	if origin != c.BaseURL {
+	if c.BaseURL != "" && origin != c.BaseURL { // a bad baseURL is reported already
 		return b.errorf("tunnels.issuer", "must be the origin of baseURL (%s)", c.BaseURL)
 	}
 	t.Issuer = origin
@@ -435,19 +463,20 @@ func (b *builder) pki(fc *fileConfig, c *Config) error {
 		{"pki.commandSigning", fp.CommandSigning, &c.PKI.CommandSigning, false},
 	} {
 		if *kp.out, err = b.keyPair(kp.option, kp.in, kp.needCert); err != nil {
-			return err
+			b.report(err)
 		}
 	}
 	for i, r := range fp.CommandSigningRoots {
 		opt := fmt.Sprintf("pki.commandSigningRoots[%d]", i)
 		p, err := b.pem(opt, "pem", "file", r.PEM, r.File, "CERTIFICATE")
-		if err != nil {
-			return err
+		switch {
+		case err != nil:
+			b.report(err)
+		case p.IsZero():
+			b.report(b.errorf(opt, "needs pem or file"))
+		default:
+			c.PKI.CommandSigningRoots = append(c.PKI.CommandSigningRoots, p)
 		}
-		if p.IsZero() {
-			return b.errorf(opt, "needs pem or file")
-		}
-		c.PKI.CommandSigningRoots = append(c.PKI.CommandSigningRoots, p)
 	}
 	c.PKI.TrustVersion = deref(fp.TrustVersion, 1)
 	if c.PKI.TrustVersion < 1 {
@@ -511,59 +540,62 @@ func (b *builder) sinks(fc *fileConfig, c *Config) error {
 		return nil
 	}
 	if fc.Sinks.Usage != nil {
-		return b.errorf("sinks.usage", "usage sinks are invalid: usage goes to billing through the identity bridge")
+		b.report(b.errorf("sinks.usage", "usage sinks are invalid: usage goes to billing through the identity bridge"))
 	}
-	var err error
-	if c.Sinks.Events, err = b.sinkList("sinks.events", fc.Sinks.Events); err != nil {
-		return err
-	}
-	if c.Sinks.Audit, err = b.sinkList("sinks.audit", fc.Sinks.Audit); err != nil {
-		return err
-	}
+	c.Sinks.Events = b.sinkList("sinks.events", fc.Sinks.Events)
+	c.Sinks.Audit = b.sinkList("sinks.audit", fc.Sinks.Audit)
 	return nil
 }
 
-func (b *builder) sinkList(option string, in []fileSink) ([]Sink, error) {
+func (b *builder) sinkList(option string, in []fileSink) []Sink {
 	var out []Sink
 	seen := map[string]bool{}
 	for i, fs := range in {
 		opt := fmt.Sprintf("%s[%d]", option, i)
 		s := Sink{ID: deref(fs.ID, ""), Kind: SinkKind(deref(fs.Kind, "")), URL: deref(fs.URL, ""), Path: deref(fs.Path, "")}
-		switch {
-		case s.ID == "":
-			return nil, b.errorf(opt+".id", "is required")
-		case !name63Re.MatchString(s.ID):
-			return nil, b.errorf(opt+".id", "must be 1 to 63 characters of a-z, 0-9, . _ and -, starting with a letter or digit")
-		case seen[s.ID]:
-			return nil, b.errorf(opt+".id", "duplicates %q: sink ids are unique among their kind", s.ID)
-		}
-		seen[s.ID] = true
-		switch s.Kind {
-		case SinkHTTP:
-			if s.Path != "" {
-				return nil, b.errorf(opt+".path", "belongs to file sinks; http sinks take url")
-			}
-			if s.URL == "" {
-				return nil, b.errorf(opt+".url", "is required for an http sink")
-			}
-			if msg := checkEndpoint(s.URL); msg != "" {
-				return nil, b.errorf(opt+".url", "%s", msg)
-			}
-		case SinkFile:
-			if s.URL != "" {
-				return nil, b.errorf(opt+".url", "belongs to http sinks; file sinks take path")
-			}
-			if s.Path == "" || strings.ContainsRune(s.Path, 0) {
-				return nil, b.errorf(opt+".path", "is required for a file sink")
-			}
-		case "":
-			return nil, b.errorf(opt+".kind", "is required: http or file")
-		default:
-			return nil, b.errorf(opt+".kind", "must be http or file, got %q", s.Kind)
+		if err := b.sink(opt, s, seen); err != nil {
+			b.report(err) // and on to the next sink
+			continue
 		}
 		out = append(out, s)
 	}
-	return out, nil
+	return out
+}
+
+func (b *builder) sink(opt string, s Sink, seen map[string]bool) error {
+	switch {
+	case s.ID == "":
+		return b.errorf(opt+".id", "is required")
+	case !name63Re.MatchString(s.ID):
+		return b.errorf(opt+".id", "must be 1 to 63 characters of a-z, 0-9, . _ and -, starting with a letter or digit")
+	case seen[s.ID]:
+		return b.errorf(opt+".id", "duplicates %q: sink ids are unique among their kind", s.ID)
+	}
+	seen[s.ID] = true
+	switch s.Kind {
+	case SinkHTTP:
+		if s.Path != "" {
+			return b.errorf(opt+".path", "belongs to file sinks; http sinks take url")
+		}
+		if s.URL == "" {
+			return b.errorf(opt+".url", "is required for an http sink")
+		}
+		if msg := checkEndpoint(s.URL); msg != "" {
+			return b.errorf(opt+".url", "%s", msg)
+		}
+	case SinkFile:
+		if s.URL != "" {
+			return b.errorf(opt+".url", "belongs to http sinks; file sinks take path")
+		}
+		if s.Path == "" || strings.ContainsRune(s.Path, 0) {
+			return b.errorf(opt+".path", "is required for a file sink")
+		}
+	case "":
+		return b.errorf(opt+".kind", "is required: http or file")
+	default:
+		return b.errorf(opt+".kind", "must be http or file, got %q", s.Kind)
+	}
+	return nil
 }
 
 // checkEndpoint checks an absolute http(s) URL without credentials or
@@ -590,13 +622,15 @@ func (b *builder) proxies(fc *fileConfig, c *Config) error {
 		if strings.Contains(s, "/") {
 			pp, err := netip.ParsePrefix(s)
 			if err != nil {
-				return b.errorf(opt, "must be an IPv4 or IPv6 address or CIDR range, got %q", s)
+				b.report(b.errorf(opt, "must be an IPv4 or IPv6 address or CIDR range, got %q", s))
+				continue
 			}
 			p = pp.Masked()
 		} else {
 			a, err := netip.ParseAddr(s)
 			if err != nil || a.Zone() != "" {
-				return b.errorf(opt, "must be an IPv4 or IPv6 address or CIDR range, got %q", s)
+				b.report(b.errorf(opt, "must be an IPv4 or IPv6 address or CIDR range, got %q", s))
+				continue
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
@@ -812,26 +846,26 @@ func (b *builder) capacity(fc *fileConfig, c *Config) error {
 	case PlacerInline, PlacerPoolLease:
 		c.Capacity.Placer = p
 	default:
-		return b.errorf("capacity.placer", "must be inline or pool-lease, got %q", p)
+		b.report(b.errorf("capacity.placer", "must be inline or pool-lease, got %q", p))
 	}
 	c.Capacity.MaxBatch = deref(fcap.MaxBatch, 64)
 	if c.Capacity.MaxBatch < 1 || c.Capacity.MaxBatch > 64 {
-		return b.errorf("capacity.maxBatch", "must be from 1 to 64")
+		b.report(b.errorf("capacity.maxBatch", "must be from 1 to 64"))
 	}
 	c.Capacity.MaxAttempts = deref(fcap.MaxAttempts, 3)
 	if c.Capacity.MaxAttempts < 1 {
-		return b.errorf("capacity.maxAttempts", "must be at least 1")
+		b.report(b.errorf("capacity.maxAttempts", "must be at least 1"))
 	}
 	var err error
 	if c.Capacity.RollupEvery, err = b.period("capacity.rollupEvery", fcap.RollupEvery); err != nil {
-		return err
+		b.report(err)
 	}
 	if c.Capacity.UsageEvery, err = b.period("capacity.usageEvery", fcap.UsageEvery); err != nil {
-		return err
+		b.report(err)
 	}
 	c.Capacity.SpotNoticeMs = deref(fcap.SpotNoticeMs, 120000)
 	if c.Capacity.SpotNoticeMs < 0 {
-		return b.errorf("capacity.spotNoticeMs", "must be at least 0")
+		b.report(b.errorf("capacity.spotNoticeMs", "must be at least 0"))
 	}
 	return nil
 }
@@ -865,10 +899,9 @@ func (b *builder) scheduler(fc *fileConfig, c *Config) error {
 		w := fs.Weights[k]
 		opt := "scheduler.weights." + k
 		if !runtimeRe.MatchString(k) {
-			return b.errorf(opt, "must name a scorer: %s", runtimeShape)
-		}
-		if math.IsNaN(w) || math.IsInf(w, 0) || w < 0 {
-			return b.errorf(opt, "must be a number at least 0")
+			b.report(b.errorf(opt, "must name a scorer: %s", runtimeShape))
+		} else if math.IsNaN(w) || math.IsInf(w, 0) || w < 0 {
+			b.report(b.errorf(opt, "must be a number at least 0"))
 		}
 	}
 	if len(fs.Weights) > 0 {
@@ -920,7 +953,7 @@ func (b *builder) workers(fc *fileConfig, c *Config) error {
 	} {
 		*r.out = deref(r.in, r.def)
 		if *r.out < r.min || *r.out > r.max {
-			return b.errorf(r.option, "must be from %d to %d", r.min, r.max)
+			b.report(b.errorf(r.option, "must be from %d to %d", r.min, r.max))
 		}
 	}
 	return nil
@@ -930,7 +963,7 @@ func (b *builder) metrics(fc *fileConfig, c *Config) error {
 	fm := deref(fc.Metrics, fileMetrics{})
 	c.Metrics.Token = deref(fm.Token, "")
 	if c.Metrics.Token != "" && utf8.RuneCountInString(c.Metrics.Token) < MinMetricsToken {
-		return b.errorf("metrics.token", "must be at least %d characters", MinMetricsToken)
+		b.report(b.errorf("metrics.token", "must be at least %d characters", MinMetricsToken))
 	}
 	c.Metrics.Path = deref(fm.Path, DefaultMetricsPath)
 	if msg := checkHostRoute(c.Metrics.Path, c.BasePath); msg != "" {
@@ -946,7 +979,7 @@ func (b *builder) listen(fc *fileConfig, c *Config) error {
 	c.Host = deref(fc.Host, DefaultHost)
 	if _, err := netip.ParseAddr(c.Host); err != nil {
 		if msg := checkDNSName(c.Host); msg != "" {
-			return b.errorf("host", "must be an IP address or a host name")
+			b.report(b.errorf("host", "must be an IP address or a host name"))
 		}
 	}
 	c.Port = deref(fc.Port, DefaultPort)
@@ -977,14 +1010,14 @@ func (b *builder) roles(fc *fileConfig, c *Config) error {
 		case RoleAPI, RoleControllers, RoleScheduler, RoleSinks, RoleIAM:
 			want[r] = true
 		case RoleGateway:
-			if c.Gateway == nil {
-				return b.errorf(opt, "the gateway role needs the gateway option (gateway.url)")
+			if c.Gateway == nil && !b.failed("gateway") { // a bad gateway option is reported already
+				b.report(b.errorf(opt, "the gateway role needs the gateway option (gateway.url)"))
 			}
 			want[r] = true
 		case "":
-			return b.errorf(opt, "has an empty role name")
+			b.report(b.errorf(opt, "has an empty role name"))
 		default:
-			return b.errorf(opt, "unknown role %q: use api, controllers, scheduler, sinks, iam, gateway or all", n)
+			b.report(b.errorf(opt, "unknown role %q: use api, controllers, scheduler, sinks, iam, gateway or all", n))
 		}
 	}
 	for _, r := range AllRoles {

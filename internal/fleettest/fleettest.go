@@ -37,9 +37,12 @@ type Fleet struct {
 	DB        *pgxpool.Pool
 	Computed  *proctest.Process
 	PublicURL string
-	// PKIFile is the deployment's sealed PKI bundle (testenv.TestSecret).
-	PKIFile  string
-	agentBin string
+	// PKIFile is the deployment's sealed PKI bundle (the service secret
+	// is testenv.TestSecret).
+	PKIFile string
+	// ComputedBin and AgentBin are the binaries the fleet runs.
+	ComputedBin, AgentBin string
+	agentBin              string
 	// computed and env make more keys (Client, CreateKey).
 	computed string
 	env      []string
@@ -52,6 +55,7 @@ type Option func(*options)
 type options struct {
 	tunnels  bool
 	ssh      bool
+	version  string
 	env      map[string]string
 	agentEnv map[string]string
 }
@@ -62,6 +66,10 @@ func Env(vars map[string]string) Option { return func(o *options) { o.env = vars
 
 // AgentEnv adds variables to every compute-agent's environment.
 func AgentEnv(vars map[string]string) Option { return func(o *options) { o.agentEnv = vars } }
+
+// Version stamps the release version into the binaries the fleet builds,
+// as make release does.
+func Version(v string) Option { return func(o *options) { o.version = v } }
 
 // Tunnels configures tunnels (the issuer is the public URL) and the
 // gateway's internal API they relay through.
@@ -80,8 +88,9 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	}
 	dbURL := dbtest.URL(t)
 	dir := t.TempDir()
-	computed := proctest.Build(t, "computeplane/cmd/computed")
-	f := &Fleet{t: t, agentBin: proctest.Build(t, "computeplane/cmd/compute-agent"), agentEnv: o.agentEnv}
+	computed := proctest.BuildVersion(t, "computeplane/cmd/computed", o.version)
+	f := &Fleet{t: t, agentBin: proctest.BuildVersion(t, "computeplane/cmd/compute-agent", o.version), agentEnv: o.agentEnv}
+	f.ComputedBin, f.AgentBin = computed, f.agentBin
 	pkiFile := filepath.Join(dir, "pki.json")
 	f.PKIFile = pkiFile
 	_, _, err := pki.Init(pkiFile, testenv.TestSecret, "fleet.local")

@@ -20,6 +20,7 @@ import (
 	"computeplane/internal/builtin"
 	"computeplane/internal/config"
 	"computeplane/internal/cursor"
+	"computeplane/internal/downloads"
 	"computeplane/internal/events"
 	"computeplane/internal/flavors"
 	"computeplane/internal/gateway"
@@ -136,7 +137,10 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins bui
 	if err != nil {
 		return nil, err
 	}
-	handler := a.routes(envelope, watch, gwRole)
+	handler, err := a.routes(envelope, watch, gwRole)
+	if err != nil {
+		return nil, err
+	}
 	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, caches: a.cached, watch: watch,
 		sinks: a.sinkList, dispatch: dispatch,
 		notifier: a.notifier, workers: runner, siblings: a.siblings, placer: a.placer, gateway: gwRole, queue: queue,
@@ -420,7 +424,7 @@ func (a *assembly) gatewayRole() (*gateway.Gateway, error) {
 
 // routes builds the HTTP surface: the envelope, documents, metrics, the
 // join endpoint, the daemons' fallback session and identity events.
-func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *gateway.Gateway) http.Handler {
+func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *gateway.Gateway) (http.Handler, error) {
 	cfg, log := a.cfg, a.log
 	opts := server.Options{
 		BasePath:     cfg.BasePath,
@@ -451,9 +455,16 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 			React: a.cached.React, Now: a.now, Log: log}
 		opts.IAMEventsPath = ev.Path
 	}
+	src, err := downloadSource(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if src != nil {
+		opts.Downloads = &downloads.Handler{BasePath: cfg.BasePath, Source: src, Log: log.With("module", "downloads")}
+	}
 	handler := server.New(opts)
 	// Forwarding headers are resolved and stripped before anything else.
-	return iam.WithSourceIP(cfg.TrustedProxies, handler)
+	return iam.WithSourceIP(cfg.TrustedProxies, handler), nil
 }
 
 // admissionLimits resolves the admission option against the api's pool.

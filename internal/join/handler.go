@@ -121,9 +121,13 @@ func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinRe
 		return nil, err
 	}
 	h.Log.InfoContext(ctx, "node joined", "node", grant.NodeID, "pool", grant.PoolID, "region", region)
-	return &agentproto.JoinResponse{
+	resp := &agentproto.JoinResponse{
 		NodeID: grant.NodeID, PoolID: grant.PoolID, TrustDomain: b.TrustDomain,
 		Certificate: grant.Cert.Raw, NodeCA: b.NodeCA.Cert.Raw, ServingCA: b.ServingCA.Cert.Raw,
 		CommandSigningKeys: [][]byte{b.CommandKey()}, Gateways: gws, FallbackURL: h.FallbackURL,
-	}, nil
+	}
+	if k := b.ReleaseKey(); k != nil {
+		resp.ReleaseKeys = [][]byte{k}
+	}
+	return resp, nil
 }

@@ -1,8 +1,10 @@
 // Package pki owns the deployment's certificate authorities and signing
 // keys: the node CA (client certificates of node daemons), the gateway
 // serving CA, the internal CA (the gateways' control API), the join
-// service's key (join tokens are sealed to it), the command signing key
-// and the SSH certificate authority (tunnels' SSH certificates, internal/sshca).
+// service's key (join tokens are sealed to it), the command signing key,
+// the SSH certificate authority (tunnels' SSH certificates, internal/sshca)
+// and the release signing key (signs the artifacts `make release` lays
+// out; daemons pin its public half at join and verify downloads with it).
 // A bundle is generated once (`computed pki init`, or by the first start
 // of `make run`) and kept sealed with the service secret in SERVICE_PKI.
 //
@@ -72,6 +74,10 @@ type Bundle struct {
 	// certificates of the SSH servers they reach. Nil in a bundle written
 	// before it existed: `computed pki init` adds it (AddMissing).
 	SSHCA ed25519.PrivateKey
+	// ReleaseSigning signs release artifacts (internal/release). A bundle
+	// written before release keys existed has none until `computed pki
+	// init` adds one.
+	ReleaseSigning ed25519.PrivateKey
 }
 
 // Generate makes a new bundle for trustDomain (DefaultTrustDomain when
@@ -100,6 +106,9 @@ func Generate(trustDomain string) (*Bundle, error) {
 		return nil, err
 	}
 	if _, b.SSHCA, err = ed25519.GenerateKey(rand.Reader); err != nil {
+		return nil, err
+	}
+	if _, b.ReleaseSigning, err = ed25519.GenerateKey(rand.Reader); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -193,6 +202,7 @@ type fileBundle struct {
 	Join           string `json:"join"`
 	CommandSigning string `json:"commandSigning"`
 	SSHCA          string `json:"sshCa,omitempty"`
+	ReleaseSigning string `json:"releaseSigning,omitempty"`
 }
 
 type pair struct {
@@ -244,6 +254,11 @@ func (b *Bundle) Seal(secret string) ([]byte, error) {
 	}
 	if b.SSHCA != nil {
 		if fb.SSHCA, err = keyPEM(b.SSHCA); err != nil {
+			return nil, err
+		}
+	}
+	if b.ReleaseSigning != nil {
+		if fb.ReleaseSigning, err = keyPEM(b.ReleaseSigning); err != nil {
 			return nil, err
 		}
 	}
@@ -328,6 +343,15 @@ func Open(secret string, data []byte) (*Bundle, error) {
 			return nil, errors.New("pki: the SSH CA key is not Ed25519")
 		}
 	}
+	if fb.ReleaseSigning != "" {
+		rel, err := parseKey(fb.ReleaseSigning)
+		if err != nil {
+			return nil, err
+		}
+		if b.ReleaseSigning, ok = rel.(ed25519.PrivateKey); !ok {
+			return nil, errors.New("pki: the release signing key is not Ed25519")
+		}
+	}
 	return b, nil
 }
 
@@ -369,7 +393,7 @@ func Fingerprint(c *x509.Certificate) string {
 // Init writes a new bundle to path, sealed with secret, unless one is
 // there already; it returns the bundle at path and whether it made it. A
 // bundle there already gets the materials it lacks (AddMissing) written
-// back: a bundle of an older release gains its SSH CA.
+// back: a bundle of an older release gains its SSH CA and release key.
 func Init(path, secret, trustDomain string) (*Bundle, bool, error) {
 	if data, err := os.ReadFile(path); err == nil {
 		b, err := Open(secret, data)
@@ -391,7 +415,7 @@ func Init(path, secret, trustDomain string) (*Bundle, bool, error) {
 }
 
 // AddMissing generates the materials a bundle of an older release lacks
-// (the SSH CA) and names them. Only `computed pki init` calls it, once, so
+// (the SSH CA, the release signing key) and names them. Only `computed pki init` calls it, once, so
 // that the replicas of a deployment never make different ones.
 func (b *Bundle) AddMissing() ([]string, error) {
 	var added []string
@@ -402,9 +426,17 @@ func (b *Bundle) AddMissing() ([]string, error) {
 		}
 		added = append(added, "SSH CA")
 	}
+	if b.ReleaseSigning == nil {
+		var err error
+		if _, b.ReleaseSigning, err = ed25519.GenerateKey(rand.Reader); err != nil {
+			return nil, err
+		}
+		added = append(added, "release signing key")
+	}
 	return added, nil
 }
 
+// write seals b into path through a temporary file and a rename.
 func write(path, secret string, b *Bundle) error {
 	sealed, err := b.Seal(secret)
 	if err != nil {
@@ -515,6 +547,15 @@ func issueTLS(ca CA, cn string, hosts []string, uris []*url.URL, usage x509.ExtK
 // SerialHex names a certificate's serial in revocation sets.
 func SerialHex(c *x509.Certificate) string { return c.SerialNumber.Text(16) }
 
+// ReleaseKey is the public half of the release signing key, nil when the
+// bundle has none.
+func (b *Bundle) ReleaseKey() ed25519.PublicKey {
+	if b.ReleaseSigning == nil {
+		return nil
+	}
+	return b.ReleaseSigning.Public().(ed25519.PublicKey)
+}
+
 // CommandKey is the public half of the command signing key.
 func (b *Bundle) CommandKey() ed25519.PublicKey {
 	return b.CommandSigning.Public().(ed25519.PublicKey)
@@ -538,13 +579,14 @@ func VerifyNodeCert(cert *x509.Certificate, roots, intermediates *x509.CertPool,
 }
 
 // TrustFingerprint names what daemons trust of this bundle: the node,
-// serving and internal CAs and the command key. A changed bundle has
-// another one, and so the next trust version.
+// serving and internal CAs, the command key and the release key. A changed
+// bundle has another one, and so the next trust version.
 func (b *Bundle) TrustFingerprint() string {
 	h := sha256.New()
 	for _, c := range []*x509.Certificate{b.NodeCA.Cert, b.ServingCA.Cert, b.InternalCA.Cert} {
 		h.Write(c.Raw)
 	}
 	h.Write(b.CommandKey())
+	h.Write(b.ReleaseKey()) // nothing for a bundle without one: its fingerprint stays
 	return fmt.Sprintf("%x", h.Sum(nil))
 }

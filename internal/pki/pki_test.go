@@ -123,3 +123,34 @@ func TestInitAddsTheSSHCA(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, b.SSHCA.Equal(third.SSHCA), "made once")
 }
+
+// A bundle written before release keys existed gets one from Init (what
+// `computed pki init` and `make release` run); the rest of it stays, and
+// its trust fingerprint moves (daemons learn of the change).
+func TestInitAddsAReleaseKeyToAnOlderBundle(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "pki.json")
+	b, _, err := pki.Init(path, secret, "")
+	require.NoError(t, err)
+	require.NotNil(t, b.ReleaseKey(), "a new bundle has a release key")
+	b.ReleaseSigning = nil
+	older := b.TrustFingerprint()
+	sealed, err := b.Seal(secret)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, sealed, 0o600))
+	opened, err := pki.Open(secret, sealed)
+	require.NoError(t, err)
+	assert.Nil(t, opened.ReleaseKey(), "an older bundle opens without one")
+
+	again, made, err := pki.Init(path, secret, "")
+	require.NoError(t, err)
+	assert.False(t, made)
+	require.NotNil(t, again.ReleaseKey())
+	assert.True(t, b.CommandSigning.Equal(again.CommandSigning))
+	assert.Equal(t, pki.Fingerprint(b.NodeCA.Cert), pki.Fingerprint(again.NodeCA.Cert))
+	assert.NotEqual(t, older, again.TrustFingerprint())
+
+	kept, _, err := pki.Init(path, secret, "")
+	require.NoError(t, err)
+	assert.True(t, again.ReleaseSigning.Equal(kept.ReleaseSigning), "written once, then kept")
+}

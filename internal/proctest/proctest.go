@@ -22,8 +22,19 @@ import (
 // into a temporary directory and returns the binary's path.
 func Build(t testing.TB, pkg string) string {
 	t.Helper()
+	return BuildVersion(t, pkg, "")
+}
+
+// BuildVersion is Build with the release version stamped as make release
+// stamps it (internal/buildinfo); "" stamps none.
+func BuildVersion(t testing.TB, pkg, version string) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", bin, pkg)
+	args := []string{"build", "-o", bin}
+	if version != "" {
+		args = append(args, "-ldflags", "-X computeplane/internal/buildinfo.version="+version)
+	}
+	cmd := exec.Command("go", append(args, pkg)...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go build %s: %s", pkg, out)
 	return bin

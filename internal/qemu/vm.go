@@ -38,7 +38,7 @@ type VM struct {
 
 	mu     sync.Mutex
 	qmpMu  sync.Mutex    // one QMP command at a time
-	exited chan struct{} // closed when a child qemu exits (nil after Attach)
+	exited chan struct{} // closed when a child qemu exits (nil after Attach, unless the qemu is a child: reapIfChild)
 	guest  *Guest
 }
 
@@ -133,6 +133,7 @@ func Attach(dir string) (*VM, error) {
 		return nil, ErrGone
 	}
 	v := &VM{Config: c, Pid: pid}
+	v.reapIfChild()
 	if !v.Alive() {
 		return nil, ErrGone
 	}
@@ -153,6 +154,38 @@ func Attach(dir string) (*VM, error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// reapIfChild waits for the VM's qemu when it is a child of this process
+// though this process did not start it: a daemon that executed a new
+// binary in place (same pid) keeps the VMs the old one started as its
+// children. Waiting for that one pid (never any child) reaps it when it
+// ends, without taking another child's exit from exec.Cmd.Wait, and tells
+// Alive the moment it is gone.
+func (v *VM) reapIfChild() {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(v.Pid), "stat"))
+	if err != nil {
+		return
+	}
+	s := string(b)
+	rp := strings.LastIndexByte(s, ')')
+	if rp < 0 {
+		return
+	}
+	fields := strings.Fields(s[rp+1:]) // state, ppid, ...
+	if len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
+		return
+	}
+	v.exited = make(chan struct{})
+	go func() {
+		var ws syscall.WaitStatus
+		for {
+			if _, err := syscall.Wait4(v.Pid, &ws, 0, nil); err != syscall.EINTR {
+				break
+			}
+		}
+		close(v.exited)
+	}()
 }
 
 // KillDir ends the qemu of the VM in dir, if it runs (a VM that could not

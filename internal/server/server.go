@@ -56,7 +56,11 @@ type Options struct {
 	// Tunnels serves GET {basePath}/tunnels/{ticket} (the tunnels relay);
 	// nil when tunnels are not configured.
 	Tunnels http.Handler
-	Log     *slog.Logger
+	// Downloads serves {basePath}/downloads/ (release artifacts) when
+	// downloads are configured; nil mounts nothing. It bounds its own
+	// writes by progress: a binary outlasts the response deadline.
+	Downloads http.Handler
+	Log       *slog.Logger
 }
 
 // Daemon paths on the public host.
@@ -128,11 +132,15 @@ func New(o Options) http.Handler {
 		mux.Handle(JoinPath, o.Join)
 	}
 	h := withWriteDeadline(mux, cmp.Or(o.WriteTimeout, ResponseWriteTimeout))
-	if o.Session == nil && o.Tunnels == nil {
+	if o.Session == nil && o.Tunnels == nil && o.Downloads == nil {
 		return h
 	}
-	// Upgraded connections live past the write deadline of responses.
+	// Upgraded connections and downloads live past the write deadline of
+	// responses.
 	outer := http.NewServeMux()
+	if o.Downloads != nil {
+		outer.Handle(o.BasePath+"/downloads/", o.Downloads)
+	}
 	if o.Session != nil {
 		outer.Handle(SessionPath, o.Session)
 	}
