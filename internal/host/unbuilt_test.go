@@ -17,10 +17,10 @@ func TestTunnelsOptionAccepted(t *testing.T) {
 	cfg.Tunnels.SSH = true
 	require.NoError(t, CheckBuilt(cfg, builtin.All()))
 
-	cfg.Downloads = &config.Downloads{}
+	cfg.Downloads = &config.Downloads{Blob: "s3://releases/x"}
 	var ce *config.Error
 	require.ErrorAs(t, CheckBuilt(cfg, builtin.All()), &ce, "an option not built is still refused")
-	assert.Equal(t, "downloads", ce.Option)
+	assert.Equal(t, "downloads.blob", ce.Option)
 }
 
 // Support bundles are built: the option starts with the blob store's
