@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,8 +37,7 @@ type SSH struct {
 	PerHour int
 	Now     func() time.Time
 
-	mu     sync.Mutex
-	issued map[string][]time.Time // identity -> certificates of the last hour
+	issued window // certificates of the last hour
 }
 
 func (s *SSH) now() time.Time {
@@ -61,31 +59,6 @@ func (s *SSH) ca() (*sshca.CA, error) {
 		return nil, api.Errorf(api.CodeInvalidConfig, "the PKI bundle has no SSH CA: run `computed pki init` once to add it, then restart the api")
 	}
 	return sshca.New(b.SSHCA, s.now)
-}
-
-// allow counts a certificate against the identity's hour; beyond the
-// limit the answer says when the oldest of them leaves the window.
-func (s *SSH) allow(identity string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.issued == nil {
-		s.issued = map[string][]time.Time{}
-	}
-	now := s.now()
-	keep := s.issued[identity][:0]
-	for _, t := range s.issued[identity] {
-		if now.Sub(t) < time.Hour {
-			keep = append(keep, t)
-		}
-	}
-	if len(keep) >= s.PerHour {
-		s.issued[identity] = keep
-		wait := time.Hour - now.Sub(keep[0])
-		return api.Errorf(api.CodeRateLimited, "at most %d SSH certificates per hour per identity", s.PerHour).
-			WithDetails(map[string]any{"retryAfterMs": max(wait.Milliseconds(), 1)})
-	}
-	s.issued[identity] = append(keep, now)
-	return nil
 }
 
 // IssueSshCertificate answers tunnels.issueSshCertificate.
@@ -137,7 +110,8 @@ func (s *Service) IssueSshCertificate(ctx context.Context, in *api.TunnelsIssueS
 	if err != nil {
 		return nil, err
 	}
-	if err := s.SSH.allow(sess.Caller.IdentityID); err != nil {
+	if err := s.SSH.issued.allow(sess.Caller.IdentityID, s.SSH.now(), time.Hour, s.SSH.PerHour,
+		fmt.Sprintf("at most %d SSH certificates per hour per identity", s.SSH.PerHour)); err != nil {
 		return nil, err
 	}
 	keyID := fmt.Sprintf("tenant=%s identity=%s target=%s", in.TenantID, sess.Caller.IdentityID, targetID)

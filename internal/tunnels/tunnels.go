@@ -12,8 +12,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,8 +44,7 @@ type Service struct {
 	// ssh (ssh.go).
 	SSH *SSH
 
-	mu     sync.Mutex
-	opened map[string][]time.Time // identity -> opens of the last minute
+	opened window // opens of the last minute
 }
 
 func (s *Service) now() time.Time {
@@ -59,31 +58,6 @@ func (s *Service) absent() error {
 	if s.Issuer == "" {
 		return api.Errorf(api.CodeNotFound, "tunnels are not configured on this deployment (the tunnels option)")
 	}
-	return nil
-}
-
-// allow counts an open against the identity's minute; the answer beyond
-// the limit says when the oldest of them leaves the window.
-func (s *Service) allow(identity string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.opened == nil {
-		s.opened = map[string][]time.Time{}
-	}
-	now := s.now()
-	keep := s.opened[identity][:0]
-	for _, t := range s.opened[identity] {
-		if now.Sub(t) < time.Minute {
-			keep = append(keep, t)
-		}
-	}
-	if len(keep) >= s.PerMinute {
-		s.opened[identity] = keep
-		wait := time.Minute - now.Sub(keep[0])
-		return api.Errorf(api.CodeRateLimited, "at most %d tunnels per minute per identity", s.PerMinute).
-			WithDetails(map[string]any{"retryAfterMs": max(wait.Milliseconds(), 1)})
-	}
-	s.opened[identity] = append(keep, now)
 	return nil
 }
 
@@ -121,7 +95,8 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 	if err != nil {
 		return nil, err
 	}
-	if err := s.allow(sess.Caller.IdentityID); err != nil {
+	if err := s.opened.allow(sess.Caller.IdentityID, s.now(), time.Minute, s.PerMinute,
+		fmt.Sprintf("at most %d tunnels per minute per identity", s.PerMinute)); err != nil {
 		return nil, err
 	}
 	raw := make([]byte, 32)
