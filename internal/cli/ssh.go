@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -392,15 +393,8 @@ func shellQuote(s string) string {
 
 // withoutVars is env without the variables named.
 func withoutVars(env []string, names ...string) []string {
-	out := make([]string, 0, len(env))
-next:
-	for _, kv := range env {
-		for _, n := range names {
-			if strings.HasPrefix(kv, n+"=") {
-				continue next
-			}
-		}
-		out = append(out, kv)
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return slices.Contains(names, name)
+	})
 }

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -439,18 +440,12 @@ func sshSignal(sig syscall.Signal) string {
 	return strings.TrimPrefix(name, "SIG")
 }
 
+// withoutVars is env without the variables named.
 func withoutVars(env []string, names ...string) []string {
-	out := make([]string, 0, len(env))
-next:
-	for _, kv := range env {
-		for _, n := range names {
-			if strings.HasPrefix(kv, n+"=") {
-				continue next
-			}
-		}
-		out = append(out, kv)
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return slices.Contains(names, name)
+	})
 }
 
 // ensureDevpts mounts the terminals' filesystem when the guest's init did
