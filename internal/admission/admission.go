@@ -63,22 +63,25 @@ func New(l Limits) *Controller {
 	return &Controller{limits: l, buckets: map[string]*rate.Limiter{}, now: time.Now}
 }
 
-// Enter takes an in-flight slot: it answers the release to call when the
-// call's work is done (idempotent), or RATE_LIMITED.
-func (c *Controller) Enter() (release func(), err error) {
+// Enter takes an in-flight slot, to give back with Leave once the call's
+// work is done, or answers RATE_LIMITED (and holds nothing).
+func (c *Controller) Enter() error {
 	if c == nil || c.limits.MaxInFlight <= 0 {
-		return func() {}, nil
+		return nil
 	}
 	if c.inFlight.Add(1) > int64(c.limits.MaxInFlight) {
 		c.inFlight.Add(-1)
-		return nil, limited(InFlightRetryAfter, "the server is at its limit of %d calls in flight; retry later", c.limits.MaxInFlight)
+		return limited(InFlightRetryAfter, "the server is at its limit of %d calls in flight; retry later", c.limits.MaxInFlight)
 	}
-	var once atomic.Bool
-	return func() {
-		if once.CompareAndSwap(false, true) {
-			c.inFlight.Add(-1)
-		}
-	}, nil
+	return nil
+}
+
+// Leave gives back the slot of an Enter that succeeded.
+func (c *Controller) Leave() {
+	if c == nil || c.limits.MaxInFlight <= 0 {
+		return
+	}
+	c.inFlight.Add(-1)
 }
 
 // InFlight is the number of calls holding a slot.

@@ -14,21 +14,16 @@ import (
 
 func TestInFlightLimitRefusesTheCallBeyondIt(t *testing.T) {
 	c := New(Limits{MaxInFlight: 2})
-	r1, err := c.Enter()
-	require.NoError(t, err)
-	r2, err := c.Enter()
-	require.NoError(t, err)
-	_, err = c.Enter()
-	requireLimited(t, err, InFlightRetryAfter.Milliseconds())
-	r1()
-	r1() // a second release gives nothing back twice
+	require.NoError(t, c.Enter())
+	require.NoError(t, c.Enter())
+	requireLimited(t, c.Enter(), InFlightRetryAfter.Milliseconds())
+	assert.Equal(t, 2, c.InFlight(), "a refused call holds no slot")
+	c.Leave()
 	assert.Equal(t, 1, c.InFlight())
-	r3, err := c.Enter()
-	require.NoError(t, err)
-	_, err = c.Enter()
-	require.Error(t, err)
-	r2()
-	r3()
+	require.NoError(t, c.Enter())
+	require.Error(t, c.Enter())
+	c.Leave()
+	c.Leave()
 	assert.Zero(t, c.InFlight())
 }
 
@@ -42,8 +37,7 @@ func TestInFlightLimitHoldsUnderRacingCallers(t *testing.T) {
 	for range 32 {
 		wg.Go(func() {
 			for range 500 {
-				release, err := c.Enter()
-				if err != nil {
+				if err := c.Enter(); err != nil {
 					refused.Add(1)
 					continue
 				}
@@ -56,7 +50,7 @@ func TestInFlightLimitHoldsUnderRacingCallers(t *testing.T) {
 				}
 				admitted.Add(1)
 				inside.Add(-1)
-				release()
+				c.Leave()
 			}
 		})
 	}
@@ -98,11 +92,10 @@ func TestIdleTenantsBucketsAreDroppedWhenTheMapIsFull(t *testing.T) {
 func TestNoLimitsAdmitEverything(t *testing.T) {
 	for _, c := range []*Controller{nil, New(Limits{})} {
 		for range 100 {
-			release, err := c.Enter()
-			require.NoError(t, err)
+			require.NoError(t, c.Enter())
 			require.NoError(t, c.Tenant("acme"))
-			defer release()
 		}
+		assert.Zero(t, c.InFlight())
 	}
 }
 

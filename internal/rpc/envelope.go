@@ -185,11 +185,15 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 		return nil, err
 	}
 	// Shed before reading the body: a refused call costs next to nothing.
-	release, err := h.Admission.Enter()
-	if err != nil {
+	if err := h.Admission.Enter(); err != nil {
 		return nil, err
 	}
-	defer release()
+	holding := true // until a wait gives the slot back
+	defer func() {
+		if holding {
+			h.Admission.Leave()
+		}
+	}()
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -270,7 +274,8 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 		// The Waiting convention: re-read after commit, outside the
 		// transaction, within the call's deadline. A wait is no load: it
 		// gives its slot back.
-		release()
+		holding = false
+		h.Admission.Leave()
 		return then(ctx)
 	}
 	return out, nil
