@@ -3,10 +3,14 @@
 package qemutest
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,8 +22,10 @@ import (
 	"computeplane/internal/qemu/vmowner"
 )
 
-// Image builds the minimal guest image if its manifest is missing and
-// returns the manifest. A test that boots VMs calls it first.
+// Image builds the minimal guest image if its manifest is missing or was
+// built from other sources (images/, compute-guest's packages, go.sum:
+// their hash is kept beside the manifests) and returns the manifest. A
+// test that boots VMs calls it first.
 func Image(t testing.TB) *images.Image {
 	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
@@ -33,14 +39,25 @@ func Image(t testing.TB) *images.Image {
 	require.NoError(t, err)
 	defer lock.Close()
 	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
+	sources := sourcesHash(t, root)
+	stamp := filepath.Join(dir, "minimal.sources")
+	built, _ := os.ReadFile(stamp)
+	stale := string(built) != sources
 	for _, manifest := range []string{"minimal.json", "minimal-raw.json", "minimal-qcow2.json"} {
 		if _, err := os.Stat(filepath.Join(dir, manifest)); err != nil {
-			cmd := exec.Command(filepath.Join(root, "images", "build.sh"), dir)
-			cmd.Dir = root
-			out, err := cmd.CombinedOutput()
-			require.NoError(t, err, "images/build.sh: %s", out)
-			break
+			stale = true
 		}
+	}
+	if stale {
+		// build.sh keeps a manifest that is there: a stale image goes first.
+		for _, manifest := range []string{"minimal.json", "minimal-raw.json", "minimal-qcow2.json"} {
+			_ = os.Remove(filepath.Join(dir, manifest))
+		}
+		cmd := exec.Command(filepath.Join(root, "images", "build.sh"), dir)
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "images/build.sh: %s", out)
+		require.NoError(t, os.WriteFile(stamp, []byte(sources), 0o644))
 	}
 	src := images.Dir{Path: dir}
 	im, err := src.Get(t.Context(), "computeplane/minimal")
@@ -57,6 +74,35 @@ func DiskImage(t testing.TB, format string) *images.Image {
 	disk, err := src.Get(t.Context(), im.ID+"-"+format)
 	require.NoError(t, err)
 	return disk
+}
+
+// sourcesHash is a hash of what the image is built from: the files under
+// images/, go.sum, and the Go files of the module's packages compute-guest
+// is made of.
+func sourcesHash(t testing.TB, root string) string {
+	t.Helper()
+	h := sha256.New()
+	var files []string
+	require.NoError(t, filepath.WalkDir(filepath.Join(root, "images"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			files = append(files, p)
+		}
+		return err
+	}))
+	files = append(files, filepath.Join(root, "go.sum"))
+	cmd := exec.Command("go", "list", "-deps", "-f", `{{if .Module}}{{if .Module.Main}}{{range .GoFiles}}{{$.Dir}}/{{.}}
+{{end}}{{end}}{{end}}`, "./cmd/compute-guest")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list compute-guest's packages")
+	files = append(files, strings.Fields(string(out))...)
+	slices.Sort(files)
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		fmt.Fprintf(h, "%s %x\n", strings.TrimPrefix(f, root), sha256.Sum256(data))
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func moduleRoot(t testing.TB) string {
