@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -39,6 +40,10 @@ func Image(t testing.TB) *images.Image {
 	require.NoError(t, err)
 	defer lock.Close()
 	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
+	// Once per test process: the image does not change under a run.
+	if checked.Load() {
+		return get(t, dir)
+	}
 	sources := sourcesHash(t, root)
 	stamp := filepath.Join(dir, "minimal.sources")
 	built, _ := os.ReadFile(stamp)
@@ -59,6 +64,15 @@ func Image(t testing.TB) *images.Image {
 		require.NoError(t, err, "images/build.sh: %s", out)
 		require.NoError(t, os.WriteFile(stamp, []byte(sources), 0o644))
 	}
+	checked.Store(true)
+	return get(t, dir)
+}
+
+// checked is set once this process saw the image up to date.
+var checked atomic.Bool
+
+func get(t testing.TB, dir string) *images.Image {
+	t.Helper()
 	src := images.Dir{Path: dir}
 	im, err := src.Get(t.Context(), "computeplane/minimal")
 	require.NoError(t, err)
