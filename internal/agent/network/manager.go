@@ -164,6 +164,26 @@ func sysctl(path, value string) error {
 	return os.WriteFile("/proc/sys/"+path, []byte(value), 0o644)
 }
 
+// disableIPv6 turns IPv6 off on an interface the manager made (a bridge,
+// a tap, a VXLAN port; called in the manager's namespace): the node holds
+// no IPv6 address (not even link-local) where VMs are, sends no router or
+// neighbour advertisements there and takes no IPv6 packet in from them.
+// VMs have IPv4 only; the ports' filters drop their IPv6 as well
+// (docs/networking.md, "IPv6"). A kernel without IPv6 has nothing to turn
+// off; any other failure is an error, never ignored.
+func disableIPv6(name string) error {
+	err := sysctl("net/ipv6/conf/"+name+"/disable_ipv6", "1")
+	if err != nil && errors.Is(err, os.ErrNotExist) {
+		if _, statErr := os.Stat("/proc/sys/net/ipv6"); errors.Is(statErr, os.ErrNotExist) {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("network: turn IPv6 off on %s: %w", name, err)
+	}
+	return nil
+}
+
 // Cleanup runs once when the agent starts, before any Add: it removes
 // every interface and rule this agent made (its id in their names) except
 // the taps of VMs keep names (VMs still running, which the agent adopts
@@ -352,7 +372,9 @@ func (m *Manager) ensureBridge(vm *VM) (netlink.Link, error) {
 		if br, err = netlink.LinkByName(name); err != nil {
 			return nil, err
 		}
-		_ = sysctl("net/ipv6/conf/"+name+"/disable_ipv6", "1")
+		if err := disableIPv6(name); err != nil {
+			return nil, err
+		}
 		if err := netlink.LinkSetAlias(br, bridgeAliasPrefix+string(vm.Mode)+" "+vm.Tenant); err != nil {
 			return nil, err
 		}
@@ -412,7 +434,9 @@ func (m *Manager) ensureTap(vm *VM, name string, br netlink.Link) error {
 		if l, err = netlink.LinkByName(name); err != nil {
 			return err
 		}
-		_ = sysctl("net/ipv6/conf/"+name+"/disable_ipv6", "1")
+		if err := disableIPv6(name); err != nil {
+			return err
+		}
 	}
 	mtu := vm.MTU
 	if mtu == 0 {

@@ -49,8 +49,12 @@ func (n names) ifPrefix() string  { return Prefix + n.id }
 func (n names) tapPrefix() string { return Prefix + n.id + "t" }
 func (n names) table() string     { return Prefix + "_" + n.id }
 
-// vmKey is the short name of a VM in every object made for it.
-func vmKey(vmID string) string { return hash("vm/"+vmID, 8) }
+// VMKey is the short name of a VM in every object made for it: its tap
+// (cp<id>t<key>), its nftables chains, sets and counters (vm_<key>,
+// tx_<key>, ...). What an operator or a test looks the VM's objects up by.
+func VMKey(vmID string) string { return hash("vm/"+vmID, 8) }
+
+func vmKey(vmID string) string { return VMKey(vmID) }
 
 func (n names) tap(vmID string) string { return n.tapPrefix() + vmKey(vmID) }
 

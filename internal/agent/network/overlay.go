@@ -216,7 +216,9 @@ func (m *Manager) ensureOverlay(networkID, tenant string, br netlink.Link) error
 		if l, err = netlink.LinkByName(name); err != nil {
 			return err
 		}
-		_ = sysctl("net/ipv6/conf/"+name+"/disable_ipv6", "1")
+		if err := disableIPv6(name); err != nil {
+			return err
+		}
 		for _, step := range []func() error{
 			func() error { return netlink.LinkSetAlias(l, vxlanAliasPrefix+networkID) },
 			func() error { return netlink.LinkSetMaster(l, br) },
