@@ -3,7 +3,8 @@
 # .service/images) under qemu (TCG) with a tap into a network namespace of
 # its own, holding an HTTP and a DNS server, and run the guest's network
 # tools: compute-guest addresses the card from compute.net=, then wget
-# (by address and by name), nc and nslookup must work. Root only; no
+# (by address, by name, and with -T, which once crashed busybox's wget),
+# nc and nslookup must work. Root only; no
 # packet leaves the namespace, which is deleted at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,7 @@ echo NETCHECK-START
 ip -4 addr show eth0; ip route
 wget -q -O - http://10.0.9.1:8080/hello.txt && echo CHECK-wget-addr
 wget -q -O - http://upstream.test:8080/hello.txt && echo CHECK-wget-name
+wget -q -T 5 -O - http://upstream.test:8080/hello.txt && echo CHECK-wget-timeout
 echo x | nc -w 2 10.0.9.1 8080 >/dev/null && echo CHECK-nc
 nslookup upstream.test >/dev/null && echo CHECK-nslookup
 echo NETCHECK-END
@@ -40,7 +42,7 @@ timeout 180 ip netns exec "$ns" qemu-system-x86_64 -M q35 -accel tcg -cpu max -m
 	-append "$cmdline" -netdev tap,id=n0,ifname=tap0,script=no,downscript=no \
 	-device virtio-net-pci,netdev=n0,mac=52:54:00:00:09:02 || true
 sed -n '/NETCHECK-START/,/NETCHECK-END/p' "$work/console.log"
-for c in wget-addr wget-name nc nslookup; do
+for c in wget-addr wget-name wget-timeout nc nslookup; do
 	grep -q "CHECK-$c" "$work/console.log" || { echo "netcheck: $c failed" >&2; exit 1; }
 done
 echo "netcheck: ok"

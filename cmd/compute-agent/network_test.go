@@ -44,6 +44,9 @@ func TestRunRefusesNetworkFlagsItCannotHonour(t *testing.T) {
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-deny", "nope"}, 2, `--net-deny "nope"`},
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-deny", "2001:db8::/32"}, 2, "VMs have IPv4 only"},
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-resolvers", "dns.example"}, 2, "--net-resolvers"},
+		// No operator option lifts an IPv6 destination (docs/networking.md, "IPv6").
+		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-allow-private", "fc00::/7"}, 2, "VMs have IPv4 only"},
+		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-resolvers", "fd00::53"}, 2, `--net-resolvers "fd00::53" is not an IPv4 address`},
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-mtu", "100"}, 2, "--net-mtu 100"},
 		{[]string{"--network", "nftables", "--net-uplink", "lo", "--net-bandwidth-mbps", "-1"}, 2, "--net-bandwidth-mbps -1"},
 		{[]string{"--network", "nftables", "--net-uplink", "cpnosuch0"}, 2, `--net-uplink "cpnosuch0"`},
