@@ -24,6 +24,7 @@ import (
 	"computeplane/internal/agent"
 	"computeplane/internal/agent/egressproxy"
 	"computeplane/internal/agent/network"
+	"computeplane/internal/agent/telemetry"
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/buildinfo"
@@ -176,7 +177,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	fs.Int64Var(&d.DiskGiB, "disk-gib", 0, "declare this much disk instead of the volume store's")
 	var nf netFlags
 	nf.register(fs)
+	var tel telemetry.Config
+	var telAttrs telemetry.List
+	fs.StringVar(&tel.Endpoint, "telemetry-endpoint", "", "export host and per-VM metrics over OTLP/HTTP to this collector URL (https, or http to localhost, 127.0.0.1 or [::1]; no credentials); none when empty")
+	fs.DurationVar(&tel.Interval, "telemetry-interval", telemetry.DefaultInterval, "the telemetry export interval, 5s to 3600s")
+	fs.Var(&telAttrs, "telemetry-attribute", "a resource attribute key=value for the telemetry (repeatable, at most 32; values single-line, at most 256 characters)")
 	if fs.Parse(args) != nil {
+		return 2
+	}
+	// Every telemetry bound is checked before anything starts.
+	tel.Attributes = telAttrs
+	tel, err := tel.Check()
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return 2
 	}
 	// The daemon keeps a log of its own for support bundles, besides
@@ -223,6 +236,24 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		_ = r.Close()
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return 1
+	}
+	if tel.Enabled() {
+		st, err := agent.Dir(*dir).LoadState()
+		if err != nil {
+			st = &agent.State{} // not joined yet: the node is named once it is
+		}
+		usage, _ := r.(vmruntime.UsageReporter)
+		exp, err := telemetry.Start(ctx, tel, st.NodeID, st.PoolID, buildinfo.Version(), usage, log)
+		if err != nil {
+			_ = r.Close()
+			fmt.Fprintln(stderr, "compute-agent run:", err)
+			return 1
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), telemetry.ExportTimeout)
+			defer cancel()
+			_ = exp.Shutdown(sctx)
+		}()
 	}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
