@@ -35,10 +35,12 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force]")
+	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force] [--tpm /dev/tpmrm0|unix:SOCKET]")
+	fmt.Fprintln(w, "       compute-agent tpm-ek [--tpm /dev/tpmrm0|unix:SOCKET]")
 	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime qemu|recording] [--accel auto|kvm|tcg] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
 	fmt.Fprintln(w, "             [--network none|nftables [--net-uplink IF] [--net-egress-pool CIDR] [--net-private-pool CIDR] [--net-allow-private CIDRS]")
 	fmt.Fprintln(w, "              [--net-deny CIDRS] [--net-resolvers ADDRS] [--net-bandwidth-mbps N] [--net-mtu N] [--net-underlay ADDR|none] [--net-vxlan-port N]]")
+	fmt.Fprintln(w, "             [--telemetry-endpoint URL [--telemetry-interval 60s] [--telemetry-attribute K=V]...]")
 	fmt.Fprintln(w, "       compute-agent upgrade --dir D [--version V] [--release-key F] [--restart exec|none] [--force]")
 	fmt.Fprintln(w, "       compute-agent version")
 }
@@ -58,6 +60,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return serve(ctx, args[1:], stderr, log)
 	case "upgrade":
 		return upgrade(ctx, args[1:], stdout, stderr)
+	case "tpm-ek":
+		return tpmEK(args[1:], stdout, stderr)
 	case "version":
 		// The version alone first, as `computed version` and system.version
 		// give it; then the protocol range.
@@ -77,6 +81,7 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	dir := fs.String("dir", "/var/lib/compute-agent", "the agent's directory")
 	hostname := fs.String("hostname", "", "the node's hostname (default: this host's)")
 	force := fs.Bool("force", false, "join again into a directory that already holds a node")
+	tpm := fs.String("tpm", "", "attest the join with this TPM (the control plane's TPM attestor requires it): "+agent.DefaultTPM+", or unix:PATH for a software TPM's socket")
 	if fs.Parse(args) != nil {
 		return 2
 	}
@@ -92,7 +97,7 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if tok == "" {
 		tok = os.Getenv("COMPUTE_AGENT_TOKEN")
 	}
-	node, err := agent.Join(ctx, agent.JoinOptions{APIURL: *api, Token: tok, Dir: agent.Dir(*dir), Hostname: *hostname, Force: *force})
+	node, err := agent.Join(ctx, agent.JoinOptions{APIURL: *api, Token: tok, Dir: agent.Dir(*dir), Hostname: *hostname, Force: *force, TPM: *tpm})
 	if err != nil {
 		var refused *agent.RefusedError
 		if errors.As(err, &refused) {
@@ -103,6 +108,24 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintln(stdout, node)
+	return 0
+}
+
+// tpmEK prints the TPM's endorsement key hash: what the operator enrolls
+// in tpm.endorsementKeys before the machine joins.
+func tpmEK(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("compute-agent tpm-ek", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	tpm := fs.String("tpm", agent.DefaultTPM, "the TPM: "+agent.DefaultTPM+", or unix:PATH for a software TPM's socket")
+	if fs.Parse(args) != nil {
+		return 2
+	}
+	ek, err := agent.TPMEndorsementKey(*tpm)
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent tpm-ek:", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, ek)
 	return 0
 }
 
