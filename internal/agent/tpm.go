@@ -30,8 +30,9 @@ import (
 // DefaultTPM is the kernel's TPM resource manager.
 const DefaultTPM = "/dev/tpmrm0"
 
-// openTPM opens the TPM at path as go-attestation's command channel.
-func openTPM(path string) (*attest.TPM, error) {
+// OpenTPM opens the TPM at path (DefaultTPM or unix:SOCKET) as
+// go-attestation's command channel.
+func OpenTPM(path string) (*attest.TPM, error) {
 	var ch attest.CommandChannelTPM20
 	if sock, ok := strings.CutPrefix(path, "unix:"); ok {
 		c, err := net.Dial("unix", sock)
@@ -105,7 +106,7 @@ func (f *framedTPM) MeasurementLog() ([]byte, error) {
 // key (PKIX DER) of the TPM at path: what an operator enrolls in
 // tpm.endorsementKeys (compute-agent tpm-ek prints it).
 func TPMEndorsementKey(path string) (string, error) {
-	t, err := openTPM(path)
+	t, err := OpenTPM(path)
 	if err != nil {
 		return "", err
 	}
@@ -134,7 +135,7 @@ func endorsementKey(t *attest.TPM) ([]byte, error) {
 // AK lives beside the endorsement key), and a quote binding the node key
 // (csr's) to the activated secret.
 func tpmQuote(ctx context.Context, hc *http.Client, base, path, token string, csr []byte) (*agentproto.TPMQuote, error) {
-	t, err := openTPM(path)
+	t, err := OpenTPM(path)
 	if err != nil {
 		return nil, err
 	}

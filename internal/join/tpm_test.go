@@ -1,8 +1,18 @@
 package join_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,12 +20,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-attestation/attest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"computeplane/computeclient"
 	"computeplane/gen/client"
+	"computeplane/gen/db"
 	"computeplane/internal/agent"
+	"computeplane/internal/agentproto"
+	"computeplane/internal/iam/embedded"
+	"computeplane/internal/join"
 	"computeplane/internal/pki"
 	"computeplane/internal/testenv"
 )
@@ -111,4 +126,97 @@ func TestTPMAttestorJoinsOnlyTheEnrolledTPM(t *testing.T) {
 	assert.Equal(t, ek, attestedEK)
 	assert.Equal(t, 1, count("nodes"))
 	assert.Len(t, env.LogLines("join refused"), 2)
+}
+
+// A quote is good for one join only: the challenge names the token and
+// the node key it was made for, and the quote must verify over the nonce
+// the activated secret makes.
+func TestTPMQuoteIsBoundToItsTokenAndNodeKey(t *testing.T) {
+	t.Parallel()
+	sock := startSWTPM(t, t.TempDir())
+	ek, err := agent.TPMEndorsementKey(sock)
+	require.NoError(t, err)
+	w := setup(t)
+	tpm := join.NewTPMAttestor([]string{ek})
+	srv := httptest.NewServer(&join.Handler{Store: w.st, Bundle: func() (*pki.Bundle, error) { return w.bundle, nil },
+		Projection: embedded.New(w.st, "root", "compute-", time.Now).Projection(), TypePrefix: "compute-",
+		Gateways: func(context.Context, *db.Queries, string) ([]agentproto.Gateway, error) { return nil, nil },
+		Log: slog.New(slog.DiscardHandler), Now: time.Now, TPM: tpm})
+	t.Cleanup(srv.Close)
+
+	csrOf := func(key *ecdsa.PrivateKey) []byte {
+		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "host-1"}}, key)
+		require.NoError(t, err)
+		return der
+	}
+	post := func(path string, v, out any) (int, string) {
+		body, _ := json.Marshal(v)
+		resp, err := http.Post(srv.URL+path, "application/json", bytes.NewReader(body))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode == http.StatusOK && out != nil {
+			require.NoError(t, json.Unmarshal(raw, out))
+		}
+		return resp.StatusCode, string(raw)
+	}
+	// The TPM's side, by hand: EK, AK, challenge, activation, quote.
+	dev, err := agent.OpenTPM(sock)
+	require.NoError(t, err)
+	defer dev.Close()
+	eks, err := dev.EKs()
+	require.NoError(t, err)
+	ekDER, err := x509.MarshalPKIXPublicKey(eks[0].Public)
+	require.NoError(t, err)
+	ak, err := dev.NewAK(nil)
+	require.NoError(t, err)
+	defer ak.Close(dev)
+	p := ak.AttestationParameters()
+	key1, key2 := newKey(t), newKey(t)
+	token, other := w.mint(t, 0), w.mint(t, 0)
+	var ch agentproto.TPMChallenge
+	code, body := post(agentproto.JoinTPMChallengePath, agentproto.TPMChallengeRequest{Token: token, CSR: csrOf(key1), EndorsementKey: ekDER,
+		AttestationKey: agentproto.TPMAttestationKey{Public: p.Public, CreateData: p.CreateData, CreateAttestation: p.CreateAttestation, CreateSignature: p.CreateSignature}}, &ch)
+	require.Equal(t, http.StatusOK, code, body)
+	secret, err := ak.ActivateCredential(dev, attest.EncryptedCredential{Credential: ch.Credential, Secret: ch.Secret})
+	require.NoError(t, err)
+	pub1, err := x509.MarshalPKIXPublicKey(&key1.PublicKey)
+	require.NoError(t, err)
+	quoteFor := func(nonce []byte) *agentproto.TPMQuote {
+		q, err := ak.Quote(dev, nonce, attest.HashSHA256)
+		require.NoError(t, err)
+		pcrs, err := dev.PCRs(attest.HashSHA256)
+		require.NoError(t, err)
+		out := &agentproto.TPMQuote{Challenge: ch.Challenge, AttestationKey: p.Public, Quote: q.Quote, Signature: q.Signature}
+		for i := range pcrs {
+			for _, pcr := range pcrs {
+				if pcr.Index == i {
+					out.PCRs = append(out.PCRs, pcr.Digest)
+				}
+			}
+		}
+		return out
+	}
+	good := quoteFor(join.QuoteNonce(secret, join.EndorsementKeyHash(pub1)))
+	refused := func(req agentproto.JoinRequest, msg string) {
+		t.Helper()
+		code, body := post(agentproto.JoinPath, req, nil)
+		assert.Equal(t, http.StatusUnauthorized, code, body)
+		assert.Contains(t, body, msg)
+	}
+	refused(agentproto.JoinRequest{Token: token, CSR: csrOf(key2), TPM: good}, "made for another node key")
+	refused(agentproto.JoinRequest{Token: other, CSR: csrOf(key1), TPM: good}, "made for another join token")
+	refused(agentproto.JoinRequest{Token: token, CSR: csrOf(key1), TPM: quoteFor(join.QuoteNonce([]byte("guessed"), join.EndorsementKeyHash(pub1)))}, "the quote")
+	tampered := *good
+	tampered.Challenge = append([]byte(nil), good.Challenge...)
+	tampered.Challenge[len(tampered.Challenge)-1] ^= 1
+	refused(agentproto.JoinRequest{Token: token, CSR: csrOf(key1), TPM: &tampered}, "not a challenge of this deployment")
+	var nodes int
+	require.NoError(t, w.st.Pool().QueryRow(t.Context(), `select count(*) from nodes`).Scan(&nodes))
+	assert.Zero(t, nodes)
+
+	var jr agentproto.JoinResponse
+	code, body = post(agentproto.JoinPath, agentproto.JoinRequest{Token: token, CSR: csrOf(key1), TPM: good}, &jr)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.NotEmpty(t, jr.NodeID)
 }
