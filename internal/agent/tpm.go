@@ -59,7 +59,9 @@ func OpenTPM(path string) (*attest.TPM, error) {
 // one response.
 type deviceTPM struct{ *os.File }
 
-func (deviceTPM) MeasurementLog() ([]byte, error) { return nil, errors.New("agent: no measurement log is read") }
+func (deviceTPM) MeasurementLog() ([]byte, error) {
+	return nil, errors.New("agent: no measurement log is read")
+}
 
 // framedTPM is a TPM command stream over a socket: a read returns one
 // whole response (the stream may split it), as the TPM library expects

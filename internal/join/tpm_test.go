@@ -141,7 +141,7 @@ func TestTPMQuoteIsBoundToItsTokenAndNodeKey(t *testing.T) {
 	srv := httptest.NewServer(&join.Handler{Store: w.st, Bundle: func() (*pki.Bundle, error) { return w.bundle, nil },
 		Projection: embedded.New(w.st, "root", "compute-", time.Now).Projection(), TypePrefix: "compute-",
 		Gateways: func(context.Context, *db.Queries, string) ([]agentproto.Gateway, error) { return nil, nil },
-		Log: slog.New(slog.DiscardHandler), Now: time.Now, TPM: tpm})
+		Log:      slog.New(slog.DiscardHandler), Now: time.Now, TPM: tpm})
 	t.Cleanup(srv.Close)
 
 	csrOf := func(key *ecdsa.PrivateKey) []byte {
