@@ -47,3 +47,14 @@ SELECT
     (SELECT count(*) FROM nodes WHERE booked_vcpu > alloc_vcpu OR booked_memory_mib > cap_memory_mib
         OR booked_disk_gib > cap_disk_gib OR booked_gpus > cap_gpus)::bigint AS overbooked,
     (SELECT count(*) FROM quotas WHERE used > max)::bigint AS overdrawn;
+
+-- name: PutNodeAttestation :exec
+-- A retry of the same join (same node key) attests again: the row takes
+-- the newest proof.
+INSERT INTO node_attestations (node_id, attestor, endorsement_key_sha256, attestation_key_sha256, node_key_sha256)
+VALUES (sqlc.arg(node_id), sqlc.arg(attestor), sqlc.arg(endorsement_key_sha256), sqlc.arg(attestation_key_sha256), sqlc.arg(node_key_sha256))
+ON CONFLICT (node_id) DO UPDATE SET attestor = EXCLUDED.attestor, endorsement_key_sha256 = EXCLUDED.endorsement_key_sha256,
+    attestation_key_sha256 = EXCLUDED.attestation_key_sha256, node_key_sha256 = EXCLUDED.node_key_sha256, attested_at = now();
+
+-- name: GetNodeAttestation :one
+SELECT * FROM node_attestations WHERE node_id = $1;

@@ -24,6 +24,7 @@ import (
 	"computeplane/internal/agent"
 	"computeplane/internal/agent/egressproxy"
 	"computeplane/internal/agent/network"
+	"computeplane/internal/agent/telemetry"
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/buildinfo"
@@ -34,10 +35,12 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force]")
+	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force] [--tpm /dev/tpmrm0|unix:SOCKET]")
+	fmt.Fprintln(w, "       compute-agent tpm-ek [--tpm /dev/tpmrm0|unix:SOCKET]")
 	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime qemu|recording] [--accel auto|kvm|tcg] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
 	fmt.Fprintln(w, "             [--network none|nftables [--net-uplink IF] [--net-egress-pool CIDR] [--net-private-pool CIDR] [--net-allow-private CIDRS]")
 	fmt.Fprintln(w, "              [--net-deny CIDRS] [--net-resolvers ADDRS] [--net-bandwidth-mbps N] [--net-mtu N] [--net-underlay ADDR|none] [--net-vxlan-port N]]")
+	fmt.Fprintln(w, "             [--telemetry-endpoint URL [--telemetry-interval 60s] [--telemetry-attribute K=V]...]")
 	fmt.Fprintln(w, "       compute-agent upgrade --dir D [--version V] [--release-key F] [--restart exec|none] [--force]")
 	fmt.Fprintln(w, "       compute-agent version")
 }
@@ -57,6 +60,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return serve(ctx, args[1:], stderr, log)
 	case "upgrade":
 		return upgrade(ctx, args[1:], stdout, stderr)
+	case "tpm-ek":
+		return tpmEK(args[1:], stdout, stderr)
 	case "version":
 		// The version alone first, as `computed version` and system.version
 		// give it; then the protocol range.
@@ -76,6 +81,7 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	dir := fs.String("dir", "/var/lib/compute-agent", "the agent's directory")
 	hostname := fs.String("hostname", "", "the node's hostname (default: this host's)")
 	force := fs.Bool("force", false, "join again into a directory that already holds a node")
+	tpm := fs.String("tpm", "", "attest the join with this TPM (the control plane's TPM attestor requires it): "+agent.DefaultTPM+", or unix:PATH for a software TPM's socket")
 	if fs.Parse(args) != nil {
 		return 2
 	}
@@ -91,7 +97,7 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if tok == "" {
 		tok = os.Getenv("COMPUTE_AGENT_TOKEN")
 	}
-	node, err := agent.Join(ctx, agent.JoinOptions{APIURL: *api, Token: tok, Dir: agent.Dir(*dir), Hostname: *hostname, Force: *force})
+	node, err := agent.Join(ctx, agent.JoinOptions{APIURL: *api, Token: tok, Dir: agent.Dir(*dir), Hostname: *hostname, Force: *force, TPM: *tpm})
 	if err != nil {
 		var refused *agent.RefusedError
 		if errors.As(err, &refused) {
@@ -102,6 +108,24 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintln(stdout, node)
+	return 0
+}
+
+// tpmEK prints the TPM's endorsement key hash: what the operator enrolls
+// in tpm.endorsementKeys before the machine joins.
+func tpmEK(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("compute-agent tpm-ek", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	tpm := fs.String("tpm", agent.DefaultTPM, "the TPM: "+agent.DefaultTPM+", or unix:PATH for a software TPM's socket")
+	if fs.Parse(args) != nil {
+		return 2
+	}
+	ek, err := agent.TPMEndorsementKey(*tpm)
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent tpm-ek:", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, ek)
 	return 0
 }
 
@@ -176,7 +200,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	fs.Int64Var(&d.DiskGiB, "disk-gib", 0, "declare this much disk instead of the volume store's")
 	var nf netFlags
 	nf.register(fs)
+	var tel telemetry.Config
+	var telAttrs telemetry.List
+	fs.StringVar(&tel.Endpoint, "telemetry-endpoint", "", "export host and per-VM metrics over OTLP/HTTP to this collector URL (https, or http to localhost, 127.0.0.1 or [::1]; no credentials); none when empty")
+	fs.DurationVar(&tel.Interval, "telemetry-interval", telemetry.DefaultInterval, "the telemetry export interval, 5s to 3600s")
+	fs.Var(&telAttrs, "telemetry-attribute", "a resource attribute key=value for the telemetry (repeatable, at most 32; values single-line, at most 256 characters)")
 	if fs.Parse(args) != nil {
+		return 2
+	}
+	// Every telemetry bound is checked before anything starts.
+	tel.Attributes = telAttrs
+	tel, err := tel.Check()
+	if err != nil {
+		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return 2
 	}
 	// The daemon keeps a log of its own for support bundles, besides
@@ -223,6 +259,24 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		_ = r.Close()
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return 1
+	}
+	if tel.Enabled() {
+		st, err := agent.Dir(*dir).LoadState()
+		if err != nil {
+			st = &agent.State{} // not joined yet: the node is named once it is
+		}
+		usage, _ := r.(vmruntime.UsageReporter)
+		exp, err := telemetry.Start(ctx, tel, st.NodeID, st.PoolID, buildinfo.Version(), usage, log)
+		if err != nil {
+			_ = r.Close()
+			fmt.Fprintln(stderr, "compute-agent run:", err)
+			return 1
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), telemetry.ExportTimeout)
+			defer cancel()
+			_ = exp.Shutdown(sctx)
+		}()
 	}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -43,4 +45,36 @@ func TestRunRefusesABrokenQEMU(t *testing.T) {
 	code = run([]string{"run", "--dir", t.TempDir(), "--runtime", "qemu"}, &stdout, &stderr)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr.String(), "needs qemu-img, which is not on PATH")
+}
+
+// Issue 27: every node-telemetry setting out of bounds refuses the start
+// with INVALID_CONFIG naming the flag, before the daemon opens anything.
+func TestRunRefusesBadTelemetrySettings(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--telemetry-endpoint", "http://collector.example.com:4318"}, "--telemetry-endpoint"},
+		{[]string{"--telemetry-endpoint", "https://u:p@collector.example.com"}, "--telemetry-endpoint"},
+		{[]string{"--telemetry-endpoint", "https://collector.example.com", "--telemetry-interval", "4s"}, "--telemetry-interval"},
+		{[]string{"--telemetry-endpoint", "https://collector.example.com", "--telemetry-interval", "61m"}, "--telemetry-interval"},
+		{[]string{"--telemetry-endpoint", "https://collector.example.com", "--telemetry-attribute", "k=" + strings.Repeat("v", 257)}, "--telemetry-attribute"},
+		{[]string{"--telemetry-endpoint", "https://collector.example.com", "--telemetry-attribute", "k=two\nlines"}, "--telemetry-attribute"},
+	} {
+		dir := t.TempDir()
+		var stdout, stderr bytes.Buffer
+		code := run(append([]string{"run", "--dir", dir, "--runtime", "recording"}, c.args...), &stdout, &stderr)
+		assert.Equal(t, 2, code, "%v", c.args)
+		assert.Contains(t, stderr.String(), "INVALID_CONFIG: "+c.flag+":", "%v", c.args)
+		entries, _ := os.ReadDir(dir)
+		assert.Empty(t, entries, "nothing started: %v", c.args)
+	}
+	var many []string
+	for i := range 33 {
+		many = append(many, "--telemetry-attribute", fmt.Sprintf("k%d=v", i))
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(append([]string{"run", "--dir", t.TempDir(), "--runtime", "recording", "--telemetry-endpoint", "http://[::1]:4318"}, many...), &stdout, &stderr)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr.String(), "INVALID_CONFIG: --telemetry-attribute: 33 resource attributes; at most 32")
 }

@@ -98,7 +98,8 @@ func TestInvalidConfigBeforeAnyConnection(t *testing.T) {
 		{"downloads from a blob store not built", "downloads: {blob: \"s3://releases/downloads\"}\n", "downloads.blob"},
 		{"downloads directory missing", "downloads: {dir: /nonexistent/downloads}\n", "downloads.dir"},
 		{"plugins not built", "plugins: [billing]\n", "plugins"},
-		{"attestors not built", "attestors: [tpm]\n", "attestors"},
+		{"attestor not built in", "attestors: [aws-iid]\n", "attestors[0]"},
+		{"tpm attestor without enrolled keys", "attestors: [tpm]\n", "tpm.endorsementKeys"},
 		{"driver not built in", "drivers: [redfish, ipmi]\n", "drivers[1]"},
 	}
 	for _, tc := range serveOnly {

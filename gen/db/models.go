@@ -332,6 +332,15 @@ type Node struct {
 	FreeVcpu               int32
 }
 
+type NodeAttestation struct {
+	NodeID               string
+	Attestor             string
+	EndorsementKeySha256 string
+	AttestationKeySha256 string
+	NodeKeySha256        string
+	AttestedAt           time.Time
+}
+
 type NodeCommand struct {
 	CommandID  string
 	NodeID     string

@@ -106,6 +106,24 @@ func (q *Queries) GetNode(ctx context.Context, nodeID string) (GetNodeRow, error
 	return i, err
 }
 
+const getNodeAttestation = `-- name: GetNodeAttestation :one
+SELECT node_id, attestor, endorsement_key_sha256, attestation_key_sha256, node_key_sha256, attested_at FROM node_attestations WHERE node_id = $1
+`
+
+func (q *Queries) GetNodeAttestation(ctx context.Context, nodeID string) (NodeAttestation, error) {
+	row := q.db.QueryRow(ctx, getNodeAttestation, nodeID)
+	var i NodeAttestation
+	err := row.Scan(
+		&i.NodeID,
+		&i.Attestor,
+		&i.EndorsementKeySha256,
+		&i.AttestationKeySha256,
+		&i.NodeKeySha256,
+		&i.AttestedAt,
+	)
+	return i, err
+}
+
 const getNodeForUpdate = `-- name: GetNodeForUpdate :one
 SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
 WHERE n.node_id = $1 FOR UPDATE OF n
@@ -340,6 +358,34 @@ func (q *Queries) ListNodes(ctx context.Context, arg ListNodesParams) ([]ListNod
 		return nil, err
 	}
 	return items, nil
+}
+
+const putNodeAttestation = `-- name: PutNodeAttestation :exec
+INSERT INTO node_attestations (node_id, attestor, endorsement_key_sha256, attestation_key_sha256, node_key_sha256)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (node_id) DO UPDATE SET attestor = EXCLUDED.attestor, endorsement_key_sha256 = EXCLUDED.endorsement_key_sha256,
+    attestation_key_sha256 = EXCLUDED.attestation_key_sha256, node_key_sha256 = EXCLUDED.node_key_sha256, attested_at = now()
+`
+
+type PutNodeAttestationParams struct {
+	NodeID               string
+	Attestor             string
+	EndorsementKeySha256 string
+	AttestationKeySha256 string
+	NodeKeySha256        string
+}
+
+// A retry of the same join (same node key) attests again: the row takes
+// the newest proof.
+func (q *Queries) PutNodeAttestation(ctx context.Context, arg PutNodeAttestationParams) error {
+	_, err := q.db.Exec(ctx, putNodeAttestation,
+		arg.NodeID,
+		arg.Attestor,
+		arg.EndorsementKeySha256,
+		arg.AttestationKeySha256,
+		arg.NodeKeySha256,
+	)
+	return err
 }
 
 const setNodeLabels = `-- name: SetNodeLabels :one

@@ -1,18 +1,15 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -33,6 +30,10 @@ type JoinOptions struct {
 	Dir      Dir
 	Hostname string
 	Force    bool // join again into a directory that has a node
+	// TPM, when set, attests the join with this TPM (DefaultTPM or
+	// unix:/path to a software TPM's socket): the control plane's TPM
+	// attestor requires it.
+	TPM string
 }
 
 // RefusedError is the control plane's refusal of a join.
@@ -89,38 +90,21 @@ func Join(ctx context.Context, o JoinOptions) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	body, _ := json.Marshal(agentproto.JoinRequest{Token: o.Token, CSR: csr})
 	ctx, cancel := context.WithTimeout(ctx, JoinTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(u.String(), "/")+agentproto.JoinPath, bytes.NewReader(body))
-	if err != nil {
-		return "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
 	// No redirects: the token goes to the URL the operator named, nowhere
 	// else.
 	hc := &http.Client{Timeout: JoinTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("agent: join: %w", err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error RefusedError `json:"error"`
+	base := strings.TrimRight(u.String(), "/")
+	req := agentproto.JoinRequest{Token: o.Token, CSR: csr}
+	if o.TPM != "" {
+		if req.TPM, err = tpmQuote(ctx, hc, base, o.TPM, o.Token, csr); err != nil {
+			return "", err
 		}
-		if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
-			return "", fmt.Errorf("agent: join: HTTP %d", resp.StatusCode)
-		}
-		return "", &e.Error
 	}
 	var jr agentproto.JoinResponse
-	if err := json.Unmarshal(raw, &jr); err != nil {
-		return "", fmt.Errorf("agent: join: the answer: %w", err)
+	if err := postJSON(ctx, hc, base+agentproto.JoinPath, req, &jr); err != nil {
+		return "", err
 	}
 	cert, err := x509.ParseCertificate(jr.Certificate)
 	if err != nil {

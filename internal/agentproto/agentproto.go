@@ -528,6 +528,53 @@ type Error struct {
 type JoinRequest struct {
 	Token string `json:"token"`
 	CSR   []byte `json:"csr"` // DER, ECDSA P-256
+	// TPM is the TPM attestor's proof, required where the control plane
+	// runs that attestor (attestors: [tpm]).
+	TPM *TPMQuote `json:"tpm,omitempty"`
+}
+
+// JoinTPMChallengePath is where a node with a TPM asks for its challenge
+// before it joins (POST, TPMChallengeRequest -> TPMChallenge).
+const JoinTPMChallengePath = JoinPath + "/tpm-challenge"
+
+// TPMAttestationKey is a TPM 2.0 attestation key as its TPM created it
+// (go-attestation's AttestationParameters: TPMT_PUBLIC, TPMS_CREATION_DATA,
+// TPMS_ATTEST and TPMT_SIGNATURE encodings).
+type TPMAttestationKey struct {
+	Public            []byte `json:"public"`
+	CreateData        []byte `json:"createData"`
+	CreateAttestation []byte `json:"createAttestation"`
+	CreateSignature   []byte `json:"createSignature"`
+}
+
+// TPMChallengeRequest names the node's TPM: its endorsement key (PKIX DER
+// public key) and a fresh attestation key, with the join token and the
+// certificate request the join will present.
+type TPMChallengeRequest struct {
+	Token          string            `json:"token"`
+	CSR            []byte            `json:"csr"`
+	EndorsementKey []byte            `json:"endorsementKey"`
+	AttestationKey TPMAttestationKey `json:"attestationKey"`
+}
+
+// TPMChallenge is a credential only the TPM holding the endorsement key
+// can activate (TPM2_ActivateCredential), and the control plane's sealed
+// memory of it (Challenge, returned with the quote).
+type TPMChallenge struct {
+	Challenge  []byte `json:"challenge"`
+	Credential []byte `json:"credential"`
+	Secret     []byte `json:"secret"`
+}
+
+// TPMQuote proves the join: a quote by the attestation key over
+// SHA-256(activated secret || SHA-256(node public key, PKIX DER)), with the
+// PCRs it covers (SHA-256 bank).
+type TPMQuote struct {
+	Challenge      []byte   `json:"challenge"`
+	AttestationKey []byte   `json:"attestationKey"` // TPMT_PUBLIC
+	Quote          []byte   `json:"quote"`
+	Signature      []byte   `json:"signature"`
+	PCRs           [][]byte `json:"pcrs"` // digests of PCR 0..n-1
 }
 
 // JoinResponse is what a joined daemon keeps.

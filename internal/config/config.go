@@ -81,6 +81,9 @@ type Config struct {
 	Drivers   []string
 	Providers []string
 	Attestors []string
+	// TPM is the TPM attestor's enrollment; set exactly when Attestors
+	// names tpm.
+	TPM *TPM
 	// Tunnels is nil when tunnels are not configured (the group is absent).
 	Tunnels *Tunnels
 	PKI     PKI
@@ -413,6 +416,20 @@ type Error struct {
 func (e *Error) Error() string {
 	return "INVALID_CONFIG: " + e.Option + ": " + e.Message
 }
+
+// TPM is the TPM join attestor's settings.
+type TPM struct {
+	// EndorsementKeys are the enrolled TPMs: the SHA-256 (lowercase hex)
+	// of each endorsement key's public key in PKIX DER form.
+	EndorsementKeys []string
+}
+
+// Attestors built into this version; an attestors entry naming another
+// is refused.
+var BuiltAttestors = []string{"tpm"}
+
+// MaxEnrolledTPMs bounds tpm.endorsementKeys.
+const MaxEnrolledTPMs = 10000
 
 // Errors is every problem of a configuration, in the order of the
 // options. Load answers a single *Error when there is one problem and

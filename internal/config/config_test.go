@@ -97,6 +97,8 @@ plugins: [gpu-burn, firmware]
 drivers: [ipmi, redfish]
 providers: [hetzner]
 attestors: [tpm]
+tpm:
+  endorsementKeys: [AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA]
 tunnels:
   issuer: https://compute.example.com
   ssh: true
@@ -179,6 +181,7 @@ func TestFullFile(t *testing.T) {
 		Drivers:      []string{"ipmi", "redfish"},
 		Providers:    []string{"hetzner"},
 		Attestors:    []string{"tpm"},
+		TPM:          &TPM{EndorsementKeys: []string{"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
 		Tunnels: &Tunnels{
 			Issuer: "https://compute.example.com", SSH: true, SSHRequiresMFA: false,
 			SSHAccounts: []string{"root", "ops"},
@@ -506,6 +509,11 @@ func TestInvalid(t *testing.T) {
 		{"drivers shape", "drivers: [ipmi_v2]", nil, "drivers[0]", "1 to 64 characters"},
 		{"providers shape", "providers: ['']", nil, "providers[0]", "1 to 64 characters"},
 		{"attestors shape", "attestors: [" + strings.Repeat("a", 65) + "]", nil, "attestors[0]", "1 to 64 characters"},
+		{"attestors built in", "attestors: [tpm, aws-iid]", nil, "attestors[1]", "not built into this version (built in: tpm)"},
+		{"tpm needs its enrollment", "attestors: [tpm]", nil, "tpm.endorsementKeys", "is required when attestors names tpm"},
+		{"tpm enrollment needs the attestor", "tpm: {endorsementKeys: [" + strings.Repeat("a", 64) + "]}", nil, "tpm", "attestors does not name tpm"},
+		{"tpm endorsement key shape", "attestors: [tpm]\ntpm: {endorsementKeys: [" + strings.Repeat("a", 63) + "]}", nil, "tpm.endorsementKeys[0]", "64 hexadecimal digits"},
+		{"tpm endorsement key twice", "attestors: [tpm]\ntpm: {endorsementKeys: [" + strings.Repeat("a", 64) + ", " + strings.Repeat("A", 64) + "]}", nil, "tpm.endorsementKeys[1]", "listed twice"},
 
 		// tunnels.
 		{"tunnels issuer required", "tunnels: {ssh: true}", nil, "tunnels.issuer", "is required"},

@@ -27,6 +27,7 @@ type fileConfig struct {
 	Drivers         []string            `yaml:"drivers"`
 	Providers       []string            `yaml:"providers"`
 	Attestors       []string            `yaml:"attestors"`
+	TPM             *fileTPM            `yaml:"tpm"`
 	Tunnels         *fileTunnels        `yaml:"tunnels"`
 	PKI             *filePKI            `yaml:"pki"`
 	Notifier        *fileNotifier       `yaml:"notifier"`
@@ -51,6 +52,10 @@ type fileConfig struct {
 	Host            *string             `yaml:"host"`
 	Port            *int                `yaml:"port"`
 	Roles           []string            `yaml:"roles"`
+}
+
+type fileTPM struct {
+	EndorsementKeys []string `yaml:"endorsementKeys"`
 }
 
 type fileIAM struct {

@@ -399,6 +399,42 @@ func (b *builder) lists(fc *fileConfig, c *Config) error {
 			return err
 		}
 	}
+	return b.attestors(fc, c)
+}
+
+// attestors checks the join attestors: each one built in, and the TPM
+// attestor's enrolled endorsement keys given exactly when it is named.
+func (b *builder) attestors(fc *fileConfig, c *Config) error {
+	for i, a := range c.Attestors {
+		if !slices.Contains(BuiltAttestors, a) {
+			return b.errorf(fmt.Sprintf("attestors[%d]", i), "attestor %q is not built into this version (built in: %s)", a, strings.Join(BuiltAttestors, ", "))
+		}
+	}
+	tpm := slices.Contains(c.Attestors, "tpm")
+	switch {
+	case fc.TPM == nil && !tpm:
+		return nil
+	case fc.TPM != nil && !tpm:
+		return b.errorf("tpm", "is set but attestors does not name tpm")
+	case fc.TPM == nil || len(fc.TPM.EndorsementKeys) == 0:
+		return b.errorf("tpm.endorsementKeys", "is required when attestors names tpm: the SHA-256 of each enrolled TPM's endorsement public key")
+	case len(fc.TPM.EndorsementKeys) > MaxEnrolledTPMs:
+		return b.errorf("tpm.endorsementKeys", "has %d entries; at most %d", len(fc.TPM.EndorsementKeys), MaxEnrolledTPMs)
+	}
+	seen := map[string]bool{}
+	out := &TPM{}
+	for i, k := range fc.TPM.EndorsementKeys {
+		k = strings.ToLower(k)
+		if len(k) != 64 || strings.Trim(k, "0123456789abcdef") != "" {
+			return b.errorf(fmt.Sprintf("tpm.endorsementKeys[%d]", i), "must be 64 hexadecimal digits (the SHA-256 of the endorsement public key, PKIX DER)")
+		}
+		if seen[k] {
+			return b.errorf(fmt.Sprintf("tpm.endorsementKeys[%d]", i), "is listed twice")
+		}
+		seen[k] = true
+		out.EndorsementKeys = append(out.EndorsementKeys, k)
+	}
+	c.TPM = out
 	return nil
 }
 

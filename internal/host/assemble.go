@@ -439,7 +439,7 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 		Watch:        watch,
 		Log:          log,
 		Join: &join.Handler{Store: a.st, Bundle: a.bundle, Projection: a.identity.Projection(), TypePrefix: cfg.TypePrefix,
-			Gateways: gateway.LiveGateways, FallbackURL: fallbackURL(cfg, gwRole), Log: log, Now: a.now},
+			Gateways: gateway.LiveGateways, FallbackURL: fallbackURL(cfg, gwRole), Log: log, Now: a.now, TPM: tpmAttestor(cfg)},
 	}
 	if gwRole != nil {
 		opts.Session = gwRole.FallbackHandler()
@@ -474,4 +474,13 @@ func admissionLimits(o config.Admission, poolConns int) admission.Limits {
 		l.MaxInFlight = config.InFlightPerConn * poolConns
 	}
 	return l
+}
+
+// tpmAttestor is the TPM join attestor when attestors names tpm (the
+// configuration then holds its enrolled endorsement keys); nil otherwise.
+func tpmAttestor(cfg *config.Config) *join.TPMAttestor {
+	if cfg.TPM == nil {
+		return nil
+	}
+	return join.NewTPMAttestor(cfg.TPM.EndorsementKeys)
 }

@@ -42,6 +42,9 @@ type Handler struct {
 	FallbackURL string
 	Log         *slog.Logger
 	Now         func() time.Time
+	// TPM, when set, is the TPM attestor: every join must carry a quote
+	// from an enrolled TPM (and JoinTPMChallengePath is served).
+	TPM *TPMAttestor
 }
 
 // Timeout bounds one join.
@@ -55,7 +58,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), Timeout)
 	defer cancel()
-	out, err := h.join(ctx, r)
+	var (
+		out any
+		err error
+	)
+	switch r.URL.Path {
+	case agentproto.JoinTPMChallengePath:
+		out, err = h.tpmChallenge(ctx, r)
+	default:
+		out, err = h.join(ctx, r)
+	}
 	if err != nil {
 		rpc.WriteError(w, h.Log, err)
 		return
@@ -65,19 +77,57 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(out)
 }
 
-func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinResponse, error) {
+// decode reads a bounded JSON body into v, refusing unknown fields.
+func decode(r *http.Request, v any) error {
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxRequestBytes+1))
 	if err != nil {
-		return nil, api.Errorf(api.CodeInvalidInput, "reading the request: %v", err)
+		return api.Errorf(api.CodeInvalidInput, "reading the request: %v", err)
 	}
 	if len(body) > MaxRequestBytes {
-		return nil, api.Errorf(api.CodeInvalidInput, "a join request is at most %d bytes", MaxRequestBytes)
+		return api.Errorf(api.CodeInvalidInput, "a join request is at most %d bytes", MaxRequestBytes)
 	}
-	var req agentproto.JoinRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return nil, api.Errorf(api.CodeInvalidInput, "the body is not a join request: %v", err)
+	if err := dec.Decode(v); err != nil {
+		return api.Errorf(api.CodeInvalidInput, "the body is not a join request: %v", err)
+	}
+	return nil
+}
+
+// refusal turns a refused token or attestation into UNAUTHENTICATED.
+func (h *Handler) refusal(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, ErrInvalid), errors.Is(err, ErrExpired), errors.Is(err, ErrReused), errors.Is(err, ErrRevoked), errors.Is(err, ErrAttestation):
+		h.Log.InfoContext(ctx, "join refused", "reason", err.Error())
+		return api.Errorf(api.CodeUnauthenticated, "%s", err.Error())
+	}
+	return err
+}
+
+// tpmChallenge answers the TPM attestor's credential for a node's TPM.
+func (h *Handler) tpmChallenge(_ context.Context, r *http.Request) (*agentproto.TPMChallenge, error) {
+	if h.TPM == nil {
+		return nil, api.Errorf(api.CodeNotFound, "this deployment does not run the TPM attestor (attestors)")
+	}
+	var req agentproto.TPMChallengeRequest
+	if err := decode(r, &req); err != nil {
+		return nil, err
+	}
+	b, err := h.Bundle()
+	if err != nil {
+		return nil, api.Errorf(api.CodeInvalidConfig, "this deployment has no PKI bundle: %v", err)
+	}
+	ch, err := h.TPM.Challenge(b, req, h.Now())
+	if err != nil {
+		return nil, h.refusal(r.Context(), err)
+	}
+	return ch, nil
+}
+
+func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinResponse, error) {
+	var req agentproto.JoinRequest
+	if err := decode(r, &req); err != nil {
+		return nil, err
 	}
 	if req.Token == "" {
 		return nil, api.Errorf(api.CodeInvalidInput, "token is required")
@@ -90,6 +140,16 @@ func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinRe
 	if err != nil {
 		return nil, api.Errorf(api.CodeInvalidConfig, "this deployment has no PKI bundle: %v", err)
 	}
+	// The attestation is checked before anything is written: a refused
+	// one leaves no node behind.
+	var att *Attestation
+	if h.TPM != nil {
+		if att, err = h.TPM.Verify(b, req.Token, csr, req.TPM, h.Now()); err != nil {
+			return nil, h.refusal(ctx, err)
+		}
+	} else if req.TPM != nil {
+		return nil, api.Errorf(api.CodeInvalidInput, "this deployment does not run the TPM attestor; join with the token alone")
+	}
 	var (
 		grant  *Grant
 		region string
@@ -101,6 +161,12 @@ func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinRe
 			return err
 		}
 		q := db.New(tx)
+		if att != nil {
+			if err := q.PutNodeAttestation(ctx, db.PutNodeAttestationParams{NodeID: grant.NodeID, Attestor: "tpm",
+				EndorsementKeySha256: att.EndorsementKey, AttestationKeySha256: att.AttestationKey, NodeKeySha256: att.NodeKey}); err != nil {
+				return err
+			}
+		}
 		n, err := q.GetNode(ctx, grant.NodeID)
 		if err != nil {
 			return err
@@ -113,14 +179,10 @@ func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinRe
 		gws, err = h.Gateways(ctx, q, region)
 		return err
 	})
-	switch {
-	case errors.Is(err, ErrInvalid), errors.Is(err, ErrExpired), errors.Is(err, ErrReused), errors.Is(err, ErrRevoked):
-		h.Log.InfoContext(ctx, "join refused", "reason", err.Error())
-		return nil, api.Errorf(api.CodeUnauthenticated, "%s", err.Error())
-	case err != nil:
-		return nil, err
+	if err != nil {
+		return nil, h.refusal(ctx, err)
 	}
-	h.Log.InfoContext(ctx, "node joined", "node", grant.NodeID, "pool", grant.PoolID, "region", region)
+	h.Log.InfoContext(ctx, "node joined", "node", grant.NodeID, "pool", grant.PoolID, "region", region, "attested", att != nil)
 	resp := &agentproto.JoinResponse{
 		NodeID: grant.NodeID, PoolID: grant.PoolID, TrustDomain: b.TrustDomain,
 		Certificate: grant.Cert.Raw, NodeCA: b.NodeCA.Cert.Raw, ServingCA: b.ServingCA.Cert.Raw,

@@ -130,6 +130,7 @@ func New(o Options) http.Handler {
 	mux.Handle(o.BasePath+"/", o.RPC)
 	if o.Join != nil {
 		mux.Handle(JoinPath, o.Join)
+		mux.Handle(JoinPath+"/tpm-challenge", o.Join) // the TPM attestor's (agentproto.JoinTPMChallengePath)
 	}
 	h := withWriteDeadline(mux, cmp.Or(o.WriteTimeout, ResponseWriteTimeout))
 	if o.Session == nil && o.Tunnels == nil && o.Downloads == nil {
