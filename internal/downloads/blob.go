@@ -219,4 +219,3 @@ func (s Sources) Open(ctx context.Context, agent, version, platform string) (*Ar
 	}
 	return nil, ErrNotFound
 }
-

@@ -1,7 +1,6 @@
 package host
 
 import (
-
 	"computeplane/internal/blob"
 	"computeplane/internal/config"
 	"computeplane/internal/downloads"
@@ -47,4 +46,3 @@ func downloadSource(cfg *config.Config, getenv func(string) string) (downloads.S
 	}
 	return srcs, nil
 }
-
