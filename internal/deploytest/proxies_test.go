@@ -9,6 +9,7 @@ package deploytest
 // reaches the gateway).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -30,6 +31,48 @@ type l7 struct {
 	addr     string
 	backends []string
 	next     atomic.Uint64
+	resent   atomic.Int64 // calls sent again to another backend
+}
+
+// resend sends a call to the next backend when the connection failed
+// before any byte of an answer: refused (a process restarting), or reset
+// (a connection the kernel had queued for a process that closed its
+// listener before accepting it: it never read the call). That is nginx's
+// proxy_next_upstream error non_idempotent, Envoy's retry_on
+// connect-failure,reset (docs/deploy.md says when it is safe).
+type resend struct {
+	rt    http.RoundTripper
+	n     int
+	count *atomic.Int64
+}
+
+func (r *resend) RoundTrip(req *http.Request) (*http.Response, error) {
+	var body []byte
+	if req.Body != nil {
+		b, err := io.ReadAll(req.Body)
+		if err != nil {
+			return nil, err
+		}
+		_ = req.Body.Close()
+		body = b
+	}
+	var err error
+	for attempt := range r.n + 1 {
+		out := req.Clone(req.Context())
+		out.Body = io.NopCloser(bytes.NewReader(body))
+		var resp *http.Response
+		resp, err = r.rt.RoundTrip(out)
+		if err == nil {
+			return resp, nil
+		}
+		if req.Context().Err() != nil {
+			break
+		}
+		if attempt < r.n {
+			r.count.Add(1)
+		}
+	}
+	return nil, err
 }
 
 func startL7(t *testing.T, backends ...string) *l7 {
@@ -47,7 +90,7 @@ func startL7(t *testing.T, backends ...string) *l7 {
 			r.SetXForwarded()
 			r.Out.Host = r.In.Host
 		},
-		Transport: tr,
+		Transport: &resend{rt: tr, n: len(backends), count: &b.resent},
 	}
 	b.srv = &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = b.srv.Serve(ln) }()
