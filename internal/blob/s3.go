@@ -107,6 +107,45 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, Object, error)
 	return out.Body, o, nil
 }
 
+// GetFrom returns key's bytes from offset to the end (an HTTP Range
+// request), for readers that seek; offset 0 is the whole object. The
+// context bounds the whole read.
+func (s *S3) GetFrom(ctx context.Context, key string, offset int64) (io.ReadCloser, error) {
+	k, err := s.key(key)
+	if err != nil {
+		return nil, err
+	}
+	in := &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: k}
+	if offset > 0 {
+		in.Range = aws.String(fmt.Sprintf("bytes=%d-", offset))
+	}
+	out, err := s.client.GetObject(ctx, in)
+	if err != nil {
+		return nil, wrap("get", key, err)
+	}
+	return out.Body, nil
+}
+
+// Stat returns key's size and modification time; ErrNotFound when there
+// is none.
+func (s *S3) Stat(ctx context.Context, key string) (Object, error) {
+	k, err := s.key(key)
+	if err != nil {
+		return Object{}, err
+	}
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	out, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.cfg.Bucket, Key: k})
+	if err != nil {
+		return Object{}, wrap("stat", key, err)
+	}
+	o := Object{Key: key, Size: aws.ToInt64(out.ContentLength)}
+	if out.LastModified != nil {
+		o.Modified = *out.LastModified
+	}
+	return o, nil
+}
+
 // Delete removes key; a key that is gone is no error.
 func (s *S3) Delete(ctx context.Context, key string) error {
 	k, err := s.key(key)

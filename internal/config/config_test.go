@@ -263,7 +263,7 @@ port: 1
 roles: [api]
 metrics: {token: file-token-0123456789, path: /m}
 gateway: {url: "https://file-gw.example.com", region: eu}
-downloads: {blob: "s3://b/d"}
+downloads: {blob: "s3://bkt/d"}
 `
 	env := map[string]string{
 		EnvDatabaseURL:       "postgres://env@db/x",
@@ -289,7 +289,7 @@ downloads: {blob: "s3://b/d"}
 	require.Equal(t, []Role{RoleSinks, RoleGateway}, c.Roles)
 	require.Equal(t, Metrics{Token: "env-token-0123456789", Path: "/m"}, c.Metrics)
 	require.Equal(t, &Gateway{URL: "https://env-gw.example.com", ServerName: "gw.env.example.com", Region: "eu", Listen: "127.0.0.1:7444", MaxStreams: DefaultGatewayMaxStreams, DrainDelay: DefaultGatewayDrainDelay, DownAfter: DefaultGatewayDownAfter}, c.Gateway)
-	require.Equal(t, &Downloads{Dir: "/env/downloads", Blob: "s3://b/d"}, c.Downloads)
+	require.Equal(t, &Downloads{Dir: "/env/downloads", Blob: "s3://bkt/d"}, c.Downloads)
 	require.Equal(t, "/env/pki.json", c.PKIFile)
 }
 
@@ -571,7 +571,7 @@ func TestInvalid(t *testing.T) {
 
 		// downloads and supportBundles.
 		{"downloads needs dir or blob", "downloads: {}", nil, "downloads", "dir or blob"},
-		{"downloads blob URL", "downloads: {blob: bucket}", nil, "downloads.blob", "absolute URL"},
+		{"downloads blob URL", "downloads: {blob: bucket}", nil, "downloads.blob", "s3://"},
 		{"images needs dir or url", "images: {}", nil, "images", "dir or url"},
 		{"log level from the environment", "", env(EnvLogLevel, "verbose"), "log.level", "(set by SERVICE_LOG_LEVEL)"},
 		{"images not both", "images: {dir: /srv/images, url: 'https://i/index.json'}", nil, "images", "dir or url"},
@@ -580,6 +580,8 @@ func TestInvalid(t *testing.T) {
 		{"supportBundles blob required", "supportBundles: {maxBytes: 10}", nil, "supportBundles.blob", "is required"},
 		{"supportBundles blob credentials", "supportBundles: {blob: 's3://k:s@bucket'}", nil, "supportBundles.blob", "credentials"},
 		{"supportBundles maxBytes positive", "supportBundles: {blob: 's3://bkt', maxBytes: 0}", nil, "supportBundles.maxBytes", "positive"},
+		{"downloads blob s3 only", "downloads: {blob: 'gs://bkt/x'}", nil, "downloads.blob", "s3://"},
+		{"downloads blob credentials", "downloads: {blob: 's3://k:s@bucket'}", nil, "downloads.blob", "credentials"},
 		{"supportBundles blob s3 only", "supportBundles: {blob: 'gs://bkt/x'}", nil, "supportBundles.blob", "s3://"},
 		{"supportBundles blob parameters", "supportBundles: {blob: 's3://bkt/x?acl=public'}", nil, "supportBundles.blob", "unknown parameter"},
 		{"supportBundles blob endpoint", "supportBundles: {blob: 's3://bkt/x?endpoint=ftp://h'}", nil, "supportBundles.blob", "endpoint"},

@@ -766,8 +766,8 @@ func (b *builder) downloads(fc *fileConfig, c *Config) error {
 		return b.errorf("downloads.dir", "must be a directory path")
 	}
 	if d.Blob != "" {
-		if msg := checkBlob(d.Blob); msg != "" {
-			return b.errorf("downloads.blob", "%s", msg)
+		if _, err := blob.ParseURL(d.Blob); err != nil {
+			return b.errorf("downloads.blob", "%s", err.Error())
 		}
 	}
 	c.Downloads = d
@@ -818,19 +818,6 @@ func (b *builder) bootstrap(fc *fileConfig, c *Config) error {
 	}
 	c.Bootstrap = bs
 	return nil
-}
-
-// checkBlob checks a blob store location: an absolute URL (s3://bucket/prefix,
-// https://...) without credentials; keys come from the environment.
-func checkBlob(s string) string {
-	u, err := url.Parse(s)
-	switch {
-	case err != nil || !u.IsAbs() || (u.Host == "" && u.Path == ""):
-		return "must be an absolute URL of a blob store, such as s3://bucket/prefix"
-	case u.User != nil:
-		return "must not hold credentials"
-	}
-	return ""
 }
 
 const defaultSupportBundleBytes = 256 << 20

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -455,7 +456,7 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 			React: a.cached.React, Now: a.now, Log: log}
 		opts.IAMEventsPath = ev.Path
 	}
-	src, err := downloadSource(cfg)
+	src, err := downloadSource(cfg, os.Getenv)
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,8 @@ import (
 // CheckBuilt refuses (INVALID_CONFIG) a configuration this build cannot
 // honour: an option it parses but does not implement yet (accepting it
 // would silently do nothing), a bare-metal driver it does not have, or a
-// downloads directory that is not there. Every problem is reported
+// downloads source that cannot open (a directory not there, a blob
+// store without credentials). Every problem is reported
 // (config.Errors when there are several). The main calls it before any
 // connection opens, and `computed config check` after config.Load;
 // Assemble checks the same.
@@ -26,7 +27,7 @@ func CheckBuilt(cfg *config.Config, plugins builtin.Plugins) error {
 	list = append(list, config.Problems(err)...)
 	_, err = enabledDrivers(cfg, plugins.Drivers)
 	list = append(list, config.Problems(err)...)
-	_, err = downloadSource(cfg)
+	_, err = downloadSource(cfg, os.Getenv)
 	list = append(list, config.Problems(err)...)
 	return config.Join(list)
 }
@@ -55,7 +56,6 @@ func refuseUnbuilt(cfg *config.Config) error {
 		set    bool
 		phase  string
 	}{
-		{"downloads.blob", cfg.Downloads != nil && cfg.Downloads.Blob != "", "downloads from a blob store are not built yet (downloads.dir is)"},
 		{"modules", len(cfg.Modules) > 0, "extra modules are not built yet"},
 		{"plugins", len(cfg.Plugins) > 0, "plugins are not built yet"},
 	}

@@ -17,10 +17,25 @@ func TestTunnelsOptionAccepted(t *testing.T) {
 	cfg.Tunnels.SSH = true
 	require.NoError(t, CheckBuilt(cfg, builtin.All()))
 
-	cfg.Downloads = &config.Downloads{Blob: "s3://releases/x"}
+	cfg.Modules = []string{"x"}
 	var ce *config.Error
 	require.ErrorAs(t, CheckBuilt(cfg, builtin.All()), &ce, "an option not built is still refused")
+	assert.Equal(t, "modules", ce.Option)
+}
+
+// downloads.blob is built: it starts with the store's credentials in the
+// environment and is INVALID_CONFIG without them.
+func TestDownloadsBlobNeedsCredentials(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "")
+	cfg := &config.Config{Downloads: &config.Downloads{Blob: "s3://releases/x?endpoint=http://127.0.0.1:9000"}}
+	var ce *config.Error
+	require.ErrorAs(t, CheckBuilt(cfg, builtin.All()), &ce)
 	assert.Equal(t, "downloads.blob", ce.Option)
+	assert.Contains(t, ce.Message, "AWS_ACCESS_KEY_ID")
+	t.Setenv("AWS_ACCESS_KEY_ID", "id")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	require.NoError(t, CheckBuilt(cfg, builtin.All()))
 }
 
 // Support bundles are built: the option starts with the blob store's

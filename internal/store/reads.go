@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -36,6 +37,15 @@ func openReads(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) 
 	params["statement_timeout"] = strconv.FormatInt(ReadStatementTimeout.Milliseconds(), 10)
 	if params[applicationNameKey] == applicationName {
 		params[applicationNameKey] = readsApplicationName
+	}
+	// target_session_attrs=read-write (a URL naming a primary and its
+	// standby, to follow a failover) checks that the session takes writes,
+	// which a session opened read-only never does: every read connection
+	// would be refused. Reads must still go to the primary (a standby
+	// lags), so check for that instead.
+	if v := rc.ConnConfig.ValidateConnect; v != nil &&
+		reflect.ValueOf(v).Pointer() == reflect.ValueOf(pgconn.ValidateConnectFunc(pgconn.ValidateConnectTargetSessionAttrsReadWrite)).Pointer() {
+		rc.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsPrimary
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, rc)
 	if err != nil {

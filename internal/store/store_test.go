@@ -352,3 +352,27 @@ func knownMigrations(t *testing.T) []int64 {
 	require.NotEmpty(t, known)
 	return known
 }
+
+// A URL with target_session_attrs=read-write (a primary and its standby,
+// to follow a failover) serves reads as well as writes: the read pool's
+// sessions are read-only by design and are checked for a primary instead.
+func TestReadWriteTargetSessionAttrs(t *testing.T) {
+	u := dbtest.URL(t)
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	ctx := t.Context()
+	s, err := store.Open(ctx, u+sep+"target_session_attrs=read-write")
+	require.NoError(t, err)
+	defer s.Close()
+	var n int
+	require.NoError(t, s.WithTx(ctx, true, func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "select 1").Scan(&n)
+	}))
+	require.Equal(t, 1, n)
+	require.NoError(t, s.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "select 2").Scan(&n)
+	}))
+	require.Equal(t, 2, n)
+}
