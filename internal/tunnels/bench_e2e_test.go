@@ -31,6 +31,7 @@ import (
 	"computeplane/internal/agentproto/tunnel"
 	"computeplane/internal/fleettest"
 	"computeplane/internal/qemu/qemutest"
+	"computeplane/internal/testenv"
 )
 
 func pct(d []time.Duration, p float64) time.Duration {
@@ -59,8 +60,12 @@ func rssKiB(t *testing.T, pid int) int64 {
 func TestTunnelBenchmark(t *testing.T) {
 	const idle = 1000
 	im := qemutest.Image(t)
+	pprofAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\nmetrics: {token: %q}\n", filepath.Dir(filepath.Dir(im.Location)), benchMetricsToken),
-		fleettest.TunnelLimits(fmt.Sprintf("{tunnelsPerMinute: 100000, openPerNode: %d, openPerGateway: %d}", 2*idle, 2*idle)))
+		fleettest.TunnelLimits(fmt.Sprintf("{tunnelsPerMinute: 100000, openPerNode: %d, openPerGateway: %d}", 2*idle, 2*idle)),
+		fleettest.Env(map[string]string{"SERVICE_PPROF_ADDR": pprofAddr}))
+	// TUNNEL_BENCH_ONLY=memory measures the memory alone.
+	only := os.Getenv("TUNNEL_BENCH_ONLY")
 	pool := f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
 	f.Join(pool, "--runtime", "qemu", "--accel", "tcg", "--vcpu", "8", "--memory-mib", "4096", "--disk-gib", "1000")
 	ctx := t.Context()
@@ -104,6 +109,9 @@ func TestTunnelBenchmark(t *testing.T) {
 	// Open latency: an exec of echo (a program started in the guest) and
 	// a console (no guest program: the path alone), 100 of each.
 	for _, kind := range []string{"exec", "console"} {
+		if only != "" {
+			break
+		}
 		var control, path []time.Duration
 		for i := 0; i < 100; i++ {
 			in := &client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKind(kind), Target: target}
@@ -122,6 +130,17 @@ func TestTunnelBenchmark(t *testing.T) {
 
 	// Throughput of one tcp tunnel: busybox httpd in the guest serves a
 	// 32 MiB file of zeros, fetched through the tunnel.
+	if only == "" {
+		throughput(t, dial, id)
+	}
+	memory(t, f, dial, target, idle, pprofAddr)
+}
+
+type dialer func(in *client.TunnelsOpenInput) (time.Duration, time.Duration, *websocket.Conn)
+
+func throughput(t *testing.T, dial dialer, id string) {
+	ctx := t.Context()
+	target := client.TunnelTarget{Kind: client.TunnelTargetKindSandbox, ID: id}
 	_, _, sh := dial(&client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindExec, Target: target,
 		Argv: []string{"sh", "-c", "mkdir -p /www && dd if=/dev/zero of=/www/big bs=1M count=32 2>/dev/null && busybox httpd -p 127.0.0.1:8080 -h /www && echo up"}})
 	for {
@@ -148,7 +167,9 @@ func TestTunnelBenchmark(t *testing.T) {
 	require.Greater(t, n, int64(32<<20))
 	t.Logf("throughput of one tcp tunnel: %d bytes in %s: %.1f MiB/s", n, took, float64(n)/(1<<20)/took.Seconds())
 	tcp.CloseNow()
+}
 
+func memory(t *testing.T, f *fleettest.Fleet, dial dialer, target client.TunnelTarget, idle int, pprofAddr string) {
 	// Memory per open idle tunnel: computed (the api relay and the
 	// gateway in one process) before and after 1,000 idle console
 	// tunnels.
@@ -173,7 +194,22 @@ func TestTunnelBenchmark(t *testing.T) {
 	after := rssKiB(t, pid)
 	heapAfter := heapInuse(t, f)
 	t.Logf("memory: computed RSS %d KiB before, %d KiB with %d idle tunnels: %.1f KiB per tunnel (api relay and gateway together); heap in use %.1f KiB per tunnel",
-		before, after, idle, float64(after-before)/idle, float64(heapAfter-heapBefore)/1024/idle)
+		before, after, idle, float64(after-before)/float64(idle), float64(heapAfter-heapBefore)/1024/float64(idle))
+	// TUNNEL_BENCH_HEAP=file keeps computed's heap profile (go tool
+	// pprof -top -sample_index=inuse_space file): its shares by function.
+	if out := os.Getenv("TUNNEL_BENCH_HEAP"); out != "" {
+		resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/heap")
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(out, b, 0o644))
+		resp, err = http.Get("http://" + pprofAddr + "/debug/pprof/goroutine?debug=1")
+		require.NoError(t, err)
+		b, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, os.WriteFile(out+".goroutines", b, 0o644))
+	}
 	for _, ws := range conns {
 		ws.CloseNow()
 	}
