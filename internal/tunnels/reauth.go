@@ -50,8 +50,9 @@ type tracker struct {
 	mu    sync.Mutex
 	open  map[string]*live
 	// closing is set by Shutdown: no tunnel opens after it.
-	closing bool
-	wg      sync.WaitGroup
+	closing  bool
+	wg       sync.WaitGroup
+	deciding atomic.Bool // a round of decisions runs
 }
 
 func (tr *tracker) add(l *live) bool {
@@ -104,8 +105,15 @@ func (tr *tracker) run() {
 			case <-check.C:
 				tr.check()
 			case <-reauth.C:
-				for _, l := range tr.snapshot() {
-					tr.decide(l)
+				// Beside the checks, which a slow identity service must
+				// not hold up; one round at a time.
+				if tr.deciding.CompareAndSwap(false, true) {
+					go func() {
+						defer tr.deciding.Store(false)
+						for _, l := range tr.snapshot() {
+							tr.decide(l)
+						}
+					}()
 				}
 			}
 		}
