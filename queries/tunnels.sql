@@ -1,9 +1,10 @@
 -- name: InsertTunnel :one
 INSERT INTO tunnels (tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty,
-    ticket_hash, source_ip, expires_at, port, term_cols, term_rows)
+    ticket_hash, source_ip, expires_at, port, term_cols, term_rows, session, caller)
 VALUES (sqlc.arg(tunnel_id), sqlc.arg(tenant_id), sqlc.arg(identity_id), sqlc.arg(target_kind), sqlc.arg(target_id),
     sqlc.arg(instance_id), sqlc.arg(node_id), sqlc.arg(kind), sqlc.arg(argv), sqlc.narg(env), sqlc.arg(tty),
-    sqlc.arg(ticket_hash), sqlc.arg(source_ip), sqlc.arg(expires_at), sqlc.narg(port), sqlc.narg(term_cols), sqlc.narg(term_rows))
+    sqlc.arg(ticket_hash), sqlc.arg(source_ip), sqlc.arg(expires_at), sqlc.narg(port), sqlc.narg(term_cols), sqlc.narg(term_rows),
+    sqlc.arg(session), sqlc.narg(caller))
 RETURNING *;
 
 -- name: RedeemTunnel :one
@@ -23,6 +24,11 @@ SELECT * FROM tunnels WHERE tunnel_id = sqlc.arg(tunnel_id) FOR UPDATE;
 
 -- name: TunnelState :one
 SELECT state FROM tunnels WHERE tunnel_id = sqlc.arg(tunnel_id);
+
+-- name: TunnelsNotOpen :many
+-- Of the tunnels a relay holds open, those closed meanwhile
+-- (tunnels.close): one read a second for all of a replica's tunnels.
+SELECT tunnel_id FROM tunnels WHERE tunnel_id = ANY(sqlc.arg(tunnel_ids)::text[]) AND state <> 'open';
 
 -- name: FinishTunnel :one
 -- The relay's end: counts and the exit code; a tunnel closed by

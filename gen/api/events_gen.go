@@ -439,7 +439,7 @@ var EventTypes = []EventSpec{
 		Type:        EventTunnelOpened,
 	},
 	{
-		Description: "A tunnel ended (its program exited or its guest side closed: exited; a side closed it, or tunnels.close); bytes each way, how long it was open and, for exec, the exit code.",
+		Description: "A tunnel ended (its program exited or its guest side closed: exited; a side closed it, or tunnels.close: client, node, closed; its session was revoked or its caller's role no longer allows it: revoked; nothing passed for tunnels.limits.idleTimeoutMs: idle; the api replica relaying it stopped: shutdown); bytes each way, how long it was open and, for exec, the exit code.",
 		Module:      "tunnels",
 		Subject:     "tunnel id",
 		Type:        EventTunnelClosed,

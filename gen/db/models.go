@@ -708,6 +708,8 @@ type Tunnel struct {
 	Port       pgtype.Int4
 	TermCols   pgtype.Int4
 	TermRows   pgtype.Int4
+	Session    string
+	Caller     []byte
 }
 
 type UsageWindow struct {

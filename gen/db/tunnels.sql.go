@@ -16,7 +16,7 @@ const closeTunnel = `-- name: CloseTunnel :one
 UPDATE tunnels SET state = CASE WHEN state = 'issued' AND expires_at <= now() THEN 'expired' ELSE 'closed' END,
     closed_at = now()
 WHERE tunnel_id = $1 AND state IN ('issued', 'open')
-RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows
+RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller
 `
 
 func (q *Queries) CloseTunnel(ctx context.Context, tunnelID string) (Tunnel, error) {
@@ -47,6 +47,8 @@ func (q *Queries) CloseTunnel(ctx context.Context, tunnelID string) (Tunnel, err
 		&i.Port,
 		&i.TermCols,
 		&i.TermRows,
+		&i.Session,
+		&i.Caller,
 	)
 	return i, err
 }
@@ -55,7 +57,7 @@ const finishTunnel = `-- name: FinishTunnel :one
 UPDATE tunnels SET state = 'closed', closed_at = coalesce(closed_at, now()), bytes_in = $1,
     bytes_out = $2, exit_code = $3
 WHERE tunnel_id = $4
-RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows
+RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller
 `
 
 type FinishTunnelParams struct {
@@ -100,12 +102,14 @@ func (q *Queries) FinishTunnel(ctx context.Context, arg FinishTunnelParams) (Tun
 		&i.Port,
 		&i.TermCols,
 		&i.TermRows,
+		&i.Session,
+		&i.Caller,
 	)
 	return i, err
 }
 
 const getTunnel = `-- name: GetTunnel :one
-SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows FROM tunnels WHERE tunnel_id = $1
+SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller FROM tunnels WHERE tunnel_id = $1
 `
 
 func (q *Queries) GetTunnel(ctx context.Context, tunnelID string) (Tunnel, error) {
@@ -136,12 +140,14 @@ func (q *Queries) GetTunnel(ctx context.Context, tunnelID string) (Tunnel, error
 		&i.Port,
 		&i.TermCols,
 		&i.TermRows,
+		&i.Session,
+		&i.Caller,
 	)
 	return i, err
 }
 
 const getTunnelByTicket = `-- name: GetTunnelByTicket :one
-SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows FROM tunnels WHERE ticket_hash = $1
+SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller FROM tunnels WHERE ticket_hash = $1
 `
 
 func (q *Queries) GetTunnelByTicket(ctx context.Context, ticketHash []byte) (Tunnel, error) {
@@ -172,12 +178,14 @@ func (q *Queries) GetTunnelByTicket(ctx context.Context, ticketHash []byte) (Tun
 		&i.Port,
 		&i.TermCols,
 		&i.TermRows,
+		&i.Session,
+		&i.Caller,
 	)
 	return i, err
 }
 
 const getTunnelForUpdate = `-- name: GetTunnelForUpdate :one
-SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows FROM tunnels WHERE tunnel_id = $1 FOR UPDATE
+SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller FROM tunnels WHERE tunnel_id = $1 FOR UPDATE
 `
 
 func (q *Queries) GetTunnelForUpdate(ctx context.Context, tunnelID string) (Tunnel, error) {
@@ -208,17 +216,20 @@ func (q *Queries) GetTunnelForUpdate(ctx context.Context, tunnelID string) (Tunn
 		&i.Port,
 		&i.TermCols,
 		&i.TermRows,
+		&i.Session,
+		&i.Caller,
 	)
 	return i, err
 }
 
 const insertTunnel = `-- name: InsertTunnel :one
 INSERT INTO tunnels (tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty,
-    ticket_hash, source_ip, expires_at, port, term_cols, term_rows)
+    ticket_hash, source_ip, expires_at, port, term_cols, term_rows, session, caller)
 VALUES ($1, $2, $3, $4, $5,
     $6, $7, $8, $9, $10, $11,
-    $12, $13, $14, $15, $16, $17)
-RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows
+    $12, $13, $14, $15, $16, $17,
+    $18, $19)
+RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller
 `
 
 type InsertTunnelParams struct {
@@ -239,6 +250,8 @@ type InsertTunnelParams struct {
 	Port       pgtype.Int4
 	TermCols   pgtype.Int4
 	TermRows   pgtype.Int4
+	Session    string
+	Caller     []byte
 }
 
 func (q *Queries) InsertTunnel(ctx context.Context, arg InsertTunnelParams) (Tunnel, error) {
@@ -260,6 +273,8 @@ func (q *Queries) InsertTunnel(ctx context.Context, arg InsertTunnelParams) (Tun
 		arg.Port,
 		arg.TermCols,
 		arg.TermRows,
+		arg.Session,
+		arg.Caller,
 	)
 	var i Tunnel
 	err := row.Scan(
@@ -287,12 +302,14 @@ func (q *Queries) InsertTunnel(ctx context.Context, arg InsertTunnelParams) (Tun
 		&i.Port,
 		&i.TermCols,
 		&i.TermRows,
+		&i.Session,
+		&i.Caller,
 	)
 	return i, err
 }
 
 const listTunnels = `-- name: ListTunnels :many
-SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows FROM tunnels
+SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller FROM tunnels
 WHERE tenant_id = $1
   AND ($2::boolean OR (state = 'open' OR (state = 'issued' AND expires_at > now())))
 ORDER BY created_at DESC, tunnel_id DESC LIMIT 1000
@@ -337,6 +354,8 @@ func (q *Queries) ListTunnels(ctx context.Context, arg ListTunnelsParams) ([]Tun
 			&i.Port,
 			&i.TermCols,
 			&i.TermRows,
+			&i.Session,
+			&i.Caller,
 		); err != nil {
 			return nil, err
 		}
@@ -351,7 +370,7 @@ func (q *Queries) ListTunnels(ctx context.Context, arg ListTunnelsParams) ([]Tun
 const redeemTunnel = `-- name: RedeemTunnel :one
 UPDATE tunnels SET state = 'open', opened_at = now()
 WHERE ticket_hash = $1 AND state = 'issued' AND expires_at > now()
-RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows
+RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller
 `
 
 // Single use: only an issued, unexpired ticket opens, once.
@@ -383,6 +402,8 @@ func (q *Queries) RedeemTunnel(ctx context.Context, ticketHash []byte) (Tunnel, 
 		&i.Port,
 		&i.TermCols,
 		&i.TermRows,
+		&i.Session,
+		&i.Caller,
 	)
 	return i, err
 }
@@ -396,4 +417,30 @@ func (q *Queries) TunnelState(ctx context.Context, tunnelID string) (string, err
 	var state string
 	err := row.Scan(&state)
 	return state, err
+}
+
+const tunnelsNotOpen = `-- name: TunnelsNotOpen :many
+SELECT tunnel_id FROM tunnels WHERE tunnel_id = ANY($1::text[]) AND state <> 'open'
+`
+
+// Of the tunnels a relay holds open, those closed meanwhile
+// (tunnels.close): one read a second for all of a replica's tunnels.
+func (q *Queries) TunnelsNotOpen(ctx context.Context, tunnelIds []string) ([]string, error) {
+	rows, err := q.db.Query(ctx, tunnelsNotOpen, tunnelIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var tunnel_id string
+		if err := rows.Scan(&tunnel_id); err != nil {
+			return nil, err
+		}
+		items = append(items, tunnel_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

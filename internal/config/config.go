@@ -168,10 +168,17 @@ type Tunnels struct {
 	Limits         TunnelLimits
 }
 
-// TunnelLimits are per identity and per api replica.
+// TunnelLimits: the rates are per identity and per api replica; the open
+// tunnels are bounded at the gateway (per node session and in all), and
+// the api replica relaying a tunnel closes it when idle.
 type TunnelLimits struct {
 	TunnelsPerMinute       int // default 10
 	SSHCertificatesPerHour int // default 20
+	OpenPerNode            int // default 256
+	OpenPerGateway         int // default 10000
+	// IdleTimeout closes a tunnel through which nothing passed for so
+	// long; default an hour.
+	IdleTimeout time.Duration
 }
 
 // PKI configures the certificate authorities and signing keys. Each

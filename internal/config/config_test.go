@@ -104,7 +104,7 @@ tunnels:
   ssh: true
   sshRequiresMfa: false
   sshAccounts: [root, ops]
-  limits: {tunnelsPerMinute: 30, sshCertificatesPerHour: 5}
+  limits: {tunnelsPerMinute: 30, sshCertificatesPerHour: 5, openPerNode: 8, openPerGateway: 100, idleTimeoutMs: 60000}
 pki:
   nodeCa: {certFile: /etc/cp/node-ca.pem, keyFile: /etc/cp/node-ca.key}
   servingCa:
@@ -185,7 +185,8 @@ func TestFullFile(t *testing.T) {
 		Tunnels: &Tunnels{
 			Issuer: "https://compute.example.com", SSH: true, SSHRequiresMFA: false,
 			SSHAccounts: []string{"root", "ops"},
-			Limits:      TunnelLimits{TunnelsPerMinute: 30, SSHCertificatesPerHour: 5},
+			Limits: TunnelLimits{TunnelsPerMinute: 30, SSHCertificatesPerHour: 5, OpenPerNode: 8, OpenPerGateway: 100,
+				IdleTimeout: time.Minute},
 		},
 		PKI: PKI{
 			NodeCA: &KeyPair{Cert: PEM{File: "/etc/cp/node-ca.pem"}, Key: PEM{File: "/etc/cp/node-ca.key"}},
@@ -523,6 +524,9 @@ func TestInvalid(t *testing.T) {
 		{"tunnels sshAccounts shape", "tunnels: {issuer: 'http://localhost:3000', sshAccounts: [Root]}", nil, "tunnels.sshAccounts[0]", "user name"},
 		{"tunnels tunnelsPerMinute", "tunnels: {issuer: 'http://localhost:3000', limits: {tunnelsPerMinute: 0}}", nil, "tunnels.limits.tunnelsPerMinute", "at least 1"},
 		{"tunnels sshCertificatesPerHour", "tunnels: {issuer: 'http://localhost:3000', limits: {sshCertificatesPerHour: -1}}", nil, "tunnels.limits.sshCertificatesPerHour", "at least 1"},
+		{"tunnels openPerNode", "tunnels: {issuer: 'http://localhost:3000', limits: {openPerNode: 0}}", nil, "tunnels.limits.openPerNode", "at least 1"},
+		{"tunnels openPerGateway", "tunnels: {issuer: 'http://localhost:3000', limits: {openPerGateway: 0}}", nil, "tunnels.limits.openPerGateway", "at least 1"},
+		{"tunnels idleTimeoutMs", "tunnels: {issuer: 'http://localhost:3000', limits: {idleTimeoutMs: 999}}", nil, "tunnels.limits.idleTimeoutMs", "at least 1000"},
 
 		// pki.
 		{"pki trustVersion at least 1", "pki: {trustVersion: 0}", nil, "pki.trustVersion", "at least 1"},

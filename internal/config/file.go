@@ -80,6 +80,9 @@ type fileTunnels struct {
 type fileTunnelLimits struct {
 	TunnelsPerMinute       *int `yaml:"tunnelsPerMinute"`
 	SSHCertificatesPerHour *int `yaml:"sshCertificatesPerHour"`
+	OpenPerNode            *int `yaml:"openPerNode"`
+	OpenPerGateway         *int `yaml:"openPerGateway"`
+	IdleTimeoutMs          *int `yaml:"idleTimeoutMs"`
 }
 
 type filePKI struct {

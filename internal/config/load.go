@@ -479,6 +479,19 @@ func (b *builder) tunnels(fc *fileConfig, c *Config) error {
 	if t.Limits.SSHCertificatesPerHour < 1 {
 		return b.errorf("tunnels.limits.sshCertificatesPerHour", "must be at least 1")
 	}
+	t.Limits.OpenPerNode = deref(fl.OpenPerNode, 256)
+	if t.Limits.OpenPerNode < 1 {
+		return b.errorf("tunnels.limits.openPerNode", "must be at least 1")
+	}
+	t.Limits.OpenPerGateway = deref(fl.OpenPerGateway, 10000)
+	if t.Limits.OpenPerGateway < 1 {
+		return b.errorf("tunnels.limits.openPerGateway", "must be at least 1")
+	}
+	idle := deref(fl.IdleTimeoutMs, 3600000)
+	if idle < 1000 {
+		return b.errorf("tunnels.limits.idleTimeoutMs", "must be at least 1000")
+	}
+	t.Limits.IdleTimeout = time.Duration(idle) * time.Millisecond
 	c.Tunnels = t
 	return nil
 }

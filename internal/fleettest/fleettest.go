@@ -47,6 +47,7 @@ type Fleet struct {
 	computed string
 	env      []string
 	agentEnv map[string]string
+	addr     string // the api's listener
 }
 
 // Option changes the deployment Start runs.
@@ -58,6 +59,8 @@ type options struct {
 	version  string
 	env      map[string]string
 	agentEnv map[string]string
+	// tunnelLimits is tunnels.limits (TunnelLimits).
+	tunnelLimits string
 }
 
 // Env adds variables to computed's environment (a blob store's
@@ -74,6 +77,12 @@ func Version(v string) Option { return func(o *options) { o.version = v } }
 // Tunnels configures tunnels (the issuer is the public URL) and the
 // gateway's internal API they relay through.
 func Tunnels() Option { return func(o *options) { o.tunnels = true } }
+
+// TunnelLimits configures tunnels with limits, the YAML flow mapping of
+// tunnels.limits ("{openPerNode: 2}").
+func TunnelLimits(limits string) Option {
+	return func(o *options) { o.tunnels, o.tunnelLimits = true, limits }
+}
 
 // SSH configures tunnels with SSH (tunnels.ssh: true).
 func SSH() Option { return func(o *options) { o.tunnels, o.ssh = true, true } }
@@ -100,7 +109,11 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	internal := ""
 	if o.tunnels {
 		internal = fmt.Sprintf(", internalListen: \"127.0.0.1:%d\"", testenv.FreePort(t))
-		extraConfig += fmt.Sprintf("tunnels: {issuer: %q, ssh: %t}\n", f.PublicURL, o.ssh)
+		limits := ""
+		if o.tunnelLimits != "" {
+			limits = ", limits: " + o.tunnelLimits
+		}
+		extraConfig += fmt.Sprintf("tunnels: {issuer: %q, ssh: %t%s}\n", f.PublicURL, o.ssh, limits)
 	}
 	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000%s}\n%s",
 		gwPort, gwPort, internal, extraConfig))
@@ -114,7 +127,8 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	env := proctest.ChildEnv(vars)
 	f.computed, f.env = computed, env
 	f.Computed = proctest.Start(t, "computed", computed, env, "serve")
-	f.Computed.WaitHealthy(t, fmt.Sprintf("127.0.0.1:%d", port))
+	f.addr = fmt.Sprintf("127.0.0.1:%d", port)
+	f.Computed.WaitHealthy(t, f.addr)
 	key := proctest.CreateKey(t, computed, env, Tenant, "ops", "owner")
 	f.Key = key
 	f.C, err = computeclient.New(f.PublicURL+config.DefaultBasePath, computeclient.WithToken(key),
@@ -145,6 +159,23 @@ func (f *Fleet) CreateKey(tenant, identity, role string, args ...string) string 
 	out := proctest.Run(f.t, f.computed, f.env, append([]string{"iam", "create-key", "--tenant", tenant, "--identity", identity, "--role", role}, args...)...)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// RunComputed runs a command of computed (iam revoke-key ...) against
+// the fleet's database and returns its standard output.
+func (f *Fleet) RunComputed(args ...string) string {
+	f.t.Helper()
+	return proctest.Run(f.t, f.computed, f.env, args...)
+}
+
+// RestartComputed stops computed with SIGTERM (its shutdown in the
+// specification's order) and starts it again, waiting until it is healthy.
+func (f *Fleet) RestartComputed() {
+	t := f.t
+	t.Helper()
+	f.Computed.Stop(t, 60*time.Second)
+	f.Computed = proctest.Start(t, "computed", f.computed, f.env, "serve")
+	f.Computed.WaitHealthy(t, f.addr)
 }
 
 // Pool makes a site and a hosted pool of class (vps-host, metal-host)

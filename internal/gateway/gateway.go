@@ -75,6 +75,11 @@ type Options struct {
 	// instance on node (nil: the gateway resolves none). Its errors reach
 	// the daemon as text.
 	OnResolve func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error)
+	// TunnelsPerNode and TunnelsPerGateway bound the open tunnels
+	// (tunnels.limits.openPerNode, openPerGateway); beyond them a tunnel
+	// is refused, the api answering UNAVAILABLE with retryAfterMs. 0: no
+	// bound.
+	TunnelsPerNode, TunnelsPerGateway int
 }
 
 // Gateway is one running gateway role.
@@ -90,6 +95,7 @@ type Gateway struct {
 	sessions map[string]*session // by node id
 	epoch    atomic.Int64        // of the lease
 	draining atomic.Bool
+	tunnels  atomic.Int64 // open tunnels, of every node
 
 	ctx    context.Context // of the gateway's life; sessions derive from it
 	cancel context.CancelFunc

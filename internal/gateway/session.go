@@ -52,7 +52,8 @@ type session struct {
 
 	// mux carries tunnel streams when the daemon offered them (nil
 	// otherwise); its yamux session is made at the first tunnel.
-	mux *tunnel.Mux
+	mux     *tunnel.Mux
+	tunnels atomic.Int64 // open tunnel streams (Options.TunnelsPerNode)
 
 	statusMu   sync.Mutex
 	lastStatus uint64 // FNV-1a of the last status written: a session keeps 8 bytes, not the status

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -19,6 +22,10 @@ import (
 // (docs/tunnels.md). Frames pass through unread.
 const InternalTunnels = "/internal/v1/tunnels/"
 
+// tunnelBusyRetry is the Retry-After (seconds) of a tunnel beyond the
+// open bounds: tunnels are long, a second would be too eager.
+const tunnelBusyRetry = 5
+
 func (g *Gateway) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	node := r.PathValue("node")
 	s := g.get(node)
@@ -29,6 +36,26 @@ func (g *Gateway) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	case s.mux == nil:
 		http.Error(w, "the node's daemon offers no tunnel streams (an older compute-agent, or a runtime without guests)", http.StatusNotImplemented)
+		return
+	}
+	if g.draining.Load() {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "the gateway is draining: the node's daemon moves to another", http.StatusServiceUnavailable)
+		return
+	}
+	// Counted before the stream opens, so that a burst cannot pass the
+	// bounds; released when the tunnel ends.
+	n, all := s.tunnels.Add(1), g.tunnels.Add(1)
+	defer s.tunnels.Add(-1)
+	defer g.tunnels.Add(-1)
+	if max := g.o.TunnelsPerNode; max > 0 && n > int64(max) {
+		w.Header().Set("Retry-After", fmt.Sprint(tunnelBusyRetry))
+		http.Error(w, fmt.Sprintf("the node has %d tunnels open (tunnels.limits.openPerNode)", max), http.StatusServiceUnavailable)
+		return
+	}
+	if max := g.o.TunnelsPerGateway; max > 0 && all > int64(max) {
+		w.Header().Set("Retry-After", fmt.Sprint(tunnelBusyRetry))
+		http.Error(w, fmt.Sprintf("the gateway has %d tunnels open (tunnels.limits.openPerGateway)", max), http.StatusServiceUnavailable)
 		return
 	}
 	st, err := s.mux.Open()
@@ -87,6 +114,12 @@ func (c *InternalClient) DialTunnel(ctx context.Context, node string) (*websocke
 	dial.Timeout = 0
 	ws, resp, err := websocket.Dial(ctx, "wss://"+strings.TrimPrefix(u, "https://")+InternalTunnels+node, &websocket.DialOptions{HTTPClient: &dial})
 	if err != nil {
+		if resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
+			// Busy, draining or the node away: worth a retry.
+			secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+			return nil, &tunnel.Busy{Why: "gateway: " + http.StatusText(resp.StatusCode) + " " + readReason(resp),
+				RetryAfter: time.Duration(max(secs, 1)) * time.Second}
+		}
 		if resp != nil {
 			return nil, fmt.Errorf("gateway: HTTP %d", resp.StatusCode)
 		}
@@ -94,4 +127,15 @@ func (c *InternalClient) DialTunnel(ctx context.Context, node string) (*websocke
 	}
 	ws.SetReadLimit(tunnel.MaxFrame + 1)
 	return ws, nil
+}
+
+// readReason is the first line of a refusal's body (coder/websocket keeps
+// up to 1 KiB of it), for the api's error message.
+func readReason(resp *http.Response) string {
+	if resp.Body == nil {
+		return ""
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	line, _, _ := strings.Cut(string(b), "\n")
+	return "(" + strings.TrimSpace(line) + ")"
 }

@@ -88,6 +88,7 @@ type assembly struct {
 	reservations  *reservations.Service
 	sandboxes     *sandboxes.Service
 	tunnels       *tunnels.Service
+	relay         *tunnels.Relay // nil without the tunnels option
 	secrets       *secrets.Service
 	providerAccts *provideraccounts.Service
 	bundles       *supportbundles.Service
@@ -144,7 +145,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins bui
 	}
 	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, caches: a.cached, watch: watch,
 		sinks: a.sinkList, dispatch: dispatch,
-		notifier: a.notifier, workers: runner, siblings: a.siblings, placer: a.placer, gateway: gwRole, queue: queue,
+		notifier: a.notifier, workers: runner, siblings: a.siblings, placer: a.placer, gateway: gwRole, queue: queue, relay: a.relay,
 	}, nil
 }
 
@@ -415,7 +416,12 @@ func (a *assembly) gatewayRole() (*gateway.Gateway, error) {
 	if a.cfg.PKI.NodeCA != nil {
 		roots = a.cfg.PKI.NodeCA.Cert
 	}
+	var perNode, perGateway int
+	if t := a.cfg.Tunnels; t != nil {
+		perNode, perGateway = t.Limits.OpenPerNode, t.Limits.OpenPerGateway
+	}
 	return gateway.New(gateway.Options{Config: a.cfg.Gateway, NodeCARoots: roots, Bundle: a.bundle,
+		TunnelsPerNode: perNode, TunnelsPerGateway: perGateway,
 		Store: gwStore, Notifier: a.notifier, Log: a.log.With("role", "gateway"), TrustVersion: a.cfg.PKI.TrustVersion,
 		Work: work,
 		OnResolve: func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error) {
@@ -447,7 +453,9 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 	}
 	if cfg.Tunnels != nil {
 		// Mounted only with an issuer (the tunnels option requires one).
-		opts.Tunnels = &tunnels.Relay{Store: a.st, Gateways: a.internalAPI, Notifier: a.notifier, Log: log.With("module", "tunnels"), SSH: a.tunnels.SSH}
+		a.relay = &tunnels.Relay{Store: a.st, Gateways: a.internalAPI, Notifier: a.notifier, Log: log.With("module", "tunnels"), SSH: a.tunnels.SSH,
+			Identity: a.cached, TypePrefix: cfg.TypePrefix, IdleTimeout: cfg.Tunnels.Limits.IdleTimeout}
+		opts.Tunnels = a.relay
 	}
 	if ev := cfg.IAM.Events; ev != nil {
 		// Identity-service events signed with the configured secret feed

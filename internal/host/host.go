@@ -28,6 +28,7 @@ import (
 	"computeplane/internal/server"
 	"computeplane/internal/sinks"
 	"computeplane/internal/store"
+	"computeplane/internal/tunnels"
 	"computeplane/internal/webhooks"
 	"computeplane/internal/workers"
 )
@@ -59,6 +60,7 @@ type Host struct {
 	placer   *placement.Engine
 	gateway  *gateway.Gateway // nil without the gateway role
 	queue    *placement.Queue // the pool-lease placer's reconciler, nil without it
+	relay    *tunnels.Relay   // the tunnels relay, nil without the tunnels option
 	siblings []*store.Store   // the connection pools beside the store's, closed with it
 }
 
@@ -222,7 +224,11 @@ func (h *Host) Serve(ctx context.Context, ready func() error) error {
 	if h.cfg.HasRole(config.RoleAPI) {
 		// Identity events (revocations) reach this process's caches
 		// within about a second.
-		go iam.DrainInbox(ctx, h.identity, h.caches.React, iam.InboxPoll, h.log)
+		// The notifier's TopicInbox (written with each event) wakes the
+		// drain at once: revoked tunnels close within a second.
+		wake, stop := h.notifier.Subscribe(iam.TopicInbox)
+		defer stop()
+		go iam.DrainInboxWoken(ctx, h.identity, h.caches.React, iam.InboxPoll, wake, h.log)
 	}
 	if h.workers != nil {
 		if err := h.workers.Start(ctx); err != nil {
@@ -312,8 +318,21 @@ func (h *Host) Serve(ctx context.Context, ready func() error) error {
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
 	}
+	// Step 3: the tunnel relays (hijacked connections, which the
+	// server's shutdown leaves alone) close after the listener, each
+	// recording its end; the workers stop on return.
+	if h.relay != nil {
+		tctx, cancel := context.WithTimeout(context.Background(), TunnelCloseGrace)
+		defer cancel()
+		if err := h.relay.Shutdown(tctx); err != nil {
+			h.log.Warn("tunnels: not every end was recorded", "error", err.Error())
+		}
+	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
 }
+
+// TunnelCloseGrace bounds the closing of the tunnel relays at shutdown.
+const TunnelCloseGrace = 5 * time.Second

@@ -34,6 +34,8 @@ type Cached struct {
 	subMu   sync.Mutex
 	subs    map[int]func(session string)
 	nextSub int
+	// Event listeners (OnEvent), under subMu too.
+	events map[int]func(Event)
 }
 
 type credEntry struct {
@@ -148,6 +150,39 @@ func (c *Cached) OnRevoke(fn func(session string)) (stop func()) {
 		c.subMu.Lock()
 		defer c.subMu.Unlock()
 		delete(c.subs, id)
+	}
+}
+
+// OnEvent registers fn to hear every identity event React applies (after
+// the caches dropped what it revoked): open tunnels close on a revoked
+// session and are decided again on an identity's role change. fn runs on
+// React's goroutine and must not block. The returned stop unregisters fn.
+func (c *Cached) OnEvent(fn func(Event)) (stop func()) {
+	c.subMu.Lock()
+	defer c.subMu.Unlock()
+	if c.events == nil {
+		c.events = map[int]func(Event){}
+	}
+	id := c.nextSub
+	c.nextSub++
+	c.events[id] = fn
+	return func() {
+		c.subMu.Lock()
+		defer c.subMu.Unlock()
+		delete(c.events, id)
+	}
+}
+
+// heard tells every event listener of e.
+func (c *Cached) heard(e Event) {
+	c.subMu.Lock()
+	fns := make([]func(Event), 0, len(c.events))
+	for _, fn := range c.events {
+		fns = append(fns, fn)
+	}
+	c.subMu.Unlock()
+	for _, fn := range fns {
+		fn(e)
 	}
 }
 

@@ -10,6 +10,11 @@ import (
 // invalidate its caches.
 const InboxPoll = time.Second
 
+// TopicInbox is the notifier topic an identity event's commit wakes
+// (embedded writes it in the event's transaction): the inbox is drained at
+// once instead of at the next poll.
+const TopicInbox = "identity"
+
 // React applies one identity event to the caches: a revoked credential or
 // session is forgotten at once, so revocation does not wait out the 30 s
 // credential cache; then the OnRevoke listeners hear it.
@@ -18,6 +23,7 @@ func (c *Cached) React(e Event) {
 		c.DropSession(e.Session)
 		c.revoked(e.Session)
 	}
+	c.heard(e)
 }
 
 // DrainInbox reads the inbox until ctx ends and hands every event to react.
@@ -25,6 +31,13 @@ func (c *Cached) React(e Event) {
 // every event). It starts after the events that exist when it starts, which
 // no cache of this process can hold yet.
 func DrainInbox(ctx context.Context, in Inbox, react func(Event), every time.Duration, log *slog.Logger) {
+	DrainInboxWoken(ctx, in, react, every, nil, log)
+}
+
+// DrainInboxWoken is DrainInbox that also drains at once when wake
+// delivers (the notifier's TopicInbox), so that an event reaches this
+// process in milliseconds; every stays the bound when a wake is lost.
+func DrainInboxWoken(ctx context.Context, in Inbox, react func(Event), every time.Duration, wake <-chan struct{}, log *slog.Logger) {
 	after, err := latest(ctx, in)
 	if err != nil {
 		log.WarnContext(ctx, "identity inbox unreadable", "error", err.Error())
@@ -52,6 +65,7 @@ func DrainInbox(ctx context.Context, in Inbox, react func(Event), every time.Dur
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-wake:
 		}
 	}
 }

@@ -39,11 +39,42 @@ type Relay struct {
 	Gateways Dialer
 	Notifier *notify.Notifier
 	Log      *slog.Logger
-	// CheckEvery is how often an open tunnel's row is read again (closed
-	// by tunnels.close); default a second.
+	// CheckEvery is how often the open tunnels' rows are read again
+	// (closed by tunnels.close) and their idleness checked; default a
+	// second.
 	CheckEvery time.Duration
 	// SSH makes the server side of tunnels of kind ssh (nil: none open).
 	SSH *SSH
+	// Identity is the re-authorizer's source (reauth.go): a revoked
+	// session closes its tunnels when its event is heard, a role change
+	// has them decided again, and every ReauthEvery (default 30 s) all are.
+	// Nil: only tunnels.close and the ends close tunnels.
+	Identity    Identity
+	TypePrefix  string
+	ReauthEvery time.Duration
+	// IdleTimeout closes a tunnel through which nothing passed for so
+	// long (tunnels.limits.idleTimeoutMs); 0 never.
+	IdleTimeout time.Duration
+
+	tracker tracker
+}
+
+// Shutdown closes every tunnel this relay holds (reason shutdown, a going
+// away close for the client) and waits until ctx ends for their ends to be
+// recorded. The host calls it after the HTTP listener closed (the
+// specification's SIGTERM order); a tunnel asked for afterwards is
+// refused UNAVAILABLE.
+func (rl *Relay) Shutdown(ctx context.Context) error {
+	return rl.tracked().shutdown(ctx)
+}
+
+// tracked is the relay's tracker, started at its first use.
+func (rl *Relay) tracked() *tracker {
+	rl.tracker.start.Do(func() {
+		rl.tracker.rl = rl
+		rl.tracker.run()
+	})
+	return &rl.tracker
 }
 
 func refuse(w http.ResponseWriter, log *slog.Logger, code api.Code, format string, args ...any) {
@@ -87,8 +118,13 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	up, err := rl.Gateways.DialTunnel(ctx, t.NodeID)
 	if err != nil {
 		rl.finish(t, "failed", 0, 0, nil, start)
+		retry := int64(1000)
+		var busy *tunnel.Busy
+		if errors.As(err, &busy) {
+			retry = busy.RetryAfter.Milliseconds()
+		}
 		rpc.WriteError(w, rl.Log, api.Errorf(api.CodeUnavailable, "the target's node cannot be reached: %s", err.Error()).
-			WithDetails(map[string]any{"retryAfterMs": 1000}))
+			WithDetails(map[string]any{"retryAfterMs": max(retry, 1)}))
 		return
 	}
 	defer up.CloseNow()
@@ -113,6 +149,21 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rpc.WriteError(w, rl.Log, api.Errorf(api.CodeUnavailable, "the target's node cannot be reached"))
 		return
 	}
+	reason := make(chan string, 1)
+	lv := &live{row: t, caller: callerOf(t), end: func(why string) {
+		select { // the first reason wins
+		case reason <- why:
+		default:
+		}
+	}}
+	lv.touch()
+	if !rl.tracked().add(lv) {
+		rl.finish(t, ReasonShutdown, 0, 0, nil, start)
+		rpc.WriteError(w, rl.Log, api.Errorf(api.CodeUnavailable, "this api replica is stopping").
+			WithDetails(map[string]any{"retryAfterMs": 1000}))
+		return
+	}
+	defer rl.tracker.remove(t.TunnelID)
 	client, err := websocket.Accept(clearDeadlines{w}, r, nil)
 	if err != nil {
 		rl.finish(t, "failed", 0, 0, nil, start)
@@ -126,14 +177,14 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var in, out atomic.Int64
 	var exitP atomic.Pointer[tunnel.Exit]
-	reason := make(chan string, 3)
 	go func() { // client -> node
 		for {
 			_, b, err := client.Read(rctx)
 			if err != nil {
-				reason <- "client"
+				lv.end("client")
 				return
 			}
+			lv.touch()
 			if len(b) == 0 || !tunnel.FromClient(b[0]) {
 				continue // the client sends input only
 			}
@@ -141,7 +192,7 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				in.Add(int64(len(b) - 1))
 			}
 			if up.Write(rctx, websocket.MessageBinary, b) != nil {
-				reason <- "node"
+				lv.end("node")
 				return
 			}
 		}
@@ -150,9 +201,10 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		for {
 			_, b, err := up.Read(rctx)
 			if err != nil {
-				reason <- "node"
+				lv.end("node")
 				return
 			}
+			lv.touch()
 			if len(b) == 0 {
 				continue
 			}
@@ -165,32 +217,12 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				out.Add(int64(len(b) - 1))
 			}
 			if client.Write(rctx, websocket.MessageBinary, b) != nil {
-				reason <- "client"
+				lv.end("client")
 				return
 			}
 			if b[0] == tunnel.FrameExit {
-				reason <- "exited"
+				lv.end("exited")
 				return
-			}
-		}
-	}()
-	go func() { // tunnels.close
-		every := rl.CheckEvery
-		if every == 0 {
-			every = time.Second
-		}
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-rctx.Done():
-				return
-			case <-tick.C:
-				st, err := db.New(rl.Store.Pool()).TunnelState(rctx, t.TunnelID)
-				if err == nil && st != "open" {
-					reason <- "closed"
-					return
-				}
 			}
 		}
 	}()
@@ -208,8 +240,15 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		code = &c
 	}
 	closeCode, msg := websocket.StatusNormalClosure, why
-	if exit != nil && exit.Error != "" {
+	switch {
+	case exit != nil && exit.Error != "":
 		msg = exit.Error
+	case why == "node" || why == ReasonShutdown:
+		// Not the tunnel's own end: a client may open another (the
+		// node's daemon reconnects, another api replica serves).
+		closeCode = websocket.StatusGoingAway
+	case why == ReasonRevoked:
+		closeCode = websocket.StatusPolicyViolation
 	}
 	_ = client.Close(closeCode, truncate(msg, 120))
 	rl.finish(t, why, in.Load(), out.Load(), code, start)

@@ -114,7 +114,10 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 		TunnelID: ids.New("tun"), TenantID: in.TenantID, IdentityID: sess.Caller.IdentityID, TargetKind: in.Target.Kind,
 		TargetID: in.Target.ID, InstanceID: instance, NodeID: node, Kind: in.Kind, Argv: argv, Env: env, Tty: in.Tty,
 		TicketHash: HashTicket(ticket), SourceIp: iam.SourceIPFromContext(ctx).String(), ExpiresAt: s.now().Add(TicketTTL),
+		// The re-authorizer's (reauth.go): never answered.
+		Session: sess.Caller.Session,
 	}
+	p.Caller, _ = json.Marshal(sess.Caller)
 	if in.Port != nil {
 		p.Port = pgtype.Int4{Int32: int32(*in.Port), Valid: true}
 	}

@@ -89,6 +89,16 @@ type Exit struct {
 	Error    string `json:"error,omitempty"`
 }
 
+// Busy is a gateway's refusal of a tunnel beyond its limits (open
+// tunnels per node or per gateway, tunnels.limits): the api answers
+// UNAVAILABLE with RetryAfter as retryAfterMs.
+type Busy struct {
+	Why        string
+	RetryAfter time.Duration
+}
+
+func (b *Busy) Error() string { return b.Why }
+
 // WriteFrame writes one length-prefixed frame to a stream.
 func WriteFrame(w io.Writer, kind byte, p []byte) error {
 	if len(p) > MaxFrame {

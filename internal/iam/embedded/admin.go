@@ -249,7 +249,8 @@ func (s *Service) EnsureRootAdminKey(ctx context.Context) (token string, created
 
 // SetRole changes the role of an identity of tenant and returns the role it
 // held ("" for none). Its keys carry the new role from their next
-// authentication (cached credentials keep the old one for up to 30 s).
+// authentication (cached credentials keep the old one for up to 30 s);
+// a change writes a role.changed event, so open tunnels are decided again.
 func (s *Service) SetRole(ctx context.Context, tenant, identity, role string) (string, error) {
 	if parseRole(role) == roleNone {
 		return "", fmt.Errorf("%w: role must be one of %s", ErrInvalid, strings.Join(Roles, ", "))
@@ -265,7 +266,14 @@ func (s *Service) SetRole(ctx context.Context, tenant, identity, role string) (s
 		if old, err = q.IAMGetRole(ctx, db.IAMGetRoleParams{TenantID: tenant, IdentityID: identity}); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
-		return q.IAMSetRole(ctx, db.IAMSetRoleParams{TenantID: tenant, IdentityID: identity, Role: role, CreatedAt: s.now()})
+		if err := q.IAMSetRole(ctx, db.IAMSetRoleParams{TenantID: tenant, IdentityID: identity, Role: role, CreatedAt: s.now()}); err != nil {
+			return err
+		}
+		if old == role {
+			return nil
+		}
+		// What the identity holds open (tunnels) is decided again.
+		return s.writeEvent(ctx, q, EventRoleChanged, identity, "")
 	})
 	return old, err
 }

@@ -9,11 +9,15 @@ import (
 
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
+	"computeplane/internal/notify"
 )
 
 // Inbox event types this service writes.
 const (
 	EventCredentialRevoked = "credential.revoked"
+	// EventRoleChanged says an identity's role in a tenant changed: what
+	// it holds open (tunnels) is decided again.
+	EventRoleChanged = "role.changed"
 )
 
 // Inbox page bounds.
@@ -60,9 +64,23 @@ func (s *Service) writeEvent(ctx context.Context, q *db.Queries, typ, identity, 
 	if err := q.AdvisoryXactLock(ctx, inboxLockID); err != nil {
 		return err
 	}
-	return q.IAMInsertEvent(ctx, db.IAMInsertEventParams{
+	if err := q.IAMInsertEvent(ctx, db.IAMInsertEventParams{
 		EventID: newID("iev_"), Type: typ, IdentityID: identity, Session: session, At: s.now(),
-	})
+	}); err != nil {
+		return err
+	}
+	return wakeInbox(ctx, q)
+}
+
+// wakeInbox has every process with a postgres notifier drain the inbox
+// at once rather than at its next poll, so that a revocation closes
+// streams and tunnels within a second wherever it was made (the
+// computed iam command included, which runs no notifier). The NOTIFY is
+// in the event's transaction, delivered at its commit: identity events
+// are rare, so the commit-time lock NOTIFY takes costs nothing that
+// matters here (the notifier keeps it out of mutations for that reason).
+func wakeInbox(ctx context.Context, q *db.Queries) error {
+	return q.Notify(ctx, db.NotifyParams{Channel: notify.Channel, Topics: []string{iam.TopicInbox}})
 }
 
 // RecordEvent appends an event that arrived through the identity service's
@@ -78,7 +96,10 @@ func (s *Service) RecordEvent(ctx context.Context, e iam.Event) (recorded bool, 
 			EventID: e.ID, Type: e.Type, IdentityID: e.IdentityID, Session: e.Session, At: e.At,
 		})
 		recorded = n == 1
-		return err
+		if err != nil || !recorded {
+			return err
+		}
+		return wakeInbox(ctx, q)
 	})
 	if err != nil {
 		return false, unavailable(err)
