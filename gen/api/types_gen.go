@@ -603,6 +603,35 @@ type SandboxFile struct {
 type SandboxList struct {
 	Items []Sandbox `json:"items"` // Newest first.
 }
+type SandboxOutputChunk struct {
+	Stream string `json:"stream"`
+	Data   string `json:"data"` // As text; invalid UTF-8 replaced (offsets count the bytes written).
+}
+
+// SandboxProcess: A background process of a sandbox, kept in its guest's process table (at most 64, the oldest exited ones forgotten first) until the sandbox ends.
+type SandboxProcess struct {
+	Pid         int64             `json:"pid"` // Its process id in the guest; it leads a process group of its own.
+	Argv        []string          `json:"argv"`
+	Env         map[string]string `json:"env"` // The environment asked for at the start (beside the sandbox's own).
+	Dir         *string           `json:"dir"`
+	Running     bool              `json:"running"`
+	ExitCode    *int64            `json:"exitCode"` // Once exited: its exit code, or 128 plus the signal that ended it.
+	StdinOpen   bool              `json:"stdinOpen"`
+	OutputBytes int64             `json:"outputBytes"` // Bytes of stdout and stderr written since the start (the last 1 MiB is kept).
+	StartedAt   string            `json:"startedAt"`
+	EndedAt     *string           `json:"endedAt"`
+}
+type SandboxProcessList struct {
+	Items []SandboxProcess `json:"items"` // By pid.
+}
+type SandboxProcessOutput struct {
+	Chunks     []SandboxOutputChunk `json:"chunks"`     // In the order they were read, at most limit bytes.
+	Offset     int64                `json:"offset"`     // Where chunks start: the asked offset, or later when older bytes were dropped.
+	NextOffset int64                `json:"nextOffset"` // The offset of the next read.
+	Dropped    int64                `json:"dropped"`    // Bytes between the asked offset and offset, no longer kept.
+	Exited     bool                 `json:"exited"`     // The process exited and nextOffset is the end: nothing more will come.
+	Process    SandboxProcess       `json:"process"`
+}
 type SandboxSnapshot struct {
 	SnapshotID string  `json:"snapshotId"` // Sandbox snapshot identifier.
 	TenantID   string  `json:"tenantId"`   // Tenant identifier.

@@ -1457,6 +1457,104 @@ var Groups = []cliruntime.Group{
 				},
 			},
 			{
+				Name:        "startProcess",
+				Description: "Starts a background process in a running sandbox (argv, no shell unless argv names one; env and dir as for exec) and answers once it runs: it outlives the call, in a process group of its own, its stdin open (writeProcessStdin), its output kept (readProcessOutput, the last 1 MiB). At most 64 processes are tracked; beyond them, all running, INVALID_INPUT.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "argv", Field: "argv", Type: cliruntime.JSON, Required: true},
+					{Name: "env", Field: "env", Type: cliruntime.JSON},
+					{Name: "dir", Field: "dir", Type: cliruntime.String},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesStartProcess(ctx, new(client.SandboxesStartProcessInput))
+					return err
+				},
+			},
+			{
+				Name:        "listProcesses",
+				Description: "Lists the background processes of a running sandbox, running and exited (with their exit codes).",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesListProcesses(ctx, new(client.SandboxesListProcessesInput))
+					return err
+				},
+			},
+			{
+				Name:        "waitProcess",
+				Description: "Waits up to timeoutMs (default 30000, at most 60000) for a background process to exit and answers it: running false with its exit code, or running true when the wait ended first (call again). An unknown pid is NOT_FOUND.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "pid", Field: "pid", Type: cliruntime.Int, Required: true},
+					{Name: "timeout-ms", Field: "timeoutMs", Type: cliruntime.Int, Default: "30000"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesWaitProcess(ctx, new(client.SandboxesWaitProcessInput))
+					return err
+				},
+			},
+			{
+				Name:        "signalProcess",
+				Description: "Sends a signal to a running background process's process group; one that exited is INVALID_STATE, an unknown pid NOT_FOUND.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "pid", Field: "pid", Type: cliruntime.Int, Required: true},
+					{Name: "signal", Field: "signal", Type: cliruntime.String, Required: true, Enum: []string{"HUP", "INT", "QUIT", "KILL", "USR1", "USR2", "TERM", "CONT", "STOP", "WINCH"}},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesSignalProcess(ctx, new(client.SandboxesSignalProcessInput))
+					return err
+				},
+			},
+			{
+				Name:        "writeProcessStdin",
+				Description: "Writes to a background process's stdin and, with eof, closes it; a closed stdin is INVALID_STATE; a process that does not read within 10 s is INVALID_STATE too.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "pid", Field: "pid", Type: cliruntime.Int, Required: true},
+					{Name: "data", Field: "data", Type: cliruntime.String},
+					{Name: "eof", Field: "eof", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesWriteProcessStdin(ctx, new(client.SandboxesWriteProcessStdinInput))
+					return err
+				},
+			},
+			{
+				Name:        "readProcessOutput",
+				Description: "Reads a background process's output (stdout and stderr as written) from offset, at most limit bytes (default and at most 262144); with waitMs (at most 60000) it waits for output when there is none yet beyond offset and the process runs: call again from nextOffset to follow it (a long poll) until exited.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "pid", Field: "pid", Type: cliruntime.Int, Required: true},
+					{Name: "offset", Field: "offset", Type: cliruntime.Int, Default: "0"},
+					{Name: "limit", Field: "limit", Type: cliruntime.Int, Default: "262144"},
+					{Name: "wait-ms", Field: "waitMs", Type: cliruntime.Int, Default: "0"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesReadProcessOutput(ctx, new(client.SandboxesReadProcessOutputInput))
+					return err
+				},
+			},
+			{
 				Name:        "setEgressPolicy",
 				Description: "Replaces the egress policy of a creating, running or paused sandbox under network egress (any other network, a failed or deleted sandbox is INVALID_STATE); the node applies it to the VM, open connections included. Entries are checked as on instances.create (a domain in deny is INVALID_INPUT naming it). The template keeps its own policy.",
 				Kind:        "mutation",
