@@ -3262,6 +3262,62 @@ var Methods = []*Method{
 	{
 		Action: "compute:tunnels:manage",
 		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeTunnelsPreviewInput(obj, "", iss)
+			return &in
+		},
+		Description: "Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same again when called again): path-based on the api host, and host-based when tunnels.previewDomain is configured. Each request (WebSocket upgrades too) goes through the api, the node's gateway and daemon to the port on the guest's loopback. A preview is private (the token needed) unless public says otherwise; public given changes it, absent keeps it. A target not running is INVALID_STATE; another tenant's or an absent one NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "tunnels.preview",
+		Group:       "tunnels",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Tunnels.Preview(ctx, in.(*TunnelsPreviewInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "preview",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/tunnels/preview",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:tunnels:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeTunnelsListPreviewsInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's previews, with their URLs and tokens.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "tunnels.listPreviews",
+		Group:       "tunnels",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Tunnels.ListPreviews(ctx, in.(*TunnelsListPreviewsInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "listPreviews",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/tunnels/listPreviews",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:tunnels:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
 			in := decodeTunnelsOpenInput(obj, "", iss)
 			return &in
 		},

@@ -1760,6 +1760,22 @@ var (
 		Pattern:   ShapeSupportBundleId,
 		Words:     "a support bundle id: sbun_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
+	ruleTunnelsPreviewInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleTunnelsPreviewInputPort = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(65535),
+		Min:    int64(1),
+	}
+	ruleTunnelsListPreviewsInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
 	ruleTunnelsOpenInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,

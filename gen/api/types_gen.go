@@ -442,6 +442,22 @@ type PoolOffer struct {
 	Offered    bool   `json:"offered"`
 }
 
+// Preview: A guest port of a sandbox or instance served over HTTP at a URL through the tunnel path.
+type Preview struct {
+	TenantID  string       `json:"tenantId"` // Tenant identifier.
+	Target    TunnelTarget `json:"target"`
+	Port      int64        `json:"port"`
+	Public    bool         `json:"public"`  // Public: anyone with the URL; private (the default): the token is needed.
+	URL       string       `json:"url"`     // {issuer}{basePath}/previews/{targetId}/{port}/ (path-based, on the api host).
+	HostURL   *string      `json:"hostUrl"` // https://<port>-<target id with - for _>.<tunnels.previewDomain>/ when a wildcard domain is configured; else null.
+	Token     string       `json:"token"`   // The access token of a private preview: ?token=<token> once (it sets a cookie), or the header X-Preview-Token. The same until the preview is made again.
+	CreatedAt string       `json:"createdAt"`
+	UpdatedAt string       `json:"updatedAt"`
+}
+type PreviewList struct {
+	Items []Preview `json:"items"` // By target and port (at most 1000).
+}
+
 // Profile: One stored profile version; its document becomes immutable the first time a workflow uses it.
 type Profile struct {
 	TenantID       string         `json:"tenantId"`  // Owner tenant; builtin for module-shipped profiles.

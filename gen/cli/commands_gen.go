@@ -1827,6 +1827,35 @@ var Groups = []cliruntime.Group{
 		Description: "Interactive access to a running sandbox or instance through the api, a gateway and the node's daemon (docs/tunnels.md): a program with or without a terminal (exec), a TCP connection to a guest port (tcp) or the serial console (console). tunnels.open answers a ticket: a short-lived (30 s), single-use credential bound to the caller, the target, the kind and the caller's source address, redeemed by a WebSocket upgrade at GET {basePath}/tunnels/{ticket}. The group exists only when the tunnels option configures an issuer; otherwise every method is NOT_FOUND.",
 		Methods: []cliruntime.Method{
 			{
+				Name:        "preview",
+				Description: "Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same again when called again): path-based on the api host, and host-based when tunnels.previewDomain is configured. Each request (WebSocket upgrades too) goes through the api, the node's gateway and daemon to the port on the guest's loopback. A preview is private (the token needed) unless public says otherwise; public given changes it, absent keeps it. A target not running is INVALID_STATE; another tenant's or an absent one NOT_FOUND.",
+				Kind:        "mutation",
+				Action:      "compute:tunnels:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "target", Field: "target", Type: cliruntime.JSON, Required: true},
+					{Name: "port", Field: "port", Type: cliruntime.Int, Required: true},
+					{Name: "public", Field: "public", Type: cliruntime.Bool, Help: "Make the preview public (true) or private (false); absent keeps it (private for a new one)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.TunnelsPreview(ctx, new(client.TunnelsPreviewInput))
+					return err
+				},
+			},
+			{
+				Name:        "listPreviews",
+				Description: "The tenant's previews, with their URLs and tokens.",
+				Kind:        "read",
+				Action:      "compute:tunnels:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.TunnelsListPreviews(ctx, new(client.TunnelsListPreviewsInput))
+					return err
+				},
+			},
+			{
 				Name:        "open",
 				Description: "Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Kind ssh is a byte stream to the guest's SSH server (stdin frames to it, stdout frames from it), for an ssh client's ProxyCommand; it accepts certificates of tunnels.issueSshCertificate and is UNSUPPORTED unless tunnels.ssh is configured. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",
 				Kind:        "mutation",

@@ -1359,6 +1359,15 @@ type TunnelsInvoker interface {
 	//
 	// POST /tunnels/list
 	TunnelsList(ctx context.Context, request *TunnelsListInput) (*TunnelsListResult, error)
+	// TunnelsListPreviews invokes tunnelsListPreviews operation.
+	//
+	// The tenant's previews, with their URLs and tokens.
+	//
+	// Served since v1.1. Kind: read. Action compute:tunnels:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /tunnels/listPreviews
+	TunnelsListPreviews(ctx context.Context, request *TunnelsListPreviewsInput) (*TunnelsListPreviewsResult, error)
 	// TunnelsOpen invokes tunnelsOpen operation.
 	//
 	// Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv
@@ -1384,6 +1393,21 @@ type TunnelsInvoker interface {
 	//
 	// POST /tunnels/open
 	TunnelsOpen(ctx context.Context, request *TunnelsOpenInput) (*TunnelsOpenResult, error)
+	// TunnelsPreview invokes tunnelsPreview operation.
+	//
+	// Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same
+	// again when called again): path-based on the api host, and host-based when tunnels.previewDomain is
+	// configured. Each request (WebSocket upgrades too) goes through the api, the node's gateway and
+	// daemon to the port on the guest's loopback. A preview is private (the token needed) unless public
+	// says otherwise; public given changes it, absent keeps it. A target not running is INVALID_STATE;
+	// another tenant's or an absent one NOT_FOUND.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /tunnels/preview
+	TunnelsPreview(ctx context.Context, request *TunnelsPreviewInput) (*TunnelsPreviewResult, error)
 }
 
 // UsageInvoker invokes operations described by OpenAPI v3 specification.
@@ -11901,6 +11925,99 @@ func (c *Client) sendTunnelsList(ctx context.Context, request *TunnelsListInput)
 	return result, nil
 }
 
+// TunnelsListPreviews invokes tunnelsListPreviews operation.
+//
+// The tenant's previews, with their URLs and tokens.
+//
+// Served since v1.1. Kind: read. Action compute:tunnels:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /tunnels/listPreviews
+func (c *Client) TunnelsListPreviews(ctx context.Context, request *TunnelsListPreviewsInput) (*TunnelsListPreviewsResult, error) {
+	res, err := c.sendTunnelsListPreviews(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsListPreviews(ctx context.Context, request *TunnelsListPreviewsInput) (res *TunnelsListPreviewsResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/listPreviews"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsListPreviewsRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsListPreviewsOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsListPreviewsOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsListPreviewsResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
 // TunnelsOpen invokes tunnelsOpen operation.
 //
 // Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv
@@ -12003,6 +12120,105 @@ func (c *Client) sendTunnelsOpen(ctx context.Context, request *TunnelsOpenInput)
 	}()
 
 	result, err := decodeTunnelsOpenResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// TunnelsPreview invokes tunnelsPreview operation.
+//
+// Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same
+// again when called again): path-based on the api host, and host-based when tunnels.previewDomain is
+// configured. Each request (WebSocket upgrades too) goes through the api, the node's gateway and
+// daemon to the port on the guest's loopback. A preview is private (the token needed) unless public
+// says otherwise; public given changes it, absent keeps it. A target not running is INVALID_STATE;
+// another tenant's or an absent one NOT_FOUND.
+//
+// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /tunnels/preview
+func (c *Client) TunnelsPreview(ctx context.Context, request *TunnelsPreviewInput) (*TunnelsPreviewResult, error) {
+	res, err := c.sendTunnelsPreview(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsPreview(ctx context.Context, request *TunnelsPreviewInput) (res *TunnelsPreviewResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/preview"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsPreviewRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsPreviewOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsPreviewOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsPreviewResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

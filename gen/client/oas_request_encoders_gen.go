@@ -1522,8 +1522,36 @@ func encodeTunnelsListRequest(
 	return nil
 }
 
+func encodeTunnelsListPreviewsRequest(
+	req *TunnelsListPreviewsInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodeTunnelsOpenRequest(
 	req *TunnelsOpenInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
+func encodeTunnelsPreviewRequest(
+	req *TunnelsPreviewInput,
 	r *http.Request,
 ) error {
 	const contentType = "application/json"

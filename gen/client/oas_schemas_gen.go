@@ -7503,6 +7503,133 @@ func (s *PoolsUpdateResult) SetData(val Pool) {
 	s.Data = val
 }
 
+// A guest port of a sandbox or instance served over HTTP at a URL through the tunnel path.
+// Ref: #/components/schemas/Preview
+type Preview struct {
+	CreatedAt time.Time `json:"createdAt"`
+	// Https://-<target id with - for _>.<tunnels.previewDomain>/ when a wildcard domain is configured;
+	// else null.
+	HostUrl NilString `json:"hostUrl"`
+	Port    int64     `json:"port"`
+	// Public: anyone with the URL; private (the default): the token is needed.
+	Public bool         `json:"public"`
+	Target TunnelTarget `json:"target"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// The access token of a private preview: ?token= once (it sets a cookie), or the header
+	// X-Preview-Token. The same until the preview is made again.
+	Token     string    `json:"token"`
+	UpdatedAt time.Time `json:"updatedAt"`
+	// {issuer}{basePath}/previews/{targetId}/{port}/ (path-based, on the api host).
+	URL string `json:"url"`
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Preview) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetHostUrl returns the value of HostUrl.
+func (s *Preview) GetHostUrl() NilString {
+	return s.HostUrl
+}
+
+// GetPort returns the value of Port.
+func (s *Preview) GetPort() int64 {
+	return s.Port
+}
+
+// GetPublic returns the value of Public.
+func (s *Preview) GetPublic() bool {
+	return s.Public
+}
+
+// GetTarget returns the value of Target.
+func (s *Preview) GetTarget() TunnelTarget {
+	return s.Target
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Preview) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetToken returns the value of Token.
+func (s *Preview) GetToken() string {
+	return s.Token
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *Preview) GetUpdatedAt() time.Time {
+	return s.UpdatedAt
+}
+
+// GetURL returns the value of URL.
+func (s *Preview) GetURL() string {
+	return s.URL
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Preview) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetHostUrl sets the value of HostUrl.
+func (s *Preview) SetHostUrl(val NilString) {
+	s.HostUrl = val
+}
+
+// SetPort sets the value of Port.
+func (s *Preview) SetPort(val int64) {
+	s.Port = val
+}
+
+// SetPublic sets the value of Public.
+func (s *Preview) SetPublic(val bool) {
+	s.Public = val
+}
+
+// SetTarget sets the value of Target.
+func (s *Preview) SetTarget(val TunnelTarget) {
+	s.Target = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Preview) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetToken sets the value of Token.
+func (s *Preview) SetToken(val string) {
+	s.Token = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *Preview) SetUpdatedAt(val time.Time) {
+	s.UpdatedAt = val
+}
+
+// SetURL sets the value of URL.
+func (s *Preview) SetURL(val string) {
+	s.URL = val
+}
+
+// Ref: #/components/schemas/PreviewList
+type PreviewList struct {
+	// By target and port (at most 1000).
+	Items []Preview `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *PreviewList) GetItems() []Preview {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *PreviewList) SetItems(val []Preview) {
+	s.Items = val
+}
+
 // One stored profile version; its document becomes immutable the first time a workflow uses it.
 // Ref: #/components/schemas/Profile
 type Profile struct {
@@ -17421,6 +17548,40 @@ func (s *TunnelsListInput) SetTenantId(val string) {
 	s.TenantId = val
 }
 
+// Input of tunnels.listPreviews. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/TunnelsListPreviewsInput
+type TunnelsListPreviewsInput struct {
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsListPreviewsInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsListPreviewsInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of tunnels.listPreviews.
+// Ref: #/components/schemas/TunnelsListPreviewsResult
+type TunnelsListPreviewsResult struct {
+	Data PreviewList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsListPreviewsResult) GetData() PreviewList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsListPreviewsResult) SetData(val PreviewList) {
+	s.Data = val
+}
+
 // Success envelope of tunnels.list.
 // Ref: #/components/schemas/TunnelsListResult
 type TunnelsListResult struct {
@@ -17615,6 +17776,73 @@ func (s *TunnelsOpenResult) GetData() TunnelTicket {
 
 // SetData sets the value of Data.
 func (s *TunnelsOpenResult) SetData(val TunnelTicket) {
+	s.Data = val
+}
+
+// Input of tunnels.preview. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/TunnelsPreviewInput
+type TunnelsPreviewInput struct {
+	Port int64 `json:"port"`
+	// Make the preview public (true) or private (false); absent keeps it (private for a new one).
+	Public OptBool      `json:"public"`
+	Target TunnelTarget `json:"target"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetPort returns the value of Port.
+func (s *TunnelsPreviewInput) GetPort() int64 {
+	return s.Port
+}
+
+// GetPublic returns the value of Public.
+func (s *TunnelsPreviewInput) GetPublic() OptBool {
+	return s.Public
+}
+
+// GetTarget returns the value of Target.
+func (s *TunnelsPreviewInput) GetTarget() TunnelTarget {
+	return s.Target
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsPreviewInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetPort sets the value of Port.
+func (s *TunnelsPreviewInput) SetPort(val int64) {
+	s.Port = val
+}
+
+// SetPublic sets the value of Public.
+func (s *TunnelsPreviewInput) SetPublic(val OptBool) {
+	s.Public = val
+}
+
+// SetTarget sets the value of Target.
+func (s *TunnelsPreviewInput) SetTarget(val TunnelTarget) {
+	s.Target = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsPreviewInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of tunnels.preview.
+// Ref: #/components/schemas/TunnelsPreviewResult
+type TunnelsPreviewResult struct {
+	Data Preview `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsPreviewResult) GetData() Preview {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsPreviewResult) SetData(val Preview) {
 	s.Data = val
 }
 

@@ -102,6 +102,7 @@ tunnels:
   ssh: true
   sshRequiresMfa: false
   sshAccounts: [root, ops]
+  previewDomain: '*.preview.example.com'
   limits: {tunnelsPerMinute: 30, sshCertificatesPerHour: 5}
 pki:
   nodeCa: {certFile: /etc/cp/node-ca.pem, keyFile: /etc/cp/node-ca.key}
@@ -181,8 +182,8 @@ func TestFullFile(t *testing.T) {
 		Attestors:    []string{"tpm"},
 		Tunnels: &Tunnels{
 			Issuer: "https://compute.example.com", SSH: true, SSHRequiresMFA: false,
-			SSHAccounts: []string{"root", "ops"},
-			Limits:      TunnelLimits{TunnelsPerMinute: 30, SSHCertificatesPerHour: 5},
+			SSHAccounts: []string{"root", "ops"}, PreviewDomain: "preview.example.com",
+			Limits: TunnelLimits{TunnelsPerMinute: 30, SSHCertificatesPerHour: 5},
 		},
 		PKI: PKI{
 			NodeCA: &KeyPair{Cert: PEM{File: "/etc/cp/node-ca.pem"}, Key: PEM{File: "/etc/cp/node-ca.key"}},
@@ -511,6 +512,8 @@ func TestInvalid(t *testing.T) {
 		{"tunnels issuer required", "tunnels: {ssh: true}", nil, "tunnels.issuer", "is required"},
 		{"tunnels issuer is the origin of baseURL", "tunnels: {issuer: 'https://other.example.com'}", nil, "tunnels.issuer", "origin of baseURL (http://localhost:3000)"},
 		{"tunnels issuer is a URL", "tunnels: {issuer: issuer}", nil, "tunnels.issuer", "absolute URL"},
+		{"tunnels previewDomain a DNS name", "tunnels: {issuer: 'http://localhost:3000', previewDomain: 'Preview_Example'}", nil, "tunnels.previewDomain", "lowercase DNS name"},
+		{"tunnels previewDomain two labels", "tunnels: {issuer: 'http://localhost:3000', previewDomain: '*.localhost'}", nil, "tunnels.previewDomain", "lowercase DNS name"},
 		{"tunnels sshAccounts not empty", "tunnels: {issuer: 'http://localhost:3000', sshAccounts: []}", nil, "tunnels.sshAccounts", "at least one"},
 		{"tunnels sshAccounts shape", "tunnels: {issuer: 'http://localhost:3000', sshAccounts: [Root]}", nil, "tunnels.sshAccounts[0]", "user name"},
 		{"tunnels tunnelsPerMinute", "tunnels: {issuer: 'http://localhost:3000', limits: {tunnelsPerMinute: 0}}", nil, "tunnels.limits.tunnelsPerMinute", "at least 1"},

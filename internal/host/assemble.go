@@ -240,6 +240,7 @@ func tunnelsService(cfg *config.Config, bundle func() (*pki.Bundle, error)) *tun
 	s := &tunnels.Service{BasePath: cfg.BasePath}
 	if t := cfg.Tunnels; t != nil {
 		s.Issuer, s.PerMinute = t.Issuer, t.Limits.TunnelsPerMinute
+		s.PreviewKey, s.PreviewDomain = keys.Derive(cfg.Secret, keys.Previews), t.PreviewDomain
 		if t.SSH {
 			s.SSH = &tunnels.SSH{Bundle: bundle, RequiresMFA: t.SSHRequiresMFA, Accounts: t.SSHAccounts, PerHour: t.Limits.SSHCertificatesPerHour}
 		}
@@ -447,6 +448,9 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 	if cfg.Tunnels != nil {
 		// Mounted only with an issuer (the tunnels option requires one).
 		opts.Tunnels = &tunnels.Relay{Store: a.st, Gateways: a.internalAPI, Notifier: a.notifier, Log: log.With("module", "tunnels"), SSH: a.tunnels.SSH}
+		pv := &tunnels.Previews{Store: a.st, Gateways: a.internalAPI, Key: a.tunnels.PreviewKey, BasePath: cfg.BasePath,
+			Domain: cfg.Tunnels.PreviewDomain, Log: log.With("module", "previews")}
+		opts.Previews, opts.IsPreviewHost = pv, pv.IsPreviewHost
 	}
 	if ev := cfg.IAM.Events; ev != nil {
 		// Identity-service events signed with the configured secret feed
