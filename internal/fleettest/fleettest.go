@@ -53,11 +53,13 @@ type Fleet struct {
 type Option func(*options)
 
 type options struct {
-	tunnels  bool
-	ssh      bool
-	version  string
-	env      map[string]string
-	agentEnv map[string]string
+	tunnels bool
+	// previewDomain is tunnels.previewDomain ("" none).
+	previewDomain string
+	ssh           bool
+	version       string
+	env           map[string]string
+	agentEnv      map[string]string
 }
 
 // Env adds variables to computed's environment (a blob store's
@@ -74,6 +76,12 @@ func Version(v string) Option { return func(o *options) { o.version = v } }
 // Tunnels configures tunnels (the issuer is the public URL) and the
 // gateway's internal API they relay through.
 func Tunnels() Option { return func(o *options) { o.tunnels = true } }
+
+// PreviewDomain configures tunnels with host-based preview URLs under
+// domain (tunnels.previewDomain).
+func PreviewDomain(domain string) Option {
+	return func(o *options) { o.tunnels, o.previewDomain = true, domain }
+}
 
 // SSH configures tunnels with SSH (tunnels.ssh: true).
 func SSH() Option { return func(o *options) { o.tunnels, o.ssh = true, true } }
@@ -100,7 +108,11 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	internal := ""
 	if o.tunnels {
 		internal = fmt.Sprintf(", internalListen: \"127.0.0.1:%d\"", testenv.FreePort(t))
-		extraConfig += fmt.Sprintf("tunnels: {issuer: %q, ssh: %t}\n", f.PublicURL, o.ssh)
+		preview := ""
+		if o.previewDomain != "" {
+			preview = fmt.Sprintf(", previewDomain: %q", o.previewDomain)
+		}
+		extraConfig += fmt.Sprintf("tunnels: {issuer: %q, ssh: %t%s}\n", f.PublicURL, o.ssh, preview)
 	}
 	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000%s}\n%s",
 		gwPort, gwPort, internal, extraConfig))
