@@ -63,6 +63,8 @@ Flags:
   -t, --tty          run the program on a terminal; on a local terminal in raw
                      mode, its size followed (exec; shell always)
   -e, --env NAME=VALUE  an environment variable of the program (exec, shell)
+  --public, --private   make the preview public or private first (preview)
+  --host                print the host-based preview URL (preview)
 
 exec exits with the program's exit code (128 plus a signal's number when a
 signal ended it). Without -t, Ctrl-C, SIGTERM and SIGHUP are sent to the

@@ -162,6 +162,14 @@ func TestSandboxProcessesAndPreviews(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(run("sandboxes", "startProcess", "--sandbox-id", sandbox, "--output", "json", "--",
 			"busybox", "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/www")), &started))
 		require.NotZero(t, started.Pid)
+		t.Cleanup(func() {
+			if t.Failed() {
+				o, err := f.C.SandboxesReadProcessOutput(ctx, &client.SandboxesReadProcessOutputInput{TenantId: fleettest.Tenant, SandboxId: sandbox, Pid: started.Pid})
+				if err == nil {
+					t.Logf("httpd: %+v", o.Data)
+				}
+			}
+		})
 		up, err := f.C.SandboxesStartProcess(ctx, &client.SandboxesStartProcessInput{TenantId: fleettest.Tenant, SandboxId: sandbox,
 			Argv: []string{"busybox", "nc", "-ll", "-p", "9001", "-e", "/up.sh"}})
 		require.NoError(t, err)
@@ -191,9 +199,14 @@ func TestSandboxProcessesAndPreviews(t *testing.T) {
 				}
 				var err error
 				resp, err = hc.Do(req)
-				require.NoError(t, err)
+				if err != nil {
+					t.Logf("GET %s: %v", u, err)
+					return false
+				}
 				if resp.StatusCode == http.StatusServiceUnavailable {
+					b, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
+					t.Logf("GET %s: %s", u, b)
 					return false
 				}
 				return true
