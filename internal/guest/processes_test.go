@@ -1,7 +1,9 @@
 package guest
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -28,9 +30,8 @@ func TestBackgroundProcesses(t *testing.T) {
 	pid := r.Processes[0].PID
 	assert.True(t, r.Processes[0].Running)
 
-	// Output by offset, waiting for it to come.
-	r = call(guestproto.Process{Action: guestproto.ProcessRead, PID: pid, WaitMs: 5000})
-	require.True(t, r.OK, r.Error)
+	// Output by offset, waiting for it to come (stdout and stderr may
+	// come in either order).
 	text := func(o *guestproto.ProcessOutput, fd int) (s string) {
 		for _, c := range o.Chunks {
 			if c.Fd == fd {
@@ -39,22 +40,23 @@ func TestBackgroundProcesses(t *testing.T) {
 		}
 		return s
 	}
-	assert.Contains(t, text(r.ProcessOutput, 1), "up hi "+dir)
-	next := r.ProcessOutput.NextOffset
-
+	var stdout string
+	next := int64(0)
+	follow := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(stdout, want) && time.Now().Before(deadline); {
+			r := call(guestproto.Process{Action: guestproto.ProcessRead, PID: pid, Offset: next, WaitMs: 2000})
+			require.True(t, r.OK, r.Error)
+			stdout += text(r.ProcessOutput, 1)
+			next = r.ProcessOutput.NextOffset
+		}
+		require.Contains(t, stdout, want)
+	}
+	follow("up hi " + dir + "\n")
 	r = call(guestproto.Process{Action: guestproto.ProcessStdin, PID: pid, Data: []byte("one\n")})
 	require.True(t, r.OK, r.Error)
-	got := ""
-	for range 20 {
-		r = call(guestproto.Process{Action: guestproto.ProcessRead, PID: pid, Offset: next, WaitMs: 2000})
-		require.True(t, r.OK, r.Error)
-		got += text(r.ProcessOutput, 1)
-		next = r.ProcessOutput.NextOffset
-		if assert.ObjectsAreEqual("got one\n", got) {
-			break
-		}
-	}
-	assert.Equal(t, "got one\n", got)
+	follow("got one\n")
+	assert.Equal(t, "up hi "+dir+"\ngot one\n", stdout)
 
 	// A wait bounded by waitMs answers it running.
 	r = call(guestproto.Process{Action: guestproto.ProcessWait, PID: pid, WaitMs: 100})
