@@ -49,3 +49,19 @@ SELECT * FROM tunnels
 WHERE tenant_id = sqlc.arg(tenant_id)
   AND (sqlc.arg(include_closed)::boolean OR (state = 'open' OR (state = 'issued' AND expires_at > now())))
 ORDER BY created_at DESC, tunnel_id DESC LIMIT 1000;
+
+-- name: EnsurePreview :one
+-- Makes the preview of a target's port, or keeps the one there; public
+-- changes only when given.
+INSERT INTO previews (target_id, port, tenant_id, target_kind, public, nonce)
+VALUES (sqlc.arg(target_id), sqlc.arg(port), sqlc.arg(tenant_id), sqlc.arg(target_kind), coalesce(sqlc.narg(public)::boolean, false), sqlc.arg(nonce))
+ON CONFLICT (target_id, port) DO UPDATE
+SET public = coalesce(sqlc.narg(public)::boolean, previews.public),
+    updated_at = CASE WHEN sqlc.narg(public)::boolean IS NULL THEN previews.updated_at ELSE now() END
+RETURNING *;
+
+-- name: GetPreview :one
+SELECT * FROM previews WHERE target_id = sqlc.arg(target_id) AND port = sqlc.arg(port);
+
+-- name: ListPreviews :many
+SELECT * FROM previews WHERE tenant_id = sqlc.arg(tenant_id) ORDER BY target_id, port LIMIT 1000;

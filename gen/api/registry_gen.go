@@ -2575,6 +2575,174 @@ var Methods = []*Method{
 	{
 		Action: "compute:sandboxes:manage",
 		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesStartProcessInput(obj, "", iss)
+			return &in
+		},
+		Description: "Starts a background process in a running sandbox (argv, no shell unless argv names one; env and dir as for exec) and answers once it runs: it outlives the call, in a process group of its own, its stdin open (writeProcessStdin), its output kept (readProcessOutput, the last 1 MiB). At most 64 processes are tracked; beyond them, all running, INVALID_INPUT.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.startProcess",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.StartProcess(ctx, in.(*SandboxesStartProcessInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "startProcess",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/startProcess",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesListProcessesInput(obj, "", iss)
+			return &in
+		},
+		Description: "Lists the background processes of a running sandbox, running and exited (with their exit codes).",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.listProcesses",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.ListProcesses(ctx, in.(*SandboxesListProcessesInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "listProcesses",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/listProcesses",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesWaitProcessInput(obj, "", iss)
+			return &in
+		},
+		Description: "Waits up to timeoutMs (default 30000, at most 60000) for a background process to exit and answers it: running false with its exit code, or running true when the wait ended first (call again). An unknown pid is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.waitProcess",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.WaitProcess(ctx, in.(*SandboxesWaitProcessInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "waitProcess",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/waitProcess",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesSignalProcessInput(obj, "", iss)
+			return &in
+		},
+		Description: "Sends a signal to a running background process's process group; one that exited is INVALID_STATE, an unknown pid NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.signalProcess",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.SignalProcess(ctx, in.(*SandboxesSignalProcessInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "signalProcess",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/signalProcess",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesWriteProcessStdinInput(obj, "", iss)
+			return &in
+		},
+		Description: "Writes to a background process's stdin and, with eof, closes it; a closed stdin is INVALID_STATE; a process that does not read within 10 s is INVALID_STATE too.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.writeProcessStdin",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.WriteProcessStdin(ctx, in.(*SandboxesWriteProcessStdinInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "writeProcessStdin",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/writeProcessStdin",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeSandboxesReadProcessOutputInput(obj, "", iss)
+			return &in
+		},
+		Description: "Reads a background process's output (stdout and stderr as written) from offset, at most limit bytes (default and at most 262144); with waitMs (at most 60000) it waits for output when there is none yet beyond offset and the process runs: call again from nextOffset to follow it (a long poll) until exited.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnavailable, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "sandboxes.readProcessOutput",
+		Group:       "sandboxes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Sandboxes.ReadProcessOutput(ctx, in.(*SandboxesReadProcessOutputInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "readProcessOutput",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "sandboxId",
+			Type:    "sandbox",
+		}},
+		Route:        "/sandboxes/readProcessOutput",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:sandboxes:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
 			in := decodeSandboxesSetEgressPolicyInput(obj, "", iss)
 			return &in
 		},
@@ -3090,6 +3258,62 @@ var Methods = []*Method{
 		Route:        "/system/selfCheck",
 		Status:       StatusRegistered,
 		TenantScoped: false,
+	},
+	{
+		Action: "compute:tunnels:manage",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeTunnelsPreviewInput(obj, "", iss)
+			return &in
+		},
+		Description: "Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same again when called again): path-based on the api host, and host-based when tunnels.previewDomain is configured. Each request (WebSocket upgrades too) goes through the api, the node's gateway and daemon to the port on the guest's loopback. A preview is private (the token needed) unless public says otherwise; public given changes it, absent keeps it. A target not running is INVALID_STATE; another tenant's or an absent one NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeInvalidState, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "tunnels.preview",
+		Group:       "tunnels",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Tunnels.Preview(ctx, in.(*TunnelsPreviewInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "preview",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/tunnels/preview",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:tunnels:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeTunnelsListPreviewsInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's previews, with their URLs and tokens.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied},
+		FullName:    "tunnels.listPreviews",
+		Group:       "tunnels",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Tunnels.ListPreviews(ctx, in.(*TunnelsListPreviewsInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindRead,
+		Name:  "listPreviews",
+		Phase: "v1.1",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/tunnels/listPreviews",
+		Status:       StatusRegistered,
+		TenantScoped: true,
 	},
 	{
 		Action: "compute:tunnels:manage",

@@ -1445,6 +1445,128 @@ var (
 		Max:    int64(4095),
 		Min:    int64(0),
 	}
+	ruleSandboxesStartProcessInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesStartProcessInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesStartProcessInputArgv = &wire.CountRule{
+		Max: 256,
+		Min: 1,
+	}
+	ruleSandboxesStartProcessInputArgvItem = &wire.StringRule{MaxLength: 4096}
+	ruleSandboxesStartProcessInputEnv      = &wire.CountRule{
+		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		Max:        64,
+	}
+	ruleSandboxesStartProcessInputEnvValue = &wire.StringRule{}
+	ruleSandboxesStartProcessInputDir      = &wire.StringRule{
+		MaxLength: 255,
+		Pattern:   regexp.MustCompile("^/[^\\x00]{0,254}$"),
+	}
+	ruleSandboxesListProcessesInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesListProcessesInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesWaitProcessInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesWaitProcessInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesWaitProcessInputPid = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(4194304),
+		Min:    int64(1),
+	}
+	ruleSandboxesWaitProcessInputTimeoutMs = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(60000),
+		Min:    int64(0),
+	}
+	ruleSandboxesSignalProcessInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesSignalProcessInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesSignalProcessInputPid = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(4194304),
+		Min:    int64(1),
+	}
+	ruleSandboxesSignalProcessInputSignal       = &wire.StringRule{Enum: []string{"HUP", "INT", "QUIT", "KILL", "USR1", "USR2", "TERM", "CONT", "STOP", "WINCH"}}
+	ruleSandboxesWriteProcessStdinInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesWriteProcessStdinInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesWriteProcessStdinInputPid = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(4194304),
+		Min:    int64(1),
+	}
+	ruleSandboxesWriteProcessStdinInputData     = &wire.StringRule{MaxLength: 1048576}
+	ruleSandboxesReadProcessOutputInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleSandboxesReadProcessOutputInputSandboxID = &wire.StringRule{
+		MaxLength: 56,
+		Pattern:   ShapeSandboxId,
+		Words:     "a sandbox id: sbx_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleSandboxesReadProcessOutputInputPid = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(4194304),
+		Min:    int64(1),
+	}
+	ruleSandboxesReadProcessOutputInputOffset = &wire.IntRule{
+		HasMin: true,
+		Min:    int64(0),
+	}
+	ruleSandboxesReadProcessOutputInputLimit = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(262144),
+		Min:    int64(1),
+	}
+	ruleSandboxesReadProcessOutputInputWaitMs = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(60000),
+		Min:    int64(0),
+	}
 	ruleSandboxesSetEgressPolicyInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
@@ -1637,6 +1759,22 @@ var (
 		MaxLength: 57,
 		Pattern:   ShapeSupportBundleId,
 		Words:     "a support bundle id: sbun_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleTunnelsPreviewInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleTunnelsPreviewInputPort = &wire.IntRule{
+		HasMax: true,
+		HasMin: true,
+		Max:    int64(65535),
+		Min:    int64(1),
+	}
+	ruleTunnelsListPreviewsInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
 	}
 	ruleTunnelsOpenInputTenantID = &wire.StringRule{
 		MaxLength: 128,

@@ -9,17 +9,23 @@ import (
 
 // Full names of the sandboxes methods.
 const (
-	MethodSandboxesCreate          = "sandboxes.create"
-	MethodSandboxesGet             = "sandboxes.get"
-	MethodSandboxesList            = "sandboxes.list"
-	MethodSandboxesPause           = "sandboxes.pause"
-	MethodSandboxesResume          = "sandboxes.resume"
-	MethodSandboxesExtend          = "sandboxes.extend"
-	MethodSandboxesDelete          = "sandboxes.delete"
-	MethodSandboxesExec            = "sandboxes.exec"
-	MethodSandboxesReadFile        = "sandboxes.readFile"
-	MethodSandboxesWriteFile       = "sandboxes.writeFile"
-	MethodSandboxesSetEgressPolicy = "sandboxes.setEgressPolicy"
+	MethodSandboxesCreate            = "sandboxes.create"
+	MethodSandboxesGet               = "sandboxes.get"
+	MethodSandboxesList              = "sandboxes.list"
+	MethodSandboxesPause             = "sandboxes.pause"
+	MethodSandboxesResume            = "sandboxes.resume"
+	MethodSandboxesExtend            = "sandboxes.extend"
+	MethodSandboxesDelete            = "sandboxes.delete"
+	MethodSandboxesExec              = "sandboxes.exec"
+	MethodSandboxesReadFile          = "sandboxes.readFile"
+	MethodSandboxesWriteFile         = "sandboxes.writeFile"
+	MethodSandboxesStartProcess      = "sandboxes.startProcess"
+	MethodSandboxesListProcesses     = "sandboxes.listProcesses"
+	MethodSandboxesWaitProcess       = "sandboxes.waitProcess"
+	MethodSandboxesSignalProcess     = "sandboxes.signalProcess"
+	MethodSandboxesWriteProcessStdin = "sandboxes.writeProcessStdin"
+	MethodSandboxesReadProcessOutput = "sandboxes.readProcessOutput"
+	MethodSandboxesSetEgressPolicy   = "sandboxes.setEgressPolicy"
 )
 
 // SandboxesCreateInput: Input of sandboxes.create.
@@ -443,6 +449,284 @@ func decodeSandboxesWriteFileInput(obj map[string]any, path string, iss *wire.Is
 	return
 }
 
+// SandboxesStartProcessInput: Input of sandboxes.startProcess.
+type SandboxesStartProcessInput struct {
+	TenantID  string            `json:"tenantId"`  // Tenant identifier.
+	SandboxID string            `json:"sandboxId"` // Sandbox identifier.
+	Argv      []string          `json:"argv"`
+	Env       map[string]string `json:"env,omitempty"`
+	Dir       *string           `json:"dir,omitempty"`
+}
+
+var fieldsSandboxesStartProcessInput = map[string]struct{}{
+	"argv":      {},
+	"dir":       {},
+	"env":       {},
+	"sandboxId": {},
+	"tenantId":  {},
+}
+
+// decodeSandboxesStartProcessInput checks obj against the schema of SandboxesStartProcessInput, collecting every issue.
+func decodeSandboxesStartProcessInput(obj map[string]any, path string, iss *wire.Issues) (out SandboxesStartProcessInput) {
+	wire.Unknown(obj, path, fieldsSandboxesStartProcessInput, iss)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleSandboxesStartProcessInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["sandboxId"]; !ok {
+		wire.Required(wire.Join(path, "sandboxId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "sandboxId"), ruleSandboxesStartProcessInputSandboxID, iss); ok {
+		out.SandboxID = x1
+	}
+	if v, ok := obj["argv"]; !ok {
+		wire.Required(wire.Join(path, "argv"), iss)
+	} else if a1, ok := wire.Array(v, wire.Join(path, "argv"), ruleSandboxesStartProcessInputArgv, iss); ok {
+		xs1 := make([]string, 0, len(a1))
+		for i1, e1 := range a1 {
+			if x2, ok := wire.String(e1, wire.Index(wire.Join(path, "argv"), i1), ruleSandboxesStartProcessInputArgvItem, iss); ok {
+				xs1 = append(xs1, x2)
+			}
+		}
+		out.Argv = xs1
+	}
+	if v, ok := obj["env"]; ok {
+		if o1, keys1, ok := wire.Map(v, wire.Join(path, "env"), ruleSandboxesStartProcessInputEnv, iss); ok {
+			m1 := make(map[string]string, len(o1))
+			for _, k1 := range keys1 {
+				if x2, ok := wire.String(o1[k1], wire.Join(wire.Join(path, "env"), k1), ruleSandboxesStartProcessInputEnvValue, iss); ok {
+					m1[k1] = x2
+				}
+			}
+			out.Env = m1
+		}
+	}
+	if v, ok := obj["dir"]; ok {
+		if x1, ok := wire.String(v, wire.Join(path, "dir"), ruleSandboxesStartProcessInputDir, iss); ok {
+			out.Dir = &x1
+		}
+	}
+	return
+}
+
+// SandboxesListProcessesInput: Input of sandboxes.listProcesses.
+type SandboxesListProcessesInput struct {
+	TenantID  string `json:"tenantId"`  // Tenant identifier.
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+}
+
+var fieldsSandboxesListProcessesInput = map[string]struct{}{
+	"sandboxId": {},
+	"tenantId":  {},
+}
+
+// decodeSandboxesListProcessesInput checks obj against the schema of SandboxesListProcessesInput, collecting every issue.
+func decodeSandboxesListProcessesInput(obj map[string]any, path string, iss *wire.Issues) (out SandboxesListProcessesInput) {
+	wire.Unknown(obj, path, fieldsSandboxesListProcessesInput, iss)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleSandboxesListProcessesInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["sandboxId"]; !ok {
+		wire.Required(wire.Join(path, "sandboxId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "sandboxId"), ruleSandboxesListProcessesInputSandboxID, iss); ok {
+		out.SandboxID = x1
+	}
+	return
+}
+
+// SandboxesWaitProcessInput: Input of sandboxes.waitProcess.
+type SandboxesWaitProcessInput struct {
+	TenantID  string `json:"tenantId"`  // Tenant identifier.
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+	Pid       int64  `json:"pid"`
+	TimeoutMs int64  `json:"timeoutMs,omitempty"`
+}
+
+var fieldsSandboxesWaitProcessInput = map[string]struct{}{
+	"pid":       {},
+	"sandboxId": {},
+	"tenantId":  {},
+	"timeoutMs": {},
+}
+
+// decodeSandboxesWaitProcessInput checks obj against the schema of SandboxesWaitProcessInput, collecting every issue.
+func decodeSandboxesWaitProcessInput(obj map[string]any, path string, iss *wire.Issues) (out SandboxesWaitProcessInput) {
+	wire.Unknown(obj, path, fieldsSandboxesWaitProcessInput, iss)
+	out.TimeoutMs = int64(30000)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleSandboxesWaitProcessInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["sandboxId"]; !ok {
+		wire.Required(wire.Join(path, "sandboxId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "sandboxId"), ruleSandboxesWaitProcessInputSandboxID, iss); ok {
+		out.SandboxID = x1
+	}
+	if v, ok := obj["pid"]; !ok {
+		wire.Required(wire.Join(path, "pid"), iss)
+	} else if x1, ok := wire.Int(v, wire.Join(path, "pid"), ruleSandboxesWaitProcessInputPid, iss); ok {
+		out.Pid = x1
+	}
+	if v, ok := obj["timeoutMs"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "timeoutMs"), ruleSandboxesWaitProcessInputTimeoutMs, iss); ok {
+			out.TimeoutMs = x1
+		}
+	}
+	return
+}
+
+// SandboxesSignalProcessInput: Input of sandboxes.signalProcess.
+type SandboxesSignalProcessInput struct {
+	TenantID  string `json:"tenantId"`  // Tenant identifier.
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+	Pid       int64  `json:"pid"`
+	Signal    string `json:"signal"`
+}
+
+var fieldsSandboxesSignalProcessInput = map[string]struct{}{
+	"pid":       {},
+	"sandboxId": {},
+	"signal":    {},
+	"tenantId":  {},
+}
+
+// decodeSandboxesSignalProcessInput checks obj against the schema of SandboxesSignalProcessInput, collecting every issue.
+func decodeSandboxesSignalProcessInput(obj map[string]any, path string, iss *wire.Issues) (out SandboxesSignalProcessInput) {
+	wire.Unknown(obj, path, fieldsSandboxesSignalProcessInput, iss)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleSandboxesSignalProcessInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["sandboxId"]; !ok {
+		wire.Required(wire.Join(path, "sandboxId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "sandboxId"), ruleSandboxesSignalProcessInputSandboxID, iss); ok {
+		out.SandboxID = x1
+	}
+	if v, ok := obj["pid"]; !ok {
+		wire.Required(wire.Join(path, "pid"), iss)
+	} else if x1, ok := wire.Int(v, wire.Join(path, "pid"), ruleSandboxesSignalProcessInputPid, iss); ok {
+		out.Pid = x1
+	}
+	if v, ok := obj["signal"]; !ok {
+		wire.Required(wire.Join(path, "signal"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "signal"), ruleSandboxesSignalProcessInputSignal, iss); ok {
+		out.Signal = x1
+	}
+	return
+}
+
+// SandboxesWriteProcessStdinInput: Input of sandboxes.writeProcessStdin.
+type SandboxesWriteProcessStdinInput struct {
+	TenantID  string `json:"tenantId"`  // Tenant identifier.
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+	Pid       int64  `json:"pid"`
+	Data      string `json:"data,omitempty"`
+	Eof       bool   `json:"eof,omitempty"`
+}
+
+var fieldsSandboxesWriteProcessStdinInput = map[string]struct{}{
+	"data":      {},
+	"eof":       {},
+	"pid":       {},
+	"sandboxId": {},
+	"tenantId":  {},
+}
+
+// decodeSandboxesWriteProcessStdinInput checks obj against the schema of SandboxesWriteProcessStdinInput, collecting every issue.
+func decodeSandboxesWriteProcessStdinInput(obj map[string]any, path string, iss *wire.Issues) (out SandboxesWriteProcessStdinInput) {
+	wire.Unknown(obj, path, fieldsSandboxesWriteProcessStdinInput, iss)
+	out.Data = ""
+	out.Eof = false
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleSandboxesWriteProcessStdinInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["sandboxId"]; !ok {
+		wire.Required(wire.Join(path, "sandboxId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "sandboxId"), ruleSandboxesWriteProcessStdinInputSandboxID, iss); ok {
+		out.SandboxID = x1
+	}
+	if v, ok := obj["pid"]; !ok {
+		wire.Required(wire.Join(path, "pid"), iss)
+	} else if x1, ok := wire.Int(v, wire.Join(path, "pid"), ruleSandboxesWriteProcessStdinInputPid, iss); ok {
+		out.Pid = x1
+	}
+	if v, ok := obj["data"]; ok {
+		if x1, ok := wire.String(v, wire.Join(path, "data"), ruleSandboxesWriteProcessStdinInputData, iss); ok {
+			out.Data = x1
+		}
+	}
+	if v, ok := obj["eof"]; ok {
+		if x1, ok := wire.Bool(v, wire.Join(path, "eof"), iss); ok {
+			out.Eof = x1
+		}
+	}
+	return
+}
+
+// SandboxesReadProcessOutputInput: Input of sandboxes.readProcessOutput.
+type SandboxesReadProcessOutputInput struct {
+	TenantID  string `json:"tenantId"`  // Tenant identifier.
+	SandboxID string `json:"sandboxId"` // Sandbox identifier.
+	Pid       int64  `json:"pid"`
+	Offset    int64  `json:"offset,omitempty"`
+	Limit     int64  `json:"limit,omitempty"`
+	WaitMs    int64  `json:"waitMs,omitempty"`
+}
+
+var fieldsSandboxesReadProcessOutputInput = map[string]struct{}{
+	"limit":     {},
+	"offset":    {},
+	"pid":       {},
+	"sandboxId": {},
+	"tenantId":  {},
+	"waitMs":    {},
+}
+
+// decodeSandboxesReadProcessOutputInput checks obj against the schema of SandboxesReadProcessOutputInput, collecting every issue.
+func decodeSandboxesReadProcessOutputInput(obj map[string]any, path string, iss *wire.Issues) (out SandboxesReadProcessOutputInput) {
+	wire.Unknown(obj, path, fieldsSandboxesReadProcessOutputInput, iss)
+	out.Offset = int64(0)
+	out.Limit = int64(262144)
+	out.WaitMs = int64(0)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleSandboxesReadProcessOutputInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["sandboxId"]; !ok {
+		wire.Required(wire.Join(path, "sandboxId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "sandboxId"), ruleSandboxesReadProcessOutputInputSandboxID, iss); ok {
+		out.SandboxID = x1
+	}
+	if v, ok := obj["pid"]; !ok {
+		wire.Required(wire.Join(path, "pid"), iss)
+	} else if x1, ok := wire.Int(v, wire.Join(path, "pid"), ruleSandboxesReadProcessOutputInputPid, iss); ok {
+		out.Pid = x1
+	}
+	if v, ok := obj["offset"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "offset"), ruleSandboxesReadProcessOutputInputOffset, iss); ok {
+			out.Offset = x1
+		}
+	}
+	if v, ok := obj["limit"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "limit"), ruleSandboxesReadProcessOutputInputLimit, iss); ok {
+			out.Limit = x1
+		}
+	}
+	if v, ok := obj["waitMs"]; ok {
+		if x1, ok := wire.Int(v, wire.Join(path, "waitMs"), ruleSandboxesReadProcessOutputInputWaitMs, iss); ok {
+			out.WaitMs = x1
+		}
+	}
+	return
+}
+
 // SandboxesSetEgressPolicyInput: Input of sandboxes.setEgressPolicy.
 type SandboxesSetEgressPolicyInput struct {
 	TenantID  string       `json:"tenantId"`  // Tenant identifier.
@@ -500,6 +784,18 @@ type SandboxesService interface {
 	ReadFile(ctx context.Context, in *SandboxesReadFileInput) (*SandboxFile, error)
 	// WriteFile: Writes a file of at most 4 MiB (base64, about 5.6 MB of text) into a running sandbox, creating its directories; a sandbox that is not running is INVALID_STATE.
 	WriteFile(ctx context.Context, in *SandboxesWriteFileInput) (*SandboxFile, error)
+	// StartProcess: Starts a background process in a running sandbox (argv, no shell unless argv names one; env and dir as for exec) and answers once it runs: it outlives the call, in a process group of its own, its stdin open (writeProcessStdin), its output kept (readProcessOutput, the last 1 MiB). At most 64 processes are tracked; beyond them, all running, INVALID_INPUT.
+	StartProcess(ctx context.Context, in *SandboxesStartProcessInput) (*SandboxProcess, error)
+	// ListProcesses: Lists the background processes of a running sandbox, running and exited (with their exit codes).
+	ListProcesses(ctx context.Context, in *SandboxesListProcessesInput) (*SandboxProcessList, error)
+	// WaitProcess: Waits up to timeoutMs (default 30000, at most 60000) for a background process to exit and answers it: running false with its exit code, or running true when the wait ended first (call again). An unknown pid is NOT_FOUND.
+	WaitProcess(ctx context.Context, in *SandboxesWaitProcessInput) (*SandboxProcess, error)
+	// SignalProcess: Sends a signal to a running background process's process group; one that exited is INVALID_STATE, an unknown pid NOT_FOUND.
+	SignalProcess(ctx context.Context, in *SandboxesSignalProcessInput) (*SandboxProcess, error)
+	// WriteProcessStdin: Writes to a background process's stdin and, with eof, closes it; a closed stdin is INVALID_STATE; a process that does not read within 10 s is INVALID_STATE too.
+	WriteProcessStdin(ctx context.Context, in *SandboxesWriteProcessStdinInput) (*SandboxProcess, error)
+	// ReadProcessOutput: Reads a background process's output (stdout and stderr as written) from offset, at most limit bytes (default and at most 262144); with waitMs (at most 60000) it waits for output when there is none yet beyond offset and the process runs: call again from nextOffset to follow it (a long poll) until exited.
+	ReadProcessOutput(ctx context.Context, in *SandboxesReadProcessOutputInput) (*SandboxProcessOutput, error)
 	// SetEgressPolicy: Replaces the egress policy of a creating, running or paused sandbox under network egress (any other network, a failed or deleted sandbox is INVALID_STATE); the node applies it to the VM, open connections included. Entries are checked as on instances.create (a domain in deny is INVALID_INPUT naming it). The template keeps its own policy.
 	SetEgressPolicy(ctx context.Context, in *SandboxesSetEgressPolicyInput) (*Sandbox, error)
 }
@@ -538,6 +834,24 @@ func (UnimplementedSandboxesService) ReadFile(context.Context, *SandboxesReadFil
 }
 func (UnimplementedSandboxesService) WriteFile(context.Context, *SandboxesWriteFileInput) (*SandboxFile, error) {
 	return nil, NotImplemented(Lookup("/sandboxes/writeFile"))
+}
+func (UnimplementedSandboxesService) StartProcess(context.Context, *SandboxesStartProcessInput) (*SandboxProcess, error) {
+	return nil, NotImplemented(Lookup("/sandboxes/startProcess"))
+}
+func (UnimplementedSandboxesService) ListProcesses(context.Context, *SandboxesListProcessesInput) (*SandboxProcessList, error) {
+	return nil, NotImplemented(Lookup("/sandboxes/listProcesses"))
+}
+func (UnimplementedSandboxesService) WaitProcess(context.Context, *SandboxesWaitProcessInput) (*SandboxProcess, error) {
+	return nil, NotImplemented(Lookup("/sandboxes/waitProcess"))
+}
+func (UnimplementedSandboxesService) SignalProcess(context.Context, *SandboxesSignalProcessInput) (*SandboxProcess, error) {
+	return nil, NotImplemented(Lookup("/sandboxes/signalProcess"))
+}
+func (UnimplementedSandboxesService) WriteProcessStdin(context.Context, *SandboxesWriteProcessStdinInput) (*SandboxProcess, error) {
+	return nil, NotImplemented(Lookup("/sandboxes/writeProcessStdin"))
+}
+func (UnimplementedSandboxesService) ReadProcessOutput(context.Context, *SandboxesReadProcessOutputInput) (*SandboxProcessOutput, error) {
+	return nil, NotImplemented(Lookup("/sandboxes/readProcessOutput"))
 }
 func (UnimplementedSandboxesService) SetEgressPolicy(context.Context, *SandboxesSetEgressPolicyInput) (*Sandbox, error) {
 	return nil, NotImplemented(Lookup("/sandboxes/setEgressPolicy"))

@@ -9,11 +9,73 @@ import (
 
 // Full names of the tunnels methods.
 const (
+	MethodTunnelsPreview             = "tunnels.preview"
+	MethodTunnelsListPreviews        = "tunnels.listPreviews"
 	MethodTunnelsOpen                = "tunnels.open"
 	MethodTunnelsList                = "tunnels.list"
 	MethodTunnelsClose               = "tunnels.close"
 	MethodTunnelsIssueSshCertificate = "tunnels.issueSshCertificate"
 )
+
+// TunnelsPreviewInput: Input of tunnels.preview.
+type TunnelsPreviewInput struct {
+	TenantID string       `json:"tenantId"` // Tenant identifier.
+	Target   TunnelTarget `json:"target"`
+	Port     int64        `json:"port"`
+	Public   *bool        `json:"public,omitempty"` // Make the preview public (true) or private (false); absent keeps it (private for a new one).
+}
+
+var fieldsTunnelsPreviewInput = map[string]struct{}{
+	"port":     {},
+	"public":   {},
+	"target":   {},
+	"tenantId": {},
+}
+
+// decodeTunnelsPreviewInput checks obj against the schema of TunnelsPreviewInput, collecting every issue.
+func decodeTunnelsPreviewInput(obj map[string]any, path string, iss *wire.Issues) (out TunnelsPreviewInput) {
+	wire.Unknown(obj, path, fieldsTunnelsPreviewInput, iss)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleTunnelsPreviewInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["target"]; !ok {
+		wire.Required(wire.Join(path, "target"), iss)
+	} else if o1, ok := wire.Object(v, wire.Join(path, "target"), iss); ok {
+		x1 := decodeTunnelTarget(o1, wire.Join(path, "target"), iss)
+		out.Target = x1
+	}
+	if v, ok := obj["port"]; !ok {
+		wire.Required(wire.Join(path, "port"), iss)
+	} else if x1, ok := wire.Int(v, wire.Join(path, "port"), ruleTunnelsPreviewInputPort, iss); ok {
+		out.Port = x1
+	}
+	if v, ok := obj["public"]; ok {
+		if x1, ok := wire.Bool(v, wire.Join(path, "public"), iss); ok {
+			out.Public = &x1
+		}
+	}
+	return
+}
+
+// TunnelsListPreviewsInput: Input of tunnels.listPreviews.
+type TunnelsListPreviewsInput struct {
+	TenantID string `json:"tenantId"` // Tenant identifier.
+}
+
+var fieldsTunnelsListPreviewsInput = map[string]struct{}{"tenantId": {}}
+
+// decodeTunnelsListPreviewsInput checks obj against the schema of TunnelsListPreviewsInput, collecting every issue.
+func decodeTunnelsListPreviewsInput(obj map[string]any, path string, iss *wire.Issues) (out TunnelsListPreviewsInput) {
+	wire.Unknown(obj, path, fieldsTunnelsListPreviewsInput, iss)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleTunnelsListPreviewsInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	return
+}
 
 // TunnelsOpenInput: Input of tunnels.open.
 type TunnelsOpenInput struct {
@@ -207,6 +269,10 @@ func decodeTunnelsIssueSshCertificateInput(obj map[string]any, path string, iss 
 
 // TunnelsService implements the tunnels group: Interactive access to a running sandbox or instance through the api, a gateway and the node's daemon (docs/tunnels.md): a program with or without a terminal (exec), a TCP connection to a guest port (tcp) or the serial console (console). tunnels.open answers a ticket: a short-lived (30 s), single-use credential bound to the caller, the target, the kind and the caller's source address, redeemed by a WebSocket upgrade at GET {basePath}/tunnels/{ticket}. The group exists only when the tunnels option configures an issuer; otherwise every method is NOT_FOUND.
 type TunnelsService interface {
+	// Preview: Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same again when called again): path-based on the api host, and host-based when tunnels.previewDomain is configured. Each request (WebSocket upgrades too) goes through the api, the node's gateway and daemon to the port on the guest's loopback. A preview is private (the token needed) unless public says otherwise; public given changes it, absent keeps it. A target not running is INVALID_STATE; another tenant's or an absent one NOT_FOUND.
+	Preview(ctx context.Context, in *TunnelsPreviewInput) (*Preview, error)
+	// ListPreviews: The tenant's previews, with their URLs and tokens.
+	ListPreviews(ctx context.Context, in *TunnelsListPreviewsInput) (*PreviewList, error)
 	// Open: Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Kind ssh is a byte stream to the guest's SSH server (stdin frames to it, stdout frames from it), for an ssh client's ProxyCommand; it accepts certificates of tunnels.issueSshCertificate and is UNSUPPORTED unless tunnels.ssh is configured. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.
 	Open(ctx context.Context, in *TunnelsOpenInput) (*TunnelTicket, error)
 	// List: The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
@@ -222,6 +288,12 @@ type UnimplementedTunnelsService struct{}
 
 var _ TunnelsService = UnimplementedTunnelsService{}
 
+func (UnimplementedTunnelsService) Preview(context.Context, *TunnelsPreviewInput) (*Preview, error) {
+	return nil, NotImplemented(Lookup("/tunnels/preview"))
+}
+func (UnimplementedTunnelsService) ListPreviews(context.Context, *TunnelsListPreviewsInput) (*PreviewList, error) {
+	return nil, NotImplemented(Lookup("/tunnels/listPreviews"))
+}
 func (UnimplementedTunnelsService) Open(context.Context, *TunnelsOpenInput) (*TunnelTicket, error) {
 	return nil, NotImplemented(Lookup("/tunnels/open"))
 }

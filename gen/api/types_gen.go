@@ -442,6 +442,22 @@ type PoolOffer struct {
 	Offered    bool   `json:"offered"`
 }
 
+// Preview: A guest port of a sandbox or instance served over HTTP at a URL through the tunnel path.
+type Preview struct {
+	TenantID  string       `json:"tenantId"` // Tenant identifier.
+	Target    TunnelTarget `json:"target"`
+	Port      int64        `json:"port"`
+	Public    bool         `json:"public"`  // Public: anyone with the URL; private (the default): the token is needed.
+	URL       string       `json:"url"`     // {issuer}{basePath}/previews/{targetId}/{port}/ (path-based, on the api host).
+	HostURL   *string      `json:"hostUrl"` // https://<port>-<target id with - for _>.<tunnels.previewDomain>/ when a wildcard domain is configured; else null.
+	Token     string       `json:"token"`   // The access token of a private preview: ?token=<token> once (it sets a cookie), or the header X-Preview-Token. The same until the preview is made again.
+	CreatedAt string       `json:"createdAt"`
+	UpdatedAt string       `json:"updatedAt"`
+}
+type PreviewList struct {
+	Items []Preview `json:"items"` // By target and port (at most 1000).
+}
+
 // Profile: One stored profile version; its document becomes immutable the first time a workflow uses it.
 type Profile struct {
 	TenantID       string         `json:"tenantId"`  // Owner tenant; builtin for module-shipped profiles.
@@ -602,6 +618,35 @@ type SandboxFile struct {
 }
 type SandboxList struct {
 	Items []Sandbox `json:"items"` // Newest first.
+}
+type SandboxOutputChunk struct {
+	Stream string `json:"stream"`
+	Data   string `json:"data"` // As text; invalid UTF-8 replaced (offsets count the bytes written).
+}
+
+// SandboxProcess: A background process of a sandbox, kept in its guest's process table (at most 64, the oldest exited ones forgotten first) until the sandbox ends.
+type SandboxProcess struct {
+	Pid         int64             `json:"pid"` // Its process id in the guest; it leads a process group of its own.
+	Argv        []string          `json:"argv"`
+	Env         map[string]string `json:"env"` // The environment asked for at the start (beside the sandbox's own).
+	Dir         *string           `json:"dir"`
+	Running     bool              `json:"running"`
+	ExitCode    *int64            `json:"exitCode"` // Once exited: its exit code, or 128 plus the signal that ended it.
+	StdinOpen   bool              `json:"stdinOpen"`
+	OutputBytes int64             `json:"outputBytes"` // Bytes of stdout and stderr written since the start (the last 1 MiB is kept).
+	StartedAt   string            `json:"startedAt"`
+	EndedAt     *string           `json:"endedAt"`
+}
+type SandboxProcessList struct {
+	Items []SandboxProcess `json:"items"` // By pid.
+}
+type SandboxProcessOutput struct {
+	Chunks     []SandboxOutputChunk `json:"chunks"`     // In the order they were read, at most limit bytes.
+	Offset     int64                `json:"offset"`     // Where chunks start: the asked offset, or later when older bytes were dropped.
+	NextOffset int64                `json:"nextOffset"` // The offset of the next read.
+	Dropped    int64                `json:"dropped"`    // Bytes between the asked offset and offset, no longer kept.
+	Exited     bool                 `json:"exited"`     // The process exited and nextOffset is the end: nothing more will come.
+	Process    SandboxProcess       `json:"process"`
 }
 type SandboxSnapshot struct {
 	SnapshotID string  `json:"snapshotId"` // Sandbox snapshot identifier.

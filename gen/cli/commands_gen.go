@@ -1457,6 +1457,104 @@ var Groups = []cliruntime.Group{
 				},
 			},
 			{
+				Name:        "startProcess",
+				Description: "Starts a background process in a running sandbox (argv, no shell unless argv names one; env and dir as for exec) and answers once it runs: it outlives the call, in a process group of its own, its stdin open (writeProcessStdin), its output kept (readProcessOutput, the last 1 MiB). At most 64 processes are tracked; beyond them, all running, INVALID_INPUT.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "argv", Field: "argv", Type: cliruntime.JSON, Required: true},
+					{Name: "env", Field: "env", Type: cliruntime.JSON},
+					{Name: "dir", Field: "dir", Type: cliruntime.String},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesStartProcess(ctx, new(client.SandboxesStartProcessInput))
+					return err
+				},
+			},
+			{
+				Name:        "listProcesses",
+				Description: "Lists the background processes of a running sandbox, running and exited (with their exit codes).",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesListProcesses(ctx, new(client.SandboxesListProcessesInput))
+					return err
+				},
+			},
+			{
+				Name:        "waitProcess",
+				Description: "Waits up to timeoutMs (default 30000, at most 60000) for a background process to exit and answers it: running false with its exit code, or running true when the wait ended first (call again). An unknown pid is NOT_FOUND.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "pid", Field: "pid", Type: cliruntime.Int, Required: true},
+					{Name: "timeout-ms", Field: "timeoutMs", Type: cliruntime.Int, Default: "30000"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesWaitProcess(ctx, new(client.SandboxesWaitProcessInput))
+					return err
+				},
+			},
+			{
+				Name:        "signalProcess",
+				Description: "Sends a signal to a running background process's process group; one that exited is INVALID_STATE, an unknown pid NOT_FOUND.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "pid", Field: "pid", Type: cliruntime.Int, Required: true},
+					{Name: "signal", Field: "signal", Type: cliruntime.String, Required: true, Enum: []string{"HUP", "INT", "QUIT", "KILL", "USR1", "USR2", "TERM", "CONT", "STOP", "WINCH"}},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesSignalProcess(ctx, new(client.SandboxesSignalProcessInput))
+					return err
+				},
+			},
+			{
+				Name:        "writeProcessStdin",
+				Description: "Writes to a background process's stdin and, with eof, closes it; a closed stdin is INVALID_STATE; a process that does not read within 10 s is INVALID_STATE too.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "pid", Field: "pid", Type: cliruntime.Int, Required: true},
+					{Name: "data", Field: "data", Type: cliruntime.String},
+					{Name: "eof", Field: "eof", Type: cliruntime.Bool, Default: "false"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesWriteProcessStdin(ctx, new(client.SandboxesWriteProcessStdinInput))
+					return err
+				},
+			},
+			{
+				Name:        "readProcessOutput",
+				Description: "Reads a background process's output (stdout and stderr as written) from offset, at most limit bytes (default and at most 262144); with waitMs (at most 60000) it waits for output when there is none yet beyond offset and the process runs: call again from nextOffset to follow it (a long poll) until exited.",
+				Kind:        "mutation",
+				Action:      "compute:sandboxes:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "sandbox-id", Field: "sandboxId", Type: cliruntime.String, Required: true, Help: "Sandbox identifier."},
+					{Name: "pid", Field: "pid", Type: cliruntime.Int, Required: true},
+					{Name: "offset", Field: "offset", Type: cliruntime.Int, Default: "0"},
+					{Name: "limit", Field: "limit", Type: cliruntime.Int, Default: "262144"},
+					{Name: "wait-ms", Field: "waitMs", Type: cliruntime.Int, Default: "0"},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.SandboxesReadProcessOutput(ctx, new(client.SandboxesReadProcessOutputInput))
+					return err
+				},
+			},
+			{
 				Name:        "setEgressPolicy",
 				Description: "Replaces the egress policy of a creating, running or paused sandbox under network egress (any other network, a failed or deleted sandbox is INVALID_STATE); the node applies it to the VM, open connections included. Entries are checked as on instances.create (a domain in deny is INVALID_INPUT naming it). The template keeps its own policy.",
 				Kind:        "mutation",
@@ -1728,6 +1826,35 @@ var Groups = []cliruntime.Group{
 		Name:        "tunnels",
 		Description: "Interactive access to a running sandbox or instance through the api, a gateway and the node's daemon (docs/tunnels.md): a program with or without a terminal (exec), a TCP connection to a guest port (tcp) or the serial console (console). tunnels.open answers a ticket: a short-lived (30 s), single-use credential bound to the caller, the target, the kind and the caller's source address, redeemed by a WebSocket upgrade at GET {basePath}/tunnels/{ticket}. The group exists only when the tunnels option configures an issuer; otherwise every method is NOT_FOUND.",
 		Methods: []cliruntime.Method{
+			{
+				Name:        "preview",
+				Description: "Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same again when called again): path-based on the api host, and host-based when tunnels.previewDomain is configured. Each request (WebSocket upgrades too) goes through the api, the node's gateway and daemon to the port on the guest's loopback. A preview is private (the token needed) unless public says otherwise; public given changes it, absent keeps it. A target not running is INVALID_STATE; another tenant's or an absent one NOT_FOUND.",
+				Kind:        "mutation",
+				Action:      "compute:tunnels:manage",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "target", Field: "target", Type: cliruntime.JSON, Required: true},
+					{Name: "port", Field: "port", Type: cliruntime.Int, Required: true},
+					{Name: "public", Field: "public", Type: cliruntime.Bool, Help: "Make the preview public (true) or private (false); absent keeps it (private for a new one)."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.TunnelsPreview(ctx, new(client.TunnelsPreviewInput))
+					return err
+				},
+			},
+			{
+				Name:        "listPreviews",
+				Description: "The tenant's previews, with their URLs and tokens.",
+				Kind:        "read",
+				Action:      "compute:tunnels:read",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.TunnelsListPreviews(ctx, new(client.TunnelsListPreviewsInput))
+					return err
+				},
+			},
 			{
 				Name:        "open",
 				Description: "Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Kind ssh is a byte stream to the guest's SSH server (stdin frames to it, stdout frames from it), for an ssh client's ProxyCommand; it accepts certificates of tunnels.issueSshCertificate and is UNSUPPORTED unless tunnels.ssh is configured. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.",

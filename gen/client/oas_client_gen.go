@@ -1004,6 +1004,16 @@ type SandboxesInvoker interface {
 	//
 	// POST /sandboxes/list
 	SandboxesList(ctx context.Context, request *SandboxesListInput) (*SandboxesListResult, error)
+	// SandboxesListProcesses invokes sandboxesListProcesses operation.
+	//
+	// Lists the background processes of a running sandbox, running and exited (with their exit codes).
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/listProcesses
+	SandboxesListProcesses(ctx context.Context, request *SandboxesListProcessesInput) (*SandboxesListProcessesResult, error)
 	// SandboxesPause invokes sandboxesPause operation.
 	//
 	// Pauses a running sandbox (its VM stops executing, memory kept); a paused one is returned unchanged;
@@ -1026,6 +1036,19 @@ type SandboxesInvoker interface {
 	//
 	// POST /sandboxes/readFile
 	SandboxesReadFile(ctx context.Context, request *SandboxesReadFileInput) (*SandboxesReadFileResult, error)
+	// SandboxesReadProcessOutput invokes sandboxesReadProcessOutput operation.
+	//
+	// Reads a background process's output (stdout and stderr as written) from offset, at most limit bytes
+	// (default and at most 262144); with waitMs (at most 60000) it waits for output when there is none yet
+	// beyond offset and the process runs: call again from nextOffset to follow it (a long poll) until
+	// exited.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/readProcessOutput
+	SandboxesReadProcessOutput(ctx context.Context, request *SandboxesReadProcessOutputInput) (*SandboxesReadProcessOutputResult, error)
 	// SandboxesResume invokes sandboxesResume operation.
 	//
 	// Resumes a paused sandbox; it is running again once the guest answered and its filesystem checked
@@ -1050,6 +1073,42 @@ type SandboxesInvoker interface {
 	//
 	// POST /sandboxes/setEgressPolicy
 	SandboxesSetEgressPolicy(ctx context.Context, request *SandboxesSetEgressPolicyInput) (*SandboxesSetEgressPolicyResult, error)
+	// SandboxesSignalProcess invokes sandboxesSignalProcess operation.
+	//
+	// Sends a signal to a running background process's process group; one that exited is INVALID_STATE, an
+	// unknown pid NOT_FOUND.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/signalProcess
+	SandboxesSignalProcess(ctx context.Context, request *SandboxesSignalProcessInput) (*SandboxesSignalProcessResult, error)
+	// SandboxesStartProcess invokes sandboxesStartProcess operation.
+	//
+	// Starts a background process in a running sandbox (argv, no shell unless argv names one; env and dir
+	// as for exec) and answers once it runs: it outlives the call, in a process group of its own, its
+	// stdin open (writeProcessStdin), its output kept (readProcessOutput, the last 1 MiB). At most 64
+	// processes are tracked; beyond them, all running, INVALID_INPUT.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/startProcess
+	SandboxesStartProcess(ctx context.Context, request *SandboxesStartProcessInput) (*SandboxesStartProcessResult, error)
+	// SandboxesWaitProcess invokes sandboxesWaitProcess operation.
+	//
+	// Waits up to timeoutMs (default 30000, at most 60000) for a background process to exit and answers
+	// it: running false with its exit code, or running true when the wait ended first (call again). An
+	// unknown pid is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/waitProcess
+	SandboxesWaitProcess(ctx context.Context, request *SandboxesWaitProcessInput) (*SandboxesWaitProcessResult, error)
 	// SandboxesWriteFile invokes sandboxesWriteFile operation.
 	//
 	// Writes a file of at most 4 MiB (base64, about 5.6 MB of text) into a running sandbox, creating its
@@ -1061,6 +1120,17 @@ type SandboxesInvoker interface {
 	//
 	// POST /sandboxes/writeFile
 	SandboxesWriteFile(ctx context.Context, request *SandboxesWriteFileInput) (*SandboxesWriteFileResult, error)
+	// SandboxesWriteProcessStdin invokes sandboxesWriteProcessStdin operation.
+	//
+	// Writes to a background process's stdin and, with eof, closes it; a closed stdin is INVALID_STATE; a
+	// process that does not read within 10 s is INVALID_STATE too.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403).
+	//
+	// POST /sandboxes/writeProcessStdin
+	SandboxesWriteProcessStdin(ctx context.Context, request *SandboxesWriteProcessStdinInput) (*SandboxesWriteProcessStdinResult, error)
 }
 
 // SecretsInvoker invokes operations described by OpenAPI v3 specification.
@@ -1289,6 +1359,15 @@ type TunnelsInvoker interface {
 	//
 	// POST /tunnels/list
 	TunnelsList(ctx context.Context, request *TunnelsListInput) (*TunnelsListResult, error)
+	// TunnelsListPreviews invokes tunnelsListPreviews operation.
+	//
+	// The tenant's previews, with their URLs and tokens.
+	//
+	// Served since v1.1. Kind: read. Action compute:tunnels:read on tenant/tenantId. Errors: INVALID_INPUT
+	// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+	//
+	// POST /tunnels/listPreviews
+	TunnelsListPreviews(ctx context.Context, request *TunnelsListPreviewsInput) (*TunnelsListPreviewsResult, error)
 	// TunnelsOpen invokes tunnelsOpen operation.
 	//
 	// Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv
@@ -1314,6 +1393,21 @@ type TunnelsInvoker interface {
 	//
 	// POST /tunnels/open
 	TunnelsOpen(ctx context.Context, request *TunnelsOpenInput) (*TunnelsOpenResult, error)
+	// TunnelsPreview invokes tunnelsPreview operation.
+	//
+	// Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same
+	// again when called again): path-based on the api host, and host-based when tunnels.previewDomain is
+	// configured. Each request (WebSocket upgrades too) goes through the api, the node's gateway and
+	// daemon to the port on the guest's loopback. A preview is private (the token needed) unless public
+	// says otherwise; public given changes it, absent keeps it. A target not running is INVALID_STATE;
+	// another tenant's or an absent one NOT_FOUND.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403).
+	//
+	// POST /tunnels/preview
+	TunnelsPreview(ctx context.Context, request *TunnelsPreviewInput) (*TunnelsPreviewResult, error)
 }
 
 // UsageInvoker invokes operations described by OpenAPI v3 specification.
@@ -9068,6 +9162,100 @@ func (c *Client) sendSandboxesList(ctx context.Context, request *SandboxesListIn
 	return result, nil
 }
 
+// SandboxesListProcesses invokes sandboxesListProcesses operation.
+//
+// Lists the background processes of a running sandbox, running and exited (with their exit codes).
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/listProcesses
+func (c *Client) SandboxesListProcesses(ctx context.Context, request *SandboxesListProcessesInput) (*SandboxesListProcessesResult, error) {
+	res, err := c.sendSandboxesListProcesses(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesListProcesses(ctx context.Context, request *SandboxesListProcessesInput) (res *SandboxesListProcessesResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/listProcesses"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesListProcessesRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesListProcessesOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesListProcessesOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesListProcessesResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
 // SandboxesPause invokes sandboxesPause operation.
 //
 // Pauses a running sandbox (its VM stops executing, memory kept); a paused one is returned unchanged;
@@ -9251,6 +9439,103 @@ func (c *Client) sendSandboxesReadFile(ctx context.Context, request *SandboxesRe
 	}()
 
 	result, err := decodeSandboxesReadFileResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesReadProcessOutput invokes sandboxesReadProcessOutput operation.
+//
+// Reads a background process's output (stdout and stderr as written) from offset, at most limit bytes
+// (default and at most 262144); with waitMs (at most 60000) it waits for output when there is none yet
+// beyond offset and the process runs: call again from nextOffset to follow it (a long poll) until
+// exited.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/readProcessOutput
+func (c *Client) SandboxesReadProcessOutput(ctx context.Context, request *SandboxesReadProcessOutputInput) (*SandboxesReadProcessOutputResult, error) {
+	res, err := c.sendSandboxesReadProcessOutput(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesReadProcessOutput(ctx context.Context, request *SandboxesReadProcessOutputInput) (res *SandboxesReadProcessOutputResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/readProcessOutput"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesReadProcessOutputRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesReadProcessOutputOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesReadProcessOutputOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesReadProcessOutputResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}
@@ -9450,6 +9735,294 @@ func (c *Client) sendSandboxesSetEgressPolicy(ctx context.Context, request *Sand
 	return result, nil
 }
 
+// SandboxesSignalProcess invokes sandboxesSignalProcess operation.
+//
+// Sends a signal to a running background process's process group; one that exited is INVALID_STATE, an
+// unknown pid NOT_FOUND.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/signalProcess
+func (c *Client) SandboxesSignalProcess(ctx context.Context, request *SandboxesSignalProcessInput) (*SandboxesSignalProcessResult, error) {
+	res, err := c.sendSandboxesSignalProcess(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesSignalProcess(ctx context.Context, request *SandboxesSignalProcessInput) (res *SandboxesSignalProcessResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/signalProcess"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesSignalProcessRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesSignalProcessOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesSignalProcessOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesSignalProcessResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesStartProcess invokes sandboxesStartProcess operation.
+//
+// Starts a background process in a running sandbox (argv, no shell unless argv names one; env and dir
+// as for exec) and answers once it runs: it outlives the call, in a process group of its own, its
+// stdin open (writeProcessStdin), its output kept (readProcessOutput, the last 1 MiB). At most 64
+// processes are tracked; beyond them, all running, INVALID_INPUT.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/startProcess
+func (c *Client) SandboxesStartProcess(ctx context.Context, request *SandboxesStartProcessInput) (*SandboxesStartProcessResult, error) {
+	res, err := c.sendSandboxesStartProcess(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesStartProcess(ctx context.Context, request *SandboxesStartProcessInput) (res *SandboxesStartProcessResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/startProcess"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesStartProcessRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesStartProcessOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesStartProcessOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesStartProcessResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesWaitProcess invokes sandboxesWaitProcess operation.
+//
+// Waits up to timeoutMs (default 30000, at most 60000) for a background process to exit and answers
+// it: running false with its exit code, or running true when the wait ended first (call again). An
+// unknown pid is NOT_FOUND.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/waitProcess
+func (c *Client) SandboxesWaitProcess(ctx context.Context, request *SandboxesWaitProcessInput) (*SandboxesWaitProcessResult, error) {
+	res, err := c.sendSandboxesWaitProcess(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesWaitProcess(ctx context.Context, request *SandboxesWaitProcessInput) (res *SandboxesWaitProcessResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/waitProcess"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesWaitProcessRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesWaitProcessOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesWaitProcessOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesWaitProcessResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
 // SandboxesWriteFile invokes sandboxesWriteFile operation.
 //
 // Writes a file of at most 4 MiB (base64, about 5.6 MB of text) into a running sandbox, creating its
@@ -9538,6 +10111,101 @@ func (c *Client) sendSandboxesWriteFile(ctx context.Context, request *SandboxesW
 	}()
 
 	result, err := decodeSandboxesWriteFileResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// SandboxesWriteProcessStdin invokes sandboxesWriteProcessStdin operation.
+//
+// Writes to a background process's stdin and, with eof, closes it; a closed stdin is INVALID_STATE; a
+// process that does not read within 10 s is INVALID_STATE too.
+//
+// Served since v1.1. Kind: mutation. Action compute:sandboxes:manage on sandbox/sandboxId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAVAILABLE (503), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403).
+//
+// POST /sandboxes/writeProcessStdin
+func (c *Client) SandboxesWriteProcessStdin(ctx context.Context, request *SandboxesWriteProcessStdinInput) (*SandboxesWriteProcessStdinResult, error) {
+	res, err := c.sendSandboxesWriteProcessStdin(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendSandboxesWriteProcessStdin(ctx context.Context, request *SandboxesWriteProcessStdinInput) (res *SandboxesWriteProcessStdinResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/sandboxes/writeProcessStdin"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeSandboxesWriteProcessStdinRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, SandboxesWriteProcessStdinOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, SandboxesWriteProcessStdinOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeSandboxesWriteProcessStdinResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}
@@ -11257,6 +11925,99 @@ func (c *Client) sendTunnelsList(ctx context.Context, request *TunnelsListInput)
 	return result, nil
 }
 
+// TunnelsListPreviews invokes tunnelsListPreviews operation.
+//
+// The tenant's previews, with their URLs and tokens.
+//
+// Served since v1.1. Kind: read. Action compute:tunnels:read on tenant/tenantId. Errors: INVALID_INPUT
+// (400), NOT_FOUND (404), UNAUTHENTICATED (401), ACCESS_DENIED (403).
+//
+// POST /tunnels/listPreviews
+func (c *Client) TunnelsListPreviews(ctx context.Context, request *TunnelsListPreviewsInput) (*TunnelsListPreviewsResult, error) {
+	res, err := c.sendTunnelsListPreviews(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsListPreviews(ctx context.Context, request *TunnelsListPreviewsInput) (res *TunnelsListPreviewsResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/listPreviews"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsListPreviewsRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsListPreviewsOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsListPreviewsOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsListPreviewsResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
 // TunnelsOpen invokes tunnelsOpen operation.
 //
 // Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv
@@ -11359,6 +12120,105 @@ func (c *Client) sendTunnelsOpen(ctx context.Context, request *TunnelsOpenInput)
 	}()
 
 	result, err := decodeTunnelsOpenResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// TunnelsPreview invokes tunnelsPreview operation.
+//
+// Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same
+// again when called again): path-based on the api host, and host-based when tunnels.previewDomain is
+// configured. Each request (WebSocket upgrades too) goes through the api, the node's gateway and
+// daemon to the port on the guest's loopback. A preview is private (the token needed) unless public
+// says otherwise; public given changes it, absent keeps it. A target not running is INVALID_STATE;
+// another tenant's or an absent one NOT_FOUND.
+//
+// Served since v1.1. Kind: mutation. Action compute:tunnels:manage on tenant/tenantId. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), INVALID_STATE (409), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403).
+//
+// POST /tunnels/preview
+func (c *Client) TunnelsPreview(ctx context.Context, request *TunnelsPreviewInput) (*TunnelsPreviewResult, error) {
+	res, err := c.sendTunnelsPreview(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsPreview(ctx context.Context, request *TunnelsPreviewInput) (res *TunnelsPreviewResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/preview"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsPreviewRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsPreviewOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsPreviewOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsPreviewResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -159,10 +159,46 @@ func (s *SandboxesListInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *SandboxesReadProcessOutputInput) setDefaults() {
+	{
+		val := int64(262144)
+		s.Limit.SetTo(val)
+	}
+	{
+		val := int64(0)
+		s.Offset.SetTo(val)
+	}
+	{
+		val := int64(0)
+		s.WaitMs.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *SandboxesWaitProcessInput) setDefaults() {
+	{
+		val := int64(30000)
+		s.TimeoutMs.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *SandboxesWriteFileInput) setDefaults() {
 	{
 		val := int64(420)
 		s.Mode.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *SandboxesWriteProcessStdinInput) setDefaults() {
+	{
+		val := string("")
+		s.Data.SetTo(val)
+	}
+	{
+		val := bool(false)
+		s.EOF.SetTo(val)
 	}
 }
 

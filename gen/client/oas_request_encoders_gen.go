@@ -1116,6 +1116,20 @@ func encodeSandboxesListRequest(
 	return nil
 }
 
+func encodeSandboxesListProcessesRequest(
+	req *SandboxesListProcessesInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodeSandboxesPauseRequest(
 	req *SandboxesPauseInput,
 	r *http.Request,
@@ -1132,6 +1146,20 @@ func encodeSandboxesPauseRequest(
 
 func encodeSandboxesReadFileRequest(
 	req *SandboxesReadFileInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
+func encodeSandboxesReadProcessOutputRequest(
+	req *SandboxesReadProcessOutputInput,
 	r *http.Request,
 ) error {
 	const contentType = "application/json"
@@ -1172,8 +1200,64 @@ func encodeSandboxesSetEgressPolicyRequest(
 	return nil
 }
 
+func encodeSandboxesSignalProcessRequest(
+	req *SandboxesSignalProcessInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
+func encodeSandboxesStartProcessRequest(
+	req *SandboxesStartProcessInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
+func encodeSandboxesWaitProcessRequest(
+	req *SandboxesWaitProcessInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodeSandboxesWriteFileRequest(
 	req *SandboxesWriteFileInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
+func encodeSandboxesWriteProcessStdinRequest(
+	req *SandboxesWriteProcessStdinInput,
 	r *http.Request,
 ) error {
 	const contentType = "application/json"
@@ -1438,8 +1522,36 @@ func encodeTunnelsListRequest(
 	return nil
 }
 
+func encodeTunnelsListPreviewsRequest(
+	req *TunnelsListPreviewsInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodeTunnelsOpenRequest(
 	req *TunnelsOpenInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
+func encodeTunnelsPreviewRequest(
+	req *TunnelsPreviewInput,
 	r *http.Request,
 ) error {
 	const contentType = "application/json"

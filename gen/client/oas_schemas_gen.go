@@ -5857,6 +5857,52 @@ func (o OptSandboxesExecInputEnv) Or(d SandboxesExecInputEnv) SandboxesExecInput
 	return d
 }
 
+// NewOptSandboxesStartProcessInputEnv returns new OptSandboxesStartProcessInputEnv with value set to v.
+func NewOptSandboxesStartProcessInputEnv(v SandboxesStartProcessInputEnv) OptSandboxesStartProcessInputEnv {
+	return OptSandboxesStartProcessInputEnv{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptSandboxesStartProcessInputEnv is optional SandboxesStartProcessInputEnv.
+type OptSandboxesStartProcessInputEnv struct {
+	Value SandboxesStartProcessInputEnv
+	Set   bool
+}
+
+// IsSet returns true if OptSandboxesStartProcessInputEnv was set.
+func (o OptSandboxesStartProcessInputEnv) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptSandboxesStartProcessInputEnv) Reset() {
+	var v SandboxesStartProcessInputEnv
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptSandboxesStartProcessInputEnv) SetTo(v SandboxesStartProcessInputEnv) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptSandboxesStartProcessInputEnv) Get() (v SandboxesStartProcessInputEnv, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptSandboxesStartProcessInputEnv) Or(d SandboxesStartProcessInputEnv) SandboxesStartProcessInputEnv {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptSecretsDeleteInputScope returns new OptSecretsDeleteInputScope with value set to v.
 func NewOptSecretsDeleteInputScope(v SecretsDeleteInputScope) OptSecretsDeleteInputScope {
 	return OptSecretsDeleteInputScope{
@@ -7455,6 +7501,133 @@ func (s *PoolsUpdateResult) GetData() Pool {
 // SetData sets the value of Data.
 func (s *PoolsUpdateResult) SetData(val Pool) {
 	s.Data = val
+}
+
+// A guest port of a sandbox or instance served over HTTP at a URL through the tunnel path.
+// Ref: #/components/schemas/Preview
+type Preview struct {
+	CreatedAt time.Time `json:"createdAt"`
+	// Https://-<target id with - for _>.<tunnels.previewDomain>/ when a wildcard domain is configured;
+	// else null.
+	HostUrl NilString `json:"hostUrl"`
+	Port    int64     `json:"port"`
+	// Public: anyone with the URL; private (the default): the token is needed.
+	Public bool         `json:"public"`
+	Target TunnelTarget `json:"target"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	// The access token of a private preview: ?token= once (it sets a cookie), or the header
+	// X-Preview-Token. The same until the preview is made again.
+	Token     string    `json:"token"`
+	UpdatedAt time.Time `json:"updatedAt"`
+	// {issuer}{basePath}/previews/{targetId}/{port}/ (path-based, on the api host).
+	URL string `json:"url"`
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *Preview) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetHostUrl returns the value of HostUrl.
+func (s *Preview) GetHostUrl() NilString {
+	return s.HostUrl
+}
+
+// GetPort returns the value of Port.
+func (s *Preview) GetPort() int64 {
+	return s.Port
+}
+
+// GetPublic returns the value of Public.
+func (s *Preview) GetPublic() bool {
+	return s.Public
+}
+
+// GetTarget returns the value of Target.
+func (s *Preview) GetTarget() TunnelTarget {
+	return s.Target
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *Preview) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetToken returns the value of Token.
+func (s *Preview) GetToken() string {
+	return s.Token
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *Preview) GetUpdatedAt() time.Time {
+	return s.UpdatedAt
+}
+
+// GetURL returns the value of URL.
+func (s *Preview) GetURL() string {
+	return s.URL
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *Preview) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetHostUrl sets the value of HostUrl.
+func (s *Preview) SetHostUrl(val NilString) {
+	s.HostUrl = val
+}
+
+// SetPort sets the value of Port.
+func (s *Preview) SetPort(val int64) {
+	s.Port = val
+}
+
+// SetPublic sets the value of Public.
+func (s *Preview) SetPublic(val bool) {
+	s.Public = val
+}
+
+// SetTarget sets the value of Target.
+func (s *Preview) SetTarget(val TunnelTarget) {
+	s.Target = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *Preview) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetToken sets the value of Token.
+func (s *Preview) SetToken(val string) {
+	s.Token = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *Preview) SetUpdatedAt(val time.Time) {
+	s.UpdatedAt = val
+}
+
+// SetURL sets the value of URL.
+func (s *Preview) SetURL(val string) {
+	s.URL = val
+}
+
+// Ref: #/components/schemas/PreviewList
+type PreviewList struct {
+	// By target and port (at most 1000).
+	Items []Preview `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *PreviewList) GetItems() []Preview {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *PreviewList) SetItems(val []Preview) {
+	s.Items = val
 }
 
 // One stored profile version; its document becomes immutable the first time a workflow uses it.
@@ -11231,6 +11404,297 @@ func (s *SandboxNetwork) UnmarshalText(data []byte) error {
 	}
 }
 
+// Ref: #/components/schemas/SandboxOutputChunk
+type SandboxOutputChunk struct {
+	// As text; invalid UTF-8 replaced (offsets count the bytes written).
+	Data   string                   `json:"data"`
+	Stream SandboxOutputChunkStream `json:"stream"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxOutputChunk) GetData() string {
+	return s.Data
+}
+
+// GetStream returns the value of Stream.
+func (s *SandboxOutputChunk) GetStream() SandboxOutputChunkStream {
+	return s.Stream
+}
+
+// SetData sets the value of Data.
+func (s *SandboxOutputChunk) SetData(val string) {
+	s.Data = val
+}
+
+// SetStream sets the value of Stream.
+func (s *SandboxOutputChunk) SetStream(val SandboxOutputChunkStream) {
+	s.Stream = val
+}
+
+type SandboxOutputChunkStream string
+
+const (
+	SandboxOutputChunkStreamStdout SandboxOutputChunkStream = "stdout"
+	SandboxOutputChunkStreamStderr SandboxOutputChunkStream = "stderr"
+)
+
+// AllValues returns all SandboxOutputChunkStream values.
+func (SandboxOutputChunkStream) AllValues() []SandboxOutputChunkStream {
+	return []SandboxOutputChunkStream{
+		SandboxOutputChunkStreamStdout,
+		SandboxOutputChunkStreamStderr,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s SandboxOutputChunkStream) MarshalText() ([]byte, error) {
+	switch s {
+	case SandboxOutputChunkStreamStdout:
+		return []byte(s), nil
+	case SandboxOutputChunkStreamStderr:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *SandboxOutputChunkStream) UnmarshalText(data []byte) error {
+	switch SandboxOutputChunkStream(data) {
+	case SandboxOutputChunkStreamStdout:
+		*s = SandboxOutputChunkStreamStdout
+		return nil
+	case SandboxOutputChunkStreamStderr:
+		*s = SandboxOutputChunkStreamStderr
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// A background process of a sandbox, kept in its guest's process table (at most 64, the oldest exited
+// ones forgotten first) until the sandbox ends.
+// Ref: #/components/schemas/SandboxProcess
+type SandboxProcess struct {
+	Argv    []string    `json:"argv"`
+	Dir     NilString   `json:"dir"`
+	EndedAt NilDateTime `json:"endedAt"`
+	// The environment asked for at the start (beside the sandbox's own).
+	Env SandboxProcessEnv `json:"env"`
+	// Once exited: its exit code, or 128 plus the signal that ended it.
+	ExitCode NilInt64 `json:"exitCode"`
+	// Bytes of stdout and stderr written since the start (the last 1 MiB is kept).
+	OutputBytes int64 `json:"outputBytes"`
+	// Its process id in the guest; it leads a process group of its own.
+	Pid       int64     `json:"pid"`
+	Running   bool      `json:"running"`
+	StartedAt time.Time `json:"startedAt"`
+	StdinOpen bool      `json:"stdinOpen"`
+}
+
+// GetArgv returns the value of Argv.
+func (s *SandboxProcess) GetArgv() []string {
+	return s.Argv
+}
+
+// GetDir returns the value of Dir.
+func (s *SandboxProcess) GetDir() NilString {
+	return s.Dir
+}
+
+// GetEndedAt returns the value of EndedAt.
+func (s *SandboxProcess) GetEndedAt() NilDateTime {
+	return s.EndedAt
+}
+
+// GetEnv returns the value of Env.
+func (s *SandboxProcess) GetEnv() SandboxProcessEnv {
+	return s.Env
+}
+
+// GetExitCode returns the value of ExitCode.
+func (s *SandboxProcess) GetExitCode() NilInt64 {
+	return s.ExitCode
+}
+
+// GetOutputBytes returns the value of OutputBytes.
+func (s *SandboxProcess) GetOutputBytes() int64 {
+	return s.OutputBytes
+}
+
+// GetPid returns the value of Pid.
+func (s *SandboxProcess) GetPid() int64 {
+	return s.Pid
+}
+
+// GetRunning returns the value of Running.
+func (s *SandboxProcess) GetRunning() bool {
+	return s.Running
+}
+
+// GetStartedAt returns the value of StartedAt.
+func (s *SandboxProcess) GetStartedAt() time.Time {
+	return s.StartedAt
+}
+
+// GetStdinOpen returns the value of StdinOpen.
+func (s *SandboxProcess) GetStdinOpen() bool {
+	return s.StdinOpen
+}
+
+// SetArgv sets the value of Argv.
+func (s *SandboxProcess) SetArgv(val []string) {
+	s.Argv = val
+}
+
+// SetDir sets the value of Dir.
+func (s *SandboxProcess) SetDir(val NilString) {
+	s.Dir = val
+}
+
+// SetEndedAt sets the value of EndedAt.
+func (s *SandboxProcess) SetEndedAt(val NilDateTime) {
+	s.EndedAt = val
+}
+
+// SetEnv sets the value of Env.
+func (s *SandboxProcess) SetEnv(val SandboxProcessEnv) {
+	s.Env = val
+}
+
+// SetExitCode sets the value of ExitCode.
+func (s *SandboxProcess) SetExitCode(val NilInt64) {
+	s.ExitCode = val
+}
+
+// SetOutputBytes sets the value of OutputBytes.
+func (s *SandboxProcess) SetOutputBytes(val int64) {
+	s.OutputBytes = val
+}
+
+// SetPid sets the value of Pid.
+func (s *SandboxProcess) SetPid(val int64) {
+	s.Pid = val
+}
+
+// SetRunning sets the value of Running.
+func (s *SandboxProcess) SetRunning(val bool) {
+	s.Running = val
+}
+
+// SetStartedAt sets the value of StartedAt.
+func (s *SandboxProcess) SetStartedAt(val time.Time) {
+	s.StartedAt = val
+}
+
+// SetStdinOpen sets the value of StdinOpen.
+func (s *SandboxProcess) SetStdinOpen(val bool) {
+	s.StdinOpen = val
+}
+
+// The environment asked for at the start (beside the sandbox's own).
+type SandboxProcessEnv map[string]string
+
+func (s *SandboxProcessEnv) init() SandboxProcessEnv {
+	m := *s
+	if m == nil {
+		m = map[string]string{}
+		*s = m
+	}
+	return m
+}
+
+// Ref: #/components/schemas/SandboxProcessList
+type SandboxProcessList struct {
+	// By pid.
+	Items []SandboxProcess `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *SandboxProcessList) GetItems() []SandboxProcess {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *SandboxProcessList) SetItems(val []SandboxProcess) {
+	s.Items = val
+}
+
+// Ref: #/components/schemas/SandboxProcessOutput
+type SandboxProcessOutput struct {
+	// In the order they were read, at most limit bytes.
+	Chunks []SandboxOutputChunk `json:"chunks"`
+	// Bytes between the asked offset and offset, no longer kept.
+	Dropped int64 `json:"dropped"`
+	// The process exited and nextOffset is the end: nothing more will come.
+	Exited bool `json:"exited"`
+	// The offset of the next read.
+	NextOffset int64 `json:"nextOffset"`
+	// Where chunks start: the asked offset, or later when older bytes were dropped.
+	Offset  int64          `json:"offset"`
+	Process SandboxProcess `json:"process"`
+}
+
+// GetChunks returns the value of Chunks.
+func (s *SandboxProcessOutput) GetChunks() []SandboxOutputChunk {
+	return s.Chunks
+}
+
+// GetDropped returns the value of Dropped.
+func (s *SandboxProcessOutput) GetDropped() int64 {
+	return s.Dropped
+}
+
+// GetExited returns the value of Exited.
+func (s *SandboxProcessOutput) GetExited() bool {
+	return s.Exited
+}
+
+// GetNextOffset returns the value of NextOffset.
+func (s *SandboxProcessOutput) GetNextOffset() int64 {
+	return s.NextOffset
+}
+
+// GetOffset returns the value of Offset.
+func (s *SandboxProcessOutput) GetOffset() int64 {
+	return s.Offset
+}
+
+// GetProcess returns the value of Process.
+func (s *SandboxProcessOutput) GetProcess() SandboxProcess {
+	return s.Process
+}
+
+// SetChunks sets the value of Chunks.
+func (s *SandboxProcessOutput) SetChunks(val []SandboxOutputChunk) {
+	s.Chunks = val
+}
+
+// SetDropped sets the value of Dropped.
+func (s *SandboxProcessOutput) SetDropped(val int64) {
+	s.Dropped = val
+}
+
+// SetExited sets the value of Exited.
+func (s *SandboxProcessOutput) SetExited(val bool) {
+	s.Exited = val
+}
+
+// SetNextOffset sets the value of NextOffset.
+func (s *SandboxProcessOutput) SetNextOffset(val int64) {
+	s.NextOffset = val
+}
+
+// SetOffset sets the value of Offset.
+func (s *SandboxProcessOutput) SetOffset(val int64) {
+	s.Offset = val
+}
+
+// SetProcess sets the value of Process.
+func (s *SandboxProcessOutput) SetProcess(val SandboxProcess) {
+	s.Process = val
+}
+
 // Ref: #/components/schemas/SandboxSnapshot
 type SandboxSnapshot struct {
 	CreatedAt time.Time   `json:"createdAt"`
@@ -13719,6 +14183,52 @@ func (s *SandboxesListInput) SetTenantId(val string) {
 	s.TenantId = val
 }
 
+// Input of sandboxes.listProcesses. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesListProcessesInput
+type SandboxesListProcessesInput struct {
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesListProcessesInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesListProcessesInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesListProcessesInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesListProcessesInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxes.listProcesses.
+// Ref: #/components/schemas/SandboxesListProcessesResult
+type SandboxesListProcessesResult struct {
+	Data SandboxProcessList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesListProcessesResult) GetData() SandboxProcessList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesListProcessesResult) SetData(val SandboxProcessList) {
+	s.Data = val
+}
+
 // Success envelope of sandboxes.list.
 // Ref: #/components/schemas/SandboxesListResult
 type SandboxesListResult struct {
@@ -13848,6 +14358,96 @@ func (s *SandboxesReadFileResult) SetData(val SandboxFile) {
 	s.Data = val
 }
 
+// Input of sandboxes.readProcessOutput. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesReadProcessOutputInput
+type SandboxesReadProcessOutputInput struct {
+	Limit  OptInt64 `json:"limit"`
+	Offset OptInt64 `json:"offset"`
+	Pid    int64    `json:"pid"`
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string   `json:"tenantId"`
+	WaitMs   OptInt64 `json:"waitMs"`
+}
+
+// GetLimit returns the value of Limit.
+func (s *SandboxesReadProcessOutputInput) GetLimit() OptInt64 {
+	return s.Limit
+}
+
+// GetOffset returns the value of Offset.
+func (s *SandboxesReadProcessOutputInput) GetOffset() OptInt64 {
+	return s.Offset
+}
+
+// GetPid returns the value of Pid.
+func (s *SandboxesReadProcessOutputInput) GetPid() int64 {
+	return s.Pid
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesReadProcessOutputInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesReadProcessOutputInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetWaitMs returns the value of WaitMs.
+func (s *SandboxesReadProcessOutputInput) GetWaitMs() OptInt64 {
+	return s.WaitMs
+}
+
+// SetLimit sets the value of Limit.
+func (s *SandboxesReadProcessOutputInput) SetLimit(val OptInt64) {
+	s.Limit = val
+}
+
+// SetOffset sets the value of Offset.
+func (s *SandboxesReadProcessOutputInput) SetOffset(val OptInt64) {
+	s.Offset = val
+}
+
+// SetPid sets the value of Pid.
+func (s *SandboxesReadProcessOutputInput) SetPid(val int64) {
+	s.Pid = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesReadProcessOutputInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesReadProcessOutputInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetWaitMs sets the value of WaitMs.
+func (s *SandboxesReadProcessOutputInput) SetWaitMs(val OptInt64) {
+	s.WaitMs = val
+}
+
+// Success envelope of sandboxes.readProcessOutput.
+// Ref: #/components/schemas/SandboxesReadProcessOutputResult
+type SandboxesReadProcessOutputResult struct {
+	Data SandboxProcessOutput `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesReadProcessOutputResult) GetData() SandboxProcessOutput {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesReadProcessOutputResult) SetData(val SandboxProcessOutput) {
+	s.Data = val
+}
+
 // Input of sandboxes.resume. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
 // Ref: #/components/schemas/SandboxesResumeInput
 type SandboxesResumeInput struct {
@@ -13961,6 +14561,331 @@ func (s *SandboxesSetEgressPolicyResult) SetData(val Sandbox) {
 	s.Data = val
 }
 
+// Input of sandboxes.signalProcess. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesSignalProcessInput
+type SandboxesSignalProcessInput struct {
+	Pid int64 `json:"pid"`
+	// Sandbox identifier.
+	SandboxId string                            `json:"sandboxId"`
+	Signal    SandboxesSignalProcessInputSignal `json:"signal"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetPid returns the value of Pid.
+func (s *SandboxesSignalProcessInput) GetPid() int64 {
+	return s.Pid
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesSignalProcessInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetSignal returns the value of Signal.
+func (s *SandboxesSignalProcessInput) GetSignal() SandboxesSignalProcessInputSignal {
+	return s.Signal
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesSignalProcessInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetPid sets the value of Pid.
+func (s *SandboxesSignalProcessInput) SetPid(val int64) {
+	s.Pid = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesSignalProcessInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetSignal sets the value of Signal.
+func (s *SandboxesSignalProcessInput) SetSignal(val SandboxesSignalProcessInputSignal) {
+	s.Signal = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesSignalProcessInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+type SandboxesSignalProcessInputSignal string
+
+const (
+	SandboxesSignalProcessInputSignalHUP   SandboxesSignalProcessInputSignal = "HUP"
+	SandboxesSignalProcessInputSignalINT   SandboxesSignalProcessInputSignal = "INT"
+	SandboxesSignalProcessInputSignalQUIT  SandboxesSignalProcessInputSignal = "QUIT"
+	SandboxesSignalProcessInputSignalKILL  SandboxesSignalProcessInputSignal = "KILL"
+	SandboxesSignalProcessInputSignalUSR1  SandboxesSignalProcessInputSignal = "USR1"
+	SandboxesSignalProcessInputSignalUSR2  SandboxesSignalProcessInputSignal = "USR2"
+	SandboxesSignalProcessInputSignalTERM  SandboxesSignalProcessInputSignal = "TERM"
+	SandboxesSignalProcessInputSignalCONT  SandboxesSignalProcessInputSignal = "CONT"
+	SandboxesSignalProcessInputSignalSTOP  SandboxesSignalProcessInputSignal = "STOP"
+	SandboxesSignalProcessInputSignalWINCH SandboxesSignalProcessInputSignal = "WINCH"
+)
+
+// AllValues returns all SandboxesSignalProcessInputSignal values.
+func (SandboxesSignalProcessInputSignal) AllValues() []SandboxesSignalProcessInputSignal {
+	return []SandboxesSignalProcessInputSignal{
+		SandboxesSignalProcessInputSignalHUP,
+		SandboxesSignalProcessInputSignalINT,
+		SandboxesSignalProcessInputSignalQUIT,
+		SandboxesSignalProcessInputSignalKILL,
+		SandboxesSignalProcessInputSignalUSR1,
+		SandboxesSignalProcessInputSignalUSR2,
+		SandboxesSignalProcessInputSignalTERM,
+		SandboxesSignalProcessInputSignalCONT,
+		SandboxesSignalProcessInputSignalSTOP,
+		SandboxesSignalProcessInputSignalWINCH,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s SandboxesSignalProcessInputSignal) MarshalText() ([]byte, error) {
+	switch s {
+	case SandboxesSignalProcessInputSignalHUP:
+		return []byte(s), nil
+	case SandboxesSignalProcessInputSignalINT:
+		return []byte(s), nil
+	case SandboxesSignalProcessInputSignalQUIT:
+		return []byte(s), nil
+	case SandboxesSignalProcessInputSignalKILL:
+		return []byte(s), nil
+	case SandboxesSignalProcessInputSignalUSR1:
+		return []byte(s), nil
+	case SandboxesSignalProcessInputSignalUSR2:
+		return []byte(s), nil
+	case SandboxesSignalProcessInputSignalTERM:
+		return []byte(s), nil
+	case SandboxesSignalProcessInputSignalCONT:
+		return []byte(s), nil
+	case SandboxesSignalProcessInputSignalSTOP:
+		return []byte(s), nil
+	case SandboxesSignalProcessInputSignalWINCH:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *SandboxesSignalProcessInputSignal) UnmarshalText(data []byte) error {
+	switch SandboxesSignalProcessInputSignal(data) {
+	case SandboxesSignalProcessInputSignalHUP:
+		*s = SandboxesSignalProcessInputSignalHUP
+		return nil
+	case SandboxesSignalProcessInputSignalINT:
+		*s = SandboxesSignalProcessInputSignalINT
+		return nil
+	case SandboxesSignalProcessInputSignalQUIT:
+		*s = SandboxesSignalProcessInputSignalQUIT
+		return nil
+	case SandboxesSignalProcessInputSignalKILL:
+		*s = SandboxesSignalProcessInputSignalKILL
+		return nil
+	case SandboxesSignalProcessInputSignalUSR1:
+		*s = SandboxesSignalProcessInputSignalUSR1
+		return nil
+	case SandboxesSignalProcessInputSignalUSR2:
+		*s = SandboxesSignalProcessInputSignalUSR2
+		return nil
+	case SandboxesSignalProcessInputSignalTERM:
+		*s = SandboxesSignalProcessInputSignalTERM
+		return nil
+	case SandboxesSignalProcessInputSignalCONT:
+		*s = SandboxesSignalProcessInputSignalCONT
+		return nil
+	case SandboxesSignalProcessInputSignalSTOP:
+		*s = SandboxesSignalProcessInputSignalSTOP
+		return nil
+	case SandboxesSignalProcessInputSignalWINCH:
+		*s = SandboxesSignalProcessInputSignalWINCH
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of sandboxes.signalProcess.
+// Ref: #/components/schemas/SandboxesSignalProcessResult
+type SandboxesSignalProcessResult struct {
+	Data SandboxProcess `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesSignalProcessResult) GetData() SandboxProcess {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesSignalProcessResult) SetData(val SandboxProcess) {
+	s.Data = val
+}
+
+// Input of sandboxes.startProcess. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesStartProcessInput
+type SandboxesStartProcessInput struct {
+	Argv []string  `json:"argv"`
+	Dir  OptString `json:"dir"`
+	// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+	Env OptSandboxesStartProcessInputEnv `json:"env"`
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetArgv returns the value of Argv.
+func (s *SandboxesStartProcessInput) GetArgv() []string {
+	return s.Argv
+}
+
+// GetDir returns the value of Dir.
+func (s *SandboxesStartProcessInput) GetDir() OptString {
+	return s.Dir
+}
+
+// GetEnv returns the value of Env.
+func (s *SandboxesStartProcessInput) GetEnv() OptSandboxesStartProcessInputEnv {
+	return s.Env
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesStartProcessInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesStartProcessInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetArgv sets the value of Argv.
+func (s *SandboxesStartProcessInput) SetArgv(val []string) {
+	s.Argv = val
+}
+
+// SetDir sets the value of Dir.
+func (s *SandboxesStartProcessInput) SetDir(val OptString) {
+	s.Dir = val
+}
+
+// SetEnv sets the value of Env.
+func (s *SandboxesStartProcessInput) SetEnv(val OptSandboxesStartProcessInputEnv) {
+	s.Env = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesStartProcessInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesStartProcessInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Keys match ^[A-Z_][A-Z0-9_]{0,63}$.
+type SandboxesStartProcessInputEnv map[string]string
+
+func (s *SandboxesStartProcessInputEnv) init() SandboxesStartProcessInputEnv {
+	m := *s
+	if m == nil {
+		m = map[string]string{}
+		*s = m
+	}
+	return m
+}
+
+// Success envelope of sandboxes.startProcess.
+// Ref: #/components/schemas/SandboxesStartProcessResult
+type SandboxesStartProcessResult struct {
+	Data SandboxProcess `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesStartProcessResult) GetData() SandboxProcess {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesStartProcessResult) SetData(val SandboxProcess) {
+	s.Data = val
+}
+
+// Input of sandboxes.waitProcess. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesWaitProcessInput
+type SandboxesWaitProcessInput struct {
+	Pid int64 `json:"pid"`
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId  string   `json:"tenantId"`
+	TimeoutMs OptInt64 `json:"timeoutMs"`
+}
+
+// GetPid returns the value of Pid.
+func (s *SandboxesWaitProcessInput) GetPid() int64 {
+	return s.Pid
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesWaitProcessInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesWaitProcessInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTimeoutMs returns the value of TimeoutMs.
+func (s *SandboxesWaitProcessInput) GetTimeoutMs() OptInt64 {
+	return s.TimeoutMs
+}
+
+// SetPid sets the value of Pid.
+func (s *SandboxesWaitProcessInput) SetPid(val int64) {
+	s.Pid = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesWaitProcessInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesWaitProcessInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTimeoutMs sets the value of TimeoutMs.
+func (s *SandboxesWaitProcessInput) SetTimeoutMs(val OptInt64) {
+	s.TimeoutMs = val
+}
+
+// Success envelope of sandboxes.waitProcess.
+// Ref: #/components/schemas/SandboxesWaitProcessResult
+type SandboxesWaitProcessResult struct {
+	Data SandboxProcess `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesWaitProcessResult) GetData() SandboxProcess {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesWaitProcessResult) SetData(val SandboxProcess) {
+	s.Data = val
+}
+
 // Input of sandboxes.writeFile. Strict: unknown fields, wrong types and trailing data are
 // INVALID_INPUT.
 // Ref: #/components/schemas/SandboxesWriteFileInput
@@ -14038,6 +14963,85 @@ func (s *SandboxesWriteFileResult) GetData() SandboxFile {
 
 // SetData sets the value of Data.
 func (s *SandboxesWriteFileResult) SetData(val SandboxFile) {
+	s.Data = val
+}
+
+// Input of sandboxes.writeProcessStdin. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/SandboxesWriteProcessStdinInput
+type SandboxesWriteProcessStdinInput struct {
+	Data OptString `json:"data"`
+	EOF  OptBool   `json:"eof"`
+	Pid  int64     `json:"pid"`
+	// Sandbox identifier.
+	SandboxId string `json:"sandboxId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesWriteProcessStdinInput) GetData() OptString {
+	return s.Data
+}
+
+// GetEOF returns the value of EOF.
+func (s *SandboxesWriteProcessStdinInput) GetEOF() OptBool {
+	return s.EOF
+}
+
+// GetPid returns the value of Pid.
+func (s *SandboxesWriteProcessStdinInput) GetPid() int64 {
+	return s.Pid
+}
+
+// GetSandboxId returns the value of SandboxId.
+func (s *SandboxesWriteProcessStdinInput) GetSandboxId() string {
+	return s.SandboxId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *SandboxesWriteProcessStdinInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesWriteProcessStdinInput) SetData(val OptString) {
+	s.Data = val
+}
+
+// SetEOF sets the value of EOF.
+func (s *SandboxesWriteProcessStdinInput) SetEOF(val OptBool) {
+	s.EOF = val
+}
+
+// SetPid sets the value of Pid.
+func (s *SandboxesWriteProcessStdinInput) SetPid(val int64) {
+	s.Pid = val
+}
+
+// SetSandboxId sets the value of SandboxId.
+func (s *SandboxesWriteProcessStdinInput) SetSandboxId(val string) {
+	s.SandboxId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *SandboxesWriteProcessStdinInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of sandboxes.writeProcessStdin.
+// Ref: #/components/schemas/SandboxesWriteProcessStdinResult
+type SandboxesWriteProcessStdinResult struct {
+	Data SandboxProcess `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *SandboxesWriteProcessStdinResult) GetData() SandboxProcess {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *SandboxesWriteProcessStdinResult) SetData(val SandboxProcess) {
 	s.Data = val
 }
 
@@ -16544,6 +17548,40 @@ func (s *TunnelsListInput) SetTenantId(val string) {
 	s.TenantId = val
 }
 
+// Input of tunnels.listPreviews. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/TunnelsListPreviewsInput
+type TunnelsListPreviewsInput struct {
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsListPreviewsInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsListPreviewsInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of tunnels.listPreviews.
+// Ref: #/components/schemas/TunnelsListPreviewsResult
+type TunnelsListPreviewsResult struct {
+	Data PreviewList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsListPreviewsResult) GetData() PreviewList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsListPreviewsResult) SetData(val PreviewList) {
+	s.Data = val
+}
+
 // Success envelope of tunnels.list.
 // Ref: #/components/schemas/TunnelsListResult
 type TunnelsListResult struct {
@@ -16738,6 +17776,73 @@ func (s *TunnelsOpenResult) GetData() TunnelTicket {
 
 // SetData sets the value of Data.
 func (s *TunnelsOpenResult) SetData(val TunnelTicket) {
+	s.Data = val
+}
+
+// Input of tunnels.preview. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/TunnelsPreviewInput
+type TunnelsPreviewInput struct {
+	Port int64 `json:"port"`
+	// Make the preview public (true) or private (false); absent keeps it (private for a new one).
+	Public OptBool      `json:"public"`
+	Target TunnelTarget `json:"target"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetPort returns the value of Port.
+func (s *TunnelsPreviewInput) GetPort() int64 {
+	return s.Port
+}
+
+// GetPublic returns the value of Public.
+func (s *TunnelsPreviewInput) GetPublic() OptBool {
+	return s.Public
+}
+
+// GetTarget returns the value of Target.
+func (s *TunnelsPreviewInput) GetTarget() TunnelTarget {
+	return s.Target
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsPreviewInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetPort sets the value of Port.
+func (s *TunnelsPreviewInput) SetPort(val int64) {
+	s.Port = val
+}
+
+// SetPublic sets the value of Public.
+func (s *TunnelsPreviewInput) SetPublic(val OptBool) {
+	s.Public = val
+}
+
+// SetTarget sets the value of Target.
+func (s *TunnelsPreviewInput) SetTarget(val TunnelTarget) {
+	s.Target = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsPreviewInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of tunnels.preview.
+// Ref: #/components/schemas/TunnelsPreviewResult
+type TunnelsPreviewResult struct {
+	Data Preview `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsPreviewResult) GetData() Preview {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsPreviewResult) SetData(val Preview) {
 	s.Data = val
 }
 

@@ -410,6 +410,17 @@ type Pool struct {
 	VcpuAllocationRatio float64
 }
 
+type Preview struct {
+	TargetID   string
+	Port       int32
+	TenantID   string
+	TargetKind string
+	Public     bool
+	Nonce      []byte
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
 type Profile struct {
 	TenantID       string
 	ProfileID      string

@@ -53,6 +53,49 @@ func (q *Queries) CloseTunnel(ctx context.Context, tunnelID string) (Tunnel, err
 	return i, err
 }
 
+const ensurePreview = `-- name: EnsurePreview :one
+INSERT INTO previews (target_id, port, tenant_id, target_kind, public, nonce)
+VALUES ($1, $2, $3, $4, coalesce($5::boolean, false), $6)
+ON CONFLICT (target_id, port) DO UPDATE
+SET public = coalesce($5::boolean, previews.public),
+    updated_at = CASE WHEN $5::boolean IS NULL THEN previews.updated_at ELSE now() END
+RETURNING target_id, port, tenant_id, target_kind, public, nonce, created_at, updated_at
+`
+
+type EnsurePreviewParams struct {
+	TargetID   string
+	Port       int32
+	TenantID   string
+	TargetKind string
+	Public     pgtype.Bool
+	Nonce      []byte
+}
+
+// Makes the preview of a target's port, or keeps the one there; public
+// changes only when given.
+func (q *Queries) EnsurePreview(ctx context.Context, arg EnsurePreviewParams) (Preview, error) {
+	row := q.db.QueryRow(ctx, ensurePreview,
+		arg.TargetID,
+		arg.Port,
+		arg.TenantID,
+		arg.TargetKind,
+		arg.Public,
+		arg.Nonce,
+	)
+	var i Preview
+	err := row.Scan(
+		&i.TargetID,
+		&i.Port,
+		&i.TenantID,
+		&i.TargetKind,
+		&i.Public,
+		&i.Nonce,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
 const finishTunnel = `-- name: FinishTunnel :one
 UPDATE tunnels SET state = 'closed', closed_at = coalesce(closed_at, now()), bytes_in = $1,
     bytes_out = $2, exit_code = $3
@@ -104,6 +147,31 @@ func (q *Queries) FinishTunnel(ctx context.Context, arg FinishTunnelParams) (Tun
 		&i.TermRows,
 		&i.Session,
 		&i.Caller,
+	)
+	return i, err
+}
+
+const getPreview = `-- name: GetPreview :one
+SELECT target_id, port, tenant_id, target_kind, public, nonce, created_at, updated_at FROM previews WHERE target_id = $1 AND port = $2
+`
+
+type GetPreviewParams struct {
+	TargetID string
+	Port     int32
+}
+
+func (q *Queries) GetPreview(ctx context.Context, arg GetPreviewParams) (Preview, error) {
+	row := q.db.QueryRow(ctx, getPreview, arg.TargetID, arg.Port)
+	var i Preview
+	err := row.Scan(
+		&i.TargetID,
+		&i.Port,
+		&i.TenantID,
+		&i.TargetKind,
+		&i.Public,
+		&i.Nonce,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 	)
 	return i, err
 }
@@ -306,6 +374,39 @@ func (q *Queries) InsertTunnel(ctx context.Context, arg InsertTunnelParams) (Tun
 		&i.Caller,
 	)
 	return i, err
+}
+
+const listPreviews = `-- name: ListPreviews :many
+SELECT target_id, port, tenant_id, target_kind, public, nonce, created_at, updated_at FROM previews WHERE tenant_id = $1 ORDER BY target_id, port LIMIT 1000
+`
+
+func (q *Queries) ListPreviews(ctx context.Context, tenantID string) ([]Preview, error) {
+	rows, err := q.db.Query(ctx, listPreviews, tenantID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Preview
+	for rows.Next() {
+		var i Preview
+		if err := rows.Scan(
+			&i.TargetID,
+			&i.Port,
+			&i.TenantID,
+			&i.TargetKind,
+			&i.Public,
+			&i.Nonce,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const listTunnels = `-- name: ListTunnels :many

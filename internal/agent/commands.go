@@ -80,6 +80,8 @@ func (a *Agent) run(c *agentproto.Command) (json.RawMessage, error) {
 	case agentproto.CommandExec, agentproto.CommandReadFile, agentproto.CommandWriteFile,
 		agentproto.CommandSnapshot, agentproto.CommandDeleteSnapshot:
 		return a.guestCommand(c)
+	case agentproto.CommandProcess:
+		return a.processCommand(c)
 	case agentproto.CommandSupportBundle:
 		return a.supportBundle(c)
 	case agentproto.CommandUploadSupportBundle:
@@ -137,10 +139,27 @@ func (a *Agent) guestCommand(c *agentproto.Command) (json.RawMessage, error) {
 	}
 }
 
+// processCommand passes a request of a guest's process table through.
+func (a *Agent) processCommand(c *agentproto.Command) (json.RawMessage, error) {
+	g, ok := a.o.Runtime.(vmruntime.Processes)
+	if !ok {
+		return nil, errors.New("the " + a.o.Runtime.Name() + " runtime runs no guest processes")
+	}
+	var args agentproto.ProcessArgs
+	if err := json.Unmarshal(c.Args, &args); err != nil {
+		return nil, err
+	}
+	out, err := g.Process(context.Background(), args)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(out)
+}
+
 // guestKinds are the commands that may run long (inside a guest, copying
 // a VM's files, collecting or uploading a support bundle): they run beside
 // each other.
-var guestKinds = map[string]bool{agentproto.CommandExec: true, agentproto.CommandReadFile: true, agentproto.CommandWriteFile: true,
+var guestKinds = map[string]bool{agentproto.CommandExec: true, agentproto.CommandProcess: true, agentproto.CommandReadFile: true, agentproto.CommandWriteFile: true,
 	agentproto.CommandSnapshot: true, agentproto.CommandDeleteSnapshot: true,
 	agentproto.CommandSupportBundle: true, agentproto.CommandUploadSupportBundle: true}
 

@@ -337,6 +337,8 @@ const (
 	CommandExec      = "exec"      // ExecArgs -> ExecOutput
 	CommandReadFile  = "readFile"  // FileArgs -> FileOutput
 	CommandWriteFile = "writeFile" // FileArgs (with data) -> FileOutput
+	// CommandProcess manages a guest's background processes.
+	CommandProcess = "process" // ProcessArgs -> ProcessOutput
 	// Snapshots of an instance's memory and disks, kept on the node.
 	CommandSnapshot       = "snapshot"       // SnapshotArgs -> SnapshotOutput
 	CommandDeleteSnapshot = "deleteSnapshot" // SnapshotArgs -> {}
@@ -391,6 +393,20 @@ type ExecOutput struct {
 	Truncated  bool   `json:"truncated,omitempty"`
 	TimedOut   bool   `json:"timedOut,omitempty"`
 	DurationMs int64  `json:"durationMs"`
+}
+
+// ProcessArgs carry a request of the guest's process table (a
+// guestproto.Process, passed as it is) to instance's guest.
+type ProcessArgs struct {
+	InstanceID string          `json:"instanceId"`
+	Process    json.RawMessage `json:"process"`
+}
+
+// ProcessOutput is the guest's answer: guestproto.Response's processes
+// and processOutput, passed as they are.
+type ProcessOutput struct {
+	Processes     json.RawMessage `json:"processes,omitempty"`
+	ProcessOutput json.RawMessage `json:"processOutput,omitempty"`
 }
 
 // FileArgs name a file in instance's guest (absolute path); Data and Mode

@@ -62,7 +62,7 @@ func (inv *invocation) local(name string) (string, bool) {
 // input flags: exec's argv, writeFile's content.
 func (inv *invocation) localInput(flags []FlagValue, s Streams) ([]FlagValue, error) {
 	if len(inv.rest) > 0 {
-		if !inv.is("sandboxes", "exec") {
+		if !inv.is("sandboxes", "exec") && !inv.is("sandboxes", "startProcess") {
 			return nil, usagef("unexpected arguments after --: %q", inv.rest)
 		}
 		flags = append(slices.Clone(flags), FlagValue{Name: "argv", Value: string(mustJSON(inv.rest))})

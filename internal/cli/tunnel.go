@@ -38,6 +38,7 @@ var tunnelCommands = []struct{ name, usage, summary string }{
 	{"shell", "shell [-e NAME=VALUE]... TARGET", "an interactive login shell in a sandbox or instance (exec -it)"},
 	{"port-forward", "port-forward TARGET [LOCAL:]REMOTE...", "forward local ports (127.0.0.1) to guest ports"},
 	{"console", "console TARGET", "attach to the serial console of an instance or sandbox (Ctrl-] leaves)"},
+	{"preview", "preview [--public|--private] [--host] TARGET PORT", "print the preview URL of a guest port (served over HTTP through the api)"},
 }
 
 func isTunnelCommand(name string) bool {
@@ -62,6 +63,8 @@ Flags:
   -t, --tty          run the program on a terminal; on a local terminal in raw
                      mode, its size followed (exec; shell always)
   -e, --env NAME=VALUE  an environment variable of the program (exec, shell)
+  --public, --private   make the preview public or private first (preview)
+  --host                print the host-based preview URL (preview)
 
 exec exits with the program's exit code (128 plus a signal's number when a
 signal ended it). Without -t, Ctrl-C, SIGTERM and SIGHUP are sent to the
@@ -81,6 +84,10 @@ type tunnelArgs struct {
 	target     client.TunnelTarget
 	argv       []string
 	forwards   [][2]int // local, remote
+	// preview: the port, public true/false when asked, the host-based URL.
+	port    int
+	public  *bool
+	hostURL bool
 }
 
 func parseTunnelArgs(inv *invocation, args []string) (*tunnelArgs, error) {
@@ -123,6 +130,11 @@ func parseTunnelArgs(inv *invocation, args []string) (*tunnelArgs, error) {
 			// -i, -t, -it, -ti
 			a.stdin = a.stdin || strings.Contains(flag, "i")
 			a.tty = a.tty || strings.Contains(flag, "t")
+		case name == "preview" && (flag == "public" || flag == "private"):
+			pub := flag == "public"
+			a.public = &pub
+		case name == "preview" && flag == "host":
+			a.hostURL = true
 		case name == "exec" && flag == "stdin":
 			a.stdin = true
 		case name == "exec" && flag == "tty":
@@ -193,6 +205,15 @@ func parseTunnelArgs(inv *invocation, args []string) (*tunnelArgs, error) {
 			a.forwards = append(a.forwards, [2]int{local, remote})
 		}
 		rest = nil
+	case "preview":
+		if len(rest) != 1 {
+			return nil, usagef("preview needs one guest PORT: %s preview TARGET PORT", Program)
+		}
+		p, err := strconv.Atoi(rest[0])
+		if err != nil || p < 1 || p > 65535 {
+			return nil, usagef("PORT %q: a port 1 to 65535", rest[0])
+		}
+		a.port, rest = p, nil
 	}
 	if len(rest) > 0 {
 		return nil, usagef("unexpected arguments %q", rest)
@@ -230,6 +251,8 @@ func runTunnel(ctx context.Context, inv *invocation, getenv func(string) string,
 		return tc.portForward(ctx, a)
 	case "console":
 		return tc.console(ctx, a)
+	case "preview":
+		return tc.preview(ctx, a)
 	}
 	if a.tty {
 		if _, given := a.env["TERM"]; !given && getenv("TERM") != "" {
@@ -664,4 +687,31 @@ func signalName(sig os.Signal) string {
 		return "QUIT"
 	}
 	return ""
+}
+
+// preview prints a guest port's preview URL: with its token as ?token=
+// when private (the first hit sets a cookie), the host-based one with
+// --host; the preview is made public or private when asked.
+func (tc *tunnels) preview(ctx context.Context, a *tunnelArgs) (int, error) {
+	in := &client.TunnelsPreviewInput{TenantId: tc.set.tenant, Target: a.target, Port: int64(a.port)}
+	if a.public != nil {
+		in.Public = client.NewOptBool(*a.public)
+	}
+	res, err := tc.c.TunnelsPreview(ctx, in)
+	if err != nil {
+		return 0, err
+	}
+	p := res.Data
+	u := p.URL
+	if a.hostURL {
+		if p.HostUrl.Null {
+			return 0, usagef("--host: this deployment has no preview domain (tunnels.previewDomain)")
+		}
+		u = p.HostUrl.Value
+	}
+	if !p.Public {
+		u += "?token=" + p.Token
+	}
+	fmt.Fprintln(tc.s.Stdout, u)
+	return ExitOK, nil
 }

@@ -165,7 +165,10 @@ type Tunnels struct {
 	SSH            bool
 	SSHRequiresMFA bool     // default true
 	SSHAccounts    []string // default [root]; principal <account>@<nodeId>
-	Limits         TunnelLimits
+	// PreviewDomain serves host-based preview URLs
+	// <port>-<id>.<PreviewDomain> ("" path-based only).
+	PreviewDomain string
+	Limits        TunnelLimits
 }
 
 // TunnelLimits: the rates are per identity and per api replica; the open

@@ -104,6 +104,7 @@ tunnels:
   ssh: true
   sshRequiresMfa: false
   sshAccounts: [root, ops]
+  previewDomain: '*.preview.example.com'
   limits: {tunnelsPerMinute: 30, sshCertificatesPerHour: 5, openPerNode: 8, openPerGateway: 100, idleTimeoutMs: 60000}
 pki:
   nodeCa: {certFile: /etc/cp/node-ca.pem, keyFile: /etc/cp/node-ca.key}
@@ -184,7 +185,7 @@ func TestFullFile(t *testing.T) {
 		TPM:          &TPM{EndorsementKeys: []string{"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
 		Tunnels: &Tunnels{
 			Issuer: "https://compute.example.com", SSH: true, SSHRequiresMFA: false,
-			SSHAccounts: []string{"root", "ops"},
+			SSHAccounts: []string{"root", "ops"}, PreviewDomain: "preview.example.com",
 			Limits: TunnelLimits{TunnelsPerMinute: 30, SSHCertificatesPerHour: 5, OpenPerNode: 8, OpenPerGateway: 100,
 				IdleTimeout: time.Minute},
 		},
@@ -520,6 +521,8 @@ func TestInvalid(t *testing.T) {
 		{"tunnels issuer required", "tunnels: {ssh: true}", nil, "tunnels.issuer", "is required"},
 		{"tunnels issuer is the origin of baseURL", "tunnels: {issuer: 'https://other.example.com'}", nil, "tunnels.issuer", "origin of baseURL (http://localhost:3000)"},
 		{"tunnels issuer is a URL", "tunnels: {issuer: issuer}", nil, "tunnels.issuer", "absolute URL"},
+		{"tunnels previewDomain a DNS name", "tunnels: {issuer: 'http://localhost:3000', previewDomain: 'Preview_Example'}", nil, "tunnels.previewDomain", "lowercase DNS name"},
+		{"tunnels previewDomain two labels", "tunnels: {issuer: 'http://localhost:3000', previewDomain: '*.localhost'}", nil, "tunnels.previewDomain", "lowercase DNS name"},
 		{"tunnels sshAccounts not empty", "tunnels: {issuer: 'http://localhost:3000', sshAccounts: []}", nil, "tunnels.sshAccounts", "at least one"},
 		{"tunnels sshAccounts shape", "tunnels: {issuer: 'http://localhost:3000', sshAccounts: [Root]}", nil, "tunnels.sshAccounts[0]", "user name"},
 		{"tunnels tunnelsPerMinute", "tunnels: {issuer: 'http://localhost:3000', limits: {tunnelsPerMinute: 0}}", nil, "tunnels.limits.tunnelsPerMinute", "at least 1"},

@@ -74,6 +74,7 @@ type fileTunnels struct {
 	SSH            *bool             `yaml:"ssh"`
 	SSHRequiresMFA *bool             `yaml:"sshRequiresMfa"`
 	SSHAccounts    []string          `yaml:"sshAccounts"`
+	PreviewDomain  *string           `yaml:"previewDomain"`
 	Limits         *fileTunnelLimits `yaml:"limits"`
 }
 

@@ -168,7 +168,9 @@ var (
 	workerIDRe   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 	typePrefixRe = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
 	accountRe    = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`) // POSIX user name
-	dnsLabelRe   = regexp.MustCompile(`^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+	// A DNS name of at least two labels, lowercase (tunnels.previewDomain).
+	domainRe   = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	dnsLabelRe = regexp.MustCompile(`^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
 )
 
 func (b *builder) build(fc *fileConfig) (*Config, error) {
@@ -460,6 +462,15 @@ func (b *builder) tunnels(fc *fileConfig, c *Config) error {
 		return b.errorf("tunnels.issuer", "must be the origin of baseURL (%s)", c.BaseURL)
 	}
 	t.Issuer = origin
+	if d := deref(ft.PreviewDomain, ""); d != "" {
+		// The wildcard's base: "*.preview.example.com" or
+		// "preview.example.com" serve <port>-<id>.preview.example.com.
+		d = strings.TrimPrefix(d, "*.")
+		if len(d) > 200 || !domainRe.MatchString(d) {
+			return b.errorf("tunnels.previewDomain", "must be a lowercase DNS name such as preview.example.com (a wildcard *.preview.example.com points at the api)")
+		}
+		t.PreviewDomain = d
+	}
 	if ft.SSHAccounts != nil {
 		if len(ft.SSHAccounts) == 0 {
 			return b.errorf("tunnels.sshAccounts", "must name at least one account")

@@ -54,11 +54,13 @@ type Fleet struct {
 type Option func(*options)
 
 type options struct {
-	tunnels  bool
-	ssh      bool
-	version  string
-	env      map[string]string
-	agentEnv map[string]string
+	tunnels bool
+	// previewDomain is tunnels.previewDomain ("" none).
+	previewDomain string
+	ssh           bool
+	version       string
+	env           map[string]string
+	agentEnv      map[string]string
 	// tunnelLimits is tunnels.limits (TunnelLimits).
 	tunnelLimits string
 }
@@ -82,6 +84,12 @@ func Tunnels() Option { return func(o *options) { o.tunnels = true } }
 // tunnels.limits ("{openPerNode: 2}").
 func TunnelLimits(limits string) Option {
 	return func(o *options) { o.tunnels, o.tunnelLimits = true, limits }
+}
+
+// PreviewDomain configures tunnels with host-based preview URLs under
+// domain (tunnels.previewDomain).
+func PreviewDomain(domain string) Option {
+	return func(o *options) { o.tunnels, o.previewDomain = true, domain }
 }
 
 // SSH configures tunnels with SSH (tunnels.ssh: true).
@@ -109,11 +117,14 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	internal := ""
 	if o.tunnels {
 		internal = fmt.Sprintf(", internalListen: \"127.0.0.1:%d\"", testenv.FreePort(t))
-		limits := ""
+		extra := ""
 		if o.tunnelLimits != "" {
-			limits = ", limits: " + o.tunnelLimits
+			extra += ", limits: " + o.tunnelLimits
 		}
-		extraConfig += fmt.Sprintf("tunnels: {issuer: %q, ssh: %t%s}\n", f.PublicURL, o.ssh, limits)
+		if o.previewDomain != "" {
+			extra += fmt.Sprintf(", previewDomain: %q", o.previewDomain)
+		}
+		extraConfig += fmt.Sprintf("tunnels: {issuer: %q, ssh: %t%s}\n", f.PublicURL, o.ssh, extra)
 	}
 	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: eu, listen: \"127.0.0.1:%d\", downAfterMs: 5000%s}\n%s",
 		gwPort, gwPort, internal, extraConfig))

@@ -50,6 +50,7 @@ type Agent struct {
 
 	pmu     sync.Mutex
 	running map[uint64]*proc // started programs (stream.go), by request id
+	bg      *procTable       // background processes (processes.go)
 }
 
 // NewAgent returns an agent with a fresh boot id.
@@ -152,6 +153,8 @@ func (a *Agent) handle(ctx context.Context, r guestproto.Request) guestproto.Res
 		return a.input(r.Input)
 	case guestproto.OpWriteFile:
 		return a.writeFile(r.File)
+	case guestproto.OpProcess:
+		return a.process(r.Process)
 	case guestproto.OpMount:
 		if err := a.mount(r.Mount); err != nil {
 			return fail(err)

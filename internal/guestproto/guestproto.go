@@ -50,6 +50,9 @@ const (
 	// Fd 1, the client's as Input, and its end as an Exec with exit code
 	// 0 (the guest's side closed) or an error.
 	OpDial = "dial"
+	// OpProcess manages background processes that outlive the request
+	// (Process): start, list, wait, signal, stdin and output.
+	OpProcess = "process"
 )
 
 // StreamWindow is how many output bytes a started program may have in
@@ -67,6 +70,7 @@ type Request struct {
 	Identity *Identity `json:"identity,omitempty"`
 	Input    *Input    `json:"input,omitempty"`
 	Dial     *Dial     `json:"dial,omitempty"`
+	Process  *Process  `json:"process,omitempty"`
 }
 
 // Dial names a TCP port of the guest's loopback (127.0.0.1): a server on
@@ -174,6 +178,10 @@ type Response struct {
 	Data   []byte      `json:"data,omitempty"` // readFile
 	Status *Status     `json:"status,omitempty"`
 	Output *Output     `json:"output,omitempty"` // a started program's output
+	// Processes answers OpProcess (one entry for start, wait, signal and
+	// stdin; every tracked process for list); ProcessOutput its output.
+	Processes     []ProcessInfo  `json:"processes,omitempty"`
+	ProcessOutput *ProcessOutput `json:"processOutput,omitempty"`
 }
 
 // Ready says the guest agent runs.
@@ -231,6 +239,10 @@ func DecodeRequest(line []byte) (Request, error) {
 		}
 		if _, ok := Signals[r.Input.Signal]; r.Input.Signal != "" && !ok {
 			return r, fmt.Errorf("guestproto: unknown signal %q", r.Input.Signal)
+		}
+	case OpProcess:
+		if err := r.Process.validate(); err != nil {
+			return r, err
 		}
 	case OpDial:
 		if r.Dial == nil || r.Dial.Port < 1 || r.Dial.Port > 65535 {

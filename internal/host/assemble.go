@@ -242,6 +242,7 @@ func tunnelsService(cfg *config.Config, bundle func() (*pki.Bundle, error)) *tun
 	s := &tunnels.Service{BasePath: cfg.BasePath}
 	if t := cfg.Tunnels; t != nil {
 		s.Issuer, s.PerMinute = t.Issuer, t.Limits.TunnelsPerMinute
+		s.PreviewKey, s.PreviewDomain = keys.Derive(cfg.Secret, keys.Previews), t.PreviewDomain
 		if t.SSH {
 			s.SSH = &tunnels.SSH{Bundle: bundle, RequiresMFA: t.SSHRequiresMFA, Accounts: t.SSHAccounts, PerHour: t.Limits.SSHCertificatesPerHour}
 		}
@@ -456,6 +457,9 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 		a.relay = &tunnels.Relay{Store: a.st, Gateways: a.internalAPI, Notifier: a.notifier, Log: log.With("module", "tunnels"), SSH: a.tunnels.SSH,
 			Identity: a.cached, TypePrefix: cfg.TypePrefix, IdleTimeout: cfg.Tunnels.Limits.IdleTimeout}
 		opts.Tunnels = a.relay
+		pv := &tunnels.Previews{Store: a.st, Gateways: a.internalAPI, Key: a.tunnels.PreviewKey, BasePath: cfg.BasePath,
+			Domain: cfg.Tunnels.PreviewDomain, Log: log.With("module", "previews")}
+		opts.Previews, opts.IsPreviewHost = pv, pv.IsPreviewHost
 	}
 	if ev := cfg.IAM.Events; ev != nil {
 		// Identity-service events signed with the configured secret feed

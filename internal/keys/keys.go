@@ -14,6 +14,7 @@ const (
 	PKI      = "computeplane/pki/v1"
 	Webhooks = "computeplane/webhooks/v1"
 	Cursors  = "computeplane/cursors/v1"
+	Previews = "computeplane/previews/v1" // preview URL tokens (tunnels)
 	// SecretDigests keys the HMAC of secret values that tells a put's retry
 	// from a different value under the same idempotency key.
 	SecretDigests = "computeplane/secret-digests/v1"

@@ -74,7 +74,7 @@ var ErrUnknownCommand = errors.New("nodework: unknown command kind")
 func EnqueueCommand(ctx context.Context, tx pgx.Tx, nodeID, kind string, args json.RawMessage, createdBy string, ttl time.Duration, now time.Time) (db.NodeCommand, string, error) {
 	switch kind {
 	case agentproto.CommandEcho, agentproto.CommandInventory, agentproto.CommandNotice,
-		agentproto.CommandExec, agentproto.CommandReadFile, agentproto.CommandWriteFile,
+		agentproto.CommandExec, agentproto.CommandReadFile, agentproto.CommandWriteFile, agentproto.CommandProcess,
 		agentproto.CommandSnapshot, agentproto.CommandDeleteSnapshot,
 		agentproto.CommandSupportBundle, agentproto.CommandUploadSupportBundle:
 	default:

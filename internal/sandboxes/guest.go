@@ -86,6 +86,11 @@ func guestError(msg string) error {
 		return api.Errorf(api.CodeNotFound, "path: %s", msg)
 	case strings.Contains(msg, "not running") || strings.Contains(msg, "no such instance"):
 		return api.Errorf(api.CodeInvalidState, "%s", msg)
+	// The process table's refusals (processes.go).
+	case strings.Contains(msg, ": no such process"):
+		return api.Errorf(api.CodeNotFound, "%s", msg)
+	case strings.HasSuffix(msg, " exited") || strings.Contains(msg, "its stdin is closed") || strings.Contains(msg, "does not read its stdin"):
+		return api.Errorf(api.CodeInvalidState, "%s", msg)
 	}
 	return api.Errorf(api.CodeInvalidInput, "the sandbox refused it: %s", msg)
 }

@@ -56,6 +56,11 @@ type Options struct {
 	// Tunnels serves GET {basePath}/tunnels/{ticket} (the tunnels relay);
 	// nil when tunnels are not configured.
 	Tunnels http.Handler
+	// Previews serves {basePath}/previews/ and, when IsPreviewHost says a
+	// request's Host is a host-based preview, every path of it (preview
+	// URLs, with tunnels); nil mounts nothing.
+	Previews      http.Handler
+	IsPreviewHost func(host string) bool
 	// Downloads serves {basePath}/downloads/ (release artifacts) when
 	// downloads are configured; nil mounts nothing. It bounds its own
 	// writes by progress: a binary outlasts the response deadline.
@@ -149,7 +154,21 @@ func New(o Options) http.Handler {
 		// GET only: POST {basePath}/tunnels/{method} stays the RPC envelope.
 		outer.Handle("GET "+o.BasePath+"/tunnels/{ticket}", o.Tunnels)
 	}
+	if o.Previews != nil {
+		// A guest's server answers as slowly as it likes: outside the
+		// response deadline, like tunnels.
+		outer.Handle(o.BasePath+"/previews/", o.Previews)
+	}
 	outer.Handle("/", h)
+	if o.Previews != nil && o.IsPreviewHost != nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if o.IsPreviewHost(r.Host) {
+				o.Previews.ServeHTTP(w, r)
+				return
+			}
+			outer.ServeHTTP(w, r)
+		})
+	}
 	return outer
 }
 

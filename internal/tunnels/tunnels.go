@@ -43,6 +43,10 @@ type Service struct {
 	// SSH is nil unless tunnels.ssh: certificates and tunnels of kind
 	// ssh (ssh.go).
 	SSH *SSH
+	// PreviewKey signs preview tokens (PreviewKey of the secret);
+	// PreviewDomain is tunnels.previewDomain ("" none).
+	PreviewKey    []byte
+	PreviewDomain string
 
 	opened window // opens of the last minute
 }

@@ -890,6 +890,34 @@ func (r *QEMU) Exec(ctx context.Context, a agentproto.ExecArgs) (agentproto.Exec
 		DurationMs: e.DurationMs}, nil
 }
 
+// Process passes a request to the process table of an instance's guest
+// (agentproto.CommandProcess); a wait is bounded by the guest's
+// MaxProcessWaitMs.
+func (r *QEMU) Process(ctx context.Context, a agentproto.ProcessArgs) (agentproto.ProcessOutput, error) {
+	var p guestproto.Process
+	if err := json.Unmarshal(a.Process, &p); err != nil {
+		return agentproto.ProcessOutput{}, err
+	}
+	g, err := r.guest(a.InstanceID)
+	if err != nil {
+		return agentproto.ProcessOutput{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(p.WaitMs)*time.Millisecond+FileTimeout)
+	defer cancel()
+	resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpProcess, Process: &p})
+	if err != nil {
+		return agentproto.ProcessOutput{}, err
+	}
+	var out agentproto.ProcessOutput
+	if resp.Processes != nil {
+		out.Processes, _ = json.Marshal(resp.Processes)
+	}
+	if resp.ProcessOutput != nil {
+		out.ProcessOutput, _ = json.Marshal(resp.ProcessOutput)
+	}
+	return out, nil
+}
+
 // Start starts an interactive program in an instance's guest (a tunnel).
 func (r *QEMU) Start(ctx context.Context, instanceID string, e *guestproto.Exec) (*qemu.Stream, error) {
 	g, err := r.guest(instanceID)

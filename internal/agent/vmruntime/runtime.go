@@ -62,6 +62,12 @@ type Guests interface {
 	DeleteSnapshot(ctx context.Context, id string) error
 }
 
+// Processes is a runtime whose guests keep background processes
+// (agentproto.CommandProcess).
+type Processes interface {
+	Process(ctx context.Context, a agentproto.ProcessArgs) (agentproto.ProcessOutput, error)
+}
+
 // Desired states (agentproto's).
 const (
 	StateRunning = agentproto.StateRunning
