@@ -24,6 +24,7 @@ import (
 	"computeplane/internal/metrics"
 	"computeplane/internal/notify"
 	"computeplane/internal/placement"
+	"computeplane/internal/plugins"
 	"computeplane/internal/rpc"
 	"computeplane/internal/server"
 	"computeplane/internal/sinks"
@@ -60,6 +61,7 @@ type Host struct {
 	gateway  *gateway.Gateway // nil without the gateway role
 	queue    *placement.Queue // the pool-lease placer's reconciler, nil without it
 	siblings []*store.Store   // the connection pools beside the store's, closed with it
+	plugins  *plugins.Host    // the plugin processes, stopped with it
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -184,8 +186,13 @@ func every(ctx context.Context, d time.Duration, fn func()) {
 	}
 }
 
-// Close releases the store and the background pools.
+// Plugins runs the configured plugins' processes (in the api role).
+func (h *Host) Plugins() *plugins.Host { return h.plugins }
+
+// Close stops the plugin processes and releases the store and the
+// background pools.
 func (h *Host) Close() {
+	h.plugins.Close()
 	closeAll(h.siblings)
 	h.store.Close()
 }
