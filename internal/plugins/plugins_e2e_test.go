@@ -2,15 +2,12 @@ package plugins_test
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -31,32 +28,10 @@ import (
 	"computeplane/internal/webhooks"
 )
 
-// exampleBinary builds the example plugin once per test process and
-// returns its path and SHA-256.
-var exampleBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "plugin-example-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "example")
-	cmd := exec.Command("go", "build", "-o", bin, "computeplane/plugins/example")
-	cmd.Stderr = os.Stderr
-	return bin, cmd.Run()
-})
+func buildExample(t *testing.T) (path, sum string) { return testenv.ExamplePlugin(t) }
 
-func buildExample(t *testing.T) (path, sum string) {
-	t.Helper()
-	bin, err := exampleBinary()
-	require.NoError(t, err, "go build ./plugins/example")
-	b, err := os.ReadFile(bin)
-	require.NoError(t, err)
-	s := sha256.Sum256(b)
-	return bin, hex.EncodeToString(s[:])
-}
-
-func pluginConfig(t *testing.T, bin, sum string) string {
-	return "webhooks: {allowPrivateTargets: true}\n" +
-		"plugins:\n  - {id: example, path: " + bin + ", sha256: " + sum + ", dataDir: " + t.TempDir() + "}\n"
+func pluginConfig(t *testing.T) string {
+	return "webhooks: {allowPrivateTargets: true}\n" + testenv.ExamplePluginConfig(t)
 }
 
 // The example plugin end to end: its methods through the generated client
@@ -66,8 +41,7 @@ func pluginConfig(t *testing.T, bin, sum string) string {
 // restarted, its state kept.
 func TestExamplePluginEndToEnd(t *testing.T) {
 	t.Parallel()
-	bin, sum := buildExample(t)
-	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, pluginConfig(t, bin, sum))))
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, pluginConfig(t))))
 	c := func(tenant, identity, role string) *computeclient.Client {
 		return env.Client(t, computeclient.WithToken(env.Key(t, tenant, identity, role)))
 	}
