@@ -56,6 +56,7 @@ func TestExamplePluginEndToEnd(t *testing.T) {
 	for _, e := range types.Data.Items {
 		if e.Module == "example" {
 			family = append(family, e.Type)
+			assert.True(t, e.Served, e.Type)
 		}
 	}
 	assert.ElementsMatch(t, []string{"example.note.created", "example.note.deleted"}, family)
