@@ -242,6 +242,7 @@ func (a *assembly) groupServices(ov Overrides) error {
 		nodes.Check(),
 		usage.Check(cfg.Capacity.UsageEvery, time.Now),
 		gateway.Check(),
+		a.pluginHost.SelfCheck(),
 	)
 	if ov.Services != nil {
 		ov.Services(a.services)

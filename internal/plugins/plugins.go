@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -35,6 +37,7 @@ import (
 	"computeplane/internal/outbox"
 	"computeplane/internal/reqmeta"
 	"computeplane/internal/store"
+	"computeplane/internal/system"
 	"computeplane/pluginproto"
 )
 
@@ -514,4 +517,23 @@ type slogWriter struct{ log *slog.Logger }
 func (w slogWriter) Write(p []byte) (int, error) {
 	w.log.Warn("plugin log", "line", strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// SelfCheck is the plugins' part of system.selfCheck: one finding per
+// configured plugin, an error while it is not running in this process.
+func (h *Host) SelfCheck() system.Check {
+	return system.Check{Name: "plugins", Run: func(context.Context, pgx.Tx) ([]api.Finding, error) {
+		ids := slices.Sorted(maps.Keys(h.runners))
+		out := make([]api.Finding, 0, len(ids))
+		for _, id := range ids {
+			if pid := h.Pid(id); pid != 0 {
+				out = append(out, api.Finding{Check: "plugins", Severity: system.SeverityInfo,
+					Message: fmt.Sprintf("plugin %s is running (pid %d)", id, pid)})
+				continue
+			}
+			out = append(out, api.Finding{Check: "plugins", Severity: system.SeverityError,
+				Message: fmt.Sprintf("plugin %s is not running in this process; its methods answer UNAVAILABLE while it restarts", id)})
+		}
+		return out, nil
+	}}
 }

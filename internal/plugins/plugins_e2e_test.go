@@ -157,6 +157,20 @@ func TestExamplePluginEndToEnd(t *testing.T) {
 	assert.Equal(t, note.NoteId, back.Data.Items[0].NoteId)
 	assert.NotEqual(t, pid, plugins.Pid("example"), "a new process")
 
+	// system.selfCheck reports the plugin.
+	ops := c("root", "ops", "admin")
+	check, err := ops.SystemSelfCheck(ctx, &client.SystemSelfCheckInput{})
+	require.NoError(t, err)
+	assert.True(t, check.Data.Ok, "%+v", check.Data.Findings)
+	var seen bool
+	for _, f := range check.Data.Findings {
+		if f.Check == "plugins" {
+			seen = true
+			assert.Contains(t, f.Message, "plugin example is running")
+		}
+	}
+	assert.True(t, seen, "a finding of the plugins check")
+
 	// After the restart, writes and their events work again.
 	del, err := mia.ExampleNotesDelete(ctx, &client.ExampleNotesDeleteInput{TenantId: "acme", NoteId: note.NoteId})
 	require.NoError(t, err)
