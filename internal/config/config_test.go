@@ -181,9 +181,9 @@ func TestFullFile(t *testing.T) {
 			{ID: "gpuburn", Path: "/opt/plugins/gpuburn", SHA256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", DataDir: ".service/plugins/gpuburn"},
 			{ID: "firmware", Path: "/opt/plugins/firmware", SHA256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", DataDir: "/var/lib/firmware"},
 		},
-		Drivers:      []string{"ipmi", "redfish"},
-		Providers:    []string{"hetzner"},
-		Attestors:    []string{"tpm"},
+		Drivers:   []string{"ipmi", "redfish"},
+		Providers: []string{"hetzner"},
+		Attestors: []string{"tpm"},
 		Tunnels: &Tunnels{
 			Issuer: "https://compute.example.com", SSH: true, SSHRequiresMFA: false,
 			SSHAccounts: []string{"root", "ops"},

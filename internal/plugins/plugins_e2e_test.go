@@ -269,4 +269,3 @@ func (rc *receiver) bodies() [][]byte {
 	defer rc.mu.Unlock()
 	return append([][]byte(nil), rc.got...)
 }
-
