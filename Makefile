@@ -112,7 +112,7 @@ tools: .service/bin/versitygw ## Build the servers tests run (versitygw, the S3 
 # against deadlines) run one package at a time after the others: on a
 # 2-core machine their CPU load would otherwise share the clock of every
 # timing-sensitive test.
-PROCESS_TESTS = ./internal/killtest ./internal/join ./internal/agent/telemetry ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob ./internal/downloads ./internal/deploytest
+PROCESS_TESTS = ./internal/killtest ./internal/join ./internal/agent/telemetry ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob ./internal/downloads ./internal/deploytest ./internal/plugins
 
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
 	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v -F -x $(foreach p,$(PROCESS_TESTS),-e computeplane/$(patsubst ./%,%,$(p)))) && \

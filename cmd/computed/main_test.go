@@ -97,7 +97,8 @@ func TestInvalidConfigBeforeAnyConnection(t *testing.T) {
 	}{
 		{"downloads from a blob store not built", "downloads: {blob: \"s3://releases/downloads\"}\n", "downloads.blob"},
 		{"downloads directory missing", "downloads: {dir: /nonexistent/downloads}\n", "downloads.dir"},
-		{"plugins not built", "plugins: [billing]\n", "plugins"},
+		{"plugin executable missing", "plugins: [{id: example, path: /nonexistent/example, sha256: '" + strings.Repeat("0", 64) + "'}]\n", "plugins[0].path"},
+		{"plugin not built in", "plugins: [{id: billing, path: /nonexistent/billing, sha256: '" + strings.Repeat("0", 64) + "'}]\n", "plugins[0].id"},
 		{"attestor not built in", "attestors: [aws-iid]\n", "attestors[0]"},
 		{"tpm attestor without enrolled keys", "attestors: [tpm]\n", "tpm.endorsementKeys"},
 		{"driver not built in", "drivers: [redfish, ipmi]\n", "drivers[1]"},

@@ -8,6 +8,8 @@ type EventSpec struct {
 	Subject     string `json:"subject"`
 	Module      string `json:"module"`
 	Description string `json:"description"`
+	// Plugin is the plugin that publishes the type, "" for the service's own.
+	Plugin string `json:"-"`
 }
 
 // Event types.
@@ -74,6 +76,8 @@ const (
 	EventTunnelOpened                 = "tunnel.opened"
 	EventTunnelClosed                 = "tunnel.closed"
 	EventSecuritySshCertificateIssued = "security.ssh.certificate.issued"
+	EventExampleNoteCreated           = "example.note.created"
+	EventExampleNoteDeleted           = "example.note.deleted"
 )
 
 // EventTypes is the event catalog, in catalog order.
@@ -449,6 +453,20 @@ var EventTypes = []EventSpec{
 		Module:      "tunnels",
 		Subject:     "the target's id (instance, sandbox or node)",
 		Type:        EventSecuritySshCertificateIssued,
+	},
+	{
+		Description: "The example plugin kept a note.",
+		Module:      "example",
+		Plugin:      "example",
+		Subject:     "note id",
+		Type:        EventExampleNoteCreated,
+	},
+	{
+		Description: "The example plugin forgot a note.",
+		Module:      "example",
+		Plugin:      "example",
+		Subject:     "note id",
+		Type:        EventExampleNoteDeleted,
 	},
 }
 
@@ -879,4 +897,15 @@ type SecuritySshCertificateIssuedPayload struct {
 	Serial               string   `json:"serial"`
 	PublicKeyFingerprint string   `json:"publicKeyFingerprint"` // SHA256:... of the certified key, as ssh-keygen -l prints it.
 	ValidBefore          string   `json:"validBefore"`
+}
+
+// ExampleNoteCreatedPayload: Payload of example.note.created.
+type ExampleNoteCreatedPayload struct {
+	NoteID string `json:"noteId"`
+	Title  string `json:"title"`
+}
+
+// ExampleNoteDeletedPayload: Payload of example.note.deleted.
+type ExampleNoteDeletedPayload struct {
+	NoteID string `json:"noteId"`
 }

@@ -33,6 +33,8 @@ type Services struct {
 	Usage            UsageService
 	Webhooks         WebhooksService
 	Workflows        WorkflowsService
+	// Plugins serves the methods of every plugin group.
+	Plugins PluginCaller
 }
 
 // Check reports the first group that has a registered method and no implementation.
@@ -105,6 +107,9 @@ func (s *Services) Check() error {
 	}
 	if s.Workflows == nil {
 		return errors.New("group workflows has registered methods and no service")
+	}
+	if s.Plugins == nil {
+		return errors.New("plugin groups have registered methods and no plugin caller")
 	}
 	return nil
 }
@@ -746,6 +751,95 @@ var Methods = []*Method{
 			Type:    "node",
 		}},
 		Route:        "/nodes/label",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:example:write",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeExampleNotesCreateInput(obj, "", iss)
+			return &in
+		},
+		Description: "Keeps a note for the tenant and publishes example.note.created.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied, CodeUnavailable},
+		Events:      []string{"example.note.created"},
+		FullName:    "example.notes.create",
+		Group:       "notes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out := new(ExampleNote)
+			if err := s.Plugins.CallPlugin(ctx, "/plugins/example/notes/create", in.(*ExampleNotesCreateInput), out); err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:   KindMutation,
+		Name:   "create",
+		Phase:  "none",
+		Plugin: "example",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/plugins/example/notes/create",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:example:read",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeExampleNotesListInput(obj, "", iss)
+			return &in
+		},
+		Description: "The tenant's notes, oldest first.",
+		Errors:      []Code{CodeInvalidInput, CodeUnauthenticated, CodeAccessDenied, CodeUnavailable},
+		FullName:    "example.notes.list",
+		Group:       "notes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out := new(ExampleNoteList)
+			if err := s.Plugins.CallPlugin(ctx, "/plugins/example/notes/list", in.(*ExampleNotesListInput), out); err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:   KindRead,
+		Name:   "list",
+		Phase:  "none",
+		Plugin: "example",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/plugins/example/notes/list",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
+		Action: "compute:example:write",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeExampleNotesDeleteInput(obj, "", iss)
+			return &in
+		},
+		Description: "Forgets a note; a note the tenant does not have is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnauthenticated, CodeAccessDenied, CodeUnavailable},
+		Events:      []string{"example.note.deleted"},
+		FullName:    "example.notes.delete",
+		Group:       "notes",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out := new(ExampleNoteDeleted)
+			if err := s.Plugins.CallPlugin(ctx, "/plugins/example/notes/delete", in.(*ExampleNotesDeleteInput), out); err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:   KindMutation,
+		Name:   "delete",
+		Phase:  "none",
+		Plugin: "example",
+		Resource: &Resource{ResourceRef: ResourceRef{
+			IDField: "tenantId",
+			Type:    "tenant",
+		}},
+		Route:        "/plugins/example/notes/delete",
 		Status:       StatusRegistered,
 		TenantScoped: true,
 	},

@@ -89,10 +89,13 @@ type Idempotency struct {
 
 // Method is one row of the registry.
 type Method struct {
+	// Plugin is the id of the out-of-process plugin serving the method,
+	// "" for the service's own groups (docs/plugins.md).
+	Plugin      string
 	Group       string
 	Name        string
-	FullName    string // group.method
-	Route       string // below the base path: /group/method
+	FullName    string // group.method (plugin.group.method)
+	Route       string // below the base path: /group/method (/plugins/plugin/group/method)
 	Phase       string
 	Status      Status
 	Kind        Kind
@@ -113,6 +116,14 @@ type Method struct {
 
 // Registered reports whether the method is served.
 func (m *Method) Registered() bool { return m.Status == StatusRegistered }
+
+// PluginCaller serves the methods of out-of-process plugins: it sends the
+// validated input of the method at route (Lookup) to the plugin process,
+// writes the events it answers in the call's transaction and decodes its
+// output into out (a pointer to the method's generated output type).
+type PluginCaller interface {
+	CallPlugin(ctx context.Context, route string, in, out any) error
+}
 
 // Lookup returns the method at route (below the base path), or nil.
 func Lookup(route string) *Method { return methodsByRoute[route] }

@@ -493,9 +493,33 @@ var (
 		MaxLength: 63,
 		Pattern:   regexp.MustCompile("^[A-Za-z0-9._-]{0,63}$"),
 	}
-	ruleNodesLabelInputRemove     = &wire.CountRule{Max: 64}
-	ruleNodesLabelInputRemoveItem = &wire.StringRule{MaxLength: 63}
-	rulePoolsCreateInputTenantID  = &wire.StringRule{
+	ruleNodesLabelInputRemove           = &wire.CountRule{Max: 64}
+	ruleNodesLabelInputRemoveItem       = &wire.StringRule{MaxLength: 63}
+	ruleExampleNotesCreateInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleExampleNotesCreateInputTitle = &wire.StringRule{
+		MaxLength: 120,
+		MinLength: 1,
+	}
+	ruleExampleNotesCreateInputBody   = &wire.StringRule{MaxLength: 4096}
+	ruleExampleNotesListInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleExampleNotesDeleteInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleExampleNotesDeleteInputNoteID = &wire.StringRule{
+		MaxLength: 31,
+		Pattern:   regexp.MustCompile("^note_[0-9a-z]{26}$"),
+	}
+	rulePoolsCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,
 		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",

@@ -134,6 +134,20 @@ type EventType struct {
 type EventTypeList struct {
 	Items []EventType `json:"items"`
 }
+type ExampleNote struct {
+	NoteID    string `json:"noteId"`
+	TenantID  string `json:"tenantId"` // Tenant identifier.
+	Title     string `json:"title"`
+	Body      string `json:"body"`
+	CreatedBy string `json:"createdBy"` // The identity that wrote it.
+	CreatedAt string `json:"createdAt"`
+}
+type ExampleNoteDeleted struct {
+	Deleted bool `json:"deleted"`
+}
+type ExampleNoteList struct {
+	Items []ExampleNote `json:"items"` // Oldest first.
+}
 type ExecResult struct {
 	ExitCode   int64  `json:"exitCode"`
 	Stdout     string `json:"stdout"` // At most 1 MiB (as text; invalid UTF-8 replaced).

@@ -34,6 +34,7 @@ var regexMap = map[string]ogenregex.Regexp{
 	"^dlv_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^dlv_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^inst_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^inst_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^node_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^node_[0-9a-hjkmnp-tv-z]{26,52}$"),
+	"^note_[0-9a-z]{26}$":                                   ogenregex.MustCompile("^note_[0-9a-z]{26}$"),
 	"^pacct_[0-9a-hjkmnp-tv-z]{26,52}$":                     ogenregex.MustCompile("^pacct_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^pbs_[0-9a-hjkmnp-tv-z]{26,52}$":                       ogenregex.MustCompile("^pbs_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	"^pool_[0-9a-hjkmnp-tv-z]{26,52}$":                      ogenregex.MustCompile("^pool_[0-9a-hjkmnp-tv-z]{26,52}$"),

@@ -22,6 +22,7 @@ func trimTrailingSlashes(u *url.URL) {
 // Invoker invokes operations described by OpenAPI v3 specification.
 type Invoker interface {
 	EventsInvoker
+	ExampleNotesInvoker
 	FlavorsInvoker
 	ImagesInvoker
 	InstancesInvoker
@@ -61,6 +62,41 @@ type EventsInvoker interface {
 	//
 	// POST /events/list
 	EventsList(ctx context.Context, request *EventsListInput) (*EventsListResult, error)
+}
+
+// ExampleNotesInvoker invokes operations described by OpenAPI v3 specification.
+//
+// x-gen-operation-group: ExampleNotes
+type ExampleNotesInvoker interface {
+	// ExampleNotesCreate invokes exampleNotesCreate operation.
+	//
+	// Keeps a note for the tenant and publishes example.note.created.
+	//
+	// Served, without a stable phase. Kind: mutation. Action compute:example:write on tenant/tenantId.
+	// Publishes example.note.created. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED
+	// (403), UNAVAILABLE (503).
+	//
+	// POST /plugins/example/notes/create
+	ExampleNotesCreate(ctx context.Context, request *ExampleNotesCreateInput) (*ExampleNotesCreateResult, error)
+	// ExampleNotesDelete invokes exampleNotesDelete operation.
+	//
+	// Forgets a note; a note the tenant does not have is NOT_FOUND.
+	//
+	// Served, without a stable phase. Kind: mutation. Action compute:example:write on tenant/tenantId.
+	// Publishes example.note.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403), UNAVAILABLE (503).
+	//
+	// POST /plugins/example/notes/delete
+	ExampleNotesDelete(ctx context.Context, request *ExampleNotesDeleteInput) (*ExampleNotesDeleteResult, error)
+	// ExampleNotesList invokes exampleNotesList operation.
+	//
+	// The tenant's notes, oldest first.
+	//
+	// Served, without a stable phase. Kind: read. Action compute:example:read on tenant/tenantId. Errors:
+	// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403), UNAVAILABLE (503).
+	//
+	// POST /plugins/example/notes/list
+	ExampleNotesList(ctx context.Context, request *ExampleNotesListInput) (*ExampleNotesListResult, error)
 }
 
 // FlavorsInvoker invokes operations described by OpenAPI v3 specification.
@@ -1744,6 +1780,287 @@ func (c *Client) sendEventsList(ctx context.Context, request *EventsListInput) (
 	}()
 
 	result, err := decodeEventsListResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ExampleNotesCreate invokes exampleNotesCreate operation.
+//
+// Keeps a note for the tenant and publishes example.note.created.
+//
+// Served, without a stable phase. Kind: mutation. Action compute:example:write on tenant/tenantId.
+// Publishes example.note.created. Errors: INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED
+// (403), UNAVAILABLE (503).
+//
+// POST /plugins/example/notes/create
+func (c *Client) ExampleNotesCreate(ctx context.Context, request *ExampleNotesCreateInput) (*ExampleNotesCreateResult, error) {
+	res, err := c.sendExampleNotesCreate(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendExampleNotesCreate(ctx context.Context, request *ExampleNotesCreateInput) (res *ExampleNotesCreateResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/plugins/example/notes/create"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeExampleNotesCreateRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ExampleNotesCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ExampleNotesCreateOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeExampleNotesCreateResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ExampleNotesDelete invokes exampleNotesDelete operation.
+//
+// Forgets a note; a note the tenant does not have is NOT_FOUND.
+//
+// Served, without a stable phase. Kind: mutation. Action compute:example:write on tenant/tenantId.
+// Publishes example.note.deleted. Errors: INVALID_INPUT (400), NOT_FOUND (404), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403), UNAVAILABLE (503).
+//
+// POST /plugins/example/notes/delete
+func (c *Client) ExampleNotesDelete(ctx context.Context, request *ExampleNotesDeleteInput) (*ExampleNotesDeleteResult, error) {
+	res, err := c.sendExampleNotesDelete(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendExampleNotesDelete(ctx context.Context, request *ExampleNotesDeleteInput) (res *ExampleNotesDeleteResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/plugins/example/notes/delete"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeExampleNotesDeleteRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ExampleNotesDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ExampleNotesDeleteOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeExampleNotesDeleteResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// ExampleNotesList invokes exampleNotesList operation.
+//
+// The tenant's notes, oldest first.
+//
+// Served, without a stable phase. Kind: read. Action compute:example:read on tenant/tenantId. Errors:
+// INVALID_INPUT (400), UNAUTHENTICATED (401), ACCESS_DENIED (403), UNAVAILABLE (503).
+//
+// POST /plugins/example/notes/list
+func (c *Client) ExampleNotesList(ctx context.Context, request *ExampleNotesListInput) (*ExampleNotesListResult, error) {
+	res, err := c.sendExampleNotesList(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendExampleNotesList(ctx context.Context, request *ExampleNotesListInput) (res *ExampleNotesListResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/plugins/example/notes/list"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeExampleNotesListRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, ExampleNotesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, ExampleNotesListOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeExampleNotesListResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

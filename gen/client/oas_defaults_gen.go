@@ -11,6 +11,14 @@ func (s *EventsListInput) setDefaults() {
 }
 
 // setDefaults set default value of fields.
+func (s *ExampleNotesCreateInput) setDefaults() {
+	{
+		val := string("")
+		s.Body.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
 func (s *FlavorsCreateInput) setDefaults() {
 	{
 		val := int64(0)

@@ -7,6 +7,9 @@ type OperationName = string
 
 const (
 	EventsListOperation                 OperationName = "EventsList"
+	ExampleNotesCreateOperation         OperationName = "ExampleNotesCreate"
+	ExampleNotesDeleteOperation         OperationName = "ExampleNotesDelete"
+	ExampleNotesListOperation           OperationName = "ExampleNotesList"
 	FlavorsArchiveOperation             OperationName = "FlavorsArchive"
 	FlavorsCreateOperation              OperationName = "FlavorsCreate"
 	FlavorsGetOperation                 OperationName = "FlavorsGet"

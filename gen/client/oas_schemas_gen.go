@@ -1009,6 +1009,244 @@ func (s *EventsListResult) SetData(val EventPage) {
 	s.Data = val
 }
 
+// Ref: #/components/schemas/ExampleNote
+type ExampleNote struct {
+	Body      string    `json:"body"`
+	CreatedAt time.Time `json:"createdAt"`
+	// The identity that wrote it.
+	CreatedBy string `json:"createdBy"`
+	NoteId    string `json:"noteId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	Title    string `json:"title"`
+}
+
+// GetBody returns the value of Body.
+func (s *ExampleNote) GetBody() string {
+	return s.Body
+}
+
+// GetCreatedAt returns the value of CreatedAt.
+func (s *ExampleNote) GetCreatedAt() time.Time {
+	return s.CreatedAt
+}
+
+// GetCreatedBy returns the value of CreatedBy.
+func (s *ExampleNote) GetCreatedBy() string {
+	return s.CreatedBy
+}
+
+// GetNoteId returns the value of NoteId.
+func (s *ExampleNote) GetNoteId() string {
+	return s.NoteId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ExampleNote) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTitle returns the value of Title.
+func (s *ExampleNote) GetTitle() string {
+	return s.Title
+}
+
+// SetBody sets the value of Body.
+func (s *ExampleNote) SetBody(val string) {
+	s.Body = val
+}
+
+// SetCreatedAt sets the value of CreatedAt.
+func (s *ExampleNote) SetCreatedAt(val time.Time) {
+	s.CreatedAt = val
+}
+
+// SetCreatedBy sets the value of CreatedBy.
+func (s *ExampleNote) SetCreatedBy(val string) {
+	s.CreatedBy = val
+}
+
+// SetNoteId sets the value of NoteId.
+func (s *ExampleNote) SetNoteId(val string) {
+	s.NoteId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ExampleNote) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTitle sets the value of Title.
+func (s *ExampleNote) SetTitle(val string) {
+	s.Title = val
+}
+
+// Ref: #/components/schemas/ExampleNoteDeleted
+type ExampleNoteDeleted struct {
+	Deleted bool `json:"deleted"`
+}
+
+// GetDeleted returns the value of Deleted.
+func (s *ExampleNoteDeleted) GetDeleted() bool {
+	return s.Deleted
+}
+
+// SetDeleted sets the value of Deleted.
+func (s *ExampleNoteDeleted) SetDeleted(val bool) {
+	s.Deleted = val
+}
+
+// Ref: #/components/schemas/ExampleNoteList
+type ExampleNoteList struct {
+	// Oldest first.
+	Items []ExampleNote `json:"items"`
+}
+
+// GetItems returns the value of Items.
+func (s *ExampleNoteList) GetItems() []ExampleNote {
+	return s.Items
+}
+
+// SetItems sets the value of Items.
+func (s *ExampleNoteList) SetItems(val []ExampleNote) {
+	s.Items = val
+}
+
+// Input of example.notes.create. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/ExampleNotesCreateInput
+type ExampleNotesCreateInput struct {
+	Body OptString `json:"body"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+	Title    string `json:"title"`
+}
+
+// GetBody returns the value of Body.
+func (s *ExampleNotesCreateInput) GetBody() OptString {
+	return s.Body
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ExampleNotesCreateInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// GetTitle returns the value of Title.
+func (s *ExampleNotesCreateInput) GetTitle() string {
+	return s.Title
+}
+
+// SetBody sets the value of Body.
+func (s *ExampleNotesCreateInput) SetBody(val OptString) {
+	s.Body = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ExampleNotesCreateInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// SetTitle sets the value of Title.
+func (s *ExampleNotesCreateInput) SetTitle(val string) {
+	s.Title = val
+}
+
+// Success envelope of example.notes.create.
+// Ref: #/components/schemas/ExampleNotesCreateResult
+type ExampleNotesCreateResult struct {
+	Data ExampleNote `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ExampleNotesCreateResult) GetData() ExampleNote {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ExampleNotesCreateResult) SetData(val ExampleNote) {
+	s.Data = val
+}
+
+// Input of example.notes.delete. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/ExampleNotesDeleteInput
+type ExampleNotesDeleteInput struct {
+	NoteId string `json:"noteId"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetNoteId returns the value of NoteId.
+func (s *ExampleNotesDeleteInput) GetNoteId() string {
+	return s.NoteId
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ExampleNotesDeleteInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetNoteId sets the value of NoteId.
+func (s *ExampleNotesDeleteInput) SetNoteId(val string) {
+	s.NoteId = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ExampleNotesDeleteInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of example.notes.delete.
+// Ref: #/components/schemas/ExampleNotesDeleteResult
+type ExampleNotesDeleteResult struct {
+	Data ExampleNoteDeleted `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ExampleNotesDeleteResult) GetData() ExampleNoteDeleted {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ExampleNotesDeleteResult) SetData(val ExampleNoteDeleted) {
+	s.Data = val
+}
+
+// Input of example.notes.list. Strict: unknown fields, wrong types and trailing data are
+// INVALID_INPUT.
+// Ref: #/components/schemas/ExampleNotesListInput
+type ExampleNotesListInput struct {
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *ExampleNotesListInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *ExampleNotesListInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+// Success envelope of example.notes.list.
+// Ref: #/components/schemas/ExampleNotesListResult
+type ExampleNotesListResult struct {
+	Data ExampleNoteList `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *ExampleNotesListResult) GetData() ExampleNoteList {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *ExampleNotesListResult) SetData(val ExampleNoteList) {
+	s.Data = val
+}
+
 // Ref: #/components/schemas/ExecResult
 type ExecResult struct {
 	DurationMs int64 `json:"durationMs"`

@@ -24,6 +24,9 @@ type SecuritySource interface {
 // operationRolesBearerAuth is a private map storing roles per operation.
 var operationRolesBearerAuth = map[string][]string{
 	EventsListOperation:                 []string{},
+	ExampleNotesCreateOperation:         []string{},
+	ExampleNotesDeleteOperation:         []string{},
+	ExampleNotesListOperation:           []string{},
 	FlavorsArchiveOperation:             []string{},
 	FlavorsCreateOperation:              []string{},
 	FlavorsGetOperation:                 []string{},
@@ -178,6 +181,9 @@ func GetRolesForBearerAuth(operation string) []string {
 // operationRolesServiceHeader is a private map storing roles per operation.
 var operationRolesServiceHeader = map[string][]string{
 	EventsListOperation:                 []string{},
+	ExampleNotesCreateOperation:         []string{},
+	ExampleNotesDeleteOperation:         []string{},
+	ExampleNotesListOperation:           []string{},
 	FlavorsArchiveOperation:             []string{},
 	FlavorsCreateOperation:              []string{},
 	FlavorsGetOperation:                 []string{},

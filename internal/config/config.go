@@ -75,9 +75,9 @@ type Config struct {
 	// TypePrefix prefixes identity-service resource types (compute-node).
 	TypePrefix string
 	Modules    []string
-	// Plugins are mounted under {basePath}/plugins/{pluginId}, with
-	// actions compute:<pluginId>:*.
-	Plugins   []string
+	// Plugins are out-of-process plugins (docs/plugins.md), mounted under
+	// {basePath}/plugins/{pluginId}, with actions compute:<pluginId>:*.
+	Plugins   []Plugin
 	Drivers   []string
 	Providers []string
 	Attestors []string
@@ -281,6 +281,20 @@ const (
 	DefaultGatewayDrainDelay = 60 * time.Second
 	DefaultGatewayDownAfter  = 20 * time.Second
 )
+
+// Plugin is one out-of-process plugin the api role starts and serves.
+type Plugin struct {
+	// ID is the plugin's id: its catalog's directory (plugins/<id>), its
+	// route segment and the middle part of its actions.
+	ID string
+	// Path is the plugin's executable; SHA256 its expected checksum
+	// (lowercase hex), checked at start and before every (re)start.
+	Path   string
+	SHA256 string
+	// DataDir is the directory the plugin keeps its state in (made 0700
+	// at start); default .service/plugins/<id>.
+	DataDir string
+}
 
 // Downloads serves daemon binaries and a plugin archive.
 type Downloads struct {

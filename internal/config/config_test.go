@@ -93,7 +93,9 @@ rootTenantId: platform
 basePath: /compute
 typePrefix: cp-
 modules: [billing-export]
-plugins: [gpu-burn, firmware]
+plugins:
+  - {id: gpuburn, path: /opt/plugins/gpuburn, sha256: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}
+  - {id: firmware, path: /opt/plugins/firmware, sha256: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef, dataDir: /var/lib/firmware}
 drivers: [ipmi, redfish]
 providers: [hetzner]
 attestors: [tpm]
@@ -178,11 +180,14 @@ func TestFullFile(t *testing.T) {
 		BasePath:     "/compute",
 		TypePrefix:   "cp-",
 		Modules:      []string{"billing-export"},
-		Plugins:      []string{"gpu-burn", "firmware"},
-		Drivers:      []string{"ipmi", "redfish"},
-		Providers:    []string{"hetzner"},
-		Attestors:    []string{"tpm"},
-		TPM:          &TPM{EndorsementKeys: []string{"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
+		Plugins: []Plugin{
+			{ID: "gpuburn", Path: "/opt/plugins/gpuburn", SHA256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", DataDir: ".service/plugins/gpuburn"},
+			{ID: "firmware", Path: "/opt/plugins/firmware", SHA256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", DataDir: "/var/lib/firmware"},
+		},
+		Drivers:   []string{"ipmi", "redfish"},
+		Providers: []string{"hetzner"},
+		Attestors: []string{"tpm"},
+		TPM:       &TPM{EndorsementKeys: []string{"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
 		Tunnels: &Tunnels{
 			Issuer: "https://compute.example.com", SSH: true, SSHRequiresMFA: false,
 			SSHAccounts: []string{"root", "ops"}, PreviewDomain: "preview.example.com",
@@ -506,8 +511,12 @@ func TestInvalid(t *testing.T) {
 
 		// modules, plugins, drivers, providers, attestors.
 		{"modules shape", "modules: [Billing]", nil, "modules[0]", "1 to 64 characters"},
-		{"plugins shape", "plugins: [gpu, 9lives]", nil, "plugins[1]", "1 to 64 characters"},
-		{"plugins unique", "plugins: [gpu, gpu]", nil, "plugins[1]", "duplicates"},
+		{"plugins entries are objects", "plugins: [gpu]", nil, "plugins[0]", "must be an object"},
+		{"plugins id required", "plugins: [{path: /p, sha256: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}]", nil, "plugins[0].id", "is required"},
+		{"plugins id shape", "plugins: [{id: gpu-burn, path: /p, sha256: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}]", nil, "plugins[0].id", "a-z and 0-9"},
+		{"plugins unique", "plugins: [{id: gpu, path: /p, sha256: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}, {id: gpu, path: /q, sha256: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}]", nil, "plugins[1].id", "duplicates"},
+		{"plugins path required", "plugins: [{id: gpu, sha256: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}]", nil, "plugins[0].path", "is required"},
+		{"plugins sha256 shape", "plugins: [{id: gpu, path: /p, sha256: ABC}]", nil, "plugins[0].sha256", "64 lowercase hex"},
 		{"drivers shape", "drivers: [ipmi_v2]", nil, "drivers[0]", "1 to 64 characters"},
 		{"providers shape", "providers: ['']", nil, "providers[0]", "1 to 64 characters"},
 		{"attestors shape", "attestors: [" + strings.Repeat("a", 65) + "]", nil, "attestors[0]", "1 to 64 characters"},

@@ -23,7 +23,7 @@ type fileConfig struct {
 	BasePath        *string             `yaml:"basePath"`
 	TypePrefix      *string             `yaml:"typePrefix"`
 	Modules         []string            `yaml:"modules"`
-	Plugins         []string            `yaml:"plugins"`
+	Plugins         []filePlugin        `yaml:"plugins"`
 	Drivers         []string            `yaml:"drivers"`
 	Providers       []string            `yaml:"providers"`
 	Attestors       []string            `yaml:"attestors"`
@@ -109,6 +109,13 @@ type filePEM struct {
 
 type fileNotifier struct {
 	Kind *string `yaml:"kind"`
+}
+
+type filePlugin struct {
+	ID      *string `yaml:"id"`
+	Path    *string `yaml:"path"`
+	SHA256  *string `yaml:"sha256"`
+	DataDir *string `yaml:"dataDir"`
 }
 
 type fileSinks struct {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -176,7 +177,7 @@ var (
 func (b *builder) build(fc *fileConfig) (*Config, error) {
 	c := &Config{}
 	steps := []func(*fileConfig, *Config) error{
-		b.core, b.iam, b.lists, b.tunnels, b.pki, b.notifier, b.sinks,
+		b.core, b.iam, b.lists, b.plugins, b.tunnels, b.pki, b.notifier, b.sinks,
 		b.proxies, b.gateway, b.downloads, b.images, b.bootstrap, b.supportBundles, b.secrets, b.webhooks, b.capacity, b.admission,
 		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles,
 	}
@@ -392,7 +393,6 @@ func (b *builder) lists(fc *fileConfig, c *Config) error {
 		out    *[]string
 	}{
 		{"modules", fc.Modules, &c.Modules},
-		{"plugins", fc.Plugins, &c.Plugins},
 		{"drivers", fc.Drivers, &c.Drivers},
 		{"providers", fc.Providers, &c.Providers},
 		{"attestors", fc.Attestors, &c.Attestors},
@@ -437,6 +437,45 @@ func (b *builder) attestors(fc *fileConfig, c *Config) error {
 		out.EndorsementKeys = append(out.EndorsementKeys, k)
 	}
 	c.TPM = out
+	return nil
+}
+
+// pluginIDRe is a plugin id: a route segment, the middle part of the
+// plugin's actions and a Go identifier stem of its generated code at once
+// (tools/catalogc), hence narrower than RuntimeName.
+var pluginIDRe = regexp.MustCompile(`^[a-z][a-z0-9]{0,31}$`)
+
+var sha256Re = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// plugins checks the shape of each plugin entry; whether its binary is
+// there and matches its checksum is the host's check (host.CheckBuilt).
+func (b *builder) plugins(fc *fileConfig, c *Config) error {
+	seen := map[string]bool{}
+	for i, fp := range fc.Plugins {
+		opt := fmt.Sprintf("plugins[%d]", i)
+		p := Plugin{ID: deref(fp.ID, ""), Path: deref(fp.Path, ""), SHA256: deref(fp.SHA256, ""), DataDir: deref(fp.DataDir, "")}
+		switch {
+		case p.ID == "":
+			b.report(b.errorf(opt+".id", "is required"))
+		case !pluginIDRe.MatchString(p.ID):
+			b.report(b.errorf(opt+".id", "must be 1 to 32 characters of a-z and 0-9, starting with a letter, got %q", p.ID))
+		case seen[p.ID]:
+			b.report(b.errorf(opt+".id", "duplicates %q", p.ID))
+		}
+		seen[p.ID] = true
+		if p.Path == "" || strings.ContainsRune(p.Path, 0) {
+			b.report(b.errorf(opt+".path", "is required: the plugin's executable"))
+		}
+		if !sha256Re.MatchString(p.SHA256) {
+			b.report(b.errorf(opt+".sha256", "must be the SHA-256 of the executable in 64 lowercase hex digits (sha256sum prints it)"))
+		}
+		if p.DataDir == "" {
+			p.DataDir = filepath.Join(".service", "plugins", p.ID)
+		} else if strings.ContainsRune(p.DataDir, 0) {
+			b.report(b.errorf(opt+".dataDir", "must be a directory path"))
+		}
+		c.Plugins = append(c.Plugins, p)
+	}
 	return nil
 }
 

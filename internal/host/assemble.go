@@ -37,6 +37,7 @@ import (
 	"computeplane/internal/notify"
 	"computeplane/internal/pki"
 	"computeplane/internal/placement"
+	"computeplane/internal/plugins"
 	"computeplane/internal/pools"
 	"computeplane/internal/profiles"
 	"computeplane/internal/projects"
@@ -96,18 +97,25 @@ type assembly struct {
 	identity *embedded.Service
 	cached   *iam.Cached
 	gate     rpc.Gate
+
+	// pluginHost runs the configured plugins (in the api role) and serves
+	// their methods.
+	pluginHost *plugins.Host
 }
 
 // Assemble builds the host around an open store: services, registry check,
 // envelope and routes. Tests use it with a store of their own.
-func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins builtin.Plugins, ov Overrides) (_ *Host, err error) {
+func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn builtin.Plugins, ov Overrides) (_ *Host, err error) {
 	if err := refuseUnbuilt(cfg); err != nil {
 		return nil, err
 	}
-	if plugins.Drivers, err = enabledDrivers(cfg, plugins.Drivers); err != nil {
+	if err := plugins.Check(cfg.Plugins); err != nil {
 		return nil, err
 	}
-	a := &assembly{cfg: cfg, st: st, log: log, plugins: plugins, now: time.Now, bundle: pki.Loader(cfg.PKIFile, cfg.Secret)}
+	if builtIn.Drivers, err = enabledDrivers(cfg, builtIn.Drivers); err != nil {
+		return nil, err
+	}
+	a := &assembly{cfg: cfg, st: st, log: log, plugins: builtIn, now: time.Now, bundle: pki.Loader(cfg.PKIFile, cfg.Secret)}
 	if ov.Now != nil {
 		a.now = ov.Now
 	}
@@ -143,7 +151,11 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, plugins bui
 	if err != nil {
 		return nil, err
 	}
-	return &Host{cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, caches: a.cached, watch: watch,
+	if cfg.HasRole(config.RoleAPI) {
+		// Last: nothing after it can fail and leave processes behind.
+		a.pluginHost.Start()
+	}
+	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, caches: a.cached, watch: watch,
 		sinks: a.sinkList, dispatch: dispatch,
 		notifier: a.notifier, workers: runner, siblings: a.siblings, placer: a.placer, gateway: gwRole, queue: queue, relay: a.relay,
 	}, nil
@@ -188,6 +200,11 @@ func (a *assembly) groupServices(ov Overrides) error {
 		return err
 	}
 	a.tunnels = tunnelsService(cfg, a.bundle)
+	a.pluginHost = plugins.New(cfg.Plugins, a.log)
+	hooks := webhooks.OptionsFrom(cfg)
+	// webhooks.eventTypes lists the configured plugins' families beside
+	// the service's own, and patterns are checked against the same.
+	hooks.EventTypes = plugins.EventTypes(cfg.Plugins)
 	a.services = &api.Services{
 		ProviderAccounts: a.providerAccts,
 		System:           sys,
@@ -211,10 +228,11 @@ func (a *assembly) groupServices(ov Overrides) error {
 		SupportBundles:   a.bundles,
 		Secrets:          a.secrets,
 		Events:           events.New(a.cursors),
-		Webhooks:         webhooks.New(webhooks.OptionsFrom(cfg)),
+		Webhooks:         webhooks.New(hooks),
 		Workflows:        workflows.Service{},
 		Profiles:         &profiles.Service{Cursors: a.cursors},
 		Tunnels:          a.tunnels,
+		Plugins:          a.pluginHost,
 	}
 	sys.WithChecks(
 		system.CatalogCheck(a.services),
@@ -226,6 +244,7 @@ func (a *assembly) groupServices(ov Overrides) error {
 		nodes.Check(),
 		usage.Check(cfg.Capacity.UsageEvery, time.Now),
 		gateway.Check(),
+		a.pluginHost.SelfCheck(),
 	)
 	if ov.Services != nil {
 		ov.Services(a.services)
@@ -293,7 +312,7 @@ func (a *assembly) apiRole() (*rpc.Handler, *events.Watch, error) {
 		Gate:     a.gate,
 		// The catalog's rootTenantOnly rules are input validation: they
 		// answer before authentication.
-		Precheck: iam.RootTenantPrecheck(a.cached.RootTenant()),
+		Precheck: a.precheck(),
 		Store:    a.st,
 		Metrics:  rpcMetrics,
 		Audit:    audit.Record,
@@ -322,6 +341,19 @@ func (a *assembly) apiRole() (*rpc.Handler, *events.Watch, error) {
 		Log: log,
 	}
 	return envelope, watch, nil
+}
+
+// precheck is the envelope's validation before authentication: a plugin
+// method of a plugin not configured is not mounted (NOT_FOUND), and the
+// catalog's rootTenantOnly rules are input validation.
+func (a *assembly) precheck() func(ctx context.Context, call *rpc.Call) error {
+	rootOnly := iam.RootTenantPrecheck(a.cached.RootTenant())
+	return func(ctx context.Context, call *rpc.Call) error {
+		if err := a.pluginHost.Precheck(call.Method); err != nil {
+			return err
+		}
+		return rootOnly(ctx, call)
+	}
 }
 
 // workerRoles builds the runner and the jobs of the controllers,

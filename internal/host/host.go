@@ -24,6 +24,7 @@ import (
 	"computeplane/internal/metrics"
 	"computeplane/internal/notify"
 	"computeplane/internal/placement"
+	"computeplane/internal/plugins"
 	"computeplane/internal/rpc"
 	"computeplane/internal/server"
 	"computeplane/internal/sinks"
@@ -62,6 +63,7 @@ type Host struct {
 	queue    *placement.Queue // the pool-lease placer's reconciler, nil without it
 	relay    *tunnels.Relay   // the tunnels relay, nil without the tunnels option
 	siblings []*store.Store   // the connection pools beside the store's, closed with it
+	plugins  *plugins.Host    // the plugin processes, stopped with it
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -186,8 +188,13 @@ func every(ctx context.Context, d time.Duration, fn func()) {
 	}
 }
 
-// Close releases the store and the background pools.
+// Plugins runs the configured plugins' processes (in the api role).
+func (h *Host) Plugins() *plugins.Host { return h.plugins }
+
+// Close stops the plugin processes and releases the store and the
+// background pools.
 func (h *Host) Close() {
+	h.plugins.Close()
 	closeAll(h.siblings)
 	h.store.Close()
 }

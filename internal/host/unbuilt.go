@@ -10,25 +10,28 @@ import (
 	"computeplane/internal/builtin"
 	"computeplane/internal/config"
 	"computeplane/internal/drivers"
+	"computeplane/internal/plugins"
 )
 
 // CheckBuilt refuses (INVALID_CONFIG) a configuration this build cannot
 // honour: an option it parses but does not implement yet (accepting it
 // would silently do nothing), a bare-metal driver it does not have, or a
 // downloads source that cannot open (a directory not there, a blob
-// store without credentials). Every problem is reported
+// store without credentials), or a plugin whose catalog is not built in or
+// whose executable is missing or does not match its checksum. Every problem is reported
 // (config.Errors when there are several). The main calls it before any
 // connection opens, and `computed config check` after config.Load;
 // Assemble checks the same.
-func CheckBuilt(cfg *config.Config, plugins builtin.Plugins) error {
+func CheckBuilt(cfg *config.Config, builtIn builtin.Plugins) error {
 	var list []*config.Error
 	list = append(list, config.Problems(refuseUnbuilt(cfg))...)
 	_, err := supportBundleStore(cfg, os.Getenv)
 	list = append(list, config.Problems(err)...)
-	_, err = enabledDrivers(cfg, plugins.Drivers)
+	_, err = enabledDrivers(cfg, builtIn.Drivers)
 	list = append(list, config.Problems(err)...)
 	_, err = downloadSource(cfg, os.Getenv)
 	list = append(list, config.Problems(err)...)
+	list = append(list, config.Problems(plugins.Check(cfg.Plugins))...)
 	return config.Join(list)
 }
 
@@ -57,7 +60,6 @@ func refuseUnbuilt(cfg *config.Config) error {
 		phase  string
 	}{
 		{"modules", len(cfg.Modules) > 0, "extra modules are not built yet"},
-		{"plugins", len(cfg.Plugins) > 0, "plugins are not built yet"},
 	}
 	var list []*config.Error
 	for _, u := range unbuilt {

@@ -912,8 +912,9 @@ func dropRole(t *testing.T, env *testenv.Env, tenant, identity string) {
 
 func TestMatrixRefusesWrongTenantAndWrongRole(t *testing.T) {
 	t.Parallel()
-	// Tunnels configured: the group exists only then.
-	env := testenv.Start(t, withTunnels(t))
+	// Tunnels configured: the group exists only then; so is the example
+	// plugin, whose methods are mounted only then.
+	env := testenv.Start(t, withTunnels(t, testenv.ExamplePluginConfig(t)))
 	keys := mintKeys(t, env)
 	fx := newFixture(env, keys)
 	root := env.Config.RootTenantID

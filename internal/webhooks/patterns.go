@@ -60,6 +60,11 @@ func (s *Service) checkPatterns(patterns []string) error {
 // registered group has no implementation). Types of the catalog whose
 // module is not served (reservation.*, say) are accepted as patterns, so a
 // webhook can subscribe before the module ships, but cannot fire yet.
+//
+// A plugin's module is its id: its types are listed only when the plugin
+// is configured (plugins.EventTypes), and then served.
 func Served(module string) bool {
-	return slices.ContainsFunc(api.Methods, func(m *api.Method) bool { return m.Group == module && m.Registered() })
+	return slices.ContainsFunc(api.Methods, func(m *api.Method) bool {
+		return m.Registered() && ((m.Plugin == "" && m.Group == module) || m.Plugin == module)
+	})
 }

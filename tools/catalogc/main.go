@@ -43,6 +43,7 @@ func run(args []string) error {
 	docsDir := fl.String("docs", "gen/docs", "output directory of the HTML reference")
 	cliDir := fl.String("cli", "gen/cli", "output directory of the computectl commands")
 	surface := fl.String("surface", "", "frozen surface file (default <catalog>/frozen/surface.txt)")
+	pluginGlob := fl.String("plugins", catalog.PluginsGlob, "catalog directories of the plugins built with the service (docs/plugins.md)")
 	if len(args) == 0 {
 		return fmt.Errorf("usage: catalogc gen|check|freeze [flags]")
 	}
@@ -53,7 +54,7 @@ func run(args []string) error {
 	if *surface == "" {
 		*surface = filepath.Join(*dir, "frozen", "surface.txt")
 	}
-	cat, err := catalog.Load(*dir)
+	cat, err := catalog.LoadWithPlugins(*dir, *pluginGlob)
 	if err != nil {
 		return err
 	}

@@ -1,5 +1,6 @@
 // Command release builds a release: computed, compute-agent, compute-guest
-// and computectl for each platform, with the version stamped, laid out as
+// and computectl, and each plugin of plugins/ as plugin-<id> (the plugin
+// archive the downloads route serves under its own name), for each platform, with the version stamped, laid out as
 // the downloads route serves them (internal/release), each with its
 // SHA-256 checksum and an Ed25519 signature by the release key of the PKI
 // bundle. `make release` runs it.
@@ -47,7 +48,11 @@ func run(args []string, stdout io.Writer) error {
 	version := fs.String("version", "", "the release version, v1.2.3 (default: a pseudo-version of the commit)")
 	out := fs.String("out", "dist/downloads", "the release directory (downloads.dir serves it)")
 	platforms := fs.String("platforms", "linux/amd64,linux/arm64", "comma-separated os/arch pairs")
-	agents := fs.String("agents", strings.Join(defaultAgents, ","), "comma-separated commands under cmd/")
+	all, err := withPlugins(defaultAgents)
+	if err != nil {
+		return err
+	}
+	agents := fs.String("agents", strings.Join(all, ","), "comma-separated commands under cmd/, and plugin-<id> for plugins/<id>")
 	force := fs.Bool("force", false, "build again over a version already in the directory")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -114,10 +119,32 @@ func run(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// build compiles ./cmd/<agent> for goos/goarch into bin, reproducibly.
+// pluginPrefix names a plugin's executable in a release: plugin-<id>.
+const pluginPrefix = "plugin-"
+
+// withPlugins adds plugin-<id> for every plugin of plugins/ that has a
+// main package (plugins/<id>/main.go) to agents.
+func withPlugins(agents []string) ([]string, error) {
+	mains, err := filepath.Glob(filepath.Join("plugins", "*", "main.go"))
+	if err != nil {
+		return nil, err
+	}
+	out := append([]string(nil), agents...)
+	for _, m := range mains {
+		out = append(out, pluginPrefix+filepath.Base(filepath.Dir(m)))
+	}
+	return out, nil
+}
+
+// build compiles ./cmd/<agent> (./plugins/<id> for plugin-<id>) for
+// goos/goarch into bin, reproducibly.
 func build(agent, version, goos, goarch, bin string) error {
 	ldflags := "-s -w -buildid= -X computeplane/internal/buildinfo.version=" + version
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", bin, "./cmd/"+agent)
+	src := "./cmd/" + agent
+	if id, ok := strings.CutPrefix(agent, pluginPrefix); ok {
+		src = "./plugins/" + id
+	}
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", bin, src)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+goos, "GOARCH="+goarch)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

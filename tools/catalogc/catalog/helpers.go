@@ -16,15 +16,25 @@ func UpperFirst(name string) string {
 	return strings.ToUpper(name[:1]) + name[1:]
 }
 
-// TypeName is the group's name in UpperCamelCase.
-func (g *Group) TypeName() string { return UpperFirst(g.Name) }
+// Ident is the group's name as an identifier stem in lowerCamelCase: the
+// name, prefixed with the plugin's id for a plugin's group ("exampleNotes"),
+// so that a plugin's group never collides with the service's.
+func (g *Group) Ident() string {
+	if g.Plugin != "" {
+		return g.Plugin + UpperFirst(g.Name)
+	}
+	return g.Name
+}
+
+// TypeName is the group's Ident in UpperCamelCase.
+func (g *Group) TypeName() string { return UpperFirst(g.Ident()) }
 
 // TypeName is group and method in UpperCamelCase ("SitesCreate"), the stem
 // of the method's input, output and response schema names.
 func (m *Method) TypeName() string { return m.Group.TypeName() + UpperFirst(m.Name) }
 
 // OperationID is the method's OpenAPI operationId ("sitesCreate").
-func (m *Method) OperationID() string { return m.Group.Name + UpperFirst(m.Name) }
+func (m *Method) OperationID() string { return m.Group.Ident() + UpperFirst(m.Name) }
 
 // PhaseNote says when a method is served, in one sentence for references.
 func (m *Method) PhaseNote() string {

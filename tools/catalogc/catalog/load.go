@@ -36,12 +36,37 @@ var (
 	resTypRe   = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
 	idPrefixRe = regexp.MustCompile(`^\^([a-z]+)_`)
 	eventRe    = regexp.MustCompile(`^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)+$`)
+	// pluginRe is a plugin id: a route segment, an action's middle part and
+	// a Go identifier stem at once, hence narrower than the configuration's
+	// RuntimeName.
+	pluginRe = regexp.MustCompile(`^[a-z][a-z0-9]{0,31}$`)
 
 	yamlLineRe = regexp.MustCompile(`^yaml: line ([0-9]+): (.*)$`)
 )
 
-// Load reads every catalog file of dir and checks it.
-func Load(dir string) (*Catalog, error) {
+// PluginsGlob finds the plugin catalogs built with the service, relative
+// to the repository root.
+const PluginsGlob = "plugins/*/catalog"
+
+// LoadWithPlugins loads dir with every plugin catalog glob matches, in
+// name order.
+func LoadWithPlugins(dir, glob string) (*Catalog, error) {
+	var plugins []string
+	if glob != "" {
+		var err error
+		if plugins, err = filepath.Glob(glob); err != nil {
+			return nil, err
+		}
+		slices.Sort(plugins)
+	}
+	return Load(dir, plugins...)
+}
+
+// Load reads every catalog file of dir and checks it. Each of plugins is
+// the catalog directory of an out-of-process plugin (plugins/<id>/catalog,
+// docs/plugins.md): its group files and its events.yaml join the catalog
+// under the plugin's id, with the shapes and error codes of dir.
+func Load(dir string, plugins ...string) (*Catalog, error) {
 	c := &Catalog{shapes: map[string]*Shape{}, types: map[string]*NamedType{}}
 	if err := c.loadShapes(filepath.Join(dir, ShapesFile)); err != nil {
 		return nil, err
@@ -49,28 +74,43 @@ func Load(dir string) (*Catalog, error) {
 	if err := c.loadErrors(filepath.Join(dir, ErrorsFile)); err != nil {
 		return nil, err
 	}
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	if err != nil {
-		return nil, err
+	type source struct{ dir, plugin string }
+	sources := []source{{dir: dir}}
+	for _, p := range plugins {
+		id := filepath.Base(filepath.Dir(filepath.Clean(p)))
+		if !pluginRe.MatchString(id) {
+			return nil, errAt(Pos{p, 1}, "plugin id %q (the directory above catalog/) must be 1 to 32 characters of a-z and 0-9, starting with a letter", id)
+		}
+		sources = append(sources, source{dir: p, plugin: id})
 	}
-	slices.Sort(files)
 	var groupNodes []*yaml.Node
-	for _, f := range files {
-		switch filepath.Base(f) {
-		case ShapesFile, ErrorsFile, EventsFile, MetersFile:
-			continue
-		}
-		root, err := parseFile(f)
+	for _, src := range sources {
+		files, err := filepath.Glob(filepath.Join(src.dir, "*.yaml"))
 		if err != nil {
 			return nil, err
 		}
-		g, err := c.declareGroup(f, root)
-		if err != nil {
-			return nil, err
+		slices.Sort(files)
+		for _, f := range files {
+			switch filepath.Base(f) {
+			case ShapesFile, ErrorsFile, EventsFile, MetersFile:
+				if src.plugin != "" && filepath.Base(f) != EventsFile {
+					return nil, errAt(Pos{f, 1}, "a plugin catalog holds group files and events.yaml only; shapes, errors and meters are the service's")
+				}
+				continue
+			}
+			root, err := parseFile(f)
+			if err != nil {
+				return nil, err
+			}
+			g, err := c.declareGroup(f, root, src.plugin)
+			if err != nil {
+				return nil, err
+			}
+			c.Groups = append(c.Groups, g)
+			groupNodes = append(groupNodes, root)
 		}
-		c.Groups = append(c.Groups, g)
-		groupNodes = append(groupNodes, root)
 	}
+	var err error
 	// Types first, in every group, so refs may cross groups: every name is
 	// declared before any schema is read.
 	typeDefs := make([][]node, len(c.Groups))
@@ -91,9 +131,11 @@ func Load(dir string) (*Catalog, error) {
 			return nil, err
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, EventsFile)); err == nil {
-		if err := c.loadEvents(filepath.Join(dir, EventsFile)); err != nil {
-			return nil, err
+	for _, src := range sources {
+		if _, err := os.Stat(filepath.Join(src.dir, EventsFile)); err == nil {
+			if err := c.loadEvents(filepath.Join(src.dir, EventsFile), src.plugin); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, MetersFile)); err == nil {
@@ -381,7 +423,7 @@ func (c *Catalog) loadErrors(path string) error {
 	return nil
 }
 
-func (c *Catalog) loadEvents(path string) error {
+func (c *Catalog) loadEvents(path, plugin string) error {
 	root, err := parseFile(path)
 	if err != nil {
 		return err
@@ -395,7 +437,13 @@ func (c *Catalog) loadEvents(path string) error {
 		if !eventRe.MatchString(typ) {
 			return v.nameErrf("event type %q must be dotted lowercase words", typ)
 		}
-		e := &Event{Type: typ, Pos: v.at()}
+		if plugin != "" && !strings.HasPrefix(typ, plugin+".") {
+			return v.nameErrf("event type %q of plugin %s must start with %s.", typ, plugin, plugin)
+		}
+		if prev := c.Event(typ); prev != nil {
+			return v.nameErrf("event type %s is already defined at %s", typ, prev.Pos)
+		}
+		e := &Event{Type: typ, Plugin: plugin, Pos: v.at()}
 		ks, vs, err := v.pairs("event "+typ, "subject", "module", "description", "payload")
 		if err != nil {
 			return err
@@ -415,18 +463,22 @@ func (c *Catalog) loadEvents(path string) error {
 				return err
 			}
 		}
+		if plugin != "" && e.Module != plugin {
+			return v.errf("event %s of plugin %s must name module %s", typ, plugin, plugin)
+		}
 		c.Events = append(c.Events, e)
 	}
 	return nil
 }
 
-func (c *Catalog) declareGroup(path string, root *yaml.Node) (*Group, error) {
+func (c *Catalog) declareGroup(path string, root *yaml.Node, plugin string) (*Group, error) {
 	n := node{file: path, n: root}
-	keys, vals, err := n.pairs("group file", "group", "description", "types", "methods")
+	keys, vals, err := n.pairs("group file", "group", "plugin", "description", "types", "methods")
 	if err != nil {
 		return nil, err
 	}
-	g := &Group{File: path}
+	g := &Group{File: path, Plugin: plugin}
+	declared := ""
 	for i, k := range keys {
 		switch k {
 		case "group":
@@ -439,8 +491,16 @@ func (c *Catalog) declareGroup(path string, root *yaml.Node) (*Group, error) {
 			}
 			// Two file names fit a group, so two files may define it.
 			for _, other := range c.Groups {
-				if err == nil && other.Name == g.Name {
+				if err == nil && other.Name == g.Name && other.Plugin == plugin {
 					err = vals[i].errf("group %s is already defined in %s", g.Name, other.File)
+				}
+			}
+		case "plugin":
+			if declared, err = vals[i].str("plugin"); err == nil && declared != plugin {
+				if plugin == "" {
+					err = vals[i].errf("plugin %q: a plugin's groups live in plugins/%s/catalog, not in the service's catalog", declared, declared)
+				} else {
+					err = vals[i].errf("plugin %q does not match the plugin directory %q", declared, plugin)
 				}
 			}
 		case "description":
@@ -452,6 +512,9 @@ func (c *Catalog) declareGroup(path string, root *yaml.Node) (*Group, error) {
 	}
 	if g.Name == "" {
 		return nil, n.errf("group file has no group")
+	}
+	if plugin != "" && declared == "" {
+		return nil, n.errf("group %s of plugin %s must say plugin: %s", g.Name, plugin, plugin)
 	}
 	return g, nil
 }
@@ -1127,6 +1190,9 @@ func (c *Catalog) checkMethods() error {
 				return at("events", "event %s is not in %s", e, EventsFile)
 			}
 		}
+		if err := checkPluginMethod(m, at); err != nil {
+			return err
+		}
 		if m.Resource != nil {
 			r := m.Resource
 			ids := []string{r.ID}
@@ -1183,6 +1249,37 @@ func (c *Catalog) checkMethods() error {
 					return at("idempotency", "idempotency compares %q, which is not an input field", f)
 				}
 			}
+		}
+	}
+	return nil
+}
+
+// checkPluginMethod holds a plugin's method to what the plugin host serves
+// (docs/plugins.md): actions under compute:<plugin>:, one decision on a
+// real resource, events of the plugin's own family, and none of the
+// service-side machinery a plugin process cannot take part in.
+func checkPluginMethod(m *Method, at func(key, format string, args ...any) error) error {
+	p := m.Group.Plugin
+	if p == "" {
+		return nil
+	}
+	switch {
+	case m.Kind == KindPublic:
+		return at("kind", "a plugin's method is read or mutation: every call is decided")
+	case !strings.HasPrefix(m.Action, "compute:"+p+":"):
+		return at("action", "action %q of plugin %s must begin compute:%s:", m.Action, p, p)
+	case m.Resource == nil:
+		return at("resource", "a plugin's method names the resource its decision is made on")
+	case m.Resource.Draft:
+		return at("resource", "a plugin's method cannot admit through a draft")
+	case m.Idempotency != nil:
+		return at("idempotency", "idempotency keys are not offered to plugins yet")
+	case m.Wait:
+		return at("wait", "wait is not offered to plugins")
+	}
+	for _, e := range m.Events {
+		if !strings.HasPrefix(e, p+".") {
+			return at("events", "event %s is not of plugin %s's family %s.*", e, p, p)
 		}
 	}
 	return nil

@@ -66,7 +66,10 @@ type Event struct {
 	Module      string
 	Description string
 	Payload     *Schema
-	Pos         Pos
+	// Plugin is the plugin whose catalog declares the type, "" for the
+	// service's own.
+	Plugin string
+	Pos    Pos
 }
 
 // Meter is one usage meter of meters.yaml: what an allocation measures per
@@ -81,7 +84,10 @@ type Meter struct {
 
 // Group is one catalog file: an API group.
 type Group struct {
-	Name        string
+	Name string
+	// Plugin is the id of the out-of-process plugin serving the group
+	// (plugins/<id>/catalog), "" for the service's own groups.
+	Plugin      string
 	Description string
 	File        string
 	Types       []*NamedType
@@ -135,11 +141,23 @@ func (m *Method) posOf(key string) Pos {
 	return m.Pos
 }
 
-// FullName is group.method.
-func (m *Method) FullName() string { return m.Group.Name + "." + m.Name }
+// FullName is group.method, plugin.group.method for a plugin's method.
+func (m *Method) FullName() string {
+	if p := m.Group.Plugin; p != "" {
+		return p + "." + m.Group.Name + "." + m.Name
+	}
+	return m.Group.Name + "." + m.Name
+}
 
-// Route is the path below the base path.
-func (m *Method) Route() string { return "/" + m.Group.Name + "/" + m.Name }
+// Route is the path below the base path: /group/method, or
+// /plugins/plugin/group/method for a plugin's method (the specification's
+// mount point of plugins).
+func (m *Method) Route() string {
+	if p := m.Group.Plugin; p != "" {
+		return "/plugins/" + p + "/" + m.Group.Name + "/" + m.Name
+	}
+	return "/" + m.Group.Name + "/" + m.Name
+}
 
 // Registered reports whether the method is served.
 func (m *Method) Registered() bool { return m.Status == StatusRegistered }

@@ -82,7 +82,9 @@ func Commands(c *catalog.Catalog) ([]Command, error) {
 			return nil, fmt.Errorf("%s: group help would hide computectl help", g.File)
 		}
 		for _, m := range g.Methods {
-			if !m.Registered() {
+			// A plugin's methods are called through the generated client
+			// (docs/plugins.md); computectl knows the service's groups only.
+			if !m.Registered() || g.Plugin != "" {
 				continue
 			}
 			flags, err := Flags(m)

@@ -179,7 +179,7 @@ func build(c *catalog.Catalog) *view {
 	v := &view{Errors: c.Errors, Script: template.JS(searchScript)}
 	planned := map[string]*phaseView{}
 	for _, g := range c.Groups {
-		gv := &groupView{Name: g.Name, Description: g.Description}
+		gv := &groupView{Name: g.Ident(), Description: g.Description}
 		for _, m := range g.Methods {
 			mv := method(c, m)
 			if m.Registered() {

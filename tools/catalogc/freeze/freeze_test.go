@@ -17,9 +17,15 @@ const (
 	repoSurface = "../../../" + File
 )
 
+// load loads dir, with the repository's plugin catalogs when dir is the
+// repository's catalog: their served surface is frozen with it.
 func load(t *testing.T, dir string) *catalog.Catalog {
 	t.Helper()
-	c, err := catalog.Load(dir)
+	glob := ""
+	if dir == repoCatalog {
+		glob = "../../../" + catalog.PluginsGlob
+	}
+	c, err := catalog.LoadWithPlugins(dir, glob)
 	require.NoError(t, err)
 	return c
 }

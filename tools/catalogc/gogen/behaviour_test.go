@@ -2,6 +2,7 @@ package gogen_test
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -290,8 +291,14 @@ func TestRegistryRows(t *testing.T) {
 	require.NotEmpty(t, api.Methods)
 	for _, m := range api.Methods {
 		require.Same(t, m, api.Lookup(m.Route), m.FullName)
-		require.Equal(t, "/"+m.Group+"/"+m.Name, m.Route)
-		require.Equal(t, m.Group+"."+m.Name, m.FullName)
+		if m.Plugin != "" {
+			require.Equal(t, "/plugins/"+m.Plugin+"/"+m.Group+"/"+m.Name, m.Route)
+			require.Equal(t, m.Plugin+"."+m.Group+"."+m.Name, m.FullName)
+			require.True(t, strings.HasPrefix(m.Action, "compute:"+m.Plugin+":"), m.FullName)
+		} else {
+			require.Equal(t, "/"+m.Group+"/"+m.Name, m.Route)
+			require.Equal(t, m.Group+"."+m.Name, m.FullName)
+		}
 		require.NotNil(t, m.Decode, m.FullName)
 		require.Equal(t, m.Registered(), m.Invoke != nil, m.FullName)
 		require.Equal(t, m.Kind == api.KindPublic, m.Action == "", m.FullName)

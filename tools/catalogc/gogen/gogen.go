@@ -50,7 +50,7 @@ func Files(c *catalog.Catalog) (map[string][]byte, error) {
 	for _, grp := range c.Groups {
 		// A group of <group>.methods.yaml shares its name with another
 		// catalog file (events.yaml, whose Go is events_gen.go).
-		name := strings.ToLower(grp.Name) + "_gen.go"
+		name := strings.ToLower(grp.Ident()) + "_gen.go"
 		if strings.HasSuffix(grp.File, catalog.MethodsSuffix) {
 			name = strings.ToLower(grp.Name) + "_methods_gen.go"
 		}
@@ -159,17 +159,17 @@ func (g *generator) markDecoders(s *catalog.Schema) {
 }
 
 func typeName(grp *catalog.Group, m *catalog.Method, suffix string) string {
-	return exported(grp.Name) + exported(m.Name) + suffix
+	return exported(grp.Ident()) + exported(m.Name) + suffix
 }
 
 func (g *generator) groupFile(grp *catalog.Group) *jen.File {
 	f := newFile()
-	svc := exported(grp.Name) + "Service"
+	svc := exported(grp.Ident()) + "Service"
 	// Method name constants.
-	f.Commentf("Full names of the %s methods.", grp.Name)
+	f.Commentf("Full names of the %s methods.", grp.Ident())
 	f.Const().DefsFunc(func(d *jen.Group) {
 		for _, m := range grp.Methods {
-			d.Id("Method" + exported(grp.Name) + exported(m.Name)).Op("=").Lit(m.FullName())
+			d.Id("Method" + exported(grp.Ident()) + exported(m.Name)).Op("=").Lit(m.FullName())
 		}
 	})
 	// Inputs and inline outputs.
@@ -180,6 +180,11 @@ func (g *generator) groupFile(grp *catalog.Group) *jen.File {
 		if m.Output.Ref == nil {
 			g.structType(f, typeName(grp, m, "Output"), m.Output, false, false, "Output of "+m.FullName()+".")
 		}
+	}
+	if grp.Plugin != "" {
+		// A plugin's methods are served by its process through
+		// Services.Plugins: no interface to implement here.
+		return f
 	}
 	// The service interface.
 	f.Commentf("%s implements the %s group: %s", svc, grp.Name, grp.Description)
@@ -623,19 +628,31 @@ func (g *generator) registryFile() *jen.File {
 	f := newFile()
 	// Services holds one implementation per group.
 	f.Comment("Services holds the implementation of each group; a group with a registered method must be set.")
+	plugins := slices.ContainsFunc(g.cat.Groups, func(grp *catalog.Group) bool { return grp.Plugin != "" })
 	f.Type().Id("Services").StructFunc(func(st *jen.Group) {
 		for _, grp := range g.cat.Groups {
-			st.Id(exported(grp.Name)).Id(exported(grp.Name) + "Service")
+			if grp.Plugin == "" {
+				st.Id(exported(grp.Name)).Id(exported(grp.Name) + "Service")
+			}
+		}
+		if plugins {
+			st.Comment("Plugins serves the methods of every plugin group.")
+			st.Id("Plugins").Id("PluginCaller")
 		}
 	})
 	f.Comment("Check reports the first group that has a registered method and no implementation.")
 	f.Func().Params(jen.Id("s").Op("*").Id("Services")).Id("Check").Params().Error().BlockFunc(func(b *jen.Group) {
 		for _, grp := range g.cat.Groups {
-			if !slices.ContainsFunc(grp.Methods, (*catalog.Method).Registered) {
+			if grp.Plugin != "" || !slices.ContainsFunc(grp.Methods, (*catalog.Method).Registered) {
 				continue
 			}
 			b.If(jen.Id("s").Dot(exported(grp.Name)).Op("==").Nil()).Block(
 				jen.Return(jen.Qual("errors", "New").Call(jen.Lit("group " + grp.Name + " has registered methods and no service"))),
+			)
+		}
+		if plugins {
+			b.If(jen.Id("s").Dot("Plugins").Op("==").Nil()).Block(
+				jen.Return(jen.Qual("errors", "New").Call(jen.Lit("plugin groups have registered methods and no plugin caller"))),
 			)
 		}
 		b.Return(jen.Nil())
@@ -688,6 +705,9 @@ func (g *generator) methodRow(m *catalog.Method) jen.Code {
 	}
 	if m.Action != "" {
 		d[jen.Id("Action")] = jen.Lit(m.Action)
+	}
+	if grp.Plugin != "" {
+		d[jen.Id("Plugin")] = jen.Lit(grp.Plugin)
 	}
 	if m.Wait {
 		d[jen.Id("Wait")] = jen.True()
@@ -753,7 +773,16 @@ func (g *generator) methodRow(m *catalog.Method) jen.Code {
 		}
 		d[jen.Id("Idempotency")] = jen.Op("&").Id("Idempotency").Values(idd)
 	}
-	if m.Registered() {
+	if m.Registered() && grp.Plugin != "" {
+		d[jen.Id("Invoke")] = jen.Func().Params(jen.Id("ctx").Qual("context", "Context"), jen.Id("s").Op("*").Id("Services"), jen.Id("in").Any()).
+			Params(jen.Any(), jen.Error()).Block(
+			jen.Id("out").Op(":=").New(jen.Id(g.outputName(grp, m))),
+			jen.If(jen.Id("err").Op(":=").Id("s").Dot("Plugins").Dot("CallPlugin").
+				Call(jen.Id("ctx"), jen.Lit(m.Route()), jen.Id("in").Assert(jen.Op("*").Id(in)), jen.Id("out")),
+				jen.Id("err").Op("!=").Nil()).Block(jen.Return(jen.Nil(), jen.Id("err"))),
+			jen.Return(jen.Id("out"), jen.Nil()),
+		)
+	} else if m.Registered() {
 		d[jen.Id("Invoke")] = jen.Func().Params(jen.Id("ctx").Qual("context", "Context"), jen.Id("s").Op("*").Id("Services"), jen.Id("in").Any()).
 			Params(jen.Any(), jen.Error()).Block(
 			jen.List(jen.Id("out"), jen.Id("err")).Op(":=").Id("s").Dot(exported(grp.Name)).Dot(exported(m.Name)).
@@ -775,6 +804,8 @@ func (g *generator) eventsFile() *jen.File {
 		jen.Id("Subject").String().Tag(map[string]string{"json": "subject"}),
 		jen.Id("Module").String().Tag(map[string]string{"json": "module"}),
 		jen.Id("Description").String().Tag(map[string]string{"json": "description"}),
+		jen.Comment("Plugin is the plugin that publishes the type, \"\" for the service's own."),
+		jen.Id("Plugin").String().Tag(map[string]string{"json": "-"}),
 	)
 	if len(g.cat.Events) == 0 {
 		f.Var().Id("EventTypes").Index().Id("EventSpec")
@@ -789,12 +820,16 @@ func (g *generator) eventsFile() *jen.File {
 	f.Comment("EventTypes is the event catalog, in catalog order.")
 	f.Var().Id("EventTypes").Op("=").Index().Id("EventSpec").ValuesFunc(func(v *jen.Group) {
 		for _, e := range g.cat.Events {
-			v.Line().Values(jen.Dict{
+			d := jen.Dict{
 				jen.Id("Type"):        jen.Id(eventConst(e.Type)),
 				jen.Id("Subject"):     jen.Lit(e.Subject),
 				jen.Id("Module"):      jen.Lit(e.Module),
 				jen.Id("Description"): jen.Lit(oneLine(e.Description)),
-			})
+			}
+			if e.Plugin != "" {
+				d[jen.Id("Plugin")] = jen.Lit(e.Plugin)
+			}
+			v.Line().Values(d)
 		}
 		v.Line()
 	})

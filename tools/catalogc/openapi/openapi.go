@@ -141,7 +141,7 @@ func Build(c *catalog.Catalog, opt Options) (*openapi3.T, error) {
 		Value: b.errorResponse(),
 	}
 	for _, g := range c.Groups {
-		doc.Tags = append(doc.Tags, &openapi3.Tag{Name: g.Name, Description: g.Description})
+		doc.Tags = append(doc.Tags, &openapi3.Tag{Name: g.Ident(), Description: g.Description})
 		for _, m := range g.Methods {
 			op, err := b.operation(m, errResp)
 			if err != nil {
@@ -224,7 +224,7 @@ func (b *builder) operation(m *catalog.Method, errResp *openapi3.ResponseRef) (*
 		WithJSONSchemaRef(b.ref(stem + "Result"))
 	op := &openapi3.Operation{
 		OperationID: m.OperationID(),
-		Tags:        []string{m.Group.Name},
+		Tags:        []string{m.Group.Ident()},
 		Summary:     summary(m.Description),
 		Description: b.operationDescription(m),
 		RequestBody: &openapi3.RequestBodyRef{Value: &openapi3.RequestBody{
