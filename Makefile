@@ -99,20 +99,27 @@ key: $(SECRET_FILE) ## Make an API key: make key TENANT=acme ROLE=owner [IDENTIT
 # versitygw, a real S3-compatible server (internal/blob/blobtest pins the
 # same version and builds it on demand when this was not run).
 VERSITYGW ?= github.com/versity/versitygw/cmd/versitygw@v1.8.0
+# spicedb, the relationship-based authorization server external decisions
+# are tested against (internal/iam/spicedb/spicedbtest pins the same).
+SPICEDB ?= github.com/authzed/spicedb/cmd/spicedb@v1.56.2
 
 .PHONY: tools
-tools: .service/bin/versitygw ## Build the servers tests run (versitygw, the S3 server) into .service/bin
+tools: .service/bin/versitygw .service/bin/spicedb ## Build the servers tests run (versitygw, the S3 server; spicedb) into .service/bin
 
 .service/bin/versitygw:
 	@mkdir -p $(@D)
 	GOBIN="$(CURDIR)/$(@D)" go install $(VERSITYGW)
+
+.service/bin/spicedb:
+	@mkdir -p $(@D)
+	GOBIN="$(CURDIR)/$(@D)" go install $(SPICEDB)
 
 .PHONY: test
 # Tests that run real processes and VMs (and the kill test, which measures
 # against deadlines) run one package at a time after the others: on a
 # 2-core machine their CPU load would otherwise share the clock of every
 # timing-sensitive test.
-PROCESS_TESTS = ./internal/killtest ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob
+PROCESS_TESTS = ./internal/iam ./internal/killtest ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob
 
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
 	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v -F -x $(foreach p,$(PROCESS_TESTS),-e computeplane/$(patsubst ./%,%,$(p)))) && \

@@ -60,6 +60,7 @@ type Host struct {
 	gateway  *gateway.Gateway // nil without the gateway role
 	queue    *placement.Queue // the pool-lease placer's reconciler, nil without it
 	siblings []*store.Store   // the connection pools beside the store's, closed with it
+	closers  []func()         // other connections (an external identity adapter), closed with it
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -186,6 +187,9 @@ func every(ctx context.Context, d time.Duration, fn func()) {
 
 // Close releases the store and the background pools.
 func (h *Host) Close() {
+	for _, c := range h.closers {
+		c()
+	}
 	closeAll(h.siblings)
 	h.store.Close()
 }

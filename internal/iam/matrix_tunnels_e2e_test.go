@@ -3,6 +3,7 @@ package iam_test
 // Matrix rows of the tunnels group (the matrix's env configures tunnels).
 
 import (
+	"strings"
 	"crypto/ed25519"
 	"crypto/rand"
 	"path/filepath"
@@ -112,11 +113,11 @@ func userKey(t *testing.T) string {
 
 // withTunnels configures tunnels with SSH (the group exists only with an
 // issuer; certificates need the PKI bundle's SSH CA).
-func withTunnels(t *testing.T) testenv.Option {
+func withTunnels(t *testing.T, extra ...string) testenv.Option {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "pki.json")
 	_, _, err := pki.Init(path, testenv.TestSecret, "")
 	require.NoError(t, err)
 	return testenv.All(testenv.WithEnv("SERVICE_PKI", path),
-		testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "tunnels: {issuer: 'http://localhost:3000', ssh: true}\n")))
+		testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, "tunnels: {issuer: 'http://localhost:3000', ssh: true}\n"+strings.Join(extra, ""))))
 }
