@@ -3,10 +3,10 @@ package iam_test
 // Matrix rows of the tunnels group (the matrix's env configures tunnels).
 
 import (
-	"strings"
 	"crypto/ed25519"
 	"crypto/rand"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
