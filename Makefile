@@ -104,7 +104,7 @@ VERSITYGW ?= github.com/versity/versitygw/cmd/versitygw@v1.8.0
 SPICEDB ?= github.com/authzed/spicedb/cmd/spicedb@v1.56.2
 
 .PHONY: tools
-tools: .service/bin/versitygw .service/bin/spicedb ## Build the servers tests run (versitygw, the S3 server; spicedb) into .service/bin
+tools: .service/bin/versitygw .service/bin/spicedb .service/bin/oidcprovider ## Build the servers tests run (versitygw, the S3 server; spicedb; an OIDC provider) into .service/bin
 
 .service/bin/versitygw:
 	@mkdir -p $(@D)
@@ -113,6 +113,12 @@ tools: .service/bin/versitygw .service/bin/spicedb ## Build the servers tests ru
 .service/bin/spicedb:
 	@mkdir -p $(@D)
 	GOBIN="$(CURDIR)/$(@D)" go install $(SPICEDB)
+
+# oidcprovider, an OpenID Connect provider on github.com/zitadel/oidc/v3's op
+# package (tools/oidcprovider, a module of its own).
+.service/bin/oidcprovider: tools/oidcprovider/main.go tools/oidcprovider/go.mod
+	@mkdir -p $(@D)
+	cd tools/oidcprovider && go build -o "$(CURDIR)/$@" .
 
 .PHONY: test
 # Tests that run real processes and VMs (and the kill test, which measures

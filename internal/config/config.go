@@ -189,12 +189,11 @@ type OIDC struct {
 	Issuer string
 	// Audience must be one of the token's aud values.
 	Audience string
-	// TenantClaim and RoleClaim name the claims carrying the caller's
-	// tenant and role (default compute_tenant and compute_role); a token
-	// without a tenant is refused; one without a role is decided on the
-	// identity's embedded role binding.
+	// TenantClaim names the claim carrying the caller's tenant (default
+	// compute_tenant): the token's subject is an identity of the embedded
+	// service, and the claim must name its home tenant; its role bindings
+	// decide.
 	TenantClaim string
-	RoleClaim   string
 	// CAFile is the PEM bundle TLS trusts (the system roots when empty).
 	CAFile string
 	// Timeout bounds every call to the provider.
@@ -204,7 +203,6 @@ type OIDC struct {
 // Defaults of OIDC.
 const (
 	DefaultOIDCTenantClaim = "compute_tenant"
-	DefaultOIDCRoleClaim   = "compute_role"
 	DefaultOIDCTimeout     = 2 * time.Second
 )
 

@@ -81,7 +81,6 @@ type fileOIDC struct {
 	Issuer      *string `yaml:"issuer"`
 	Audience    *string `yaml:"audience"`
 	TenantClaim *string `yaml:"tenantClaim"`
-	RoleClaim   *string `yaml:"roleClaim"`
 	CAFile      *string `yaml:"caFile"`
 	TimeoutMs   *int    `yaml:"timeoutMs"`
 }

@@ -1090,7 +1090,6 @@ func (b *builder) iamAuthentication(fa *fileIAMAuthentication, c *Config) error 
 		Issuer:      deref(f.Issuer, ""),
 		Audience:    deref(f.Audience, ""),
 		TenantClaim: deref(f.TenantClaim, DefaultOIDCTenantClaim),
-		RoleClaim:   deref(f.RoleClaim, DefaultOIDCRoleClaim),
 		CAFile:      deref(f.CAFile, ""),
 		Timeout:     DefaultOIDCTimeout,
 	}
@@ -1106,10 +1105,8 @@ func (b *builder) iamAuthentication(fa *fileIAMAuthentication, c *Config) error 
 	if o.Audience == "" {
 		return b.errorf("iam.authentication.oidc.audience", "is required: tokens for other audiences are refused")
 	}
-	for name, v := range map[string]string{"tenantClaim": o.TenantClaim, "roleClaim": o.RoleClaim} {
-		if !claimRe.MatchString(v) {
-			return b.errorf("iam.authentication.oidc."+name, "must be a claim name of 1 to 64 characters of A-Z, a-z, 0-9, _ . : / -, got %q", v)
-		}
+	if !claimRe.MatchString(o.TenantClaim) {
+		return b.errorf("iam.authentication.oidc.tenantClaim", "must be a claim name of 1 to 64 characters of A-Z, a-z, 0-9, _ . : / -, got %q", o.TenantClaim)
 	}
 	if f.TimeoutMs != nil {
 		if *f.TimeoutMs < 100 || *f.TimeoutMs > 10000 {

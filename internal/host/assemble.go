@@ -26,6 +26,7 @@ import (
 	"computeplane/internal/gateway"
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
+	"computeplane/internal/iam/oidc"
 	"computeplane/internal/iam/spicedb"
 	"computeplane/internal/images"
 	"computeplane/internal/instances"
@@ -264,7 +265,15 @@ func (a *assembly) identityPort(ov Overrides) error {
 		return err
 	}
 	a.identity = embedded.New(iamStore, a.cfg.RootTenantID, a.cfg.TypePrefix, a.now)
-	a.port = a.identity
+	// Authentication: API keys by the embedded service, and access tokens
+	// of an OIDC provider when configured.
+	var keeper spicedb.Keeper = a.identity
+	if au := a.cfg.IAM.Authentication; au != nil && au.OIDC != nil {
+		if keeper, err = oidc.New(a.identity, au.OIDC, a.now); err != nil {
+			return err
+		}
+	}
+	a.port = keeper
 	if d := a.cfg.IAM.Decisions; d != nil && d.SpiceDB != nil {
 		// Decisions by SpiceDB; the embedded service stays the keeper of
 		// tenants, keys, role bindings and the projection's record.
@@ -273,7 +282,7 @@ func (a *assembly) identityPort(ov Overrides) error {
 			return err
 		}
 		a.closers = append(a.closers, func() { _ = client.Close() })
-		a.port = spicedb.New(spicedb.Options{Keeper: a.identity, Store: iamStore, Client: client,
+		a.port = spicedb.New(spicedb.Options{Keeper: keeper, Store: iamStore, Client: client,
 			TypePrefix: a.cfg.TypePrefix, Timeout: d.SpiceDB.Timeout, Log: a.log})
 	}
 	a.cached = iam.NewCached(a.port, a.now)

@@ -58,7 +58,6 @@ func refuseUnbuilt(cfg *config.Config) error {
 		{"downloads.blob", cfg.Downloads != nil && cfg.Downloads.Blob != "", "downloads from a blob store are not built yet (downloads.dir is)"},
 		{"modules", len(cfg.Modules) > 0, "extra modules are not built yet"},
 		{"plugins", len(cfg.Plugins) > 0, "plugins are not built yet"},
-		{"iam.authentication", cfg.IAM.Authentication != nil, "external OIDC authentication is not built yet (iam.decisions.spicedb is)"},
 		{"attestors", len(cfg.Attestors) > 0, "join attestors beyond the join token are not built yet"},
 	}
 	var list []*config.Error
