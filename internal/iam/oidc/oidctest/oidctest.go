@@ -164,7 +164,7 @@ func (p *Provider) Token(t testing.TB, identity, tenant string) string {
 func (p *Provider) tokenFor(t testing.TB, id, secret string) string {
 	t.Helper()
 	form := url.Values{"grant_type": {"client_credentials"}, "scope": {"openid"}}
-	req, err := http.NewRequest(http.MethodPost, p.Issuer+"/oauth/v2/token", strings.NewReader(form.Encode()))
+	req, err := http.NewRequest(http.MethodPost, p.Issuer+"/oauth/token", strings.NewReader(form.Encode()))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.SetBasicAuth(url.QueryEscape(id), url.QueryEscape(secret))
