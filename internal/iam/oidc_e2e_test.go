@@ -4,6 +4,7 @@ package iam_test
 // (internal/iam/oidc/oidctest: tools/oidcprovider on zitadel/oidc's op).
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"computeplane/gen/client"
 	"computeplane/internal/iam/oidc"
 	"computeplane/internal/iam/oidc/oidctest"
+	"computeplane/internal/iam/spicedb/spicedbtest"
 	"computeplane/internal/testenv"
 )
 
@@ -117,4 +119,30 @@ func TestOIDCProviderOutageAnswersUnavailable(t *testing.T) {
 		assert.Positive(t, *e.RetryAfterMs)
 	}
 	assert.Equal(t, before, countRows(t, env.Store), "no row is left")
+}
+
+// Both external adapters at once: a token of the provider, decided by
+// SpiceDB on the identity's role binding.
+func TestOIDCWithSpiceDBDecisions(t *testing.T) {
+	t.Parallel()
+	p := oidctest.Start(t)
+	s := spicedbtest.Start(t)
+	_, vars := s.Config()
+	yaml := fmt.Sprintf("iam: {authentication: {oidc: {issuer: '%s', audience: '%s'}}, decisions: {spicedb: {endpoint: '%s', plaintext: true}}}\n",
+		p.Issuer, oidctest.Audience, s.Endpoint)
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, yaml)), backend{vars: vars}.env())
+	env.Key(t, "acme", "alice@acme", member)
+	env.Key(t, "acme", "vera@acme", viewer)
+	alice := env.Client(t, computeclient.WithToken(p.Token(t, "alice@acme", "acme")))
+	vera := env.Client(t, computeclient.WithToken(p.Token(t, "vera@acme", "acme")))
+	created, err := alice.SitesCreate(t.Context(), &client.SitesCreateInput{TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu-west", IdempotencyKey: "k1"})
+	require.NoError(t, err, "a member creates")
+	_, err = alice.SitesUpdate(t.Context(), &client.SitesUpdateInput{TenantId: "acme", SiteId: created.Data.SiteId, Region: client.NewOptString("eu-central")})
+	require.NoError(t, err, "and changes what she owns")
+	_, err = vera.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: created.Data.SiteId})
+	require.NoError(t, err, "a viewer reads")
+	_, err = vera.SitesUpdate(t.Context(), &client.SitesUpdateInput{TenantId: "acme", SiteId: created.Data.SiteId, Region: client.NewOptString("eu-west")})
+	requireCode(t, err, "ACCESS_DENIED", http.StatusForbidden, "a viewer does not change")
+	_, err = vera.SitesList(t.Context(), &client.SitesListInput{TenantId: "globex"})
+	requireCode(t, err, "ACCESS_DENIED", http.StatusForbidden, "another tenant")
 }

@@ -82,7 +82,6 @@ func Start(t testing.TB) *Server {
 	s.args = []string{"serve",
 		"--datastore-engine", "memory",
 		"--grpc-addr", s.Endpoint,
-		"--grpc-no-tls",
 		"--http-enabled=false",
 		"--metrics-enabled=false",
 		"--dispatch-cluster-enabled=false",
