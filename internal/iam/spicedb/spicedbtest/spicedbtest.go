@@ -22,6 +22,8 @@ import (
 
 	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"computeplane/internal/config"
 	"computeplane/internal/iam/spicedb"
@@ -126,7 +128,7 @@ func (s *Server) start(t testing.TB) {
 		_, err = client.ReadSchema(ctx, &v1.ReadSchemaRequest{})
 		cancel()
 		// An empty datastore answers NotFound (no schema): it is serving.
-		if err == nil || strings.Contains(err.Error(), "No schema has been defined") {
+		if err == nil || status.Code(err) == codes.NotFound {
 			return
 		}
 		select {
