@@ -148,17 +148,19 @@ type client struct {
 	id, secret, tenant string
 }
 
-func (c *client) GetID() string                                { return c.id }
-func (c *client) RedirectURIs() []string                       { return nil }
-func (c *client) PostLogoutRedirectURIs() []string             { return nil }
-func (c *client) ApplicationType() op.ApplicationType          { return op.ApplicationTypeWeb }
-func (c *client) AuthMethod() oidc.AuthMethod                  { return oidc.AuthMethodBasic }
-func (c *client) ResponseTypes() []oidc.ResponseType           { return nil }
-func (c *client) GrantTypes() []oidc.GrantType                 { return []oidc.GrantType{oidc.GrantTypeClientCredentials} }
-func (c *client) LoginURL(string) string                       { return "" }
-func (c *client) AccessTokenType() op.AccessTokenType          { return op.AccessTokenTypeJWT }
-func (c *client) IDTokenLifetime() time.Duration               { return time.Hour }
-func (c *client) DevMode() bool                                { return true }
+func (c *client) GetID() string                       { return c.id }
+func (c *client) RedirectURIs() []string              { return nil }
+func (c *client) PostLogoutRedirectURIs() []string    { return nil }
+func (c *client) ApplicationType() op.ApplicationType { return op.ApplicationTypeWeb }
+func (c *client) AuthMethod() oidc.AuthMethod         { return oidc.AuthMethodBasic }
+func (c *client) ResponseTypes() []oidc.ResponseType  { return nil }
+func (c *client) GrantTypes() []oidc.GrantType {
+	return []oidc.GrantType{oidc.GrantTypeClientCredentials}
+}
+func (c *client) LoginURL(string) string              { return "" }
+func (c *client) AccessTokenType() op.AccessTokenType { return op.AccessTokenTypeJWT }
+func (c *client) IDTokenLifetime() time.Duration      { return time.Hour }
+func (c *client) DevMode() bool                       { return true }
 func (c *client) RestrictAdditionalIdTokenScopes() func([]string) []string {
 	return func(s []string) []string { return s }
 }
