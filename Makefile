@@ -99,20 +99,33 @@ key: $(SECRET_FILE) ## Make an API key: make key TENANT=acme ROLE=owner [IDENTIT
 # versitygw, a real S3-compatible server (internal/blob/blobtest pins the
 # same version and builds it on demand when this was not run).
 VERSITYGW ?= github.com/versity/versitygw/cmd/versitygw@v1.8.0
+# spicedb, the relationship-based authorization server external decisions
+# are tested against (internal/iam/spicedb/spicedbtest pins the same).
+SPICEDB ?= github.com/authzed/spicedb/cmd/spicedb@v1.56.2
 
 .PHONY: tools
-tools: .service/bin/versitygw ## Build the servers tests run (versitygw, the S3 server) into .service/bin
+tools: .service/bin/versitygw .service/bin/spicedb .service/bin/oidcprovider ## Build the servers tests run (versitygw, the S3 server; spicedb; an OIDC provider) into .service/bin
 
 .service/bin/versitygw:
 	@mkdir -p $(@D)
 	GOBIN="$(CURDIR)/$(@D)" go install $(VERSITYGW)
+
+.service/bin/spicedb:
+	@mkdir -p $(@D)
+	GOBIN="$(CURDIR)/$(@D)" go install $(SPICEDB)
+
+# oidcprovider, an OpenID Connect provider on github.com/zitadel/oidc/v3's op
+# package (tools/oidcprovider, a module of its own).
+.service/bin/oidcprovider: tools/oidcprovider/main.go tools/oidcprovider/go.mod
+	@mkdir -p $(@D)
+	cd tools/oidcprovider && go build -o "$(CURDIR)/$@" .
 
 .PHONY: test
 # Tests that run real processes and VMs (and the kill test, which measures
 # against deadlines) run one package at a time after the others: on a
 # 2-core machine their CPU load would otherwise share the clock of every
 # timing-sensitive test.
-PROCESS_TESTS = ./internal/killtest ./internal/join ./internal/agent/telemetry ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob ./internal/downloads ./internal/deploytest ./internal/plugins
+PROCESS_TESTS = ./internal/killtest ./internal/join ./internal/agent/telemetry ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob ./internal/downloads ./internal/deploytest ./internal/plugins ./internal/iam
 
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
 	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v -F -x $(foreach p,$(PROCESS_TESTS),-e computeplane/$(patsubst ./%,%,$(p)))) && \

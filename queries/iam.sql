@@ -218,3 +218,17 @@ ORDER BY identity_id;
 INSERT INTO iam.role_bindings (tenant_id, identity_id, role, created_at)
 VALUES (sqlc.arg(tenant_id), sqlc.arg(identity_id), sqlc.arg(role), sqlc.arg(created_at))
 ON CONFLICT (tenant_id, identity_id) DO UPDATE SET role = excluded.role;
+
+-- External decisions (internal/iam/spicedb) mirror the projection, the
+-- relationships and the role bindings the embedded service keeps.
+
+-- name: IAMAllResources :many
+SELECT type, id, tenant_id, parent_type, parent_id, owner_id, attributes, draft
+FROM iam.resources ORDER BY type, id;
+
+-- name: IAMAllRelationships :many
+SELECT resource_type, resource_id, relation, identity_id
+FROM iam.relationships ORDER BY resource_type, resource_id, relation, identity_id;
+
+-- name: IAMAllRoleBindings :many
+SELECT tenant_id, identity_id, role FROM iam.role_bindings ORDER BY tenant_id, identity_id;

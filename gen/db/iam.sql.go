@@ -12,6 +12,121 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const iAMAllRelationships = `-- name: IAMAllRelationships :many
+SELECT resource_type, resource_id, relation, identity_id
+FROM iam.relationships ORDER BY resource_type, resource_id, relation, identity_id
+`
+
+type IAMAllRelationshipsRow struct {
+	ResourceType string
+	ResourceID   string
+	Relation     string
+	IdentityID   string
+}
+
+func (q *Queries) IAMAllRelationships(ctx context.Context) ([]IAMAllRelationshipsRow, error) {
+	rows, err := q.db.Query(ctx, iAMAllRelationships)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []IAMAllRelationshipsRow
+	for rows.Next() {
+		var i IAMAllRelationshipsRow
+		if err := rows.Scan(
+			&i.ResourceType,
+			&i.ResourceID,
+			&i.Relation,
+			&i.IdentityID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const iAMAllResources = `-- name: IAMAllResources :many
+
+SELECT type, id, tenant_id, parent_type, parent_id, owner_id, attributes, draft
+FROM iam.resources ORDER BY type, id
+`
+
+type IAMAllResourcesRow struct {
+	Type       string
+	ID         string
+	TenantID   string
+	ParentType pgtype.Text
+	ParentID   pgtype.Text
+	OwnerID    pgtype.Text
+	Attributes []byte
+	Draft      bool
+}
+
+// External decisions (internal/iam/spicedb) mirror the projection, the
+// relationships and the role bindings the embedded service keeps.
+func (q *Queries) IAMAllResources(ctx context.Context) ([]IAMAllResourcesRow, error) {
+	rows, err := q.db.Query(ctx, iAMAllResources)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []IAMAllResourcesRow
+	for rows.Next() {
+		var i IAMAllResourcesRow
+		if err := rows.Scan(
+			&i.Type,
+			&i.ID,
+			&i.TenantID,
+			&i.ParentType,
+			&i.ParentID,
+			&i.OwnerID,
+			&i.Attributes,
+			&i.Draft,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const iAMAllRoleBindings = `-- name: IAMAllRoleBindings :many
+SELECT tenant_id, identity_id, role FROM iam.role_bindings ORDER BY tenant_id, identity_id
+`
+
+type IAMAllRoleBindingsRow struct {
+	TenantID   string
+	IdentityID string
+	Role       string
+}
+
+func (q *Queries) IAMAllRoleBindings(ctx context.Context) ([]IAMAllRoleBindingsRow, error) {
+	rows, err := q.db.Query(ctx, iAMAllRoleBindings)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []IAMAllRoleBindingsRow
+	for rows.Next() {
+		var i IAMAllRoleBindingsRow
+		if err := rows.Scan(&i.TenantID, &i.IdentityID, &i.Role); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const iAMDeleteRelationshipsOf = `-- name: IAMDeleteRelationshipsOf :exec
 DELETE FROM iam.relationships WHERE resource_type = $1 AND resource_id = $2
 `

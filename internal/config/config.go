@@ -144,7 +144,70 @@ type IAM struct {
 	RootTenantID string
 	// Events is nil unless the signed identity-event webhook is configured.
 	Events *IAMEvents
+	// Decisions, when set, moves require and authorize to an external
+	// relationship-based authorization server; the embedded service keeps
+	// tenants, identities, keys and role bindings (docs/identity.md).
+	Decisions *IAMDecisions
+	// Authentication, when set, adds an external OIDC provider whose
+	// access tokens are accepted besides the embedded API keys.
+	Authentication *IAMAuthentication
 }
+
+// IAMDecisions selects the external decision service.
+type IAMDecisions struct {
+	SpiceDB *SpiceDB
+}
+
+// SpiceDB is a SpiceDB server deciding by relationships.
+type SpiceDB struct {
+	// Endpoint is host:port of its gRPC API.
+	Endpoint string
+	// PresharedKeyEnv names the environment variable holding the preshared
+	// key; PresharedKey is its value, read at start.
+	PresharedKeyEnv string
+	PresharedKey    string
+	// Plaintext speaks gRPC without TLS, allowed only to a loopback host.
+	Plaintext bool
+	// CAFile is the PEM bundle TLS trusts (the system roots when empty).
+	CAFile string
+	// Timeout bounds every call to SpiceDB.
+	Timeout time.Duration
+}
+
+// Defaults of SpiceDB.
+const (
+	DefaultSpiceDBKeyEnv  = "SERVICE_SPICEDB_PRESHARED_KEY"
+	DefaultSpiceDBTimeout = 2 * time.Second
+)
+
+// IAMAuthentication selects the external authentication service.
+type IAMAuthentication struct {
+	OIDC *OIDC
+}
+
+// OIDC is an OpenID Connect provider whose JWT access tokens are accepted.
+type OIDC struct {
+	// Issuer is the provider's issuer URL (https, or http to a loopback
+	// host); discovery is read from Issuer/.well-known/openid-configuration.
+	Issuer string
+	// Audience must be one of the token's aud values.
+	Audience string
+	// TenantClaim names the claim carrying the caller's tenant (default
+	// compute_tenant): the token's subject is an identity of the embedded
+	// service, and the claim must name its home tenant; its role bindings
+	// decide.
+	TenantClaim string
+	// CAFile is the PEM bundle TLS trusts (the system roots when empty).
+	CAFile string
+	// Timeout bounds every call to the provider.
+	Timeout time.Duration
+}
+
+// Defaults of OIDC.
+const (
+	DefaultOIDCTenantClaim = "compute_tenant"
+	DefaultOIDCTimeout     = 2 * time.Second
+)
 
 // IAMKind names an identity-service adapter.
 type IAMKind string

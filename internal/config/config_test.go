@@ -501,6 +501,14 @@ func TestInvalid(t *testing.T) {
 
 		// iam and rootTenantId.
 		{"iam kind", "iam: {kind: openfga}", nil, "iam.kind", "must be embedded"},
+		{"spicedb endpoint", "iam: {decisions: {spicedb: {endpoint: nope}}}", nil, "iam.decisions.spicedb.endpoint", "host:port"},
+		{"spicedb plaintext off loopback", "iam: {decisions: {spicedb: {endpoint: 'spicedb.example:50051', plaintext: true}}}", nil, "iam.decisions.spicedb.plaintext", "loopback"},
+		{"spicedb key required", "iam: {decisions: {spicedb: {endpoint: '127.0.0.1:50051', plaintext: true}}}", nil, "iam.decisions.spicedb.presharedKeyEnv", "not set"},
+		{"spicedb timeout", "iam: {decisions: {spicedb: {endpoint: '127.0.0.1:1', timeoutMs: 5}}}", env("SERVICE_SPICEDB_PRESHARED_KEY", "k"), "iam.decisions.spicedb.timeoutMs", "100 to 10000"},
+		{"decisions names a service", "iam: {decisions: {}}", nil, "iam.decisions", "spicedb"},
+		{"oidc issuer", "iam: {authentication: {oidc: {issuer: 'http://idp.example', audience: a}}}", nil, "iam.authentication.oidc.issuer", "https"},
+		{"oidc audience", "iam: {authentication: {oidc: {issuer: 'https://idp.example'}}}", nil, "iam.authentication.oidc.audience", "required"},
+		{"oidc claim", "iam: {authentication: {oidc: {issuer: 'https://idp.example', audience: a, tenantClaim: 'a b'}}}", nil, "iam.authentication.oidc.tenantClaim", "claim name"},
 		{"iam rootTenantId shape", "iam: {rootTenantId: 'a b'}", nil, "iam.rootTenantId", "TenantId"},
 		{"iam events secret required", "iam: {events: {path: /e}}", nil, "iam.events.secret", "is required"},
 		{"iam events secret length", "iam: {events: {secret: short}}", nil, "iam.events.secret", "at least 32"},

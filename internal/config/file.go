@@ -59,9 +59,35 @@ type fileTPM struct {
 }
 
 type fileIAM struct {
-	Kind         *string        `yaml:"kind"`
-	RootTenantID *string        `yaml:"rootTenantId"`
-	Events       *fileIAMEvents `yaml:"events"`
+	Kind           *string                `yaml:"kind"`
+	RootTenantID   *string                `yaml:"rootTenantId"`
+	Events         *fileIAMEvents         `yaml:"events"`
+	Decisions      *fileIAMDecisions      `yaml:"decisions"`
+	Authentication *fileIAMAuthentication `yaml:"authentication"`
+}
+
+type fileIAMDecisions struct {
+	SpiceDB *fileSpiceDB `yaml:"spicedb"`
+}
+
+type fileSpiceDB struct {
+	Endpoint        *string `yaml:"endpoint"`
+	PresharedKeyEnv *string `yaml:"presharedKeyEnv"`
+	Plaintext       *bool   `yaml:"plaintext"`
+	CAFile          *string `yaml:"caFile"`
+	TimeoutMs       *int    `yaml:"timeoutMs"`
+}
+
+type fileIAMAuthentication struct {
+	OIDC *fileOIDC `yaml:"oidc"`
+}
+
+type fileOIDC struct {
+	Issuer      *string `yaml:"issuer"`
+	Audience    *string `yaml:"audience"`
+	TenantClaim *string `yaml:"tenantClaim"`
+	CAFile      *string `yaml:"caFile"`
+	TimeoutMs   *int    `yaml:"timeoutMs"`
 }
 
 type fileIAMEvents struct {

@@ -43,7 +43,7 @@ func load(getenv func(string) string, readFile func(string) ([]byte, error)) (*C
 }
 
 func check(getenv func(string) string, readFile func(string) ([]byte, error)) (*Config, error) {
-	b := &builder{env: map[string]string{}}
+	b := &builder{env: map[string]string{}, getenv: getenv}
 	fc := &fileConfig{}
 	if path := getenv(EnvConfig); path != "" {
 		data, err := readFile(path)
@@ -69,6 +69,7 @@ func unwrapPathError(err error) error {
 // options the environment set, to say so in errors.
 type builder struct {
 	env      map[string]string
+	getenv   func(string) string
 	pkiFile  string
 	problems problems
 }
@@ -323,9 +324,15 @@ func (b *builder) iam(fc *fileConfig, c *Config) error {
 	fi := deref(fc.IAM, fileIAM{})
 	kind := deref(fi.Kind, string(IAMEmbedded))
 	if kind != string(IAMEmbedded) {
-		return b.errorf("iam.kind", "must be embedded (the identity adapter this build has), got %q", kind)
+		return b.errorf("iam.kind", "must be embedded (the keeper of tenants and keys; external services go under iam.decisions and iam.authentication), got %q", kind)
 	}
 	c.IAM.Kind = IAMKind(kind)
+	if err := b.iamDecisions(fi.Decisions, c); err != nil {
+		return err
+	}
+	if err := b.iamAuthentication(fi.Authentication, c); err != nil {
+		return err
+	}
 	if fi.RootTenantID != nil {
 		if !tenantIDRe.MatchString(*fi.RootTenantID) {
 			return b.errorf("iam.rootTenantId", "must be a TenantId: 1 to 128 characters of A-Z, a-z, 0-9 and . _ : -")
@@ -1112,4 +1119,101 @@ func (b *builder) roles(fc *fileConfig, c *Config) error {
 		}
 	}
 	return nil
+}
+
+// iamDecisions checks iam.decisions: one external decision service.
+func (b *builder) iamDecisions(fd *fileIAMDecisions, c *Config) error {
+	if fd == nil {
+		return nil
+	}
+	if fd.SpiceDB == nil {
+		return b.errorf("iam.decisions", "must name a decision service: spicedb")
+	}
+	f := fd.SpiceDB
+	s := &SpiceDB{
+		Endpoint:        deref(f.Endpoint, ""),
+		PresharedKeyEnv: deref(f.PresharedKeyEnv, DefaultSpiceDBKeyEnv),
+		Plaintext:       deref(f.Plaintext, false),
+		CAFile:          deref(f.CAFile, ""),
+		Timeout:         DefaultSpiceDBTimeout,
+	}
+	host, port, err := net.SplitHostPort(s.Endpoint)
+	if err != nil || host == "" || port == "" {
+		return b.errorf("iam.decisions.spicedb.endpoint", "must be host:port, got %q", s.Endpoint)
+	}
+	if s.Plaintext && !loopbackHost(host) {
+		return b.errorf("iam.decisions.spicedb.plaintext", "is allowed only to a loopback host, not %q: use TLS (caFile)", host)
+	}
+	if s.Plaintext && s.CAFile != "" {
+		return b.errorf("iam.decisions.spicedb.caFile", "cannot be combined with plaintext")
+	}
+	if !envNameRe.MatchString(s.PresharedKeyEnv) {
+		return b.errorf("iam.decisions.spicedb.presharedKeyEnv", "must name an environment variable, got %q", s.PresharedKeyEnv)
+	}
+	if s.PresharedKey = b.getenv(s.PresharedKeyEnv); s.PresharedKey == "" {
+		return b.errorf("iam.decisions.spicedb.presharedKeyEnv", "names %s, which is not set: the preshared key is required", s.PresharedKeyEnv)
+	}
+	if f.TimeoutMs != nil {
+		if *f.TimeoutMs < 100 || *f.TimeoutMs > 10000 {
+			return b.errorf("iam.decisions.spicedb.timeoutMs", "must be 100 to 10000, got %d", *f.TimeoutMs)
+		}
+		s.Timeout = time.Duration(*f.TimeoutMs) * time.Millisecond
+	}
+	c.IAM.Decisions = &IAMDecisions{SpiceDB: s}
+	return nil
+}
+
+// iamAuthentication checks iam.authentication: one external OIDC provider.
+func (b *builder) iamAuthentication(fa *fileIAMAuthentication, c *Config) error {
+	if fa == nil {
+		return nil
+	}
+	if fa.OIDC == nil {
+		return b.errorf("iam.authentication", "must name an authentication service: oidc")
+	}
+	f := fa.OIDC
+	o := &OIDC{
+		Issuer:      deref(f.Issuer, ""),
+		Audience:    deref(f.Audience, ""),
+		TenantClaim: deref(f.TenantClaim, DefaultOIDCTenantClaim),
+		CAFile:      deref(f.CAFile, ""),
+		Timeout:     DefaultOIDCTimeout,
+	}
+	u, err := url.Parse(o.Issuer)
+	switch {
+	case o.Issuer == "" || err != nil || u.Host == "" || u.RawQuery != "" || u.Fragment != "":
+		return b.errorf("iam.authentication.oidc.issuer", "must be an absolute URL without query or fragment, got %q", o.Issuer)
+	case u.Scheme == "http" && !loopbackHost(u.Hostname()):
+		return b.errorf("iam.authentication.oidc.issuer", "must be https (http only to a loopback host), got %q", o.Issuer)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return b.errorf("iam.authentication.oidc.issuer", "must be https, got %q", o.Issuer)
+	}
+	if o.Audience == "" {
+		return b.errorf("iam.authentication.oidc.audience", "is required: tokens for other audiences are refused")
+	}
+	if !claimRe.MatchString(o.TenantClaim) {
+		return b.errorf("iam.authentication.oidc.tenantClaim", "must be a claim name of 1 to 64 characters of A-Z, a-z, 0-9, _ . : / -, got %q", o.TenantClaim)
+	}
+	if f.TimeoutMs != nil {
+		if *f.TimeoutMs < 100 || *f.TimeoutMs > 10000 {
+			return b.errorf("iam.authentication.oidc.timeoutMs", "must be 100 to 10000, got %d", *f.TimeoutMs)
+		}
+		o.Timeout = time.Duration(*f.TimeoutMs) * time.Millisecond
+	}
+	c.IAM.Authentication = &IAMAuthentication{OIDC: o}
+	return nil
+}
+
+var (
+	envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	claimRe   = regexp.MustCompile(`^[A-Za-z0-9_.:/-]{1,64}$`)
+)
+
+// loopbackHost reports whether host is localhost or a loopback address.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }

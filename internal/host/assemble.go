@@ -27,6 +27,8 @@ import (
 	"computeplane/internal/gateway"
 	"computeplane/internal/iam"
 	"computeplane/internal/iam/embedded"
+	"computeplane/internal/iam/oidc"
+	"computeplane/internal/iam/spicedb"
 	"computeplane/internal/images"
 	"computeplane/internal/instances"
 	"computeplane/internal/join"
@@ -74,6 +76,7 @@ type assembly struct {
 	bundle  func() (*pki.Bundle, error)
 
 	siblings []*store.Store // pools opened beside st, closed with the host
+	closers  []func()       // other connections closed with the host
 	gw       *system.Gateway
 	cursors  *cursor.Sealer
 	sinkList []sinks.Sink
@@ -95,6 +98,7 @@ type assembly struct {
 	bundles       *supportbundles.Service
 
 	identity *embedded.Service
+	port     iam.Port // identity, or an external adapter in front of it
 	cached   *iam.Cached
 	gate     rpc.Gate
 
@@ -122,6 +126,9 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 	defer func() {
 		if err != nil {
 			closeAll(a.siblings)
+			for _, c := range a.closers {
+				c()
+			}
 		}
 	}()
 	if err := a.groupServices(ov); err != nil {
@@ -157,7 +164,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 	}
 	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, caches: a.cached, watch: watch,
 		sinks: a.sinkList, dispatch: dispatch,
-		notifier: a.notifier, workers: runner, siblings: a.siblings, placer: a.placer, gateway: gwRole, queue: queue, relay: a.relay,
+		notifier: a.notifier, workers: runner, siblings: a.siblings, closers: a.closers, placer: a.placer, gateway: gwRole, queue: queue, relay: a.relay,
 	}, nil
 }
 
@@ -280,7 +287,27 @@ func (a *assembly) identityPort(ov Overrides) error {
 		return err
 	}
 	a.identity = embedded.New(iamStore, a.cfg.RootTenantID, a.cfg.TypePrefix, a.now)
-	a.cached = iam.NewCached(a.identity, a.now)
+	// Authentication: API keys by the embedded service, and access tokens
+	// of an OIDC provider when configured.
+	var keeper spicedb.Keeper = a.identity
+	if au := a.cfg.IAM.Authentication; au != nil && au.OIDC != nil {
+		if keeper, err = oidc.New(a.identity, au.OIDC, a.now); err != nil {
+			return err
+		}
+	}
+	a.port = keeper
+	if d := a.cfg.IAM.Decisions; d != nil && d.SpiceDB != nil {
+		// Decisions by SpiceDB; the embedded service stays the keeper of
+		// tenants, keys, role bindings and the projection's record.
+		client, err := spicedb.Dial(d.SpiceDB)
+		if err != nil {
+			return err
+		}
+		a.closers = append(a.closers, func() { _ = client.Close() })
+		a.port = spicedb.New(spicedb.Options{Keeper: keeper, Store: iamStore, Client: client,
+			TypePrefix: a.cfg.TypePrefix, Timeout: d.SpiceDB.Timeout, Log: a.log})
+	}
+	a.cached = iam.NewCached(a.port, a.now)
 	a.gate = &iam.Gate{
 		Port:         a.cached,
 		TypePrefix:   a.cfg.TypePrefix,
@@ -478,7 +505,7 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 		DocsHTML:     gendocs.IndexHTML,
 		Watch:        watch,
 		Log:          log,
-		Join: &join.Handler{Store: a.st, Bundle: a.bundle, Projection: a.identity.Projection(), TypePrefix: cfg.TypePrefix,
+		Join: &join.Handler{Store: a.st, Bundle: a.bundle, Projection: a.port.Projection(), TypePrefix: cfg.TypePrefix,
 			Gateways: gateway.LiveGateways, FallbackURL: fallbackURL(cfg, gwRole), Log: log, Now: a.now, TPM: tpmAttestor(cfg)},
 	}
 	if gwRole != nil {

@@ -64,6 +64,7 @@ type Host struct {
 	relay    *tunnels.Relay   // the tunnels relay, nil without the tunnels option
 	siblings []*store.Store   // the connection pools beside the store's, closed with it
 	plugins  *plugins.Host    // the plugin processes, stopped with it
+	closers  []func()         // other connections (an external identity adapter), closed with it
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -195,6 +196,9 @@ func (h *Host) Plugins() *plugins.Host { return h.plugins }
 // background pools.
 func (h *Host) Close() {
 	h.plugins.Close()
+	for _, c := range h.closers {
+		c()
+	}
 	closeAll(h.siblings)
 	h.store.Close()
 }

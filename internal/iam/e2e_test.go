@@ -910,11 +910,21 @@ func dropRole(t *testing.T, env *testenv.Env, tenant, identity string) {
 // ---------------------------------------------------------------------------
 // 1. The matrix.
 
+// The matrix runs against every identity backend (backends_e2e_test.go):
+// the embedded service, and decisions by a real SpiceDB.
 func TestMatrixRefusesWrongTenantAndWrongRole(t *testing.T) {
 	t.Parallel()
-	// Tunnels configured: the group exists only then; so is the example
-	// plugin, whose methods are mounted only then.
-	env := testenv.Start(t, withTunnels(t, testenv.ExamplePluginConfig(t)))
+	for _, b := range identityBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			// Tunnels configured: the group exists only then; so is the
+			// example plugin, whose methods are mounted only then.
+			matrixOn(t, testenv.Start(t, withTunnels(t, b.yaml, testenv.ExamplePluginConfig(t)), b.env()))
+		})
+	}
+}
+
+func matrixOn(t *testing.T, env *testenv.Env) {
 	keys := mintKeys(t, env)
 	fx := newFixture(env, keys)
 	root := env.Config.RootTenantID
@@ -1113,10 +1123,11 @@ func (s *countingSystem) SelfCheck(ctx context.Context, in *api.SystemSelfCheckI
 	return s.SystemService.SelfCheck(ctx, in)
 }
 
-// hostGate is the gate host.Assemble builds, on the env's store and config.
-func hostGate(env *testenv.Env, now func() time.Time) *iam.Gate {
+// hostGate is the gate host.Assemble builds, on the env's identity port
+// (embedded, or an external adapter in front of it) with caches of its own.
+func hostGate(env *testenv.Env) *iam.Gate {
 	return &iam.Gate{
-		Port:         iam.NewCached(embedded.New(env.Store, env.Config.RootTenantID, env.Config.TypePrefix, now), now),
+		Port:         iam.NewCached(env.Host.Caches().Port, nil),
 		TypePrefix:   env.Config.TypePrefix,
 		AcceptCookie: env.Config.AcceptIAMCookie,
 		Origin:       env.Config.BaseURL,
@@ -1144,13 +1155,22 @@ func (o *txObserver) Finish(ctx context.Context, err error) {
 
 func TestRefusedCallsLeaveNoRow(t *testing.T) {
 	t.Parallel()
+	for _, b := range identityBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			refusedCallsLeaveNoRow(t, b)
+		})
+	}
+}
+
+func refusedCallsLeaveNoRow(t *testing.T, b backend) {
 	counter, txs := &countingSystem{}, &txObserver{}
-	env := testenv.Start(t, withTunnels(t),
+	env := testenv.Start(t, withTunnels(t, b.yaml), b.env(),
 		testenv.WithOverrides(host.Overrides{Gate: txs, Services: func(s *api.Services) {
 			counter.SystemService = s.System
 			s.System = counter
 		}}))
-	txs.gate.Store(hostGate(env, nil))
+	txs.gate.Store(hostGate(env))
 	root := env.Config.RootTenantID
 	keys := mintKeys(t, env)
 	fx := newFixture(env, keys)

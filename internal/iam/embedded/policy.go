@@ -327,3 +327,24 @@ func attributeTrue(raw []byte, name string) bool {
 	}
 	return attrs[name] == "true"
 }
+
+// RoleOf returns the role identity holds in tenant, "" for none. External
+// decision services mirror role bindings from it.
+func (s *Service) RoleOf(ctx context.Context, tenant, identity string) (string, error) {
+	rl, err := s.roleOf(ctx, s.st.Queries(), tenant, identity)
+	if err != nil || rl == roleNone {
+		return "", err
+	}
+	return Roles[roleOwner-rl], nil
+}
+
+// CheckDelegation applies the caller's delegation (nil without one): an
+// action it holds for confirmation is recorded and answered with
+// *iam.ConfirmationRequired. External decision services call it after
+// they allowed the identity, as decide does.
+func (s *Service) CheckDelegation(ctx context.Context, c *iam.Caller, action string, r iam.Resource) error {
+	if c.DelegationID == "" {
+		return nil
+	}
+	return s.checkDelegation(ctx, s.st.Queries(), c, action, r)
+}

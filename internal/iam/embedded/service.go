@@ -214,3 +214,20 @@ func txOf(ctx context.Context, tx pgx.Tx) (*db.Queries, error) {
 	}
 	return db.New(tx), nil
 }
+
+// IdentityOf returns the home tenant and kind of an identity; ok is false
+// when the service does not know it. External authentication maps a
+// token's subject to the identity by it.
+func (s *Service) IdentityOf(ctx context.Context, id string) (tenant, kind string, ok bool, err error) {
+	if !identityPattern.MatchString(id) {
+		return "", "", false, nil
+	}
+	row, err := s.st.Queries().IAMGetIdentity(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", false, nil
+	}
+	if err != nil {
+		return "", "", false, unavailable(err)
+	}
+	return row.TenantID, row.Kind, true, nil
+}
