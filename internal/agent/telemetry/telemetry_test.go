@@ -24,7 +24,6 @@ import (
 
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
-	"computeplane/internal/config"
 )
 
 // startReceiver runs the OpenTelemetry Collector's OTLP receiver
@@ -200,9 +199,9 @@ func TestEveryBadSettingIsRefused(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := c.cfg.Check()
-			var ce *config.Error
+			var ce *Problem
 			require.True(t, errors.As(err, &ce), "refused: %v", err)
-			assert.Equal(t, c.flag, ce.Option)
+			assert.Equal(t, c.flag, ce.Flag)
 			assert.Contains(t, err.Error(), "INVALID_CONFIG")
 			assert.Contains(t, err.Error(), c.msg)
 		})
