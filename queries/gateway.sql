@@ -110,6 +110,22 @@ INSERT INTO node_specs (node_id, generation, body) VALUES (sqlc.arg(node_id), 1,
 ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, body = excluded.body, updated_at = now()
 RETURNING generation;
 
+-- PutNodeSpecLater is PutNodeSpec for a caller that needs no generation
+-- back (its write travels with the call's next statement, store.Later).
+-- name: PutNodeSpecLater :exec
+INSERT INTO node_specs (node_id, generation, body) VALUES (sqlc.arg(node_id), 1, sqlc.arg(body))
+ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, body = excluded.body, updated_at = now();
+
+-- NodeSpecInputs is what a node's spec needs besides its instances, in one
+-- statement: the node's gateway (whose topic is woken), the networks of its
+-- last spec, its ready volumes.
+-- name: NodeSpecInputs :one
+SELECT n.session_gateway,
+       (SELECT s.body FROM node_specs s WHERE s.node_id = n.node_id)::jsonb AS last_spec,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('serial', v.serial, 'sizeGiB', v.size_gib) ORDER BY v.volume_id)
+                 FROM sandbox_volumes v WHERE v.node_id = n.node_id AND v.state = 'ready'), '[]'::jsonb)::jsonb AS volumes
+FROM nodes n WHERE n.node_id = sqlc.arg(node_id);
+
 -- name: GetNodeSpec :one
 SELECT * FROM node_specs WHERE node_id = sqlc.arg(node_id);
 

@@ -87,8 +87,9 @@ SELECT * FROM iam.confirmations WHERE id = $1;
 SELECT * FROM iam.resources WHERE type = $1 AND id = $2;
 
 -- IAMPutDraft writes a draft; it never turns a real resource back into a
--- draft nor changes it (a retried create is decided on what exists).
--- name: IAMPutDraft :exec
+-- draft nor changes it (a retried create is decided on what exists): it
+-- then writes no row.
+-- name: IAMPutDraft :execrows
 INSERT INTO iam.resources (type, id, tenant_id, parent_type, parent_id, owner_id, attributes, draft, created_at, updated_at)
 VALUES (sqlc.arg(type), sqlc.arg(id), sqlc.arg(tenant_id), sqlc.narg(parent_type), sqlc.narg(parent_id),
         sqlc.narg(owner_id), sqlc.arg(attributes), true, sqlc.arg(now), sqlc.arg(now))

@@ -111,3 +111,19 @@ ORDER BY name;
 -- name: ArchiveFlavor :one
 UPDATE flavors SET archived = true WHERE pool_id = sqlc.arg(pool_id) AND name = sqlc.arg(name)
 RETURNING *;
+
+-- PoolFlavor reads, in one statement, what a create in a pool needs
+-- (instances, reservations): the pool, whether it is offered to tenant,
+-- its flavor (NULLs when it has none of that name) and the transaction's
+-- time.
+-- name: PoolFlavor :one
+SELECT sqlc.embed(p),
+       EXISTS (SELECT 1 FROM quotas o WHERE o.pool_id = p.pool_id AND o.tenant_id = sqlc.arg(tenant_id) AND o.offered)::boolean AS offered,
+       f.name AS flavor_name, f.vcpu AS flavor_vcpu, f.memory_mib AS flavor_memory_mib, f.disk_gib AS flavor_disk_gib,
+       f.gpu_model AS flavor_gpu_model, f.gpus AS flavor_gpus, f.archived AS flavor_archived, f.created_at AS flavor_created_at,
+       now()::timestamptz AS now
+FROM pools p LEFT JOIN flavors f ON f.pool_id = p.pool_id AND f.name = sqlc.arg(flavor)
+WHERE p.pool_id = sqlc.arg(pool_id);
+
+-- name: Now :one
+SELECT now()::timestamptz AS now;

@@ -1,9 +1,10 @@
--- name: OpenAllocation :one
+-- OpenAllocation returns nothing: the caller made its id, and the write
+-- travels with the call's next statement (store.Later).
+-- name: OpenAllocation :exec
 INSERT INTO allocations (allocation_id, tenant_id, project_id, meter, quantity_micro, tags, owner_type, owner_id, started_at, rolled_until)
 VALUES (sqlc.arg(allocation_id), sqlc.arg(tenant_id), sqlc.narg(project_id), sqlc.arg(meter), sqlc.arg(quantity_micro), sqlc.arg(tags),
         sqlc.arg(owner_type), sqlc.arg(owner_id), coalesce(sqlc.narg(at)::timestamptz, now()),
-        date_trunc('hour', coalesce(sqlc.narg(at)::timestamptz, now())))
-RETURNING *;
+        date_trunc('hour', coalesce(sqlc.narg(at)::timestamptz, now())));
 
 -- name: CloseAllocation :one
 -- Ends an open allocation at at (the transaction's time by default), never

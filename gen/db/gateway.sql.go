@@ -516,6 +516,30 @@ func (q *Queries) NodeGatewayInternalURL(ctx context.Context, nodeID string) (st
 	return column_1, err
 }
 
+const nodeSpecInputs = `-- name: NodeSpecInputs :one
+SELECT n.session_gateway,
+       (SELECT s.body FROM node_specs s WHERE s.node_id = n.node_id)::jsonb AS last_spec,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('serial', v.serial, 'sizeGiB', v.size_gib) ORDER BY v.volume_id)
+                 FROM sandbox_volumes v WHERE v.node_id = n.node_id AND v.state = 'ready'), '[]'::jsonb)::jsonb AS volumes
+FROM nodes n WHERE n.node_id = $1
+`
+
+type NodeSpecInputsRow struct {
+	SessionGateway pgtype.Text
+	LastSpec       []byte
+	Volumes        []byte
+}
+
+// NodeSpecInputs is what a node's spec needs besides its instances, in one
+// statement: the node's gateway (whose topic is woken), the networks of its
+// last spec, its ready volumes.
+func (q *Queries) NodeSpecInputs(ctx context.Context, nodeID string) (NodeSpecInputsRow, error) {
+	row := q.db.QueryRow(ctx, nodeSpecInputs, nodeID)
+	var i NodeSpecInputsRow
+	err := row.Scan(&i.SessionGateway, &i.LastSpec, &i.Volumes)
+	return i, err
+}
+
 const openSession = `-- name: OpenSession :one
 UPDATE nodes SET
     session_gateway = $1, session_epoch = session_epoch + 1, session_since = now(),
@@ -717,6 +741,23 @@ func (q *Queries) PutNodeSpec(ctx context.Context, arg PutNodeSpecParams) (int64
 	var generation int64
 	err := row.Scan(&generation)
 	return generation, err
+}
+
+const putNodeSpecLater = `-- name: PutNodeSpecLater :exec
+INSERT INTO node_specs (node_id, generation, body) VALUES ($1, 1, $2)
+ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, body = excluded.body, updated_at = now()
+`
+
+type PutNodeSpecLaterParams struct {
+	NodeID string
+	Body   []byte
+}
+
+// PutNodeSpecLater is PutNodeSpec for a caller that needs no generation
+// back (its write travels with the call's next statement, store.Later).
+func (q *Queries) PutNodeSpecLater(ctx context.Context, arg PutNodeSpecLaterParams) error {
+	_, err := q.db.Exec(ctx, putNodeSpecLater, arg.NodeID, arg.Body)
+	return err
 }
 
 const registerGateway = `-- name: RegisterGateway :exec

@@ -858,7 +858,7 @@ func (q *Queries) IAMProjectMember(ctx context.Context, arg IAMProjectMemberPara
 	return member, err
 }
 
-const iAMPutDraft = `-- name: IAMPutDraft :exec
+const iAMPutDraft = `-- name: IAMPutDraft :execrows
 INSERT INTO iam.resources (type, id, tenant_id, parent_type, parent_id, owner_id, attributes, draft, created_at, updated_at)
 VALUES ($1, $2, $3, $4, $5,
         $6, $7, true, $8, $8)
@@ -884,9 +884,10 @@ type IAMPutDraftParams struct {
 }
 
 // IAMPutDraft writes a draft; it never turns a real resource back into a
-// draft nor changes it (a retried create is decided on what exists).
-func (q *Queries) IAMPutDraft(ctx context.Context, arg IAMPutDraftParams) error {
-	_, err := q.db.Exec(ctx, iAMPutDraft,
+// draft nor changes it (a retried create is decided on what exists): it
+// then writes no row.
+func (q *Queries) IAMPutDraft(ctx context.Context, arg IAMPutDraftParams) (int64, error) {
+	result, err := q.db.Exec(ctx, iAMPutDraft,
 		arg.Type,
 		arg.ID,
 		arg.TenantID,
@@ -896,7 +897,10 @@ func (q *Queries) IAMPutDraft(ctx context.Context, arg IAMPutDraftParams) error 
 		arg.Attributes,
 		arg.Now,
 	)
-	return err
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const iAMPutResource = `-- name: IAMPutResource :exec

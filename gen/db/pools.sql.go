@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -429,6 +430,85 @@ func (q *Queries) LockPoolNodes(ctx context.Context, arg LockPoolNodesParams) ([
 		return nil, err
 	}
 	return items, nil
+}
+
+const now = `-- name: Now :one
+SELECT now()::timestamptz AS now
+`
+
+func (q *Queries) Now(ctx context.Context) (time.Time, error) {
+	row := q.db.QueryRow(ctx, now)
+	var now time.Time
+	err := row.Scan(&now)
+	return now, err
+}
+
+const poolFlavor = `-- name: PoolFlavor :one
+SELECT p.pool_id, p.tenant_id, p.site_id, p.name, p.class, p.hosting, p.account_id, p.runtime, p.agent, p.archived, p.version, p.created_by, p.idem_request, p.created_at, p.updated_at, p.vcpu_allocation_ratio,
+       EXISTS (SELECT 1 FROM quotas o WHERE o.pool_id = p.pool_id AND o.tenant_id = $1 AND o.offered)::boolean AS offered,
+       f.name AS flavor_name, f.vcpu AS flavor_vcpu, f.memory_mib AS flavor_memory_mib, f.disk_gib AS flavor_disk_gib,
+       f.gpu_model AS flavor_gpu_model, f.gpus AS flavor_gpus, f.archived AS flavor_archived, f.created_at AS flavor_created_at,
+       now()::timestamptz AS now
+FROM pools p LEFT JOIN flavors f ON f.pool_id = p.pool_id AND f.name = $2
+WHERE p.pool_id = $3
+`
+
+type PoolFlavorParams struct {
+	TenantID string
+	Flavor   string
+	PoolID   string
+}
+
+type PoolFlavorRow struct {
+	Pool            Pool
+	Offered         bool
+	FlavorName      pgtype.Text
+	FlavorVcpu      pgtype.Int4
+	FlavorMemoryMib pgtype.Int8
+	FlavorDiskGib   pgtype.Int8
+	FlavorGpuModel  pgtype.Text
+	FlavorGpus      pgtype.Int4
+	FlavorArchived  pgtype.Bool
+	FlavorCreatedAt *time.Time
+	Now             time.Time
+}
+
+// PoolFlavor reads, in one statement, what a create in a pool needs
+// (instances, reservations): the pool, whether it is offered to tenant,
+// its flavor (NULLs when it has none of that name) and the transaction's
+// time.
+func (q *Queries) PoolFlavor(ctx context.Context, arg PoolFlavorParams) (PoolFlavorRow, error) {
+	row := q.db.QueryRow(ctx, poolFlavor, arg.TenantID, arg.Flavor, arg.PoolID)
+	var i PoolFlavorRow
+	err := row.Scan(
+		&i.Pool.PoolID,
+		&i.Pool.TenantID,
+		&i.Pool.SiteID,
+		&i.Pool.Name,
+		&i.Pool.Class,
+		&i.Pool.Hosting,
+		&i.Pool.AccountID,
+		&i.Pool.Runtime,
+		&i.Pool.Agent,
+		&i.Pool.Archived,
+		&i.Pool.Version,
+		&i.Pool.CreatedBy,
+		&i.Pool.IdemRequest,
+		&i.Pool.CreatedAt,
+		&i.Pool.UpdatedAt,
+		&i.Pool.VcpuAllocationRatio,
+		&i.Offered,
+		&i.FlavorName,
+		&i.FlavorVcpu,
+		&i.FlavorMemoryMib,
+		&i.FlavorDiskGib,
+		&i.FlavorGpuModel,
+		&i.FlavorGpus,
+		&i.FlavorArchived,
+		&i.FlavorCreatedAt,
+		&i.Now,
+	)
+	return i, err
 }
 
 const poolNameTaken = `-- name: PoolNameTaken :one

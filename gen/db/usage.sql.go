@@ -427,12 +427,11 @@ func (q *Queries) MarkRolled(ctx context.Context, arg MarkRolledParams) error {
 	return err
 }
 
-const openAllocation = `-- name: OpenAllocation :one
+const openAllocation = `-- name: OpenAllocation :exec
 INSERT INTO allocations (allocation_id, tenant_id, project_id, meter, quantity_micro, tags, owner_type, owner_id, started_at, rolled_until)
 VALUES ($1, $2, $3, $4, $5, $6,
         $7, $8, coalesce($9::timestamptz, now()),
         date_trunc('hour', coalesce($9::timestamptz, now())))
-RETURNING allocation_id, tenant_id, project_id, meter, quantity_micro, tags, owner_type, owner_id, started_at, ended_at, rolled_until, dirty
 `
 
 type OpenAllocationParams struct {
@@ -447,8 +446,10 @@ type OpenAllocationParams struct {
 	At            *time.Time
 }
 
-func (q *Queries) OpenAllocation(ctx context.Context, arg OpenAllocationParams) (Allocation, error) {
-	row := q.db.QueryRow(ctx, openAllocation,
+// OpenAllocation returns nothing: the caller made its id, and the write
+// travels with the call's next statement (store.Later).
+func (q *Queries) OpenAllocation(ctx context.Context, arg OpenAllocationParams) error {
+	_, err := q.db.Exec(ctx, openAllocation,
 		arg.AllocationID,
 		arg.TenantID,
 		arg.ProjectID,
@@ -459,22 +460,7 @@ func (q *Queries) OpenAllocation(ctx context.Context, arg OpenAllocationParams) 
 		arg.OwnerID,
 		arg.At,
 	)
-	var i Allocation
-	err := row.Scan(
-		&i.AllocationID,
-		&i.TenantID,
-		&i.ProjectID,
-		&i.Meter,
-		&i.QuantityMicro,
-		&i.Tags,
-		&i.OwnerType,
-		&i.OwnerID,
-		&i.StartedAt,
-		&i.EndedAt,
-		&i.RolledUntil,
-		&i.Dirty,
-	)
-	return i, err
+	return err
 }
 
 const openAllocationsOf = `-- name: OpenAllocationsOf :many

@@ -13,6 +13,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
 	"computeplane/internal/rpc"
+	"computeplane/internal/store"
 	"computeplane/internal/uow"
 )
 
@@ -29,7 +30,8 @@ func Record(ctx context.Context, tx pgx.Tx, call *rpc.Call, u *uow.Unit) error {
 		return errors.New("audit: a mutation ran without an authenticated session")
 	}
 	c := s.Caller
-	return db.New(tx).InsertAuditWithEvents(ctx, db.InsertAuditWithEventsParams{
+	// The call's last write: it travels with the COMMIT (store.Later).
+	return db.New(store.Later(tx)).InsertAuditWithEvents(ctx, db.InsertAuditWithEventsParams{
 		TenantID:     s.Resource.TenantID,
 		IdentityID:   c.IdentityID,
 		IdentityKind: c.IdentityKind,

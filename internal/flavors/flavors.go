@@ -5,6 +5,7 @@ package flavors
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -32,6 +33,9 @@ func output(r db.Flavor) *api.Flavor {
 	return f
 }
 
+// NotFound answers a flavor pool does not have.
+func NotFound(pool, name string) error { return notFound(pool, name) }
+
 func notFound(pool, name string) error {
 	return api.Errorf(api.CodeNotFound, "flavor %s not found in pool %s", name, pool)
 }
@@ -42,6 +46,39 @@ func Get(ctx context.Context, q *db.Queries, tenant, pool, name string) (*api.Fl
 	if _, err := pools.Readable(ctx, q, tenant, pool); err != nil {
 		return nil, err
 	}
+	return OfPool(ctx, q, pool, name)
+}
+
+// InPool is pools.Readable and OfPool in one statement, with the
+// transaction's time: the pool (NOT_FOUND unless tenant owns it or is
+// offered it) and its flavor name, nil when it has none (the caller
+// answers NotFound where it would have read the flavor, after its checks
+// of the pool).
+func InPool(ctx context.Context, q *db.Queries, tenant, pool, name string) (db.Pool, *api.Flavor, time.Time, error) {
+	r, err := q.PoolFlavor(ctx, db.PoolFlavorParams{TenantID: tenant, PoolID: pool, Flavor: name})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// No pool: the time still (a caller may check its input first).
+		if r.Now, err = q.Now(ctx); err != nil {
+			return db.Pool{}, nil, time.Time{}, err
+		}
+		err = pgx.ErrNoRows
+	}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && r.Pool.TenantID != tenant && !r.Offered):
+		return db.Pool{}, nil, r.Now, pools.NotFound(pool)
+	case err != nil:
+		return db.Pool{}, nil, time.Time{}, err
+	case !r.FlavorName.Valid:
+		return r.Pool, nil, r.Now, nil
+	}
+	return r.Pool, output(db.Flavor{PoolID: pool, Name: r.FlavorName.String, Vcpu: r.FlavorVcpu.Int32, MemoryMib: r.FlavorMemoryMib.Int64,
+		DiskGib: r.FlavorDiskGib.Int64, GpuModel: r.FlavorGpuModel, Gpus: r.FlavorGpus.Int32, Archived: r.FlavorArchived.Bool,
+		CreatedAt: *r.FlavorCreatedAt}), r.Now, nil
+}
+
+// OfPool reads a flavor of a pool the caller has already read through
+// pools.Readable (a second read of the pool would be a round trip more).
+func OfPool(ctx context.Context, q *db.Queries, pool, name string) (*api.Flavor, error) {
 	row, err := q.GetFlavor(ctx, db.GetFlavorParams{PoolID: pool, Name: name})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, notFound(pool, name)

@@ -15,12 +15,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"computeplane/computeclient"
 	"computeplane/gen/client"
 	"computeplane/internal/config"
 	"computeplane/internal/dbtest"
+	"computeplane/internal/metrics"
 	"computeplane/internal/pki"
 	"computeplane/internal/proctest"
 	"computeplane/internal/testenv"
@@ -48,6 +51,7 @@ type Fleet struct {
 	env      []string
 	agentEnv map[string]string
 	addr     string // the api's listener
+	metrics  string // the metrics token, with the Metrics option
 }
 
 // Option changes the deployment Start runs.
@@ -63,6 +67,7 @@ type options struct {
 	agentEnv      map[string]string
 	// tunnelLimits is tunnels.limits (TunnelLimits).
 	tunnelLimits string
+	metrics      bool
 }
 
 // Env adds variables to computed's environment (a blob store's
@@ -94,6 +99,9 @@ func PreviewDomain(domain string) Option {
 
 // SSH configures tunnels with SSH (tunnels.ssh: true).
 func SSH() Option { return func(o *options) { o.tunnels, o.ssh = true, true } }
+
+// Metrics serves /metrics with a token, for Fleet.RoundTrips.
+func Metrics() Option { return func(o *options) { o.metrics = true } }
 
 // Start runs computed with every role on a fresh database; extraConfig is
 // appended to its configuration file (after the gateway option).
@@ -131,6 +139,10 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	vars := map[string]string{
 		"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile, "SERVICE_CONFIG": cfg,
 		"SERVICE_BASE_URL": f.PublicURL, "HOST": "127.0.0.1", "PORT": strconv.Itoa(port),
+	}
+	if o.metrics {
+		f.metrics = "fleet-metrics-token"
+		vars[config.EnvMetricsToken] = f.metrics
 	}
 	for k, v := range o.env {
 		vars[k] = v
@@ -295,4 +307,74 @@ func (f *Fleet) Events(typ, subject string) int {
 	var n int
 	require.NoError(f.t, f.DB.QueryRow(f.t.Context(), `select count(*) from outbox where type = $1 and subject = $2`, typ, subject).Scan(&n))
 	return n
+}
+
+// RoundTrips reads computed's compute_rpc_db_round_trips of method (the
+// Metrics option): how many calls it counted and their round trips in all.
+func (f *Fleet) RoundTrips(method string) (calls uint64, trips float64) {
+	t := f.t
+	t.Helper()
+	require.NotEmpty(t, f.metrics, "start the fleet with fleettest.Metrics()")
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, f.PublicURL+"/metrics", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+f.metrics)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(res.Body)
+	require.NoError(t, err)
+	for _, m := range fams[metrics.RPCDBRoundTrips].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "method" && l.GetValue() == method {
+				return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return 0, 0
+}
+
+// CallRoundTrips runs call and returns the database round trips computed
+// counted for it (call makes exactly one call of method).
+func (f *Fleet) CallRoundTrips(method string, call func()) int {
+	t := f.t
+	t.Helper()
+	n0, sum0 := f.RoundTrips(method)
+	call()
+	n1, sum1 := f.RoundTrips(method)
+	require.Equal(t, n0+1, n1, "one call of %s", method)
+	return int(sum1 - sum0)
+}
+
+// SpecApplied waits until node's daemon has applied its latest spec (its
+// reports after a change are done, so its row is not being written).
+func (f *Fleet) SpecApplied(node string) {
+	t := f.t
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var applied bool
+		err := f.DB.QueryRow(t.Context(), `select coalesce(n.observed_generation >= s.generation, true) from nodes n
+			left join node_specs s using (node_id) where n.node_id = $1`, node).Scan(&applied)
+		return err == nil && applied
+	}, 30*time.Second, 20*time.Millisecond, "node %s applies its spec", node)
+}
+
+// FewestRoundTrips makes tries calls of method (call(i) makes the i-th),
+// each once node's daemon has applied its spec, and returns the fewest
+// round trips one took: a call that finds the node's row locked by the
+// daemon's report books again after a pause (placement.HeldWait), which
+// measures contention rather than the call.
+func (f *Fleet) FewestRoundTrips(method, node string, tries int, call func(i int)) int {
+	f.t.Helper()
+	fewest := -1
+	for i := range tries {
+		f.SpecApplied(node)
+		n := f.CallRoundTrips(method, func() { call(i) })
+		f.t.Logf("%s: %d round trips", method, n)
+		if fewest < 0 || n < fewest {
+			fewest = n
+		}
+	}
+	return fewest
 }

@@ -29,7 +29,8 @@ func TestStaleDraftsAreSweptByTheIAMJob(t *testing.T) {
 	insert("site-stale-draft", true, embedded.DraftTTL+time.Minute)
 	insert("site-old-real", false, time.Hour)
 	// A fresh draft, written as the gate writes them.
-	require.NoError(t, env.Identity().Projection().PutDraft(ctx, iam.Resource{Type: "compute-site", ID: "site-fresh-draft", TenantID: "acme", Owner: "ann", Draft: true}))
+	_, err := env.Identity().Projection().PutDraft(ctx, iam.Resource{Type: "compute-site", ID: "site-fresh-draft", TenantID: "acme", Owner: "ann", Draft: true})
+	require.NoError(t, err)
 	exists := func(id string) bool {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM iam.resources WHERE id = $1", id).Scan(&n))

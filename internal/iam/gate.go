@@ -175,14 +175,31 @@ func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session) (context.C
 	// An optional key left out derives nothing: the method makes a new id.
 	if id := m.Idempotency; id != nil && id.DerivesID != "" && str(call.Fields[id.Key]) != "" {
 		draft.ID = DerivedID(m, tenant, caller.IdentityID, str(call.Fields[id.Key]))
-		existing, err := g.Port.Projection().Get(ctx, Ref{Type: draft.Type, ID: draft.ID})
-		if err != nil {
-			return nil, g.refusal(err)
+		if draft.Attributes == nil {
+			draft.Attributes = map[string]string{}
 		}
-		if existing != nil && !existing.Draft {
-			s.Replay = true
-			s.Resource = *existing
-			return withCaller(ctx, s), nil
+		// The draft is written first: it never touches a real resource, so
+		// only a retry (the id is real) pays for reading what exists.
+		for tries := 0; ; tries++ {
+			drafted, err := g.Port.Projection().PutDraft(ctx, draft)
+			if err != nil {
+				return nil, g.refusal(err)
+			}
+			if drafted {
+				break
+			}
+			existing, err := g.Port.Projection().Get(ctx, Ref{Type: draft.Type, ID: draft.ID})
+			if err != nil {
+				return nil, g.refusal(err)
+			}
+			if existing != nil && !existing.Draft {
+				s.Replay = true
+				s.Resource = *existing
+				return withCaller(ctx, s), nil
+			}
+			if tries > 0 { // the real one came and went twice: let the caller retry
+				return nil, g.refusal(ErrUnavailable)
+			}
 		}
 	}
 	if draft.ID == "" {
@@ -192,12 +209,6 @@ func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session) (context.C
 			return nil, err
 		}
 		return withCaller(ctx, s), nil
-	}
-	if draft.Attributes == nil {
-		draft.Attributes = map[string]string{}
-	}
-	if err := g.Port.Projection().PutDraft(ctx, draft); err != nil {
-		return nil, g.refusal(err)
 	}
 	target := s.Resource
 	if m.Resource.Creates == m.Resource.Type {

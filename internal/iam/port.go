@@ -112,8 +112,9 @@ type Port interface {
 // take the transaction of the call, so they commit or roll back with it.
 type Projection interface {
 	// PutDraft writes a draft resource outside any call transaction, so the
-	// decision can be made on it; DropDraft removes it after a refusal.
-	PutDraft(ctx context.Context, r Resource) error
+	// decision can be made on it; DropDraft removes it after a refusal. It
+	// answers false, writing nothing, when a real resource holds the id.
+	PutDraft(ctx context.Context, r Resource) (bool, error)
 	// Get returns the resource, nil when the projection does not hold it.
 	Get(ctx context.Context, r Ref) (*Resource, error)
 	DropDraft(ctx context.Context, r Ref) error

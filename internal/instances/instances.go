@@ -29,7 +29,6 @@ import (
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
-	"computeplane/internal/pools"
 	"computeplane/internal/rpc"
 	"computeplane/internal/secrets"
 	"computeplane/internal/store"
@@ -161,7 +160,8 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 		return s.waited(ctx, existing, in.Wait, StateRunning)
 	}
 	id, fp := k.ID, k.Fingerprint
-	pool, err := pools.Readable(ctx, q, in.TenantID, in.PoolID)
+	// The pool and its flavor in one statement.
+	pool, flavor, _, err := flavors.InPool(ctx, q, in.TenantID, in.PoolID, in.Flavor)
 	if err != nil {
 		return nil, err
 	}
@@ -179,9 +179,8 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 			return nil, err
 		}
 	}
-	flavor, err := flavors.Get(ctx, q, in.TenantID, in.PoolID, in.Flavor)
-	if err != nil {
-		return nil, err
+	if flavor == nil {
+		return nil, flavors.NotFound(in.PoolID, in.Flavor)
 	}
 	if flavor.Archived {
 		return nil, api.Errorf(api.CodeInvalidState, "flavor: %s is archived", in.Flavor)

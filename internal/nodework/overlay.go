@@ -2,8 +2,6 @@ package nodework
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"maps"
 	"net/netip"
 	"slices"
@@ -61,22 +59,6 @@ func privateNetworks(ctx context.Context, q *db.Queries, node string, instances 
 	}
 	slices.SortFunc(out, func(a, b agentproto.NetworkSpec) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
-}
-
-// lastNetworks is the Networks of node's current spec (none before any).
-func lastNetworks(ctx context.Context, q *db.Queries, node string) ([]agentproto.NetworkSpec, error) {
-	s, err := q.GetNodeSpec(ctx, node)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var body agentproto.SpecBody
-	if err := json.Unmarshal(s.Body, &body); err != nil {
-		return nil, err
-	}
-	return body.Networks, nil
 }
 
 // pushMembers pushes the spec of every other node carrying a network

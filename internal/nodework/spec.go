@@ -3,6 +3,7 @@ package nodework
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -10,6 +11,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/notify"
+	"computeplane/internal/store"
 	"computeplane/internal/vmnet"
 )
 
@@ -33,11 +35,15 @@ func pushSpec(ctx context.Context, tx pgx.Tx, node string, members bool) error {
 	if err != nil {
 		return err
 	}
-	volumes, err := q.NodeVolumes(ctx, node)
+	// The node's gateway, last spec and volumes in one statement.
+	inputs, err := q.NodeSpecInputs(ctx, node)
 	if err != nil {
+		return fmt.Errorf("nodework: spec for node %s: %w", node, err)
+	}
+	spec := agentproto.SpecBody{Instances: make([]agentproto.InstanceSpec, 0, len(instances))}
+	if err := json.Unmarshal(inputs.Volumes, &spec.Volumes); err != nil {
 		return err
 	}
-	spec := agentproto.SpecBody{Instances: make([]agentproto.InstanceSpec, 0, len(instances)), Volumes: make([]agentproto.VolumeSpec, 0, len(volumes))}
 	for _, r := range instances {
 		in := agentproto.InstanceSpec{ID: r.InstanceID, State: r.DesiredState, Hostname: r.Name,
 			VCPU: int(r.Vcpu), MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, UserData: r.UserData.String, Reboots: int(r.Reboots),
@@ -66,23 +72,27 @@ func pushSpec(ctx context.Context, tx pgx.Tx, node string, members bool) error {
 		}
 		spec.Instances = append(spec.Instances, in)
 	}
-	for _, v := range volumes {
-		spec.Volumes = append(spec.Volumes, agentproto.VolumeSpec{Serial: v.Serial, SizeGiB: v.SizeGib})
-	}
 	if spec.Networks, err = privateNetworks(ctx, q, node, instances); err != nil {
 		return err
 	}
 	var before []agentproto.NetworkSpec
-	if members {
-		if before, err = lastNetworks(ctx, q, node); err != nil {
+	if members && len(inputs.LastSpec) > 0 {
+		var last agentproto.SpecBody
+		if err := json.Unmarshal(inputs.LastSpec, &last); err != nil {
 			return err
 		}
+		before = last.Networks
 	}
-	_, topic, err := PutSpec(ctx, tx, node, spec)
+	body, err := json.Marshal(spec)
 	if err != nil {
 		return err
 	}
-	notify.Later(ctx, topic)
+	// Nobody reads the new generation here: the write travels with the
+	// transaction's next statement or its COMMIT.
+	if err := db.New(store.Later(tx)).PutNodeSpecLater(ctx, db.PutNodeSpecLaterParams{NodeID: node, Body: body}); err != nil {
+		return err
+	}
+	notify.Later(ctx, TopicOf(inputs.SessionGateway))
 	if !members {
 		return nil
 	}

@@ -247,6 +247,9 @@ func setLimits(ctx context.Context, q *db.Queries, tenant, pool string, l *api.L
 	return nil
 }
 
+// NotFound is the answer for a pool the tenant may not read (Readable's).
+func NotFound(id string) error { return notFound(id) }
+
 // Readable loads a pool tenant owns or is offered; anything else is
 // NOT_FOUND. The flavors and quotas groups read pools through it.
 func Readable(ctx context.Context, q *db.Queries, tenant, id string) (db.Pool, error) {

@@ -178,5 +178,5 @@ func (j *Job) placed(ctx context.Context, tx pgx.Tx, r db.Reservation, f *api.Fl
 	if err != nil {
 		return err
 	}
-	return placedEvents(ctx, tx, r, f)
+	return placedEvents(ctx, tx, r, f, nil)
 }

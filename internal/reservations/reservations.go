@@ -17,6 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,7 +35,6 @@ import (
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/placement"
-	"computeplane/internal/pools"
 	"computeplane/internal/rpc"
 	"computeplane/internal/store"
 	"computeplane/internal/usage"
@@ -91,6 +91,11 @@ func output(ctx context.Context, q *db.Queries, r db.Reservation) (*api.Reservat
 	if err != nil {
 		return nil, err
 	}
+	return outputWith(r, nodes), nil
+}
+
+// outputWith is output with the nodes of r's live bookings known.
+func outputWith(r db.Reservation, nodes []string) *api.Reservation {
 	o := &api.Reservation{
 		ReservationID: r.ReservationID, TenantID: r.TenantID, PoolID: r.PoolID, Flavor: r.Flavor, Count: int64(r.Count),
 		Priority: r.Priority, StartAt: wire.Time(r.StartAt), State: r.State, NodeIDs: nodes,
@@ -110,7 +115,18 @@ func output(ctx context.Context, q *db.Queries, r db.Reservation) (*api.Reservat
 		t := wire.Time(*r.PreemptAt)
 		o.PreemptAt = &t
 	}
-	return o, nil
+	return o
+}
+
+// nodesOf is what ReservationNodes reads of a reservation whose bookings
+// are these: their nodes, each once, in order.
+func nodesOf(bookings []*placement.Booking) []string {
+	nodes := make([]string, 0, len(bookings))
+	for _, b := range bookings {
+		nodes = append(nodes, b.NodeID)
+	}
+	slices.Sort(nodes)
+	return slices.Compact(nodes)
 }
 
 // operation is the Queued condition while placement is pending.
@@ -199,9 +215,11 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 	} else if replay {
 		return s.waited(ctx, q, existing, in.Wait)
 	}
-	var now time.Time
-	if err := tx.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
-		return nil, err
+	// The pool, its flavor and the transaction's time in one statement;
+	// the times are checked before the pool is found.
+	pool, f, now, poolErr := flavors.InPool(ctx, q, in.TenantID, in.PoolID, in.Flavor)
+	if poolErr != nil && !isCode(poolErr, api.CodeNotFound) {
+		return nil, poolErr
 	}
 	start, err := parseTime("startAt", in.StartAt, now)
 	if err != nil {
@@ -221,16 +239,14 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 		}
 		end = &e
 	}
-	pool, err := pools.Readable(ctx, q, in.TenantID, in.PoolID)
-	if err != nil {
-		return nil, err
+	if poolErr != nil {
+		return nil, poolErr
 	}
 	if pool.Archived {
 		return nil, api.Errorf(api.CodeInvalidState, "pool %s is archived", pool.PoolID)
 	}
-	f, err := flavors.Get(ctx, q, in.TenantID, in.PoolID, in.Flavor)
-	if err != nil {
-		return nil, err
+	if f == nil {
+		return nil, flavors.NotFound(in.PoolID, in.Flavor)
 	}
 	if f.Archived {
 		return nil, api.Errorf(api.CodeInvalidState, "flavor: %s is archived", in.Flavor)
@@ -292,8 +308,9 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 		Flavor: in.Flavor, Count: int64(count), Spot: priority == Spot}); err != nil {
 		return nil, err
 	}
+	nodes := nodesOf(bookings)
 	if len(bookings) > 0 {
-		if err := placedEvents(ctx, tx, row, f); err != nil {
+		if err := placedEvents(ctx, tx, row, f, nodes); err != nil {
 			return nil, err
 		}
 	}
@@ -303,7 +320,7 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 			notify.Later(ctx, placement.TopicQueued)
 		}
 	}
-	return s.waited(ctx, q, row, in.Wait)
+	return s.waitedWith(ctx, row, nodes, in.Wait), nil
 }
 
 func nonNil(s []string) []string {
@@ -319,11 +336,14 @@ func write(ctx context.Context, tx pgx.Tx, typ string, r db.Reservation, data an
 
 // placedEvents writes reservation.placed (and .active when its window
 // started) and opens its usage.
-func placedEvents(ctx context.Context, tx pgx.Tx, r db.Reservation, f *api.Flavor) error {
+// nodes are those of its bookings, nil to read them.
+func placedEvents(ctx context.Context, tx pgx.Tx, r db.Reservation, f *api.Flavor, nodes []string) error {
 	q := db.New(tx)
-	nodes, err := q.ReservationNodes(ctx, r.ReservationID)
-	if err != nil {
-		return err
+	if nodes == nil {
+		var err error
+		if nodes, err = q.ReservationNodes(ctx, r.ReservationID); err != nil {
+			return err
+		}
 	}
 	if err := write(ctx, tx, api.EventReservationPlaced, r, api.ReservationPlacedPayload{ReservationID: r.ReservationID, PoolID: r.PoolID, NodeIDs: nodes}); err != nil {
 		return err
@@ -337,7 +357,7 @@ func placedEvents(ctx context.Context, tx pgx.Tx, r db.Reservation, f *api.Flavo
 	if r.Whole {
 		meter, perHour = "reservation.node.hours", int64(r.Count)*1_000_000
 	}
-	_, err = usage.Open(ctx, tx, usage.Allocation{TenantID: r.TenantID, Meter: meter, PerHour: perHour,
+	_, err := usage.Open(ctx, tx, usage.Allocation{TenantID: r.TenantID, Meter: meter, PerHour: perHour,
 		Owner: usage.Owner{Type: ResourceType, ID: r.ReservationID}})
 	return err
 }
@@ -500,8 +520,21 @@ func (s *Service) finish(ctx context.Context, tx pgx.Tx, r db.Reservation, state
 // longer queued.
 func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Reservation, wait *api.Wait) (*api.Reservation, error) {
 	out, err := output(ctx, q, r)
-	if err != nil || wait == nil || wait.TimeoutMs == 0 || r.State != StateQueued {
-		return out, err
+	if err != nil {
+		return nil, err
+	}
+	return s.then(ctx, r, out, wait), nil
+}
+
+// waitedWith is waited with the nodes of r's bookings known.
+func (s *Service) waitedWith(ctx context.Context, r db.Reservation, nodes []string, wait *api.Wait) *api.Reservation {
+	return s.then(ctx, r, outputWith(r, nodes), wait)
+}
+
+// then sets the wait of a queued reservation, if one was asked.
+func (s *Service) then(ctx context.Context, r db.Reservation, out *api.Reservation, wait *api.Wait) *api.Reservation {
+	if wait == nil || wait.TimeoutMs == 0 || r.State != StateQueued {
+		return out
 	}
 	id, tenant := r.ReservationID, r.TenantID
 	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, "", out, func(ctx context.Context) (any, bool) {
@@ -516,5 +549,5 @@ func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Reservation, w
 		}
 		return o, row.State != StateQueued
 	})
-	return out, nil
+	return out
 }

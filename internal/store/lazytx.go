@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"computeplane/gen/db"
 )
 
 // lazyTx is a transaction whose BEGIN travels in one pipeline with its first
@@ -17,31 +19,52 @@ import (
 // largest cost of a short call (see docs/benchmarks.md). A transaction that
 // runs no statement sends nothing at all. Once begun it is pgx's own
 // transaction; before that it implements pgx.Tx by beginning.
+//
+// Writes whose outcome nobody reads at once are held (Later) and travel in
+// the pipeline of the next statement, or of the COMMIT: a call's trailing
+// writes (its audit row and events, projection and usage rows, the node's
+// spec) then cost no round trip of their own.
 type lazyTx struct {
-	conn *pgxpool.Conn
-	opts pgx.TxOptions
-	tx   pgx.Tx // nil until the first statement
+	conn       *pgxpool.Conn
+	opts       pgx.TxOptions
+	tx         pgx.Tx             // nil until the first statement
+	later      []*pgx.QueuedQuery // held by Later, sent with the next statement
+	savepoints int                // savepoints begun (their names)
+	committed  bool               // COMMIT went out in a pipeline
 }
 
 var _ pgx.Tx = (*lazyTx)(nil)
 
-// pipeline sends BEGIN, the call's time limits and the first statement
-// together.
-func (t *lazyTx) pipeline(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
-	b := &pgx.Batch{}
-	b.BeginTx(t.opts)
-	limits, hasLimits := limitsOf(ctx)
-	if hasLimits {
-		b.Queue(setLimits, limits...)
+// send sends b in one pipeline after what must precede it: BEGIN and the
+// call's time limits when the transaction has not begun, the held writes.
+// The results it returns start at b's first statement; a held write's
+// failure is its error.
+func (t *lazyTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
+	if t.tx != nil && len(t.later) == 0 {
+		return t.tx.SendBatch(ctx, b), nil
 	}
-	b.Queue(sql, args...)
-	br := t.conn.SendBatch(ctx, b)
-	t.tx = br.Tx()
-	if _, err := br.Exec(); err != nil { // the BEGIN's result
-		_ = br.Close()
-		return nil, err
+	nb := &pgx.Batch{}
+	skip := len(t.later)
+	begin := t.tx == nil
+	if begin {
+		nb.BeginTx(t.opts)
+		skip++
+		if limits, ok := limitsOf(ctx); ok {
+			nb.Queue(setLimits, limits...)
+			skip++
+		}
 	}
-	if hasLimits {
+	nb.QueuedQueries = append(nb.QueuedQueries, t.later...)
+	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
+	t.later = nil
+	var br pgx.BatchResults
+	if begin {
+		br = t.conn.SendBatch(ctx, nb)
+		t.tx = br.Tx()
+	} else {
+		br = t.tx.SendBatch(ctx, nb)
+	}
+	for range skip {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			return nil, err
@@ -50,20 +73,66 @@ func (t *lazyTx) pipeline(ctx context.Context, sql string, args []any) (pgx.Batc
 	return br, nil
 }
 
-// ensure begins alone, for the calls that cannot carry the BEGIN.
-func (t *lazyTx) ensure(ctx context.Context) error {
-	if t.tx != nil {
+// pipeline sends sql alone (after what must precede it).
+func (t *lazyTx) pipeline(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	return t.send(ctx, b)
+}
+
+// direct reports whether a statement can go straight to pgx's transaction.
+func (t *lazyTx) direct() bool { return t.tx != nil && len(t.later) == 0 }
+
+// flush begins, and sends the held writes, for the calls that cannot
+// carry them (a savepoint, COPY).
+func (t *lazyTx) flush(ctx context.Context) error {
+	if t.direct() {
 		return nil
 	}
-	tx, err := t.conn.BeginTx(ctx, t.opts)
+	if t.tx == nil && len(t.later) == 0 {
+		tx, err := t.conn.BeginTx(ctx, t.opts)
+		if err != nil {
+			return err
+		}
+		t.tx = tx
+		if limits, ok := limitsOf(ctx); ok {
+			_, err = tx.Exec(ctx, setLimits, limits...)
+		}
+		return err
+	}
+	br, err := t.send(ctx, &pgx.Batch{})
 	if err != nil {
 		return err
 	}
-	t.tx = tx
-	if limits, ok := limitsOf(ctx); ok {
-		_, err = tx.Exec(ctx, setLimits, limits...)
+	return br.Close()
+}
+
+// hold keeps a write for the next pipeline.
+func (t *lazyTx) hold(sql string, args []any) {
+	t.later = append(t.later, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+}
+
+// Later returns, for db.New, the transaction tx with its Exec held: the
+// write travels in one pipeline with tx's next statement or its COMMIT,
+// and its failure fails that statement (or the commit) instead. Only for
+// :exec writes whose result the caller does not inspect (the tag it
+// returns is empty); reads go out at once, after what is held. On any
+// other transaction Later is tx itself.
+func Later(tx pgx.Tx) db.DBTX {
+	switch t := tx.(type) {
+	case *lazyTx:
+		return laterTx{t}
+	case *lazySavepoint:
+		return laterTx{t.lazyTx}
 	}
-	return err
+	return tx
+}
+
+type laterTx struct{ *lazyTx }
+
+func (l laterTx) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	l.hold(sql, args)
+	return pgconn.CommandTag{}, nil
 }
 
 // setLimits bounds each statement of the transaction, and each wait for a
@@ -90,7 +159,7 @@ func limitsOf(ctx context.Context) ([]any, bool) {
 }
 
 func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.tx != nil {
+	if t.direct() {
 		return t.tx.Exec(ctx, sql, args...)
 	}
 	br, err := t.pipeline(ctx, sql, args)
@@ -105,7 +174,7 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 }
 
 func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.tx != nil {
+	if t.direct() {
 		return t.tx.Query(ctx, sql, args...)
 	}
 	br, err := t.pipeline(ctx, sql, args)
@@ -121,7 +190,7 @@ func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 }
 
 func (t *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.tx != nil {
+	if t.direct() {
 		return t.tx.QueryRow(ctx, sql, args...)
 	}
 	br, err := t.pipeline(ctx, sql, args)
@@ -131,15 +200,18 @@ func (t *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 	return &batchRow{row: br.QueryRow(), br: br}
 }
 
+// SendBatch sends b, with BEGIN and the held writes before it when there
+// are, in one pipeline.
 func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if err := t.ensure(ctx); err != nil {
+	br, err := t.send(ctx, b)
+	if err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	return t.tx.SendBatch(ctx, b)
+	return br
 }
 
 func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	if err := t.ensure(ctx); err != nil {
+	if err := t.flush(ctx); err != nil {
 		return 0, err
 	}
 	return t.tx.CopyFrom(ctx, table, cols, src)
@@ -149,11 +221,43 @@ func (t *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 	return t.conn.Conn().Prepare(ctx, name, sql)
 }
 
-func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.ensure(ctx); err != nil {
-		return nil, err
+// Begin starts a savepoint, held like a write: SAVEPOINT, RELEASE and
+// ROLLBACK TO travel with the statements around them (a placement's
+// savepoint costs no round trip of its own).
+func (t *lazyTx) Begin(context.Context) (pgx.Tx, error) {
+	t.savepoints++
+	sp := &lazySavepoint{lazyTx: t, name: "sp_" + strconv.Itoa(t.savepoints)}
+	t.hold("savepoint "+sp.name, nil)
+	return sp, nil
+}
+
+// lazySavepoint is a savepoint of a lazyTx whose statements go through it.
+type lazySavepoint struct {
+	*lazyTx
+	name string
+	done bool
+}
+
+// Commit releases the savepoint.
+func (sp *lazySavepoint) Commit(context.Context) error {
+	if sp.done {
+		return pgx.ErrTxClosed
 	}
-	return t.tx.Begin(ctx)
+	sp.done = true
+	sp.hold("release savepoint "+sp.name, nil)
+	return nil
+}
+
+// Rollback undoes what ran since the savepoint, at once: after a failed
+// statement the transaction takes nothing else (pgx's preparing of the next
+// pipeline's statements would fail), and failures are the rare path.
+func (sp *lazySavepoint) Rollback(ctx context.Context) error {
+	if sp.done {
+		return pgx.ErrTxClosed
+	}
+	sp.done = true
+	_, err := sp.lazyTx.Exec(ctx, "rollback to savepoint "+sp.name)
+	return err
 }
 
 func (t *lazyTx) LargeObjects() pgx.LargeObjects {
@@ -166,16 +270,51 @@ func (t *lazyTx) LargeObjects() pgx.LargeObjects {
 func (t *lazyTx) Conn() *pgx.Conn { return t.conn.Conn() }
 
 // Commit ends the transaction; one that never began has nothing to commit.
+// Held writes travel with the COMMIT; when one fails the transaction is
+// rolled back and its error returned (errRolledBack: the connection is
+// clean).
 func (t *lazyTx) Commit(ctx context.Context) error {
-	if t.tx == nil {
+	if t.direct() {
+		return t.tx.Commit(ctx)
+	}
+	if t.tx == nil && len(t.later) == 0 {
 		return nil
 	}
-	return t.tx.Commit(ctx)
+	b := &pgx.Batch{}
+	b.Queue("commit")
+	br, err := t.send(ctx, b)
+	if err != nil {
+		if t.tx != nil && t.conn.Conn().PgConn().TxStatus() != 'I' {
+			if rbErr := t.tx.Rollback(ctx); rbErr != nil {
+				return errors.Join(err, rbErr)
+			}
+		}
+		return errRolledBack{err}
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	t.committed = true
+	if err != nil {
+		return err
+	}
+	if tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
+	return nil
 }
+
+// errRolledBack is a held write's failure at commit: the transaction was
+// rolled back and the connection is reusable.
+type errRolledBack struct{ error }
+
+func (e errRolledBack) Unwrap() error { return e.error }
 
 // Rollback ends the transaction; one that never began has nothing to undo.
 func (t *lazyTx) Rollback(ctx context.Context) error {
-	if t.tx == nil {
+	t.later = nil
+	if t.tx == nil || t.committed {
 		return nil
 	}
 	return t.tx.Rollback(ctx)
@@ -252,7 +391,8 @@ func withLazyTx(ctx context.Context, pool *pgxpool.Pool, readOnly bool, fn func(
 	}
 	done = true
 	if err := tx.Commit(ctx); err != nil {
-		if !errors.Is(err, pgx.ErrTxCommitRollback) {
+		var rolledBack errRolledBack
+		if !errors.Is(err, pgx.ErrTxCommitRollback) && !errors.As(err, &rolledBack) {
 			// The connection's state is unknown: never reuse it.
 			_ = conn.Conn().Close(context.WithoutCancel(ctx))
 		}

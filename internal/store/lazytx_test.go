@@ -3,13 +3,16 @@ package store_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"computeplane/internal/dbtest"
+	"computeplane/internal/store"
 )
 
 // The BEGIN of a transaction travels with its first statement; whichever
@@ -141,4 +144,84 @@ func TestLazyTransactionWithoutStatementsSendsNothing(t *testing.T) {
 	require.NoError(t, s.WithTx(t.Context(), false, func(context.Context, pgx.Tx) error { return nil }))
 	boom := errors.New("boom")
 	require.ErrorIs(t, s.WithTx(t.Context(), false, func(context.Context, pgx.Tx) error { return boom }), boom)
+}
+
+// A held write (store.Later) travels with the next statement, which sees
+// it, or with the COMMIT; one that fails there fails the commit, and the
+// transaction is rolled back on a connection that stays usable.
+func TestLaterWritesTravelWithTheNextStatement(t *testing.T) {
+	t.Parallel()
+	s := dbtest.NewStore(t)
+	var trips atomic.Int64
+	ctx := store.CountRoundTrips(t.Context(), &trips)
+	require.NoError(t, s.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := store.Later(tx).Exec(ctx, "INSERT INTO service_meta (key, value) VALUES ('held-1', 'x')"); err != nil {
+			return err
+		}
+		var n int
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM service_meta WHERE key = 'held-1'").Scan(&n); err != nil {
+			return err
+		}
+		assert.Equal(t, 1, n, "the read after a held write sees it")
+		_, err := store.Later(tx).Exec(ctx, "INSERT INTO service_meta (key, value) VALUES ('held-2', 'x')")
+		return err
+	}))
+	assert.Equal(t, int64(2), trips.Load(), "BEGIN, the held write and the read; then the held write and COMMIT")
+	var n int
+	require.NoError(t, s.Pool().QueryRow(t.Context(), "SELECT count(*) FROM service_meta WHERE key LIKE 'held-%'").Scan(&n))
+	assert.Equal(t, 2, n)
+
+	// A held write that fails at commit: nothing of the transaction stays.
+	err := s.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO service_meta (key, value) VALUES ('held-3', 'x')"); err != nil {
+			return err
+		}
+		_, err := store.Later(tx).Exec(ctx, "INSERT INTO service_meta (key, value) VALUES ('held-1', 'duplicate')")
+		return err
+	})
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "23505", pgErr.Code, "the held write's own error")
+	require.NoError(t, s.Pool().QueryRow(t.Context(), "SELECT count(*) FROM service_meta WHERE key = 'held-3'").Scan(&n))
+	assert.Zero(t, n, "rolled back")
+	for range 5 { // every connection of the pool is still usable
+		require.NoError(t, s.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) error {
+			return tx.QueryRow(ctx, "SELECT 1").Scan(&n)
+		}))
+	}
+}
+
+// Savepoints are held like writes: a rolled-back one undoes what ran in
+// it, a released one keeps it, and neither costs a round trip of its own.
+func TestLazySavepoints(t *testing.T) {
+	t.Parallel()
+	s := dbtest.NewStore(t)
+	var trips atomic.Int64
+	ctx := store.CountRoundTrips(t.Context(), &trips)
+	insert := func(ctx context.Context, tx pgx.Tx, key string) error {
+		_, err := tx.Exec(ctx, "INSERT INTO service_meta (key, value) VALUES ($1, 'x')", key)
+		return err
+	}
+	require.NoError(t, s.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		sp, err := tx.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, insert(ctx, sp, "sp-undone"))
+		require.NoError(t, sp.Rollback(ctx))
+		sp, err = tx.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, insert(ctx, sp, "sp-kept"))
+		require.Error(t, insert(ctx, sp, "sp-kept"), "a duplicate fails inside the savepoint")
+		require.NoError(t, sp.Rollback(ctx))
+		sp, err = tx.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, insert(ctx, sp, "sp-kept"))
+		return sp.Commit(ctx)
+	}))
+	assert.Equal(t, int64(7), trips.Load(), "four inserts, two rollbacks and the COMMIT")
+	var keys []string
+	rows, err := s.Pool().Query(t.Context(), "SELECT key FROM service_meta WHERE key LIKE 'sp-%' ORDER BY key")
+	require.NoError(t, err)
+	keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	assert.Equal(t, []string{"sp-kept"}, keys)
 }

@@ -16,6 +16,7 @@ import (
 
 	"computeplane/gen/db"
 	"computeplane/internal/reqmeta"
+	"computeplane/internal/store"
 )
 
 // Transactor runs a function in one transaction (store.Store).
@@ -108,7 +109,8 @@ func (u *Unit) flush(ctx context.Context) error {
 		return nil
 	}
 	meta := reqmeta.FromContext(ctx)
-	return db.New(u.Tx).InsertEvents(ctx, db.InsertEventsParams{
+	// The unit's last write: it travels with the COMMIT (store.Later).
+	return db.New(store.Later(u.Tx)).InsertEvents(ctx, db.InsertEventsParams{
 		RequestID: text(meta.RequestID), Traceparent: text(meta.Traceparent), Events: u.TakeEvents(),
 	})
 }

@@ -33,6 +33,7 @@ import (
 	"computeplane/gen/api"
 	"computeplane/gen/db"
 	"computeplane/internal/ids"
+	"computeplane/internal/store"
 )
 
 // Micro is one unit in micro-units: 2 vCPU are 2 * Micro per hour.
@@ -97,11 +98,13 @@ func Open(ctx context.Context, tx pgx.Tx, a Allocation) (string, error) {
 	if !a.At.IsZero() {
 		at = &a.At
 	}
-	row, err := db.New(tx).OpenAllocation(ctx, db.OpenAllocationParams{
-		AllocationID: ids.New("alloc"), TenantID: a.TenantID, ProjectID: pgtype.Text{String: a.ProjectID, Valid: a.ProjectID != ""},
+	id := ids.New("alloc")
+	// Nothing is read back: the row goes out with the call's next statement.
+	err = db.New(store.Later(tx)).OpenAllocation(ctx, db.OpenAllocationParams{
+		AllocationID: id, TenantID: a.TenantID, ProjectID: pgtype.Text{String: a.ProjectID, Valid: a.ProjectID != ""},
 		Meter: a.Meter, QuantityMicro: a.PerHour, Tags: raw, OwnerType: a.Owner.Type, OwnerID: a.Owner.ID, At: at,
 	})
-	return row.AllocationID, err
+	return id, err
 }
 
 // Close ends an open allocation at at (zero: the transaction's time), in

@@ -193,6 +193,9 @@ func MAC(instanceID string) string {
 // CAPACITY_UNAVAILABLE when the range has no subnet or the subnet no
 // address left.
 func Assign(ctx context.Context, q *db.Queries, r db.Instance, mode string, policy []byte) (db.Instance, error) {
+	if mode == None && r.Network == None && policy == nil && r.EgressPolicy == nil {
+		return r, nil // as inserted: no statement
+	}
 	params := db.SetInstanceNetworkParams{InstanceID: r.InstanceID, Network: mode, EgressPolicy: policy}
 	if mode != None {
 		addr, err := allocate(ctx, q, r.PoolID, r.TenantID, mode)

@@ -57,7 +57,8 @@ func policyWorld(t *testing.T) (*Service, map[string]*iam.Caller) {
 		}
 		return proj.Relate(ctx, tx, iam.Ref{Type: "compute-project", ID: "prj-1"}, "member", "pat")
 	}))
-	require.NoError(t, proj.PutDraft(ctx, iam.Resource{Type: "compute-sandbox-volume", ID: "vol-new", TenantID: "acme", Owner: "alice", Draft: true}))
+	_, err := proj.PutDraft(ctx, iam.Resource{Type: "compute-sandbox-volume", ID: "vol-new", TenantID: "acme", Owner: "alice", Draft: true})
+	require.NoError(t, err)
 	return s, callers
 }
 

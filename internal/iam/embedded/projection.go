@@ -11,6 +11,7 @@ import (
 
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
+	"computeplane/internal/store"
 )
 
 // projection is the authorization projection in iam.resources and
@@ -19,14 +20,15 @@ type projection struct{ s *Service }
 
 // PutDraft writes a draft on the pool, in its own short transaction, so
 // the decision can be made on it before the call's transaction opens. It
-// never touches a real resource of the same type and id: a retried create
-// is then decided on what exists.
-func (p projection) PutDraft(ctx context.Context, r iam.Resource) error {
+// never touches a real resource of the same type and id (a retried create
+// is then decided on what exists) and answers false then.
+func (p projection) PutDraft(ctx context.Context, r iam.Resource) (bool, error) {
 	arg, err := p.s.resourceParams(r)
 	if err != nil {
-		return err
+		return false, err
 	}
-	return wrapStore(p.s.st.Queries().IAMPutDraft(ctx, db.IAMPutDraftParams(arg)))
+	n, err := p.s.st.Queries().IAMPutDraft(ctx, db.IAMPutDraftParams(arg))
+	return n > 0, wrapStore(err)
 }
 
 // Get returns the projected resource, nil when it is absent.
@@ -62,11 +64,13 @@ func (p projection) Put(ctx context.Context, tx pgx.Tx, r iam.Resource) error {
 	if err != nil {
 		return err
 	}
-	q, err := txOf(ctx, tx)
+	tx, err = txFrom(ctx, tx)
 	if err != nil {
 		return err
 	}
-	return wrapStore(q.IAMPutResource(ctx, arg))
+	// Nothing is read back: the row goes out with the call's next
+	// statement (its commit, for a create).
+	return wrapStore(db.New(store.Later(tx)).IAMPutResource(ctx, arg))
 }
 
 // Delete removes a resource and its relationships in the call's

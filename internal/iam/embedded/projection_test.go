@@ -35,7 +35,9 @@ func TestProjectionDraftLifecycle(t *testing.T) {
 	}
 
 	// A refused create leaves nothing.
-	require.NoError(t, proj.PutDraft(ctx, draft))
+	drafted, err := proj.PutDraft(ctx, draft)
+	require.NoError(t, err)
+	assert.True(t, drafted)
 	row, err := get()
 	require.NoError(t, err)
 	assert.True(t, row.Draft)
@@ -49,7 +51,9 @@ func TestProjectionDraftLifecycle(t *testing.T) {
 	absent()
 
 	// An allowed create becomes real when its transaction commits ...
-	require.NoError(t, proj.PutDraft(ctx, draft))
+	drafted, err = proj.PutDraft(ctx, draft)
+	require.NoError(t, err)
+	assert.True(t, drafted)
 	require.NoError(t, s.Require(ctx, alice, action, iam.Resource{Type: ref.Type, ID: ref.ID, TenantID: "acme"}))
 	real := draft
 	real.Draft = false
@@ -63,7 +67,9 @@ func TestProjectionDraftLifecycle(t *testing.T) {
 	require.NoError(t, proj.DropDraft(ctx, ref))
 	other := draft
 	other.Owner = "bob"
-	require.NoError(t, proj.PutDraft(ctx, other))
+	drafted, err = proj.PutDraft(ctx, other)
+	require.NoError(t, err)
+	assert.False(t, drafted, "a real resource holds the id: no draft is written")
 	row, err = get()
 	require.NoError(t, err)
 	assert.False(t, row.Draft)
@@ -134,9 +140,12 @@ func TestProjectionDraftLifecycle(t *testing.T) {
 	absent()
 
 	// Refused writes.
-	assert.Error(t, proj.PutDraft(ctx, iam.Resource{Type: "sandbox-volume", ID: "x", TenantID: "acme"}), "no prefix")
-	assert.Error(t, proj.PutDraft(ctx, iam.Resource{Type: "compute-sandbox-volume", ID: "x"}), "no tenant")
-	assert.Error(t, proj.PutDraft(ctx, iam.Resource{Type: "compute-sandbox-volume", TenantID: "acme"}), "no id")
+	_, err = proj.PutDraft(ctx, iam.Resource{Type: "sandbox-volume", ID: "x", TenantID: "acme"})
+	assert.Error(t, err, "no prefix")
+	_, err = proj.PutDraft(ctx, iam.Resource{Type: "compute-sandbox-volume", ID: "x"})
+	assert.Error(t, err, "no tenant")
+	_, err = proj.PutDraft(ctx, iam.Resource{Type: "compute-sandbox-volume", TenantID: "acme"})
+	assert.Error(t, err, "no id")
 	assert.Error(t, proj.Put(ctx, nil, real), "no transaction")
 	assert.Error(t, proj.Relate(ctx, nil, prj, "", "bob"), "no relation")
 }

@@ -206,13 +206,21 @@ func text(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} 
 // txOf returns the transaction to write in: the one given, else the call's
 // transaction carried by ctx.
 func txOf(ctx context.Context, tx pgx.Tx) (*db.Queries, error) {
+	tx, err := txFrom(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	return db.New(tx), nil
+}
+
+func txFrom(ctx context.Context, tx pgx.Tx) (pgx.Tx, error) {
 	if tx == nil {
 		var ok bool
 		if tx, ok = store.TxFromContext(ctx); !ok {
 			return nil, errors.New("iam: projection write without a transaction")
 		}
 	}
-	return db.New(tx), nil
+	return tx, nil
 }
 
 // IdentityOf returns the home tenant and kind of an identity; ok is false

@@ -342,29 +342,24 @@ var _ iam.Projection = projection{}
 
 func (pr projection) inner() iam.Projection { return pr.p.keeper.Projection() }
 
-// PutDraft writes the draft to the keeper and, if it is (still) a draft,
-// mirrors it: a real object of the same id is left alone, as the keeper
-// leaves it.
-func (pr projection) PutDraft(ctx context.Context, r iam.Resource) error {
+// PutDraft writes the draft to the keeper and, when the keeper wrote it (no
+// real object holds the id), mirrors it; a real object of the same id is
+// left alone, as the keeper leaves it.
+func (pr projection) PutDraft(ctx context.Context, r iam.Resource) (bool, error) {
 	if err := pr.p.Ready(ctx); err != nil {
-		return err
+		return false, err
 	}
-	if err := pr.inner().PutDraft(ctx, r); err != nil {
-		return err
+	drafted, err := pr.inner().PutDraft(ctx, r)
+	if err != nil || !drafted {
+		return drafted, err
 	}
-	cur, err := pr.inner().Get(ctx, iam.Ref{Type: r.Type, ID: r.ID})
-	if err != nil {
-		return err
-	}
-	if cur == nil || !cur.Draft {
-		return nil
-	}
-	if err := pr.p.mirror(ctx, *cur); err != nil {
+	r.Draft = true
+	if err := pr.p.mirror(ctx, r); err != nil {
 		// Nothing is left of a create SpiceDB could not take.
 		_ = pr.inner().DropDraft(context.WithoutCancel(ctx), iam.Ref{Type: r.Type, ID: r.ID})
-		return err
+		return false, err
 	}
-	return nil
+	return true, nil
 }
 
 func (pr projection) Get(ctx context.Context, r iam.Ref) (*iam.Resource, error) {

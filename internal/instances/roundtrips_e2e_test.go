@@ -1,0 +1,75 @@
+package instances_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"computeplane/gen/client"
+	"computeplane/internal/fleettest"
+	"computeplane/internal/qemu/qemutest"
+)
+
+// goalRoundTrips is the fleet paths' goal of database round trips per call
+// (issue 26; docs/benchmarks.md). maxRoundTrips is what instances.create
+// makes today (22 before the work of issue 26): the test holds it there
+// until the goal is reached, and says when a call is above the goal.
+const (
+	goalRoundTrips = 8
+	maxRoundTrips  = 11
+)
+
+// TestCreateRoundTrips: instances.create, counted on the wire by computed
+// (compute_rpc_db_round_trips), makes at most maxRoundTrips round trips (goalRoundTrips is the goal),
+// placed on a node (a daemon with the recording runtime) or in a
+// reservation's unit; a replay of the same key makes fewer.
+func TestCreateRoundTrips(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs computed and compute-agent")
+	}
+	im := qemutest.Image(t)
+	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\n", filepath.Dir(filepath.Dir(im.Location))), fleettest.Metrics())
+	pool := f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
+	node := f.Join(pool, "--runtime", "recording", "--vcpu", "8", "--memory-mib", "4096", "--disk-gib", "100").Node
+	create := func(key string, reservation string) client.Instance {
+		in := &client.InstancesCreateInput{TenantId: fleettest.Tenant, PoolId: pool, Flavor: "small", ImageId: "computeplane/minimal",
+			Name: key, IdempotencyKey: key, Network: client.NewOptInstancesCreateInputNetwork(client.InstancesCreateInputNetworkNone)}
+		if reservation != "" {
+			in.ReservationId = client.NewOptString(reservation)
+		}
+		res, err := f.C.InstancesCreate(t.Context(), in)
+		require.NoError(t, err)
+		return res.Data
+	}
+	create("warm-up", "") // the caller's decision is cached from here on
+
+	var made client.Instance
+	n := f.FewestRoundTrips("instances.create", node, 3, func(i int) { made = create(fmt.Sprintf("i%d", i), "") })
+	above(t, n)
+	assert.LessOrEqual(t, n, maxRoundTrips)
+	assert.Equal(t, "pending", string(made.State))
+	assert.Equal(t, 1, f.Events("instance.created", made.InstanceId))
+
+	replay := f.CallRoundTrips("instances.create", func() { assert.Equal(t, made.InstanceId, create("i2", "").InstanceId) })
+	t.Logf("instances.create replayed: %d round trips", replay)
+	assert.LessOrEqual(t, replay, n)
+
+	res, err := f.C.ReservationsCreate(t.Context(), &client.ReservationsCreateInput{TenantId: fleettest.Tenant, PoolId: pool, Flavor: "small",
+		Count: client.NewOptInt64(3), IdempotencyKey: "r1"})
+	require.NoError(t, err)
+	n = f.FewestRoundTrips("instances.create", node, 3, func(i int) { made = create(fmt.Sprintf("in-reservation-%d", i), res.Data.ReservationId) })
+	above(t, n)
+	assert.LessOrEqual(t, n, maxRoundTrips)
+	assert.Equal(t, res.Data.ReservationId, made.ReservationId.Value)
+}
+
+// above says when a call makes more round trips than the goal.
+func above(t *testing.T, n int) {
+	t.Helper()
+	if n > goalRoundTrips {
+		t.Logf("%d round trips: above the goal of %d", n, goalRoundTrips)
+	}
+}
