@@ -3,8 +3,6 @@ package agent
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,7 +25,7 @@ const (
 	// DownloadTimeout bounds the whole download of a binary.
 	DownloadTimeout = 10 * time.Minute
 	// MaxBinaryBytes refuses an answer larger than any daemon binary.
-	MaxBinaryBytes = 512 << 20
+	MaxBinaryBytes = release.MaxArtifactBytes
 	// RestartTimeout is how long upgrade waits for the daemon to come
 	// back with the new version.
 	RestartTimeout = 60 * time.Second
@@ -109,67 +107,22 @@ func Upgrade(ctx context.Context, o UpgradeOptions) (*UpgradeResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+release.Path(AgentName, version, o.Platform), nil)
+	dl, err := release.Get(ctx, hc, base+release.Path(AgentName, version, o.Platform))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("agent: upgrade: %w", err)
 	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("agent: upgrade: download: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("agent: upgrade: %s: %s", req.URL, answerError(resp))
-	}
-	got := resp.Header.Get("X-Release-Version")
-	if release.CheckVersion(got) != nil || (version != release.Latest && got != version) {
+	defer dl.Close()
+	got := dl.Version
+	if version != release.Latest && got != version {
 		return nil, fmt.Errorf("agent: upgrade: asked for %s, the answer names version %q", version, got)
 	}
 	res := &UpgradeResult{From: o.Current, To: got, Exe: o.Exe}
 	if got == o.Current && !o.Force {
 		return res, nil
 	}
-	want, err := headerBytes(resp.Header.Get("Repr-Digest"), "sha-256")
-	if err != nil || len(want) != sha256.Size {
-		return nil, errors.New("agent: upgrade: the answer carries no SHA-256 (Repr-Digest)")
-	}
-	sig, err := headerBytes(resp.Header.Get("X-Release-Signature"), "ed25519")
-	if err != nil {
-		return nil, errors.New("agent: upgrade: the answer carries no signature (X-Release-Signature)")
-	}
-	// The new binary is written beside the old one (the same file system:
-	// the rename is atomic) and hashed as it is written.
-	tmp, err := os.CreateTemp(filepath.Dir(o.Exe), "."+filepath.Base(o.Exe)+".upgrade-*")
-	if err != nil {
-		return nil, err
-	}
-	defer os.Remove(tmp.Name()) // gone after the rename; removed on any failure
-	hr := release.NewHashReader(io.LimitReader(resp.Body, MaxBinaryBytes+1))
-	n, err := io.Copy(tmp, hr)
-	if err == nil && n > MaxBinaryBytes {
-		err = fmt.Errorf("agent: upgrade: the binary is larger than %d bytes", MaxBinaryBytes)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("agent: upgrade: download: %w", err)
-	}
-	if err := release.Verify(keys, AgentName, got, o.Platform, hr.Sum(), [sha256.Size]byte(want), sig); err != nil {
-		return nil, fmt.Errorf("agent: upgrade: %s refused: %w", got, err)
-	}
-	if err := os.Chmod(tmp.Name(), 0o755); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(tmp.Name(), o.Exe); err != nil {
-		return nil, err
-	}
-	if d, err := os.Open(filepath.Dir(o.Exe)); err == nil {
-		_ = d.Sync() // the rename survives a power loss
-		d.Close()
+	// Written beside the old binary, verified, then renamed over it.
+	if _, err := dl.Install(o.Exe, keys, AgentName, o.Platform); err != nil {
+		return nil, fmt.Errorf("agent: upgrade: %w", err)
 	}
 	res.Installed = true
 	return res, nil
@@ -206,30 +159,6 @@ func downloadsURL(ctx context.Context, hc *http.Client, api string) (string, err
 		return "", fmt.Errorf("agent: upgrade: %s/.well-known/service names no base path (HTTP %d)", origin, resp.StatusCode)
 	}
 	return origin + doc.BasePath + "/downloads/", nil
-}
-
-// headerBytes reads an RFC 8941 dictionary member key=:base64: from h.
-func headerBytes(h, key string) ([]byte, error) {
-	for _, member := range strings.Split(h, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(member), "=")
-		if !ok || k != key || len(v) < 2 || v[0] != ':' || v[len(v)-1] != ':' {
-			continue
-		}
-		return base64.StdEncoding.DecodeString(v[1 : len(v)-1])
-	}
-	return nil, fmt.Errorf("no %s", key)
-}
-
-// answerError is an error answer's message, or its status.
-func answerError(resp *http.Response) string {
-	var e struct {
-		Error struct{ Code, Message string } `json:"error"`
-	}
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	if json.Unmarshal(raw, &e) == nil && e.Error.Code != "" {
-		return e.Error.Code + ": " + e.Error.Message
-	}
-	return "HTTP " + strconv.Itoa(resp.StatusCode)
 }
 
 // ErrNoDaemon is the answer of Restart when no daemon of this directory

@@ -877,8 +877,10 @@ func (b *builder) bootstrap(fc *fileConfig, c *Config) error {
 		return nil
 	}
 	bs := &Bootstrap{Agent: deref(fb.Agent, ""), JoinURL: strings.TrimSuffix(deref(fb.JoinURL, ""), "/")}
-	if bs.Agent == "" || strings.ContainsRune(bs.Agent, 0) {
-		return b.errorf("bootstrap.agent", "must be the path of the compute-agent binary delivered to machines")
+	// With downloads served, bootstraps download the daemon from there
+	// and agent is not used.
+	if (bs.Agent == "" && c.Downloads == nil) || strings.ContainsRune(bs.Agent, 0) {
+		return b.errorf("bootstrap.agent", "must be the path of the compute-agent binary delivered to machines (or serve downloads)")
 	}
 	if bs.JoinURL != "" {
 		u, err := url.Parse(bs.JoinURL)

@@ -2,6 +2,7 @@ package provideraccounts
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -263,10 +264,19 @@ func (j *Job) install(ctx context.Context, fence workers.Fence, r db.ProviderBoo
 	if joinURL == "" {
 		joinURL = s.baseURL
 	}
+	in := providers.Install{JoinURL: joinURL, Token: token, Agent: s.bootstrap.Agent, PoolID: r.PoolID}
+	if s.downloads != "" {
+		// Downloaded and verified by the provider, not copied from here.
+		in.Agent, in.AgentURL = "", s.downloads
+		if k := b.ReleaseKey(); k != nil {
+			in.ReleaseKeys = []ed25519.PublicKey{k}
+		}
+	}
 	m, err := p.Identify(ctx, r.MachineID.String)
 	if err == nil {
-		err = p.Install(ctx, m, providers.Install{JoinURL: joinURL, Token: token, Agent: s.bootstrap.Agent, PoolID: r.PoolID})
+		err = p.Install(ctx, m, in)
 	}
+	in.Token = ""
 	token = "" //nolint:ineffassign // the token is not kept past the call
 	_ = token
 	if errors.Is(err, providers.ErrNoMachine) {

@@ -22,6 +22,7 @@ import (
 
 	"computeplane/gen/api"
 	"computeplane/gen/db"
+	"computeplane/internal/buildinfo"
 	"computeplane/internal/config"
 	"computeplane/internal/iam"
 	"computeplane/internal/idem"
@@ -30,6 +31,7 @@ import (
 	"computeplane/internal/keys"
 	"computeplane/internal/pki"
 	"computeplane/internal/providers"
+	"computeplane/internal/release"
 	"computeplane/internal/secrets"
 	"computeplane/internal/store"
 	"computeplane/internal/wire"
@@ -61,6 +63,9 @@ type Service struct {
 	dir       string
 	bootstrap *config.Bootstrap
 	baseURL   string
+	// downloads is {baseURL}{basePath}/downloads/ when the deployment
+	// serves downloads: bootstraps deliver the daemon from there.
+	downloads string
 	bundle    func() (*pki.Bundle, error)
 	root      string
 	log       *slog.Logger
@@ -97,9 +102,27 @@ func New(cfg *config.Config, st *store.Store, builtIn []*providers.Factory, imgs
 	return &Service{
 		reg: reg, secrets: secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
 		store: st, images: imgs, dir: dir, bootstrap: cfg.Bootstrap, baseURL: cfg.BaseURL, bundle: bundle, root: cfg.RootTenantID, log: log,
-		clients: map[string]cached{},
+		downloads: downloadsURL(cfg), clients: map[string]cached{},
 	}, nil
 }
+
+// downloadsURL is where bootstraps download the daemon, "" when the
+// deployment serves no downloads: the public base URL and the downloads
+// route, at this control plane's own version when it is a release
+// version, else the latest.
+func downloadsURL(cfg *config.Config) string {
+	if cfg.Downloads == nil {
+		return ""
+	}
+	version := buildinfo.Version()
+	if release.CheckVersion(version) != nil {
+		version = release.Latest
+	}
+	return strings.TrimSuffix(cfg.BaseURL, "/") + cfg.BasePath + "/downloads/" + release.Path(agentName, version, "")
+}
+
+// agentName is the daemon's name in releases.
+const agentName = "compute-agent"
 
 func notFound(id string) error {
 	return api.Errorf(api.CodeNotFound, "provider account %s not found", id)

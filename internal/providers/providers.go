@@ -10,6 +10,7 @@ package providers
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -106,8 +107,18 @@ type Machine struct {
 type Install struct {
 	JoinURL string // where the daemon joins (the public host)
 	Token   string
-	Agent   string // the daemon's binary on this host
-	PoolID  string
+	// Agent is the daemon's binary on this host, when the deployment
+	// serves no downloads.
+	Agent string
+	// AgentURL, when the deployment serves downloads, is where the
+	// daemon is downloaded instead: {basePath}/downloads/compute-agent/
+	// <version>/, to which the provider appends its machine's
+	// <os>-<arch>. The provider verifies what it downloads with
+	// release.Get and Download.Install against ReleaseKeys before it runs
+	// it.
+	AgentURL    string
+	ReleaseKeys []ed25519.PublicKey
+	PoolID      string
 }
 
 // ErrNoMachine answers identify, release or install of a machine the

@@ -18,9 +18,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +32,7 @@ import (
 	"computeplane/internal/ids"
 	"computeplane/internal/providers"
 	"computeplane/internal/qemu"
+	"computeplane/internal/release"
 )
 
 // Name is the provider's registered name.
@@ -382,10 +385,16 @@ func (p *Provider) Install(ctx context.Context, mc providers.Machine, in provide
 	if pid := readPid(filepath.Join(p.machineDir(m.ID), "agent.pid")); pid > 0 && syscall.Kill(pid, 0) == nil {
 		return nil // installed by an attempt whose answer was lost
 	}
+	agent := in.Agent
+	if in.AgentURL != "" {
+		if agent, err = p.download(ctx, m.ID, in); err != nil {
+			return err
+		}
+	}
 	if _, err := os.Stat(filepath.Join(dir, "state.json")); err != nil {
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		join := exec.CommandContext(jctx, in.Agent, "join", "--api", in.JoinURL, "--dir", dir, "--hostname", m.ID, "--force")
+		join := exec.CommandContext(jctx, agent, "join", "--api", in.JoinURL, "--dir", dir, "--hostname", m.ID, "--force")
 		join.Env = append(os.Environ(), "COMPUTE_AGENT_TOKEN="+in.Token)
 		out, err := join.CombinedOutput()
 		if err != nil {
@@ -402,7 +411,7 @@ func (p *Provider) Install(ctx context.Context, mc providers.Machine, in provide
 	if p.cfg.AgentRuntime == "qemu" {
 		args = append(args, "--accel", p.cfg.Accel)
 	}
-	run := exec.Command(in.Agent, args...)
+	run := exec.Command(agent, args...)
 	run.Env = os.Environ()
 	run.Stdout, run.Stderr = logf, logf
 	run.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // it outlives the service, like the VM
@@ -412,6 +421,37 @@ func (p *Provider) Install(ctx context.Context, mc providers.Machine, in provide
 	pid := run.Process.Pid
 	go func() { _ = run.Wait() }() // reap it if it ends while we run
 	return os.WriteFile(filepath.Join(p.machineDir(m.ID), "agent.pid"), []byte(strconv.Itoa(pid)), 0o600)
+}
+
+// DownloadTimeout bounds the download of the daemon at an install.
+const DownloadTimeout = 5 * time.Minute
+
+// AgentFile is the daemon's binary in a machine's directory when it was
+// downloaded.
+const AgentFile = "compute-agent"
+
+// download fetches the daemon for this host's platform (the daemon of a
+// localqemu machine runs on this host) from the install's AgentURL,
+// verifies its checksum and its signature with the release keys, and
+// writes it executable into the machine's directory: that file is what
+// joins and runs.
+func (p *Provider) download(ctx context.Context, id string, in providers.Install) (string, error) {
+	if len(in.ReleaseKeys) == 0 {
+		return "", fmt.Errorf("localqemu: download the daemon: %w", release.ErrNoKey)
+	}
+	platform := runtime.GOOS + "-" + runtime.GOARCH
+	ctx, cancel := context.WithTimeout(ctx, DownloadTimeout)
+	defer cancel()
+	dl, err := release.Get(ctx, &http.Client{Timeout: DownloadTimeout}, strings.TrimSuffix(in.AgentURL, "/")+"/"+platform)
+	if err != nil {
+		return "", fmt.Errorf("localqemu: download the daemon: %w", err)
+	}
+	defer dl.Close()
+	dest := filepath.Join(p.machineDir(id), AgentFile)
+	if _, err := dl.Install(dest, in.ReleaseKeys, "compute-agent", platform); err != nil {
+		return "", fmt.Errorf("localqemu: download the daemon: %w", err)
+	}
+	return dest, nil
 }
 
 func lastLine(s string) string {
