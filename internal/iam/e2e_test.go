@@ -1165,7 +1165,7 @@ func TestRefusedCallsLeaveNoRow(t *testing.T) {
 
 func refusedCallsLeaveNoRow(t *testing.T, b backend) {
 	counter, txs := &countingSystem{}, &txObserver{}
-	env := testenv.Start(t, withTunnels(t, b.yaml), b.env(),
+	env := testenv.Start(t, withTunnels(t, b.yaml, testenv.ExamplePluginConfig(t)), b.env(),
 		testenv.WithOverrides(host.Overrides{Gate: txs, Services: func(s *api.Services) {
 			counter.SystemService = s.System
 			s.System = counter
@@ -1420,8 +1420,9 @@ func TestMutationsAreDecidedAfresh(t *testing.T) {
 		t.Skip("no registered mutation yet: TestRequireIsNeverCachedAuthorizeIs shows it on the port")
 	}
 	clk := newClock()
-	// Tunnels configured: the group exists only then.
-	env := testenv.Start(t, withClock(clk), withTunnels(t))
+	// Tunnels and the example plugin configured: their methods exist
+	// only then.
+	env := testenv.Start(t, withClock(clk), withTunnels(t, testenv.ExamplePluginConfig(t)))
 	root := env.Config.RootTenantID
 	fx := newFixture(env, mintKeys(t, env))
 	tested := 0
