@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"computeplane/computeclient"
@@ -377,4 +378,18 @@ func (f *Fleet) FewestRoundTrips(method, node string, tries int, call func(i int
 		}
 	}
 	return fewest
+}
+
+// RoundTripGoal is the fleet paths' goal of database round trips per call
+// (issue 26; docs/benchmarks.md).
+const RoundTripGoal = 8
+
+// AtMostRoundTrips holds a call's round trips n at most, what the method
+// makes today, and says when n is still above RoundTripGoal.
+func AtMostRoundTrips(t *testing.T, n, most int, msgAndArgs ...any) {
+	t.Helper()
+	if n > RoundTripGoal {
+		t.Logf("%d round trips: above the goal of %d", n, RoundTripGoal)
+	}
+	assert.LessOrEqual(t, n, most, msgAndArgs...)
 }

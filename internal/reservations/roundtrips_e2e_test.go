@@ -11,14 +11,9 @@ import (
 	"computeplane/internal/fleettest"
 )
 
-// goalRoundTrips is the fleet paths' goal of database round trips per call
-// (issue 26; docs/benchmarks.md). maxRoundTrips is what reservations.create
-// makes today (20 before the work of issue 26): the test holds it there
-// until the goal is reached, and says when a call is above the goal.
-const (
-	goalRoundTrips = 8
-	maxRoundTrips  = 9
-)
+// maxRoundTrips is what reservations.create makes today: the test holds it
+// there until fleettest.RoundTripGoal is reached.
+const maxRoundTrips = 9
 
 // TestCreateRoundTrips: reservations.create, counted on the wire by
 // computed (compute_rpc_db_round_trips), makes at most maxRoundTrips round
@@ -39,8 +34,7 @@ func TestCreateRoundTrips(t *testing.T) {
 		made, err = create(t, f, pool, fmt.Sprintf("r%d", i), 1, client.ReservationsCreateInputPriorityOnDemand, 0)
 		require.NoError(t, err)
 	})
-	above(t, n)
-	assert.LessOrEqual(t, n, maxRoundTrips, "a reservation of one unit")
+	fleettest.AtMostRoundTrips(t, n, maxRoundTrips, "a reservation of one unit")
 	for _, count := range []int64{1, 2} {
 		key := fmt.Sprintf("many-%d", count)
 		made, err = create(t, f, pool, key, count, client.ReservationsCreateInputPriorityOnDemand, 0)
@@ -49,13 +43,5 @@ func TestCreateRoundTrips(t *testing.T) {
 		assert.Equal(t, []string{agent.Node}, made.NodeIds)
 		assert.Equal(t, 1, f.Events("reservation.created", made.ReservationId))
 		assert.Equal(t, 1, f.Events("reservation.placed", made.ReservationId))
-	}
-}
-
-// above says when a call makes more round trips than the goal.
-func above(t *testing.T, n int) {
-	t.Helper()
-	if n > goalRoundTrips {
-		t.Logf("%d round trips: above the goal of %d", n, goalRoundTrips)
 	}
 }

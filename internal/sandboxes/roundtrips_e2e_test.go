@@ -13,17 +13,12 @@ import (
 	"computeplane/internal/qemu/qemutest"
 )
 
-// goalRoundTrips is the fleet paths' goal of database round trips per call
-// (issue 26; docs/benchmarks.md). maxRoundTrips is what sandboxes.create
-// makes today (26 before the work of issue 26): the test holds it there
-// until the goal is reached, and says when a call is above the goal.
-const (
-	goalRoundTrips = 8
-	maxRoundTrips  = 17
-)
+// maxRoundTrips is what sandboxes.create makes today: the test holds it
+// there until fleettest.RoundTripGoal is reached.
+const maxRoundTrips = 17
 
 // TestCreateRoundTrips: sandboxes.create, counted on the wire by computed
-// (compute_rpc_db_round_trips), makes at most maxRoundTrips round trips (goalRoundTrips is the goal)
+// (compute_rpc_db_round_trips), makes at most maxRoundTrips round trips (fleettest.RoundTripGoal is the goal)
 // when it places a cold VM (a daemon with the recording runtime runs it).
 func TestCreateRoundTrips(t *testing.T) {
 	if testing.Short() {
@@ -53,8 +48,7 @@ func TestCreateRoundTrips(t *testing.T) {
 
 	var made client.Sandbox
 	n := f.FewestRoundTrips("sandboxes.create", node, 3, func(i int) { made = create(fmt.Sprintf("s%d", i), cold) })
-	above(t, n)
-	assert.LessOrEqual(t, n, maxRoundTrips)
+	fleettest.AtMostRoundTrips(t, n, maxRoundTrips)
 	assert.Equal(t, "cold", string(made.Timings.How))
 	assert.Equal(t, 1, f.Events("sandbox.created", made.SandboxId))
 
@@ -62,12 +56,4 @@ func TestCreateRoundTrips(t *testing.T) {
 	t.Logf("sandboxes.create replayed: %d round trips", replay)
 	assert.LessOrEqual(t, replay, n)
 
-}
-
-// above says when a call makes more round trips than the goal.
-func above(t *testing.T, n int) {
-	t.Helper()
-	if n > goalRoundTrips {
-		t.Logf("%d round trips: above the goal of %d", n, goalRoundTrips)
-	}
 }
