@@ -1,7 +1,6 @@
 package host
 
 import (
-	"computeplane/internal/blob"
 	"computeplane/internal/config"
 	"computeplane/internal/downloads"
 )
@@ -25,16 +24,9 @@ func downloadSource(cfg *config.Config, getenv func(string) string) (downloads.S
 		srcs = append(srcs, src)
 	}
 	if d.Blob != "" {
-		bc, err := blob.ParseURL(d.Blob)
-		if err == nil {
-			bc, err = bc.WithEnv(getenv)
-		}
-		var s *blob.S3
-		if err == nil {
-			s, err = blob.Open(bc)
-		}
+		s, err := openBlob("downloads.blob", d.Blob, getenv)
 		if err != nil {
-			return nil, &config.Error{Option: "downloads.blob", Message: err.Error()}
+			return nil, err
 		}
 		srcs = append(srcs, downloads.BlobSource{Store: s})
 	}

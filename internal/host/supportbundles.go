@@ -17,7 +17,18 @@ func supportBundleStore(cfg *config.Config, getenv func(string) string) (blob.St
 	if cfg.SupportBundles == nil {
 		return nil, nil
 	}
-	bc, err := blob.ParseURL(cfg.SupportBundles.Blob)
+	s, err := openBlob("supportBundles.blob", cfg.SupportBundles.Blob, getenv)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// openBlob opens the blob store an option names (its URL, credentials from
+// getenv); a problem is INVALID_CONFIG naming the option. Opening makes no
+// connection.
+func openBlob(option, url string, getenv func(string) string) (*blob.S3, error) {
+	bc, err := blob.ParseURL(url)
 	if err == nil {
 		bc, err = bc.WithEnv(getenv)
 	}
@@ -26,7 +37,7 @@ func supportBundleStore(cfg *config.Config, getenv func(string) string) (blob.St
 		s, err = blob.Open(bc)
 	}
 	if err != nil {
-		return nil, &config.Error{Option: "supportBundles.blob", Message: err.Error()}
+		return nil, &config.Error{Option: option, Message: err.Error()}
 	}
 	return s, nil
 }
