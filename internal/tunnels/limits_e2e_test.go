@@ -286,16 +286,18 @@ func TestTunnelReauthorizerLimitsAndRestarts(t *testing.T) {
 		require.Eventually(t, func() bool { return f.NodeState(agent.Node) == "ready" }, 90*time.Second, 100*time.Millisecond)
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			tk, err := f.C.TunnelsOpen(ctx, &client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindExec,
-				Target: client.TunnelTarget{Kind: client.TunnelTargetKindSandbox, ID: id}, Argv: []string{"true"}})
+				Target: client.TunnelTarget{Kind: client.TunnelTargetKindSandbox, ID: id}, Argv: []string{"cat"}})
 			if !assert.NoError(c, err) {
 				return
 			}
+			// A daemon whose session is still settling answers 503: the
+			// client retries, as it does on any UNAVAILABLE.
 			ws, _, err := websocket.Dial(ctx, tk.Data.URL, nil)
 			if !assert.NoError(c, err) {
 				return
 			}
-			ws.CloseNow()
+			defer ws.CloseNow()
+			(&catTunnel{t: t, id: tk.Data.Tunnel.TunnelId, ws: ws}).echo("back\n")
 		}, 90*time.Second, time.Second, "the client opens a tunnel again through the new process")
-		openCat(t, f.C, id).echo("back\n")
 	})
 }
