@@ -102,6 +102,10 @@ type assembly struct {
 	cached   *iam.Cached
 	gate     rpc.Gate
 
+	// follow keeps an external decision service's role bindings in step
+	// with the identity inbox (nil with embedded decisions).
+	follow func(ctx context.Context, in iam.Inbox, every time.Duration, wake <-chan struct{})
+
 	// pluginHost runs the configured plugins (in the api role) and serves
 	// their methods.
 	pluginHost *plugins.Host
@@ -162,7 +166,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 		// Last: nothing after it can fail and leave processes behind.
 		a.pluginHost.Start()
 	}
-	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, caches: a.cached, watch: watch,
+	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, follow: a.follow, caches: a.cached, watch: watch,
 		sinks: a.sinkList, dispatch: dispatch,
 		notifier: a.notifier, workers: runner, siblings: a.siblings, closers: a.closers, placer: a.placer, gateway: gwRole, queue: queue, relay: a.relay,
 	}, nil
@@ -304,8 +308,9 @@ func (a *assembly) identityPort(ov Overrides) error {
 			return err
 		}
 		a.closers = append(a.closers, func() { _ = client.Close() })
-		a.port = spicedb.New(spicedb.Options{Keeper: keeper, Store: iamStore, Client: client,
+		decider := spicedb.New(spicedb.Options{Keeper: keeper, Store: iamStore, Client: client,
 			TypePrefix: a.cfg.TypePrefix, Timeout: d.SpiceDB.Timeout, Log: a.log})
+		a.port, a.follow = decider, decider.Follow
 	}
 	a.cached = iam.NewCached(a.port, a.now)
 	a.gate = &iam.Gate{

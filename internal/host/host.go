@@ -52,6 +52,7 @@ type Host struct {
 	store    *store.Store
 	handler  http.Handler
 	identity *embedded.Service
+	follow   func(ctx context.Context, in iam.Inbox, every time.Duration, wake <-chan struct{}) // nil with embedded decisions
 	caches   *iam.Cached
 	watch    *events.Watch
 	sinks    []sinks.Sink
@@ -160,6 +161,17 @@ func (h *Host) Placement() *placement.Engine { return h.placer }
 // Identity is the embedded identity service.
 func (h *Host) Identity() *embedded.Service { return h.identity }
 
+// FollowIdentity keeps an external decision service's role bindings in
+// step with the identity inbox until ctx ends (Serve runs it in the api
+// role, woken by the notifier's iam.TopicInbox; wake nil polls only):
+// bindings reach SpiceDB from the inbox, and authentication writes
+// nothing. It returns at once with embedded decisions.
+func (h *Host) FollowIdentity(ctx context.Context, wake <-chan struct{}) {
+	if h.follow != nil {
+		h.follow(ctx, h.identity, iam.InboxPoll, wake)
+	}
+}
+
 // Caches are the identity caches in front of the identity service; their
 // React applies identity events (and closes revoked /watch streams).
 func (h *Host) Caches() *iam.Cached { return h.caches }
@@ -240,6 +252,11 @@ func (h *Host) Serve(ctx context.Context, ready func() error) error {
 		wake, stop := h.notifier.Subscribe(iam.TopicInbox)
 		defer stop()
 		go iam.DrainInboxWoken(ctx, h.identity, h.caches.React, iam.InboxPoll, wake, h.log)
+		if h.follow != nil {
+			wake, stop := h.notifier.Subscribe(iam.TopicInbox)
+			defer stop()
+			go h.FollowIdentity(ctx, wake)
+		}
 	}
 	if h.workers != nil {
 		if err := h.workers.Start(ctx); err != nil {

@@ -755,7 +755,7 @@ var matrixTenants = []string{"acme", "globex"}
 
 // keyOf is a key of the keyring: its tenant, role and token.
 type keyOf struct {
-	tenant, role, token, keyID string
+	tenant, identity, role, token, keyID string
 }
 
 func (k keyOf) name() string { return k.tenant + "/" + k.role }
@@ -767,8 +767,9 @@ func mintKeys(t *testing.T, env *testenv.Env) []keyOf {
 	var out []keyOf
 	for _, tenant := range append(slices.Clone(matrixTenants), env.Config.RootTenantID) {
 		for _, role := range embedded.Roles {
-			tok, id := env.NewKey(t, tenant, role+"@"+tenant, role)
-			out = append(out, keyOf{tenant: tenant, role: role, token: tok, keyID: id})
+			identity := role + "@" + tenant
+			tok, id := env.NewKey(t, tenant, identity, role)
+			out = append(out, keyOf{tenant: tenant, identity: identity, role: role, token: tok, keyID: id})
 		}
 	}
 	return out
@@ -919,13 +920,13 @@ func TestMatrixRefusesWrongTenantAndWrongRole(t *testing.T) {
 			t.Parallel()
 			// Tunnels configured: the group exists only then; so is the
 			// example plugin, whose methods are mounted only then.
-			matrixOn(t, testenv.Start(t, withTunnels(t, b.yaml, testenv.ExamplePluginConfig(t)), b.env()))
+			matrixOn(t, testenv.Start(t, withTunnels(t, b.yaml, testenv.ExamplePluginConfig(t)), b.env()), b)
 		})
 	}
 }
 
-func matrixOn(t *testing.T, env *testenv.Env) {
-	keys := mintKeys(t, env)
+func matrixOn(t *testing.T, env *testenv.Env, b backend) {
+	keys := b.credentials(t, mintKeys(t, env))
 	fx := newFixture(env, keys)
 	root := env.Config.RootTenantID
 	for _, m := range registered(nonPublic...) {
@@ -1172,7 +1173,7 @@ func refusedCallsLeaveNoRow(t *testing.T, b backend) {
 		}}))
 	txs.gate.Store(hostGate(env))
 	root := env.Config.RootTenantID
-	keys := mintKeys(t, env)
+	keys := b.credentials(t, mintKeys(t, env))
 	fx := newFixture(env, keys)
 	fx.prepare(t, root, append(slices.Clone(matrixTenants), root)...) // objects the refused calls name
 	revoked, revokedID := env.NewKey(t, "acme", "revoked@acme", owner)
@@ -1186,6 +1187,7 @@ func refusedCallsLeaveNoRow(t *testing.T, b backend) {
 		actions = append(actions, m.Action)
 	}
 	agent := env.Key(t, root, "ops-agent@root", admin, testenv.KeyAgent("deploy-bot", actions...))
+	b.awaitRole(t, root, "ops-agent@root", admin)
 
 	before := countRows(t, env.Store)
 	txsBefore := txs.finished.Load()

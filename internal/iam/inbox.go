@@ -38,9 +38,20 @@ func DrainInbox(ctx context.Context, in Inbox, react func(Event), every time.Dur
 // delivers (the notifier's TopicInbox), so that an event reaches this
 // process in milliseconds; every stays the bound when a wake is lost.
 func DrainInboxWoken(ctx context.Context, in Inbox, react func(Event), every time.Duration, wake <-chan struct{}, log *slog.Logger) {
+	FollowInbox(ctx, in, nil, react, every, wake, log)
+}
+
+// FollowInbox is DrainInboxWoken that calls start (when not nil) once it
+// knows where the inbox ends and before it hands over the first event
+// after that: a reconcile that start makes of the state the events
+// describe misses none of them, the earlier ones being in what it reads.
+func FollowInbox(ctx context.Context, in Inbox, start func(context.Context), react func(Event), every time.Duration, wake <-chan struct{}, log *slog.Logger) {
 	after, err := latest(ctx, in)
 	if err != nil {
 		log.WarnContext(ctx, "identity inbox unreadable", "error", err.Error())
+	}
+	if start != nil {
+		start(ctx)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -4,7 +4,6 @@ package iam_test
 // (internal/iam/oidc/oidctest: tools/oidcprovider on zitadel/oidc's op).
 
 import (
-	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -125,14 +124,13 @@ func TestOIDCProviderOutageAnswersUnavailable(t *testing.T) {
 // SpiceDB on the identity's role binding.
 func TestOIDCWithSpiceDBDecisions(t *testing.T) {
 	t.Parallel()
-	p := oidctest.Start(t)
-	s := spicedbtest.Start(t)
-	_, vars := s.Config()
-	yaml := fmt.Sprintf("iam: {authentication: {oidc: {issuer: '%s', audience: '%s'}}, decisions: {spicedb: {endpoint: '%s', plaintext: true}}}\n",
-		p.Issuer, oidctest.Audience, s.Endpoint)
-	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, yaml)), backend{vars: vars}.env())
+	b := externalBackend(oidctest.Start(t), spicedbtest.Start(t))
+	p := b.oidc
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, b.yaml)), b.env())
 	env.Key(t, "acme", "alice@acme", member)
 	env.Key(t, "acme", "vera@acme", viewer)
+	b.awaitRole(t, "acme", "alice@acme", member)
+	b.awaitRole(t, "acme", "vera@acme", viewer)
 	alice := env.Client(t, computeclient.WithToken(p.Token(t, "alice@acme", "acme")))
 	vera := env.Client(t, computeclient.WithToken(p.Token(t, "vera@acme", "acme")))
 	created, err := alice.SitesCreate(t.Context(), &client.SitesCreateInput{TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu-west", IdempotencyKey: "k1"})
@@ -144,5 +142,61 @@ func TestOIDCWithSpiceDBDecisions(t *testing.T) {
 	_, err = vera.SitesUpdate(t.Context(), &client.SitesUpdateInput{TenantId: "acme", SiteId: created.Data.SiteId, Region: client.NewOptString("eu-west")})
 	requireCode(t, err, "ACCESS_DENIED", http.StatusForbidden, "a viewer does not change")
 	_, err = vera.SitesList(t.Context(), &client.SitesListInput{TenantId: "globex"})
+	requireCode(t, err, "ACCESS_DENIED", http.StatusForbidden, "another tenant")
+}
+
+// Delegated agent sessions and CONFIRMATION_REQUIRED with both external
+// adapters: people sign in with access tokens, agents with the agent keys
+// their delegation issued (a token is never a delegation), SpiceDB
+// decides what the identity may do and the delegation then holds its
+// listed actions for confirmation.
+func TestAgentSessionsWithOIDCAndSpiceDB(t *testing.T) {
+	t.Parallel()
+	b := externalBackend(oidctest.Start(t), spicedbtest.Start(t))
+	env := testenv.Start(t, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(t, b.yaml)), b.env())
+	held := env.Key(t, "acme", "ann@acme", owner, testenv.KeyAgent("deploy-bot", "compute:sites:manage"))
+	weak := env.Key(t, "acme", "vic@acme", viewer, testenv.KeyAgent("deploy-bot", "compute:sites:manage"))
+	b.awaitRole(t, "acme", "ann@acme", owner)
+	b.awaitRole(t, "acme", "vic@acme", viewer)
+	ann := env.Client(t, computeclient.WithToken(b.oidc.Token(t, "ann@acme", "acme")))
+	agent := env.Client(t, computeclient.WithToken(held))
+
+	who := whoami(t, ann)
+	assert.Equal(t, oidc.SessionKindJWT, who.SessionKind.Value)
+	assert.False(t, who.AgentId.Set, "a token is never a delegated session")
+	created, err := ann.SitesCreate(t.Context(), &client.SitesCreateInput{TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu-west", IdempotencyKey: "by-ann"})
+	require.NoError(t, err, "the owner herself, by token")
+
+	who = whoami(t, agent)
+	assert.Equal(t, "ann@acme", who.IdentityId.Value)
+	assert.Equal(t, "deploy-bot", who.AgentId.Value)
+	assert.NotEmpty(t, who.DelegationId.Value)
+	_, err = agent.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: created.Data.SiteId})
+	require.NoError(t, err, "an action off the delegation's list is done")
+
+	before := countRows(t, env.Store)
+	_, err = agent.SitesUpdate(t.Context(), &client.SitesUpdateInput{TenantId: "acme", SiteId: created.Data.SiteId, Region: client.NewOptString("eu-central")})
+	e := requireCode(t, err, "CONFIRMATION_REQUIRED", http.StatusForbidden, "a held action SpiceDB allows the identity")
+	require.NotNil(t, e.Details)
+	id, _ := e.Details["confirmationId"].(string)
+	assert.Regexp(t, `^cfm_[0-9a-hjkmnp-tv-z]{16}$`, id)
+	assert.Equal(t, "compute:sites:manage", e.Details["action"])
+	assert.Equal(t, map[string]any{"type": "compute-site", "id": created.Data.SiteId}, e.Details["resource"])
+	var action string
+	require.NoError(t, env.Store.Pool().QueryRow(t.Context(), "SELECT action FROM iam.confirmations WHERE id = $1", id).Scan(&action))
+	assert.Equal(t, "compute:sites:manage", action, "the confirmation is recorded")
+	after := countRows(t, env.Store)
+	for table, n := range before {
+		if table != "iam.confirmations" {
+			assert.Equal(t, n, after[table], "%s: the held call changed nothing", table)
+		}
+	}
+	got, err := ann.SitesGet(t.Context(), &client.SitesGetInput{TenantId: "acme", SiteId: created.Data.SiteId})
+	require.NoError(t, err)
+	assert.Equal(t, "eu-west", got.Data.Region, "not changed")
+
+	_, err = env.Client(t, computeclient.WithToken(weak)).SitesUpdate(t.Context(), &client.SitesUpdateInput{TenantId: "acme", SiteId: created.Data.SiteId, Region: client.NewOptString("eu-central")})
+	requireCode(t, err, "ACCESS_DENIED", http.StatusForbidden, "an identity SpiceDB refuses is refused, never asked to confirm")
+	_, err = agent.SitesList(t.Context(), &client.SitesListInput{TenantId: "globex"})
 	requireCode(t, err, "ACCESS_DENIED", http.StatusForbidden, "another tenant")
 }

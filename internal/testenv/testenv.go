@@ -5,6 +5,7 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"net"
 	"net/http/httptest"
@@ -95,6 +96,12 @@ func Start(t testing.TB, opts ...Option) *Env {
 	h, err := host.Assemble(cfg, st, log, s.plugins, s.overrides)
 	require.NoError(t, err)
 	t.Cleanup(h.Close) // before the database is dropped (cleanups run last first)
+	// Role bindings reach an external decision service (SpiceDB) from
+	// the identity inbox, as in a served api process (polled: no notifier).
+	followCtx, stopFollowing := context.WithCancel(context.Background())
+	following := make(chan struct{})
+	go func() { defer close(following); h.FollowIdentity(followCtx, nil) }()
+	t.Cleanup(func() { stopFollowing(); <-following })
 	srv := httptest.NewServer(h.Handler())
 	t.Cleanup(srv.Close)
 	return &Env{URL: srv.URL, APIURL: srv.URL + cfg.BasePath, Config: cfg, Store: st, Host: h, logs: logs}

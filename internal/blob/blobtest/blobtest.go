@@ -13,11 +13,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"computeplane/internal/blob"
+	"computeplane/internal/proctest"
 )
 
 // Module and Version pin the server (the Makefile's VERSITYGW names the
@@ -48,81 +44,33 @@ type Server struct {
 // it is missing (minutes, once per machine; one build at a time).
 func Binary(t testing.TB) string {
 	t.Helper()
-	root := moduleRoot(t)
-	dir := filepath.Join(root, ".service", "bin")
-	bin := filepath.Join(dir, "versitygw")
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	lock, err := os.OpenFile(filepath.Join(dir, ".versitygw.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	require.NoError(t, err)
-	defer lock.Close()
-	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	cmd := exec.Command("go", "install", Module+"@"+Version)
-	cmd.Env = append(os.Environ(), "GOBIN="+dir)
-	cmd.Dir = dir // outside the module: go install of a version ignores it anyway
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go install %s@%s: %s", Module, Version, out)
-	return bin
-}
-
-func moduleRoot(t testing.TB) string {
-	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	require.NoError(t, err)
-	return filepath.Dir(strings.TrimSpace(string(out)))
+	return proctest.ToolBinary(t, "versitygw", proctest.GoInstall(Module, Version))
 }
 
 // Start runs a server with a fresh bucket; the test's cleanup stops it and
 // removes its directory.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin := Binary(t)
 	s := &Server{AccessKey: "test-" + token(8), SecretKey: token(20), Bucket: "bucket-" + token(4), Dir: t.TempDir()}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
 	s.Endpoint = "http://" + addr
-	cmd := exec.Command(bin, "--port", addr, "posix", s.Dir)
-	// Credentials through its environment, never on a command line others
-	// can read.
-	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY_ID="+s.AccessKey, "ROOT_SECRET_ACCESS_KEY="+s.SecretKey)
-	logf, err := os.Create(filepath.Join(t.TempDir(), "versitygw.log"))
-	require.NoError(t, err)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	require.NoError(t, cmd.Start())
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		_ = logf.Close()
-	})
 	c := s.client()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
-		_, err = c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &s.Bucket})
-		cancel()
-		if err == nil {
-			break
-		}
-		select {
-		case <-done:
-			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("versitygw exited at start: %s", b)
-		default:
-		}
-		require.True(t, time.Now().Before(deadline), "versitygw did not take a bucket within 30 s: %v", err)
-		time.Sleep(50 * time.Millisecond)
-	}
+	proctest.StartServer(t, proctest.ServerSpec{
+		Name: "versitygw",
+		Bin:  Binary(t),
+		Args: []string{"--port", addr, "posix", s.Dir},
+		// Credentials through its environment, never on a command line
+		// others can read.
+		Env: []string{"ROOT_ACCESS_KEY_ID=" + s.AccessKey, "ROOT_SECRET_ACCESS_KEY=" + s.SecretKey},
+		// Ready when it takes the bucket.
+		Ready: func(ctx context.Context) error {
+			_, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &s.Bucket})
+			return err
+		},
+	})
 	return s
 }
 

@@ -134,11 +134,24 @@ func (s *Service) createKey(ctx context.Context, q *db.Queries, req KeyRequest) 
 	if ident.TenantID != req.Tenant {
 		return "", "", fmt.Errorf("%w: identity %s belongs to tenant %s", ErrConflict, req.Identity, ident.TenantID)
 	}
-	if err := q.IAMEnsureRoleBinding(ctx, db.IAMEnsureRoleBindingParams{TenantID: req.Tenant, IdentityID: req.Identity, Role: req.Role, CreatedAt: now}); err != nil {
-		return "", "", fmt.Errorf("iam: bind role: %w", err)
-	}
 	held, err := q.IAMGetRole(ctx, db.IAMGetRoleParams{TenantID: req.Tenant, IdentityID: req.Identity})
-	if err != nil {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		if err := q.IAMEnsureRoleBinding(ctx, db.IAMEnsureRoleBindingParams{TenantID: req.Tenant, IdentityID: req.Identity, Role: req.Role, CreatedAt: now}); err != nil {
+			return "", "", fmt.Errorf("iam: bind role: %w", err)
+		}
+		if held, err = q.IAMGetRole(ctx, db.IAMGetRoleParams{TenantID: req.Tenant, IdentityID: req.Identity}); err != nil {
+			return "", "", fmt.Errorf("iam: bind role: %w", err)
+		}
+		// A new binding is a role change: external decision services
+		// (SpiceDB) learn bindings from the inbox, never on the
+		// authentication path.
+		if held == req.Role {
+			if err := s.writeEvent(ctx, q, EventRoleChanged, req.Identity, ""); err != nil {
+				return "", "", fmt.Errorf("iam: bind role: inbox: %w", err)
+			}
+		}
+	case err != nil:
 		return "", "", fmt.Errorf("iam: bind role: %w", err)
 	}
 	if held != req.Role {
@@ -250,7 +263,8 @@ func (s *Service) EnsureRootAdminKey(ctx context.Context) (token string, created
 // SetRole changes the role of an identity of tenant and returns the role it
 // held ("" for none). Its keys carry the new role from their next
 // authentication (cached credentials keep the old one for up to 30 s);
-// a change writes a role.changed event, so open tunnels are decided again.
+// a change writes a role.changed event, so open tunnels are decided again
+// and an external decision service (SpiceDB) takes the new binding.
 func (s *Service) SetRole(ctx context.Context, tenant, identity, role string) (string, error) {
 	if parseRole(role) == roleNone {
 		return "", fmt.Errorf("%w: role must be one of %s", ErrInvalid, strings.Join(Roles, ", "))

@@ -15,8 +15,9 @@ import (
 // Inbox event types this service writes.
 const (
 	EventCredentialRevoked = "credential.revoked"
-	// EventRoleChanged says an identity's role in a tenant changed: what
-	// it holds open (tunnels) is decided again.
+	// EventRoleChanged says an identity's role in a tenant changed (or
+	// was bound for the first time): what it holds open (tunnels) is
+	// decided again, and SpiceDB decisions take the new binding.
 	EventRoleChanged = "role.changed"
 )
 

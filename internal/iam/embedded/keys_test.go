@@ -89,12 +89,17 @@ func TestKeyLifecycle(t *testing.T) {
 	require.NoError(t, s.RevokeKey(ctx, keyID), "revoking twice")
 	events, err := s.Next(ctx, "", 10)
 	require.NoError(t, err)
-	require.Len(t, events, 1)
-	assert.Equal(t, EventCredentialRevoked, events[0].Type)
+	require.Len(t, events, 2)
+	// The key's creation bound the role: a role change (SpiceDB
+	// decisions learn bindings from the inbox).
+	assert.Equal(t, EventRoleChanged, events[0].Type)
 	assert.Equal(t, "alice@acme", events[0].IdentityID)
-	assert.Equal(t, "key:"+keyID, events[0].Session)
-	assert.Equal(t, epoch, events[0].At.UTC())
-	assert.True(t, strings.HasPrefix(events[0].ID, "iev_"))
+	assert.Empty(t, events[0].Session)
+	assert.Equal(t, EventCredentialRevoked, events[1].Type)
+	assert.Equal(t, "alice@acme", events[1].IdentityID)
+	assert.Equal(t, "key:"+keyID, events[1].Session)
+	assert.Equal(t, epoch, events[1].At.UTC())
+	assert.True(t, strings.HasPrefix(events[1].ID, "iev_"))
 
 	keys, err = s.ListKeys(ctx, "")
 	require.NoError(t, err)
@@ -223,9 +228,12 @@ func TestInboxPaging(t *testing.T) {
 		sessions = append(sessions, "key:"+keyID)
 	}
 
+	// The first key bound alice's role (role.changed, no session); the
+	// others found it bound.
+	sessions = append([]string{""}, sessions...)
 	var got []string
 	after := ""
-	for _, want := range []int{2, 2, 1, 0} {
+	for _, want := range []int{2, 2, 2, 0} {
 		page, err := s.Next(ctx, after, 2)
 		require.NoError(t, err)
 		require.Len(t, page, want)
@@ -238,7 +246,7 @@ func TestInboxPaging(t *testing.T) {
 
 	all, err := s.Next(ctx, "", 0)
 	require.NoError(t, err)
-	assert.Len(t, all, 5, "limit 0 takes the default")
+	assert.Len(t, all, 6, "limit 0 takes the default")
 
 	_, err = s.Next(ctx, "iev_unknown", 10)
 	assert.Error(t, err)

@@ -107,25 +107,10 @@ func (p *Port) Ready(ctx context.Context) error {
 	return nil
 }
 
-// Authenticate is the keeper's; the caller's role binding is then mirrored,
-// so SpiceDB decides on the binding the keeper holds now (the gate caches
-// authentications 30 s: a role change reaches decisions within that).
+// Authenticate is the keeper's, and writes nothing to SpiceDB: role
+// bindings reach it from the identity inbox (Follow).
 func (p *Port) Authenticate(ctx context.Context, cred iam.Credential) (*iam.Caller, error) {
-	c, err := p.keeper.Authenticate(ctx, cred)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.Ready(ctx); err != nil {
-		return nil, err
-	}
-	role, err := p.keeper.RoleOf(ctx, c.TenantID, c.IdentityID)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.write(ctx, "mirror role binding", p.bindingUpdates(c.TenantID, c.IdentityID, role)); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return p.keeper.Authenticate(ctx, cred)
 }
 
 // bindingUpdates makes SpiceDB hold exactly role (none when "") for

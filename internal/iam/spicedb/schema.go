@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 
+	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
+
 	"computeplane/gen/api"
 )
 
@@ -170,4 +172,15 @@ func escapeID(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// RoleBinding is the relationship SpiceDB holds for identity's role in
+// tenant, as the adapter of typePrefix writes it (tests look for it).
+func RoleBinding(typePrefix, tenant, identity, role string) *v1.Relationship {
+	n := newNames(typePrefix)
+	return &v1.Relationship{
+		Resource: &v1.ObjectReference{ObjectType: n.def("tenant"), ObjectId: escapeID(tenant)},
+		Relation: role,
+		Subject:  &v1.SubjectReference{Object: &v1.ObjectReference{ObjectType: n.principal(), ObjectId: escapeID(identity)}},
+	}
 }

@@ -22,7 +22,8 @@ const syncTimeout = 60 * time.Second
 // holds (TOUCH: idempotent), so that SpiceDB starting empty (or an adapter
 // configured on an existing install) decides on what the keeper holds. It
 // adds and never removes: a relationship SpiceDB holds that the keeper
-// does not is removed when its object is next written or deleted.
+// does not is removed when its object is next written or deleted; role
+// bindings are written exactly (the other roles of each binding deleted).
 func (p *Port) syncAll(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
 	defer cancel()
@@ -59,11 +60,9 @@ func (p *Port) syncAll(ctx context.Context) error {
 		return fmt.Errorf("%w: spicedb sync: %w", iam.ErrUnavailable, err)
 	}
 	for _, row := range bindings {
-		for _, u := range p.bindingUpdates(row.TenantID, row.IdentityID, row.Role) {
-			if u.Operation == v1.RelationshipUpdate_OPERATION_TOUCH {
-				ups = append(ups, u)
-			}
-		}
+		// Exactly the role held: a role changed while SpiceDB could not
+		// take it loses the old one here.
+		ups = append(ups, p.bindingUpdates(row.TenantID, row.IdentityID, row.Role)...)
 	}
 	for len(ups) > 0 {
 		n := min(len(ups), syncBatch)

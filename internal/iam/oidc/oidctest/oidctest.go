@@ -14,16 +14,15 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"computeplane/internal/proctest"
 )
 
 // Audience is the audience of the provider's tokens.
@@ -33,102 +32,75 @@ const Audience = "compute-test"
 type Provider struct {
 	Issuer string // http://127.0.0.1:<port>
 
-	bin, admin, log string
-	addr            string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	admin  string
+	server *proctest.Server
 }
 
 // Binary returns the provider, building it into .service/bin when it is
 // missing (one build at a time).
 func Binary(t testing.TB) string {
 	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	require.NoError(t, err)
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	dir := filepath.Join(root, ".service", "bin")
-	bin := filepath.Join(dir, "oidcprovider")
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	lock, err := os.OpenFile(filepath.Join(dir, ".oidcprovider.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	require.NoError(t, err)
-	defer lock.Close()
-	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = filepath.Join(root, "tools", "oidcprovider")
-	b, err := cmd.CombinedOutput()
-	require.NoError(t, err, "build tools/oidcprovider: %s", b)
-	return bin
+	return proctest.ToolBinary(t, "oidcprovider", func(_, bin string) error {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			return err
+		}
+		cmd := exec.Command("go", "build", "-o", bin, ".")
+		cmd.Dir = filepath.Join(filepath.Dir(strings.TrimSpace(string(out))), "tools", "oidcprovider")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build tools/oidcprovider: %w: %s", err, b)
+		}
+		return nil
+	})
+}
+
+// Option changes how Start runs the provider.
+type Option func(*[]string)
+
+// TokenTTL sets the lifetime of the access tokens it issues (5 minutes by
+// default): a test longer than that keeps its tokens valid.
+func TokenTTL(d time.Duration) Option {
+	return func(args *[]string) { *args = append(*args, "-token-ttl", d.String()) }
 }
 
 // Start runs a provider; the test's cleanup stops it.
-func Start(t testing.TB) *Provider {
+func Start(t testing.TB, opts ...Option) *Provider {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
-	p := &Provider{Issuer: "http://" + addr, bin: Binary(t), admin: token(16), addr: addr,
-		log: filepath.Join(t.TempDir(), "oidcprovider.log")}
-	t.Cleanup(p.Stop)
-	p.start(t)
+	p := &Provider{Issuer: "http://" + addr, admin: token(16)}
+	args := []string{"-addr", addr, "-issuer", p.Issuer, "-audience", Audience}
+	for _, o := range opts {
+		o(&args)
+	}
+	p.server = proctest.StartServer(t, proctest.ServerSpec{
+		Name: "oidcprovider",
+		Bin:  Binary(t),
+		Args: args,
+		Env:  []string{"OIDCPROVIDER_ADMIN_TOKEN=" + p.admin},
+		Ready: func(ctx context.Context) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.Issuer+"/.well-known/openid-configuration", nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("discovery answered %s", resp.Status)
+			}
+			return nil
+		},
+	})
 	return p
 }
 
-func (p *Provider) start(t testing.TB) {
-	t.Helper()
-	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	require.NoError(t, err)
-	cmd := exec.Command(p.bin, "-addr", p.addr, "-issuer", p.Issuer, "-audience", Audience)
-	cmd.Env = append(os.Environ(), "OIDCPROVIDER_ADMIN_TOKEN="+p.admin)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	require.NoError(t, cmd.Start())
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); _ = logf.Close(); close(done) }()
-	p.mu.Lock()
-	p.cmd, p.done = cmd, done
-	p.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(p.Issuer + "/.well-known/openid-configuration")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		select {
-		case <-done:
-			b, _ := os.ReadFile(p.log)
-			t.Fatalf("oidcprovider exited at start: %s", b)
-		default:
-		}
-		require.True(t, time.Now().Before(deadline), "oidcprovider did not serve within 30 s: %v", err)
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // Stop stops the provider (an outage).
-func (p *Provider) Stop() {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.cmd = nil
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
+func (p *Provider) Stop() { p.server.Stop() }
 
 // Config is the service's configuration of this provider.
 func (p *Provider) Config() string {
