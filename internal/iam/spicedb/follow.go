@@ -21,14 +21,26 @@ import (
 // outage loses no change. Every process that decides runs it: the writes
 // are idempotent and each reads the keeper's binding as it is then.
 func (p *Port) Follow(ctx context.Context, in iam.Inbox, every time.Duration, wake <-chan struct{}) {
-	iam.FollowInbox(ctx, in, p.reconcile, func(e iam.Event) { p.followEvent(ctx, e) }, every, wake, p.log)
+	start := func(ctx context.Context) { p.reconcile(ctx, every) }
+	iam.FollowInbox(ctx, in, start, func(e iam.Event) { p.followEvent(ctx, e) }, every, wake, p.log)
 }
 
-// reconcile writes the schema and mirrors every record again.
-func (p *Port) reconcile(ctx context.Context) {
+// reconcile writes the schema and mirrors every record again, tried
+// every `every` until it succeeds or ctx ends (a SpiceDB slow or down at
+// start): the events after the inbox's end wait for it, as they must.
+func (p *Port) reconcile(ctx context.Context, every time.Duration) {
 	p.forgetReady()
-	if err := p.Ready(ctx); err != nil && ctx.Err() == nil {
-		p.log.WarnContext(ctx, "SpiceDB not reconciled at start; it will be at its next use", "error", err.Error())
+	for {
+		err := p.Ready(ctx)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		p.log.WarnContext(ctx, "SpiceDB not reconciled yet; trying again", "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
 	}
 }
 
