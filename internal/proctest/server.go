@@ -132,21 +132,40 @@ func (s *Server) Logs() string {
 // a time across test processes (`make tools` does the same ahead).
 func ToolBinary(t testing.TB, name string, build func(dir, bin string) error) string {
 	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	require.NoError(t, err)
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	dir := filepath.Join(root, ".service", "bin")
+	return ToolBinaryOf(t, name, "", build)
+}
+
+// ToolBinaryOf is ToolBinary for a tool built from sources that change:
+// a binary built from other sources than key names (a hash of them,
+// kept beside it in .<name>.sources) is built again.
+func ToolBinaryOf(t testing.TB, name, key string, build func(dir, bin string) error) string {
+	t.Helper()
+	dir := filepath.Join(ModuleRoot(t), ".service", "bin")
 	bin := filepath.Join(dir, name)
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	lock, err := os.OpenFile(filepath.Join(dir, "."+name+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	require.NoError(t, err)
 	defer lock.Close()
 	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
+	keyFile := filepath.Join(dir, "."+name+".sources")
 	if _, err := os.Stat(bin); err == nil {
-		return bin
+		if held, _ := os.ReadFile(keyFile); key == "" || string(held) == key {
+			return bin
+		}
 	}
 	require.NoError(t, build(dir, bin), "build %s", name)
+	if key != "" {
+		require.NoError(t, os.WriteFile(keyFile, []byte(key), 0o644))
+	}
 	return bin
+}
+
+// ModuleRoot is the directory of the main module's go.mod.
+func ModuleRoot(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	require.NoError(t, err)
+	return filepath.Dir(strings.TrimSpace(string(out)))
 }
 
 // GoInstall is a build for ToolBinary: go install mod@version into dir.

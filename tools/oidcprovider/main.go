@@ -210,6 +210,13 @@ func (s *store) ClientCredentialsTokenRequest(_ context.Context, id string, scop
 	return &oidc.JWTTokenRequest{Subject: id, Audience: []string{s.audience}, Scopes: scopes}, nil
 }
 
+// CreateAccessToken is the example storage's, with the lifetime of
+// -token-ttl (the example's is a fixed 5 minutes): the token's exp.
+func (s *store) CreateAccessToken(ctx context.Context, req op.TokenRequest) (string, time.Time, error) {
+	id, _, err := s.Storage.CreateAccessToken(ctx, req)
+	return id, time.Now().Add(s.ttl), err
+}
+
 func (s *store) GetPrivateClaimsFromScopes(_ context.Context, userID, _ string, _ []string) (map[string]any, error) {
 	if c, ok := s.lookup(userID); ok {
 		return map[string]any{s.claim: c.tenant}, nil

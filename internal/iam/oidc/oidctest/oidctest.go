@@ -8,12 +8,15 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -37,16 +40,20 @@ type Provider struct {
 }
 
 // Binary returns the provider, building it into .service/bin when it is
-// missing (one build at a time).
+// missing or was built from other sources (one build at a time).
 func Binary(t testing.TB) string {
 	t.Helper()
-	return proctest.ToolBinary(t, "oidcprovider", func(_, bin string) error {
-		out, err := exec.Command("go", "env", "GOMOD").Output()
-		if err != nil {
-			return err
-		}
+	src := filepath.Join(proctest.ModuleRoot(t), "tools", "oidcprovider")
+	h := sha256.New()
+	for _, f := range []string{"main.go", "go.mod", "go.sum"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		require.NoError(t, err)
+		fmt.Fprintf(h, "%s %d\n", f, len(b))
+		h.Write(b)
+	}
+	return proctest.ToolBinaryOf(t, "oidcprovider", hex.EncodeToString(h.Sum(nil)), func(_, bin string) error {
 		cmd := exec.Command("go", "build", "-o", bin, ".")
-		cmd.Dir = filepath.Join(filepath.Dir(strings.TrimSpace(string(out))), "tools", "oidcprovider")
+		cmd.Dir = src
 		if b, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("build tools/oidcprovider: %w: %s", err, b)
 		}
@@ -166,4 +173,19 @@ func token(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// Expiry reads the exp claim of a token the provider issued (not
+// verified: the service verifies).
+func Expiry(t testing.TB, tok string) time.Time {
+	t.Helper()
+	parts := strings.Split(tok, ".")
+	require.Len(t, parts, 3)
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	require.NoError(t, err)
+	var claims struct {
+		Exp int64 `json:"exp"`
+	}
+	require.NoError(t, json.Unmarshal(b, &claims))
+	return time.Unix(claims.Exp, 0)
 }
