@@ -84,6 +84,9 @@ type Config struct {
 	// TPM is the TPM attestor's enrollment; set exactly when Attestors
 	// names tpm.
 	TPM *TPM
+	// Cloud is the cloud instance-identity attestor's settings; set
+	// exactly when Attestors names cloud.
+	Cloud *Cloud
 	// Tunnels is nil when tunnels are not configured (the group is absent).
 	Tunnels *Tunnels
 	PKI     PKI
@@ -511,9 +514,35 @@ type TPM struct {
 	EndorsementKeys []string
 }
 
+// Cloud is the cloud instance-identity join attestor's settings: the
+// providers whose machines present signed identity documents, and how old
+// and for whom a document may be.
+type Cloud struct {
+	// Audience is the audience a document must name; "" is the join
+	// endpoint, (bootstrap.joinUrl or baseURL) + /v1/join.
+	Audience string
+	// MaxAge bounds the age of a document (its iat): 1s to 1h, default 5m.
+	MaxAge  time.Duration
+	Issuers []CloudIssuer
+}
+
+// CloudIssuer is one provider's metadata service: the issuer its
+// documents name, where its signing keys are published (JWKS), and the
+// provider (as in providerAccounts) whose machines it vouches for.
+type CloudIssuer struct {
+	Issuer, JWKSURL, Provider string
+}
+
+// Cloud attestor bounds.
+const (
+	DefaultCloudMaxAge = 5 * time.Minute
+	MaxCloudMaxAge     = time.Hour
+	MaxCloudIssuers    = 16
+)
+
 // Attestors built into this version; an attestors entry naming another
 // is refused.
-var BuiltAttestors = []string{"tpm"}
+var BuiltAttestors = []string{"tpm", "cloud"}
 
 // MaxEnrolledTPMs bounds tpm.endorsementKeys.
 const MaxEnrolledTPMs = 10000
