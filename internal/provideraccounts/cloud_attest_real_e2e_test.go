@@ -176,7 +176,9 @@ exec %q "$@"
 	// 2. A machine of the account claimed by hand, bootstrapped with its
 	// join held: every bad document is refused and leaves no node.
 	lq, err := localqemu.New(providers.Env{Dir: filepath.Join(provDir, localqemu.Name), AccountID: account,
-		Images: func(context.Context, string) (string, string, string, error) { return im.Location, im.Initrd, im.Cmdline, nil }},
+		Images: func(context.Context, string) (string, string, string, error) {
+			return im.Location, im.Initrd, im.Cmdline, nil
+		}},
 		json.RawMessage(raw(accountConfig)))
 	require.NoError(t, err)
 	own, err := lq.Claim(ctx, "small", "by-hand")
