@@ -46,7 +46,7 @@ import (
 // startMetadata runs the localqemu metadata service over the provider
 // directory's machines, signing with a key the test keeps (to date a
 // genuine document in the past), and answers its issuer URL.
-func startMetadata(t *testing.T, provDir string) (issuer string, key *ecdsa.PrivateKey) {
+func startMetadata(t *testing.T, provDir string) (issuer string, key *ecdsa.PrivateKey, p *proctest.Process) {
 	bin := proctest.Build(t, "computeplane/cmd/localqemu-metadata")
 	keyFile := filepath.Join(t.TempDir(), "metadata-key.pem")
 	key, err := metadata.LoadKey(keyFile)
@@ -57,9 +57,9 @@ func startMetadata(t *testing.T, provDir string) (issuer string, key *ecdsa.Priv
 	require.NoError(t, l.Close())
 	dir := filepath.Join(provDir, localqemu.Name)
 	require.NoError(t, os.MkdirAll(dir, 0o700))
-	p := proctest.Start(t, "localqemu-metadata", bin, proctest.ChildEnv(nil), "--dir", dir, "--key", keyFile, "--listen", addr)
+	p = proctest.Start(t, "localqemu-metadata", bin, proctest.ChildEnv(nil), "--dir", dir, "--key", keyFile, "--listen", addr)
 	p.WaitHealthy(t, addr)
-	return "http://" + addr, key
+	return "http://" + addr, key, p
 }
 
 // machineDocument reads a machine's document from its own socket of the
@@ -107,7 +107,7 @@ func TestCloudAttestedBootstrap(t *testing.T) {
 	}
 	agentBin := proctest.Build(t, "computeplane/cmd/compute-agent")
 	im, imagesDir, provDir := localProvider(t)
-	issuer, mdKey := startMetadata(t, provDir)
+	issuer, mdKey, mdProc := startMetadata(t, provDir)
 	// The machine's side of the delivery, watched: the wrapper keeps the
 	// join token it was given, holds the join while hold-<machine>
 	// exists, and joins with doc-<machine> when the test wrote one
@@ -242,4 +242,15 @@ exec %q "$@"
 	assert.Equal(t, http.StatusUnauthorized, status, body)
 	assert.Contains(t, body, "already used to join (a replay)")
 	assert.Equal(t, 2, nodes(), "the replay made no node")
+
+	// 5. The issuer's keys unreachable: a document signed by a key the
+	// cache does not know cannot be judged, UNAVAILABLE with a retry
+	// hint (after the 10 s between fetches for unknown keys).
+	mdProc.Stop(t, 10*time.Second)
+	time.Sleep(11 * time.Second)
+	status, body = postJoin(t, f.PublicURL, token, machine2, sign(forger, machine2, account, audience, time.Now()))
+	assert.Equal(t, http.StatusServiceUnavailable, status, body)
+	assert.Contains(t, body, "UNAVAILABLE")
+	assert.Contains(t, body, "retryAfterMs")
+	assert.Equal(t, 2, nodes())
 }
