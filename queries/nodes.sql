@@ -52,9 +52,19 @@ SELECT
 -- A retry of the same join (same node key) attests again: the row takes
 -- the newest proof.
 INSERT INTO node_attestations (node_id, attestor, endorsement_key_sha256, attestation_key_sha256, node_key_sha256)
-VALUES (sqlc.arg(node_id), sqlc.arg(attestor), sqlc.arg(endorsement_key_sha256), sqlc.arg(attestation_key_sha256), sqlc.arg(node_key_sha256))
+VALUES (sqlc.arg(node_id), 'tpm', sqlc.arg(endorsement_key_sha256)::text, sqlc.arg(attestation_key_sha256)::text, sqlc.arg(node_key_sha256)::text)
 ON CONFLICT (node_id) DO UPDATE SET attestor = EXCLUDED.attestor, endorsement_key_sha256 = EXCLUDED.endorsement_key_sha256,
-    attestation_key_sha256 = EXCLUDED.attestation_key_sha256, node_key_sha256 = EXCLUDED.node_key_sha256, attested_at = now();
+    attestation_key_sha256 = EXCLUDED.attestation_key_sha256, node_key_sha256 = EXCLUDED.node_key_sha256,
+    instance_id = NULL, account_id = NULL, document_sha256 = NULL, attested_at = now();
+
+-- name: PutCloudAttestation :exec
+-- The cloud attestor's proof: the machine, its provider account, and the
+-- document presented (a retry of the same join attests again).
+INSERT INTO node_attestations (node_id, attestor, instance_id, account_id, document_sha256)
+VALUES (sqlc.arg(node_id), 'cloud', sqlc.arg(instance_id)::text, sqlc.arg(account_id)::text, sqlc.arg(document_sha256)::text)
+ON CONFLICT (node_id) DO UPDATE SET attestor = EXCLUDED.attestor, instance_id = EXCLUDED.instance_id, account_id = EXCLUDED.account_id,
+    document_sha256 = EXCLUDED.document_sha256, endorsement_key_sha256 = NULL, attestation_key_sha256 = NULL, node_key_sha256 = NULL,
+    attested_at = now();
 
 -- name: GetNodeAttestation :one
 SELECT * FROM node_attestations WHERE node_id = $1;

@@ -35,7 +35,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force] [--tpm /dev/tpmrm0|unix:SOCKET]")
+	fmt.Fprintln(w, "usage: compute-agent join --api URL --token-file F --dir D [--hostname H] [--force] [--tpm /dev/tpmrm0|unix:SOCKET] [--cloud-metadata unix:SOCKET|URL | --cloud-identity-file F]")
 	fmt.Fprintln(w, "       compute-agent tpm-ek [--tpm /dev/tpmrm0|unix:SOCKET]")
 	fmt.Fprintln(w, "       compute-agent run --dir D [--runtime qemu|recording] [--accel auto|kvm|tcg] [--volumes D2] [--vcpu N] [--memory-mib N] [--disk-gib N]")
 	fmt.Fprintln(w, "             [--network none|nftables [--net-uplink IF] [--net-egress-pool CIDR] [--net-private-pool CIDR] [--net-allow-private CIDRS]")
@@ -82,7 +82,13 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	hostname := fs.String("hostname", "", "the node's hostname (default: this host's)")
 	force := fs.Bool("force", false, "join again into a directory that already holds a node")
 	tpm := fs.String("tpm", "", "attest the join with this TPM (the control plane's TPM attestor requires it): "+agent.DefaultTPM+", or unix:PATH for a software TPM's socket")
+	cloudMetadata := fs.String("cloud-metadata", "", "attest the join with this machine's signed instance-identity document from the provider's metadata service (the control plane's cloud attestor requires it): unix:PATH, or an http URL to a link-local or loopback address")
+	cloudIdentityFile := fs.String("cloud-identity-file", "", "attest the join with an instance-identity document read beforehand from this file")
 	if fs.Parse(args) != nil {
+		return 2
+	}
+	if *cloudMetadata != "" && *cloudIdentityFile != "" {
+		fmt.Fprintln(stderr, "compute-agent join: --cloud-metadata and --cloud-identity-file exclude each other")
 		return 2
 	}
 	tok := *token
@@ -97,7 +103,8 @@ func join(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if tok == "" {
 		tok = os.Getenv("COMPUTE_AGENT_TOKEN")
 	}
-	node, err := agent.Join(ctx, agent.JoinOptions{APIURL: *api, Token: tok, Dir: agent.Dir(*dir), Hostname: *hostname, Force: *force, TPM: *tpm})
+	node, err := agent.Join(ctx, agent.JoinOptions{APIURL: *api, Token: tok, Dir: agent.Dir(*dir), Hostname: *hostname, Force: *force, TPM: *tpm,
+		CloudMetadata: *cloudMetadata, CloudIdentityFile: *cloudIdentityFile})
 	if err != nil {
 		var refused *agent.RefusedError
 		if errors.As(err, &refused) {

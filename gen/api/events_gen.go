@@ -10,6 +10,8 @@ type EventSpec struct {
 	Description string `json:"description"`
 	// Plugin is the plugin that publishes the type, "" for the service's own.
 	Plugin string `json:"-"`
+	// PayloadSchema is a plugin's event payload as JSON Schema (draft 2020-12), checked when the plugin publishes one.
+	PayloadSchema string `json:"-"`
 }
 
 // Event types.
@@ -455,18 +457,20 @@ var EventTypes = []EventSpec{
 		Type:        EventSecuritySshCertificateIssued,
 	},
 	{
-		Description: "The example plugin kept a note.",
-		Module:      "example",
-		Plugin:      "example",
-		Subject:     "note id",
-		Type:        EventExampleNoteCreated,
+		Description:   "The example plugin kept a note.",
+		Module:        "example",
+		PayloadSchema: "{\"additionalProperties\":false,\"properties\":{\"noteId\":{\"type\":\"string\"},\"title\":{\"type\":\"string\"}},\"required\":[\"noteId\",\"title\"],\"type\":\"object\"}",
+		Plugin:        "example",
+		Subject:       "note id",
+		Type:          EventExampleNoteCreated,
 	},
 	{
-		Description: "The example plugin forgot a note.",
-		Module:      "example",
-		Plugin:      "example",
-		Subject:     "note id",
-		Type:        EventExampleNoteDeleted,
+		Description:   "The example plugin forgot a note.",
+		Module:        "example",
+		PayloadSchema: "{\"additionalProperties\":false,\"properties\":{\"noteId\":{\"type\":\"string\"}},\"required\":[\"noteId\"],\"type\":\"object\"}",
+		Plugin:        "example",
+		Subject:       "note id",
+		Type:          EventExampleNoteDeleted,
 	},
 }
 

@@ -12,6 +12,59 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const consumeCloudIdentityDocument = `-- name: ConsumeCloudIdentityDocument :execrows
+WITH pruned AS (DELETE FROM cloud_identity_documents WHERE used_at < now() - interval '1 day')
+INSERT INTO cloud_identity_documents (document_sha256, instance_id, token_id)
+VALUES ($1, $2, $3)
+ON CONFLICT (document_sha256) DO NOTHING
+`
+
+type ConsumeCloudIdentityDocumentParams struct {
+	DocumentSha256 string
+	InstanceID     string
+	TokenID        string
+}
+
+// A document joins once: 0 rows when it was consumed before. Rows older
+// than a day (documents are at most an hour old when accepted) are pruned
+// first.
+func (q *Queries) ConsumeCloudIdentityDocument(ctx context.Context, arg ConsumeCloudIdentityDocumentParams) (int64, error) {
+	result, err := q.db.Exec(ctx, consumeCloudIdentityDocument, arg.DocumentSha256, arg.InstanceID, arg.TokenID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const getBootstrapOfToken = `-- name: GetBootstrapOfToken :one
+SELECT b.bootstrap_id, b.tenant_id, b.account_id, b.machine_id, a.provider
+FROM provider_bootstraps b JOIN provider_accounts a ON a.account_id = b.account_id
+WHERE b.token_id = $1
+`
+
+type GetBootstrapOfTokenRow struct {
+	BootstrapID string
+	TenantID    string
+	AccountID   string
+	MachineID   pgtype.Text
+	Provider    string
+}
+
+// The provider bootstrap that minted a join token, with its account's
+// provider: the machine the cloud attestor matches a document against.
+func (q *Queries) GetBootstrapOfToken(ctx context.Context, tokenID pgtype.Text) (GetBootstrapOfTokenRow, error) {
+	row := q.db.QueryRow(ctx, getBootstrapOfToken, tokenID)
+	var i GetBootstrapOfTokenRow
+	err := row.Scan(
+		&i.BootstrapID,
+		&i.TenantID,
+		&i.AccountID,
+		&i.MachineID,
+		&i.Provider,
+	)
+	return i, err
+}
+
 const getJoinTokenForUpdate = `-- name: GetJoinTokenForUpdate :one
 SELECT token_id, tenant_id, pool_id, site_id, created_by, created_at, expires_at, revoked, used_at, bound_key, node_id FROM join_tokens WHERE token_id = $1 FOR UPDATE
 `

@@ -59,6 +59,13 @@ type Booking struct {
 	CreatedAt time.Time
 }
 
+type CloudIdentityDocument struct {
+	DocumentSha256 string
+	InstanceID     string
+	TokenID        string
+	UsedAt         time.Time
+}
+
 type CountedUsage struct {
 	CountedID  string
 	TenantID   string
@@ -335,10 +342,13 @@ type Node struct {
 type NodeAttestation struct {
 	NodeID               string
 	Attestor             string
-	EndorsementKeySha256 string
-	AttestationKeySha256 string
-	NodeKeySha256        string
+	EndorsementKeySha256 pgtype.Text
+	AttestationKeySha256 pgtype.Text
+	NodeKeySha256        pgtype.Text
 	AttestedAt           time.Time
+	InstanceID           pgtype.Text
+	AccountID            pgtype.Text
+	DocumentSha256       pgtype.Text
 }
 
 type NodeCommand struct {

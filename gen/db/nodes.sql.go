@@ -107,7 +107,7 @@ func (q *Queries) GetNode(ctx context.Context, nodeID string) (GetNodeRow, error
 }
 
 const getNodeAttestation = `-- name: GetNodeAttestation :one
-SELECT node_id, attestor, endorsement_key_sha256, attestation_key_sha256, node_key_sha256, attested_at FROM node_attestations WHERE node_id = $1
+SELECT node_id, attestor, endorsement_key_sha256, attestation_key_sha256, node_key_sha256, attested_at, instance_id, account_id, document_sha256 FROM node_attestations WHERE node_id = $1
 `
 
 func (q *Queries) GetNodeAttestation(ctx context.Context, nodeID string) (NodeAttestation, error) {
@@ -120,6 +120,9 @@ func (q *Queries) GetNodeAttestation(ctx context.Context, nodeID string) (NodeAt
 		&i.AttestationKeySha256,
 		&i.NodeKeySha256,
 		&i.AttestedAt,
+		&i.InstanceID,
+		&i.AccountID,
+		&i.DocumentSha256,
 	)
 	return i, err
 }
@@ -360,16 +363,43 @@ func (q *Queries) ListNodes(ctx context.Context, arg ListNodesParams) ([]ListNod
 	return items, nil
 }
 
+const putCloudAttestation = `-- name: PutCloudAttestation :exec
+INSERT INTO node_attestations (node_id, attestor, instance_id, account_id, document_sha256)
+VALUES ($1, 'cloud', $2::text, $3::text, $4::text)
+ON CONFLICT (node_id) DO UPDATE SET attestor = EXCLUDED.attestor, instance_id = EXCLUDED.instance_id, account_id = EXCLUDED.account_id,
+    document_sha256 = EXCLUDED.document_sha256, endorsement_key_sha256 = NULL, attestation_key_sha256 = NULL, node_key_sha256 = NULL,
+    attested_at = now()
+`
+
+type PutCloudAttestationParams struct {
+	NodeID         string
+	InstanceID     string
+	AccountID      string
+	DocumentSha256 string
+}
+
+// The cloud attestor's proof: the machine, its provider account, and the
+// document presented (a retry of the same join attests again).
+func (q *Queries) PutCloudAttestation(ctx context.Context, arg PutCloudAttestationParams) error {
+	_, err := q.db.Exec(ctx, putCloudAttestation,
+		arg.NodeID,
+		arg.InstanceID,
+		arg.AccountID,
+		arg.DocumentSha256,
+	)
+	return err
+}
+
 const putNodeAttestation = `-- name: PutNodeAttestation :exec
 INSERT INTO node_attestations (node_id, attestor, endorsement_key_sha256, attestation_key_sha256, node_key_sha256)
-VALUES ($1, $2, $3, $4, $5)
+VALUES ($1, 'tpm', $2::text, $3::text, $4::text)
 ON CONFLICT (node_id) DO UPDATE SET attestor = EXCLUDED.attestor, endorsement_key_sha256 = EXCLUDED.endorsement_key_sha256,
-    attestation_key_sha256 = EXCLUDED.attestation_key_sha256, node_key_sha256 = EXCLUDED.node_key_sha256, attested_at = now()
+    attestation_key_sha256 = EXCLUDED.attestation_key_sha256, node_key_sha256 = EXCLUDED.node_key_sha256,
+    instance_id = NULL, account_id = NULL, document_sha256 = NULL, attested_at = now()
 `
 
 type PutNodeAttestationParams struct {
 	NodeID               string
-	Attestor             string
 	EndorsementKeySha256 string
 	AttestationKeySha256 string
 	NodeKeySha256        string
@@ -380,7 +410,6 @@ type PutNodeAttestationParams struct {
 func (q *Queries) PutNodeAttestation(ctx context.Context, arg PutNodeAttestationParams) error {
 	_, err := q.db.Exec(ctx, putNodeAttestation,
 		arg.NodeID,
-		arg.Attestor,
 		arg.EndorsementKeySha256,
 		arg.AttestationKeySha256,
 		arg.NodeKeySha256,

@@ -23,6 +23,9 @@ var agentSide = []string{
 	// The release format: the control plane signs and serves what the
 	// daemon verifies (stdlib and x/mod only).
 	"computeplane/internal/release",
+	// INVALID_CONFIG's form, shared with the control plane's
+	// configuration (stdlib only).
+	"computeplane/internal/configerr",
 }
 
 // serverImports returns the packages of this module in deps that are not

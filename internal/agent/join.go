@@ -34,6 +34,11 @@ type JoinOptions struct {
 	// unix:/path to a software TPM's socket): the control plane's TPM
 	// attestor requires it.
 	TPM string
+	// CloudMetadata, when set, is the provider's metadata service
+	// (unix:PATH or an http URL, see CloudIdentity): the join carries the
+	// machine's signed identity document for the control plane's cloud
+	// attestor. CloudIdentityFile is a document read beforehand instead.
+	CloudMetadata, CloudIdentityFile string
 }
 
 // RefusedError is the control plane's refusal of a join.
@@ -99,6 +104,18 @@ func Join(ctx context.Context, o JoinOptions) (string, error) {
 	req := agentproto.JoinRequest{Token: o.Token, CSR: csr}
 	if o.TPM != "" {
 		if req.TPM, err = tpmQuote(ctx, hc, base, o.TPM, o.Token, csr); err != nil {
+			return "", err
+		}
+	}
+	switch {
+	case o.CloudIdentityFile != "":
+		b, err := os.ReadFile(o.CloudIdentityFile)
+		if err != nil {
+			return "", err
+		}
+		req.CloudIdentity = strings.TrimSpace(string(b))
+	case o.CloudMetadata != "":
+		if req.CloudIdentity, err = CloudIdentity(ctx, o.CloudMetadata, base); err != nil {
 			return "", err
 		}
 	}

@@ -547,7 +547,22 @@ type JoinRequest struct {
 	// TPM is the TPM attestor's proof, required where the control plane
 	// runs that attestor (attestors: [tpm]).
 	TPM *TPMQuote `json:"tpm,omitempty"`
+	// CloudIdentity is the provider's signed instance-identity document
+	// (a compact JWT from the machine's metadata service, for the audience
+	// JoinURL), required for a provider machine's token where the control
+	// plane runs the cloud attestor (attestors: [cloud]).
+	CloudIdentity string `json:"cloudIdentity,omitempty"`
 }
+
+// InstanceIdentityPath is where a provider's metadata service answers a
+// machine's signed instance-identity document: GET
+// InstanceIdentityPath?audience=<JoinAudience(api)>, the compact JWT as
+// text (internal/providers/instanceid is its shape).
+const InstanceIdentityPath = "/v1/instance/identity"
+
+// JoinAudience is the audience of an identity document for the join
+// endpoint of the public host at base (compute-agent join --api).
+func JoinAudience(base string) string { return strings.TrimRight(base, "/") + JoinPath }
 
 // JoinTPMChallengePath is where a node with a TPM asks for its challenge
 // before it joins (POST, TPMChallengeRequest -> TPMChallenge).

@@ -13,11 +13,12 @@
 package config
 
 import (
-	"errors"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
+
+	"computeplane/internal/configerr"
 )
 
 // Environment variables read by Load. SERVICE_TOKEN, SERVICE_URL and
@@ -84,6 +85,9 @@ type Config struct {
 	// TPM is the TPM attestor's enrollment; set exactly when Attestors
 	// names tpm.
 	TPM *TPM
+	// Cloud is the cloud instance-identity attestor's settings; set
+	// exactly when Attestors names cloud.
+	Cloud *Cloud
 	// Tunnels is nil when tunnels are not configured (the group is absent).
 	Tunnels *Tunnels
 	PKI     PKI
@@ -494,15 +498,9 @@ const (
 // AllRoles lists the roles in the order Config.Roles keeps.
 var AllRoles = []Role{RoleAPI, RoleControllers, RoleScheduler, RoleSinks, RoleIAM, RoleGateway}
 
-// Error is an invalid configuration: INVALID_CONFIG, naming the option.
-type Error struct {
-	Option  string
-	Message string
-}
-
-func (e *Error) Error() string {
-	return "INVALID_CONFIG: " + e.Option + ": " + e.Message
-}
+// Error is an invalid configuration: INVALID_CONFIG, naming the option
+// (internal/configerr, shared with the node daemon's settings).
+type Error = configerr.Error
 
 // TPM is the TPM join attestor's settings.
 type TPM struct {
@@ -511,9 +509,35 @@ type TPM struct {
 	EndorsementKeys []string
 }
 
+// Cloud is the cloud instance-identity join attestor's settings: the
+// providers whose machines present signed identity documents, and how old
+// and for whom a document may be.
+type Cloud struct {
+	// Audience is the audience a document must name; "" is the join
+	// endpoint, (bootstrap.joinUrl or baseURL) + /v1/join.
+	Audience string
+	// MaxAge bounds the age of a document (its iat): 1s to 1h, default 5m.
+	MaxAge  time.Duration
+	Issuers []CloudIssuer
+}
+
+// CloudIssuer is one provider's metadata service: the issuer its
+// documents name, where its signing keys are published (JWKS), and the
+// provider (as in providerAccounts) whose machines it vouches for.
+type CloudIssuer struct {
+	Issuer, JWKSURL, Provider string
+}
+
+// Cloud attestor bounds.
+const (
+	DefaultCloudMaxAge = 5 * time.Minute
+	MaxCloudMaxAge     = time.Hour
+	MaxCloudIssuers    = 16
+)
+
 // Attestors built into this version; an attestors entry naming another
 // is refused.
-var BuiltAttestors = []string{"tpm"}
+var BuiltAttestors = []string{"tpm", "cloud"}
 
 // MaxEnrolledTPMs bounds tpm.endorsementKeys.
 const MaxEnrolledTPMs = 10000
@@ -521,45 +545,14 @@ const MaxEnrolledTPMs = 10000
 // Errors is every problem of a configuration, in the order of the
 // options. Load answers a single *Error when there is one problem and
 // Errors when there are more; errors.As finds the first *Error of either.
-type Errors []*Error
-
-// Error is one problem a line.
-func (e Errors) Error() string {
-	lines := make([]string, len(e))
-	for i, p := range e {
-		lines[i] = p.Error()
-	}
-	return strings.Join(lines, "\n")
-}
-
-// Unwrap gives each problem to errors.Is and errors.As.
-func (e Errors) Unwrap() []error {
-	out := make([]error, len(e))
-	for i, p := range e {
-		out[i] = p
-	}
-	return out
-}
+type Errors = configerr.Errors
 
 // Problems lists the problems of err: every one of an Errors, the one of
 // an *Error, none otherwise.
-func Problems(err error) []*Error {
-	var many Errors
-	if errors.As(err, &many) {
-		return many
-	}
-	var one *Error
-	if errors.As(err, &one) {
-		return []*Error{one}
-	}
-	return nil
-}
+func Problems(err error) []*Error { return configerr.Problems(err) }
 
 // Join is nil for no problem, the problem for one, Errors for more.
-func Join(list []*Error) error {
-	p := problems{list: list}
-	return p.err()
-}
+func Join(list []*Error) error { return configerr.Join(list) }
 
 // problems collects the problems of one load. An option is reported
 // once: a problem within an option already reported (or around it) is a
@@ -583,12 +576,4 @@ func related(a, b string) bool {
 }
 
 // err is nil, the one problem, or Errors.
-func (p *problems) err() error {
-	switch len(p.list) {
-	case 0:
-		return nil
-	case 1:
-		return p.list[0]
-	}
-	return p.list
-}
+func (p *problems) err() error { return configerr.Join(p.list) }

@@ -28,6 +28,7 @@ type fileConfig struct {
 	Providers       []string            `yaml:"providers"`
 	Attestors       []string            `yaml:"attestors"`
 	TPM             *fileTPM            `yaml:"tpm"`
+	Cloud           *fileCloud          `yaml:"cloud"`
 	Tunnels         *fileTunnels        `yaml:"tunnels"`
 	PKI             *filePKI            `yaml:"pki"`
 	Notifier        *fileNotifier       `yaml:"notifier"`
@@ -56,6 +57,18 @@ type fileConfig struct {
 
 type fileTPM struct {
 	EndorsementKeys []string `yaml:"endorsementKeys"`
+}
+
+type fileCloud struct {
+	Audience *string           `yaml:"audience"`
+	MaxAge   *string           `yaml:"maxAge"`
+	Issuers  []fileCloudIssuer `yaml:"issuers"`
+}
+
+type fileCloudIssuer struct {
+	Issuer   *string `yaml:"issuer"`
+	JWKSURL  *string `yaml:"jwksUrl"`
+	Provider *string `yaml:"provider"`
 }
 
 type fileIAM struct {

@@ -419,6 +419,9 @@ func (b *builder) attestors(fc *fileConfig, c *Config) error {
 			return b.errorf(fmt.Sprintf("attestors[%d]", i), "attestor %q is not built into this version (built in: %s)", a, strings.Join(BuiltAttestors, ", "))
 		}
 	}
+	if err := b.cloud(fc, c); err != nil {
+		b.report(err)
+	}
 	tpm := slices.Contains(c.Attestors, "tpm")
 	switch {
 	case fc.TPM == nil && !tpm:
@@ -444,6 +447,67 @@ func (b *builder) attestors(fc *fileConfig, c *Config) error {
 		out.EndorsementKeys = append(out.EndorsementKeys, k)
 	}
 	c.TPM = out
+	return nil
+}
+
+// cloud checks the cloud instance-identity attestor's settings, given
+// exactly when attestors names cloud: at least one issuer, each with an
+// issuer, a JWKS URL (https, or http to a loopback host) and a provider.
+func (b *builder) cloud(fc *fileConfig, c *Config) error {
+	named := slices.Contains(c.Attestors, "cloud")
+	fcl := fc.Cloud
+	switch {
+	case fcl == nil && !named:
+		return nil
+	case fcl != nil && !named:
+		return b.errorf("cloud", "is set but attestors does not name cloud")
+	case fcl == nil || len(fcl.Issuers) == 0:
+		return b.errorf("cloud.issuers", "is required when attestors names cloud: the metadata services (issuer, jwksUrl, provider) whose documents are trusted")
+	case len(fcl.Issuers) > MaxCloudIssuers:
+		return b.errorf("cloud.issuers", "has %d entries; at most %d", len(fcl.Issuers), MaxCloudIssuers)
+	}
+	out := &Cloud{Audience: deref(fcl.Audience, ""), MaxAge: DefaultCloudMaxAge}
+	if fcl.MaxAge != nil {
+		d, err := time.ParseDuration(*fcl.MaxAge)
+		if err != nil || d < time.Second || d > MaxCloudMaxAge {
+			return b.errorf("cloud.maxAge", "must be a duration from 1s to 1h such as 5m, got %q", *fcl.MaxAge)
+		}
+		out.MaxAge = d
+	}
+	if out.Audience != "" {
+		if u, err := url.Parse(out.Audience); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.Fragment != "" || u.RawQuery != "" {
+			return b.errorf("cloud.audience", "must be an absolute http or https URL without credentials, query or fragment (the join endpoint)")
+		}
+	}
+	seen := map[string]bool{}
+	for i, fi := range fcl.Issuers {
+		opt := fmt.Sprintf("cloud.issuers[%d]", i)
+		is := CloudIssuer{Issuer: deref(fi.Issuer, ""), JWKSURL: deref(fi.JWKSURL, ""), Provider: deref(fi.Provider, "")}
+		if is.Issuer == "" || len(is.Issuer) > 512 {
+			return b.errorf(opt+".issuer", "is required: the iss its documents carry (at most 512 characters)")
+		}
+		if seen[is.Issuer] {
+			return b.errorf(opt+".issuer", "is listed twice")
+		}
+		seen[is.Issuer] = true
+		u, err := url.Parse(is.JWKSURL)
+		switch {
+		case is.JWKSURL == "":
+			return b.errorf(opt+".jwksUrl", "is required: where the issuer publishes its signing keys (JWKS)")
+		case err != nil || u.Host == "" || u.User != nil || u.Fragment != "" || (u.Scheme != "https" && u.Scheme != "http"):
+			return b.errorf(opt+".jwksUrl", "must be an absolute https URL without credentials or fragment, got %q", is.JWKSURL)
+		case u.Scheme == "http" && !loopbackHost(u.Hostname()):
+			return b.errorf(opt+".jwksUrl", "must be https (http only to a loopback host), got %q", is.JWKSURL)
+		}
+		if !runtimeRe.MatchString(is.Provider) {
+			return b.errorf(opt+".provider", "must name the provider whose machines the issuer vouches for (%s)", runtimeShape)
+		}
+		if len(c.Providers) > 0 && !slices.Contains(c.Providers, is.Provider) {
+			return b.errorf(opt+".provider", "names %q, which providers does not register", is.Provider)
+		}
+		out.Issuers = append(out.Issuers, is)
+	}
+	c.Cloud = out
 	return nil
 }
 

@@ -511,7 +511,8 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 		Watch:        watch,
 		Log:          log,
 		Join: &join.Handler{Store: a.st, Bundle: a.bundle, Projection: a.port.Projection(), TypePrefix: cfg.TypePrefix,
-			Gateways: gateway.LiveGateways, FallbackURL: fallbackURL(cfg, gwRole), Log: log, Now: a.now, TPM: tpmAttestor(cfg)},
+			Gateways: gateway.LiveGateways, FallbackURL: fallbackURL(cfg, gwRole), Log: log, Now: a.now, TPM: tpmAttestor(cfg),
+			Cloud: cloudAttestor(cfg)},
 	}
 	if gwRole != nil {
 		opts.Session = gwRole.FallbackHandler()
@@ -551,6 +552,28 @@ func admissionLimits(o config.Admission, poolConns int) admission.Limits {
 		l.MaxInFlight = config.InFlightPerConn * poolConns
 	}
 	return l
+}
+
+// cloudAttestor is the cloud instance-identity join attestor when
+// attestors names cloud; nil otherwise. Its audience defaults to the join
+// endpoint machines are given (bootstrap.joinUrl, else baseURL).
+func cloudAttestor(cfg *config.Config) *join.CloudAttestor {
+	if cfg.Cloud == nil {
+		return nil
+	}
+	aud := cfg.Cloud.Audience
+	if aud == "" {
+		base := cfg.BaseURL
+		if cfg.Bootstrap != nil && cfg.Bootstrap.JoinURL != "" {
+			base = cfg.Bootstrap.JoinURL
+		}
+		aud = join.Audience(base)
+	}
+	issuers := make([]join.CloudIssuer, 0, len(cfg.Cloud.Issuers))
+	for _, is := range cfg.Cloud.Issuers {
+		issuers = append(issuers, join.CloudIssuer{Issuer: is.Issuer, JWKSURL: is.JWKSURL, Provider: is.Provider})
+	}
+	return join.NewCloudAttestor(aud, cfg.Cloud.MaxAge, issuers)
 }
 
 // tpmAttestor is the TPM join attestor when attestors names tpm (the

@@ -45,6 +45,10 @@ type Handler struct {
 	// TPM, when set, is the TPM attestor: every join must carry a quote
 	// from an enrolled TPM (and JoinTPMChallengePath is served).
 	TPM *TPMAttestor
+	// Cloud, when set, is the cloud instance-identity attestor: a join
+	// with a token minted for a provider machine must carry the
+	// provider's signed identity document of that machine.
+	Cloud *CloudAttestor
 }
 
 // Timeout bounds one join.
@@ -151,19 +155,48 @@ func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinRe
 		return nil, api.Errorf(api.CodeInvalidInput, "this deployment does not run the TPM attestor; join with the token alone")
 	}
 	var (
+		cloud *CloudIdentity
+		tc    claims
+	)
+	if h.Cloud != nil {
+		if tc, err = open(b, req.Token); err != nil {
+			return nil, h.refusal(ctx, err)
+		}
+		if tc.Machine != "" || req.CloudIdentity != "" {
+			if cloud, err = h.Cloud.Verify(ctx, req.CloudIdentity, h.Now()); err != nil {
+				return nil, h.refusal(ctx, err)
+			}
+		}
+	} else if req.CloudIdentity != "" {
+		return nil, api.Errorf(api.CodeInvalidInput, "this deployment does not run the cloud attestor; join with the token alone")
+	}
+	var (
 		grant  *Grant
 		region string
 		gws    []agentproto.Gateway
 	)
 	err = h.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		// The document is matched and consumed before the token is
+		// redeemed: a replayed document is refused as such.
+		if cloud != nil {
+			if err := h.Cloud.Bind(ctx, tx, tc.ID, tc.Machine, cloud); err != nil {
+				return err
+			}
+		}
 		grant, err = Redeem(ctx, tx, b, h.Projection, h.TypePrefix, req.Token, csr, h.Now())
 		if err != nil {
 			return err
 		}
 		q := db.New(tx)
-		if att != nil {
-			if err := q.PutNodeAttestation(ctx, db.PutNodeAttestationParams{NodeID: grant.NodeID, Attestor: "tpm",
+		switch {
+		case att != nil: // with both attestors, the row keeps the TPM's proof
+			if err := q.PutNodeAttestation(ctx, db.PutNodeAttestationParams{NodeID: grant.NodeID,
 				EndorsementKeySha256: att.EndorsementKey, AttestationKeySha256: att.AttestationKey, NodeKeySha256: att.NodeKey}); err != nil {
+				return err
+			}
+		case cloud != nil:
+			if err := q.PutCloudAttestation(ctx, db.PutCloudAttestationParams{NodeID: grant.NodeID, InstanceID: cloud.InstanceID,
+				AccountID: cloud.AccountID, DocumentSha256: cloud.Digest}); err != nil {
 				return err
 			}
 		}
@@ -182,7 +215,7 @@ func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinRe
 	if err != nil {
 		return nil, h.refusal(ctx, err)
 	}
-	h.Log.InfoContext(ctx, "node joined", "node", grant.NodeID, "pool", grant.PoolID, "region", region, "attested", att != nil)
+	h.Log.InfoContext(ctx, "node joined", "node", grant.NodeID, "pool", grant.PoolID, "region", region, "attested", att != nil, "instance", cloudInstance(cloud))
 	resp := &agentproto.JoinResponse{
 		NodeID: grant.NodeID, PoolID: grant.PoolID, TrustDomain: b.TrustDomain,
 		Certificate: grant.Cert.Raw, NodeCA: b.NodeCA.Cert.Raw, ServingCA: b.ServingCA.Cert.Raw,
@@ -192,4 +225,11 @@ func (h *Handler) join(ctx context.Context, r *http.Request) (*agentproto.JoinRe
 		resp.ReleaseKeys = [][]byte{k}
 	}
 	return resp, nil
+}
+
+func cloudInstance(c *CloudIdentity) string {
+	if c == nil {
+		return ""
+	}
+	return c.InstanceID
 }

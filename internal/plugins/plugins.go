@@ -293,7 +293,8 @@ func serviceError(m *api.Method, e *pluginproto.Error) error {
 }
 
 // publish writes the events a call answered into its transaction: only the
-// types its method declares, never for a read, with the call's tenant.
+// types its method declares, each payload as its catalog declares it,
+// never for a read, with the call's tenant.
 func (h *Host) publish(ctx context.Context, m *api.Method, input []byte, events []pluginproto.Event) error {
 	if len(events) == 0 {
 		return nil
@@ -321,6 +322,9 @@ func (h *Host) publish(ctx context.Context, m *api.Method, input []byte, events 
 		data := e.Data
 		if len(data) == 0 {
 			data = json.RawMessage("{}")
+		}
+		if err := checkPayload(m.Plugin, e.Type, data); err != nil {
+			return err // the call fails and its transaction rolls back: nothing of it is written
 		}
 		if err := outbox.Write(ctx, tx, outbox.Event{Type: e.Type, Subject: e.Subject, TenantID: tenant.TenantID, Data: data}); err != nil {
 			return err

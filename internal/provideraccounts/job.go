@@ -264,7 +264,7 @@ func (j *Job) install(ctx context.Context, fence workers.Fence, r db.ProviderBoo
 	if joinURL == "" {
 		joinURL = s.baseURL
 	}
-	in := providers.Install{JoinURL: joinURL, Token: token, Agent: s.bootstrap.Agent, PoolID: r.PoolID}
+	in := providers.Install{JoinURL: joinURL, Token: token, Agent: s.bootstrap.Agent, PoolID: r.PoolID, CloudAttested: s.cloudAttested}
 	if s.downloads != "" {
 		// Downloaded and verified by the provider, not copied from here.
 		in.Agent, in.AgentURL = "", s.downloads

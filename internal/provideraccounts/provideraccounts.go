@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -66,9 +67,12 @@ type Service struct {
 	// downloads is {baseURL}{basePath}/downloads/ when the deployment
 	// serves downloads: bootstraps deliver the daemon from there.
 	downloads string
-	bundle    func() (*pki.Bundle, error)
-	root      string
-	log       *slog.Logger
+	// cloudAttested: the deployment runs the cloud attestor, so installs
+	// ask the daemon to present its machine's identity document.
+	cloudAttested bool
+	bundle        func() (*pki.Bundle, error)
+	root          string
+	log           *slog.Logger
 
 	mu      sync.Mutex
 	clients map[string]cached // account id -> client of its current version
@@ -102,7 +106,7 @@ func New(cfg *config.Config, st *store.Store, builtIn []*providers.Factory, imgs
 	return &Service{
 		reg: reg, secrets: secrets.New(cfg.RootTenantID, string(cfg.Secrets.Store), keys.Derive(cfg.Secret, keys.Secrets)),
 		store: st, images: imgs, dir: dir, bootstrap: cfg.Bootstrap, baseURL: cfg.BaseURL, bundle: bundle, root: cfg.RootTenantID, log: log,
-		downloads: downloadsURL(cfg), clients: map[string]cached{},
+		downloads: downloadsURL(cfg), clients: map[string]cached{}, cloudAttested: slices.Contains(cfg.Attestors, "cloud"),
 	}, nil
 }
 

@@ -119,6 +119,11 @@ type Install struct {
 	AgentURL    string
 	ReleaseKeys []ed25519.PublicKey
 	PoolID      string
+	// CloudAttested is set when the control plane runs the cloud
+	// instance-identity attestor (attestors: [cloud]): the daemon's join
+	// must carry the machine's signed identity document from the
+	// provider's metadata service.
+	CloudAttested bool
 }
 
 // ErrNoMachine answers identify, release or install of a machine the

@@ -12,11 +12,12 @@
 package telemetry
 
 import (
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 	"time"
+
+	"computeplane/internal/configerr"
 )
 
 // Bounds of the specification.
@@ -55,12 +56,12 @@ type Config struct {
 func (c Config) Enabled() bool { return c.Endpoint != "" }
 
 // Check returns the settings with defaults filled in, or every problem
-// (each a *Problem, INVALID_CONFIG naming the flag). Attributes without an
+// (each a *configerr.Error, INVALID_CONFIG naming the flag). Attributes without an
 // endpoint are refused too: they would do nothing.
 func (c Config) Check() (Config, error) {
-	var list []error
+	var list []*configerr.Error
 	bad := func(flag, format string, a ...any) {
-		list = append(list, &Problem{Flag: flag, Message: fmt.Sprintf(format, a...)})
+		list = append(list, &configerr.Error{Option: flag, Message: fmt.Sprintf(format, a...)})
 	}
 	if c.Interval == 0 {
 		c.Interval = DefaultInterval
@@ -103,7 +104,7 @@ func (c Config) Check() (Config, error) {
 			bad(FlagAttribute, "the value of %q is %d characters; at most %d", k, len([]rune(v)), MaxAttributeValue)
 		}
 	}
-	if err := errors.Join(list...); err != nil {
+	if err := configerr.Join(list); err != nil {
 		return Config{}, err
 	}
 	return c, nil
@@ -147,13 +148,3 @@ func (l *List) String() string { return strings.Join(*l, ",") }
 
 // Set appends one entry.
 func (l *List) Set(s string) error { *l = append(*l, s); return nil }
-
-// Problem is one bad setting. The daemon keeps its own type rather than
-// linking the control plane's configuration package; it reads the same:
-// "INVALID_CONFIG: <flag>: <reason>".
-type Problem struct {
-	Flag    string
-	Message string
-}
-
-func (p *Problem) Error() string { return "INVALID_CONFIG: " + p.Flag + ": " + p.Message }

@@ -24,6 +24,7 @@ import (
 
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
+	"computeplane/internal/configerr"
 )
 
 // startReceiver runs the OpenTelemetry Collector's OTLP receiver
@@ -199,9 +200,9 @@ func TestEveryBadSettingIsRefused(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := c.cfg.Check()
-			var ce *Problem
+			var ce *configerr.Error
 			require.True(t, errors.As(err, &ce), "refused: %v", err)
-			assert.Equal(t, c.flag, ce.Flag)
+			assert.Equal(t, c.flag, ce.Option)
 			assert.Contains(t, err.Error(), "INVALID_CONFIG")
 			assert.Contains(t, err.Error(), c.msg)
 		})

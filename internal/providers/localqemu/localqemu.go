@@ -31,6 +31,7 @@ import (
 
 	"computeplane/internal/ids"
 	"computeplane/internal/providers"
+	"computeplane/internal/providers/localqemu/metadata"
 	"computeplane/internal/qemu"
 	"computeplane/internal/release"
 )
@@ -109,6 +110,7 @@ type meta struct {
 	VCPU      int64  `json:"vcpu"`
 	MemoryMiB int64  `json:"memoryMiB"`
 	Hostname  string `json:"hostname,omitempty"`
+	Region    string `json:"region,omitempty"` // in the machine's identity document
 }
 
 // Provider is a client of one account.
@@ -266,7 +268,8 @@ func (p *Provider) Launch(ctx context.Context, offerID, key string, l providers.
 	if hostname == "" {
 		hostname = id
 	}
-	m := &meta{ID: id, AccountID: p.env.AccountID, Key: key, OfferID: t.Name, VCPU: t.VCPU, MemoryMiB: t.MemoryMiB, Hostname: hostname}
+	m := &meta{ID: id, AccountID: p.env.AccountID, Key: key, OfferID: t.Name, VCPU: t.VCPU, MemoryMiB: t.MemoryMiB, Hostname: hostname,
+		Region: p.cfg.Region}
 	if err := os.MkdirAll(p.machineDir(id), 0o700); err != nil {
 		return providers.Machine{}, err
 	}
@@ -394,7 +397,13 @@ func (p *Provider) Install(ctx context.Context, mc providers.Machine, in provide
 	if _, err := os.Stat(filepath.Join(dir, "state.json")); err != nil {
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		join := exec.CommandContext(jctx, agent, "join", "--api", in.JoinURL, "--dir", dir, "--hostname", m.ID, "--force")
+		args := []string{"join", "--api", in.JoinURL, "--dir", dir, "--hostname", m.ID, "--force"}
+		if in.CloudAttested {
+			// The machine's own socket of the metadata service
+			// (cmd/localqemu-metadata).
+			args = append(args, "--cloud-metadata", "unix:"+filepath.Join(p.machineDir(m.ID), metadata.SocketName))
+		}
+		join := exec.CommandContext(jctx, agent, args...)
 		join.Env = append(os.Environ(), "COMPUTE_AGENT_TOKEN="+in.Token)
 		out, err := join.CombinedOutput()
 		if err != nil {

@@ -806,6 +806,8 @@ func (g *generator) eventsFile() *jen.File {
 		jen.Id("Description").String().Tag(map[string]string{"json": "description"}),
 		jen.Comment("Plugin is the plugin that publishes the type, \"\" for the service's own."),
 		jen.Id("Plugin").String().Tag(map[string]string{"json": "-"}),
+		jen.Comment("PayloadSchema is a plugin's event payload as JSON Schema (draft 2020-12), checked when the plugin publishes one."),
+		jen.Id("PayloadSchema").String().Tag(map[string]string{"json": "-"}),
 	)
 	if len(g.cat.Events) == 0 {
 		f.Var().Id("EventTypes").Index().Id("EventSpec")
@@ -828,6 +830,11 @@ func (g *generator) eventsFile() *jen.File {
 			}
 			if e.Plugin != "" {
 				d[jen.Id("Plugin")] = jen.Lit(e.Plugin)
+				payload := e.Payload
+				if payload == nil {
+					payload = &catalog.Schema{Type: catalog.TObject, Fields: []*catalog.Field{}}
+				}
+				d[jen.Id("PayloadSchema")] = jen.Lit(jsonSchema(payload))
 			}
 			v.Line().Values(d)
 		}
