@@ -23,6 +23,11 @@ var agentSide = []string{
 	// The release format: the control plane signs and serves what the
 	// daemon verifies (stdlib and x/mod only).
 	"computeplane/internal/release",
+	// The SSH server of tunnels (a node's break-glass SSH, as
+	// compute-guest's) and the certificate rules it checks with: the api
+	// signs what the daemon verifies (stdlib and x/crypto/ssh only).
+	"computeplane/internal/sshserve",
+	"computeplane/internal/sshca",
 }
 
 // serverImports returns the packages of this module in deps that are not

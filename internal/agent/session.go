@@ -65,6 +65,10 @@ type Options struct {
 	Log      *slog.Logger
 	// HigherRungRetry overrides the package's HigherRungRetry (tests).
 	HigherRungRetry time.Duration
+	// NodeConsoleCommand is the node's break-glass shell (argv):
+	// node-console tunnels run it on a terminal, SSH sessions to the node
+	// run it (with -c COMMAND for a command). Empty: both are refused.
+	NodeConsoleCommand []string
 }
 
 // Agent is the running daemon.
