@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -198,4 +199,48 @@ func socketPair(t *testing.T) (net.Conn, net.Conn) {
 		return c
 	}
 	return conn(fds[0]), conn(fds[1])
+}
+
+// A node's server (compute-agent's): sessions run the configured shell,
+// not the account's, ssh -L is refused, and the end of the connection
+// kills what its sessions left running.
+func TestSSHServerConfiguredShell(t *testing.T) {
+	ca := testCA(t, nil)
+	dir := t.TempDir()
+	shell := dir + "/shell"
+	require.NoError(t, os.WriteFile(shell, []byte("#!/bin/sh\ncd "+dir+" || exit 1\nexport VIA=node-shell\nexec /bin/sh \"$@\"\n"), 0o755))
+	host, err := ca.NewHostKey("sbx_test")
+	require.NoError(t, err)
+	srv, err := New(Config{UserCAs: []string{ca.AuthorizedKey()}, Scope: "sbx_test", HostKey: host.PrivateKeyPEM,
+		HostCertificate: host.Certificate, Shell: []string{shell}, NoForwarding: true}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	p := &sshPair{t: t, ca: ca, server: srv}
+	c, err := p.dial("root", certSigner(t, ca, "root@sbx_test"), ca.PublicKey())
+	require.NoError(t, err)
+
+	s, err := c.NewSession()
+	require.NoError(t, err)
+	out, err := s.Output("echo $VIA in $(pwd)")
+	require.NoError(t, err)
+	assert.Equal(t, "node-shell in "+dir+"\n", string(out))
+
+	_, err = c.Dial("tcp", "127.0.0.1:1")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "not permitted")
+
+	// A program left running: killed when the connection ends.
+	s2, err := c.NewSession()
+	require.NoError(t, err)
+	pidOut, err := s2.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, s2.Start("echo $$; exec sleep 100"))
+	var pid int
+	_, err = fmt.Fscan(pidOut, &pid)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, 0), "running")
+	c.Close()
+	assert.Eventually(t, func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil || strings.Contains(string(b), ") Z ")
+	}, 5*time.Second, 20*time.Millisecond, "the session's program outlived its connection")
 }
