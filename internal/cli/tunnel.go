@@ -320,11 +320,6 @@ func (tc *tunnels) askNode(in *client.TunnelsOpenNodeInput) asker {
 	}
 }
 
-// open asks for a tunnel and connects to it.
-func (tc *tunnels) open(ctx context.Context, in *client.TunnelsOpenInput) (*websocket.Conn, error) {
-	return tc.connect(ctx, tc.ask(in))
-}
-
 // connect asks for a ticket and redeems it. A refusal of the upgrade
 // (the node out of reach, a gateway's limit) is an openError like the
 // API's, with its retryAfterMs.
@@ -595,7 +590,7 @@ func (tc *tunnels) exec(ctx context.Context, a *tunnelArgs) (int, error) {
 		}()
 	}
 	if a.stdin && tc.s.Stdin != nil {
-		go pumpStdin(bg, f, tc.s.Stdin, nil)
+		go pumpStdin(bg, f, tc.s.Stdin)
 	} else if !a.tty {
 		_ = f.send(bg, tunnel.FrameEOF, nil) // no input: the program's stdin ends at once
 	}
@@ -631,29 +626,16 @@ func (tc *tunnels) exec(ctx context.Context, a *tunnelArgs) (int, error) {
 	}
 }
 
-// pumpStdin sends what r yields as stdin frames, then the end of stdin;
-// escape, when set, cuts the input at the byte that leaves (the
-// console's), and no end of stdin is sent.
-func pumpStdin(ctx context.Context, f frames, r io.Reader, escape func([]byte) ([]byte, bool)) {
+// pumpStdin sends what r yields as stdin frames, then the end of stdin.
+func pumpStdin(ctx context.Context, f frames, r io.Reader) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := r.Read(buf)
-		if n > 0 {
-			p, stop := buf[:n], false
-			if escape != nil {
-				p, stop = escape(p)
-			}
-			if len(p) > 0 && f.send(ctx, tunnel.FrameStdin, p) != nil {
-				return
-			}
-			if stop {
-				return
-			}
+		if n > 0 && f.send(ctx, tunnel.FrameStdin, buf[:n]) != nil {
+			return
 		}
 		if err != nil {
-			if escape == nil {
-				_ = f.send(ctx, tunnel.FrameEOF, nil)
-			}
+			_ = f.send(ctx, tunnel.FrameEOF, nil)
 			return
 		}
 	}
@@ -846,7 +828,7 @@ func (tc *tunnels) forward(ctx context.Context, target client.TunnelTarget, port
 	defer ws.CloseNow()
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go pumpStdin(fctx, frames{ws}, conn, nil)
+	go pumpStdin(fctx, frames{ws}, conn)
 	for {
 		_, b, err := ws.Read(fctx)
 		if err != nil {
