@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -205,6 +206,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	fs.IntVar(&d.VCPU, "vcpu", 0, "declare this many vCPUs instead of the host's")
 	fs.Int64Var(&d.MemoryMiB, "memory-mib", 0, "declare this much memory instead of the host's")
 	fs.Int64Var(&d.DiskGiB, "disk-gib", 0, "declare this much disk instead of the volume store's")
+	nodeConsole := fs.String("node-console-command", "", "break-glass: the shell (a command and its arguments, split at spaces) that node-console tunnels run on a terminal and SSH sessions to this node run (with -c COMMAND for a command); empty: this node refuses both")
 	var nf netFlags
 	nf.register(fs)
 	var tel telemetry.Config
@@ -221,6 +223,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return 2
+	}
+	nodeShell := strings.Fields(*nodeConsole)
+	if len(nodeShell) > 0 {
+		if _, err := exec.LookPath(nodeShell[0]); err != nil {
+			fmt.Fprintf(stderr, "compute-agent run: --node-console-command: %v\n", err)
+			return 2
+		}
 	}
 	// The daemon keeps a log of its own for support bundles, besides
 	// stderr.
@@ -261,7 +270,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		// included (protocol tests and benchmarks).
 		d.Networks = []string{network.ModeEgress, network.ModePrivate}
 	}
-	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: buildinfo.Version(), Log: log})
+	a, err := agent.New(agent.Options{Dir: agent.Dir(*dir), Runtime: r, Volumes: *volumes, Declared: d, Version: buildinfo.Version(), Log: log,
+		NodeConsoleCommand: nodeShell})
 	if err != nil {
 		_ = r.Close()
 		fmt.Fprintln(stderr, "compute-agent run:", err)

@@ -3438,6 +3438,40 @@ var Methods = []*Method{
 		TenantScoped: true,
 	},
 	{
+		Action: "compute:tunnels:node",
+		Decode: func(obj map[string]any, iss *wire.Issues) any {
+			in := decodeTunnelsOpenNodeInput(obj, "", iss)
+			return &in
+		},
+		Description: "Break-glass access to a node (docs/tunnels.md, \"Nodes\"): root tenant only, decided on the fleet (owners and admins of the root tenant), from an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED with details.reason mfa-required). Kind node-console is a shell on a pseudo-terminal of size (default 80x24) run by the node's daemon itself (the command its operator configured with compute-agent --node-console-command; a node without it refuses the tunnel): the frames of an exec tunnel with tty (stdin, stdout, resize, signal, the exit code). Kind ssh is a byte stream to the daemon's own SSH server, which accepts certificates of tunnels.issueSshCertificate with nodeId (principal <account>@<nodeId>); UNSUPPORTED unless tunnels.ssh. Answers a ticket as tunnels.open does, counted in the same tunnels per minute. A retired or unknown node is NOT_FOUND.",
+		Errors:      []Code{CodeInvalidInput, CodeNotFound, CodeUnsupported, CodeRateLimited, CodeUnauthenticated, CodeAccessDenied, CodeConfirmationRequired},
+		FullName:    "tunnels.openNode",
+		Group:       "tunnels",
+		Invoke: func(ctx context.Context, s *Services, in any) (any, error) {
+			out, err := s.Tunnels.OpenNode(ctx, in.(*TunnelsOpenNodeInput))
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+		Kind:  KindMutation,
+		Name:  "openNode",
+		Phase: "v1.1",
+		Resource: &Resource{
+			ResourceRef: ResourceRef{
+				IDField: "global",
+				Type:    "fleet",
+			},
+			RootTenantOnly: &Condition{
+				Field: "nodeId",
+				In:    nil,
+			},
+		},
+		Route:        "/tunnels/openNode",
+		Status:       StatusRegistered,
+		TenantScoped: true,
+	},
+	{
 		Action: "compute:tunnels:read",
 		Decode: func(obj map[string]any, iss *wire.Issues) any {
 			in := decodeTunnelsListInput(obj, "", iss)

@@ -1822,6 +1822,17 @@ var (
 		Max:    int64(65535),
 		Min:    int64(1),
 	}
+	ruleTunnelsOpenNodeInputTenantID = &wire.StringRule{
+		MaxLength: 128,
+		Pattern:   ShapeTenantId,
+		Words:     "1 to 128 letters, digits, dots, underscores, colons or hyphens",
+	}
+	ruleTunnelsOpenNodeInputNodeID = &wire.StringRule{
+		MaxLength: 57,
+		Pattern:   ShapeNodeId,
+		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
+	}
+	ruleTunnelsOpenNodeInputKind = &wire.StringRule{Enum: []string{"node-console", "ssh"}}
 	ruleTunnelsListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
 		Pattern:   ShapeTenantId,

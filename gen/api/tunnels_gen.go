@@ -12,6 +12,7 @@ const (
 	MethodTunnelsPreview             = "tunnels.preview"
 	MethodTunnelsListPreviews        = "tunnels.listPreviews"
 	MethodTunnelsOpen                = "tunnels.open"
+	MethodTunnelsOpenNode            = "tunnels.openNode"
 	MethodTunnelsList                = "tunnels.list"
 	MethodTunnelsClose               = "tunnels.close"
 	MethodTunnelsIssueSshCertificate = "tunnels.issueSshCertificate"
@@ -161,6 +162,48 @@ func decodeTunnelsOpenInput(obj map[string]any, path string, iss *wire.Issues) (
 	return
 }
 
+// TunnelsOpenNodeInput: Input of tunnels.openNode.
+type TunnelsOpenNodeInput struct {
+	TenantID string        `json:"tenantId"` // Tenant identifier.
+	NodeID   string        `json:"nodeId"`   // Node identifier.
+	Kind     string        `json:"kind"`
+	Size     *TerminalSize `json:"size,omitempty"` // The terminal's size at the start (node-console); resize frames change it.
+}
+
+var fieldsTunnelsOpenNodeInput = map[string]struct{}{
+	"kind":     {},
+	"nodeId":   {},
+	"size":     {},
+	"tenantId": {},
+}
+
+// decodeTunnelsOpenNodeInput checks obj against the schema of TunnelsOpenNodeInput, collecting every issue.
+func decodeTunnelsOpenNodeInput(obj map[string]any, path string, iss *wire.Issues) (out TunnelsOpenNodeInput) {
+	wire.Unknown(obj, path, fieldsTunnelsOpenNodeInput, iss)
+	if v, ok := obj["tenantId"]; !ok {
+		wire.Required(wire.Join(path, "tenantId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "tenantId"), ruleTunnelsOpenNodeInputTenantID, iss); ok {
+		out.TenantID = x1
+	}
+	if v, ok := obj["nodeId"]; !ok {
+		wire.Required(wire.Join(path, "nodeId"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "nodeId"), ruleTunnelsOpenNodeInputNodeID, iss); ok {
+		out.NodeID = x1
+	}
+	if v, ok := obj["kind"]; !ok {
+		wire.Required(wire.Join(path, "kind"), iss)
+	} else if x1, ok := wire.String(v, wire.Join(path, "kind"), ruleTunnelsOpenNodeInputKind, iss); ok {
+		out.Kind = x1
+	}
+	if v, ok := obj["size"]; ok {
+		if o1, ok := wire.Object(v, wire.Join(path, "size"), iss); ok {
+			x1 := decodeTerminalSize(o1, wire.Join(path, "size"), iss)
+			out.Size = &x1
+		}
+	}
+	return
+}
+
 // TunnelsListInput: Input of tunnels.list.
 type TunnelsListInput struct {
 	TenantID      string `json:"tenantId"` // Tenant identifier.
@@ -275,6 +318,8 @@ type TunnelsService interface {
 	ListPreviews(ctx context.Context, in *TunnelsListPreviewsInput) (*PreviewList, error)
 	// Open: Asks for a tunnel into a running sandbox or instance of the tenant. Kind exec runs the program argv with its stdin, stdout and stderr streamed and its exit code at the end; with tty it runs on a pseudo-terminal of size (default 80x24; TERM defaults to xterm-256color), its output all on stdout. Kind tcp connects to port on the guest's loopback (127.0.0.1 inside the VM, with or without a network), stdin and stdout carrying the connection's bytes. Kind console is the serial console: the last 64 KiB of its log (the boot), then its output live, stdin typed on it. Kind ssh is a byte stream to the guest's SSH server (stdin frames to it, stdout frames from it), for an ssh client's ProxyCommand; it accepts certificates of tunnels.issueSshCertificate and is UNSUPPORTED unless tunnels.ssh is configured. Answers a ticket to redeem at the WebSocket URL within 30 s, once, from the caller's source address. Frames on the WebSocket are binary messages whose first byte says what follows: 0 stdin, 1 stdout, 2 stderr, 3 the exit (JSON {exitCode, error}, the last frame), 4 the end of stdin (a half close for tcp; Ctrl-D under a terminal), 5 a resize (JSON {cols, rows}, exec with tty), 6 a signal (JSON {signal}: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP or WINCH, exec; under a terminal to its foreground job). A target not running is INVALID_STATE, another tenant's or an absent one NOT_FOUND. At most tunnels.limits.tunnelsPerMinute (default 10) per identity and api replica: beyond, RATE_LIMITED with retryAfterMs.
 	Open(ctx context.Context, in *TunnelsOpenInput) (*TunnelTicket, error)
+	// OpenNode: Break-glass access to a node (docs/tunnels.md, "Nodes"): root tenant only, decided on the fleet (owners and admins of the root tenant), from an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED with details.reason mfa-required). Kind node-console is a shell on a pseudo-terminal of size (default 80x24) run by the node's daemon itself (the command its operator configured with compute-agent --node-console-command; a node without it refuses the tunnel): the frames of an exec tunnel with tty (stdin, stdout, resize, signal, the exit code). Kind ssh is a byte stream to the daemon's own SSH server, which accepts certificates of tunnels.issueSshCertificate with nodeId (principal <account>@<nodeId>); UNSUPPORTED unless tunnels.ssh. Answers a ticket as tunnels.open does, counted in the same tunnels per minute. A retired or unknown node is NOT_FOUND.
+	OpenNode(ctx context.Context, in *TunnelsOpenNodeInput) (*TunnelTicket, error)
 	// List: The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.
 	List(ctx context.Context, in *TunnelsListInput) (*TunnelList, error)
 	// Close: Closes a tunnel: an unredeemed ticket is void, an open tunnel's relay ends within a second. Closing a closed or expired one returns it unchanged.
@@ -296,6 +341,9 @@ func (UnimplementedTunnelsService) ListPreviews(context.Context, *TunnelsListPre
 }
 func (UnimplementedTunnelsService) Open(context.Context, *TunnelsOpenInput) (*TunnelTicket, error) {
 	return nil, NotImplemented(Lookup("/tunnels/open"))
+}
+func (UnimplementedTunnelsService) OpenNode(context.Context, *TunnelsOpenNodeInput) (*TunnelTicket, error) {
+	return nil, NotImplemented(Lookup("/tunnels/openNode"))
 }
 func (UnimplementedTunnelsService) List(context.Context, *TunnelsListInput) (*TunnelList, error) {
 	return nil, NotImplemented(Lookup("/tunnels/list"))

@@ -855,22 +855,28 @@ func decodeTerminalSize(obj map[string]any, path string, iss *wire.Issues) (out 
 }
 
 type Tunnel struct {
-	TunnelID   string       `json:"tunnelId"`   // Tunnel identifier.
-	TenantID   string       `json:"tenantId"`   // Tenant identifier.
-	IdentityID string       `json:"identityId"` // Who opened it.
-	Target     TunnelTarget `json:"target"`
-	Kind       string       `json:"kind"`
-	Argv       []string     `json:"argv"` // The program (exec); empty for the other kinds.
-	Tty        bool         `json:"tty"`
-	Port       *int64       `json:"port"`  // The guest port (tcp).
-	State      string       `json:"state"` // issued: the ticket awaits its redemption; expired: it never was.
-	CreatedAt  string       `json:"createdAt"`
-	ExpiresAt  string       `json:"expiresAt"` // When the ticket expires unredeemed.
-	OpenedAt   *string      `json:"openedAt"`
-	ClosedAt   *string      `json:"closedAt"`
-	BytesIn    int64        `json:"bytesIn"`  // Bytes from the client (stdin).
-	BytesOut   int64        `json:"bytesOut"` // Bytes to the client (stdout and stderr).
-	ExitCode   *int64       `json:"exitCode"` // The program's exit code (exec; 128 plus the signal that ended it).
+	TunnelID   string    `json:"tunnelId"`   // Tunnel identifier.
+	TenantID   string    `json:"tenantId"`   // Tenant identifier.
+	IdentityID string    `json:"identityId"` // Who opened it.
+	Target     TunnelEnd `json:"target"`
+	Kind       string    `json:"kind"`
+	Argv       []string  `json:"argv"` // The program (exec); empty for the other kinds.
+	Tty        bool      `json:"tty"`
+	Port       *int64    `json:"port"`  // The guest port (tcp).
+	State      string    `json:"state"` // issued: the ticket awaits its redemption; expired: it never was.
+	CreatedAt  string    `json:"createdAt"`
+	ExpiresAt  string    `json:"expiresAt"` // When the ticket expires unredeemed.
+	OpenedAt   *string   `json:"openedAt"`
+	ClosedAt   *string   `json:"closedAt"`
+	BytesIn    int64     `json:"bytesIn"`  // Bytes from the client (stdin).
+	BytesOut   int64     `json:"bytesOut"` // Bytes to the client (stdout and stderr).
+	ExitCode   *int64    `json:"exitCode"` // The program's exit code (exec; 128 plus the signal that ended it).
+}
+
+// TunnelEnd: What a tunnel reaches (a tunnel's row): an instance, a sandbox or a node (tunnels.openNode).
+type TunnelEnd struct {
+	Kind string `json:"kind"`
+	ID   string `json:"id"` // The instance id (inst_...), sandbox id (sbx_...) or node id (node_...).
 }
 type TunnelList struct {
 	Items []Tunnel `json:"items"` // Newest first.

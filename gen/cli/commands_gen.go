@@ -1876,6 +1876,22 @@ var Groups = []cliruntime.Group{
 				},
 			},
 			{
+				Name:        "openNode",
+				Description: "Break-glass access to a node (docs/tunnels.md, \"Nodes\"): root tenant only, decided on the fleet (owners and admins of the root tenant), from an MFA session unless tunnels.sshRequiresMfa is false (else ACCESS_DENIED with details.reason mfa-required). Kind node-console is a shell on a pseudo-terminal of size (default 80x24) run by the node's daemon itself (the command its operator configured with compute-agent --node-console-command; a node without it refuses the tunnel): the frames of an exec tunnel with tty (stdin, stdout, resize, signal, the exit code). Kind ssh is a byte stream to the daemon's own SSH server, which accepts certificates of tunnels.issueSshCertificate with nodeId (principal <account>@<nodeId>); UNSUPPORTED unless tunnels.ssh. Answers a ticket as tunnels.open does, counted in the same tunnels per minute. A retired or unknown node is NOT_FOUND.",
+				Kind:        "mutation",
+				Action:      "compute:tunnels:node",
+				Flags: []cliruntime.Flag{
+					{Name: "tenant-id", Field: "tenantId", Type: cliruntime.String, Required: true, Help: "Tenant identifier."},
+					{Name: "node-id", Field: "nodeId", Type: cliruntime.String, Required: true, Help: "Node identifier."},
+					{Name: "kind", Field: "kind", Type: cliruntime.String, Required: true, Enum: []string{"node-console", "ssh"}},
+					{Name: "size", Field: "size", Type: cliruntime.JSON, Help: "The terminal's size at the start (node-console); resize frames change it."},
+				},
+				Call: func(ctx context.Context, c *client.Client) error {
+					_, err := c.TunnelsOpenNode(ctx, new(client.TunnelsOpenNodeInput))
+					return err
+				},
+			},
+			{
 				Name:        "list",
 				Description: "The tenant's tunnels, newest first (at most 1000); closed and expired ones only when asked.",
 				Kind:        "read",

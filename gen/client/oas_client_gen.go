@@ -1429,6 +1429,24 @@ type TunnelsInvoker interface {
 	//
 	// POST /tunnels/open
 	TunnelsOpen(ctx context.Context, request *TunnelsOpenInput) (*TunnelsOpenResult, error)
+	// TunnelsOpenNode invokes tunnelsOpenNode operation.
+	//
+	// Break-glass access to a node (docs/tunnels.md, "Nodes"): root tenant only, decided on the fleet
+	// (owners and admins of the root tenant), from an MFA session unless tunnels.sshRequiresMfa is false
+	// (else ACCESS_DENIED with details.reason mfa-required). Kind node-console is a shell on a
+	// pseudo-terminal of size (default 80x24) run by the node's daemon itself (the command its operator
+	// configured with compute-agent --node-console-command; a node without it refuses the tunnel): the
+	// frames of an exec tunnel with tty (stdin, stdout, resize, signal, the exit code). Kind ssh is a byte
+	// stream to the daemon's own SSH server, which accepts certificates of tunnels.issueSshCertificate
+	// with nodeId (principal @); UNSUPPORTED unless tunnels.ssh. Answers a ticket as tunnels.open does,
+	// counted in the same tunnels per minute. A retired or unknown node is NOT_FOUND.
+	//
+	// Served since v1.1. Kind: mutation. Action compute:tunnels:node on fleet/global. Errors:
+	// INVALID_INPUT (400), NOT_FOUND (404), UNSUPPORTED (422), RATE_LIMITED (429), UNAUTHENTICATED (401),
+	// ACCESS_DENIED (403), CONFIRMATION_REQUIRED (403).
+	//
+	// POST /tunnels/openNode
+	TunnelsOpenNode(ctx context.Context, request *TunnelsOpenNodeInput) (*TunnelsOpenNodeResult, error)
 	// TunnelsPreview invokes tunnelsPreview operation.
 	//
 	// Serves a guest port of a running sandbox or instance of the tenant over HTTP at a URL (the same
@@ -12437,6 +12455,108 @@ func (c *Client) sendTunnelsOpen(ctx context.Context, request *TunnelsOpenInput)
 	}()
 
 	result, err := decodeTunnelsOpenResponse(resp)
+	if err != nil {
+		return res, errors.Wrap(err, "decode response")
+	}
+
+	return result, nil
+}
+
+// TunnelsOpenNode invokes tunnelsOpenNode operation.
+//
+// Break-glass access to a node (docs/tunnels.md, "Nodes"): root tenant only, decided on the fleet
+// (owners and admins of the root tenant), from an MFA session unless tunnels.sshRequiresMfa is false
+// (else ACCESS_DENIED with details.reason mfa-required). Kind node-console is a shell on a
+// pseudo-terminal of size (default 80x24) run by the node's daemon itself (the command its operator
+// configured with compute-agent --node-console-command; a node without it refuses the tunnel): the
+// frames of an exec tunnel with tty (stdin, stdout, resize, signal, the exit code). Kind ssh is a byte
+// stream to the daemon's own SSH server, which accepts certificates of tunnels.issueSshCertificate
+// with nodeId (principal @); UNSUPPORTED unless tunnels.ssh. Answers a ticket as tunnels.open does,
+// counted in the same tunnels per minute. A retired or unknown node is NOT_FOUND.
+//
+// Served since v1.1. Kind: mutation. Action compute:tunnels:node on fleet/global. Errors:
+// INVALID_INPUT (400), NOT_FOUND (404), UNSUPPORTED (422), RATE_LIMITED (429), UNAUTHENTICATED (401),
+// ACCESS_DENIED (403), CONFIRMATION_REQUIRED (403).
+//
+// POST /tunnels/openNode
+func (c *Client) TunnelsOpenNode(ctx context.Context, request *TunnelsOpenNodeInput) (*TunnelsOpenNodeResult, error) {
+	res, err := c.sendTunnelsOpenNode(ctx, request)
+	return res, err
+}
+
+func (c *Client) sendTunnelsOpenNode(ctx context.Context, request *TunnelsOpenNodeInput) (res *TunnelsOpenNodeResult, err error) {
+
+	u := uri.Clone(c.requestURL(ctx))
+	var pathParts [1]string
+	pathParts[0] = "/tunnels/openNode"
+	uri.AddPathParts(u, pathParts[:]...)
+
+	r, err := ht.NewRequest(ctx, "POST", u)
+	if err != nil {
+		return res, errors.Wrap(err, "create request")
+	}
+	if err := encodeTunnelsOpenNodeRequest(request, r); err != nil {
+		return res, errors.Wrap(err, "encode request")
+	}
+
+	{
+		type bitset = [1]uint8
+		var satisfied bitset
+		{
+
+			switch err := c.securityBearerAuth(ctx, TunnelsOpenNodeOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 0
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"BearerAuth\"")
+			}
+		}
+		{
+
+			switch err := c.securityServiceHeader(ctx, TunnelsOpenNodeOperation, r); {
+			case err == nil: // if NO error
+				satisfied[0] |= 1 << 1
+			case errors.Is(err, ogenerrors.ErrSkipClientSecurity):
+				// Skip this security.
+			default:
+				return res, errors.Wrap(err, "security \"ServiceHeader\"")
+			}
+		}
+
+		if ok := func() bool {
+		nextRequirement:
+			for _, requirement := range []bitset{
+				{0b00000011},
+			} {
+				for i, mask := range requirement {
+					if satisfied[i]&mask != mask {
+						continue nextRequirement
+					}
+				}
+				return true
+			}
+			return false
+		}(); !ok {
+			return res, ogenerrors.ErrSecurityRequirementIsNotSatisfied
+		}
+	}
+
+	resp, err := c.cfg.Client.Do(r)
+	if err != nil {
+		return res, errors.Wrap(err, "do request")
+	}
+	body := resp.Body
+	defer func() {
+		// Drain the body to EOF before closing, so the underlying
+		// connection can be reused by the Transport regardless of the
+		// response status code. See https://github.com/ogen-go/ogen/issues/1670.
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+
+	result, err := decodeTunnelsOpenNodeResponse(resp)
 	if err != nil {
 		return res, errors.Wrap(err, "decode response")
 	}

@@ -119,6 +119,7 @@ const (
 	TunnelsListOperation                OperationName = "TunnelsList"
 	TunnelsListPreviewsOperation        OperationName = "TunnelsListPreviews"
 	TunnelsOpenOperation                OperationName = "TunnelsOpen"
+	TunnelsOpenNodeOperation            OperationName = "TunnelsOpenNode"
 	TunnelsPreviewOperation             OperationName = "TunnelsPreview"
 	UsageExportOperation                OperationName = "UsageExport"
 	UsageListOperation                  OperationName = "UsageList"

@@ -1592,6 +1592,20 @@ func encodeTunnelsOpenRequest(
 	return nil
 }
 
+func encodeTunnelsOpenNodeRequest(
+	req *TunnelsOpenNodeInput,
+	r *http.Request,
+) error {
+	const contentType = "application/json"
+	e := new(jx.Encoder)
+	{
+		req.Encode(e)
+	}
+	encoded := e.Bytes()
+	ht.SetBody(r, bytes.NewReader(encoded), contentType)
+	return nil
+}
+
 func encodeTunnelsPreviewRequest(
 	req *TunnelsPreviewInput,
 	r *http.Request,

@@ -17229,8 +17229,8 @@ type Tunnel struct {
 	// The guest port (tcp).
 	Port NilInt64 `json:"port"`
 	// Issued: the ticket awaits its redemption; expired: it never was.
-	State  TunnelState  `json:"state"`
-	Target TunnelTarget `json:"target"`
+	State  TunnelState `json:"state"`
+	Target TunnelEnd   `json:"target"`
 	// Tenant identifier.
 	TenantId string `json:"tenantId"`
 	Tty      bool   `json:"tty"`
@@ -17299,7 +17299,7 @@ func (s *Tunnel) GetState() TunnelState {
 }
 
 // GetTarget returns the value of Target.
-func (s *Tunnel) GetTarget() TunnelTarget {
+func (s *Tunnel) GetTarget() TunnelEnd {
 	return s.Target
 }
 
@@ -17379,7 +17379,7 @@ func (s *Tunnel) SetState(val TunnelState) {
 }
 
 // SetTarget sets the value of Target.
-func (s *Tunnel) SetTarget(val TunnelTarget) {
+func (s *Tunnel) SetTarget(val TunnelEnd) {
 	s.Target = val
 }
 
@@ -17398,13 +17398,90 @@ func (s *Tunnel) SetTunnelId(val string) {
 	s.TunnelId = val
 }
 
+// What a tunnel reaches (a tunnel's row): an instance, a sandbox or a node (tunnels.openNode).
+// Ref: #/components/schemas/TunnelEnd
+type TunnelEnd struct {
+	// The instance id (inst_...), sandbox id (sbx_...) or node id (node_...).
+	ID   string        `json:"id"`
+	Kind TunnelEndKind `json:"kind"`
+}
+
+// GetID returns the value of ID.
+func (s *TunnelEnd) GetID() string {
+	return s.ID
+}
+
+// GetKind returns the value of Kind.
+func (s *TunnelEnd) GetKind() TunnelEndKind {
+	return s.Kind
+}
+
+// SetID sets the value of ID.
+func (s *TunnelEnd) SetID(val string) {
+	s.ID = val
+}
+
+// SetKind sets the value of Kind.
+func (s *TunnelEnd) SetKind(val TunnelEndKind) {
+	s.Kind = val
+}
+
+type TunnelEndKind string
+
+const (
+	TunnelEndKindInstance TunnelEndKind = "instance"
+	TunnelEndKindSandbox  TunnelEndKind = "sandbox"
+	TunnelEndKindNode     TunnelEndKind = "node"
+)
+
+// AllValues returns all TunnelEndKind values.
+func (TunnelEndKind) AllValues() []TunnelEndKind {
+	return []TunnelEndKind{
+		TunnelEndKindInstance,
+		TunnelEndKindSandbox,
+		TunnelEndKindNode,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s TunnelEndKind) MarshalText() ([]byte, error) {
+	switch s {
+	case TunnelEndKindInstance:
+		return []byte(s), nil
+	case TunnelEndKindSandbox:
+		return []byte(s), nil
+	case TunnelEndKindNode:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *TunnelEndKind) UnmarshalText(data []byte) error {
+	switch TunnelEndKind(data) {
+	case TunnelEndKindInstance:
+		*s = TunnelEndKindInstance
+		return nil
+	case TunnelEndKindSandbox:
+		*s = TunnelEndKindSandbox
+		return nil
+	case TunnelEndKindNode:
+		*s = TunnelEndKindNode
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
 type TunnelKind string
 
 const (
-	TunnelKindExec    TunnelKind = "exec"
-	TunnelKindTCP     TunnelKind = "tcp"
-	TunnelKindConsole TunnelKind = "console"
-	TunnelKindSSH     TunnelKind = "ssh"
+	TunnelKindExec        TunnelKind = "exec"
+	TunnelKindTCP         TunnelKind = "tcp"
+	TunnelKindConsole     TunnelKind = "console"
+	TunnelKindSSH         TunnelKind = "ssh"
+	TunnelKindNodeConsole TunnelKind = "node-console"
 )
 
 // AllValues returns all TunnelKind values.
@@ -17414,6 +17491,7 @@ func (TunnelKind) AllValues() []TunnelKind {
 		TunnelKindTCP,
 		TunnelKindConsole,
 		TunnelKindSSH,
+		TunnelKindNodeConsole,
 	}
 }
 
@@ -17427,6 +17505,8 @@ func (s TunnelKind) MarshalText() ([]byte, error) {
 	case TunnelKindConsole:
 		return []byte(s), nil
 	case TunnelKindSSH:
+		return []byte(s), nil
+	case TunnelKindNodeConsole:
 		return []byte(s), nil
 	default:
 		return nil, errors.Errorf("invalid value: %q", s)
@@ -17447,6 +17527,9 @@ func (s *TunnelKind) UnmarshalText(data []byte) error {
 		return nil
 	case TunnelKindSSH:
 		*s = TunnelKindSSH
+		return nil
+	case TunnelKindNodeConsole:
+		*s = TunnelKindNodeConsole
 		return nil
 	default:
 		return errors.Errorf("invalid value: %q", data)
@@ -17999,6 +18082,114 @@ func (s *TunnelsOpenInputKind) UnmarshalText(data []byte) error {
 	default:
 		return errors.Errorf("invalid value: %q", data)
 	}
+}
+
+// Input of tunnels.openNode. Strict: unknown fields, wrong types and trailing data are INVALID_INPUT.
+// Ref: #/components/schemas/TunnelsOpenNodeInput
+type TunnelsOpenNodeInput struct {
+	Kind TunnelsOpenNodeInputKind `json:"kind"`
+	// Node identifier.
+	NodeId string          `json:"nodeId"`
+	Size   OptTerminalSize `json:"size"`
+	// Tenant identifier.
+	TenantId string `json:"tenantId"`
+}
+
+// GetKind returns the value of Kind.
+func (s *TunnelsOpenNodeInput) GetKind() TunnelsOpenNodeInputKind {
+	return s.Kind
+}
+
+// GetNodeId returns the value of NodeId.
+func (s *TunnelsOpenNodeInput) GetNodeId() string {
+	return s.NodeId
+}
+
+// GetSize returns the value of Size.
+func (s *TunnelsOpenNodeInput) GetSize() OptTerminalSize {
+	return s.Size
+}
+
+// GetTenantId returns the value of TenantId.
+func (s *TunnelsOpenNodeInput) GetTenantId() string {
+	return s.TenantId
+}
+
+// SetKind sets the value of Kind.
+func (s *TunnelsOpenNodeInput) SetKind(val TunnelsOpenNodeInputKind) {
+	s.Kind = val
+}
+
+// SetNodeId sets the value of NodeId.
+func (s *TunnelsOpenNodeInput) SetNodeId(val string) {
+	s.NodeId = val
+}
+
+// SetSize sets the value of Size.
+func (s *TunnelsOpenNodeInput) SetSize(val OptTerminalSize) {
+	s.Size = val
+}
+
+// SetTenantId sets the value of TenantId.
+func (s *TunnelsOpenNodeInput) SetTenantId(val string) {
+	s.TenantId = val
+}
+
+type TunnelsOpenNodeInputKind string
+
+const (
+	TunnelsOpenNodeInputKindNodeConsole TunnelsOpenNodeInputKind = "node-console"
+	TunnelsOpenNodeInputKindSSH         TunnelsOpenNodeInputKind = "ssh"
+)
+
+// AllValues returns all TunnelsOpenNodeInputKind values.
+func (TunnelsOpenNodeInputKind) AllValues() []TunnelsOpenNodeInputKind {
+	return []TunnelsOpenNodeInputKind{
+		TunnelsOpenNodeInputKindNodeConsole,
+		TunnelsOpenNodeInputKindSSH,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s TunnelsOpenNodeInputKind) MarshalText() ([]byte, error) {
+	switch s {
+	case TunnelsOpenNodeInputKindNodeConsole:
+		return []byte(s), nil
+	case TunnelsOpenNodeInputKindSSH:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *TunnelsOpenNodeInputKind) UnmarshalText(data []byte) error {
+	switch TunnelsOpenNodeInputKind(data) {
+	case TunnelsOpenNodeInputKindNodeConsole:
+		*s = TunnelsOpenNodeInputKindNodeConsole
+		return nil
+	case TunnelsOpenNodeInputKindSSH:
+		*s = TunnelsOpenNodeInputKindSSH
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
+// Success envelope of tunnels.openNode.
+// Ref: #/components/schemas/TunnelsOpenNodeResult
+type TunnelsOpenNodeResult struct {
+	Data TunnelTicket `json:"data"`
+}
+
+// GetData returns the value of Data.
+func (s *TunnelsOpenNodeResult) GetData() TunnelTicket {
+	return s.Data
+}
+
+// SetData sets the value of Data.
+func (s *TunnelsOpenNodeResult) SetData(val TunnelTicket) {
+	s.Data = val
 }
 
 // Success envelope of tunnels.open.

@@ -26,6 +26,11 @@ var agentSide = []string{
 	// INVALID_CONFIG's form, shared with the control plane's
 	// configuration (stdlib only).
 	"computeplane/internal/configerr",
+	// The SSH server of tunnels (a node's break-glass SSH, as
+	// compute-guest's) and the certificate rules it checks with: the api
+	// signs what the daemon verifies (stdlib and x/crypto/ssh only).
+	"computeplane/internal/sshserve",
+	"computeplane/internal/sshca",
 }
 
 // serverImports returns the packages of this module in deps that are not

@@ -65,6 +65,10 @@ type Options struct {
 	Log      *slog.Logger
 	// HigherRungRetry overrides the package's HigherRungRetry (tests).
 	HigherRungRetry time.Duration
+	// NodeConsoleCommand is the node's break-glass shell (argv):
+	// node-console tunnels run it on a terminal, SSH sessions to the node
+	// run it (with -c COMMAND for a command). Empty: both are refused.
+	NodeConsoleCommand []string
 }
 
 // Agent is the running daemon.
@@ -502,13 +506,12 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 		NodeID: a.state.NodeID, ProtocolMin: agentproto.ProtocolMin, ProtocolMax: agentproto.ProtocolMax,
 		AgentVersion: a.o.Version, Transport: transport, Inventory: a.inventory(), ObservedGeneration: a.observed.Load(),
 	}}
-	var mux *tunnel.Mux
-	if _, ok := a.o.Runtime.(vmruntime.Streams); ok {
-		// Tunnels ride yamux streams in the session's binary messages.
-		hello.Hello.Streams = tunnel.StreamsYamux
-		mux = tunnel.NewMux(conn, false, a.serveTunnel)
-		defer mux.Close()
-	}
+	// Tunnels ride yamux streams in the session's binary messages: into
+	// guests, and to the node itself (its console), which every daemon
+	// answers (refusing without --node-console-command).
+	hello.Hello.Streams = tunnel.StreamsYamux
+	mux := tunnel.NewMux(conn, false, a.serveTunnel)
+	defer mux.Close()
 	if err := write(ctx, conn, hello); err != nil {
 		return endReason{}
 	}

@@ -31,6 +31,10 @@ func (a *Agent) serveTunnel(st net.Conn) {
 		exit(-1, "a tunnel's open frame is JSON")
 		return
 	}
+	if o.Target == tunnel.TargetNode {
+		a.serveNode(st, o, exit)
+		return
+	}
 	if o.Kind == tunnel.KindSSH {
 		o = sshExec(o) // the guest's SSH server, on the program's stdin and stdout
 	}

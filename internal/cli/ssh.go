@@ -99,8 +99,9 @@ func writeSSHHelp(w io.Writer) {
 Usage:
   %s [global flags] ssh [-l ACCOUNT] [-o SSH_OPTION]... [-t] [ACCOUNT@]TARGET [--] [COMMAND...]
 
-TARGET is a sandbox (sbx_...) or instance (inst_...) id of the tenant; ACCOUNT
-defaults to root. Without COMMAND, a login shell. Exit status: the remote
+TARGET is a sandbox (sbx_...) or instance (inst_...) id of the tenant, or a
+node id (node_...: break-glass, root tenant operators from an MFA session, an
+account of tunnels.sshAccounts); ACCOUNT defaults to root. Without COMMAND, a login shell. Exit status: the remote
 command's, or 255 when ssh fails (as ssh's own).
 
 Flags:
@@ -126,9 +127,9 @@ func sshTarget(arg string) (account, kind, id string, err error) {
 	case strings.HasPrefix(id, "inst_"):
 		kind = "instance"
 	case strings.HasPrefix(id, "node_"):
-		return "", "", "", usagef("ssh to a node (break-glass) is not built yet; tunnels issueSshCertificate --node-id certifies a key for it")
+		kind = "node" // break-glass: the node's daemon serves SSH itself
 	default:
-		return "", "", "", usagef("the target %q is not a sandbox (sbx_...) or instance (inst_...) id", id)
+		return "", "", "", usagef("the target %q is not a sandbox (sbx_...), instance (inst_...) or node (node_...) id", id)
 	}
 	return account, kind, id, nil
 }
@@ -225,8 +226,14 @@ func sshCommand(ctx context.Context, set *settings, args []string, s Streams) (i
 		return 0, err
 	}
 	ictx, cancel := callContext(ctx, set)
-	res, err := c.TunnelsIssueSshCertificate(ictx, &client.TunnelsIssueSshCertificateInput{TenantId: tenant, PublicKey: string(ssh.MarshalAuthorizedKey(spub)),
-		Account: client.NewOptString(user), Target: client.NewOptTunnelTarget(client.TunnelTarget{Kind: client.TunnelTargetKind(kind), ID: id})})
+	req := &client.TunnelsIssueSshCertificateInput{TenantId: tenant, PublicKey: string(ssh.MarshalAuthorizedKey(spub)),
+		Account: client.NewOptString(user)}
+	if kind == "node" {
+		req.NodeId = client.NewOptString(id)
+	} else {
+		req.Target = client.NewOptTunnelTarget(client.TunnelTarget{Kind: client.TunnelTargetKind(kind), ID: id})
+	}
+	res, err := c.TunnelsIssueSshCertificate(ictx, req)
 	cancel()
 	if err != nil {
 		return apiFailure(s, "tunnels.issueSshCertificate", err)
@@ -327,16 +334,30 @@ func sshProxy(ctx context.Context, set *settings, args []string, s Streams) (int
 		return 0, err
 	}
 	octx, cancel := callContext(ctx, set)
-	res, err := c.TunnelsOpen(octx, &client.TunnelsOpenInput{TenantId: tenant, Kind: client.TunnelsOpenInputKindSSH,
-		Target: client.TunnelTarget{Kind: client.TunnelTargetKind(kind), ID: id}})
-	cancel()
-	if err != nil {
-		return apiFailure(s, "tunnels.open", err)
+	var url string
+	if kind == "node" {
+		res, err := c.TunnelsOpenNode(octx, &client.TunnelsOpenNodeInput{TenantId: tenant, Kind: client.TunnelsOpenNodeInputKindSSH, NodeId: id})
+		cancel()
+		if err != nil {
+			return apiFailure(s, "tunnels.openNode", err)
+		}
+		url = res.Data.URL
+	} else {
+		res, err := c.TunnelsOpen(octx, &client.TunnelsOpenInput{TenantId: tenant, Kind: client.TunnelsOpenInputKindSSH,
+			Target: client.TunnelTarget{Kind: client.TunnelTargetKind(kind), ID: id}})
+		cancel()
+		if err != nil {
+			return apiFailure(s, "tunnels.open", err)
+		}
+		url = res.Data.URL
 	}
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	ws, _, err := websocket.Dial(dctx, res.Data.URL, nil)
+	ws, resp, err := websocket.Dial(dctx, url, nil)
 	cancel()
 	if err != nil {
+		if resp != nil {
+			err = upgradeRefusal(resp)
+		}
 		return 0, fmt.Errorf("the tunnel: %w", err)
 	}
 	defer ws.CloseNow()

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,7 +57,9 @@ func writeTunnelHelp(w io.Writer, name string) {
 			fmt.Fprintf(w, "%s: %s.\n\nUsage:\n  %s %s\n\n", c.name, c.summary, Program, c.usage)
 		}
 	}
-	fmt.Fprint(w, `TARGET is a sandbox id (sbx_...) or an instance id (inst_...).
+	fmt.Fprint(w, `TARGET is a sandbox id (sbx_...) or an instance id (inst_...). shell and
+console also take a node id (node_...): the node's console, its daemon's shell
+on a terminal (break-glass: root tenant operators from an MFA session).
 
 Flags:
   -i, --stdin        pass the standard input to the program (exec)
@@ -88,6 +91,9 @@ type tunnelArgs struct {
 	port    int
 	public  *bool
 	hostURL bool
+	// node is a node's id (node_...): shell and console open its console
+	// (tunnels.openNode, break-glass).
+	node string
 }
 
 func parseTunnelArgs(inv *invocation, args []string) (*tunnelArgs, error) {
@@ -172,6 +178,15 @@ func parseTunnelArgs(inv *invocation, args []string) (*tunnelArgs, error) {
 		return nil, usagef("%s needs a TARGET (a sandbox id sbx_... or an instance id inst_...)", name)
 	}
 	switch t := pos[0]; {
+	case strings.HasPrefix(t, "node_"):
+		if name != "shell" && name != "console" {
+			return nil, usagef("%s: a node (%s) has a console only: %s console %s", name, t, Program, t)
+		}
+		a.node = t
+		if name == "console" {
+			// A node's console is its daemon's shell: exec's terminal.
+			inv.tunnel, a.stdin, a.tty = "shell", true, true
+		}
 	case strings.HasPrefix(t, "sbx_"):
 		a.target = client.TunnelTarget{Kind: client.TunnelTargetKindSandbox, ID: t}
 	case strings.HasPrefix(t, "inst_"):
@@ -187,7 +202,9 @@ func parseTunnelArgs(inv *invocation, args []string) (*tunnelArgs, error) {
 		}
 	case "shell":
 		a.stdin, a.tty = true, true
-		a.argv = []string{"/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"}
+		if a.node == "" {
+			a.argv = []string{"/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"}
+		}
 	case "port-forward":
 		if len(rest) == 0 {
 			return nil, usagef("port-forward needs ports: [LOCAL:]REMOTE")
@@ -275,32 +292,162 @@ type openError struct{ e *computeclient.Error }
 
 func (e *openError) Error() string { return e.e.Code + ": " + e.e.Message }
 
-// open asks for a tunnel and connects to it.
-func (tc *tunnels) open(ctx context.Context, in *client.TunnelsOpenInput) (*websocket.Conn, error) {
-	in.TenantId = tc.set.tenant
+// asker asks for a ticket (tunnels.open or tunnels.openNode) and answers
+// its URL.
+type asker func(ctx context.Context) (string, error)
+
+// ask is the asker of tunnels.open with in.
+func (tc *tunnels) ask(in *client.TunnelsOpenInput) asker {
+	return func(ctx context.Context) (string, error) {
+		in.TenantId = tc.set.tenant
+		res, err := tc.c.TunnelsOpen(ctx, in)
+		if err != nil {
+			return "", err
+		}
+		return res.Data.URL, nil
+	}
+}
+
+// askNode is the asker of tunnels.openNode.
+func (tc *tunnels) askNode(in *client.TunnelsOpenNodeInput) asker {
+	return func(ctx context.Context) (string, error) {
+		in.TenantId = tc.set.tenant
+		res, err := tc.c.TunnelsOpenNode(ctx, in)
+		if err != nil {
+			return "", err
+		}
+		return res.Data.URL, nil
+	}
+}
+
+// connect asks for a ticket and redeems it. A refusal of the upgrade
+// (the node out of reach, a gateway's limit) is an openError like the
+// API's, with its retryAfterMs.
+func (tc *tunnels) connect(ctx context.Context, ask asker) (*websocket.Conn, error) {
 	octx := ctx
 	if tc.set.timeout > 0 {
 		var cancel context.CancelFunc
 		octx, cancel = context.WithTimeout(ctx, tc.set.timeout)
 		defer cancel()
 	}
-	res, err := tc.c.TunnelsOpen(octx, in)
+	url, err := ask(octx)
 	if err != nil {
 		if e, ok := computeclient.AsError(err); ok {
 			return nil, &openError{e}
 		}
 		return nil, err
 	}
-	ws, resp, err := websocket.Dial(octx, res.Data.URL, &websocket.DialOptions{HTTPClient: tc.hc})
+	ws, resp, err := websocket.Dial(octx, url, &websocket.DialOptions{HTTPClient: tc.hc})
 	if err != nil {
 		if resp != nil {
-			return nil, fmt.Errorf("the tunnel's WebSocket: HTTP %d", resp.StatusCode)
+			return nil, upgradeRefusal(resp)
 		}
 		return nil, err
 	}
 	ws.SetReadLimit(tunnel.MaxFrame + 1)
 	return ws, nil
 }
+
+// upgradeRefusal reads the API error the relay answered the upgrade with.
+func upgradeRefusal(resp *http.Response) error {
+	var body struct {
+		Error struct {
+			Code         string         `json:"code"`
+			Message      string         `json:"message"`
+			RetryAfterMs *int64         `json:"retryAfterMs"`
+			Details      map[string]any `json:"details"`
+		} `json:"error"`
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &body) != nil || body.Error.Code == "" {
+		return fmt.Errorf("the tunnel's WebSocket: HTTP %d", resp.StatusCode)
+	}
+	e := body.Error
+	return &openError{&computeclient.Error{Status: resp.StatusCode, Code: e.Code, Message: e.Message, RetryAfterMs: e.RetryAfterMs, Details: e.Details}}
+}
+
+// Reopening (port-forward and console): at most reopenTries tries, each
+// after the server's retryAfterMs (a second when it gave none, at most
+// reopenWaitMax), while the node's daemon restarts or its gateway drains.
+const (
+	reopenTries   = 30
+	reopenWaitMax = 30 * time.Second
+)
+
+// retryable says whether an open's failure may pass by itself, and when
+// to try again: UNAVAILABLE and RATE_LIMITED with their hint, and the
+// service out of reach (a restart).
+func retryable(err error) (time.Duration, bool) {
+	var oe *openError
+	if errors.As(err, &oe) {
+		if oe.e.Code != "UNAVAILABLE" && oe.e.Code != "RATE_LIMITED" {
+			return 0, false
+		}
+		wait := time.Second
+		if oe.e.RetryAfterMs != nil {
+			wait = time.Duration(*oe.e.RetryAfterMs) * time.Millisecond
+		}
+		return min(max(wait, 100*time.Millisecond), reopenWaitMax), true
+	}
+	return time.Second, err != nil
+}
+
+// reconnect is connect tried again while its failures are retryable;
+// note, when set, hears each wait.
+func (tc *tunnels) reconnect(ctx context.Context, ask asker, note func(err error, wait time.Duration)) (*websocket.Conn, error) {
+	var err error
+	for try := 0; try < reopenTries; try++ {
+		var ws *websocket.Conn
+		if ws, err = tc.connect(ctx, ask); err == nil {
+			return ws, nil
+		}
+		wait, ok := retryable(err)
+		if !ok || ctx.Err() != nil {
+			return nil, err
+		}
+		if note != nil {
+			note(err, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+	}
+	return nil, err
+}
+
+// goingAway reports whether a tunnel's end is not its own (its node's
+// daemon went away, its gateway drained, the api replica stopped): a
+// client may open it again.
+func goingAway(err error) bool {
+	return websocket.CloseStatus(err) == websocket.StatusGoingAway
+}
+
+// closedWhy explains a tunnel's close to its user.
+func closedWhy(err error) string {
+	switch r := closeReason(err); r {
+	case "node":
+		return "the node's daemon went away (a restart, or its gateway drained)"
+	case ReasonShutdownText:
+		return "the api replica relaying it stopped"
+	case "revoked":
+		return "access was revoked (a revoked key or session, or a role that no longer allows it)"
+	case "idle":
+		return "nothing passed through it for the deployment's idle time"
+	case "closed":
+		return "it was closed (tunnels close)"
+	default:
+		return r
+	}
+}
+
+// ReasonShutdownText is the close reason of a relay that stopped.
+const ReasonShutdownText = "shutdown"
+
+// ExitTunnelLost is exec's exit code when its tunnel closed before the
+// program's end (ssh's for a lost connection).
+const ExitTunnelLost = 255
 
 // failed turns an open's error into an exit code.
 func (tc *tunnels) failed(err error) (int, error) {
@@ -376,16 +523,23 @@ func (tc *tunnels) exec(ctx context.Context, a *tunnelArgs) (int, error) {
 	if len(a.env) > 0 {
 		in.Env = client.NewOptTunnelsOpenInputEnv(a.env)
 	}
+	var size client.OptTerminalSize
 	var t *terminal
 	if a.tty {
 		t = localTerminal(tc.s)
 		if t != nil {
 			if d := t.dims(); d != nil {
-				in.Size = client.NewOptTerminalSize(client.TerminalSize{Cols: int64(d.Cols), Rows: int64(d.Rows)})
+				size = client.NewOptTerminalSize(client.TerminalSize{Cols: int64(d.Cols), Rows: int64(d.Rows)})
 			}
 		}
 	}
-	ws, err := tc.open(ctx, in)
+	in.Size = size
+	ask := tc.ask(in)
+	if a.node != "" {
+		// A node's console: its daemon's shell on a terminal.
+		ask = tc.askNode(&client.TunnelsOpenNodeInput{NodeId: a.node, Kind: client.TunnelsOpenNodeInputKindNodeConsole, Size: size})
+	}
+	ws, err := tc.connect(ctx, ask)
 	if err != nil {
 		return tc.failed(err)
 	}
@@ -436,15 +590,21 @@ func (tc *tunnels) exec(ctx context.Context, a *tunnelArgs) (int, error) {
 		}()
 	}
 	if a.stdin && tc.s.Stdin != nil {
-		go pumpStdin(bg, f, tc.s.Stdin, nil)
+		go pumpStdin(bg, f, tc.s.Stdin)
 	} else if !a.tty {
 		_ = f.send(bg, tunnel.FrameEOF, nil) // no input: the program's stdin ends at once
 	}
 	for {
 		_, b, err := ws.Read(bg)
 		if err != nil {
+			// A program is not resumed: its end is unknown, said as ssh
+			// says a lost connection (255).
 			restore()
-			return 0, fmt.Errorf("the tunnel closed before the program's end: %v", closeReason(err))
+			fmt.Fprintf(tc.s.Stderr, "\r\nerror: the tunnel closed before the program's end: %s\r\n", closedWhy(err))
+			if goingAway(err) {
+				fmt.Fprintf(tc.s.Stderr, "The program's fate is unknown; run it again once the node is back.\r\n")
+			}
+			return ExitTunnelLost, nil
 		}
 		if len(b) == 0 {
 			continue
@@ -466,29 +626,16 @@ func (tc *tunnels) exec(ctx context.Context, a *tunnelArgs) (int, error) {
 	}
 }
 
-// pumpStdin sends what r yields as stdin frames, then the end of stdin;
-// escape, when set, cuts the input at the byte that leaves (the
-// console's), and no end of stdin is sent.
-func pumpStdin(ctx context.Context, f frames, r io.Reader, escape func([]byte) ([]byte, bool)) {
+// pumpStdin sends what r yields as stdin frames, then the end of stdin.
+func pumpStdin(ctx context.Context, f frames, r io.Reader) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := r.Read(buf)
-		if n > 0 {
-			p, stop := buf[:n], false
-			if escape != nil {
-				p, stop = escape(p)
-			}
-			if len(p) > 0 && f.send(ctx, tunnel.FrameStdin, p) != nil {
-				return
-			}
-			if stop {
-				return
-			}
+		if n > 0 && f.send(ctx, tunnel.FrameStdin, buf[:n]) != nil {
+			return
 		}
 		if err != nil {
-			if escape == nil {
-				_ = f.send(ctx, tunnel.FrameEOF, nil)
-			}
+			_ = f.send(ctx, tunnel.FrameEOF, nil)
 			return
 		}
 	}
@@ -510,14 +657,18 @@ func closeReason(err error) string {
 const consoleEscape = 0x1d
 
 // console attaches to a serial console until Ctrl-], an interrupt, or
-// the instance's stop.
+// the instance's stop. A going-away close (the node's daemon restarted,
+// its gateway drained) reopens it by itself: the console's recent past
+// is shown again, then it follows.
 func (tc *tunnels) console(ctx context.Context, a *tunnelArgs) (int, error) {
-	ws, err := tc.open(ctx, &client.TunnelsOpenInput{Target: a.target, Kind: client.TunnelsOpenInputKindConsole})
+	ask := tc.ask(&client.TunnelsOpenInput{Target: a.target, Kind: client.TunnelsOpenInputKindConsole})
+	ws, err := tc.connect(ctx, ask)
 	if err != nil {
 		return tc.failed(err)
 	}
-	defer ws.CloseNow()
-	f := frames{ws}
+	var cur atomic.Pointer[websocket.Conn]
+	cur.Store(ws)
+	defer func() { cur.Load().CloseNow() }()
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	restore := func() {}
@@ -533,38 +684,63 @@ func (tc *tunnels) console(ctx context.Context, a *tunnelArgs) (int, error) {
 	left := make(chan struct{})
 	if tc.s.Stdin != nil {
 		go func() {
-			pumpStdin(cctx, f, tc.s.Stdin, func(p []byte) ([]byte, bool) {
+			// What is typed goes to the tunnel open now (typed while one
+			// reopens, it is lost).
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := tc.s.Stdin.Read(buf)
+				p := buf[:n]
 				for i, c := range p {
 					if c == consoleEscape {
+						if i > 0 {
+							_ = frames{cur.Load()}.send(cctx, tunnel.FrameStdin, p[:i])
+						}
 						close(left)
-						return p[:i], true
+						cancel()
+						return
 					}
 				}
-				return p, false
-			})
+				if len(p) > 0 {
+					_ = frames{cur.Load()}.send(cctx, tunnel.FrameStdin, p)
+				}
+				if err != nil {
+					return
+				}
+			}
 		}()
 	}
-	go func() {
-		select {
-		case <-left:
-			cancel()
-		case <-cctx.Done():
-		}
-	}()
 	for {
-		_, b, err := ws.Read(cctx)
+		_, b, err := cur.Load().Read(cctx)
 		if err != nil {
-			restore()
 			select {
 			case <-left:
+				restore()
 				fmt.Fprintln(tc.s.Stderr)
 				return ExitOK, nil
 			default:
 			}
 			if ctx.Err() != nil {
+				restore()
 				return ExitOK, nil // interrupted
 			}
-			return 0, fmt.Errorf("the console closed: %v", closeReason(err))
+			if !goingAway(err) {
+				restore()
+				return 0, fmt.Errorf("the console closed: %v", closedWhy(err))
+			}
+			fmt.Fprintf(tc.s.Stderr, "%sThe console's tunnel closed: %s; reopening.%s", nl, closedWhy(err), nl)
+			ws, err := tc.reconnect(cctx, ask, func(err error, wait time.Duration) {
+				fmt.Fprintf(tc.s.Stderr, "console: %v; trying again in %s.%s", err, wait.Round(time.Millisecond), nl)
+			})
+			if err != nil {
+				restore()
+				if ctx.Err() != nil || cctx.Err() != nil {
+					return ExitOK, nil
+				}
+				return tc.failed(err)
+			}
+			cur.Swap(ws).CloseNow()
+			fmt.Fprintf(tc.s.Stderr, "Reconnected to the serial console of %s.%s", a.target.ID, nl)
+			continue
 		}
 		if len(b) == 0 {
 			continue
@@ -632,8 +808,16 @@ func (tc *tunnels) portForward(ctx context.Context, a *tunnelArgs) (int, error) 
 }
 
 // forward carries one local connection through a tcp tunnel.
+// Its tunnel is opened again while the node's daemon restarts or its
+// gateway drains (UNAVAILABLE with retryAfterMs, the service out of
+// reach), a bounded number of times; a connection whose tunnel closed
+// going away is closed (its bytes cannot be resumed): the next one opens
+// a new tunnel.
 func (tc *tunnels) forward(ctx context.Context, target client.TunnelTarget, port int, conn *net.TCPConn) error {
-	ws, err := tc.open(ctx, &client.TunnelsOpenInput{Target: target, Kind: client.TunnelsOpenInputKindTCP, Port: client.NewOptInt64(int64(port))})
+	ws, err := tc.reconnect(ctx, tc.ask(&client.TunnelsOpenInput{Target: target, Kind: client.TunnelsOpenInputKindTCP,
+		Port: client.NewOptInt64(int64(port))}), func(err error, wait time.Duration) {
+		fmt.Fprintf(tc.s.Stderr, "port-forward: a tunnel to %d: %v; trying again in %s\n", port, err, wait.Round(time.Millisecond))
+	})
 	if err != nil {
 		var oe *openError
 		if errors.As(err, &oe) {
@@ -644,14 +828,14 @@ func (tc *tunnels) forward(ctx context.Context, target client.TunnelTarget, port
 	defer ws.CloseNow()
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go pumpStdin(fctx, frames{ws}, conn, nil)
+	go pumpStdin(fctx, frames{ws}, conn)
 	for {
 		_, b, err := ws.Read(fctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("the tunnel closed: %v", closeReason(err))
+			return fmt.Errorf("the tunnel closed: %v", closedWhy(err))
 		}
 		if len(b) == 0 {
 			continue

@@ -38,6 +38,16 @@ func TestTunnelArguments(t *testing.T) {
 	assert.True(t, a.stdin && a.tty)
 	assert.Equal(t, "/bin/sh", a.argv[0])
 
+	// A node's console (and shell): its daemon's shell on a terminal.
+	for _, cmd := range []string{"console", "shell"} {
+		inv, a, err = parse(cmd, "node_0123456789abcdefghjkmnpqrs")
+		require.NoError(t, err)
+		assert.Equal(t, "shell", inv.tunnel, cmd)
+		assert.Equal(t, "node_0123456789abcdefghjkmnpqrs", a.node, cmd)
+		assert.True(t, a.stdin && a.tty, cmd)
+		assert.Empty(t, a.argv, cmd)
+	}
+
 	_, a, err = parse("port-forward", "sbx_0123456789abcdefghjkmnpqrs", "8080:80", "5432")
 	require.NoError(t, err)
 	assert.Equal(t, [][2]int{{8080, 80}, {0, 5432}}, a.forwards)
@@ -45,7 +55,8 @@ func TestTunnelArguments(t *testing.T) {
 	for args, want := range map[string]string{
 		"exec sbx_0123456789abcdefghjkmnpqrs": "needs a command",
 		"exec":                                "needs a TARGET",
-		"console node_1":                      "neither a sandbox id",
+		"exec node_1 -- ls":                   "has a console only",
+		"port-forward node_1 80":              "has a console only",
 		"port-forward sbx_0123456789abcdefghjkmnpqrs":       "needs ports",
 		"port-forward sbx_0123456789abcdefghjkmnpqrs 1:0":   "ports 1 to 65535",
 		"console inst_0123456789abcdefghjkmnpqrs extra":     "unexpected arguments",

@@ -35,7 +35,7 @@ func (g *Gateway) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the node's daemon is not in session here", http.StatusServiceUnavailable)
 		return
 	case s.mux == nil:
-		http.Error(w, "the node's daemon offers no tunnel streams (an older compute-agent, or a runtime without guests)", http.StatusNotImplemented)
+		http.Error(w, "the node's daemon offers no tunnel streams (an older compute-agent)", http.StatusNotImplemented)
 		return
 	}
 	if g.draining.Load() {

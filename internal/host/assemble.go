@@ -273,6 +273,7 @@ func tunnelsService(cfg *config.Config, bundle func() (*pki.Bundle, error)) *tun
 	if t := cfg.Tunnels; t != nil {
 		s.Issuer, s.PerMinute = t.Issuer, t.Limits.TunnelsPerMinute
 		s.PreviewKey, s.PreviewDomain = keys.Derive(cfg.Secret, keys.Previews), t.PreviewDomain
+		s.NodeRequiresMFA = t.SSHRequiresMFA
 		if t.SSH {
 			s.SSH = &tunnels.SSH{Bundle: bundle, RequiresMFA: t.SSHRequiresMFA, Accounts: t.SSHAccounts, PerHour: t.Limits.SSHCertificatesPerHour}
 		}

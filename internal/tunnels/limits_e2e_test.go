@@ -16,8 +16,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,6 +31,7 @@ import (
 	"computeplane/computeclient"
 	"computeplane/gen/client"
 	"computeplane/internal/agentproto/tunnel"
+	"computeplane/internal/cli"
 	"computeplane/internal/config"
 	"computeplane/internal/fleettest"
 	"computeplane/internal/proctest"
@@ -245,12 +249,47 @@ func TestTunnelReauthorizerLimitsAndRestarts(t *testing.T) {
 	})
 
 	t.Run("a restarted daemon's tunnels end and reopen", func(t *testing.T) {
+		// computectl port-forward to a server in the sandbox (busybox
+		// httpd on the guest's loopback), before and across the restart.
+		r, err := f.C.SandboxesExec(ctx, &client.SandboxesExecInput{TenantId: fleettest.Tenant, SandboxId: id, Argv: []string{"sh", "-c",
+			"mkdir -p /www && echo hello through the restart > /www/index.html && busybox httpd -p 127.0.0.1:8080 -h /www"}})
+		require.NoError(t, err)
+		require.Equal(t, int64(0), r.Data.ExitCode, r.Data.Stderr)
+		pf := exec.Command(proctest.Build(t, "computeplane/cmd/computectl"), "port-forward", id, "0:8080")
+		pf.Env = proctest.ChildEnv(map[string]string{cli.EnvURL: f.PublicURL, cli.EnvToken: f.Key, cli.EnvTenant: fleettest.Tenant,
+			cli.EnvConfig: filepath.Join(t.TempDir(), "none.json")})
+		var pfOut, pfErr output
+		pf.Stdout, pf.Stderr = &pfOut, &pfErr
+		require.NoError(t, pf.Start())
+		t.Cleanup(func() { _ = pf.Process.Kill() })
+		pfOut.await(t, 0, " -> 8080\n")
+		local := regexp.MustCompile(`Forwarding from (127\.0\.0\.1:\d+) -> 8080`).FindStringSubmatch(pfOut.String())
+		require.NotNil(t, local, pfOut.String())
+		hc := &http.Client{Timeout: 120 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		get := func() {
+			t.Helper()
+			resp, err := hc.Get("http://" + local[1] + "/index.html")
+			require.NoError(t, err, "port-forward's stderr: %s", pfErr.String())
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, "hello through the restart\n", string(body), "port-forward's stderr: %s", pfErr.String())
+		}
+		get()
+
 		cat := openCat(t, f.C, id)
 		agent.Stop()
 		status, reason, _ := cat.closed(15 * time.Second)
 		assert.Equal(t, websocket.StatusGoingAway, status, reason)
 		assert.Equal(t, "node", tunnelClosed(t, f, cat.id).Reason)
 		agent.Run()
+		// At once, the daemon not back yet: port-forward's tunnel is
+		// refused UNAVAILABLE with retryAfterMs and opened again by
+		// itself once the daemon is back; the same local port serves.
+		get()
+		assert.Contains(t, pfErr.String(), "trying again")
+		require.NoError(t, pf.Process.Signal(syscall.SIGINT))
+		require.NoError(t, pf.Wait(), pfErr.String())
 		require.Eventually(t, func() bool { return f.NodeState(agent.Node) == "ready" }, 60*time.Second, 50*time.Millisecond)
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			tk, err := f.C.TunnelsOpen(ctx, &client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindExec,

@@ -154,8 +154,8 @@ func (tr *tracker) decide(l *live) {
 	c.DelegationID = ""
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := tr.rl.Identity.Require(ctx, &c, openAction,
-		iam.Resource{Type: tr.rl.TypePrefix + "tenant", ID: l.row.TenantID, TenantID: l.row.TenantID})
+	action, res := decision(l.row, tr.rl.TypePrefix)
+	err := tr.rl.Identity.Require(ctx, &c, action, res)
 	if errors.Is(err, iam.ErrDenied) || errors.Is(err, iam.ErrUnauthenticated) {
 		l.end(ReasonRevoked)
 	} else if err != nil {

@@ -133,6 +133,9 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var env map[string]string
 	_ = json.Unmarshal(t.Env, &env)
 	o := tunnel.Open{TunnelID: t.TunnelID, Kind: t.Kind, InstanceID: t.InstanceID, Argv: argv, Env: env, TTY: t.Tty, Port: int(t.Port.Int32)}
+	if t.TargetKind == TargetNode {
+		o.Target = tunnel.TargetNode
+	}
 	if t.TermCols.Valid && t.TermRows.Valid {
 		o.Size = &tunnel.Size{Cols: uint16(t.TermCols.Int32), Rows: uint16(t.TermRows.Int32)}
 	}
@@ -233,7 +236,7 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case why == "exited" && (exit == nil || exit.Error != ""):
 		why = "failed"
-	case why == "exited" && t.Kind == tunnel.KindExec:
+	case why == "exited" && (t.Kind == tunnel.KindExec || t.Kind == tunnel.KindNodeConsole):
 		// Only a program has an exit code; the other kinds end when
 		// their guest side closed (tcp) or the instance stopped.
 		c := int32(exit.ExitCode)

@@ -47,6 +47,9 @@ type Service struct {
 	// PreviewDomain is tunnels.previewDomain ("" none).
 	PreviewKey    []byte
 	PreviewDomain string
+	// NodeRequiresMFA: tunnels to a node (break-glass) need an MFA
+	// session (tunnels.sshRequiresMfa, which rules node certificates too).
+	NodeRequiresMFA bool
 
 	opened window // opens of the last minute
 }
@@ -99,13 +102,6 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 	if err != nil {
 		return nil, err
 	}
-	if err := s.opened.allow(sess.Caller.IdentityID, s.now(), time.Minute, s.PerMinute,
-		fmt.Sprintf("at most %d tunnels per minute per identity", s.PerMinute)); err != nil {
-		return nil, err
-	}
-	raw := make([]byte, 32)
-	_, _ = rand.Read(raw)
-	ticket := base64.RawURLEncoding.EncodeToString(raw)
 	argv, _ := json.Marshal(in.Argv)
 	if in.Argv == nil {
 		argv = []byte("[]")
@@ -114,20 +110,32 @@ func (s *Service) Open(ctx context.Context, in *api.TunnelsOpenInput) (*api.Tunn
 	if len(in.Env) > 0 {
 		env, _ = json.Marshal(in.Env)
 	}
-	p := db.InsertTunnelParams{
-		TunnelID: ids.New("tun"), TenantID: in.TenantID, IdentityID: sess.Caller.IdentityID, TargetKind: in.Target.Kind,
-		TargetID: in.Target.ID, InstanceID: instance, NodeID: node, Kind: in.Kind, Argv: argv, Env: env, Tty: in.Tty,
-		TicketHash: HashTicket(ticket), SourceIp: iam.SourceIPFromContext(ctx).String(), ExpiresAt: s.now().Add(TicketTTL),
-		// The re-authorizer's (reauth.go): never answered.
-		Session: sess.Caller.Session,
-	}
-	p.Caller, _ = json.Marshal(sess.Caller)
+	p := db.InsertTunnelParams{TenantID: in.TenantID, TargetKind: in.Target.Kind, TargetID: in.Target.ID, InstanceID: instance,
+		NodeID: node, Kind: in.Kind, Argv: argv, Env: env, Tty: in.Tty}
 	if in.Port != nil {
 		p.Port = pgtype.Int4{Int32: int32(*in.Port), Valid: true}
 	}
-	if in.Size != nil {
-		p.TermCols = pgtype.Int4{Int32: int32(in.Size.Cols), Valid: true}
-		p.TermRows = pgtype.Int4{Int32: int32(in.Size.Rows), Valid: true}
+	return s.issue(ctx, sess, q, p, in.Size)
+}
+
+// issue counts an open against the caller's minute and writes its
+// ticket's row.
+func (s *Service) issue(ctx context.Context, sess *iam.Session, q *db.Queries, p db.InsertTunnelParams, size *api.TerminalSize) (*api.TunnelTicket, error) {
+	if err := s.opened.allow(sess.Caller.IdentityID, s.now(), time.Minute, s.PerMinute,
+		fmt.Sprintf("at most %d tunnels per minute per identity", s.PerMinute)); err != nil {
+		return nil, err
+	}
+	raw := make([]byte, 32)
+	_, _ = rand.Read(raw)
+	ticket := base64.RawURLEncoding.EncodeToString(raw)
+	p.TunnelID, p.IdentityID = ids.New("tun"), sess.Caller.IdentityID
+	p.TicketHash, p.SourceIp, p.ExpiresAt = HashTicket(ticket), iam.SourceIPFromContext(ctx).String(), s.now().Add(TicketTTL)
+	// The re-authorizer's (reauth.go): never answered.
+	p.Session = sess.Caller.Session
+	p.Caller, _ = json.Marshal(sess.Caller)
+	if size != nil {
+		p.TermCols = pgtype.Int4{Int32: int32(size.Cols), Valid: true}
+		p.TermRows = pgtype.Int4{Int32: int32(size.Rows), Valid: true}
 	}
 	row, err := q.InsertTunnel(ctx, p)
 	if err != nil {
@@ -236,7 +244,7 @@ func (s *Service) Close(ctx context.Context, in *api.TunnelsCloseInput) (*api.Tu
 
 func toAPI(r db.Tunnel) api.Tunnel {
 	t := api.Tunnel{TunnelID: r.TunnelID, TenantID: r.TenantID, IdentityID: r.IdentityID,
-		Target: api.TunnelTarget{Kind: r.TargetKind, ID: r.TargetID}, Kind: r.Kind, Tty: r.Tty, State: r.State,
+		Target: api.TunnelEnd{Kind: r.TargetKind, ID: r.TargetID}, Kind: r.Kind, Tty: r.Tty, State: r.State,
 		CreatedAt: stamp(r.CreatedAt), ExpiresAt: stamp(r.ExpiresAt), BytesIn: r.BytesIn, BytesOut: r.BytesOut}
 	_ = json.Unmarshal(r.Argv, &t.Argv)
 	if t.Argv == nil {

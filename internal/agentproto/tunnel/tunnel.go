@@ -65,7 +65,15 @@ const (
 	// KindSSH carries an SSH connection (stdin frames to the server,
 	// stdout frames from it) to the guest's SSH server (ssh.go).
 	KindSSH = "ssh"
+	// KindNodeConsole is a shell on a pseudo-terminal that the node's
+	// daemon runs itself (its --node-console-command): the frames of exec
+	// with a terminal.
+	KindNodeConsole = "node-console"
 )
+
+// TargetNode is Open.Target for a tunnel to the node itself (node-console,
+// or ssh to the daemon's own SSH server); empty for an instance's.
+const TargetNode = "node"
 
 // Open asks the daemon for a tunnel into an instance's guest.
 type Open struct {
@@ -81,6 +89,8 @@ type Open struct {
 	Port int   `json:"port,omitempty"`
 	// SSH is set for KindSSH.
 	SSH *SSH `json:"ssh,omitempty"`
+	// Target is TargetNode for a tunnel to the node (InstanceID empty).
+	Target string `json:"target,omitempty"`
 }
 
 // Exit ends a tunnel: the program's exit code, or why it could not run.

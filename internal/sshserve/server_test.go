@@ -1,9 +1,10 @@
-package guest
+package sshserve
 
 import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
-	"computeplane/internal/guestproto"
 	"computeplane/internal/sshca"
 )
 
@@ -36,7 +36,7 @@ func testCA(t *testing.T, now func() time.Time) *sshca.CA {
 type sshPair struct {
 	t      *testing.T
 	ca     *sshca.CA
-	server *SSHServer
+	server *Server
 }
 
 func newSSHPair(t *testing.T, ca *sshca.CA) *sshPair { return newSSHPairHost(t, ca, ca) }
@@ -47,7 +47,7 @@ func newSSHPairHost(t *testing.T, ca, hostCA *sshca.CA) *sshPair {
 	t.Helper()
 	host, err := hostCA.NewHostKey("sbx_test")
 	require.NoError(t, err)
-	srv, err := NewSSHServer(guestproto.SSHServe{UserCAs: []string{ca.AuthorizedKey()}, Scope: "sbx_test", HostKey: host.PrivateKeyPEM,
+	srv, err := New(Config{UserCAs: []string{ca.AuthorizedKey()}, Scope: "sbx_test", HostKey: host.PrivateKeyPEM,
 		HostCertificate: host.Certificate}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	srv.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SANDBOX_ENV=kept"}
@@ -108,11 +108,6 @@ func TestSSHServerRunsCommands(t *testing.T) {
 	assert.Equal(t, 7, exit.ExitStatus())
 	assert.Equal(t, "got hello\nroot /root kept\n", out)
 	assert.Equal(t, "to-err\n", errOut)
-	assert.NotContains(t, out, guestproto.SSHServeEnv)
-
-	out, _, err = run("env", "")
-	require.NoError(t, err)
-	assert.NotContains(t, out, guestproto.SSHServeEnv, "the configuration is not the sessions'")
 
 	// A command killed by a signal says which.
 	_, _, err = run("kill -TERM $$", "")
@@ -204,4 +199,48 @@ func socketPair(t *testing.T) (net.Conn, net.Conn) {
 		return c
 	}
 	return conn(fds[0]), conn(fds[1])
+}
+
+// A node's server (compute-agent's): sessions run the configured shell,
+// not the account's, ssh -L is refused, and the end of the connection
+// kills what its sessions left running.
+func TestSSHServerConfiguredShell(t *testing.T) {
+	ca := testCA(t, nil)
+	dir := t.TempDir()
+	shell := dir + "/shell"
+	require.NoError(t, os.WriteFile(shell, []byte("#!/bin/sh\ncd "+dir+" || exit 1\nexport VIA=node-shell\nexec /bin/sh \"$@\"\n"), 0o755))
+	host, err := ca.NewHostKey("sbx_test")
+	require.NoError(t, err)
+	srv, err := New(Config{UserCAs: []string{ca.AuthorizedKey()}, Scope: "sbx_test", HostKey: host.PrivateKeyPEM,
+		HostCertificate: host.Certificate, Shell: []string{shell}, NoForwarding: true}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	p := &sshPair{t: t, ca: ca, server: srv}
+	c, err := p.dial("root", certSigner(t, ca, "root@sbx_test"), ca.PublicKey())
+	require.NoError(t, err)
+
+	s, err := c.NewSession()
+	require.NoError(t, err)
+	out, err := s.Output("echo $VIA in $(pwd)")
+	require.NoError(t, err)
+	assert.Equal(t, "node-shell in "+dir+"\n", string(out))
+
+	_, err = c.Dial("tcp", "127.0.0.1:1")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "not permitted")
+
+	// A program left running: killed when the connection ends.
+	s2, err := c.NewSession()
+	require.NoError(t, err)
+	pidOut, err := s2.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, s2.Start("echo $$; exec sleep 100"))
+	var pid int
+	_, err = fmt.Fscan(pidOut, &pid)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, 0), "running")
+	c.Close()
+	assert.Eventually(t, func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil || strings.Contains(string(b), ") Z ")
+	}, 5*time.Second, 20*time.Millisecond, "the session's program outlived its connection")
 }
