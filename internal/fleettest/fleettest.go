@@ -6,6 +6,7 @@ package fleettest
 import (
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -178,11 +179,18 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	if o.gatewayEnv != nil {
 		gwVars := maps.Clone(vars)
 		maps.Copy(gwVars, o.gatewayEnv)
-		gwAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-		_, gwVars["PORT"], _ = strings.Cut(gwAddr, ":")
 		gwVars[config.EnvRoles] = "gateway"
 		f.Gateway = proctest.Start(t, "gateway", computed, proctest.ChildEnv(gwVars), "serve")
-		f.Gateway.WaitHealthy(t, gwAddr)
+		// No api listener (no /healthz): up once its daemon listener
+		// answers.
+		require.Eventually(t, func() bool {
+			f.Gateway.RequireRunning(t)
+			c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", gwPort), time.Second)
+			if err == nil {
+				_ = c.Close()
+			}
+			return err == nil
+		}, 30*time.Second, 20*time.Millisecond, "the gateway process listens")
 	}
 	key := proctest.CreateKey(t, computed, env, Tenant, "ops", "owner")
 	f.Key = key
