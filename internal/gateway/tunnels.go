@@ -218,18 +218,23 @@ func (c *InternalClient) DialTunnel(ctx context.Context, node string) (*tunnel.U
 	if err != nil || u == "" {
 		return nil, errors.New("the node is out of session, or its gateway has no internal API")
 	}
-	// The request outlives ctx (the api's handler): only its answer is
-	// bounded, by ctx and tunnelDialTimeout.
+	return dialStream(ctx, c.stream, u+InternalTunnels+node)
+}
+
+// dialStream opens a tunnel's request (POST url) on hc. The request
+// outlives ctx (the api's handler): only its answer is bounded, by ctx and
+// tunnelDialTimeout.
+func dialStream(ctx context.Context, hc *http.Client, url string) (*tunnel.Upstream, error) {
 	life, end := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, end)
 	timer := time.AfterFunc(tunnelDialTimeout, end)
 	pr, pw := io.Pipe()
-	req, err := http.NewRequestWithContext(life, http.MethodPost, u+InternalTunnels+node, pr)
+	req, err := http.NewRequestWithContext(life, http.MethodPost, url, pr)
 	if err != nil {
 		end()
 		return nil, err
 	}
-	resp, err := c.stream.Do(req)
+	resp, err := hc.Do(req)
 	bounded := stop() && timer.Stop()
 	if err == nil && !bounded {
 		_ = resp.Body.Close()
