@@ -107,7 +107,9 @@ func (g *Gateway) serveInternal(addr string) (string, error) {
 		// gateway's own bound admits on one connection, each with its
 		// window; the connection's window is no bound of its own, so
 		// that tunnels whose daemon side is slow cannot stall the others.
-		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1 << 16, MaxReceiveBufferPerStream: tunnelWindow, MaxReadFrameSize: maxH2Frame,
+		// Its frames stay at HTTP/2's default size: the api's writer of a
+		// request's body holds a buffer of that size per open tunnel.
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1 << 16, MaxReceiveBufferPerStream: tunnelWindow,
 			MaxReceiveBufferPerConnection: 1 << 30}}
 	g.wg.Add(1)
 	go func() {

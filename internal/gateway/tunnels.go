@@ -37,9 +37,8 @@ const tunnelBusyRetry = 5
 // daemon's side.
 const tunnelWindow = 256 << 10
 
-// maxH2Frame is the largest HTTP/2 frame either end of the internal API
-// reads: a tunnel's largest frame in one (the default, 16 KiB, cuts it in
-// five).
+// maxH2Frame is the largest HTTP/2 frame the api reads from a gateway: a
+// tunnel's largest frame in one (the default, 16 KiB, cuts it in five).
 const maxH2Frame = 128 << 10
 
 // openTunnel admits a tunnel to the request's node within the open bounds

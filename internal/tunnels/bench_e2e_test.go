@@ -67,7 +67,7 @@ func TestTunnelBenchmark(t *testing.T) {
 		fleettest.TunnelLimits(fmt.Sprintf("{tunnelsPerMinute: 100000, openPerNode: %d, openPerGateway: %d}", 2*idle, 2*idle)),
 		fleettest.Env(map[string]string{"SERVICE_PPROF_ADDR": pprofs["api"]}),
 		fleettest.SplitGateway(map[string]string{"SERVICE_PPROF_ADDR": pprofs["gateway"]}))
-	// TUNNEL_BENCH_ONLY=memory measures the memory alone.
+	// TUNNEL_BENCH_ONLY=latency, throughput or memory measures that alone.
 	only := os.Getenv("TUNNEL_BENCH_ONLY")
 	pool := f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
 	f.Join(pool, "--runtime", "qemu", "--accel", "tcg", "--vcpu", "8", "--memory-mib", "4096", "--disk-gib", "1000")
@@ -112,7 +112,7 @@ func TestTunnelBenchmark(t *testing.T) {
 	// Open latency: an exec of echo (a program started in the guest) and
 	// a console (no guest program: the path alone), 100 of each.
 	for _, kind := range []string{"exec", "console"} {
-		if only != "" {
+		if only != "" && only != "latency" {
 			break
 		}
 		var control, path []time.Duration
@@ -133,10 +133,12 @@ func TestTunnelBenchmark(t *testing.T) {
 
 	// Throughput of one tcp tunnel: busybox httpd in the guest serves a
 	// 32 MiB file of zeros, fetched through the tunnel.
-	if only == "" {
+	if only == "" || only == "throughput" {
 		throughput(t, dial, id)
 	}
-	memory(t, f, dial, target, idle, pprofs)
+	if only == "" || only == "memory" {
+		memory(t, f, dial, target, idle, pprofs)
+	}
 }
 
 type dialer func(in *client.TunnelsOpenInput) (time.Duration, time.Duration, *websocket.Conn)
@@ -170,6 +172,41 @@ func throughput(t *testing.T, dial dialer, id string) {
 	require.Greater(t, n, int64(32<<20))
 	t.Logf("throughput of one tcp tunnel: %d bytes in %s: %.1f MiB/s", n, took, float64(n)/(1<<20)/took.Seconds())
 	tcp.CloseNow()
+
+	// The same bytes without the guest's network (cat's output through an
+	// exec tunnel), and the guest alone (its own wget of the file, no
+	// tunnel): where the time goes.
+	_, _, cat := dial(&client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindExec, Target: target,
+		Argv: []string{"cat", "/www/big"}})
+	start, n = time.Now(), 0
+	for {
+		_, b, err := cat.Read(ctx)
+		if err != nil || b[0] == tunnel.FrameExit {
+			break
+		}
+		n += int64(len(b) - 1)
+	}
+	took = time.Since(start)
+	t.Logf("throughput of one exec tunnel (cat of the file): %d bytes in %s: %.1f MiB/s", n, took, float64(n)/(1<<20)/took.Seconds())
+	cat.CloseNow()
+	_, _, local := dial(&client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindExec, Target: target,
+		Argv: []string{"sh", "-c", "a=$(cut -d' ' -f1 /proc/uptime); busybox wget -q -O /dev/null http://127.0.0.1:8080/big; b=$(cut -d' ' -f1 /proc/uptime); echo $a $b"}})
+	var outb strings.Builder
+	for {
+		_, b, err := local.Read(ctx)
+		if err != nil || b[0] == tunnel.FrameExit {
+			break
+		}
+		outb.Write(b[1:])
+	}
+	local.CloseNow()
+	if f := strings.Fields(outb.String()); len(f) == 2 {
+		a, _ := strconv.ParseFloat(f[0], 64)
+		b, _ := strconv.ParseFloat(f[1], 64)
+		t.Logf("the guest alone (busybox wget of the file over the guest's loopback): %.1f s: %.1f MiB/s", b-a, 32/(b-a))
+	} else {
+		t.Logf("the guest alone: %q", outb.String())
+	}
 }
 
 func memory(t *testing.T, f *fleettest.Fleet, dial dialer, target client.TunnelTarget, idle int, pprofs map[string]string) {
