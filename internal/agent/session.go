@@ -482,18 +482,13 @@ func read(ctx context.Context, conn *websocket.Conn) (agentproto.Message, error)
 // before it (tunnel streams) to mux.
 func readOrFeed(ctx context.Context, conn *websocket.Conn, mux *tunnel.Mux) (agentproto.Message, error) {
 	for {
-		typ, b, err := conn.Read(ctx)
+		// Binary messages stream into mux as they arrive.
+		typ, b, err := tunnel.ReadMessage(ctx, conn, mux)
 		if err != nil {
 			return agentproto.Message{}, err
 		}
 		if typ == websocket.MessageText {
 			return agentproto.Decode(b)
-		}
-		if mux == nil {
-			return agentproto.Message{}, errors.New("a binary frame, and no streams were offered")
-		}
-		if err := mux.Feed(b); err != nil {
-			return agentproto.Message{}, err
 		}
 	}
 }

@@ -5,6 +5,8 @@ package fleettest
 
 import (
 	"fmt"
+	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -35,11 +37,14 @@ const Tenant = "acme"
 
 // Fleet is a running deployment.
 type Fleet struct {
-	t         *testing.T
-	C         *computeclient.Client
-	Key       string // the owner key C uses
-	DB        *pgxpool.Pool
-	Computed  *proctest.Process
+	t        *testing.T
+	C        *computeclient.Client
+	Key      string // the owner key C uses
+	DB       *pgxpool.Pool
+	Computed *proctest.Process
+	// Gateway is computed with the gateway role alone, beside Computed
+	// with the others, with the SplitGateway option (nil otherwise).
+	Gateway   *proctest.Process
 	PublicURL string
 	// PKIFile is the deployment's sealed PKI bundle (the service secret
 	// is testenv.TestSecret).
@@ -69,6 +74,9 @@ type options struct {
 	// tunnelLimits is tunnels.limits (TunnelLimits).
 	tunnelLimits string
 	metrics      bool
+	// gatewayEnv, with SplitGateway, is the gateway process's added
+	// environment (nil: one process with every role).
+	gatewayEnv map[string]string
 }
 
 // Env adds variables to computed's environment (a blob store's
@@ -100,6 +108,18 @@ func PreviewDomain(domain string) Option {
 
 // SSH configures tunnels with SSH (tunnels.ssh: true).
 func SSH() Option { return func(o *options) { o.tunnels, o.ssh = true, true } }
+
+// SplitGateway runs the gateway role as a process of its own (Fleet.Gateway,
+// env added to its environment) beside computed with every other role, as
+// a deployment separates them: what one role holds can then be measured.
+func SplitGateway(env map[string]string) Option {
+	return func(o *options) {
+		o.gatewayEnv = env
+		if o.gatewayEnv == nil {
+			o.gatewayEnv = map[string]string{}
+		}
+	}
+}
 
 // Metrics serves /metrics with a token, for Fleet.RoundTrips.
 func Metrics() Option { return func(o *options) { o.metrics = true } }
@@ -148,11 +168,30 @@ func Start(t *testing.T, extraConfig string, opts ...Option) *Fleet {
 	for k, v := range o.env {
 		vars[k] = v
 	}
+	if o.gatewayEnv != nil {
+		vars[config.EnvRoles] = "api,controllers,scheduler,sinks,iam"
+	}
 	env := proctest.ChildEnv(vars)
 	f.computed, f.env = computed, env
 	f.Computed = proctest.Start(t, "computed", computed, env, "serve")
 	f.addr = fmt.Sprintf("127.0.0.1:%d", port)
 	f.Computed.WaitHealthy(t, f.addr)
+	if o.gatewayEnv != nil {
+		gwVars := maps.Clone(vars)
+		maps.Copy(gwVars, o.gatewayEnv)
+		gwVars[config.EnvRoles] = "gateway"
+		f.Gateway = proctest.Start(t, "gateway", computed, proctest.ChildEnv(gwVars), "serve")
+		// No api listener (no /healthz): up once its daemon listener
+		// answers.
+		require.Eventually(t, func() bool {
+			f.Gateway.RequireRunning(t)
+			c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", gwPort), time.Second)
+			if err == nil {
+				_ = c.Close()
+			}
+			return err == nil
+		}, 30*time.Second, 20*time.Millisecond, "the gateway process listens")
+	}
 	key := proctest.CreateKey(t, computed, env, Tenant, "ops", "owner")
 	f.Key = key
 	f.C, err = computeclient.New(f.PublicURL+config.DefaultBasePath, computeclient.WithToken(key),

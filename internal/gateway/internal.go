@@ -100,8 +100,17 @@ func (g *Gateway) serveInternal(addr string) (string, error) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"gatewayId": g.id, "sessions": g.count(), "draining": g.draining.Load()})
 	})
 	mux.HandleFunc("GET "+InternalTunnels+"{node}", g.serveTunnel)
+	mux.HandleFunc("POST "+InternalTunnels+"{node}", g.serveTunnelStream)
 	g.internal = &http.Server{Handler: mux, TLSConfig: tc, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(g.o.Log.Handler(), slog.LevelDebug)}
+		WriteTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(g.o.Log.Handler(), slog.LevelDebug),
+		// Tunnels are HTTP/2 streams (tunnels.go): as many as the
+		// gateway's own bound admits on one connection, each with its
+		// window; the connection's window is no bound of its own, so
+		// that tunnels whose daemon side is slow cannot stall the others.
+		// Its frames stay at HTTP/2's default size: the api's writer of a
+		// request's body holds a buffer of that size per open tunnel.
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1 << 16, MaxReceiveBufferPerStream: tunnelWindow,
+			MaxReceiveBufferPerConnection: 1 << 30}}
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
@@ -121,8 +130,11 @@ type InternalClient struct {
 
 	once sync.Once
 	hc   *http.Client
-	err  error
-	load func() (*pki.Bundle, error)
+	// stream is hc without its timeout: tunnels (DialTunnel bounds their
+	// answer), on the same connections.
+	stream *http.Client
+	err    error
+	load   func() (*pki.Bundle, error)
 }
 
 // NewInternalClient makes the client once the bundle can be read; without
@@ -146,9 +158,15 @@ func (c *InternalClient) client() (*http.Client, error) {
 		}
 		roots := x509.NewCertPool()
 		roots.AddCert(b.InternalCA.Cert)
-		c.hc = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-			TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{cert}},
-		}}
+		// HTTP/2: calls and tunnels to a gateway share a connection
+		// (a tunnel opens without a TLS handshake of its own).
+		tr := &http.Transport{
+			TLSClientConfig:   &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{cert}},
+			ForceAttemptHTTP2: true, IdleConnTimeout: 5 * time.Minute,
+			HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: tunnelWindow, MaxReceiveBufferPerConnection: 1 << 30, MaxReadFrameSize: maxH2Frame},
+		}
+		c.hc = &http.Client{Timeout: 2 * time.Second, Transport: tr}
+		c.stream = &http.Client{Transport: tr}
 	})
 	return c.hc, c.err
 }

@@ -385,16 +385,13 @@ func (s *session) end(m agentproto.Message) {
 
 func (s *session) readLoop() {
 	for {
-		typ, b, err := s.conn.Read(s.ctx)
+		// A binary message is a tunnel stream's bytes, fed to the
+		// streams (only from a daemon that offered them).
+		typ, b, err := tunnel.ReadMessage(s.ctx, s.conn, s.mux)
 		if err != nil {
 			return
 		}
 		if typ == websocket.MessageBinary {
-			// A tunnel stream's bytes: only from a daemon that offered
-			// streams.
-			if s.mux == nil || s.mux.Feed(b) != nil {
-				return
-			}
 			s.lastSeen.Store(s.g.o.Now().UnixNano())
 			continue
 		}

@@ -3,8 +3,8 @@
 package tunnels_test
 
 // The tunnels benchmark of docs/benchmarks.md ("Tunnels"), through real
-// processes (computed with every role, a compute-agent with the qemu
-// runtime) and a sandbox that is a real VM (TCG):
+// processes (computed with the gateway role alone, computed with the
+// others, a compute-agent with the qemu runtime) and a sandbox that is a real VM (TCG):
 //
 //	go test -tags tunnelbench -count=1 -run TestTunnelBenchmark -timeout 30m -v ./internal/tunnels
 //
@@ -30,6 +30,7 @@ import (
 	"computeplane/gen/client"
 	"computeplane/internal/agentproto/tunnel"
 	"computeplane/internal/fleettest"
+	"computeplane/internal/proctest"
 	"computeplane/internal/qemu/qemutest"
 	"computeplane/internal/testenv"
 )
@@ -60,11 +61,13 @@ func rssKiB(t *testing.T, pid int) int64 {
 func TestTunnelBenchmark(t *testing.T) {
 	const idle = 1000
 	im := qemutest.Image(t)
-	pprofAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\nmetrics: {token: %q}\n", filepath.Dir(filepath.Dir(im.Location)), benchMetricsToken),
+	// The gateway runs as a process of its own (the goal is its memory).
+	pprofs := map[string]string{"api": fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), "gateway": fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}
+	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\n", filepath.Dir(filepath.Dir(im.Location))),
 		fleettest.TunnelLimits(fmt.Sprintf("{tunnelsPerMinute: 100000, openPerNode: %d, openPerGateway: %d}", 2*idle, 2*idle)),
-		fleettest.Env(map[string]string{"SERVICE_PPROF_ADDR": pprofAddr}))
-	// TUNNEL_BENCH_ONLY=memory measures the memory alone.
+		fleettest.Env(map[string]string{"SERVICE_PPROF_ADDR": pprofs["api"]}),
+		fleettest.SplitGateway(map[string]string{"SERVICE_PPROF_ADDR": pprofs["gateway"]}))
+	// TUNNEL_BENCH_ONLY=latency, throughput or memory measures that alone.
 	only := os.Getenv("TUNNEL_BENCH_ONLY")
 	pool := f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
 	f.Join(pool, "--runtime", "qemu", "--accel", "tcg", "--vcpu", "8", "--memory-mib", "4096", "--disk-gib", "1000")
@@ -109,7 +112,7 @@ func TestTunnelBenchmark(t *testing.T) {
 	// Open latency: an exec of echo (a program started in the guest) and
 	// a console (no guest program: the path alone), 100 of each.
 	for _, kind := range []string{"exec", "console"} {
-		if only != "" {
+		if only != "" && only != "latency" {
 			break
 		}
 		var control, path []time.Duration
@@ -130,10 +133,12 @@ func TestTunnelBenchmark(t *testing.T) {
 
 	// Throughput of one tcp tunnel: busybox httpd in the guest serves a
 	// 32 MiB file of zeros, fetched through the tunnel.
-	if only == "" {
+	if only == "" || only == "throughput" {
 		throughput(t, dial, id)
 	}
-	memory(t, f, dial, target, idle, pprofAddr)
+	if only == "" || only == "memory" {
+		memory(t, f, dial, target, idle, pprofs)
+	}
 }
 
 type dialer func(in *client.TunnelsOpenInput) (time.Duration, time.Duration, *websocket.Conn)
@@ -167,17 +172,60 @@ func throughput(t *testing.T, dial dialer, id string) {
 	require.Greater(t, n, int64(32<<20))
 	t.Logf("throughput of one tcp tunnel: %d bytes in %s: %.1f MiB/s", n, took, float64(n)/(1<<20)/took.Seconds())
 	tcp.CloseNow()
+
+	// The same bytes without the guest's network (cat's output through an
+	// exec tunnel), and the guest alone (its own wget of the file, no
+	// tunnel): where the time goes.
+	_, _, cat := dial(&client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindExec, Target: target,
+		Argv: []string{"cat", "/www/big"}})
+	start, n = time.Now(), 0
+	for {
+		_, b, err := cat.Read(ctx)
+		if err != nil || b[0] == tunnel.FrameExit {
+			break
+		}
+		n += int64(len(b) - 1)
+	}
+	took = time.Since(start)
+	t.Logf("throughput of one exec tunnel (cat of the file): %d bytes in %s: %.1f MiB/s", n, took, float64(n)/(1<<20)/took.Seconds())
+	cat.CloseNow()
+	_, _, local := dial(&client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindExec, Target: target,
+		Argv: []string{"sh", "-c", "a=$(cut -d' ' -f1 /proc/uptime); busybox wget -q -O /dev/null http://127.0.0.1:8080/big; b=$(cut -d' ' -f1 /proc/uptime); echo $a $b"}})
+	var outb strings.Builder
+	for {
+		_, b, err := local.Read(ctx)
+		if err != nil || b[0] == tunnel.FrameExit {
+			break
+		}
+		outb.Write(b[1:])
+	}
+	local.CloseNow()
+	if f := strings.Fields(outb.String()); len(f) == 2 {
+		a, _ := strconv.ParseFloat(f[0], 64)
+		b, _ := strconv.ParseFloat(f[1], 64)
+		t.Logf("the guest alone (busybox wget of the file over the guest's loopback): %.1f s: %.1f MiB/s", b-a, 32/(b-a))
+	} else {
+		t.Logf("the guest alone: %q", outb.String())
+	}
 }
 
-func memory(t *testing.T, f *fleettest.Fleet, dial dialer, target client.TunnelTarget, idle int, pprofAddr string) {
-	// Memory per open idle tunnel: computed (the api relay and the
-	// gateway in one process) before and after 1,000 idle console
+func memory(t *testing.T, f *fleettest.Fleet, dial dialer, target client.TunnelTarget, idle int, pprofs map[string]string) {
+	// Memory per open idle tunnel: the gateway process alone and the api's
+	// (computed with the other roles) before and after 1,000 idle console
 	// tunnels.
-	runtime.GC()
+	type proc struct {
+		name  string
+		p     *proctest.Process
+		pprof string
+		rss   int64
+		heap  int64
+		gor   int64
+	}
+	procs := []*proc{{name: "gateway", p: f.Gateway, pprof: pprofs["gateway"]}, {name: "api", p: f.Computed, pprof: pprofs["api"]}}
 	time.Sleep(2 * time.Second)
-	pid := f.Computed.Cmd.Process.Pid
-	before := rssKiB(t, pid)
-	heapBefore := heapInuse(t, f)
+	for _, p := range procs {
+		p.rss, p.heap, p.gor = rssKiB(t, p.p.Cmd.Process.Pid), heapInuse(t, p.pprof), goroutines(t, p.pprof)
+	}
 	conns := make([]*websocket.Conn, 0, idle)
 	for i := 0; i < idle; i++ {
 		_, _, ws := dial(&client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindConsole, Target: target})
@@ -191,48 +239,58 @@ func memory(t *testing.T, f *fleettest.Fleet, dial dialer, target client.TunnelT
 		}()
 	}
 	time.Sleep(5 * time.Second)
-	after := rssKiB(t, pid)
-	heapAfter := heapInuse(t, f)
-	t.Logf("memory: computed RSS %d KiB before, %d KiB with %d idle tunnels: %.1f KiB per tunnel (api relay and gateway together); heap in use %.1f KiB per tunnel",
-		before, after, idle, float64(after-before)/float64(idle), float64(heapAfter-heapBefore)/1024/float64(idle))
-	// TUNNEL_BENCH_HEAP=file keeps computed's heap profile (go tool
-	// pprof -top -sample_index=inuse_space file): its shares by function.
+	for _, p := range procs {
+		rss, heap, gor := rssKiB(t, p.p.Cmd.Process.Pid), heapInuse(t, p.pprof), goroutines(t, p.pprof)
+		t.Logf("memory %s: RSS %d KiB before, %d KiB with %d idle tunnels: %.1f KiB per tunnel; heap in use %.1f KiB per tunnel; %.2f goroutines per tunnel",
+			p.name, p.rss, rss, idle, float64(rss-p.rss)/float64(idle), float64(heap-p.heap)/1024/float64(idle), float64(gor-p.gor)/float64(idle))
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("machine: load average %s", strings.TrimSpace(string(load)))
+	// TUNNEL_BENCH_HEAP=file keeps the gateway's heap profile (go tool
+	// pprof -top -sample_index=inuse_space file) and goroutine dump
+	// (file.goroutines), and the api's (file.api, file.api.goroutines).
 	if out := os.Getenv("TUNNEL_BENCH_HEAP"); out != "" {
-		resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/heap")
-		require.NoError(t, err)
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(out, b, 0o644))
-		resp, err = http.Get("http://" + pprofAddr + "/debug/pprof/goroutine?debug=1")
-		require.NoError(t, err)
-		b, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(t, os.WriteFile(out+".goroutines", b, 0o644))
+		for _, p := range procs {
+			name := out
+			if p.name != "gateway" {
+				name += "." + p.name
+			}
+			require.NoError(t, os.WriteFile(name, pprofGet(t, p.pprof, "heap"), 0o644))
+			require.NoError(t, os.WriteFile(name+".goroutines", pprofGet(t, p.pprof, "goroutine?debug=1"), 0o644))
+		}
 	}
 	for _, ws := range conns {
 		ws.CloseNow()
 	}
 }
 
-// heapInuse reads computed's go_memstats_heap_inuse_bytes from /metrics,
-// -1 when metrics are not served.
-func heapInuse(t *testing.T, f *fleettest.Fleet) int64 {
-	req, _ := http.NewRequest(http.MethodGet, f.PublicURL+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer "+benchMetricsToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return -1
-	}
+func pprofGet(t *testing.T, addr, what string) []byte {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/" + what)
+	require.NoError(t, err)
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "go_memstats_heap_inuse_bytes "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return int64(f)
-		}
-	}
-	return -1
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return b
 }
 
-const benchMetricsToken = "tunnel-bench-metrics-token"
+// heapInuse is a process's HeapInuse after a collection (the heap
+// profile's statistics, gc=1).
+func heapInuse(t *testing.T, addr string) int64 {
+	b := pprofGet(t, addr, "heap?debug=1&gc=1")
+	_, v, ok := strings.Cut(string(b), "# HeapInuse = ")
+	require.True(t, ok, "the heap profile shows HeapInuse")
+	v, _, _ = strings.Cut(v, "\n")
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+// goroutines is a process's number of goroutines.
+func goroutines(t *testing.T, addr string) int64 {
+	b := pprofGet(t, addr, "goroutine?debug=1")
+	_, v, _ := strings.Cut(string(b), "goroutine profile: total ")
+	v, _, _ = strings.Cut(v, "\n")
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	require.NoError(t, err)
+	return n
+}

@@ -21,7 +21,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -329,12 +328,12 @@ func (pv *Previews) dial(ctx context.Context, _, addr string) (net.Conn, error) 
 	life, end := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, end)
 	timer := time.AfterFunc(10*time.Second, end)
-	ws, err := pv.Gateways.DialTunnel(life, d.node)
+	up, err := pv.Gateways.DialTunnel(life, d.node)
 	if err == nil {
 		open, _ := json.Marshal(tunnel.Open{TunnelID: ids.New("prv"), Kind: tunnel.KindTCP, InstanceID: d.instance, Port: d.port})
-		err = ws.Write(life, websocket.MessageBinary, append([]byte{tunnel.FrameOpen}, open...))
+		err = up.WriteFrame(tunnel.FrameOpen, open)
 		if err != nil {
-			ws.CloseNow()
+			_ = up.Close()
 		}
 	}
 	stop()
@@ -343,14 +342,13 @@ func (pv *Previews) dial(ctx context.Context, _, addr string) (net.Conn, error) 
 		end()
 		return nil, err
 	}
-	return &frameConn{ws: ws, ctx: life, end: end}, nil
+	return &frameConn{up: up, end: end}, nil
 }
 
-// frameConn is a tcp tunnel's WebSocket as a net.Conn: stdin frames out,
-// stdout frames in, the exit frame its end.
+// frameConn is a tcp tunnel through the gateway as a net.Conn: stdin
+// frames out, stdout frames in, the exit frame its end.
 type frameConn struct {
-	ws  *websocket.Conn
-	ctx context.Context
+	up  *tunnel.Upstream
 	end context.CancelFunc
 
 	rmu  sync.Mutex
@@ -366,17 +364,16 @@ func (c *frameConn) Read(p []byte) (int, error) {
 		if c.rerr != nil {
 			return 0, c.rerr
 		}
-		_, b, err := c.ws.Read(c.ctx)
+		kind, b, err := c.up.ReadFrame()
 		switch {
 		case err != nil:
 			c.rerr = io.EOF
-		case len(b) == 0:
-		case b[0] == tunnel.FrameStdout:
-			c.buf = b[1:]
-		case b[0] == tunnel.FrameExit:
+		case kind == tunnel.FrameStdout:
+			c.buf = b
+		case kind == tunnel.FrameExit:
 			var e tunnel.Exit
 			c.rerr = io.EOF
-			if json.Unmarshal(b[1:], &e) == nil && e.Error != "" {
+			if json.Unmarshal(b, &e) == nil && e.Error != "" {
 				c.rerr = errors.New(e.Error)
 			}
 		}
@@ -392,7 +389,7 @@ func (c *frameConn) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
 		chunk := p[:min(len(p), tunnel.MaxFrame)]
-		if err := c.ws.Write(c.ctx, websocket.MessageBinary, append([]byte{tunnel.FrameStdin}, chunk...)); err != nil {
+		if err := c.up.WriteFrame(tunnel.FrameStdin, chunk); err != nil {
 			return n, err
 		}
 		n += len(chunk)
@@ -405,12 +402,12 @@ func (c *frameConn) Write(p []byte) (int, error) {
 func (c *frameConn) CloseWrite() error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return c.ws.Write(c.ctx, websocket.MessageBinary, []byte{tunnel.FrameEOF})
+	return c.up.WriteFrame(tunnel.FrameEOF, nil)
 }
 
 func (c *frameConn) Close() error {
 	c.end()
-	return c.ws.CloseNow()
+	return c.up.Close()
 }
 
 var previewAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(netip.IPv6Loopback(), 0))

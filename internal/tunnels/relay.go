@@ -28,7 +28,7 @@ import (
 
 // Dialer reaches the gateway holding a node's session (its internal API).
 type Dialer interface {
-	DialTunnel(ctx context.Context, node string) (*websocket.Conn, error)
+	DialTunnel(ctx context.Context, node string) (*tunnel.Upstream, error)
 }
 
 // Relay serves GET {basePath}/tunnels/{ticket}: it redeems the ticket,
@@ -127,7 +127,7 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			WithDetails(map[string]any{"retryAfterMs": max(retry, 1)}))
 		return
 	}
-	defer up.CloseNow()
+	defer up.Close()
 	var argv []string
 	_ = json.Unmarshal(t.Argv, &argv)
 	var env map[string]string
@@ -147,7 +147,7 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	open, _ := json.Marshal(o)
-	if err := up.Write(ctx, websocket.MessageBinary, append([]byte{tunnel.FrameOpen}, open...)); err != nil {
+	if err := up.WriteFrame(tunnel.FrameOpen, open); err != nil {
 		rl.finish(t, "failed", 0, 0, nil, start)
 		rpc.WriteError(w, rl.Log, api.Errorf(api.CodeUnavailable, "the target's node cannot be reached"))
 		return
@@ -160,6 +160,10 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}}
 	lv.touch()
+	// tunnel.opened is written beside the relay (not before its first
+	// frame: the open's latency); its end waits for it, so that the
+	// closed event follows it.
+	openedDone := make(chan struct{})
 	if !rl.tracked().add(lv) {
 		rl.finish(t, ReasonShutdown, 0, 0, nil, start)
 		rpc.WriteError(w, rl.Log, api.Errorf(api.CodeUnavailable, "this api replica is stopping").
@@ -174,7 +178,7 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer client.CloseNow()
 	client.SetReadLimit(tunnel.MaxFrame + 1)
-	rl.opened(t)
+	go func() { defer close(openedDone); rl.opened(t) }()
 
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -194,7 +198,7 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if b[0] == tunnel.FrameStdin {
 				in.Add(int64(len(b) - 1))
 			}
-			if up.Write(rctx, websocket.MessageBinary, b) != nil {
+			if up.WriteFrame(b[0], b[1:]) != nil {
 				lv.end("node")
 				return
 			}
@@ -202,16 +206,14 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	go func() { // node -> client
 		for {
-			_, b, err := up.Read(rctx)
+			f, err := up.NextFrame()
 			if err != nil {
 				lv.end("node")
 				return
 			}
 			lv.touch()
-			if len(b) == 0 {
-				continue
-			}
-			if b[0] == tunnel.FrameExit {
+			b, kind := f.B, f.B[0]
+			if kind == tunnel.FrameExit {
 				var e tunnel.Exit
 				if json.Unmarshal(b[1:], &e) == nil {
 					exitP.Store(&e)
@@ -219,11 +221,13 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			} else {
 				out.Add(int64(len(b) - 1))
 			}
-			if client.Write(rctx, websocket.MessageBinary, b) != nil {
+			err = client.Write(rctx, websocket.MessageBinary, b)
+			f.Release()
+			if err != nil {
 				lv.end("client")
 				return
 			}
-			if b[0] == tunnel.FrameExit {
+			if kind == tunnel.FrameExit {
 				lv.end("exited")
 				return
 			}
@@ -254,6 +258,7 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		closeCode = websocket.StatusPolicyViolation
 	}
 	_ = client.Close(closeCode, truncate(msg, 120))
+	<-openedDone
 	rl.finish(t, why, in.Load(), out.Load(), code, start)
 }
 

@@ -109,32 +109,31 @@ type Busy struct {
 
 func (b *Busy) Error() string { return b.Why }
 
-// WriteFrame writes one length-prefixed frame to a stream.
+// WriteFrame writes one length-prefixed frame to a stream, in one Write
+// (one yamux or HTTP/2 data frame rather than a header and a body apart).
 func WriteFrame(w io.Writer, kind byte, p []byte) error {
 	if len(p) > MaxFrame {
 		return fmt.Errorf("tunnel: a frame of %d bytes (at most %d)", len(p), MaxFrame)
 	}
-	b := make([]byte, 5+len(p))
+	b := frames.Get().(*frameBuf)
+	defer frames.Put(b)
 	b[0] = kind
-	binary.BigEndian.PutUint32(b[1:5], uint32(len(p)))
-	copy(b[5:], p)
-	_, err := w.Write(b)
+	binary.BigEndian.PutUint32(b[1:headerLen], uint32(len(p)))
+	n := copy(b[headerLen:], p)
+	_, err := w.Write(b[:headerLen+n])
 	return err
 }
 
-// ReadFrame reads one length-prefixed frame from a stream.
+// ReadFrame reads one length-prefixed frame from a stream into a buffer
+// of its own (NextFrame reads into a pooled one).
 func ReadFrame(r io.Reader) (byte, []byte, error) {
-	var h [5]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
+	kind, n, err := readHeader(r)
+	if err != nil {
 		return 0, nil, err
 	}
-	n := binary.BigEndian.Uint32(h[1:])
-	if n > MaxFrame {
-		return 0, nil, fmt.Errorf("tunnel: a frame of %d bytes (at most %d)", n, MaxFrame)
-	}
 	p := make([]byte, n)
-	_, err := io.ReadFull(r, p)
-	return h[0], p, err
+	_, err = io.ReadFull(r, p)
+	return kind, p, err
 }
 
 // StreamsYamux is what a daemon's hello names when it accepts yamux
@@ -164,6 +163,9 @@ type Conn struct {
 	pw     *io.PipeWriter
 	closed chan struct{}
 	once   sync.Once
+	// hdr is a yamux data frame's header waiting for its body (Write).
+	hdr    []byte
+	hdrBuf [yamuxHeader]byte
 }
 
 // NewConn wraps ws.
@@ -181,15 +183,47 @@ func (c *Conn) Feed(b []byte) error {
 
 func (c *Conn) Read(p []byte) (int, error) { return c.pr.Read(p) }
 
+// yamuxHeader is the size of a yamux frame's header.
+const yamuxHeader = 12
+
 func (c *Conn) Write(p []byte) (int, error) {
 	select {
 	case <-c.closed:
 		return 0, net.ErrClosed
 	default:
 	}
+	// yamux writes a data frame as two Writes, its header and then its
+	// body (one goroutine, its send loop, writes): the header waits here
+	// and both go as one message (one flush, one TLS record) rather than
+	// two.
+	if c.hdr == nil && len(p) == yamuxHeader && p[1] == 0 /* data */ && binary.BigEndian.Uint32(p[8:]) > 0 {
+		c.hdrBuf = [yamuxHeader]byte(p)
+		c.hdr = c.hdrBuf[:]
+		return len(p), nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.ws.Write(ctx, websocket.MessageBinary, p); err != nil {
+	if c.hdr == nil {
+		if err := c.ws.Write(ctx, websocket.MessageBinary, p); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+	hdr := c.hdr
+	c.hdr = nil
+	w, err := c.ws.Writer(ctx, websocket.MessageBinary)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := w.Write(hdr); err != nil {
+		_ = w.Close()
+		return 0, err
+	}
+	if _, err := w.Write(p); err != nil {
+		_ = w.Close()
+		return 0, err
+	}
+	if err := w.Close(); err != nil {
 		return 0, err
 	}
 	return len(p), nil
