@@ -244,7 +244,9 @@ func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate
 		return nil
 	}
 	s := &session{g: g, conn: conn, nodeID: node, serial: pki.SerialHex(cert), transport: transport, epoch: epoch, cert: cert}
-	s.ctx, s.cancel = context.WithCancel(g.ctx)
+	// Not a child of g.ctx: ten thousand children would sit in its map.
+	// Drain ends every session (end cancels this) before it cancels g.ctx.
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(g.ctx))
 	if h.Streams == tunnel.StreamsYamux {
 		s.mux = tunnel.NewMux(conn, true, nil)
 	}
@@ -403,7 +405,9 @@ func (s *session) end(m agentproto.Message) {
 
 func (s *session) readLoop() {
 	for {
-		typ, b, err := s.conn.Read(s.ctx)
+		// A context that is never done: the read ends when end closes the
+		// connection, and an idle session keeps no cancellation hook.
+		typ, b, err := s.conn.Read(context.Background())
 		if err != nil {
 			return
 		}
