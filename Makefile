@@ -141,16 +141,16 @@ foreign-clients: ## Generate and compile an oapi-codegen Go client and openapi-t
 	scripts/foreign-clients.sh
 
 .PHONY: bench-sessions
-bench-sessions: $(SECRET_FILE) ## Gateway benchmark: 5,000 daemon sessions, memory per session, reconnect time (writes docs/benchmarks.md)
-	@$(SERVICE_ENV); go run ./tools/sessionload -n $${SESSIONS:-5000}
+bench-sessions: $(SECRET_FILE) ## Gateway benchmark: 10,000 daemon sessions, memory per session, reconnect time, 3 runs (writes docs/benchmarks.md)
+	@$(SERVICE_ENV); ulimit -n "$$(ulimit -Hn)"; go run ./tools/sessionload -n $${SESSIONS:-10000} -runs $${ROUNDS:-3}
 
 .PHONY: bench-instances
 bench-instances: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: instances.create to running over 100 real VMs (writes docs/benchmarks.md)
 	@$(SERVICE_ENV); go run ./tools/instancebench -runs $${RUNS:-100} -images $(IMAGES_DIR)
 
 .PHONY: bench-sandboxes
-bench-sandboxes: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: sandboxes.create to running, warm claim, cold boot and restore, 100 of each (writes docs/benchmarks.md)
-	@$(SERVICE_ENV); go run ./tools/sandboxbench -runs $${RUNS:-100} -images $(IMAGES_DIR)
+bench-sandboxes: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: sandboxes.create to running, warm claim, cold boot (and a bare qemu boot) and restore, 3 rounds of 100 of each (writes docs/benchmarks.md)
+	@$(SERVICE_ENV); go run ./tools/sandboxbench -runs $${RUNS:-100} -rounds $${ROUNDS:-3} -images $(IMAGES_DIR)
 
 .PHONY: bench-network
 bench-network: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Network benchmark, as root: what egress adds to cold boot and warm claim, guest TCP throughput and connection rate (writes docs/benchmarks.md)

@@ -223,8 +223,10 @@ func (g *Gateway) tlsConfig() *tls.Config {
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return g.cert.get(), nil
 		},
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			_, _, err := g.verifyChain(raw)
+		// On the certificates the handshake parsed (VerifyPeerCertificate
+		// would parse them a second time).
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			_, err := g.verifyCerts(cs.PeerCertificates)
 			return err
 		},
 	}
@@ -246,6 +248,20 @@ func (g *Gateway) verifyChain(raw [][]byte) (string, *x509.Certificate, error) {
 	}
 	node, err := g.verifyCerts(certs)
 	return node, certs[0], err
+}
+
+// verifiedNode names the node of a certificate the handshake verified
+// (VerifyConnection) and checks the revocation set again, which may have
+// changed since: the chain is not verified a second time.
+func (g *Gateway) verifiedNode(cert *x509.Certificate) (string, error) {
+	node, err := pki.NodeOf(cert, g.bundle.TrustDomain)
+	if err != nil {
+		return "", err
+	}
+	if g.revoke.revoked(node, pki.SerialHex(cert)) {
+		return "", fmt.Errorf("node %s or its certificate is revoked", node)
+	}
+	return node, nil
 }
 
 // verifyCerts is verifyChain on parsed certificates.

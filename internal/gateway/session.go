@@ -66,9 +66,10 @@ func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "a client certificate is required", http.StatusUnauthorized)
 		return
 	}
-	// Again (the revocation set may have changed since the handshake), on
-	// the certificates the handshake parsed: a session keeps no copy.
-	node, err := g.verifyCerts(r.TLS.PeerCertificates)
+	// The handshake verified the chain (tlsConfig); the revocation set
+	// may have changed since. On the certificate the handshake parsed: a
+	// session keeps no copy.
+	node, err := g.verifiedNode(r.TLS.PeerCertificates[0])
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusForbidden)
 		return
@@ -80,16 +81,23 @@ func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	// The session runs on a goroutine of its own and this one ends: its
-	// stack grew during the TLS handshake, a fresh one stays small, and a
-	// gateway holds thousands of idle sessions.
+	// The hello, the session row and the welcome run on this goroutine,
+	// whose stack grew in the TLS handshake and grows again in the
+	// database calls; the idle session then reads on a fresh goroutine
+	// whose stack stays small (a gateway holds thousands of them, and the
+	// runtime only halves a grown stack once per GC).
 	// Only the certificate goes with it: the request (headers, TLS state)
 	// is garbage once upgraded.
 	cert := r.TLS.PeerCertificates[0]
 	g.handlers.Add(1)
+	s := g.open(conn, node, cert, agentproto.TransportMTLS)
+	if s == nil {
+		g.handlers.Done()
+		return
+	}
 	go func() {
 		defer g.handlers.Done()
-		g.run(conn, node, cert, agentproto.TransportMTLS)
+		g.serve(s)
 	}()
 }
 
@@ -130,7 +138,9 @@ func (g *Gateway) FallbackHandler() http.Handler {
 		}
 		g.handlers.Add(1)
 		defer g.handlers.Done()
-		g.run(conn, node, cert, agentproto.TransportWebSocket)
+		if s := g.open(conn, node, cert, agentproto.TransportWebSocket); s != nil {
+			g.serve(s)
+		}
 	})
 }
 
@@ -204,36 +214,39 @@ func readMsg(ctx context.Context, conn *websocket.Conn, timeout time.Duration) (
 	return agentproto.Decode(b)
 }
 
-// run holds one session: hello, the session row, welcome, then the
-// daemon's messages until the connection ends.
-func (g *Gateway) run(conn *websocket.Conn, node string, cert *x509.Certificate, transport string) {
+// open starts one session: hello, the session row, welcome. It answers
+// nil when the session was refused (the connection is closed then);
+// serve holds it.
+func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate, transport string) *session {
 	conn.SetReadLimit(agentproto.MaxMessageBytes)
 	m, err := readMsg(g.ctx, conn, HelloTimeout)
 	if err != nil {
 		_ = conn.CloseNow()
-		return
+		return nil
 	}
 	if m.Type != agentproto.TypeHello || m.Hello.NodeID != node {
 		reject(conn, "INVALID_INPUT", "the first message is a hello naming the certificate's node")
-		return
+		return nil
 	}
 	h := m.Hello
 	proto := min(agentproto.ProtocolMax, h.ProtocolMax)
 	if proto < max(agentproto.ProtocolMin, h.ProtocolMin) {
 		reject(conn, "UNSUPPORTED", fmt.Sprintf("no common protocol: the gateway speaks %d-%d, the daemon %d-%d",
 			agentproto.ProtocolMin, agentproto.ProtocolMax, h.ProtocolMin, h.ProtocolMax))
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, WriteTimeout)
-	epoch, err := g.open(ctx, node, cert, transport, proto, h)
+	epoch, err := g.openRow(ctx, node, cert, transport, proto, h)
 	cancel()
 	if err != nil {
 		g.o.Log.Info("session refused", "node", node, "error", err.Error())
 		reject(conn, "INVALID_STATE", err.Error())
-		return
+		return nil
 	}
 	s := &session{g: g, conn: conn, nodeID: node, serial: pki.SerialHex(cert), transport: transport, epoch: epoch, cert: cert}
-	s.ctx, s.cancel = context.WithCancel(g.ctx)
+	// Not a child of g.ctx: ten thousand children would sit in its map.
+	// Drain ends every session (end cancels this) before it cancels g.ctx.
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(g.ctx))
 	if h.Streams == tunnel.StreamsYamux {
 		s.mux = tunnel.NewMux(conn, true, nil)
 	}
@@ -252,6 +265,13 @@ func (g *Gateway) run(conn *websocket.Conn, node string, cert *x509.Certificate,
 	}})
 	g.o.Log.Info("session open", "node", node, "transport", transport, "epoch", epoch)
 	g.o.Notifier.Wake(Topic(g.id)) // its pending spec and commands
+	return s
+}
+
+// serve reads the daemon's messages until the connection ends, then
+// closes the session's row.
+func (g *Gateway) serve(s *session) {
+	node, epoch := s.nodeID, s.epoch
 	s.readLoop()
 	s.end(agentproto.Message{})
 	g.mu.Lock()
@@ -259,16 +279,16 @@ func (g *Gateway) run(conn *websocket.Conn, node string, cert *x509.Certificate,
 		delete(g.sessions, node)
 	}
 	g.mu.Unlock()
-	ctx, cancel = context.WithTimeout(context.WithoutCancel(g.ctx), WriteTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.ctx), WriteTimeout)
 	_, _ = g.q().CloseSession(ctx, db.CloseSessionParams{NodeID: node, GatewayID: pgtype.Text{String: g.id, Valid: true}, SessionEpoch: epoch})
 	cancel()
 	g.o.Log.Info("session closed", "node", node, "epoch", epoch)
 }
 
-// open writes the session row in one transaction: a joining node becomes
+// openRow writes the session row in one transaction: a joining node becomes
 // ready (node.registered), a down node returns to the state it left
 // (node.up).
-func (g *Gateway) open(ctx context.Context, node string, cert *x509.Certificate, transport string, proto int, h *agentproto.Hello) (int64, error) {
+func (g *Gateway) openRow(ctx context.Context, node string, cert *x509.Certificate, transport string, proto int, h *agentproto.Hello) (int64, error) {
 	inv, _ := json.Marshal(h.Inventory)
 	var epoch int64
 	var events bool
@@ -386,8 +406,10 @@ func (s *session) end(m agentproto.Message) {
 func (s *session) readLoop() {
 	for {
 		// A binary message is a tunnel stream's bytes, fed to the
-		// streams (only from a daemon that offered them).
-		typ, b, err := tunnel.ReadMessage(s.ctx, s.conn, s.mux)
+		// streams (only from a daemon that offered them). A context that is
+		// never done: the read ends when end closes the connection, and an
+		// idle session keeps no cancellation hook.
+		typ, b, err := tunnel.ReadMessage(context.Background(), s.conn, s.mux)
 		if err != nil {
 			return
 		}
@@ -395,22 +417,41 @@ func (s *session) readLoop() {
 			s.lastSeen.Store(s.g.o.Now().UnixNano())
 			continue
 		}
-		m, err := agentproto.Decode(b)
-		if err != nil {
+		if !onFreshStack(func() bool { return s.handle(b) }) {
 			return
 		}
-		s.lastSeen.Store(s.g.o.Now().UnixNano())
-		switch m.Type {
-		case agentproto.TypeStatus:
-			s.status(m.Status)
-		case agentproto.TypeResult:
-			s.result(m.Result)
-		case agentproto.TypeRenew:
-			s.renew(m.Renew)
-		case agentproto.TypeResolve:
-			go s.resolve(m.Resolve) // reads go on meanwhile
-		}
 	}
+}
+
+// onFreshStack runs fn on a goroutine of its own and waits for it: the
+// decoding and the database calls of a message grow a stack to several
+// KiB, and the runtime gives a grown stack back only by halves, once per
+// GC; on the session's reader (idle almost always) that would stay with
+// every session. Messages are still handled one at a time, in order.
+func onFreshStack(fn func() bool) bool {
+	done := make(chan bool, 1)
+	go func() { done <- fn() }()
+	return <-done
+}
+
+// handle decodes and applies one text message; false ends the session.
+func (s *session) handle(b []byte) bool {
+	m, err := agentproto.Decode(b)
+	if err != nil {
+		return false
+	}
+	s.lastSeen.Store(s.g.o.Now().UnixNano())
+	switch m.Type {
+	case agentproto.TypeStatus:
+		s.status(m.Status)
+	case agentproto.TypeResult:
+		s.result(m.Result)
+	case agentproto.TypeRenew:
+		s.renew(m.Renew)
+	case agentproto.TypeResolve:
+		go s.resolve(m.Resolve) // reads go on meanwhile
+	}
+	return true
 }
 
 // status writes a status that differs from the last one; a heartbeat that

@@ -568,6 +568,12 @@ func VerifyNodeCert(cert *x509.Certificate, roots, intermediates *x509.CertPool,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		return "", fmt.Errorf("pki: %w", err)
 	}
+	return NodeOf(cert, trustDomain)
+}
+
+// NodeOf is the node id a (verified) certificate's URI names in
+// trustDomain.
+func NodeOf(cert *x509.Certificate, trustDomain string) (string, error) {
 	for _, u := range cert.URIs {
 		if u.Scheme == "spiffe" && u.Host == trustDomain {
 			if id, ok := cutPrefix(u.Path, "/node/"); ok && id != "" {

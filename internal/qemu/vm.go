@@ -97,12 +97,15 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 	// The socket file appears at bind, before qemu listens: try again
 	// for the rest of the start timeout.
 	for deadline := time.Now().Add(StartTimeout); ; {
-		err := v.connect()
-		if err == nil && c.Incoming != "" {
-			if err = v.incoming(ctx); err != nil {
+		var err error
+		if c.Incoming != "" {
+			// Its own connection is the check that QMP answers.
+			if err = v.incoming(ctx); err != nil && v.Alive() && !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {
 				_ = cmd.Process.Kill()
 				return nil, err
 			}
+		} else {
+			err = v.connect()
 		}
 		if err == nil {
 			return v, nil
@@ -507,32 +510,76 @@ func (v *VM) SaveState(ctx context.Context, file string) error {
 }
 
 // incoming loads the state file named by Config.Incoming into a VM
-// started with -incoming defer; it runs when the state is in.
+// started with -incoming defer; it runs when the state is in. The whole
+// sequence is one QMP connection, and qemu reads the state from a
+// descriptor of the file passed over it (no shell and cat forked from
+// qemu, whose address space holds the guest's memory).
 func (v *VM) incoming(ctx context.Context) error {
-	if err := v.ignoreShared(); err != nil {
+	v.qmpMu.Lock()
+	defer v.qmpMu.Unlock()
+	f, err := os.Open(v.Config.Incoming)
+	if err != nil {
+		return fmt.Errorf("qemu: state: %w", err)
+	}
+	defer f.Close()
+	q, err := dialQMP(ctx, v.Config.QMPSocket())
+	if err != nil {
 		return err
 	}
-	if _, err := v.qmpRaw(`{"execute":"migrate-incoming","arguments":{"uri":"exec:cat ` + v.Config.Incoming + `"}}`); err != nil {
+	defer q.close()
+	if v.Config.MemoryFile != "" {
+		if _, err := q.run(ctx, `{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}`, nil); err != nil {
+			return err
+		}
+	}
+	if _, err := q.run(ctx, `{"execute":"getfd","arguments":{"fdname":"incoming"}}`, f); err != nil {
 		return err
 	}
-	if err := v.awaitMigration(ctx); err != nil {
+	if _, err := q.run(ctx, `{"execute":"migrate-incoming","arguments":{"uri":"fd:incoming"}}`, nil); err != nil {
 		return err
 	}
 	for {
-		st, err := v.Status()
+		out, err := q.run(ctx, `{"execute":"query-migrate"}`, nil)
 		if err != nil {
 			return err
 		}
-		switch st {
-		case "running":
-			return nil
-		case "paused", "postmigrate", "prelaunch":
-			return v.Resume()
+		var info struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		_ = json.Unmarshal(out, &info)
+		if info.Status == "completed" {
+			break
+		}
+		if info.Status == "failed" || info.Status == "cancelled" {
+			return fmt.Errorf("qemu: migration %s: %s", info.Status, info.ErrorDesc)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("qemu: restored VM is %s: %w", st, ctx.Err())
-		case <-time.After(2 * time.Millisecond):
+			return fmt.Errorf("qemu: migration not done: %w", ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	for {
+		out, err := q.run(ctx, `{"execute":"query-status"}`, nil)
+		if err != nil {
+			return err
+		}
+		var st struct {
+			Status string `json:"status"`
+		}
+		_ = json.Unmarshal(out, &st)
+		switch st.Status {
+		case "running":
+			return nil
+		case "paused", "postmigrate", "prelaunch":
+			_, err := q.run(ctx, `{"execute":"cont"}`, nil)
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: restored VM is %s: %w", st.Status, ctx.Err())
+		case <-time.After(time.Millisecond):
 		}
 	}
 }

@@ -8,7 +8,7 @@
 // rest of the end-to-end time. It writes the section "Sandboxes" of
 // docs/benchmarks.md and docs/benchmarks-notes.md.
 //
-//	go run ./tools/sandboxbench [-runs 100] [-database $SERVICE_DATABASE_URL]
+//	go run ./tools/sandboxbench [-runs 100] [-rounds 3] [-database $SERVICE_DATABASE_URL]
 package main
 
 import (
@@ -17,11 +17,15 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"computeplane/gen/client"
+	"computeplane/internal/images"
+	"computeplane/internal/qemu"
 	"computeplane/tools/benchkit"
 )
 
@@ -32,13 +36,17 @@ type series struct {
 }
 
 func main() {
-	runs := flag.Int("runs", 100, "sandboxes created of each kind (the nearest-rank p99 of 50 is their maximum, of 100 the second largest)")
+	runs := flag.Int("runs", 100, "sandboxes created of each kind per round (the nearest-rank p99 of 50 is their maximum, of 100 the second largest)")
+	rounds := flag.Int("rounds", 3, "rounds of every kind, reported side by side for their spread (the machines are noisy)")
 	database := flag.String("database", os.Getenv("SERVICE_DATABASE_URL"), "a PostgreSQL URL; a database of its own is made on that server")
 	imagesDir := flag.String("images", ".service/images", "the image source with computeplane/minimal (make images)")
 	out := flag.String("out", "docs/benchmarks.md", "the benchmarks page")
 	notes := flag.String("notes", "docs/benchmarks-notes.md", "the notes page make bench appends")
 	flag.Parse()
 	ctx := context.Background()
+	if _, err := (&images.Dir{Path: *imagesDir}).Get(ctx, "computeplane/minimal"); err != nil {
+		log.Fatalf("sandboxbench: %v (run make images)", err)
+	}
 	f := benchkit.StartFleet(ctx, "sandboxbench", *database, *imagesDir)
 	defer f.Close()
 	check := func(err error) {
@@ -61,6 +69,15 @@ func main() {
 		total := time.Since(t0)
 		check(err)
 		sb := res.Data
+		// A wait is at most 30 s; on a loaded machine a boot can take
+		// longer: follow the sandbox until it runs.
+		for deadline := time.Now().Add(5 * time.Minute); (sb.State == "creating" || sb.State == "starting") && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+			g, err := f.C.SandboxesGet(ctx, &client.SandboxesGetInput{TenantId: "bench", SandboxId: sb.SandboxId})
+			check(err)
+			sb = g.Data
+		}
+		total = time.Since(t0)
 		if sb.State != "running" || sb.Timings.HostReadyMs.Null {
 			f.Fatal(fmt.Sprintf("sandbox %s is %s (%v)", sb.SandboxId, sb.State, sb.Error))
 		}
@@ -89,60 +106,129 @@ func main() {
 		}
 	}
 
-	warm := &series{name: "warm claim"}
-	wt := template("warm", 2)
-	for i := 0; i < *runs; i++ {
-		settled(wt, 2)
-		remove(create(client.SandboxesCreateInput{TemplateId: client.NewOptString(wt)}, warm).SandboxId)
-	}
-	cold := &series{name: "cold boot"}
-	ct := template("cold", 0)
-	for i := 0; i < *runs; i++ {
-		settled(ct, 0)
-		remove(create(client.SandboxesCreateInput{TemplateId: client.NewOptString(ct)}, cold).SandboxId)
-	}
-	restore := &series{name: "restore"}
+	im, err := (&images.Dir{Path: *imagesDir}).Get(ctx, "computeplane/minimal")
+	check(err)
+	wt, ct := template("warm", 2), template("cold", 0)
 	src := create(client.SandboxesCreateInput{TemplateId: client.NewOptString(ct)}, nil)
 	snap, err := f.C.SandboxSnapshotsCreate(ctx, &client.SandboxSnapshotsCreateInput{TenantId: "bench", SandboxId: src.SandboxId, Keep: client.NewOptBool(true),
 		IdempotencyKey: "snap", Wait: client.NewOptWait(client.Wait{TimeoutMs: 30000})})
 	check(err)
+	for deadline := time.Now().Add(5 * time.Minute); snap.Data.State != "ready" && snap.Data.State != "failed" && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		g, err := f.C.SandboxSnapshotsGet(ctx, &client.SandboxSnapshotsGetInput{TenantId: "bench", SnapshotId: snap.Data.SnapshotId})
+		check(err)
+		snap.Data = g.Data
+	}
 	if snap.Data.State != "ready" {
 		f.Fatal("the snapshot is " + string(snap.Data.State))
 	}
-	for i := 0; i < *runs; i++ {
-		settled(ct, 0)
-		remove(create(client.SandboxesCreateInput{FromSnapshot: client.NewOptString(snap.Data.SnapshotId)}, restore).SandboxId)
+	var all [][]*series // per round: warm, restore, cold, bare
+	for r := 0; r < *rounds; r++ {
+		warm, restore, cold := &series{name: "warm claim"}, &series{name: "restore"}, &series{name: "cold boot"}
+		bare := &series{name: "bare qemu boot (baseline)"}
+		for i := 0; i < *runs; i++ {
+			settled(wt, 2)
+			remove(create(client.SandboxesCreateInput{TemplateId: client.NewOptString(wt)}, warm).SandboxId)
+		}
+		for i := 0; i < *runs; i++ {
+			settled(ct, 0)
+			remove(create(client.SandboxesCreateInput{FromSnapshot: client.NewOptString(snap.Data.SnapshotId)}, restore).SandboxId)
+		}
+		for i := 0; i < *runs; i++ {
+			settled(ct, 0)
+			// The same image booted by qemu alone, in the same run and
+			// on the same host: the cold boot's baseline.
+			bare.total = append(bare.total, bareBoot(ctx, f.Work, im, i, check))
+			remove(create(client.SandboxesCreateInput{TemplateId: client.NewOptString(ct)}, cold).SandboxId)
+		}
+		all = append(all, []*series{warm, restore, cold, bare})
+		log.Printf("round %d done", r+1)
 	}
-
-	row := func(s *series) string {
-		return fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s |\n", s.name, benchkit.Pct(s.total, 50), benchkit.Pct(s.total, 99),
-			benchkit.Pct(s.control, 50), benchkit.Pct(s.control, 99), benchkit.Pct(s.host, 50), benchkit.Pct(s.host, 99))
-	}
-	section := fmt.Sprintf(`## Sandboxes
-
-Written by `+"`make bench-sandboxes`"+` (tools/sandboxbench) on %s: computed (every role, the
-gateway included) and one compute-agent with the qemu runtime on this machine; %d sandboxes of
-each kind (1 vCPU, 256 MiB, the minimal image, guest memory in a shared file on a tmpfs, a
-restore mapping its snapshot's memory file copy-on-write), created one after another with wait
-and deleted before the next, a warm pool of 2 refilled at nice 10; TCG, not KVM (see
-../shared/design/TOOLING.md); %d cores, %s. End to end is the client's create call until the
-answer says running (the guest answered with the sandbox's own identity and its root filesystem
-checked out); the host's share
-is what the daemon measured from the VM's start, resume or restore to that point; the control
-plane's share is the rest (admission, placement, commit, the spec reaching the daemon, its
-status written, the wait noticing it).
-
-| Start | end to end p50 | p99 | control plane p50 | p99 | host p50 | p99 |
-|---|---:|---:|---:|---:|---:|---:|
-%s%s%s
-Goals on these machines: a warm claim ready p99 under 100 ms with under 20 ms of control-plane
-time (here %s and %s); a restore from a snapshot p99 under 300 ms (here %s); a cold boot p99
-under 3 s (here %s).
-
-`, time.Now().UTC().Format("2006-01-02"), *runs, runtime.NumCPU(), runtime.Version(), row(warm), row(restore), row(cold),
-		benchkit.Pct(warm.total, 99), benchkit.Pct(warm.control, 99), benchkit.Pct(restore.total, 99), benchkit.Pct(cold.total, 99))
+	load, _ := os.ReadFile("/proc/loadavg")
+	section := report(*runs, all, strings.Join(strings.Fields(string(load))[:3], " "))
 	fmt.Print(section)
 	for _, p := range []string{*out, *notes} {
 		check(benchkit.ReplaceSection(p, "## Sandboxes", section))
 	}
+}
+
+// report is the section: per kind and round, p50 and p99 of end to end,
+// control plane and host.
+func report(runs int, all [][]*series, load string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `## Sandboxes
+
+Written by `+"`make bench-sandboxes`"+` (tools/sandboxbench) on %s: computed (every role, the
+gateway included) and one compute-agent with the qemu runtime on this machine; %d rounds of %d
+sandboxes of each kind (1 vCPU, 256 MiB, the minimal image, guest memory in a shared file on a
+tmpfs, a restore mapping its snapshot's memory file copy-on-write), created one after another
+with wait and deleted before the next, a warm pool of 2 refilled at nice 10; before each cold
+boot the same image is booted by qemu alone (the runtime's machine and flags) until
+compute-guest is ready, the cold boot's baseline; TCG, not KVM (see
+../shared/design/TOOLING.md); %d cores, %s; load average %s when written (the machine is
+shared). End to end is the client's create call until the answer says running (the guest
+answered with the sandbox's own identity and its root filesystem checked out); the host's share
+is what the daemon measured from the VM's start, resume or restore to that point; the control
+plane's share is the rest (admission, placement, commit, the spec reaching the daemon, its
+status written, the wait noticing it).
+
+| Start | round | end to end p50 | p99 | control plane p50 | p99 | host p50 | p99 |
+|---|---:|---:|---:|---:|---:|---:|---:|
+`, time.Now().UTC().Format("2006-01-02"), len(all), runs, runtime.NumCPU(), runtime.Version(), load)
+	for k := range all[0] {
+		for r, round := range all {
+			s := round[k]
+			if s.control == nil {
+				fmt.Fprintf(&b, "| %s | %d | %s | %s | | | | |\n", s.name, r+1, benchkit.Pct(s.total, 50), benchkit.Pct(s.total, 99))
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", s.name, r+1, benchkit.Pct(s.total, 50), benchkit.Pct(s.total, 99),
+				benchkit.Pct(s.control, 50), benchkit.Pct(s.control, 99), benchkit.Pct(s.host, 50), benchkit.Pct(s.host, 99))
+		}
+	}
+	worst := func(k int, pick func(*series) []time.Duration) time.Duration {
+		var w time.Duration
+		for _, round := range all {
+			w = max(w, benchkit.Quantile(pick(round[k]), 99))
+		}
+		return w
+	}
+	total := func(s *series) []time.Duration { return s.total }
+	control := func(s *series) []time.Duration { return s.control }
+	verdict := func(d, goal time.Duration) string {
+		if d <= goal {
+			return "met"
+		}
+		return "missed"
+	}
+	w, wc, rs, cb := worst(0, total), worst(0, control), worst(1, total), worst(2, total)
+	fmt.Fprintf(&b, `
+Goals (issue 26), judged on the worst round: a warm claim p99 at most 15 ms end to end (%s: %s)
+with at most 10 ms of control plane (%s: %s); a restore p99 at most 150 ms (%s: %s); a cold boot
+p99 at most 1.5 s (%s: %s).
+
+`, w, verdict(w, 15*time.Millisecond), wc, verdict(wc, 10*time.Millisecond), rs, verdict(rs, 150*time.Millisecond), cb, verdict(cb, 1500*time.Millisecond))
+	return b.String()
+}
+
+// bareBoot boots the image with qemu alone (the runtime's machine and
+// flags, TCG) until compute-guest's ready event, and ends it.
+func bareBoot(ctx context.Context, work string, im *images.Image, i int, check func(error)) time.Duration {
+	c := &qemu.Config{ID: "bare-" + strconv.Itoa(i), Dir: filepath.Join(work, "bare"), VCPU: 1, MemoryMiB: 256, Accel: qemu.AccelTCG,
+		Machine: qemu.MachineMicroVM, Kernel: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline + " compute.hostname=bare"}
+	start := time.Now()
+	vm, err := qemu.Start(ctx, c)
+	check(err)
+	defer func() { _ = vm.Kill() }()
+	var g *qemu.Guest
+	for g == nil {
+		if g, err = vm.Guest(); err != nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	_, err = g.Ready(rctx)
+	check(err)
+	return time.Since(start)
 }
