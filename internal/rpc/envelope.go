@@ -380,15 +380,28 @@ func putBody(b *bytes.Buffer) {
 	}
 }
 
-// readBody reads at most MaxBody bytes of body into buf.
+// readBody reads body into buf, refusing more than MaxBody bytes. It reads
+// into buf's spare room itself: a LimitReader or MaxBytesReader would cost
+// an allocation per call.
 func readBody(buf *bytes.Buffer, body io.Reader) error {
-	if _, err := buf.ReadFrom(io.LimitReader(body, MaxBody+1)); err != nil {
-		return api.Errorf(api.CodeInvalidInput, "body could not be read")
+	for {
+		if buf.Available() < bytes.MinRead {
+			buf.Grow(bytes.MinRead)
+		}
+		room := buf.AvailableBuffer()[:buf.Available()]
+		room = room[:min(len(room), MaxBody+1-buf.Len())]
+		n, err := body.Read(room)
+		buf.Write(room[:n]) // room is buf's own tail: this only extends it
+		if buf.Len() > MaxBody {
+			return api.Errorf(api.CodeInvalidInput, "body exceeds %d bytes", MaxBody)
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return api.Errorf(api.CodeInvalidInput, "body could not be read")
+		}
 	}
-	if buf.Len() > MaxBody {
-		return api.Errorf(api.CodeInvalidInput, "body exceeds %d bytes", MaxBody)
-	}
-	return nil
 }
 
 // encoders are the JSON encoders answers are written with, reused across
