@@ -3,7 +3,6 @@ package iam
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"sync"
 	"time"
 )
@@ -26,8 +25,8 @@ type Cached struct {
 	now func() time.Time
 
 	mu     sync.Mutex
-	creds  map[string]credEntry
-	allows map[string]time.Time
+	creds  map[credKey]credEntry
+	allows map[allowKey]time.Time
 
 	// Revocation listeners (OnRevoke), under their own lock so that React
 	// never calls out while holding mu.
@@ -48,19 +47,27 @@ func NewCached(p Port, now func() time.Time) *Cached {
 	if now == nil {
 		now = time.Now
 	}
-	return &Cached{Port: p, now: now, creds: map[string]credEntry{}, allows: map[string]time.Time{}}
+	return &Cached{Port: p, now: now, creds: map[credKey]credEntry{}, allows: map[allowKey]time.Time{}}
 }
 
-func credentialKey(c Credential) string {
-	h := sha256.New()
-	h.Write([]byte(c.Token))
-	h.Write([]byte{0})
+// credKey is the SHA-256 of a credential and its source address: the
+// cache holds no token, and computing it costs no allocation.
+type credKey [sha256.Size]byte
+
+func credentialKey(c Credential) credKey {
+	var stack [1024]byte // tokens and addresses fit; a longer one spills to the heap
+	b := append(stack[:0], c.Token...)
+	b = append(b, 0)
 	if c.Cookie {
-		h.Write([]byte("cookie"))
+		b = append(b, "cookie"...)
 	}
-	h.Write([]byte{0})
-	h.Write([]byte(c.SourceIP.String()))
-	return hex.EncodeToString(h.Sum(nil))
+	b = append(b, 0)
+	if c.SourceIP.IsValid() {
+		b = c.SourceIP.AppendTo(b)
+	} else {
+		b = append(b, "invalid IP"...) // what netip.Addr.String says of it
+	}
+	return sha256.Sum256(b)
 }
 
 // Authenticate answers from the cache when the same credential came from the
@@ -89,13 +96,19 @@ func (c *Cached) Authenticate(ctx context.Context, cred Credential) (*Caller, er
 	return caller, nil
 }
 
-func allowKey(caller *Caller, action string, r Resource) string {
-	return caller.Session + "\x00" + action + "\x00" + r.Type + "\x00" + r.ID + "\x00" + r.TenantID
+// allowKey is what an allow is cached under: a struct of the strings the
+// decision was made on, so that a lookup builds no key (no allocation).
+type allowKey struct {
+	session, action, typ, id, tenant string
+}
+
+func allowKeyOf(caller *Caller, action string, r Resource) allowKey {
+	return allowKey{session: caller.Session, action: action, typ: r.Type, id: r.ID, tenant: r.TenantID}
 }
 
 // Authorize answers an allow from the cache for AllowTTL per session.
 func (c *Cached) Authorize(ctx context.Context, caller *Caller, action string, r Resource) error {
-	key := allowKey(caller, action, r)
+	key := allowKeyOf(caller, action, r)
 	now := c.now()
 	c.mu.Lock()
 	exp, ok := c.allows[key]
@@ -125,9 +138,8 @@ func (c *Cached) DropSession(session string) {
 			delete(c.creds, k)
 		}
 	}
-	prefix := session + "\x00"
 	for k := range c.allows {
-		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
+		if k.session == session {
 			delete(c.allows, k)
 		}
 	}
@@ -199,7 +211,7 @@ func (c *Cached) revoked(session string) {
 	}
 }
 
-func sweep[V any](m map[string]V, now time.Time, expires func(V) time.Time) {
+func sweep[K comparable, V any](m map[K]V, now time.Time, expires func(V) time.Time) {
 	for k, v := range m {
 		if !now.Before(expires(v)) {
 			delete(m, k)

@@ -219,3 +219,30 @@ func TestOnRevokeHearsReactedSessions(t *testing.T) {
 	assert.Equal(t, []string{"key:a", "key:b"}, second)
 	assert.False(t, cachedWhenHeard)
 }
+
+// TestCachedAllowAllocatesNothing: an allow answered from the cache, and
+// the credential key a cached authentication is looked up by, cost no
+// allocation (both run on every read).
+func TestCachedAllowAllocatesNothing(t *testing.T) {
+	c, p, _ := newCached()
+	ctx := context.Background()
+	alice := &Caller{IdentityID: "alice", Session: "key:a"}
+	r := Resource{Type: "compute-site", ID: "site_1", TenantID: "acme"}
+	require.NoError(t, c.Authorize(ctx, alice, "compute:sites:read", r))
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := c.Authorize(ctx, alice, "compute:sites:read", r); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs, "a cached allow")
+	assert.Equal(t, 1, p.authzCall, "answered from the cache")
+
+	cred := Credential{Token: "tok", SourceIP: netip.MustParseAddr("192.0.2.7")}
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = credentialKey(cred) }), "a credential key")
+	other := cred
+	other.SourceIP = netip.MustParseAddr("2001:db8::7")
+	assert.NotEqual(t, credentialKey(cred), credentialKey(other), "keyed on the source address")
+	other = cred
+	other.Cookie = true
+	assert.NotEqual(t, credentialKey(cred), credentialKey(other), "keyed on cookie or bearer")
+}

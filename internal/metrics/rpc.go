@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,7 +43,69 @@ type RPC struct {
 	duration *HistogramVec
 	denied   *CounterVec
 	trips    *HistogramVec
+
+	// series holds each method's children of a successful call, resolved
+	// once: the hot path reads a copy-on-write map (no lock, no
+	// allocation) instead of building a label key per call.
+	series   atomic.Pointer[map[string]*methodSeries]
+	seriesMu sync.Mutex
 }
+
+// methodSeries are the children one successful call of a method touches,
+// each resolved on its first use (a series appears when first recorded,
+// as with WithLabelValues).
+type methodSeries struct {
+	ok       lazy[prometheus.Counter]
+	duration lazy[prometheus.Observer]
+	trips    lazy[prometheus.Observer]
+}
+
+// lazy is a child resolved once.
+type lazy[T any] struct{ p atomic.Pointer[T] }
+
+func (l *lazy[T]) get(resolve func() T) T {
+	if p := l.p.Load(); p != nil {
+		return *p
+	}
+	v := resolve()
+	l.p.Store(&v)
+	return v
+}
+
+// of returns method's resolved children, resolving them on first use.
+func (r *RPC) of(method string) *methodSeries {
+	if m := r.series.Load(); m != nil {
+		if s, ok := (*m)[method]; ok {
+			return s
+		}
+	}
+	r.seriesMu.Lock()
+	defer r.seriesMu.Unlock()
+	old := r.series.Load()
+	if old != nil {
+		if s, ok := (*old)[method]; ok {
+			return s
+		}
+	}
+	s := &methodSeries{}
+	next := make(map[string]*methodSeries, 1)
+	if old != nil {
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	// The capped vectors fold methods beyond their cap into (other): the
+	// map holds at most the catalog's methods plus the names that fold.
+	if len(next) < maxResolvedMethods {
+		next[method] = s
+		r.series.Store(&next)
+	}
+	return s
+}
+
+// maxResolvedMethods bounds the resolved map against arbitrary method
+// names (the envelope passes only the registry's names and "(unknown)").
+const maxResolvedMethods = 4096
 
 // NewRPC builds the RPC metrics and registers them in reg. It fails when
 // they are already registered there.
@@ -104,11 +168,16 @@ func (r *RPC) Observe(method, code string, status int, d time.Duration) {
 	if r == nil {
 		return
 	}
-	r.requests.WithLabelValues(method, code).Inc()
+	s := r.of(method)
+	if code == CodeOK {
+		s.ok.get(func() prometheus.Counter { return r.requests.WithLabelValues(method, CodeOK) }).Inc()
+	} else {
+		r.requests.WithLabelValues(method, code).Inc()
+	}
 	if d < 0 {
 		d = 0
 	}
-	r.duration.WithLabelValues(method).Observe(d.Seconds())
+	s.duration.get(func() prometheus.Observer { return r.duration.WithLabelValues(method) }).Observe(d.Seconds())
 	if Denied(status) {
 		r.denied.WithLabelValues(method, code).Inc()
 	}
@@ -129,5 +198,5 @@ func (r *RPC) RoundTrips(method string, n int64) {
 	if r == nil {
 		return
 	}
-	r.trips.WithLabelValues(method).Observe(float64(n))
+	r.of(method).trips.get(func() prometheus.Observer { return r.trips.WithLabelValues(method) }).Observe(float64(n))
 }

@@ -92,3 +92,18 @@ func TestRPCPartialRegistrationRollback(t *testing.T) {
 	_, err = reg.NewHistogramVec(rpcDurationOpts(), []string{"method"})
 	require.NoError(t, err)
 }
+
+// TestRPCObserveSuccessAllocatesNothing: once a method's children are
+// resolved, recording a successful call and its round trips allocates
+// nothing (the envelope records both on every call).
+func TestRPCObserveSuccessAllocatesNothing(t *testing.T) {
+	rpc, err := NewRPC(NewRegistry())
+	require.NoError(t, err)
+	rpc.Observe("sites.get", CodeOK, 200, time.Millisecond)
+	rpc.RoundTrips("sites.get", 1)
+	allocs := testing.AllocsPerRun(100, func() {
+		rpc.Observe("sites.get", CodeOK, 200, time.Millisecond)
+		rpc.RoundTrips("sites.get", 1)
+	})
+	assert.Zero(t, allocs)
+}

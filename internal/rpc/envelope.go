@@ -7,6 +7,7 @@
 package rpc
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -18,9 +19,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/go-faster/jx"
 	"github.com/jackc/pgx/v5"
 
 	"computeplane/gen/api"
@@ -149,7 +152,7 @@ func unavailable(log *slog.Logger, err error) error {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := h.now()
 	ctx, meta := reqmeta.Begin(w, r)
-	log := h.logger().With("requestId", meta.RequestID)
+	log := h.logger()
 
 	route := strings.TrimPrefix(r.URL.Path, h.BasePath)
 	m := api.Lookup(route)
@@ -158,23 +161,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		name = m.FullName
 	}
 	var trips atomic.Int64
-	data, err := h.serve(store.CountRoundTrips(ctx, &trips), log, r, m, meta)
+	data, err := h.serve(store.CountRoundTrips(ctx, &trips), r, m, meta)
 	status, code := http.StatusOK, metrics.CodeOK
 	if err == nil {
 		err = writeData(w, data)
 	}
 	if err != nil {
 		var c api.Code
-		status, c = WriteError(w, log, err)
+		status, c = WriteError(w, log.With("requestId", meta.RequestID), err)
 		code = string(c)
 	}
 	h.Metrics.Observe(name, code, status, h.now().Sub(start))
 	h.Metrics.RoundTrips(name, trips.Load())
-	// One line per call at info (SERVICE_LOG_LEVEL=info), with its request id.
-	log.Info("rpc", "method", name, "status", status, "code", code, "ms", h.now().Sub(start).Milliseconds())
+	// One line per call at info (SERVICE_LOG_LEVEL=info), with its request
+	// id first (as a With would put it). Its attributes are built only when
+	// the level is on: boxing them costs allocations on every call.
+	if log.Enabled(ctx, slog.LevelInfo) {
+		log.Info("rpc", "requestId", meta.RequestID, "method", name, "status", status, "code", code, "ms", h.now().Sub(start).Milliseconds())
+	}
 }
 
-func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, m *api.Method, meta reqmeta.Meta) (_ any, err error) {
+func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, meta reqmeta.Meta) (_ any, err error) {
 	if m == nil {
 		return nil, api.Errorf(api.CodeNotFound, "no method at %s", r.URL.Path)
 	}
@@ -194,15 +201,13 @@ func (h *Handler) serve(ctx context.Context, log *slog.Logger, r *http.Request, 
 			h.Admission.Leave()
 		}
 	}()
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, api.Errorf(api.CodeInvalidInput, "body exceeds %d bytes", MaxBody)
-		}
-		return nil, api.Errorf(api.CodeInvalidInput, "body could not be read")
+	buf := bodies.Get().(*bytes.Buffer)
+	defer putBody(buf)
+	if err := readBody(buf, r.Body); err != nil {
+		return nil, err
 	}
-	obj, issue := wire.ParseObject(body)
+	// The tree copies what it keeps: the buffer goes back to the pool.
+	obj, issue := wire.ParseObject(buf.Bytes())
 	if issue != nil {
 		return nil, invalidInput(&wire.Issues{List: []wire.Issue{*issue}})
 	}
@@ -362,19 +367,93 @@ type errorPayload struct {
 	Details      map[string]any `json:"details,omitempty"`
 }
 
+// bodies are the buffers request bodies are read into, reused across
+// calls; a buffer grown past maxPooled is left to the collector.
+var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooled = MaxBody + bytes.MinRead
+
+func putBody(b *bytes.Buffer) {
+	if b.Cap() <= maxPooled {
+		b.Reset()
+		bodies.Put(b)
+	}
+}
+
+// readBody reads body into buf, refusing more than MaxBody bytes. It reads
+// into buf's spare room itself: a LimitReader or MaxBytesReader would cost
+// an allocation per call.
+func readBody(buf *bytes.Buffer, body io.Reader) error {
+	for {
+		if buf.Available() < bytes.MinRead {
+			buf.Grow(bytes.MinRead)
+		}
+		room := buf.AvailableBuffer()[:buf.Available()]
+		room = room[:min(len(room), MaxBody+1-buf.Len())]
+		n, err := body.Read(room)
+		buf.Write(room[:n]) // room is buf's own tail: this only extends it
+		if buf.Len() > MaxBody {
+			return api.Errorf(api.CodeInvalidInput, "body exceeds %d bytes", MaxBody)
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return api.Errorf(api.CodeInvalidInput, "body could not be read")
+		}
+	}
+}
+
+// encoders are the JSON encoders answers are written with, reused across
+// calls like bodies.
+var encoders = sync.Pool{New: func() any { return new(jx.Encoder) }}
+
+// maxPooledAnswer bounds the answer buffer kept for reuse (a list page is
+// tens of KiB; a rare large answer is not kept).
+const maxPooledAnswer = 1 << 20
+
+// jsonEncoder is what the generator writes for every output type
+// (gen/api/json_gen.go): encoding/json's bytes without reflection.
+type jsonEncoder interface {
+	EncodeJSON(e *jx.Encoder) error
+}
+
+// Header values shared by every answer: setting the map entry to a
+// prebuilt slice saves Header.Set's allocation per header per call.
+var (
+	headerJSON    = []string{"application/json"}
+	headerNoStore = []string{"no-store"}
+)
+
 // writeData answers {data}; an output that does not encode is returned as
-// the error to answer instead, with nothing written.
+// the error to answer instead, with nothing written. Outputs of the
+// catalog's types encode with their generated EncodeJSON; anything else (a
+// continuation's answer of another type) with encoding/json.
 func writeData(w http.ResponseWriter, data any) error {
-	buf, err := json.Marshal(struct {
-		Data any `json:"data"`
-	}{data})
+	e := encoders.Get().(*jx.Encoder)
+	e.Reset()
+	defer func() {
+		if cap(e.Bytes()) <= maxPooledAnswer {
+			encoders.Put(e)
+		}
+	}()
+	e.ObjStart()
+	e.FieldStart("data")
+	var err error
+	if d, ok := data.(jsonEncoder); ok {
+		err = d.EncodeJSON(e)
+	} else {
+		err = wire.EncodeAny(e, data)
+	}
 	if err != nil {
 		return err
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
+	e.ObjEnd()
+	h := w.Header()
+	h["Content-Type"] = headerJSON
+	h["Cache-Control"] = headerNoStore
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(buf)
+	_, _ = w.Write(e.Bytes())
 	return nil
 }
 

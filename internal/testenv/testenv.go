@@ -43,6 +43,7 @@ type settings struct {
 	overrides host.Overrides
 	store     *store.Store
 	plugins   builtin.Plugins
+	logLevel  slog.Level
 }
 
 // Option changes how Start builds the env.
@@ -69,6 +70,10 @@ func WithProviders(f ...*providers.Factory) Option {
 	return func(s *settings) { s.plugins.Providers = append(s.plugins.Providers, f...) }
 }
 
+// WithLogLevel logs at level instead of debug (a benchmark measures the
+// production default, warn, where the per-call line is off).
+func WithLogLevel(level slog.Level) Option { return func(s *settings) { s.logLevel = level } }
+
 // WithOverrides replaces parts of the host (a gate, a service double).
 func WithOverrides(ov host.Overrides) Option { return func(s *settings) { s.overrides = ov } }
 
@@ -81,7 +86,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 	s := settings{env: map[string]string{
 		"SERVICE_DATABASE_URL": "postgres://unused", // the store is already open
 		"SERVICE_SECRET":       TestSecret,
-	}, plugins: builtin.All()}
+	}, plugins: builtin.All(), logLevel: slog.LevelDebug}
 	for _, o := range opts {
 		o(&s)
 	}
@@ -92,7 +97,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 	cfg, err := config.Load(func(k string) string { return s.env[k] })
 	require.NoError(t, err)
 	logs := &SyncBuffer{}
-	log := logging.New(logs, slog.LevelDebug)
+	log := logging.New(logs, s.logLevel)
 	h, err := host.Assemble(cfg, st, log, s.plugins, s.overrides)
 	require.NoError(t, err)
 	t.Cleanup(h.Close) // before the database is dropped (cleanups run last first)

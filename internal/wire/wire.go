@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/go-faster/jx"
 )
 
 // Issue is one problem found in an input, with the dotted path of the field
@@ -82,6 +84,15 @@ func ParseObject(body []byte) (map[string]any, *Issue) {
 	if !utf8.Valid(body) {
 		return nil, &Issue{Message: "body is not valid UTF-8"}
 	}
+	if obj, ok := parseFast(body); ok {
+		return obj, nil
+	}
+	return parseSlow(body)
+}
+
+// parseSlow is ParseObject by encoding/json: one pass to decode, one over
+// the tokens for what the decoder lets through. It names every refusal.
+func parseSlow(body []byte) (map[string]any, *Issue) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var v any
@@ -466,3 +477,15 @@ const TimeLayout = "2006-01-02T15:04:05.000Z"
 
 // Time writes t as the API does.
 func Time(t time.Time) string { return t.UTC().Format(TimeLayout) }
+
+// EncodeAny writes v with encoding/json: what the generated encoders use
+// for values the catalog does not type (any, free-form objects) and for
+// maps, whose keys encoding/json sorts and escapes.
+func EncodeAny(e *jx.Encoder, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	e.Raw(b)
+	return nil
+}

@@ -547,3 +547,33 @@ func FuzzInt(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseFastMatches holds ParseObject's single pass to its
+// encoding/json passes: whatever the fast path accepts, the slow one
+// accepts too, with the same tree; and what the slow one accepts without
+// an issue the fast one may only decline (never answer differently).
+func FuzzParseFastMatches(f *testing.F) {
+	for _, s := range []string{
+		"{}", " {} ", `{"a":1}`, `{"a":1.0e3,"b":[null,true,false,{"c":"é"}],"d":-0,"e":"\"\\\/\b\f\n\r\t\u00e9\u20ac"}`,
+		"{}{}", "{} x", `{"a":`, `{"\ud800":"x"}`, `{"a":"\u0000"}`, `{"a":1,"a":2}`, `{"n":-0.0E-0}`, `{"n":01}`,
+		`{"n":1.}`, `{"n":.1}`, `{"n":-}`, `{"n":1e}`, `{"a":[1,]}`, `{"a":{},}`, `{"a" "b"}`, `{"a":tru}`, "{\"a\":\"\t\"}",
+		`{"a":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}`,
+		`{"a":"\uD834\uDD1E"}`, `{"a":"\u00"}`, `{"a":"x\q"}`, `{"a":1E+2,"b":1e-2}`, "\t{\n}\r",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if !utf8.Valid(body) {
+			return // ParseObject refuses it before either path
+		}
+		fast, ok := wire.ParseFast(body)
+		slow, issue := wire.ParseSlow(body)
+		if !ok {
+			return
+		}
+		if issue != nil {
+			t.Fatalf("body %q: the fast path accepted what encoding/json refuses: %s", body, issue.Message)
+		}
+		require.Equal(t, slow, fast, "body %q", body)
+	})
+}

@@ -60,6 +60,10 @@ func Files(c *catalog.Catalog) (map[string][]byte, error) {
 		files[name] = g.groupFile(grp)
 	}
 	files["rules_gen.go"] = g.rulesFile() // last: the other files register rules
+	if _, taken := files["json_gen.go"]; taken {
+		return nil, fmt.Errorf("a group would overwrite json_gen.go")
+	}
+	files["json_gen.go"] = g.jsonFile() // after every struct was declared
 	for name, f := range files {
 		var buf bytes.Buffer
 		if err := f.Render(&buf); err != nil {
@@ -80,6 +84,8 @@ type generator struct {
 	ruleNames map[string]bool
 	// decoders marks named types that need a decode function.
 	decoders map[*catalog.NamedType]bool
+	// encoded lists the output structs, in declaration order.
+	encoded []encoded
 }
 
 func newFile() *jen.File {
@@ -224,6 +230,9 @@ func (g *generator) structType(f *jen.File, name string, s *catalog.Schema, inpu
 	var nested []func()
 	if doc != "" {
 		f.Comment(name + ": " + oneLine(doc))
+	}
+	if !input {
+		g.encoded = append(g.encoded, encoded{name: name, schema: s})
 	}
 	f.Type().Id(name).StructFunc(func(st *jen.Group) {
 		for _, fd := range s.Fields {

@@ -92,8 +92,16 @@ func TestFilesLayout(t *testing.T) {
 	}
 	slices.Sort(names)
 	require.Equal(t, []string{
-		"errors_gen.go", "events_gen.go", "extras_gen.go", "meters_gen.go", "registry_gen.go", "registry_types_gen.go", "rules_gen.go", "things_gen.go", "types_gen.go",
+		"errors_gen.go", "events_gen.go", "extras_gen.go", "json_gen.go", "meters_gen.go", "registry_gen.go", "registry_types_gen.go", "rules_gen.go", "things_gen.go", "types_gen.go",
 	}, names)
+	// Every output struct encodes without reflection, as encoding/json
+	// would: nil is null, optional fields are left out when empty, any and
+	// maps go through encoding/json.
+	requireSnippets(t, files["json_gen.go"],
+		"EncodeJSON(e *jx.Encoder) error {\nif v == nil {\ne.Null()\nreturn nil\n}\ne.ObjStart()",
+		"e.StrEscape(",
+		"func OutputTypes() []any {",
+	)
 	requireSnippets(t, files["meters_gen.go"],
 		"MeterVpsVolumeGibHours = \"vps.volume.gib.hours\"",
 		"Description: \"Size of a thing, by the hour.\", Module: \"things\", Name: MeterVpsVolumeGibHours, Unit: \"GiB-hour\",")
