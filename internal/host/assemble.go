@@ -541,9 +541,23 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 
 // admissionLimits resolves the admission option against the api's pool.
 func admissionLimits(o config.Admission, poolConns int) admission.Limits {
-	l := admission.Limits{MaxInFlight: o.MaxInFlight, TenantRate: o.TenantRate, TenantBurst: o.TenantBurst}
+	l := admission.Limits{
+		MaxInFlight: o.MaxInFlight, Adaptive: o.Adaptive, MinInFlight: o.MinInFlight,
+		Tolerance: o.LatencyTolerance, MaxQueue: o.MaxQueue,
+		TenantRate: o.TenantRate, TenantBurst: o.TenantBurst,
+		GlobalRate: o.GlobalRate, GlobalBurst: o.GlobalBurst,
+	}
 	if l.MaxInFlight == config.AutoInFlight {
 		l.MaxInFlight = config.InFlightPerConn * poolConns
+	}
+	if l.MinInFlight == config.AutoInFlight {
+		l.MinInFlight = min(poolConns, l.MaxInFlight)
+	}
+	if len(o.Tenants) > 0 {
+		l.Tenants = make(map[string]admission.Bucket, len(o.Tenants))
+		for t, b := range o.Tenants {
+			l.Tenants[t] = admission.Bucket{Rate: b.Rate, Burst: b.Burst}
+		}
 	}
 	return l
 }
