@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -74,6 +75,8 @@ type assembly struct {
 	plugins builtin.Plugins
 	now     func() time.Time
 	bundle  func() (*pki.Bundle, error)
+	// draining makes /readyz fail once shutdown began (Host.Serve).
+	draining *atomic.Bool
 
 	siblings []*store.Store // pools opened beside st, closed with the host
 	closers  []func()       // other connections closed with the host
@@ -119,7 +122,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 	if builtIn.Drivers, err = enabledDrivers(cfg, builtIn.Drivers); err != nil {
 		return nil, err
 	}
-	a := &assembly{cfg: cfg, st: st, log: log, plugins: builtIn, now: time.Now, bundle: pki.Loader(cfg.PKIFile, cfg.Secret)}
+	a := &assembly{cfg: cfg, st: st, log: log, plugins: builtIn, now: time.Now, bundle: pki.Loader(cfg.PKIFile, cfg.Secret), draining: &atomic.Bool{}}
 	if ov.Now != nil {
 		a.now = ov.Now
 	}
@@ -162,7 +165,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 		// Last: nothing after it can fail and leave processes behind.
 		a.pluginHost.Start()
 	}
-	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, caches: a.cached, watch: watch,
+	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, draining: a.draining, identity: a.identity, caches: a.cached, watch: watch,
 		sinks: a.sinkList, dispatch: dispatch,
 		notifier: a.notifier, workers: runner, siblings: a.siblings, closers: a.closers, placer: a.placer, gateway: gwRole, queue: queue, relay: a.relay,
 	}, nil
@@ -494,6 +497,7 @@ func (a *assembly) gatewayRole() (*gateway.Gateway, error) {
 func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *gateway.Gateway) (http.Handler, error) {
 	cfg, log := a.cfg, a.log
 	opts := server.Options{
+		Draining:     a.draining.Load,
 		BasePath:     cfg.BasePath,
 		RPC:          envelope,
 		Store:        a.st,

@@ -41,6 +41,10 @@ type Result struct {
 	// with RATE_LIMITED (shed), apart from other errors.
 	Rate        float64 `json:"rate,omitempty"`
 	RateLimited int64   `json:"rateLimited,omitempty"`
+	// Open loop only: p99 of how late the generator itself started calls
+	// against their schedule (a generator short of CPU falls behind, and
+	// that lateness is in the latencies too).
+	LateP99Ms float64 `json:"lateP99Ms,omitempty"`
 }
 
 func main() {
@@ -55,7 +59,12 @@ func main() {
 	rate := flag.Float64("rate", 0, "open loop: calls started per second (0: closed loop at -c)")
 	flag.Parse()
 
-	idle := max(*conc*2, int(*rate/50)) // an open loop keeps about rate x latency connections busy
+	// An open loop keeps about rate x latency connections busy, more when
+	// the server slows down: keep them all rather than dial anew per call.
+	idle := *conc * 2
+	if *rate > 0 {
+		idle = max(idle, 2048)
+	}
 	transport := &http.Transport{MaxIdleConns: idle, MaxIdleConnsPerHost: idle, IdleConnTimeout: time.Minute}
 	c, err := computeclient.New(*url, computeclient.WithToken(*token), computeclient.WithHTTPClient(&http.Client{Transport: transport}))
 	if err != nil {
@@ -139,6 +148,7 @@ func openLoop(call func(context.Context) error, rate float64, d time.Duration) R
 	var (
 		mu      sync.Mutex
 		lat     []time.Duration
+		late    = make([]time.Duration, 0, int(rate*d.Seconds())+1)
 		errs    atomic.Int64
 		limited atomic.Int64
 		out     atomic.Int64
@@ -152,6 +162,7 @@ func openLoop(call func(context.Context) error, rate float64, d time.Duration) R
 		if wait := time.Until(at); wait > 0 {
 			time.Sleep(wait)
 		}
+		late = append(late, max(0, time.Since(at)))
 		if out.Load() >= maxOutstanding {
 			errs.Add(1)
 			continue
@@ -179,6 +190,10 @@ func openLoop(call func(context.Context) error, rate float64, d time.Duration) R
 	wg.Wait()
 	res := summarize(lat, d.Seconds())
 	res.Rate, res.Errors, res.RateLimited = rate, errs.Load(), limited.Load()
+	slices.Sort(late)
+	if len(late) > 0 {
+		res.LateP99Ms = float64(late[int(0.99*float64(len(late)-1))].Microseconds()) / 1000
+	}
 	return res
 }
 
