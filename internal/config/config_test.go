@@ -144,6 +144,7 @@ capacity:
   rollupEvery: 1m
   usageEvery: 10m
   spotNoticeMs: 30000
+shutdown: {unreadyMs: 3000}
 admission: {maxInFlight: 48, minInFlight: 12, latencyTolerance: 1.5, maxQueueMs: 80, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000}
 scheduler:
   plugins: [gpu-affinity]
@@ -231,6 +232,7 @@ func TestFullFile(t *testing.T) {
 		Admission: Admission{MaxInFlight: 48, Adaptive: true, MinInFlight: 12, LatencyTolerance: 1.5, MaxQueue: 80 * time.Millisecond,
 			TenantRate: 200, TenantBurst: 400, Tenants: map[string]AdmissionBucket{"bigco": {Rate: 1000, Burst: 2000}, "tiny": {Rate: 1, Burst: 1}},
 			GlobalRate: 5000, GlobalBurst: 10000},
+		Shutdown: Shutdown{Unready: 3 * time.Second},
 		Scheduler: Scheduler{Plugins: []string{"gpu-affinity"}, Weights: map[string]float64{"pack": 1, "spread": 0.5}, TopN: 3},
 		Clock:     ClockSystem,
 		Log:       Log{Level: "debug"},
@@ -647,6 +649,8 @@ func TestInvalid(t *testing.T) {
 		{"admission tenant without a rate", "admission: {tenants: {acme: {burst: 3}}}", nil, "admission.tenants.acme.rate", "is required"},
 		{"admission tenant rate zero", "admission: {tenants: {acme: {rate: 0}}}", nil, "admission.tenants.acme.rate", "above 0"},
 		{"admission tenant burst zero", "admission: {tenants: {acme: {rate: 3, burst: 0}}}", nil, "admission.tenants.acme.burst", "at least 1"},
+		{"shutdown unreadyMs negative", "shutdown: {unreadyMs: -1}", nil, "shutdown.unreadyMs", "from 0 to 60000"},
+		{"shutdown unreadyMs too long", "shutdown: {unreadyMs: 60001}", nil, "shutdown.unreadyMs", "from 0 to 60000"},
 		{"admission tenant unknown option", "admission: {tenants: {acme: {rate: 3, size: 4}}}", nil, "admission.tenants.acme.size", "unknown option"},
 		{"capacity maxAttempts", "capacity: {maxAttempts: 0}", nil, "capacity.maxAttempts", "at least 1"},
 		{"capacity rollupEvery duration", "capacity: {rollupEvery: 5}", nil, "capacity.rollupEvery", "must be a string"},
