@@ -211,7 +211,9 @@ Load average (uptime) at the start: ${load_top}; other work shared the machine.
 | sites.get / select-only | $read_ratio | at least 0.5 |
 | secrets.put / its own SQL, durable cluster | $put_ratio | at least 0.8 |
 
-Errors during the API runs: sites.get $(json "$read_rpc" errors), secrets.put $(json "$put_rpc" errors).
+Errors during the API runs: sites.get $(json "$read_rpc" errors), secrets.put $(json "$put_rpc" errors). Calls shed
+(RATE_LIMITED by the default admission; the client then waits retryAfterMs):
+sites.get $(json "$read_rpc" rateLimited), secrets.put $(json "$put_rpc" rateLimited).
 MD
 	if [[ -f docs/benchmarks-notes.md ]]; then echo; cat docs/benchmarks-notes.md; fi
 } >"$OUT"

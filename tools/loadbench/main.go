@@ -37,8 +37,9 @@ type Result struct {
 	PerSecond   float64 `json:"perSecond"`
 	P50Ms       float64 `json:"p50Ms"`
 	P99Ms       float64 `json:"p99Ms"`
-	// Open loop only: the arrival rate asked for, and the calls refused
-	// with RATE_LIMITED (shed), apart from other errors.
+	// Rate is the open loop's arrival rate; RateLimited the calls refused
+	// with RATE_LIMITED (shed), apart from other errors (a closed loop's
+	// caller then waits retryAfterMs, as clients are asked to).
 	Rate        float64 `json:"rate,omitempty"`
 	RateLimited int64   `json:"rateLimited,omitempty"`
 	// Open loop only: p99 of how late the generator itself started calls
@@ -105,7 +106,7 @@ func run(call func(context.Context) error, conc int, d time.Duration) Result {
 	defer cancel()
 	var wg sync.WaitGroup
 	lat := make([][]time.Duration, conc)
-	var errs atomic.Int64
+	var errs, limited atomic.Int64
 	start := time.Now()
 	for w := range conc {
 		wg.Add(1)
@@ -116,6 +117,14 @@ func run(call func(context.Context) error, conc int, d time.Duration) Result {
 				err := call(context.Background())
 				if ctx.Err() != nil {
 					return // the call straddled the end: not counted
+				}
+				if e, ok := computeclient.AsError(err); ok && e.Code == "RATE_LIMITED" {
+					// Shed: a well-behaved client waits as told.
+					limited.Add(1)
+					if e.RetryAfterMs != nil {
+						time.Sleep(time.Duration(*e.RetryAfterMs) * time.Millisecond)
+					}
+					continue
 				}
 				if err != nil {
 					if errs.Add(1) == 1 {
@@ -134,7 +143,7 @@ func run(call func(context.Context) error, conc int, d time.Duration) Result {
 		all = append(all, l...)
 	}
 	res := summarize(all, secs)
-	res.Concurrency, res.Errors = conc, errs.Load()
+	res.Concurrency, res.Errors, res.RateLimited = conc, errs.Load(), limited.Load()
 	return res
 }
 
