@@ -14,15 +14,16 @@ type Admission struct {
 	// 0 turns the limit off, AutoInFlight (the default) is
 	// InFlightPerConn times the api's database pool.
 	MaxInFlight int
-	// Adaptive (the default) lets the limit follow latency between
+	// Adaptive (off by default) lets the limit follow latency between
 	// MinInFlight (AutoInFlight, the default: the pool's size) and
 	// MaxInFlight; LatencyTolerance is how far the recent latency may
 	// rise over its long average before the limit shrinks.
 	Adaptive         bool
 	MinInFlight      int
 	LatencyTolerance float64
-	// MaxQueue bounds an admitted call's wait for a database connection
-	// (default DefaultMaxQueue); past it the call is shed.
+	// MaxQueue bounds an admitted call's wait for a database connection;
+	// past it the call is shed. 0 (the default) leaves the store's own
+	// 2 s, after which the call answers UNAVAILABLE.
 	MaxQueue time.Duration
 	// TenantRate is calls per second per tenant and api process (0, the
 	// default: none), TenantBurst the bucket (default twice the rate,
@@ -49,10 +50,6 @@ const AutoInFlight = -1
 // api's pool: a few calls decode, decide and encode while one holds the
 // connection, and past that another call in flight only queues.
 const InFlightPerConn = 4
-
-// DefaultMaxQueue is the default queue bound: a call that waited this long
-// for a connection is already far past the latency of an admitted one.
-const DefaultMaxQueue = 100 * time.Millisecond
 
 // MaxQueueLimit is the store's own wait for a connection
 // (store.AcquireTimeout); a queue bound must be below it.
@@ -86,7 +83,7 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 		}
 		a.MaxInFlight = *fa.MaxInFlight
 	}
-	a.Adaptive = deref(fa.Adaptive, true)
+	a.Adaptive = deref(fa.Adaptive, false)
 	if a.MaxInFlight == 0 || !a.Adaptive {
 		// The adaptive settings mean nothing without an adaptive limit.
 		for name, set := range map[string]bool{"minInFlight": fa.MinInFlight != nil, "latencyTolerance": fa.LatencyTolerance != nil} {
@@ -110,10 +107,9 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 	if a.LatencyTolerance < 1 || a.LatencyTolerance > 100 {
 		return b.errorf("admission.latencyTolerance", "must be from 1 to 100 (how many times its long average the recent latency may reach)")
 	}
-	a.MaxQueue = DefaultMaxQueue
 	if fa.MaxQueueMs != nil {
-		if *fa.MaxQueueMs < 1 || *fa.MaxQueueMs >= MaxQueueLimit {
-			return b.errorf("admission.maxQueueMs", "must be from 1 to %d (the store's own wait for a connection)", MaxQueueLimit-1)
+		if *fa.MaxQueueMs < 0 || *fa.MaxQueueMs >= MaxQueueLimit {
+			return b.errorf("admission.maxQueueMs", "must be from 0 to %d (0: the store's own %d ms wait for a connection)", MaxQueueLimit-1, MaxQueueLimit)
 		}
 		a.MaxQueue = time.Duration(*fa.MaxQueueMs) * time.Millisecond
 	}

@@ -64,7 +64,7 @@ func TestDefaults(t *testing.T) {
 			Placer: PlacerInline, MaxBatch: 64, MaxAttempts: 3,
 			RollupEvery: 5 * time.Minute, UsageEvery: 5 * time.Minute, SpotNoticeMs: 120000,
 		},
-		Admission: Admission{MaxInFlight: AutoInFlight, Adaptive: true, MinInFlight: AutoInFlight, LatencyTolerance: 2, MaxQueue: DefaultMaxQueue},
+		Admission: Admission{MaxInFlight: AutoInFlight, MinInFlight: AutoInFlight, LatencyTolerance: 2},
 		Scheduler: Scheduler{TopN: 5},
 		Clock:     ClockDatabase,
 		Log:       Log{Level: "warn"},
@@ -145,7 +145,7 @@ capacity:
   usageEvery: 10m
   spotNoticeMs: 30000
 shutdown: {unreadyMs: 3000}
-admission: {maxInFlight: 48, minInFlight: 12, latencyTolerance: 1.5, maxQueueMs: 80, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000}
+admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, latencyTolerance: 1.5, maxQueueMs: 80, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000}
 scheduler:
   plugins: [gpu-affinity]
   weights: {pack: 1, spread: 0.5}
@@ -639,11 +639,11 @@ func TestInvalid(t *testing.T) {
 		{"admission tenantBurst zero", "admission: {tenantRate: 5, tenantBurst: 0}", nil, "admission.tenantBurst", "at least 1"},
 		{"admission minInFlight without adaptive", "admission: {adaptive: false, minInFlight: 4}", nil, "admission.minInFlight", "needs an adaptive"},
 		{"admission latencyTolerance without a limit", "admission: {maxInFlight: 0, latencyTolerance: 2}", nil, "admission.latencyTolerance", "needs an adaptive"},
-		{"admission minInFlight above the ceiling", "admission: {maxInFlight: 8, minInFlight: 9}", nil, "admission.minInFlight", "at most admission.maxInFlight"},
-		{"admission minInFlight zero", "admission: {minInFlight: 0}", nil, "admission.minInFlight", "at least 1"},
-		{"admission latencyTolerance below 1", "admission: {latencyTolerance: 0.5}", nil, "admission.latencyTolerance", "from 1 to 100"},
-		{"admission maxQueueMs zero", "admission: {maxQueueMs: 0}", nil, "admission.maxQueueMs", "from 1 to 1999"},
-		{"admission maxQueueMs the store's wait", "admission: {maxQueueMs: 2000}", nil, "admission.maxQueueMs", "from 1 to 1999"},
+		{"admission minInFlight above the ceiling", "admission: {adaptive: true, maxInFlight: 8, minInFlight: 9}", nil, "admission.minInFlight", "at most admission.maxInFlight"},
+		{"admission minInFlight zero", "admission: {adaptive: true, minInFlight: 0}", nil, "admission.minInFlight", "at least 1"},
+		{"admission latencyTolerance below 1", "admission: {adaptive: true, latencyTolerance: 0.5}", nil, "admission.latencyTolerance", "from 1 to 100"},
+		{"admission maxQueueMs negative", "admission: {maxQueueMs: -1}", nil, "admission.maxQueueMs", "from 0 to 1999"},
+		{"admission maxQueueMs the store's wait", "admission: {maxQueueMs: 2000}", nil, "admission.maxQueueMs", "from 0 to 1999"},
 		{"admission globalRate negative", "admission: {globalRate: -1}", nil, "admission.globalRate", "at least 0"},
 		{"admission globalBurst without a rate", "admission: {globalBurst: 3}", nil, "admission.globalBurst", "needs admission.globalRate"},
 		{"admission tenant without a rate", "admission: {tenants: {acme: {burst: 3}}}", nil, "admission.tenants.acme.rate", "is required"},
