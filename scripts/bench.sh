@@ -1,49 +1,142 @@
 #!/usr/bin/env bash
-# The load benchmark of docs/benchmarks.md: one server (api role) on the dev
-# PostgreSQL, driven over HTTP by tools/loadbench at a fixed concurrency, and
-# pgbench on the same database in the same run: (a) select-only and (b) the
-# statements one secrets.put commits (scripts/bench/secrets_put.sql). It
-# writes the figures and the ratios RPC/pgbench to docs/benchmarks.md.
+# The load benchmark of docs/benchmarks.md: one server (api role) driven
+# over HTTP by tools/loadbench, and pgbench on the same database in the
+# same run:
+#
+#   (a) sites.get at a fixed concurrency against pgbench select-only, on
+#       the dev PostgreSQL (scripts/devdb.sh: fsync off; reads do not
+#       flush);
+#   (b) secrets.put against pgbench running the statements one secrets.put
+#       commits (scripts/bench/secrets_put.sql), both on a durable cluster:
+#       fsync and synchronous_commit on, group commit settings stated in
+#       the figures. The script starts that cluster (initdb in a temporary
+#       directory, removed at the end) unless DURABLE_DATABASE_URL names
+#       one;
+#   (c) open-loop runs (a fixed arrival rate) at half the peaks of (a) and
+#       (b) and at 150 % with shedding on and off.
+#
+# With PIN=1 (the default on two cores or more) the load generators
+# (loadbench, pgbench) run on the last core and the server and PostgreSQL
+# on the others (taskset). It writes the figures and the ratios to
+# docs/benchmarks.md (OUT).
 #
 #   scripts/bench.sh            # 32 clients, 10 s per run
 #   CLIENTS=64 BENCH_SECONDS=20 scripts/bench.sh
+#   PIN=0 scripts/bench.sh      # nothing pinned
+#   COMMIT_DELAY=50 COMMIT_SIBLINGS=5 scripts/bench.sh   # group commit on the durable cluster
 #   NOTIFIER_BENCH=1 scripts/bench.sh   # and the notifier section at the end
+#   WEBHOOK_BENCH=0 scripts/bench.sh    # without the webhook section
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLIENTS=${CLIENTS:-32}
 SECONDS_PER_RUN=${BENCH_SECONDS:-10}
 OUT=${OUT:-docs/benchmarks.md}
+COMMIT_DELAY=${COMMIT_DELAY:-0}       # microseconds (PostgreSQL's default: 0)
+COMMIT_SIBLINGS=${COMMIT_SIBLINGS:-5} # PostgreSQL's default
 work=$(mktemp -d)
-trap 'kill "${server_pid:-}" 2>/dev/null || true; rm -rf "$work"' EXIT
+bin=$(dirname "$(ls /usr/lib/postgresql/*/bin/pgbench | sort -V | tail -n1)")
+durable_dir=""
+dev_postmaster=""
+
+as_pg() { if [[ "$(id -u)" == 0 ]]; then (cd / && runuser -u postgres -- "$@"); else (cd / && "$@"); fi; }
+cleanup() {
+	kill "${server_pid:-}" 2>/dev/null || true
+	wait "${server_pid:-}" 2>/dev/null || true
+	if [[ -n "$durable_dir" ]]; then
+		as_pg "$bin/pg_ctl" stop -D "$durable_dir/data" -m fast -w -s >/dev/null 2>&1 || true
+		rm -rf "$durable_dir"
+	fi
+	if [[ -n "$dev_postmaster" ]]; then taskset -a -cp "0-$(($(nproc) - 1))" "$dev_postmaster" >/dev/null 2>&1 || true; fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Pinning: generators on the last core, server and PostgreSQL on the rest.
+ncpu=$(nproc)
+if [[ -z "${PIN:-}" ]]; then
+	PIN=0
+	if ((ncpu >= 2)) && command -v taskset >/dev/null; then PIN=1; fi
+fi
+if [[ $PIN == 1 ]]; then
+	server_cpus="0-$((ncpu - 2))"
+	gen_cpus="$((ncpu - 1))"
+	on_server() { taskset -c "$server_cpus" "$@"; }
+	on_gen() { taskset -c "$gen_cpus" "$@"; }
+	pinning="pinned with taskset: loadbench and pgbench on core $gen_cpus, the server and PostgreSQL on core(s) $server_cpus"
+else
+	on_server() { "$@"; }
+	on_gen() { "$@"; }
+	pinning="not pinned: load generator, server and PostgreSQL share the $ncpu cores"
+fi
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
 base_url=$(scripts/devdb.sh start)
-bin=$(dirname "$(ls /usr/lib/postgresql/*/bin/pgbench | sort -V | tail -n1)")
-psql_base() { "$bin/psql" "$base_url" -v ON_ERROR_STOP=1 -qAt "$@"; }
-psql_base -c "DROP DATABASE IF EXISTS computeplane_bench WITH (FORCE)" -c "CREATE DATABASE computeplane_bench"
+psql_url() { local u=$1; shift; "$bin/psql" "$u" -v ON_ERROR_STOP=1 -qAt "$@"; }
+psql_url "$base_url" -c "DROP DATABASE IF EXISTS computeplane_bench WITH (FORCE)" -c "CREATE DATABASE computeplane_bench"
 db_url=${base_url/\/postgres\?/\/computeplane_bench?}
-export SERVICE_DATABASE_URL=$db_url
-export SERVICE_SECRET=${SERVICE_SECRET:-bench-secret-0123456789abcdefghijklmnopqrstuvwxyz}
+export SERVICE_DATABASE_URL=$db_url # the go benchmarks at the end
+if [[ $PIN == 1 ]]; then
+	# New backends fork from the postmaster and inherit its affinity.
+	dev_postmaster=$(as_pg head -n1 "$(psql_url "$base_url" -c 'show data_directory')/postmaster.pid")
+	taskset -a -cp "$server_cpus" "$dev_postmaster" >/dev/null
+fi
 
+# The durable cluster: fsync and synchronous_commit on, PostgreSQL's
+# defaults otherwise but for the group commit settings named above.
+if [[ -n "${DURABLE_DATABASE_URL:-}" ]]; then
+	durable_base=$DURABLE_DATABASE_URL
+else
+	durable_dir=$(mktemp -d /tmp/computeplane-durable.XXXXXX)
+	chmod 0755 "$durable_dir"
+	mkdir -p "$durable_dir/data" "$durable_dir/run"
+	touch "$durable_dir/log"
+	if [[ "$(id -u)" == 0 ]]; then chown postgres: "$durable_dir/data" "$durable_dir/run" "$durable_dir/log"; fi
+	as_pg "$bin/initdb" -D "$durable_dir/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
+	durable_port=$((40000 + RANDOM % 20000))
+	printf '%s\n' "listen_addresses = ''" "port = $durable_port" "unix_socket_directories = '$durable_dir/run'" \
+		"max_connections = 200" "shared_buffers = 128MB" "fsync = on" "synchronous_commit = on" "full_page_writes = on" \
+		"commit_delay = $COMMIT_DELAY" "commit_siblings = $COMMIT_SIBLINGS" | as_pg tee -a "$durable_dir/data/postgresql.conf" >/dev/null
+	(
+		# Only stdin, stdout and stderr: a server that inherited a pipe
+		# would keep the caller waiting.
+		for fd in /proc/$BASHPID/fd/*; do fd=${fd##*/}; if ((fd > 2)); then eval "exec $fd>&-"; fi; done
+		as_user=()
+		if [[ "$(id -u)" == 0 ]]; then as_user=(runuser -u postgres --); fi
+		cd / && on_server "${as_user[@]}" "$bin/pg_ctl" start -D "$durable_dir/data" -l "$durable_dir/log" -w -t 60 -s
+	)
+	durable_base="postgres://postgres@/postgres?host=$durable_dir/run&port=$durable_port&sslmode=disable"
+fi
+psql_url "$durable_base" -c "DROP DATABASE IF EXISTS computeplane_bench WITH (FORCE)" -c "CREATE DATABASE computeplane_bench"
+durable_url=${durable_base/\/postgres\?/\/computeplane_bench?}
+durable_settings=$(psql_url "$durable_url" -F' ' -c "select name, setting, coalesce(unit, '') from pg_settings where name in
+	('fsync','synchronous_commit','full_page_writes','wal_sync_method','commit_delay','commit_siblings','wal_writer_delay','wal_writer_flush_after') order by name" |
+	awk '{u=$3; if (u=="8kB") {printf "%s %d kB, ", $1, $2*8} else {printf "%s %s%s, ", $1, $2, (u==""?"":" " u)}}' | sed 's/, $//')
+
+export SERVICE_SECRET=${SERVICE_SECRET:-bench-secret-0123456789abcdefghijklmnopqrstuvwxyz}
 go build -o "$work/computed" ./cmd/computed
 go build -o "$work/loadbench" ./tools/loadbench
-"$work/computed" migrate
-token=$("$work/computed" iam create-key --tenant bench --identity bench --role owner | tail -n1)
+SERVICE_DATABASE_URL=$db_url "$work/computed" migrate
+SERVICE_DATABASE_URL=$durable_url "$work/computed" migrate
+token=$(SERVICE_DATABASE_URL=$db_url "$work/computed" iam create-key --tenant bench --identity bench --role owner | tail -n1)
+dtoken=$(SERVICE_DATABASE_URL=$durable_url "$work/computed" iam create-key --tenant bench --identity bench --role owner | tail -n1)
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-HOST=127.0.0.1 PORT=$port SERVICE_ROLES=api SERVICE_PPROF_ADDR=${PPROF_ADDR:-} "$work/computed" >"$work/server.out" 2>"$work/server.log" &
-server_pid=$!
-api="http://127.0.0.1:$port/api/compute"
-for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
+start_server() { # $1: database URL, $2: SERVICE_CONFIG (empty: none)
+	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+	SERVICE_DATABASE_URL=$1 SERVICE_CONFIG=${2:-} HOST=127.0.0.1 PORT=$port SERVICE_ROLES=api SERVICE_PPROF_ADDR=${PPROF_ADDR:-} \
+		on_server "$work/computed" >>"$work/server.out" 2>>"$work/server.log" &
+	server_pid=$!
+	api="http://127.0.0.1:$port/api/compute"
+	for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
+}
+stop_server() { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
 
-site=$(curl -fs -X POST "$api/sites/create" -H 'X-Service: 1' -H 'Content-Type: application/json' \
-	-H "Authorization: Bearer $token" \
-	-d '{"tenantId":"bench","kind":"custom","region":"eu-west","idempotencyKey":"bench-site"}' |
-	python3 -c 'import json,sys; print(json.load(sys.stdin)["data"]["siteId"])')
-
-run_rpc() { "$work/loadbench" -url "$api" -token "$token" -tenant bench -c "$CLIENTS" -d "${SECONDS_PER_RUN}s" "$@"; }
-run_pgbench() { # prints: tps p50_ms p99_ms
-	"$bin/pgbench" -n -c "$CLIENTS" -j 2 -T "$SECONDS_PER_RUN" -r -l --log-prefix="$work/pgb" "$@" "$db_url" >"$work/pgbench.out" 2>&1
+run_rpc() { on_gen "$work/loadbench" -url "$api" -token "$cur_token" -tenant bench -c "$CLIENTS" -d "${SECONDS_PER_RUN}s" "$@"; }
+run_open() { on_gen "$work/loadbench" -url "$api" -token "$cur_token" -tenant bench -d "${SECONDS_PER_RUN}s" "$@"; }
+run_pgbench() { # $1: database URL, then pgbench's; prints: tps p50_ms p99_ms
+	local url=$1
+	shift
+	on_gen "$bin/pgbench" -n -c "$CLIENTS" -j 2 -T "$SECONDS_PER_RUN" -r -l --log-prefix="$work/pgb" "$@" "$url" >"$work/pgbench.out" 2>&1
 	tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$work/pgbench.out" | tail -n1)
 	cat "$work"/pgb.* | awk '{print $3}' | sort -n >"$work/lat"
 	n=$(wc -l <"$work/lat")
@@ -52,7 +145,7 @@ run_pgbench() { # prints: tps p50_ms p99_ms
 	rm -f "$work"/pgb.*
 	echo "$tps $p50 $p99"
 }
-json() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(d['$2'])" "$1"; }
+json() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(d.get('$2', 0))" "$1"; }
 
 if [[ -n "${PROFILE_DIR:-}" ]]; then # profile each API run (go tool pprof)
 	mkdir -p "$PROFILE_DIR"
@@ -60,13 +153,29 @@ if [[ -n "${PROFILE_DIR:-}" ]]; then # profile each API run (go tool pprof)
 else
 	profile() { :; }
 fi
+
+load_top=$(loadavg)
+# (a) Reads on the dev cluster.
+start_server "$db_url"
+cur_token=$token
+site=$(curl -fs -X POST "$api/sites/create" -H 'X-Service: 1' -H 'Content-Type: application/json' \
+	-H "Authorization: Bearer $token" \
+	-d '{"tenantId":"bench","kind":"custom","region":"eu-west","idempotencyKey":"bench-site"}' |
+	python3 -c 'import json,sys; print(json.load(sys.stdin)["data"]["siteId"])')
 profile sites.get
 read_rpc=$(run_rpc -method sites.get -site "$site")
+stop_server
 "$bin/pgbench" -i -q -s 10 "$db_url" >/dev/null 2>&1
-read -r sel_tps sel_p50 sel_p99 < <(run_pgbench -S)
+read -r sel_tps sel_p50 sel_p99 < <(run_pgbench "$db_url" -S)
+
+# (b) Mutations on the durable cluster. The API run creates the 64
+# secrets the pgbench script updates.
+start_server "$durable_url"
+cur_token=$dtoken
 profile secrets.put
 put_rpc=$(run_rpc -method secrets.put)
-read -r put_tps put_p50 put_p99 < <(run_pgbench -f scripts/bench/secrets_put.sql)
+stop_server
+read -r put_tps put_p50 put_p99 < <(run_pgbench "$durable_url" -f scripts/bench/secrets_put.sql)
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 read_ratio=$(ratio "$(json "$read_rpc" perSecond)" "$sel_tps")
@@ -81,62 +190,71 @@ pgver=$("$bin/postgres" --version)
 
 Written by \`make bench\` (scripts/bench.sh) on $(date -u +%Y-%m-%d). Each row is
 one run of ${SECONDS_PER_RUN} s at ${CLIENTS} concurrent clients after a 2 s warm-up, on one
-machine: $(nproc) cores ($cpu), $mem, $pgver (the dev cluster: unix socket,
-fsync and synchronous_commit off), $(go version | cut -d' ' -f3). The server runs
-the api role alone; the load generator (tools/loadbench) calls it through the
-generated client over HTTP on loopback; pgbench runs against the same database.
+machine: $ncpu cores ($cpu), $mem, $pgver, $(go version | cut -d' ' -f3).
+The server runs the api role alone; the load generator (tools/loadbench) calls
+it through the generated client over HTTP on loopback; pgbench runs against the
+same database as the API row above it. Reads run on the dev cluster (unix
+socket, fsync and synchronous_commit off); secrets.put and its pgbench script
+on a durable cluster of the same PostgreSQL on the same disk (ext4), started
+by the script with ${durable_settings}. Processes: ${pinning}.
+Load average (uptime) at the start: ${load_top}; other work shared the machine.
 
 | Workload | Throughput (/s) | p50 (ms) | p99 (ms) |
 |---|---:|---:|---:|
 | sites.get through the API | $(printf '%.0f' "$(json "$read_rpc" perSecond)") | $(json "$read_rpc" p50Ms) | $(json "$read_rpc" p99Ms) |
 | pgbench select-only (-S) | $(printf '%.0f' "$sel_tps") | $sel_p50 | $sel_p99 |
-| secrets.put through the API | $(printf '%.0f' "$(json "$put_rpc" perSecond)") | $(json "$put_rpc" p50Ms) | $(json "$put_rpc" p99Ms) |
-| pgbench: the statements one secrets.put commits | $(printf '%.0f' "$put_tps") | $put_p50 | $put_p99 |
+| secrets.put through the API (durable cluster) | $(printf '%.0f' "$(json "$put_rpc" perSecond)") | $(json "$put_rpc" p50Ms) | $(json "$put_rpc" p99Ms) |
+| pgbench: the statements one secrets.put commits (durable cluster) | $(printf '%.0f' "$put_tps") | $put_p50 | $put_p99 |
 
 | Ratio | Value | Goal |
 |---|---:|---:|
 | sites.get / select-only | $read_ratio | at least 0.5 |
-| secrets.put / its own SQL | $put_ratio | at least 0.8 |
+| secrets.put / its own SQL, durable cluster | $put_ratio | at least 0.8 |
 
-Errors during the API runs: sites.get $(json "$read_rpc" errors), secrets.put $(json "$put_rpc" errors).
+Errors during the API runs: sites.get $(json "$read_rpc" errors), secrets.put $(json "$put_rpc" errors). Calls shed
+(RATE_LIMITED by the default admission; the client then waits retryAfterMs):
+sites.get $(json "$read_rpc" rateLimited), secrets.put $(json "$put_rpc" rateLimited).
 MD
 	if [[ -f docs/benchmarks-notes.md ]]; then echo; cat docs/benchmarks-notes.md; fi
 } >"$OUT"
 
-# --- Load shedding and latency at half load (internal/admission) -----------
+# --- (c) Load shedding and latency at half load (internal/admission) -------
 # Open-loop runs (tools/loadbench -rate: calls start on schedule whatever
-# the answers, latency counted from the scheduled start) against the peak
-# sites.get and secrets.put rates measured above: at half the peak, and at
-# 150 % of the peak with shedding on (the default admission) and off
-# (admission: {maxInFlight: 0}), each on a fresh server. Appends to $OUT.
-start_server() { # $1: SERVICE_CONFIG (empty: none)
-	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-	SERVICE_CONFIG=$1 HOST=127.0.0.1 PORT=$port SERVICE_ROLES=api "$work/computed" >>"$work/server.out" 2>>"$work/server.log" &
-	server_pid=$!
-	api="http://127.0.0.1:$port/api/compute"
-	for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
-}
-stop_server() { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
-run_open() { "$work/loadbench" -url "$api" -token "$token" -tenant bench -d "${SECONDS_PER_RUN}s" "$@"; }
+# the answers, latency counted from the scheduled start) against the peaks
+# measured above: at half the peak, and at 150 % of the peak with shedding
+# on (the default admission: adaptive in-flight limit and queue bound) and
+# off (no in-flight limit, the queue bound at the store's own 2 s), each
+# group on a fresh server; sites.get on the dev cluster, secrets.put on the
+# durable one. Appends to $OUT.
+printf 'admission: {adaptive: true, maxQueueMs: 100}\n' >"$work/shed.yaml"
 printf 'admission: {maxInFlight: 0}\n' >"$work/noshed.yaml"
 read_peak=$(json "$read_rpc" perSecond)
 put_peak=$(json "$put_rpc" perSecond)
 rate_of() { python3 -c "print(f'{$1*$2:.0f}')"; }
-stop_server
-start_server ""
+load_shed=$(loadavg)
+start_server "$db_url" "$work/shed.yaml"
+cur_token=$token
 half_read=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 0.5)")
+over_read_on=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)")
+stop_server
+start_server "$db_url" "$work/noshed.yaml"
+over_read_off=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)")
+stop_server
+start_server "$durable_url" "$work/shed.yaml"
+cur_token=$dtoken
 half_put=$(run_open -method secrets.put -rate "$(rate_of "$put_peak" 0.5)")
-over_on=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)")
+over_put_on=$(run_open -method secrets.put -rate "$(rate_of "$put_peak" 1.5)")
 stop_server
-start_server "$work/noshed.yaml"
-over_off=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)")
+start_server "$durable_url" "$work/noshed.yaml"
+over_put_off=$(run_open -method secrets.put -rate "$(rate_of "$put_peak" 1.5)")
 stop_server
+load_shed_end=$(loadavg)
 row() { # label result
-	printf '| %s | %.0f | %.0f | %s | %s | %s | %s |\n' "$1" "$(json "$2" rate)" "$(json "$2" perSecond)" \
-		"$(json "$2" p50Ms)" "$(json "$2" p99Ms)" "$(python3 -c "import json,sys; print(json.loads(sys.argv[1]).get('rateLimited',0))" "$2")" "$(json "$2" errors)"
+	printf '| %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n' "$1" "$(json "$2" rate)" "$(json "$2" perSecond)" \
+		"$(json "$2" p50Ms)" "$(json "$2" p99Ms)" "$(json "$2" rateLimited)" "$(json "$2" errors)" "$(json "$2" lateP99Ms)"
 }
-goodput() { python3 -c "print(f'{$(json "$1" perSecond)/$read_peak:.2f}')"; }
-p99x() { python3 -c "h=$(json "$half_read" p99Ms); print(f'{$(json "$1" p99Ms)/h:.1f}' if h else 'n/a')"; }
+goodput() { python3 -c "print(f'{$(json "$1" perSecond)/$2:.2f}')"; }
+p99x() { python3 -c "h=$(json "$2" p99Ms); print(f'{$(json "$1" p99Ms)/h:.1f}' if h else 'n/a')"; }
 {
 	cat <<MD
 
@@ -145,26 +263,34 @@ p99x() { python3 -c "h=$(json "$half_read" p99Ms); print(f'{$(json "$1" p99Ms)/h
 Written by \`make bench\` on $(date -u +%Y-%m-%d): open-loop runs (tools/loadbench \`-rate\`:
 calls start on a fixed schedule whatever the answers, latency from the scheduled
 start, ${SECONDS_PER_RUN} s after a 2 s warm-up) against the peaks above (sites.get
-$(printf '%.0f' "$read_peak")/s, secrets.put $(printf '%.0f' "$put_peak")/s), each group on a fresh server.
-Shedding on is the default \`admission\` (in flight at most 4 x the pool: $(python3 -c "import os; print(4*min(max(4*os.cpu_count(),8),32))") here);
-off is \`admission: {maxInFlight: 0}\`. Goals: at 150 % goodput at least 0.9 of the
-peak and p99 of admitted calls under 4 x its half-load value; at half load p99
-of a read at most 5 ms and of a mutation at most 10 ms. Server and load
-generator share the machine's $(nproc) cores (not pinned: with two cores, pinning
-each to one would halve the server instead of isolating it).
+$(printf '%.0f' "$read_peak")/s on the dev cluster, secrets.put $(printf '%.0f' "$put_peak")/s on the durable cluster),
+each group on a fresh server. Shedding on is \`admission: {adaptive: true, maxQueueMs: 100}\`
+(an in-flight limit following latency between the pool's size and 4 x the pool, a
+100 ms bound on the pool wait); off is \`admission: {maxInFlight: 0}\` (no limit, the
+store's own 2 s wait). Goals: at
+150 % goodput at least 0.9 of the peak and p99 of admitted calls under 4 x its
+half-load value; at half load p99 of a read at most 5 ms and of a mutation at
+most 10 ms. Processes: ${pinning}. Load average (uptime) before and after these
+runs: ${load_shed} and ${load_shed_end}. "Late" is the p99 of how far behind its
+schedule the generator started calls (its own CPU shortage, inside every latency).
 
-| Run | Rate asked (/s) | Goodput (/s) | p50 (ms) | p99 (ms) | Shed (429) | Errors |
-|---|---:|---:|---:|---:|---:|---:|
+| Run | Rate asked (/s) | Goodput (/s) | p50 (ms) | p99 (ms) | Shed (429) | Errors | Late p99 (ms) |
+|---|---:|---:|---:|---:|---:|---:|---:|
 $(row "sites.get at half the peak" "$half_read")
+$(row "sites.get at 150 %, shedding on" "$over_read_on")
+$(row "sites.get at 150 %, shedding off" "$over_read_off")
 $(row "secrets.put at half the peak" "$half_put")
-$(row "sites.get at 150 %, shedding on" "$over_on")
-$(row "sites.get at 150 %, shedding off" "$over_off")
+$(row "secrets.put at 150 %, shedding on" "$over_put_on")
+$(row "secrets.put at 150 %, shedding off" "$over_put_off")
 
 | At 150 % | Goodput / peak | p99 / half-load p99 |
 |---|---:|---:|
-| shedding on | $(goodput "$over_on") | $(p99x "$over_on") |
-| shedding off | $(goodput "$over_off") | $(p99x "$over_off") |
+| sites.get, shedding on | $(goodput "$over_read_on" "$read_peak") | $(p99x "$over_read_on" "$half_read") |
+| sites.get, shedding off | $(goodput "$over_read_off" "$read_peak") | $(p99x "$over_read_off" "$half_read") |
+| secrets.put, shedding on | $(goodput "$over_put_on" "$put_peak") | $(p99x "$over_put_on" "$half_put") |
+| secrets.put, shedding off | $(goodput "$over_put_off" "$put_peak") | $(p99x "$over_put_off" "$half_put") |
 MD
+	if [[ -f docs/benchmarks-shedding-notes.md ]]; then echo; cat docs/benchmarks-shedding-notes.md; fi
 } >>"$OUT"
 
 # --- Optional: notifier cost (NOTIFIER_BENCH=1; internal/notify) ------------
@@ -176,13 +302,12 @@ MD
 if [[ "${NOTIFIER_BENCH:-}" == 1 ]]; then
 	rounds=${NOTIFIER_ROUNDS:-3}
 	load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-	kill "$server_pid" 2>/dev/null || true
-	wait "$server_pid" 2>/dev/null || true
+	cur_token=$token
 	printf 'notifier: {kind: postgres}\n' >"$work/notifier.yaml"
 	off=() on=() errs=0
 	for _ in $(seq "$rounds"); do
 		for mode in off on; do
-			if [[ $mode == on ]]; then start_server "$work/notifier.yaml"; else start_server ""; fi
+			if [[ $mode == on ]]; then start_server "$db_url" "$work/notifier.yaml"; else start_server "$db_url"; fi
 			res=$(run_rpc -method secrets.put)
 			kill "$server_pid"
 			wait "$server_pid" 2>/dev/null || true
@@ -191,8 +316,8 @@ if [[ "${NOTIFIER_BENCH:-}" == 1 ]]; then
 		done
 	done
 	sed 's/^COMMIT;$/SELECT pg_notify('"'computeplane_wake'"', '"'outbox'"');\nCOMMIT;/' scripts/bench/secrets_put.sql >"$work/secrets_put_notify.sql"
-	read -r plain_tps _ < <(run_pgbench -f scripts/bench/secrets_put.sql)
-	read -r notify_tps _ < <(run_pgbench -f "$work/secrets_put_notify.sql")
+	read -r plain_tps _ < <(run_pgbench "$db_url" -f scripts/bench/secrets_put.sql)
+	read -r notify_tps _ < <(run_pgbench "$db_url" -f "$work/secrets_put_notify.sql")
 	off_list=$(IFS=,; echo "${off[*]}")
 	on_list=$(IFS=,; echo "${on[*]}")
 	# The cost is the median over rounds of 1 - on/off, each on-run paired
@@ -243,6 +368,7 @@ fi
 # local https receiver: the time from the API's answer to the receiver, with
 # the notifier waking the engine after commit and with the engine polling
 # once a second. Appends its table to $OUT.
+if [[ "${WEBHOOK_BENCH:-1}" == 1 ]]; then
 go test -run '^$' -bench CommitToDelivery -benchtime "${WEBHOOK_EVENTS:-300}x" ./internal/webhooks >"$work/webhook.out" 2>&1
 {
 	cat <<MD
@@ -261,6 +387,7 @@ MD
 		for (i = 1; i <= NF; i++) { if ($(i+1) == "deliveries/s") d = $i; if ($(i+1) == "p50-ms") p50 = $i; if ($(i+1) == "p99-ms") p99 = $i }
 		printf "| %s | %.0f | %s | %s |\n", n[2], d, p50, p99 }' "$work/webhook.out"
 } >>"$OUT"
+fi
 
 echo "wrote $OUT"
 cat "$OUT"

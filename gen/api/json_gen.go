@@ -2748,6 +2748,21 @@ func (v *Tunnel) EncodeJSON(e *jx.Encoder) error {
 }
 
 // EncodeJSON writes v as encoding/json would, without reflection.
+func (v *TunnelEnd) EncodeJSON(e *jx.Encoder) error {
+	if v == nil {
+		e.Null()
+		return nil
+	}
+	e.ObjStart()
+	e.FieldStart("kind")
+	e.StrEscape(v.Kind)
+	e.FieldStart("id")
+	e.StrEscape(v.ID)
+	e.ObjEnd()
+	return nil
+}
+
+// EncodeJSON writes v as encoding/json would, without reflection.
 func (v *TunnelList) EncodeJSON(e *jx.Encoder) error {
 	if v == nil {
 		e.Null()
@@ -4439,6 +4454,7 @@ func OutputTypes() []any {
 		new(SupportBundleList),
 		new(TerminalSize),
 		new(Tunnel),
+		new(TunnelEnd),
 		new(TunnelList),
 		new(TunnelTarget),
 		new(TunnelTicket),

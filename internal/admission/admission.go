@@ -2,22 +2,28 @@
 // would only queue is answered RATE_LIMITED with retryAfterMs before any
 // work is done for it (no decision, no transaction, no connection).
 //
-// Two limits, each optional:
+// The limits, each optional:
 //
-//   - calls in flight in this api process (concurrency-based, the manner
-//     of Netflix's concurrency-limits with a fixed limit): past the point
-//     where the database pool and the CPUs are busy, another call in
-//     flight only adds to everyone's latency, so the call beyond the limit
-//     is refused at once and the admitted ones keep their latency;
+//   - calls in flight in this api process (concurrency-based, in the
+//     manner of Netflix's concurrency-limits): past the point where the
+//     database pool and the CPUs are busy, another call in flight only
+//     adds to everyone's latency, so the call beyond the limit is refused
+//     at once and the admitted ones keep their latency. The limit adapts
+//     to latency (gradient.go) between a floor and a ceiling, or is fixed;
+//   - the queue bound: an admitted call that waits longer than this for a
+//     database connection is shed too (store.WithAcquireBound), instead
+//     of queueing for the store's full AcquireTimeout;
 //   - calls per second per tenant (a token bucket per tenant and api
-//     process, golang.org/x/time/rate): one tenant's burst cannot take
-//     the whole process.
+//     process, golang.org/x/time/rate, with per-tenant overrides): one
+//     tenant's burst cannot take the whole process;
+//   - calls per second in this api process (one global token bucket).
 //
 // The specification leaves a general request rate limit "not shown"; the
 // option is ours (docs/protocol.md, "Admission").
 package admission
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,30 +31,61 @@ import (
 	"golang.org/x/time/rate"
 
 	"computeplane/gen/api"
+	"computeplane/internal/store"
 )
 
 // Limits configures a Controller. A zero field turns its limit off.
 type Limits struct {
-	// MaxInFlight is the most calls this process runs at once.
+	// MaxInFlight is the most calls this process runs at once: the
+	// limit itself, or with Adaptive its ceiling.
 	MaxInFlight int
+	// Adaptive lets the in-flight limit follow latency between
+	// MinInFlight and MaxInFlight; Tolerance is how far the recent
+	// latency may rise over its long average before the limit shrinks
+	// (at least 1; 0 means DefaultTolerance).
+	Adaptive    bool
+	MinInFlight int
+	Tolerance   float64
+	// MaxQueue bounds an admitted call's wait for a database connection;
+	// 0 leaves the store's AcquireTimeout.
+	MaxQueue time.Duration
 	// TenantRate is calls per second per tenant; TenantBurst the bucket's
-	// size (at least 1 when TenantRate is set).
+	// size (at least 1 when TenantRate is set). Tenants overrides both
+	// for the tenants it names.
 	TenantRate  float64
 	TenantBurst int
+	Tenants     map[string]Bucket
+	// GlobalRate and GlobalBurst are the bucket of the whole process.
+	GlobalRate  float64
+	GlobalBurst int
 }
+
+// Bucket is one token bucket's rate (per second) and size.
+type Bucket struct {
+	Rate  float64
+	Burst int
+}
+
+// DefaultTolerance lets the recent latency reach twice its long average
+// before the adaptive limit shrinks.
+const DefaultTolerance = 2.0
 
 // maxTenants bounds the buckets kept; past it, buckets that are full
 // (their tenant idle for at least a bucket's refill) are dropped.
 const maxTenants = 10000
 
 // InFlightRetryAfter is the retry hint of a call refused for the
-// in-flight limit: calls last milliseconds, so a slot frees soon.
+// in-flight limit or the queue bound: calls last milliseconds, so a slot
+// frees soon.
 const InFlightRetryAfter = 50 * time.Millisecond
 
 // Controller admits calls. The zero value and nil admit everything.
 type Controller struct {
 	limits   Limits
 	inFlight atomic.Int64
+	limit    atomic.Int64 // the in-flight limit now; 0: none
+	adapt    *gradient    // nil: the limit is fixed
+	global   *rate.Limiter
 
 	mu      sync.Mutex
 	buckets map[string]*rate.Limiter
@@ -60,28 +97,59 @@ func New(l Limits) *Controller {
 	if l.TenantRate > 0 && l.TenantBurst < 1 {
 		l.TenantBurst = 1
 	}
-	return &Controller{limits: l, buckets: map[string]*rate.Limiter{}, now: time.Now}
+	if l.Tolerance < 1 {
+		l.Tolerance = DefaultTolerance
+	}
+	c := &Controller{limits: l, buckets: map[string]*rate.Limiter{}, now: time.Now}
+	if l.MaxInFlight > 0 {
+		c.limit.Store(int64(l.MaxInFlight))
+		if l.Adaptive {
+			c.adapt = newGradient(max(1, l.MinInFlight), l.MaxInFlight, l.Tolerance, c.now())
+			c.limit.Store(c.adapt.current())
+		}
+	}
+	if l.GlobalRate > 0 {
+		c.global = rate.NewLimiter(rate.Limit(l.GlobalRate), max(1, l.GlobalBurst))
+	}
+	return c
+}
+
+// Ticket is an admitted call's slot, to give back with Leave.
+type Ticket struct {
+	start time.Time
+	held  bool
 }
 
 // Enter takes an in-flight slot, to give back with Leave once the call's
 // work is done, or answers RATE_LIMITED (and holds nothing).
-func (c *Controller) Enter() error {
+func (c *Controller) Enter() (Ticket, error) {
 	if c == nil || c.limits.MaxInFlight <= 0 {
-		return nil
+		return Ticket{}, nil
 	}
-	if c.inFlight.Add(1) > int64(c.limits.MaxInFlight) {
+	limit := c.limit.Load()
+	if c.inFlight.Add(1) > limit {
 		c.inFlight.Add(-1)
-		return limited(InFlightRetryAfter, "the server is at its limit of %d calls in flight; retry later", c.limits.MaxInFlight)
+		return Ticket{}, limited(InFlightRetryAfter, "the server is at its limit of %d calls in flight; retry later", limit)
 	}
-	return nil
+	t := Ticket{held: true}
+	if c.adapt != nil {
+		t.start = c.now()
+	}
+	return t, nil
 }
 
-// Leave gives back the slot of an Enter that succeeded.
-func (c *Controller) Leave() {
-	if c == nil || c.limits.MaxInFlight <= 0 {
+// Leave gives back the slot of an Enter that succeeded. err is how the
+// call ended: one shed for the queue bound (or the store's busy pool)
+// tells the adaptive limit to shrink.
+func (c *Controller) Leave(t Ticket, err error) {
+	if c == nil || !t.held {
 		return
 	}
-	c.inFlight.Add(-1)
+	n := c.inFlight.Add(-1) + 1
+	if c.adapt != nil {
+		now := c.now()
+		c.limit.Store(c.adapt.sample(now, now.Sub(t.start), int(n), errors.Is(err, store.ErrBusy)))
+	}
 }
 
 // InFlight is the number of calls holding a slot.
@@ -92,30 +160,87 @@ func (c *Controller) InFlight() int {
 	return int(c.inFlight.Load())
 }
 
-// Tenant takes a token of tenant's bucket, or answers RATE_LIMITED with
-// the time until one is there. An empty tenant (a method that names
-// none) is not limited.
-func (c *Controller) Tenant(tenant string) error {
-	if c == nil || c.limits.TenantRate <= 0 || tenant == "" {
+// Limit is the in-flight limit now (0: none).
+func (c *Controller) Limit() int {
+	if c == nil {
+		return 0
+	}
+	return int(c.limit.Load())
+}
+
+// MaxQueue is the bound of an admitted call's wait for a database
+// connection (0: the store's own).
+func (c *Controller) MaxQueue() time.Duration {
+	if c == nil {
+		return 0
+	}
+	return c.limits.MaxQueue
+}
+
+// Shed turns a call's error into RATE_LIMITED when it is the queue
+// bound's (store.ErrQueueBound): the call waited for a connection as long
+// as it may, and nothing it did was kept. Other errors are left as they
+// are.
+func Shed(err error) error {
+	if err != nil && errors.Is(err, store.ErrQueueBound) {
+		return limited(InFlightRetryAfter, "the server is busy: no database connection came free in time; retry later")
+	}
+	return err
+}
+
+// Rate takes a token of tenant's bucket and of the global one, or
+// answers RATE_LIMITED with the time until the refusing bucket has one.
+// An empty tenant (a method that names none) meets the global bucket
+// only.
+func (c *Controller) Rate(tenant string) error {
+	if c == nil {
 		return nil
 	}
 	now := c.now()
+	var tr *rate.Reservation
+	if tenant != "" {
+		b, limit := c.bucket(tenant, now)
+		if b != nil {
+			tr = b.ReserveN(now, 1)
+			if d := tr.DelayFrom(now); d > 0 {
+				tr.CancelAt(now)
+				return limited(d, "tenant %s is at its limit of %g calls per second; retry later", tenant, limit)
+			}
+		}
+	}
+	if c.global != nil {
+		gr := c.global.ReserveN(now, 1)
+		if d := gr.DelayFrom(now); d > 0 {
+			gr.CancelAt(now)
+			if tr != nil {
+				tr.CancelAt(now) // the tenant's token was not used
+			}
+			return limited(d, "the server is at its limit of %g calls per second; retry later", c.limits.GlobalRate)
+		}
+	}
+	return nil
+}
+
+// bucket is tenant's bucket and its rate, nil when the tenant has none.
+func (c *Controller) bucket(tenant string, now time.Time) (*rate.Limiter, float64) {
+	spec, ok := c.limits.Tenants[tenant]
+	if !ok {
+		spec = Bucket{Rate: c.limits.TenantRate, Burst: c.limits.TenantBurst}
+	}
+	if spec.Rate <= 0 {
+		return nil, 0
+	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	b, ok := c.buckets[tenant]
 	if !ok {
 		if len(c.buckets) >= maxTenants {
 			c.dropFullLocked(now)
 		}
-		b = rate.NewLimiter(rate.Limit(c.limits.TenantRate), c.limits.TenantBurst)
+		b = rate.NewLimiter(rate.Limit(spec.Rate), max(1, spec.Burst))
 		c.buckets[tenant] = b
 	}
-	c.mu.Unlock()
-	r := b.ReserveN(now, 1)
-	if d := r.DelayFrom(now); d > 0 {
-		r.CancelAt(now)
-		return limited(d, "tenant %s is at its limit of %g calls per second; retry later", tenant, c.limits.TenantRate)
-	}
-	return nil
+	return b, spec.Rate
 }
 
 // dropFullLocked forgets the buckets of tenants idle long enough for
@@ -123,7 +248,7 @@ func (c *Controller) Tenant(tenant string) error {
 // changes for them.
 func (c *Controller) dropFullLocked(now time.Time) {
 	for t, b := range c.buckets {
-		if b.TokensAt(now) >= float64(c.limits.TenantBurst) {
+		if b.TokensAt(now) >= float64(b.Burst()) {
 			delete(c.buckets, t)
 		}
 	}

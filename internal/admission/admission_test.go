@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,71 +11,212 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"computeplane/gen/api"
+	"computeplane/internal/store"
 )
+
+func enter(t *testing.T, c *Controller) Ticket {
+	t.Helper()
+	tk, err := c.Enter()
+	require.NoError(t, err)
+	return tk
+}
 
 func TestInFlightLimitRefusesTheCallBeyondIt(t *testing.T) {
 	c := New(Limits{MaxInFlight: 2})
-	require.NoError(t, c.Enter())
-	require.NoError(t, c.Enter())
-	requireLimited(t, c.Enter(), InFlightRetryAfter.Milliseconds())
+	a, b := enter(t, c), enter(t, c)
+	_, err := c.Enter()
+	requireLimited(t, err, InFlightRetryAfter.Milliseconds())
 	assert.Equal(t, 2, c.InFlight(), "a refused call holds no slot")
-	c.Leave()
+	c.Leave(a, nil)
 	assert.Equal(t, 1, c.InFlight())
-	require.NoError(t, c.Enter())
-	require.Error(t, c.Enter())
-	c.Leave()
-	c.Leave()
+	a = enter(t, c)
+	_, err = c.Enter()
+	require.Error(t, err)
+	c.Leave(a, nil)
+	c.Leave(b, nil)
+	c.Leave(Ticket{}, nil) // a refused call's ticket gives back nothing
 	assert.Zero(t, c.InFlight())
 }
 
 // TestInFlightLimitHoldsUnderRacingCallers: however callers race, no more
-// than the limit are ever inside, and every slot comes back.
+// than the limit are ever inside, and every slot comes back, with a fixed
+// limit and with an adaptive one moving under them.
 func TestInFlightLimitHoldsUnderRacingCallers(t *testing.T) {
-	const limit = 4
-	c := New(Limits{MaxInFlight: limit})
-	var inside, most, admitted, refused atomic.Int64
-	var wg sync.WaitGroup
-	for range 32 {
-		wg.Go(func() {
-			for range 500 {
-				if err := c.Enter(); err != nil {
-					refused.Add(1)
-					continue
-				}
-				n := inside.Add(1)
-				for {
-					m := most.Load()
-					if n <= m || most.CompareAndSwap(m, n) {
-						break
+	for _, adaptive := range []bool{false, true} {
+		t.Run(fmt.Sprint("adaptive=", adaptive), func(t *testing.T) {
+			const ceiling = 8
+			c := New(Limits{MaxInFlight: ceiling, Adaptive: adaptive, MinInFlight: 2})
+			var inside, most, admitted, refused atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 64 {
+				wg.Go(func() {
+					for i := range 500 {
+						tk, err := c.Enter()
+						if err != nil {
+							refused.Add(1)
+							continue
+						}
+						n := inside.Add(1)
+						for {
+							m := most.Load()
+							if n <= m || most.CompareAndSwap(m, n) {
+								break
+							}
+						}
+						if i%50 == 0 {
+							time.Sleep(time.Duration(g%4) * time.Millisecond) // latency that varies
+						}
+						admitted.Add(1)
+						inside.Add(-1)
+						var end error
+						if i%97 == 0 {
+							end = store.ErrQueueBound
+						}
+						c.Leave(tk, end)
 					}
-				}
-				admitted.Add(1)
-				inside.Add(-1)
-				c.Leave()
+				})
 			}
+			wg.Wait()
+			assert.LessOrEqual(t, most.Load(), int64(ceiling))
+			assert.Equal(t, int64(64*500), admitted.Load()+refused.Load())
+			assert.Positive(t, admitted.Load())
+			assert.Positive(t, refused.Load())
+			assert.Zero(t, c.InFlight())
+			assert.GreaterOrEqual(t, c.Limit(), 2)
+			assert.LessOrEqual(t, c.Limit(), ceiling)
 		})
 	}
-	wg.Wait()
-	assert.LessOrEqual(t, most.Load(), int64(limit))
-	assert.Equal(t, int64(32*500), admitted.Load()+refused.Load())
-	assert.Positive(t, admitted.Load())
-	assert.Zero(t, c.InFlight())
+}
+
+// TestAdaptiveLimitFollowsLatency drives the limiter with a clock of its
+// own: busy windows at the base latency let the limit grow to its
+// ceiling; latency four times the base shrinks it; a drop (a call shed at
+// the queue bound) shrinks it by a tenth at once; it never leaves
+// [floor, ceiling]; an idle process does not grow it.
+func TestAdaptiveLimitFollowsLatency(t *testing.T) {
+	now := time.Unix(1000, 0)
+	g := newGradient(4, 64, 2, now)
+	start := g.current()
+	assert.Equal(t, int64(32), start, "starts half way")
+	window := func(rtt time.Duration, inFlight int, dropped bool) int64 {
+		var l int64
+		for range minWindowCalls {
+			now = now.Add(minWindowTime / minWindowCalls)
+			l = g.sample(now, rtt, inFlight, dropped)
+		}
+		return l
+	}
+	// Idle (few in flight): no signal, no growth.
+	for range 20 {
+		window(time.Millisecond, 2, false)
+	}
+	assert.Equal(t, start, g.current(), "an unused limit does not grow")
+	// Busy at the base latency: grows to the ceiling.
+	for range 200 {
+		window(time.Millisecond, int(g.current()), false)
+	}
+	assert.Equal(t, int64(64), g.current())
+	// Latency four times the base (queueing): shrinks, and keeps shrinking
+	// while it lasts.
+	prev := g.current()
+	for range 5 {
+		l := window(4*time.Millisecond, int(g.current()), false)
+		assert.Less(t, l, prev, "shrinks while latency is high")
+		prev = l
+	}
+	for range 100 {
+		window(4*time.Millisecond, int(g.current()), false)
+	}
+	assert.Less(t, g.current(), int64(16), "a quarter of the ceiling or less while latency stays high")
+	// Drops (calls shed at the queue bound) take it down to the floor and
+	// no further.
+	for range 50 {
+		window(4*time.Millisecond, int(g.current()), true)
+	}
+	assert.Equal(t, int64(4), g.current(), "not below the floor")
+	// Latency back to the base: the long average follows fast and the
+	// limit grows again.
+	for range 50 {
+		window(time.Millisecond, int(g.current()), false)
+	}
+	assert.Greater(t, g.current(), int64(8), "grows once latency is back")
+	// A drop shrinks by a tenth at once.
+	before := float64(g.current())
+	window(time.Millisecond, int(g.current()), true)
+	assert.InDelta(t, before*dropFactor, float64(g.current()), 1.01)
+}
+
+// TestAdaptiveControllerShrinksUnderSlowCalls: through Enter and Leave,
+// calls that take ever longer bring the limit down and refuse the calls
+// beyond it.
+func TestAdaptiveControllerShrinksUnderSlowCalls(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := New(Limits{MaxInFlight: 40, Adaptive: true, MinInFlight: 2})
+	c.now = func() time.Time { return now }
+	c.adapt.winStart = now
+	run := func(rtt time.Duration) {
+		tks := make([]Ticket, 0, c.Limit())
+		for {
+			tk, err := c.Enter()
+			if err != nil {
+				break
+			}
+			tks = append(tks, tk)
+		}
+		now = now.Add(rtt)
+		for _, tk := range tks {
+			c.Leave(tk, nil)
+		}
+	}
+	for range 500 { // 5 windows
+		run(time.Millisecond)
+	}
+	high := c.Limit()
+	for range 100 { // 20 windows
+		run(20 * time.Millisecond)
+	}
+	assert.Less(t, c.Limit(), high/2, "the limit followed the latency down")
+	_, err := c.Enter()
+	require.NoError(t, err)
+}
+
+func TestShedTurnsTheQueueBoundIntoRateLimited(t *testing.T) {
+	requireLimited(t, Shed(fmt.Errorf("decide: %w", store.ErrQueueBound)), InFlightRetryAfter.Milliseconds())
+	other := fmt.Errorf("x: %w", store.ErrBusy)
+	assert.Same(t, other, Shed(other), "the store's own timeout stays UNAVAILABLE")
+	assert.NoError(t, Shed(nil))
 }
 
 func TestTenantBucketRefusesPastItsBurstAndRefills(t *testing.T) {
 	now := time.Unix(1000, 0)
-	c := New(Limits{TenantRate: 2, TenantBurst: 3})
+	c := New(Limits{TenantRate: 2, TenantBurst: 3, Tenants: map[string]Bucket{"bigco": {Rate: 100, Burst: 10}}})
 	c.now = func() time.Time { return now }
 	for range 3 {
-		require.NoError(t, c.Tenant("acme"))
+		require.NoError(t, c.Rate("acme"))
 	}
-	err := c.Tenant("acme")
+	err := c.Rate("acme")
 	requireLimited(t, err, 500) // a token every 500 ms
-	require.NoError(t, c.Tenant("globex"), "another tenant has its own bucket")
+	require.NoError(t, c.Rate("globex"), "another tenant has its own bucket")
+	for range 10 {
+		require.NoError(t, c.Rate("bigco"), "a tenant's own bucket overrides the default")
+	}
+	requireLimited(t, c.Rate("bigco"), 10)
 	now = now.Add(500 * time.Millisecond)
-	require.NoError(t, c.Tenant("acme"))
-	require.Error(t, c.Tenant("acme"))
-	require.NoError(t, c.Tenant(""), "a method without a tenant is not limited")
+	require.NoError(t, c.Rate("acme"))
+	require.Error(t, c.Rate("acme"))
+	require.NoError(t, c.Rate(""), "a method without a tenant is not limited by a tenant's bucket")
+}
+
+func TestGlobalBucketLimitsEveryoneAndRefundsTheTenantToken(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := New(Limits{TenantRate: 1, TenantBurst: 2, GlobalRate: 10, GlobalBurst: 3})
+	c.now = func() time.Time { return now }
+	require.NoError(t, c.Rate("acme"))
+	require.NoError(t, c.Rate("globex"))
+	require.NoError(t, c.Rate(""))
+	requireLimited(t, c.Rate("globex"), 100) // the global bucket: a token every 100 ms
+	now = now.Add(100 * time.Millisecond)
+	require.NoError(t, c.Rate("globex"), "the refused call did not spend globex's second token")
 }
 
 func TestIdleTenantsBucketsAreDroppedWhenTheMapIsFull(t *testing.T) {
@@ -82,18 +224,20 @@ func TestIdleTenantsBucketsAreDroppedWhenTheMapIsFull(t *testing.T) {
 	c := New(Limits{TenantRate: 1000, TenantBurst: 1})
 	c.now = func() time.Time { return now }
 	for i := range maxTenants {
-		require.NoError(t, c.Tenant(string(rune('a'+i%26))+time.Duration(i).String()))
+		require.NoError(t, c.Rate(string(rune('a'+i%26))+time.Duration(i).String()))
 	}
 	now = now.Add(time.Second) // every bucket is full again
-	require.NoError(t, c.Tenant("newcomer"))
+	require.NoError(t, c.Rate("newcomer"))
 	assert.Len(t, c.buckets, 1)
 }
 
 func TestNoLimitsAdmitEverything(t *testing.T) {
 	for _, c := range []*Controller{nil, New(Limits{})} {
 		for range 100 {
-			require.NoError(t, c.Enter())
-			require.NoError(t, c.Tenant("acme"))
+			tk, err := c.Enter()
+			require.NoError(t, err)
+			require.NoError(t, c.Rate("acme"))
+			c.Leave(tk, nil)
 		}
 		assert.Zero(t, c.InFlight())
 	}

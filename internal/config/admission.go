@@ -1,57 +1,172 @@
 package config
 
+import (
+	"sort"
+	"time"
+)
+
 // Admission sheds load in front of the RPC envelope (internal/admission).
 // The specification leaves a general request rate limit "not shown"; this
 // option is ours (docs/protocol.md, "Admission").
 type Admission struct {
-	// MaxInFlight is the most calls one api process runs at once: 0 turns
-	// the limit off, AutoInFlight (the default) is InFlightPerConn times
-	// the api's database pool.
+	// MaxInFlight is the most calls one api process runs at once: the
+	// ceiling of the adaptive limit, or the limit when Adaptive is off.
+	// 0 turns the limit off, AutoInFlight (the default) is
+	// InFlightPerConn times the api's database pool.
 	MaxInFlight int
+	// Adaptive (off by default) lets the limit follow latency between
+	// MinInFlight (AutoInFlight, the default: the pool's size) and
+	// MaxInFlight; LatencyTolerance is how far the recent latency may
+	// rise over its long average before the limit shrinks.
+	Adaptive         bool
+	MinInFlight      int
+	LatencyTolerance float64
+	// MaxQueue bounds an admitted call's wait for a database connection;
+	// past it the call is shed. 0 (the default) leaves the store's own
+	// 2 s, after which the call answers UNAVAILABLE.
+	MaxQueue time.Duration
 	// TenantRate is calls per second per tenant and api process (0, the
 	// default: none), TenantBurst the bucket (default twice the rate,
-	// at least 1).
+	// at least 1). Tenants overrides both per tenant.
 	TenantRate  float64
 	TenantBurst int
+	Tenants     map[string]AdmissionBucket
+	// GlobalRate is calls per second of the whole api process (0, the
+	// default: none), GlobalBurst its bucket (default twice the rate).
+	GlobalRate  float64
+	GlobalBurst int
 }
 
-// AutoInFlight asks for the default in-flight limit.
+// AdmissionBucket is one tenant's token bucket.
+type AdmissionBucket struct {
+	Rate  float64
+	Burst int
+}
+
+// AutoInFlight asks for the default in-flight limit (or floor).
 const AutoInFlight = -1
 
-// InFlightPerConn is the default in-flight limit per connection of the
+// InFlightPerConn is the default in-flight ceiling per connection of the
 // api's pool: a few calls decode, decide and encode while one holds the
 // connection, and past that another call in flight only queues.
 const InFlightPerConn = 4
 
+// MaxQueueLimit is the store's own wait for a connection
+// (store.AcquireTimeout); a queue bound must be below it.
+const MaxQueueLimit = 2000
+
 type fileAdmission struct {
-	MaxInFlight *int     `yaml:"maxInFlight"`
-	TenantRate  *float64 `yaml:"tenantRate"`
-	TenantBurst *int     `yaml:"tenantBurst"`
+	MaxInFlight      *int                           `yaml:"maxInFlight"`
+	Adaptive         *bool                          `yaml:"adaptive"`
+	MinInFlight      *int                           `yaml:"minInFlight"`
+	LatencyTolerance *float64                       `yaml:"latencyTolerance"`
+	MaxQueueMs       *int                           `yaml:"maxQueueMs"`
+	TenantRate       *float64                       `yaml:"tenantRate"`
+	TenantBurst      *int                           `yaml:"tenantBurst"`
+	Tenants          map[string]fileAdmissionBucket `yaml:"tenants"`
+	GlobalRate       *float64                       `yaml:"globalRate"`
+	GlobalBurst      *int                           `yaml:"globalBurst"`
+}
+
+type fileAdmissionBucket struct {
+	Rate  *float64 `yaml:"rate"`
+	Burst *int     `yaml:"burst"`
 }
 
 func (b *builder) admission(fc *fileConfig, c *Config) error {
 	fa := deref(fc.Admission, fileAdmission{})
-	c.Admission.MaxInFlight = AutoInFlight
+	a := &c.Admission
+	a.MaxInFlight = AutoInFlight
 	if fa.MaxInFlight != nil {
 		if *fa.MaxInFlight < 0 {
 			return b.errorf("admission.maxInFlight", "must be at least 0 (0 turns the limit off)")
 		}
-		c.Admission.MaxInFlight = *fa.MaxInFlight
+		a.MaxInFlight = *fa.MaxInFlight
 	}
-	c.Admission.TenantRate = deref(fa.TenantRate, 0)
-	if c.Admission.TenantRate < 0 {
-		return b.errorf("admission.tenantRate", "must be at least 0 (0 turns the limit off)")
+	a.Adaptive = deref(fa.Adaptive, false)
+	if a.MaxInFlight == 0 || !a.Adaptive {
+		// The adaptive settings mean nothing without an adaptive limit.
+		for name, set := range map[string]bool{"minInFlight": fa.MinInFlight != nil, "latencyTolerance": fa.LatencyTolerance != nil} {
+			if set {
+				return b.errorf("admission."+name, "needs an adaptive in-flight limit (admission.adaptive true and admission.maxInFlight not 0)")
+			}
+		}
+		a.Adaptive = a.Adaptive && a.MaxInFlight != 0
 	}
-	if fa.TenantBurst != nil {
-		if c.Admission.TenantRate == 0 {
-			return b.errorf("admission.tenantBurst", "needs admission.tenantRate")
+	a.MinInFlight = AutoInFlight
+	if fa.MinInFlight != nil {
+		if *fa.MinInFlight < 1 {
+			return b.errorf("admission.minInFlight", "must be at least 1")
 		}
-		if *fa.TenantBurst < 1 {
-			return b.errorf("admission.tenantBurst", "must be at least 1")
+		if a.MaxInFlight > 0 && *fa.MinInFlight > a.MaxInFlight {
+			return b.errorf("admission.minInFlight", "must be at most admission.maxInFlight (%d)", a.MaxInFlight)
 		}
-		c.Admission.TenantBurst = *fa.TenantBurst
-	} else if c.Admission.TenantRate > 0 {
-		c.Admission.TenantBurst = max(1, int(2*c.Admission.TenantRate))
+		a.MinInFlight = *fa.MinInFlight
+	}
+	a.LatencyTolerance = deref(fa.LatencyTolerance, 2)
+	if a.LatencyTolerance < 1 || a.LatencyTolerance > 100 {
+		return b.errorf("admission.latencyTolerance", "must be from 1 to 100 (how many times its long average the recent latency may reach)")
+	}
+	if fa.MaxQueueMs != nil {
+		if *fa.MaxQueueMs < 0 || *fa.MaxQueueMs >= MaxQueueLimit {
+			return b.errorf("admission.maxQueueMs", "must be from 0 to %d (0: the store's own %d ms wait for a connection)", MaxQueueLimit-1, MaxQueueLimit)
+		}
+		a.MaxQueue = time.Duration(*fa.MaxQueueMs) * time.Millisecond
+	}
+	var err error
+	if a.TenantRate, a.TenantBurst, err = b.bucket("admission.tenantRate", "admission.tenantBurst", fa.TenantRate, fa.TenantBurst, true); err != nil {
+		return err
+	}
+	if a.GlobalRate, a.GlobalBurst, err = b.bucket("admission.globalRate", "admission.globalBurst", fa.GlobalRate, fa.GlobalBurst, true); err != nil {
+		return err
+	}
+	if len(fa.Tenants) > 0 {
+		a.Tenants = map[string]AdmissionBucket{}
+		names := make([]string, 0, len(fa.Tenants))
+		for name := range fa.Tenants {
+			names = append(names, name)
+		}
+		sort.Strings(names) // the first bad entry is the same each start
+		for _, name := range names {
+			fb := fa.Tenants[name]
+			prefix := "admission.tenants." + name
+			if name == "" {
+				return b.errorf("admission.tenants", "a tenant id must not be empty")
+			}
+			r, burst, err := b.bucket(prefix+".rate", prefix+".burst", fb.Rate, fb.Burst, false)
+			if err != nil {
+				return err
+			}
+			a.Tenants[name] = AdmissionBucket{Rate: r, Burst: burst}
+		}
 	}
 	return nil
+}
+
+// bucket validates one token bucket's rate and burst: a rate of 0 turns
+// it off when zeroOff, the burst needs a rate and defaults to twice it.
+func (b *builder) bucket(rateName, burstName string, rate *float64, burst *int, zeroOff bool) (float64, int, error) {
+	if rate == nil && !zeroOff {
+		return 0, 0, b.errorf(rateName, "is required")
+	}
+	r := deref(rate, 0)
+	switch {
+	case zeroOff && r < 0:
+		return 0, 0, b.errorf(rateName, "must be at least 0 (0 turns the limit off)")
+	case !zeroOff && r <= 0:
+		return 0, 0, b.errorf(rateName, "must be above 0")
+	}
+	if burst == nil {
+		if r == 0 {
+			return 0, 0, nil
+		}
+		return r, max(1, int(2*r)), nil
+	}
+	if r == 0 {
+		return 0, 0, b.errorf(burstName, "needs %s", rateName)
+	}
+	if *burst < 1 {
+		return 0, 0, b.errorf(burstName, "must be at least 1")
+	}
+	return r, *burst, nil
 }

@@ -121,6 +121,7 @@ type Config struct {
 	Webhooks  Webhooks
 	Capacity  Capacity
 	Admission Admission
+	Shutdown  Shutdown
 	Scheduler Scheduler
 	Clock     Clock
 	Log       Log

@@ -64,7 +64,7 @@ func TestDefaults(t *testing.T) {
 			Placer: PlacerInline, MaxBatch: 64, MaxAttempts: 3,
 			RollupEvery: 5 * time.Minute, UsageEvery: 5 * time.Minute, SpotNoticeMs: 120000,
 		},
-		Admission: Admission{MaxInFlight: AutoInFlight},
+		Admission: Admission{MaxInFlight: AutoInFlight, MinInFlight: AutoInFlight, LatencyTolerance: 2},
 		Scheduler: Scheduler{TopN: 5},
 		Clock:     ClockDatabase,
 		Log:       Log{Level: "warn"},
@@ -144,7 +144,8 @@ capacity:
   rollupEvery: 1m
   usageEvery: 10m
   spotNoticeMs: 30000
-admission: {maxInFlight: 48, tenantRate: 200, tenantBurst: 400}
+shutdown: {unreadyMs: 3000}
+admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, latencyTolerance: 1.5, maxQueueMs: 80, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000}
 scheduler:
   plugins: [gpu-affinity]
   weights: {pack: 1, spread: 0.5}
@@ -228,7 +229,10 @@ func TestFullFile(t *testing.T) {
 			Placer: PlacerPoolLease, MaxBatch: 16, MaxAttempts: 5,
 			RollupEvery: time.Minute, UsageEvery: 10 * time.Minute, SpotNoticeMs: 30000,
 		},
-		Admission: Admission{MaxInFlight: 48, TenantRate: 200, TenantBurst: 400},
+		Admission: Admission{MaxInFlight: 48, Adaptive: true, MinInFlight: 12, LatencyTolerance: 1.5, MaxQueue: 80 * time.Millisecond,
+			TenantRate: 200, TenantBurst: 400, Tenants: map[string]AdmissionBucket{"bigco": {Rate: 1000, Burst: 2000}, "tiny": {Rate: 1, Burst: 1}},
+			GlobalRate: 5000, GlobalBurst: 10000},
+		Shutdown: Shutdown{Unready: 3 * time.Second},
 		Scheduler: Scheduler{Plugins: []string{"gpu-affinity"}, Weights: map[string]float64{"pack": 1, "spread": 0.5}, TopN: 3},
 		Clock:     ClockSystem,
 		Log:       Log{Level: "debug"},
@@ -643,6 +647,21 @@ func TestInvalid(t *testing.T) {
 		{"admission tenantRate negative", "admission: {tenantRate: -2}", nil, "admission.tenantRate", "at least 0"},
 		{"admission tenantBurst without a rate", "admission: {tenantBurst: 5}", nil, "admission.tenantBurst", "needs admission.tenantRate"},
 		{"admission tenantBurst zero", "admission: {tenantRate: 5, tenantBurst: 0}", nil, "admission.tenantBurst", "at least 1"},
+		{"admission minInFlight without adaptive", "admission: {adaptive: false, minInFlight: 4}", nil, "admission.minInFlight", "needs an adaptive"},
+		{"admission latencyTolerance without a limit", "admission: {maxInFlight: 0, latencyTolerance: 2}", nil, "admission.latencyTolerance", "needs an adaptive"},
+		{"admission minInFlight above the ceiling", "admission: {adaptive: true, maxInFlight: 8, minInFlight: 9}", nil, "admission.minInFlight", "at most admission.maxInFlight"},
+		{"admission minInFlight zero", "admission: {adaptive: true, minInFlight: 0}", nil, "admission.minInFlight", "at least 1"},
+		{"admission latencyTolerance below 1", "admission: {adaptive: true, latencyTolerance: 0.5}", nil, "admission.latencyTolerance", "from 1 to 100"},
+		{"admission maxQueueMs negative", "admission: {maxQueueMs: -1}", nil, "admission.maxQueueMs", "from 0 to 1999"},
+		{"admission maxQueueMs the store's wait", "admission: {maxQueueMs: 2000}", nil, "admission.maxQueueMs", "from 0 to 1999"},
+		{"admission globalRate negative", "admission: {globalRate: -1}", nil, "admission.globalRate", "at least 0"},
+		{"admission globalBurst without a rate", "admission: {globalBurst: 3}", nil, "admission.globalBurst", "needs admission.globalRate"},
+		{"admission tenant without a rate", "admission: {tenants: {acme: {burst: 3}}}", nil, "admission.tenants.acme.rate", "is required"},
+		{"admission tenant rate zero", "admission: {tenants: {acme: {rate: 0}}}", nil, "admission.tenants.acme.rate", "above 0"},
+		{"admission tenant burst zero", "admission: {tenants: {acme: {rate: 3, burst: 0}}}", nil, "admission.tenants.acme.burst", "at least 1"},
+		{"shutdown unreadyMs negative", "shutdown: {unreadyMs: -1}", nil, "shutdown.unreadyMs", "from 0 to 60000"},
+		{"shutdown unreadyMs too long", "shutdown: {unreadyMs: 60001}", nil, "shutdown.unreadyMs", "from 0 to 60000"},
+		{"admission tenant unknown option", "admission: {tenants: {acme: {rate: 3, size: 4}}}", nil, "admission.tenants.acme.size", "unknown option"},
 		{"capacity maxAttempts", "capacity: {maxAttempts: 0}", nil, "capacity.maxAttempts", "at least 1"},
 		{"capacity rollupEvery duration", "capacity: {rollupEvery: 5}", nil, "capacity.rollupEvery", "must be a string"},
 		{"capacity rollupEvery syntax", "capacity: {rollupEvery: five}", nil, "capacity.rollupEvery", "duration"},

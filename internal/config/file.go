@@ -45,6 +45,7 @@ type fileConfig struct {
 	Webhooks        *fileWebhooks       `yaml:"webhooks"`
 	Capacity        *fileCapacity       `yaml:"capacity"`
 	Admission       *fileAdmission      `yaml:"admission"`
+	Shutdown        *fileShutdown       `yaml:"shutdown"`
 	Scheduler       *fileScheduler      `yaml:"scheduler"`
 	Clock           *string             `yaml:"clock"`
 	Log             *fileLog            `yaml:"log"`

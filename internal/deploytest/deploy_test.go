@@ -115,6 +115,7 @@ gateway:
   downAfterMs: 20000
 downloads: {dir: %q}
 log: {level: info}
+shutdown: {unreadyMs: 1000}
 `, sinkPath, sinkPath+".audit", gatewayURL, gwListen, gwInternal, downloadsDir)
 }
 
@@ -422,7 +423,7 @@ func TestRollingUpgradeAndFailover(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	upgradeTook := time.Since(began)
 	l.halt()
-	t.Logf("rolling upgrade (%s): %s; the L7 balancer resent %d", upgradeTook.Round(time.Second), l.report(), d.l7.resent.Load())
+	t.Logf("rolling upgrade (%s): %s; the L7 balancer resent %d and passed over an unready api %d times", upgradeTook.Round(time.Second), l.report(), d.l7.resent.Load(), d.l7.skipped.Load())
 	assert.Zero(t, l.failed(), "no call fails during the rolling upgrade: %s", l.report())
 	require.Greater(t, l.calls.Load(), int64(100))
 

@@ -32,6 +32,11 @@ type l7 struct {
 	backends []string
 	next     atomic.Uint64
 	resent   atomic.Int64 // calls sent again to another backend
+	// unready holds the backends whose /readyz failed at the last check
+	// (a process shutting down: shutdown.unreadyMs); new calls go to the
+	// others while any is ready.
+	unready sync.Map
+	skipped atomic.Int64 // dials that passed over an unready backend
 }
 
 // resend sends a call to the next backend when the connection failed
@@ -94,13 +99,50 @@ func startL7(t *testing.T, backends ...string) *l7 {
 	}
 	b.srv = &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = b.srv.Serve(ln) }()
-	t.Cleanup(func() { _ = b.srv.Close() })
+	// Health checks, as a balancer makes them: GET /readyz every 100 ms.
+	ctx, cancel := context.WithCancel(context.Background())
+	go b.check(ctx, 100*time.Millisecond)
+	t.Cleanup(func() { cancel(); _ = b.srv.Close() })
 	return b
 }
 
-// dial connects to the next backend that takes the connection.
+func (b *l7) check(ctx context.Context, every time.Duration) {
+	c := &http.Client{Timeout: every, Transport: &http.Transport{DisableKeepAlives: true}}
+	for {
+		for _, addr := range b.backends {
+			resp, err := c.Get("http://" + addr + "/readyz")
+			if err == nil {
+				_ = resp.Body.Close()
+			}
+			if err == nil && resp.StatusCode == http.StatusServiceUnavailable {
+				b.unready.Store(addr, true)
+			} else {
+				// Refused or ready: a refused dial is resent anyway.
+				b.unready.Delete(addr)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
+}
+
+// dial connects to the next ready backend that takes the connection, or
+// to any when none is ready.
 func (b *l7) dial(_ context.Context, _, _ string) (net.Conn, error) {
-	return dialAny(b.backends, &b.next)
+	ready := make([]string, 0, len(b.backends))
+	for _, addr := range b.backends {
+		if _, out := b.unready.Load(addr); !out {
+			ready = append(ready, addr)
+		}
+	}
+	if len(ready) == 0 || len(ready) == len(b.backends) {
+		return dialAny(b.backends, &b.next)
+	}
+	b.skipped.Add(1)
+	return dialAny(ready, &b.next)
 }
 
 func dialAny(backends []string, next *atomic.Uint64) (net.Conn, error) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -74,6 +75,8 @@ type assembly struct {
 	plugins builtin.Plugins
 	now     func() time.Time
 	bundle  func() (*pki.Bundle, error)
+	// draining makes /readyz fail once shutdown began (Host.Serve).
+	draining *atomic.Bool
 
 	siblings []*store.Store // pools opened beside st, closed with the host
 	closers  []func()       // other connections closed with the host
@@ -123,7 +126,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 	if builtIn.Drivers, err = enabledDrivers(cfg, builtIn.Drivers); err != nil {
 		return nil, err
 	}
-	a := &assembly{cfg: cfg, st: st, log: log, plugins: builtIn, now: time.Now, bundle: pki.Loader(cfg.PKIFile, cfg.Secret)}
+	a := &assembly{cfg: cfg, st: st, log: log, plugins: builtIn, now: time.Now, bundle: pki.Loader(cfg.PKIFile, cfg.Secret), draining: &atomic.Bool{}}
 	if ov.Now != nil {
 		a.now = ov.Now
 	}
@@ -166,7 +169,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 		// Last: nothing after it can fail and leave processes behind.
 		a.pluginHost.Start()
 	}
-	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, follow: a.follow, caches: a.cached, watch: watch,
+	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, draining: a.draining, follow: a.follow, caches: a.cached, watch: watch,
 		sinks: a.sinkList, dispatch: dispatch,
 		notifier: a.notifier, workers: runner, siblings: a.siblings, closers: a.closers, placer: a.placer, gateway: gwRole, queue: queue, relay: a.relay,
 	}, nil
@@ -500,6 +503,7 @@ func (a *assembly) gatewayRole() (*gateway.Gateway, error) {
 func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *gateway.Gateway) (http.Handler, error) {
 	cfg, log := a.cfg, a.log
 	opts := server.Options{
+		Draining:     a.draining.Load,
 		BasePath:     cfg.BasePath,
 		RPC:          envelope,
 		Store:        a.st,
@@ -548,9 +552,23 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 
 // admissionLimits resolves the admission option against the api's pool.
 func admissionLimits(o config.Admission, poolConns int) admission.Limits {
-	l := admission.Limits{MaxInFlight: o.MaxInFlight, TenantRate: o.TenantRate, TenantBurst: o.TenantBurst}
+	l := admission.Limits{
+		MaxInFlight: o.MaxInFlight, Adaptive: o.Adaptive, MinInFlight: o.MinInFlight,
+		Tolerance: o.LatencyTolerance, MaxQueue: o.MaxQueue,
+		TenantRate: o.TenantRate, TenantBurst: o.TenantBurst,
+		GlobalRate: o.GlobalRate, GlobalBurst: o.GlobalBurst,
+	}
 	if l.MaxInFlight == config.AutoInFlight {
 		l.MaxInFlight = config.InFlightPerConn * poolConns
+	}
+	if l.MinInFlight == config.AutoInFlight {
+		l.MinInFlight = min(poolConns, l.MaxInFlight)
+	}
+	if len(o.Tenants) > 0 {
+		l.Tenants = make(map[string]admission.Bucket, len(o.Tenants))
+		for t, b := range o.Tenants {
+			l.Tenants[t] = admission.Bucket{Rate: b.Rate, Burst: b.Burst}
+		}
 	}
 	return l
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"computeplane/gen/api"
@@ -51,6 +52,7 @@ type Host struct {
 	log      *slog.Logger
 	store    *store.Store
 	handler  http.Handler
+	draining *atomic.Bool // /readyz fails while set
 	identity *embedded.Service
 	follow   func(ctx context.Context, in iam.Inbox, every time.Duration, wake <-chan struct{}) // nil with embedded decisions
 	caches   *iam.Cached
@@ -338,6 +340,19 @@ func (h *Host) Serve(ctx context.Context, ready func() error) error {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
+	}
+	// Step 0: /readyz fails for shutdown.unreadyMs while calls are still
+	// served, so that balancers stop sending before the listener closes;
+	// answers ask their clients to close the connection meanwhile.
+	h.draining.Store(true)
+	srv.SetKeepAlivesEnabled(false)
+	if d := h.cfg.Shutdown.Unready; d > 0 {
+		h.log.Info("shutting down: not ready", "forMs", d.Milliseconds())
+		select {
+		case <-time.After(d):
+		case err := <-errc:
+			return err
+		}
 	}
 	h.log.Info("shutting down")
 	drainGateway()

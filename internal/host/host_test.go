@@ -50,7 +50,7 @@ type served struct {
 
 // serve builds a host on a fresh migrated database and runs Serve until
 // the test ends or cancel is called.
-func serve(t *testing.T, roles string, ov host.Overrides) *served {
+func serve(t *testing.T, roles string, ov host.Overrides, extraEnv ...string) *served {
 	t.Helper()
 	port := testenv.FreePort(t)
 	env := map[string]string{
@@ -59,6 +59,9 @@ func serve(t *testing.T, roles string, ov host.Overrides) *served {
 		"HOST":                 "127.0.0.1",
 		"PORT":                 strconv.Itoa(port),
 		"SERVICE_ROLES":        roles,
+	}
+	for i := 0; i+1 < len(extraEnv); i += 2 {
+		env[extraEnv[i]] = extraEnv[i+1]
 	}
 	cfg, err := config.Load(func(k string) string { return env[k] })
 	require.NoError(t, err)
@@ -137,6 +140,53 @@ func TestServeStopsListeningOnCancel(t *testing.T) {
 	assert.Less(t, took, specGrace, "nothing was in flight: no need to wait for the grace")
 	assert.True(t, refused(s.addr), "the listener is closed once Serve returns")
 	assert.Contains(t, s.logs.String(), "shutting down")
+}
+
+// With shutdown.unreadyMs, /readyz answers 503 as soon as shutdown begins
+// while calls are still served (each answer asking to close its
+// connection), and the listener closes only after that moment.
+func TestServeIsUnreadyBeforeItStopsListening(t *testing.T) {
+	t.Parallel()
+	const unready = 1500 * time.Millisecond
+	s := serve(t, "api", host.Overrides{}, "SERVICE_CONFIG", testenv.ConfigFile(t, "shutdown: {unreadyMs: 1500}\n"))
+	s.waitReady(t)
+	get := func(path string) (*http.Response, error) {
+		c := &http.Client{Timeout: time.Second, Transport: &http.Transport{}}
+		resp, err := c.Get("http://" + s.addr + path)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		}
+		return resp, err
+	}
+	resp, err := get("/readyz")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	start := time.Now()
+	stopped := make(chan time.Duration, 1)
+	go func() {
+		took, err := s.stop(t)
+		assert.NoError(t, err)
+		stopped <- took
+	}()
+	require.Eventually(t, func() bool {
+		resp, err := get("/readyz")
+		return err == nil && resp.StatusCode == http.StatusServiceUnavailable
+	}, time.Second, 10*time.Millisecond, "/readyz fails once shutdown begins")
+	resp, err = get("/healthz")
+	require.NoError(t, err, "still listening while unready")
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.True(t, resp.Close, "answers ask the client to close its connection")
+	resp, err = postVersion(s.addr)
+	require.NoError(t, err, "calls are still served")
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Less(t, time.Since(start), unready, "all of the above within the unready moment")
+
+	took := <-stopped
+	assert.GreaterOrEqual(t, took, unready-50*time.Millisecond, "the listener closes after the unready moment")
+	assert.True(t, refused(s.addr))
 }
 
 // A request that started before the cancel finishes within the grace.

@@ -192,14 +192,16 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 		return nil, err
 	}
 	// Shed before reading the body: a refused call costs next to nothing.
-	if err := h.Admission.Enter(); err != nil {
+	ticket, err := h.Admission.Enter()
+	if err != nil {
 		return nil, err
 	}
 	holding := true // until a wait gives the slot back
 	defer func() {
 		if holding {
-			h.Admission.Leave()
+			h.Admission.Leave(ticket, err)
 		}
+		err = admission.Shed(err) // past the queue bound: RATE_LIMITED
 	}()
 	buf := bodies.Get().(*bytes.Buffer)
 	defer putBody(buf)
@@ -219,16 +221,17 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 	if !m.Registered() || m.Invoke == nil {
 		return nil, api.NotImplemented(m)
 	}
-	if tenant, ok := obj["tenantId"].(string); ok {
-		if err := h.Admission.Tenant(tenant); err != nil {
-			return nil, err
-		}
+	tenant, _ := obj["tenantId"].(string)
+	if err := h.Admission.Rate(tenant); err != nil {
+		return nil, err
 	}
 	// Every call is bounded: the decision and the transaction share one
 	// deadline, from which the transaction's statement and lock timeouts
 	// are derived (store.limitsOf).
 	ctx, cancel := context.WithTimeout(ctx, h.callTimeout())
 	defer cancel()
+	// Shed a call that would wait long for a database connection.
+	ctx = store.WithAcquireBound(ctx, h.Admission.MaxQueue())
 	call := &Call{
 		Method: m, Input: in, Fields: obj, Request: r,
 		RequestID: meta.RequestID, Traceparent: meta.Traceparent,
@@ -280,8 +283,9 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 		// transaction, within the call's deadline. A wait is no load: it
 		// gives its slot back.
 		holding = false
-		h.Admission.Leave()
-		return then(ctx)
+		h.Admission.Leave(ticket, nil)
+		// Committed: its re-reads wait as long as the store lets them.
+		return then(store.WithAcquireBound(ctx, 0))
 	}
 	return out, nil
 }

@@ -66,6 +66,9 @@ type Options struct {
 	// writes by progress: a binary outlasts the response deadline.
 	Downloads http.Handler
 	Log       *slog.Logger
+	// Draining, when it answers true, makes /readyz fail: the process is
+	// shutting down and balancers should stop sending it calls.
+	Draining func() bool
 }
 
 // Daemon paths on the public host.
@@ -84,6 +87,10 @@ func New(o Options) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
 	}))
 	mux.HandleFunc("/readyz", getOnly(func(w http.ResponseWriter, r *http.Request) {
+		if o.Draining != nil && o.Draining() {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ok": false, "draining": true})
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), ProbeTimeout)
 		defer cancel()
 		if _, _, err := o.Store.Ping(ctx); err != nil {

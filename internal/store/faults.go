@@ -3,18 +3,61 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ErrBusy is returned, wrapped, when no connection of the pool came free
 // within AcquireTimeout: the process sheds the call rather than queue it
 // without bound.
 var ErrBusy = errors.New("store: every connection is busy")
+
+// ErrQueueBound is returned, wrapped, when no connection came free within
+// the bound the caller set with WithAcquireBound (admission's queue
+// bound): the call is shed early rather than wait the full
+// AcquireTimeout. It is an ErrBusy too.
+var ErrQueueBound = fmt.Errorf("%w: past the queue bound", ErrBusy)
+
+type acquireBoundKey struct{}
+
+// WithAcquireBound bounds the waits of ctx's calls for a free connection
+// to d when d is shorter than AcquireTimeout; 0 lifts a bound set
+// earlier.
+func WithAcquireBound(ctx context.Context, d time.Duration) context.Context {
+	if d <= 0 && ctx.Value(acquireBoundKey{}) == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, acquireBoundKey{}, d)
+}
+
+// acquire takes a connection of pool within ctx's acquire bound, or
+// answers ErrBusy (ErrQueueBound past a bound of WithAcquireBound).
+func acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	wait, bounded := AcquireTimeout, false
+	if d, ok := ctx.Value(acquireBoundKey{}).(time.Duration); ok && d > 0 && d < AcquireTimeout {
+		wait, bounded = d, true
+	}
+	actx, cancel := context.WithTimeout(ctx, wait)
+	conn, err := pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+			if bounded {
+				return nil, fmt.Errorf("%w: %w", ErrQueueBound, err)
+			}
+			return nil, fmt.Errorf("%w: %w", ErrBusy, err)
+		}
+		return nil, fmt.Errorf("store: acquire: %w", err)
+	}
+	return conn, nil
+}
 
 // Unavailable reports whether err means the database could not do the work
 // now and nothing was changed: it was unreachable, restarting or shutting

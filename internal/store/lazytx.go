@@ -359,14 +359,9 @@ const AcquireTimeout = 2 * time.Second
 // drops a connection it could not roll back, so the pool never hands out a
 // connection inside a transaction.
 func withLazyTx(ctx context.Context, pool *pgxpool.Pool, readOnly bool, fn func(ctx context.Context, tx pgx.Tx) error) (retErr error) {
-	actx, cancel := context.WithTimeout(ctx, AcquireTimeout)
-	conn, err := pool.Acquire(actx)
-	cancel()
+	conn, err := acquire(ctx, pool)
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("%w: %w", ErrBusy, err)
-		}
-		return fmt.Errorf("store: acquire: %w", err)
+		return err
 	}
 	tx := &lazyTx{conn: conn, opts: pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite}}
 	if readOnly {

@@ -56,14 +56,9 @@ func openReads(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) 
 
 // withRead runs fn on a read-only connection, each statement on its own.
 func withRead(ctx context.Context, pool *pgxpool.Pool, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	actx, cancel := context.WithTimeout(ctx, AcquireTimeout)
-	conn, err := pool.Acquire(actx)
-	cancel()
+	conn, err := acquire(ctx, pool)
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("%w: %w", ErrBusy, err)
-		}
-		return fmt.Errorf("store: acquire: %w", err)
+		return err
 	}
 	defer conn.Release()
 	tx := &autocommit{conn: conn}

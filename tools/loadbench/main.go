@@ -37,10 +37,15 @@ type Result struct {
 	PerSecond   float64 `json:"perSecond"`
 	P50Ms       float64 `json:"p50Ms"`
 	P99Ms       float64 `json:"p99Ms"`
-	// Open loop only: the arrival rate asked for, and the calls refused
-	// with RATE_LIMITED (shed), apart from other errors.
+	// Rate is the open loop's arrival rate; RateLimited the calls refused
+	// with RATE_LIMITED (shed), apart from other errors (a closed loop's
+	// caller then waits retryAfterMs, as clients are asked to).
 	Rate        float64 `json:"rate,omitempty"`
 	RateLimited int64   `json:"rateLimited,omitempty"`
+	// Open loop only: p99 of how late the generator itself started calls
+	// against their schedule (a generator short of CPU falls behind, and
+	// that lateness is in the latencies too).
+	LateP99Ms float64 `json:"lateP99Ms,omitempty"`
 }
 
 func main() {
@@ -55,7 +60,12 @@ func main() {
 	rate := flag.Float64("rate", 0, "open loop: calls started per second (0: closed loop at -c)")
 	flag.Parse()
 
-	idle := max(*conc*2, int(*rate/50)) // an open loop keeps about rate x latency connections busy
+	// An open loop keeps about rate x latency connections busy, more when
+	// the server slows down: keep them all rather than dial anew per call.
+	idle := *conc * 2
+	if *rate > 0 {
+		idle = max(idle, 2048)
+	}
 	transport := &http.Transport{MaxIdleConns: idle, MaxIdleConnsPerHost: idle, IdleConnTimeout: time.Minute}
 	c, err := computeclient.New(*url, computeclient.WithToken(*token), computeclient.WithHTTPClient(&http.Client{Transport: transport}))
 	if err != nil {
@@ -96,7 +106,7 @@ func run(call func(context.Context) error, conc int, d time.Duration) Result {
 	defer cancel()
 	var wg sync.WaitGroup
 	lat := make([][]time.Duration, conc)
-	var errs atomic.Int64
+	var errs, limited atomic.Int64
 	start := time.Now()
 	for w := range conc {
 		wg.Add(1)
@@ -107,6 +117,14 @@ func run(call func(context.Context) error, conc int, d time.Duration) Result {
 				err := call(context.Background())
 				if ctx.Err() != nil {
 					return // the call straddled the end: not counted
+				}
+				if e, ok := computeclient.AsError(err); ok && e.Code == "RATE_LIMITED" {
+					// Shed: a well-behaved client waits as told.
+					limited.Add(1)
+					if e.RetryAfterMs != nil {
+						time.Sleep(time.Duration(*e.RetryAfterMs) * time.Millisecond)
+					}
+					continue
 				}
 				if err != nil {
 					if errs.Add(1) == 1 {
@@ -125,7 +143,7 @@ func run(call func(context.Context) error, conc int, d time.Duration) Result {
 		all = append(all, l...)
 	}
 	res := summarize(all, secs)
-	res.Concurrency, res.Errors = conc, errs.Load()
+	res.Concurrency, res.Errors, res.RateLimited = conc, errs.Load(), limited.Load()
 	return res
 }
 
@@ -139,6 +157,7 @@ func openLoop(call func(context.Context) error, rate float64, d time.Duration) R
 	var (
 		mu      sync.Mutex
 		lat     []time.Duration
+		late    = make([]time.Duration, 0, int(rate*d.Seconds())+1)
 		errs    atomic.Int64
 		limited atomic.Int64
 		out     atomic.Int64
@@ -152,6 +171,7 @@ func openLoop(call func(context.Context) error, rate float64, d time.Duration) R
 		if wait := time.Until(at); wait > 0 {
 			time.Sleep(wait)
 		}
+		late = append(late, max(0, time.Since(at)))
 		if out.Load() >= maxOutstanding {
 			errs.Add(1)
 			continue
@@ -179,6 +199,10 @@ func openLoop(call func(context.Context) error, rate float64, d time.Duration) R
 	wg.Wait()
 	res := summarize(lat, d.Seconds())
 	res.Rate, res.Errors, res.RateLimited = rate, errs.Load(), limited.Load()
+	slices.Sort(late)
+	if len(late) > 0 {
+		res.LateP99Ms = float64(late[int(0.99*float64(len(late)-1))].Microseconds()) / 1000
+	}
 	return res
 }
 
