@@ -51,6 +51,21 @@ func NewCached(p Port, now func() time.Time) *Cached {
 	return &Cached{Port: p, now: now, creds: map[string]credEntry{}, allows: map[string]time.Time{}}
 }
 
+// PutDraftRequire implements DraftRequirer: in one round trip when the
+// port can, else PutDraft and then Require. Nothing of it is cached.
+func (c *Cached) PutDraftRequire(ctx context.Context, draft Resource, caller *Caller, action string, target Resource) (bool, error, error) {
+	if dr, ok := c.Port.(DraftRequirer); ok {
+		return dr.PutDraftRequire(ctx, draft, caller, action, target)
+	}
+	drafted, err := c.Port.Projection().PutDraft(ctx, draft)
+	if err != nil || !drafted {
+		return false, nil, err
+	}
+	return true, c.Port.Require(ctx, caller, action, target), nil
+}
+
+var _ DraftRequirer = (*Cached)(nil)
+
 func credentialKey(c Credential) string {
 	h := sha256.New()
 	h.Write([]byte(c.Token))
