@@ -255,8 +255,8 @@ type admission struct {
 	// p holds statements for the next round trip: the first reads, then
 	// the VM's insert (place) with the sandbox's.
 	p        store.Pipeline
-	tmplRead bool  // the template was read in the first pipeline
-	tmplErr  error // its read's error
+	tmplRead bool        // the template was read in the first pipeline
+	tmplErr  error       // its read's error
 	vmQueued bool        // the VM's insert is in p
 	inserted db.Instance // its row
 	vmErr    error       // its error
@@ -313,7 +313,9 @@ func (a *admission) claimWarm(ctx context.Context) (bool, error) {
 	// needs them next.
 	var w db.Instance
 	var err error
-	a.p.Queue(func(q *db.Queries) { w, err = q.ClaimWarmInstance(ctx, pgtype.Text{String: a.tmpl.TemplateID, Valid: true}) })
+	a.p.Queue(func(q *db.Queries) {
+		w, err = q.ClaimWarmInstance(ctx, pgtype.Text{String: a.tmpl.TemplateID, Valid: true})
+	})
 	a.flavor = flavors.QueueInPool(ctx, &a.p, a.tmpl.TenantID, a.tmpl.PoolID, a.tmpl.Flavor)
 	if perr := a.p.Send(ctx, a.tx); perr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
 		err = perr
