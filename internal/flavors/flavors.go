@@ -14,6 +14,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
 	"computeplane/internal/pools"
+	"computeplane/internal/store"
 	"computeplane/internal/wire"
 )
 
@@ -55,25 +56,49 @@ func Get(ctx context.Context, q *db.Queries, tenant, pool, name string) (*api.Fl
 // answers NotFound where it would have read the flavor, after its checks
 // of the pool).
 func InPool(ctx context.Context, q *db.Queries, tenant, pool, name string) (db.Pool, *api.Flavor, time.Time, error) {
-	r, err := q.PoolFlavor(ctx, db.PoolFlavorParams{TenantID: tenant, PoolID: pool, Flavor: name})
+	r := &PoolRead{tenant: tenant, pool: pool}
+	r.row, r.err = q.PoolFlavor(ctx, db.PoolFlavorParams{TenantID: tenant, PoolID: pool, Flavor: name})
+	return r.Result(ctx, q)
+}
+
+// PoolRead is InPool's statement sent in a pipeline with others (a
+// create's idempotency read): Result answers as InPool once it is sent.
+type PoolRead struct {
+	tenant, pool string
+	row          db.PoolFlavorRow
+	err          error
+}
+
+// QueueInPool queues InPool's statement in p.
+func QueueInPool(ctx context.Context, p *store.Pipeline, tenant, pool, name string) *PoolRead {
+	r := &PoolRead{tenant: tenant, pool: pool}
+	p.Queue(func(q *db.Queries) {
+		r.row, r.err = q.PoolFlavor(ctx, db.PoolFlavorParams{TenantID: tenant, PoolID: pool, Flavor: name})
+	})
+	return r
+}
+
+// Result is InPool's answer from the statement read.
+func (r *PoolRead) Result(ctx context.Context, q *db.Queries) (db.Pool, *api.Flavor, time.Time, error) {
+	row, err, tenant, pool := r.row, r.err, r.tenant, r.pool
 	if errors.Is(err, pgx.ErrNoRows) {
 		// No pool: the time still (a caller may check its input first).
-		if r.Now, err = q.Now(ctx); err != nil {
+		if row.Now, err = q.Now(ctx); err != nil {
 			return db.Pool{}, nil, time.Time{}, err
 		}
 		err = pgx.ErrNoRows
 	}
 	switch {
-	case errors.Is(err, pgx.ErrNoRows) || (err == nil && r.Pool.TenantID != tenant && !r.Offered):
-		return db.Pool{}, nil, r.Now, pools.NotFound(pool)
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && row.Pool.TenantID != tenant && !row.Offered):
+		return db.Pool{}, nil, row.Now, pools.NotFound(pool)
 	case err != nil:
 		return db.Pool{}, nil, time.Time{}, err
-	case !r.FlavorName.Valid:
-		return r.Pool, nil, r.Now, nil
+	case !row.FlavorName.Valid:
+		return row.Pool, nil, row.Now, nil
 	}
-	return r.Pool, output(db.Flavor{PoolID: pool, Name: r.FlavorName.String, Vcpu: r.FlavorVcpu.Int32, MemoryMib: r.FlavorMemoryMib.Int64,
-		DiskGib: r.FlavorDiskGib.Int64, GpuModel: r.FlavorGpuModel, Gpus: r.FlavorGpus.Int32, Archived: r.FlavorArchived.Bool,
-		CreatedAt: *r.FlavorCreatedAt}), r.Now, nil
+	return row.Pool, output(db.Flavor{PoolID: pool, Name: row.FlavorName.String, Vcpu: row.FlavorVcpu.Int32, MemoryMib: row.FlavorMemoryMib.Int64,
+		DiskGib: row.FlavorDiskGib.Int64, GpuModel: row.FlavorGpuModel, Gpus: row.FlavorGpus.Int32, Archived: row.FlavorArchived.Bool,
+		CreatedAt: *row.FlavorCreatedAt}), row.Now, nil
 }
 
 // OfPool reads a flavor of a pool the caller has already read through

@@ -50,6 +50,21 @@ func NewCached(p Port, now func() time.Time) *Cached {
 	return &Cached{Port: p, now: now, creds: map[credKey]credEntry{}, allows: map[allowKey]time.Time{}}
 }
 
+// PutDraftRequire implements DraftRequirer: in one round trip when the
+// port can, else PutDraft and then Require. Nothing of it is cached.
+func (c *Cached) PutDraftRequire(ctx context.Context, draft Resource, caller *Caller, action string, target Resource) (bool, error, error) {
+	if dr, ok := c.Port.(DraftRequirer); ok {
+		return dr.PutDraftRequire(ctx, draft, caller, action, target)
+	}
+	drafted, err := c.Port.Projection().PutDraft(ctx, draft)
+	if err != nil || !drafted {
+		return false, nil, err
+	}
+	return true, c.Port.Require(ctx, caller, action, target), nil
+}
+
+var _ DraftRequirer = (*Cached)(nil)
+
 // credKey is the SHA-256 of a credential and its source address: the
 // cache holds no token, and computing it costs no allocation.
 type credKey [sha256.Size]byte

@@ -94,6 +94,11 @@ func (g *Gate) decide(ctx context.Context, m *api.Method, caller *Caller, res Re
 	} else {
 		err = g.Port.Authorize(ctx, caller, m.Action, res)
 	}
+	return g.decision(m, res, err)
+}
+
+// decision is the envelope's answer for the port's decision err on res.
+func (g *Gate) decision(m *api.Method, res Resource, err error) error {
 	if errors.Is(err, ErrDenied) {
 		// Say what was refused: the action and the resource the call named
 		// (or its tenant). Nothing the port said about why goes out: it may
@@ -178,10 +183,33 @@ func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session) (context.C
 		if draft.Attributes == nil {
 			draft.Attributes = map[string]string{}
 		}
+		target := s.Resource
+		if m.Resource.Creates == m.Resource.Type {
+			target = draft
+		}
 		// The draft is written first: it never touches a real resource, so
-		// only a retry (the id is real) pays for reading what exists.
+		// only a retry (the id is real) pays for reading what exists. A
+		// port that can decides in the same round trip (DraftRequirer).
+		dr, pipelined := g.Port.(DraftRequirer)
+		pipelined = pipelined && m.Kind == api.KindMutation
 		for tries := 0; ; tries++ {
-			drafted, err := g.Port.Projection().PutDraft(ctx, draft)
+			var drafted bool
+			var err error
+			if pipelined && tries == 0 {
+				var decision error
+				drafted, decision, err = dr.PutDraftRequire(ctx, draft, caller, m.Action, target)
+				if err == nil && drafted {
+					if err := g.decision(m, target, decision); err != nil {
+						g.dropDraft(ctx, draft)
+						return nil, err
+					}
+					s.Draft = &draft
+					s.Resource = draft
+					return withCaller(ctx, s), nil
+				}
+			} else {
+				drafted, err = g.Port.Projection().PutDraft(ctx, draft)
+			}
 			if err != nil {
 				return nil, g.refusal(err)
 			}

@@ -108,6 +108,15 @@ type Port interface {
 	Billing() Billing
 }
 
+// DraftRequirer is a Port that writes a create's draft (PutDraft) and
+// decides the create (Require on target) in one round trip: the decision's
+// reads travel in one pipeline with the draft, and nothing is cached.
+// drafted false (a real resource holds the id) leaves the decision
+// unmade; err is the draft's failure, decision the Require's answer.
+type DraftRequirer interface {
+	PutDraftRequire(ctx context.Context, draft Resource, c *Caller, action string, target Resource) (drafted bool, decision, err error)
+}
+
 // Projection is the authorization projection and its relationships. Writes
 // take the transaction of the call, so they commit or roll back with it.
 type Projection interface {

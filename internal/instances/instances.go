@@ -153,15 +153,23 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 		return nil, err
 	}
 	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
-	existing, err := q.GetInstance(ctx, k.ID)
-	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
+	// What exists under the key, and the pool with its flavor, in one
+	// round trip (with BEGIN).
+	var p store.Pipeline
+	var existing db.Instance
+	var existingErr error
+	p.Queue(func(q *db.Queries) { existing, existingErr = q.GetInstance(ctx, k.ID) })
+	poolRead := flavors.QueueInPool(ctx, &p, in.TenantID, in.PoolID, in.Flavor)
+	if err := p.Send(ctx, tx); err != nil {
+		return nil, err
+	}
+	if replay, err := k.Replay(existing.IdemRequest, existingErr); err != nil {
 		return nil, err
 	} else if replay {
 		return s.waited(ctx, existing, in.Wait, StateRunning)
 	}
 	id, fp := k.ID, k.Fingerprint
-	// The pool and its flavor in one statement.
-	pool, flavor, _, err := flavors.InPool(ctx, q, in.TenantID, in.PoolID, in.Flavor)
+	pool, flavor, _, err := poolRead.Result(ctx, q)
 	if err != nil {
 		return nil, err
 	}
@@ -246,10 +254,22 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 		params.ReservationID = pgtype.Text{String: *in.ReservationID, Valid: true}
 		params.ReservationBookingID = pgtype.Text{String: inReservation.booking, Valid: true}
 	}
-	row, err := q.InsertInstance(ctx, params)
-	if errors.Is(err, pgx.ErrNoRows) {
+	var row db.Instance
+	var insertErr error
+	// The insert, and when the row needs no network of its own the node's
+	// spec reads after it, in one round trip.
+	p.Queue(func(q *db.Queries) { row, insertErr = q.InsertInstance(ctx, params) })
+	var spec *nodework.SpecReads
+	if !vmnet.Assigns(network, policy) {
+		spec = nodework.QueueSpec(ctx, &p, booking.NodeID)
+	}
+	err = p.Send(ctx, tx)
+	if errors.Is(insertErr, pgx.ErrNoRows) {
 		// A concurrent call with the same key won: answer as its retry.
 		return nil, api.Errorf(api.CodeConflict, "idempotencyKey: a concurrent create with this key is in progress; retry")
+	}
+	if insertErr != nil {
+		return nil, insertErr
 	}
 	if err != nil {
 		return nil, err
@@ -265,7 +285,12 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 			return nil, err
 		}
 	}
-	if err := nodework.PushSpec(ctx, tx, booking.NodeID); err != nil {
+	if spec != nil {
+		err = spec.Push(ctx, tx)
+	} else {
+		err = nodework.PushSpec(ctx, tx, booking.NodeID)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventInstanceCreated, Subject: id, TenantID: in.TenantID,

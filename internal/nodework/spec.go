@@ -29,17 +29,48 @@ func PushSpec(ctx context.Context, tx pgx.Tx, node string) error {
 // node joined or left (a node pushed for a peer's change joined or left
 // none itself).
 func pushSpec(ctx context.Context, tx pgx.Tx, node string, members bool) error {
-	q := db.New(tx)
-	nodeID := pgtype.Text{String: node, Valid: true}
-	instances, err := q.NodeInstances(ctx, nodeID)
-	if err != nil {
+	var p store.Pipeline
+	r := QueueSpec(ctx, &p, node)
+	if err := p.Send(ctx, tx); err != nil {
 		return err
 	}
-	// The node's gateway, last spec and volumes in one statement.
-	inputs, err := q.NodeSpecInputs(ctx, node)
-	if err != nil {
-		return fmt.Errorf("nodework: spec for node %s: %w", node, err)
+	return r.push(ctx, tx, members)
+}
+
+// SpecReads are the reads a node's spec is made of (its instances; its
+// gateway, last spec and volumes), queued in a pipeline after the
+// statements that change them (a create's insert): Push then writes the
+// spec as PushSpec does, without a round trip of its own.
+type SpecReads struct {
+	node                    string
+	instances               []db.Instance
+	inputs                  db.NodeSpecInputsRow
+	instancesErr, inputsErr error
+}
+
+// QueueSpec queues node's spec reads in p.
+func QueueSpec(ctx context.Context, p *store.Pipeline, node string) *SpecReads {
+	r := &SpecReads{node: node}
+	p.Queue(func(q *db.Queries) {
+		r.instances, r.instancesErr = q.NodeInstances(ctx, pgtype.Text{String: node, Valid: true})
+		r.inputs, r.inputsErr = q.NodeSpecInputs(ctx, node)
+	})
+	return r
+}
+
+// Push is PushSpec from the reads, once their pipeline is sent.
+func (r *SpecReads) Push(ctx context.Context, tx pgx.Tx) error { return r.push(ctx, tx, true) }
+
+func (r *SpecReads) push(ctx context.Context, tx pgx.Tx, members bool) error {
+	q := db.New(tx)
+	node, instances, inputs := r.node, r.instances, r.inputs
+	if r.instancesErr != nil {
+		return r.instancesErr
 	}
+	if r.inputsErr != nil {
+		return fmt.Errorf("nodework: spec for node %s: %w", node, r.inputsErr)
+	}
+	var err error
 	spec := agentproto.SpecBody{Instances: make([]agentproto.InstanceSpec, 0, len(instances))}
 	if err := json.Unmarshal(inputs.Volumes, &spec.Volumes); err != nil {
 		return err

@@ -209,15 +209,23 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 		return nil, err
 	}
 	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
-	existing, err := q.GetReservation(ctx, k.ID)
-	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
+	// What exists under the key, and the pool, its flavor and the
+	// transaction's time, in one round trip (with BEGIN).
+	var p store.Pipeline
+	var existing db.Reservation
+	var existingErr error
+	p.Queue(func(q *db.Queries) { existing, existingErr = q.GetReservation(ctx, k.ID) })
+	poolRead := flavors.QueueInPool(ctx, &p, in.TenantID, in.PoolID, in.Flavor)
+	if err := p.Send(ctx, tx); err != nil {
+		return nil, err
+	}
+	if replay, err := k.Replay(existing.IdemRequest, existingErr); err != nil {
 		return nil, err
 	} else if replay {
 		return s.waited(ctx, q, existing, in.Wait)
 	}
-	// The pool, its flavor and the transaction's time in one statement;
-	// the times are checked before the pool is found.
-	pool, f, now, poolErr := flavors.InPool(ctx, q, in.TenantID, in.PoolID, in.Flavor)
+	// The times are checked before the pool is found.
+	pool, f, now, poolErr := poolRead.Result(ctx, q)
 	if poolErr != nil && !isCode(poolErr, api.CodeNotFound) {
 		return nil, poolErr
 	}

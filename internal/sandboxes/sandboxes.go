@@ -105,15 +105,26 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxesCreateInput) (*ap
 		return nil, err
 	}
 	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
-	existing, err := q.GetSandbox(ctx, k.ID)
-	if replay, err := k.Replay(existing.IdemRequest, err); err != nil {
+	a := admission{s: s, tx: tx, q: q, in: in, id: k.ID, caller: sess.Caller.IdentityID}
+	// What exists under the key, and the template, in one round trip
+	// (with BEGIN).
+	var existing db.Sandbox
+	var existingErr error
+	a.p.Queue(func(q *db.Queries) { existing, existingErr = q.GetSandbox(ctx, k.ID) })
+	if in.FromSnapshot == nil && in.TemplateID != nil {
+		a.tmplRead = true
+		a.p.Queue(func(q *db.Queries) { a.tmpl, a.tmplErr = q.GetSandboxTemplate(ctx, *in.TemplateID) })
+	}
+	if err := a.p.Send(ctx, tx); err != nil {
+		return nil, err
+	}
+	if replay, err := k.Replay(existing.IdemRequest, existingErr); err != nil {
 		return nil, err
 	} else if replay {
 		return s.waited(ctx, q, existing, in.Wait, StateRunning)
 	}
 	id, fp := k.ID, k.Fingerprint
 
-	a := admission{s: s, tx: tx, q: q, in: in, id: id, caller: sess.Caller.IdentityID}
 	if err := a.source(ctx); err != nil {
 		return nil, err
 	}
@@ -151,13 +162,40 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxesCreateInput) (*ap
 	if a.snap != nil {
 		from = pgtype.Text{String: a.snap.SnapshotID, Valid: true}
 	}
-	row, err := q.InsertSandbox(ctx, db.InsertSandboxParams{
-		SandboxID: id, TenantID: in.TenantID, TemplateID: a.tmpl.TemplateID, FromSnapshot: from, InstanceID: a.vm.InstanceID,
-		PoolID: a.vm.PoolID, NodeID: a.vm.NodeID.String, How: a.how, MaxTtlSeconds: a.tmpl.MaxTtlSeconds,
-		ExpiresAt: arrived.Add(time.Duration(ttl) * time.Second), CreatedBy: sess.Caller.IdentityID, IdemRequest: fp, CreatedAt: arrived,
+	// The sandbox's row goes in the pipeline that may hold its VM's
+	// insert (place); without volumes to attach, the node's spec reads and
+	// the answer's attachments follow it there: one round trip for all.
+	var row db.Sandbox
+	var insertErr error
+	a.p.Queue(func(q *db.Queries) {
+		row, insertErr = q.InsertSandbox(ctx, db.InsertSandboxParams{
+			SandboxID: id, TenantID: in.TenantID, TemplateID: a.tmpl.TemplateID, FromSnapshot: from, InstanceID: a.vm.InstanceID,
+			PoolID: a.vm.PoolID, NodeID: a.vm.NodeID.String, How: a.how, MaxTtlSeconds: a.tmpl.MaxTtlSeconds,
+			ExpiresAt: arrived.Add(time.Duration(ttl) * time.Second), CreatedBy: sess.Caller.IdentityID, IdemRequest: fp, CreatedAt: arrived,
+		})
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
+	var spec *nodework.SpecReads
+	var atts []db.SandboxAttachmentsRow
+	var attsErr error
+	answer := len(a.mounts) == 0 && (in.Wait == nil || in.Wait.TimeoutMs == 0)
+	if len(a.mounts) == 0 {
+		spec = nodework.QueueSpec(ctx, &a.p, a.vm.NodeID.String)
+		if answer {
+			a.p.Queue(func(q *db.Queries) { atts, attsErr = q.SandboxAttachments(ctx, id) })
+		}
+	}
+	err = a.p.Send(ctx, tx)
+	if a.vmQueued {
+		if a.vmErr != nil {
+			return nil, a.vmErr
+		}
+		a.vm = a.inserted
+	}
+	if errors.Is(insertErr, pgx.ErrNoRows) {
 		return nil, api.Errorf(api.CodeConflict, "idempotencyKey: a concurrent create with this key is in progress; retry")
+	}
+	if insertErr != nil {
+		return nil, insertErr
 	}
 	if err != nil {
 		return nil, err
@@ -171,12 +209,25 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxesCreateInput) (*ap
 	if err := openUsage(ctx, tx, row, a.vm); err != nil {
 		return nil, err
 	}
-	if err := nodework.PushSpec(ctx, tx, a.vm.NodeID.String); err != nil {
+	if spec != nil {
+		err = spec.Push(ctx, tx)
+	} else {
+		err = nodework.PushSpec(ctx, tx, a.vm.NodeID.String)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := outbox.Write(ctx, tx, outbox.Event{Type: api.EventSandboxCreated, Subject: id, TenantID: in.TenantID,
 		Data: api.SandboxCreatedPayload{SandboxID: id, TemplateID: a.tmpl.TemplateID, NodeID: a.vm.NodeID.String, How: a.how}}); err != nil {
 		return nil, err
+	}
+	if answer {
+		// The VM is the row this transaction wrote (or locked): as a
+		// re-read would find it.
+		if attsErr != nil {
+			return nil, attsErr
+		}
+		return outputWith(row, a.vm, atts), nil
 	}
 	return s.waited(ctx, q, row, in.Wait, StateRunning)
 }
@@ -200,6 +251,17 @@ type admission struct {
 	how    string
 	vm     db.Instance
 	mounts []mount
+
+	// p holds statements for the next round trip: the first reads, then
+	// the VM's insert (place) with the sandbox's.
+	p        store.Pipeline
+	tmplRead bool        // the template was read in the first pipeline
+	tmplErr  error       // its read's error
+	vmQueued bool        // the VM's insert is in p
+	inserted db.Instance // its row
+	vmErr    error       // its error
+	// flavor is the template's pool and flavor, read with the warm claim.
+	flavor *flavors.PoolRead
 }
 
 // source reads the template (or the snapshot and its sandbox's template).
@@ -228,7 +290,10 @@ func (a *admission) source(ctx context.Context) error {
 		a.snap = &snap
 		return nil
 	}
-	t, err := a.q.GetSandboxTemplate(ctx, *a.in.TemplateID)
+	t, err := a.tmpl, a.tmplErr
+	if !a.tmplRead {
+		t, err = a.q.GetSandboxTemplate(ctx, *a.in.TemplateID)
+	}
 	if t, err = store.Visible(t, err, t.TenantID == tenant && !t.Deleted,
 		api.Errorf(api.CodeNotFound, "templateId: template %s not found", *a.in.TemplateID)); err != nil {
 		return err
@@ -244,7 +309,17 @@ func (a *admission) claimWarm(ctx context.Context) (bool, error) {
 	if len(a.mounts) > 0 {
 		return false, nil // a template with volumes keeps no warm pool
 	}
-	w, err := a.q.ClaimWarmInstance(ctx, pgtype.Text{String: a.tmpl.TemplateID, Valid: true})
+	// The template's pool and flavor travel with the claim: a cold start
+	// needs them next.
+	var w db.Instance
+	var err error
+	a.p.Queue(func(q *db.Queries) {
+		w, err = q.ClaimWarmInstance(ctx, pgtype.Text{String: a.tmpl.TemplateID, Valid: true})
+	})
+	a.flavor = flavors.QueueInPool(ctx, &a.p, a.tmpl.TenantID, a.tmpl.PoolID, a.tmpl.Flavor)
+	if perr := a.p.Send(ctx, a.tx); perr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
+		err = perr
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -291,7 +366,18 @@ func (a *admission) restore(ctx context.Context) error {
 // place books a VM for the sandbox and writes its instances row.
 func (a *admission) place(ctx context.Context, node, flavorName, imageID, restore string) error {
 	t := a.tmpl
-	flavor, err := flavors.Get(ctx, a.q, t.TenantID, t.PoolID, flavorName)
+	var flavor *api.Flavor
+	var err error
+	if a.flavor != nil && restore == "" && flavorName == t.Flavor {
+		// Read with the warm claim: flavors.Get's answers from one statement.
+		var pf *api.Flavor
+		if _, pf, _, err = a.flavor.Result(ctx, a.q); err == nil && pf == nil {
+			err = flavors.NotFound(t.PoolID, flavorName)
+		}
+		flavor = pf
+	} else {
+		flavor, err = flavors.Get(ctx, a.q, t.TenantID, t.PoolID, flavorName)
+	}
 	if err != nil {
 		return err
 	}
@@ -338,7 +424,7 @@ func (a *admission) place(ctx context.Context, node, flavorName, imageID, restor
 		}
 		volumes, _ = json.Marshal(specs)
 	}
-	a.vm, err = a.q.InsertSandboxInstance(ctx, db.InsertSandboxInstanceParams{
+	params := db.InsertSandboxInstanceParams{
 		InstanceID: vmID, TenantID: t.TenantID, PoolID: t.PoolID, NodeID: pgtype.Text{String: booking.NodeID, Valid: true},
 		BookingID: pgtype.Text{String: booking.ID, Valid: true}, Flavor: flavorName, ImageID: imageID, Boot: boot, Name: a.hostname,
 		UserData: t.UserData, Vcpu: int32(flavor.Vcpu), MemoryMib: flavor.MemoryMiB, DiskGib: flavor.DiskGiB,
@@ -346,8 +432,16 @@ func (a *admission) place(ctx context.Context, node, flavorName, imageID, restor
 		TemplateID: pgtype.Text{String: t.TemplateID, Valid: true}, Hostname: pgtype.Text{String: a.hostname, Valid: true},
 		MachineID: pgtype.Text{String: a.machineID, Valid: true}, Env: a.env,
 		RestoreSnapshot: pgtype.Text{String: restore, Valid: restore != ""}, Volumes: volumes,
-	})
-	if err != nil {
+	}
+	if !vmnet.Assigns(mode, policy) {
+		// Nothing follows the insert here: it travels with the sandbox's
+		// (Create), and the row is what it will return.
+		a.vm = db.Instance{InstanceID: vmID, PoolID: t.PoolID, NodeID: params.NodeID}
+		a.vmQueued = true
+		a.p.Queue(func(q *db.Queries) { a.inserted, a.vmErr = q.InsertSandboxInstance(ctx, params) })
+		return nil
+	}
+	if a.vm, err = a.q.InsertSandboxInstance(ctx, params); err != nil {
 		return err
 	}
 	a.vm, err = vmnet.Assign(ctx, a.q, a.vm, mode, policy)
@@ -436,6 +530,15 @@ func state(r db.Sandbox, vm db.Instance) string {
 func ms(d time.Duration) int64 { return max(d.Milliseconds(), 0) }
 
 func output(ctx context.Context, q *db.Queries, r db.Sandbox, vm db.Instance) (*api.Sandbox, error) {
+	atts, err := q.SandboxAttachments(ctx, r.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	return outputWith(r, vm, atts), nil
+}
+
+// outputWith is output from the sandbox's attachments already read.
+func outputWith(r db.Sandbox, vm db.Instance, atts []db.SandboxAttachmentsRow) *api.Sandbox {
 	o := &api.Sandbox{
 		SandboxID: r.SandboxID, TenantID: r.TenantID, TemplateID: r.TemplateID, PoolID: r.PoolID, NodeID: r.NodeID,
 		Hostname: vm.Hostname.String, State: state(r, vm), ExpiresAt: wire.Time(r.ExpiresAt), CreatedAt: wire.Time(r.CreatedAt),
@@ -464,14 +567,10 @@ func output(ctx context.Context, q *db.Queries, r db.Sandbox, vm db.Instance) (*
 		start, ready := ht.GuestMs-ht.StartMs, ht.IdentityMs-ht.StartMs
 		o.Timings.HostStartMs, o.Timings.HostReadyMs = &start, &ready
 	}
-	atts, err := q.SandboxAttachments(ctx, r.SandboxID)
-	if err != nil {
-		return nil, err
-	}
 	for _, a := range atts {
 		o.Volumes = append(o.Volumes, api.SandboxAttachment{VolumeID: a.VolumeID, Serial: a.Serial, MountPath: a.MountPath, ReadOnly: a.ReadOnly})
 	}
-	return o, nil
+	return o
 }
 
 // Get answers sandboxes.get.

@@ -188,12 +188,17 @@ func MAC(instanceID string) string {
 	return net.HardwareAddr(h[:6]).String()
 }
 
+// Assigns reports whether Assign changes a row inserted without a network
+// (network none, no policy, as InsertInstance writes it) for mode and
+// policy: when not, what follows the insert may travel with it.
+func Assigns(mode string, policy []byte) bool { return mode != None || policy != nil }
+
 // Assign gives row (just inserted) its network: mode, an address of its
 // tenant's subnet of the pool (none under mode none) and its policy.
 // CAPACITY_UNAVAILABLE when the range has no subnet or the subnet no
 // address left.
 func Assign(ctx context.Context, q *db.Queries, r db.Instance, mode string, policy []byte) (db.Instance, error) {
-	if mode == None && r.Network == None && policy == nil && r.EgressPolicy == nil {
+	if !Assigns(mode, policy) && r.Network == None && r.EgressPolicy == nil {
 		return r, nil // as inserted: no statement
 	}
 	params := db.SetInstanceNetworkParams{InstanceID: r.InstanceID, Network: mode, EgressPolicy: policy}

@@ -245,8 +245,18 @@ func (s *Service) resolve(ctx context.Context, q *db.Queries, r iam.Resource) (t
 	return t, nil
 }
 
+// roleOf reads identity's role in tenant. Every decision asks for the
+// caller's role in its own tenant (the fleet operators' is the root
+// tenant's, which is then theirs): PutDraftRequire reads it in the
+// pipeline of the draft and hands it over in ctx.
 func (s *Service) roleOf(ctx context.Context, q *db.Queries, tenant, identity string) (role, error) {
-	name, err := q.IAMGetRole(ctx, db.IAMGetRoleParams{TenantID: tenant, IdentityID: identity})
+	var name string
+	var err error
+	if r, ok := ctx.Value(readRoleKey{}).(readRole); ok && r.tenant == tenant && r.identity == identity {
+		name, err = r.name, r.err
+	} else {
+		name, err = q.IAMGetRole(ctx, db.IAMGetRoleParams{TenantID: tenant, IdentityID: identity})
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return roleNone, nil
 	}

@@ -31,6 +31,48 @@ func (p projection) PutDraft(ctx context.Context, r iam.Resource) (bool, error) 
 	return n > 0, wrapStore(err)
 }
 
+// PutDraftRequire implements iam.DraftRequirer: the draft and the
+// caller's role in its own tenant (the only role a decision reads, see
+// roleOf) go out in one pipeline on the pool, then the decision is made
+// with that role. The role is read for this decision and kept nowhere
+// else.
+func (s *Service) PutDraftRequire(ctx context.Context, draft iam.Resource, c *iam.Caller, action string, target iam.Resource) (bool, error, error) {
+	arg, err := s.resourceParams(draft)
+	if err != nil {
+		return false, nil, err
+	}
+	var p store.Pipeline
+	var n int64
+	var putErr error
+	p.Queue(func(q *db.Queries) { n, putErr = q.IAMPutDraft(ctx, db.IAMPutDraftParams(arg)) })
+	read := c != nil && c.IdentityID != "" && c.TenantID != ""
+	var role string
+	var roleErr error
+	if read {
+		p.Queue(func(q *db.Queries) {
+			role, roleErr = q.IAMGetRole(ctx, db.IAMGetRoleParams{TenantID: c.TenantID, IdentityID: c.IdentityID})
+		})
+	}
+	if err := p.Send(ctx, s.st.Pool()); err != nil {
+		return false, nil, wrapStore(err)
+	}
+	if putErr != nil || n == 0 {
+		return false, nil, wrapStore(putErr)
+	}
+	if read {
+		ctx = context.WithValue(ctx, readRoleKey{}, readRole{tenant: c.TenantID, identity: c.IdentityID, name: role, err: roleErr})
+	}
+	return true, s.decide(ctx, c, action, target), nil
+}
+
+// readRole is a role read in the pipeline of the decision that uses it.
+type readRole struct {
+	tenant, identity, name string
+	err                    error
+}
+
+type readRoleKey struct{}
+
 // Get returns the projected resource, nil when it is absent.
 func (p projection) Get(ctx context.Context, r iam.Ref) (*iam.Resource, error) {
 	row, err := p.s.st.Queries().IAMGetResource(ctx, db.IAMGetResourceParams{Type: r.Type, ID: r.ID})
