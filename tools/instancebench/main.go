@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -25,7 +24,6 @@ import (
 
 	"computeplane/gen/client"
 	"computeplane/internal/images"
-	"computeplane/internal/qemu"
 	"computeplane/tools/benchkit"
 )
 
@@ -55,7 +53,9 @@ func main() {
 	for i := 0; i < *runs; i++ {
 		// The same image booted by qemu alone, in the same run: the host
 		// share's baseline.
-		bare = append(bare, bareBoot(ctx, work, im, i))
+		d, err := benchkit.BareBoot(ctx, work, im, i)
+		check(err)
+		bare = append(bare, d)
 		var gen0 int64
 		_ = db.QueryRow(ctx, `select observed_generation from nodes where node_id = $1`, node).Scan(&gen0)
 		t0 := time.Now()
@@ -132,28 +132,6 @@ call's p99 is %s (goal of issue 26: at most 10 ms) and the control plane's, toge
 	for _, f := range []string{*out, *notes} {
 		check(benchkit.ReplaceSection(f, "## Instances", section))
 	}
-}
-
-// bareBoot boots the image with qemu alone (the runtime's machine and
-// flags, TCG) until compute-guest's ready event, and ends it.
-func bareBoot(ctx context.Context, work string, im *images.Image, i int) time.Duration {
-	c := &qemu.Config{ID: "bare-" + strconv.Itoa(i), Dir: filepath.Join(work, "bare"), VCPU: 1, MemoryMiB: 256, Accel: qemu.AccelTCG,
-		Machine: qemu.MachineMicroVM, Kernel: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline + " compute.hostname=bare"}
-	start := time.Now()
-	vm, err := qemu.Start(ctx, c)
-	check(err)
-	defer func() { _ = vm.Kill() }()
-	var g *qemu.Guest
-	for g == nil {
-		if g, err = vm.Guest(); err != nil {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	_, err = g.Ready(rctx)
-	check(err)
-	return time.Since(start)
 }
 
 // check ends the tool on an error (after the fleet is cleaned up, once

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -25,7 +24,6 @@ import (
 
 	"computeplane/gen/client"
 	"computeplane/internal/images"
-	"computeplane/internal/qemu"
 	"computeplane/tools/benchkit"
 )
 
@@ -138,7 +136,9 @@ func main() {
 			settled(ct, 0)
 			// The same image booted by qemu alone, in the same run and
 			// on the same host: the cold boot's baseline.
-			bare.total = append(bare.total, bareBoot(ctx, f.Work, im, i, check))
+			d, err := benchkit.BareBoot(ctx, f.Work, im, i)
+			check(err)
+			bare.total = append(bare.total, d)
 			remove(create(client.SandboxesCreateInput{TemplateId: client.NewOptString(ct)}, cold).SandboxId)
 		}
 		all = append(all, []*series{warm, restore, cold, bare})
@@ -209,26 +209,4 @@ p99 at most 1.5 s (%s: %s).
 
 `, w, verdict(w, 15*time.Millisecond), wc, verdict(wc, 10*time.Millisecond), rs, verdict(rs, 150*time.Millisecond), cb, verdict(cb, 1500*time.Millisecond))
 	return b.String()
-}
-
-// bareBoot boots the image with qemu alone (the runtime's machine and
-// flags, TCG) until compute-guest's ready event, and ends it.
-func bareBoot(ctx context.Context, work string, im *images.Image, i int, check func(error)) time.Duration {
-	c := &qemu.Config{ID: "bare-" + strconv.Itoa(i), Dir: filepath.Join(work, "bare"), VCPU: 1, MemoryMiB: 256, Accel: qemu.AccelTCG,
-		Machine: qemu.MachineMicroVM, Kernel: im.Location, Initrd: im.Initrd, Cmdline: im.Cmdline + " compute.hostname=bare"}
-	start := time.Now()
-	vm, err := qemu.Start(ctx, c)
-	check(err)
-	defer func() { _ = vm.Kill() }()
-	var g *qemu.Guest
-	for g == nil {
-		if g, err = vm.Guest(); err != nil {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	_, err = g.Ready(rctx)
-	check(err)
-	return time.Since(start)
 }
