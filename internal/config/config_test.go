@@ -232,7 +232,7 @@ func TestFullFile(t *testing.T) {
 		Admission: Admission{MaxInFlight: 48, Adaptive: true, MinInFlight: 12, LatencyTolerance: 1.5, MaxQueue: 80 * time.Millisecond,
 			TenantRate: 200, TenantBurst: 400, Tenants: map[string]AdmissionBucket{"bigco": {Rate: 1000, Burst: 2000}, "tiny": {Rate: 1, Burst: 1}},
 			GlobalRate: 5000, GlobalBurst: 10000},
-		Shutdown: Shutdown{Unready: 3 * time.Second},
+		Shutdown:  Shutdown{Unready: 3 * time.Second},
 		Scheduler: Scheduler{Plugins: []string{"gpu-affinity"}, Weights: map[string]float64{"pack": 1, "spread": 0.5}, TopN: 3},
 		Clock:     ClockSystem,
 		Log:       Log{Level: "debug"},

@@ -117,4 +117,3 @@ func (w *discardWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 func (w *discardWriter) WriteHeader(status int) { w.status = status }
-
