@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -35,6 +36,22 @@ import (
 )
 
 // output is what a process wrote, read as it comes.
+// startTerminal runs cmd (computectl) on a new 80x24 terminal, copies what
+// it shows into an output and returns a function that types on it; the
+// terminal is closed and the command killed when the test ends.
+func startTerminal(t *testing.T, cmd *exec.Cmd) (*os.File, *output, func(string)) {
+	t.Helper()
+	tty, err := pty.StartWithSize(cmd, &pty.Winsize{Cols: 80, Rows: 24})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = tty.Close() })
+	out := &output{}
+	go func() { _, _ = io.Copy(out, tty) }()
+	return tty, out, func(s string) {
+		_, err := tty.Write([]byte(s))
+		require.NoError(t, err)
+	}
+}
+
 type output struct {
 	mu sync.Mutex
 	b  strings.Builder
@@ -128,16 +145,7 @@ func TestInteractiveTunnels(t *testing.T) {
 
 	t.Run("a shell on a terminal", func(t *testing.T) {
 		cmd := command("shell", sandbox)
-		tty, err := pty.StartWithSize(cmd, &pty.Winsize{Cols: 80, Rows: 24})
-		require.NoError(t, err)
-		defer tty.Close()
-		t.Cleanup(func() { _ = cmd.Process.Kill() })
-		var out output
-		go func() { _, _ = io.Copy(&out, tty) }()
-		type_ := func(s string) {
-			_, err := tty.Write([]byte(s))
-			require.NoError(t, err)
-		}
+		tty, out, type_ := startTerminal(t, cmd)
 
 		// A terminal of its own, of the local terminal's size and type.
 		type_("tty; stty size; echo term=$TERM\r")

@@ -93,16 +93,7 @@ func TestNodeTunnels(t *testing.T) {
 
 	t.Run("the node's console on a terminal", func(t *testing.T) {
 		cmd := command(mfaKey, "console", node)
-		tty, err := pty.StartWithSize(cmd, &pty.Winsize{Cols: 80, Rows: 24})
-		require.NoError(t, err)
-		defer tty.Close()
-		t.Cleanup(func() { _ = cmd.Process.Kill() })
-		var out output
-		go func() { _, _ = io.Copy(&out, tty) }()
-		type_ := func(s string) {
-			_, err := tty.Write([]byte(s))
-			require.NoError(t, err)
-		}
+		tty, out, type_ := startTerminal(t, cmd)
 		// The configured shell, in its directory, on a terminal of the
 		// local one's size.
 		type_("pwd; tty; stty size; echo term=$TERM\r")
@@ -125,7 +116,7 @@ func TestNodeTunnels(t *testing.T) {
 		assert.Less(t, time.Since(start), 10*time.Second)
 		// The shell's exit code is computectl's.
 		type_("exit 3\r")
-		err = cmd.Wait()
+		err := cmd.Wait()
 		var exit *exec.ExitError
 		require.ErrorAs(t, err, &exit, "output: %q", out.String())
 		assert.Equal(t, 3, exit.ExitCode())
