@@ -13,9 +13,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +30,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"computeplane/internal/buildinfo"
+	"computeplane/internal/config"
 	"computeplane/internal/dbtest"
 	"computeplane/internal/host"
 	"computeplane/internal/pki"
@@ -619,5 +622,37 @@ func TestBusyPortNamesItsOption(t *testing.T) {
 		assert.Equal(t, 0, code, errs.String())
 	case <-time.After(host.ShutdownGrace + 10*time.Second):
 		t.Fatal("run did not return after cancel")
+	}
+}
+
+// The collector's target follows the roles: lowered on a gateway-only
+// process, raised on an api process without the gateway, left alone on
+// the rest and whenever GOGC is set.
+func TestProcessGCFollowsRoles(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	env := func(gogc string) func(string) string {
+		return func(k string) string {
+			if k == "GOGC" {
+				return gogc
+			}
+			return ""
+		}
+	}
+	for _, tc := range []struct {
+		roles []config.Role
+		gogc  string
+		want  int
+	}{
+		{[]config.Role{config.RoleAPI}, "", APIGCPercent},
+		{[]config.Role{config.RoleAPI, config.RoleIAM}, "", APIGCPercent},
+		{[]config.Role{config.RoleGateway}, "", GatewayGCPercent},
+		{[]config.Role{config.RoleAPI, config.RoleGateway}, "", 100},
+		{[]config.Role{config.RoleControllers}, "", 100},
+		{[]config.Role{config.RoleAPI}, "150", 100},
+	} {
+		debug.SetGCPercent(100)
+		processGC(&config.Config{Roles: tc.roles}, env(tc.gogc), quiet)
+		assert.Equal(t, tc.want, debug.SetGCPercent(100), "roles %v, GOGC %q", tc.roles, tc.gogc)
 	}
 }
