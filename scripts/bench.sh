@@ -248,6 +248,14 @@ stop_server
 start_server "$durable_url" "$work/noshed.yaml"
 over_put_off=$(run_open -method secrets.put -rate "$(rate_of "$put_peak" 1.5)")
 stop_server
+# The same half-load rates through pgbench -R (its latency also counts from
+# the schedule): what PostgreSQL, the disk's flush and the shared core give
+# any client, against which the API's half-load p99 is read. pgbench gets
+# as many connections as the server's pool (4 per server core, 8 to 32):
+# more would queue more transactions on the same 64 rows and WAL flush.
+pool=$(($(taskset -c "${server_cpus:-0-$((ncpu - 1))}" nproc) * 4)); pool=$((pool < 8 ? 8 : pool > 32 ? 32 : pool))
+read -r _ half_sel_p50 half_sel_p99 < <(run_pgbench "$db_url" -S -R "$(rate_of "$read_peak" 0.5)" -c "$pool")
+read -r _ half_sql_p50 half_sql_p99 < <(run_pgbench "$durable_url" -f scripts/bench/secrets_put.sql -R "$(rate_of "$put_peak" 0.5)" -c "$pool")
 load_shed_end=$(loadavg)
 row() { # label result
 	printf '| %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n' "$1" "$(json "$2" rate)" "$(json "$2" perSecond)" \
@@ -282,6 +290,8 @@ $(row "sites.get at 150 %, shedding off" "$over_read_off")
 $(row "secrets.put at half the peak" "$half_put")
 $(row "secrets.put at 150 %, shedding on" "$over_put_on")
 $(row "secrets.put at 150 %, shedding off" "$over_put_off")
+| pgbench select-only at sites.get's half-load rate (-R, $pool clients) | $(rate_of "$read_peak" 0.5) | | $half_sel_p50 | $half_sel_p99 | | | |
+| pgbench: secrets.put's statements at its half-load rate (-R, $pool clients) | $(rate_of "$put_peak" 0.5) | | $half_sql_p50 | $half_sql_p99 | | | |
 
 | At 150 % | Goodput / peak | p99 / half-load p99 |
 |---|---:|---:|
