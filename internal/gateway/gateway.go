@@ -234,6 +234,8 @@ func (g *Gateway) tlsConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		ClientAuth: tls.RequireAnyClientCert,
+		// gateway.sessionTicketDays 0: no session resumption (tickets.go).
+		SessionTicketsDisabled: g.o.Config.SessionTicketDays == 0,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return g.cert.get(), nil
 		},

@@ -45,10 +45,10 @@ func TestDaemonsReconnectWithinSecondsOfTheOnlyGatewayRestarting(t *testing.T) {
 	port := testenv.FreePort(t)
 	f.gwPorts[0] = testenv.FreePort(t)
 	f.publicURL = fmt.Sprintf("http://127.0.0.1:%d", port)
-	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: %q, region: solo, listen: \"127.0.0.1:%d\"}\n", f.gwURL(0), f.gwPorts[0]))
+	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: %q, region: solo, listen: \"127.0.0.1:%d\", sessionTicketDays: 7}\n", f.gwURL(0), f.gwPorts[0]))
 	env := proctest.ChildEnv(map[string]string{
 		"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile,
-		"SERVICE_CONFIG": cfg, "SERVICE_ROLES": "all", "SERVICE_BASE_URL": f.publicURL,
+		"SERVICE_CONFIG": cfg, "SERVICE_ROLES": "all", "SERVICE_BASE_URL": f.publicURL, "SERVICE_LOG_LEVEL": "info",
 		"HOST": "127.0.0.1", "PORT": strconv.Itoa(port),
 	})
 	// start runs the process and returns its gateway's id once registered.
@@ -104,6 +104,12 @@ func TestDaemonsReconnectWithinSecondsOfTheOnlyGatewayRestarting(t *testing.T) {
 			"node %s has its session back within 5 s of the gateway's restart\n%s", a.node, proctest.Tail(a.p.Stderr.String(), 10))
 	}
 	t.Logf("sessions back %s after the gateway registered", time.Since(up).Round(time.Millisecond))
+	// Each daemon resumed its TLS session with the ticket the first
+	// process gave it (the same bundle, the same ticket keys).
+	for _, a := range agents {
+		assert.Regexp(t, `"msg":"session open"[^\n]*"node":"`+a.node+`"[^\n]*"resumed":true`, p.Stdout.String()+p.Stderr.String(),
+			"node %s resumed its TLS session on the restarted gateway", a.node)
+	}
 	for _, a := range agents {
 		assert.Equal(t, "ready", f.state(a.node))
 	}

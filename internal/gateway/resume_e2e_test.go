@@ -88,7 +88,7 @@ func TestDaemonResumesItsTLSSessionOnARestartedGateway(t *testing.T) {
 	port := testenv.FreePort(t)
 	url := fmt.Sprintf("https://127.0.0.1:%d", port)
 	g2, err := gateway.New(gateway.Options{
-		Config: &config.Gateway{URL: url, Region: "eu", Listen: fmt.Sprintf("127.0.0.1:%d", port), MaxStreams: 100, DownAfter: time.Second},
+		Config: &config.Gateway{URL: url, Region: "eu", Listen: fmt.Sprintf("127.0.0.1:%d", port), MaxStreams: 100, DownAfter: time.Second, SessionTicketDays: 7},
 		Bundle: func() (*pki.Bundle, error) { return w.bundle, nil },
 		Store:  w.env.Store, Notifier: w.env.Host.Notifier(), Log: discard(),
 	})
@@ -126,4 +126,25 @@ func TestDaemonResumesItsTLSSessionOnARestartedGateway(t *testing.T) {
 	}
 	assert.Error(t, err, "a revoked node cannot resume")
 	assert.Equal(t, offered+1, tickets.offered.Load(), "the refused dial offered its ticket")
+
+	// gateway.sessionTicketDays 0 (the default) gives no tickets.
+	port = testenv.FreePort(t)
+	url = fmt.Sprintf("https://127.0.0.1:%d", port)
+	g0, err := gateway.New(gateway.Options{
+		Config: &config.Gateway{URL: url, Region: "eu", Listen: fmt.Sprintf("127.0.0.1:%d", port), MaxStreams: 100, DownAfter: time.Second},
+		Bundle: func() (*pki.Bundle, error) { return w.bundle, nil },
+		Store:  w.env.Store, Notifier: w.env.Host.Notifier(), Log: discard(),
+	})
+	require.NoError(t, err)
+	require.NoError(t, g0.Start(t.Context()))
+	t.Cleanup(g0.Drain)
+	other := w.newNode(t)
+	none := tls.NewLRUClientSessionCache(agent.TicketCacheSize)
+	conn, resumed, err = dialResuming(t.Context(), url, w.bundle, other, none)
+	require.NoError(t, err)
+	assert.False(t, resumed)
+	welcomed(t, conn, other.nodeID)
+	_, ok = none.Get("127.0.0.1")
+	assert.False(t, ok, "no ticket without gateway.sessionTicketDays")
+	_ = conn.CloseNow()
 }
