@@ -101,6 +101,10 @@ type Agent struct {
 
 	// secrets are values resolved for guests: never in a bundle.
 	secrets secretSet
+
+	// tickets are the TLS session tickets gateways gave: the next dial
+	// resumes with one.
+	tickets ticketCache
 }
 
 // New loads the directory.
@@ -216,6 +220,13 @@ func (a *Agent) Run(ctx context.Context) error {
 			avoid = why.gateway
 			switch {
 			case ctx.Err() != nil:
+			case lasted >= ShortSession && !why.revoked && !why.drained:
+				// Dropped without a drain (the gateway was killed, or the
+				// network went): a restarted gateway is usually back
+				// within seconds, so retry quickly for a while, as after a
+				// drain (the jitter spreads the storm of a gateway's
+				// daemons; each then resumes its TLS session).
+				backoff, quickUntil = BackoffMin, time.Now().Add(DrainRetryWindow)
 			case why.revoked:
 				a.log.Error("this node's certificate was revoked; waiting before trying again")
 				sleep(ctx, RevokedWait)
@@ -399,11 +410,10 @@ func (a *Agent) dialMTLS(ctx context.Context, gw agentproto.Gateway) (*websocket
 	if serverName == "" {
 		serverName = u.Hostname()
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: serverName,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			c := a.cert.Load()
-			return &tls.Certificate{Certificate: [][]byte{c.Raw}, PrivateKey: a.key, Leaf: c}, nil
-		}}
+	tc := MTLSConfig(roots, serverName, func() *tls.Certificate {
+		c := a.cert.Load()
+		return &tls.Certificate{Certificate: [][]byte{c.Raw}, PrivateKey: a.key, Leaf: c}
+	}, a.tickets.get())
 	ctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	defer cancel()
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: false}}
@@ -412,6 +422,48 @@ func (a *Agent) dialMTLS(ctx context.Context, gw agentproto.Gateway) (*websocket
 		err = fmt.Errorf("%w: %v", errBusy, err)
 	}
 	return conn, err
+}
+
+// MTLSConfig is the TLS configuration of a daemon's mutual-TLS dial to a
+// gateway: TLS 1.3 only, roots the gateway serving CA, the node
+// certificate read at each handshake (a renewal applies to the next) and
+// tickets, the cache of TLS session tickets: the next dial to a gateway
+// of the deployment, restarted or another one, resumes the session
+// instead of a full handshake (docs/gateway.md, "Session resumption").
+// tools/sessionload dials with it too, so that its sessions resume as
+// daemons' do.
+func MTLSConfig(roots *x509.CertPool, serverName string, cert func() *tls.Certificate, tickets tls.ClientSessionCache) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: serverName,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert(), nil },
+		ClientSessionCache:   tickets}
+}
+
+// TicketCacheSize is how many gateways' session tickets a daemon keeps
+// (one per server name, the last ticket each).
+const TicketCacheSize = 16
+
+// ticketCache holds the daemon's TLS session tickets; reset replaces them
+// all, after a renewal: a resumed session carries the certificate of the
+// handshake that issued its ticket, and the gateway records the serial of
+// the certificate a session presents.
+type ticketCache struct {
+	mu sync.Mutex
+	c  tls.ClientSessionCache
+}
+
+func (t *ticketCache) get() tls.ClientSessionCache {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.c == nil {
+		t.c = tls.NewLRUClientSessionCache(TicketCacheSize)
+	}
+	return t.c
+}
+
+func (t *ticketCache) reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.c = nil
 }
 
 // errBusy is a gateway's refusal before the upgrade (503: it drains or is
@@ -710,6 +762,7 @@ func (a *Agent) renewed(der []byte) error {
 		return err
 	}
 	a.cert.Store(c)
+	a.tickets.reset() // the next session presents the new certificate
 	a.log.Info("certificate renewed", "notAfter", c.NotAfter)
 	return nil
 }

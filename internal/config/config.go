@@ -341,7 +341,15 @@ type Gateway struct {
 	// DownAfter is how long a node's daemon may be out of session before
 	// the node goes down; default 20 s (the gateway lease).
 	DownAfter time.Duration
+	// SessionTicketDays is how many days a TLS session ticket lets a
+	// daemon resume its session, on any gateway of the deployment
+	// (docs/gateway.md, "Session resumption"); 0, the default, gives no
+	// tickets: every session is a full handshake.
+	SessionTicketDays int
 }
+
+// MaxSessionTicketDays is crypto/tls's own cap on a ticket's life.
+const MaxSessionTicketDays = 7
 
 // Gateway defaults.
 const (

@@ -792,3 +792,21 @@ roles: [api, gateway, web]
 	_, err = run("capacity: {maxBatch: 65}", nil)
 	require.IsType(t, &Error{}, err)
 }
+
+// gateway.sessionTicketDays is 0 (no resumption, the default) to 7
+// (crypto/tls's cap on a ticket's life).
+func TestGatewaySessionTicketDays(t *testing.T) {
+	t.Parallel()
+	c, err := run(`gateway: {url: "https://gw.example.com", region: eu, sessionTicketDays: 7}`, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 7, c.Gateway.SessionTicketDays)
+	c, err = run(`gateway: {url: "https://gw.example.com", region: eu}`, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 0, c.Gateway.SessionTicketDays, "off by default")
+	for _, v := range []string{"-1", "8"} {
+		_, err = run(`gateway: {url: "https://gw.example.com", region: eu, sessionTicketDays: `+v+`}`, nil)
+		var ce *Error
+		require.ErrorAs(t, err, &ce, v)
+		assert.Equal(t, "gateway.sessionTicketDays", ce.Option)
+	}
+}

@@ -182,6 +182,8 @@ type fileGateway struct {
 	MaxStreams     *int         `yaml:"maxStreams"`
 	DrainDelayMs   *int         `yaml:"drainDelayMs"`
 	DownAfterMs    *int         `yaml:"downAfterMs"`
+	// SessionTicketDays: see Gateway.SessionTicketDays.
+	SessionTicketDays *int `yaml:"sessionTicketDays"`
 }
 
 type fileDownloads struct {

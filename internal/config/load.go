@@ -815,11 +815,12 @@ func (b *builder) gateway(fc *fileConfig, c *Config) error {
 		return nil
 	}
 	g := &Gateway{URL: deref(fg.URL, ""), ServerName: deref(fg.ServerName, ""), Region: deref(fg.Region, ""),
-		Listen:         deref(fg.Listen, ""),
-		InternalListen: deref(fg.InternalListen, ""),
-		MaxStreams:     deref(fg.MaxStreams, DefaultGatewayMaxStreams),
-		DrainDelay:     time.Duration(deref(fg.DrainDelayMs, int(DefaultGatewayDrainDelay/time.Millisecond))) * time.Millisecond,
-		DownAfter:      time.Duration(deref(fg.DownAfterMs, int(DefaultGatewayDownAfter/time.Millisecond))) * time.Millisecond,
+		Listen:            deref(fg.Listen, ""),
+		InternalListen:    deref(fg.InternalListen, ""),
+		MaxStreams:        deref(fg.MaxStreams, DefaultGatewayMaxStreams),
+		DrainDelay:        time.Duration(deref(fg.DrainDelayMs, int(DefaultGatewayDrainDelay/time.Millisecond))) * time.Millisecond,
+		DownAfter:         time.Duration(deref(fg.DownAfterMs, int(DefaultGatewayDownAfter/time.Millisecond))) * time.Millisecond,
+		SessionTicketDays: deref(fg.SessionTicketDays, 0),
 	}
 	switch {
 	case g.MaxStreams < 1 || g.MaxStreams > 1_000_000:
@@ -828,6 +829,8 @@ func (b *builder) gateway(fc *fileConfig, c *Config) error {
 		return b.errorf("gateway.drainDelayMs", "must be 0 to 60000")
 	case g.DownAfter < time.Second || g.DownAfter > time.Hour:
 		return b.errorf("gateway.downAfterMs", "must be 1000 to 3600000")
+	case g.SessionTicketDays < 0 || g.SessionTicketDays > MaxSessionTicketDays:
+		return b.errorf("gateway.sessionTicketDays", "must be 0 (no session resumption) to 7")
 	}
 	var err error
 	if g.TLS, err = b.keyPair("gateway.tls", fg.TLS, true); err != nil {

@@ -96,6 +96,16 @@ type Gateway struct {
 	epoch    atomic.Int64        // of the lease
 	draining atomic.Bool
 	tunnels  atomic.Int64 // open tunnels, of every node
+	// gwList is the region's gateways as welcomes name them
+	// (welcomeGateways).
+	gwList struct {
+		mu   sync.Mutex
+		at   time.Time
+		list []agentproto.Gateway
+	}
+	// ticketPeriod is the period whose session ticket keys the listener
+	// has (tickets.go).
+	ticketPeriod atomic.Int64
 
 	ctx    context.Context // of the gateway's life; sessions derive from it
 	cancel context.CancelFunc
@@ -204,7 +214,11 @@ func (g *Gateway) Start(ctx context.Context) error {
 		return fmt.Errorf("gateway listener: %w (gateway.listen or SERVICE_GATEWAY_LISTEN moves it)", err)
 	}
 	g.ln = ln
-	g.lis = &listener{g: g, ln: ln, tls: g.tlsConfig(), conns: map[net.Conn]struct{}{}}
+	tc := g.tlsConfig()
+	if err := g.setTicketKeys(tc); err != nil {
+		return fmt.Errorf("gateway: session ticket keys: %w", err)
+	}
+	g.lis = &listener{g: g, ln: ln, tls: tc, conns: map[net.Conn]struct{}{}}
 	g.wg.Add(3)
 	go func() { defer g.wg.Done(); g.lis.serve() }()
 	go func() { defer g.wg.Done(); g.leaseLoop() }()
@@ -220,11 +234,15 @@ func (g *Gateway) tlsConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		ClientAuth: tls.RequireAnyClientCert,
+		// gateway.sessionTicketDays 0: no session resumption (tickets.go).
+		SessionTicketsDisabled: g.o.Config.SessionTicketDays == 0,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return g.cert.get(), nil
 		},
 		// On the certificates the handshake parsed (VerifyPeerCertificate
-		// would parse them a second time).
+		// would parse them a second time). crypto/tls calls it on a resumed
+		// session too, with the certificates the ticket carried: the chain,
+		// its validity and the revocation set are checked again then.
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			_, err := g.verifyCerts(cs.PeerCertificates)
 			return err
@@ -312,6 +330,9 @@ func (g *Gateway) leaseLoop() {
 		case <-g.ctx.Done():
 			return
 		case <-t.C:
+		}
+		if err := g.setTicketKeys(g.lis.tls); err != nil {
+			g.o.Log.Warn("gateway: session ticket keys", "error", err.Error())
 		}
 		ctx, cancel := context.WithTimeout(g.ctx, RenewEvery)
 		rows, err := g.q().RenewLeases(ctx, db.RenewLeasesParams{TtlMs: LeaseTTL.Milliseconds(),
@@ -507,6 +528,29 @@ func (g *Gateway) Drain() {
 	_ = g.q().ReleaseLeases(ctx, db.ReleaseLeasesParams{Names: []string{g.leaseName()}, Epochs: []int64{g.epoch.Load()}, Holder: g.id})
 	_ = g.q().DeleteGateway(ctx, g.id)
 	g.o.Log.Info("gateway drained", "id", g.id)
+}
+
+// WelcomeGatewaysTTL is how long a gateway reuses the region's list of
+// gateways for its welcomes: after a restart thousands of daemons are
+// welcomed within seconds, and one query a second serves them all.
+const WelcomeGatewaysTTL = time.Second
+
+// welcomeGateways is LiveGateways for a welcome, read at most once per
+// WelcomeGatewaysTTL; a failed read is not kept.
+func (g *Gateway) welcomeGateways(ctx context.Context) []agentproto.Gateway {
+	g.gwList.mu.Lock()
+	defer g.gwList.mu.Unlock()
+	if g.gwList.list != nil && time.Since(g.gwList.at) < WelcomeGatewaysTTL {
+		return g.gwList.list
+	}
+	ctx, cancel := context.WithTimeout(ctx, RenewEvery)
+	defer cancel()
+	gws, err := LiveGateways(ctx, g.q(), g.o.Config.Region)
+	if err != nil {
+		return nil
+	}
+	g.gwList.list, g.gwList.at = gws, time.Now()
+	return gws
 }
 
 // LiveGateways lists the region's gateways for daemons (join, welcome),

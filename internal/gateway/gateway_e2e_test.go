@@ -60,7 +60,7 @@ func setup(t *testing.T) *world {
 	require.NoError(t, err)
 	port := testenv.FreePort(t)
 	gwURL := fmt.Sprintf("https://127.0.0.1:%d", port)
-	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: %q, region: eu, listen: \"127.0.0.1:%d\", drainDelayMs: 0, downAfterMs: 1000}\n", gwURL, port))
+	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: %q, region: eu, listen: \"127.0.0.1:%d\", drainDelayMs: 0, downAfterMs: 1000, sessionTicketDays: 7}\n", gwURL, port))
 	env := testenv.Start(t, testenv.WithEnv("SERVICE_PKI", pkiFile), testenv.WithEnv("SERVICE_CONFIG", cfg),
 		testenv.WithEnv("SERVICE_ROLES", "api,gateway"))
 	gw := env.Host.Gateway()

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,10 +46,10 @@ func TestDaemonsReconnectWithinSecondsOfTheOnlyGatewayRestarting(t *testing.T) {
 	port := testenv.FreePort(t)
 	f.gwPorts[0] = testenv.FreePort(t)
 	f.publicURL = fmt.Sprintf("http://127.0.0.1:%d", port)
-	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: %q, region: solo, listen: \"127.0.0.1:%d\"}\n", f.gwURL(0), f.gwPorts[0]))
+	cfg := testenv.ConfigFile(t, fmt.Sprintf("gateway: {url: %q, region: solo, listen: \"127.0.0.1:%d\", sessionTicketDays: 7}\n", f.gwURL(0), f.gwPorts[0]))
 	env := proctest.ChildEnv(map[string]string{
 		"SERVICE_DATABASE_URL": dbURL, "SERVICE_SECRET": testenv.TestSecret, "SERVICE_PKI": pkiFile,
-		"SERVICE_CONFIG": cfg, "SERVICE_ROLES": "all", "SERVICE_BASE_URL": f.publicURL,
+		"SERVICE_CONFIG": cfg, "SERVICE_ROLES": "all", "SERVICE_BASE_URL": f.publicURL, "SERVICE_LOG_LEVEL": "info",
 		"HOST": "127.0.0.1", "PORT": strconv.Itoa(port),
 	})
 	// start runs the process and returns its gateway's id once registered.
@@ -104,6 +105,28 @@ func TestDaemonsReconnectWithinSecondsOfTheOnlyGatewayRestarting(t *testing.T) {
 			"node %s has its session back within 5 s of the gateway's restart\n%s", a.node, proctest.Tail(a.p.Stderr.String(), 10))
 	}
 	t.Logf("sessions back %s after the gateway registered", time.Since(up).Round(time.Millisecond))
+	// Each daemon back over mutual TLS resumed its TLS session with the
+	// ticket the first process gave it (the same bundle, the same ticket
+	// keys). A daemon whose mutual-TLS dial timed out on a loaded machine
+	// is back over the fallback, which has no TLS session to resume
+	// (TestDaemonResumesItsTLSSessionOnARestartedGateway covers resumption
+	// without that race).
+	for _, a := range agents {
+		var line string
+		require.Eventually(t, func() bool {
+			for l := range strings.Lines(p.Stdout.String() + p.Stderr.String()) {
+				if strings.Contains(l, `"msg":"session open"`) && strings.Contains(l, `"node":"`+a.node+`"`) {
+					line = l
+				}
+			}
+			return line != ""
+		}, 10*time.Second, 50*time.Millisecond, "the restarted gateway logs node %s's session", a.node)
+		if strings.Contains(line, `"transport":"mtls"`) {
+			assert.Contains(t, line, `"resumed":true`, "node %s resumed its TLS session on the restarted gateway", a.node)
+		} else {
+			t.Logf("node %s came back over the fallback: %s", a.node, line)
+		}
+	}
 	for _, a := range agents {
 		assert.Equal(t, "ready", f.state(a.node))
 	}

@@ -90,7 +90,7 @@ func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request) {
 	// is garbage once upgraded.
 	cert := r.TLS.PeerCertificates[0]
 	g.handlers.Add(1)
-	s := g.open(conn, node, cert, agentproto.TransportMTLS)
+	s := g.open(conn, node, cert, agentproto.TransportMTLS, r.TLS.DidResume)
 	if s == nil {
 		g.handlers.Done()
 		return
@@ -138,7 +138,7 @@ func (g *Gateway) FallbackHandler() http.Handler {
 		}
 		g.handlers.Add(1)
 		defer g.handlers.Done()
-		if s := g.open(conn, node, cert, agentproto.TransportWebSocket); s != nil {
+		if s := g.open(conn, node, cert, agentproto.TransportWebSocket, false); s != nil {
 			g.serve(s)
 		}
 	})
@@ -216,8 +216,9 @@ func readMsg(ctx context.Context, conn *websocket.Conn, timeout time.Duration) (
 
 // open starts one session: hello, the session row, welcome. It answers
 // nil when the session was refused (the connection is closed then);
-// serve holds it.
-func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate, transport string) *session {
+// serve holds it. resumed says the TLS session resumed with a ticket
+// (logged).
+func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate, transport string, resumed bool) *session {
 	conn.SetReadLimit(agentproto.MaxMessageBytes)
 	m, err := readMsg(g.ctx, conn, HelloTimeout)
 	if err != nil {
@@ -259,11 +260,11 @@ func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate
 	if old != nil {
 		old.end(agentproto.Message{}) // replaced by the daemon's new session
 	}
-	gws, _ := LiveGateways(s.ctx, g.q(), g.o.Config.Region)
+	gws := g.welcomeGateways(s.ctx)
 	s.send(agentproto.Message{Type: agentproto.TypeWelcome, Welcome: &agentproto.Welcome{
 		SessionEpoch: epoch, Protocol: proto, GatewayID: g.id, Gateways: gws, HeartbeatMS: HeartbeatMS, TrustVersion: g.trustVersion,
 	}})
-	g.o.Log.Info("session open", "node", node, "transport", transport, "epoch", epoch)
+	g.o.Log.Info("session open", "node", node, "transport", transport, "epoch", epoch, "resumed", resumed)
 	g.o.Notifier.Wake(Topic(g.id)) // its pending spec and commands
 	return s
 }

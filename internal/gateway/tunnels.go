@@ -245,16 +245,21 @@ func dialStream(ctx context.Context, hc *http.Client, url string) (*tunnel.Upstr
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
+		// The reason is read before end cancels the request, which would
+		// cut its body short, and within the dial's bound.
+		cut := time.AfterFunc(tunnelDialTimeout, end)
+		reason := readReason(resp)
+		cut.Stop()
+		_ = resp.Body.Close()
 		end()
 		_ = pw.Close()
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			// Busy, draining or the node away: worth a retry.
 			secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-			return nil, &tunnel.Busy{Why: "gateway: " + http.StatusText(resp.StatusCode) + " " + readReason(resp),
+			return nil, &tunnel.Busy{Why: "gateway: " + http.StatusText(resp.StatusCode) + " " + reason,
 				RetryAfter: time.Duration(max(secs, 1)) * time.Second}
 		}
-		return nil, fmt.Errorf("gateway: HTTP %d %s", resp.StatusCode, readReason(resp))
+		return nil, fmt.Errorf("gateway: HTTP %d %s", resp.StatusCode, reason)
 	}
 	return tunnel.NewUpstream(resp.Body, pw, end), nil
 }

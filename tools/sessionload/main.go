@@ -41,6 +41,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/jackc/pgx/v5"
 
+	"computeplane/internal/agent"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/ids"
 	"computeplane/internal/pki"
@@ -85,7 +86,7 @@ func main() {
 	port, err := benchkit.FreePort()
 	check(err)
 	cfg := filepath.Join(work, "gateway.yaml")
-	check(os.WriteFile(cfg, []byte(fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: bench, listen: \"127.0.0.1:%d\", maxStreams: %d, drainDelayMs: 0}\n",
+	check(os.WriteFile(cfg, []byte(fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: bench, listen: \"127.0.0.1:%d\", maxStreams: %d, drainDelayMs: 0, sessionTicketDays: 7}\n",
 		port, port, *n+100)), 0o600))
 	env = append(env, "SERVICE_CONFIG="+cfg, "SERVICE_ROLES=gateway", "SERVICE_LOG_LEVEL=warn")
 	if g := os.Getenv("GATEWAY_GOGC"); g != "" {
@@ -104,8 +105,8 @@ func main() {
 	for r := 1; r <= *runs; r++ {
 		res := once(r, *n, *dials, *computed, env, work, port, pprofAddr, roots, nodes)
 		results = append(results, res)
-		log.Printf("run %d: %.1f KiB per session (heap %.1f, stacks %.1f), cold %s, back %s, %d of %d at the end",
-			r, res.perSession, res.heapPer, res.stackPer, res.cold.Round(time.Millisecond), res.back.Round(time.Millisecond), res.final, *n)
+		log.Printf("run %d: %.1f KiB per session (heap %.1f, stacks %.1f), cold %s, back %s resuming (%s with full handshakes), %d of %d at the end",
+			r, res.perSession, res.heapPer, res.stackPer, res.cold.Round(time.Millisecond), res.back.Round(time.Millisecond), res.backFull.Round(time.Millisecond), res.final, *n)
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	section := report(*n, *dials, results, strings.Join(strings.Fields(string(load))[:3], " "))
@@ -121,8 +122,15 @@ type result struct {
 	perSession        float64
 	heapPer, stackPer float64 // KiB per session of heap in use and of goroutine stacks (runtime.MemStats)
 	goroutinesPer     float64
-	cold, back        time.Duration
-	held, final       int64 // sessions when the memory was read, and at the end
+	cold, back        time.Duration // back: after a restart, the sessions resuming
+	backFull          time.Duration // after a restart, every session a full handshake
+	held, final       int64         // sessions when the memory was read, and at the end
+	finalFull         int64
+	// KiB per session after the second restart: heap in use and stacks,
+	// and the resident set.
+	resumedPer, resumedRSS float64
+	// The restarted gateway's CPU time until every session was back.
+	cpuFull, cpuResumed time.Duration
 }
 
 // once runs one gateway with n sessions: memory when idle, then a
@@ -134,15 +142,15 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	res.before = rssKiB(gw.Process.Pid)
 	heap0, stack0, g0 := memStats(pprofAddr)
 
-	var welcomed atomic.Int64
+	welcomed := new(atomic.Int64)
 	stop := make(chan struct{})
 	dialing := make(chan struct{}, dials)
 	var wg sync.WaitGroup
 	for _, nd := range nodes {
 		wg.Add(1)
-		go func() { defer wg.Done(); nd.hold(port, roots, &welcomed, dialing, stop) }()
+		go func() { defer wg.Done(); nd.hold(port, roots, welcomed, dialing, stop) }()
 	}
-	res.cold = waitAll(&welcomed, int64(n), 300*time.Second)
+	res.cold = waitAll(welcomed, int64(n), 300*time.Second)
 	log.Printf("run %d: %d sessions welcomed in %s", r, welcomed.Load(), res.cold)
 	// Idle: past the first status of every session (sent 5 s after its
 	// welcome), which the gateway writes.
@@ -164,13 +172,67 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 		}
 	}
 
-	check(gw.Process.Kill())
-	_, _ = gw.Process.Wait()
-	restarted := time.Now()
-	gw = startGateway(computed, env, filepath.Join(work, fmt.Sprintf("gateway-%d-restarted.log", r)), port)
-	waitAll(&welcomed, int64(n), 300*time.Second)
-	res.back = time.Since(restarted)
-	res.final = welcomed.Load()
+	// Two restarts: the daemons' tickets dropped first (every session a
+	// full handshake), then with the tickets their sessions got (each
+	// resumes), the comparison in the same run.
+	restart := func(label string, forget bool) (time.Duration, int64, time.Duration) {
+		if forget {
+			for _, nd := range nodes {
+				nd.forget()
+			}
+		}
+		check(gw.Process.Kill())
+		_, _ = gw.Process.Wait()
+		restarted := time.Now()
+		gw = startGateway(computed, env, filepath.Join(work, fmt.Sprintf("gateway-%d-%s.log", r, label)), port)
+		listening := time.Since(restarted) // the process's own start, before any session
+		profiled := make(chan struct{})
+		if d := os.Getenv("GATEWAY_PROFILES"); d != "" {
+			// The restarted gateway's CPU during the reconnect storm.
+			go func() {
+				defer close(profiled)
+				if b, err := httpGet(pprofAddr, "/debug/pprof/profile?seconds="+cmpOr(os.Getenv("GATEWAY_CPU_SECONDS"), "15")); err == nil {
+					_ = os.WriteFile(filepath.Join(d, fmt.Sprintf("cpu-%d-%s", r, label)), b, 0o644)
+				}
+			}()
+		} else {
+			close(profiled)
+		}
+		waitAll(welcomed, int64(n), 300*time.Second)
+		back := time.Since(restarted)
+		// The gateway's CPU time (its start and every session's handshake,
+		// hello, row and welcome): the figure a loaded machine disturbs least.
+		cpu := cpuTime(gw.Process.Pid)
+		<-profiled
+		log.Printf("run %d: back after a restart (%s) in %s (listening after %s), %d of %d, gateway CPU %s", r, label, back.Round(time.Millisecond),
+			listening.Round(time.Millisecond), welcomed.Load(), n, cpu)
+		return back, welcomed.Load(), cpu
+	}
+	// Odd runs restart with full handshakes first, even runs resuming
+	// first, so that neither always meets the other's aftermath.
+	full := func() { res.backFull, res.finalFull, res.cpuFull = restart("full", true) }
+	resumed := func() { res.back, res.final, res.cpuResumed = restart("resumed", false) }
+	first, second := full, resumed
+	if r%2 == 0 {
+		first, second = resumed, full
+	}
+	first()
+	time.Sleep(3 * time.Second) // every session past its welcome, its ticket read
+	second()
+	// The memory of the sessions after the second restart (resumed ones
+	// on odd runs, full handshakes on even ones: a resumed ClientHello
+	// carries the ticket, and the ticket the certificate), over the first
+	// gateway's figures before its sessions: the same binary and
+	// configuration.
+	time.Sleep(8 * time.Second)
+	heap2, stack2, _ := memStats(pprofAddr)
+	if d := os.Getenv("GATEWAY_PROFILES"); d != "" {
+		if b, err := httpGet(pprofAddr, "/debug/pprof/heap"); err == nil {
+			_ = os.WriteFile(filepath.Join(d, fmt.Sprintf("heap-%d-restarted", r)), b, 0o644)
+		}
+	}
+	res.resumedPer = (float64(heap2-heap0) + float64(stack2-stack0)) / 1024 / float64(max(res.final, 1))
+	res.resumedRSS = float64(rssKiB(gw.Process.Pid)-res.before) / float64(max(res.final, 1))
 	close(stop)
 	_ = gw.Process.Signal(syscall.SIGTERM)
 	_, _ = gw.Process.Wait()
@@ -178,8 +240,15 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	return res
 }
 
+func cmpOr(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
 func httpGet(addr, path string) ([]byte, error) {
-	c := &http.Client{Timeout: 30 * time.Second}
+	c := &http.Client{Timeout: 2 * time.Minute}
 	resp, err := c.Get("http://" + addr + path)
 	if err != nil {
 		return nil, err
@@ -211,29 +280,47 @@ func memStats(addr string) (heap, stack, goroutines int64) {
 	return heap, stack, goroutines
 }
 
-// node is one daemon of the run: its id and certificate.
+// node is one daemon of the run: its id, certificate and TLS session
+// tickets.
 type node struct {
 	id   string
 	cert tls.Certificate
+
+	mu      sync.Mutex
+	tickets tls.ClientSessionCache
+}
+
+// forget drops the node's session tickets: its next dial is a full
+// handshake.
+func (nd *node) forget() {
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	nd.tickets = tls.NewLRUClientSessionCache(agent.TicketCacheSize)
 }
 
 // hold keeps one session: dial, hello, welcome, a status every 5 s, and
-// on any end a jittered reconnect (50 ms doubling to 1 s).
+// on any end a jittered reconnect as the daemon's after a dropped session
+// (agent.BackoffMin doubling to agent.DrainRetryMax, plus up to half).
+// Each dial is the daemon's (agent.MTLSConfig with the node's ticket
+// cache, a transport of its own).
 func (nd *node) hold(port int, roots *x509.CertPool, welcomed *atomic.Int64, dialing chan struct{}, stop <-chan struct{}) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: "127.0.0.1", Certificates: []tls.Certificate{nd.cert}}
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
-	backoff := 50 * time.Millisecond
+	backoff := agent.BackoffMin
 	for {
 		select {
 		case <-stop:
 			return
 		default:
 		}
+		nd.mu.Lock()
+		tickets := nd.tickets
+		nd.mu.Unlock()
+		tc := agent.MTLSConfig(roots, "127.0.0.1", func() *tls.Certificate { return &nd.cert }, tickets)
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
 		if nd.session(port, hc, welcomed, dialing, stop) {
-			backoff = 50 * time.Millisecond
+			backoff = agent.BackoffMin
 		}
-		time.Sleep(backoff/2 + time.Duration(mathrand.Int64N(int64(backoff))))
-		backoff = min(2*backoff, time.Second)
+		time.Sleep(backoff + time.Duration(mathrand.Int64N(int64(backoff/2)+1)))
+		backoff = min(2*backoff, agent.DrainRetryMax)
 	}
 }
 
@@ -338,6 +425,7 @@ func makeNodes(ctx context.Context, dbURL string, b *pki.Bundle, n int) []*node 
 		cert, err := b.IssueNode(csr, id)
 		check(err)
 		nodes[i] = &node{id: id, cert: tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}}
+		nodes[i].forget()
 		rows[i] = []any{id, pool, site, "host-" + strconv.Itoa(i), "ready", []byte("{}"), 0, 0, 0}
 	}
 	_, err = conn.CopyFrom(ctx, pgx.Identifier{"nodes"},
@@ -365,6 +453,18 @@ func startGateway(bin string, env []string, logPath string, port int) *exec.Cmd 
 }
 
 var rssRe = regexp.MustCompile(`VmRSS:\s+(\d+) kB`)
+
+// cpuTime is a process's user and system CPU time (/proc/<pid>/stat).
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	check(err)
+	// The fields after the command's closing parenthesis: state is the
+	// first, utime the 12th, stime the 13th.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+st) * time.Second / 100 // USER_HZ
+}
 
 func rssKiB(pid int) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -405,10 +505,13 @@ func report(n, dials int, rs []result, load string) string {
 		}
 		return line + " |\n"
 	}
-	worstPer, worstBack, allBack := 0.0, time.Duration(0), true
+	// The goals are judged on the default configuration, where every
+	// session is a full handshake; the resumed figures are for
+	// gateway.sessionTicketDays.
+	worstPer, worstBack, worstResumed, allBack := 0.0, time.Duration(0), time.Duration(0), true
 	for _, r := range rs {
-		worstPer, worstBack = max(worstPer, r.perSession), max(worstBack, r.back)
-		allBack = allBack && r.final == int64(n) && r.held == int64(n)
+		worstPer, worstBack, worstResumed = max(worstPer, r.perSession), max(worstBack, r.backFull), max(worstResumed, r.back)
+		allBack = allBack && r.final == int64(n) && r.finalFull == int64(n) && r.held == int64(n)
 	}
 	head, sep := "| Figure", "|---"
 	for i := range rs {
@@ -427,9 +530,17 @@ is shared).
 
 %s |
 %s|
-%s%s%s%s%s%s%s
+%s%s%s%s%s%s%s%s%s%s
+Each run restarts its gateway twice (SIGKILL, then a new process on the same port): once
+with the daemons' TLS session tickets dropped, so every session is a full handshake, once
+with the tickets their sessions got, so each resumes (the gateway runs with
+gateway.sessionTicketDays: 7; docs/gateway.md), full handshakes first on odd runs and
+resuming first on even ones; the load tool dials
+with the daemon's TLS configuration (agent.MTLSConfig) and reconnects with its delays.
+
 Goals: at most 24 KiB per idle session (worst run %.1f KiB: %s); all %d back within 10 s of
-a restart (worst run %s: %s). Memory per session is the gateway's resident set with the
+a restart (with full handshakes, the default: worst run %s: %s; resuming, with
+gateway.sessionTicketDays: worst run %s). Memory per session is the gateway's resident set with the
 sessions less its resident set before, over %d; the heap and stack rows are the runtime's
 own figures (runtime.MemStats: heap in use, goroutine stacks), so the rest of the resident
 set is garbage not yet collected and the runtime's own.
@@ -442,12 +553,25 @@ set is garbage not yet collected and the runtime's own.
 		row("memory per idle session", func(r result) string { return kib(r.perSession) }),
 		row("of which heap in use", func(r result) string { return kib(r.heapPer) }),
 		row("of which goroutine stacks", func(r result) string { return kib(r.stackPer) }),
+		row("after the second restart (odd runs: resumed, even: full): memory / heap and stacks per session", func(r result) string {
+			return fmt.Sprintf("%s / %s", kib(r.resumedRSS), kib(r.resumedPer))
+		}),
 		row("goroutines per session", func(r result) string { return fmt.Sprintf("%.2f", r.goroutinesPer) }),
 		row(fmt.Sprintf("all %d connected (cold)", n), func(r result) string { return r.cold.Round(10 * time.Millisecond).String() }),
-		row("all back after SIGKILL and a restart", func(r result) string {
+		row("all back after SIGKILL and a restart, full handshakes (tickets dropped)", func(r result) string {
+			return fmt.Sprintf("%s (%d)", r.backFull.Round(10*time.Millisecond), r.finalFull)
+		}),
+		row("all back after SIGKILL and a restart, resuming", func(r result) string {
 			return fmt.Sprintf("%s (%d)", r.back.Round(10*time.Millisecond), r.final)
 		}),
-		worstPer, verdict(worstPer <= 24), n, worstBack.Round(10*time.Millisecond), verdict(allBack && worstBack <= 10*time.Second), n)
+		row("restarted gateway's CPU per session back: full / resuming", func(r result) string {
+			per := func(d time.Duration, k int64) string {
+				return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000/float64(max(k, 1)))
+			}
+			return per(r.cpuFull, r.finalFull) + " / " + per(r.cpuResumed, r.final)
+		}),
+		worstPer, verdict(worstPer <= 24), n, worstBack.Round(10*time.Millisecond), verdict(allBack && worstBack <= 10*time.Second),
+		worstResumed.Round(10*time.Millisecond), n)
 }
 
 func run(cmd *exec.Cmd) {
