@@ -81,3 +81,34 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+// What one 32 KiB chunk of output costs the guest to encode and the host
+// to decode, as a JSON line with base64 and as a frame (bytes on the port
+// reported as wire-B/op).
+func BenchmarkOutputChunk(b *testing.B) {
+	data := bytes.Repeat([]byte{0}, 32<<10)
+	b.Run("json", func(b *testing.B) {
+		var wire int
+		for b.Loop() {
+			line, _ := json.Marshal(Response{ID: 7, OK: true, Output: &Output{Fd: 1, Data: data}})
+			line = append(line, '\n')
+			wire = len(line)
+			if _, err := NewReader(bytes.NewReader(line)).Next(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(wire), "wire-B/op")
+	})
+	b.Run("frame", func(b *testing.B) {
+		var wire int
+		var buf []byte
+		for b.Loop() {
+			buf = AppendOutputFrame(buf[:0], 7, 1, data)
+			wire = len(buf)
+			if _, err := NewReader(bytes.NewReader(buf)).Next(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(wire), "wire-B/op")
+	})
+}
