@@ -8,13 +8,20 @@ VALUES (sqlc.arg(tunnel_id), sqlc.arg(tenant_id), sqlc.arg(identity_id), sqlc.ar
 RETURNING *;
 
 -- name: RedeemTunnel :one
--- Single use: only an issued, unexpired ticket opens, once.
-UPDATE tunnels SET state = 'open', opened_at = now()
-WHERE ticket_hash = sqlc.arg(ticket_hash) AND state = 'issued' AND expires_at > now()
-RETURNING *;
-
--- name: GetTunnelByTicket :one
-SELECT * FROM tunnels WHERE ticket_hash = sqlc.arg(ticket_hash);
+-- Single use: only an issued, unexpired ticket, from the source address
+-- it was issued to, opens, once. One statement checks and consumes: it
+-- answers the ticket's row whatever happened (no row: unknown ticket),
+-- with redeemed_at set when this statement opened it. The row is as the
+-- statement found it (a CTE's update is not seen by its outer select).
+WITH redeemed AS (
+    UPDATE tunnels SET state = 'open', opened_at = now()
+    WHERE ticket_hash = sqlc.arg(ticket_hash) AND state = 'issued' AND expires_at > now()
+        AND tunnels.source_ip = sqlc.arg(source_ip)::text
+    RETURNING tunnel_id, opened_at
+)
+SELECT sqlc.embed(tunnels), redeemed.opened_at AS redeemed_at
+FROM tunnels LEFT JOIN redeemed ON redeemed.tunnel_id = tunnels.tunnel_id
+WHERE tunnels.ticket_hash = sqlc.arg(ticket_hash);
 
 -- name: GetTunnel :one
 SELECT * FROM tunnels WHERE tunnel_id = sqlc.arg(tunnel_id);

@@ -40,9 +40,10 @@ durable_dir=""
 dev_postmaster=""
 
 as_pg() { if [[ "$(id -u)" == 0 ]]; then (cd / && runuser -u postgres -- "$@"); else (cd / && "$@"); fi; }
+servers=() # every computed started, stopped at exit whatever happened
 cleanup() {
-	kill "${server_pid:-}" 2>/dev/null || true
-	wait "${server_pid:-}" 2>/dev/null || true
+	for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null || true; done
+	for pid in "${servers[@]}"; do wait "$pid" 2>/dev/null || true; done
 	if [[ -n "$durable_dir" ]]; then
 		as_pg "$bin/pg_ctl" stop -D "$durable_dir/data" -m fast -w -s >/dev/null 2>&1 || true
 		rm -rf "$durable_dir"
@@ -51,6 +52,8 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT # an untrapped signal ends bash without its EXIT trap
+trap 'exit 143' TERM
 
 # Pinning: generators on the last core, server and PostgreSQL on the rest.
 ncpu=$(nproc)
@@ -123,9 +126,15 @@ dtoken=$(SERVICE_DATABASE_URL=$durable_url "$work/computed" iam create-key --ten
 
 start_server() { # $1: database URL, $2: SERVICE_CONFIG (empty: none)
 	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+	# Not on_server: a function run with & is a subshell, and $! its pid,
+	# not the server's; killing it left computed running. taskset execs
+	# the server, so $! is computed itself.
+	local pin=()
+	if [[ $PIN == 1 ]]; then pin=(taskset -c "$server_cpus"); fi
 	SERVICE_DATABASE_URL=$1 SERVICE_CONFIG=${2:-} HOST=127.0.0.1 PORT=$port SERVICE_ROLES=api SERVICE_PPROF_ADDR=${PPROF_ADDR:-} \
-		on_server "$work/computed" >>"$work/server.out" 2>>"$work/server.log" &
+		"${pin[@]}" "$work/computed" >>"$work/server.out" 2>>"$work/server.log" &
 	server_pid=$!
+	servers+=("$server_pid")
 	api="http://127.0.0.1:$port/api/compute"
 	for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
 }
@@ -319,8 +328,7 @@ if [[ "${NOTIFIER_BENCH:-}" == 1 ]]; then
 		for mode in off on; do
 			if [[ $mode == on ]]; then start_server "$db_url" "$work/notifier.yaml"; else start_server "$db_url"; fi
 			res=$(run_rpc -method secrets.put)
-			kill "$server_pid"
-			wait "$server_pid" 2>/dev/null || true
+			stop_server
 			errs=$((errs + $(json "$res" errors)))
 			if [[ $mode == on ]]; then on+=("$(json "$res" perSecond)"); else off+=("$(json "$res" perSecond)"); fi
 		done

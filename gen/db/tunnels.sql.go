@@ -214,44 +214,6 @@ func (q *Queries) GetTunnel(ctx context.Context, tunnelID string) (Tunnel, error
 	return i, err
 }
 
-const getTunnelByTicket = `-- name: GetTunnelByTicket :one
-SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller FROM tunnels WHERE ticket_hash = $1
-`
-
-func (q *Queries) GetTunnelByTicket(ctx context.Context, ticketHash []byte) (Tunnel, error) {
-	row := q.db.QueryRow(ctx, getTunnelByTicket, ticketHash)
-	var i Tunnel
-	err := row.Scan(
-		&i.TunnelID,
-		&i.TenantID,
-		&i.IdentityID,
-		&i.TargetKind,
-		&i.TargetID,
-		&i.InstanceID,
-		&i.NodeID,
-		&i.Kind,
-		&i.Argv,
-		&i.Env,
-		&i.Tty,
-		&i.TicketHash,
-		&i.SourceIp,
-		&i.State,
-		&i.CreatedAt,
-		&i.ExpiresAt,
-		&i.OpenedAt,
-		&i.ClosedAt,
-		&i.BytesIn,
-		&i.BytesOut,
-		&i.ExitCode,
-		&i.Port,
-		&i.TermCols,
-		&i.TermRows,
-		&i.Session,
-		&i.Caller,
-	)
-	return i, err
-}
-
 const getTunnelForUpdate = `-- name: GetTunnelForUpdate :one
 SELECT tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller FROM tunnels WHERE tunnel_id = $1 FOR UPDATE
 `
@@ -469,42 +431,63 @@ func (q *Queries) ListTunnels(ctx context.Context, arg ListTunnelsParams) ([]Tun
 }
 
 const redeemTunnel = `-- name: RedeemTunnel :one
-UPDATE tunnels SET state = 'open', opened_at = now()
-WHERE ticket_hash = $1 AND state = 'issued' AND expires_at > now()
-RETURNING tunnel_id, tenant_id, identity_id, target_kind, target_id, instance_id, node_id, kind, argv, env, tty, ticket_hash, source_ip, state, created_at, expires_at, opened_at, closed_at, bytes_in, bytes_out, exit_code, port, term_cols, term_rows, session, caller
+WITH redeemed AS (
+    UPDATE tunnels SET state = 'open', opened_at = now()
+    WHERE ticket_hash = $1 AND state = 'issued' AND expires_at > now()
+        AND tunnels.source_ip = $2::text
+    RETURNING tunnel_id, opened_at
+)
+SELECT tunnels.tunnel_id, tunnels.tenant_id, tunnels.identity_id, tunnels.target_kind, tunnels.target_id, tunnels.instance_id, tunnels.node_id, tunnels.kind, tunnels.argv, tunnels.env, tunnels.tty, tunnels.ticket_hash, tunnels.source_ip, tunnels.state, tunnels.created_at, tunnels.expires_at, tunnels.opened_at, tunnels.closed_at, tunnels.bytes_in, tunnels.bytes_out, tunnels.exit_code, tunnels.port, tunnels.term_cols, tunnels.term_rows, tunnels.session, tunnels.caller, redeemed.opened_at AS redeemed_at
+FROM tunnels LEFT JOIN redeemed ON redeemed.tunnel_id = tunnels.tunnel_id
+WHERE tunnels.ticket_hash = $1
 `
 
-// Single use: only an issued, unexpired ticket opens, once.
-func (q *Queries) RedeemTunnel(ctx context.Context, ticketHash []byte) (Tunnel, error) {
-	row := q.db.QueryRow(ctx, redeemTunnel, ticketHash)
-	var i Tunnel
+type RedeemTunnelParams struct {
+	TicketHash []byte
+	SourceIp   string
+}
+
+type RedeemTunnelRow struct {
+	Tunnel     Tunnel
+	RedeemedAt *time.Time
+}
+
+// Single use: only an issued, unexpired ticket, from the source address
+// it was issued to, opens, once. One statement checks and consumes: it
+// answers the ticket's row whatever happened (no row: unknown ticket),
+// with redeemed_at set when this statement opened it. The row is as the
+// statement found it (a CTE's update is not seen by its outer select).
+func (q *Queries) RedeemTunnel(ctx context.Context, arg RedeemTunnelParams) (RedeemTunnelRow, error) {
+	row := q.db.QueryRow(ctx, redeemTunnel, arg.TicketHash, arg.SourceIp)
+	var i RedeemTunnelRow
 	err := row.Scan(
-		&i.TunnelID,
-		&i.TenantID,
-		&i.IdentityID,
-		&i.TargetKind,
-		&i.TargetID,
-		&i.InstanceID,
-		&i.NodeID,
-		&i.Kind,
-		&i.Argv,
-		&i.Env,
-		&i.Tty,
-		&i.TicketHash,
-		&i.SourceIp,
-		&i.State,
-		&i.CreatedAt,
-		&i.ExpiresAt,
-		&i.OpenedAt,
-		&i.ClosedAt,
-		&i.BytesIn,
-		&i.BytesOut,
-		&i.ExitCode,
-		&i.Port,
-		&i.TermCols,
-		&i.TermRows,
-		&i.Session,
-		&i.Caller,
+		&i.Tunnel.TunnelID,
+		&i.Tunnel.TenantID,
+		&i.Tunnel.IdentityID,
+		&i.Tunnel.TargetKind,
+		&i.Tunnel.TargetID,
+		&i.Tunnel.InstanceID,
+		&i.Tunnel.NodeID,
+		&i.Tunnel.Kind,
+		&i.Tunnel.Argv,
+		&i.Tunnel.Env,
+		&i.Tunnel.Tty,
+		&i.Tunnel.TicketHash,
+		&i.Tunnel.SourceIp,
+		&i.Tunnel.State,
+		&i.Tunnel.CreatedAt,
+		&i.Tunnel.ExpiresAt,
+		&i.Tunnel.OpenedAt,
+		&i.Tunnel.ClosedAt,
+		&i.Tunnel.BytesIn,
+		&i.Tunnel.BytesOut,
+		&i.Tunnel.ExitCode,
+		&i.Tunnel.Port,
+		&i.Tunnel.TermCols,
+		&i.Tunnel.TermRows,
+		&i.Tunnel.Session,
+		&i.Tunnel.Caller,
+		&i.RedeemedAt,
 	)
 	return i, err
 }

@@ -1,7 +1,7 @@
 package guest
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -24,8 +25,23 @@ import (
 
 // port is the host's end of an in-memory port.
 type port struct {
-	w  io.WriteCloser
-	rd *bufio.Scanner
+	w    io.WriteCloser
+	rd   *guestproto.Reader // JSON lines and output frames, as the host reads
+	zero *atomic.Bool       // a zero byte came: an output frame's marker
+}
+
+// zeroSpy notes a zero byte in what passes.
+type zeroSpy struct {
+	r    io.Reader
+	zero *atomic.Bool
+}
+
+func (z zeroSpy) Read(b []byte) (int, error) {
+	n, err := z.r.Read(b)
+	if bytes.IndexByte(b[:n], 0) >= 0 {
+		z.zero.Store(true)
+	}
+	return n, err
 }
 
 func (p *port) call(t *testing.T, r guestproto.Request) guestproto.Response {
@@ -39,9 +55,8 @@ func (p *port) call(t *testing.T, r guestproto.Request) guestproto.Response {
 
 func (p *port) next(t *testing.T) guestproto.Response {
 	t.Helper()
-	require.True(t, p.rd.Scan(), "a response")
-	var resp guestproto.Response
-	require.NoError(t, json.Unmarshal(p.rd.Bytes(), &resp))
+	resp, err := p.rd.Next()
+	require.NoError(t, err, "a response")
 	return resp
 }
 
@@ -63,9 +78,8 @@ func serve(t *testing.T) (*port, *Agent) {
 		_ = a.Serve(context.Background(), pipePort{guestR, guestW})
 	}()
 	t.Cleanup(func() { _ = hostW.Close(); <-done })
-	sc := bufio.NewScanner(hostR)
-	sc.Buffer(nil, guestproto.MaxLineBytes)
-	return &port{w: hostW, rd: sc}, a
+	zero := new(atomic.Bool)
+	return &port{w: hostW, rd: guestproto.NewReader(zeroSpy{hostR, zero}), zero: zero}, a
 }
 
 func TestReadyThenRequests(t *testing.T) {
@@ -241,7 +255,10 @@ func serveStreams(t *testing.T) *port {
 	require.NotNil(t, p.next(t).Ready)
 	t.Cleanup(func() {
 		go func() {
-			for p.rd.Scan() {
+			for {
+				if _, err := p.rd.Next(); err != nil {
+					return
+				}
 			}
 		}()
 	})
@@ -314,22 +331,30 @@ func TestDialAGuestPort(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			return
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			b, _ := io.ReadAll(c) // until the half close
+			_, _ = c.Write(append([]byte("echo:"), b...))
+			c.Close()
 		}
-		defer c.Close()
-		b, _ := io.ReadAll(c) // until the half close
-		_, _ = c.Write(append([]byte("echo:"), b...))
 	}()
-	p := serveStreams(t)
-	p.send(t, guestproto.Request{ID: 1, Op: guestproto.OpDial, Dial: &guestproto.Dial{Port: l.Addr().(*net.TCPAddr).Port}})
-	s := &streamed{t: t, p: p}
-	s.input(guestproto.Input{Data: []byte("ping")})
-	s.input(guestproto.Input{EOF: true})
-	s.until("")
-	assert.Equal(t, "echo:ping", s.out.String())
-	require.True(t, s.end.OK, s.end.Error)
+	// Output as JSON lines, and as binary frames when the host asks: a
+	// raw zero byte is only ever a frame's marker (JSON escapes it).
+	var p *port
+	for _, binary := range []bool{false, true} {
+		p = serveStreams(t)
+		p.send(t, guestproto.Request{ID: 1, Op: guestproto.OpDial, Dial: &guestproto.Dial{Port: l.Addr().(*net.TCPAddr).Port}, BinaryOutput: binary})
+		s := &streamed{t: t, p: p}
+		s.input(guestproto.Input{Data: []byte("ping")})
+		s.input(guestproto.Input{EOF: true})
+		s.until("")
+		assert.Equal(t, "echo:ping", s.out.String())
+		require.True(t, s.end.OK, s.end.Error)
+		assert.Equal(t, binary, p.zero.Load(), "frames when asked for")
+	}
 
 	// A closed port is an error at once.
 	p.send(t, guestproto.Request{ID: 1, Op: guestproto.OpDial, Dial: &guestproto.Dial{Port: 1}})

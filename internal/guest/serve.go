@@ -46,7 +46,8 @@ type Agent struct {
 	// writable are the volumes mounted read-write (quiesced on sync).
 	writable []string
 
-	wmu sync.Mutex // writes to the port
+	wmu   sync.Mutex // writes to the port
+	frame []byte     // writeFrame's buffer, under wmu
 
 	pmu     sync.Mutex
 	running map[uint64]*proc // started programs (stream.go), by request id
@@ -96,7 +97,7 @@ func (a *Agent) Serve(ctx context.Context, port io.ReadWriter) error {
 		}
 		if req.Op == guestproto.OpStart || req.Op == guestproto.OpDial {
 			wg.Add(1)
-			p := a.register(req.ID)
+			p := a.register(req.ID, req.BinaryOutput)
 			go func() {
 				defer wg.Done()
 				if req.Op == guestproto.OpDial {
@@ -126,6 +127,14 @@ func (a *Agent) write(w io.Writer, r guestproto.Response) {
 	a.wmu.Lock()
 	defer a.wmu.Unlock()
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// writeFrame sends one output chunk as a binary frame, in one write.
+func (a *Agent) writeFrame(w io.Writer, id uint64, fd int, data []byte) {
+	a.wmu.Lock()
+	defer a.wmu.Unlock()
+	a.frame = guestproto.AppendOutputFrame(a.frame[:0], id, fd, data)
+	_, _ = w.Write(a.frame)
 }
 
 func (a *Agent) hostname() string {

@@ -32,6 +32,8 @@ type proc struct {
 	resize func(guestproto.Size) error
 	kill   func()
 
+	binary bool // output as frames (Request.BinaryOutput)
+
 	mu     sync.Mutex
 	cond   *sync.Cond
 	unack  int64
@@ -47,8 +49,8 @@ func (a *Agent) procs() map[uint64]*proc {
 
 // register makes the program known before it starts (on the reader, so
 // that the inputs after its request find it).
-func (a *Agent) register(id uint64) *proc {
-	p := &proc{ready: make(chan struct{})}
+func (a *Agent) register(id uint64, binary bool) *proc {
+	p := &proc{ready: make(chan struct{}), binary: binary}
 	p.cond = sync.NewCond(&p.mu)
 	a.pmu.Lock()
 	a.procs()[id] = p
@@ -88,7 +90,11 @@ func (a *Agent) pump(port io.Writer, id uint64, p *proc, fd int, rd io.Reader) {
 			if !p.take(int64(n)) {
 				return
 			}
-			a.write(port, guestproto.Response{ID: id, OK: true, Output: &guestproto.Output{Fd: fd, Data: buf[:n]}})
+			if p.binary {
+				a.writeFrame(port, id, fd, buf[:n])
+			} else {
+				a.write(port, guestproto.Response{ID: id, OK: true, Output: &guestproto.Output{Fd: fd, Data: buf[:n]}})
+			}
 		}
 		if err != nil {
 			return

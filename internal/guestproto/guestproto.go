@@ -71,6 +71,9 @@ type Request struct {
 	Input    *Input    `json:"input,omitempty"`
 	Dial     *Dial     `json:"dial,omitempty"`
 	Process  *Process  `json:"process,omitempty"`
+	// BinaryOutput (start and dial) asks for the stream's output as
+	// output frames (frame.go); a guest that predates it sends JSON lines.
+	BinaryOutput bool `json:"binaryOutput,omitempty"`
 }
 
 // Dial names a TCP port of the guest's loopback (127.0.0.1): a server on

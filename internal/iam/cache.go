@@ -52,15 +52,15 @@ func NewCached(p Port, now func() time.Time) *Cached {
 
 // PutDraftRequire implements DraftRequirer: in one round trip when the
 // port can, else PutDraft and then Require. Nothing of it is cached.
-func (c *Cached) PutDraftRequire(ctx context.Context, draft Resource, caller *Caller, action string, target Resource) (bool, error, error) {
+func (c *Cached) PutDraftRequire(ctx context.Context, draft Resource, caller *Caller, action string, target Resource) (DraftOutcome, error) {
 	if dr, ok := c.Port.(DraftRequirer); ok {
 		return dr.PutDraftRequire(ctx, draft, caller, action, target)
 	}
 	drafted, err := c.Port.Projection().PutDraft(ctx, draft)
 	if err != nil || !drafted {
-		return false, nil, err
+		return DraftOutcome{}, err
 	}
-	return true, c.Port.Require(ctx, caller, action, target), nil
+	return DraftOutcome{Drafted: true, Refusal: c.Port.Require(ctx, caller, action, target)}, nil
 }
 
 var _ DraftRequirer = (*Cached)(nil)

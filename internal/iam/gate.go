@@ -196,10 +196,11 @@ func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session) (context.C
 			var drafted bool
 			var err error
 			if pipelined && tries == 0 {
-				var decision error
-				drafted, decision, err = dr.PutDraftRequire(ctx, draft, caller, m.Action, target)
+				var out DraftOutcome
+				out, err = dr.PutDraftRequire(ctx, draft, caller, m.Action, target)
+				drafted = out.Drafted
 				if err == nil && drafted {
-					if err := g.decision(m, target, decision); err != nil {
+					if err := g.decision(m, target, out.Refusal); err != nil {
 						g.dropDraft(ctx, draft)
 						return nil, err
 					}

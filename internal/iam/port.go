@@ -111,10 +111,18 @@ type Port interface {
 // DraftRequirer is a Port that writes a create's draft (PutDraft) and
 // decides the create (Require on target) in one round trip: the decision's
 // reads travel in one pipeline with the draft, and nothing is cached.
-// drafted false (a real resource holds the id) leaves the decision
-// unmade; err is the draft's failure, decision the Require's answer.
+// The error is the draft's failure (nothing decided); the decision is in
+// the DraftOutcome.
 type DraftRequirer interface {
-	PutDraftRequire(ctx context.Context, draft Resource, c *Caller, action string, target Resource) (drafted bool, decision, err error)
+	PutDraftRequire(ctx context.Context, draft Resource, c *Caller, action string, target Resource) (DraftOutcome, error)
+}
+
+// DraftOutcome is what PutDraftRequire did. Drafted false (a real
+// resource holds the id) leaves the decision unmade and Refusal nil;
+// Drafted true carries Require's answer in Refusal (nil: allowed).
+type DraftOutcome struct {
+	Drafted bool
+	Refusal error
 }
 
 // Projection is the authorization projection and its relationships. Writes

@@ -1,11 +1,11 @@
 package qemu
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -42,12 +42,14 @@ func DialGuest(path string) (*Guest, error) {
 }
 
 func (g *Guest) read() {
-	sc := bufio.NewScanner(g.conn)
-	sc.Buffer(make([]byte, 64<<10), guestproto.MaxLineBytes)
-	for sc.Scan() {
+	// JSON lines and output frames; a line the guest wrote before the
+	// port settled is skipped.
+	rd := guestproto.NewReader(g.conn)
+	var err error
+	for {
 		var r guestproto.Response
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			continue // a line the guest wrote before the port settled
+		if r, err = rd.Next(); err != nil {
+			break
 		}
 		if r.ID == 0 && r.Ready != nil {
 			select {
@@ -73,8 +75,8 @@ func (g *Guest) read() {
 		}
 	}
 	g.mu.Lock()
-	g.err = sc.Err()
-	if g.err == nil {
+	g.err = err
+	if errors.Is(err, io.EOF) {
 		g.err = errors.New("qemu: the guest channel closed")
 	}
 	g.mu.Unlock()

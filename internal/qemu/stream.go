@@ -52,6 +52,7 @@ func (g *Guest) open(ctx context.Context, r guestproto.Request) (*Stream, error)
 	g.streams[s.id] = s
 	g.mu.Unlock()
 	r.ID = s.id
+	r.BinaryOutput = true // a guest that predates it answers JSON lines
 	if err := g.send(ctx, r); err != nil {
 		g.mu.Lock()
 		delete(g.streams, s.id)

@@ -8,7 +8,10 @@ package tunnels_test
 //
 //	go test -tags tunnelbench -count=1 -run TestTunnelBenchmark -timeout 30m -v ./internal/tunnels
 //
-// It prints the figures; they are copied into docs/benchmarks.md.
+// or `make bench-tunnels`. It prints the figures; a full run (no
+// TUNNEL_BENCH_ONLY) writes the section "Tunnels" into TUNNELBENCH_OUT
+// (docs/benchmarks.md) and TUNNELBENCH_NOTES (docs/benchmarks-notes.md,
+// which make bench copies, so its next run keeps the section).
 
 import (
 	"context"
@@ -33,6 +36,7 @@ import (
 	"computeplane/internal/proctest"
 	"computeplane/internal/qemu/qemutest"
 	"computeplane/internal/testenv"
+	"computeplane/tools/benchkit"
 )
 
 func pct(d []time.Duration, p float64) time.Duration {
@@ -85,8 +89,9 @@ func TestTunnelBenchmark(t *testing.T) {
 		return g.Data.State == "running"
 	}, 120*time.Second, 100*time.Millisecond)
 	target := client.TunnelTarget{Kind: client.TunnelTargetKindSandbox, ID: id}
-	load, _ := os.ReadFile("/proc/loadavg")
-	t.Logf("machine: %d cores, load average %s", runtime.NumCPU(), strings.TrimSpace(string(load)))
+	var report tunnelReport
+	report.loadStart = loadAverage()
+	t.Logf("machine: %d cores, load average %s", runtime.NumCPU(), report.loadStart)
 
 	// dial opens a tunnel and returns the time of tunnels.open (the
 	// control plane) and of the upgrade until the first frame from the
@@ -127,23 +132,71 @@ func TestTunnelBenchmark(t *testing.T) {
 			control, path = append(control, cp), append(path, up+time.Since(start))
 			ws.CloseNow()
 		}
-		t.Logf("open latency %s: tunnels.open p50 %s ms p99 %s ms; upgrade to first frame p50 %s ms p99 %s ms",
-			kind, ms(pct(control, .5)), ms(pct(control, .99)), ms(pct(path, .5)), ms(pct(path, .99)))
+		row := fmt.Sprintf("| %s | %s ms | %s ms | %s ms | %s ms |\n", kind, ms(pct(control, .5)), ms(pct(control, .99)), ms(pct(path, .5)), ms(pct(path, .99)))
+		report.latency += row
+		t.Logf("open latency %s", row)
 	}
 
 	// Throughput of one tcp tunnel: busybox httpd in the guest serves a
 	// 32 MiB file of zeros, fetched through the tunnel.
 	if only == "" || only == "throughput" {
-		throughput(t, dial, id)
+		report.throughput = throughput(t, dial, id)
 	}
 	if only == "" || only == "memory" {
-		memory(t, f, dial, target, idle, pprofs)
+		report.memory = memory(t, f, dial, target, idle, pprofs)
 	}
+	report.loadEnd = loadAverage()
+	if only == "" {
+		section := report.section(idle)
+		t.Log("\n" + section)
+		require.NoError(t, benchkit.WriteSection("## Tunnels", section, os.Getenv("TUNNELBENCH_OUT"), os.Getenv("TUNNELBENCH_NOTES")))
+	}
+}
+
+// tunnelReport is a run's figures, its table rows already formatted.
+type tunnelReport struct {
+	loadStart, loadEnd string
+	latency            string
+	throughput         [3]float64 // MiB/s: tcp tunnel, exec tunnel, the guest alone
+	memory             string
+}
+
+func (r tunnelReport) section(idle int) string {
+	return fmt.Sprintf(`## Tunnels
+
+Written by `+"`make bench-tunnels`"+` (internal/tunnels, TestTunnelBenchmark) on %s: computed with the
+gateway role alone as one process, computed with the other roles (the api's relay) as another, one
+compute-agent with the qemu runtime, a running sandbox (1 vCPU, 256 MiB, the minimal image, TCG,
+not KVM), the client in the test process on loopback; %d cores, %s. Load average (uptime) at the
+start %s, at the end %s. Analysis and the figures before the relay work: "Tunnels: before and
+after the relay work" below.
+
+| Open latency (100 opens each) | tunnels.open p50 | p99 | upgrade to first frame p50 | p99 |
+|---|---:|---:|---:|---:|
+%s
+| Throughput (32 MiB of zeros from the guest) | MiB/s |
+|---|---:|
+| one tcp tunnel, busybox httpd in the guest, HTTP/1.0 GET, end to end | %.1f |
+| one exec tunnel, `+"`cat`"+` of the same file (no guest network), end to end | %.1f |
+| the guest alone: busybox wget of the file over the guest's loopback, no tunnel | %.1f |
+
+| Memory with %d idle console tunnels open | RSS growth per tunnel | Go heap in use per tunnel | goroutines per tunnel |
+|---|---:|---:|---:|
+%s
+`, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), r.loadStart, r.loadEnd,
+		r.latency, r.throughput[0], r.throughput[1], r.throughput[2], idle, r.memory)
+}
+
+func loadAverage() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.Join(strings.Fields(string(b))[:3], " / ")
 }
 
 type dialer func(in *client.TunnelsOpenInput) (time.Duration, time.Duration, *websocket.Conn)
 
-func throughput(t *testing.T, dial dialer, id string) {
+// throughput is the MiB/s of a tcp tunnel, an exec tunnel and the guest
+// alone.
+func throughput(t *testing.T, dial dialer, id string) (mibs [3]float64) {
 	ctx := t.Context()
 	target := client.TunnelTarget{Kind: client.TunnelTargetKindSandbox, ID: id}
 	_, _, sh := dial(&client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindExec, Target: target,
@@ -170,7 +223,8 @@ func throughput(t *testing.T, dial dialer, id string) {
 	}
 	took := time.Since(start)
 	require.Greater(t, n, int64(32<<20))
-	t.Logf("throughput of one tcp tunnel: %d bytes in %s: %.1f MiB/s", n, took, float64(n)/(1<<20)/took.Seconds())
+	mibs[0] = float64(n) / (1 << 20) / took.Seconds()
+	t.Logf("throughput of one tcp tunnel: %d bytes in %s: %.1f MiB/s", n, took, mibs[0])
 	tcp.CloseNow()
 
 	// The same bytes without the guest's network (cat's output through an
@@ -187,7 +241,8 @@ func throughput(t *testing.T, dial dialer, id string) {
 		n += int64(len(b) - 1)
 	}
 	took = time.Since(start)
-	t.Logf("throughput of one exec tunnel (cat of the file): %d bytes in %s: %.1f MiB/s", n, took, float64(n)/(1<<20)/took.Seconds())
+	mibs[1] = float64(n) / (1 << 20) / took.Seconds()
+	t.Logf("throughput of one exec tunnel (cat of the file): %d bytes in %s: %.1f MiB/s", n, took, mibs[1])
 	cat.CloseNow()
 	_, _, local := dial(&client.TunnelsOpenInput{TenantId: fleettest.Tenant, Kind: client.TunnelsOpenInputKindExec, Target: target,
 		Argv: []string{"sh", "-c", "a=$(cut -d' ' -f1 /proc/uptime); busybox wget -q -O /dev/null http://127.0.0.1:8080/big; b=$(cut -d' ' -f1 /proc/uptime); echo $a $b"}})
@@ -203,13 +258,16 @@ func throughput(t *testing.T, dial dialer, id string) {
 	if f := strings.Fields(outb.String()); len(f) == 2 {
 		a, _ := strconv.ParseFloat(f[0], 64)
 		b, _ := strconv.ParseFloat(f[1], 64)
-		t.Logf("the guest alone (busybox wget of the file over the guest's loopback): %.1f s: %.1f MiB/s", b-a, 32/(b-a))
+		mibs[2] = 32 / (b - a)
+		t.Logf("the guest alone (busybox wget of the file over the guest's loopback): %.1f s: %.1f MiB/s", b-a, mibs[2])
 	} else {
 		t.Logf("the guest alone: %q", outb.String())
 	}
+	return mibs
 }
 
-func memory(t *testing.T, f *fleettest.Fleet, dial dialer, target client.TunnelTarget, idle int, pprofs map[string]string) {
+// memory returns the table's rows: per process, its growth per tunnel.
+func memory(t *testing.T, f *fleettest.Fleet, dial dialer, target client.TunnelTarget, idle int, pprofs map[string]string) (rows string) {
 	// Memory per open idle tunnel: the gateway process alone and the api's
 	// (computed with the other roles) before and after 1,000 idle console
 	// tunnels.
@@ -241,11 +299,12 @@ func memory(t *testing.T, f *fleettest.Fleet, dial dialer, target client.TunnelT
 	time.Sleep(5 * time.Second)
 	for _, p := range procs {
 		rss, heap, gor := rssKiB(t, p.p.Cmd.Process.Pid), heapInuse(t, p.pprof), goroutines(t, p.pprof)
-		t.Logf("memory %s: RSS %d KiB before, %d KiB with %d idle tunnels: %.1f KiB per tunnel; heap in use %.1f KiB per tunnel; %.2f goroutines per tunnel",
-			p.name, p.rss, rss, idle, float64(rss-p.rss)/float64(idle), float64(heap-p.heap)/1024/float64(idle), float64(gor-p.gor)/float64(idle))
+		row := fmt.Sprintf("| the %s process | %.1f KiB | %.1f KiB | %.2f |\n", p.name,
+			float64(rss-p.rss)/float64(idle), float64(heap-p.heap)/1024/float64(idle), float64(gor-p.gor)/float64(idle))
+		t.Logf("memory: RSS %d KiB before, %d KiB with %d idle tunnels; per tunnel (RSS, heap in use, goroutines): %s", p.rss, rss, idle, row)
+		rows += row
 	}
-	load, _ := os.ReadFile("/proc/loadavg")
-	t.Logf("machine: load average %s", strings.TrimSpace(string(load)))
+	t.Logf("machine: load average %s", loadAverage())
 	// TUNNEL_BENCH_HEAP=file keeps the gateway's heap profile (go tool
 	// pprof -top -sample_index=inuse_space file) and goroutine dump
 	// (file.goroutines), and the api's (file.api, file.api.goroutines).
@@ -262,6 +321,7 @@ func memory(t *testing.T, f *fleettest.Fleet, dial dialer, target client.TunnelT
 	for _, ws := range conns {
 		ws.CloseNow()
 	}
+	return rows
 }
 
 func pprofGet(t *testing.T, addr, what string) []byte {

@@ -90,8 +90,9 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ticket := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
 	ctx := r.Context()
 	q := db.New(rl.Store.Pool())
-	hash := HashTicket(ticket)
-	cur, err := q.GetTunnelByTicket(ctx, hash)
+	// One round trip checks the ticket and consumes it.
+	src := iam.SourceIPFromContext(ctx).String()
+	row, err := q.RedeemTunnel(ctx, db.RedeemTunnelParams{TicketHash: HashTicket(ticket), SourceIp: src})
 	if errors.Is(err, pgx.ErrNoRows) {
 		refuse(w, rl.Log, api.CodeUnauthenticated, "the ticket is unknown")
 		return
@@ -100,20 +101,17 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rpc.WriteError(w, rl.Log, err)
 		return
 	}
-	if src := iam.SourceIPFromContext(ctx).String(); src != cur.SourceIp {
-		// Not consumed: the ticket stays its owner's.
-		refuse(w, rl.Log, api.CodeAccessDenied, "the ticket was issued to another source address")
-		return
-	}
-	t, err := q.RedeemTunnel(ctx, hash)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if row.RedeemedAt == nil {
+		if src != row.Tunnel.SourceIp {
+			// Not consumed: the ticket stays its owner's.
+			refuse(w, rl.Log, api.CodeAccessDenied, "the ticket was issued to another source address")
+			return
+		}
 		refuse(w, rl.Log, api.CodeUnauthenticated, "the ticket was used, closed or expired")
 		return
 	}
-	if err != nil {
-		rpc.WriteError(w, rl.Log, err)
-		return
-	}
+	t := row.Tunnel // as found: make it the row as redeemed
+	t.State, t.OpenedAt = "open", row.RedeemedAt
 	start := time.Now()
 	up, err := rl.Gateways.DialTunnel(ctx, t.NodeID)
 	if err != nil {

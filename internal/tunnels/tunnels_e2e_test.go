@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -114,6 +115,23 @@ func TestExecTunnelIntoASandbox(t *testing.T) {
 	require.NotNil(t, resp)
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 
+	// From another source address a ticket is refused and stays its
+	// owner's; an unknown ticket is refused (one statement decides all).
+	tk3, err := open()
+	require.NoError(t, err)
+	other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext}}
+	_, resp, err = websocket.Dial(ctx, tk3.Data.URL, &websocket.DialOptions{HTTPClient: other})
+	require.Error(t, err)
+	require.NotNil(t, resp)
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+	_, resp, err = websocket.Dial(ctx, tk3.Data.URL[:strings.LastIndexByte(tk3.Data.URL, '/')+1]+"unknown", nil)
+	require.Error(t, err)
+	require.NotNil(t, resp)
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	ws3, _, err := websocket.Dial(ctx, tk3.Data.URL, nil)
+	require.NoError(t, err, "the owner's address still redeems it")
+	ws3.CloseNow()
+
 	// A ticket closed before its use is void.
 	tk2, err := open()
 	require.NoError(t, err)
@@ -124,11 +142,11 @@ func TestExecTunnelIntoASandbox(t *testing.T) {
 	require.Error(t, err)
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 
-	// Ten tunnels a minute per identity: two were opened, eight more
+	// Ten tunnels a minute per identity: three were opened, seven more
 	// pass, the eleventh is RATE_LIMITED with a hint.
-	for i := 0; i < 8; i++ {
+	for i := 0; i < 7; i++ {
 		_, err := open()
-		require.NoError(t, err, "tunnel %d", i+3)
+		require.NoError(t, err, "tunnel %d", i+4)
 	}
 	_, err = open()
 	e, ok := computeclient.AsError(err)

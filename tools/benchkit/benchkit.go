@@ -50,15 +50,32 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// ReplaceSection puts section in place of the one starting with heading
-// (up to the next "## "), or at the end of the file.
+// WriteSection puts section (which starts with heading) into each page
+// not empty: a tool names the benchmarks page and the notes page, which
+// make bench copies after its own tables, so the next make bench keeps
+// the section instead of dropping it.
+func WriteSection(heading, section string, pages ...string) error {
+	for _, p := range pages {
+		if p == "" {
+			continue
+		}
+		if err := ReplaceSection(p, heading, section); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReplaceSection puts section in place of the one whose heading line is
+// heading (up to the next "## "), or at the end of the file. The whole
+// line must match: "## Network" is not "## Network: what the figures say".
 func ReplaceSection(path, heading, section string) error {
 	b, err := os.ReadFile(path)
 	if err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	s := string(b)
-	if i := strings.Index(s, heading); i >= 0 {
+	if i := headingAt(s, heading); i >= 0 {
 		rest := s[i+len(heading):]
 		end := len(s)
 		if j := strings.Index(rest, "\n## "); j >= 0 {
@@ -72,4 +89,20 @@ func ReplaceSection(path, heading, section string) error {
 		s += section
 	}
 	return os.WriteFile(path, []byte(strings.TrimRight(s, "\n")+"\n"), 0o644)
+}
+
+// headingAt is the offset of the line that is heading alone, or -1.
+func headingAt(s, heading string) int {
+	for off := 0; ; {
+		i := strings.Index(s[off:], heading)
+		if i < 0 {
+			return -1
+		}
+		i += off
+		end := i + len(heading)
+		if (i == 0 || s[i-1] == '\n') && (end == len(s) || s[end] == '\n' || s[end] == '\r') {
+			return i
+		}
+		off = end
+	}
 }

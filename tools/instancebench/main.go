@@ -129,9 +129,7 @@ call's p99 is %s (goal of issue 26: at most 10 ms) and the control plane's, toge
 		benchkit.Pct(total, 50), benchkit.Pct(total, 99), benchkit.Pct(admit, 50), benchkit.Pct(admit, 99), benchkit.Pct(deliver, 50), benchkit.Pct(deliver, 99), benchkit.Pct(cp, 50), benchkit.Pct(cp, 99), benchkit.Pct(host, 50), benchkit.Pct(host, 99), benchkit.Pct(bare, 50), benchkit.Pct(bare, 99),
 		100*(float64(benchkit.Quantile(host, 50))/float64(benchkit.Quantile(bare, 50))-1), benchkit.Pct(admit, 99), benchkit.Pct(cp, 99), loadAverage())
 	fmt.Print(section)
-	for _, f := range []string{*out, *notes} {
-		check(benchkit.ReplaceSection(f, "## Instances", section))
-	}
+	check(benchkit.WriteSection("## Instances", section, *out, *notes))
 }
 
 // check ends the tool on an error (after the fleet is cleaned up, once

@@ -6,7 +6,9 @@
 // egress network adds to a sandbox's cold boot and warm claim (p50, p99,
 // against the same with network none), and a guest's TCP throughput and
 // connection rate to the test's upstream, routed and through the domain
-// filter. It writes the section "Network" of docs/benchmarks.md.
+// filter. It writes the section "Network" into NETBENCH_OUT
+// (docs/benchmarks.md) and NETBENCH_NOTES (docs/benchmarks-notes.md, which
+// make bench copies, so its next run keeps the section).
 package netbench
 
 import (
@@ -191,7 +193,5 @@ subtracted; connections are sequential busybox wget runs of a short answer, the 
 `, time.Now().UTC().Format("2006-01-02"), runs, runtime.NumCPU(), cpu, runtime.Version(),
 		row("cold boot", cold), row("warm claim", warm), conns, size>>20, routedMbps, routedRate, proxiedMbps, proxiedRate)
 	t.Log("\n" + section)
-	if out := os.Getenv("NETBENCH_OUT"); out != "" {
-		require.NoError(t, benchkit.ReplaceSection(out, "## Network", section))
-	}
+	require.NoError(t, benchkit.WriteSection("## Network", section, os.Getenv("NETBENCH_OUT"), os.Getenv("NETBENCH_NOTES")))
 }

@@ -147,9 +147,7 @@ func main() {
 	load, _ := os.ReadFile("/proc/loadavg")
 	section := report(*runs, all, strings.Join(strings.Fields(string(load))[:3], " "))
 	fmt.Print(section)
-	for _, p := range []string{*out, *notes} {
-		check(benchkit.ReplaceSection(p, "## Sandboxes", section))
-	}
+	check(benchkit.WriteSection("## Sandboxes", section, *out, *notes))
 }
 
 // report is the section: per kind and round, p50 and p99 of end to end,

@@ -111,9 +111,7 @@ func main() {
 	load, _ := os.ReadFile("/proc/loadavg")
 	section := report(*n, *dials, results, strings.Join(strings.Fields(string(load))[:3], " "))
 	fmt.Print(section)
-	for _, f := range []string{*out, *notes} {
-		check(benchkit.ReplaceSection(f, "## Gateway sessions", section))
-	}
+	check(benchkit.WriteSection("## Gateway sessions", section, *out, *notes))
 }
 
 // result is one run's figures.

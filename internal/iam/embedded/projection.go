@@ -36,10 +36,10 @@ func (p projection) PutDraft(ctx context.Context, r iam.Resource) (bool, error) 
 // roleOf) go out in one pipeline on the pool, then the decision is made
 // with that role. The role is read for this decision and kept nowhere
 // else.
-func (s *Service) PutDraftRequire(ctx context.Context, draft iam.Resource, c *iam.Caller, action string, target iam.Resource) (bool, error, error) {
+func (s *Service) PutDraftRequire(ctx context.Context, draft iam.Resource, c *iam.Caller, action string, target iam.Resource) (iam.DraftOutcome, error) {
 	arg, err := s.resourceParams(draft)
 	if err != nil {
-		return false, nil, err
+		return iam.DraftOutcome{}, err
 	}
 	var p store.Pipeline
 	var n int64
@@ -54,15 +54,15 @@ func (s *Service) PutDraftRequire(ctx context.Context, draft iam.Resource, c *ia
 		})
 	}
 	if err := p.Send(ctx, s.st.Pool()); err != nil {
-		return false, nil, wrapStore(err)
+		return iam.DraftOutcome{}, wrapStore(err)
 	}
 	if putErr != nil || n == 0 {
-		return false, nil, wrapStore(putErr)
+		return iam.DraftOutcome{}, wrapStore(putErr)
 	}
 	if read {
 		ctx = context.WithValue(ctx, readRoleKey{}, readRole{tenant: c.TenantID, identity: c.IdentityID, name: role, err: roleErr})
 	}
-	return true, s.decide(ctx, c, action, target), nil
+	return iam.DraftOutcome{Drafted: true, Refusal: s.decide(ctx, c, action, target)}, nil
 }
 
 // readRole is a role read in the pipeline of the decision that uses it.
