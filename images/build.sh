@@ -124,6 +124,7 @@ add() { # $1: a path relative to $mods as modules.dep names it, $2: its conditio
 # is checked as a whole by its manifest's sha256). Layout at the end of a
 # signed module: signature, struct module_signature (12 bytes, the
 # signature's length big-endian in its last 4), "~Module signature appended~\n".
+# IMAGES_KEEP_MODULE_SIGNATURES=1 keeps them (an A/B of this choice).
 unsign() {
 	local f="$1" size len
 	[[ "$(tail -c 28 "$f")" == "~Module signature appended~" ]] || return 0
@@ -141,7 +142,7 @@ for line in "${order[@]}"; do
 	p="${line%% *}"
 	mkdir -p "$root/lib/modules/$kver/$(dirname "$p")"
 	cp "$mods/$p" "$root/lib/modules/$kver/$p"
-	[[ -n "${XX_KEEP_SIG:-}" ]] || unsign "$root/lib/modules/$kver/$p"
+	[[ -n "${IMAGES_KEEP_MODULE_SIGNATURES:-}" ]] || unsign "$root/lib/modules/$kver/$p"
 	echo "/lib/modules/$kver/$line" | sed 's/ $//' >>"$root/etc/compute-guest/modules"
 done
 
