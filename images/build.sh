@@ -118,20 +118,6 @@ add() { # $1: a path relative to $mods as modules.dep names it, $2: its conditio
 	for d in $deps; do add "$d" "$2"; done
 	order+=("$1 $2")
 }
-# The modules go in without their appended signature: the kernel checks a
-# signature it finds (SHA-256 and RSA, emulated under TCG, on the boot's
-# path) but does not require one (CONFIG_MODULE_SIG_FORCE is off; the image
-# is checked as a whole by its manifest's sha256). Layout at the end of a
-# signed module: signature, struct module_signature (12 bytes, the
-# signature's length big-endian in its last 4), "~Module signature appended~\n".
-# IMAGES_KEEP_MODULE_SIGNATURES=1 keeps them (an A/B of this choice).
-unsign() {
-	local f="$1" size len
-	[[ "$(tail -c 28 "$f")" == "~Module signature appended~" ]] || return 0
-	size="$(stat -c %s "$f")"
-	len="$(tail -c 32 "$f" | head -c 4 | od -An -tu1 | awk '{print $1*16777216 + $2*65536 + $3*256 + $4}')"
-	truncate -s "$((size - 28 - 12 - len))" "$f"
-}
 for w in "${want[@]}"; do
 	m="${w%%::*}"
 	path="$(grep -E "/$m\.ko(\.[a-z]+)?:" "$mods/modules.dep" | cut -d: -f1 || true)"
@@ -142,7 +128,6 @@ for line in "${order[@]}"; do
 	p="${line%% *}"
 	mkdir -p "$root/lib/modules/$kver/$(dirname "$p")"
 	cp "$mods/$p" "$root/lib/modules/$kver/$p"
-	[[ -n "${IMAGES_KEEP_MODULE_SIGNATURES:-}" ]] || unsign "$root/lib/modules/$kver/$p"
 	echo "/lib/modules/$kver/$line" | sed 's/ $//' >>"$root/etc/compute-guest/modules"
 done
 
