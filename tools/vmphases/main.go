@@ -52,6 +52,7 @@ func main() {
 		t0 := time.Now()
 		v, err := qemu.Start(ctx, c)
 		must(err)
+		started = append(started, v)
 		tq := time.Since(t0)
 		var g *qemu.Guest
 		for g == nil {
@@ -88,6 +89,7 @@ func main() {
 		t0 := time.Now()
 		v, err := qemu.Start(ctx, c)
 		must(err)
+		started = append(started, v)
 		ts := time.Since(t0)
 		g, err := v.Guest()
 		must(err)
@@ -147,8 +149,15 @@ func med(x []float64) float64 {
 	sort.Float64s(s)
 	return s[len(s)/2]
 }
+// started are the VMs to end on a failure: qemu runs detached (its own
+// session) and would outlive this program.
+var started []*qemu.VM
+
 func must(err error) {
 	if err != nil {
+		for _, v := range started {
+			_ = v.Kill()
+		}
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
