@@ -149,6 +149,7 @@ func med(x []float64) float64 {
 	sort.Float64s(s)
 	return s[len(s)/2]
 }
+
 // started are the VMs to end on a failure: qemu runs detached (its own
 // session) and would outlive this program.
 var started []*qemu.VM
