@@ -36,10 +36,11 @@ func Main() int {
 		return sshServeMain(log) // one SSH connection on stdin and stdout (sshd.go)
 	}
 	pid1 := os.Getpid() == 1
+	var boot bootTimes
 	if pid1 {
 		// The kernel starts init with no PATH.
 		_ = os.Setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-		if err := initSystem(log); err != nil {
+		if err := initSystem(log, &boot); err != nil {
 			log.Error("compute-guest: init", "error", err.Error())
 		}
 		go reapOrphans()
@@ -62,7 +63,13 @@ func Main() int {
 			time.Sleep(time.Second)
 		}
 	}
-	fmt.Fprintln(os.Stderr, "compute-guest: READY")
+	if pid1 {
+		// Where a boot went, read from the serial console (docs/benchmarks-notes.md).
+		boot.ready = uptime()
+		fmt.Fprintf(os.Stderr, "compute-guest: READY (%s)\n", boot)
+	} else {
+		fmt.Fprintln(os.Stderr, "compute-guest: READY")
+	}
 	for ctx.Err() == nil {
 		if err := a.Serve(ctx, port); err != nil {
 			log.Warn("compute-guest: port", "error", err.Error())
@@ -72,9 +79,28 @@ func Main() int {
 	return 0
 }
 
+// bootTimes are the guest's uptime (the kernel's clock since it started)
+// at the steps of a boot.
+type bootTimes struct{ init, modules, disks, ready time.Duration }
+
+func (b bootTimes) String() string {
+	ms := func(d time.Duration) int64 { return d.Milliseconds() }
+	return fmt.Sprintf("uptime ms: init %d, modules loaded %d, disks %d, ready %d", ms(b.init), ms(b.modules), ms(b.disks), ms(b.ready))
+}
+
+// uptime is the kernel's CLOCK_BOOTTIME.
+func uptime() time.Duration {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}
+
 // initSystem does what an init does before anything else: kernel
 // filesystems, modules, loopback, disks named by serial.
-func initSystem(log *slog.Logger) error {
+func initSystem(log *slog.Logger, boot *bootTimes) error {
+	boot.init = uptime()
 	for _, m := range []struct{ src, dst, fs string }{
 		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"},
 		{"tmpfs", "/run", "tmpfs"}, {"tmpfs", "/tmp", "tmpfs"},
@@ -101,6 +127,7 @@ func initSystem(log *slog.Logger) error {
 		}
 	}
 	loadModules(log)
+	boot.modules = uptime()
 	// Loopback up, as every init does: programs that talk to themselves
 	// (127.0.0.1, or the card's own address, routed through lo) need it,
 	// with a network or without.
@@ -121,6 +148,7 @@ func initSystem(log *slog.Logger) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	boot.disks = uptime()
 	return nil
 }
 

@@ -40,6 +40,24 @@ type VM struct {
 	qmpMu  sync.Mutex    // one QMP command at a time
 	exited chan struct{} // closed when a child qemu exits (nil after Attach, unless the qemu is a child: reapIfChild)
 	guest  *Guest
+
+	startedAt time.Time // qemu's exec, for StartPhases
+	// StartPhases is when Start saw each step, from qemu's exec (zero
+	// after Attach): what a slow start or restore spent its time on.
+	StartPhases StartPhases
+}
+
+// StartPhases are the steps of Start, each as the time since qemu's exec.
+type StartPhases struct {
+	Socket  time.Duration // the QMP socket file is there
+	QMP     time.Duration // QMP answered (its handshake done)
+	Loaded  time.Duration // a restore's state is in (migration completed)
+	Running time.Duration // a restored VM runs again (cont answered)
+}
+
+func (p StartPhases) String() string {
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
+	return fmt.Sprintf("socket %s qmp %s loaded %s running %s", ms(p.Socket), ms(p.QMP), ms(p.Loaded), ms(p.Running))
 }
 
 // Start starts qemu for c, detached in a session of its own so that it
@@ -75,6 +93,8 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 		return nil, fmt.Errorf("qemu: start: %w", err)
 	}
 	v := &VM{Config: c, Pid: cmd.Process.Pid, exited: make(chan struct{})}
+	execAt := time.Now()
+	v.startedAt = execAt
 	go func() { _ = cmd.Wait(); close(v.exited) }()
 	up := waitFor(StartTimeout, func() bool {
 		select {
@@ -94,6 +114,7 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 		_ = cmd.Process.Kill()
 		return nil, errors.New("qemu: no QMP socket within the start timeout")
 	}
+	v.StartPhases.Socket = time.Since(execAt)
 	// The socket file appears at bind, before qemu listens: try again
 	// for the rest of the start timeout.
 	for deadline := time.Now().Add(StartTimeout); ; {
@@ -106,6 +127,7 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 			}
 		} else {
 			err = v.connect()
+			v.StartPhases.QMP = time.Since(execAt)
 		}
 		if err == nil {
 			return v, nil
@@ -527,6 +549,7 @@ func (v *VM) incoming(ctx context.Context) error {
 		return err
 	}
 	defer q.close()
+	v.StartPhases.QMP = time.Since(v.startedAt)
 	if v.Config.MemoryFile != "" {
 		if _, err := q.run(ctx, `{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}`, nil); err != nil {
 			return err
@@ -549,6 +572,7 @@ func (v *VM) incoming(ctx context.Context) error {
 		}
 		_ = json.Unmarshal(out, &info)
 		if info.Status == "completed" {
+			v.StartPhases.Loaded = time.Since(v.startedAt)
 			break
 		}
 		if info.Status == "failed" || info.Status == "cancelled" {
@@ -571,9 +595,11 @@ func (v *VM) incoming(ctx context.Context) error {
 		_ = json.Unmarshal(out, &st)
 		switch st.Status {
 		case "running":
+			v.StartPhases.Running = time.Since(v.startedAt)
 			return nil
 		case "paused", "postmigrate", "prelaunch":
 			_, err := q.run(ctx, `{"execute":"cont"}`, nil)
+			v.StartPhases.Running = time.Since(v.startedAt)
 			return err
 		}
 		select {

@@ -1,0 +1,165 @@
+// Command vmphases boots the minimal image with internal/qemu the way the
+// qemu runtime does (microvm, TCG, 1 vCPU, 256 MiB, memory in a file) and
+// prints where a cold boot and a restore spend their time, by phase, with
+// qemu's own CPU time (utime+stime from /proc, which load disturbs least):
+//
+//	cold boot: exec -> QMP answers -> guest channel open -> first answer
+//	restore:   exec -> QMP answers, state loaded, cont -> first answer
+//
+// go run ./tools/vmphases -images .service/images -runs 5
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"computeplane/internal/guestproto"
+	"computeplane/internal/images"
+	"computeplane/internal/qemu"
+)
+
+func main() {
+	dirImages := flag.String("images", ".service/images", "image directory (images/build.sh)")
+	runs := flag.Int("runs", 5, "boots and restores of each kind")
+	extra := flag.String("cmdline", "", "appended to the image's kernel command line")
+	flag.Parse()
+	b, err := os.ReadFile(filepath.Join(*dirImages, "minimal.json"))
+	must(err)
+	var im images.Image
+	must(json.Unmarshal(b, &im))
+	work, err := os.MkdirTemp("", "vmph")
+	must(err)
+	defer os.RemoveAll(work)
+	ctx := context.Background()
+	cfg := func(id string) *qemu.Config {
+		return &qemu.Config{ID: id, Dir: filepath.Join(work, id), VCPU: 1, MemoryMiB: 256, Accel: qemu.AccelTCG,
+			Machine: qemu.MachineMicroVM, Kernel: im.Location, Initrd: im.Initrd, Cmdline: strings.TrimSpace(im.Cmdline + " " + *extra),
+			MemoryFile: filepath.Join(work, id+".mem")}
+	}
+	var boot [4][]float64 // qmp, channel, ready, cpu
+	var snapVM *qemu.VM
+	for i := 0; i < *runs; i++ {
+		c := cfg(fmt.Sprintf("b%d", i))
+		t0 := time.Now()
+		v, err := qemu.Start(ctx, c)
+		must(err)
+		started = append(started, v)
+		tq := time.Since(t0)
+		var g *qemu.Guest
+		for g == nil {
+			if g, err = v.Guest(); err != nil {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		tc := time.Since(t0)
+		cctx, cancel := context.WithTimeout(ctx, 120*time.Second)
+		_, err = g.Ready(cctx)
+		cancel()
+		must(err)
+		tr := time.Since(t0)
+		cpu := cpuOf(v.Pid)
+		fmt.Printf("boot %d: qmp %v channel %v ready %v qemu-cpu %.2fs | %s\n", i, ms(tq), ms(tc), ms(tr), cpu, readyLine(c))
+		boot[0], boot[1], boot[2], boot[3] = append(boot[0], sec(tq)), append(boot[1], sec(tc)), append(boot[2], sec(tr)), append(boot[3], cpu)
+		if i == 0 {
+			snapVM = v
+			continue
+		}
+		_ = v.Kill()
+	}
+	// A snapshot of the first VM, as the runtime takes it.
+	snap := filepath.Join(work, "snap")
+	must(os.MkdirAll(snap, 0o700))
+	must(snapVM.Pause())
+	must(snapVM.SaveState(ctx, filepath.Join(snap, "state")))
+	copyFile(snapVM.Config.MemoryFile, filepath.Join(snap, "memory"))
+	_ = snapVM.Kill()
+	var rest [3][]float64
+	for i := 0; i < *runs; i++ {
+		c := cfg(fmt.Sprintf("r%d", i))
+		c.MemoryFile, c.MemoryPrivate, c.Incoming = filepath.Join(snap, "memory"), true, filepath.Join(snap, "state")
+		t0 := time.Now()
+		v, err := qemu.Start(ctx, c)
+		must(err)
+		started = append(started, v)
+		ts := time.Since(t0)
+		g, err := v.Guest()
+		must(err)
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		_, err = g.Call(cctx, guestproto.Request{Op: guestproto.OpPing})
+		cancel()
+		must(err)
+		ta := time.Since(t0)
+		cpu := cpuOf(v.Pid)
+		fmt.Printf("restore %d: exec..cont %v first answer %v qemu-cpu %.2fs phases %s\n", i, ms(ts), ms(ta), cpu, v.StartPhases)
+		rest[0], rest[1], rest[2] = append(rest[0], sec(ts)), append(rest[1], sec(ta)), append(rest[2], cpu)
+		_ = v.Kill()
+	}
+	fmt.Printf("cold boot medians: qmp %.3fs channel %.3fs ready %.3fs qemu-cpu %.2fs\n", med(boot[0]), med(boot[1]), med(boot[2]), med(boot[3]))
+	fmt.Printf("restore medians: exec..cont %.3fs first answer %.3fs qemu-cpu %.2fs\n", med(rest[0]), med(rest[1]), med(rest[2]))
+}
+
+func readyLine(c *qemu.Config) string {
+	b, _ := os.ReadFile(c.Console())
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "compute-guest: READY") {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
+}
+
+func cpuOf(pid int) float64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b)[strings.LastIndexByte(string(b), ')')+1:])
+	u, _ := strconv.Atoi(f[11])
+	s, _ := strconv.Atoi(f[12])
+	return float64(u+s) / 100
+}
+
+func copyFile(from, to string) {
+	in, err := os.Open(from)
+	must(err)
+	defer in.Close()
+	out, err := os.Create(to)
+	must(err)
+	_, err = io.Copy(out, in)
+	must(err)
+	must(out.Close())
+}
+
+func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+func sec(d time.Duration) float64      { return d.Seconds() }
+func med(x []float64) float64 {
+	if len(x) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), x...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// started are the VMs to end on a failure: qemu runs detached (its own
+// session) and would outlive this program.
+var started []*qemu.VM
+
+func must(err error) {
+	if err != nil {
+		for _, v := range started {
+			_ = v.Kill()
+		}
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
