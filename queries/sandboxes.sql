@@ -16,22 +16,20 @@ RETURNING *;
 
 -- name: ClaimWarmInstance :one
 -- The oldest ready warm instance of a template (paused, its guest
--- checked), locked; concurrent claims skip each other's.
-SELECT * FROM instances
-WHERE kind = 'warm' AND template_id = sqlc.arg(template_id) AND desired_state = 'paused' AND state = 'paused'
-  AND reported_identity = identity_generation
-ORDER BY created_at, instance_id
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
-
--- name: BecomeSandbox :one
--- A claimed warm instance becomes the sandbox's VM: a new identity
--- generation (hostname, machine id, env) and desired running.
-UPDATE instances SET kind = 'sandbox', desired_state = 'running', name = sqlc.arg(name), hostname = sqlc.arg(hostname),
-    machine_id = sqlc.arg(machine_id), env = sqlc.arg(env), identity_generation = identity_generation + 1,
-    identity_ready_at = NULL, created_by = sqlc.arg(created_by), version = version + 1, updated_at = now()
-WHERE instance_id = sqlc.arg(instance_id)
-RETURNING *;
+-- checked), taken in one statement: concurrent claims skip each other's
+-- (SKIP LOCKED), and the one taken becomes the sandbox's VM with a new
+-- identity generation (hostname, machine id, env) and desired running.
+UPDATE instances i SET kind = 'sandbox', desired_state = 'running', name = sqlc.arg(name), hostname = sqlc.arg(hostname),
+    machine_id = sqlc.arg(machine_id), env = sqlc.arg(env), identity_generation = i.identity_generation + 1,
+    identity_ready_at = NULL, created_by = sqlc.arg(created_by), version = i.version + 1, updated_at = now()
+FROM (SELECT w.instance_id FROM instances w
+      WHERE w.kind = 'warm' AND w.template_id = sqlc.arg(template_id) AND w.desired_state = 'paused' AND w.state = 'paused'
+        AND w.reported_identity = w.identity_generation
+      ORDER BY w.created_at, w.instance_id
+      LIMIT 1
+      FOR UPDATE SKIP LOCKED) c
+WHERE i.instance_id = c.instance_id
+RETURNING i.*;
 
 -- name: WarmInstances :many
 -- A template's live warm instances, newest first.
@@ -86,11 +84,12 @@ UPDATE sandboxes SET deleted_at = now(), delete_reason = sqlc.arg(reason)
 WHERE sandbox_id = sqlc.arg(sandbox_id) AND deleted_at IS NULL
 RETURNING *;
 
--- name: SandboxReady :exec
+-- name: SandboxReady :one
 -- The sandbox of an instance whose identity just checked out is ready
--- (the first time).
+-- (the first time); no row when it is deleted.
 UPDATE sandboxes SET ready_at = coalesce(ready_at, sqlc.arg(at))
-WHERE instance_id = sqlc.arg(instance_id) AND deleted_at IS NULL;
+WHERE instance_id = sqlc.arg(instance_id) AND deleted_at IS NULL
+RETURNING *;
 
 -- name: SandboxOfInstance :one
 SELECT * FROM sandboxes WHERE instance_id = sqlc.arg(instance_id);

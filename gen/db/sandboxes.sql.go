@@ -12,98 +12,42 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const becomeSandbox = `-- name: BecomeSandbox :one
-UPDATE instances SET kind = 'sandbox', desired_state = 'running', name = $1, hostname = $2,
-    machine_id = $3, env = $4, identity_generation = identity_generation + 1,
-    identity_ready_at = NULL, created_by = $5, version = version + 1, updated_at = now()
-WHERE instance_id = $6
-RETURNING instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy
+const claimWarmInstance = `-- name: ClaimWarmInstance :one
+UPDATE instances i SET kind = 'sandbox', desired_state = 'running', name = $1, hostname = $2,
+    machine_id = $3, env = $4, identity_generation = i.identity_generation + 1,
+    identity_ready_at = NULL, created_by = $5, version = i.version + 1, updated_at = now()
+FROM (SELECT w.instance_id FROM instances w
+      WHERE w.kind = 'warm' AND w.template_id = $6 AND w.desired_state = 'paused' AND w.state = 'paused'
+        AND w.reported_identity = w.identity_generation
+      ORDER BY w.created_at, w.instance_id
+      LIMIT 1
+      FOR UPDATE SKIP LOCKED) c
+WHERE i.instance_id = c.instance_id
+RETURNING i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at, i.provider_machine, i.provider_offer, i.provider_attempts, i.provider_next_at, i.network, i.net_address, i.egress_policy
 `
 
-type BecomeSandboxParams struct {
+type ClaimWarmInstanceParams struct {
 	Name       string
 	Hostname   pgtype.Text
 	MachineID  pgtype.Text
 	Env        []byte
 	CreatedBy  string
-	InstanceID string
+	TemplateID pgtype.Text
 }
 
-// A claimed warm instance becomes the sandbox's VM: a new identity
-// generation (hostname, machine id, env) and desired running.
-func (q *Queries) BecomeSandbox(ctx context.Context, arg BecomeSandboxParams) (Instance, error) {
-	row := q.db.QueryRow(ctx, becomeSandbox,
+// The oldest ready warm instance of a template (paused, its guest
+// checked), taken in one statement: concurrent claims skip each other's
+// (SKIP LOCKED), and the one taken becomes the sandbox's VM with a new
+// identity generation (hostname, machine id, env) and desired running.
+func (q *Queries) ClaimWarmInstance(ctx context.Context, arg ClaimWarmInstanceParams) (Instance, error) {
+	row := q.db.QueryRow(ctx, claimWarmInstance,
 		arg.Name,
 		arg.Hostname,
 		arg.MachineID,
 		arg.Env,
 		arg.CreatedBy,
-		arg.InstanceID,
+		arg.TemplateID,
 	)
-	var i Instance
-	err := row.Scan(
-		&i.InstanceID,
-		&i.TenantID,
-		&i.PoolID,
-		&i.NodeID,
-		&i.BookingID,
-		&i.Flavor,
-		&i.ImageID,
-		&i.Boot,
-		&i.Name,
-		&i.UserData,
-		&i.Vcpu,
-		&i.MemoryMib,
-		&i.DiskGib,
-		&i.DesiredState,
-		&i.State,
-		&i.Error,
-		&i.Reboots,
-		&i.Version,
-		&i.CreatedBy,
-		&i.IdemRequest,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.ReadyAt,
-		&i.DeletedAt,
-		&i.ReservationID,
-		&i.ReservationBookingID,
-		&i.Kind,
-		&i.TemplateID,
-		&i.Hostname,
-		&i.MachineID,
-		&i.Env,
-		&i.IdentityGeneration,
-		&i.ReportedIdentity,
-		&i.MemoryFile,
-		&i.RestoreSnapshot,
-		&i.Volumes,
-		&i.HostTimings,
-		&i.IdentityReadyAt,
-		&i.ProviderMachine,
-		&i.ProviderOffer,
-		&i.ProviderAttempts,
-		&i.ProviderNextAt,
-		&i.Network,
-		&i.NetAddress,
-		&i.EgressPolicy,
-	)
-	return i, err
-}
-
-const claimWarmInstance = `-- name: ClaimWarmInstance :one
-SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances
-WHERE kind = 'warm' AND template_id = $1 AND desired_state = 'paused' AND state = 'paused'
-  AND reported_identity = identity_generation
-ORDER BY created_at, instance_id
-LIMIT 1
-FOR UPDATE SKIP LOCKED
-`
-
-// The oldest ready warm instance of a template (paused, its guest
-// checked), locked; concurrent claims skip each other's.
-func (q *Queries) ClaimWarmInstance(ctx context.Context, templateID pgtype.Text) (Instance, error) {
-	row := q.db.QueryRow(ctx, claimWarmInstance, templateID)
 	var i Instance
 	err := row.Scan(
 		&i.InstanceID,
@@ -1069,9 +1013,10 @@ func (q *Queries) SandboxOfInstance(ctx context.Context, instanceID string) (San
 	return i, err
 }
 
-const sandboxReady = `-- name: SandboxReady :exec
+const sandboxReady = `-- name: SandboxReady :one
 UPDATE sandboxes SET ready_at = coalesce(ready_at, $1)
 WHERE instance_id = $2 AND deleted_at IS NULL
+RETURNING sandbox_id, tenant_id, template_id, from_snapshot, instance_id, pool_id, node_id, how, max_ttl_seconds, expires_at, created_by, idem_request, created_at, placed_at, ready_at, deleted_at, delete_reason
 `
 
 type SandboxReadyParams struct {
@@ -1080,10 +1025,30 @@ type SandboxReadyParams struct {
 }
 
 // The sandbox of an instance whose identity just checked out is ready
-// (the first time).
-func (q *Queries) SandboxReady(ctx context.Context, arg SandboxReadyParams) error {
-	_, err := q.db.Exec(ctx, sandboxReady, arg.At, arg.InstanceID)
-	return err
+// (the first time); no row when it is deleted.
+func (q *Queries) SandboxReady(ctx context.Context, arg SandboxReadyParams) (Sandbox, error) {
+	row := q.db.QueryRow(ctx, sandboxReady, arg.At, arg.InstanceID)
+	var i Sandbox
+	err := row.Scan(
+		&i.SandboxID,
+		&i.TenantID,
+		&i.TemplateID,
+		&i.FromSnapshot,
+		&i.InstanceID,
+		&i.PoolID,
+		&i.NodeID,
+		&i.How,
+		&i.MaxTtlSeconds,
+		&i.ExpiresAt,
+		&i.CreatedBy,
+		&i.IdemRequest,
+		&i.CreatedAt,
+		&i.PlacedAt,
+		&i.ReadyAt,
+		&i.DeletedAt,
+		&i.DeleteReason,
+	)
+	return i, err
 }
 
 const setSandboxExpiry = `-- name: SetSandboxExpiry :one

@@ -31,6 +31,7 @@ import (
 	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/pki"
+	"computeplane/internal/store"
 	"computeplane/internal/uow"
 )
 
@@ -455,6 +456,10 @@ func (s *session) handle(b []byte) bool {
 	return true
 }
 
+// errStaleSession ends a status's transaction when the node's session is
+// no longer this one.
+var errStaleSession = errors.New("gateway: the node's session is no longer this one")
+
 // status writes a status that differs from the last one; a heartbeat that
 // repeats it only counts as heard (written in batches by touch).
 func (s *session) status(st *agentproto.Status) {
@@ -479,22 +484,33 @@ func (s *session) status(st *agentproto.Status) {
 	// One unit of work: the registry names what its changes wake.
 	events := false
 	u, err := uow.Run(ctx, s.g.o.Store, false, func(ctx context.Context, u *uow.Unit) error {
-		tx := u.Tx
-		n, err := db.New(tx).ReportStatus(ctx, db.ReportStatusParams{
-			ObservedGeneration: st.ObservedGeneration, ApplyError: pgtype.Text{String: st.ApplyError, Valid: st.ApplyError != ""},
-			InstanceStatus:         instances,
-			VolumeAvailableBytes:   pgtype.Int8{Int64: st.VolumeStore.AvailableBytes, Valid: true},
-			VolumeReservedBytes:    pgtype.Int8{Int64: st.VolumeStore.ReservedBytes, Valid: true},
-			VolumeOutstandingBytes: pgtype.Int8{Int64: st.VolumeStore.OutstandingBytes, Valid: true},
-			Inventory:              inv, NodeID: s.nodeID, GatewayID: pgtype.Text{String: s.g.id, Valid: true}, SessionEpoch: s.epoch,
+		// The node's row and its instances' rows in one round trip (with
+		// BEGIN); a session that is no longer this one rolls them back.
+		var p store.Pipeline
+		var n int64
+		var err error
+		p.Queue(func(q *db.Queries) {
+			n, err = q.ReportStatus(ctx, db.ReportStatusParams{
+				ObservedGeneration: st.ObservedGeneration, ApplyError: pgtype.Text{String: st.ApplyError, Valid: st.ApplyError != ""},
+				InstanceStatus:         instances,
+				VolumeAvailableBytes:   pgtype.Int8{Int64: st.VolumeStore.AvailableBytes, Valid: true},
+				VolumeReservedBytes:    pgtype.Int8{Int64: st.VolumeStore.ReservedBytes, Valid: true},
+				VolumeOutstandingBytes: pgtype.Int8{Int64: st.VolumeStore.OutstandingBytes, Valid: true},
+				Inventory:              inv, NodeID: s.nodeID, GatewayID: pgtype.Text{String: s.g.id, Valid: true}, SessionEpoch: s.epoch,
+			})
 		})
-		if err != nil || n == 0 {
-			return err // n == 0: the session is no longer this one
-		}
-		events, err = s.g.o.Work.ApplyStatus(ctx, tx, s.nodeID, st)
-		return err
+		var aerr error
+		events, aerr = s.g.o.Work.ApplyStatusAfter(ctx, u.Tx, s.nodeID, st, &p, func() error {
+			if err == nil && n == 0 {
+				return errStaleSession
+			}
+			return err
+		})
+		return aerr
 	})
-	if err == nil {
+	if errors.Is(err, errStaleSession) {
+		err, events = nil, false // nothing written: the session is no longer this one
+	} else if err == nil {
 		s.g.o.Notifier.WakeUnit(u)
 	}
 	if events {

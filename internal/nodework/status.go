@@ -15,6 +15,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/notify"
+	"computeplane/internal/store"
 	"computeplane/internal/usage"
 )
 
@@ -71,10 +72,19 @@ func (g *Registry) RegisterVolumes(h VolumesHandler) {
 // the volume handlers; the VMs' egress counters are metered
 // (usage.MeterEgress). It reports whether a handler wrote events.
 func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error) {
-	q := db.New(tx)
+	return g.ApplyStatusAfter(ctx, tx, node, st, &store.Pipeline{}, nil)
+}
+
+// ApplyStatusAfter is ApplyStatus with the rows' updates (and the
+// instances gone) sent in one round trip after the statements p holds
+// (the gateway's node row update, and BEGIN); checked, when set, runs once
+// they answered and an error from it ends the status there (the
+// transaction rolls back). A status that moves nothing else costs that
+// round trip and the commit.
+func (g *Registry) ApplyStatusAfter(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status, p *store.Pipeline, checked func() error) (bool, error) {
 	nodeID := pgtype.Text{String: node, Valid: true}
 	ids := make([]string, 0, len(st.Instances))
-	p := db.ReportInstancesParams{NodeID: nodeID}
+	rp := db.ReportInstancesParams{NodeID: nodeID}
 	known := map[string]agentproto.InstanceStatus{}
 	counts := make([]usage.EgressCount, 0, len(st.Instances))
 	for _, in := range st.Instances {
@@ -90,15 +100,28 @@ func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *
 			timings, _ = json.Marshal(in.Timings)
 		}
 		known[in.ID] = in
-		p.InstanceIds, p.States, p.Errors = append(p.InstanceIds, in.ID), append(p.States, in.State), append(p.Errors, in.Error)
-		p.ReportedIdentities, p.HostTimings = append(p.ReportedIdentities, in.Identity), append(p.HostTimings, string(timings))
+		rp.InstanceIds, rp.States, rp.Errors = append(rp.InstanceIds, in.ID), append(rp.States, in.State), append(rp.Errors, in.Error)
+		rp.ReportedIdentities, rp.HostTimings = append(rp.ReportedIdentities, in.Identity), append(rp.HostTimings, string(timings))
 	}
-	changed, err := q.ReportInstances(ctx, p)
+	// The instances the daemon no longer reports are other rows than the
+	// ones it reports: both updates go in one round trip.
+	var changed []db.Instance
+	var err, goneErr error
+	p.Queue(func(q *db.Queries) { changed, err = q.ReportInstances(ctx, rp) })
+	p.Queue(func(q *db.Queries) {
+		_, goneErr = q.GoneInstances(ctx, db.GoneInstancesParams{NodeID: nodeID, Reported: ids})
+	})
+	if serr := p.Send(ctx, tx); err == nil {
+		err = cmp.Or(goneErr, serr)
+	}
+	if err == nil && checked != nil {
+		err = checked()
+	}
 	if err != nil {
 		return false, err
 	}
 	slices.SortFunc(changed, func(a, b db.Instance) int {
-		return cmp.Compare(slices.Index(p.InstanceIds, a.InstanceID), slices.Index(p.InstanceIds, b.InstanceID))
+		return cmp.Compare(slices.Index(rp.InstanceIds, a.InstanceID), slices.Index(rp.InstanceIds, b.InstanceID))
 	})
 	g.mu.RLock()
 	defer g.mu.RUnlock()
@@ -114,9 +137,6 @@ func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *
 			return false, err
 		}
 		events = events || wrote
-	}
-	if _, err := q.GoneInstances(ctx, db.GoneInstancesParams{NodeID: nodeID, Reported: ids}); err != nil {
-		return false, err
 	}
 	now := time.Now
 	if g.Now != nil {

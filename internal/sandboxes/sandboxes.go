@@ -310,11 +310,13 @@ func (a *admission) claimWarm(ctx context.Context) (bool, error) {
 		return false, nil // a template with volumes keeps no warm pool
 	}
 	// The template's pool and flavor travel with the claim: a cold start
-	// needs them next.
-	var w db.Instance
+	// needs them next. The claim is one statement: the VM found, locked
+	// and given the sandbox's identity.
 	var err error
 	a.p.Queue(func(q *db.Queries) {
-		w, err = q.ClaimWarmInstance(ctx, pgtype.Text{String: a.tmpl.TemplateID, Valid: true})
+		a.vm, err = q.ClaimWarmInstance(ctx, db.ClaimWarmInstanceParams{TemplateID: pgtype.Text{String: a.tmpl.TemplateID, Valid: true},
+			Name: a.hostname, Hostname: pgtype.Text{String: a.hostname, Valid: true}, MachineID: pgtype.Text{String: a.machineID, Valid: true},
+			Env: a.env, CreatedBy: a.caller})
 	})
 	a.flavor = flavors.QueueInPool(ctx, &a.p, a.tmpl.TenantID, a.tmpl.PoolID, a.tmpl.Flavor)
 	if perr := a.p.Send(ctx, a.tx); perr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
@@ -323,12 +325,6 @@ func (a *admission) claimWarm(ctx context.Context) (bool, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
-	if err != nil {
-		return false, err
-	}
-	a.vm, err = a.q.BecomeSandbox(ctx, db.BecomeSandboxParams{InstanceID: w.InstanceID, Name: a.hostname,
-		Hostname: pgtype.Text{String: a.hostname, Valid: true}, MachineID: pgtype.Text{String: a.machineID, Valid: true},
-		Env: a.env, CreatedBy: a.caller})
 	if err != nil {
 		return false, err
 	}
@@ -530,6 +526,11 @@ func state(r db.Sandbox, vm db.Instance) string {
 func ms(d time.Duration) int64 { return max(d.Milliseconds(), 0) }
 
 func output(ctx context.Context, q *db.Queries, r db.Sandbox, vm db.Instance) (*api.Sandbox, error) {
+	if len(vm.Volumes) == 0 {
+		// A sandbox attaches volumes only with a VM that mounts them
+		// (place): no read for the others (a wait re-reads often).
+		return outputWith(r, vm, nil), nil
+	}
 	atts, err := q.SandboxAttachments(ctx, r.SandboxID)
 	if err != nil {
 		return nil, err

@@ -40,6 +40,7 @@ func main() {
 	imagesDir := flag.String("images", ".service/images", "the image source with computeplane/minimal (make images)")
 	out := flag.String("out", "docs/benchmarks.md", "the benchmarks page")
 	notes := flag.String("notes", "docs/benchmarks-notes.md", "the notes page make bench appends")
+	only := flag.String("only", "", "run only this kind: warm, restore or cold (while iterating; the report then has that kind's rows only)")
 	flag.Parse()
 	ctx := context.Background()
 	if _, err := (&images.Dir{Path: *imagesDir}).Get(ctx, "computeplane/minimal"); err != nil {
@@ -124,15 +125,15 @@ func main() {
 	for r := 0; r < *rounds; r++ {
 		warm, restore, cold := &series{name: "warm claim"}, &series{name: "restore"}, &series{name: "cold boot"}
 		bare := &series{name: "bare qemu boot (baseline)"}
-		for i := 0; i < *runs; i++ {
+		for i := 0; i < *runs && (*only == "" || *only == "warm"); i++ {
 			settled(wt, 2)
 			remove(create(client.SandboxesCreateInput{TemplateId: client.NewOptString(wt)}, warm).SandboxId)
 		}
-		for i := 0; i < *runs; i++ {
+		for i := 0; i < *runs && (*only == "" || *only == "restore"); i++ {
 			settled(ct, 0)
 			remove(create(client.SandboxesCreateInput{FromSnapshot: client.NewOptString(snap.Data.SnapshotId)}, restore).SandboxId)
 		}
-		for i := 0; i < *runs; i++ {
+		for i := 0; i < *runs && (*only == "" || *only == "cold"); i++ {
 			settled(ct, 0)
 			// The same image booted by qemu alone, in the same run and
 			// on the same host: the cold boot's baseline.
@@ -176,6 +177,9 @@ status written, the wait noticing it).
 	for k := range all[0] {
 		for r, round := range all {
 			s := round[k]
+			if len(s.total) == 0 {
+				continue // not run (-only)
+			}
 			if s.control == nil {
 				fmt.Fprintf(&b, "| %s | %d | %s | %s | | | | |\n", s.name, r+1, benchkit.Pct(s.total, 50), benchkit.Pct(s.total, 99))
 				continue
@@ -187,6 +191,9 @@ status written, the wait noticing it).
 	worst := func(k int, pick func(*series) []time.Duration) time.Duration {
 		var w time.Duration
 		for _, round := range all {
+			if len(pick(round[k])) == 0 {
+				continue
+			}
 			w = max(w, benchkit.Quantile(pick(round[k]), 99))
 		}
 		return w

@@ -1,6 +1,7 @@
 package vmruntime
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -93,6 +94,9 @@ type vmState struct {
 	// port its card; nil while none is.
 	wired *network.VM
 	port  network.Port
+	// saved is the spec as instance.json holds it: a spec that repeats it
+	// (every instance's, at each spec of the node) writes nothing.
+	saved []byte
 }
 
 // NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
@@ -401,12 +405,14 @@ func (r *QEMU) converge(ctx context.Context, id string, vs agentproto.InstanceSp
 		r.vms[id] = st
 	}
 	st.spec = vs
-	if err := os.MkdirAll(r.vmDir(id), 0o700); err != nil {
-		return err
-	}
-	b, _ := json.Marshal(vs)
-	if err := os.WriteFile(filepath.Join(r.vmDir(id), "instance.json"), b, 0o600); err != nil {
-		return err
+	if b, _ := json.Marshal(vs); !bytes.Equal(b, st.saved) {
+		if err := os.MkdirAll(r.vmDir(id), 0o700); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(r.vmDir(id), "instance.json"), b, 0o600); err != nil {
+			return err
+		}
+		st.saved = b
 	}
 	alive := st.vm != nil && st.vm.Alive()
 	// A live VM's network follows the spec: a policy change at once, a
