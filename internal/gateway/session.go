@@ -500,7 +500,7 @@ func (s *session) status(st *agentproto.Status) {
 			})
 		})
 		var aerr error
-		events, aerr = s.g.o.Work.ApplyStatusAfter(ctx, u.Tx, s.nodeID, st, &p, func() error {
+		events, aerr = s.g.o.Work.ApplyStatus(ctx, u.Tx, s.nodeID, st, &p, func() error {
 			if err == nil && n == 0 {
 				return errStaleSession
 			}

@@ -71,17 +71,16 @@ func (g *Registry) RegisterVolumes(h VolumesHandler) {
 // in the order of the report so events come out in a stable order, then
 // the volume handlers; the VMs' egress counters are metered
 // (usage.MeterEgress). It reports whether a handler wrote events.
-func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status) (bool, error) {
-	return g.ApplyStatusAfter(ctx, tx, node, st, &store.Pipeline{}, nil)
-}
-
-// ApplyStatusAfter is ApplyStatus with the rows' updates (and the
-// instances gone) sent in one round trip after the statements p holds
-// (the gateway's node row update, and BEGIN); checked, when set, runs once
-// they answered and an error from it ends the status there (the
-// transaction rolls back). A status that moves nothing else costs that
-// round trip and the commit.
-func (g *Registry) ApplyStatusAfter(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status, p *store.Pipeline, checked func() error) (bool, error) {
+//
+// The rows' updates go in one round trip after the statements p holds
+// (nil: none; the gateway queues its node row update there, which BEGIN
+// joins); checked, when set, runs once they answered and an error from it
+// ends the status there (the transaction rolls back). A status that moves
+// nothing else costs that round trip and the commit.
+func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *agentproto.Status, p *store.Pipeline, checked func() error) (bool, error) {
+	if p == nil {
+		p = &store.Pipeline{}
+	}
 	nodeID := pgtype.Text{String: node, Valid: true}
 	ids := make([]string, 0, len(st.Instances))
 	rp := db.ReportInstancesParams{NodeID: nodeID}

@@ -91,7 +91,7 @@ func TestStatusesMeterEgress(t *testing.T) {
 	reg := &nodework.Registry{Now: func() time.Time { return now }}
 	status := func(instances ...agentproto.InstanceStatus) {
 		inTx(t, st, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := reg.ApplyStatus(ctx, tx, "n1", &agentproto.Status{Instances: instances})
+			_, err := reg.ApplyStatus(ctx, tx, "n1", &agentproto.Status{Instances: instances}, nil, nil)
 			return err
 		})
 	}
