@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -25,6 +24,7 @@ import (
 	"computeplane/internal/guestproto"
 	"computeplane/internal/images"
 	"computeplane/internal/qemu"
+	"computeplane/tools/benchkit"
 )
 
 func main() {
@@ -32,18 +32,16 @@ func main() {
 	runs := flag.Int("runs", 5, "boots and restores of each kind")
 	extra := flag.String("cmdline", "", "appended to the image's kernel command line")
 	flag.Parse()
-	b, err := os.ReadFile(filepath.Join(*dirImages, "minimal.json"))
+	ctx := context.Background()
+	im, err := (&images.Dir{Path: *dirImages}).Get(ctx, "computeplane/minimal")
 	must(err)
-	var im images.Image
-	must(json.Unmarshal(b, &im))
 	work, err := os.MkdirTemp("", "vmph")
 	must(err)
 	defer os.RemoveAll(work)
-	ctx := context.Background()
 	cfg := func(id string) *qemu.Config {
-		return &qemu.Config{ID: id, Dir: filepath.Join(work, id), VCPU: 1, MemoryMiB: 256, Accel: qemu.AccelTCG,
-			Machine: qemu.MachineMicroVM, Kernel: im.Location, Initrd: im.Initrd, Cmdline: strings.TrimSpace(im.Cmdline + " " + *extra),
-			MemoryFile: filepath.Join(work, id+".mem")}
+		c := benchkit.RuntimeMachine(id, filepath.Join(work, id), im, *extra)
+		c.MemoryFile = filepath.Join(work, id+".mem")
+		return c
 	}
 	var boot [4][]float64 // qmp, channel, ready, cpu
 	var snapVM *qemu.VM
@@ -54,14 +52,10 @@ func main() {
 		must(err)
 		started = append(started, v)
 		tq := time.Since(t0)
-		var g *qemu.Guest
-		for g == nil {
-			if g, err = v.Guest(); err != nil {
-				time.Sleep(5 * time.Millisecond)
-			}
-		}
-		tc := time.Since(t0)
 		cctx, cancel := context.WithTimeout(ctx, 120*time.Second)
+		g, err := benchkit.GuestChannel(cctx, v)
+		must(err)
+		tc := time.Since(t0)
 		_, err = g.Ready(cctx)
 		cancel()
 		must(err)
