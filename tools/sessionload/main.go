@@ -452,16 +452,11 @@ func startGateway(bin string, env []string, logPath string, port int) *exec.Cmd 
 
 var rssRe = regexp.MustCompile(`VmRSS:\s+(\d+) kB`)
 
-// cpuTime is a process's user and system CPU time (/proc/<pid>/stat).
+// cpuTime is a process's user and system CPU time.
 func cpuTime(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := benchkit.ProcessCPU(pid)
 	check(err)
-	// The fields after the command's closing parenthesis: state is the
-	// first, utime the 12th, stime the 13th.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+st) * time.Second / 100 // USER_HZ
+	return d
 }
 
 func rssKiB(pid int) int64 {

@@ -17,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -111,17 +110,11 @@ func readyLine(c *qemu.Config) string {
 	return ""
 }
 
+// cpuOf is qemu's CPU time in seconds (0 once it is gone).
 func cpuOf(pid int) float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b)[strings.LastIndexByte(string(b), ')')+1:])
-	u, _ := strconv.Atoi(f[11])
-	s, _ := strconv.Atoi(f[12])
-	return float64(u+s) / 100
+	d, _ := benchkit.ProcessCPU(pid)
+	return d.Seconds()
 }
-
 func copyFile(from, to string) {
 	in, err := os.Open(from)
 	must(err)
