@@ -81,7 +81,10 @@ func (l *listener) close() {
 // handle runs the handshake and the upgrade request, then the session.
 func (l *listener) handle(raw net.Conn) {
 	l.track(raw, true)
-	tc := tls.Server(raw, l.tls)
+	// crypto/tls reads one record at a time from recordConn, and the
+	// upgrade and frames are read through plainConn: together they tell
+	// an idle session when it may wait on the socket (idle.go).
+	tc := tls.Server(&recordConn{Conn: raw}, l.tls)
 	_ = raw.SetDeadline(time.Now().Add(HandshakeTimeout))
 	ctx, cancel := context.WithTimeout(l.g.ctx, HandshakeTimeout)
 	err := tc.HandshakeContext(ctx)
@@ -91,7 +94,8 @@ func (l *listener) handle(raw net.Conn) {
 		_ = raw.Close()
 		return
 	}
-	br := bufio.NewReaderSize(tc, upgradeReadBuffer)
+	plain := &plainConn{Conn: tc}
+	br := bufio.NewReaderSize(plain, upgradeReadBuffer)
 	req, err := http.ReadRequest(br)
 	l.track(raw, false)
 	if err != nil {
@@ -103,11 +107,11 @@ func (l *listener) handle(raw net.Conn) {
 	req.RemoteAddr = raw.RemoteAddr().String()
 	req = req.WithContext(l.g.ctx)
 	_ = raw.SetDeadline(time.Time{})
-	w := &upgradeWriter{conn: tc, br: br, header: http.Header{}}
+	w := &upgradeWriter{conn: plain, br: br, header: http.Header{}}
 	if req.URL.Path != agentproto.SessionPath {
 		http.Error(w, "not found", http.StatusNotFound)
 	} else {
-		l.g.serveMTLS(w, req)
+		l.g.serveMTLS(w, req, newIdleWait(raw, plain, br))
 	}
 	if !w.hijacked {
 		_ = tc.Close()

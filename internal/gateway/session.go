@@ -58,11 +58,16 @@ type session struct {
 
 	statusMu   sync.Mutex
 	lastStatus uint64 // FNV-1a of the last status written: a session keeps 8 bytes, not the status
+
+	// idle lets the reader wait for the next message on the socket, at a
+	// shallow stack depth (idle.go); nil on the fallback.
+	idle *idleWait
 }
 
 // serveMTLS upgrades a mutual-TLS connection whose certificate the
-// handshake verified.
-func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request) {
+// handshake verified. idle, when not nil, lets the idle session wait on
+// its socket.
+func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request, idle *idleWait) {
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 		http.Error(w, "a client certificate is required", http.StatusUnauthorized)
 		return
@@ -96,6 +101,7 @@ func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request) {
 		g.handlers.Done()
 		return
 	}
+	s.idle = idle
 	go func() {
 		defer g.handlers.Done()
 		g.serve(s)
@@ -392,6 +398,9 @@ func (s *session) sendSpec(gen int64, body []byte) {
 // end closes the session once, first sending m when it has a type.
 func (s *session) end(m agentproto.Message) {
 	s.endOnce.Do(func() {
+		if s.idle != nil {
+			s.idle.close() // the close handshake reads from here on
+		}
 		if m.Type != "" {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_ = writeMsg(ctx, s.conn, m)
@@ -406,23 +415,56 @@ func (s *session) end(m agentproto.Message) {
 }
 
 func (s *session) readLoop() {
+	if s.idle == nil {
+		for s.readMessage(true) {
+		}
+		return
+	}
+	// Between bursts the reader waits on the socket at this shallow depth;
+	// a burst (the deep frame read, the decoding, the database) runs on a
+	// short-lived goroutine and lasts while messages are buffered.
 	for {
-		// A binary message is a tunnel stream's bytes, fed to the
-		// streams (only from a daemon that offered them). A context that is
-		// never done: the read ends when end closes the connection, and an
-		// idle session keeps no cancellation hook.
-		typ, b, err := tunnel.ReadMessage(context.Background(), s.conn, s.mux)
-		if err != nil {
+		if s.idle.quiet() && !s.idle.wait() {
 			return
 		}
-		if typ == websocket.MessageBinary {
-			s.lastSeen.Store(s.g.o.Now().UnixNano())
-			continue
-		}
-		if !onFreshStack(func() bool { return s.handle(b) }) {
+		if !onFreshStack(s.readBurst) {
 			return
 		}
 	}
+}
+
+// readBurst reads and handles messages until none is buffered above the
+// socket; false ends the session.
+func (s *session) readBurst() bool {
+	for {
+		if !s.readMessage(false) {
+			return false
+		}
+		if s.idle.quiet() {
+			return true
+		}
+	}
+}
+
+// readMessage reads one message and handles it (on a fresh stack when
+// fresh); false ends the session.
+func (s *session) readMessage(fresh bool) bool {
+	// A binary message is a tunnel stream's bytes, fed to the streams
+	// (only from a daemon that offered them). A context that is never
+	// done: the read ends when end closes the connection, and an idle
+	// session keeps no cancellation hook.
+	typ, b, err := tunnel.ReadMessage(context.Background(), s.conn, s.mux)
+	if err != nil {
+		return false
+	}
+	if typ == websocket.MessageBinary {
+		s.lastSeen.Store(s.g.o.Now().UnixNano())
+		return true
+	}
+	if fresh {
+		return onFreshStack(func() bool { return s.handle(b) })
+	}
+	return s.handle(b)
 }
 
 // onFreshStack runs fn on a goroutine of its own and waits for it: the

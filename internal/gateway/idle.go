@@ -1,0 +1,140 @@
+package gateway
+
+import (
+	"bufio"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+)
+
+// An idle mutual-TLS session waits for its next message at a shallow
+// stack depth, on the TCP socket itself, instead of inside the frame read
+// (coder/websocket's frame header read, inside crypto/tls's record read,
+// about 5 KiB deep). The session's one long-lived goroutine then stays at
+// the runtime's initial 2 KiB stack instead of 8 KiB; each burst of
+// messages is read and handled on a short-lived goroutine whose grown stack
+// goes back to the runtime when it exits.
+//
+// Waiting on the socket is only correct when no layer above it holds bytes
+// of a message already received:
+//   - recordConn, under crypto/tls, never hands it bytes beyond the TLS
+//     record it is reading, so crypto/tls holds no raw bytes between
+//     records (its record read consumes the whole record);
+//   - plainConn, over crypto/tls, notes whether crypto/tls's last Read
+//     returned less than asked for, which says crypto/tls holds no
+//     decrypted bytes of that record (its Read copies all it has, up to the
+//     caller's buffer); when it filled the buffer exactly, that is unknown
+//     and the session reads on as before;
+//   - the upgrade's bufio.Reader, which coder/websocket reads frames
+//     through, has nothing buffered.
+// Between messages coder/websocket keeps no bytes of its own (it reads a
+// message to its end, and no compression is negotiated).
+
+// tlsRecordHeader is a TLS record's header: type, version, length.
+const tlsRecordHeader = 5
+
+// recordConn is the raw connection under crypto/tls: a Read never goes
+// past the end of the current TLS record.
+type recordConn struct {
+	net.Conn
+	header [tlsRecordHeader]byte
+	got    int // bytes of the current header read
+	left   int // bytes of the current record's body still to read
+}
+
+func (c *recordConn) Read(b []byte) (int, error) {
+	if c.left == 0 {
+		// The next record's header, alone: its length bounds the reads
+		// that follow.
+		n, err := c.Conn.Read(b[:min(len(b), tlsRecordHeader-c.got)])
+		copy(c.header[c.got:], b[:n])
+		c.got += n
+		if c.got == tlsRecordHeader {
+			c.got = 0
+			c.left = int(c.header[3])<<8 | int(c.header[4])
+		}
+		return n, err
+	}
+	n, err := c.Conn.Read(b[:min(len(b), c.left)])
+	c.left -= n
+	return n, err
+}
+
+// plainConn is crypto/tls's connection as the upgrade and coder/websocket
+// read it; drained says crypto/tls's last Read left none of its record's
+// plaintext unread.
+type plainConn struct {
+	net.Conn
+	drained atomic.Bool
+}
+
+func (c *plainConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.drained.Store(n < len(b) || err != nil)
+	return n, err
+}
+
+// idleWait is what a session needs to wait on its socket.
+type idleWait struct {
+	raw   syscall.RawConn
+	plain *plainConn
+	br    *bufio.Reader // the upgrade's reader, which coder/websocket reads through
+
+	mu      sync.Mutex
+	closing bool // the session is ending: its close handshake may read now
+}
+
+// newIdleWait answers nil when raw is no socket (then the session waits
+// inside the frame read, as the fallback's do).
+func newIdleWait(raw net.Conn, plain *plainConn, br *bufio.Reader) *idleWait {
+	sc, ok := raw.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return &idleWait{raw: rc, plain: plain, br: br}
+}
+
+// quiet says that no layer above the socket holds received bytes. The
+// caller reads no more (its burst is over) and nobody else reads unless
+// the session is closing, in which case quiet says false and wait ends.
+func (w *idleWait) quiet() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.closing && w.plain.drained.Load() && w.br.Buffered() == 0
+}
+
+// wait returns when the socket has bytes (or has ended, or was closed); it
+// answers false when the session is closing. Called only after quiet.
+func (w *idleWait) wait() bool {
+	// An error (closed, a deadline) is for the frame read to report.
+	_ = w.raw.Read(readable)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.closing
+}
+
+// close marks the session as ending, before its connection's close
+// handshake reads from it.
+func (w *idleWait) close() {
+	w.mu.Lock()
+	w.closing = true
+	w.mu.Unlock()
+}
+
+// readable peeks at the socket without taking a byte: true when it has
+// data, has ended or has failed (the frame read finds out which); false
+// makes the runtime wait until the poller says readable, then ask again.
+// The peek is needed because the runtime clears the socket's readiness
+// before the first call.
+func readable(fd uintptr) bool {
+	var b [1]byte
+	_, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	return errno != syscall.EAGAIN
+}
