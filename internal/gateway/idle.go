@@ -22,11 +22,13 @@ import (
 //   - recordConn, under crypto/tls, never hands it bytes beyond the TLS
 //     record it is reading, so crypto/tls holds no raw bytes between
 //     records (its record read consumes the whole record);
-//   - plainConn, over crypto/tls, notes whether crypto/tls's last Read
-//     returned less than asked for, which says crypto/tls holds no
-//     decrypted bytes of that record (its Read copies all it has, up to the
-//     caller's buffer); when it filled the buffer exactly, that is unknown
-//     and the session reads on as before;
+//   - plainConn, over crypto/tls, knows when crypto/tls holds no decrypted
+//     bytes of the record it read: its last Read returned less than asked
+//     for (crypto/tls's Read copies all it has, up to the caller's buffer),
+//     or the plaintext returned since that record came reaches the record's
+//     length less TLS 1.3's least overhead (a 16-byte tag and the content
+//     type byte; a longer overhead, padding or a record crypto/tls keeps for
+//     itself only make it wait inside the frame read, as before);
 //   - the upgrade's bufio.Reader, which coder/websocket reads frames
 //     through, has nothing buffered.
 // Between messages coder/websocket keeps no bytes of its own (it reads a
@@ -39,9 +41,11 @@ const tlsRecordHeader = 5
 // past the end of the current TLS record.
 type recordConn struct {
 	net.Conn
-	header [tlsRecordHeader]byte
-	got    int // bytes of the current header read
-	left   int // bytes of the current record's body still to read
+	header  [tlsRecordHeader]byte
+	got     int // bytes of the current header read
+	left    int // bytes of the current record's body still to read
+	records int // headers read: which record is the current one
+	length  int // the current record's body length
 }
 
 func (c *recordConn) Read(b []byte) (int, error) {
@@ -54,6 +58,8 @@ func (c *recordConn) Read(b []byte) (int, error) {
 		if c.got == tlsRecordHeader {
 			c.got = 0
 			c.left = int(c.header[3])<<8 | int(c.header[4])
+			c.records++
+			c.length = c.left
 		}
 		return n, err
 	}
@@ -62,17 +68,29 @@ func (c *recordConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// tls13Overhead is the least a TLS 1.3 record adds to its plaintext: the
+// AEAD tag (16 bytes for every suite crypto/tls offers) and the inner
+// content type.
+const tls13Overhead = 16 + 1
+
 // plainConn is crypto/tls's connection as the upgrade and coder/websocket
 // read it; drained says crypto/tls's last Read left none of its record's
 // plaintext unread.
 type plainConn struct {
 	net.Conn
-	drained atomic.Bool
+	rec      *recordConn // under crypto/tls: read by it within this Read, on this goroutine
+	seen     int         // rec.records at the last Read
+	consumed int         // plaintext returned since that record came
+	drained  atomic.Bool
 }
 
 func (c *plainConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	c.drained.Store(n < len(b) || err != nil)
+	if c.rec.records != c.seen {
+		c.seen, c.consumed = c.rec.records, 0
+	}
+	c.consumed += n
+	c.drained.Store(n < len(b) || err != nil || c.consumed >= c.rec.length-tls13Overhead)
 	return n, err
 }
 

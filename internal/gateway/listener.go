@@ -84,7 +84,8 @@ func (l *listener) handle(raw net.Conn) {
 	// crypto/tls reads one record at a time from recordConn, and the
 	// upgrade and frames are read through plainConn: together they tell
 	// an idle session when it may wait on the socket (idle.go).
-	tc := tls.Server(&recordConn{Conn: raw}, l.tls)
+	rec := &recordConn{Conn: raw}
+	tc := tls.Server(rec, l.tls)
 	_ = raw.SetDeadline(time.Now().Add(HandshakeTimeout))
 	ctx, cancel := context.WithTimeout(l.g.ctx, HandshakeTimeout)
 	err := tc.HandshakeContext(ctx)
@@ -94,7 +95,7 @@ func (l *listener) handle(raw net.Conn) {
 		_ = raw.Close()
 		return
 	}
-	plain := &plainConn{Conn: tc}
+	plain := &plainConn{Conn: tc, rec: rec}
 	br := bufio.NewReaderSize(plain, upgradeReadBuffer)
 	req, err := http.ReadRequest(br)
 	l.track(raw, false)
