@@ -130,8 +130,18 @@ func (w *idleWait) quiet() bool {
 // wait returns when the socket has bytes (or has ended, or was closed); it
 // answers false when the session is closing. Called only after quiet.
 func (w *idleWait) wait() bool {
-	// An error (closed, a deadline) is for the frame read to report.
-	_ = w.raw.Read(readable)
+	// An error (closed, a deadline) is for the frame read to report. The
+	// socket is peeked at once, before the first wait; after a wait the
+	// poller's word is taken (a spurious wake-up only means the burst's
+	// frame read waits instead).
+	looked := false
+	_ = w.raw.Read(func(fd uintptr) bool {
+		if looked {
+			return true
+		}
+		looked = true
+		return readable(fd)
+	})
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return !w.closing
@@ -147,9 +157,9 @@ func (w *idleWait) close() {
 
 // readable peeks at the socket without taking a byte: true when it has
 // data, has ended or has failed (the frame read finds out which); false
-// makes the runtime wait until the poller says readable, then ask again.
-// The peek is needed because the runtime clears the socket's readiness
-// before the first call.
+// makes the runtime wait until the poller says readable. The peek is
+// needed because the runtime clears the socket's readiness before the
+// first call: data that came before it would wake no one.
 func readable(fd uintptr) bool {
 	var b [1]byte
 	_, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
