@@ -84,6 +84,7 @@ type Controller struct {
 	limits   Limits
 	inFlight atomic.Int64
 	limit    atomic.Int64 // the in-flight limit now; 0: none
+	queued   atomic.Int64 // refused for waiting past MaxQueue before admission
 	adapt    *gradient    // nil: the limit is fixed
 	global   *rate.Limiter
 
@@ -121,10 +122,31 @@ type Ticket struct {
 }
 
 // Enter takes an in-flight slot, to give back with Leave once the call's
-// work is done, or answers RATE_LIMITED (and holds nothing).
+// work is done, or answers RATE_LIMITED (and holds nothing). The call is
+// timed from now; EnterAt times it from its arrival.
 func (c *Controller) Enter() (Ticket, error) {
 	if c == nil || c.limits.MaxInFlight <= 0 {
 		return Ticket{}, nil
+	}
+	return c.EnterAt(c.now())
+}
+
+// EnterAt is Enter for a call that arrived at arrived (Arrived): the
+// adaptive limit times it from then, so time queued in the server before
+// admission (in the socket, waiting for the CPU) counts as latency; and a
+// call that already waited longer than the queue bound (MaxQueue) before
+// reaching admission is refused at once, as one that would wait that long
+// for a database connection is: it is late whatever it does next, and the
+// server, short of CPU, serves the calls behind it sooner without it.
+func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
+	if c == nil || c.limits.MaxInFlight <= 0 {
+		return Ticket{}, nil
+	}
+	if c.limits.MaxQueue > 0 {
+		if waited := c.now().Sub(arrived); waited > c.limits.MaxQueue {
+			c.queued.Add(1)
+			return Ticket{}, errQueuedTooLong
+		}
 	}
 	limit := c.limit.Load()
 	if c.inFlight.Add(1) > limit {
@@ -133,9 +155,22 @@ func (c *Controller) Enter() (Ticket, error) {
 	}
 	t := Ticket{held: true}
 	if c.adapt != nil {
-		t.start = c.now()
+		t.start = arrived
 	}
 	return t, nil
+}
+
+// errQueuedTooLong refuses a call that waited past the queue bound before
+// admission (one value: refusing it allocates nothing).
+var errQueuedTooLong = limited(InFlightRetryAfter, "the server is busy: the call waited too long before it could be admitted; retry later")
+
+// QueuedTooLong counts the calls refused for waiting past the queue bound
+// before admission.
+func (c *Controller) QueuedTooLong() int64 {
+	if c == nil {
+		return 0
+	}
+	return c.queued.Load()
 }
 
 // Leave gives back the slot of an Enter that succeeded. err is how the
