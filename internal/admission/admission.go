@@ -121,8 +121,23 @@ type Ticket struct {
 }
 
 // Enter takes an in-flight slot, to give back with Leave once the call's
-// work is done, or answers RATE_LIMITED (and holds nothing).
+// work is done, or answers RATE_LIMITED (and holds nothing). The call is
+// timed from now; EnterAt times it from its arrival.
 func (c *Controller) Enter() (Ticket, error) {
+	if c == nil || c.limits.MaxInFlight <= 0 {
+		return Ticket{}, nil
+	}
+	return c.EnterAt(c.now())
+}
+
+// EnterAt is Enter for a call that arrived at arrived (Arrived): the
+// adaptive limit times it from then, so time queued in the server before
+// admission (in the socket, waiting for the CPU) counts as latency and
+// shrinks the limit. (Refusing outright a call that waited past the queue
+// bound before admission was tried and dropped: at 150 % of the peak on
+// a loaded machine every call then waited that long, and the server
+// refused 99 % of them while its queue never drained.)
+func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	if c == nil || c.limits.MaxInFlight <= 0 {
 		return Ticket{}, nil
 	}
@@ -133,7 +148,7 @@ func (c *Controller) Enter() (Ticket, error) {
 	}
 	t := Ticket{held: true}
 	if c.adapt != nil {
-		t.start = c.now()
+		t.start = arrived
 	}
 	return t, nil
 }

@@ -27,6 +27,7 @@ import (
 	"computeplane/internal/placement"
 	"computeplane/internal/plugins"
 	"computeplane/internal/rpc"
+	"computeplane/internal/admission"
 	"computeplane/internal/server"
 	"computeplane/internal/sinks"
 	"computeplane/internal/store"
@@ -323,9 +324,12 @@ func (h *Host) Serve(ctx context.Context, ready func() error) error {
 	// What one connection may hold is bounded whatever the kernel's
 	// buffers do (a client that pipelines and never reads is let go).
 	ln, connState := server.BoundConns(ln, server.ConnLimits{}, nil)
+	// Calls are timed for admission from their arrival on the socket.
+	ln = admission.ArrivalListener(ln)
 	srv := &http.Server{
 		Handler:           h.handler,
 		ConnState:         connState,
+		ConnContext:       admission.ArrivalContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       60 * time.Second,
 		IdleTimeout:       120 * time.Second,

@@ -168,7 +168,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		var c api.Code
-		status, c = WriteError(w, log.With("requestId", meta.RequestID), err)
+		if se, ok := err.(*api.Error); ok && writeShed(w, se) {
+			status, c = http.StatusTooManyRequests, api.CodeRateLimited
+		} else {
+			status, c = WriteError(w, log.With("requestId", meta.RequestID), err)
+		}
 		code = string(c)
 	}
 	h.Metrics.Observe(name, code, status, h.now().Sub(start))
@@ -192,7 +196,8 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 		return nil, err
 	}
 	// Shed before reading the body: a refused call costs next to nothing.
-	ticket, err := h.Admission.Enter()
+	// Timed from the call's arrival on its connection, not from now.
+	ticket, err := h.Admission.EnterAt(admission.Arrived(ctx, h.now()))
 	if err != nil {
 		return nil, err
 	}
@@ -504,6 +509,61 @@ func WriteError(w http.ResponseWriter, log *slog.Logger, err error) (int, api.Co
 	w.WriteHeader(status)
 	_, _ = w.Write(buf)
 	return status, se.Code
+}
+
+// shedAnswers caches the encoded bodies of RATE_LIMITED answers whose
+// details hold only retryAfterMs (admission's refusals: a handful of
+// messages), keyed by message and hint: under overload most answers are
+// these, and each would otherwise cost a logger, a map and a JSON
+// encoding. Bounded: past maxShedAnswers, WriteError encodes as usual.
+var (
+	shedMu      sync.RWMutex
+	shedAnswers = map[shedKey][]byte{}
+)
+
+type shedKey struct {
+	message string
+	ms      int64
+}
+
+const maxShedAnswers = 256
+
+var headerRetryAfter = map[int64][]string{}
+
+// writeShed answers se from the cache when it is such a refusal and
+// reports whether it did. The answer is the one WriteError writes.
+func writeShed(w http.ResponseWriter, se *api.Error) bool {
+	if se.Code != api.CodeRateLimited || len(se.Details) != 1 {
+		return false
+	}
+	ms, ok := retryAfterMs(se.Details)
+	if !ok {
+		return false
+	}
+	k := shedKey{se.Message, ms}
+	shedMu.RLock()
+	body, ok := shedAnswers[k]
+	retry := headerRetryAfter[ms]
+	shedMu.RUnlock()
+	if !ok {
+		b, err := json.Marshal(errorBody{Error: errorPayload{Code: se.Code, Message: se.Message, RetryAfterMs: &ms}, RetryAfterMs: &ms})
+		if err != nil {
+			return false
+		}
+		body, retry = b, []string{strconv.FormatInt((ms+999)/1000, 10)}
+		shedMu.Lock()
+		if len(shedAnswers) < maxShedAnswers {
+			shedAnswers[k], headerRetryAfter[ms] = body, retry
+		}
+		shedMu.Unlock()
+	}
+	h := w.Header()
+	h["Retry-After"] = retry
+	h["Content-Type"] = headerJSON
+	h["Cache-Control"] = headerNoStore
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(body)
+	return true
 }
 
 // retryAfterMs reads a numeric details.retryAfterMs.

@@ -62,6 +62,9 @@ func (l ConnLimits) withDefaults() ConnLimits {
 func BoundConns(ln net.Listener, limits ConnLimits, next func(net.Conn, http.ConnState)) (net.Listener, func(net.Conn, http.ConnState)) {
 	bl := &boundedListener{Listener: ln, limits: limits.withDefaults()}
 	return bl, func(c net.Conn, s http.ConnState) {
+		if w, ok := c.(interface{ NetConn() net.Conn }); ok {
+			c = w.NetConn() // wrapped outside (admission.ArrivalListener)
+		}
 		if bc, ok := c.(*boundedConn); ok {
 			bc.setState(s)
 		}

@@ -1,224 +1,237 @@
-// Command loadbench drives one API method through the generated client for a
-// fixed time against a running server and prints throughput and latency
-// percentiles as JSON: at a fixed concurrency (a closed loop: the peak), or
-// with -rate at a fixed arrival rate (an open loop: calls start on schedule
-// whether or not earlier ones answered, so queueing shows, and latency
-// counts from the scheduled start). scripts/bench.sh runs it next to
-// pgbench on the same database and writes docs/benchmarks.md.
+// Command loadbench drives one API method for a fixed time against a
+// running server and prints throughput and latency percentiles as JSON: at
+// a fixed concurrency (a closed loop), with -rate at a fixed arrival rate
+// (an open loop: calls start on schedule whether or not earlier ones
+// answered, so queueing shows, and latency counts from the scheduled
+// start), or with -search the peak found by an open loop whose rate rises
+// until goodput stops rising or p99 passes a bound. scripts/bench.sh runs
+// it next to pgbench on the same database and writes docs/benchmarks.md.
+//
+// It speaks HTTP/1.1 itself (httpwire.go, gen.go): requests encoded once,
+// keep-alive connections, answers read for their status, Retry-After and
+// length only, so that one core sends well over the server's peak. Each
+// result carries the generator's own CPU per call (cpuUsPerCall).
 //
 //	loadbench -url http://127.0.0.1:3000/api/compute -token cpk_... -method sites.get -tenant bench -site site_...
 //	loadbench ... -method secrets.put -tenant bench
 //	loadbench ... -method sites.get -rate 3000   # open loop, 3,000 calls/s
+//	loadbench ... -method sites.get -search      # open-loop peak search
+//	loadbench -canned 127.0.0.1:9000             # a trivial server, to measure loadbench itself
+//	loadbench -url http://127.0.0.1:9000/api/compute -method canned -rate 30000
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
+	"net/url"
 	"os"
 	"runtime/debug"
-	"slices"
-	"sync"
-	"sync/atomic"
+	"runtime/pprof"
+	"syscall"
 	"time"
-
-	"computeplane/computeclient"
-	"computeplane/gen/client"
 )
 
 // Result is what one run measured.
 type Result struct {
 	Method      string  `json:"method"`
-	Concurrency int     `json:"concurrency"`
+	Concurrency int     `json:"concurrency,omitempty"`
 	Seconds     float64 `json:"seconds"`
-	Calls       int64   `json:"calls"`
-	Errors      int64   `json:"errors"`
-	PerSecond   float64 `json:"perSecond"`
-	P50Ms       float64 `json:"p50Ms"`
-	P99Ms       float64 `json:"p99Ms"`
+	// Calls is the calls answered 200; PerSecond the goodput: those that
+	// completed within the run's window, per second of it.
+	Calls     int64   `json:"calls"`
+	Errors    int64   `json:"errors"`
+	PerSecond float64 `json:"perSecond"`
+	P50Ms     float64 `json:"p50Ms"`
+	P99Ms     float64 `json:"p99Ms"`
 	// Rate is the open loop's arrival rate; RateLimited the calls refused
-	// with RATE_LIMITED (shed), apart from other errors (a closed loop's
-	// caller then waits retryAfterMs, as clients are asked to).
+	// with RATE_LIMITED, retryAfterMs and Retry-After (shed), apart from
+	// other errors (a closed loop's caller then waits retryAfterMs, as
+	// clients are asked to).
 	Rate        float64 `json:"rate,omitempty"`
 	RateLimited int64   `json:"rateLimited,omitempty"`
 	// Open loop only: p99 of how late the generator itself started calls
 	// against their schedule (a generator short of CPU falls behind, and
-	// that lateness is in the latencies too).
+	// that lateness is in the latencies too), and the connections open.
 	LateP99Ms float64 `json:"lateP99Ms,omitempty"`
+	Conns     int     `json:"conns,omitempty"`
+	// CPUUsPerCall is the generator's own CPU time (user and system) per
+	// call sent, in microseconds: 1e6 / it is the calls per second one
+	// core of it can send.
+	CPUUsPerCall float64 `json:"cpuUsPerCall,omitempty"`
+	// Search only: the rates tried, in order, and the bound on p99.
+	Steps      []Result `json:"steps,omitempty"`
+	P99BoundMs float64  `json:"p99BoundMs,omitempty"`
+	PeakMethod string   `json:"peakMethod,omitempty"`
 }
 
 func main() {
-	url := flag.String("url", "http://127.0.0.1:3000/api/compute", "API URL (origin and base path)")
+	apiURL := flag.String("url", "http://127.0.0.1:3000/api/compute", "API URL (origin and base path)")
 	token := flag.String("token", os.Getenv("SERVICE_TOKEN"), "API key")
-	method := flag.String("method", "sites.get", "sites.get or secrets.put")
+	method := flag.String("method", "sites.get", "sites.get, secrets.put, or canned (against -canned)")
 	tenant := flag.String("tenant", "bench", "tenant")
 	site := flag.String("site", "", "site id for sites.get")
-	conc := flag.Int("c", 32, "concurrent callers")
+	conc := flag.Int("c", 32, "closed loop: concurrent callers")
 	dur := flag.Duration("d", 10*time.Second, "duration")
 	warm := flag.Duration("warmup", 2*time.Second, "warm-up, not measured")
 	rate := flag.Float64("rate", 0, "open loop: calls started per second (0: closed loop at -c)")
+	maxConns := flag.Int("max-conns", 4096, "open loop: most connections open at once")
+	timeout := flag.Duration("timeout", 15*time.Second, "one call's bound, from its scheduled start")
+	search := flag.Bool("search", false, "open-loop peak search (see -search-from, -search-step, -p99-bound)")
+	from := flag.Float64("search-from", 500, "search: the first rate")
+	step := flag.Float64("search-step", 1.25, "search: each rate is the previous one times this")
+	stepDur := flag.Duration("search-d", 3*time.Second, "search: each rate's duration")
+	bound := flag.Duration("p99-bound", 100*time.Millisecond, "search: a rate whose p99 passes this is past the peak")
+	canned := flag.String("canned", "", "serve a canned answer on this address (a trivial server to measure the generator against)")
+	cpuprofile := flag.String("cpuprofile", "", "write the generator's CPU profile here")
 	flag.Parse()
 	generatorGC()
-
-	// An open loop keeps about rate x latency connections busy, more when
-	// the server slows down: keep them all rather than dial anew per call.
-	idle := *conc * 2
-	if *rate > 0 {
-		idle = max(idle, 2048)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
 	}
-	transport := &http.Transport{MaxIdleConns: idle, MaxIdleConnsPerHost: idle, IdleConnTimeout: time.Minute}
-	c, err := computeclient.New(*url, computeclient.WithToken(*token), computeclient.WithHTTPClient(&http.Client{Transport: transport}))
+	if *canned != "" {
+		if err := serveCanned(*canned); err != nil {
+			fail(err)
+		}
+		return
+	}
+
+	u, err := url.Parse(*apiURL)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		fail(fmt.Errorf("-url %q: want http://host:port/base", *apiURL))
+	}
+	req, err := requestFor(*method, u, *token, *tenant, *site)
 	if err != nil {
 		fail(err)
 	}
-	var seq atomic.Int64
-	call := func(ctx context.Context) error {
-		switch *method {
-		case "sites.get":
-			_, err := c.SitesGet(ctx, &client.SitesGetInput{TenantId: *tenant, SiteId: *site})
-			return err
-		case "secrets.put":
-			n := seq.Add(1)
-			_, err := c.SecretsPut(ctx, &client.SecretsPutInput{
-				TenantId: *tenant, Name: fmt.Sprintf("bench-%d", n%64), Value: "value-of-a-benchmark-secret",
-				IdempotencyKey: fmt.Sprintf("k-%d", n),
-			})
-			return err
-		}
-		return fmt.Errorf("unknown method %s", *method)
-	}
+	g := newGenerator(u.Host, req, *maxConns, *timeout)
+	cpu0 := cpuTime()
 	var res Result
-	if *rate > 0 {
-		openLoop(call, *rate, *warm) // warm-up
-		res = openLoop(call, *rate, *dur)
-	} else {
-		run(call, *conc, *warm) // warm-up
-		res = run(call, *conc, *dur)
+	switch {
+	case *search:
+		res = g.searchPeak(*from, *step, *stepDur, *bound)
+	case *rate > 0:
+		g.openLoop(*rate, *warm) // warm-up: connections opened, server warm
+		cpu0 = cpuTime()
+		res = g.openLoop(*rate, *dur)
+	default:
+		g.closedLoop(*conc, *warm)
+		cpu0 = cpuTime()
+		res = g.closedLoop(*conc, *dur)
 	}
+	if sent := g.seq.Load(); sent > 0 && !*search {
+		res.CPUUsPerCall = float64((cpuTime()-cpu0).Microseconds()) / float64(res.sent())
+	}
+	g.close()
 	res.Method = *method
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		fail(err)
 	}
 }
 
-func run(call func(context.Context) error, conc int, d time.Duration) Result {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	var wg sync.WaitGroup
-	lat := make([][]time.Duration, conc)
-	var errs, limited atomic.Int64
-	start := time.Now()
-	for w := range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				t0 := time.Now()
-				err := call(context.Background())
-				if ctx.Err() != nil {
-					return // the call straddled the end: not counted
-				}
-				if e, ok := computeclient.AsError(err); ok && e.Code == "RATE_LIMITED" {
-					// Shed: a well-behaved client waits as told.
-					limited.Add(1)
-					if e.RetryAfterMs != nil {
-						time.Sleep(time.Duration(*e.RetryAfterMs) * time.Millisecond)
-					}
-					continue
-				}
-				if err != nil {
-					if errs.Add(1) == 1 {
-						fmt.Fprintln(os.Stderr, "loadbench: first error:", err)
-					}
-					continue
-				}
-				lat[w] = append(lat[w], time.Since(t0))
-			}
-		}()
+// sent is the calls a run sent (answered in any way).
+func (r Result) sent() int64 { return max(1, r.Calls+r.Errors+r.RateLimited) }
+
+// requestFor encodes method's request once.
+func requestFor(method string, u *url.URL, token, tenant, site string) (*requestTemplate, error) {
+	path := func(p string) string { return u.Path + p }
+	switch method {
+	case "sites.get":
+		if site == "" {
+			return nil, fmt.Errorf("sites.get needs -site")
+		}
+		return newRequest(u.Host, path("/sites/get"), token, jsonObject("tenantId", tenant, "siteId", site))
+	case "secrets.put":
+		// 64 names (the rows pgbench's script updates), a new idempotency
+		// key per call.
+		body := `{"tenantId":` + jsonString(tenant) + `,"name":"bench-%02d","value":"value-of-a-benchmark-secret","idempotencyKey":"k-%016d"}`
+		return newRequest(u.Host, path("/secrets/put"), token, body, 64)
+	case "canned":
+		return newRequest(u.Host, path("/canned"), token, `{}`)
 	}
-	wg.Wait()
-	secs := time.Since(start).Seconds()
-	var all []time.Duration
-	for _, l := range lat {
-		all = append(all, l...)
-	}
-	res := summarize(all, secs)
-	res.Concurrency, res.Errors, res.RateLimited = conc, errs.Load(), limited.Load()
-	return res
+	return nil, fmt.Errorf("unknown method %s", method)
 }
 
-// maxOutstanding bounds the calls an open loop has started and not seen
-// answered; an arrival beyond it counts as an error (the server stalled).
-const maxOutstanding = 20000
-
-// openLoop starts calls at rate per second for d, each on schedule in its
-// own goroutine, and measures each from its scheduled start.
-func openLoop(call func(context.Context) error, rate float64, d time.Duration) Result {
-	var (
-		mu      sync.Mutex
-		lat     []time.Duration
-		late    = make([]time.Duration, 0, int(rate*d.Seconds())+1)
-		errs    atomic.Int64
-		limited atomic.Int64
-		out     atomic.Int64
-		wg      sync.WaitGroup
-	)
-	interval := time.Duration(float64(time.Second) / rate)
-	start := time.Now()
-	n := int(d / interval)
-	for i := range n {
-		at := start.Add(time.Duration(i) * interval)
-		if wait := time.Until(at); wait > 0 {
-			time.Sleep(wait)
+func jsonObject(kv ...string) string {
+	s := "{"
+	for i := 0; i < len(kv); i += 2 {
+		if i > 0 {
+			s += ","
 		}
-		late = append(late, max(0, time.Since(at)))
-		if out.Load() >= maxOutstanding {
-			errs.Add(1)
-			continue
-		}
-		out.Add(1)
-		wg.Go(func() {
-			defer out.Add(-1)
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			err := call(ctx)
-			took := time.Since(at)
-			if err != nil {
-				if e, ok := computeclient.AsError(err); ok && e.Code == "RATE_LIMITED" {
-					limited.Add(1)
-				} else if errs.Add(1) == 1 {
-					fmt.Fprintln(os.Stderr, "loadbench: first error:", err)
-				}
-				return
-			}
-			mu.Lock()
-			lat = append(lat, took)
-			mu.Unlock()
-		})
+		s += jsonString(kv[i]) + ":" + jsonString(kv[i+1])
 	}
-	wg.Wait()
-	res := summarize(lat, d.Seconds())
-	res.Rate, res.Errors, res.RateLimited = rate, errs.Load(), limited.Load()
-	slices.Sort(late)
-	if len(late) > 0 {
-		res.LateP99Ms = float64(late[int(0.99*float64(len(late)-1))].Microseconds()) / 1000
-	}
-	return res
+	return s + "}"
 }
 
-// summarize turns the latencies of the calls that succeeded within secs
-// into a Result.
-func summarize(all []time.Duration, secs float64) Result {
-	slices.Sort(all)
-	pct := func(p float64) float64 {
-		if len(all) == 0 {
-			return 0
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// searchPeak finds the server's peak with the open loop: rates from from,
+// each step times the previous, each run for d after the previous one's
+// answers are all in. It stops at the first rate whose goodput is not
+// above the best so far (by more than 2 %) or whose p99 passes bound, and
+// then tries two rates between the last good one and that one (bisection).
+// The peak is the best goodput of a rate within bound.
+func (g *generator) searchPeak(from, step float64, d, bound time.Duration) Result {
+	var best Result
+	var steps []Result
+	cpu0 := cpuTime()
+	try := func(r float64) Result {
+		res := g.openLoop(r, d)
+		steps = append(steps, res)
+		if res.P99Ms <= float64(bound.Microseconds())/1000 && res.PerSecond > best.PerSecond {
+			best = res
 		}
-		return float64(all[int(p*float64(len(all)-1))].Microseconds()) / 1000
+		return res
 	}
-	return Result{Seconds: secs, Calls: int64(len(all)), PerSecond: float64(len(all)) / secs, P50Ms: pct(0.50), P99Ms: pct(0.99)}
+	g.openLoop(from, time.Second) // warm-up
+	good, bad := from, 0.0
+	for r := from; bad == 0; r *= step {
+		prev := best.PerSecond
+		res := try(r)
+		within := res.P99Ms <= float64(bound.Microseconds())/1000
+		if !within || res.PerSecond <= prev*1.02 {
+			bad = r
+			break
+		}
+		good = r
+	}
+	for range 2 {
+		mid := (good + bad) / 2
+		res := try(mid)
+		if res.P99Ms <= float64(bound.Microseconds())/1000 && res.PerSecond >= 0.97*mid {
+			good = mid
+		} else {
+			bad = mid
+		}
+	}
+	var sent int64
+	for _, s := range steps {
+		sent += s.sent()
+	}
+	best.CPUUsPerCall = float64((cpuTime()-cpu0).Microseconds()) / float64(max(1, sent))
+	best.Steps = steps
+	best.P99BoundMs = float64(bound.Microseconds()) / 1000
+	best.PeakMethod = fmt.Sprintf("open-loop search: from %.0f/s, x%.2f per %s step, stop when goodput rises < 2 %% or p99 > %s, then 2 bisections; peak = best goodput within the bound", from, step, d, bound)
+	return best
+}
+
+// cpuTime is the process's CPU time so far (user and system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // generatorGCPercent is the generator's collector target. Every latency

@@ -1,0 +1,158 @@
+package admission
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// Arrival timing: the in-flight limit judges a call by how long it took
+// from its arrival, not from when its handler started, so that time spent
+// queued in the server before admission (in the socket, waiting for the
+// CPU to read and parse it) counts. A call's arrival is the kernel's
+// receive time of its first bytes (SO_TIMESTAMPNS on the socket, read with
+// recvmsg on the first read after an answer); where the kernel gives none,
+// the time of that read.
+
+// ArrivalListener wraps ln so that each accepted connection records its
+// requests' arrivals; serve with http.Server.ConnContext set to
+// ArrivalContext. A connection without a socket (syscall.Conn) passes
+// through unchanged.
+func ArrivalListener(ln net.Listener) net.Listener { return arrivalListener{ln} }
+
+type arrivalListener struct{ net.Listener }
+
+func (l arrivalListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return c, err
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return c, nil
+	}
+	ac := &ArrivalConn{Conn: c}
+	ac.armed.Store(true)
+	if rc, err := sc.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			if syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1) == nil {
+				ac.raw = rc
+			}
+		})
+	}
+	return ac, nil
+}
+
+// ArrivalConn is a connection that knows when its current request
+// arrived. NetConn gives the connection it wraps.
+type ArrivalConn struct {
+	net.Conn
+	raw     syscall.RawConn // nil: no kernel timestamps
+	armed   atomic.Bool     // the next bytes read start a request
+	arrived atomic.Int64    // unix ns of the current request's arrival, 0: taken
+	oob     [64]byte
+}
+
+// NetConn is the connection wrapped.
+func (c *ArrivalConn) NetConn() net.Conn { return c.Conn }
+
+func (c *ArrivalConn) Read(p []byte) (int, error) {
+	if !c.armed.Load() || len(p) == 0 {
+		return c.Conn.Read(p)
+	}
+	var (
+		n   int
+		at  int64
+		err error
+	)
+	if c.raw != nil {
+		n, at, err = c.recv(p)
+	} else {
+		n, err = c.Conn.Read(p)
+	}
+	if n > 0 {
+		if at == 0 {
+			at = time.Now().UnixNano()
+		}
+		c.armed.Store(false)
+		c.arrived.Store(at)
+	}
+	return n, err
+}
+
+// recv reads with recvmsg to get the kernel's receive time of the bytes.
+func (c *ArrivalConn) recv(p []byte) (n int, at int64, err error) {
+	var oobn int
+	var serr error
+	rerr := c.raw.Read(func(fd uintptr) bool {
+		n, oobn, _, _, serr = syscall.Recvmsg(int(fd), p, c.oob[:], 0)
+		return serr != syscall.EAGAIN
+	})
+	switch {
+	case rerr != nil: // a deadline, or the connection closed
+		return 0, 0, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: rerr}
+	case serr != nil:
+		return 0, 0, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("recvmsg", serr)}
+	case n == 0:
+		return 0, 0, io.EOF
+	}
+	return n, timestampNS(c.oob[:oobn]), nil
+}
+
+// timestampNS finds SCM_TIMESTAMPNS in control messages (0: none).
+func timestampNS(oob []byte) int64 {
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	for _, m := range msgs {
+		if m.Header.Level == syscall.SOL_SOCKET && m.Header.Type == syscall.SCM_TIMESTAMPNS && len(m.Data) >= int(unsafe.Sizeof(syscall.Timespec{})) {
+			ts := (*syscall.Timespec)(unsafe.Pointer(&m.Data[0]))
+			return ts.Nano()
+		}
+	}
+	return 0
+}
+
+// Write sends an answer: the next bytes read start the next request.
+func (c *ArrivalConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.armed.Store(true)
+	return n, err
+}
+
+// take returns the current request's arrival once (zero after).
+func (c *ArrivalConn) take() time.Time {
+	if ns := c.arrived.Swap(0); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+type arrivalKey struct{}
+
+// ArrivalContext is an http.Server ConnContext: it lets Arrived find the
+// connection's arrivals.
+func ArrivalContext(ctx context.Context, c net.Conn) context.Context {
+	if ac, ok := c.(*ArrivalConn); ok {
+		return context.WithValue(ctx, arrivalKey{}, ac)
+	}
+	return ctx
+}
+
+// Arrived is when the request served under ctx arrived, or now when its
+// connection did not record it (not through ArrivalListener, or a second
+// request read in the same read as the first).
+func Arrived(ctx context.Context, now time.Time) time.Time {
+	if ac, ok := ctx.Value(arrivalKey{}).(*ArrivalConn); ok {
+		if t := ac.take(); !t.IsZero() && t.Before(now) {
+			return t
+		}
+	}
+	return now
+}

@@ -1,0 +1,158 @@
+package admission
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The arrival is when the kernel received the request's first bytes, not
+// when the server got round to reading them: bytes left 100 ms in the
+// socket before the read count those 100 ms. A kernel that gives TCP no
+// receive timestamps (gVisor, where this machine's tests run) leaves the
+// time of the read, which the test then checks instead.
+func TestArrivalIsTheKernelsReceiveTime(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	aln := ArrivalListener(ln)
+	defer aln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer client.Close()
+	sc, err := aln.Accept()
+	require.NoError(t, err)
+	defer sc.Close()
+	ac, ok := sc.(*ArrivalConn)
+	require.True(t, ok)
+	require.NotNil(t, ac.raw, "SO_TIMESTAMPNS is set")
+	ctx := ArrivalContext(context.Background(), sc)
+
+	for round := range 3 { // the later requests come after an answer
+		sent := time.Now()
+		_, err = client.Write([]byte("first request"))
+		require.NoError(t, err)
+		time.Sleep(100 * time.Millisecond) // queued in the socket
+		buf := make([]byte, 64)
+		read := time.Now()
+		n, err := sc.Read(buf)
+		require.NoError(t, err)
+		assert.Equal(t, "first request", string(buf[:n]))
+		now := time.Now()
+		at := Arrived(ctx, now)
+		// Linux turns receive timestamps on lazily (a static key flipped
+		// by a worker), so the first segments may come without one.
+		kernel := at.Before(read)
+		t.Logf("round %d: kernel receive timestamp: %v (arrival %v after sending)", round, kernel, at.Sub(sent))
+		if kernel {
+			assert.WithinDuration(t, sent, at, 50*time.Millisecond, "round %d", round)
+			assert.GreaterOrEqual(t, now.Sub(at), 90*time.Millisecond)
+		} else {
+			assert.False(t, at.After(now), "round %d", round)
+		}
+		// Taken once: the next call on the connection without new bytes
+		// read is timed from now.
+		assert.Equal(t, now, Arrived(ctx, now))
+		// Bytes read before the answer (the rest of a body) are no arrival.
+		_, err = client.Write([]byte("more"))
+		require.NoError(t, err)
+		_, err = sc.Read(buf)
+		require.NoError(t, err)
+		assert.Equal(t, now, Arrived(ctx, now))
+		_, err = sc.Write([]byte("answer"))
+		require.NoError(t, err)
+		_, err = client.Read(buf)
+		require.NoError(t, err)
+	}
+	// The peer's close reads as EOF; a context without an arrival
+	// connection gives now.
+	require.NoError(t, client.Close())
+	_, err = sc.Read(make([]byte, 8))
+	assert.ErrorIs(t, err, io.EOF)
+	now := time.Now()
+	assert.Equal(t, now, Arrived(context.Background(), now))
+}
+
+// Through net/http: a read deadline, EOF and keep-alive behave as on a
+// plain connection, and each request on a kept-alive connection has its
+// own arrival.
+func TestArrivalThroughNetHTTP(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var waits []time.Duration
+	srv := &http.Server{
+		ReadHeaderTimeout: time.Second, IdleTimeout: time.Second, ConnContext: ArrivalContext,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			now := time.Now()
+			mu.Lock()
+			waits = append(waits, now.Sub(Arrived(r.Context(), now)))
+			mu.Unlock()
+			_, _ = w.Write([]byte("ok"))
+		}),
+	}
+	go func() { _ = srv.Serve(ArrivalListener(ln)) }()
+	defer srv.Close()
+	client := &http.Client{Timeout: 5 * time.Second}
+	for range 5 {
+		resp, err := client.Get("http://" + ln.Addr().String() + "/")
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, waits, 5)
+	for _, w := range waits {
+		assert.Positive(t, w, "each request timed from its own arrival")
+		assert.Less(t, w, time.Second)
+	}
+}
+
+// The adaptive limit times an admitted call from its arrival; a call
+// that waited before admission is not refused for it.
+func TestEnterAtTimesFromArrival(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := New(Limits{MaxInFlight: 16, Adaptive: true, MinInFlight: 4, MaxQueue: 100 * time.Millisecond})
+	c.now = func() time.Time { return now }
+	tk, err := c.EnterAt(now.Add(-150 * time.Millisecond))
+	require.NoError(t, err)
+	assert.Equal(t, now.Add(-150*time.Millisecond), tk.start, "timed from its arrival")
+	assert.Equal(t, 1, c.InFlight())
+	c.Leave(tk, nil)
+	assert.Zero(t, c.InFlight())
+}
+
+// Calls that queued before admission shrink the adaptive limit, though
+// their handlers are quick: the latency it follows includes that queue.
+func TestQueueBeforeAdmissionShrinksTheLimit(t *testing.T) {
+	now := time.Now() // the gradient's first window starts at New's now
+	c := New(Limits{MaxInFlight: 64, Adaptive: true, MinInFlight: 4})
+	c.now = func() time.Time { return now }
+	run := func(windows int, queued time.Duration) {
+		for range windows {
+			var tks []Ticket
+			for range 40 {
+				tk, err := c.EnterAt(now.Add(-queued))
+				if err == nil {
+					tks = append(tks, tk)
+				}
+			}
+			now = now.Add(time.Millisecond) // handlers take 1 ms
+			for _, tk := range tks {
+				c.Leave(tk, nil)
+			}
+			now = now.Add(100 * time.Millisecond)
+		}
+	}
+	run(20, 0)
+	before := c.Limit()
+	run(20, 20*time.Millisecond)
+	assert.Less(t, c.Limit(), before, "limit %d after queueing, %d before", c.Limit(), before)
+}
