@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"computeplane/gen/api"
+	"computeplane/internal/admission"
 	"computeplane/internal/builtin"
 	"computeplane/internal/config"
 	"computeplane/internal/events"
@@ -27,7 +28,6 @@ import (
 	"computeplane/internal/placement"
 	"computeplane/internal/plugins"
 	"computeplane/internal/rpc"
-	"computeplane/internal/admission"
 	"computeplane/internal/server"
 	"computeplane/internal/sinks"
 	"computeplane/internal/store"

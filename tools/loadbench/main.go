@@ -127,7 +127,7 @@ func main() {
 		res = g.closedLoop(*conc, *dur)
 	}
 	if sent := g.seq.Load(); sent > 0 && !*search {
-		res.CPUUsPerCall = float64((cpuTime()-cpu0).Microseconds()) / float64(res.sent())
+		res.CPUUsPerCall = float64((cpuTime() - cpu0).Microseconds()) / float64(res.sent())
 	}
 	g.close()
 	res.Method = *method
@@ -218,7 +218,7 @@ func (g *generator) searchPeak(from, step float64, d, bound time.Duration) Resul
 	for _, s := range steps {
 		sent += s.sent()
 	}
-	best.CPUUsPerCall = float64((cpuTime()-cpu0).Microseconds()) / float64(max(1, sent))
+	best.CPUUsPerCall = float64((cpuTime() - cpu0).Microseconds()) / float64(max(1, sent))
 	best.Steps = steps
 	best.P99BoundMs = float64(bound.Microseconds()) / 1000
 	best.PeakMethod = fmt.Sprintf("open-loop search: from %.0f/s, x%.2f per %s step, stop when goodput rises < 2 %% or p99 > %s, then 2 bisections; peak = best goodput within the bound", from, step, d, bound)
