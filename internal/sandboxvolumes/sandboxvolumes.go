@@ -328,7 +328,9 @@ func QueueStatus(ctx context.Context, p *store.Pipeline, placer *placement.Engin
 	}
 	var gone []db.SandboxVolume
 	var goneErr error
-	p.Queue(func(q *db.Queries) { gone, goneErr = q.GoneVolumes(ctx, db.GoneVolumesParams{NodeID: node, Reported: serials}) })
+	p.Queue(func(q *db.Queries) {
+		gone, goneErr = q.GoneVolumes(ctx, db.GoneVolumesParams{NodeID: node, Reported: serials})
+	})
 	return func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		if goneErr != nil {
 			return false, goneErr
