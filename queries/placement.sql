@@ -39,6 +39,44 @@ WHERE nodes.pool_id = sqlc.arg(pool_id) AND state = 'ready'
 ORDER BY free_vcpu DESC, node_id DESC
 LIMIT sqlc.arg(lim);
 
+-- name: PlacementCandidatesPackOfFlavor :many
+-- As PlacementCandidatesPack, the shape being a flavor of the pool read in
+-- the same statement (each scalar subquery is evaluated once, as a
+-- parameter, so the walk of nodes_placement_idx is the same): a create
+-- queues it with its pool and flavor read, before it knows the shape. No
+-- flavor, no row.
+SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+       free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
+FROM nodes
+WHERE nodes.pool_id = sqlc.arg(pool_id) AND state = 'ready'
+  AND EXISTS (SELECT 1 FROM pools p WHERE p.pool_id = sqlc.arg(pool_id) AND NOT p.archived)
+  AND free_vcpu >= (SELECT f.vcpu FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor))
+  AND free_memory_mib >= (SELECT f.memory_mib FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor))
+  AND cap_disk_gib - booked_disk_gib >= (SELECT f.disk_gib FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor))
+  AND cap_gpus - booked_gpus >= (SELECT f.gpus FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor))
+  AND ((SELECT f.gpu_model FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor)) IS NULL
+       OR gpu_model = (SELECT f.gpu_model FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor)))
+  AND (sqlc.narg(network)::text IS NULL OR coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array(sqlc.narg(network)::text))
+ORDER BY free_vcpu, node_id
+LIMIT sqlc.arg(lim);
+
+-- name: PlacementCandidatesSpreadOfFlavor :many
+-- As PlacementCandidatesPackOfFlavor, most free vCPU first (spreading).
+SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+       free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
+FROM nodes
+WHERE nodes.pool_id = sqlc.arg(pool_id) AND state = 'ready'
+  AND EXISTS (SELECT 1 FROM pools p WHERE p.pool_id = sqlc.arg(pool_id) AND NOT p.archived)
+  AND free_vcpu >= (SELECT f.vcpu FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor))
+  AND free_memory_mib >= (SELECT f.memory_mib FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor))
+  AND cap_disk_gib - booked_disk_gib >= (SELECT f.disk_gib FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor))
+  AND cap_gpus - booked_gpus >= (SELECT f.gpus FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor))
+  AND ((SELECT f.gpu_model FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor)) IS NULL
+       OR gpu_model = (SELECT f.gpu_model FROM flavors f WHERE f.pool_id = sqlc.arg(pool_id) AND f.name = sqlc.arg(flavor)))
+  AND (sqlc.narg(network)::text IS NULL OR coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array(sqlc.narg(network)::text))
+ORDER BY free_vcpu DESC, node_id DESC
+LIMIT sqlc.arg(lim);
+
 -- name: BookNode :execrows
 -- Adds a booking's amounts to a node if they still fit (a whole-node
 -- booking only on an empty node) and writes the booking, in one statement.

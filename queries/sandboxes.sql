@@ -14,21 +14,33 @@ VALUES (sqlc.arg(instance_id), sqlc.arg(tenant_id), sqlc.arg(pool_id), sqlc.arg(
     sqlc.narg(restore_snapshot), sqlc.narg(volumes))
 RETURNING *;
 
--- name: ClaimWarmInstance :one
+-- name: ClaimWarmInstanceOfTemplate :one
 -- The oldest ready warm instance of a template (paused, its guest
 -- checked), taken in one statement: concurrent claims skip each other's
 -- (SKIP LOCKED), and the one taken becomes the sandbox's VM with a new
 -- identity generation (hostname, machine id, env) and desired running.
+-- Sent in sandboxes.create's first pipeline, before the template's answer
+-- is back: the template is read in the same statement
+-- (the tenant's, live, without volumes: such a template keeps no warm
+-- pool), the env is the template's with the call's over it, the VM takes
+-- the template's egress policy as it is now under network egress, and
+-- nothing is claimed for a sandbox id that exists (a replay answers what
+-- it made).
 UPDATE instances i SET kind = 'sandbox', desired_state = 'running', name = sqlc.arg(name), hostname = sqlc.arg(hostname),
-    machine_id = sqlc.arg(machine_id), env = sqlc.arg(env), identity_generation = i.identity_generation + 1,
+    machine_id = sqlc.arg(machine_id), env = t.env || sqlc.arg(env)::jsonb,
+    egress_policy = CASE WHEN i.network = 'egress' THEN t.egress_policy ELSE i.egress_policy END,
+    identity_generation = i.identity_generation + 1,
     identity_ready_at = NULL, created_by = sqlc.arg(created_by), version = i.version + 1, updated_at = now()
-FROM (SELECT w.instance_id FROM instances w
+FROM sandbox_templates t,
+     (SELECT w.instance_id FROM instances w
       WHERE w.kind = 'warm' AND w.template_id = sqlc.arg(template_id) AND w.desired_state = 'paused' AND w.state = 'paused'
         AND w.reported_identity = w.identity_generation
       ORDER BY w.created_at, w.instance_id
       LIMIT 1
-      FOR UPDATE SKIP LOCKED) c
+      FOR UPDATE OF w SKIP LOCKED) c
 WHERE i.instance_id = c.instance_id
+  AND t.template_id = sqlc.arg(template_id) AND t.tenant_id = sqlc.arg(tenant_id) AND NOT t.deleted AND t.volumes = '[]'::jsonb
+  AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.sandbox_id = sqlc.arg(sandbox_id))
 RETURNING i.*;
 
 -- name: WarmInstances :many

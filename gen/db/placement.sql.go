@@ -332,6 +332,82 @@ func (q *Queries) PlacementCandidatesPack(ctx context.Context, arg PlacementCand
 	return items, nil
 }
 
+const placementCandidatesPackOfFlavor = `-- name: PlacementCandidatesPackOfFlavor :many
+SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+       free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
+FROM nodes
+WHERE nodes.pool_id = $1 AND state = 'ready'
+  AND EXISTS (SELECT 1 FROM pools p WHERE p.pool_id = $1 AND NOT p.archived)
+  AND free_vcpu >= (SELECT f.vcpu FROM flavors f WHERE f.pool_id = $1 AND f.name = $2)
+  AND free_memory_mib >= (SELECT f.memory_mib FROM flavors f WHERE f.pool_id = $1 AND f.name = $2)
+  AND cap_disk_gib - booked_disk_gib >= (SELECT f.disk_gib FROM flavors f WHERE f.pool_id = $1 AND f.name = $2)
+  AND cap_gpus - booked_gpus >= (SELECT f.gpus FROM flavors f WHERE f.pool_id = $1 AND f.name = $2)
+  AND ((SELECT f.gpu_model FROM flavors f WHERE f.pool_id = $1 AND f.name = $2) IS NULL
+       OR gpu_model = (SELECT f.gpu_model FROM flavors f WHERE f.pool_id = $1 AND f.name = $2))
+  AND ($3::text IS NULL OR coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array($3::text))
+ORDER BY free_vcpu, node_id
+LIMIT $4
+`
+
+type PlacementCandidatesPackOfFlavorParams struct {
+	PoolID  string
+	Flavor  string
+	Network pgtype.Text
+	Lim     int32
+}
+
+type PlacementCandidatesPackOfFlavorRow struct {
+	NodeID        string
+	AllocVcpu     int32
+	CapMemoryMib  int64
+	CapDiskGib    int64
+	CapGpus       int32
+	FreeVcpu      int32
+	FreeMemoryMib int64
+	FreeDiskGib   int64
+	FreeGpus      int32
+}
+
+// As PlacementCandidatesPack, the shape being a flavor of the pool read in
+// the same statement (each scalar subquery is evaluated once, as a
+// parameter, so the walk of nodes_placement_idx is the same): a create
+// queues it with its pool and flavor read, before it knows the shape. No
+// flavor, no row.
+func (q *Queries) PlacementCandidatesPackOfFlavor(ctx context.Context, arg PlacementCandidatesPackOfFlavorParams) ([]PlacementCandidatesPackOfFlavorRow, error) {
+	rows, err := q.db.Query(ctx, placementCandidatesPackOfFlavor,
+		arg.PoolID,
+		arg.Flavor,
+		arg.Network,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []PlacementCandidatesPackOfFlavorRow
+	for rows.Next() {
+		var i PlacementCandidatesPackOfFlavorRow
+		if err := rows.Scan(
+			&i.NodeID,
+			&i.AllocVcpu,
+			&i.CapMemoryMib,
+			&i.CapDiskGib,
+			&i.CapGpus,
+			&i.FreeVcpu,
+			&i.FreeMemoryMib,
+			&i.FreeDiskGib,
+			&i.FreeGpus,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const placementCandidatesSpread = `-- name: PlacementCandidatesSpread :many
 SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
        free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
@@ -394,6 +470,78 @@ func (q *Queries) PlacementCandidatesSpread(ctx context.Context, arg PlacementCa
 	var items []PlacementCandidatesSpreadRow
 	for rows.Next() {
 		var i PlacementCandidatesSpreadRow
+		if err := rows.Scan(
+			&i.NodeID,
+			&i.AllocVcpu,
+			&i.CapMemoryMib,
+			&i.CapDiskGib,
+			&i.CapGpus,
+			&i.FreeVcpu,
+			&i.FreeMemoryMib,
+			&i.FreeDiskGib,
+			&i.FreeGpus,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const placementCandidatesSpreadOfFlavor = `-- name: PlacementCandidatesSpreadOfFlavor :many
+SELECT node_id, alloc_vcpu, cap_memory_mib, cap_disk_gib, cap_gpus,
+       free_vcpu::integer AS free_vcpu, free_memory_mib::bigint AS free_memory_mib, (cap_disk_gib - booked_disk_gib)::bigint AS free_disk_gib, (cap_gpus - booked_gpus)::integer AS free_gpus
+FROM nodes
+WHERE nodes.pool_id = $1 AND state = 'ready'
+  AND EXISTS (SELECT 1 FROM pools p WHERE p.pool_id = $1 AND NOT p.archived)
+  AND free_vcpu >= (SELECT f.vcpu FROM flavors f WHERE f.pool_id = $1 AND f.name = $2)
+  AND free_memory_mib >= (SELECT f.memory_mib FROM flavors f WHERE f.pool_id = $1 AND f.name = $2)
+  AND cap_disk_gib - booked_disk_gib >= (SELECT f.disk_gib FROM flavors f WHERE f.pool_id = $1 AND f.name = $2)
+  AND cap_gpus - booked_gpus >= (SELECT f.gpus FROM flavors f WHERE f.pool_id = $1 AND f.name = $2)
+  AND ((SELECT f.gpu_model FROM flavors f WHERE f.pool_id = $1 AND f.name = $2) IS NULL
+       OR gpu_model = (SELECT f.gpu_model FROM flavors f WHERE f.pool_id = $1 AND f.name = $2))
+  AND ($3::text IS NULL OR coalesce(inventory->'networks', '[]'::jsonb) @> jsonb_build_array($3::text))
+ORDER BY free_vcpu DESC, node_id DESC
+LIMIT $4
+`
+
+type PlacementCandidatesSpreadOfFlavorParams struct {
+	PoolID  string
+	Flavor  string
+	Network pgtype.Text
+	Lim     int32
+}
+
+type PlacementCandidatesSpreadOfFlavorRow struct {
+	NodeID        string
+	AllocVcpu     int32
+	CapMemoryMib  int64
+	CapDiskGib    int64
+	CapGpus       int32
+	FreeVcpu      int32
+	FreeMemoryMib int64
+	FreeDiskGib   int64
+	FreeGpus      int32
+}
+
+// As PlacementCandidatesPackOfFlavor, most free vCPU first (spreading).
+func (q *Queries) PlacementCandidatesSpreadOfFlavor(ctx context.Context, arg PlacementCandidatesSpreadOfFlavorParams) ([]PlacementCandidatesSpreadOfFlavorRow, error) {
+	rows, err := q.db.Query(ctx, placementCandidatesSpreadOfFlavor,
+		arg.PoolID,
+		arg.Flavor,
+		arg.Network,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []PlacementCandidatesSpreadOfFlavorRow
+	for rows.Next() {
+		var i PlacementCandidatesSpreadOfFlavorRow
 		if err := rows.Scan(
 			&i.NodeID,
 			&i.AllocVcpu,

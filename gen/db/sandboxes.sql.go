@@ -12,41 +12,57 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const claimWarmInstance = `-- name: ClaimWarmInstance :one
+const claimWarmInstanceOfTemplate = `-- name: ClaimWarmInstanceOfTemplate :one
 UPDATE instances i SET kind = 'sandbox', desired_state = 'running', name = $1, hostname = $2,
-    machine_id = $3, env = $4, identity_generation = i.identity_generation + 1,
+    machine_id = $3, env = t.env || $4::jsonb,
+    egress_policy = CASE WHEN i.network = 'egress' THEN t.egress_policy ELSE i.egress_policy END,
+    identity_generation = i.identity_generation + 1,
     identity_ready_at = NULL, created_by = $5, version = i.version + 1, updated_at = now()
-FROM (SELECT w.instance_id FROM instances w
+FROM sandbox_templates t,
+     (SELECT w.instance_id FROM instances w
       WHERE w.kind = 'warm' AND w.template_id = $6 AND w.desired_state = 'paused' AND w.state = 'paused'
         AND w.reported_identity = w.identity_generation
       ORDER BY w.created_at, w.instance_id
       LIMIT 1
-      FOR UPDATE SKIP LOCKED) c
+      FOR UPDATE OF w SKIP LOCKED) c
 WHERE i.instance_id = c.instance_id
+  AND t.template_id = $6 AND t.tenant_id = $7 AND NOT t.deleted AND t.volumes = '[]'::jsonb
+  AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.sandbox_id = $8)
 RETURNING i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at, i.provider_machine, i.provider_offer, i.provider_attempts, i.provider_next_at, i.network, i.net_address, i.egress_policy
 `
 
-type ClaimWarmInstanceParams struct {
+type ClaimWarmInstanceOfTemplateParams struct {
 	Name       string
 	Hostname   pgtype.Text
 	MachineID  pgtype.Text
 	Env        []byte
 	CreatedBy  string
-	TemplateID pgtype.Text
+	TemplateID string
+	TenantID   string
+	SandboxID  string
 }
 
 // The oldest ready warm instance of a template (paused, its guest
 // checked), taken in one statement: concurrent claims skip each other's
 // (SKIP LOCKED), and the one taken becomes the sandbox's VM with a new
 // identity generation (hostname, machine id, env) and desired running.
-func (q *Queries) ClaimWarmInstance(ctx context.Context, arg ClaimWarmInstanceParams) (Instance, error) {
-	row := q.db.QueryRow(ctx, claimWarmInstance,
+// Sent in sandboxes.create's first pipeline, before the template's answer
+// is back: the template is read in the same statement
+// (the tenant's, live, without volumes: such a template keeps no warm
+// pool), the env is the template's with the call's over it, the VM takes
+// the template's egress policy as it is now under network egress, and
+// nothing is claimed for a sandbox id that exists (a replay answers what
+// it made).
+func (q *Queries) ClaimWarmInstanceOfTemplate(ctx context.Context, arg ClaimWarmInstanceOfTemplateParams) (Instance, error) {
+	row := q.db.QueryRow(ctx, claimWarmInstanceOfTemplate,
 		arg.Name,
 		arg.Hostname,
 		arg.MachineID,
 		arg.Env,
 		arg.CreatedBy,
 		arg.TemplateID,
+		arg.TenantID,
+		arg.SandboxID,
 	)
 	var i Instance
 	err := row.Scan(

@@ -160,6 +160,20 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	var existingErr error
 	p.Queue(func(q *db.Queries) { existing, existingErr = q.GetInstance(ctx, k.ID) })
 	poolRead := flavors.QueueInPool(ctx, &p, in.TenantID, in.PoolID, in.Flavor)
+	// The placement's candidates for the flavor too, unless the instance
+	// runs in a reservation's unit (read for nothing when the pool turns
+	// out to be a provider's or not the caller's: it has no node to offer).
+	var candidates *placement.Candidates
+	var unit *unitReads
+	if in.ReservationID != nil {
+		unit = queueUnit(ctx, &p, *in.ReservationID)
+	} else {
+		mode := in.Network
+		if mode == "" {
+			mode = vmnet.Egress
+		}
+		candidates = s.Placer.QueueCandidates(ctx, &p, in.PoolID, in.Flavor, mode)
+	}
 	if err := p.Send(ctx, tx); err != nil {
 		return nil, err
 	}
@@ -227,43 +241,55 @@ func (s *Service) Create(ctx context.Context, in *api.InstancesCreateInput) (*ap
 	if flavor.Gpus != nil {
 		shape.GPUs, shape.GPUModel = int32(flavor.Gpus.Count), flavor.Gpus.Model
 	}
-	var booking *placement.Booking
-	var inReservation *reservationUnit
-	if in.ReservationID != nil {
-		inReservation, err = s.takeUnit(ctx, tx, q, in, shape)
-		if err == nil {
-			booking = &placement.Booking{NodeID: inReservation.node}
-			err = placement.CheckNodeNetwork(ctx, q, inReservation.node, network)
-		}
-	} else {
-		booking, err = s.Placer.Admit(ctx, tx, placement.Request{
-			TenantID: in.TenantID, PoolID: in.PoolID, Owner: placement.Owner{Type: ResourceType, ID: id}, Shape: shape,
-			Count: map[string]int64{placement.ResourceInstances: 1}, Network: network,
-		})
-	}
-	if err != nil {
-		return nil, err
-	}
-	params := db.InsertInstanceParams{
-		InstanceID: id, TenantID: in.TenantID, PoolID: in.PoolID, NodeID: pgtype.Text{String: booking.NodeID, Valid: true},
-		BookingID: pgtype.Text{String: booking.ID, Valid: booking.ID != ""}, Flavor: in.Flavor, ImageID: in.ImageID, Boot: boot, Name: in.Name,
-		UserData: userData, Vcpu: int32(flavor.Vcpu), MemoryMib: flavor.MemoryMiB, DiskGib: flavor.DiskGiB,
-		CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
-	}
-	if inReservation != nil {
-		params.ReservationID = pgtype.Text{String: *in.ReservationID, Valid: true}
-		params.ReservationBookingID = pgtype.Text{String: inReservation.booking, Valid: true}
-	}
 	var row db.Instance
 	var insertErr error
-	// The insert, and when the row needs no network of its own the node's
-	// spec reads after it, in one round trip.
-	p.Queue(func(q *db.Queries) { row, insertErr = q.InsertInstance(ctx, params) })
 	var spec *nodework.SpecReads
-	if !vmnet.Assigns(network, policy) {
-		spec = nodework.QueueSpec(ctx, &p, booking.NodeID)
+	var inReservation *reservationUnit
+	// The insert, and when the row needs no network of its own the node's
+	// spec reads after it, in the pipeline of the booking and charges.
+	queueInsert := func(p *store.Pipeline, b *placement.Booking) {
+		params := db.InsertInstanceParams{
+			InstanceID: id, TenantID: in.TenantID, PoolID: in.PoolID, NodeID: pgtype.Text{String: b.NodeID, Valid: true},
+			BookingID: pgtype.Text{String: b.ID, Valid: b.ID != ""}, Flavor: in.Flavor, ImageID: in.ImageID, Boot: boot, Name: in.Name,
+			UserData: userData, Vcpu: int32(flavor.Vcpu), MemoryMib: flavor.MemoryMiB, DiskGib: flavor.DiskGiB,
+			CreatedBy: sess.Caller.IdentityID, IdemRequest: fp,
+		}
+		if inReservation != nil {
+			params.ReservationID = pgtype.Text{String: *in.ReservationID, Valid: true}
+			params.ReservationBookingID = pgtype.Text{String: inReservation.booking, Valid: true}
+		}
+		p.Queue(func(q *db.Queries) { row, insertErr = q.InsertInstance(ctx, params) })
+		spec = nil
+		if !vmnet.Assigns(network, policy) {
+			spec = nodework.QueueSpec(ctx, p, b.NodeID)
+		}
 	}
-	err = p.Send(ctx, tx)
+	var booking *placement.Booking
+	if in.ReservationID != nil {
+		if inReservation, err = unit.take(in, shape); err != nil {
+			return nil, err
+		}
+		if err := placement.CheckNodeNetwork(ctx, q, inReservation.node, network); err != nil {
+			return nil, err
+		}
+		booking = &placement.Booking{NodeID: inReservation.node}
+		// The instances quota's charge with the insert: a refusal rolls
+		// it all back.
+		charged := s.Placer.QueueChargeCount(ctx, &p, tx, in.TenantID, in.PoolID, map[string]int64{placement.ResourceInstances: 1})
+		queueInsert(&p, booking)
+		err = p.Send(ctx, tx)
+		if err := charged(err); err != nil {
+			return nil, err
+		}
+	} else {
+		booking, err = s.Placer.AdmitPipelined(ctx, tx, placement.Request{
+			TenantID: in.TenantID, PoolID: in.PoolID, Owner: placement.Owner{Type: ResourceType, ID: id}, Shape: shape,
+			Count: map[string]int64{placement.ResourceInstances: 1}, Network: network,
+		}, candidates, queueInsert)
+		if booking == nil {
+			return nil, err // refused: nothing of queueInsert's ran
+		}
+	}
 	if errors.Is(insertErr, pgx.ErrNoRows) {
 		// A concurrent call with the same key won: answer as its retry.
 		return nil, api.Errorf(api.CodeConflict, "idempotencyKey: a concurrent create with this key is in progress; retry")
@@ -604,14 +630,31 @@ func EndReservation(ctx context.Context, tx pgx.Tx, placer *placement.Engine, re
 // reservationUnit is the unit of a reservation an instance takes.
 type reservationUnit struct{ booking, node string }
 
-// takeUnit finds a free unit of the active reservation in.ReservationID
-// (of the tenant, in the same pool) that shape fits, and charges the
-// instances quota; the reservation's row lock serializes the creates that
-// take its units.
-func (s *Service) takeUnit(ctx context.Context, tx pgx.Tx, q *db.Queries, in *api.InstancesCreateInput, shape placement.Shape) (*reservationUnit, error) {
-	id := *in.ReservationID
-	rsv, err := q.GetReservationForUpdate(ctx, id)
-	if rsv, err = store.Visible(rsv, err, rsv.TenantID == in.TenantID, api.Errorf(api.CodeNotFound, "reservationId: reservation %s not found", id)); err != nil {
+// unitReads are the reads that take a unit of a reservation: its row,
+// locked (the lock serializes the creates that take its units), and its
+// first free unit, read after the lock in the same pipeline.
+type unitReads struct {
+	id      string
+	rsv     db.Reservation
+	rsvErr  error
+	unit    db.FreeReservationUnitRow
+	unitErr error
+}
+
+func queueUnit(ctx context.Context, p *store.Pipeline, id string) *unitReads {
+	u := &unitReads{id: id}
+	p.Queue(func(q *db.Queries) { u.rsv, u.rsvErr = q.GetReservationForUpdate(ctx, id) })
+	p.Queue(func(q *db.Queries) { u.unit, u.unitErr = q.FreeReservationUnit(ctx, id) })
+	return u
+}
+
+// take checks that the unit read is a free unit of the active reservation
+// (of the tenant, in the same pool) that shape fits; the caller charges
+// the instances quota.
+func (u *unitReads) take(in *api.InstancesCreateInput, shape placement.Shape) (*reservationUnit, error) {
+	id := u.id
+	rsv, err := store.Visible(u.rsv, u.rsvErr, u.rsv.TenantID == in.TenantID, api.Errorf(api.CodeNotFound, "reservationId: reservation %s not found", id))
+	if err != nil {
 		return nil, err
 	}
 	switch {
@@ -623,7 +666,7 @@ func (s *Service) takeUnit(ctx context.Context, tx pgx.Tx, q *db.Queries, in *ap
 		return nil, api.Errorf(api.CodeInvalidState, "reservationId: reservation %s is %s; instances run in an active reservation", id, rsv.State).
 			WithDetails(map[string]any{"state": rsv.State})
 	}
-	u, err := q.FreeReservationUnit(ctx, id)
+	un, err := u.unit, u.unitErr
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, api.Errorf(api.CodeCapacityUnavailable, "reservation %s has no free unit: each of its %d runs an instance", id, rsv.Count).
 			WithDetails(map[string]any{"reason": "reservation-full", "reservationId": id})
@@ -631,14 +674,11 @@ func (s *Service) takeUnit(ctx context.Context, tx pgx.Tx, q *db.Queries, in *ap
 	if err != nil {
 		return nil, err
 	}
-	if shape.VCPU > u.Vcpu || shape.MemoryMiB > u.MemoryMib || shape.DiskGiB > u.DiskGib || shape.GPUs > u.Gpus {
+	if shape.VCPU > un.Vcpu || shape.MemoryMiB > un.MemoryMib || shape.DiskGiB > un.DiskGib || shape.GPUs > un.Gpus {
 		return nil, api.Errorf(api.CodeInvalidInput, "flavor: %s (%d vCPU, %d MiB, %d GiB) does not fit a unit of reservation %s (%d vCPU, %d MiB, %d GiB)",
-			in.Flavor, shape.VCPU, shape.MemoryMiB, shape.DiskGiB, id, u.Vcpu, u.MemoryMib, u.DiskGib)
+			in.Flavor, shape.VCPU, shape.MemoryMiB, shape.DiskGiB, id, un.Vcpu, un.MemoryMib, un.DiskGib)
 	}
-	if err := s.Placer.ChargeCount(ctx, tx, in.TenantID, in.PoolID, map[string]int64{placement.ResourceInstances: 1}); err != nil {
-		return nil, err
-	}
-	return &reservationUnit{booking: u.BookingID, node: u.NodeID}, nil
+	return &reservationUnit{booking: un.BookingID, node: un.NodeID}, nil
 }
 
 // Topic is woken after a commit that changed instance id's reported

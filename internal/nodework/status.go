@@ -26,8 +26,12 @@ import (
 type StatusHandler func(ctx context.Context, tx pgx.Tx, node string, r db.Instance, reported agentproto.InstanceStatus) (bool, error)
 
 // VolumesHandler follows the volume files a daemon reports (nil: it does
-// not report them), in the report's transaction.
-type VolumesHandler func(ctx context.Context, tx pgx.Tx, node string, reported []agentproto.VolumeStatus) (bool, error)
+// not report them), in the report's transaction: it queues its first
+// statement in p, which goes in the status's first round trip with the
+// instances' rows, and returns what runs once that answered (after the
+// instances' handlers), which reports whether it wrote events; nil when it
+// queued nothing.
+type VolumesHandler func(ctx context.Context, p *store.Pipeline, node string, reported []agentproto.VolumeStatus) func(ctx context.Context, tx pgx.Tx) (bool, error)
 
 // Registry holds the status handlers the groups register at start (the
 // host fills it before the gateway role runs); the gateway calls
@@ -110,6 +114,12 @@ func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *
 	p.Queue(func(q *db.Queries) {
 		_, goneErr = q.GoneInstances(ctx, db.GoneInstancesParams{NodeID: nodeID, Reported: ids})
 	})
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	volumes := make([]func(context.Context, pgx.Tx) (bool, error), 0, len(g.volumes))
+	for _, h := range g.volumes {
+		volumes = append(volumes, h(ctx, p, node, st.Volumes))
+	}
 	if serr := p.Send(ctx, tx); err == nil {
 		err = cmp.Or(goneErr, serr)
 	}
@@ -122,8 +132,6 @@ func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *
 	slices.SortFunc(changed, func(a, b db.Instance) int {
 		return cmp.Compare(slices.Index(rp.InstanceIds, a.InstanceID), slices.Index(rp.InstanceIds, b.InstanceID))
 	})
-	g.mu.RLock()
-	defer g.mu.RUnlock()
 	events := false
 	for _, r := range changed {
 		notify.Later(ctx, InstanceTopic(r.InstanceID)) // its waits re-read
@@ -144,8 +152,11 @@ func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *
 	if err := usage.MeterEgress(ctx, tx, node, counts, now()); err != nil {
 		return false, err
 	}
-	for _, h := range g.volumes {
-		wrote, err := h(ctx, tx, node, st.Volumes)
+	for _, then := range volumes {
+		if then == nil {
+			continue
+		}
+		wrote, err := then(ctx, tx)
 		if err != nil {
 			return false, err
 		}

@@ -7,6 +7,7 @@ package nodework_test
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -236,4 +237,37 @@ func TestResultsByKind(t *testing.T) {
 	assert.True(t, kept.OK, "the first result is kept")
 	require.NoError(t, st.Pool().QueryRow(t.Context(), `select state from node_commands where command_id = $1`, other).Scan(&state))
 	assert.Equal(t, "pending", state)
+}
+
+// A volumes handler's statement travels in the status's first round trip,
+// with BEGIN and the instances' rows; what it returns runs once that
+// answered, and not at all for a status without a volume list.
+func TestVolumesHandlerJoinsTheFirstRoundTrip(t *testing.T) {
+	st := fixture(t)
+	var reg nodework.Registry
+	ran := 0
+	reg.RegisterVolumes(func(ctx context.Context, p *store.Pipeline, node string, reported []agentproto.VolumeStatus) func(context.Context, pgx.Tx) (bool, error) {
+		if reported == nil {
+			return nil
+		}
+		var n int64
+		var err error
+		p.Queue(func(q *db.Queries) { n, err = q.CountLiveBookings(ctx, node) })
+		return func(context.Context, pgx.Tx) (bool, error) {
+			ran++
+			assert.Zero(t, n)
+			return false, err
+		}
+	})
+	for _, volumes := range [][]agentproto.VolumeStatus{{}, nil} {
+		var trips atomic.Int64
+		ctx := store.CountRoundTrips(t.Context(), &trips)
+		require.NoError(t, st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := reg.ApplyStatus(ctx, tx, "n1", &agentproto.Status{Volumes: volumes,
+				Instances: []agentproto.InstanceStatus{running("vps-a", 0, 0), running("vps-b", 0, 0), running("warm-w", 0, 0)}}, nil, nil)
+			assert.Equal(t, int64(1), trips.Load(), "one round trip before the commit")
+			return err
+		}))
+	}
+	assert.Equal(t, 1, ran)
 }

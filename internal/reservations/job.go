@@ -108,7 +108,7 @@ func (j *Job) placeWaiting(ctx context.Context, tx pgx.Tx, r db.Reservation, now
 	if err != nil {
 		return false, err
 	}
-	_, err = j.Service.admitAll(ctx, tx, unit(r, f), int(r.Count))
+	_, err = j.Service.admitAll(ctx, tx, unit(r, f), int(r.Count), nil)
 	if err == nil {
 		return true, j.placed(ctx, tx, r, f, now)
 	}

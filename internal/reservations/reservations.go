@@ -173,15 +173,18 @@ func unit(r db.Reservation, f *api.Flavor) placement.Request {
 		Shape: shape, Whole: r.Whole, Until: r.EndAt}
 }
 
-// admitAll books every unit in a savepoint: all or none.
-func (s *Service) admitAll(ctx context.Context, tx pgx.Tx, req placement.Request, count int) ([]*placement.Booking, error) {
+// admitAll books every unit in a savepoint: all or none. Each unit's
+// booking and charges go in one round trip (AdmitPipelined); the first
+// unit's candidates are first's, read with the create's first reads.
+func (s *Service) admitAll(ctx context.Context, tx pgx.Tx, req placement.Request, count int, first *placement.Candidates) ([]*placement.Booking, error) {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []*placement.Booking
 	for i := 0; i < count; i++ {
-		b, err := s.Placer.Admit(ctx, sp, req)
+		b, err := s.Placer.AdmitPipelined(ctx, sp, req, first, func(*store.Pipeline, *placement.Booking) {})
+		first = nil // read for the first unit only
 		if err != nil {
 			_ = sp.Rollback(ctx)
 			return nil, err
@@ -216,6 +219,12 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 	var existingErr error
 	p.Queue(func(q *db.Queries) { existing, existingErr = q.GetReservation(ctx, k.ID) })
 	poolRead := flavors.QueueInPool(ctx, &p, in.TenantID, in.PoolID, in.Flavor)
+	// The placement's candidates for the first unit too (read for nothing
+	// on a replay or a refusal).
+	var first *placement.Candidates
+	if s.PlacerKind != config.PlacerPoolLease {
+		first = s.Placer.QueueCandidates(ctx, &p, in.PoolID, in.Flavor, "")
+	}
 	if err := p.Send(ctx, tx); err != nil {
 		return nil, err
 	}
@@ -280,7 +289,7 @@ func (s *Service) Create(ctx context.Context, in *api.ReservationsCreateInput) (
 			items = append(items, item)
 		}
 	} else {
-		bookings, err = s.admitAll(ctx, tx, req, count)
+		bookings, err = s.admitAll(ctx, tx, req, count, first)
 		switch {
 		case err != nil && priority == OnDemand && isCode(err, api.CodeCapacityUnavailable):
 			// Take capacity back from spot reservations, if they hold enough.

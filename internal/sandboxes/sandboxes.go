@@ -17,7 +17,6 @@
 package sandboxes
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -106,14 +105,23 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxesCreateInput) (*ap
 	}
 	k := idem.For(createMethod, in.TenantID, sess.Caller.IdentityID, in.IdempotencyKey, in)
 	a := admission{s: s, tx: tx, q: q, in: in, id: k.ID, caller: sess.Caller.IdentityID}
-	// What exists under the key, and the template, in one round trip
-	// (with BEGIN).
+	a.hostname, a.machineID = identity(k.ID)
+	// What exists under the key, the template and the claim of one of its
+	// warm VMs (none for a replay), in one round trip (with BEGIN).
 	var existing db.Sandbox
 	var existingErr error
 	a.p.Queue(func(q *db.Queries) { existing, existingErr = q.GetSandbox(ctx, k.ID) })
 	if in.FromSnapshot == nil && in.TemplateID != nil {
 		a.tmplRead = true
 		a.p.Queue(func(q *db.Queries) { a.tmpl, a.tmplErr = q.GetSandboxTemplate(ctx, *in.TemplateID) })
+		callEnv := []byte("{}")
+		if len(in.Env) > 0 {
+			callEnv, _ = json.Marshal(in.Env)
+		}
+		claim := db.ClaimWarmInstanceOfTemplateParams{TemplateID: *in.TemplateID, TenantID: in.TenantID, SandboxID: k.ID,
+			Name: a.hostname, Hostname: pgtype.Text{String: a.hostname, Valid: true}, MachineID: pgtype.Text{String: a.machineID, Valid: true},
+			Env: callEnv, CreatedBy: sess.Caller.IdentityID}
+		a.p.Queue(func(q *db.Queries) { a.claimed, a.claimErr = q.ClaimWarmInstanceOfTemplate(ctx, claim) })
 	}
 	if err := a.p.Send(ctx, tx); err != nil {
 		return nil, err
@@ -144,7 +152,6 @@ func (s *Service) Create(ctx context.Context, in *api.SandboxesCreateInput) (*ap
 	}
 	maps.Copy(env, in.Env)
 	a.env, _ = json.Marshal(env)
-	a.hostname, a.machineID = identity(id)
 
 	switch {
 	case a.snap != nil:
@@ -257,11 +264,11 @@ type admission struct {
 	p        store.Pipeline
 	tmplRead bool        // the template was read in the first pipeline
 	tmplErr  error       // its read's error
+	claimed  db.Instance // the warm VM claimed in the first pipeline (with the template)
+	claimErr error       // its error (no rows: none claimed)
 	vmQueued bool        // the VM's insert is in p
 	inserted db.Instance // its row
 	vmErr    error       // its error
-	// flavor is the template's pool and flavor, read with the warm claim.
-	flavor *flavors.PoolRead
 }
 
 // source reads the template (or the snapshot and its sandbox's template).
@@ -302,39 +309,22 @@ func (a *admission) source(ctx context.Context) error {
 	return json.Unmarshal(t.Volumes, &a.mounts)
 }
 
-// claimWarm takes a ready warm instance of the template, if there is one:
-// it becomes the sandbox's VM with a new identity generation. The warm
-// instance was placed and charged when the reconciler made it.
-func (a *admission) claimWarm(ctx context.Context) (bool, error) {
-	if len(a.mounts) > 0 {
+// claimWarm answers whether the first pipeline claimed a ready warm
+// instance of the template: it becomes the sandbox's VM with a new
+// identity generation. The warm instance was placed and charged when the
+// reconciler made it.
+func (a *admission) claimWarm(context.Context) (bool, error) {
+	if len(a.mounts) > 0 || !a.tmplRead {
 		return false, nil // a template with volumes keeps no warm pool
 	}
-	// The template's pool and flavor travel with the claim: a cold start
-	// needs them next. The claim is one statement: the VM found, locked
-	// and given the sandbox's identity.
-	var err error
-	a.p.Queue(func(q *db.Queries) {
-		a.vm, err = q.ClaimWarmInstance(ctx, db.ClaimWarmInstanceParams{TemplateID: pgtype.Text{String: a.tmpl.TemplateID, Valid: true},
-			Name: a.hostname, Hostname: pgtype.Text{String: a.hostname, Valid: true}, MachineID: pgtype.Text{String: a.machineID, Valid: true},
-			Env: a.env, CreatedBy: a.caller})
-	})
-	a.flavor = flavors.QueueInPool(ctx, &a.p, a.tmpl.TenantID, a.tmpl.PoolID, a.tmpl.Flavor)
-	if perr := a.p.Send(ctx, a.tx); perr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
-		err = perr
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(a.claimErr, pgx.ErrNoRows) {
 		return false, nil
 	}
-	if err != nil {
-		return false, err
+	if a.claimErr != nil {
+		return false, a.claimErr
 	}
-	a.how = HowWarm
-	// The warm VM keeps its network; the sandbox starts with the
-	// template's policy as it is now.
-	if a.vm.Network == vmnet.Egress && !bytes.Equal(a.vm.EgressPolicy, a.tmpl.EgressPolicy) {
-		a.vm, err = a.q.SetInstanceEgressPolicy(ctx, db.SetInstanceEgressPolicyParams{InstanceID: a.vm.InstanceID, EgressPolicy: a.tmpl.EgressPolicy})
-	}
-	return err == nil, err
+	a.vm, a.how = a.claimed, HowWarm
+	return true, nil
 }
 
 // cold places a new VM for the sandbox: on the template's pool, or on the
@@ -359,20 +349,38 @@ func (a *admission) restore(ctx context.Context) error {
 	return a.place(ctx, a.snap.NodeID, a.origin.Flavor, a.origin.ImageID, a.snap.SnapshotID)
 }
 
+// candidatesFor is first when flavor asks no GPUs: a sandbox books none,
+// and the candidates were read for the flavor's whole shape.
+func candidatesFor(first *placement.Candidates, flavor *api.Flavor) *placement.Candidates {
+	if flavor.Gpus != nil {
+		return nil
+	}
+	return first
+}
+
 // place books a VM for the sandbox and writes its instances row.
 func (a *admission) place(ctx context.Context, node, flavorName, imageID, restore string) error {
 	t := a.tmpl
-	var flavor *api.Flavor
-	var err error
-	if a.flavor != nil && restore == "" && flavorName == t.Flavor {
-		// Read with the warm claim: flavors.Get's answers from one statement.
-		var pf *api.Flavor
-		if _, pf, _, err = a.flavor.Result(ctx, a.q); err == nil && pf == nil {
-			err = flavors.NotFound(t.PoolID, flavorName)
-		}
-		flavor = pf
-	} else {
-		flavor, err = flavors.Get(ctx, a.q, t.TenantID, t.PoolID, flavorName)
+	// A restore keeps its sandbox's network and policy with an address of
+	// its own (two restores of one snapshot never share one).
+	mode, policy := t.Network, t.EgressPolicy
+	if restore != "" {
+		mode, policy = a.origin.Network, a.origin.EgressPolicy
+	}
+	// The pool and flavor, and when the VM may go to any node the
+	// placement's candidates for the flavor, in one round trip.
+	var p store.Pipeline
+	poolRead := flavors.QueueInPool(ctx, &p, t.TenantID, t.PoolID, flavorName)
+	var first *placement.Candidates
+	if node == "" {
+		first = a.s.Placer.QueueCandidates(ctx, &p, t.PoolID, flavorName, mode)
+	}
+	if err := p.Send(ctx, a.tx); err != nil {
+		return err
+	}
+	_, flavor, _, err := poolRead.Result(ctx, a.q)
+	if err == nil && flavor == nil {
+		err = flavors.NotFound(t.PoolID, flavorName)
 	}
 	if err != nil {
 		return err
@@ -394,17 +402,13 @@ func (a *admission) place(ctx context.Context, node, flavorName, imageID, restor
 		boot = instances.BootOf(im)
 	}
 	vmID := iam.DerivedID(api.Lookup("/instances/create"), t.TenantID, a.id, "sandbox")
-	// A restore keeps its sandbox's network and policy with an address of
-	// its own (two restores of one snapshot never share one).
-	mode, policy := t.Network, t.EgressPolicy
-	if restore != "" {
-		mode, policy = a.origin.Network, a.origin.EgressPolicy
-	}
-	booking, err := a.s.Placer.Admit(ctx, a.tx, placement.Request{
+	// The booking and the quota charges in one round trip (the VM's insert
+	// goes with the sandbox's, next).
+	booking, err := a.s.Placer.AdmitPipelined(ctx, a.tx, placement.Request{
 		TenantID: t.TenantID, PoolID: t.PoolID, Owner: placement.Owner{Type: ResourceType, ID: vmID}, NodeID: node, Network: mode,
 		Shape: placement.Shape{VCPU: int32(flavor.Vcpu), MemoryMiB: flavor.MemoryMiB, DiskGiB: flavor.DiskGiB},
 		Count: map[string]int64{placement.ResourceSandboxes: 1},
-	})
+	}, candidatesFor(first, flavor), func(*store.Pipeline, *placement.Booking) {})
 	if err != nil {
 		return err
 	}

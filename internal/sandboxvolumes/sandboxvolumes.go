@@ -306,29 +306,42 @@ func (s *Service) Delete(ctx context.Context, in *api.SandboxVolumesDeleteInput)
 		Data: api.SandboxVolumeDeletingPayload{VolumeID: v.VolumeID, PoolID: v.PoolID, NodeID: v.NodeID}})
 }
 
-// RegisterStatus makes reg follow the volumes daemons report (ApplyStatus).
+// RegisterStatus makes reg follow the volumes daemons report (QueueStatus).
 func RegisterStatus(reg *nodework.Registry, placer *placement.Engine) {
-	reg.RegisterVolumes(func(ctx context.Context, tx pgx.Tx, node string, reported []agentproto.VolumeStatus) (bool, error) {
-		return ApplyStatus(ctx, tx, placer, node, reported)
+	reg.RegisterVolumes(func(ctx context.Context, p *store.Pipeline, node string, reported []agentproto.VolumeStatus) func(context.Context, pgx.Tx) (bool, error) {
+		return QueueStatus(ctx, p, placer, node, reported)
 	})
 }
 
-// ApplyStatus finishes the deleting volumes of a node its daemon no
-// longer holds: bookings and quota back, usage closed,
-// sandbox.volume.deleted. A status without a volume list changes nothing.
-func ApplyStatus(ctx context.Context, tx pgx.Tx, placer *placement.Engine, node string, reported []agentproto.VolumeStatus) (bool, error) {
+// QueueStatus finishes the deleting volumes of a node its daemon no
+// longer holds: the statement that finds them (and marks them deleted)
+// goes in p; then, once it answered, gives their bookings and quota back,
+// closes their usage and writes sandbox.volume.deleted. A status without a
+// volume list changes nothing (then is nil).
+func QueueStatus(ctx context.Context, p *store.Pipeline, placer *placement.Engine, node string, reported []agentproto.VolumeStatus) (then func(context.Context, pgx.Tx) (bool, error)) {
 	if reported == nil {
-		return false, nil
+		return nil
 	}
 	serials := make([]string, 0, len(reported))
 	for _, r := range reported {
 		serials = append(serials, r.Serial)
 	}
-	q := db.New(tx)
-	gone, err := q.GoneVolumes(ctx, db.GoneVolumesParams{NodeID: node, Reported: serials})
-	if err != nil {
-		return false, err
+	var gone []db.SandboxVolume
+	var goneErr error
+	p.Queue(func(q *db.Queries) {
+		gone, goneErr = q.GoneVolumes(ctx, db.GoneVolumesParams{NodeID: node, Reported: serials})
+	})
+	return func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		if goneErr != nil {
+			return false, goneErr
+		}
+		return finishGone(ctx, tx, placer, gone)
 	}
+}
+
+// finishGone finishes the volumes the daemon no longer holds.
+func finishGone(ctx context.Context, tx pgx.Tx, placer *placement.Engine, gone []db.SandboxVolume) (bool, error) {
+	q := db.New(tx)
 	for _, v := range gone {
 		bookings, err := q.VolumeBookings(ctx, v.VolumeID)
 		if err != nil {
