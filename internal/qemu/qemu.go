@@ -84,6 +84,10 @@ type Config struct {
 	// Net is the VM's one network card; nil is none (-nodefaults leaves
 	// no other).
 	Net *NetDevice `json:"net,omitempty"`
+	// ExecDir is the directory qemu was started in when the VM's
+	// directory moved since (VM.Move: a prestarted restore): qemu's
+	// command line names its files there. Empty: Dir.
+	ExecDir string `json:"execDir,omitempty"`
 }
 
 // NetDevice is a virtio-net card on a tap the host made beforehand
@@ -99,6 +103,14 @@ func (c *Config) path(name string) string { return filepath.Join(c.Dir, name) }
 
 // QMPSocket is the QMP socket's path.
 func (c *Config) QMPSocket() string { return c.path("qmp.sock") }
+
+// execQMPSocket is the QMP socket's path on qemu's command line.
+func (c *Config) execQMPSocket() string {
+	if c.ExecDir != "" {
+		return filepath.Join(c.ExecDir, "qmp.sock")
+	}
+	return c.QMPSocket()
+}
 
 // GuestSocket is the guest channel's path.
 func (c *Config) GuestSocket() string { return c.path("guest.sock") }

@@ -41,7 +41,11 @@ func main() {
 	out := flag.String("out", "docs/benchmarks.md", "the benchmarks page")
 	notes := flag.String("notes", "docs/benchmarks-notes.md", "the notes page make bench appends")
 	only := flag.String("only", "", "run only this kind: warm, restore or cold (while iterating; the report then has that kind's rows only)")
+	restorePool := flag.Int("restore-pool", -1, "the agent's --restore-pool (qemus started ahead per snapshot); -1 leaves its default (an A/B: 0 against 1)")
 	flag.Parse()
+	if *restorePool >= 0 {
+		benchkit.AgentArgs = append(benchkit.AgentArgs, "--restore-pool", strconv.Itoa(*restorePool))
+	}
 	ctx := context.Background()
 	if _, err := (&images.Dir{Path: *imagesDir}).Get(ctx, "computeplane/minimal"); err != nil {
 		log.Fatalf("sandboxbench: %v (run make images)", err)

@@ -1,0 +1,358 @@
+package vmruntime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"computeplane/internal/qemu"
+)
+
+// The restore pool keeps qemu processes started ahead for the snapshots
+// restored on this node (qemu -incoming defer, QMP connected, the state's
+// descriptor passed: qemu.Prestart), so that a restore spends the
+// migration and the guest's first answer, not qemu's start and QMP
+// handshake (a third of a restore's host share under TCG).
+//
+// On microvm everything a VM is made of is on qemu's command line: the
+// snapshot's memory file as its RAM backend, its disks, its tap (a
+// virtio-mmio device cannot be plugged later, and a NIC's netdev cannot
+// be replaced). So a pooled qemu serves one snapshot and one shape (the
+// restore's config but for its name and directory): a restore without
+// volumes or network card, whose disk (if any) is the snapshot's. Other
+// restores start qemu as before.
+//
+// Bounds: Size qemus per snapshot, for the Snapshots snapshots restored
+// (or taken) most recently here; one prestart at a time, at WarmNice. A
+// pooled qemu is taken by renaming its directory to the VM's; the pool is
+// refilled in the background after each restore. DeleteSnapshot ends
+// that snapshot's qemus, Close every one (they are not VMs: nothing
+// outlives the daemon), and a daemon that starts ends what a crashed one
+// left.
+
+// Restore pool bounds (compute-agent --restore-pool, --restore-pool-snapshots).
+const (
+	MaxRestorePool          = 8
+	MaxRestorePoolSnapshots = 64
+)
+
+// RestorePool configures the restore pool; Size 0 turns it off.
+type RestorePool struct {
+	Size      int // prestarted qemus kept per snapshot
+	Snapshots int // snapshots with a pool, the most recently restored
+}
+
+// Check names the first problem of a restore pool's configuration.
+func (p RestorePool) Check() error {
+	switch {
+	case p.Size < 0 || p.Size > MaxRestorePool:
+		return fmt.Errorf("--restore-pool: 0 to %d qemus per snapshot", MaxRestorePool)
+	case p.Size > 0 && (p.Snapshots < 1 || p.Snapshots > MaxRestorePoolSnapshots):
+		return fmt.Errorf("--restore-pool-snapshots: 1 to %d", MaxRestorePoolSnapshots)
+	}
+	return nil
+}
+
+// Prestarter is a Launcher that starts VMs ahead of a restore (qemu's;
+// the unit tests' fake does not, and runs no pool).
+type Prestarter interface {
+	Prestart(ctx context.Context, c *qemu.Config) (PrestartedVM, error)
+}
+
+// PrestartedVM is a VM waiting for its state (qemu.Prestart).
+type PrestartedVM interface {
+	VM
+	Move(dir, id string) error
+	Restore(ctx context.Context) error
+}
+
+// A pooled VM and what it was started for.
+type pooled struct {
+	vm  PrestartedVM
+	key string
+}
+
+// poolTemplate is what a snapshot's pooled qemus are started as.
+type poolTemplate struct {
+	config *qemu.Config // Dir and ID are a slot's
+	disk   string       // the snapshot's disk, copied into each slot
+}
+
+type restorePool struct {
+	cfg    RestorePool
+	dir    string
+	launch Prestarter
+	log    *slog.Logger
+
+	mu        sync.Mutex
+	ready     map[string][]*pooled     // by snapshot
+	templates map[string]*poolTemplate // by snapshot
+	recent    []string                 // snapshots, most recent last
+	stopped   bool
+
+	kick   chan struct{}
+	done   chan struct{}
+	filler sync.WaitGroup
+	seq    atomic.Int64
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// PoolDir is where the pooled qemus' directories live, under the
+// runtime's directory (the same filesystem as vms/, for the rename).
+func PoolDir(runtimeDir string) string { return filepath.Join(runtimeDir, "pool") }
+
+func newRestorePool(cfg RestorePool, runtimeDir string, launch Prestarter, log *slog.Logger) *restorePool {
+	p := &restorePool{cfg: cfg, dir: PoolDir(runtimeDir), launch: launch, log: log, ready: map[string][]*pooled{},
+		templates: map[string]*poolTemplate{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.filler.Add(1)
+	go p.fill()
+	return p
+}
+
+// clearPoolDir ends the qemus a daemon that did not stop cleanly left in
+// the pool's directory and removes it.
+func clearPoolDir(runtimeDir string, launch Launcher) {
+	dirs, _ := filepath.Glob(filepath.Join(PoolDir(runtimeDir), "*"))
+	for _, d := range dirs {
+		launch.KillDir(d)
+	}
+	_ = os.RemoveAll(PoolDir(runtimeDir))
+}
+
+// poolKey is a restore config's shape: everything but its name, its
+// directory (disk paths taken relative to it), its niceness and its
+// kernel command line (a restored guest never reads it again: it gets
+// its hostname with its identity).
+func poolKey(c *qemu.Config) string {
+	k := *c
+	k.ID, k.Dir, k.Nice, k.Cmdline, k.ExecDir = "", "", 0, "", ""
+	k.Disks = slices.Clone(c.Disks)
+	for i, d := range k.Disks {
+		if rel, err := filepath.Rel(c.Dir, d.Path); err == nil && filepath.IsLocal(rel) {
+			k.Disks[i].Path = "./" + rel
+		}
+	}
+	b, _ := json.Marshal(k)
+	return string(b)
+}
+
+// poolable tells whether a restore's config can come from the pool: no
+// network card, and no disk but the VM's own copy of the snapshot's.
+func poolable(c *qemu.Config, snapshotDisk string) bool {
+	if c.Net != nil || c.Incoming == "" {
+		return false
+	}
+	switch len(c.Disks) {
+	case 0:
+		return true
+	case 1:
+		return snapshotDisk != "" && c.Disks[0].Path == filepath.Join(c.Dir, "disk0.raw")
+	}
+	return false
+}
+
+// take hands out a pooled qemu for snapshot's restore config c, nil when
+// none of its shape waits.
+func (p *restorePool) take(snapshot string, c *qemu.Config) PrestartedVM {
+	key := poolKey(c)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.ready[snapshot]
+	for i, pv := range list {
+		if pv.key == key && pv.vm.Alive() {
+			p.ready[snapshot] = slices.Delete(list, i, i+1)
+			return pv.vm
+		}
+	}
+	return nil
+}
+
+// want records that snapshot is restored with config c (its disk copied
+// from disk), making it the most recent, and has its pool refilled; the
+// least recent snapshot beyond the bound loses its pool.
+func (p *restorePool) want(snapshot string, c *qemu.Config, disk string) {
+	if !poolable(c, disk) {
+		return
+	}
+	p.mu.Lock()
+	if p.stopped {
+		p.mu.Unlock()
+		return
+	}
+	key := poolKey(c)
+	if t := p.templates[snapshot]; t == nil || poolKey(t.config) != key {
+		tc := *c
+		tc.Disks = slices.Clone(c.Disks)
+		p.templates[snapshot] = &poolTemplate{config: &tc, disk: disk}
+		// qemus of another shape are no use any more.
+		var stale []*pooled
+		p.ready[snapshot] = slices.DeleteFunc(p.ready[snapshot], func(pv *pooled) bool {
+			if pv.key != key {
+				stale = append(stale, pv)
+				return true
+			}
+			return false
+		})
+		defer endPooled(stale)
+	}
+	p.recent = append(slices.DeleteFunc(p.recent, func(s string) bool { return s == snapshot }), snapshot)
+	var evicted []*pooled
+	for len(p.recent) > p.cfg.Snapshots {
+		old := p.recent[0]
+		p.recent = p.recent[1:]
+		evicted = append(evicted, p.ready[old]...)
+		delete(p.ready, old)
+		delete(p.templates, old)
+	}
+	p.mu.Unlock()
+	endPooled(evicted)
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// drop ends a snapshot's pooled qemus and forgets it (the snapshot is
+// deleted).
+func (p *restorePool) drop(snapshot string) {
+	p.mu.Lock()
+	list := p.ready[snapshot]
+	delete(p.ready, snapshot)
+	delete(p.templates, snapshot)
+	p.recent = slices.DeleteFunc(p.recent, func(s string) bool { return s == snapshot })
+	p.mu.Unlock()
+	endPooled(list)
+}
+
+// endPooled kills pooled qemus and removes their directories.
+func endPooled(list []*pooled) {
+	for _, pv := range list {
+		_ = pv.vm.Kill()
+		_ = os.RemoveAll(pv.vm.Config().Dir)
+	}
+}
+
+// fill keeps every recent snapshot's pool at its size, one prestart at a
+// time, until close.
+func (p *restorePool) fill() {
+	defer p.filler.Done()
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-p.kick:
+		}
+		for {
+			snapshot, t := p.next()
+			if t == nil {
+				break
+			}
+			pv, err := p.prestart(t)
+			p.mu.Lock()
+			switch {
+			case err != nil:
+				// Not again until the next restore asks for it.
+				if p.templates[snapshot] == t {
+					delete(p.templates, snapshot)
+				}
+				p.mu.Unlock()
+				if p.ctx.Err() == nil {
+					p.log.Warn("the restore pool could not start a qemu", "snapshot", snapshot, "error", err.Error())
+				}
+				continue
+			case p.stopped || p.templates[snapshot] != t:
+				p.mu.Unlock()
+				endPooled([]*pooled{pv})
+				continue
+			}
+			p.ready[snapshot] = append(p.ready[snapshot], pv)
+			p.mu.Unlock()
+		}
+	}
+}
+
+// next is a snapshot whose pool is short, the most recent first.
+func (p *restorePool) next() (string, *poolTemplate) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return "", nil
+	}
+	for i := len(p.recent) - 1; i >= 0; i-- {
+		s := p.recent[i]
+		if t := p.templates[s]; t != nil && len(p.ready[s]) < p.cfg.Size {
+			return s, t
+		}
+	}
+	return "", nil
+}
+
+// PrestartTimeout bounds one pooled qemu's start (a loaded host is slow).
+const PrestartTimeout = 30 * time.Second
+
+func (p *restorePool) prestart(t *poolTemplate) (*pooled, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, PrestartTimeout)
+	defer cancel()
+	c := *t.config
+	c.ID = "pool-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36) + "-" + strconv.FormatInt(p.seq.Add(1), 36)
+	c.Dir = filepath.Join(p.dir, c.ID)
+	c.Nice = WarmNice // nobody waits for it
+	c.Disks = slices.Clone(t.config.Disks)
+	for i := range c.Disks {
+		c.Disks[i].Path = filepath.Join(c.Dir, filepath.Base(c.Disks[i].Path))
+	}
+	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	if t.disk != "" {
+		if err := copySparse(ctx, t.disk, filepath.Join(c.Dir, "disk0.raw")); err != nil {
+			_ = os.RemoveAll(c.Dir)
+			return nil, err
+		}
+	}
+	vm, err := p.launch.Prestart(ctx, &c)
+	if err != nil {
+		_ = os.RemoveAll(c.Dir)
+		return nil, err
+	}
+	return &pooled{vm: vm, key: poolKey(t.config)}, nil
+}
+
+// close ends every pooled qemu (and a prestart in flight) and removes
+// the pool's directory.
+func (p *restorePool) close() {
+	p.mu.Lock()
+	p.stopped = true
+	var all []*pooled
+	for _, list := range p.ready {
+		all = append(all, list...)
+	}
+	p.ready = map[string][]*pooled{}
+	p.mu.Unlock()
+	p.cancel()
+	close(p.done)
+	p.filler.Wait()
+	endPooled(all)
+	_ = os.RemoveAll(p.dir)
+}
+
+// count is how many pooled qemus wait (tests, logs).
+func (p *restorePool) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, list := range p.ready {
+		n += len(list)
+	}
+	return n
+}
