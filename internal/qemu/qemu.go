@@ -81,6 +81,9 @@ type Config struct {
 	Nice int `json:"nice,omitempty"`
 	// Incoming restores a saved state (a migration stream file).
 	Incoming string `json:"incoming,omitempty"`
+	// Paused keeps the vCPUs stopped once started or restored (-S),
+	// until a cont.
+	Paused bool `json:"paused,omitempty"`
 	// Net is the VM's one network card; nil is none (-nodefaults leaves
 	// no other).
 	Net *NetDevice `json:"net,omitempty"`
@@ -247,6 +250,9 @@ func (c *Config) Args() []string {
 	if n := c.Net; n != nil {
 		a = append(a, "-netdev", "tap,id=n0,ifname="+n.Tap+",script=no,downscript=no",
 			"-device", "virtio-net-"+bus+",netdev=n0,mac="+n.MAC)
+	}
+	if c.Paused {
+		a = append(a, "-S")
 	}
 	if c.Incoming != "" {
 		// The state goes in by QMP once the capabilities are set (Start).

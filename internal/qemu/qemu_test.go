@@ -194,9 +194,10 @@ func TestSnapshotRestoredTwice(t *testing.T) {
 		return g
 	}
 	a, b := restore("a"), restore("b")
-	// A third restore into a qemu started ahead (a restore pool's): it
-	// waits with its QMP handshake done, moves to the VM's directory and
-	// only then loads the state.
+	// A third restore into a qemu started ahead (a restore pool's): its
+	// state loaded, its guest run on to a ping and paused again, it waits
+	// with its QMP connection held, moves to the VM's directory and only
+	// then runs on.
 	c := config("pooled")
 	c.MemoryFile, c.MemoryPrivate, c.Incoming = filepath.Join(snap, "memory"), true, filepath.Join(snap, "state")
 	pv, err := qemu.Prestart(ctx, c)
@@ -213,7 +214,7 @@ func TestSnapshotRestoredTwice(t *testing.T) {
 	pg, err := pv.Guest()
 	require.NoError(t, err)
 	require.True(t, call(t, pg, guestproto.Request{Op: guestproto.OpPing}).Status.RootOK)
-	t.Logf("prestarted: state in %s, then the guest answered in %s", restored.Round(time.Millisecond), (time.Since(start) - restored).Round(time.Millisecond))
+	t.Logf("prestarted: running in %s, then the guest answered in %s", restored.Round(time.Millisecond), (time.Since(start) - restored).Round(time.Millisecond))
 	moved, err := qemu.Attach(filepath.Join(dir, "moved"))
 	require.NoError(t, err, "a moved VM is re-attached by its new directory")
 	assert.Equal(t, pv.Pid, moved.Pid)

@@ -42,8 +42,8 @@ type VM struct {
 	guest  *Guest
 	// held is the QMP connection a restore goes on with (Start,
 	// Prestart), its handshake and preparations done; nil otherwise.
-	held     *qmpConn
-	prepared bool // held has the state's descriptor and capabilities
+	held   *qmpConn
+	loaded bool // a restore's state is in (Prestart)
 
 	startedAt time.Time // qemu's exec, for StartPhases
 	// StartPhases is when Start saw each step, from qemu's exec (zero
@@ -77,6 +77,7 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 		return v, nil
 	}
 	v.held = q
+	v.connectGuest()
 	if err := v.Restore(ctx); err != nil {
 		_ = v.Kill()
 		return nil, err
@@ -85,26 +86,71 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 }
 
 // Prestart starts qemu for a restore of c.Incoming ahead of it: the
-// process, its QMP handshake, the migration capabilities and the state
-// file's descriptor are done, and the VM waits with -incoming defer,
-// holding its QMP connection, until Restore loads the state (or Kill).
-// What a restore then spends is the migration and the guest's first
-// answer, not qemu's start.
+// process, its QMP handshake and the migration of the saved state are
+// done; the guest then runs on from its snapshot just long enough to
+// answer a ping (its agent answers, its root filesystem takes a write),
+// and the VM waits paused, holding its QMP connection, until Restore lets
+// it run again (or Kill). What a restore then spends is a cont and the
+// guest's answer on a path it has just run: under TCG the code of that
+// path (the virtio interrupt, the kernel, the agent) is translated
+// already, which the first answer of a freshly restored guest spends most
+// of its time on.
 func Prestart(ctx context.Context, c *Config) (*VM, error) {
 	if c.Incoming == "" {
 		return nil, errors.New("qemu: a prestarted VM restores a state (Incoming)")
 	}
+	c.Paused = true
 	v, q, err := launch(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	if err := v.prepareIncoming(ctx, q); err != nil {
-		q.close()
+	v.held = q
+	v.connectGuest()
+	if err := v.load(ctx, q); err != nil {
 		_ = v.Kill()
 		return nil, err
 	}
-	v.held = q
+	if err := v.warm(ctx, q); err != nil {
+		_ = v.Kill()
+		return nil, err
+	}
 	return v, nil
+}
+
+// warm runs a restored VM until its guest answers a ping, and pauses it
+// again (on q, the connection held).
+func (v *VM) warm(ctx context.Context, q *qmpConn) error {
+	if _, err := q.run(ctx, `{"execute":"cont"}`, nil); err != nil {
+		return err
+	}
+	g, err := v.Guest()
+	if err != nil {
+		return err
+	}
+	resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpPing})
+	switch {
+	case err != nil:
+		return fmt.Errorf("qemu: the restored guest did not answer: %w", err)
+	case resp.Status == nil || !resp.Status.RootOK:
+		return errors.New("qemu: the restored guest's root filesystem did not check out")
+	}
+	_, err = q.run(ctx, `{"execute":"stop"}`, nil)
+	return err
+}
+
+// connectGuest connects the guest channel of a VM whose state is still
+// to load. The guest was snapshotted with a host connected to its port:
+// connected before the state loads, the port stays so, whereas a host
+// that connects only after the VM runs again lets the guest see its port
+// close (qemu tells it the host is gone, its read ends) and open again,
+// and compute-guest serves the port anew (a pause, a ready event) before
+// the first request is read. A failure leaves it to Guest to dial later.
+func (v *VM) connectGuest() {
+	if g, err := DialGuest(v.Config.GuestSocket()); err == nil {
+		v.mu.Lock()
+		v.guest = g
+		v.mu.Unlock()
+	}
 }
 
 // launch execs qemu for c and returns it with a QMP connection whose
@@ -593,30 +639,11 @@ func (v *VM) SaveState(ctx context.Context, file string) error {
 	return v.awaitMigration(ctx)
 }
 
-// prepareIncoming readies a VM started with -incoming defer for its
-// state, on the connection q: the capabilities set and the state file's
-// descriptor passed (qemu reads the state from it: no shell and cat
-// forked from qemu, whose address space holds the guest's memory).
-func (v *VM) prepareIncoming(ctx context.Context, q *qmpConn) error {
-	f, err := os.Open(v.Config.Incoming)
-	if err != nil {
-		return fmt.Errorf("qemu: state: %w", err)
-	}
-	defer f.Close()
-	if v.Config.MemoryFile != "" {
-		if _, err := q.run(ctx, `{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}`, nil); err != nil {
-			return err
-		}
-	}
-	_, err = q.run(ctx, `{"execute":"getfd","arguments":{"fdname":"incoming"}}`, f)
-	v.prepared = err == nil
-	return err
-}
-
 // Restore loads the state file named by Config.Incoming into a VM
-// started with -incoming defer (Start, Prestart) and lets it run; the
-// whole sequence goes on the QMP connection the start opened, which is
-// let go of afterwards (other commands open their own).
+// started with -incoming defer (Start) and lets it run, or lets a
+// prestarted one (its state loaded) run; the sequence goes on the QMP
+// connection the start opened, which is let go of afterwards (other
+// commands open their own).
 func (v *VM) Restore(ctx context.Context) error {
 	v.qmpMu.Lock()
 	defer v.qmpMu.Unlock()
@@ -628,35 +655,9 @@ func (v *VM) Restore(ctx context.Context) error {
 		return errors.New("qemu: no restore is pending on this VM")
 	}
 	defer q.close()
-	if !v.prepared {
-		if err := v.prepareIncoming(ctx, q); err != nil {
+	if !v.loaded {
+		if err := v.load(ctx, q); err != nil {
 			return err
-		}
-	}
-	if _, err := q.run(ctx, `{"execute":"migrate-incoming","arguments":{"uri":"fd:incoming"}}`, nil); err != nil {
-		return err
-	}
-	for {
-		out, err := q.run(ctx, `{"execute":"query-migrate"}`, nil)
-		if err != nil {
-			return err
-		}
-		var info struct {
-			Status    string `json:"status"`
-			ErrorDesc string `json:"error-desc"`
-		}
-		_ = json.Unmarshal(out, &info)
-		if info.Status == "completed" {
-			v.StartPhases.Loaded = time.Since(v.startedAt)
-			break
-		}
-		if info.Status == "failed" || info.Status == "cancelled" {
-			return fmt.Errorf("qemu: migration %s: %s", info.Status, info.ErrorDesc)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("qemu: migration not done: %w", ctx.Err())
-		case <-time.After(time.Millisecond):
 		}
 	}
 	for {
@@ -680,6 +681,53 @@ func (v *VM) Restore(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("qemu: restored VM is %s: %w", st.Status, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// load migrates the state file named by Config.Incoming into the VM on
+// the connection q: the capabilities set, the file's descriptor passed
+// (qemu reads the state from it: no shell and cat forked from qemu, whose
+// address space holds the guest's memory), the migration awaited.
+func (v *VM) load(ctx context.Context, q *qmpConn) error {
+	f, err := os.Open(v.Config.Incoming)
+	if err != nil {
+		return fmt.Errorf("qemu: state: %w", err)
+	}
+	defer f.Close()
+	if v.Config.MemoryFile != "" {
+		if _, err := q.run(ctx, `{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}`, nil); err != nil {
+			return err
+		}
+	}
+	if _, err = q.run(ctx, `{"execute":"getfd","arguments":{"fdname":"incoming"}}`, f); err != nil {
+		return err
+	}
+	if _, err := q.run(ctx, `{"execute":"migrate-incoming","arguments":{"uri":"fd:incoming"}}`, nil); err != nil {
+		return err
+	}
+	for {
+		out, err := q.run(ctx, `{"execute":"query-migrate"}`, nil)
+		if err != nil {
+			return err
+		}
+		var info struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		_ = json.Unmarshal(out, &info)
+		if info.Status == "completed" {
+			v.StartPhases.Loaded = time.Since(v.startedAt)
+			v.loaded = true
+			return nil
+		}
+		if info.Status == "failed" || info.Status == "cancelled" {
+			return fmt.Errorf("qemu: migration %s: %s", info.Status, info.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: migration not done: %w", ctx.Err())
 		case <-time.After(time.Millisecond):
 		}
 	}

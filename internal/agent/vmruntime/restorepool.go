@@ -17,10 +17,11 @@ import (
 )
 
 // The restore pool keeps qemu processes started ahead for the snapshots
-// restored on this node (qemu -incoming defer, QMP connected, the state's
-// descriptor passed: qemu.Prestart), so that a restore spends the
-// migration and the guest's first answer, not qemu's start and QMP
-// handshake (a third of a restore's host share under TCG).
+// restored on this node, each with the snapshot's state loaded and its
+// vCPUs never run (qemu -S -incoming defer, then the migration, its QMP
+// connection held: qemu.Prestart), so that a restore spends a cont and the
+// guest's first answer, not qemu's start, the QMP handshake and the
+// migration (half of a restore's host share under TCG).
 //
 // On microvm everything a VM is made of is on qemu's command line: the
 // snapshot's memory file as its RAM backend, its disks, its tap (a
@@ -171,6 +172,12 @@ func (p *restorePool) take(snapshot string, c *qemu.Config) PrestartedVM {
 	for i, pv := range list {
 		if pv.key == key && pv.vm.Alive() {
 			p.ready[snapshot] = slices.Delete(list, i, i+1)
+			// Refilled at once: at WarmNice, the prestart takes what CPU
+			// the restored guest leaves (the other core, on two).
+			select {
+			case p.kick <- struct{}{}:
+			default:
+			}
 			return pv.vm
 		}
 	}
