@@ -29,6 +29,7 @@ import (
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/buildinfo"
+	"computeplane/internal/configerr"
 	"computeplane/internal/qemu"
 	"computeplane/internal/release"
 )
@@ -234,7 +235,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	poolSet := false
 	fs.Visit(func(f *flag.Flag) { poolSet = poolSet || strings.HasPrefix(f.Name, "restore-pool") })
 	if poolSet && pool.Size > 0 && *rt != "qemu" {
-		fmt.Fprintf(stderr, "compute-agent run: --restore-pool: the %s runtime starts no qemu (set 0 or leave it out)\n", *rt)
+		fmt.Fprintln(stderr, "compute-agent run:", &configerr.Error{Option: "--restore-pool", Message: "the " + *rt + " runtime starts no qemu (set 0 or leave it out)"})
 		return 2
 	}
 	nodeShell := strings.Fields(*nodeConsole)

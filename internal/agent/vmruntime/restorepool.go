@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"computeplane/internal/configerr"
 	"computeplane/internal/qemu"
 )
 
@@ -51,13 +52,14 @@ type RestorePool struct {
 	Snapshots int // snapshots with a pool, the most recently restored
 }
 
-// Check names the first problem of a restore pool's configuration.
+// Check names the first problem of a restore pool's configuration
+// (a *configerr.Error, INVALID_CONFIG naming the flag).
 func (p RestorePool) Check() error {
 	switch {
 	case p.Size < 0 || p.Size > MaxRestorePool:
-		return fmt.Errorf("--restore-pool: 0 to %d qemus per snapshot", MaxRestorePool)
-	case p.Size > 0 && (p.Snapshots < 1 || p.Snapshots > MaxRestorePoolSnapshots):
-		return fmt.Errorf("--restore-pool-snapshots: 1 to %d", MaxRestorePoolSnapshots)
+		return &configerr.Error{Option: "--restore-pool", Message: fmt.Sprintf("%d is outside 0 to %d qemus per snapshot", p.Size, MaxRestorePool)}
+	case p.Snapshots < 1 || p.Snapshots > MaxRestorePoolSnapshots:
+		return &configerr.Error{Option: "--restore-pool-snapshots", Message: fmt.Sprintf("%d is outside 1 to %d", p.Snapshots, MaxRestorePoolSnapshots)}
 	}
 	return nil
 }
