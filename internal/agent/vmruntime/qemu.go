@@ -698,6 +698,7 @@ func (r *QEMU) adopt(id string, st *vmState, boot int, pv PrestartedVM) error {
 	if err := pv.Move(dir, id); err != nil {
 		return r.unadopt(id, st, err)
 	}
+	_ = os.Remove(filepath.Join(dir, ReadyFile))
 	return nil
 }
 

@@ -109,6 +109,9 @@ type restorePool struct {
 	cancel context.CancelFunc
 }
 
+// ReadyFile marks a pooled qemu's directory once it waits to be taken.
+const ReadyFile = "ready"
+
 // PoolDir is where the pooled qemus' directories live, under the
 // runtime's directory (the same filesystem as vms/, for the rename).
 func PoolDir(runtimeDir string) string { return filepath.Join(runtimeDir, "pool") }
@@ -182,6 +185,9 @@ func (p *restorePool) take(snapshot string, c *qemu.Config) PrestartedVM {
 			}
 			return pv.vm
 		}
+	}
+	if len(list) > 0 {
+		p.log.Debug("restore pool: no qemu of this restore's shape", "snapshot", snapshot, "want", key, "have", list[0].key)
 	}
 	return nil
 }
@@ -286,6 +292,8 @@ func (p *restorePool) fill() {
 			}
 			p.ready[snapshot] = append(p.ready[snapshot], pv)
 			p.mu.Unlock()
+			// For whoever looks at the node: this one waits to be taken.
+			_ = os.WriteFile(filepath.Join(pv.vm.Config().Dir, ReadyFile), nil, 0o600)
 		}
 	}
 }
