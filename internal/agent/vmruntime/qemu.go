@@ -602,7 +602,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 		if err == nil && how == "restore" && r.pool != nil && poolable(c, restoreDisk) {
 			// A qemu started ahead for this snapshot, its directory made
 			// the VM's: no process start, no QMP handshake, no disk copy.
-			if pv = r.pool.take(vs.Restore, c); pv != nil {
+			if pv = r.pool.take(ctx, vs.Restore, c); pv != nil {
 				if err = r.adopt(id, st, boot, pv); err != nil {
 					_ = pv.Kill()
 					_ = os.RemoveAll(pv.Config().Dir)

@@ -9,9 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"computeplane/internal/configerr"
 	"computeplane/internal/qemu"
@@ -83,6 +86,15 @@ type pooled struct {
 	key string
 }
 
+// startingQemu is the prestart in flight; a restore that claimed it
+// takes pv once done is closed (nil: it failed).
+type startingQemu struct {
+	snapshot, key, dir string
+	claimed, abandoned bool
+	done               chan struct{}
+	pv                 *pooled
+}
+
 // poolTemplate is what a snapshot's pooled qemus are started as.
 type poolTemplate struct {
 	config *qemu.Config // Dir and ID are a slot's
@@ -100,6 +112,7 @@ type restorePool struct {
 	templates map[string]*poolTemplate // by snapshot
 	recent    []string                 // snapshots, most recent last
 	stopped   bool
+	starting  *startingQemu // the prestart in flight
 
 	kick   chan struct{}
 	done   chan struct{}
@@ -168,26 +181,87 @@ func poolable(c *qemu.Config, snapshotDisk string) bool {
 }
 
 // take hands out a pooled qemu for snapshot's restore config c, nil when
-// none of its shape waits.
-func (p *restorePool) take(snapshot string, c *qemu.Config) PrestartedVM {
+// none of its shape waits. When none waits but one is being started for
+// it, the restore waits for that one (raised to the restore's CPU
+// priority) rather than start a qemu of its own beside it: what the
+// prestart has done already is not done twice, and the two do not share
+// the CPU.
+func (p *restorePool) take(ctx context.Context, snapshot string, c *qemu.Config) PrestartedVM {
 	key := poolKey(c)
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	list := p.ready[snapshot]
 	for i, pv := range list {
 		if pv.key == key && pv.vm.Alive() {
 			p.ready[snapshot] = slices.Delete(list, i, i+1)
-			// Refilled at once: at WarmNice, the prestart takes what CPU
-			// the restored guest leaves (the other core, on two).
-			select {
-			case p.kick <- struct{}{}:
-			default:
-			}
+			p.mu.Unlock()
+			p.refill()
 			return pv.vm
 		}
 	}
-	if len(list) > 0 {
-		p.log.Debug("restore pool: no qemu of this restore's shape", "snapshot", snapshot, "want", key, "have", list[0].key)
+	f := p.starting
+	if f == nil || f.snapshot != snapshot || f.key != key || f.claimed {
+		p.mu.Unlock()
+		if len(list) > 0 {
+			p.log.Debug("restore pool: no qemu of this restore's shape", "snapshot", snapshot, "want", key, "have", list[0].key)
+		}
+		return nil
+	}
+	f.claimed = true
+	p.mu.Unlock()
+	p.refill()
+	go raiseWhenStarted(f)
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		// Not taken after all: the filler ends it.
+		p.mu.Lock()
+		f.abandoned = true
+		p.mu.Unlock()
+		return nil
+	}
+	if f.pv == nil {
+		return nil
+	}
+	return f.pv.vm
+}
+
+// refill has the filler start another qemu (at WarmNice, the prestart
+// takes what CPU the restored guest leaves: the other core, on two).
+func (p *restorePool) refill() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// raiseWhenStarted gives a prestart that a restore waits for the
+// restore's CPU priority, once its qemu's pid is known.
+func raiseWhenStarted(f *startingQemu) {
+	for {
+		if b, err := os.ReadFile(filepath.Join(f.dir, "qemu.pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				_ = setNice(pid, 0)
+				return
+			}
+		}
+		select {
+		case <-f.done:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// setNice sets the niceness of every thread of process pid.
+func setNice(pid, nice int) error {
+	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		if tid, err := strconv.Atoi(t.Name()); err == nil {
+			_ = unix.Setpriority(unix.PRIO_PROCESS, tid, nice)
+		}
 	}
 	return nil
 }
@@ -272,8 +346,26 @@ func (p *restorePool) fill() {
 			if t == nil {
 				break
 			}
-			pv, err := p.prestart(t)
+			f := &startingQemu{snapshot: snapshot, key: poolKey(t.config), done: make(chan struct{})}
+			f.dir = p.slotDir()
 			p.mu.Lock()
+			p.starting = f
+			p.mu.Unlock()
+			pv, err := p.prestart(t, f.dir)
+			p.mu.Lock()
+			p.starting = nil
+			if f.claimed {
+				// A restore waits for this one: it is its.
+				if err == nil && (f.abandoned || p.stopped) {
+					endPooled([]*pooled{pv})
+					pv = nil
+				}
+				f.pv = pv
+				p.mu.Unlock()
+				close(f.done)
+				continue
+			}
+			close(f.done)
 			switch {
 			case err != nil:
 				// Not again until the next restore asks for it.
@@ -317,12 +409,17 @@ func (p *restorePool) next() (string, *poolTemplate) {
 // PrestartTimeout bounds one pooled qemu's start (a loaded host is slow).
 const PrestartTimeout = 30 * time.Second
 
-func (p *restorePool) prestart(t *poolTemplate) (*pooled, error) {
+// slotDir is a new pooled qemu's directory (never one used before: qemu
+// removes its pid file by name when it ends).
+func (p *restorePool) slotDir() string {
+	return filepath.Join(p.dir, "pool-"+strconv.FormatInt(time.Now().UnixNano()%1e9, 36)+"-"+strconv.FormatInt(p.seq.Add(1), 36))
+}
+
+func (p *restorePool) prestart(t *poolTemplate, dir string) (*pooled, error) {
 	ctx, cancel := context.WithTimeout(p.ctx, PrestartTimeout)
 	defer cancel()
 	c := *t.config
-	c.ID = "pool-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36) + "-" + strconv.FormatInt(p.seq.Add(1), 36)
-	c.Dir = filepath.Join(p.dir, c.ID)
+	c.ID, c.Dir = filepath.Base(dir), dir
 	c.Nice = WarmNice // nobody waits for it
 	c.Disks = slices.Clone(t.config.Disks)
 	for i := range c.Disks {
