@@ -219,6 +219,11 @@ func TestSnapshotRestoredTwice(t *testing.T) {
 	require.NoError(t, err, "a moved VM is re-attached by its new directory")
 	assert.Equal(t, pv.Pid, moved.Pid)
 	moved.Detach()
+	// It is snapshotted as any restored VM is (its memory then in the
+	// state, since it maps its snapshot's privately).
+	require.NoError(t, pv.Pause())
+	require.NoError(t, pv.SaveState(ctx, filepath.Join(dir, "moved-state")))
+	require.NoError(t, pv.Resume())
 	for _, g := range []*qemu.Guest{a, b, pg} {
 		r := call(t, g, guestproto.Request{Op: guestproto.OpReadFile, File: &guestproto.File{Path: "/root/before"}})
 		assert.Equal(t, "snapshotted", string(r.Data))

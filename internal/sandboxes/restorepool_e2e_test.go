@@ -29,6 +29,9 @@ func (w *world) pooledQemus(ready bool) []int {
 	var pids []int
 	files, _ := filepath.Glob(filepath.Join(vmruntime.PoolDir(filepath.Join(w.agent.Dir, "runtime")), "*", "qemu.pid"))
 	for _, f := range files {
+		if fi, err := os.Lstat(filepath.Dir(f)); err != nil || !fi.IsDir() {
+			continue // the link of a taken one, to its VM's directory
+		}
 		if _, err := os.Stat(filepath.Join(filepath.Dir(f), vmruntime.ReadyFile)); ready && err != nil {
 			continue
 		}
@@ -98,6 +101,11 @@ func TestRestoreFromPrestartedQemu(t *testing.T) {
 		first = now
 	}
 	assert.NotEqual(t, restored[0].Hostname, restored[1].Hostname)
+	// A sandbox restored from the pool is snapshotted as any other.
+	res, err = w.C.SandboxSnapshotsCreate(t.Context(), &client.SandboxSnapshotsCreateInput{TenantId: tenant, SandboxId: restored[1].SandboxId,
+		IdempotencyKey: "of-pooled", Wait: client.NewOptWait(client.Wait{TimeoutMs: 30000})})
+	require.NoError(t, err)
+	require.Equal(t, "ready", string(res.Data.State), "error %+v", res.Data.Error)
 	w.write(restored[0].SandboxId, "/root/notes/a.txt", "written in restore 1")
 	assert.Equal(t, "before the snapshot", w.read(restored[1].SandboxId, "/root/notes/a.txt"), "restores share nothing")
 
@@ -110,8 +118,10 @@ func TestRestoreFromPrestartedQemu(t *testing.T) {
 	for _, pid := range pooled {
 		assert.False(t, qemuAlive(pid), "pooled qemu %d ended with the daemon", pid)
 	}
-	_, err = os.Stat(vmruntime.PoolDir(filepath.Join(w.agent.Dir, "runtime")))
-	assert.ErrorIs(t, err, os.ErrNotExist, "the pool's directory is gone")
+	entries, _ := os.ReadDir(vmruntime.PoolDir(filepath.Join(w.agent.Dir, "runtime")))
+	for _, e := range entries {
+		assert.NotZero(t, e.Type()&os.ModeSymlink, "%s: only the links of taken qemus stay", e.Name())
+	}
 	w.agent.Run()
 	require.Eventually(t, func() bool { return w.NodeState(w.agent.Node) == "ready" }, 30*time.Second, 50*time.Millisecond)
 	assert.Equal(t, "written in restore 1", w.read(restored[0].SandboxId, "/root/notes/a.txt"))

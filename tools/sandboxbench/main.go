@@ -121,9 +121,17 @@ func main() {
 	poolSettled := func() {
 		dir := vmruntime.PoolDir(filepath.Join(f.AgentDir, "runtime"))
 		for deadline := time.Now().Add(time.Minute); poolSize > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			slots, _ := filepath.Glob(filepath.Join(dir, "*"))
-			ready, _ := filepath.Glob(filepath.Join(dir, "*", vmruntime.ReadyFile))
-			if len(ready) >= poolSize && len(slots) == len(ready) {
+			entries, _ := os.ReadDir(dir)
+			slots, ready := 0, 0
+			for _, e := range entries {
+				if e.IsDir() { // (a link is a taken one's)
+					slots++
+					if _, err := os.Stat(filepath.Join(dir, e.Name(), vmruntime.ReadyFile)); err == nil {
+						ready++
+					}
+				}
+			}
+			if ready >= poolSize && slots == ready {
 				return
 			}
 		}

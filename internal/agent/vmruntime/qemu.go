@@ -363,6 +363,9 @@ func (r *QEMU) remove(id string, st *vmState) {
 			}
 			_ = vm.Kill()
 		}
+		if vm != nil && vm.Config().ExecDir != "" {
+			_ = os.Remove(vm.Config().ExecDir) // the link a pooled qemu's paths go through (adopt)
+		}
 		_ = os.RemoveAll(r.vmDir(id))
 		_ = os.Remove(r.memoryFile(id))
 		r.mu.Lock()
@@ -688,6 +691,10 @@ func (r *QEMU) adopt(id string, st *vmState, boot int, pv PrestartedVM) error {
 		return err
 	}
 	for _, e := range entries {
+		if _, err := os.Lstat(filepath.Join(from, e.Name())); err == nil {
+			// Never over a file of the pooled qemu (its disk).
+			return r.unadopt(id, st, fmt.Errorf("%s is in both directories", e.Name()))
+		}
 		if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(from, e.Name())); err != nil {
 			return r.unadopt(id, st, err)
 		}
@@ -699,6 +706,13 @@ func (r *QEMU) adopt(id string, st *vmState, boot int, pv PrestartedVM) error {
 		return r.unadopt(id, st, err)
 	}
 	_ = os.Remove(filepath.Join(dir, ReadyFile))
+	// qemu still names its files by the directory it was started in (it
+	// reopens a disk by name, e.g. read-only at the end of a migration
+	// out): that path leads to the VM's directory for the VM's life
+	// (removed with it, remove; a dangling one at the next start).
+	if err := os.Symlink(dir, from); err != nil {
+		return fmt.Errorf("restore pool: %w", err) // the VM is moved: no way back
+	}
 	return nil
 }
 

@@ -139,13 +139,21 @@ func newRestorePool(cfg RestorePool, runtimeDir string, launch Prestarter, log *
 }
 
 // clearPoolDir ends the qemus a daemon that did not stop cleanly left in
-// the pool's directory and removes it.
+// the pool's directory and removes them; the links of taken ones (adopt)
+// stay while their VM's directory is there.
 func clearPoolDir(runtimeDir string, launch Launcher) {
-	dirs, _ := filepath.Glob(filepath.Join(PoolDir(runtimeDir), "*"))
-	for _, d := range dirs {
+	entries, _ := os.ReadDir(PoolDir(runtimeDir))
+	for _, e := range entries {
+		d := filepath.Join(PoolDir(runtimeDir), e.Name())
+		if e.Type()&os.ModeSymlink != 0 {
+			if _, err := os.Stat(d); err != nil {
+				_ = os.Remove(d) // its VM is gone
+			}
+			continue
+		}
 		launch.KillDir(d)
+		_ = os.RemoveAll(d)
 	}
-	_ = os.RemoveAll(PoolDir(runtimeDir))
 }
 
 // poolKey is a restore config's shape: everything but its name, its
@@ -457,7 +465,6 @@ func (p *restorePool) close() {
 	close(p.done)
 	p.filler.Wait()
 	endPooled(all)
-	_ = os.RemoveAll(p.dir)
 }
 
 // count is how many pooled qemus wait (tests, logs).
