@@ -29,6 +29,7 @@ import (
 	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/agentproto"
 	"computeplane/internal/buildinfo"
+	"computeplane/internal/configerr"
 	"computeplane/internal/qemu"
 	"computeplane/internal/release"
 )
@@ -202,6 +203,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	accel := fs.String("accel", "auto", "qemu acceleration: auto (a probe boot decides), kvm or tcg")
 	volumes := fs.String("volumes", "", "the volume store's directory (default <dir>/volumes)")
 	memory := fs.String("memory-dir", "", "where guest memory files live (sandboxes); a tmpfs such as /dev/shm/compute-agent is much faster than a disk (default: each VM's directory)")
+	var pool vmruntime.RestorePool
+	fs.IntVar(&pool.Size, "restore-pool", 1, fmt.Sprintf("qemu processes started ahead for each snapshot restored on this node (its memory, disk and device state ready to load), taking qemu's start off a restore's path; 0 to %d, 0 keeps none (qemu runtime)", vmruntime.MaxRestorePool))
+	fs.IntVar(&pool.Snapshots, "restore-pool-snapshots", 4, fmt.Sprintf("how many snapshots, the most recently restored or taken here, keep a restore pool; 1 to %d", vmruntime.MaxRestorePoolSnapshots))
 	var d agent.Declared
 	fs.IntVar(&d.VCPU, "vcpu", 0, "declare this many vCPUs instead of the host's")
 	fs.Int64Var(&d.MemoryMiB, "memory-mib", 0, "declare this much memory instead of the host's")
@@ -222,6 +226,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 	tel, err := tel.Check()
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return 2
+	}
+	if err := pool.Check(); err != nil {
+		fmt.Fprintln(stderr, "compute-agent run:", err)
+		return 2
+	}
+	poolSet := false
+	fs.Visit(func(f *flag.Flag) { poolSet = poolSet || strings.HasPrefix(f.Name, "restore-pool") })
+	if poolSet && pool.Size > 0 && *rt != "qemu" {
+		fmt.Fprintln(stderr, "compute-agent run:", &configerr.Error{Option: "--restore-pool", Message: "the " + *rt + " runtime starts no qemu (set 0 or leave it out)"})
 		return 2
 	}
 	nodeShell := strings.Fields(*nodeConsole)
@@ -257,7 +271,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer, log *slog.Logge
 		return 1
 	}
 	r, code, err := newRuntime(ctx, runtimeFlags{dir: *dir, accel: *accel, volumes: *volumes, memory: *memory, net: netCfg,
-		domainFilter: nf.domainFilter}, log)
+		domainFilter: nf.domainFilter, restorePool: pool}, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "compute-agent run:", err)
 		return code
@@ -343,6 +357,9 @@ type runtimeFlags struct {
 	// domainFilter runs the egress proxy for policies' domain entries
 	// (--net-domain-filter).
 	domainFilter bool
+	// restorePool is the qemu runtime's pool of qemus started ahead of
+	// restores (--restore-pool).
+	restorePool vmruntime.RestorePool
 }
 
 // netConfig checks the network flags; the int is the exit code of a
@@ -395,6 +412,10 @@ func newQEMU(ctx context.Context, f runtimeFlags, log *slog.Logger) (vmruntime.R
 		if err := os.MkdirAll(q.MemoryDir, 0o700); err != nil {
 			return nil, 1, err
 		}
+	}
+	if err := q.UseRestorePool(f.restorePool); err != nil {
+		_ = q.Close()
+		return nil, 2, err
 	}
 	q.VolumeDir = f.volumes
 	if q.VolumeDir == "" {

@@ -60,6 +60,12 @@ func TestRunRefusesBadTelemetrySettings(t *testing.T) {
 		{[]string{"--telemetry-endpoint", "https://collector.example.com", "--telemetry-interval", "61m"}, "--telemetry-interval"},
 		{[]string{"--telemetry-endpoint", "https://collector.example.com", "--telemetry-attribute", "k=" + strings.Repeat("v", 257)}, "--telemetry-attribute"},
 		{[]string{"--telemetry-endpoint", "https://collector.example.com", "--telemetry-attribute", "k=two\nlines"}, "--telemetry-attribute"},
+		// The restore pool's bounds, and a pool asked of a runtime that
+		// starts no qemu (recording).
+		{[]string{"--restore-pool", "9"}, "--restore-pool"},
+		{[]string{"--restore-pool", "-1"}, "--restore-pool"},
+		{[]string{"--restore-pool-snapshots", "0"}, "--restore-pool-snapshots"},
+		{[]string{"--restore-pool", "2"}, "--restore-pool"},
 	} {
 		dir := t.TempDir()
 		var stdout, stderr bytes.Buffer

@@ -286,6 +286,9 @@ func (f *Fleet) Join(pool string, args ...string) *Agent {
 		a.Stop()
 		// VMs outlive their daemon by design: end them with the test.
 		pids, _ := filepath.Glob(filepath.Join(dir, "runtime", "vms", "*", "qemu.pid"))
+		// (and a restore pool's qemus, should the daemon have failed to)
+		pooled, _ := filepath.Glob(filepath.Join(dir, "runtime", "pool", "*", "qemu.pid"))
+		pids = append(pids, pooled...)
 		for _, p := range pids {
 			if b, err := os.ReadFile(p); err == nil {
 				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {

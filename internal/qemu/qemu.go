@@ -81,9 +81,16 @@ type Config struct {
 	Nice int `json:"nice,omitempty"`
 	// Incoming restores a saved state (a migration stream file).
 	Incoming string `json:"incoming,omitempty"`
+	// Paused keeps the vCPUs stopped once started or restored (-S),
+	// until a cont.
+	Paused bool `json:"paused,omitempty"`
 	// Net is the VM's one network card; nil is none (-nodefaults leaves
 	// no other).
 	Net *NetDevice `json:"net,omitempty"`
+	// ExecDir is the directory qemu was started in when the VM's
+	// directory moved since (VM.Move: a prestarted restore): qemu's
+	// command line names its files there. Empty: Dir.
+	ExecDir string `json:"execDir,omitempty"`
 }
 
 // NetDevice is a virtio-net card on a tap the host made beforehand
@@ -99,6 +106,14 @@ func (c *Config) path(name string) string { return filepath.Join(c.Dir, name) }
 
 // QMPSocket is the QMP socket's path.
 func (c *Config) QMPSocket() string { return c.path("qmp.sock") }
+
+// execQMPSocket is the QMP socket's path on qemu's command line.
+func (c *Config) execQMPSocket() string {
+	if c.ExecDir != "" {
+		return filepath.Join(c.ExecDir, "qmp.sock")
+	}
+	return c.QMPSocket()
+}
 
 // GuestSocket is the guest channel's path.
 func (c *Config) GuestSocket() string { return c.path("guest.sock") }
@@ -235,6 +250,9 @@ func (c *Config) Args() []string {
 	if n := c.Net; n != nil {
 		a = append(a, "-netdev", "tap,id=n0,ifname="+n.Tap+",script=no,downscript=no",
 			"-device", "virtio-net-"+bus+",netdev=n0,mac="+n.MAC)
+	}
+	if c.Paused {
+		a = append(a, "-S")
 	}
 	if c.Incoming != "" {
 		// The state goes in by QMP once the capabilities are set (Start).

@@ -194,7 +194,37 @@ func TestSnapshotRestoredTwice(t *testing.T) {
 		return g
 	}
 	a, b := restore("a"), restore("b")
-	for _, g := range []*qemu.Guest{a, b} {
+	// A third restore into a qemu started ahead (a restore pool's): its
+	// state loaded, its guest run on to a ping and paused again, it waits
+	// with its QMP connection held, moves to the VM's directory and only
+	// then runs on.
+	c := config("pooled")
+	c.MemoryFile, c.MemoryPrivate, c.Incoming = filepath.Join(snap, "memory"), true, filepath.Join(snap, "state")
+	pv, err := qemu.Prestart(ctx, c)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pv.Kill() })
+	require.NoError(t, pv.Move(filepath.Join(dir, "moved"), "moved"))
+	require.True(t, pv.Alive(), "Alive finds qemu by the directory it was started in")
+	start = time.Now()
+	require.NoError(t, pv.Restore(ctx))
+	restored := time.Since(start)
+	st, err := pv.Status()
+	require.NoError(t, err, "QMP answers others once the restore let go of its connection")
+	assert.Equal(t, "running", st)
+	pg, err := pv.Guest()
+	require.NoError(t, err)
+	require.True(t, call(t, pg, guestproto.Request{Op: guestproto.OpPing}).Status.RootOK)
+	t.Logf("prestarted: running in %s, then the guest answered in %s", restored.Round(time.Millisecond), (time.Since(start) - restored).Round(time.Millisecond))
+	moved, err := qemu.Attach(filepath.Join(dir, "moved"))
+	require.NoError(t, err, "a moved VM is re-attached by its new directory")
+	assert.Equal(t, pv.Pid, moved.Pid)
+	moved.Detach()
+	// It is snapshotted as any restored VM is (its memory then in the
+	// state, since it maps its snapshot's privately).
+	require.NoError(t, pv.Pause())
+	require.NoError(t, pv.SaveState(ctx, filepath.Join(dir, "moved-state")))
+	require.NoError(t, pv.Resume())
+	for _, g := range []*qemu.Guest{a, b, pg} {
 		r := call(t, g, guestproto.Request{Op: guestproto.OpReadFile, File: &guestproto.File{Path: "/root/before"}})
 		assert.Equal(t, "snapshotted", string(r.Data))
 	}

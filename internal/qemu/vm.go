@@ -40,6 +40,10 @@ type VM struct {
 	qmpMu  sync.Mutex    // one QMP command at a time
 	exited chan struct{} // closed when a child qemu exits (nil after Attach, unless the qemu is a child: reapIfChild)
 	guest  *Guest
+	// held is the QMP connection a restore goes on with (Start,
+	// Prestart), its handshake and preparations done; nil otherwise.
+	held   *qmpConn
+	loaded bool // a restore's state is in (Prestart)
 
 	startedAt time.Time // qemu's exec, for StartPhases
 	// StartPhases is when Start saw each step, from qemu's exec (zero
@@ -61,23 +65,112 @@ func (p StartPhases) String() string {
 }
 
 // Start starts qemu for c, detached in a session of its own so that it
-// outlives the caller, and connects QMP.
+// outlives the caller, and connects QMP; a restore (c.Incoming) has its
+// state loaded and runs when Start returns.
 func Start(ctx context.Context, c *Config) (*VM, error) {
-	if err := c.Check(); err != nil {
+	v, q, err := launch(ctx, c)
+	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+	if c.Incoming == "" {
+		q.close()
+		return v, nil
+	}
+	v.held = q
+	v.connectGuest()
+	if err := v.Restore(ctx); err != nil {
+		_ = v.Kill()
 		return nil, err
+	}
+	return v, nil
+}
+
+// Prestart starts qemu for a restore of c.Incoming ahead of it: the
+// process, its QMP handshake and the migration of the saved state are
+// done; the guest then runs on from its snapshot just long enough to
+// answer a ping (its agent answers, its root filesystem takes a write),
+// and the VM waits paused, holding its QMP connection, until Restore lets
+// it run again (or Kill). What a restore then spends is a cont and the
+// guest's answer on a path it has just run: under TCG the code of that
+// path (the virtio interrupt, the kernel, the agent) is translated
+// already, which the first answer of a freshly restored guest spends most
+// of its time on.
+func Prestart(ctx context.Context, c *Config) (*VM, error) {
+	if c.Incoming == "" {
+		return nil, errors.New("qemu: a prestarted VM restores a state (Incoming)")
+	}
+	c.Paused = true
+	v, q, err := launch(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	v.held = q
+	v.connectGuest()
+	if err := v.load(ctx, q); err != nil {
+		_ = v.Kill()
+		return nil, err
+	}
+	if err := v.warm(ctx, q); err != nil {
+		_ = v.Kill()
+		return nil, err
+	}
+	return v, nil
+}
+
+// warm runs a restored VM until its guest answers a ping, and pauses it
+// again (on q, the connection held).
+func (v *VM) warm(ctx context.Context, q *qmpConn) error {
+	if _, err := q.run(ctx, `{"execute":"cont"}`, nil); err != nil {
+		return err
+	}
+	g, err := v.Guest()
+	if err != nil {
+		return err
+	}
+	resp, err := g.Call(ctx, guestproto.Request{Op: guestproto.OpPing})
+	switch {
+	case err != nil:
+		return fmt.Errorf("qemu: the restored guest did not answer: %w", err)
+	case resp.Status == nil || !resp.Status.RootOK:
+		return errors.New("qemu: the restored guest's root filesystem did not check out")
+	}
+	_, err = q.run(ctx, `{"execute":"stop"}`, nil)
+	return err
+}
+
+// connectGuest connects the guest channel of a VM whose state is still
+// to load. The guest was snapshotted with a host connected to its port:
+// connected before the state loads, the port stays so, whereas a host
+// that connects only after the VM runs again lets the guest see its port
+// close (qemu tells it the host is gone, its read ends) and open again,
+// and compute-guest serves the port anew (a pause, a ready event) before
+// the first request is read. A failure leaves it to Guest to dial later.
+func (v *VM) connectGuest() {
+	if g, err := DialGuest(v.Config.GuestSocket()); err == nil {
+		v.mu.Lock()
+		v.guest = g
+		v.mu.Unlock()
+	}
+}
+
+// launch execs qemu for c and returns it with a QMP connection whose
+// handshake is done.
+func launch(ctx context.Context, c *Config) (*VM, *qmpConn, error) {
+	if err := c.Check(); err != nil {
+		return nil, nil, err
+	}
+	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+		return nil, nil, err
 	}
 	for _, f := range []string{c.QMPSocket(), c.GuestSocket(), c.SerialSocket(), c.PidFile()} {
 		_ = os.Remove(f)
 	}
 	if err := c.save(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	logf, err := os.OpenFile(c.path("qemu.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer logf.Close()
 	argv := append(append(append([]string(nil), Through...), Binary), c.Args()...)
@@ -90,7 +183,7 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("qemu: start: %w", err)
+		return nil, nil, fmt.Errorf("qemu: start: %w", err)
 	}
 	v := &VM{Config: c, Pid: cmd.Process.Pid, exited: make(chan struct{})}
 	execAt := time.Now()
@@ -107,40 +200,51 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 	})
 	select {
 	case <-v.exited:
-		return nil, fmt.Errorf("qemu: exited at start: %s", tailFile(c.path("qemu.log"), 5))
+		return nil, nil, fmt.Errorf("qemu: exited at start: %s", tailFile(c.path("qemu.log"), 5))
 	default:
 	}
 	if !up {
 		_ = cmd.Process.Kill()
-		return nil, errors.New("qemu: no QMP socket within the start timeout")
+		return nil, nil, errors.New("qemu: no QMP socket within the start timeout")
 	}
 	v.StartPhases.Socket = time.Since(execAt)
 	// The socket file appears at bind, before qemu listens: try again
 	// for the rest of the start timeout.
 	for deadline := time.Now().Add(StartTimeout); ; {
-		var err error
-		if c.Incoming != "" {
-			// Its own connection is the check that QMP answers.
-			if err = v.incoming(ctx); err != nil && v.Alive() && !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {
-				_ = cmd.Process.Kill()
-				return nil, err
-			}
-		} else {
-			err = v.connect()
-			v.StartPhases.QMP = time.Since(execAt)
-		}
+		q, err := dialQMP(ctx, c.QMPSocket())
 		if err == nil {
-			return v, nil
+			v.StartPhases.QMP = time.Since(execAt)
+			return v, q, nil
 		}
 		if !v.Alive() {
-			return nil, fmt.Errorf("%w; qemu exited: %s", err, tailFile(c.path("qemu.log"), 5))
+			return nil, nil, fmt.Errorf("%w; qemu exited: %s", err, tailFile(c.path("qemu.log"), 5))
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
 			_ = cmd.Process.Kill()
-			return nil, err
+			return nil, nil, err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Move renames the directory of a VM that was started elsewhere (a
+// prestarted one, taken for an instance) to dir, under the name id: its
+// sockets and files move with it (a unix socket is reached by its inode),
+// and config.json names the directory qemu was started in (ExecDir),
+// which its command line still holds.
+func (v *VM) Move(dir, id string) error {
+	c := *v.Config
+	if err := os.Rename(c.Dir, dir); err != nil {
+		return err
+	}
+	if c.ExecDir == "" {
+		c.ExecDir = c.Dir
+	}
+	c.Dir, c.ID = dir, id
+	v.mu.Lock()
+	v.Config = &c
+	v.mu.Unlock()
+	return c.save()
 }
 
 // Attach re-attaches to the VM running in dir (after a daemon restart).
@@ -300,7 +404,7 @@ func (v *VM) Alive() bool {
 		tasks, _ := os.ReadDir(filepath.Join(proc, "task"))
 		return len(tasks) > 1
 	}
-	return strings.Contains(string(cmdline), v.Config.QMPSocket())
+	return strings.Contains(string(cmdline), v.Config.execQMPSocket())
 }
 
 // run runs one QMP command, bounded by QMPTimeout (go-qemu's socket has
@@ -427,6 +531,10 @@ func (v *VM) Kill() error {
 func (v *VM) close() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.held != nil {
+		v.held.close()
+		v.held = nil
+	}
 	if v.guest != nil {
 		v.guest.Close()
 		v.guest = nil
@@ -531,57 +639,25 @@ func (v *VM) SaveState(ctx context.Context, file string) error {
 	return v.awaitMigration(ctx)
 }
 
-// incoming loads the state file named by Config.Incoming into a VM
-// started with -incoming defer; it runs when the state is in. The whole
-// sequence is one QMP connection, and qemu reads the state from a
-// descriptor of the file passed over it (no shell and cat forked from
-// qemu, whose address space holds the guest's memory).
-func (v *VM) incoming(ctx context.Context) error {
+// Restore loads the state file named by Config.Incoming into a VM
+// started with -incoming defer (Start) and lets it run, or lets a
+// prestarted one (its state loaded) run; the sequence goes on the QMP
+// connection the start opened, which is let go of afterwards (other
+// commands open their own).
+func (v *VM) Restore(ctx context.Context) error {
 	v.qmpMu.Lock()
 	defer v.qmpMu.Unlock()
-	f, err := os.Open(v.Config.Incoming)
-	if err != nil {
-		return fmt.Errorf("qemu: state: %w", err)
-	}
-	defer f.Close()
-	q, err := dialQMP(ctx, v.Config.QMPSocket())
-	if err != nil {
-		return err
+	v.mu.Lock()
+	q := v.held
+	v.held = nil
+	v.mu.Unlock()
+	if q == nil {
+		return errors.New("qemu: no restore is pending on this VM")
 	}
 	defer q.close()
-	v.StartPhases.QMP = time.Since(v.startedAt)
-	if v.Config.MemoryFile != "" {
-		if _, err := q.run(ctx, `{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}`, nil); err != nil {
+	if !v.loaded {
+		if err := v.load(ctx, q); err != nil {
 			return err
-		}
-	}
-	if _, err := q.run(ctx, `{"execute":"getfd","arguments":{"fdname":"incoming"}}`, f); err != nil {
-		return err
-	}
-	if _, err := q.run(ctx, `{"execute":"migrate-incoming","arguments":{"uri":"fd:incoming"}}`, nil); err != nil {
-		return err
-	}
-	for {
-		out, err := q.run(ctx, `{"execute":"query-migrate"}`, nil)
-		if err != nil {
-			return err
-		}
-		var info struct {
-			Status    string `json:"status"`
-			ErrorDesc string `json:"error-desc"`
-		}
-		_ = json.Unmarshal(out, &info)
-		if info.Status == "completed" {
-			v.StartPhases.Loaded = time.Since(v.startedAt)
-			break
-		}
-		if info.Status == "failed" || info.Status == "cancelled" {
-			return fmt.Errorf("qemu: migration %s: %s", info.Status, info.ErrorDesc)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("qemu: migration not done: %w", ctx.Err())
-		case <-time.After(time.Millisecond):
 		}
 	}
 	for {
@@ -605,6 +681,53 @@ func (v *VM) incoming(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("qemu: restored VM is %s: %w", st.Status, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// load migrates the state file named by Config.Incoming into the VM on
+// the connection q: the capabilities set, the file's descriptor passed
+// (qemu reads the state from it: no shell and cat forked from qemu, whose
+// address space holds the guest's memory), the migration awaited.
+func (v *VM) load(ctx context.Context, q *qmpConn) error {
+	f, err := os.Open(v.Config.Incoming)
+	if err != nil {
+		return fmt.Errorf("qemu: state: %w", err)
+	}
+	defer f.Close()
+	if v.Config.MemoryFile != "" {
+		if _, err := q.run(ctx, `{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}`, nil); err != nil {
+			return err
+		}
+	}
+	if _, err = q.run(ctx, `{"execute":"getfd","arguments":{"fdname":"incoming"}}`, f); err != nil {
+		return err
+	}
+	if _, err := q.run(ctx, `{"execute":"migrate-incoming","arguments":{"uri":"fd:incoming"}}`, nil); err != nil {
+		return err
+	}
+	for {
+		out, err := q.run(ctx, `{"execute":"query-migrate"}`, nil)
+		if err != nil {
+			return err
+		}
+		var info struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		_ = json.Unmarshal(out, &info)
+		if info.Status == "completed" {
+			v.StartPhases.Loaded = time.Since(v.startedAt)
+			v.loaded = true
+			return nil
+		}
+		if info.Status == "failed" || info.Status == "cancelled" {
+			return fmt.Errorf("qemu: migration %s: %s", info.Status, info.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: migration not done: %w", ctx.Err())
 		case <-time.After(time.Millisecond):
 		}
 	}

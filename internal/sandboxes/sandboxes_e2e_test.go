@@ -37,12 +37,15 @@ type world struct {
 	pool  string
 }
 
-func setup(t *testing.T) *world {
+func setup(t *testing.T) *world { return setupWith(t) }
+
+// setupWith is setup with more flags for the agent.
+func setupWith(t *testing.T, agentArgs ...string) *world {
 	im := qemutest.Image(t)
 	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\n", filepath.Dir(filepath.Dir(im.Location))))
 	w := &world{Fleet: f, t: t}
 	w.pool = f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
-	w.agent = f.Join(w.pool, "--runtime", "qemu", "--accel", "tcg", "--vcpu", "16", "--memory-mib", "8192", "--disk-gib", "100000")
+	w.agent = f.Join(w.pool, append([]string{"--runtime", "qemu", "--accel", "tcg", "--vcpu", "16", "--memory-mib", "8192", "--disk-gib", "100000"}, agentArgs...)...)
 	return w
 }
 

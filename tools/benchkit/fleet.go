@@ -44,6 +44,10 @@ const benchSecret = "benchkit-secret-0123456789abcdefghijklmnop"
 
 // StartFleet starts a fleet for the tool name, with the image source at
 // imagesDir; it exits the process on any failure (a benchmark has no one
+// AgentArgs are more flags for the fleet's compute-agent run (a
+// benchmark's A/B, such as --restore-pool 0).
+var AgentArgs []string
+
 // to return to).
 func StartFleet(ctx context.Context, name, database, imagesDir string) *Fleet {
 	// Marked before any child starts, so that every VM it boots carries it.
@@ -91,8 +95,8 @@ func StartFleet(ctx context.Context, name, database, imagesDir string) *Fleet {
 	memory, err := os.MkdirTemp("/dev/shm", name) // guest memory on a tmpfs, as an operator would set it
 	f.check(err)
 	f.defer_(func() { _ = os.RemoveAll(memory) })
-	f.start(env, "agent.log", filepath.Join(f.Work, "compute-agent"), "run", "--dir", f.AgentDir, "--runtime", "qemu",
-		"--memory-dir", memory, "--accel", "tcg", "--vcpu", "16", "--memory-mib", "16384")
+	f.start(env, "agent.log", filepath.Join(f.Work, "compute-agent"), append([]string{"run", "--dir", f.AgentDir, "--runtime", "qemu",
+		"--memory-dir", memory, "--accel", "tcg", "--vcpu", "16", "--memory-mib", "16384"}, AgentArgs...)...)
 	f.DB, err = pgx.Connect(ctx, dbURL)
 	f.check(err)
 	f.defer_(func() { _ = f.DB.Close(context.Background()) })

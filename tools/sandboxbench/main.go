@@ -17,12 +17,14 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
 	"computeplane/gen/client"
+	"computeplane/internal/agent/vmruntime"
 	"computeplane/internal/images"
 	"computeplane/tools/benchkit"
 )
@@ -41,7 +43,11 @@ func main() {
 	out := flag.String("out", "docs/benchmarks.md", "the benchmarks page")
 	notes := flag.String("notes", "docs/benchmarks-notes.md", "the notes page make bench appends")
 	only := flag.String("only", "", "run only this kind: warm, restore or cold (while iterating; the report then has that kind's rows only)")
+	restorePool := flag.Int("restore-pool", -1, "the agent's --restore-pool (qemus started ahead per snapshot); -1 leaves its default (an A/B: 0 against 1)")
 	flag.Parse()
+	if *restorePool >= 0 {
+		benchkit.AgentArgs = append(benchkit.AgentArgs, "--restore-pool", strconv.Itoa(*restorePool))
+	}
 	ctx := context.Background()
 	if _, err := (&images.Dir{Path: *imagesDir}).Get(ctx, "computeplane/minimal"); err != nil {
 		log.Fatalf("sandboxbench: %v (run make images)", err)
@@ -105,6 +111,32 @@ func main() {
 		}
 	}
 
+	// poolSettled waits, as settled does for the warm pool, until the
+	// agent's restore pool is full and quiet (every pooled qemu waits to
+	// be taken, none is starting), at most a minute.
+	poolSize := *restorePool
+	if poolSize < 0 {
+		poolSize = 1 // the agent's default
+	}
+	poolSettled := func() {
+		dir := vmruntime.PoolDir(filepath.Join(f.AgentDir, "runtime"))
+		for deadline := time.Now().Add(time.Minute); poolSize > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			entries, _ := os.ReadDir(dir)
+			slots, ready := 0, 0
+			for _, e := range entries {
+				if e.IsDir() { // (a link is a taken one's)
+					slots++
+					if _, err := os.Stat(filepath.Join(dir, e.Name(), vmruntime.ReadyFile)); err == nil {
+						ready++
+					}
+				}
+			}
+			if ready >= poolSize && slots == ready {
+				return
+			}
+		}
+	}
+
 	im, err := (&images.Dir{Path: *imagesDir}).Get(ctx, "computeplane/minimal")
 	check(err)
 	wt, ct := template("warm", 2), template("cold", 0)
@@ -131,6 +163,7 @@ func main() {
 		}
 		for i := 0; i < *runs && (*only == "" || *only == "restore"); i++ {
 			settled(ct, 0)
+			poolSettled()
 			remove(create(client.SandboxesCreateInput{FromSnapshot: client.NewOptString(snap.Data.SnapshotId)}, restore).SandboxId)
 		}
 		for i := 0; i < *runs && (*only == "" || *only == "cold"); i++ {
@@ -146,14 +179,14 @@ func main() {
 		log.Printf("round %d done", r+1)
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	section := report(*runs, all, strings.Join(strings.Fields(string(load))[:3], " "))
+	section := report(*runs, poolSize, all, strings.Join(strings.Fields(string(load))[:3], " "))
 	fmt.Print(section)
 	check(benchkit.WriteSection("## Sandboxes", section, *out, *notes))
 }
 
 // report is the section: per kind and round, p50 and p99 of end to end,
 // control plane and host.
-func report(runs int, all [][]*series, load string) string {
+func report(runs, restorePool int, all [][]*series, load string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `## Sandboxes
 
@@ -161,7 +194,9 @@ Written by `+"`make bench-sandboxes`"+` (tools/sandboxbench) on %s: computed (ev
 gateway included) and one compute-agent with the qemu runtime on this machine; %d rounds of %d
 sandboxes of each kind (1 vCPU, 256 MiB, the minimal image, guest memory in a shared file on a
 tmpfs, a restore mapping its snapshot's memory file copy-on-write), created one after another
-with wait and deleted before the next, a warm pool of 2 refilled at nice 10; before each cold
+with wait and deleted before the next, a warm pool of 2 refilled at nice 10 and the agent's
+restore pool (%s per snapshot: a qemu started ahead, its state loaded, refilled at nice 10),
+each full before a claim or a restore is measured; before each cold
 boot the same image is booted by qemu alone (the runtime's machine and flags) until
 compute-guest is ready, the cold boot's baseline; TCG, not KVM (see
 ../shared/design/TOOLING.md); %d cores, %s; load average %s when written (the machine is
@@ -173,7 +208,7 @@ status written, the wait noticing it).
 
 | Start | round | end to end p50 | p99 | control plane p50 | p99 | host p50 | p99 |
 |---|---:|---:|---:|---:|---:|---:|---:|
-`, time.Now().UTC().Format("2006-01-02"), len(all), runs, runtime.NumCPU(), runtime.Version(), load)
+`, time.Now().UTC().Format("2006-01-02"), len(all), runs, strconv.Itoa(restorePool), runtime.NumCPU(), runtime.Version(), load)
 	for k := range all[0] {
 		for r, round := range all {
 			s := round[k]

@@ -28,7 +28,8 @@ import (
 
 func main() {
 	dirImages := flag.String("images", ".service/images", "image directory (images/build.sh)")
-	runs := flag.Int("runs", 5, "boots and restores of each kind")
+	runs := flag.Int("runs", 5, "boots")
+	restores := flag.Int("restores", 5, "restores of each kind")
 	extra := flag.String("cmdline", "", "appended to the image's kernel command line")
 	flag.Parse()
 	ctx := context.Background()
@@ -75,29 +76,51 @@ func main() {
 	must(snapVM.SaveState(ctx, filepath.Join(snap, "state")))
 	copyFile(snapVM.Config.MemoryFile, filepath.Join(snap, "memory"))
 	_ = snapVM.Kill()
-	var rest [3][]float64
-	for i := 0; i < *runs; i++ {
-		c := cfg(fmt.Sprintf("r%d", i))
-		c.MemoryFile, c.MemoryPrivate, c.Incoming = filepath.Join(snap, "memory"), true, filepath.Join(snap, "state")
-		t0 := time.Now()
-		v, err := qemu.Start(ctx, c)
-		must(err)
-		started = append(started, v)
-		ts := time.Since(t0)
-		g, err := v.Guest()
-		must(err)
-		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		_, err = g.Call(cctx, guestproto.Request{Op: guestproto.OpPing})
-		cancel()
-		must(err)
-		ta := time.Since(t0)
-		cpu := cpuOf(v.Pid)
-		fmt.Printf("restore %d: exec..cont %v first answer %v qemu-cpu %.2fs phases %s\n", i, ms(ts), ms(ta), cpu, v.StartPhases)
-		rest[0], rest[1], rest[2] = append(rest[0], sec(ts)), append(rest[1], sec(ta)), append(rest[2], cpu)
-		_ = v.Kill()
+	// Restores of two kinds, interleaved so that the machine's load falls
+	// on each alike: qemu started at the restore, and a qemu prestarted
+	// with its state loaded and its guest run to a ping (the runtime's
+	// restore pool), timed from its cont.
+	kinds := []string{"started", "prestarted"}
+	rest := make([][3][]float64, len(kinds))
+	for i := 0; i < *restores; i++ {
+		for k, kind := range kinds {
+			c := cfg(fmt.Sprintf("r%d-%d", i, k))
+			c.MemoryFile, c.MemoryPrivate, c.Incoming = filepath.Join(snap, "memory"), true, filepath.Join(snap, "state")
+			var v *qemu.VM
+			var t0 time.Time
+			cpu0 := 0.0
+			if kind == "prestarted" {
+				v, err = qemu.Prestart(ctx, c)
+				must(err)
+				time.Sleep(200 * time.Millisecond) // as in a pool: started well before
+				t0 = time.Now()
+				cpu0 = cpuOf(v.Pid)
+				must(v.Restore(ctx))
+			} else {
+				t0 = time.Now()
+				v, err = qemu.Start(ctx, c)
+				must(err)
+			}
+			started = append(started, v)
+			ts := time.Since(t0)
+			g, err := v.Guest()
+			must(err)
+			cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			_, err = g.Call(cctx, guestproto.Request{Op: guestproto.OpPing})
+			cancel()
+			must(err)
+			ta := time.Since(t0)
+			cpu := cpuOf(v.Pid) - cpu0
+			fmt.Printf("restore %d (%s): ..cont %v first answer %v qemu-cpu %.2fs phases %s\n", i, kind, ms(ts), ms(ta), cpu, v.StartPhases)
+			r := &rest[k]
+			r[0], r[1], r[2] = append(r[0], sec(ts)), append(r[1], sec(ta)), append(r[2], cpu)
+			_ = v.Kill()
+		}
 	}
 	fmt.Printf("cold boot medians: qmp %.3fs channel %.3fs ready %.3fs qemu-cpu %.2fs\n", med(boot[0]), med(boot[1]), med(boot[2]), med(boot[3]))
-	fmt.Printf("restore medians: exec..cont %.3fs first answer %.3fs qemu-cpu %.2fs\n", med(rest[0]), med(rest[1]), med(rest[2]))
+	for k, kind := range kinds {
+		fmt.Printf("restore medians (%s): ..cont %.3fs first answer %.3fs qemu-cpu %.2fs\n", kind, med(rest[k][0]), med(rest[k][1]), med(rest[k][2]))
+	}
 }
 
 func readyLine(c *qemu.Config) string {

@@ -72,6 +72,27 @@ type QEMU struct {
 	// the removals in flight.
 	releasing map[string]chan struct{}
 	removals  sync.WaitGroup
+	// pool keeps qemus started ahead for restores (UseRestorePool); nil
+	// when off.
+	pool *restorePool
+}
+
+// UseRestorePool keeps qemu processes started ahead for the snapshots
+// restored here (restorepool.go); Size 0 keeps none. Call it once, before
+// the first Apply.
+func (r *QEMU) UseRestorePool(cfg RestorePool) error {
+	if err := cfg.Check(); err != nil {
+		return err
+	}
+	if cfg.Size == 0 {
+		return nil
+	}
+	p, ok := r.launch.(Prestarter)
+	if !ok {
+		return errors.New("--restore-pool: this runtime's launcher starts no qemu ahead")
+	}
+	r.pool = newRestorePool(cfg, r.Dir, p, r.Log)
+	return nil
 }
 
 type vmState struct {
@@ -110,6 +131,9 @@ func newQEMU(dir, accel string, log *slog.Logger, launch Launcher) (*QEMU, error
 	if err := os.MkdirAll(filepath.Join(dir, "vms"), 0o700); err != nil {
 		return nil, err
 	}
+	// Pooled qemus are the daemon's own: what a daemon that did not stop
+	// cleanly left is ended.
+	clearPoolDir(dir, launch)
 	dirs, _ := filepath.Glob(filepath.Join(dir, "vms", "*"))
 	for _, d := range dirs {
 		var spec agentproto.InstanceSpec
@@ -339,6 +363,9 @@ func (r *QEMU) remove(id string, st *vmState) {
 			}
 			_ = vm.Kill()
 		}
+		if vm != nil && vm.Config().ExecDir != "" {
+			_ = os.Remove(vm.Config().ExecDir) // the link a pooled qemu's paths go through (adopt)
+		}
 		_ = os.RemoveAll(r.vmDir(id))
 		_ = os.Remove(r.memoryFile(id))
 		r.mu.Lock()
@@ -477,13 +504,12 @@ func (r *QEMU) converge(ctx context.Context, id string, vs agentproto.InstanceSp
 	return nil
 }
 
-// boot starts the VM and waits for its guest in the background (r.mu
-// held).
-func (r *QEMU) boot(id string, st *vmState) {
-	vs := st.spec
-	c := &qemu.Config{ID: id, Dir: r.vmDir(id), VCPU: max(vs.VCPU, 1), MemoryMiB: int(max(vs.MemoryMiB, 128)), Accel: r.accel,
+// vmConfig is the qemu config of instance id's VM for spec vs: how it
+// starts (boot or restore), the snapshot's disk a restore copies in, and
+// the image a root overlay is made of.
+func (r *QEMU) vmConfig(id string, vs agentproto.InstanceSpec) (c *qemu.Config, how, restoreDisk, rootImage string) {
+	c = &qemu.Config{ID: id, Dir: r.vmDir(id), VCPU: max(vs.VCPU, 1), MemoryMiB: int(max(vs.MemoryMiB, 128)), Accel: r.accel,
 		Machine: qemu.MachineMicroVM, Kernel: vs.Boot.Location, Initrd: vs.Boot.Initrd, Cmdline: vs.Boot.Cmdline + " compute.hostname=" + vs.Hostname}
-	rootImage := ""
 	if vs.Boot.Format != "kernel+initrd" {
 		// The image is shared by every VM of it: each boots from a qcow2
 		// overlay of its own (made below, off the lock).
@@ -492,8 +518,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 		c.Disks = append(c.Disks, qemu.Disk{Path: filepath.Join(r.vmDir(id), "root.qcow2"), Serial: "root", Format: "qcow2"})
 		c.Machine = qemu.MachineQ35
 	}
-	how, restoreDisk := "boot", ""
-	t := startTimings(how) // the host's share includes a restore's copies
+	how = "boot"
 	if vs.MemoryFile {
 		c.MemoryFile = r.memoryFile(id)
 	}
@@ -507,8 +532,22 @@ func (r *QEMU) boot(id string, st *vmState) {
 			restoreDisk = filepath.Join(snap, "disk0.raw") // copied in below, off the lock
 		}
 		c.Incoming, how = filepath.Join(snap, "state"), "restore"
-		t.how = how
 	}
+	if vs.DiskGiB > 0 {
+		c.Disks = append(c.Disks, qemu.Disk{Path: filepath.Join(r.vmDir(id), "disk0.raw"), Serial: "disk0", Format: "raw"})
+	}
+	for _, v := range vs.Volumes {
+		c.Disks = append(c.Disks, qemu.Disk{Path: filepath.Join(r.VolumeDir, v.Serial+".raw"), Serial: v.Serial, Format: "raw", ReadOnly: v.ReadOnly})
+	}
+	return c, how, restoreDisk, rootImage
+}
+
+// boot starts the VM and waits for its guest in the background (r.mu
+// held).
+func (r *QEMU) boot(id string, st *vmState) {
+	vs := st.spec
+	c, how, restoreDisk, rootImage := r.vmConfig(id, vs)
+	t := startTimings(how) // the host's share includes a restore's copies
 	if vs.DiskGiB > 0 {
 		disk := filepath.Join(r.vmDir(id), "disk0.raw")
 		if _, err := os.Stat(disk); restoreDisk == "" && errors.Is(err, os.ErrNotExist) {
@@ -517,10 +556,6 @@ func (r *QEMU) boot(id string, st *vmState) {
 				_ = f.Close()
 			}
 		}
-		c.Disks = append(c.Disks, qemu.Disk{Path: disk, Serial: "disk0", Format: "raw"})
-	}
-	for _, v := range vs.Volumes {
-		c.Disks = append(c.Disks, qemu.Disk{Path: filepath.Join(r.VolumeDir, v.Serial+".raw"), Serial: v.Serial, Format: "raw", ReadOnly: v.ReadOnly})
 	}
 	if vs.State == StatePaused {
 		// A warm instance: nobody waits for it, so its boot yields the
@@ -566,16 +601,39 @@ func (r *QEMU) boot(id string, st *vmState) {
 			}
 		}
 		var vm VM
-		if err == nil && restoreDisk != "" {
-			if err = copySparse(ctx, restoreDisk, filepath.Join(c.Dir, "disk0.raw")); err != nil {
-				err = fmt.Errorf("restore: %w", err)
+		var pv PrestartedVM
+		if err == nil && how == "restore" && r.pool != nil && poolable(c, restoreDisk) {
+			// A qemu started ahead for this snapshot, its directory made
+			// the VM's: no process start, no QMP handshake, no disk copy.
+			if pv = r.pool.take(ctx, vs.Restore, c); pv != nil {
+				if err = r.adopt(id, st, boot, pv); err != nil {
+					_ = pv.Kill()
+					_ = os.RemoveAll(pv.Config().Dir)
+					pv = nil
+				}
 			}
 		}
-		if err == nil && rootImage != "" {
-			err = qemu.Overlay(ctx, rootImage, vs.Boot.Format, c.Disks[0].Path)
-		}
-		if err == nil {
-			vm, err = r.launch.Start(ctx, c)
+		if pv != nil {
+			if nerr := pv.SetNice(0); nerr != nil {
+				r.Log.Warn("could not raise a pooled qemu's CPU priority", "instance", id, "error", nerr.Error())
+			}
+			if err = pv.Restore(ctx); err == nil {
+				vm = pv
+			} else {
+				_ = pv.Kill()
+			}
+		} else {
+			if err == nil && restoreDisk != "" {
+				if err = copySparse(ctx, restoreDisk, filepath.Join(c.Dir, "disk0.raw")); err != nil {
+					err = fmt.Errorf("restore: %w", err)
+				}
+			}
+			if err == nil && rootImage != "" {
+				err = qemu.Overlay(ctx, rootImage, vs.Boot.Format, c.Disks[0].Path)
+			}
+			if err == nil {
+				vm, err = r.launch.Start(ctx, c)
+			}
 		}
 		switch {
 		case err == nil && how == "restore":
@@ -584,6 +642,11 @@ func (r *QEMU) boot(id string, st *vmState) {
 			err = r.check(ctx, vm, vs, true, guestNetwork, t)
 		case err == nil:
 			err = r.greet(ctx, vm, vs, true, guestNetwork, t)
+		}
+		if err == nil && how == "restore" && r.pool != nil {
+			// Once this restore's guest answered, the pool gets another
+			// qemu of its shape (at WarmNice, off the next restore's path).
+			r.pool.want(vs.Restore, c, restoreDisk)
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -610,6 +673,59 @@ func (r *QEMU) boot(id string, st *vmState) {
 		}
 		r.changed()
 	}()
+}
+
+// adopt makes a pooled qemu's directory instance id's: the files the
+// runtime already keeps for the instance (instance.json) move into it,
+// and it is renamed to the VM's directory. Nothing changes when the boot
+// was superseded meanwhile.
+func (r *QEMU) adopt(id string, st *vmState, boot int, pv PrestartedVM) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.vms[id] != st || st.boots != boot {
+		return errors.New("the restore was superseded")
+	}
+	dir, from := r.vmDir(id), pv.Config().Dir
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, e := range entries {
+		if _, err := os.Lstat(filepath.Join(from, e.Name())); err == nil {
+			// Never over a file of the pooled qemu (its disk).
+			return r.unadopt(id, st, fmt.Errorf("%s is in both directories", e.Name()))
+		}
+		if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(from, e.Name())); err != nil {
+			return r.unadopt(id, st, err)
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return r.unadopt(id, st, err)
+	}
+	if err := pv.Move(dir, id); err != nil {
+		return r.unadopt(id, st, err)
+	}
+	_ = os.Remove(filepath.Join(dir, ReadyFile))
+	// qemu still names its files by the directory it was started in (it
+	// reopens a disk by name, e.g. read-only at the end of a migration
+	// out): that path leads to the VM's directory for the VM's life
+	// (removed with it, remove; a dangling one at the next start).
+	if err := os.Symlink(dir, from); err != nil {
+		return fmt.Errorf("restore pool: %w", err) // the VM is moved: no way back
+	}
+	return nil
+}
+
+// unadopt puts the instance's directory back after a failed adopt, so
+// that its qemu starts the ordinary way (r.mu held).
+func (r *QEMU) unadopt(id string, st *vmState, err error) error {
+	_ = os.MkdirAll(r.vmDir(id), 0o700)
+	if b, merr := json.Marshal(st.spec); merr == nil {
+		_ = os.WriteFile(filepath.Join(r.vmDir(id), "instance.json"), b, 0o600)
+		st.saved = b
+	}
+	r.Log.Warn("could not take a pooled qemu", "instance", id, "error", err.Error())
+	return err
 }
 
 // catchUp applies what Apply asked of an instance while a boot, resume,
@@ -852,6 +968,9 @@ func (r *QEMU) observeLocked() []agentproto.InstanceStatus {
 // flight finish first.
 func (r *QEMU) Close() error {
 	close(r.done)
+	if r.pool != nil {
+		r.pool.close() // pooled qemus are not VMs: none outlives the daemon
+	}
 	r.removals.Wait()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -1035,6 +1154,7 @@ func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentpr
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	vm, running := st.vm, st.state == StateRunning
+	spec, wired := st.spec, st.wired != nil
 	st.cancel = cancel
 	r.mu.Unlock()
 	defer func() {
@@ -1097,6 +1217,14 @@ func (r *QEMU) Snapshot(ctx context.Context, a agentproto.SnapshotArgs) (agentpr
 		}
 		return nil
 	})
+	if r.pool != nil && !wired && len(spec.Volumes) == 0 {
+		// Its first restore here may well come soon (a sandbox's
+		// snapshot): the pool starts qemus for a restore of the
+		// instance's shape.
+		spec.Restore = a.SnapshotID
+		c, _, disk, _ := r.vmConfig("restore", spec)
+		r.pool.want(a.SnapshotID, c, disk)
+	}
 	return agentproto.SnapshotOutput{SizeBytes: size, PausedMs: paused.Milliseconds()}, nil
 }
 
@@ -1121,5 +1249,8 @@ func saveMemory(ctx context.Context, c *qemu.Config, to string) error {
 
 // DeleteSnapshot removes a snapshot's files (none is fine).
 func (r *QEMU) DeleteSnapshot(_ context.Context, id string) error {
+	if r.pool != nil {
+		r.pool.drop(id)
+	}
 	return os.RemoveAll(r.snapshotDir(id))
 }

@@ -56,6 +56,14 @@ func (qemuLauncher) Start(ctx context.Context, c *qemu.Config) (VM, error) {
 	return qemuVM{vm}, nil
 }
 
+func (qemuLauncher) Prestart(ctx context.Context, c *qemu.Config) (PrestartedVM, error) {
+	vm, err := qemu.Prestart(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return qemuVM{vm}, nil
+}
+
 func (qemuLauncher) Attach(dir string) (VM, error) {
 	vm, err := qemu.Attach(dir)
 	if err != nil {
