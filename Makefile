@@ -73,8 +73,9 @@ IMAGES_DIR ?= .service/images
 images: ## Build the minimal guest image from the distribution's packages into IMAGES_DIR
 	images/build.sh $(IMAGES_DIR)
 
-# Rebuilt when the build script or the guest agent changed.
-$(IMAGES_DIR)/minimal.json: images/build.sh $(shell find cmd/compute-guest internal/guest internal/guestproto -name '*.go' -not -name '*_test.go')
+# Rebuilt when the build script, the guest kernel's config or the guest
+# agent changed (the kernel itself is cached by its config: images/build.sh).
+$(IMAGES_DIR)/minimal.json: images/build.sh images/kernel/guest.config $(shell find cmd/compute-guest internal/guest internal/guestproto -name '*.go' -not -name '*_test.go')
 	images/build.sh $(IMAGES_DIR)
 
 .PHONY: run

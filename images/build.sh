@@ -3,20 +3,28 @@
 # distribution's packages only, and write its manifest into OUT_DIR (the
 # image source directory, default .service/images):
 #
-#   <OUT_DIR>/minimal/vmlinux         the Debian cloud kernel as an ELF (PVH entry)
-#   <OUT_DIR>/minimal/initramfs.cpio  /init = compute-guest, busybox, mkfs.ext4,
-#                                     the virtio modules in load order
+#   <OUT_DIR>/minimal/vmlinux         the image's own guest kernel, an ELF
+#                                     (PVH entry), drivers built in
+#   <OUT_DIR>/minimal/initramfs.cpio  /init = compute-guest, busybox, mkfs.ext4
 #   <OUT_DIR>/minimal.json            the manifest (format kernel+initrd)
 #   <OUT_DIR>/minimal/disk.raw, .qcow2 the same guest as disk images booted by
 #                                     firmware (syslinux on a FAT disk, the
-#                                     cloud kernel's bzImage, the initramfs)
+#                                     Debian cloud kernel's bzImage, the
+#                                     initramfs with its virtio modules)
 #   <OUT_DIR>/minimal-raw.json, minimal-qcow2.json   their manifests
 #
-# The packages (linux-image-cloud-amd64, busybox (downloaded), e2fsprogs, lz4,
-# cpio, syslinux, mtools, dosfstools, qemu-utils) are installed with apt-get
-# when missing and this runs as root; so is qemu-system-x86, which the image
-# does not need but the qemu runtime of a compute-agent on this machine does
-# (`make run` builds the image, and the README's VM steps follow it).
+# The guest kernel is built from Debian's linux-source-6.1 with
+# images/kernel/guest.config on top of allnoconfig, and cached under
+# KERNEL_CACHE (default .service/kernel-cache) by the sha256 of the source
+# package's version and the config: a rebuild of the image with neither
+# changed does not build the kernel again (docs/images.md).
+#
+# The packages (linux-image-cloud-amd64, linux-source-6.1 and what building
+# it takes, busybox (downloaded), e2fsprogs, lz4, cpio, syslinux, mtools,
+# dosfstools, qemu-utils) are installed with apt-get when missing and this
+# runs as root; so is qemu-system-x86, which the image does not need but the
+# qemu runtime of a compute-agent on this machine does (`make run` builds
+# the image, and the README's VM steps follow it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="$(realpath -m "${1:-.service/images}")"
@@ -32,6 +40,14 @@ command -v syslinux >/dev/null || need+=(syslinux)
 command -v mcopy >/dev/null || need+=(mtools)
 command -v mkfs.vfat >/dev/null || need+=(dosfstools)
 command -v qemu-img >/dev/null || need+=(qemu-utils)
+[[ -f /usr/src/linux-source-6.1.tar.xz ]] || need+=(linux-source-6.1)
+command -v xz >/dev/null || need+=(xz-utils)
+command -v gcc >/dev/null || need+=(gcc)
+command -v make >/dev/null || need+=(make)
+command -v flex >/dev/null || need+=(flex)
+command -v bison >/dev/null || need+=(bison)
+command -v bc >/dev/null || need+=(bc)
+[[ -f /usr/include/libelf.h ]] || need+=(libelf-dev)
 if [[ $(id -u) -ne 0 ]]; then
 	if ((${#need[@]})); then
 		echo "images: install ${need[*]} (apt-get) first" >&2
@@ -55,14 +71,50 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$out/minimal"
 
-# The kernel: the LZ4 payload of the bzImage is the ELF vmlinux, which
-# qemu boots through the PVH entry (faster than the bzImage's).
-off="$(grep -obUaP '\x02\x21\x4c\x18' "$vmlinuz" | head -n 1 | cut -d: -f1)"
-tail -c "+$((off + 1))" "$vmlinuz" | lz4 -dc >"$work/vmlinux" 2>/dev/null || true
-if [[ "$(head -c 4 "$work/vmlinux" | od -An -tx1 | tr -d ' ')" != "7f454c46" ]]; then
-	echo "images: could not extract an ELF vmlinux from $vmlinuz" >&2
-	exit 1
+# The guest kernel: Debian's kernel source with images/kernel/guest.config
+# on allnoconfig (everything the guest uses built in, nothing else; no
+# modules), its ELF vmlinux booted by qemu through the PVH entry. Cached by
+# the source package's version and the config.
+kconfig=images/kernel/guest.config
+ksrc=/usr/src/linux-source-6.1.tar.xz
+kpkg="linux-source-6.1 $(dpkg-query -W -f='${Version}' linux-source-6.1)"
+kkey="$( (echo "$kpkg"; cat "$kconfig") | sha256sum | cut -c1-16)"
+kcache="$(realpath -m "${KERNEL_CACHE:-.service/kernel-cache}")/$kkey"
+if [[ ! -f "$kcache/vmlinux" ]]; then
+	echo "images: building the guest kernel ($kpkg, $kconfig) into $kcache" >&2
+	kstart=$SECONDS
+	kbuild="$kcache.build.$$"
+	rm -rf "$kbuild"
+	mkdir -p "$kbuild"
+	tar -C "$kbuild" -xJf "$ksrc"
+	ktree="$(echo "$kbuild"/linux-source-*)"
+	nice make -C "$ktree" -s allnoconfig KCONFIG_ALLCONFIG="$(realpath "$kconfig")" >"$kbuild/config.log" 2>&1
+	# An option the config names but Kconfig dropped (a dependency
+	# missing from the config) is an error, not a smaller kernel.
+	missing=()
+	for opt in $(grep -E '^CONFIG_[A-Z0-9_]+=' "$kconfig"); do
+		grep -qxF "$opt" "$ktree/.config" || missing+=("$opt")
+	done
+	if ((${#missing[@]})); then
+		echo "images: $kconfig: not in the kernel's config (a dependency missing?): ${missing[*]}" >&2
+		rm -rf "$kbuild"
+		exit 1
+	fi
+	if ! nice make -C "$ktree" -s -j"$(nproc)" vmlinux >"$kbuild/build.log" 2>&1; then
+		tail -n 30 "$kbuild/build.log" >&2
+		echo "images: the guest kernel did not build (log above; tree kept in $kbuild)" >&2
+		exit 1
+	fi
+	mkdir -p "$kcache"
+	cp "$ktree/.config" "$kcache/config"
+	make -C "$ktree" -s kernelrelease >"$kcache/release"
+	mv "$ktree/vmlinux" "$kcache/vmlinux.tmp"
+	mv "$kcache/vmlinux.tmp" "$kcache/vmlinux"
+	rm -rf "$kbuild"
+	echo "images: guest kernel built in $((SECONDS - kstart)) s" >&2
 fi
+cp "$kcache/vmlinux" "$work/vmlinux"
+krelease="$(cat "$kcache/release")"
 
 root="$work/root"
 mkdir -p "$root"/{bin,sbin,etc/compute-guest,proc,sys,dev,run,tmp,root,mnt,lib64,usr/lib}
@@ -101,6 +153,13 @@ printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
 : >"$root/etc/resolv.conf"
 echo "minimal" >"$root/etc/hostname"
 
+# The image's own kernel has its drivers built in: the kernel+initrd
+# image's initramfs is packed here, with an empty module list.
+echo "# none: the guest kernel has its drivers built in (images/kernel/guest.config)" >"$root/etc/compute-guest/modules"
+(cd "$root" && find . -mindepth 1 | sort | cpio --quiet -o -H newc -R 0:0) >"$work/initramfs.cpio"
+
+# The disk images boot the Debian cloud kernel (below), whose virtio
+# drivers are modules: their initramfs carries them.
 # The modules compute-guest loads at boot, dependencies first (from
 # modules.dep), one per line: the path and the condition under which it is
 # loaded (internal/guest moduleWanted: "pci" on a machine with a PCI bus,
@@ -131,13 +190,17 @@ for line in "${order[@]}"; do
 	echo "/lib/modules/$kver/$line" | sed 's/ $//' >>"$root/etc/compute-guest/modules"
 done
 
-(cd "$root" && find . -mindepth 1 | sort | cpio --quiet -o -H newc -R 0:0) >"$work/initramfs.cpio"
+(cd "$root" && find . -mindepth 1 | sort | cpio --quiet -o -H newc -R 0:0) >"$work/initramfs-modules.cpio"
 mv "$work/vmlinux" "$out/minimal/vmlinux"
 mv "$work/initramfs.cpio" "$out/minimal/initramfs.cpio"
 
-# The kernel command line: crypto self-tests and two slow initcalls this
-# image does not use are skipped (about 0.4 s of a boot under emulation).
-cmdline="console=ttyS0 quiet cryptomgr.notests initcall_blacklist=crypto_kdf108_init,init_kprobe_trace"
+# The kernel command line of the image's own kernel: the serial console,
+# quiet (printing to a serial port under emulation is slow).
+cmdline="console=ttyS0 quiet"
+# The Debian kernel's (disk images): crypto self-tests and two slow
+# initcalls this image does not use are skipped (about 0.4 s of a boot
+# under emulation).
+diskcmdline="console=ttyS0 quiet cryptomgr.notests initcall_blacklist=crypto_kdf108_init,init_kprobe_trace"
 
 sum="$(cat "$out/minimal/vmlinux" "$out/minimal/initramfs.cpio" | sha256sum | cut -d' ' -f1)"
 size="$(($(stat -c %s "$out/minimal/vmlinux") + $(stat -c %s "$out/minimal/initramfs.cpio")))"
@@ -150,20 +213,20 @@ cat >"$out/minimal.json.tmp" <<JSON
   "location": "$out/minimal/vmlinux",
   "initrd": "$out/minimal/initramfs.cpio",
   "cmdline": "$cmdline",
-  "description": "Minimal guest: Debian cloud kernel $kver, initramfs with compute-guest as init, busybox (wget, nc, ip, nslookup), mkfs.ext4"
+  "description": "Minimal guest: Linux $krelease (Debian's source, images/kernel/guest.config), initramfs with compute-guest as init, busybox (wget, nc, ip, nslookup), mkfs.ext4"
 }
 JSON
 
 # The same guest as disk images, for the q35 machine and its firmware: a
 # FAT disk that syslinux boots (no partition table: SeaBIOS runs the
 # filesystem's boot sector), holding the cloud kernel's bzImage and the
-# initramfs. They show a disk image with compute-guest end to end
-# (docs/images.md); an operator's own disk carries GRUB or extlinux.
-printf 'DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL vmlinuz\n  APPEND initrd=initrd.img %s\n' "$cmdline" >"$work/syslinux.cfg"
+# initramfs with its modules. They show a disk image with compute-guest end
+# to end (docs/images.md); an operator's own disk carries GRUB or extlinux.
+printf 'DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL vmlinuz\n  APPEND initrd=initrd.img %s\n' "$diskcmdline" >"$work/syslinux.cfg"
 disk="$work/disk.raw"
 mkfs.vfat -C "$disk" 32768 >/dev/null
 mcopy -i "$disk" "$vmlinuz" ::vmlinuz
-mcopy -i "$disk" "$out/minimal/initramfs.cpio" ::initrd.img
+mcopy -i "$disk" "$work/initramfs-modules.cpio" ::initrd.img
 mcopy -i "$disk" "$work/syslinux.cfg" ::syslinux.cfg
 syslinux --install "$disk"
 qemu-img convert -O qcow2 "$disk" "$work/disk.qcow2"
