@@ -74,7 +74,7 @@ func TestPrivateSandboxesOfATenantReachEachOtherAcrossNodes(t *testing.T) {
 			got, err := c.SandboxesGet(t.Context(), &client.SandboxesGetInput{TenantId: tn, SandboxId: sb.SandboxId})
 			require.NoError(t, err, key)
 			sb = got.Data
-			return sb.State != "starting"
+			return sb.State != "creating" // a sandbox is creating until its guest runs
 		}, 60*time.Second, 250*time.Millisecond, key)
 		require.Equal(t, "running", string(sb.State), "%s: error %v", key, sb.Error)
 		return sb
