@@ -110,7 +110,7 @@ func StartFleet(ctx context.Context, name, database, imagesDir string) *Fleet {
 	}
 }
 
-// Close deletes every sandbox, template and instance of the fleet through
+// Close deletes every sandbox, snapshot, template and instance of the fleet through
 // the API, waits for their VMs to end, stops the processes and removes what
 // the fleet made. A VM still running after that is killed and ends the
 // tool with an error: VMs outlive their daemon by design, so a benchmark
@@ -126,7 +126,7 @@ func (f *Fleet) Close() {
 	f.cleanup = nil
 	if len(left) > 0 {
 		vmowner.Kill(left)
-		log.Fatalf("%s: %d VM(s) still running after every sandbox, template and instance was deleted (killed now):\n  %s",
+		log.Fatalf("%s: %d VM(s) still running after every sandbox, snapshot, template and instance was deleted (killed now):\n  %s",
 			f.name, len(left), vmowner.Describe(left))
 	}
 }
@@ -148,6 +148,16 @@ func (f *Fleet) deleteAll() {
 		}
 	} else {
 		warn("list sandboxes", err)
+	}
+	// Snapshots too: the agent's restore pool keeps qemus started ahead for
+	// a snapshot until it is deleted.
+	if sns, err := f.C.SandboxSnapshotsList(ctx, &client.SandboxSnapshotsListInput{TenantId: "bench"}); err == nil {
+		for _, sn := range sns.Data.Items {
+			_, err := f.C.SandboxSnapshotsDelete(ctx, &client.SandboxSnapshotsDeleteInput{TenantId: "bench", SnapshotId: sn.SnapshotId})
+			warn("delete "+sn.SnapshotId, err)
+		}
+	} else {
+		warn("list snapshots", err)
 	}
 	if tps, err := f.C.SandboxTemplatesList(ctx, &client.SandboxTemplatesListInput{TenantId: "bench"}); err == nil {
 		for _, tp := range tps.Data.Items {
