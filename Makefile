@@ -128,7 +128,10 @@ tools: .service/bin/versitygw .service/bin/spicedb .service/bin/oidcprovider ## 
 # timing-sensitive test.
 PROCESS_TESTS = ./internal/killtest ./internal/join ./internal/agent/telemetry ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob ./internal/downloads ./internal/deploytest ./internal/plugins ./internal/iam
 
+# The guest image (and its kernel, from an empty cache) is built before
+# go test, outside any package's timeout, as the tests would build it.
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
+	go run ./tools/guestimage
 	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v -F -x $(foreach p,$(PROCESS_TESTS),-e computeplane/$(patsubst ./%,%,$(p)))) && \
 		go test -count=1 -p 1 $(PROCESS_TESTS)
 	@$(MAKE) fuzz-short

@@ -3,9 +3,11 @@
 package qemutest
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -34,39 +36,65 @@ func Image(t testing.TB) *images.Image {
 	}
 	root := moduleRoot(t)
 	dir := filepath.Join(root, ".service", "images")
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	// One build at a time across test processes.
-	lock, err := os.OpenFile(filepath.Join(dir, ".build.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	require.NoError(t, err)
-	defer lock.Close()
-	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
 	// Once per test process: the image does not change under a run.
-	if checked.Load() {
-		return get(t, dir)
+	if !checked.Load() {
+		require.NoError(t, Ensure(root, dir, nil))
+		checked.Store(true)
 	}
-	sources := sourcesHash(t, root)
+	return get(t, dir)
+}
+
+// Ensure builds the minimal guest image into dir with images/build.sh
+// when a manifest is missing or the image was built from other sources.
+// make test runs it (tools/guestimage) before go test, so that a build
+// from an empty kernel cache is not charged to one test's timeout.
+// build.sh's output goes to progress, or into the error when it is nil.
+func Ensure(root, dir string, progress io.Writer) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	// One build at a time across processes.
+	lock, err := os.OpenFile(filepath.Join(dir, ".build.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
+	sources, err := sourcesHash(root)
+	if err != nil {
+		return err
+	}
 	stamp := filepath.Join(dir, "minimal.sources")
 	built, _ := os.ReadFile(stamp)
 	stale := string(built) != sources
-	for _, manifest := range []string{"minimal.json", "minimal-raw.json", "minimal-qcow2.json"} {
+	for _, manifest := range manifests {
 		if _, err := os.Stat(filepath.Join(dir, manifest)); err != nil {
 			stale = true
 		}
 	}
-	if stale {
-		// build.sh keeps a manifest that is there: a stale image goes first.
-		for _, manifest := range []string{"minimal.json", "minimal-raw.json", "minimal-qcow2.json"} {
-			_ = os.Remove(filepath.Join(dir, manifest))
-		}
-		cmd := exec.Command(filepath.Join(root, "images", "build.sh"), dir)
-		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "images/build.sh: %s", out)
-		require.NoError(t, os.WriteFile(stamp, []byte(sources), 0o644))
+	if !stale {
+		return nil
 	}
-	checked.Store(true)
-	return get(t, dir)
+	// build.sh keeps a manifest that is there: a stale image goes first.
+	for _, manifest := range manifests {
+		_ = os.Remove(filepath.Join(dir, manifest))
+	}
+	cmd := exec.Command(filepath.Join(root, "images", "build.sh"), dir)
+	cmd.Dir = root
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if progress != nil {
+		cmd.Stdout, cmd.Stderr = progress, progress
+	}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("images/build.sh: %w: %s", err, out.Bytes())
+	}
+	return os.WriteFile(stamp, []byte(sources), 0o644)
 }
+
+var manifests = []string{"minimal.json", "minimal-raw.json", "minimal-qcow2.json"}
 
 // checked is set once this process saw the image up to date.
 var checked atomic.Bool
@@ -93,30 +121,36 @@ func DiskImage(t testing.TB, format string) *images.Image {
 // sourcesHash is a hash of what the image is built from: the files under
 // images/, go.sum, and the Go files of the module's packages compute-guest
 // is made of.
-func sourcesHash(t testing.TB, root string) string {
-	t.Helper()
+func sourcesHash(root string) (string, error) {
 	h := sha256.New()
 	var files []string
-	require.NoError(t, filepath.WalkDir(filepath.Join(root, "images"), func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(filepath.Join(root, "images"), func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			files = append(files, p)
 		}
 		return err
-	}))
+	})
+	if err != nil {
+		return "", err
+	}
 	files = append(files, filepath.Join(root, "go.sum"))
 	cmd := exec.Command("go", "list", "-deps", "-f", `{{if .Module}}{{if .Module.Main}}{{range .GoFiles}}{{$.Dir}}/{{.}}
 {{end}}{{end}}{{end}}`, "./cmd/compute-guest")
 	cmd.Dir = root
 	out, err := cmd.Output()
-	require.NoError(t, err, "go list compute-guest's packages")
+	if err != nil {
+		return "", fmt.Errorf("go list compute-guest's packages: %w", err)
+	}
 	files = append(files, strings.Fields(string(out))...)
 	slices.Sort(files)
 	for _, f := range files {
 		data, err := os.ReadFile(f)
-		require.NoError(t, err)
+		if err != nil {
+			return "", err
+		}
 		fmt.Fprintf(h, "%s %x\n", strings.TrimPrefix(f, root), sha256.Sum256(data))
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func moduleRoot(t testing.TB) string {
