@@ -141,39 +141,62 @@ func (f *Fleet) deleteAll() {
 			log.Printf("%s: cleanup: %s: %v", f.name, what, err)
 		}
 	}
-	if sbs, err := f.C.SandboxesList(ctx, &client.SandboxesListInput{TenantId: "bench"}); err == nil {
-		for _, sb := range sbs.Data.Items {
-			_, err := f.C.SandboxesDelete(ctx, &client.SandboxesDeleteInput{TenantId: "bench", SandboxId: sb.SandboxId})
-			warn("delete "+sb.SandboxId, err)
+	// Sandboxes first, then snapshots (the agent's restore pool keeps qemus
+	// started ahead for a snapshot until it is deleted), templates and
+	// instances.
+	deleteEach(warn, "sandboxes", func() ([]client.Sandbox, error) {
+		out, err := f.C.SandboxesList(ctx, &client.SandboxesListInput{TenantId: "bench"})
+		if err != nil {
+			return nil, err
 		}
-	} else {
-		warn("list sandboxes", err)
+		return out.Data.Items, nil
+	}, func(sb client.Sandbox) (string, error) {
+		_, err := f.C.SandboxesDelete(ctx, &client.SandboxesDeleteInput{TenantId: "bench", SandboxId: sb.SandboxId})
+		return sb.SandboxId, err
+	})
+	deleteEach(warn, "snapshots", func() ([]client.SandboxSnapshot, error) {
+		out, err := f.C.SandboxSnapshotsList(ctx, &client.SandboxSnapshotsListInput{TenantId: "bench"})
+		if err != nil {
+			return nil, err
+		}
+		return out.Data.Items, nil
+	}, func(sn client.SandboxSnapshot) (string, error) {
+		_, err := f.C.SandboxSnapshotsDelete(ctx, &client.SandboxSnapshotsDeleteInput{TenantId: "bench", SnapshotId: sn.SnapshotId})
+		return sn.SnapshotId, err
+	})
+	deleteEach(warn, "templates", func() ([]client.SandboxTemplate, error) {
+		out, err := f.C.SandboxTemplatesList(ctx, &client.SandboxTemplatesListInput{TenantId: "bench"})
+		if err != nil {
+			return nil, err
+		}
+		return out.Data.Items, nil
+	}, func(tp client.SandboxTemplate) (string, error) {
+		_, err := f.C.SandboxTemplatesDelete(ctx, &client.SandboxTemplatesDeleteInput{TenantId: "bench", TemplateId: tp.TemplateId})
+		return tp.TemplateId, err
+	})
+	deleteEach(warn, "instances", func() ([]client.Instance, error) {
+		out, err := f.C.InstancesList(ctx, &client.InstancesListInput{TenantId: "bench"})
+		if err != nil {
+			return nil, err
+		}
+		return out.Data.Items, nil
+	}, func(in client.Instance) (string, error) {
+		_, err := f.C.InstancesDelete(ctx, &client.InstancesDeleteInput{TenantId: "bench", InstanceId: in.InstanceId})
+		return in.InstanceId, err
+	})
+}
+
+// deleteEach lists what and deletes each item, warning of what fails and
+// going on: a cleanup removes what it can.
+func deleteEach[T any](warn func(string, error), what string, list func() ([]T, error), del func(T) (string, error)) {
+	all, err := list()
+	if err != nil {
+		warn("list "+what, err)
+		return
 	}
-	// Snapshots too: the agent's restore pool keeps qemus started ahead for
-	// a snapshot until it is deleted.
-	if sns, err := f.C.SandboxSnapshotsList(ctx, &client.SandboxSnapshotsListInput{TenantId: "bench"}); err == nil {
-		for _, sn := range sns.Data.Items {
-			_, err := f.C.SandboxSnapshotsDelete(ctx, &client.SandboxSnapshotsDeleteInput{TenantId: "bench", SnapshotId: sn.SnapshotId})
-			warn("delete "+sn.SnapshotId, err)
-		}
-	} else {
-		warn("list snapshots", err)
-	}
-	if tps, err := f.C.SandboxTemplatesList(ctx, &client.SandboxTemplatesListInput{TenantId: "bench"}); err == nil {
-		for _, tp := range tps.Data.Items {
-			_, err := f.C.SandboxTemplatesDelete(ctx, &client.SandboxTemplatesDeleteInput{TenantId: "bench", TemplateId: tp.TemplateId})
-			warn("delete "+tp.TemplateId, err)
-		}
-	} else {
-		warn("list templates", err)
-	}
-	if ins, err := f.C.InstancesList(ctx, &client.InstancesListInput{TenantId: "bench"}); err == nil {
-		for _, in := range ins.Data.Items {
-			_, err := f.C.InstancesDelete(ctx, &client.InstancesDeleteInput{TenantId: "bench", InstanceId: in.InstanceId})
-			warn("delete "+in.InstanceId, err)
-		}
-	} else {
-		warn("list instances", err)
+	for _, item := range all {
+		id, err := del(item)
+		warn("delete "+id, err)
 	}
 }
 
