@@ -125,7 +125,9 @@ tools: .service/bin/versitygw .service/bin/spicedb .service/bin/oidcprovider ## 
 # Tests that run real processes and VMs (and the kill test, which measures
 # against deadlines) run one package at a time after the others: on a
 # 2-core machine their CPU load would otherwise share the clock of every
-# timing-sensitive test.
+# timing-sensitive test. Their timeout is 30 minutes a package, not go
+# test's 10: a VM package takes 2 to 4 minutes on a quiet 2-core machine
+# and more than 10 on a loaded one.
 PROCESS_TESTS = ./internal/killtest ./internal/join ./internal/agent/telemetry ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob ./internal/downloads ./internal/deploytest ./internal/plugins ./internal/iam
 
 # The guest image (and its kernel, from an empty cache) is built before
@@ -133,7 +135,7 @@ PROCESS_TESTS = ./internal/killtest ./internal/join ./internal/agent/telemetry .
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
 	go run ./tools/guestimage
 	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v -F -x $(foreach p,$(PROCESS_TESTS),-e computeplane/$(patsubst ./%,%,$(p)))) && \
-		go test -count=1 -p 1 $(PROCESS_TESTS)
+		go test -count=1 -p 1 -timeout 30m $(PROCESS_TESTS)
 	@$(MAKE) fuzz-short
 
 .PHONY: fuzz-short
