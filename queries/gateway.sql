@@ -110,11 +110,8 @@ INSERT INTO node_specs (node_id, generation, body) VALUES (sqlc.arg(node_id), 1,
 ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, body = excluded.body, updated_at = now()
 RETURNING generation;
 
--- PutNodeSpecLater is PutNodeSpec for a caller that needs no generation
--- back (its write travels with the call's next statement, store.Later).
--- name: PutNodeSpecLater :exec
-INSERT INTO node_specs (node_id, generation, body) VALUES (sqlc.arg(node_id), 1, sqlc.arg(body))
-ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, body = excluded.body, updated_at = now();
+-- (nodework's spec push sends this statement as putSpec, held with the
+-- commit: keep both the same.)
 
 -- NodeSpecInputs is what a node's spec needs besides its instances, in one
 -- statement: the node's gateway (whose topic is woken), the networks of its

@@ -103,6 +103,19 @@ UPDATE sandboxes SET ready_at = coalesce(ready_at, sqlc.arg(at))
 WHERE instance_id = sqlc.arg(instance_id) AND deleted_at IS NULL
 RETURNING *;
 
+-- name: SandboxesReadyOfStatus :many
+-- The sandboxes of a node's VMs that a daemon's status reports running
+-- with their identity checked out, ready (the first time): sent in the
+-- status's first round trip after the instances' update, whose rows it
+-- sees (SandboxReady's work without a round trip of its own).
+UPDATE sandboxes s SET ready_at = i.identity_ready_at
+FROM instances i
+WHERE i.instance_id = ANY(sqlc.arg(instance_ids)::text[]) AND i.node_id = sqlc.arg(node_id)::text
+  AND i.kind = 'sandbox' AND i.state = 'running' AND i.desired_state = 'running'
+  AND i.reported_identity = i.identity_generation AND i.identity_ready_at IS NOT NULL
+  AND s.instance_id = i.instance_id AND s.ready_at IS NULL AND s.deleted_at IS NULL
+RETURNING s.*;
+
 -- name: SandboxOfInstance :one
 SELECT * FROM sandboxes WHERE instance_id = sqlc.arg(instance_id);
 

@@ -517,6 +517,7 @@ func (q *Queries) NodeGatewayInternalURL(ctx context.Context, nodeID string) (st
 }
 
 const nodeSpecInputs = `-- name: NodeSpecInputs :one
+
 SELECT n.session_gateway,
        (SELECT s.body FROM node_specs s WHERE s.node_id = n.node_id)::jsonb AS last_spec,
        coalesce((SELECT jsonb_agg(jsonb_build_object('serial', v.serial, 'sizeGiB', v.size_gib) ORDER BY v.volume_id)
@@ -530,6 +531,8 @@ type NodeSpecInputsRow struct {
 	Volumes        []byte
 }
 
+// (nodework's spec push sends this statement as putSpec, held with the
+// commit: keep both the same.)
 // NodeSpecInputs is what a node's spec needs besides its instances, in one
 // statement: the node's gateway (whose topic is woken), the networks of its
 // last spec, its ready volumes.
@@ -741,23 +744,6 @@ func (q *Queries) PutNodeSpec(ctx context.Context, arg PutNodeSpecParams) (int64
 	var generation int64
 	err := row.Scan(&generation)
 	return generation, err
-}
-
-const putNodeSpecLater = `-- name: PutNodeSpecLater :exec
-INSERT INTO node_specs (node_id, generation, body) VALUES ($1, 1, $2)
-ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, body = excluded.body, updated_at = now()
-`
-
-type PutNodeSpecLaterParams struct {
-	NodeID string
-	Body   []byte
-}
-
-// PutNodeSpecLater is PutNodeSpec for a caller that needs no generation
-// back (its write travels with the call's next statement, store.Later).
-func (q *Queries) PutNodeSpecLater(ctx context.Context, arg PutNodeSpecLaterParams) error {
-	_, err := q.db.Exec(ctx, putNodeSpecLater, arg.NodeID, arg.Body)
-	return err
 }
 
 const registerGateway = `-- name: RegisterGateway :exec

@@ -1067,6 +1067,63 @@ func (q *Queries) SandboxReady(ctx context.Context, arg SandboxReadyParams) (San
 	return i, err
 }
 
+const sandboxesReadyOfStatus = `-- name: SandboxesReadyOfStatus :many
+UPDATE sandboxes s SET ready_at = i.identity_ready_at
+FROM instances i
+WHERE i.instance_id = ANY($1::text[]) AND i.node_id = $2::text
+  AND i.kind = 'sandbox' AND i.state = 'running' AND i.desired_state = 'running'
+  AND i.reported_identity = i.identity_generation AND i.identity_ready_at IS NOT NULL
+  AND s.instance_id = i.instance_id AND s.ready_at IS NULL AND s.deleted_at IS NULL
+RETURNING s.sandbox_id, s.tenant_id, s.template_id, s.from_snapshot, s.instance_id, s.pool_id, s.node_id, s.how, s.max_ttl_seconds, s.expires_at, s.created_by, s.idem_request, s.created_at, s.placed_at, s.ready_at, s.deleted_at, s.delete_reason
+`
+
+type SandboxesReadyOfStatusParams struct {
+	InstanceIds []string
+	NodeID      string
+}
+
+// The sandboxes of a node's VMs that a daemon's status reports running
+// with their identity checked out, ready (the first time): sent in the
+// status's first round trip after the instances' update, whose rows it
+// sees (SandboxReady's work without a round trip of its own).
+func (q *Queries) SandboxesReadyOfStatus(ctx context.Context, arg SandboxesReadyOfStatusParams) ([]Sandbox, error) {
+	rows, err := q.db.Query(ctx, sandboxesReadyOfStatus, arg.InstanceIds, arg.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Sandbox
+	for rows.Next() {
+		var i Sandbox
+		if err := rows.Scan(
+			&i.SandboxID,
+			&i.TenantID,
+			&i.TemplateID,
+			&i.FromSnapshot,
+			&i.InstanceID,
+			&i.PoolID,
+			&i.NodeID,
+			&i.How,
+			&i.MaxTtlSeconds,
+			&i.ExpiresAt,
+			&i.CreatedBy,
+			&i.IdemRequest,
+			&i.CreatedAt,
+			&i.PlacedAt,
+			&i.ReadyAt,
+			&i.DeletedAt,
+			&i.DeleteReason,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const setSandboxExpiry = `-- name: SetSandboxExpiry :one
 UPDATE sandboxes SET expires_at = $1 WHERE sandbox_id = $2 RETURNING sandbox_id, tenant_id, template_id, from_snapshot, instance_id, pool_id, node_id, how, max_ttl_seconds, expires_at, created_by, idem_request, created_at, placed_at, ready_at, deleted_at, delete_reason
 `

@@ -392,6 +392,9 @@ func (g *Gateway) dispatchLoop() {
 	defer stopAll()
 	revoked, stopRevoked := g.o.Notifier.Subscribe(TopicRevocations)
 	defer stopRevoked()
+	// A spec committed in this process comes with its wake: sent at once,
+	// without the read (the read that the wake still makes finds it sent).
+	defer g.o.Notifier.Take(Topic(g.id), g.takeSpec)()
 	t := time.NewTicker(Poll)
 	defer t.Stop()
 	n := 0
@@ -425,6 +428,19 @@ func (g *Gateway) applyRevocations() {
 			g.o.Log.Info("closing a revoked session", "node", s.nodeID)
 			s.end(agentproto.Message{Type: agentproto.TypeRevoked})
 		}
+	}
+}
+
+// takeSpec sends a spec a commit in this process offered
+// (nodework.SpecOffer) on its node's session, if the node has one here;
+// on a goroutine of its own, since it runs on the committing one.
+func (g *Gateway) takeSpec(v any) {
+	o, ok := v.(*nodework.SpecOffer)
+	if !ok || o.Generation == 0 {
+		return
+	}
+	if s := g.get(o.Node); s != nil {
+		go s.sendSpecBody(o.Generation, &o.Spec)
 	}
 }
 

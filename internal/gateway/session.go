@@ -48,6 +48,7 @@ type session struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	sentGen  atomic.Int64
+	specMu   sync.Mutex // a spec's send, after the check of sentGen
 	lastSeen atomic.Int64 // unix nanoseconds
 	endOnce  sync.Once
 
@@ -378,21 +379,28 @@ func (s *session) send(m agentproto.Message) {
 
 // sendSpec sends a spec generation once per session.
 func (s *session) sendSpec(gen int64, body []byte) {
-	for {
-		cur := s.sentGen.Load()
-		if cur >= gen {
-			return
-		}
-		if s.sentGen.CompareAndSwap(cur, gen) {
-			break
-		}
+	if s.sentGen.Load() >= gen {
+		return
 	}
 	var spec agentproto.SpecBody // as nodework.PutSpec wrote it
 	if err := json.Unmarshal(body, &spec); err != nil {
 		s.g.o.Log.Warn("gateway: a spec that does not decode", "node", s.nodeID, "generation", gen, "error", err.Error())
 		return
 	}
-	s.send(agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: gen, Body: spec}})
+	s.sendSpecBody(gen, &spec)
+}
+
+// sendSpecBody sends a spec generation unless this session sent it or a
+// later one: the dispatch's read and a commit's offer (Gateway.takeSpec)
+// may both carry it, in either order.
+func (s *session) sendSpecBody(gen int64, spec *agentproto.SpecBody) {
+	s.specMu.Lock()
+	defer s.specMu.Unlock()
+	if s.sentGen.Load() >= gen {
+		return
+	}
+	s.sentGen.Store(gen)
+	s.send(agentproto.Message{Type: agentproto.TypeSpec, Spec: &agentproto.Spec{Generation: gen, Body: *spec}})
 }
 
 // end closes the session once, first sending m when it has a type.

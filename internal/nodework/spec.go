@@ -15,6 +15,21 @@ import (
 	"computeplane/internal/vmnet"
 )
 
+// SpecOffer is a node's spec as a commit wrote it, offered to its
+// gateway's topic (notify.OfferLater); Generation is set once the write
+// answered (with the commit).
+type SpecOffer struct {
+	Node       string
+	Generation int64
+	Spec       agentproto.SpecBody
+}
+
+// putSpec is queries/gateway.sql's PutNodeSpec (its generation read back
+// from a held write, store.LaterRow, which sqlc's code cannot do).
+const putSpec = `INSERT INTO node_specs (node_id, generation, body) VALUES ($1, 1, $2)
+ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, body = excluded.body, updated_at = now()
+RETURNING generation`
+
 // PushSpec rebuilds node's spec from what the database places there, the
 // instances and the volumes the node holds and its VMs' private networks,
 // with a new generation, in tx, and asks for its gateway to be woken
@@ -118,12 +133,19 @@ func (r *SpecReads) push(ctx context.Context, tx pgx.Tx, members bool) error {
 	if err != nil {
 		return err
 	}
-	// Nobody reads the new generation here: the write travels with the
-	// transaction's next statement or its COMMIT.
-	if err := db.New(store.Later(tx)).PutNodeSpecLater(ctx, db.PutNodeSpecLaterParams{NodeID: node, Body: body}); err != nil {
+	// The write travels with the transaction's next statement or its
+	// COMMIT, and its generation comes back with it: the spec is offered
+	// to the node's gateway (when it runs in this process) with the
+	// commit's wake, so that the gateway sends it without reading it back.
+	offer := &SpecOffer{Node: node, Spec: spec}
+	if err := store.LaterRow(ctx, tx, func(r pgx.Row) error { return r.Scan(&offer.Generation) }, putSpec, node, body); err != nil {
 		return err
 	}
-	notify.Later(ctx, TopicOf(inputs.SessionGateway))
+	topic := TopicOf(inputs.SessionGateway)
+	if topic != TopicAll {
+		notify.OfferLater(ctx, topic, offer)
+	}
+	notify.Later(ctx, topic)
 	if !members {
 		return nil
 	}

@@ -25,6 +25,14 @@ import (
 // wrote events.
 type StatusHandler func(ctx context.Context, tx pgx.Tx, node string, r db.Instance, reported agentproto.InstanceStatus) (bool, error)
 
+// StatusQueue lets the handler of one kind send its statement in the
+// status's first round trip: it queues the statement in p (which runs
+// after the rows' updates, so it sees the moved rows; running are the
+// reported ids the daemon says run) and returns the handler for this
+// status, which reads the statement's answer instead of a round trip of
+// its own. It queues nothing and returns nil when no instance needs it.
+type StatusQueue func(ctx context.Context, p *store.Pipeline, node string, running []string) StatusHandler
+
 // VolumesHandler follows the volume files a daemon reports (nil: it does
 // not report them), in the report's transaction: it queues its first
 // statement in p, which goes in the status's first round trip with the
@@ -44,6 +52,7 @@ type Registry struct {
 
 	mu      sync.RWMutex
 	kinds   map[string]StatusHandler
+	queues  map[string]StatusQueue
 	volumes []VolumesHandler
 	results map[string]ResultHandler
 }
@@ -60,6 +69,20 @@ func (g *Registry) Register(kind string, h StatusHandler) {
 		g.kinds = map[string]StatusHandler{}
 	}
 	g.kinds[kind] = h
+}
+
+// RegisterQueue sets the pipelined handler of one kind (StatusQueue),
+// used instead of its Register handler for a status it queued for.
+func (g *Registry) RegisterQueue(kind string, q StatusQueue) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, dup := g.queues[kind]; dup {
+		panic(fmt.Sprintf("nodework: a status queue for kind %q twice", kind))
+	}
+	if g.queues == nil {
+		g.queues = map[string]StatusQueue{}
+	}
+	g.queues[kind] = q
 }
 
 // RegisterVolumes adds a handler of the volumes a daemon reports.
@@ -116,6 +139,25 @@ func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *
 	})
 	g.mu.RLock()
 	defer g.mu.RUnlock()
+	var queued map[string]StatusHandler // this status's handlers, by kind, that queued a statement
+	if len(g.queues) > 0 {
+		var running []string
+		for _, in := range st.Instances {
+			if in.State == agentproto.StateRunning {
+				running = append(running, in.ID)
+			}
+		}
+		if len(running) > 0 {
+			for kind, q := range g.queues {
+				if h := q(ctx, p, node, running); h != nil {
+					if queued == nil {
+						queued = map[string]StatusHandler{}
+					}
+					queued[kind] = h
+				}
+			}
+		}
+	}
 	volumes := make([]func(context.Context, pgx.Tx) (bool, error), 0, len(g.volumes))
 	for _, h := range g.volumes {
 		volumes = append(volumes, h(ctx, p, node, st.Volumes))
@@ -135,7 +177,10 @@ func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *
 	events := false
 	for _, r := range changed {
 		notify.Later(ctx, InstanceTopic(r.InstanceID)) // its waits re-read
-		h := g.kinds[r.Kind]
+		h := queued[r.Kind]
+		if h == nil {
+			h = g.kinds[r.Kind]
+		}
 		if h == nil {
 			continue
 		}

@@ -58,6 +58,7 @@ type Notifier struct {
 
 	mu      sync.Mutex
 	subs    map[string]map[chan struct{}]struct{}
+	takers  map[string]func(any) // Take
 	pending map[string]struct{}
 	kick    chan struct{}
 
@@ -348,9 +349,53 @@ func Later(ctx context.Context, topic string) {
 	}
 }
 
-// WakeUnit wakes, after u committed, the topics it asked for (Later) and
+// OfferLater asks for v to be handed, once the unit of work ctx runs in
+// has committed, to the taker of topic in this process (Take): what the
+// woken subscriber would otherwise read back from the database. It is no
+// more than a wake for other processes, or with no taker, so the taker
+// must also do what a wake makes it do (the database stays the source of
+// truth); the caller wakes topic itself (Later).
+func OfferLater(ctx context.Context, topic string, v any) {
+	if u := uow.From(ctx); u != nil {
+		u.OfferAfter(topic, v)
+	}
+}
+
+// Take makes fn the taker of the values offered on topic in this process
+// (one per topic; a second Take replaces the first). fn runs on the
+// committing goroutine, before the unit's wakes: it must not block.
+// cancel ends it.
+func (n *Notifier) Take(topic string, fn func(v any)) (cancel func()) {
+	n.mu.Lock()
+	if n.takers == nil {
+		n.takers = map[string]func(any){}
+	}
+	n.takers[topic] = fn
+	n.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			delete(n.takers, topic)
+		})
+	}
+}
+
+// WakeUnit hands, after u committed, the values it offered to their
+// takers (OfferLater), then wakes the topics it asked for (Later) and
 // returns them.
 func (n *Notifier) WakeUnit(u *uow.Unit) []string {
+	if offers := u.Offers(); len(offers) > 0 {
+		for _, o := range offers {
+			n.mu.Lock()
+			fn := n.takers[o.Topic]
+			n.mu.Unlock()
+			if fn != nil {
+				fn(o.Value)
+			}
+		}
+	}
 	topics := u.Wakes()
 	for _, t := range topics {
 		n.Wake(t)

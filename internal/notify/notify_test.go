@@ -17,6 +17,7 @@ import (
 	"computeplane/internal/dbtest"
 	"computeplane/internal/notify"
 	"computeplane/internal/store"
+	"computeplane/internal/uow"
 )
 
 func TestMain(m *testing.M) {
@@ -259,4 +260,39 @@ func TestListenerReconnects(t *testing.T) {
 		a.Wake("t")
 		return received(ch, 50*time.Millisecond)
 	}, 10*time.Second, time.Millisecond, "wakes arrive again")
+}
+
+// A value offered in a unit of work reaches the topic's taker only once
+// the unit committed (WakeUnit), before the wake; a cancelled taker gets
+// nothing, and a rolled-back attempt's offers are forgotten.
+func TestOfferReachesTheTakerAfterTheCommit(t *testing.T) {
+	n := open(t, dbtest.URL(t), &config.Notifier{Kind: config.NotifierNone})
+	var got []any
+	cancel := n.Take("gateway/g1", func(v any) { got = append(got, v) })
+	wake, stop := n.Subscribe("gateway/g1")
+	defer stop()
+	st := dbtest.NewStore(t)
+	u, err := uow.Run(t.Context(), st, false, func(ctx context.Context, u *uow.Unit) error {
+		notify.OfferLater(ctx, "gateway/g1", "spec 1")
+		notify.OfferLater(ctx, "gateway/other", "not ours")
+		notify.Later(ctx, "gateway/g1")
+		assert.Empty(t, got, "nothing before the commit")
+		return nil
+	})
+	require.NoError(t, err)
+	n.WakeUnit(u)
+	assert.Equal(t, []any{"spec 1"}, got)
+	select {
+	case <-wake:
+	case <-time.After(time.Second):
+		t.Fatal("the topic was not woken")
+	}
+	cancel()
+	u, err = uow.Run(t.Context(), st, false, func(ctx context.Context, u *uow.Unit) error {
+		notify.OfferLater(ctx, "gateway/g1", "spec 2")
+		return nil
+	})
+	require.NoError(t, err)
+	n.WakeUnit(u)
+	assert.Equal(t, []any{"spec 1"}, got, "no taker any more")
 }

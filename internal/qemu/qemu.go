@@ -3,7 +3,7 @@
 // KVM when a probe boot proved it works, TCG otherwise), starts qemu
 // detached so that a VM outlives a restart of the daemon that started it,
 // re-attaches to a running VM by its directory (QMP socket, pid file),
-// drives it over QMP through github.com/digitalocean/go-qemu, and talks to
+// drives it over one held QMP connection per VM (qmpconn.go), and talks to
 // compute-guest inside it over a virtio-serial port (guestproto).
 //
 // Everything of one VM lives in its directory: config.json, qemu.pid,

@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/digitalocean/go-qemu/qmp"
-	"github.com/digitalocean/go-qemu/qmp/raw"
 	"golang.org/x/sys/unix"
 
 	"computeplane/internal/guestproto"
@@ -37,13 +35,15 @@ type VM struct {
 	Pid    int
 
 	mu     sync.Mutex
-	qmpMu  sync.Mutex    // one QMP command at a time
+	qmpSem chan struct{} // the monitor's lock: one QMP command (or a restore's sequence) at a time
 	exited chan struct{} // closed when a child qemu exits (nil after Attach, unless the qemu is a child: reapIfChild)
 	guest  *Guest
-	// held is the QMP connection a restore goes on with (Start,
-	// Prestart), its handshake and preparations done; nil otherwise.
-	held   *qmpConn
-	loaded bool // a restore's state is in (Prestart)
+	// mon is the VM's QMP connection, held from its start or attach
+	// (command); nil until the next command dials it again after it
+	// failed.
+	mon       *qmpConn
+	restoring bool // a restore is pending (Start, Prestart): Restore lets it run
+	loaded    bool // a restore's state is in (Prestart)
 
 	startedAt time.Time // qemu's exec, for StartPhases
 	// StartPhases is when Start saw each step, from qemu's exec (zero
@@ -72,11 +72,11 @@ func Start(ctx context.Context, c *Config) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
+	v.mon = q
 	if c.Incoming == "" {
-		q.close()
 		return v, nil
 	}
-	v.held = q
+	v.restoring = true
 	v.connectGuest()
 	if err := v.Restore(ctx); err != nil {
 		_ = v.Kill()
@@ -104,7 +104,7 @@ func Prestart(ctx context.Context, c *Config) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
-	v.held = q
+	v.mon, v.restoring = q, true
 	v.connectGuest()
 	if err := v.load(ctx, q); err != nil {
 		_ = v.Kill()
@@ -185,7 +185,7 @@ func launch(ctx context.Context, c *Config) (*VM, *qmpConn, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, nil, fmt.Errorf("qemu: start: %w", err)
 	}
-	v := &VM{Config: c, Pid: cmd.Process.Pid, exited: make(chan struct{})}
+	v := &VM{Config: c, Pid: cmd.Process.Pid, exited: make(chan struct{}), qmpSem: make(chan struct{}, 1)}
 	execAt := time.Now()
 	v.startedAt = execAt
 	go func() { _ = cmd.Wait(); close(v.exited) }()
@@ -261,7 +261,7 @@ func Attach(dir string) (*VM, error) {
 	if err != nil {
 		return nil, ErrGone
 	}
-	v := &VM{Config: c, Pid: pid}
+	v := &VM{Config: c, Pid: pid, qmpSem: make(chan struct{}, 1)}
 	v.reapIfChild()
 	if !v.Alive() {
 		return nil, ErrGone
@@ -332,7 +332,7 @@ func KillDir(dir string) {
 	if err != nil {
 		return
 	}
-	v := &VM{Config: c, Pid: pid}
+	v := &VM{Config: c, Pid: pid, qmpSem: make(chan struct{}, 1)}
 	if v.Alive() {
 		_ = v.Kill()
 	}
@@ -341,37 +341,19 @@ func KillDir(dir string) {
 // AttachTimeout bounds re-attaching to a running VM.
 const AttachTimeout = 10 * time.Second
 
-// dial opens a QMP connection and completes its handshake, bounded (the
-// handshake has no deadline of its own, and qemu answers a second client
-// only once the first has gone).
-func (v *VM) dial() (*qmp.SocketMonitor, error) {
-	mon, err := qmp.NewSocketMonitor("unix", v.Config.QMPSocket(), QMPTimeout)
-	if err != nil {
-		return nil, fmt.Errorf("qemu: QMP: %w", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- mon.Connect() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return nil, fmt.Errorf("qemu: QMP handshake: %w", err)
-		}
-		return mon, nil
-	case <-time.After(QMPTimeout):
-		_ = mon.Disconnect()
-		return nil, errors.New("qemu: QMP handshake timed out (another client holds the monitor?)")
-	}
-}
-
-// connect checks that QMP answers. Commands open a connection each (run):
-// a daemon killed while it held one would otherwise keep the next one
-// from attaching until qemu noticed.
+// connect opens the VM's QMP connection (its handshake done, bounded)
+// and holds it for the VM's commands.
 func (v *VM) connect() error {
-	mon, err := v.dial()
+	ctx, cancel := context.WithTimeout(context.Background(), QMPTimeout)
+	defer cancel()
+	q, err := dialQMP(ctx, v.Config.QMPSocket())
 	if err != nil {
 		return err
 	}
-	return mon.Disconnect()
+	v.mu.Lock()
+	v.mon = q
+	v.mu.Unlock()
+	return nil
 }
 
 // Detach lets go of the VM without stopping it (a daemon shutting down):
@@ -407,51 +389,114 @@ func (v *VM) Alive() bool {
 	return strings.Contains(string(cmdline), v.Config.execQMPSocket())
 }
 
-// run runs one QMP command, bounded by QMPTimeout (go-qemu's socket has
-// no per-command deadline: a stalled qemu must not stall the caller).
-func run[T any](v *VM, fn func(m *raw.Monitor) (T, error)) (T, error) {
-	return onMonitor(v, func(mon *qmp.SocketMonitor) (T, error) { return fn(raw.NewMonitor(mon)) })
+// command runs one QMP command (JSON) on the VM's held monitor
+// connection and returns its "return" member: the commands of a VM go
+// one at a time on one connection, opened at the start (or attach) and
+// held, so a command costs a write and a read, not qemu's greeting and
+// capability negotiation on a connection of its own. A connection that
+// failed (a deadline, qemu closed it) is closed and the next command
+// dials a new one; an idempotent command that failed on a connection held
+// from before is sent once more on a new one. The wait for the monitor
+// and each exchange are bounded by QMPTimeout.
+func (v *VM) command(cmd string, idempotent bool) (json.RawMessage, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*QMPTimeout)
+	defer cancel()
+	if err := v.lockMonitor(ctx); err != nil {
+		return nil, err
+	}
+	defer v.unlockMonitor()
+	for attempt := 0; ; attempt++ {
+		q, fresh, err := v.monitor(ctx)
+		if err != nil {
+			if !v.Alive() {
+				return nil, ErrGone
+			}
+			return nil, err
+		}
+		out, err := q.run(ctx, cmd, nil)
+		var qe *qmpError
+		if err == nil || errors.As(err, &qe) {
+			return out, err
+		}
+		v.dropMonitor(q)
+		if !v.Alive() {
+			return nil, ErrGone
+		}
+		if fresh || !idempotent || attempt > 0 {
+			return nil, err
+		}
+	}
 }
 
-// onMonitor runs fn on a QMP connection of its own, one at a time per VM,
-// bounded by twice QMPTimeout.
-func onMonitor[T any](v *VM, fn func(mon *qmp.SocketMonitor) (T, error)) (T, error) {
-	var zero T
-	type result struct {
-		val T
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		v.qmpMu.Lock()
-		defer v.qmpMu.Unlock()
-		mon, err := v.dial()
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer mon.Disconnect()
-		val, err := fn(mon)
-		ch <- result{val, err}
-	}()
+// lockMonitor takes the VM's monitor for one command or sequence, waiting
+// at most until ctx ends (a command stalled on a hung qemu holds it until
+// its own deadline).
+func (v *VM) lockMonitor(ctx context.Context) error {
 	select {
-	case r := <-ch:
-		if r.err != nil && !v.Alive() {
-			return zero, ErrGone
-		}
-		return r.val, r.err
-	case <-time.After(2 * QMPTimeout):
-		return zero, fmt.Errorf("qemu: QMP command timed out after %s", 2*QMPTimeout)
+	case v.qmpSem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("qemu: QMP busy: %w", ctx.Err())
 	}
+}
+
+func (v *VM) unlockMonitor() { <-v.qmpSem }
+
+// monitor returns the held QMP connection, dialling one when there is
+// none (fresh); the monitor is locked.
+func (v *VM) monitor(ctx context.Context) (q *qmpConn, fresh bool, err error) {
+	v.mu.Lock()
+	q = v.mon
+	v.mu.Unlock()
+	if q != nil {
+		return q, false, nil
+	}
+	// qemu serves one QMP client at a time and may drop a new connection
+	// until it noticed that the previous one closed: dial again while it
+	// lives, until ctx ends.
+	for {
+		q, err = dialQMP(ctx, v.Config.QMPSocket())
+		if err == nil {
+			break
+		}
+		if !v.Alive() || ctx.Err() != nil {
+			return nil, false, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false, err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	v.mu.Lock()
+	v.mon = q
+	v.mu.Unlock()
+	return q, true, nil
+}
+
+// dropMonitor closes a held connection that failed (the monitor locked).
+func (v *VM) dropMonitor(q *qmpConn) {
+	v.mu.Lock()
+	if v.mon == q {
+		v.mon = nil
+	}
+	v.mu.Unlock()
+	q.close()
 }
 
 // Status is qemu's run state: running, paused, shutdown, inmigrate ...
 func (v *VM) Status() (string, error) {
-	st, err := run(v, func(m *raw.Monitor) (raw.StatusInfo, error) { return m.QueryStatus() })
+	out, err := v.command(`{"execute":"query-status"}`, true)
 	if err != nil {
 		return "", err
 	}
-	return st.Status.String(), nil
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return "", fmt.Errorf("qemu: query-status: %w", err)
+	}
+	return st.Status, nil
 }
 
 // SetNice sets the CPU niceness of every thread of the VM's qemu (Linux
@@ -476,26 +521,25 @@ func (v *VM) SetNice(nice int) error {
 
 // Pause stops the vCPUs.
 func (v *VM) Pause() error {
-	_, err := run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.Stop() })
+	_, err := v.command(`{"execute":"stop"}`, true)
 	return err
 }
 
 // Resume runs the vCPUs again.
 func (v *VM) Resume() error {
-	_, err := run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.Cont() })
+	_, err := v.command(`{"execute":"cont"}`, true)
 	return err
 }
 
 // Reset is a hard reset (a reboot from outside the guest).
 func (v *VM) Reset() error {
-	_, err := run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.SystemReset() })
+	_, err := v.command(`{"execute":"system_reset"}`, false)
 	return err
 }
 
 // ResizeDisk grows the disk with serial to bytes while the guest runs.
 func (v *VM) ResizeDisk(index int, bytes int64) error {
-	id := fmt.Sprintf("d%d", index)
-	_, err := run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.BlockResize(&id, nil, bytes) })
+	_, err := v.command(fmt.Sprintf(`{"execute":"block_resize","arguments":{"device":"d%d","size":%d}}`, index, bytes), true)
 	return err
 }
 
@@ -507,7 +551,7 @@ func (v *VM) Stop(ctx context.Context) error {
 		_, _ = g.Call(cctx, guestproto.Request{Op: guestproto.OpSync})
 		cancel()
 	}
-	_, _ = run(v, func(m *raw.Monitor) (struct{}, error) { return struct{}{}, m.Quit() })
+	_, _ = v.command(`{"execute":"quit"}`, false)
 	if waitFor(3*time.Second, func() bool { return !v.Alive() }) {
 		v.close()
 		return nil
@@ -531,9 +575,9 @@ func (v *VM) Kill() error {
 func (v *VM) close() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.held != nil {
-		v.held.close()
-		v.held = nil
+	if v.mon != nil {
+		v.mon.close()
+		v.mon = nil
 	}
 	if v.guest != nil {
 		v.guest.Close()
@@ -572,35 +616,18 @@ func tailFile(path string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
-// qmpRaw runs one QMP command given as JSON (for commands go-qemu's
-// generated API lacks, such as the x-ignore-shared capability) and
-// returns its "return" member, bounded like run.
-func (v *VM) qmpRaw(cmd string) (json.RawMessage, error) {
-	return onMonitor(v, func(mon *qmp.SocketMonitor) (json.RawMessage, error) {
-		out, err := mon.Run([]byte(cmd))
-		if err != nil {
-			return nil, err
-		}
-		var resp struct {
-			Return json.RawMessage `json:"return"`
-		}
-		err = json.Unmarshal(out, &resp)
-		return resp.Return, err
-	})
-}
-
 func (v *VM) ignoreShared() error {
 	if v.Config.MemoryFile == "" {
 		return nil
 	}
-	_, err := v.qmpRaw(`{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}`)
+	_, err := v.command(`{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}`, true)
 	return err
 }
 
 // awaitMigration polls query-migrate until the migration completed.
 func (v *VM) awaitMigration(ctx context.Context) error {
 	for {
-		out, err := v.qmpRaw(`{"execute":"query-migrate"}`)
+		out, err := v.command(`{"execute":"query-migrate"}`, true)
 		if err != nil {
 			return err
 		}
@@ -633,7 +660,7 @@ func (v *VM) SaveState(ctx context.Context, file string) error {
 	if err := v.ignoreShared(); err != nil {
 		return err
 	}
-	if _, err := v.qmpRaw(`{"execute":"migrate","arguments":{"uri":"exec:cat > ` + file + `"}}`); err != nil {
+	if _, err := v.command(`{"execute":"migrate","arguments":{"uri":"exec:cat > `+file+`"}}`, false); err != nil {
 		return err
 	}
 	return v.awaitMigration(ctx)
@@ -641,20 +668,29 @@ func (v *VM) SaveState(ctx context.Context, file string) error {
 
 // Restore loads the state file named by Config.Incoming into a VM
 // started with -incoming defer (Start) and lets it run, or lets a
-// prestarted one (its state loaded) run; the sequence goes on the QMP
-// connection the start opened, which is let go of afterwards (other
-// commands open their own).
-func (v *VM) Restore(ctx context.Context) error {
-	v.qmpMu.Lock()
-	defer v.qmpMu.Unlock()
+// prestarted one (its state loaded) run; the sequence goes on the VM's
+// held QMP connection, which stays the VM's.
+func (v *VM) Restore(ctx context.Context) (err error) {
+	if err := v.lockMonitor(ctx); err != nil {
+		return err
+	}
+	defer v.unlockMonitor()
 	v.mu.Lock()
-	q := v.held
-	v.held = nil
+	q, restoring := v.mon, v.restoring
+	v.restoring = false
 	v.mu.Unlock()
-	if q == nil {
+	if !restoring {
 		return errors.New("qemu: no restore is pending on this VM")
 	}
-	defer q.close()
+	if q == nil {
+		return errors.New("qemu: the restore's QMP connection is gone")
+	}
+	defer func() {
+		var qe *qmpError
+		if err != nil && !errors.As(err, &qe) {
+			v.dropMonitor(q)
+		}
+	}()
 	if !v.loaded {
 		if err := v.load(ctx, q); err != nil {
 			return err

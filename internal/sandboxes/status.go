@@ -12,11 +12,43 @@ import (
 	"computeplane/internal/instances"
 	"computeplane/internal/nodework"
 	"computeplane/internal/outbox"
+	"computeplane/internal/store"
 )
 
 // RegisterStatus makes reg follow sandboxes' VMs (warm instances publish
 // nothing, so they need no handler).
-func RegisterStatus(reg *nodework.Registry) { reg.Register(instances.KindSandbox, applyStatus) }
+func RegisterStatus(reg *nodework.Registry) {
+	reg.Register(instances.KindSandbox, applyStatus)
+	reg.RegisterQueue(instances.KindSandbox, queueStatus)
+}
+
+// queueStatus sends, in the status's first round trip, the ready write of
+// the sandboxes whose VMs the status reports running for the first time
+// (a claim's or a boot's "running": the sandbox's ready_at); the handler
+// it returns writes their events from its answer, and follows any other
+// sandbox as applyStatus does.
+func queueStatus(ctx context.Context, p *store.Pipeline, node string, running []string) nodework.StatusHandler {
+	var ready []db.Sandbox
+	var readyErr error
+	p.Queue(func(q *db.Queries) {
+		ready, readyErr = q.SandboxesReadyOfStatus(ctx, db.SandboxesReadyOfStatusParams{InstanceIds: running, NodeID: node})
+	})
+	return func(ctx context.Context, tx pgx.Tx, node string, r db.Instance, reported agentproto.InstanceStatus) (bool, error) {
+		if readyErr != nil {
+			return false, readyErr
+		}
+		if r.State == instances.StateRunning {
+			for _, sbx := range ready {
+				if sbx.InstanceID == r.InstanceID {
+					e := outbox.Event{Type: api.EventSandboxRunning, Data: api.SandboxRunningPayload{SandboxID: sbx.SandboxID, NodeID: sbx.NodeID},
+						Subject: sbx.SandboxID, TenantID: sbx.TenantID}
+					return true, outbox.Write(ctx, tx, e)
+				}
+			}
+		}
+		return applyStatus(ctx, tx, node, r, reported)
+	}
+}
 
 // applyStatus follows a sandbox's VM: the sandbox is running once the VM
 // runs with the identity it was given (its first time sets readyAt),

@@ -29,6 +29,8 @@ type lazyTx struct {
 	opts       pgx.TxOptions
 	tx         pgx.Tx             // nil until the first statement
 	later      []*pgx.QueuedQuery // held by Later, sent with the next statement
+	// scans read the answers of held writes that return a row (LaterRow).
+	scans map[*pgx.QueuedQuery]func(pgx.Row) error
 	savepoints int                // savepoints begun (their names)
 	committed  bool               // COMMIT went out in a pipeline
 }
@@ -54,9 +56,11 @@ func (t *lazyTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, erro
 			skip++
 		}
 	}
-	nb.QueuedQueries = append(nb.QueuedQueries, t.later...)
+	held, scans := t.later, t.scans
+	skip -= len(held)
+	nb.QueuedQueries = append(nb.QueuedQueries, held...)
 	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
-	t.later = nil
+	t.later, t.scans = nil, nil
 	var br pgx.BatchResults
 	if begin {
 		br = t.conn.SendBatch(ctx, nb)
@@ -66,6 +70,18 @@ func (t *lazyTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, erro
 	}
 	for range skip {
 		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+	}
+	for _, q := range held {
+		var err error
+		if scan := scans[q]; scan != nil {
+			err = scan(br.QueryRow())
+		} else {
+			_, err = br.Exec()
+		}
+		if err != nil {
 			_ = br.Close()
 			return nil, err
 		}
@@ -110,6 +126,28 @@ func (t *lazyTx) flush(ctx context.Context) error {
 // hold keeps a write for the next pipeline.
 func (t *lazyTx) hold(sql string, args []any) {
 	t.later = append(t.later, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+}
+
+// LaterRow holds a write that answers with one row, as Later does, and
+// reads its answer with scan when it came (with tx's next statement or its
+// COMMIT; a failure of scan fails that statement). On any other
+// transaction it runs at once.
+func LaterRow(ctx context.Context, tx pgx.Tx, scan func(pgx.Row) error, sql string, args ...any) error {
+	var t *lazyTx
+	switch lt := tx.(type) {
+	case *lazyTx:
+		t = lt
+	case *lazySavepoint:
+		t = lt.lazyTx
+	default:
+		return scan(tx.QueryRow(ctx, sql, args...))
+	}
+	t.hold(sql, args)
+	if t.scans == nil {
+		t.scans = map[*pgx.QueuedQuery]func(pgx.Row) error{}
+	}
+	t.scans[t.later[len(t.later)-1]] = scan
+	return nil
 }
 
 // Later returns, for db.New, the transaction tx with its Exec held: the
@@ -313,7 +351,7 @@ func (e errRolledBack) Unwrap() error { return e.error }
 
 // Rollback ends the transaction; one that never began has nothing to undo.
 func (t *lazyTx) Rollback(ctx context.Context) error {
-	t.later = nil
+	t.later, t.scans = nil, nil
 	if t.tx == nil || t.committed {
 		return nil
 	}

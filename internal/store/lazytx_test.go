@@ -225,3 +225,33 @@ func TestLazySavepoints(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"sp-kept"}, keys)
 }
+
+// A held write that answers with a row (LaterRow) travels with the
+// COMMIT, costs no round trip of its own, and its answer is read by the
+// time the commit returned; a failing one fails the commit.
+func TestLaterRowAnswersWithTheCommit(t *testing.T) {
+	t.Parallel()
+	s := dbtest.NewStore(t)
+	var trips atomic.Int64
+	ctx := store.CountRoundTrips(t.Context(), &trips)
+	var key string
+	require.NoError(t, s.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO service_meta (key, value) VALUES ('first', 'x')")
+		require.NoError(t, err)
+		require.NoError(t, store.LaterRow(ctx, tx, func(r pgx.Row) error { return r.Scan(&key) },
+			"INSERT INTO service_meta (key, value) VALUES ($1, 'x') RETURNING key || '!'", "held"))
+		assert.Empty(t, key, "held until the commit")
+		return nil
+	}))
+	assert.Equal(t, "held!", key)
+	assert.Equal(t, int64(2), trips.Load(), "BEGIN with the first statement, then the held write with the COMMIT")
+
+	err := s.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) error {
+		return store.LaterRow(ctx, tx, func(r pgx.Row) error { return r.Scan(&key) },
+			"INSERT INTO service_meta (key, value) VALUES ('held', 'again') RETURNING key")
+	})
+	require.Error(t, err, "a duplicate key fails the commit")
+	var n int
+	require.NoError(t, s.Pool().QueryRow(t.Context(), "SELECT count(*) FROM service_meta WHERE key IN ('first', 'held')").Scan(&n))
+	assert.Equal(t, 2, n)
+}

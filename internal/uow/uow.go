@@ -33,7 +33,15 @@ type Unit struct {
 	events []json.RawMessage
 	wrote  bool
 	wakes  []string
+	offers []Offer
 	then   func(ctx context.Context) (any, error)
+}
+
+// Offer is a value for the taker of a topic in this process, handed over
+// once the unit committed (notify.OfferLater).
+type Offer struct {
+	Topic string
+	Value any
 }
 
 type key struct{}
@@ -66,7 +74,7 @@ func Run(ctx context.Context, st Transactor, readOnly bool, fn func(ctx context.
 func (u *Unit) reset(tx pgx.Tx) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.Tx, u.events, u.wrote, u.wakes, u.then = tx, nil, false, nil, nil
+	u.Tx, u.events, u.wrote, u.wakes, u.offers, u.then = tx, nil, false, nil, nil, nil
 }
 
 // Hold keeps an event (its outbox row as JSON) until the unit commits.
@@ -131,6 +139,24 @@ func (u *Unit) Wakes() []string {
 	w := u.wakes
 	u.wakes = nil
 	return w
+}
+
+// OfferAfter asks for v to be handed to topic's taker once the unit has
+// committed.
+func (u *Unit) OfferAfter(topic string, v any) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.offers = append(u.offers, Offer{topic, v})
+}
+
+// Offers returns the values to hand over after the commit, and forgets
+// them.
+func (u *Unit) Offers() []Offer {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	o := u.offers
+	u.offers = nil
+	return o
 }
 
 // Then sets the continuation: what answers the call once the unit has

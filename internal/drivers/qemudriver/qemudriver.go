@@ -238,6 +238,7 @@ func (d *Driver) Power(ctx context.Context, action string) error {
 		if err == nil {
 			if cur, lerr := qemu.LoadConfig(d.vmDir()); lerr == nil && sameBoot(cur, want) {
 				if v, verr := d.vm(); verr == nil && v != nil {
+					defer v.Detach() // qemu serves one QMP client at a time
 					return v.Reset()
 				}
 			}
@@ -283,9 +284,11 @@ func (d *Driver) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := qemu.Start(ctx, c); err != nil {
+	v, err := qemu.Start(ctx, c)
+	if err != nil {
 		return err
 	}
+	v.Detach() // it runs on; the next operation attaches (qemu serves one QMP client at a time)
 	s, err := d.load()
 	if err == nil && s.BootOnce != "" {
 		s.BootOnce = ""
