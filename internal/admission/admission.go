@@ -10,6 +10,10 @@
 //     adds to everyone's latency, so the call beyond the limit is refused
 //     at once and the admitted ones keep their latency. The limit adapts
 //     to latency (gradient.go) between a floor and a ceiling, or is fixed;
+//   - the wait before admission (queue.go, in the manner of CoDel): a
+//     call that waited in the socket and for the CPU past a bound is
+//     refused, the bound tightening to a target once a queue has stood
+//     for an interval; the calls served are then the newest;
 //   - the queue bound: an admitted call that waits longer than this for a
 //     database connection is shed too (store.WithAcquireBound), instead
 //     of queueing for the store's full AcquireTimeout;
@@ -49,6 +53,13 @@ type Limits struct {
 	// MaxQueue bounds an admitted call's wait for a database connection;
 	// 0 leaves the store's AcquireTimeout.
 	MaxQueue time.Duration
+	// QueueTarget turns on the check of a call's wait before admission
+	// (queue.go): past QueueInterval a call is refused, past QueueTarget
+	// once a queue has stood for an interval. 0: no check. QueueInterval
+	// 0 means DefaultQueueInterval. With the check on, the adaptive limit
+	// times a call from its admission: the wait before it is the check's.
+	QueueTarget   time.Duration
+	QueueInterval time.Duration
 	// TenantRate is calls per second per tenant; TenantBurst the bucket's
 	// size (at least 1 when TenantRate is set). Tenants overrides both
 	// for the tenants it names.
@@ -70,6 +81,10 @@ type Bucket struct {
 // before the adaptive limit shrinks.
 const DefaultTolerance = 2.0
 
+// DefaultQueueInterval is how long a queue must stand before the wait
+// bound tightens to the target, and the bound otherwise: CoDel's 100 ms.
+const DefaultQueueInterval = 100 * time.Millisecond
+
 // maxTenants bounds the buckets kept; past it, buckets that are full
 // (their tenant idle for at least a bucket's refill) are dropped.
 const maxTenants = 10000
@@ -85,6 +100,7 @@ type Controller struct {
 	inFlight atomic.Int64
 	limit    atomic.Int64 // the in-flight limit now; 0: none
 	adapt    *gradient    // nil: the limit is fixed
+	queue    *queueCheck  // nil: no check of the wait before admission
 	global   *rate.Limiter
 
 	mu      sync.Mutex
@@ -100,7 +116,13 @@ func New(l Limits) *Controller {
 	if l.Tolerance < 1 {
 		l.Tolerance = DefaultTolerance
 	}
+	if l.QueueTarget > 0 && l.QueueInterval <= 0 {
+		l.QueueInterval = DefaultQueueInterval
+	}
 	c := &Controller{limits: l, buckets: map[string]*rate.Limiter{}, now: time.Now}
+	if l.QueueTarget > 0 {
+		c.queue = newQueueCheck(l.QueueTarget, l.QueueInterval, c.now())
+	}
 	if l.MaxInFlight > 0 {
 		c.limit.Store(int64(l.MaxInFlight))
 		if l.Adaptive {
@@ -124,33 +146,55 @@ type Ticket struct {
 // work is done, or answers RATE_LIMITED (and holds nothing). The call is
 // timed from now; EnterAt times it from its arrival.
 func (c *Controller) Enter() (Ticket, error) {
-	if c == nil || c.limits.MaxInFlight <= 0 {
+	if !c.admits() {
 		return Ticket{}, nil
 	}
 	return c.EnterAt(c.now())
 }
 
-// EnterAt is Enter for a call that arrived at arrived (Arrived): the
-// adaptive limit times it from then, so time queued in the server before
-// admission (in the socket, waiting for the CPU) counts as latency and
-// shrinks the limit. (Refusing outright a call that waited past the queue
-// bound before admission was tried and dropped: at 150 % of the peak on
-// a loaded machine every call then waited that long, and the server
-// refused 99 % of them while its queue never drained.)
+// admits reports whether Enter has anything to check.
+func (c *Controller) admits() bool {
+	return c != nil && (c.limits.MaxInFlight > 0 || c.queue != nil)
+}
+
+// EnterAt is Enter for a call that arrived at arrived (Arrived). With the
+// wait check on (QueueTarget), a call that waited too long since it
+// arrived is refused, and the adaptive limit times calls from their
+// admission. Without it the adaptive limit times them from their arrival,
+// so that time queued in the server before admission (in the socket,
+// waiting for the CPU) counts as latency and shrinks the limit; but a
+// shrunken limit shortens no such queue, since a refused call costs its
+// read and answer too: at 150 % of the peak it refused calls the server
+// could have served (docs/benchmarks-notes.md, "Refusing early").
 func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
-	if c == nil || c.limits.MaxInFlight <= 0 {
+	if !c.admits() {
 		return Ticket{}, nil
 	}
-	limit := c.limit.Load()
-	if c.inFlight.Add(1) > limit {
+	start := arrived
+	if c.queue != nil {
+		now := c.now()
+		if bound, ok := c.queue.admit(now, now.Sub(arrived), c.inFlight.Load() > 0); !ok {
+			return Ticket{}, queued(bound)
+		}
+		start = now
+	}
+	n := c.inFlight.Add(1)
+	if limit := c.limit.Load(); limit > 0 && n > limit {
 		c.inFlight.Add(-1)
 		return Ticket{}, limited(InFlightRetryAfter, "the server is at its limit of %d calls in flight; retry later", limit)
 	}
 	t := Ticket{held: true}
 	if c.adapt != nil {
-		t.start = arrived
+		t.start = start
 	}
 	return t, nil
+}
+
+// queued is the refusal of a call that waited past bound before admission.
+// Its message names the bound only (the refusal's answer is cached by
+// message: rpc.writeShed).
+func queued(bound time.Duration) error {
+	return limited(InFlightRetryAfter, "the server is overloaded: the call waited more than %d ms before it could start; retry later", bound.Milliseconds())
 }
 
 // Leave gives back the slot of an Enter that succeeded. err is how the
@@ -165,6 +209,12 @@ func (c *Controller) Leave(t Ticket, err error) {
 		now := c.now()
 		c.limit.Store(c.adapt.sample(now, now.Sub(t.start), int(n), errors.Is(err, store.ErrBusy)))
 	}
+}
+
+// Overloaded reports whether the wait check is in its overloaded mode
+// (calls refused past QueueTarget rather than QueueInterval).
+func (c *Controller) Overloaded() bool {
+	return c != nil && c.queue != nil && c.queue.isOverloaded()
 }
 
 // InFlight is the number of calls holding a slot.

@@ -25,6 +25,12 @@ type Admission struct {
 	// past it the call is shed. 0 (the default) leaves the store's own
 	// 2 s, after which the call answers UNAVAILABLE.
 	MaxQueue time.Duration
+	// QueueTarget turns on the check of a call's wait before admission
+	// (in the socket and for the CPU; in the manner of CoDel): past
+	// QueueInterval a call is refused, past QueueTarget once a queue has
+	// stood for a whole interval. 0 (the default): no check.
+	QueueTarget   time.Duration
+	QueueInterval time.Duration
 	// TenantRate is calls per second per tenant and api process (0, the
 	// default: none), TenantBurst the bucket (default twice the rate,
 	// at least 1). Tenants overrides both per tenant.
@@ -51,6 +57,14 @@ const AutoInFlight = -1
 // connection, and past that another call in flight only queues.
 const InFlightPerConn = 4
 
+// The wait check's bounds: the target is a few calls' worth of queue, the
+// interval long enough to tell a standing queue from a burst.
+const (
+	MaxQueueTargetMs     = 1000
+	MaxQueueIntervalMs   = 10000
+	DefaultQueueInterval = 100 * time.Millisecond
+)
+
 // MaxQueueLimit is the store's own wait for a connection
 // (store.AcquireTimeout); a queue bound must be below it.
 const MaxQueueLimit = 2000
@@ -61,6 +75,8 @@ type fileAdmission struct {
 	MinInFlight      *int                           `yaml:"minInFlight"`
 	LatencyTolerance *float64                       `yaml:"latencyTolerance"`
 	MaxQueueMs       *int                           `yaml:"maxQueueMs"`
+	QueueTargetMs    *int                           `yaml:"queueTargetMs"`
+	QueueIntervalMs  *int                           `yaml:"queueIntervalMs"`
 	TenantRate       *float64                       `yaml:"tenantRate"`
 	TenantBurst      *int                           `yaml:"tenantBurst"`
 	Tenants          map[string]fileAdmissionBucket `yaml:"tenants"`
@@ -112,6 +128,26 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 			return b.errorf("admission.maxQueueMs", "must be from 0 to %d (0: the store's own %d ms wait for a connection)", MaxQueueLimit-1, MaxQueueLimit)
 		}
 		a.MaxQueue = time.Duration(*fa.MaxQueueMs) * time.Millisecond
+	}
+	if fa.QueueTargetMs != nil {
+		if *fa.QueueTargetMs < 0 || *fa.QueueTargetMs > MaxQueueTargetMs {
+			return b.errorf("admission.queueTargetMs", "must be from 0 to %d (0 turns the check of the wait before admission off)", MaxQueueTargetMs)
+		}
+		a.QueueTarget = time.Duration(*fa.QueueTargetMs) * time.Millisecond
+	}
+	if fa.QueueIntervalMs != nil {
+		if a.QueueTarget == 0 {
+			return b.errorf("admission.queueIntervalMs", "needs admission.queueTargetMs")
+		}
+		if *fa.QueueIntervalMs <= int(a.QueueTarget.Milliseconds()) || *fa.QueueIntervalMs > MaxQueueIntervalMs {
+			return b.errorf("admission.queueIntervalMs", "must be above admission.queueTargetMs (%d) and at most %d", a.QueueTarget.Milliseconds(), MaxQueueIntervalMs)
+		}
+		a.QueueInterval = time.Duration(*fa.QueueIntervalMs) * time.Millisecond
+	} else if a.QueueTarget > 0 {
+		a.QueueInterval = DefaultQueueInterval
+		if a.QueueTarget >= a.QueueInterval {
+			return b.errorf("admission.queueTargetMs", "must be below admission.queueIntervalMs (default %d)", DefaultQueueInterval.Milliseconds())
+		}
 	}
 	var err error
 	if a.TenantRate, a.TenantBurst, err = b.bucket("admission.tenantRate", "admission.tenantBurst", fa.TenantRate, fa.TenantBurst, true); err != nil {

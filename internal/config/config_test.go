@@ -145,7 +145,7 @@ capacity:
   usageEvery: 10m
   spotNoticeMs: 30000
 shutdown: {unreadyMs: 3000}
-admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, latencyTolerance: 1.5, maxQueueMs: 80, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000}
+admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, latencyTolerance: 1.5, maxQueueMs: 80, queueTargetMs: 5, queueIntervalMs: 200, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000}
 scheduler:
   plugins: [gpu-affinity]
   weights: {pack: 1, spread: 0.5}
@@ -230,6 +230,7 @@ func TestFullFile(t *testing.T) {
 			RollupEvery: time.Minute, UsageEvery: 10 * time.Minute, SpotNoticeMs: 30000,
 		},
 		Admission: Admission{MaxInFlight: 48, Adaptive: true, MinInFlight: 12, LatencyTolerance: 1.5, MaxQueue: 80 * time.Millisecond,
+			QueueTarget: 5 * time.Millisecond, QueueInterval: 200 * time.Millisecond,
 			TenantRate: 200, TenantBurst: 400, Tenants: map[string]AdmissionBucket{"bigco": {Rate: 1000, Burst: 2000}, "tiny": {Rate: 1, Burst: 1}},
 			GlobalRate: 5000, GlobalBurst: 10000},
 		Shutdown:  Shutdown{Unready: 3 * time.Second},
@@ -654,6 +655,10 @@ func TestInvalid(t *testing.T) {
 		{"admission latencyTolerance below 1", "admission: {adaptive: true, latencyTolerance: 0.5}", nil, "admission.latencyTolerance", "from 1 to 100"},
 		{"admission maxQueueMs negative", "admission: {maxQueueMs: -1}", nil, "admission.maxQueueMs", "from 0 to 1999"},
 		{"admission maxQueueMs the store's wait", "admission: {maxQueueMs: 2000}", nil, "admission.maxQueueMs", "from 0 to 1999"},
+		{"admission queueTargetMs negative", "admission: {queueTargetMs: -1}", nil, "admission.queueTargetMs", "from 0 to 1000"},
+		{"admission queueTargetMs not below the interval", "admission: {queueTargetMs: 100}", nil, "admission.queueTargetMs", "below admission.queueIntervalMs"},
+		{"admission queueIntervalMs without a target", "admission: {queueIntervalMs: 100}", nil, "admission.queueIntervalMs", "needs admission.queueTargetMs"},
+		{"admission queueIntervalMs not above the target", "admission: {queueTargetMs: 10, queueIntervalMs: 10}", nil, "admission.queueIntervalMs", "above admission.queueTargetMs"},
 		{"admission globalRate negative", "admission: {globalRate: -1}", nil, "admission.globalRate", "at least 0"},
 		{"admission globalBurst without a rate", "admission: {globalBurst: 3}", nil, "admission.globalBurst", "needs admission.globalRate"},
 		{"admission tenant without a rate", "admission: {tenants: {acme: {burst: 3}}}", nil, "admission.tenants.acme.rate", "is required"},

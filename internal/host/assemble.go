@@ -555,6 +555,7 @@ func admissionLimits(o config.Admission, poolConns int) admission.Limits {
 	l := admission.Limits{
 		MaxInFlight: o.MaxInFlight, Adaptive: o.Adaptive, MinInFlight: o.MinInFlight,
 		Tolerance: o.LatencyTolerance, MaxQueue: o.MaxQueue,
+		QueueTarget: o.QueueTarget, QueueInterval: o.QueueInterval,
 		TenantRate: o.TenantRate, TenantBurst: o.TenantBurst,
 		GlobalRate: o.GlobalRate, GlobalBurst: o.GlobalBurst,
 	}
