@@ -35,6 +35,12 @@ func AdaptGC(idle, storm int) {
 // helloCount counts hellos for gcStormLoop.
 var helloCount atomic.Int64
 
+// setGCPercent and freeOSMemory are the runtime's (a test watches them).
+var (
+	setGCPercent = debug.SetGCPercent
+	freeOSMemory = debug.FreeOSMemory
+)
+
 // gcStormLoop watches the hellos a second until ctx ends.
 func gcStormLoop(ctx context.Context, log interface{ Info(string, ...any) }) {
 	t := time.NewTicker(time.Second)
@@ -60,15 +66,15 @@ func gcStormLoop(ctx context.Context, log interface{ Info(string, ...any) }) {
 			calmSince = time.Time{}
 			if !storm {
 				storm = true
-				debug.SetGCPercent(high)
+				setGCPercent(high)
 				log.Info("gateway: reconnect storm, collector target raised", "hellosPerSecond", rate, "gcPercent", high)
 			}
 		case storm && calmSince.IsZero():
 			calmSince = time.Now()
 		case storm && time.Since(calmSince) >= StormCalm:
 			storm = false
-			debug.SetGCPercent(idle)
-			debug.FreeOSMemory()
+			setGCPercent(idle)
+			freeOSMemory()
 			log.Info("gateway: storm over, collector target back", "gcPercent", idle)
 		}
 	}
