@@ -343,11 +343,6 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) {
 // (docs/benchmarks-notes.md). GOGC in the environment wins.
 const GatewayGCPercent = 20
 
-// GatewayStormGCPercent is its target during a reconnect storm (gateway:
-// gcstorm.go): at 20 % the collector took 15 % of the restarted gateway's
-// CPU while thousands of handshakes allocated.
-const GatewayStormGCPercent = 100
-
 // APIGCPercent is the collector's target on a process that serves the api
 // role without the gateway's. Its live heap is small (about 25 MB under
 // load in make bench) and every call allocates (about 9 KB for a cached
@@ -366,8 +361,7 @@ func processGC(cfg *config.Config, getenv func(string) string, log *slog.Logger)
 	switch {
 	case len(cfg.Roles) == 1 && cfg.Roles[0] == config.RoleGateway:
 		debug.SetGCPercent(GatewayGCPercent)
-		gateway.AdaptGC(GatewayGCPercent, GatewayStormGCPercent)
-		log.Info("gateway-only process: collector target lowered", "gcPercent", GatewayGCPercent, "inStorms", GatewayStormGCPercent)
+		log.Info("gateway-only process: collector target lowered", "gcPercent", GatewayGCPercent)
 	case slices.Contains(cfg.Roles, config.RoleAPI) && !slices.Contains(cfg.Roles, config.RoleGateway):
 		debug.SetGCPercent(APIGCPercent)
 		log.Info("api process: collector target raised", "gcPercent", APIGCPercent)

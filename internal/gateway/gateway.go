@@ -223,9 +223,8 @@ func (g *Gateway) Start(ctx context.Context) error {
 		return fmt.Errorf("gateway: session ticket keys: %w", err)
 	}
 	g.lis = &listener{g: g, ln: ln, tls: tc, conns: map[net.Conn]struct{}{}}
-	g.wg.Add(5)
+	g.wg.Add(4)
 	go func() { defer g.wg.Done(); g.hellos.run(g.ctx) }()
-	go func() { defer g.wg.Done(); gcStormLoop(g.ctx, g.o.Log) }()
 	go func() { defer g.wg.Done(); g.lis.serve() }()
 	go func() { defer g.wg.Done(); g.leaseLoop() }()
 	go func() { defer g.wg.Done(); g.dispatchLoop() }()

@@ -330,7 +330,6 @@ func (g *Gateway) serve(s *session) {
 // ctx.
 func (g *Gateway) openSession(ctx context.Context, node string, cert *x509.Certificate, transport string, proto int, h *agentproto.Hello) (openRes, error) {
 	statHellos.Add(1)
-	helloCount.Add(1)
 	res := g.hellos.open(ctx, node, newOpenRowArgs(cert, transport, proto, h))
 	if res.err != nil || !res.slow {
 		return res, res.err
