@@ -128,9 +128,19 @@ func (b *helloBatcher) open(ctx context.Context, node string, row openRowArgs) o
 	case res := <-r.done:
 		return res
 	case <-ctx.Done():
-		// The batch may still open the row: the session epoch it raised
-		// then fences nothing this gateway holds, and the daemon's next
-		// hello raises it again.
+		// The batch may still open the row after this hello gave up: the
+		// row would then name this gateway for a session it does not
+		// hold, and the sweeper never marks a node down whose row names a
+		// live gateway. Close it when the answer comes.
+		go func() {
+			select {
+			case res := <-r.done:
+				if res.err == nil && !res.slow {
+					b.g.closeRow(r.node, res.epoch)
+				}
+			case <-time.After(2 * WriteTimeout): // the batch never ran (the gateway stopped)
+			}
+		}()
 		return openRes{err: ctx.Err()}
 	}
 }

@@ -292,5 +292,9 @@ func TestAHelloTheDatabaseStallsIsRefusedUnavailable(t *testing.T) {
 	assert.Positive(t, m.Error.RetryAfterMS)
 
 	require.NoError(t, tx.Rollback(ctx))
+	// The batch's statement, if it wrote the row after the hello gave up,
+	// does not leave the row naming this gateway for a session it does
+	// not hold (the sweeper would never mark the node down).
+	require.Eventually(t, func() bool { _, gw := w.sessionEpoch(t, n.nodeID); return gw == "" }, 25*time.Second, 50*time.Millisecond)
 	w.session(t, n)
 }

@@ -318,10 +318,16 @@ func (g *Gateway) serve(s *session) {
 		delete(g.sessions, node)
 	}
 	g.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.ctx), WriteTimeout)
-	_, _ = g.q().CloseSession(ctx, db.CloseSessionParams{NodeID: node, GatewayID: pgtype.Text{String: g.id, Valid: true}, SessionEpoch: epoch})
-	cancel()
+	g.closeRow(node, epoch)
 	g.o.Log.Info("session closed", "node", node, "epoch", epoch)
+}
+
+// closeRow closes a node's session row if it is still the session of
+// epoch on this gateway.
+func (g *Gateway) closeRow(node string, epoch int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.ctx), WriteTimeout)
+	defer cancel()
+	_, _ = g.q().CloseSession(ctx, db.CloseSessionParams{NodeID: node, GatewayID: pgtype.Text{String: g.id, Valid: true}, SessionEpoch: epoch})
 }
 
 // openSession writes a hello's session row: through a batch of the
