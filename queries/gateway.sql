@@ -60,8 +60,10 @@ RETURNING *;
 -- (ready, cordoned or draining, the same underlay) and returns their new
 -- epochs and the hash of their last status (NULL when the hello's observed
 -- generation differs from the row's). A node it does not return (missing,
--- joining, down, retired, a new underlay) takes OpenSession's transaction.
--- The rows are locked in node order, so two batches never deadlock.
+-- joining, down, retired, a new underlay) takes OpenSession's transaction,
+-- and so does a node whose row another transaction holds locked (SKIP
+-- LOCKED: one busy row never holds up the batch; its own transaction waits
+-- for it within its lock timeout). The rows are locked in node order.
 -- name: OpenSessions :many
 WITH hello AS (
     -- unnest in the select list: the arrays go in parallel, one row per
@@ -77,7 +79,7 @@ WITH hello AS (
     SELECT n.node_id FROM nodes n JOIN hello h USING (node_id)
     WHERE n.state IN ('ready', 'cordoned', 'draining') AND coalesce(n.inventory->>'underlay', '') = h.underlay
     ORDER BY n.node_id
-    FOR UPDATE OF n
+    FOR UPDATE OF n SKIP LOCKED
 )
 UPDATE nodes n SET
     session_gateway = sqlc.arg(gateway_id), session_epoch = n.session_epoch + 1, session_since = now(),

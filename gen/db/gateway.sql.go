@@ -660,7 +660,7 @@ WITH hello AS (
     SELECT n.node_id FROM nodes n JOIN hello h USING (node_id)
     WHERE n.state IN ('ready', 'cordoned', 'draining') AND coalesce(n.inventory->>'underlay', '') = h.underlay
     ORDER BY n.node_id
-    FOR UPDATE OF n
+    FOR UPDATE OF n SKIP LOCKED
 )
 UPDATE nodes n SET
     session_gateway = $1, session_epoch = n.session_epoch + 1, session_since = now(),
@@ -711,8 +711,10 @@ type OpenSessionsRow struct {
 // (ready, cordoned or draining, the same underlay) and returns their new
 // epochs and the hash of their last status (NULL when the hello's observed
 // generation differs from the row's). A node it does not return (missing,
-// joining, down, retired, a new underlay) takes OpenSession's transaction.
-// The rows are locked in node order, so two batches never deadlock.
+// joining, down, retired, a new underlay) takes OpenSession's transaction,
+// and so does a node whose row another transaction holds locked (SKIP
+// LOCKED: one busy row never holds up the batch; its own transaction waits
+// for it within its lock timeout). The rows are locked in node order.
 func (q *Queries) OpenSessions(ctx context.Context, arg OpenSessionsParams) ([]OpenSessionsRow, error) {
 	rows, err := q.db.Query(ctx, openSessions,
 		arg.GatewayID,

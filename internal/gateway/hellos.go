@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"expvar"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"computeplane/gen/db"
@@ -101,10 +103,33 @@ type helloBatcher struct {
 	g     *Gateway
 	in    chan *openReq
 	slots chan struct{} // batches running
+	freed chan struct{} // a batch finished (a wake-up, buffered)
+
+	mu   sync.Mutex
+	busy map[string]bool // the nodes of the batches running
 }
 
 func newHelloBatcher(g *Gateway) *helloBatcher {
-	return &helloBatcher{g: g, in: make(chan *openReq), slots: make(chan struct{}, HelloBatchesInFlight)}
+	return &helloBatcher{g: g, in: make(chan *openReq), slots: make(chan struct{}, HelloBatchesInFlight),
+		freed: make(chan struct{}, 1), busy: map[string]bool{}}
+}
+
+func (b *helloBatcher) isBusy(node string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.busy[node]
+}
+
+func (b *helloBatcher) setBusy(batch []*openReq, on bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range batch {
+		if on {
+			b.busy[r.node] = true
+		} else {
+			delete(b.busy, r.node)
+		}
+	}
 }
 
 // batchHellos turns the batches off (tests compare both ways): every
@@ -146,9 +171,10 @@ func (b *helloBatcher) open(ctx context.Context, node string, row openRowArgs) o
 }
 
 // run gathers batches until ctx ends. A node appears at most once in a
-// batch (an UPDATE ... FROM updates a row once, whatever joins it): its
-// second hello goes into the next batch, and so gets the higher epoch, as
-// one after the other would.
+// batch (an UPDATE ... FROM updates a row once, whatever joins it) and in
+// one running batch (a second batch would skip its locked row): its second
+// hello goes into a batch after the first one's finished, and so gets the
+// higher epoch, as one after the other would.
 func (b *helloBatcher) run(ctx context.Context) {
 	var carry []*openReq
 	for {
@@ -164,7 +190,7 @@ func (b *helloBatcher) run(ctx context.Context) {
 		seen := make(map[string]bool, 16)
 		var next []*openReq
 		add := func(r *openReq) {
-			if seen[r.node] || len(batch) >= HelloBatchMax {
+			if seen[r.node] || len(batch) >= HelloBatchMax || b.isBusy(r.node) {
 				next = append(next, r)
 				return
 			}
@@ -173,6 +199,19 @@ func (b *helloBatcher) run(ctx context.Context) {
 		}
 		for _, r := range carry {
 			add(r)
+		}
+		if len(batch) == 0 {
+			// Every waiting hello's node is in a running batch: wait for
+			// one to finish (or another hello).
+			select {
+			case <-ctx.Done():
+				return
+			case <-b.freed:
+			case r := <-b.in:
+				next = append(next, r)
+			}
+			carry = next
+			continue
 		}
 		window := time.NewTimer(HelloBatchWindow)
 	collect:
@@ -209,8 +248,16 @@ func (b *helloBatcher) run(ctx context.Context) {
 			}
 		}
 		carry = next
+		b.setBusy(batch, true)
 		go func(batch []*openReq) {
-			defer func() { <-b.slots }()
+			defer func() {
+				b.setBusy(batch, false)
+				<-b.slots
+				select {
+				case b.freed <- struct{}{}:
+				default:
+				}
+			}()
 			b.exec(batch)
 		}(batch)
 	}
@@ -239,7 +286,16 @@ func (b *helloBatcher) exec(batch []*openReq) {
 	}
 	var trips atomic.Int64
 	ctx, cancel := context.WithTimeout(store.CountRoundTrips(context.WithoutCancel(g.ctx), &trips), WriteTimeout)
-	rows, err := g.q().OpenSessions(ctx, p)
+	// In a transaction of the store's: the server bounds the statement by
+	// the time left (statement_timeout), so that it cannot commit after
+	// the hellos gave up on it (a statement alone would commit whenever
+	// the server got to it). BEGIN goes with the statement: two round
+	// trips a batch.
+	var rows []db.OpenSessionsRow
+	err := g.o.Store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) (err error) {
+		rows, err = db.New(tx).OpenSessions(ctx, p)
+		return err
+	})
 	cancel()
 	statHelloBatches.Add(1)
 	statHelloTrips.Add(trips.Load())

@@ -99,12 +99,11 @@ func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request, idle *idleWa
 	// is garbage once upgraded.
 	cert := r.TLS.PeerCertificates[0]
 	g.handlers.Add(1)
-	s := g.open(conn, node, cert, agentproto.TransportMTLS, r.TLS.DidResume)
+	s := g.open(conn, node, cert, agentproto.TransportMTLS, r.TLS.DidResume, idle)
 	if s == nil {
 		g.handlers.Done()
 		return
 	}
-	s.idle = idle
 	go func() {
 		defer g.handlers.Done()
 		g.serve(s)
@@ -148,7 +147,7 @@ func (g *Gateway) FallbackHandler() http.Handler {
 		}
 		g.handlers.Add(1)
 		defer g.handlers.Done()
-		if s := g.open(conn, node, cert, agentproto.TransportWebSocket, false); s != nil {
+		if s := g.open(conn, node, cert, agentproto.TransportWebSocket, false, nil); s != nil {
 			g.serve(s)
 		}
 	})
@@ -237,8 +236,10 @@ func readMsg(ctx context.Context, conn *websocket.Conn, timeout time.Duration) (
 // open starts one session: hello, the session row, welcome. It answers
 // nil when the session was refused (the connection is closed then);
 // serve holds it. resumed says the TLS session resumed with a ticket
-// (logged).
-func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate, transport string, resumed bool) *session {
+// (logged). idle, when not nil, lets the idle session wait on its socket;
+// it is set before the session is published (a newer session of the node
+// may end it at once).
+func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate, transport string, resumed bool, idle *idleWait) *session {
 	conn.SetReadLimit(agentproto.MaxMessageBytes)
 	m, err := readMsg(g.ctx, conn, HelloTimeout)
 	if err != nil {
@@ -270,7 +271,7 @@ func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate
 		return nil
 	}
 	epoch := opened.epoch
-	s := &session{g: g, conn: conn, nodeID: node, serial: pki.SerialHex(cert), transport: transport, epoch: epoch, cert: cert}
+	s := &session{g: g, conn: conn, nodeID: node, serial: pki.SerialHex(cert), transport: transport, epoch: epoch, cert: cert, idle: idle}
 	// The hash of the node's last status written (0: unknown): a daemon
 	// back after a restart sends the same status, which is then not
 	// written again.
