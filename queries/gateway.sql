@@ -49,9 +49,55 @@ UPDATE nodes SET
     cap_disk_gib = CASE WHEN declared THEN cap_disk_gib ELSE greatest(booked_disk_gib, sqlc.arg(disk_gib)::bigint) END,
     cap_gpus = CASE WHEN declared THEN cap_gpus ELSE greatest(booked_gpus, sqlc.arg(gpus)::integer) END,
     gpu_model = CASE WHEN declared THEN gpu_model ELSE sqlc.narg(gpu_model) END,
+    status_hash = CASE WHEN observed_generation = sqlc.arg(observed_generation) THEN status_hash END,
     updated_at = now()
 WHERE node_id = sqlc.arg(node_id)
 RETURNING *;
+
+-- OpenSessions is OpenSession for the hellos that arrived together at a
+-- gateway, one row per node (the caller never puts a node twice), in one
+-- statement: it opens the sessions of the nodes that need nothing else
+-- (ready, cordoned or draining, the same underlay) and returns their new
+-- epochs and the hash of their last status (NULL when the hello's observed
+-- generation differs from the row's). A node it does not return (missing,
+-- joining, down, retired, a new underlay) takes OpenSession's transaction,
+-- and so does a node whose row another transaction holds locked (SKIP
+-- LOCKED: one busy row never holds up the batch; its own transaction waits
+-- for it within its lock timeout). The rows are locked in node order.
+-- name: OpenSessions :many
+WITH hello AS (
+    -- unnest in the select list: the arrays go in parallel, one row per
+    -- index (they have one length).
+    SELECT unnest(sqlc.arg(node_ids)::text[]) AS node_id, unnest(sqlc.arg(transports)::text[]) AS transport,
+        unnest(sqlc.arg(agent_versions)::text[]) AS agent_version, unnest(sqlc.arg(agent_protocols)::integer[]) AS agent_protocol,
+        unnest(sqlc.arg(inventories)::text[]) AS inventory, unnest(sqlc.arg(observed_generations)::bigint[]) AS observed_generation,
+        unnest(sqlc.arg(cert_not_afters)::timestamptz[]) AS cert_not_after, unnest(sqlc.arg(cert_serials)::text[]) AS cert_serial,
+        unnest(sqlc.arg(vcpus)::integer[]) AS vcpu, unnest(sqlc.arg(memory_mibs)::bigint[]) AS memory_mib,
+        unnest(sqlc.arg(disk_gibs)::bigint[]) AS disk_gib, unnest(sqlc.arg(gpus)::integer[]) AS gpus,
+        unnest(sqlc.arg(gpu_models)::text[]) AS gpu_model, unnest(sqlc.arg(underlays)::text[]) AS underlay
+), plain AS (
+    SELECT n.node_id FROM nodes n JOIN hello h USING (node_id)
+    WHERE n.state IN ('ready', 'cordoned', 'draining') AND coalesce(n.inventory->>'underlay', '') = h.underlay
+    ORDER BY n.node_id
+    FOR UPDATE OF n SKIP LOCKED
+)
+UPDATE nodes n SET
+    session_gateway = sqlc.arg(gateway_id), session_epoch = n.session_epoch + 1, session_since = now(),
+    session_closed_at = NULL, session_transport = h.transport, last_seen_at = now(),
+    agent_version = h.agent_version, agent_protocol = h.agent_protocol,
+    inventory = h.inventory::jsonb, observed_generation = h.observed_generation,
+    cert_not_after = h.cert_not_after, cert_serial = h.cert_serial,
+    cap_vcpu = CASE WHEN n.declared THEN n.cap_vcpu ELSE greatest(ceil(n.booked_vcpu / n.vcpu_allocation_ratio)::integer, h.vcpu) END,
+    cap_memory_mib = CASE WHEN n.declared THEN n.cap_memory_mib ELSE greatest(n.booked_memory_mib, h.memory_mib) END,
+    cap_disk_gib = CASE WHEN n.declared THEN n.cap_disk_gib ELSE greatest(n.booked_disk_gib, h.disk_gib) END,
+    cap_gpus = CASE WHEN n.declared THEN n.cap_gpus ELSE greatest(n.booked_gpus, h.gpus) END,
+    gpu_model = CASE WHEN n.declared THEN n.gpu_model ELSE nullif(h.gpu_model, '') END,
+    status_hash = CASE WHEN n.observed_generation = h.observed_generation THEN n.status_hash END,
+    updated_at = now()
+FROM hello h
+WHERE n.node_id = h.node_id AND n.node_id IN (SELECT node_id FROM plain)
+  AND n.state IN ('ready', 'cordoned', 'draining')
+RETURNING n.node_id, n.session_epoch, n.status_hash;
 
 -- name: GetNodeSession :one
 SELECT n.node_id, n.state, n.down_from, n.declared, n.hostname, n.pool_id, p.tenant_id AS owner,
@@ -79,7 +125,7 @@ UPDATE nodes SET observed_generation = sqlc.arg(observed_generation), apply_erro
     instance_status = sqlc.arg(instance_status), last_seen_at = now(),
     volume_available_bytes = sqlc.arg(volume_available_bytes), volume_reserved_bytes = sqlc.arg(volume_reserved_bytes),
     volume_outstanding_bytes = sqlc.arg(volume_outstanding_bytes), volume_reported_at = now(),
-    inventory = coalesce(sqlc.narg(inventory), inventory)
+    inventory = coalesce(sqlc.narg(inventory), inventory), status_hash = sqlc.arg(status_hash)
 WHERE node_id = sqlc.arg(node_id) AND session_gateway = sqlc.arg(gateway_id) AND session_epoch = sqlc.arg(session_epoch);
 
 -- name: SetNodeCertificate :exec
@@ -101,7 +147,7 @@ LIMIT 500
 FOR UPDATE OF n SKIP LOCKED;
 
 -- name: MarkNodeDown :exec
-UPDATE nodes SET state = 'down', down_from = state, session_gateway = NULL,
+UPDATE nodes SET state = 'down', down_from = state, session_gateway = NULL, status_hash = NULL,
     session_closed_at = coalesce(session_closed_at, now()), version = version + 1, updated_at = now()
 WHERE node_id = sqlc.arg(node_id);
 

@@ -493,7 +493,7 @@ func (q *Queries) LostSessions(ctx context.Context, downAfterMs int64) ([]LostSe
 }
 
 const markNodeDown = `-- name: MarkNodeDown :exec
-UPDATE nodes SET state = 'down', down_from = state, session_gateway = NULL,
+UPDATE nodes SET state = 'down', down_from = state, session_gateway = NULL, status_hash = NULL,
     session_closed_at = coalesce(session_closed_at, now()), version = version + 1, updated_at = now()
 WHERE node_id = $1
 `
@@ -555,9 +555,10 @@ UPDATE nodes SET
     cap_disk_gib = CASE WHEN declared THEN cap_disk_gib ELSE greatest(booked_disk_gib, $11::bigint) END,
     cap_gpus = CASE WHEN declared THEN cap_gpus ELSE greatest(booked_gpus, $12::integer) END,
     gpu_model = CASE WHEN declared THEN gpu_model ELSE $13 END,
+    status_hash = CASE WHEN observed_generation = $6 THEN status_hash END,
     updated_at = now()
 WHERE node_id = $14
-RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu
+RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu, status_hash
 `
 
 type OpenSessionParams struct {
@@ -642,8 +643,115 @@ func (q *Queries) OpenSession(ctx context.Context, arg OpenSessionParams) (Node,
 		&i.VcpuAllocationRatio,
 		&i.AllocVcpu,
 		&i.FreeVcpu,
+		&i.StatusHash,
 	)
 	return i, err
+}
+
+const openSessions = `-- name: OpenSessions :many
+WITH hello AS (
+    -- unnest in the select list: the arrays go in parallel, one row per
+    -- index (they have one length).
+    SELECT unnest($2::text[]) AS node_id, unnest($3::text[]) AS transport,
+        unnest($4::text[]) AS agent_version, unnest($5::integer[]) AS agent_protocol,
+        unnest($6::text[]) AS inventory, unnest($7::bigint[]) AS observed_generation,
+        unnest($8::timestamptz[]) AS cert_not_after, unnest($9::text[]) AS cert_serial,
+        unnest($10::integer[]) AS vcpu, unnest($11::bigint[]) AS memory_mib,
+        unnest($12::bigint[]) AS disk_gib, unnest($13::integer[]) AS gpus,
+        unnest($14::text[]) AS gpu_model, unnest($15::text[]) AS underlay
+), plain AS (
+    SELECT n.node_id FROM nodes n JOIN hello h USING (node_id)
+    WHERE n.state IN ('ready', 'cordoned', 'draining') AND coalesce(n.inventory->>'underlay', '') = h.underlay
+    ORDER BY n.node_id
+    FOR UPDATE OF n SKIP LOCKED
+)
+UPDATE nodes n SET
+    session_gateway = $1, session_epoch = n.session_epoch + 1, session_since = now(),
+    session_closed_at = NULL, session_transport = h.transport, last_seen_at = now(),
+    agent_version = h.agent_version, agent_protocol = h.agent_protocol,
+    inventory = h.inventory::jsonb, observed_generation = h.observed_generation,
+    cert_not_after = h.cert_not_after, cert_serial = h.cert_serial,
+    cap_vcpu = CASE WHEN n.declared THEN n.cap_vcpu ELSE greatest(ceil(n.booked_vcpu / n.vcpu_allocation_ratio)::integer, h.vcpu) END,
+    cap_memory_mib = CASE WHEN n.declared THEN n.cap_memory_mib ELSE greatest(n.booked_memory_mib, h.memory_mib) END,
+    cap_disk_gib = CASE WHEN n.declared THEN n.cap_disk_gib ELSE greatest(n.booked_disk_gib, h.disk_gib) END,
+    cap_gpus = CASE WHEN n.declared THEN n.cap_gpus ELSE greatest(n.booked_gpus, h.gpus) END,
+    gpu_model = CASE WHEN n.declared THEN n.gpu_model ELSE nullif(h.gpu_model, '') END,
+    status_hash = CASE WHEN n.observed_generation = h.observed_generation THEN n.status_hash END,
+    updated_at = now()
+FROM hello h
+WHERE n.node_id = h.node_id AND n.node_id IN (SELECT node_id FROM plain)
+  AND n.state IN ('ready', 'cordoned', 'draining')
+RETURNING n.node_id, n.session_epoch, n.status_hash
+`
+
+type OpenSessionsParams struct {
+	GatewayID           pgtype.Text
+	NodeIds             []string
+	Transports          []string
+	AgentVersions       []string
+	AgentProtocols      []int32
+	Inventories         []string
+	ObservedGenerations []int64
+	CertNotAfters       []time.Time
+	CertSerials         []string
+	Vcpus               []int32
+	MemoryMibs          []int64
+	DiskGibs            []int64
+	Gpus                []int32
+	GpuModels           []string
+	Underlays           []string
+}
+
+type OpenSessionsRow struct {
+	NodeID       string
+	SessionEpoch int64
+	StatusHash   pgtype.Int8
+}
+
+// OpenSessions is OpenSession for the hellos that arrived together at a
+// gateway, one row per node (the caller never puts a node twice), in one
+// statement: it opens the sessions of the nodes that need nothing else
+// (ready, cordoned or draining, the same underlay) and returns their new
+// epochs and the hash of their last status (NULL when the hello's observed
+// generation differs from the row's). A node it does not return (missing,
+// joining, down, retired, a new underlay) takes OpenSession's transaction,
+// and so does a node whose row another transaction holds locked (SKIP
+// LOCKED: one busy row never holds up the batch; its own transaction waits
+// for it within its lock timeout). The rows are locked in node order.
+func (q *Queries) OpenSessions(ctx context.Context, arg OpenSessionsParams) ([]OpenSessionsRow, error) {
+	rows, err := q.db.Query(ctx, openSessions,
+		arg.GatewayID,
+		arg.NodeIds,
+		arg.Transports,
+		arg.AgentVersions,
+		arg.AgentProtocols,
+		arg.Inventories,
+		arg.ObservedGenerations,
+		arg.CertNotAfters,
+		arg.CertSerials,
+		arg.Vcpus,
+		arg.MemoryMibs,
+		arg.DiskGibs,
+		arg.Gpus,
+		arg.GpuModels,
+		arg.Underlays,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OpenSessionsRow
+	for rows.Next() {
+		var i OpenSessionsRow
+		if err := rows.Scan(&i.NodeID, &i.SessionEpoch, &i.StatusHash); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const pendingCommands = `-- name: PendingCommands :many
@@ -780,8 +888,8 @@ UPDATE nodes SET observed_generation = $1, apply_error = $2,
     instance_status = $3, last_seen_at = now(),
     volume_available_bytes = $4, volume_reserved_bytes = $5,
     volume_outstanding_bytes = $6, volume_reported_at = now(),
-    inventory = coalesce($7, inventory)
-WHERE node_id = $8 AND session_gateway = $9 AND session_epoch = $10
+    inventory = coalesce($7, inventory), status_hash = $8
+WHERE node_id = $9 AND session_gateway = $10 AND session_epoch = $11
 `
 
 type ReportStatusParams struct {
@@ -792,6 +900,7 @@ type ReportStatusParams struct {
 	VolumeReservedBytes    pgtype.Int8
 	VolumeOutstandingBytes pgtype.Int8
 	Inventory              []byte
+	StatusHash             pgtype.Int8
 	NodeID                 string
 	GatewayID              pgtype.Text
 	SessionEpoch           int64
@@ -807,6 +916,7 @@ func (q *Queries) ReportStatus(ctx context.Context, arg ReportStatusParams) (int
 		arg.VolumeReservedBytes,
 		arg.VolumeOutstandingBytes,
 		arg.Inventory,
+		arg.StatusHash,
 		arg.NodeID,
 		arg.GatewayID,
 		arg.SessionEpoch,

@@ -337,6 +337,7 @@ type Node struct {
 	VcpuAllocationRatio    float64
 	AllocVcpu              int32
 	FreeVcpu               int32
+	StatusHash             pgtype.Int8
 }
 
 type NodeAttestation struct {

@@ -47,7 +47,7 @@ func (q *Queries) FleetCensus(ctx context.Context) (FleetCensusRow, error) {
 }
 
 const getNode = `-- name: GetNode :one
-SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id) WHERE n.node_id = $1
+SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, n.status_hash, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id) WHERE n.node_id = $1
 `
 
 type GetNodeRow struct {
@@ -101,6 +101,7 @@ func (q *Queries) GetNode(ctx context.Context, nodeID string) (GetNodeRow, error
 		&i.Node.VcpuAllocationRatio,
 		&i.Node.AllocVcpu,
 		&i.Node.FreeVcpu,
+		&i.Node.StatusHash,
 		&i.Owner,
 	)
 	return i, err
@@ -128,7 +129,7 @@ func (q *Queries) GetNodeAttestation(ctx context.Context, nodeID string) (NodeAt
 }
 
 const getNodeForUpdate = `-- name: GetNodeForUpdate :one
-SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
+SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, n.status_hash, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
 WHERE n.node_id = $1 FOR UPDATE OF n
 `
 
@@ -183,6 +184,7 @@ func (q *Queries) GetNodeForUpdate(ctx context.Context, nodeID string) (GetNodeF
 		&i.Node.VcpuAllocationRatio,
 		&i.Node.AllocVcpu,
 		&i.Node.FreeVcpu,
+		&i.Node.StatusHash,
 		&i.Owner,
 	)
 	return i, err
@@ -194,7 +196,7 @@ INSERT INTO nodes (node_id, pool_id, site_id, hostname, state, labels, cap_vcpu,
 VALUES ($1, $2, $3, $4, $5, $6,
         $7, $8, $9, $10, $11, $12,
         (SELECT p.vcpu_allocation_ratio FROM pools p WHERE p.pool_id = $2 FOR SHARE))
-RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu
+RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu, status_hash
 `
 
 type InsertNodeParams struct {
@@ -273,12 +275,13 @@ func (q *Queries) InsertNode(ctx context.Context, arg InsertNodeParams) (Node, e
 		&i.VcpuAllocationRatio,
 		&i.AllocVcpu,
 		&i.FreeVcpu,
+		&i.StatusHash,
 	)
 	return i, err
 }
 
 const listNodes = `-- name: ListNodes :many
-SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
+SELECT n.node_id, n.pool_id, n.site_id, n.hostname, n.state, n.labels, n.cap_vcpu, n.cap_memory_mib, n.cap_disk_gib, n.gpu_model, n.cap_gpus, n.booked_vcpu, n.booked_memory_mib, n.booked_disk_gib, n.booked_gpus, n.volume_available_bytes, n.volume_reserved_bytes, n.volume_outstanding_bytes, n.volume_reported_at, n.agent_version, n.agent_protocol, n.cert_not_after, n.session_gateway, n.session_since, n.declared, n.free_memory_mib, n.version, n.created_at, n.updated_at, n.session_epoch, n.session_closed_at, n.session_transport, n.last_seen_at, n.observed_generation, n.apply_error, n.inventory, n.instance_status, n.cert_serial, n.down_from, n.vcpu_allocation_ratio, n.alloc_vcpu, n.free_vcpu, n.status_hash, p.tenant_id AS owner FROM nodes n JOIN pools p USING (pool_id)
 WHERE p.tenant_id = $1
   AND ($2::text IS NULL OR n.pool_id = $2)
   AND ($3::text IS NULL OR n.state = $3)
@@ -351,6 +354,7 @@ func (q *Queries) ListNodes(ctx context.Context, arg ListNodesParams) ([]ListNod
 			&i.Node.VcpuAllocationRatio,
 			&i.Node.AllocVcpu,
 			&i.Node.FreeVcpu,
+			&i.Node.StatusHash,
 			&i.Owner,
 		); err != nil {
 			return nil, err
@@ -420,7 +424,7 @@ func (q *Queries) PutNodeAttestation(ctx context.Context, arg PutNodeAttestation
 const setNodeLabels = `-- name: SetNodeLabels :one
 UPDATE nodes SET labels = $1, version = version + 1, updated_at = now()
 WHERE node_id = $2
-RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu
+RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu, status_hash
 `
 
 type SetNodeLabelsParams struct {
@@ -474,6 +478,7 @@ func (q *Queries) SetNodeLabels(ctx context.Context, arg SetNodeLabelsParams) (N
 		&i.VcpuAllocationRatio,
 		&i.AllocVcpu,
 		&i.FreeVcpu,
+		&i.StatusHash,
 	)
 	return i, err
 }
@@ -481,7 +486,7 @@ func (q *Queries) SetNodeLabels(ctx context.Context, arg SetNodeLabelsParams) (N
 const setNodeState = `-- name: SetNodeState :one
 UPDATE nodes SET state = $1, version = version + 1, updated_at = now()
 WHERE node_id = $2
-RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu
+RETURNING node_id, pool_id, site_id, hostname, state, labels, cap_vcpu, cap_memory_mib, cap_disk_gib, gpu_model, cap_gpus, booked_vcpu, booked_memory_mib, booked_disk_gib, booked_gpus, volume_available_bytes, volume_reserved_bytes, volume_outstanding_bytes, volume_reported_at, agent_version, agent_protocol, cert_not_after, session_gateway, session_since, declared, free_memory_mib, version, created_at, updated_at, session_epoch, session_closed_at, session_transport, last_seen_at, observed_generation, apply_error, inventory, instance_status, cert_serial, down_from, vcpu_allocation_ratio, alloc_vcpu, free_vcpu, status_hash
 `
 
 type SetNodeStateParams struct {
@@ -535,6 +540,7 @@ func (q *Queries) SetNodeState(ctx context.Context, arg SetNodeStateParams) (Nod
 		&i.VcpuAllocationRatio,
 		&i.AllocVcpu,
 		&i.FreeVcpu,
+		&i.StatusHash,
 	)
 	return i, err
 }

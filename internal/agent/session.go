@@ -180,6 +180,10 @@ type endReason struct {
 // otherwise be dialled in a tight loop.
 const ShortSession = time.Second
 
+// MaxRetryAfter bounds the wait a gateway's refusal asks for
+// (retryAfterMs of UNAVAILABLE).
+const MaxRetryAfter = 10 * time.Second
+
 // Run holds sessions until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	a.status.update(func(s *Status) { s.Connected, s.ObservedGeneration = false, a.observed.Load() })
@@ -572,7 +576,14 @@ func (a *Agent) session(ctx context.Context, conn *websocket.Conn, gw agentproto
 		return endReason{}
 	}
 	if m.Type == agentproto.TypeError {
-		a.log.Warn("session refused", "gateway", gw.ID, "code", m.Error.Code, "message", m.Error.Message)
+		a.log.Warn("session refused", "gateway", gw.ID, "code", m.Error.Code, "message", m.Error.Message, "retryAfterMs", m.Error.RetryAfterMS)
+		if d := time.Duration(m.Error.RetryAfterMS) * time.Millisecond; d > 0 {
+			// The gateway's database did not answer (UNAVAILABLE): wait as
+			// it asks (at most MaxRetryAfter), with the jitter that
+			// spreads its daemons, before the next gateway or round.
+			d = min(d, MaxRetryAfter)
+			sleep(ctx, d+time.Duration(mathrand.Int64N(int64(d/2)+1)))
+		}
 		return endReason{}
 	}
 	if m.Type != agentproto.TypeWelcome {

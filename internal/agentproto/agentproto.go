@@ -538,6 +538,9 @@ type Reconnect struct {
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// RetryAfterMS, with UNAVAILABLE, is when the gateway expects to
+	// answer again (its database did not answer in time).
+	RetryAfterMS int64 `json:"retryAfterMs,omitempty"`
 }
 
 // JoinRequest is the body of POST /v1/join.

@@ -106,6 +106,9 @@ type Gateway struct {
 	// ticketPeriod is the period whose session ticket keys the listener
 	// has (tickets.go).
 	ticketPeriod atomic.Int64
+	// hellos gathers the session rows of hellos arriving together
+	// (hellos.go).
+	hellos *helloBatcher
 
 	ctx    context.Context // of the gateway's life; sessions derive from it
 	cancel context.CancelFunc
@@ -145,6 +148,7 @@ func New(o Options) (*Gateway, error) {
 		return nil, &config.Error{Option: "pki", Message: "the gateway role needs a trust domain"}
 	}
 	g := &Gateway{o: o, id: ids.New("gw"), bundle: b, sessions: map[string]*session{}}
+	g.hellos = newHelloBatcher(g)
 	if !o.NodeCARoots.IsZero() {
 		g.roots, err = newReloading("node CA roots", rootsReader(o.NodeCARoots), o.Now, o.Log)
 	} else {
@@ -219,7 +223,8 @@ func (g *Gateway) Start(ctx context.Context) error {
 		return fmt.Errorf("gateway: session ticket keys: %w", err)
 	}
 	g.lis = &listener{g: g, ln: ln, tls: tc, conns: map[net.Conn]struct{}{}}
-	g.wg.Add(3)
+	g.wg.Add(4)
+	go func() { defer g.wg.Done(); g.hellos.run(g.ctx) }()
 	go func() { defer g.wg.Done(); g.lis.serve() }()
 	go func() { defer g.wg.Done(); g.leaseLoop() }()
 	go func() { defer g.wg.Done(); g.dispatchLoop() }()

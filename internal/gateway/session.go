@@ -59,6 +59,9 @@ type session struct {
 
 	statusMu   sync.Mutex
 	lastStatus uint64 // FNV-1a of the last status written: a session keeps 8 bytes, not the status
+	// firstStatus is set until the session's first status: lastStatus
+	// came from the node's row then (the status_hash a session wrote).
+	firstStatus bool
 
 	// idle lets the reader wait for the next message on the socket, at a
 	// shallow stack depth (idle.go); nil on the fallback.
@@ -97,12 +100,11 @@ func (g *Gateway) serveMTLS(w http.ResponseWriter, r *http.Request, idle *idleWa
 	// is garbage once upgraded.
 	cert := r.TLS.PeerCertificates[0]
 	g.handlers.Add(1)
-	s := g.open(conn, node, cert, agentproto.TransportMTLS, r.TLS.DidResume)
+	s := g.open(conn, node, cert, agentproto.TransportMTLS, r.TLS.DidResume, idle)
 	if s == nil {
 		g.handlers.Done()
 		return
 	}
-	s.idle = idle
 	go func() {
 		defer g.handlers.Done()
 		g.serve(s)
@@ -146,7 +148,7 @@ func (g *Gateway) FallbackHandler() http.Handler {
 		}
 		g.handlers.Add(1)
 		defer g.handlers.Done()
-		if s := g.open(conn, node, cert, agentproto.TransportWebSocket, false); s != nil {
+		if s := g.open(conn, node, cert, agentproto.TransportWebSocket, false, nil); s != nil {
 			g.serve(s)
 		}
 	})
@@ -190,10 +192,20 @@ func (g *Gateway) challenge(ctx context.Context, conn *websocket.Conn) (string, 
 }
 
 func reject(conn *websocket.Conn, code, msg string) {
+	rejectWith(conn, &agentproto.Error{Code: code, Message: msg})
+}
+
+// rejectUnavailable refuses a hello the gateway could not serve in time
+// (its database): UNAVAILABLE with retryAfterMs.
+func rejectUnavailable(conn *websocket.Conn, msg string) {
+	rejectWith(conn, &agentproto.Error{Code: "UNAVAILABLE", Message: msg, RetryAfterMS: HelloRetryAfter.Milliseconds()})
+}
+
+func rejectWith(conn *websocket.Conn, e *agentproto.Error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = writeMsg(ctx, conn, agentproto.Message{Type: agentproto.TypeError, Error: &agentproto.Error{Code: code, Message: msg}})
-	_ = conn.Close(websocket.StatusPolicyViolation, code)
+	_ = writeMsg(ctx, conn, agentproto.Message{Type: agentproto.TypeError, Error: e})
+	_ = conn.Close(websocket.StatusPolicyViolation, e.Code)
 }
 
 func writeMsg(ctx context.Context, conn *websocket.Conn, m agentproto.Message) error {
@@ -225,8 +237,10 @@ func readMsg(ctx context.Context, conn *websocket.Conn, timeout time.Duration) (
 // open starts one session: hello, the session row, welcome. It answers
 // nil when the session was refused (the connection is closed then);
 // serve holds it. resumed says the TLS session resumed with a ticket
-// (logged).
-func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate, transport string, resumed bool) *session {
+// (logged). idle, when not nil, lets the idle session wait on its socket;
+// it is set before the session is published (a newer session of the node
+// may end it at once).
+func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate, transport string, resumed bool, idle *idleWait) *session {
 	conn.SetReadLimit(agentproto.MaxMessageBytes)
 	m, err := readMsg(g.ctx, conn, HelloTimeout)
 	if err != nil {
@@ -245,14 +259,24 @@ func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, WriteTimeout)
-	epoch, err := g.openRow(ctx, node, cert, transport, proto, h)
+	opened, err := g.openSession(ctx, node, cert, transport, proto, h)
 	cancel()
 	if err != nil {
 		g.o.Log.Info("session refused", "node", node, "error", err.Error())
-		reject(conn, "INVALID_STATE", err.Error())
+		if isRefusal(err) {
+			reject(conn, "INVALID_STATE", err.Error())
+		} else {
+			// The database did not answer in time: the daemon retries.
+			rejectUnavailable(conn, "the gateway's database did not answer: "+err.Error())
+		}
 		return nil
 	}
-	s := &session{g: g, conn: conn, nodeID: node, serial: pki.SerialHex(cert), transport: transport, epoch: epoch, cert: cert}
+	epoch := opened.epoch
+	s := &session{g: g, conn: conn, nodeID: node, serial: pki.SerialHex(cert), transport: transport, epoch: epoch, cert: cert, idle: idle}
+	// The hash of the node's last status written (0: unknown): a daemon
+	// back after a restart sends the same status, which is then not
+	// written again.
+	s.lastStatus, s.firstStatus = opened.statusHash, true
 	// Not a child of g.ctx: ten thousand children would sit in its map.
 	// Drain ends every session (end cancels this) before it cancels g.ctx.
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(g.ctx))
@@ -263,6 +287,14 @@ func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate
 	s.lastSeen.Store(g.o.Now().UnixNano())
 	g.mu.Lock()
 	old := g.sessions[node]
+	if old != nil && old.epoch > epoch {
+		// Two hellos of one node raced and the other row write came last:
+		// its session holds the node, this one is fenced already.
+		g.mu.Unlock()
+		g.o.Log.Info("session refused: a newer session of the node", "node", node, "epoch", epoch, "newer", old.epoch)
+		reject(conn, "INVALID_STATE", "a newer session of this node is open")
+		return nil
+	}
 	g.sessions[node] = s
 	g.mu.Unlock()
 	if old != nil {
@@ -288,18 +320,43 @@ func (g *Gateway) serve(s *session) {
 		delete(g.sessions, node)
 	}
 	g.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.ctx), WriteTimeout)
-	_, _ = g.q().CloseSession(ctx, db.CloseSessionParams{NodeID: node, GatewayID: pgtype.Text{String: g.id, Valid: true}, SessionEpoch: epoch})
-	cancel()
+	g.closeRow(node, epoch)
 	g.o.Log.Info("session closed", "node", node, "epoch", epoch)
+}
+
+// closeRow closes a node's session row if it is still the session of
+// epoch on this gateway.
+func (g *Gateway) closeRow(node string, epoch int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.ctx), WriteTimeout)
+	defer cancel()
+	_, _ = g.q().CloseSession(ctx, db.CloseSessionParams{NodeID: node, GatewayID: pgtype.Text{String: g.id, Valid: true}, SessionEpoch: epoch})
+}
+
+// openSession writes a hello's session row: through a batch of the
+// hellos arriving together (hellos.go), or, for a node that needs more
+// than its session row, in openRow's transaction. Its time is bounded by
+// ctx.
+func (g *Gateway) openSession(ctx context.Context, node string, cert *x509.Certificate, transport string, proto int, h *agentproto.Hello) (openRes, error) {
+	statHellos.Add(1)
+	res := g.hellos.open(ctx, node, newOpenRowArgs(cert, transport, proto, h))
+	if res.err != nil || !res.slow {
+		return res, res.err
+	}
+	statHelloSlow.Add(1)
+	var trips atomic.Int64
+	epoch, hash, err := g.openRow(store.CountRoundTrips(ctx, &trips), node, cert, transport, proto, h)
+	statHelloTrips.Add(trips.Load())
+	return openRes{epoch: epoch, statusHash: hash}, err
 }
 
 // openRow writes the session row in one transaction: a joining node becomes
 // ready (node.registered), a down node returns to the state it left
-// (node.up).
-func (g *Gateway) openRow(ctx context.Context, node string, cert *x509.Certificate, transport string, proto int, h *agentproto.Hello) (int64, error) {
+// (node.up). It returns the new epoch and the hash of the node's last
+// status (0: unknown).
+func (g *Gateway) openRow(ctx context.Context, node string, cert *x509.Certificate, transport string, proto int, h *agentproto.Hello) (int64, uint64, error) {
 	inv, _ := json.Marshal(h.Inventory)
 	var epoch int64
+	var hash uint64
 	var events bool
 	// A unit of work: the peers' specs it may push wake their gateways.
 	u, err := uow.Run(ctx, g.o.Store, false, func(ctx context.Context, u *uow.Unit) error {
@@ -307,13 +364,13 @@ func (g *Gateway) openRow(ctx context.Context, node string, cert *x509.Certifica
 		q := db.New(tx)
 		cur, err := q.GetNodeSession(ctx, node)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("node %s does not exist", node)
+			return &refusal{fmt.Sprintf("node %s does not exist", node)}
 		}
 		if err != nil {
 			return err
 		}
 		if cur.State == nodes.StateRetired {
-			return fmt.Errorf("node %s is retired", node)
+			return &refusal{fmt.Sprintf("node %s is retired", node)}
 		}
 		na := cert.NotAfter
 		n, err := q.OpenSession(ctx, db.OpenSessionParams{
@@ -327,7 +384,7 @@ func (g *Gateway) openRow(ctx context.Context, node string, cert *x509.Certifica
 		if err != nil {
 			return err
 		}
-		epoch = n.SessionEpoch
+		epoch, hash = n.SessionEpoch, uint64(n.StatusHash.Int64)
 		underlay := ""
 		if h.Inventory.Underlay.IsValid() {
 			underlay = h.Inventory.Underlay.String()
@@ -367,7 +424,7 @@ func (g *Gateway) openRow(ctx context.Context, node string, cert *x509.Certifica
 	if err == nil && events {
 		g.o.Notifier.Wake(notify.TopicOutbox)
 	}
-	return epoch, err
+	return epoch, hash, err
 }
 
 // send writes one message; a failed write ends the session.
@@ -518,10 +575,17 @@ func (s *session) status(st *agentproto.Status) {
 	h := fnv.New64a()
 	_, _ = h.Write(b)
 	sum := h.Sum64()
-	same := sum == s.lastStatus
-	s.lastStatus = sum
+	same := sum != 0 && sum == s.lastStatus
+	first := s.firstStatus
+	s.lastStatus, s.firstStatus = sum, false
 	s.statusMu.Unlock()
 	if same {
+		// Written already (by this session, or by the node's last one:
+		// the row's status_hash); the heartbeat counts as heard (touch).
+		statStatusSkipped.Add(1)
+		if first {
+			statStatusSkipOpen.Add(1)
+		}
 		return
 	}
 	instances, _ := json.Marshal(st.Instances)
@@ -547,6 +611,7 @@ func (s *session) status(st *agentproto.Status) {
 				VolumeReservedBytes:    pgtype.Int8{Int64: st.VolumeStore.ReservedBytes, Valid: true},
 				VolumeOutstandingBytes: pgtype.Int8{Int64: st.VolumeStore.OutstandingBytes, Valid: true},
 				Inventory:              inv, NodeID: s.nodeID, GatewayID: pgtype.Text{String: s.g.id, Valid: true}, SessionEpoch: s.epoch,
+				StatusHash: pgtype.Int8{Int64: int64(sum), Valid: true},
 			})
 		})
 		var aerr error
@@ -561,6 +626,7 @@ func (s *session) status(st *agentproto.Status) {
 	if errors.Is(err, errStaleSession) {
 		err, events = nil, false // nothing written: the session is no longer this one
 	} else if err == nil {
+		statStatusWrites.Add(1)
 		s.g.o.Notifier.WakeUnit(u)
 	}
 	if events {

@@ -31,6 +31,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -129,6 +130,11 @@ type result struct {
 	resumedPer, resumedRSS float64
 	// The restarted gateway's CPU time until every session was back.
 	cpuFull, cpuResumed time.Duration
+	// This process's CPU time (the daemons' side) over the same window.
+	loadFull, loadResumed time.Duration
+	// The restarted gateway's own counters (expvar; nil from a gateway
+	// without them).
+	varsFull, varsResumed map[string]int64
 }
 
 // once runs one gateway with n sessions: memory when idle, then a
@@ -173,12 +179,22 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	// Two restarts: the daemons' tickets dropped first (every session a
 	// full handshake), then with the tickets their sessions got (each
 	// resumes), the comparison in the same run.
-	restart := func(label string, forget bool) (time.Duration, int64, time.Duration) {
+	restart := func(label string, forget bool) (time.Duration, int64, time.Duration, time.Duration, map[string]int64) {
 		if forget {
 			for _, nd := range nodes {
 				nd.forget()
 			}
 		}
+		var loadProfile *os.File
+		if d := os.Getenv("GATEWAY_PROFILES"); d != "" {
+			// This process's CPU in the storm: the daemons' side, on the
+			// same cores.
+			f, err := os.Create(filepath.Join(d, fmt.Sprintf("load-%d-%s", r, label)))
+			check(err)
+			check(pprof.StartCPUProfile(f))
+			loadProfile = f
+		}
+		self0 := selfCPU()
 		check(gw.Process.Kill())
 		_, _ = gw.Process.Wait()
 		restarted := time.Now()
@@ -201,15 +217,26 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 		// The gateway's CPU time (its start and every session's handshake,
 		// hello, row and welcome): the figure a loaded machine disturbs least.
 		cpu := cpuTime(gw.Process.Pid)
+		self := selfCPU() - self0
+		if loadProfile != nil {
+			pprof.StopCPUProfile()
+			_ = loadProfile.Close()
+		}
 		<-profiled
-		log.Printf("run %d: back after a restart (%s) in %s (listening after %s), %d of %d, gateway CPU %s", r, label, back.Round(time.Millisecond),
-			listening.Round(time.Millisecond), welcomed.Load(), n, cpu)
-		return back, welcomed.Load(), cpu
+		// The sessions' first statuses (sent at once after the welcome,
+		// as the daemon does) are in by now.
+		time.Sleep(2 * time.Second)
+		vars := gatewayVars(pprofAddr)
+		log.Printf("run %d: back after a restart (%s) in %s (listening after %s), %d of %d, gateway CPU %s, load tool CPU %s, counters %v", r, label, back.Round(time.Millisecond),
+			listening.Round(time.Millisecond), welcomed.Load(), n, cpu, self, vars)
+		return back, welcomed.Load(), cpu, self, vars
 	}
 	// Odd runs restart with full handshakes first, even runs resuming
 	// first, so that neither always meets the other's aftermath.
-	full := func() { res.backFull, res.finalFull, res.cpuFull = restart("full", true) }
-	resumed := func() { res.back, res.final, res.cpuResumed = restart("resumed", false) }
+	full := func() { res.backFull, res.finalFull, res.cpuFull, res.loadFull, res.varsFull = restart("full", true) }
+	resumed := func() {
+		res.back, res.final, res.cpuResumed, res.loadResumed, res.varsResumed = restart("resumed", false)
+	}
 	first, second := full, resumed
 	if r%2 == 0 {
 		first, second = resumed, full
@@ -253,6 +280,30 @@ func httpGet(addr, path string) ([]byte, error) {
 	}
 	defer resp.Body.Close()
 	return io.ReadAll(resp.Body)
+}
+
+// selfCPU is this process's user and system CPU time.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	check(syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// gatewayVars reads the gateway's counters (expvar "gateway" on the pprof
+// address: hellos, their database round trips, statuses written and
+// skipped); nil when the gateway has none (an older binary).
+func gatewayVars(addr string) map[string]int64 {
+	b, err := httpGet(addr, "/debug/vars")
+	if err != nil {
+		return nil
+	}
+	var v struct {
+		Gateway map[string]int64 `json:"gateway"`
+	}
+	if json.Unmarshal(b, &v) != nil {
+		return nil
+	}
+	return v.Gateway
 }
 
 var memRe = regexp.MustCompile(`(?m)^# (HeapInuse|Stack) = (\d+)`)
@@ -368,6 +419,12 @@ func (nd *node) session(port int, hc *http.Client, welcomed *atomic.Int64, diali
 	release()
 	welcomed.Add(1)
 	defer welcomed.Add(-1)
+	status := agentproto.Message{Type: agentproto.TypeStatus, Status: &agentproto.Status{Instances: []agentproto.InstanceStatus{}}}
+	// The daemon sends its status at once after the welcome, then every
+	// heartbeat (agent: session, heartbeat).
+	if send(status) != nil {
+		return true
+	}
 	go func() {
 		t := time.NewTicker(5 * time.Second)
 		defer t.Stop()
@@ -379,7 +436,7 @@ func (nd *node) session(port int, hc *http.Client, welcomed *atomic.Int64, diali
 				cancel()
 				return
 			case <-t.C:
-				_ = send(agentproto.Message{Type: agentproto.TypeStatus, Status: &agentproto.Status{Instances: []agentproto.InstanceStatus{}}})
+				_ = send(status)
 			}
 		}
 	}()
@@ -517,13 +574,13 @@ func report(n, dials int, rs []result, load string) string {
 Written by `+"`make bench-sessions`"+` (tools/sessionload) on %s: one gateway process
 (computed with the gateway role only) and %d daemon sessions held by the load tool over
 mutual TLS 1.3 and WebSocket, each a real node certificate, hello and welcome, and a
-status every 5 s; %d runs, each a fresh gateway; the load tool (on the same machine) keeps
+status at once and every 5 s, as the daemon sends them; %d runs, each a fresh gateway; the load tool (on the same machine) keeps
 at most %d handshakes in flight; %d cores, %s; load average %s when written (the machine
 is shared).
 
 %s |
 %s|
-%s%s%s%s%s%s%s%s%s%s
+%s%s%s%s%s%s%s%s%s%s%s%s%s
 Each run restarts its gateway twice (SIGKILL, then a new process on the same port): once
 with the daemons' TLS session tickets dropped, so every session is a full handshake, once
 with the tickets their sessions got, so each resumes (the gateway runs with
@@ -562,6 +619,27 @@ set is garbage not yet collected and the runtime's own.
 				return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000/float64(max(k, 1)))
 			}
 			return per(r.cpuFull, r.finalFull) + " / " + per(r.cpuResumed, r.final)
+		}),
+		row("load tool's CPU per session back (the daemons' side): full / resuming", func(r result) string {
+			per := func(d time.Duration, k int64) string {
+				return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000/float64(max(k, 1)))
+			}
+			return per(r.loadFull, r.finalFull) + " / " + per(r.loadResumed, r.final)
+		}),
+		row("restarted gateway: database round trips per hello (session rows), full / resuming", func(r result) string {
+			per := func(v map[string]int64) string {
+				if v == nil || v["hellos"] == 0 {
+					return "n/a"
+				}
+				return fmt.Sprintf("%.2f", float64(v["helloRoundTrips"])/float64(v["hellos"]))
+			}
+			return per(r.varsFull) + " / " + per(r.varsResumed)
+		}),
+		row("restarted gateway: statuses written / skipped (unchanged), full restart", func(r result) string {
+			if r.varsFull == nil {
+				return "n/a"
+			}
+			return fmt.Sprintf("%d / %d", r.varsFull["statusWrites"], r.varsFull["statusSkipped"])
 		}),
 		worstPer, verdict(worstPer <= 24), n, worstBack.Round(10*time.Millisecond), verdict(allBack && worstBack <= 10*time.Second),
 		worstResumed.Round(10*time.Millisecond), n)

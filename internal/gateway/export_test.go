@@ -1,0 +1,5 @@
+package gateway
+
+// BatchHellos turns the hellos' batch statement on or off (on by default);
+// off, every hello takes openRow's transaction, as before the batches.
+func BatchHellos(on bool) { batchHellos.Store(on) }
