@@ -36,7 +36,6 @@ const (
 	skew = time.Minute
 )
 
-
 // ValidAccount reports whether account is a user name a principal takes
 // (as tunnels.sshAccounts): ^[a-z_][a-z0-9_-]{0,31}$. Checked by hand, not
 // by a package-level regexp: compute-guest (pid 1 of every VM) links this
