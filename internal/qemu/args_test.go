@@ -29,31 +29,3 @@ func TestNetDeviceArgs(t *testing.T) {
 		assert.Error(t, c.Check(), "%+v", bad)
 	}
 }
-
-// The kernel command line under TCG on microvm: a one-vCPU guest runs its
-// clock events on the PIT (noapictimer), a guest with more vCPUs and a
-// guest under KVM keep the APIC timer, and a command line that names the
-// parameter already keeps its own.
-func TestKernelCmdlineTimer(t *testing.T) {
-	appended := func(c *Config) string {
-		a := c.Args()
-		for i := range a {
-			if a[i] == "-append" {
-				return a[i+1]
-			}
-		}
-		return ""
-	}
-	c := &Config{ID: "a", Dir: t.TempDir(), VCPU: 1, MemoryMiB: 128, Accel: AccelTCG, Machine: MachineMicroVM, Kernel: "/k", Cmdline: "console=ttyS0"}
-	require.NoError(t, c.Check())
-	assert.Contains(t, strings.Fields(appended(c)), "noapictimer")
-
-	c.VCPU = 2
-	assert.NotContains(t, strings.Fields(appended(c)), "noapictimer", "an SMP guest needs its APIC timers")
-	c.VCPU = 1
-	c.Accel = AccelKVM
-	assert.NotContains(t, strings.Fields(appended(c)), "noapictimer", "KVM has the TSC-deadline timer")
-	c.Accel = AccelTCG
-	c.Cmdline = "console=ttyS0 noapictimer"
-	assert.Equal(t, 1, strings.Count(appended(c), "noapictimer"))
-}

@@ -235,16 +235,6 @@ func (c *Config) Args() []string {
 		if c.Accel == AccelTCG && c.Machine == MachineMicroVM && tscKHz() > 0 && !strings.Contains(cmdline, "tsc_early_khz=") {
 			cmdline = strings.TrimSpace(cmdline + " tsc_early_khz=" + strconv.Itoa(tscKHz()))
 		}
-		if c.Accel == AccelTCG && c.Machine == MachineMicroVM && c.VCPU == 1 && !hasParam(cmdline, "noapictimer") {
-			// TCG has no TSC-deadline timer, so a kernel calibrates the
-			// local APIC timer (a 100 ms busy loop) and then keeps an
-			// idle guest busy with it: qemu spent about 1 s more CPU per
-			// boot and 5 to 7 % of a core per idle VM than with the PIT
-			// as the one clock event device (docs/benchmarks-notes.md,
-			// "The APIC timer under TCG"). With more than one vCPU the
-			// kernel needs the APIC timer (it hung at boot without).
-			cmdline += " noapictimer"
-		}
 		a = append(a, "-kernel", c.Kernel, "-append", cmdline)
 		if c.Initrd != "" {
 			a = append(a, "-initrd", c.Initrd)
@@ -294,17 +284,6 @@ func LoadConfig(dir string) (*Config, error) {
 		return nil, fmt.Errorf("qemu: %s: %w", dir, err)
 	}
 	return &c, nil
-}
-
-// hasParam tells whether the kernel command line holds the parameter
-// name (alone or as name=value).
-func hasParam(cmdline, name string) bool {
-	for _, f := range strings.Fields(cmdline) {
-		if f == name || strings.HasPrefix(f, name+"=") {
-			return true
-		}
-	}
-	return false
 }
 
 // waitFor polls cond every 5 ms until it holds or d passes.

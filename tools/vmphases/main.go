@@ -35,6 +35,7 @@ func main() {
 	binary := flag.String("qemu", qemu.Binary, "the qemu binary (a wrapper script, for an A/B of qemu's flags)")
 	vcpu := flag.Int("vcpu", 1, "vCPUs of each VM")
 	idle := flag.Duration("idle", 0, "after each boot's first answer, leave the guest idle this long and print qemu's CPU time meanwhile")
+	execute := flag.String("exec", "", "after each boot's first answer, run this shell command in the guest and print its output and time (e.g. to check the guest's timers)")
 	flag.Parse()
 	qemu.Binary = *binary
 	ctx := context.Background()
@@ -72,6 +73,14 @@ func main() {
 		tr := time.Since(t0)
 		cpu := cpuOf(v.Pid)
 		fmt.Printf("boot %d: qmp %v channel %v ready %v qemu-cpu %.2fs | %s\n", i, ms(tq), ms(tc), ms(tr), cpu, readyLine(c))
+		if *execute != "" {
+			t1 := time.Now()
+			ectx, cancel := context.WithTimeout(ctx, 120*time.Second)
+			r, err := g.Call(ectx, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", *execute}}})
+			cancel()
+			must(err)
+			fmt.Printf("boot %d: exec %v: %+v\n", i, ms(time.Since(t1)), r.Exec)
+		}
 		if *idle > 0 {
 			time.Sleep(*idle)
 			fmt.Printf("boot %d: idle %v qemu-cpu %.3fs\n", i, *idle, cpuOf(v.Pid)-cpu)
