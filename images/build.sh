@@ -201,8 +201,8 @@ mv "$work/initramfs.cpio" "$out/minimal/initramfs.cpio"
 # compute-guest's first getrandom waited about 1 s of a boot under TCG for
 # the generator to be initialized (tools/vmphases: ready at 2.6 s, 1.35 s
 # with it). IPv6 is off (ipv6.disable=1): VMs have IPv4 only
-# (docs/networking.md, "IPv6"), and its initialization cost about 0.2 s of
-# qemu's CPU per boot under TCG (docs/benchmarks-notes.md).
+# (docs/networking.md, "IPv6"; the ports drop a VM's IPv6), and the guest
+# skips its initialization (docs/benchmarks-notes.md).
 cmdline="console=ttyS0 quiet random.trust_cpu=on ipv6.disable=1"
 # The Debian kernel's (disk images): crypto self-tests and two slow
 # initcalls this image does not use are skipped (about 0.4 s of a boot
