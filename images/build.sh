@@ -200,8 +200,10 @@ mv "$work/initramfs.cpio" "$out/minimal/initramfs.cpio"
 # as Debian's kernel does by default (CONFIG_RANDOM_TRUST_CPU): without it
 # compute-guest's first getrandom waited about 1 s of a boot under TCG for
 # the generator to be initialized (tools/vmphases: ready at 2.6 s, 1.35 s
-# with it).
-cmdline="console=ttyS0 quiet random.trust_cpu=on"
+# with it). IPv6 is off (ipv6.disable=1): VMs have IPv4 only
+# (docs/networking.md, "IPv6"; the ports drop a VM's IPv6), and the guest
+# skips its initialization (docs/benchmarks-notes.md).
+cmdline="console=ttyS0 quiet random.trust_cpu=on ipv6.disable=1"
 # The Debian kernel's (disk images): crypto self-tests and two slow
 # initcalls this image does not use are skipped (about 0.4 s of a boot
 # under emulation).

@@ -7,6 +7,8 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"net"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,4 +175,10 @@ func TestParseUserKey(t *testing.T) {
 	assert.True(t, sshca.ValidAccount("deploy-1"))
 	assert.False(t, sshca.ValidAccount("Root"))
 	assert.False(t, sshca.ValidAccount("a@b"))
+	// The hand-written check is the expression ^[a-z_][a-z0-9_-]{0,31}$.
+	re := regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+	for _, a := range []string{"", "_", "a", "_x-1", "1a", "-a", "a-", "a_b9", "aB", "a b", "é",
+		strings.Repeat("a", 32), strings.Repeat("a", 33), "a" + strings.Repeat("-", 31), "a\n"} {
+		assert.Equal(t, re.MatchString(a), sshca.ValidAccount(a), "%q", a)
+	}
 }

@@ -31,16 +31,27 @@ func main() {
 	runs := flag.Int("runs", 5, "boots")
 	restores := flag.Int("restores", 5, "restores of each kind")
 	extra := flag.String("cmdline", "", "appended to the image's kernel command line")
+	keep := flag.Bool("keep", false, "keep the VMs' directories (console.log of each boot) and print where")
+	binary := flag.String("qemu", qemu.Binary, "the qemu binary (a wrapper script, for an A/B of qemu's flags)")
+	vcpu := flag.Int("vcpu", 1, "vCPUs of each VM")
+	idle := flag.Duration("idle", 0, "after each boot's first answer, leave the guest idle this long and print qemu's CPU time meanwhile")
+	execute := flag.String("exec", "", "after each boot's first answer, run this shell command in the guest and print its output and time (e.g. to check the guest's timers)")
 	flag.Parse()
+	qemu.Binary = *binary
 	ctx := context.Background()
 	im, err := (&images.Dir{Path: *dirImages}).Get(ctx, "computeplane/minimal")
 	must(err)
 	work, err := os.MkdirTemp("", "vmph")
 	must(err)
-	defer os.RemoveAll(work)
+	if *keep {
+		fmt.Println("work directory:", work)
+	} else {
+		defer os.RemoveAll(work)
+	}
 	cfg := func(id string) *qemu.Config {
 		c := benchkit.RuntimeMachine(id, filepath.Join(work, id), im, *extra)
 		c.MemoryFile = filepath.Join(work, id+".mem")
+		c.VCPU = *vcpu
 		return c
 	}
 	var boot [4][]float64 // qmp, channel, ready, cpu
@@ -62,12 +73,28 @@ func main() {
 		tr := time.Since(t0)
 		cpu := cpuOf(v.Pid)
 		fmt.Printf("boot %d: qmp %v channel %v ready %v qemu-cpu %.2fs | %s\n", i, ms(tq), ms(tc), ms(tr), cpu, readyLine(c))
+		if *execute != "" {
+			t1 := time.Now()
+			ectx, cancel := context.WithTimeout(ctx, 120*time.Second)
+			r, err := g.Call(ectx, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", *execute}}})
+			cancel()
+			must(err)
+			fmt.Printf("boot %d: exec %v: %+v\n", i, ms(time.Since(t1)), r.Exec)
+		}
+		if *idle > 0 {
+			time.Sleep(*idle)
+			fmt.Printf("boot %d: idle %v qemu-cpu %.3fs\n", i, *idle, cpuOf(v.Pid)-cpu)
+		}
 		boot[0], boot[1], boot[2], boot[3] = append(boot[0], sec(tq)), append(boot[1], sec(tc)), append(boot[2], sec(tr)), append(boot[3], cpu)
-		if i == 0 {
+		if i == 0 && *restores > 0 {
 			snapVM = v
 			continue
 		}
 		_ = v.Kill()
+	}
+	if snapVM == nil {
+		fmt.Printf("cold boot medians: qmp %.3fs channel %.3fs ready %.3fs qemu-cpu %.2fs\n", med(boot[0]), med(boot[1]), med(boot[2]), med(boot[3]))
+		return
 	}
 	// A snapshot of the first VM, as the runtime takes it.
 	snap := filepath.Join(work, "snap")
