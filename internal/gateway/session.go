@@ -48,7 +48,7 @@ type session struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	sentGen  atomic.Int64
-	specMu   sync.Mutex // a spec's send, after the check of sentGen
+	specMu   sync.Mutex   // a spec's send, after the check of sentGen
 	lastSeen atomic.Int64 // unix nanoseconds
 	endOnce  sync.Once
 

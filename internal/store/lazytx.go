@@ -25,14 +25,14 @@ import (
 // writes (its audit row and events, projection and usage rows, the node's
 // spec) then cost no round trip of their own.
 type lazyTx struct {
-	conn       *pgxpool.Conn
-	opts       pgx.TxOptions
-	tx         pgx.Tx             // nil until the first statement
-	later      []*pgx.QueuedQuery // held by Later, sent with the next statement
+	conn  *pgxpool.Conn
+	opts  pgx.TxOptions
+	tx    pgx.Tx             // nil until the first statement
+	later []*pgx.QueuedQuery // held by Later, sent with the next statement
 	// scans read the answers of held writes that return a row (LaterRow).
-	scans map[*pgx.QueuedQuery]func(pgx.Row) error
-	savepoints int                // savepoints begun (their names)
-	committed  bool               // COMMIT went out in a pipeline
+	scans      map[*pgx.QueuedQuery]func(pgx.Row) error
+	savepoints int  // savepoints begun (their names)
+	committed  bool // COMMIT went out in a pipeline
 }
 
 var _ pgx.Tx = (*lazyTx)(nil)
