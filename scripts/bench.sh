@@ -235,7 +235,7 @@ MD
 # off (no in-flight limit, the queue bound at the store's own 2 s), each
 # group on a fresh server; sites.get on the dev cluster, secrets.put on the
 # durable one. Appends to $OUT.
-printf 'admission: {adaptive: true, maxQueueMs: 100, queueTargetMs: 5}\n' >"$work/shed.yaml"
+printf 'admission: {adaptive: true, maxQueueMs: 100}\n' >"$work/shed.yaml"
 printf 'admission: {maxInFlight: 0}\n' >"$work/noshed.yaml"
 rate_of() { python3 -c "print(f'{$1*$2:.0f}')"; }
 load_shed=$(loadavg)
@@ -295,10 +295,9 @@ start, ${SECONDS_PER_RUN} s after a 2 s warm-up) against the peaks above (sites.
 $(printf '%.0f' "$read_peak")/s on the dev cluster, secrets.put $(printf '%.0f' "$put_peak")/s on the durable cluster,
 each found by loadbench's open-loop search on a server without shedding: $(json "$read_search" peakMethod);
 the generator's own CPU per call in that search: sites.get $(json "$read_search" cpuUsPerCall) µs, secrets.put $(json "$put_search" cpuUsPerCall) µs),
-each group on a fresh server. Shedding on is \`admission: {adaptive: true, maxQueueMs: 100, queueTargetMs: 5}\`
+each group on a fresh server. Shedding on is \`admission: {adaptive: true, maxQueueMs: 100}\`
 (an in-flight limit following latency between the pool's size and 4 x the pool, a
-100 ms bound on the pool wait, and the wait before admission checked: a call that
-waited past 100 ms, or past 5 ms once a queue stood for 100 ms, is refused); off is \`admission: {maxInFlight: 0}\` (no limit, the
+100 ms bound on the pool wait); off is \`admission: {maxInFlight: 0}\` (no limit, the
 store's own 2 s wait). Goals: at
 150 % goodput at least 0.9 of the peak and p99 of admitted calls under 4 x its
 half-load value; at half load p99 of a read at most 5 ms and of a mutation at
