@@ -105,7 +105,7 @@ func main() {
 
 Written by `+"`make bench-instances`"+` (tools/instancebench) on %s: computed (every role, the
 gateway included) and one compute-agent with the qemu runtime on this machine, %d instances
-(1 vCPU, 256 MiB, the minimal image: the Debian cloud kernel and an initramfs with
+(1 vCPU, 256 MiB, the minimal image: its own guest kernel (images/kernel) and an initramfs with
 compute-guest) created one after another, each deleted before the next; TCG, not KVM (see
 ../shared/design/TOOLING.md); %d cores, %s. The control plane's share is the create call
 (admission, placement, quota, commit) plus the spec reaching the daemon (its observed
