@@ -405,6 +405,13 @@ func (v *VM) command(cmd string, idempotent bool) (json.RawMessage, error) {
 		return nil, err
 	}
 	defer v.unlockMonitor()
+	return v.exchange(ctx, cmd, idempotent)
+}
+
+// exchange runs one command on the held monitor (the monitor locked),
+// dialling a new connection when none is held, and once more on a new one
+// when an idempotent command failed on a connection held from before.
+func (v *VM) exchange(ctx context.Context, cmd string, idempotent bool) (json.RawMessage, error) {
 	for attempt := 0; ; attempt++ {
 		q, fresh, err := v.monitor(ctx)
 		if err != nil {
@@ -668,9 +675,11 @@ func (v *VM) SaveState(ctx context.Context, file string) error {
 
 // Restore loads the state file named by Config.Incoming into a VM
 // started with -incoming defer (Start) and lets it run, or lets a
-// prestarted one (its state loaded) run; the sequence goes on the VM's
-// held QMP connection, which stays the VM's.
-func (v *VM) Restore(ctx context.Context) (err error) {
+// prestarted one (its state loaded) run. The load goes on the connection
+// the VM was started with (getfd names the state's descriptor on it);
+// what follows it on the VM's held connection, or on a new one when that
+// broke while a prestarted VM waited in its pool.
+func (v *VM) Restore(ctx context.Context) error {
 	if err := v.lockMonitor(ctx); err != nil {
 		return err
 	}
@@ -682,22 +691,20 @@ func (v *VM) Restore(ctx context.Context) (err error) {
 	if !restoring {
 		return errors.New("qemu: no restore is pending on this VM")
 	}
-	if q == nil {
-		return errors.New("qemu: the restore's QMP connection is gone")
-	}
-	defer func() {
-		var qe *qmpError
-		if err != nil && !errors.As(err, &qe) {
-			v.dropMonitor(q)
-		}
-	}()
 	if !v.loaded {
+		if q == nil {
+			return errors.New("qemu: the restore's QMP connection is gone")
+		}
 		if err := v.load(ctx, q); err != nil {
+			var qe *qmpError
+			if !errors.As(err, &qe) {
+				v.dropMonitor(q)
+			}
 			return err
 		}
 	}
 	for {
-		out, err := q.run(ctx, `{"execute":"query-status"}`, nil)
+		out, err := v.exchange(ctx, `{"execute":"query-status"}`, true)
 		if err != nil {
 			return err
 		}
@@ -710,7 +717,8 @@ func (v *VM) Restore(ctx context.Context) (err error) {
 			v.StartPhases.Running = time.Since(v.startedAt)
 			return nil
 		case "paused", "postmigrate", "prelaunch":
-			_, err := q.run(ctx, `{"execute":"cont"}`, nil)
+			// cont is idempotent: a running VM answers it too.
+			_, err := v.exchange(ctx, `{"execute":"cont"}`, true)
 			v.StartPhases.Running = time.Since(v.startedAt)
 			return err
 		}
