@@ -150,6 +150,14 @@ func LaterRow(ctx context.Context, tx pgx.Tx, scan func(pgx.Row) error, sql stri
 	return nil
 }
 
+// Outermost reports whether tx is a store transaction itself, not a
+// savepoint in one: what a savepoint's rollback undoes, a value handed on
+// after the commit (notify.OfferLater) would not.
+func Outermost(tx pgx.Tx) bool {
+	_, ok := tx.(*lazyTx)
+	return ok
+}
+
 // Later returns, for db.New, the transaction tx with its Exec held: the
 // write travels in one pipeline with tx's next statement or its COMMIT,
 // and its failure fails that statement (or the commit) instead. Only for
