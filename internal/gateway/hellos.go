@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"expvar"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"computeplane/gen/db"
@@ -300,8 +302,18 @@ func (b *helloBatcher) exec(batch []*openReq) {
 	statHelloBatches.Add(1)
 	statHelloTrips.Add(trips.Load())
 	if err != nil {
+		// The database did not answer: every hello of the batch is
+		// refused with a retry delay. It answered with an error (a
+		// value of one hello's it cannot hold): each hello takes
+		// openRow's transaction, so that one hello never fails the
+		// others of its batch, on every retry.
+		slow := !store.Unavailable(err)
 		for _, r := range batch {
-			r.done <- openRes{err: err}
+			if slow {
+				r.done <- openRes{slow: true}
+			} else {
+				r.done <- openRes{err: err}
+			}
 		}
 		return
 	}
@@ -329,4 +341,11 @@ func (e *refusal) Error() string { return e.msg }
 func isRefusal(err error) bool {
 	var r *refusal
 	return errors.As(err, &r)
+}
+
+// isBadValue reports whether the database refused a value of the hello's
+// (a data exception, SQLSTATE class 22): a retry would fail the same way.
+func isBadValue(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }

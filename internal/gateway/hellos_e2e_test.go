@@ -299,3 +299,55 @@ func TestAHelloTheDatabaseStallsIsRefusedUnavailable(t *testing.T) {
 	require.Eventually(t, func() bool { _, gw := w.sessionEpoch(t, n.nodeID); return gw == "" }, 25*time.Second, 50*time.Millisecond)
 	w.session(t, n)
 }
+
+// A hello whose row the database refuses (here an inventory PostgreSQL's
+// jsonb cannot hold: a NUL in a string) fails alone: the other hellos of
+// its batch open their sessions. Not parallel: it reads the process's
+// counters.
+func TestAHelloTheDatabaseRefusesFailsAlone(t *testing.T) {
+	w := setup(t)
+	const nodes = 4
+	var ns []joined
+	for range nodes {
+		n := w.newNode(t)
+		w.session(t, n).CloseNow() // joining -> ready
+		ns = append(ns, n)
+	}
+	require.Eventually(t, func() bool { return w.gw.Sessions() == 0 }, 10*time.Second, 20*time.Millisecond)
+
+	conns := make([]*websocket.Conn, nodes)
+	for i, n := range ns {
+		conn, err := w.dial(t.Context(), n.cert, n.key)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.CloseNow() })
+		conns[i] = conn
+	}
+	batches0 := gatewayStat("helloBatches")
+	replies := make([]agentproto.Message, nodes)
+	errs := make([]error, nodes)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range ns {
+		wg.Go(func() {
+			h := hello(ns[i].nodeID, 0)
+			if i == 0 {
+				h.Hello.Inventory.Hostname = "bad\x00host"
+			}
+			<-start
+			send(t, conns[i], h)
+			replies[i], errs[i] = recv(t.Context(), conns[i])
+		})
+	}
+	close(start)
+	wg.Wait()
+	assert.Positive(t, gatewayStat("helloBatches")-batches0, "the hellos went through a batch")
+	for i := range ns {
+		require.NoError(t, errs[i], "node %d", i)
+		if i == 0 {
+			require.Equal(t, agentproto.TypeError, replies[i].Type, "the refused hello: %+v", replies[i])
+			assert.Equal(t, "INVALID_INPUT", replies[i].Error.Code, "a retry would fail the same way: %+v", replies[i].Error)
+			continue
+		}
+		assert.Equal(t, agentproto.TypeWelcome, replies[i].Type, "node %d, in a batch with the refused hello: %+v", i, replies[i].Error)
+	}
+}

@@ -263,9 +263,12 @@ func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate
 	cancel()
 	if err != nil {
 		g.o.Log.Info("session refused", "node", node, "error", err.Error())
-		if isRefusal(err) {
+		switch {
+		case isRefusal(err):
 			reject(conn, "INVALID_STATE", err.Error())
-		} else {
+		case isBadValue(err):
+			reject(conn, "INVALID_INPUT", "the hello cannot be stored: "+err.Error())
+		default:
 			// The database did not answer in time: the daemon retries.
 			rejectUnavailable(conn, "the gateway's database did not answer: "+err.Error())
 		}
