@@ -21,7 +21,7 @@ import (
 // the trust domain and node id, and the revocation set.
 
 // chainCacheSize bounds the verified chains remembered: above it, an
-// arbitrary entry goes. An entry is 40 bytes (key and expiry), about 60
+// arbitrary entry goes. An entry is 40 bytes (key and expiry), about 75
 // with the map's own.
 const chainCacheSize = 1 << 15
 
