@@ -147,7 +147,7 @@ foreign-clients: ## Generate and compile an oapi-codegen Go client and openapi-t
 	scripts/foreign-clients.sh
 
 .PHONY: bench-sessions
-bench-sessions: $(SECRET_FILE) ## Gateway benchmark: 10,000 daemon sessions, memory per session, reconnect time, 3 runs (writes docs/benchmarks.md)
+bench-sessions: $(SECRET_FILE) ## Gateway benchmark: 10,000 daemon sessions, memory per session, reconnect time and the gateway's CPU per session, 3 runs, the gateway and the load tool pinned to separate cores (writes docs/benchmarks.md)
 	@$(SERVICE_ENV); ulimit -n "$$(ulimit -Hn)"; go run ./tools/sessionload -n $${SESSIONS:-10000} -runs $${ROUNDS:-3}
 
 .PHONY: bench-instances

@@ -90,6 +90,7 @@ type Gateway struct {
 	roots  *reloading[*x509.CertPool]
 	cert   *reloading[*tls.Certificate]
 	revoke revocationSet
+	chains *chainCache // client chains that verified (chaincache.go)
 
 	mu       sync.Mutex
 	sessions map[string]*session // by node id
@@ -147,7 +148,7 @@ func New(o Options) (*Gateway, error) {
 	if b.TrustDomain == "" {
 		return nil, &config.Error{Option: "pki", Message: "the gateway role needs a trust domain"}
 	}
-	g := &Gateway{o: o, id: ids.New("gw"), bundle: b, sessions: map[string]*session{}}
+	g := &Gateway{o: o, id: ids.New("gw"), bundle: b, sessions: map[string]*session{}, chains: newChainCache(chainCacheSize)}
 	g.hellos = newHelloBatcher(g)
 	if !o.NodeCARoots.IsZero() {
 		g.roots, err = newReloading("node CA roots", rootsReader(o.NodeCARoots), o.Now, o.Log)
@@ -292,11 +293,28 @@ func (g *Gateway) verifyCerts(certs []*x509.Certificate) (string, error) {
 	if len(certs) == 0 {
 		return "", errors.New("no client certificate")
 	}
-	inter := x509.NewCertPool()
-	for _, c := range certs[1:] {
-		inter.AddCert(c)
+	roots, now := g.roots.get(), g.o.Now()
+	key := chainKeyOf(certs)
+	var node string
+	var err error
+	if g.chains.verified(key, roots, now) {
+		// The same certificates verified against these roots before and
+		// are within their validity: only the checks that do not follow
+		// from the bytes run again.
+		statChainsCached.Add(1)
+		node, err = pki.NodeOf(certs[0], g.bundle.TrustDomain)
+	} else {
+		statChainsVerified.Add(1)
+		inter := x509.NewCertPool()
+		for _, c := range certs[1:] {
+			inter.AddCert(c)
+		}
+		var chain []*x509.Certificate
+		node, chain, err = pki.VerifyNodeChain(certs[0], roots, inter, g.bundle.TrustDomain, now)
+		if err == nil {
+			g.chains.add(key, roots, chain, now)
+		}
 	}
-	node, err := pki.VerifyNodeCert(certs[0], g.roots.get(), inter, g.bundle.TrustDomain, g.o.Now())
 	if err != nil {
 		return "", err
 	}

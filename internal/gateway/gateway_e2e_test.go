@@ -359,8 +359,16 @@ func TestClientCertificateRefusals(t *testing.T) {
 	}
 
 	// A revoked certificate: the open session is closed at once, a new
-	// one is refused.
+	// one is refused, although the gateway remembers that its chain
+	// verified (chaincache.go); a certificate of another CA for the same
+	// node and key is still refused after that.
 	conn := w.session(t, n)
+	forged, err := w.dial(t.Context(), certFrom(t, other.NodeCA, n.key, uri, now.Add(-time.Hour), now.Add(time.Hour)), n.key)
+	if err == nil {
+		_, _, err = forged.Read(t.Context())
+		_ = forged.CloseNow()
+	}
+	assert.Error(t, err, "another CA, with the node's own chain remembered")
 	require.NoError(t, w.env.Store.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) error {
 		return gateway.Revoke(ctx, tx, gateway.RevokeSerial, pki.SerialHex(n.cert), "test")
 	}))

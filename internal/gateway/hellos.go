@@ -49,6 +49,8 @@ var (
 	statStatusWrites   = new(expvar.Int) // statuses written
 	statStatusSkipped  = new(expvar.Int) // statuses equal to the last written, not written
 	statStatusSkipOpen = new(expvar.Int) // of them, the first of a session (its hash came from the row)
+	statChainsVerified = new(expvar.Int) // client chains verified (x509)
+	statChainsCached   = new(expvar.Int) // client chains found verified before (chaincache.go)
 )
 
 func init() {
@@ -59,6 +61,8 @@ func init() {
 	stats.Set("statusWrites", statStatusWrites)
 	stats.Set("statusSkipped", statStatusSkipped)
 	stats.Set("statusSkippedFirst", statStatusSkipOpen)
+	stats.Set("chainsVerified", statChainsVerified)
+	stats.Set("chainsCached", statChainsCached)
 }
 
 // openReq is one hello waiting for its session row.

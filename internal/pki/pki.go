@@ -564,11 +564,23 @@ func (b *Bundle) CommandKey() ed25519.PublicKey {
 // VerifyNodeCert checks a client certificate against roots (with
 // intermediates) and trustDomain and returns the node id its URI names.
 func VerifyNodeCert(cert *x509.Certificate, roots, intermediates *x509.CertPool, trustDomain string, now time.Time) (string, error) {
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, Intermediates: intermediates, CurrentTime: now,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return "", fmt.Errorf("pki: %w", err)
+	node, _, err := VerifyNodeChain(cert, roots, intermediates, trustDomain, now)
+	return node, err
+}
+
+// VerifyNodeChain is VerifyNodeCert that also returns the chain it
+// verified, leaf to root.
+func VerifyNodeChain(cert *x509.Certificate, roots, intermediates *x509.CertPool, trustDomain string, now time.Time) (string, []*x509.Certificate, error) {
+	chains, err := cert.Verify(x509.VerifyOptions{Roots: roots, Intermediates: intermediates, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	if err != nil {
+		return "", nil, fmt.Errorf("pki: %w", err)
 	}
-	return NodeOf(cert, trustDomain)
+	node, err := NodeOf(cert, trustDomain)
+	if err != nil {
+		return "", nil, err
+	}
+	return node, chains[0], nil
 }
 
 // NodeOf is the node id a (verified) certificate's URI names in

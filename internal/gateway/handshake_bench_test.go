@@ -1,0 +1,128 @@
+package gateway
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"computeplane/internal/pki"
+)
+
+// threadCPU is the calling thread's CPU time: what a handshake costs its
+// side, whatever else the machine runs.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// The pieces of a daemon's handshake on the gateway's side, for choosing
+// what to cut (docs/benchmarks-notes.md): x509's verification of a node
+// certificate, and whole mutual-TLS handshakes (both sides, in process)
+// with each key exchange.
+func BenchmarkNodeCertVerify(b *testing.B) {
+	bundle, err := pki.Generate("test.local")
+	if err != nil {
+		b.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	now := time.Now()
+	cert := benchNodeCert(b, bundle, key, now)
+	roots := x509.NewCertPool()
+	roots.AddCert(bundle.NodeCA.Cert)
+	b.Run("x509", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := pki.VerifyNodeCert(cert, roots, x509.NewCertPool(), "test.local", now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("cached", func(b *testing.B) {
+		c := newChainCache(chainCacheSize)
+		c.add(chainKeyOf([]*x509.Certificate{cert}), roots, []*x509.Certificate{cert}, now)
+		for b.Loop() {
+			if !c.verified(chainKeyOf([]*x509.Certificate{cert}), roots, now) {
+				b.Fatal("not cached")
+			}
+			if _, err := pki.NodeOf(cert, "test.local"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parse", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := x509.ParseCertificate(cert.Raw); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func benchNodeCert(b *testing.B, bundle *pki.Bundle, key *ecdsa.PrivateKey, now time.Time) *x509.Certificate {
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	csr, _ := x509.ParseCertificateRequest(der)
+	cert, err := bundle.IssueNode(csr, "node_1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cert
+}
+
+func BenchmarkMutualHandshake(b *testing.B) {
+	bundle, err := pki.Generate("test.local")
+	if err != nil {
+		b.Fatal(err)
+	}
+	serving, err := bundle.IssueServing([]string{"127.0.0.1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	cert := benchNodeCert(b, bundle, key, time.Now())
+	sroots := x509.NewCertPool()
+	sroots.AddCert(bundle.ServingCA.Cert)
+	for _, kx := range []struct {
+		name   string
+		curves []tls.CurveID
+	}{{"X25519MLKEM768", []tls.CurveID{tls.X25519MLKEM768}}, {"X25519", []tls.CurveID{tls.X25519}}} {
+		b.Run(kx.name, func(b *testing.B) {
+			sc := &tls.Config{MinVersion: tls.VersionTLS13, ClientAuth: tls.RequireAnyClientCert, Certificates: []tls.Certificate{serving},
+				SessionTicketsDisabled: true, CurvePreferences: kx.curves}
+			cc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: sroots, ServerName: "127.0.0.1", CurvePreferences: kx.curves,
+				Certificates: []tls.Certificate{{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}}}
+			var server time.Duration // the server side's CPU, on a thread of its own
+			for b.Loop() {
+				c1, c2 := net.Pipe()
+				done := make(chan error, 1)
+				go func() {
+					runtime.LockOSThread()
+					defer runtime.UnlockOSThread()
+					t0 := threadCPU()
+					err := tls.Server(c2, sc).Handshake()
+					server += threadCPU() - t0
+					done <- err
+				}()
+				if err := tls.Client(c1, cc).Handshake(); err != nil {
+					b.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+				c1.Close()
+				c2.Close()
+			}
+			b.ReportMetric(float64(server.Nanoseconds())/float64(b.N), "server-ns/op")
+		})
+	}
+}
