@@ -41,7 +41,21 @@ type Admission struct {
 	// default: none), GlobalBurst its bucket (default twice the rate).
 	GlobalRate  float64
 	GlobalBurst int
+	// MaxConnections is the most client connections one api process
+	// serves at once (DefaultMaxConnections; 0: no cap). Past it the
+	// listener stops accepting: further connections wait in the kernel's
+	// accept queue, and idle ones are let go (server.ConnLimits).
+	MaxConnections int
 }
+
+// DefaultMaxConnections caps an api process's connections: well above
+// what its calls in flight need, below the descriptors a process usually
+// gets, so that a flood of connections waits in the kernel instead of
+// costing the server an accept, a goroutine and buffers each.
+const DefaultMaxConnections = 10000
+
+// MaxMaxConnections bounds admission.maxConnections.
+const MaxMaxConnections = 1000000
 
 // AdmissionBucket is one tenant's token bucket.
 type AdmissionBucket struct {
@@ -82,6 +96,7 @@ type fileAdmission struct {
 	Tenants          map[string]fileAdmissionBucket `yaml:"tenants"`
 	GlobalRate       *float64                       `yaml:"globalRate"`
 	GlobalBurst      *int                           `yaml:"globalBurst"`
+	MaxConnections   *int                           `yaml:"maxConnections"`
 }
 
 type fileAdmissionBucket struct {
@@ -148,6 +163,13 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 		if a.QueueTarget >= a.QueueInterval {
 			return b.errorf("admission.queueTargetMs", "must be below admission.queueIntervalMs (default %d)", DefaultQueueInterval.Milliseconds())
 		}
+	}
+	a.MaxConnections = DefaultMaxConnections
+	if fa.MaxConnections != nil {
+		if *fa.MaxConnections < 0 || *fa.MaxConnections > MaxMaxConnections {
+			return b.errorf("admission.maxConnections", "must be from 0 to %d (0: no cap)", MaxMaxConnections)
+		}
+		a.MaxConnections = *fa.MaxConnections
 	}
 	var err error
 	if a.TenantRate, a.TenantBurst, err = b.bucket("admission.tenantRate", "admission.tenantBurst", fa.TenantRate, fa.TenantBurst, true); err != nil {
