@@ -42,17 +42,19 @@ type Admission struct {
 	GlobalRate  float64
 	GlobalBurst int
 	// MaxConnections is the most client connections one api process
-	// serves at once (DefaultMaxConnections; 0: no cap). Past it the
-	// listener stops accepting: further connections wait in the kernel's
-	// accept queue, and idle ones are let go (server.ConnLimits).
+	// serves at once (0, the default: no cap). Past it the listener
+	// stops accepting: further connections wait in the kernel's accept
+	// queue, and idle ones are let go (server.ConnLimits).
 	MaxConnections int
 }
 
-// DefaultMaxConnections caps an api process's connections: well above
-// what its calls in flight need, below the descriptors a process usually
-// gets, so that a flood of connections waits in the kernel instead of
-// costing the server an accept, a goroutine and buffers each.
-const DefaultMaxConnections = 10000
+// DefaultMaxConnections is no cap: under an open-loop overload a cap
+// turned refusals into calls waiting for a connection (seconds, and
+// reconnections that cost more than the refusals they replaced;
+// docs/benchmarks-notes.md, "Cheaper refusals and a cap on
+// connections"), and long-lived event streams would hold slots. Set one
+// to keep a flood of connections below the process's descriptors.
+const DefaultMaxConnections = 0
 
 // MaxMaxConnections bounds admission.maxConnections.
 const MaxMaxConnections = 1000000
