@@ -253,9 +253,33 @@ put_search=$(on_gen "$work/loadbench" -url "$api" -token "$cur_token" -tenant be
 stop_server
 read_peak=$(json "$read_search" perSecond)
 put_peak=$(json "$put_search" perSecond)
+# Run-queue wait (/proc/<pid>/task/*/schedstat, second field: ns runnable
+# but not running) of the server and of PostgreSQL during the half-load
+# runs: time the core was given to something else, inside every latency.
+schedwait() { # pids...: total ns waited by their threads
+	local w=0 p t a b c
+	for p in "$@"; do for t in /proc/"$p"/task/*; do
+		read -r a b c <"$t/schedstat" 2>/dev/null || continue
+		w=$((w + b))
+	done; done
+	echo "$w"
+}
+cluster_pids() { # database URL: its postmaster and the postmaster's children
+	local pm
+	pm=$(as_pg head -n1 "$(psql_url "$1" -c 'show data_directory')/postmaster.pid")
+	echo "$pm" $(pgrep -P "$pm")
+}
+waited() { # database URL, command...: runs it, then prints "server_s_per_s postgres_s_per_s" to fd 3
+	local url=$1 s0 p0 t0 s1 p1 t1
+	shift
+	s0=$(schedwait "$server_pid"); p0=$(schedwait $(cluster_pids "$url")); t0=$(date +%s%N)
+	"$@"
+	s1=$(schedwait "$server_pid"); p1=$(schedwait $(cluster_pids "$url")); t1=$(date +%s%N)
+	python3 -c "print(f'{($s1-$s0)/($t1-$t0):.2f} {max(0,$p1-$p0)/($t1-$t0):.2f}')" >&3
+}
 start_server "$db_url" "$work/shed.yaml"
 cur_token=$token
-half_read=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 0.5)")
+half_read=$(waited "$db_url" run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 0.5)" 3>"$work/wait_read")
 over_read_on=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)")
 stop_server
 start_server "$db_url" "$work/noshed.yaml"
@@ -263,7 +287,7 @@ over_read_off=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read
 stop_server
 start_server "$durable_url" "$work/shed.yaml"
 cur_token=$dtoken
-half_put=$(run_open -method secrets.put -rate "$(rate_of "$put_peak" 0.5)")
+half_put=$(waited "$durable_url" run_open -method secrets.put -rate "$(rate_of "$put_peak" 0.5)" 3>"$work/wait_put")
 over_put_on=$(run_open -method secrets.put -rate "$(rate_of "$put_peak" 1.5)")
 stop_server
 start_server "$durable_url" "$work/noshed.yaml"
@@ -315,6 +339,13 @@ $(row "secrets.put at 150 %, shedding on" "$over_put_on")
 $(row "secrets.put at 150 %, shedding off" "$over_put_off")
 | pgbench select-only at sites.get's half-load rate (-R, $pool clients) | $(rate_of "$read_peak" 0.5) | | $half_sel_p50 | $half_sel_p99 | | | |
 | pgbench: secrets.put's statements at its half-load rate (-R, $pool clients) | $(rate_of "$put_peak" 0.5) | | $half_sql_p50 | $half_sql_p99 | | | |
+
+Run-queue wait during the half-load runs (seconds per second, summed over
+threads: time runnable but not running, because the core ran something
+else; /proc/PID/task/*/schedstat): sites.get server $(cut -d' ' -f1 "$work/wait_read"), PostgreSQL
+$(cut -d' ' -f2 "$work/wait_read"); secrets.put server $(cut -d' ' -f1 "$work/wait_put"), PostgreSQL $(cut -d' ' -f2 "$work/wait_put"). On a core of its
+own the server's would be near 0; well above 0.01 the half-load p99 measures
+the machine as much as the server.
 
 | At 150 % | Goodput / peak | p99 / half-load p99 |
 |---|---:|---:|

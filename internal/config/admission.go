@@ -41,7 +41,23 @@ type Admission struct {
 	// default: none), GlobalBurst its bucket (default twice the rate).
 	GlobalRate  float64
 	GlobalBurst int
+	// MaxConnections is the most client connections one api process
+	// serves at once (0, the default: no cap). Past it the listener
+	// stops accepting: further connections wait in the kernel's accept
+	// queue, and idle ones are let go (server.ConnLimits).
+	MaxConnections int
 }
+
+// DefaultMaxConnections is no cap: under an open-loop overload a cap
+// turned refusals into calls waiting for a connection (seconds, and
+// reconnections that cost more than the refusals they replaced;
+// docs/benchmarks-notes.md, "Cheaper refusals and a cap on
+// connections"), and long-lived event streams would hold slots. Set one
+// to keep a flood of connections below the process's descriptors.
+const DefaultMaxConnections = 0
+
+// MaxMaxConnections bounds admission.maxConnections.
+const MaxMaxConnections = 1000000
 
 // AdmissionBucket is one tenant's token bucket.
 type AdmissionBucket struct {
@@ -82,6 +98,7 @@ type fileAdmission struct {
 	Tenants          map[string]fileAdmissionBucket `yaml:"tenants"`
 	GlobalRate       *float64                       `yaml:"globalRate"`
 	GlobalBurst      *int                           `yaml:"globalBurst"`
+	MaxConnections   *int                           `yaml:"maxConnections"`
 }
 
 type fileAdmissionBucket struct {
@@ -148,6 +165,13 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 		if a.QueueTarget >= a.QueueInterval {
 			return b.errorf("admission.queueTargetMs", "must be below admission.queueIntervalMs (default %d)", DefaultQueueInterval.Milliseconds())
 		}
+	}
+	a.MaxConnections = DefaultMaxConnections
+	if fa.MaxConnections != nil {
+		if *fa.MaxConnections < 0 || *fa.MaxConnections > MaxMaxConnections {
+			return b.errorf("admission.maxConnections", "must be from 0 to %d (0: no cap)", MaxMaxConnections)
+		}
+		a.MaxConnections = *fa.MaxConnections
 	}
 	var err error
 	if a.TenantRate, a.TenantBurst, err = b.bucket("admission.tenantRate", "admission.tenantBurst", fa.TenantRate, fa.TenantBurst, true); err != nil {

@@ -64,7 +64,7 @@ func TestDefaults(t *testing.T) {
 			Placer: PlacerInline, MaxBatch: 64, MaxAttempts: 3,
 			RollupEvery: 5 * time.Minute, UsageEvery: 5 * time.Minute, SpotNoticeMs: 120000,
 		},
-		Admission: Admission{MaxInFlight: AutoInFlight, MinInFlight: AutoInFlight, LatencyTolerance: 2},
+		Admission: Admission{MaxInFlight: AutoInFlight, MinInFlight: AutoInFlight, LatencyTolerance: 2, MaxConnections: DefaultMaxConnections},
 		Scheduler: Scheduler{TopN: 5},
 		Clock:     ClockDatabase,
 		Log:       Log{Level: "warn"},
@@ -145,7 +145,7 @@ capacity:
   usageEvery: 10m
   spotNoticeMs: 30000
 shutdown: {unreadyMs: 3000}
-admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, latencyTolerance: 1.5, maxQueueMs: 80, queueTargetMs: 5, queueIntervalMs: 200, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000}
+admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, latencyTolerance: 1.5, maxQueueMs: 80, queueTargetMs: 5, queueIntervalMs: 200, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000, maxConnections: 500}
 scheduler:
   plugins: [gpu-affinity]
   weights: {pack: 1, spread: 0.5}
@@ -232,7 +232,7 @@ func TestFullFile(t *testing.T) {
 		Admission: Admission{MaxInFlight: 48, Adaptive: true, MinInFlight: 12, LatencyTolerance: 1.5, MaxQueue: 80 * time.Millisecond,
 			QueueTarget: 5 * time.Millisecond, QueueInterval: 200 * time.Millisecond,
 			TenantRate: 200, TenantBurst: 400, Tenants: map[string]AdmissionBucket{"bigco": {Rate: 1000, Burst: 2000}, "tiny": {Rate: 1, Burst: 1}},
-			GlobalRate: 5000, GlobalBurst: 10000},
+			GlobalRate: 5000, GlobalBurst: 10000, MaxConnections: 500},
 		Shutdown:  Shutdown{Unready: 3 * time.Second},
 		Scheduler: Scheduler{Plugins: []string{"gpu-affinity"}, Weights: map[string]float64{"pack": 1, "spread": 0.5}, TopN: 3},
 		Clock:     ClockSystem,
@@ -659,6 +659,8 @@ func TestInvalid(t *testing.T) {
 		{"admission queueTargetMs not below the interval", "admission: {queueTargetMs: 100}", nil, "admission.queueTargetMs", "below admission.queueIntervalMs"},
 		{"admission queueIntervalMs without a target", "admission: {queueIntervalMs: 100}", nil, "admission.queueIntervalMs", "needs admission.queueTargetMs"},
 		{"admission queueIntervalMs not above the target", "admission: {queueTargetMs: 10, queueIntervalMs: 10}", nil, "admission.queueIntervalMs", "above admission.queueTargetMs"},
+		{"admission maxConnections negative", "admission: {maxConnections: -1}", nil, "admission.maxConnections", "from 0 to 1000000"},
+		{"admission maxConnections too many", "admission: {maxConnections: 1000001}", nil, "admission.maxConnections", "from 0 to 1000000"},
 		{"admission globalRate negative", "admission: {globalRate: -1}", nil, "admission.globalRate", "at least 0"},
 		{"admission globalBurst without a rate", "admission: {globalBurst: 3}", nil, "admission.globalBurst", "needs admission.globalRate"},
 		{"admission tenant without a rate", "admission: {tenants: {acme: {burst: 3}}}", nil, "admission.tenants.acme.rate", "is required"},

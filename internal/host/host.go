@@ -323,11 +323,13 @@ func (h *Host) Serve(ctx context.Context, ready func() error) error {
 	}
 	// What one connection may hold is bounded whatever the kernel's
 	// buffers do (a client that pipelines and never reads is let go).
-	ln, connState := server.BoundConns(ln, server.ConnLimits{}, nil)
+	// At most admission.maxConnections are served at once: the rest
+	// wait in the kernel's accept queue.
+	bounded, connState := server.BoundConns(ln, server.ConnLimits{MaxConns: h.cfg.Admission.MaxConnections}, nil)
 	// Calls are timed for admission from their arrival on the socket.
-	ln = admission.ArrivalListener(ln)
+	ln = admission.ArrivalListener(bounded)
 	srv := &http.Server{
-		Handler:           h.handler,
+		Handler:           bounded.Handler(h.handler),
 		ConnState:         connState,
 		ConnContext:       admission.ArrivalContext,
 		ReadHeaderTimeout: 10 * time.Second,

@@ -7,6 +7,7 @@ package host_test
 // opens no listener.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -347,4 +348,47 @@ func (s *slowSystem) Version(ctx context.Context, in *api.SystemVersionInput) (*
 		return nil, ctx.Err()
 	}
 	return s.SystemService.Version(ctx, in)
+}
+
+// With admission.maxConnections, the api serves that many connections at
+// once: two clients holding idle keep-alive connections at a cap of 2 do
+// not keep a third out (the idle ones are let go for it), and shutdown
+// does not wait on the cap.
+func TestServeCapsConnections(t *testing.T) {
+	t.Parallel()
+	s := serve(t, "api", host.Overrides{}, "SERVICE_CONFIG", testenv.ConfigFile(t, "admission: {maxConnections: 2}\n"))
+	s.waitReady(t) // its connection closed by its client: the slot is free again
+	call := func(c net.Conn, br *bufio.Reader) *http.Response {
+		t.Helper()
+		_, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp
+	}
+	var held []net.Conn
+	for range 2 {
+		c, err := net.DialTimeout("tcp", s.addr, time.Second)
+		require.NoError(t, err)
+		defer c.Close()
+		require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+		require.Equal(t, http.StatusOK, call(c, bufio.NewReader(c)).StatusCode)
+		held = append(held, c)
+	}
+	c, err := net.DialTimeout("tcp", s.addr, time.Second)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	require.Equal(t, http.StatusOK, call(c, bufio.NewReader(c)).StatusCode, "the third client is served")
+	// The idle ones were let go for it.
+	for _, h := range held {
+		require.NoError(t, h.SetReadDeadline(time.Now().Add(3*time.Second)))
+		_, err := h.Read(make([]byte, 1))
+		require.ErrorIs(t, err, io.EOF, "closed by the server, not timed out")
+	}
+	took, err := s.stop(t)
+	require.NoError(t, err)
+	assert.Less(t, took, specGrace)
 }
