@@ -107,19 +107,24 @@ SPICEDB ?= github.com/authzed/spicedb/cmd/spicedb@v1.56.2
 .PHONY: tools
 tools: .service/bin/versitygw .service/bin/spicedb .service/bin/oidcprovider ## Build the servers tests run (versitygw, the S3 server; spicedb; an OIDC provider) into .service/bin
 
+# TOOLS_CACHE (unset by default; .ci/run sets ~/.cache/computeplane/tools)
+# keeps each built server outside the checkout by what it is built from
+# (scripts/tool-cache.sh), so a machine that keeps it builds each once.
 .service/bin/versitygw:
-	@mkdir -p $(@D)
-	GOBIN="$(CURDIR)/$(@D)" go install $(VERSITYGW)
+	scripts/tool-cache.sh $@ $(VERSITYGW) -- env GOBIN="$(CURDIR)/$(@D)" go install $(VERSITYGW)
 
 .service/bin/spicedb:
-	@mkdir -p $(@D)
-	GOBIN="$(CURDIR)/$(@D)" go install $(SPICEDB)
+	scripts/tool-cache.sh $@ $(SPICEDB) -- env GOBIN="$(CURDIR)/$(@D)" go install $(SPICEDB)
 
 # oidcprovider, an OpenID Connect provider on github.com/zitadel/oidc/v3's op
-# package (tools/oidcprovider, a module of its own).
-.service/bin/oidcprovider: tools/oidcprovider/main.go tools/oidcprovider/go.mod
-	@mkdir -p $(@D)
-	cd tools/oidcprovider && go build -o "$(CURDIR)/$@" .
+# package (tools/oidcprovider, a module of its own). Its key is the hash
+# internal/iam/oidc/oidctest computes of its sources, written beside it as
+# the tests do, so that they take this binary rather than build it again.
+OIDCPROVIDER_SRC := tools/oidcprovider/main.go tools/oidcprovider/go.mod tools/oidcprovider/go.sum
+.service/bin/oidcprovider: $(OIDCPROVIDER_SRC)
+	@key="$$(for f in $(OIDCPROVIDER_SRC); do printf '%s %d\n' "$${f##*/}" "$$(stat -c %s "$$f")"; cat "$$f"; done | sha256sum | cut -d' ' -f1)"; \
+		scripts/tool-cache.sh $@ "$$key" -- go -C tools/oidcprovider build -o "$(CURDIR)/$@" . && \
+		printf '%s' "$$key" >$(@D)/.oidcprovider.sources
 
 .PHONY: test
 # Tests that run real processes and VMs (and the kill test, which measures
