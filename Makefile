@@ -107,35 +107,49 @@ SPICEDB ?= github.com/authzed/spicedb/cmd/spicedb@v1.56.2
 .PHONY: tools
 tools: .service/bin/versitygw .service/bin/spicedb .service/bin/oidcprovider ## Build the servers tests run (versitygw, the S3 server; spicedb; an OIDC provider) into .service/bin
 
+# TOOLS_CACHE (unset by default; .ci/run sets ~/.cache/computeplane/tools)
+# keeps each built server outside the checkout by what it is built from
+# (scripts/tool-cache.sh), so a machine that keeps it builds each once.
 .service/bin/versitygw:
-	@mkdir -p $(@D)
-	GOBIN="$(CURDIR)/$(@D)" go install $(VERSITYGW)
+	scripts/tool-cache.sh $@ $(VERSITYGW) -- env GOBIN="$(CURDIR)/$(@D)" go install $(VERSITYGW)
 
 .service/bin/spicedb:
-	@mkdir -p $(@D)
-	GOBIN="$(CURDIR)/$(@D)" go install $(SPICEDB)
+	scripts/tool-cache.sh $@ $(SPICEDB) -- env GOBIN="$(CURDIR)/$(@D)" go install $(SPICEDB)
 
 # oidcprovider, an OpenID Connect provider on github.com/zitadel/oidc/v3's op
-# package (tools/oidcprovider, a module of its own).
-.service/bin/oidcprovider: tools/oidcprovider/main.go tools/oidcprovider/go.mod
-	@mkdir -p $(@D)
-	cd tools/oidcprovider && go build -o "$(CURDIR)/$@" .
+# package (tools/oidcprovider, a module of its own). Its key is the hash
+# internal/iam/oidc/oidctest computes of its sources, written beside it as
+# the tests do, so that they take this binary rather than build it again.
+OIDCPROVIDER_SRC := tools/oidcprovider/main.go tools/oidcprovider/go.mod tools/oidcprovider/go.sum
+.service/bin/oidcprovider: $(OIDCPROVIDER_SRC)
+	@key="$$(for f in $(OIDCPROVIDER_SRC); do printf '%s %d\n' "$${f##*/}" "$$(stat -c %s "$$f")"; cat "$$f"; done | sha256sum | cut -d' ' -f1)"; \
+		scripts/tool-cache.sh $@ "$$key" -- go -C tools/oidcprovider build -o "$(CURDIR)/$@" . && \
+		printf '%s' "$$key" >$(@D)/.oidcprovider.sources
 
 .PHONY: test
 # Tests that run real processes and VMs (and the kill test, which measures
-# against deadlines) run one package at a time after the others: on a
-# 2-core machine their CPU load would otherwise share the clock of every
-# timing-sensitive test. Their timeout is 30 minutes a package, not go
-# test's 10: a VM package takes 2 to 4 minutes on a quiet 2-core machine
-# and more than 10 on a loaded one.
+# against deadlines) run after the others: on a 2-core machine their CPU
+# load would otherwise share the clock of every timing-sensitive test.
+# Their timeout is 30 minutes a package, not go test's 10: a VM package
+# takes 2 to 4 minutes on a quiet 2-core machine and more than 10 on a
+# loaded one.
 PROCESS_TESTS = ./internal/killtest ./internal/join ./internal/agent/telemetry ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob ./internal/downloads ./internal/deploytest ./internal/plugins ./internal/iam
+# Of those, the ones that boot no VM, make no network namespace, bind no
+# fixed port, assert no wall-clock bound and compute little (they wait on
+# PostgreSQL and on their child processes) run two at a time (-p 2) before
+# the others. The VM packages, the kill test and iam (its SpiceDB servers
+# keep both cores busy: docs/benchmarks-notes.md, "CI wall time") stay one
+# at a time.
+PARALLEL_PROCESS_TESTS = ./internal/join ./internal/blob ./internal/downloads ./internal/plugins ./internal/gateway ./internal/deploytest
+SERIAL_PROCESS_TESTS = $(filter-out $(PARALLEL_PROCESS_TESTS),$(PROCESS_TESTS))
 
 # The guest image (and its kernel, from an empty cache) is built before
 # go test, outside any package's timeout, as the tests would build it.
 test: $(SECRET_FILE) ## Run every test against the dev cluster, then fuzz-short
 	go run ./tools/guestimage
 	@$(SERVICE_ENV); go test -count=1 $$(go list ./... | grep -v -F -x $(foreach p,$(PROCESS_TESTS),-e computeplane/$(patsubst ./%,%,$(p)))) && \
-		go test -count=1 -p 1 -timeout 30m $(PROCESS_TESTS)
+		go test -count=1 -p 2 -timeout 30m $(PARALLEL_PROCESS_TESTS) && \
+		go test -count=1 -p 1 -timeout 30m $(SERIAL_PROCESS_TESTS)
 	@$(MAKE) fuzz-short
 
 .PHONY: fuzz-short

@@ -5,10 +5,14 @@ package proctest
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,7 +23,8 @@ import (
 )
 
 // Build compiles pkg (an import path such as computeplane/cmd/computed)
-// into a temporary directory and returns the binary's path.
+// and returns the path of the binary, in a temporary directory of the
+// test's own.
 func Build(t testing.TB, pkg string) string {
 	t.Helper()
 	return BuildVersion(t, pkg, "")
@@ -27,17 +32,116 @@ func Build(t testing.TB, pkg string) string {
 
 // BuildVersion is Build with the release version stamped as make release
 // stamps it (internal/buildinfo); "" stamps none.
+//
+// Each package and version is built once per test process (go build links
+// again every time: about 9 CPU seconds for computed, 4 for the agent, on
+// every fleet a test started) and each call gets its own hard link to
+// that binary: a test that replaces its binary (an upgrade renames over
+// it) changes no other test's.
 func BuildVersion(t testing.TB, pkg, version string) string {
 	t.Helper()
+	built, err := builds.get(pkg, version)
+	require.NoError(t, err)
 	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
-	args := []string{"build", "-o", bin}
-	if version != "" {
-		args = append(args, "-ldflags", "-X computeplane/internal/buildinfo.version="+version)
+	if err := os.Link(built, bin); err != nil {
+		require.NoError(t, copyFile(built, bin), "copy %s", built)
 	}
-	cmd := exec.Command("go", append(args, pkg)...)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build %s: %s", pkg, out)
 	return bin
+}
+
+// builds holds the binaries this process built, in a directory named
+// after its pid under the system's temporary directory; a later process
+// removes those of processes that are gone (qemutest.Run removes its own).
+var builds = &buildCache{byKey: map[string]*build{}}
+
+type buildCache struct {
+	mu    sync.Mutex
+	dir   string
+	byKey map[string]*build
+}
+
+type build struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+const buildDirPrefix = "proctest-bin-"
+
+func (c *buildCache) get(pkg, version string) (string, error) {
+	c.mu.Lock()
+	if c.dir == "" {
+		removeGoneBuildDirs()
+		dir := filepath.Join(os.TempDir(), buildDirPrefix+strconv.Itoa(os.Getpid()))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			c.mu.Unlock()
+			return "", err
+		}
+		c.dir = dir
+	}
+	key := pkg + "@" + version
+	b := c.byKey[key]
+	if b == nil {
+		b = &build{bin: filepath.Join(c.dir, strconv.Itoa(len(c.byKey)), filepath.Base(pkg))}
+		c.byKey[key] = b
+	}
+	c.mu.Unlock()
+	// Tests asking for the same binary at once wait for one build.
+	b.once.Do(func() {
+		args := []string{"build", "-o", b.bin}
+		if version != "" {
+			args = append(args, "-ldflags", "-X computeplane/internal/buildinfo.version="+version)
+		}
+		out, err := exec.Command("go", append(args, pkg)...).CombinedOutput()
+		if err != nil {
+			b.err = fmt.Errorf("go build %s: %w: %s", pkg, err, out)
+		}
+	})
+	return b.bin, b.err
+}
+
+// RemoveBuilds removes the binaries this process built; BuildVersion
+// builds them again after it. For a TestMain, after m.Run.
+func RemoveBuilds() {
+	builds.mu.Lock()
+	defer builds.mu.Unlock()
+	if builds.dir != "" {
+		_ = os.RemoveAll(builds.dir)
+		builds.dir = ""
+		builds.byKey = map[string]*build{}
+	}
+}
+
+// removeGoneBuildDirs removes the build directories of test processes that
+// are no longer running (killed, or ended without RemoveBuilds).
+func removeGoneBuildDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), buildDirPrefix+"*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), buildDirPrefix))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			_ = os.RemoveAll(d)
+		}
+	}
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // ChildEnv is the test's environment without the service's variables,

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"computeplane/internal/images"
+	"computeplane/internal/proctest"
 	"computeplane/internal/qemu/vmowner"
 )
 
@@ -170,6 +171,7 @@ func Main(m *testing.M) { os.Exit(Run(m)) }
 func Run(m *testing.M) int {
 	token := vmowner.Mark()
 	code := m.Run()
+	proctest.RemoveBuilds()
 	// A deleted VM is removed in the background: give it a moment.
 	if left := vmowner.WaitGone(token, 15*time.Second); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "qemutest: %d qemu process(es) of this package's tests still running after them (killed now):\n  %s\n",
