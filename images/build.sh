@@ -44,6 +44,7 @@ command -v qemu-img >/dev/null || need+=(qemu-utils)
 command -v xz >/dev/null || need+=(xz-utils)
 command -v gcc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
+command -v patch >/dev/null || need+=(patch)
 command -v flex >/dev/null || need+=(flex)
 command -v bison >/dev/null || need+=(bison)
 command -v bc >/dev/null || need+=(bc)
@@ -73,12 +74,14 @@ mkdir -p "$out/minimal"
 
 # The guest kernel: Debian's kernel source with images/kernel/guest.config
 # on allnoconfig (everything the guest uses built in, nothing else; no
-# modules), its ELF vmlinux booted by qemu through the PVH entry. Cached by
-# the source package's version and the config.
+# modules), its ELF vmlinux booted by qemu through the PVH entry, with the
+# patches images/kernel/*.patch applied (in name order). Cached by the
+# source package's version, the config and the patches.
 kconfig=images/kernel/guest.config
+kpatches=(images/kernel/*.patch)
 ksrc=/usr/src/linux-source-6.1.tar.xz
 kpkg="linux-source-6.1 $(dpkg-query -W -f='${Version}' linux-source-6.1)"
-kkey="$( (echo "$kpkg"; cat "$kconfig") | sha256sum | cut -c1-16)"
+kkey="$( (echo "$kpkg"; cat "$kconfig" "${kpatches[@]}") | sha256sum | cut -c1-16)"
 kcache="$(realpath -m "${KERNEL_CACHE:-.service/kernel-cache}")/$kkey"
 if [[ ! -f "$kcache/vmlinux" ]]; then
 	echo "images: building the guest kernel ($kpkg, $kconfig) into $kcache" >&2
@@ -88,6 +91,9 @@ if [[ ! -f "$kcache/vmlinux" ]]; then
 	mkdir -p "$kbuild"
 	tar -C "$kbuild" -xJf "$ksrc"
 	ktree="$(echo "$kbuild"/linux-source-*)"
+	for p in "${kpatches[@]}"; do
+		patch -s -p1 -d "$ktree" <"$p"
+	done
 	nice make -C "$ktree" -s allnoconfig KCONFIG_ALLCONFIG="$(realpath "$kconfig")" >"$kbuild/config.log" 2>&1
 	# An option the config names but Kconfig dropped (a dependency
 	# missing from the config) is an error, not a smaller kernel.
@@ -195,15 +201,16 @@ mv "$work/vmlinux" "$out/minimal/vmlinux"
 mv "$work/initramfs.cpio" "$out/minimal/initramfs.cpio"
 
 # The kernel command line of the image's own kernel: the serial console,
-# quiet (printing to a serial port under emulation is slow), and the
-# CPU's random number instruction trusted to seed the kernel's generator,
-# as Debian's kernel does by default (CONFIG_RANDOM_TRUST_CPU): without it
-# compute-guest's first getrandom waited about 1 s of a boot under TCG for
-# the generator to be initialized (tools/vmphases: ready at 2.6 s, 1.35 s
-# with it). IPv6 is off (ipv6.disable=1): VMs have IPv4 only
-# (docs/networking.md, "IPv6"; the ports drop a VM's IPv6), and the guest
-# skips its initialization (docs/benchmarks-notes.md).
-cmdline="console=ttyS0 quiet random.trust_cpu=on ipv6.disable=1"
+# quiet (printing to a serial port under emulation is slow), and the local
+# APIC timer's frequency (lapic_timer_period=, bus clocks per jiffy: the
+# parameter images/kernel/lapic-timer-period.patch adds), which qemu's APIC
+# timer counts at 1 GHz under TCG and KVM alike: the kernel then skips the
+# 100 ms loop that calibrates the timer at every boot (a busy loop under
+# TCG; with the TSC-deadline timer, as on KVM, it is not run anyway). The
+# random number generator trusts the CPU (CONFIG_RANDOM_TRUST_CPU) and IPv6
+# is not built (images/kernel/guest.config): neither needs a word here.
+hz="$(sed -n 's/^CONFIG_HZ=//p' "$kcache/config")"
+cmdline="console=ttyS0 quiet lapic_timer_period=$((1000000000 / hz))"
 # The Debian kernel's (disk images): crypto self-tests and two slow
 # initcalls this image does not use are skipped (about 0.4 s of a boot
 # under emulation).

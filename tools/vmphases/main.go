@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -36,6 +37,8 @@ func main() {
 	vcpu := flag.Int("vcpu", 1, "vCPUs of each VM")
 	idle := flag.Duration("idle", 0, "after each boot's first answer, leave the guest idle this long and print qemu's CPU time meanwhile")
 	execute := flag.String("exec", "", "after each boot's first answer, run this shell command in the guest and print its output and time (e.g. to check the guest's timers)")
+	memory := flag.String("memory", "", "directory of the guest memory files (the runtime's --memory-dir, e.g. /dev/shm); \"anon\": qemu's anonymous memory, as a bare boot; default the work directory")
+	identity := flag.Bool("identity", false, "after each boot's first answer, give the guest an identity and ping it, as the runtime does for a sandbox, and print each call's time")
 	flag.Parse()
 	qemu.Binary = *binary
 	ctx := context.Background()
@@ -48,9 +51,23 @@ func main() {
 	} else {
 		defer os.RemoveAll(work)
 	}
+	memDir := work
+	switch *memory {
+	case "":
+	case "anon":
+		if *restores > 0 {
+			must(errors.New("vmphases: a restore needs a memory file: -memory anon takes -restores 0"))
+		}
+	default:
+		memDir, err = os.MkdirTemp(*memory, "vmph")
+		must(err)
+		defer os.RemoveAll(memDir)
+	}
 	cfg := func(id string) *qemu.Config {
 		c := benchkit.RuntimeMachine(id, filepath.Join(work, id), im, *extra)
-		c.MemoryFile = filepath.Join(work, id+".mem")
+		if *memory != "anon" {
+			c.MemoryFile = filepath.Join(memDir, id+".mem")
+		}
 		c.VCPU = *vcpu
 		return c
 	}
@@ -73,13 +90,26 @@ func main() {
 		tr := time.Since(t0)
 		cpu := cpuOf(v.Pid)
 		fmt.Printf("boot %d: qmp %v channel %v ready %v qemu-cpu %.2fs | %s\n", i, ms(tq), ms(tc), ms(tr), cpu, readyLine(c))
+		if *identity {
+			// The runtime's greet for a sandbox: its identity, then the check.
+			ictx, cancel := context.WithTimeout(ctx, 120*time.Second)
+			t1 := time.Now()
+			_, err := g.Call(ictx, guestproto.Request{Op: guestproto.OpIdentity, Identity: &guestproto.Identity{
+				Hostname: "sbx-bench", MachineID: "0123456789abcdef0123456789abcdef", Env: map[string]string{"A": "b"}}})
+			must(err)
+			ti := time.Since(t1)
+			_, err = g.Call(ictx, guestproto.Request{Op: guestproto.OpPing})
+			cancel()
+			must(err)
+			fmt.Printf("boot %d: identity %v ping %v\n", i, ms(ti), ms(time.Since(t1)-ti))
+		}
 		if *execute != "" {
 			t1 := time.Now()
 			ectx, cancel := context.WithTimeout(ctx, 120*time.Second)
 			r, err := g.Call(ectx, guestproto.Request{Op: guestproto.OpExec, Exec: &guestproto.Exec{Argv: []string{"/bin/sh", "-c", *execute}}})
 			cancel()
 			must(err)
-			fmt.Printf("boot %d: exec %v: %+v\n", i, ms(time.Since(t1)), r.Exec)
+			fmt.Printf("boot %d: exec %v: exit %d\n%s%s", i, ms(time.Since(t1)), r.Exec.ExitCode, r.Exec.Stdout, r.Exec.Stderr)
 		}
 		if *idle > 0 {
 			time.Sleep(*idle)
@@ -91,6 +121,9 @@ func main() {
 			continue
 		}
 		_ = v.Kill()
+		if c.MemoryFile != "" {
+			_ = os.Remove(c.MemoryFile) // (a tmpfs's memory)
+		}
 	}
 	if snapVM == nil {
 		fmt.Printf("cold boot medians: qmp %.3fs channel %.3fs ready %.3fs qemu-cpu %.2fs\n", med(boot[0]), med(boot[1]), med(boot[2]), med(boot[3]))

@@ -57,6 +57,25 @@ func TestDesiredRunningFromNothingBoots(t *testing.T) {
 	assert.Empty(t, vm.Calls())
 }
 
+func TestASandboxsColdBootIsCheckedByItsIdentitysAnswer(t *testing.T) {
+	l := &fakeLauncher{}
+	r := newRuntime(t, l)
+	sbx := inst("a", StateRunning)
+	sbx.Identity = &agentproto.SpecIdentity{Generation: 1, Hostname: "sbx-a", MachineID: "m-a"}
+	apply(t, r, sbx)
+	waitState(t, r, "a", StateRunning)
+	assert.Equal(t, []string{guestproto.OpIdentity}, l.vm(t, "a").Requests(),
+		"the identity's answer carries the status a ping would: no second round trip")
+
+	// With a volume mounted after the identity, the check comes after it.
+	l2 := &fakeLauncher{}
+	r2 := newRuntime(t, l2)
+	sbx.Volumes = []agentproto.SpecVolume{{Serial: "v1", MountPath: "/data"}}
+	apply(t, r2, sbx)
+	waitState(t, r2, "a", StateRunning)
+	assert.Equal(t, []string{guestproto.OpIdentity, guestproto.OpMount, guestproto.OpPing}, l2.vm(t, "a").Requests())
+}
+
 func TestDesiredPausedFromNothingBootsAWarmInstanceThenPauses(t *testing.T) {
 	l := &fakeLauncher{}
 	r := newRuntime(t, l)
