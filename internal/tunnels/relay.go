@@ -197,7 +197,9 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				in.Add(int64(len(b) - 1))
 			}
 			if up.WriteFrame(b[0], b[1:]) != nil {
-				lv.end("node")
+				// The node's side closed: the other direction reads
+				// what it sent before (its exit, a refusal) and ends
+				// the tunnel with it.
 				return
 			}
 		}
@@ -234,6 +236,11 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	why := <-reason
 	cancel()
 	exit := exitP.Load()
+	if why == "client" && exit != nil {
+		// The client closed on the exit frame before this relay ended
+		// the tunnel for it: the program's end came first.
+		why = "exited"
+	}
 	var code *int32
 	switch {
 	case why == "exited" && (exit == nil || exit.Error != ""):
