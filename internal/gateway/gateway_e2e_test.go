@@ -19,7 +19,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"net/http"
 	"net/url"
 	"path/filepath"
@@ -131,22 +130,6 @@ func (w *world) newNode(t *testing.T) joined {
 	cert, err := x509.ParseCertificate(resp.Certificate)
 	require.NoError(t, err)
 	return joined{nodeID: resp.NodeID, key: key, cert: cert, resp: resp}
-}
-
-// certFrom signs a node certificate for key with ca, for uri, valid in
-// [from, until).
-func certFrom(t *testing.T, ca pki.CA, key *ecdsa.PrivateKey, uri string, from, until time.Time) *x509.Certificate {
-	t.Helper()
-	u, err := url.Parse(uri)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "forged"},
-		NotBefore: from, NotAfter: until, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, URIs: []*url.URL{u}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
-	require.NoError(t, err)
-	c, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	return c
 }
 
 // dial opens an mTLS session with cert and sends a hello for node.
@@ -344,9 +327,9 @@ func TestClientCertificateRefusals(t *testing.T) {
 	other, err := pki.Generate("test.local")
 	require.NoError(t, err)
 	for name, cert := range map[string]*x509.Certificate{
-		"another CA":           certFrom(t, other.NodeCA, n.key, uri, now.Add(-time.Hour), now.Add(time.Hour)),
-		"expired":              certFrom(t, w.bundle.NodeCA, n.key, uri, now.Add(-2*time.Hour), now.Add(-time.Hour)),
-		"another trust domain": certFrom(t, w.bundle.NodeCA, n.key, "spiffe://other.local/node/"+n.nodeID, now.Add(-time.Hour), now.Add(time.Hour)),
+		"another CA":           gateway.CertFrom(t, other.NodeCA, n.key, uri, now.Add(-time.Hour), now.Add(time.Hour)),
+		"expired":              gateway.CertFrom(t, w.bundle.NodeCA, n.key, uri, now.Add(-2*time.Hour), now.Add(-time.Hour)),
+		"another trust domain": gateway.CertFrom(t, w.bundle.NodeCA, n.key, "spiffe://other.local/node/"+n.nodeID, now.Add(-time.Hour), now.Add(time.Hour)),
 	} {
 		conn, err := w.dial(t.Context(), cert, n.key)
 		if err == nil {
@@ -363,7 +346,7 @@ func TestClientCertificateRefusals(t *testing.T) {
 	// verified (chaincache.go); a certificate of another CA for the same
 	// node and key is still refused after that.
 	conn := w.session(t, n)
-	forged, err := w.dial(t.Context(), certFrom(t, other.NodeCA, n.key, uri, now.Add(-time.Hour), now.Add(time.Hour)), n.key)
+	forged, err := w.dial(t.Context(), gateway.CertFrom(t, other.NodeCA, n.key, uri, now.Add(-time.Hour), now.Add(time.Hour)), n.key)
 	if err == nil {
 		_, _, err = forged.Read(t.Context())
 		_ = forged.CloseNow()
@@ -558,7 +541,7 @@ func TestInternalControlAPI(t *testing.T) {
 	// No certificate, a node's, the internal CA of another deployment:
 	// refused in the handshake.
 	key := newKey(t)
-	nodeCert := certFrom(t, b.NodeCA, key, "spiffe://test.local/node/node_x", time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	nodeCert := gateway.CertFrom(t, b.NodeCA, key, "spiffe://test.local/node/node_x", time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 	other, err := pki.Generate("test.local")
 	require.NoError(t, err)
 	foreign, err := other.IssueInternal("test", nil, false)
