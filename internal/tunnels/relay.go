@@ -234,7 +234,6 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	why := <-reason
-	cancel()
 	exit := exitP.Load()
 	if why == "client" && exit != nil {
 		// The client closed on the exit frame before this relay ended
@@ -262,7 +261,13 @@ func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case why == ReasonRevoked:
 		closeCode = websocket.StatusPolicyViolation
 	}
+	// Close before cancel: coder/websocket drops the connection, with no
+	// close frame, as soon as the context of a pending Read ends, and the
+	// client->node goroutine always has one pending. Close is bounded
+	// (5 s for the frame, 5 s for the answer); a write stuck on a client
+	// that reads nothing holds it up to the first.
 	_ = client.Close(closeCode, truncate(msg, 120))
+	cancel()
 	<-openedDone
 	rl.finish(t, why, in.Load(), out.Load(), code, start)
 }
