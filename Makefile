@@ -133,7 +133,7 @@ OIDCPROVIDER_SRC := tools/oidcprovider/main.go tools/oidcprovider/go.mod tools/o
 # Their timeout is 30 minutes a package, not go test's 10: a VM package
 # takes 2 to 4 minutes on a quiet 2-core machine and more than 10 on a
 # loaded one.
-PROCESS_TESTS = ./internal/killtest ./internal/join ./internal/agent/telemetry ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob ./internal/downloads ./internal/deploytest ./internal/plugins ./internal/iam
+PROCESS_TESTS = ./internal/killtest ./internal/shutdowntest ./internal/join ./internal/agent/telemetry ./cmd/computectl ./cmd/compute-agent ./internal/tunnels ./internal/agent/network ./internal/instances ./internal/reservations ./internal/sandboxvolumes ./internal/sandboxes ./internal/gateway ./internal/qemu ./internal/agent/vmruntime ./internal/workflows ./internal/drivers/qemudriver ./internal/provideraccounts ./internal/supportbundles ./internal/blob ./internal/downloads ./internal/deploytest ./internal/plugins ./internal/iam
 # Of those, the ones that boot no VM, make no network namespace, bind no
 # fixed port, assert no wall-clock bound and compute little (they wait on
 # PostgreSQL and on their child processes) run two at a time (-p 2) before

@@ -208,19 +208,51 @@ func every(ctx context.Context, d time.Duration, fn func()) {
 func (h *Host) Plugins() *plugins.Host { return h.plugins }
 
 // Close stops the plugin processes and releases the store and the
-// background pools.
+// background pools, waiting at most CloseGrace for the pools.
 func (h *Host) Close() {
 	h.plugins.Close()
 	for _, c := range h.closers {
 		c()
 	}
-	closeAll(h.siblings)
-	h.store.Close()
+	within(CloseGrace, h.log, "database pools", func() {
+		closeAll(append([]*store.Store{h.store}, h.siblings...))
+	})
 }
 
-func closeAll(siblings []*store.Store) {
-	for _, p := range siblings {
-		p.Close()
+// CloseGrace bounds the closing of the database pools (and of the
+// notifier's connection) at exit. A pool's Close waits until each of its
+// connections is closed, and pgx closes a connection whose query was
+// interrupted (a call cut short by the shutdown or by its client) by
+// sending PostgreSQL a cancel request and waiting up to 15 s for the
+// answer: with a database that had stopped answering (an overloaded
+// machine, a partition) the process outlived SIGTERM by that much. Past
+// the bound the exit goes on; the kernel closes the sockets, and
+// PostgreSQL ends their sessions as for a killed process.
+const CloseGrace = 2 * time.Second
+
+// closeAll closes the pools at once, each one's wait alongside the others'.
+func closeAll(pools []*store.Store) {
+	var wg sync.WaitGroup
+	for _, p := range pools {
+		wg.Go(p.Close)
+	}
+	wg.Wait()
+}
+
+// within runs fn, waiting at most d for it to return; past d it leaves fn
+// running (the process is exiting) and says so.
+func within(d time.Duration, log *slog.Logger, what string, fn func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		log.Warn("shutdown: stopped waiting", "for", what, "afterMs", d.Milliseconds())
 	}
 }
 
@@ -246,7 +278,7 @@ func (h *Host) Serve(ctx context.Context, ready func() error) error {
 		defer ln.Close()
 	}
 	h.notifier.Start()
-	defer h.notifier.Close()
+	defer within(CloseGrace, h.log, "notifier", h.notifier.Close)
 	if h.cfg.HasRole(config.RoleAPI) {
 		// Identity events (revocations) reach this process's caches
 		// within about a second.
