@@ -106,6 +106,9 @@ type Controller struct {
 	mu      sync.Mutex
 	buckets map[string]*rate.Limiter
 	now     func() time.Time
+
+	refusalsMu sync.RWMutex
+	refusals   map[int64]*api.Error // atLimit's, by limit
 }
 
 // New returns a controller for limits.
@@ -181,7 +184,7 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	n := c.inFlight.Add(1)
 	if limit := c.limit.Load(); limit > 0 && n > limit {
 		c.inFlight.Add(-1)
-		return Ticket{}, limited(InFlightRetryAfter, "the server is at its limit of %d calls in flight; retry later", limit)
+		return Ticket{}, c.atLimit(limit)
 	}
 	t := Ticket{held: true}
 	if c.adapt != nil {
@@ -189,6 +192,49 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	}
 	return t, nil
 }
+
+// Full reports whether a call arriving now would be refused for the
+// in-flight limit, and the refusal it would get, so that it can be
+// answered before anything is done for it (rpc.Handler.RefuseEarly:
+// before routing, the request id's context, the body). Only without the
+// wait check, whose state follows every call's wait: with it, calls go to
+// EnterAt. Full takes no slot; a call it lets through is admitted or
+// refused by EnterAt as before.
+func (c *Controller) Full() (*api.Error, bool) {
+	if c == nil || c.queue != nil {
+		return nil, false
+	}
+	limit := c.limit.Load()
+	if limit <= 0 || c.inFlight.Load() < limit {
+		return nil, false
+	}
+	return c.atLimit(limit), true
+}
+
+// atLimit is the refusal for the in-flight limit limit, built once per
+// limit (the adaptive limit takes a few dozen values): a refusal costs no
+// formatting or allocation. Shared: callers must not modify it.
+func (c *Controller) atLimit(limit int64) *api.Error {
+	c.refusalsMu.RLock()
+	e, ok := c.refusals[limit]
+	c.refusalsMu.RUnlock()
+	if ok {
+		return e
+	}
+	e = limited(InFlightRetryAfter, "the server is at its limit of %d calls in flight; retry later", limit).(*api.Error)
+	c.refusalsMu.Lock()
+	if c.refusals == nil {
+		c.refusals = map[int64]*api.Error{}
+	}
+	if len(c.refusals) < maxRefusals {
+		c.refusals[limit] = e
+	}
+	c.refusalsMu.Unlock()
+	return e
+}
+
+// maxRefusals bounds the refusals kept by limit.
+const maxRefusals = 1024
 
 // queued is the refusal of a call that waited past bound before admission.
 // Its message names the bound only (the refusal's answer is cached by

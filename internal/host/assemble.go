@@ -169,7 +169,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 		// Last: nothing after it can fail and leave processes behind.
 		a.pluginHost.Start()
 	}
-	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, identity: a.identity, draining: a.draining, follow: a.follow, caches: a.cached, watch: watch,
+	return &Host{plugins: a.pluginHost, cfg: cfg, log: log, store: st, handler: handler, admission: envelope.Admission, identity: a.identity, draining: a.draining, follow: a.follow, caches: a.cached, watch: watch,
 		sinks: a.sinkList, dispatch: dispatch,
 		notifier: a.notifier, workers: runner, siblings: a.siblings, closers: a.closers, placer: a.placer, gateway: gwRole, queue: queue, relay: a.relay,
 	}, nil
@@ -546,8 +546,10 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 		opts.Downloads = &downloads.Handler{BasePath: cfg.BasePath, Source: src, Log: log.With("module", "downloads")}
 	}
 	handler := server.New(opts)
-	// Forwarding headers are resolved and stripped before anything else.
-	return iam.WithSourceIP(cfg.TrustedProxies, handler), nil
+	// Forwarding headers are resolved and stripped before anything else
+	// but a call refused for the in-flight limit, which is answered before
+	// any work (its answer uses none of them).
+	return envelope.RefuseEarly(iam.WithSourceIP(cfg.TrustedProxies, handler), opts.IsPreviewHost), nil
 }
 
 // admissionLimits resolves the admission option against the api's pool.

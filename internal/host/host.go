@@ -49,26 +49,28 @@ var workerRoles = []config.Role{config.RoleControllers, config.RoleScheduler, co
 
 // Host is one running process.
 type Host struct {
-	cfg      *config.Config
-	log      *slog.Logger
-	store    *store.Store
-	handler  http.Handler
-	draining *atomic.Bool // /readyz fails while set
-	identity *embedded.Service
-	follow   func(ctx context.Context, in iam.Inbox, every time.Duration, wake <-chan struct{}) // nil with embedded decisions
-	caches   *iam.Cached
-	watch    *events.Watch
-	sinks    []sinks.Sink
-	dispatch *sinks.Dispatcher
-	notifier *notify.Notifier
-	workers  *workers.Runner // nil without a worker role
-	placer   *placement.Engine
-	gateway  *gateway.Gateway // nil without the gateway role
-	queue    *placement.Queue // the pool-lease placer's reconciler, nil without it
-	relay    *tunnels.Relay   // the tunnels relay, nil without the tunnels option
-	siblings []*store.Store   // the connection pools beside the store's, closed with it
-	plugins  *plugins.Host    // the plugin processes, stopped with it
-	closers  []func()         // other connections (an external identity adapter), closed with it
+	cfg     *config.Config
+	log     *slog.Logger
+	store   *store.Store
+	handler http.Handler
+	// admission is the envelope's admission controller (nil: admits all).
+	admission *admission.Controller
+	draining  *atomic.Bool // /readyz fails while set
+	identity  *embedded.Service
+	follow    func(ctx context.Context, in iam.Inbox, every time.Duration, wake <-chan struct{}) // nil with embedded decisions
+	caches    *iam.Cached
+	watch     *events.Watch
+	sinks     []sinks.Sink
+	dispatch  *sinks.Dispatcher
+	notifier  *notify.Notifier
+	workers   *workers.Runner // nil without a worker role
+	placer    *placement.Engine
+	gateway   *gateway.Gateway // nil without the gateway role
+	queue     *placement.Queue // the pool-lease placer's reconciler, nil without it
+	relay     *tunnels.Relay   // the tunnels relay, nil without the tunnels option
+	siblings  []*store.Store   // the connection pools beside the store's, closed with it
+	plugins   *plugins.Host    // the plugin processes, stopped with it
+	closers   []func()         // other connections (an external identity adapter), closed with it
 }
 
 // Options change how a host starts; the zero value runs migrations.
@@ -178,6 +180,10 @@ func (h *Host) FollowIdentity(ctx context.Context, wake <-chan struct{}) {
 // Caches are the identity caches in front of the identity service; their
 // React applies identity events (and closes revoked /watch streams).
 func (h *Host) Caches() *iam.Cached { return h.caches }
+
+// Admission is the api role's admission controller (for tests and
+// benchmarks that need a slot held).
+func (h *Host) Admission() *admission.Controller { return h.admission }
 
 // Handler is the HTTP surface of the api role.
 func (h *Host) Handler() http.Handler { return h.handler }

@@ -58,7 +58,14 @@ type methodSeries struct {
 	ok       lazy[prometheus.Counter]
 	duration lazy[prometheus.Observer]
 	trips    lazy[prometheus.Observer]
+	// The RATE_LIMITED children: under overload most calls are refusals,
+	// and WithLabelValues costs allocations per call.
+	limited       lazy[prometheus.Counter]
+	limitedDenied lazy[prometheus.Counter]
 }
+
+// codeRateLimited is api.CodeRateLimited (not imported here).
+const codeRateLimited = "RATE_LIMITED"
 
 // lazy is a child resolved once.
 type lazy[T any] struct{ p atomic.Pointer[T] }
@@ -169,16 +176,23 @@ func (r *RPC) Observe(method, code string, status int, d time.Duration) {
 		return
 	}
 	s := r.of(method)
-	if code == CodeOK {
+	limited := code == codeRateLimited && status == http.StatusTooManyRequests
+	switch {
+	case code == CodeOK:
 		s.ok.get(func() prometheus.Counter { return r.requests.WithLabelValues(method, CodeOK) }).Inc()
-	} else {
+	case limited:
+		s.limited.get(func() prometheus.Counter { return r.requests.WithLabelValues(method, code) }).Inc()
+	default:
 		r.requests.WithLabelValues(method, code).Inc()
 	}
 	if d < 0 {
 		d = 0
 	}
 	s.duration.get(func() prometheus.Observer { return r.duration.WithLabelValues(method) }).Observe(d.Seconds())
-	if Denied(status) {
+	switch {
+	case limited:
+		s.limitedDenied.get(func() prometheus.Counter { return r.denied.WithLabelValues(method, code) }).Inc()
+	case Denied(status):
 		r.denied.WithLabelValues(method, code).Inc()
 	}
 }

@@ -32,9 +32,9 @@ type sitesGetBench struct {
 	handler http.Handler
 }
 
-func newSitesGetBench(b *testing.B) *sitesGetBench {
+func newSitesGetBench(b testing.TB, opts ...testenv.Option) *sitesGetBench {
 	b.Helper()
-	env := testenv.Start(b, testenv.WithLogLevel(slog.LevelWarn))
+	env := testenv.Start(b, append([]testenv.Option{testenv.WithLogLevel(slog.LevelWarn)}, opts...)...)
 	token := env.Key(b, "acme", "olivia", "owner")
 	c := env.Client(b, computeclient.WithToken(token))
 	res, err := c.SitesCreate(b.Context(), &client.SitesCreateInput{
@@ -75,8 +75,44 @@ func BenchmarkSitesGetHandler(b *testing.B) {
 	require.Equal(b, http.StatusOK, w.status)
 }
 
+// The refused call against the served one (issue 26 item 4): the same
+// sites.get while admission refuses it (the process's one in-flight slot
+// held), answered RATE_LIMITED. Goodput at 150 % of the peak needs a
+// refusal to cost a small fraction of a served call.
+func newRefusedBench(b testing.TB) *sitesGetBench {
+	b.Helper()
+	s := newSitesGetBench(b, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(b, "admission: {maxInFlight: 1}\n")))
+	ticket, err := s.env.Host.Admission().Enter()
+	require.NoError(b, err)
+	b.Cleanup(func() { s.env.Host.Admission().Leave(ticket, nil) })
+	return s
+}
+
+func BenchmarkSitesGetRefusedHandler(b *testing.B) {
+	s := newRefusedBench(b)
+	req := s.request(s.env.Config.BasePath + "/sites/get")
+	body := bytes.NewReader(s.body)
+	w := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		body.Reset(s.body)
+		req.Body = io.NopCloser(body)
+		clear(w.h)
+		w.status = 0
+		s.handler.ServeHTTP(w, req)
+	}
+	require.Equal(b, http.StatusTooManyRequests, w.status)
+}
+
+func BenchmarkSitesGetRefusedHTTP(b *testing.B) {
+	benchHTTP(b, newRefusedBench(b), http.StatusTooManyRequests)
+}
+
 func BenchmarkSitesGetHTTP(b *testing.B) {
-	s := newSitesGetBench(b)
+	benchHTTP(b, newSitesGetBench(b), http.StatusOK)
+}
+
+func benchHTTP(b *testing.B, s *sitesGetBench, want int) {
 	url := s.env.APIURL + "/sites/get"
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	call := func() int {
@@ -88,13 +124,13 @@ func BenchmarkSitesGetHTTP(b *testing.B) {
 		_ = resp.Body.Close()
 		return resp.StatusCode
 	}
-	require.Equal(b, http.StatusOK, call())
+	require.Equal(b, want, call())
 	b.ReportAllocs()
 	b.ResetTimer() // not the env's start
 	b.SetParallelism(4)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if st := call(); st != http.StatusOK {
+			if st := call(); st != want {
 				b.Errorf("status %d", st)
 				return
 			}
