@@ -108,7 +108,7 @@ type Controller struct {
 	now     func() time.Time
 
 	refusalsMu sync.RWMutex
-	refusals   map[int64]*api.Error // atLimit's, by limit
+	refusals   map[refusalKey]*api.Error // see refusal
 }
 
 // New returns a controller for limits.
@@ -177,14 +177,14 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	if c.queue != nil {
 		now := c.now()
 		if bound, ok := c.queue.admit(now, now.Sub(arrived), c.inFlight.Load() > 0); !ok {
-			return Ticket{}, queued(bound)
+			return Ticket{}, c.refusal(refusedWait, bound.Milliseconds())
 		}
 		start = now
 	}
 	n := c.inFlight.Add(1)
 	if limit := c.limit.Load(); limit > 0 && n > limit {
 		c.inFlight.Add(-1)
-		return Ticket{}, c.atLimit(limit)
+		return Ticket{}, c.refusal(refusedInFlight, limit)
 	}
 	t := Ticket{held: true}
 	if c.adapt != nil {
@@ -208,32 +208,49 @@ func (c *Controller) Full() (*api.Error, bool) {
 	if limit <= 0 || c.inFlight.Load() < limit {
 		return nil, false
 	}
-	return c.atLimit(limit), true
+	return c.refusal(refusedInFlight, limit), true
 }
 
-// atLimit is the refusal for the in-flight limit limit, built once per
-// limit (the adaptive limit takes a few dozen values): a refusal costs no
+// Refusals of EnterAt, cached by refusal: the in-flight limit's by the
+// limit, the wait check's by its bound in ms.
+const (
+	refusedInFlight = iota
+	refusedWait
+)
+
+type refusalKey struct {
+	kind int
+	n    int64
+}
+
+// refusal is the refusal of kind for n, built once (the adaptive limit
+// takes a few dozen values, the wait bound two): a refusal costs no
 // formatting or allocation. Shared: callers must not modify it.
-func (c *Controller) atLimit(limit int64) *api.Error {
+func (c *Controller) refusal(kind int, n int64) *api.Error {
+	k := refusalKey{kind, n}
 	c.refusalsMu.RLock()
-	e, ok := c.refusals[limit]
+	e, ok := c.refusals[k]
 	c.refusalsMu.RUnlock()
 	if ok {
 		return e
 	}
-	e = limited(InFlightRetryAfter, "the server is at its limit of %d calls in flight; retry later", limit).(*api.Error)
+	if kind == refusedWait {
+		e = queued(time.Duration(n) * time.Millisecond).(*api.Error)
+	} else {
+		e = limited(InFlightRetryAfter, "the server is at its limit of %d calls in flight; retry later", n).(*api.Error)
+	}
 	c.refusalsMu.Lock()
 	if c.refusals == nil {
-		c.refusals = map[int64]*api.Error{}
+		c.refusals = map[refusalKey]*api.Error{}
 	}
 	if len(c.refusals) < maxRefusals {
-		c.refusals[limit] = e
+		c.refusals[k] = e
 	}
 	c.refusalsMu.Unlock()
 	return e
 }
 
-// maxRefusals bounds the refusals kept by limit.
+// maxRefusals bounds the refusals kept.
 const maxRefusals = 1024
 
 // queued is the refusal of a call that waited past bound before admission.
