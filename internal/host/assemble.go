@@ -89,6 +89,9 @@ type assembly struct {
 	notifier *notify.Notifier
 	// internalAPI calls gateways' internal control API (wakes, tunnels).
 	internalAPI *gateway.InternalClient
+	// gwRole is this process's gateway (nil: it runs none), set once
+	// built, before any call is served.
+	gwRole *gateway.Gateway
 
 	// The groups' services, and those of them jobs and the gateway use.
 	services      *api.Services
@@ -161,6 +164,7 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 	if err != nil {
 		return nil, err
 	}
+	a.gwRole = gwRole
 	handler, err := a.routes(envelope, watch, gwRole)
 	if err != nil {
 		return nil, err
@@ -363,7 +367,11 @@ func (a *assembly) apiRole() (*rpc.Handler, *events.Watch, error) {
 			for _, t := range notifier.WakeUnit(u) {
 				// A gateway with an internal API is woken there too: no
 				// database round trip, and without a notifier at all.
-				if id, ok := strings.CutPrefix(t, "gateway/"); ok && t != gateway.TopicAll {
+				// This process's own gateway was woken (and handed its
+				// spec) by WakeUnit: its internal wake would cost a read
+				// of its URL and a call to itself, and wake it again, on
+				// the 2 cores a claimed VM resumes on.
+				if id, ok := strings.CutPrefix(t, "gateway/"); ok && t != gateway.TopicAll && (a.gwRole == nil || a.gwRole.ID() != id) {
 					go func() {
 						wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 						defer cancel()

@@ -176,7 +176,14 @@ func (g *Registry) ApplyStatus(ctx context.Context, tx pgx.Tx, node string, st *
 	})
 	events := false
 	for _, r := range changed {
-		notify.Later(ctx, InstanceTopic(r.InstanceID)) // its waits re-read
+		if r.State != agentproto.StateStarting {
+			// Its waits re-read. No wait ends on starting (they wait for
+			// running, stopped, paused, failed or deleted, and the answer
+			// does not change: a sandbox stays creating), so a claim's or a
+			// boot's starting costs its waits no read while the VM starts;
+			// their backoff still reads.
+			notify.Later(ctx, InstanceTopic(r.InstanceID))
+		}
 		h := queued[r.Kind]
 		if h == nil {
 			h = g.kinds[r.Kind]

@@ -16,6 +16,7 @@ package notify
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,7 +59,7 @@ type Notifier struct {
 
 	mu      sync.Mutex
 	subs    map[string]map[chan struct{}]struct{}
-	takers  map[string]func(any) // Take
+	takers  map[string][]*taker // Take
 	pending map[string]struct{}
 	kick    chan struct{}
 
@@ -361,23 +362,34 @@ func OfferLater(ctx context.Context, topic string, v any) {
 	}
 }
 
-// Take makes fn the taker of the values offered on topic in this process
-// (one per topic; a second Take replaces the first). fn runs on the
+// taker is one Take's function (a pointer, so that its cancel removes
+// that one).
+type taker struct{ fn func(any) }
+
+// Take makes fn a taker of the values offered on topic in this process:
+// every taker of the topic gets each value (a gateway takes its topic, a
+// waiting call the topic of the row it waits on). fn runs on the
 // committing goroutine, before the unit's wakes: it must not block.
 // cancel ends it.
 func (n *Notifier) Take(topic string, fn func(v any)) (cancel func()) {
+	tk := &taker{fn}
 	n.mu.Lock()
 	if n.takers == nil {
-		n.takers = map[string]func(any){}
+		n.takers = map[string][]*taker{}
 	}
-	n.takers[topic] = fn
+	n.takers[topic] = append(slices.Clip(n.takers[topic]), tk) // a copy: WakeUnit reads the old one unlocked
 	n.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			n.mu.Lock()
 			defer n.mu.Unlock()
-			delete(n.takers, topic)
+			left := slices.DeleteFunc(slices.Clone(n.takers[topic]), func(t *taker) bool { return t == tk })
+			if len(left) == 0 {
+				delete(n.takers, topic)
+			} else {
+				n.takers[topic] = left
+			}
 		})
 	}
 }
@@ -389,10 +401,10 @@ func (n *Notifier) WakeUnit(u *uow.Unit) []string {
 	if offers := u.Offers(); len(offers) > 0 {
 		for _, o := range offers {
 			n.mu.Lock()
-			fn := n.takers[o.Topic]
+			takers := n.takers[o.Topic] // never changed in place: Take and cancel copy
 			n.mu.Unlock()
-			if fn != nil {
-				fn(o.Value)
+			for _, t := range takers {
+				t.fn(o.Value)
 			}
 		}
 	}

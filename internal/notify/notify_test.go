@@ -296,3 +296,31 @@ func TestOfferReachesTheTakerAfterTheCommit(t *testing.T) {
 	n.WakeUnit(u)
 	assert.Equal(t, []any{"spec 1"}, got, "no taker any more")
 }
+
+// Every taker of a topic gets its offers (a gateway and the calls waiting
+// on a row may take one topic each, two waits the same one), and a
+// cancel ends only its own taker.
+func TestEveryTakerGetsTheOffer(t *testing.T) {
+	n := open(t, dbtest.URL(t), &config.Notifier{Kind: config.NotifierNone})
+	var first, second []any
+	cancelFirst := n.Take("instance/i1", func(v any) { first = append(first, v) })
+	cancelSecond := n.Take("instance/i1", func(v any) { second = append(second, v) })
+	defer cancelSecond()
+	st := dbtest.NewStore(t)
+	offer := func(v string) {
+		u, err := uow.Run(t.Context(), st, false, func(ctx context.Context, u *uow.Unit) error {
+			notify.OfferLater(ctx, "instance/i1", v)
+			return nil
+		})
+		require.NoError(t, err)
+		n.WakeUnit(u)
+	}
+	offer("running")
+	assert.Equal(t, []any{"running"}, first)
+	assert.Equal(t, []any{"running"}, second)
+	cancelFirst()
+	cancelFirst() // twice is once
+	offer("paused")
+	assert.Equal(t, []any{"running"}, first, "cancelled")
+	assert.Equal(t, []any{"running", "paused"}, second, "the other taker's cancel left it")
+}

@@ -316,6 +316,12 @@ type Subscriber interface {
 	Subscribe(topic string) (<-chan struct{}, func())
 }
 
+// Taker is the notifier's side a wait takes values on when a commit in
+// this process offers what it wrote (notify.Notifier.Take, OfferLater).
+type Taker interface {
+	Take(topic string, fn func(v any)) (cancel func())
+}
+
 // Then replaces a mutation's output with what fn returns after the
 // transaction committed (the Waiting convention: wait { timeoutMs }). fn
 // runs outside the transaction; its error is the call's. It does nothing
@@ -645,6 +651,12 @@ type Poll struct {
 	TimedOut error
 	// First is the backoff's first step; 0 is WaitFirst.
 	First time.Duration
+	// Offered, when set, answers from a value a commit in this process
+	// offered on Topic (notify.OfferLater: the rows it wrote) instead of a
+	// read: done ends the wait with out, without a round trip. A value it
+	// is not done with (or does not know) is only a wake: the read runs.
+	// Values from other processes never come; their wakes read, as before.
+	Offered func(v any) (out any, done bool)
 }
 
 // ThenPoll replaces a mutation's output, after commit, with what read
@@ -657,18 +669,29 @@ func ThenPoll(ctx context.Context, p Poll, read func(ctx context.Context) (out a
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.Timeout)
 		defer cancel()
 		var wake <-chan struct{} // nil: never ready
+		var offered offerSlot
 		if wakes != nil && p.Topic != "" {
-			// Subscribed before the first read: a change between that
-			// read and the select is not missed.
+			// Subscribed (and taking) before the first read: a change
+			// between that read and the select is not missed.
 			ch, stop := wakes.Subscribe(p.Topic)
 			defer stop()
 			wake = ch
+			if tk, ok := wakes.(Taker); ok && p.Offered != nil {
+				defer tk.Take(p.Topic, offered.put)()
+			}
 		}
 		last := p.Initial
 		delay := cmp.Or(p.First, WaitFirst)
 		t := time.NewTimer(delay)
 		defer t.Stop()
 		for {
+			if v, ok := offered.take(); ok {
+				// Handed over before its wake (WakeUnit): the committed
+				// rows, so no re-read when they end the wait.
+				if out, done := p.Offered(v); done {
+					return out, nil
+				}
+			}
 			out, done, err := read(ctx)
 			if out != nil {
 				last = out
@@ -695,4 +718,26 @@ func ThenPoll(ctx context.Context, p Poll, read func(ctx context.Context) (out a
 			}
 		}
 	})
+}
+
+// offerSlot keeps the newest value offered to a wait until its loop takes
+// it (the taker runs on the committing goroutine and must not block).
+type offerSlot struct {
+	mu  sync.Mutex
+	v   any
+	has bool
+}
+
+func (o *offerSlot) put(v any) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.v, o.has = v, true
+}
+
+func (o *offerSlot) take() (any, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	v, has := o.v, o.has
+	o.v, o.has = nil, false
+	return v, has
 }

@@ -39,6 +39,51 @@ func (noTx) WithTx(ctx context.Context, _ bool, fn func(context.Context, pgx.Tx)
 	return fn(ctx, nil)
 }
 
+// takingTopics is a Subscriber and Taker: the test offers a value, then
+// wakes, as WakeUnit does after a commit in this process.
+type takingTopics struct {
+	topics
+	fn atomic.Pointer[func(any)]
+}
+
+func (s *takingTopics) Take(_ string, fn func(any)) func() {
+	s.fn.Store(&fn)
+	return func() { s.fn.Store(nil) }
+}
+
+func (s *takingTopics) offerAndWake(v any) {
+	if fn := s.fn.Load(); fn != nil {
+		(*fn)(v)
+	}
+	s.ch <- struct{}{}
+}
+
+// A value offered with the wake that ends the wait answers it without a
+// re-read; one the wait is not done with only wakes it (the read runs).
+func TestThenPollAnswersAnOfferWithoutARead(t *testing.T) {
+	wakes := &takingTopics{topics: topics{ch: make(chan struct{}, 1)}}
+	var reads atomic.Int32
+	out, err := thenCall(t, wakes, func(ctx context.Context) {
+		ThenPoll(ctx, Poll{Timeout: 20 * time.Second, Topic: "instance/i-1", First: time.Hour,
+			Offered: func(v any) (any, bool) { return v, v == "running" }},
+			func(context.Context) (any, bool, error) {
+				switch reads.Add(1) {
+				case 1:
+					wakes.offerAndWake("starting") // not done: read
+					return "creating", false, nil
+				case 2:
+					wakes.offerAndWake("running")
+					return "starting", false, nil
+				}
+				return "read", true, nil
+			})
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "running", out, "the offered value answers")
+	assert.EqualValues(t, 2, reads.Load(), "the first read and the one after the offer it was not done with; none after the last")
+	assert.Nil(t, wakes.fn.Load(), "the wait stopped taking")
+}
+
 // A wake-up re-reads at once: with a backoff step of an hour, only the
 // wake can end this wait before its timeout.
 func TestThenPollReadsAgainAtAWakeUp(t *testing.T) {

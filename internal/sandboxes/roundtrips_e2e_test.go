@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -56,4 +57,53 @@ func TestCreateRoundTrips(t *testing.T) {
 	t.Logf("sandboxes.create replayed: %d round trips", replay)
 	assert.LessOrEqual(t, replay, n)
 
+}
+
+// TestWarmClaimWaitRoundTrips: a warm claim that waits for its sandbox to
+// run makes one round trip more than the same claim answered at once: the
+// wait's read after the commit. The claimed VM's starting wakes no re-read
+// and the status that runs it (written by the gateway in computed, this
+// process) hands the sandbox over to the wait, which answers from it.
+func TestWarmClaimWaitRoundTrips(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots real VMs")
+	}
+	im := qemutest.Image(t)
+	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\n", filepath.Dir(filepath.Dir(im.Location))), fleettest.Metrics())
+	pool := f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
+	node := f.Join(pool, "--runtime", "qemu", "--accel", "tcg", "--vcpu", "16", "--memory-mib", "8192", "--disk-gib", "100").Node
+	res, err := f.C.SandboxTemplatesCreate(t.Context(), &client.SandboxTemplatesCreateInput{TenantId: tenant, Name: "warm", PoolId: pool,
+		Flavor: "small", ImageId: "computeplane/minimal",
+		Network: client.NewOptSandboxTemplatesCreateInputNetwork(client.SandboxTemplatesCreateInputNetworkNone),
+		Warm:    client.NewOptWarm(client.Warm{Min: 1})})
+	require.NoError(t, err)
+	tmpl := res.Data.TemplateId
+	claim := func(key string, wait int64) client.Sandbox {
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, f.DB.QueryRow(t.Context(), `select count(*) from instances where kind = 'warm' and template_id = $1
+				and state = 'paused' and reported_identity = identity_generation and desired_state = 'paused'`, tmpl).Scan(&n))
+			return n == 1
+		}, 90*time.Second, 50*time.Millisecond, "the warm pool is full")
+		f.SpecApplied(node)
+		res, err := f.C.SandboxesCreate(t.Context(), &client.SandboxesCreateInput{TenantId: tenant, IdempotencyKey: key,
+			TemplateId: client.NewOptString(tmpl), Wait: client.NewOptWait(client.Wait{TimeoutMs: wait})})
+		require.NoError(t, err)
+		assert.Equal(t, "warm", string(res.Data.Timings.How))
+		require.Eventually(t, func() bool { // UNAVAILABLE while a status holds the node's row: retry
+			_, err := f.C.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: res.Data.SandboxId})
+			return err == nil
+		}, 10*time.Second, 50*time.Millisecond)
+		return res.Data
+	}
+	claim("warm-up", 0) // the caller's decision is cached from here on
+	var at client.Sandbox
+	atOnce := f.CallRoundTrips("sandboxes.create", func() { at = claim("at-once", 0) })
+	assert.Equal(t, "creating", string(at.State))
+	var waited client.Sandbox
+	trips := f.CallRoundTrips("sandboxes.create", func() { waited = claim("waited", 30000) })
+	t.Logf("a warm claim: %d round trips answered at once, %d waiting until it runs", atOnce, trips)
+	assert.Equal(t, "running", string(waited.State))
+	assert.False(t, waited.ReadyAt.Null)
+	assert.Equal(t, atOnce+1, trips, "the read after the commit only")
 }

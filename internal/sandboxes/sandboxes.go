@@ -795,17 +795,30 @@ func (s *Service) waited(ctx context.Context, q *db.Queries, r db.Sandbox, wait 
 		return output(ctx, q, r, vm)
 	}
 	id := r.SandboxID
-	rpc.ThenWait(ctx, time.Duration(wait.TimeoutMs)*time.Millisecond, instances.Topic(r.InstanceID), nil, func(ctx context.Context) (any, bool) {
+	done := func(o *api.Sandbox) bool {
+		return o.State == until || o.State == StateFailed || o.State == StateDeleted
+	}
+	rpc.ThenPoll(ctx, rpc.Poll{Timeout: time.Duration(wait.TimeoutMs) * time.Millisecond, Topic: instances.Topic(r.InstanceID),
+		// A status written in this process hands over the sandbox it
+		// moved (offer): the answer without a re-read.
+		Offered: func(v any) (any, bool) {
+			m, ok := v.(moved)
+			if !ok || m.sbx.SandboxID != id {
+				return nil, false
+			}
+			o := outputWith(m.sbx, m.vm, nil)
+			return o, done(o)
+		}}, func(ctx context.Context) (any, bool, error) {
 		q := db.New(s.Store.Pool())
 		row, err := q.GetSandboxWithVM(ctx, id)
 		if err != nil {
-			return nil, false
+			return nil, false, nil
 		}
 		o, err := output(ctx, q, row.Sandbox, row.Instance)
 		if err != nil {
-			return nil, false
+			return nil, false, nil
 		}
-		return o, o.State == until || o.State == StateFailed || o.State == StateDeleted
+		return o, done(o), nil
 	})
 	return nil, nil
 }

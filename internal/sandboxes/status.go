@@ -11,6 +11,7 @@ import (
 	"computeplane/internal/agentproto"
 	"computeplane/internal/instances"
 	"computeplane/internal/nodework"
+	"computeplane/internal/notify"
 	"computeplane/internal/outbox"
 	"computeplane/internal/store"
 )
@@ -42,6 +43,7 @@ func queueStatus(ctx context.Context, p *store.Pipeline, node string, running []
 				if sbx.InstanceID == r.InstanceID {
 					e := outbox.Event{Type: api.EventSandboxRunning, Data: api.SandboxRunningPayload{SandboxID: sbx.SandboxID, NodeID: sbx.NodeID},
 						Subject: sbx.SandboxID, TenantID: sbx.TenantID}
+					offer(ctx, sbx, r)
 					return true, outbox.Write(ctx, tx, e)
 				}
 			}
@@ -81,5 +83,22 @@ func applyStatus(ctx context.Context, tx pgx.Tx, _ string, r db.Instance, _ agen
 		return false, err
 	}
 	e.Subject, e.TenantID = sbx.SandboxID, sbx.TenantID
+	offer(ctx, sbx, r)
 	return true, outbox.Write(ctx, tx, e)
+}
+
+// moved is a sandbox and its VM as a status's transaction wrote them.
+type moved struct {
+	sbx db.Sandbox
+	vm  db.Instance
+}
+
+// offer hands the moved sandbox, once the status committed, to the calls
+// of this process waiting on its VM (waited): they answer from it without
+// a re-read. A VM that mounts volumes is not offered (its answer reads
+// the attachments); a wait in another process re-reads at the wake.
+func offer(ctx context.Context, sbx db.Sandbox, vm db.Instance) {
+	if len(vm.Volumes) == 0 {
+		notify.OfferLater(ctx, nodework.InstanceTopic(vm.InstanceID), moved{sbx, vm})
+	}
 }
