@@ -142,12 +142,11 @@ func (r *SpecReads) push(ctx context.Context, tx pgx.Tx, members bool) error {
 		return err
 	}
 	topic := TopicOf(inputs.SessionGateway)
-	if topic != TopicAll && store.Outermost(tx) {
-		// Not from a savepoint: its rollback would undo the write, not
-		// the offer, and the gateway would send a generation that is not
-		// there (then skip the next one, which has its number). The
-		// wake alone makes the gateway read what committed.
-		notify.OfferLater(ctx, topic, offer)
+	if topic != TopicAll {
+		// Not offered from a savepoint (OfferLater): the gateway would
+		// send a generation that is not there, then skip the next one,
+		// which has its number.
+		notify.OfferLater(ctx, tx, topic, offer)
 	}
 	notify.Later(ctx, topic)
 	if !members {

@@ -26,6 +26,7 @@ import (
 
 	"computeplane/gen/db"
 	"computeplane/internal/config"
+	"computeplane/internal/store"
 	"computeplane/internal/uow"
 )
 
@@ -356,8 +357,13 @@ func Later(ctx context.Context, topic string) {
 // more than a wake for other processes, or with no taker, so the taker
 // must also do what a wake makes it do (the database stays the source of
 // truth); the caller wakes topic itself (Later).
-func OfferLater(ctx context.Context, topic string, v any) {
-	if u := uow.From(ctx); u != nil {
+//
+// tx is the transaction v was written in: from a savepoint nothing is
+// offered, since the savepoint's rollback would undo the write and not
+// the offer (a taker would act on rows that never committed); the wake
+// alone makes the subscriber read what did.
+func OfferLater(ctx context.Context, tx pgx.Tx, topic string, v any) {
+	if u := uow.From(ctx); u != nil && store.Outermost(tx) {
 		u.OfferAfter(topic, v)
 	}
 }

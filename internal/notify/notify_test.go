@@ -273,8 +273,8 @@ func TestOfferReachesTheTakerAfterTheCommit(t *testing.T) {
 	defer stop()
 	st := dbtest.NewStore(t)
 	u, err := uow.Run(t.Context(), st, false, func(ctx context.Context, u *uow.Unit) error {
-		notify.OfferLater(ctx, "gateway/g1", "spec 1")
-		notify.OfferLater(ctx, "gateway/other", "not ours")
+		notify.OfferLater(ctx, u.Tx, "gateway/g1", "spec 1")
+		notify.OfferLater(ctx, u.Tx, "gateway/other", "not ours")
 		notify.Later(ctx, "gateway/g1")
 		assert.Empty(t, got, "nothing before the commit")
 		return nil
@@ -289,7 +289,7 @@ func TestOfferReachesTheTakerAfterTheCommit(t *testing.T) {
 	}
 	cancel()
 	u, err = uow.Run(t.Context(), st, false, func(ctx context.Context, u *uow.Unit) error {
-		notify.OfferLater(ctx, "gateway/g1", "spec 2")
+		notify.OfferLater(ctx, u.Tx, "gateway/g1", "spec 2")
 		return nil
 	})
 	require.NoError(t, err)
@@ -309,7 +309,7 @@ func TestEveryTakerGetsTheOffer(t *testing.T) {
 	st := dbtest.NewStore(t)
 	offer := func(v string) {
 		u, err := uow.Run(t.Context(), st, false, func(ctx context.Context, u *uow.Unit) error {
-			notify.OfferLater(ctx, "instance/i1", v)
+			notify.OfferLater(ctx, u.Tx, "instance/i1", v)
 			return nil
 		})
 		require.NoError(t, err)
@@ -323,4 +323,31 @@ func TestEveryTakerGetsTheOffer(t *testing.T) {
 	offer("paused")
 	assert.Equal(t, []any{"running"}, first, "cancelled")
 	assert.Equal(t, []any{"running", "paused"}, second, "the other taker's cancel left it")
+}
+
+// A value offered from a savepoint is not handed on: the savepoint's
+// rollback would undo the write and not the offer. The wake still comes.
+func TestNothingIsOfferedFromASavepoint(t *testing.T) {
+	n := open(t, dbtest.URL(t), &config.Notifier{Kind: config.NotifierNone})
+	var got []any
+	defer n.Take("instance/i1", func(v any) { got = append(got, v) })()
+	wake, stop := n.Subscribe("instance/i1")
+	defer stop()
+	u, err := uow.Run(t.Context(), dbtest.NewStore(t), false, func(ctx context.Context, u *uow.Unit) error {
+		sp, err := u.Tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		notify.OfferLater(ctx, sp, "instance/i1", "from the savepoint")
+		notify.Later(ctx, "instance/i1")
+		return sp.Rollback(ctx)
+	})
+	require.NoError(t, err)
+	n.WakeUnit(u)
+	assert.Empty(t, got)
+	select {
+	case <-wake:
+	case <-time.After(time.Second):
+		t.Fatal("the topic was not woken")
+	}
 }

@@ -43,7 +43,7 @@ func queueStatus(ctx context.Context, p *store.Pipeline, node string, running []
 				if sbx.InstanceID == r.InstanceID {
 					e := outbox.Event{Type: api.EventSandboxRunning, Data: api.SandboxRunningPayload{SandboxID: sbx.SandboxID, NodeID: sbx.NodeID},
 						Subject: sbx.SandboxID, TenantID: sbx.TenantID}
-					offer(ctx, sbx, r)
+					offer(ctx, tx, sbx, r)
 					return true, outbox.Write(ctx, tx, e)
 				}
 			}
@@ -83,7 +83,7 @@ func applyStatus(ctx context.Context, tx pgx.Tx, _ string, r db.Instance, _ agen
 		return false, err
 	}
 	e.Subject, e.TenantID = sbx.SandboxID, sbx.TenantID
-	offer(ctx, sbx, r)
+	offer(ctx, tx, sbx, r)
 	return true, outbox.Write(ctx, tx, e)
 }
 
@@ -97,8 +97,8 @@ type moved struct {
 // of this process waiting on its VM (waited): they answer from it without
 // a re-read. A VM that mounts volumes is not offered (its answer reads
 // the attachments); a wait in another process re-reads at the wake.
-func offer(ctx context.Context, sbx db.Sandbox, vm db.Instance) {
+func offer(ctx context.Context, tx pgx.Tx, sbx db.Sandbox, vm db.Instance) {
 	if len(vm.Volumes) == 0 {
-		notify.OfferLater(ctx, nodework.InstanceTopic(vm.InstanceID), moved{sbx, vm})
+		notify.OfferLater(ctx, tx, nodework.InstanceTopic(vm.InstanceID), moved{sbx, vm})
 	}
 }
