@@ -18,7 +18,18 @@ import (
 // takes a fresh goroutine as before, so a slow burst (a status written to
 // a stalled database) never holds another session's.
 
+// The same holds for a connection's TLS handshake, upgrade and hello, on
+// a goroutine of their own that ends once the session is open: its stack
+// grows from 2 KiB to 16 or 32 KiB in every handshake (copied at each
+// doubling; 2.5 % of a storm's CPU). Those run on kept goroutines too,
+// which go soon after a storm, so that an idle gateway keeps none.
+
 const (
+	// handshakeWorkers bounds the goroutines kept for handshakes (each
+	// with a stack of 16 to 32 KiB while kept), handshakeLinger how long
+	// one waits for the next connection.
+	handshakeWorkers = 64
+	handshakeLinger  = 2 * time.Second
 	// burstWorkers bounds the goroutines kept between bursts: bursts are
 	// short and run on few cores, and each kept one holds its grown stack
 	// (8 KiB or so: well under 0.1 KiB a session at 10,000 sessions).
@@ -37,7 +48,7 @@ type burstPool struct {
 
 type burstTask struct {
 	fn   func() bool
-	done chan bool // one result, then the task is reused
+	done chan bool // one result, then the task is reused; nil when spawned
 }
 
 var burstTasks = sync.Pool{New: func() any { return &burstTask{done: make(chan bool, 1)} }}
@@ -50,6 +61,20 @@ func newBurstPool(max int, linger time.Duration) *burstPool {
 func (p *burstPool) run(fn func() bool) bool {
 	t := burstTasks.Get().(*burstTask)
 	t.fn = fn
+	p.hand(t)
+	ok := <-t.done
+	t.fn = nil
+	burstTasks.Put(t)
+	return ok
+}
+
+// spawn runs fn on another goroutine, as go fn() does.
+func (p *burstPool) spawn(fn func()) {
+	p.hand(&burstTask{fn: func() bool { fn(); return true }})
+}
+
+// hand gives t to a waiting kept goroutine, else to a new one.
+func (p *burstPool) hand(t *burstTask) {
 	select {
 	case p.tasks <- t: // a kept goroutine was waiting
 	default:
@@ -57,16 +82,18 @@ func (p *burstPool) run(fn func() bool) bool {
 			go p.work(t)
 		} else {
 			p.workers.Add(-1)
-			go t.run() // all kept ones are busy: a goroutine for this burst alone
+			go t.run() // all kept ones are busy: a goroutine for this task alone
 		}
 	}
-	ok := <-t.done
-	t.fn = nil
-	burstTasks.Put(t)
-	return ok
 }
 
-func (t *burstTask) run() { t.done <- t.fn() }
+// run runs t and hands its result to run's caller, if one waits.
+func (t *burstTask) run() {
+	done, ok := t.done, t.fn() // t is reused once done has the result
+	if done != nil {
+		done <- ok
+	}
+}
 
 // work runs t, then the bursts handed to it, until none comes for linger.
 func (p *burstPool) work(t *burstTask) {

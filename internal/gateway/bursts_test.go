@@ -94,3 +94,24 @@ func BenchmarkBurst(b *testing.B) {
 		}
 	})
 }
+
+func TestBurstPoolSpawnsWithoutWaiting(t *testing.T) {
+	p := newBurstPool(1, 20*time.Millisecond)
+	release := make(chan struct{})
+	ran := make(chan int, 3)
+	for i := range 3 { // the second and third find the kept goroutine busy
+		p.spawn(func() { <-release; ran <- i })
+	}
+	close(release)
+	got := map[int]bool{}
+	for range 3 {
+		select {
+		case i := <-ran:
+			got[i] = true
+		case <-time.After(5 * time.Second):
+			t.Fatal("a spawned function did not run")
+		}
+	}
+	assert.Len(t, got, 3)
+	require.Eventually(t, func() bool { return p.workers.Load() == 0 }, 5*time.Second, 5*time.Millisecond)
+}

@@ -92,6 +92,8 @@ type Gateway struct {
 	revoke revocationSet
 	chains *chainCache // client chains that verified (chaincache.go)
 	bursts *burstPool  // goroutines the sessions' message bursts run on (bursts.go)
+	// goroutines the connections' handshakes run on (bursts.go)
+	handshakes *burstPool
 
 	mu       sync.Mutex
 	sessions map[string]*session // by node id
@@ -150,7 +152,7 @@ func New(o Options) (*Gateway, error) {
 		return nil, &config.Error{Option: "pki", Message: "the gateway role needs a trust domain"}
 	}
 	g := &Gateway{o: o, id: ids.New("gw"), bundle: b, sessions: map[string]*session{}, chains: newChainCache(chainCacheSize),
-		bursts: newBurstPool(burstWorkers, burstLinger)}
+		bursts: newBurstPool(burstWorkers, burstLinger), handshakes: newBurstPool(handshakeWorkers, handshakeLinger)}
 	g.hellos = newHelloBatcher(g)
 	if !o.NodeCARoots.IsZero() {
 		g.roots, err = newReloading("node CA roots", rootsReader(o.NodeCARoots), o.Now, o.Log)
