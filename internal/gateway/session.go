@@ -432,12 +432,7 @@ func (g *Gateway) openRow(ctx context.Context, node string, cert *x509.Certifica
 
 // send writes one message; a failed write ends the session.
 func (s *session) send(m agentproto.Message) {
-	// Bounded by WriteTimeout alone, not by s.ctx: a deadline derived from
-	// s.ctx makes s.ctx allocate its done channel and its map of children,
-	// kept for the session's life (about 0.3 KiB an idle session, from its
-	// welcome). Nothing is lost: s.ctx is cancelled only by end, after it
-	// closed the connection, which ends a write in progress anyway.
-	if err := writeMsg(context.Background(), s.conn, m); err != nil {
+	if err := writeMsg(s.ctx, s.conn, m); err != nil {
 		s.end(agentproto.Message{})
 	}
 }
