@@ -75,9 +75,15 @@ func deepBurst(depth int) bool {
 
 // BenchmarkBurst is the cost of running one burst off the session's
 // goroutine: a fresh goroutine each time (its stack grown from 2 KiB on
-// every burst) against the pool's kept goroutines.
+// every burst) against the pool's kept goroutines; "handshake" is as deep
+// as a TLS handshake's goroutine gets (about 24 KiB).
 func BenchmarkBurst(b *testing.B) {
-	fn := func() bool { return deepBurst(11) }
+	b.Run("burst", func(b *testing.B) { benchmarkBurst(b, 11) })
+	b.Run("handshake", func(b *testing.B) { benchmarkBurst(b, 47) })
+}
+
+func benchmarkBurst(b *testing.B, depth int) {
+	fn := func() bool { return deepBurst(depth) }
 	b.Run("fresh", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
