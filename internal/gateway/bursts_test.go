@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -9,14 +11,24 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// goroutineID is the calling goroutine's number, from its stack's header.
+func goroutineID() string {
+	b := make([]byte, 64)
+	f := strings.Fields(string(b[:runtime.Stack(b, false)]))
+	return f[1] // "goroutine 17 [running]:"
+}
+
 func TestBurstPoolKeepsItsGoroutinesBetweenBursts(t *testing.T) {
 	p := newBurstPool(4, time.Hour)
+	ran := map[string]bool{}
 	for i := range 100 {
 		want := i%2 == 0
-		require.Equal(t, want, p.run(func() bool { return want }))
+		require.Equal(t, want, p.run(func() bool { ran[goroutineID()] = true; return want }))
 	}
-	// One burst at a time: the one goroutine kept after the first ran them all.
-	assert.Equal(t, int32(1), p.workers.Load())
+	// One burst at a time, on the goroutines kept: a few (one that just
+	// ran a burst may not wait for the next yet), not one per burst.
+	assert.LessOrEqual(t, len(ran), 10)
+	assert.LessOrEqual(t, p.workers.Load(), int32(4))
 }
 
 func TestBurstPoolNeverHoldsABurstBehindABusyOne(t *testing.T) {
