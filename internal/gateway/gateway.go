@@ -91,6 +91,9 @@ type Gateway struct {
 	cert   *reloading[*tls.Certificate]
 	revoke revocationSet
 	chains *chainCache // client chains that verified (chaincache.go)
+	bursts *burstPool  // goroutines the sessions' message bursts run on (bursts.go)
+	// goroutines the connections' handshakes run on (bursts.go)
+	handshakes *burstPool
 
 	mu       sync.Mutex
 	sessions map[string]*session // by node id
@@ -148,7 +151,8 @@ func New(o Options) (*Gateway, error) {
 	if b.TrustDomain == "" {
 		return nil, &config.Error{Option: "pki", Message: "the gateway role needs a trust domain"}
 	}
-	g := &Gateway{o: o, id: ids.New("gw"), bundle: b, sessions: map[string]*session{}, chains: newChainCache(chainCacheSize)}
+	g := &Gateway{o: o, id: ids.New("gw"), bundle: b, sessions: map[string]*session{}, chains: newChainCache(chainCacheSize),
+		bursts: newBurstPool(burstWorkers, burstLinger), handshakes: newBurstPool(handshakeWorkers, handshakeLinger)}
 	g.hellos = newHelloBatcher(g)
 	if !o.NodeCARoots.IsZero() {
 		g.roots, err = newReloading("node CA roots", rootsReader(o.NodeCARoots), o.Now, o.Log)

@@ -54,7 +54,7 @@ func (l *listener) serve() {
 			continue
 		}
 		delay = 0
-		go l.handle(c)
+		l.g.handshakes.spawn(func() { l.handle(c) }) // go l.handle(c), on a grown stack
 	}
 }
 

@@ -489,13 +489,13 @@ func (s *session) readLoop() {
 		return
 	}
 	// Between bursts the reader waits on the socket at this shallow depth;
-	// a burst (the deep frame read, the decoding, the database) runs on a
-	// short-lived goroutine and lasts while messages are buffered.
+	// a burst (the deep frame read, the decoding, the database) runs on
+	// another goroutine (bursts.go) and lasts while messages are buffered.
 	for {
 		if s.idle.quiet() && !s.idle.wait() {
 			return
 		}
-		if !onFreshStack(s.readBurst) {
+		if !s.g.bursts.run(s.readBurst) {
 			return
 		}
 	}
@@ -514,8 +514,8 @@ func (s *session) readBurst() bool {
 	}
 }
 
-// readMessage reads one message and handles it (on a fresh stack when
-// fresh); false ends the session.
+// readMessage reads one message and handles it (when fresh, on a burst
+// goroutine: bursts.go); false ends the session.
 func (s *session) readMessage(fresh bool) bool {
 	// A binary message is a tunnel stream's bytes, fed to the streams
 	// (only from a daemon that offered them). A context that is never
@@ -530,20 +530,9 @@ func (s *session) readMessage(fresh bool) bool {
 		return true
 	}
 	if fresh {
-		return onFreshStack(func() bool { return s.handle(b) })
+		return s.g.bursts.run(func() bool { return s.handle(b) })
 	}
 	return s.handle(b)
-}
-
-// onFreshStack runs fn on a goroutine of its own and waits for it: the
-// decoding and the database calls of a message grow a stack to several
-// KiB, and the runtime gives a grown stack back only by halves, once per
-// GC; on the session's reader (idle almost always) that would stay with
-// every session. Messages are still handled one at a time, in order.
-func onFreshStack(fn func() bool) bool {
-	done := make(chan bool, 1)
-	go func() { done <- fn() }()
-	return <-done
 }
 
 // handle decodes and applies one text message; false ends the session.
