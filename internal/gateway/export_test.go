@@ -7,3 +7,9 @@ func BatchHellos(on bool) { batchHellos.Store(on) }
 // CertFrom signs a client certificate for key with ca, naming uri, valid
 // in [from, until) (chaincache_test.go's nodeCert).
 var CertFrom = nodeCert
+
+// KeptGoroutines is how many goroutines the gateway keeps for handshakes
+// and bursts (bursts.go): bounded, not a session's.
+func (g *Gateway) KeptGoroutines() int {
+	return int(g.handshakes.workers.Load() + g.bursts.workers.Load())
+}

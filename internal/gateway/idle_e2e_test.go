@@ -133,7 +133,7 @@ func TestIdleSessionsWaitOnTheSocketAndLoseNoMessage(t *testing.T) {
 	for i := range nodes {
 		nodes[i] = w.newNode(t)
 	}
-	g0 := runtime.NumGoroutine()
+	g0 := runtime.NumGoroutine() - w.gw.KeptGoroutines()
 	raws := make([]*rawSession, sessions)
 	for i, n := range nodes {
 		raws[i] = w.dialRaw(t, n, i%2 == 0)
@@ -160,7 +160,10 @@ func TestIdleSessionsWaitOnTheSocketAndLoseNoMessage(t *testing.T) {
 		}, 10*time.Second, 100*time.Millisecond)
 	}
 	parkedOnSockets()
-	assert.InDelta(t, sessions, runtime.NumGoroutine()-g0, sessions/4, "one goroutine per session")
+	// The gateway's kept goroutines (handshakes, bursts: bounded, and
+	// more of them when handshakes overlap on a loaded machine) are not
+	// the sessions'.
+	assert.InDelta(t, sessions, runtime.NumGoroutine()-g0-w.gw.KeptGoroutines(), sessions/4, "one goroutine per session")
 
 	var wg sync.WaitGroup
 	for i, r := range raws {
