@@ -58,19 +58,3 @@ func TestUpgradeWriterAnswersAreHTTP(t *testing.T) {
 		assert.Empty(t, resp.Header.Get("Injected"), "a line break in a value starts no header")
 	})
 }
-
-// BenchmarkUpgradeAnswer is the 101 every session's upgrade writes.
-func BenchmarkUpgradeAnswer(b *testing.B) {
-	b.ReportAllocs()
-	for b.Loop() {
-		w := &upgradeWriter{conn: discardConn{}, header: http.Header{}}
-		w.Header().Set("Upgrade", "websocket")
-		w.Header().Set("Connection", "Upgrade")
-		w.Header().Set("Sec-WebSocket-Accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
-		w.WriteHeader(http.StatusSwitchingProtocols)
-	}
-}
-
-type discardConn struct{ net.Conn }
-
-func (discardConn) Write(b []byte) (int, error) { return len(b), nil }
