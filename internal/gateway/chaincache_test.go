@@ -61,7 +61,7 @@ func TestVerifiedChainsAreCachedButRevocationStillApplies(t *testing.T) {
 	good := nodeCert(t, b.NodeCA, key, uri, now.Add(-time.Hour), now.Add(time.Hour))
 	verifiedBefore, cachedBefore := statChainsVerified.Value(), statChainsCached.Value()
 	verify := func(c *x509.Certificate) error {
-		node, err := g.verifyCerts([]*x509.Certificate{c})
+		node, err := g.verifyCerts(g.currentTrust(), []*x509.Certificate{c}, false)
 		if err == nil {
 			assert.Equal(t, "node_1", node)
 		}

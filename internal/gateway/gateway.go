@@ -87,7 +87,7 @@ type Gateway struct {
 	o      Options
 	id     string
 	bundle *pki.Bundle
-	roots  *reloading[*x509.CertPool]
+	roots  *reloading[*rootSet]
 	cert   *reloading[*tls.Certificate]
 	revoke revocationSet
 	chains *chainCache // client chains that verified (chaincache.go)
@@ -107,9 +107,11 @@ type Gateway struct {
 		at   time.Time
 		list []agentproto.Gateway
 	}
-	// ticketPeriod is the period whose session ticket keys the listener
-	// has (tickets.go).
-	ticketPeriod atomic.Int64
+	// trust is the roots new handshakes verify against and the config
+	// they run on, its ticket keys bound to those roots (tickets.go);
+	// trustMu serializes building a new one.
+	trust   atomic.Pointer[trust]
+	trustMu sync.Mutex
 	// hellos gathers the session rows of hellos arriving together
 	// (hellos.go).
 	hellos *helloBatcher
@@ -157,10 +159,8 @@ func New(o Options) (*Gateway, error) {
 	if !o.NodeCARoots.IsZero() {
 		g.roots, err = newReloading("node CA roots", rootsReader(o.NodeCARoots), o.Now, o.Log)
 	} else {
-		g.roots, err = newReloading("node CA roots", func() (*x509.CertPool, error) {
-			p := x509.NewCertPool()
-			p.AddCert(b.NodeCA.Cert)
-			return p, nil
+		g.roots, err = newReloading("node CA roots", func() (*rootSet, error) {
+			return newRootSet([]*x509.Certificate{b.NodeCA.Cert}), nil
 		}, o.Now, o.Log)
 	}
 	if err != nil {
@@ -223,11 +223,10 @@ func (g *Gateway) Start(ctx context.Context) error {
 		return fmt.Errorf("gateway listener: %w (gateway.listen or SERVICE_GATEWAY_LISTEN moves it)", err)
 	}
 	g.ln = ln
-	tc := g.tlsConfig()
-	if err := g.setTicketKeys(tc); err != nil {
+	if err := g.setTicketKeys(g.currentTrust()); err != nil {
 		return fmt.Errorf("gateway: session ticket keys: %w", err)
 	}
-	g.lis = &listener{g: g, ln: ln, tls: tc, conns: map[net.Conn]struct{}{}}
+	g.lis = &listener{g: g, ln: ln, tls: g.tlsConfig(), conns: map[net.Conn]struct{}{}}
 	g.wg.Add(4)
 	go func() { defer g.wg.Done(); g.hellos.run(g.ctx) }()
 	go func() { defer g.wg.Done(); g.lis.serve() }()
@@ -237,10 +236,28 @@ func (g *Gateway) Start(ctx context.Context) error {
 	return nil
 }
 
-// tlsConfig requires a client certificate and checks it here rather than
-// with ClientCAs, so that roots re-read from files apply to new
-// handshakes and revoked certificates are refused during the handshake.
+// tlsConfig is the listener's config: every handshake runs on the
+// config of the current trust (tickets.go), whose roots its
+// VerifyConnection verifies against and whose ticket keys are bound to
+// them.
 func (g *Gateway) tlsConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		ClientAuth: tls.RequireAnyClientCert,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return g.currentTrust().tc, nil
+		},
+		// Never reached (GetConfigForClient always answers): refuse
+		// rather than accept an unchecked client.
+		VerifyConnection: func(tls.ConnectionState) error { return errors.New("gateway: no trust for the handshake") },
+	}
+}
+
+// handshakeConfig requires a client certificate and checks it here
+// rather than with ClientCAs, so that roots re-read from files apply to
+// new handshakes and revoked certificates are refused during the
+// handshake.
+func (g *Gateway) handshakeConfig(t *trust) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		ClientAuth: tls.RequireAnyClientCert,
@@ -251,10 +268,11 @@ func (g *Gateway) tlsConfig() *tls.Config {
 		},
 		// On the certificates the handshake parsed (VerifyPeerCertificate
 		// would parse them a second time). crypto/tls calls it on a resumed
-		// session too, with the certificates the ticket carried: the chain,
-		// its validity and the revocation set are checked again then.
+		// session too, with the certificates the ticket carried: their
+		// chain is not verified again (resumedChain), their validity, node
+		// and the revocation set are.
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			_, err := g.verifyCerts(cs.PeerCertificates)
+			_, err := g.verifyCerts(t, cs.PeerCertificates, cs.DidResume)
 			return err
 		},
 	}
@@ -274,7 +292,7 @@ func (g *Gateway) verifyChain(raw [][]byte) (string, *x509.Certificate, error) {
 		}
 		certs[i] = c
 	}
-	node, err := g.verifyCerts(certs)
+	node, err := g.verifyCerts(g.currentTrust(), certs, false)
 	return node, certs[0], err
 }
 
@@ -292,16 +310,27 @@ func (g *Gateway) verifiedNode(cert *x509.Certificate) (string, error) {
 	return node, nil
 }
 
-// verifyCerts is verifyChain on parsed certificates.
-func (g *Gateway) verifyCerts(certs []*x509.Certificate) (string, error) {
+// verifyCerts is verifyChain on parsed certificates, against t's roots;
+// resumed says the certificates came from a session ticket t's keys
+// opened.
+func (g *Gateway) verifyCerts(t *trust, certs []*x509.Certificate, resumed bool) (string, error) {
 	if len(certs) == 0 {
 		return "", errors.New("no client certificate")
 	}
-	roots, now := g.roots.get(), g.o.Now()
-	key := chainKeyOf(certs)
+	roots, now := t.roots.pool, g.o.Now()
 	var node string
 	var err error
-	if g.chains.verified(key, roots, now) {
+	var skipped bool
+	if resumed {
+		skipped, err = resumedChain(t, certs, now)
+		if err != nil {
+			return "", err
+		}
+	}
+	if skipped {
+		statChainsResumed.Add(1)
+		node, err = pki.NodeOf(certs[0], g.bundle.TrustDomain)
+	} else if key := chainKeyOf(certs); g.chains.verified(key, roots, now) {
 		// The same certificates verified against these roots before and
 		// are within their validity: only the checks that do not follow
 		// from the bytes run again.
@@ -358,7 +387,7 @@ func (g *Gateway) leaseLoop() {
 			return
 		case <-t.C:
 		}
-		if err := g.setTicketKeys(g.lis.tls); err != nil {
+		if err := g.rotateTicketKeys(); err != nil {
 			g.o.Log.Warn("gateway: session ticket keys", "error", err.Error())
 		}
 		ctx, cancel := context.WithTimeout(g.ctx, RenewEvery)

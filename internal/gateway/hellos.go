@@ -51,6 +51,7 @@ var (
 	statStatusSkipOpen = new(expvar.Int) // of them, the first of a session (its hash came from the row)
 	statChainsVerified = new(expvar.Int) // client chains verified (x509)
 	statChainsCached   = new(expvar.Int) // client chains found verified before (chaincache.go)
+	statChainsResumed  = new(expvar.Int) // client chains of resumed sessions, not verified again (tickets.go)
 )
 
 func init() {
@@ -63,6 +64,7 @@ func init() {
 	stats.Set("statusSkippedFirst", statStatusSkipOpen)
 	stats.Set("chainsVerified", statChainsVerified)
 	stats.Set("chainsCached", statChainsCached)
+	stats.Set("chainsResumed", statChainsResumed)
 }
 
 // openReq is one hello waiting for its session row.

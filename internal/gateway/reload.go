@@ -81,26 +81,24 @@ func keyPairReader(kp *config.KeyPair) func() (*tls.Certificate, error) {
 	}
 }
 
-// rootsReader reads the certificates of a configured PEM as a pool.
-func rootsReader(p config.PEM) func() (*x509.CertPool, error) {
-	return func() (*x509.CertPool, error) {
+// rootsReader reads the certificates of a configured PEM as a root set.
+func rootsReader(p config.PEM) func() (*rootSet, error) {
+	return func() (*rootSet, error) {
 		data, err := readPEM(p)
 		if err != nil {
 			return nil, err
 		}
-		pool := x509.NewCertPool()
-		n := 0
+		var certs []*x509.Certificate
 		for blk, rest := pem.Decode(data); blk != nil; blk, rest = pem.Decode(rest) {
 			c, err := x509.ParseCertificate(blk.Bytes)
 			if err != nil {
 				return nil, err
 			}
-			pool.AddCert(c)
-			n++
+			certs = append(certs, c)
 		}
-		if n == 0 {
+		if len(certs) == 0 {
 			return nil, errors.New("no certificate in the node CA roots")
 		}
-		return pool, nil
+		return newRootSet(certs), nil
 	}
 }

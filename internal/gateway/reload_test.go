@@ -34,7 +34,7 @@ func TestRootsFileIsReloadedEverySixtySeconds(t *testing.T) {
 	r, err := newReloading("roots", rootsReader(config.PEM{File: path}), func() time.Time { return now }, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	trusts := func(ca *x509.Certificate) bool {
-		_, err := ca.Verify(x509.VerifyOptions{Roots: r.get(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		_, err := ca.Verify(x509.VerifyOptions{Roots: r.get().pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 		return err == nil
 	}
 	require.True(t, trusts(a.NodeCA.Cert))
