@@ -22,7 +22,7 @@ import (
 
 // nodeCert signs a client certificate for key with ca, naming uri, valid
 // in [from, until).
-func nodeCert(t *testing.T, ca pki.CA, key *ecdsa.PrivateKey, uri string, from, until time.Time) *x509.Certificate {
+func nodeCert(t testing.TB, ca pki.CA, key *ecdsa.PrivateKey, uri string, from, until time.Time) *x509.Certificate {
 	t.Helper()
 	u, err := url.Parse(uri)
 	require.NoError(t, err)

@@ -737,12 +737,12 @@ set is garbage not yet collected and the runtime's own.
 			}
 			return per(r.varsFull) + " / " + per(r.varsResumed)
 		}),
-		row("restarted gateway: client chains verified / found verified before, full; resuming; with the drops", func(r result) string {
+		row("restarted gateway: client chains verified / found verified before / of resumed sessions, not verified, full; resuming; with the drops", func(r result) string {
 			per := func(v map[string]int64) string {
 				if v == nil {
 					return "n/a"
 				}
-				return fmt.Sprintf("%d / %d", v["chainsVerified"], v["chainsCached"])
+				return fmt.Sprintf("%d / %d / %d", v["chainsVerified"], v["chainsCached"], v["chainsResumed"])
 			}
 			return per(r.varsFull) + "; " + per(r.varsResumed) + "; with the drops, since its start: " + per(r.varsRejoin)
 		}),
