@@ -30,13 +30,13 @@ type rootSet struct {
 }
 
 func newRootSet(certs []*x509.Certificate) *rootSet {
-	rs := &rootSet{pool: x509.NewCertPool(), digest: pki.RootsDigest(certs), until: time.Unix(math.MaxInt32, 0)}
-	for _, c := range certs {
+	rs := &rootSet{pool: x509.NewCertPool(), digest: pki.RootsDigest(certs)}
+	for i, c := range certs {
 		rs.pool.AddCert(c)
-		if c.NotBefore.After(rs.from) {
+		if i == 0 || c.NotBefore.After(rs.from) {
 			rs.from = c.NotBefore
 		}
-		if c.NotAfter.Before(rs.until) {
+		if i == 0 || c.NotAfter.Before(rs.until) {
 			rs.until = c.NotAfter
 		}
 	}
