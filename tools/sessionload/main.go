@@ -15,6 +15,19 @@
 // the reconnect's wall time is the gateway's on one core rather than the
 // two sides' contention; the gateway's CPU per returning session (less
 // its own start) is the figure that drives it.
+//
+// The memory figures are read once the gateway's collector is back at its
+// idle target: a gateway-only computed raises the target during a
+// reconnect storm and sets it back (returning the storm's garbage to the
+// OS) after 2 s without one (internal/gctarget); the run waits for its
+// gctarget.storm counter to read 0, so that the figure is an idle
+// gateway's. GOGC in this tool's environment is not passed to the
+// gateways (GATEWAY_GOGC is, as GOGC).
+//
+// This process plays every daemon, which in a fleet each have a machine of
+// their own, so its collector runs at -gogc (400 by default, GOGC in the
+// environment wins): at the default 100 it spends a share of its one core
+// on collection that no daemon would spend on the gateway's time.
 package main
 
 import (
@@ -37,7 +50,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,8 +80,12 @@ func main() {
 	computed := flag.String("computed", "", "a built computed binary (default: go build ./cmd/computed)")
 	runs := flag.Int("runs", 3, "runs (a fresh gateway each), reported side by side for their spread")
 	pin := flag.Bool("pin", runtime.NumCPU() >= 2, "run the gateway on core 0 and the load tool on the others (taskset)")
+	gogc := flag.Int("gogc", 400, "this process's collector target (the daemons' side; GOGC in the environment wins); not the gateway's")
 	dials := flag.Int("dials", 64, "handshakes in flight at once (daemons on their own machines do not share this one's CPU; unbounded, the load tool's own TLS work starves the handshakes past the gateway's timeout)")
 	flag.Parse()
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(*gogc)
+	}
 	if *database == "" {
 		log.Fatal("sessionload: -database or SERVICE_DATABASE_URL is required")
 	}
@@ -86,7 +105,9 @@ func main() {
 	check(err)
 	defer drop()
 
-	env := append(os.Environ(), "SERVICE_DATABASE_URL="+dbURL, "SERVICE_SECRET="+secret, "SERVICE_PKI="+filepath.Join(work, "pki.json"))
+	// GOGC is this process's; the gateway gets GATEWAY_GOGC (below).
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") })
+	env = append(env, "SERVICE_DATABASE_URL="+dbURL, "SERVICE_SECRET="+secret, "SERVICE_PKI="+filepath.Join(work, "pki.json"))
 	cmd := exec.Command(*computed, "migrate")
 	cmd.Env = env
 	run(cmd)
@@ -199,6 +220,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	// Idle: past the first status of every session (sent 5 s after its
 	// welcome), which the gateway writes.
 	time.Sleep(8 * time.Second)
+	waitIdleTarget(r, pprofAddr)
 	res.after = rssKiB(gw.Process.Pid)
 	heap1, stack1, g1 := memStats(pprofAddr)
 	res.held = welcomed.Load() // n, unless the cold connect ran out of time
@@ -293,6 +315,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	// gateway's figures before its sessions: the same binary and
 	// configuration.
 	time.Sleep(8 * time.Second)
+	waitIdleTarget(r, pprofAddr)
 	heap2, stack2, _ := memStats(pprofAddr)
 	if d := os.Getenv("GATEWAY_PROFILES"); d != "" {
 		if b, err := httpGet(pprofAddr, "/debug/pprof/heap"); err == nil {
@@ -370,6 +393,35 @@ func gatewayVars(addr string) map[string]int64 {
 		return nil
 	}
 	return v.Gateway
+}
+
+// waitIdleTarget waits (up to 60 s) until the gateway's collector is back
+// at its idle target after a storm (internal/gctarget's expvar
+// gctarget.storm reads 0), so that memory is read on an idle gateway. A
+// gateway without the counter (an older binary, or GOGC set) is not
+// waited for.
+func waitIdleTarget(r int, addr string) {
+	start := time.Now()
+	for {
+		b, err := httpGet(addr, "/debug/vars")
+		check(err)
+		var v struct {
+			GCTarget *struct {
+				Storm, Storms, Freed int64
+			} `json:"gctarget"`
+		}
+		check(json.Unmarshal(b, &v))
+		if v.GCTarget == nil || v.GCTarget.Storm == 0 {
+			if v.GCTarget != nil {
+				log.Printf("run %d: gateway at its idle collector target (storms %d, freed %d; waited %s)", r, v.GCTarget.Storms, v.GCTarget.Freed, time.Since(start).Round(time.Millisecond))
+			}
+			return
+		}
+		if time.Since(start) > 60*time.Second {
+			log.Fatalf("run %d: the gateway's storm target still set after 60 s", r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 var memRe = regexp.MustCompile(`(?m)^# (HeapInuse|Stack) = (\d+)`)
