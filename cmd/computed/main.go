@@ -341,7 +341,9 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) {
 // gateway role alone. Its heap is mostly long-lived session state and it
 // allocates little once sessions are idle, so a tighter target costs
 // little CPU and keeps an idle session near 32 KiB instead of 45
-// (docs/benchmarks-notes.md). GOGC in the environment wins.
+// (docs/benchmarks-notes.md). During a reconnect storm the target is
+// raised for a while (processGC, internal/gctarget; docs/gateway.md,
+// "Memory"). GOGC in the environment wins.
 const GatewayGCPercent = 20
 
 // APIGCPercent is the collector's target on a process that serves the api

@@ -25,9 +25,11 @@
 // gateways (GATEWAY_GOGC is, as GOGC).
 //
 // This process plays every daemon, which in a fleet each have a machine of
-// their own, so its collector runs at -gogc (400 by default, GOGC in the
-// environment wins): at the default 100 it spends a share of its one core
-// on collection that no daemon would spend on the gateway's time.
+// their own, and its one core bounds the reconnect's wall time about as
+// much as the gateway's does, so its collector runs at -gogc (400 by
+// default; GOGC in the environment wins): at Go's default 100 the
+// collector took 8 to 10 % of this process's CPU in a reconnect storm, at
+// 400 3 % (docs/benchmarks-notes.md, "storm-aware collector target").
 package main
 
 import (
@@ -206,6 +208,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	time.Sleep(2 * time.Second)
 	res.before = rssKiB(gw.Process.Pid)
 	heap0, stack0, g0 := memStats(pprofAddr)
+	alloc0 := heapAlloc(pprofAddr)
 
 	welcomed := new(atomic.Int64)
 	stop := make(chan struct{})
@@ -225,6 +228,9 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	heap1, stack1, g1 := memStats(pprofAddr)
 	res.held = welcomed.Load() // n, unless the cold connect ran out of time
 	held := float64(max(res.held, 1))
+	// The heap's objects against its spans in use: the difference is
+	// free space inside spans that hold some live object (fragmentation).
+	log.Printf("run %d: idle, per session: heap in use %.1f KiB, of it allocated %.1f KiB", r, float64(heap1-heap0)/1024/held, float64(heapAlloc(pprofAddr)-alloc0)/1024/held)
 	res.perSession = float64(res.after-res.before) / held
 	res.heapPer, res.stackPer = float64(heap1-heap0)/1024/held, float64(stack1-stack0)/1024/held
 	res.goroutinesPer = float64(g1-g0) / held
@@ -317,6 +323,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	time.Sleep(8 * time.Second)
 	waitIdleTarget(r, pprofAddr)
 	heap2, stack2, _ := memStats(pprofAddr)
+	log.Printf("run %d: idle after the second restart, per session: heap in use %.1f KiB, of it allocated %.1f KiB", r, float64(heap2-heap0)/1024/float64(max(welcomed.Load(), 1)), float64(heapAlloc(pprofAddr)-alloc0)/1024/float64(max(welcomed.Load(), 1)))
 	if d := os.Getenv("GATEWAY_PROFILES"); d != "" {
 		if b, err := httpGet(pprofAddr, "/debug/pprof/heap"); err == nil {
 			_ = os.WriteFile(filepath.Join(d, fmt.Sprintf("heap-%d-restarted", r)), b, 0o644)
@@ -422,6 +429,20 @@ func waitIdleTarget(r int, addr string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+var allocRe = regexp.MustCompile(`(?m)^# HeapAlloc = (\d+)`)
+
+// heapAlloc reads the gateway's bytes of allocated heap objects (live,
+// and dead ones not yet swept).
+func heapAlloc(addr string) int64 {
+	b, err := httpGet(addr, "/debug/pprof/heap?debug=1")
+	check(err)
+	var v int64
+	if m := allocRe.FindSubmatch(b); m != nil {
+		v, _ = strconv.ParseInt(string(m[1]), 10, 64)
+	}
+	return v
 }
 
 var memRe = regexp.MustCompile(`(?m)^# (HeapInuse|Stack) = (\d+)`)
