@@ -36,11 +36,12 @@ const (
 	LeavePerSecond = 20
 	QuietFor       = 2 * time.Second
 	// StormPercent is the collector's target during a storm. Measured
-	// at 2,000 sessions (docs/benchmarks-notes.md, "storm-aware collector
-	// target"): 50 cuts the returning sessions' CPU by 15 to 25 % with the
-	// idle sessions' resident memory as before (their heap in use 1.5 KiB
-	// more, the pages returned after the storm 1.7 KiB less); 200 cuts
-	// 25 to 28 % but leaves 5 KiB more per idle session, 400 10 KiB.
+	// (docs/benchmarks-notes.md, "storm-aware collector target"): 50
+	// cuts the returning sessions' CPU by 10 to 27 % with the idle
+	// sessions' resident memory about as before (at 2,000 sessions their
+	// heap in use 1.5 KiB more, the pages returned 1.7 KiB less; at
+	// 10,000, 0.5 KiB more in all); 200 cuts 18 to 28 % at 2,000 but
+	// leaves 5 KiB more per idle session, 400 10 KiB.
 	StormPercent = 50
 )
 
