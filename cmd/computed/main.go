@@ -43,6 +43,7 @@ import (
 	"computeplane/internal/builtin"
 	"computeplane/internal/config"
 	"computeplane/internal/gateway"
+	"computeplane/internal/gctarget"
 	"computeplane/internal/host"
 	"computeplane/internal/iam/embedded"
 	"computeplane/internal/logging"
@@ -98,11 +99,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if addr := getenv("SERVICE_PPROF_ADDR"); addr != "" {
 			servePprof(ctx, addr, log)
 		}
-		processGC(cfg, getenv, log)
+		handshake := processGC(ctx, cfg, getenv, log)
 		// Workflows render and lock profiles through the profiles group
 		// (own, public, then shipped: the specification's lookup order).
 		workflows.Profiles, workflows.ProfileLocker = profiles.ForWorkflows{}, profiles.ForWorkflows{}
-		h, err := host.New(ctx, cfg, log, host.Options{SkipMigrations: getenv("SERVICE_SKIP_MIGRATIONS") == "1", Plugins: builtin.All()})
+		h, err := host.New(ctx, cfg, log, host.Options{SkipMigrations: getenv("SERVICE_SKIP_MIGRATIONS") == "1", Plugins: builtin.All(), GatewayHandshake: handshake})
 		if err != nil {
 			log.Error("startup failed", "error", err.Error())
 			return 1
@@ -340,7 +341,9 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) {
 // gateway role alone. Its heap is mostly long-lived session state and it
 // allocates little once sessions are idle, so a tighter target costs
 // little CPU and keeps an idle session near 32 KiB instead of 45
-// (docs/benchmarks-notes.md). GOGC in the environment wins.
+// (docs/benchmarks-notes.md). During a reconnect storm the target is
+// raised for a while (processGC, internal/gctarget; docs/gateway.md,
+// "Memory"). GOGC in the environment wins.
 const GatewayGCPercent = 20
 
 // APIGCPercent is the collector's target on a process that serves the api
@@ -354,16 +357,25 @@ const GatewayGCPercent = 20
 const APIGCPercent = 400
 
 // processGC sets the collector's target for the roles this process runs.
-func processGC(cfg *config.Config, getenv func(string) string, log *slog.Logger) {
+// On a gateway-only process it also returns the hook the gateway calls
+// after each handshake: during a reconnect storm the target is raised to
+// gctarget.StormPercent, then set back and the storm's garbage returned
+// to the OS (internal/gctarget), until ctx ends. Elsewhere, and whenever
+// GOGC is set, it returns nil and the target stays as set here.
+func processGC(ctx context.Context, cfg *config.Config, getenv func(string) string, log *slog.Logger) (handshake func()) {
 	if getenv("GOGC") != "" {
-		return
+		return nil
 	}
 	switch {
 	case len(cfg.Roles) == 1 && cfg.Roles[0] == config.RoleGateway:
 		debug.SetGCPercent(GatewayGCPercent)
-		log.Info("gateway-only process: collector target lowered", "gcPercent", GatewayGCPercent)
+		log.Info("gateway-only process: collector target lowered", "gcPercent", GatewayGCPercent, "stormGcPercent", gctarget.StormPercent)
+		p := gctarget.New(GatewayGCPercent, gctarget.StormPercent, debug.SetGCPercent, debug.FreeOSMemory, log)
+		go p.Run(ctx)
+		return p.Handshake
 	case slices.Contains(cfg.Roles, config.RoleAPI) && !slices.Contains(cfg.Roles, config.RoleGateway):
 		debug.SetGCPercent(APIGCPercent)
 		log.Info("api process: collector target raised", "gcPercent", APIGCPercent)
 	}
+	return nil
 }

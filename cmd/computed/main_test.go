@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,7 @@ import (
 	"computeplane/internal/buildinfo"
 	"computeplane/internal/config"
 	"computeplane/internal/dbtest"
+	"computeplane/internal/gctarget"
 	"computeplane/internal/host"
 	"computeplane/internal/pki"
 	"computeplane/internal/store"
@@ -627,32 +629,66 @@ func TestBusyPortNamesItsOption(t *testing.T) {
 
 // The collector's target follows the roles: lowered on a gateway-only
 // process, raised on an api process without the gateway, left alone on
-// the rest and whenever GOGC is set.
+// the rest and whenever GOGC is set. Only the gateway-only process gets
+// the handshake hook of the storm policy.
 func TestProcessGCFollowsRoles(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	env := func(gogc string) func(string) string {
-		return func(k string) string {
-			if k == "GOGC" {
-				return gogc
-			}
-			return ""
-		}
-	}
 	for _, tc := range []struct {
 		roles []config.Role
 		gogc  string
 		want  int
+		hook  bool
 	}{
-		{[]config.Role{config.RoleAPI}, "", APIGCPercent},
-		{[]config.Role{config.RoleAPI, config.RoleIAM}, "", APIGCPercent},
-		{[]config.Role{config.RoleGateway}, "", GatewayGCPercent},
-		{[]config.Role{config.RoleAPI, config.RoleGateway}, "", 100},
-		{[]config.Role{config.RoleControllers}, "", 100},
-		{[]config.Role{config.RoleAPI}, "150", 100},
+		{[]config.Role{config.RoleAPI}, "", APIGCPercent, false},
+		{[]config.Role{config.RoleAPI, config.RoleIAM}, "", APIGCPercent, false},
+		{[]config.Role{config.RoleGateway}, "", GatewayGCPercent, true},
+		{[]config.Role{config.RoleAPI, config.RoleGateway}, "", 100, false},
+		{[]config.Role{config.RoleControllers}, "", 100, false},
+		{[]config.Role{config.RoleAPI}, "150", 100, false},
+		{[]config.Role{config.RoleGateway}, "150", 100, false},
 	} {
 		debug.SetGCPercent(100)
-		processGC(&config.Config{Roles: tc.roles}, env(tc.gogc), quiet)
-		assert.Equal(t, tc.want, debug.SetGCPercent(100), "roles %v, GOGC %q", tc.roles, tc.gogc)
+		ctx, cancel := context.WithCancel(context.Background())
+		hook := processGC(ctx, &config.Config{Roles: tc.roles}, gogcEnv(tc.gogc), quiet)
+		assert.Equal(t, tc.want, gcPercent(), "roles %v, GOGC %q", tc.roles, tc.gogc)
+		assert.Equal(t, tc.hook, hook != nil, "roles %v, GOGC %q: handshake hook", tc.roles, tc.gogc)
+		cancel()
 	}
+}
+
+// A gateway-only process raises its collector target while handshakes
+// come at a storm's rate and lowers it again after.
+func TestGatewayOnlyProcessRaisesItsTargetInAHandshakeStorm(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hook := processGC(ctx, &config.Config{Roles: []config.Role{config.RoleGateway}}, gogcEnv(""), quiet)
+	require.NotNil(t, hook)
+	require.Equal(t, GatewayGCPercent, gcPercent())
+	require.Eventually(t, func() bool {
+		for range 100 { // 10,000 a second
+			hook()
+		}
+		return gcPercent() == gctarget.StormPercent
+	}, 10*time.Second, 10*time.Millisecond, "the storm's target")
+	require.Eventually(t, func() bool { return gcPercent() == GatewayGCPercent },
+		gctarget.QuietFor+5*time.Second, 50*time.Millisecond, "the idle target back after the storm")
+}
+
+func gogcEnv(gogc string) func(string) string {
+	return func(k string) string {
+		if k == "GOGC" {
+			return gogc
+		}
+		return ""
+	}
+}
+
+// gcPercent reads the collector's target without setting it.
+func gcPercent() int {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int(s[0].Value.Uint64())
 }

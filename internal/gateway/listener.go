@@ -95,6 +95,9 @@ func (l *listener) handle(raw net.Conn) {
 		_ = raw.Close()
 		return
 	}
+	if h := l.g.o.OnHandshake; h != nil {
+		h()
+	}
 	plain := &plainConn{Conn: tc, rec: rec}
 	br := bufio.NewReaderSize(plain, upgradeReadBuffer)
 	req, err := http.ReadRequest(br)

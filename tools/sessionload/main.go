@@ -15,6 +15,21 @@
 // the reconnect's wall time is the gateway's on one core rather than the
 // two sides' contention; the gateway's CPU per returning session (less
 // its own start) is the figure that drives it.
+//
+// The memory figures are read once the gateway's collector is back at its
+// idle target: a gateway-only computed raises the target during a
+// reconnect storm and sets it back (returning the storm's garbage to the
+// OS) after 2 s without one (internal/gctarget); the run waits for its
+// gctarget.storm counter to read 0, so that the figure is an idle
+// gateway's. GOGC in this tool's environment is not passed to the
+// gateways (GATEWAY_GOGC is, as GOGC).
+//
+// This process plays every daemon, which in a fleet each have a machine of
+// their own, and its one core bounds the reconnect's wall time about as
+// much as the gateway's does, so its collector runs at -gogc (400 by
+// default; GOGC in the environment wins): at Go's default 100 the
+// collector took 8 to 10 % of this process's CPU in a reconnect storm, at
+// 400 3 % (docs/benchmarks-notes.md, "storm-aware collector target").
 package main
 
 import (
@@ -37,7 +52,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,8 +82,12 @@ func main() {
 	computed := flag.String("computed", "", "a built computed binary (default: go build ./cmd/computed)")
 	runs := flag.Int("runs", 3, "runs (a fresh gateway each), reported side by side for their spread")
 	pin := flag.Bool("pin", runtime.NumCPU() >= 2, "run the gateway on core 0 and the load tool on the others (taskset)")
+	gogc := flag.Int("gogc", 400, "this process's collector target (the daemons' side; GOGC in the environment wins); not the gateway's")
 	dials := flag.Int("dials", 64, "handshakes in flight at once (daemons on their own machines do not share this one's CPU; unbounded, the load tool's own TLS work starves the handshakes past the gateway's timeout)")
 	flag.Parse()
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(*gogc)
+	}
 	if *database == "" {
 		log.Fatal("sessionload: -database or SERVICE_DATABASE_URL is required")
 	}
@@ -86,7 +107,9 @@ func main() {
 	check(err)
 	defer drop()
 
-	env := append(os.Environ(), "SERVICE_DATABASE_URL="+dbURL, "SERVICE_SECRET="+secret, "SERVICE_PKI="+filepath.Join(work, "pki.json"))
+	// GOGC is this process's; the gateway gets GATEWAY_GOGC (below).
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") })
+	env = append(env, "SERVICE_DATABASE_URL="+dbURL, "SERVICE_SECRET="+secret, "SERVICE_PKI="+filepath.Join(work, "pki.json"))
 	cmd := exec.Command(*computed, "migrate")
 	cmd.Env = env
 	run(cmd)
@@ -185,6 +208,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	time.Sleep(2 * time.Second)
 	res.before = rssKiB(gw.Process.Pid)
 	heap0, stack0, g0 := memStats(pprofAddr)
+	alloc0 := heapAlloc(pprofAddr)
 
 	welcomed := new(atomic.Int64)
 	stop := make(chan struct{})
@@ -199,10 +223,14 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	// Idle: past the first status of every session (sent 5 s after its
 	// welcome), which the gateway writes.
 	time.Sleep(8 * time.Second)
+	waitIdleTarget(r, pprofAddr)
 	res.after = rssKiB(gw.Process.Pid)
 	heap1, stack1, g1 := memStats(pprofAddr)
 	res.held = welcomed.Load() // n, unless the cold connect ran out of time
 	held := float64(max(res.held, 1))
+	// The heap's objects against its spans in use: the difference is
+	// free space inside spans that hold some live object (fragmentation).
+	log.Printf("run %d: idle, per session: heap in use %.1f KiB, of it allocated %.1f KiB", r, float64(heap1-heap0)/1024/held, float64(heapAlloc(pprofAddr)-alloc0)/1024/held)
 	res.perSession = float64(res.after-res.before) / held
 	res.heapPer, res.stackPer = float64(heap1-heap0)/1024/held, float64(stack1-stack0)/1024/held
 	res.goroutinesPer = float64(g1-g0) / held
@@ -293,7 +321,9 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	// gateway's figures before its sessions: the same binary and
 	// configuration.
 	time.Sleep(8 * time.Second)
+	waitIdleTarget(r, pprofAddr)
 	heap2, stack2, _ := memStats(pprofAddr)
+	log.Printf("run %d: idle after the second restart, per session: heap in use %.1f KiB, of it allocated %.1f KiB", r, float64(heap2-heap0)/1024/float64(max(welcomed.Load(), 1)), float64(heapAlloc(pprofAddr)-alloc0)/1024/float64(max(welcomed.Load(), 1)))
 	if d := os.Getenv("GATEWAY_PROFILES"); d != "" {
 		if b, err := httpGet(pprofAddr, "/debug/pprof/heap"); err == nil {
 			_ = os.WriteFile(filepath.Join(d, fmt.Sprintf("heap-%d-restarted", r)), b, 0o644)
@@ -370,6 +400,49 @@ func gatewayVars(addr string) map[string]int64 {
 		return nil
 	}
 	return v.Gateway
+}
+
+// waitIdleTarget waits (up to 60 s) until the gateway's collector is back
+// at its idle target after a storm (internal/gctarget's expvar
+// gctarget.storm reads 0), so that memory is read on an idle gateway. A
+// gateway without the counter (an older binary, or GOGC set) is not
+// waited for.
+func waitIdleTarget(r int, addr string) {
+	start := time.Now()
+	for {
+		b, err := httpGet(addr, "/debug/vars")
+		check(err)
+		var v struct {
+			GCTarget *struct {
+				Storm, Storms, Freed int64
+			} `json:"gctarget"`
+		}
+		check(json.Unmarshal(b, &v))
+		if v.GCTarget == nil || v.GCTarget.Storm == 0 {
+			if v.GCTarget != nil {
+				log.Printf("run %d: gateway at its idle collector target (storms %d, freed %d; waited %s)", r, v.GCTarget.Storms, v.GCTarget.Freed, time.Since(start).Round(time.Millisecond))
+			}
+			return
+		}
+		if time.Since(start) > 60*time.Second {
+			log.Fatalf("run %d: the gateway's storm target still set after 60 s", r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+var allocRe = regexp.MustCompile(`(?m)^# HeapAlloc = (\d+)`)
+
+// heapAlloc reads the gateway's bytes of allocated heap objects (live,
+// and dead ones not yet swept).
+func heapAlloc(addr string) int64 {
+	b, err := httpGet(addr, "/debug/pprof/heap?debug=1")
+	check(err)
+	var v int64
+	if m := allocRe.FindSubmatch(b); m != nil {
+		v, _ = strconv.ParseInt(string(m[1]), 10, 64)
+	}
+	return v
 }
 
 var memRe = regexp.MustCompile(`(?m)^# (HeapInuse|Stack) = (\d+)`)
