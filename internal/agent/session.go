@@ -418,10 +418,14 @@ func (a *Agent) dialMTLS(ctx context.Context, gw agentproto.Gateway) (*websocket
 		c := a.cert.Load()
 		return &tls.Certificate{Certificate: [][]byte{c.Raw}, PrivateKey: a.key, Leaf: c}
 	}, a.tickets.get())
+	ticket, _ := tc.ClientSessionCache.Get(serverName) // crypto/tls keys a ticket by ServerName
 	ctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	defer cancel()
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: false}}
 	conn, resp, err := websocket.Dial(ctx, "wss://"+u.Host+agentproto.SessionPath, &websocket.DialOptions{HTTPClient: hc})
+	if err != nil {
+		keepTicket(tc.ClientSessionCache, serverName, ticket, err)
+	}
 	if err != nil && resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
 		err = fmt.Errorf("%w: %v", errBusy, err)
 	}
@@ -440,34 +444,6 @@ func MTLSConfig(roots *x509.CertPool, serverName string, cert func() *tls.Certif
 	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: serverName,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert(), nil },
 		ClientSessionCache:   tickets}
-}
-
-// TicketCacheSize is how many gateways' session tickets a daemon keeps
-// (one per server name, the last ticket each).
-const TicketCacheSize = 16
-
-// ticketCache holds the daemon's TLS session tickets; reset replaces them
-// all, after a renewal: a resumed session carries the certificate of the
-// handshake that issued its ticket, and the gateway records the serial of
-// the certificate a session presents.
-type ticketCache struct {
-	mu sync.Mutex
-	c  tls.ClientSessionCache
-}
-
-func (t *ticketCache) get() tls.ClientSessionCache {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.c == nil {
-		t.c = tls.NewLRUClientSessionCache(TicketCacheSize)
-	}
-	return t.c
-}
-
-func (t *ticketCache) reset() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.c = nil
 }
 
 // errBusy is a gateway's refusal before the upgrade (503: it drains or is

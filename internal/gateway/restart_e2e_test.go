@@ -122,7 +122,7 @@ func TestDaemonsReconnectWithinSecondsOfTheOnlyGatewayRestarting(t *testing.T) {
 			return line != ""
 		}, 10*time.Second, 50*time.Millisecond, "the restarted gateway logs node %s's session", a.node)
 		if strings.Contains(line, `"transport":"mtls"`) {
-			assert.Contains(t, line, `"resumed":true`, "node %s resumed its TLS session on the restarted gateway", a.node)
+			assert.Contains(t, line, `"resumed":true`, "node %s resumed its TLS session on the restarted gateway\n%s", a.node, proctest.Tail(a.p.Stderr.String(), 20))
 		} else {
 			t.Logf("node %s came back over the fallback: %s", a.node, line)
 		}
