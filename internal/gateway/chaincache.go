@@ -80,9 +80,12 @@ func (c *chainCache) verified(k chainKey, roots *x509.CertPool, now time.Time) b
 
 // add remembers a chain that verified against roots at now; chain is
 // the verified chain (leaf to root) whose earliest NotAfter bounds the
-// entry.
-func (c *chainCache) add(k chainKey, roots *x509.CertPool, chain []*x509.Certificate, now time.Time) {
+// entry, and so does each of until (a resumed chain's roots' validity).
+func (c *chainCache) add(k chainKey, roots *x509.CertPool, chain []*x509.Certificate, now time.Time, until ...time.Time) {
 	notAfter := int64(1<<63 - 1)
+	for _, u := range until {
+		notAfter = min(notAfter, u.UnixNano())
+	}
 	for _, x := range chain {
 		notAfter = min(notAfter, x.NotAfter.UnixNano())
 	}

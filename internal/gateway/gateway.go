@@ -334,6 +334,12 @@ func (g *Gateway) verifyCerts(t *trust, certs []*x509.Certificate, resumed bool)
 	if skipped {
 		statChainsResumed.Add(1)
 		node, err = pki.NodeOf(certs[0], g.bundle.TrustDomain)
+		if err == nil {
+			// Remembered as verified, as it was against these roots: the
+			// node's next full handshake (a fleet-wide drop after a
+			// restart its daemons resumed on) finds it.
+			g.chains.add(chainKeyOf(certs), roots, certs, now, t.roots.until)
+		}
 	} else if key := chainKeyOf(certs); g.chains.verified(key, roots, now) {
 		// The same certificates verified against these roots before and
 		// are within their validity: only the checks that do not follow

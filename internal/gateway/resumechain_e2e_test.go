@@ -136,6 +136,24 @@ func TestResumedSessionSkipsTheChainVerification(t *testing.T) {
 	assert.Equal(t, chainCounts{resumed: 1}, chainStats().since(before), "refused on the resumed path")
 }
 
+// A resumed chain is remembered as verified: after a restart its daemons
+// resumed on, a daemon's full handshake (its tickets gone) finds its chain
+// in the cache instead of verifying it.
+func TestResumedChainIsRememberedAsVerified(t *testing.T) {
+	w := setup(t)
+	n := w.newNode(t)
+	tickets := &resumptions{ClientSessionCache: tls.NewLRUClientSessionCache(agent.TicketCacheSize)}
+	assert.False(t, session(t, w, w.gwURL, n, tickets), "the first session is a full handshake")
+
+	_, url := startGateway(t, w, config.PEM{}, nil)
+	before := chainStats()
+	assert.True(t, session(t, w, url, n, tickets), "resumed on the restarted gateway")
+	assert.Equal(t, chainCounts{resumed: 1}, chainStats().since(before))
+	before = chainStats()
+	assert.False(t, session(t, w, url, n, tls.NewLRUClientSessionCache(1)), "no ticket: a full handshake")
+	assert.Equal(t, chainCounts{cached: 1}, chainStats().since(before), "found verified before")
+}
+
 // A ticket sealed under other node CA roots does not open: the daemon
 // does a full handshake, its chain verified. Gateways with the same roots
 // (in any order, from a file or from the bundle) resume each other's
