@@ -99,11 +99,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if addr := getenv("SERVICE_PPROF_ADDR"); addr != "" {
 			servePprof(ctx, addr, log)
 		}
-		handshake := processGC(ctx, cfg, getenv, log)
+		processGC(ctx, cfg, getenv, gateway.Handshakes, log)
 		// Workflows render and lock profiles through the profiles group
 		// (own, public, then shipped: the specification's lookup order).
 		workflows.Profiles, workflows.ProfileLocker = profiles.ForWorkflows{}, profiles.ForWorkflows{}
-		h, err := host.New(ctx, cfg, log, host.Options{SkipMigrations: getenv("SERVICE_SKIP_MIGRATIONS") == "1", Plugins: builtin.All(), GatewayHandshake: handshake})
+		h, err := host.New(ctx, cfg, log, host.Options{SkipMigrations: getenv("SERVICE_SKIP_MIGRATIONS") == "1", Plugins: builtin.All()})
 		if err != nil {
 			log.Error("startup failed", "error", err.Error())
 			return 1
@@ -357,25 +357,25 @@ const GatewayGCPercent = 20
 const APIGCPercent = 400
 
 // processGC sets the collector's target for the roles this process runs.
-// On a gateway-only process it also returns the hook the gateway calls
-// after each handshake: during a reconnect storm the target is raised to
+// On a gateway-only process it also starts the storm policy until ctx
+// ends: while handshakes (the gateway's count, gateway.Handshakes) come
+// at a reconnect storm's rate the target is raised to
 // gctarget.StormPercent, then set back and the storm's garbage returned
-// to the OS (internal/gctarget), until ctx ends. Elsewhere, and whenever
-// GOGC is set, it returns nil and the target stays as set here.
-func processGC(ctx context.Context, cfg *config.Config, getenv func(string) string, log *slog.Logger) (handshake func()) {
+// to the OS (internal/gctarget). It says whether it started the policy:
+// not elsewhere, and not whenever GOGC is set.
+func processGC(ctx context.Context, cfg *config.Config, getenv func(string) string, handshakes func() int64, log *slog.Logger) (stormPolicy bool) {
 	if getenv("GOGC") != "" {
-		return nil
+		return false
 	}
 	switch {
 	case len(cfg.Roles) == 1 && cfg.Roles[0] == config.RoleGateway:
 		debug.SetGCPercent(GatewayGCPercent)
 		log.Info("gateway-only process: collector target lowered", "gcPercent", GatewayGCPercent, "stormGcPercent", gctarget.StormPercent)
-		p := gctarget.New(GatewayGCPercent, gctarget.StormPercent, debug.SetGCPercent, debug.FreeOSMemory, log)
-		go p.Run(ctx)
-		return p.Handshake
+		go gctarget.New(GatewayGCPercent, gctarget.StormPercent, handshakes, debug.SetGCPercent, debug.FreeOSMemory, log).Run(ctx)
+		return true
 	case slices.Contains(cfg.Roles, config.RoleAPI) && !slices.Contains(cfg.Roles, config.RoleGateway):
 		debug.SetGCPercent(APIGCPercent)
 		log.Info("api process: collector target raised", "gcPercent", APIGCPercent)
 	}
-	return nil
+	return false
 }

@@ -629,8 +629,8 @@ func TestBusyPortNamesItsOption(t *testing.T) {
 
 // The collector's target follows the roles: lowered on a gateway-only
 // process, raised on an api process without the gateway, left alone on
-// the rest and whenever GOGC is set. Only the gateway-only process gets
-// the handshake hook of the storm policy.
+// the rest and whenever GOGC is set. Only the gateway-only process runs
+// the storm policy.
 func TestProcessGCFollowsRoles(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -638,7 +638,7 @@ func TestProcessGCFollowsRoles(t *testing.T) {
 		roles []config.Role
 		gogc  string
 		want  int
-		hook  bool
+		storm bool
 	}{
 		{[]config.Role{config.RoleAPI}, "", APIGCPercent, false},
 		{[]config.Role{config.RoleAPI, config.RoleIAM}, "", APIGCPercent, false},
@@ -650,9 +650,9 @@ func TestProcessGCFollowsRoles(t *testing.T) {
 	} {
 		debug.SetGCPercent(100)
 		ctx, cancel := context.WithCancel(context.Background())
-		hook := processGC(ctx, &config.Config{Roles: tc.roles}, gogcEnv(tc.gogc), quiet)
+		storm := processGC(ctx, &config.Config{Roles: tc.roles}, gogcEnv(tc.gogc), func() int64 { return 0 }, quiet)
 		assert.Equal(t, tc.want, gcPercent(), "roles %v, GOGC %q", tc.roles, tc.gogc)
-		assert.Equal(t, tc.hook, hook != nil, "roles %v, GOGC %q: handshake hook", tc.roles, tc.gogc)
+		assert.Equal(t, tc.storm, storm, "roles %v, GOGC %q: the storm policy", tc.roles, tc.gogc)
 		cancel()
 	}
 }
@@ -664,13 +664,11 @@ func TestGatewayOnlyProcessRaisesItsTargetInAHandshakeStorm(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	hook := processGC(ctx, &config.Config{Roles: []config.Role{config.RoleGateway}}, gogcEnv(""), quiet)
-	require.NotNil(t, hook)
+	var handshakes atomic.Int64
+	require.True(t, processGC(ctx, &config.Config{Roles: []config.Role{config.RoleGateway}}, gogcEnv(""), handshakes.Load, quiet))
 	require.Equal(t, GatewayGCPercent, gcPercent())
 	require.Eventually(t, func() bool {
-		for range 100 { // 10,000 a second
-			hook()
-		}
+		handshakes.Add(100) // 10,000 a second
 		return gcPercent() == gctarget.StormPercent
 	}, 10*time.Second, 10*time.Millisecond, "the storm's target")
 	require.Eventually(t, func() bool { return gcPercent() == GatewayGCPercent },

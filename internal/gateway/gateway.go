@@ -80,10 +80,6 @@ type Options struct {
 	// is refused, the api answering UNAVAILABLE with retryAfterMs. 0: no
 	// bound.
 	TunnelsPerNode, TunnelsPerGateway int
-	// OnHandshake, when set, is called after each completed mutual-TLS
-	// handshake, on the handshake's goroutine: keep it to an atomic add
-	// (the process's collector target follows it, internal/gctarget).
-	OnHandshake func()
 }
 
 // Gateway is one running gateway role.

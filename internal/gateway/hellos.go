@@ -52,7 +52,13 @@ var (
 	statChainsVerified = new(expvar.Int) // client chains verified (x509)
 	statChainsCached   = new(expvar.Int) // client chains found verified before (chaincache.go)
 	statChainsResumed  = new(expvar.Int) // client chains of resumed sessions, not verified again (tickets.go)
+	statHandshakes     = new(expvar.Int) // mutual-TLS handshakes completed (Handshakes)
 )
+
+// Handshakes is the count of mutual-TLS handshakes this process's
+// gateways completed: a gateway-only process's collector target follows
+// its rate (internal/gctarget).
+func Handshakes() int64 { return statHandshakes.Value() }
 
 func init() {
 	stats.Set("hellos", statHellos)
@@ -65,6 +71,7 @@ func init() {
 	stats.Set("chainsVerified", statChainsVerified)
 	stats.Set("chainsCached", statChainsCached)
 	stats.Set("chainsResumed", statChainsResumed)
+	stats.Set("handshakes", statHandshakes)
 }
 
 // openReq is one hello waiting for its session row.

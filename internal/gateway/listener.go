@@ -95,9 +95,7 @@ func (l *listener) handle(raw net.Conn) {
 		_ = raw.Close()
 		return
 	}
-	if h := l.g.o.OnHandshake; h != nil {
-		h()
-	}
+	statHandshakes.Add(1)
 	plain := &plainConn{Conn: tc, rec: rec}
 	br := bufio.NewReaderSize(plain, upgradeReadBuffer)
 	req, err := http.ReadRequest(br)

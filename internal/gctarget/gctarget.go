@@ -21,7 +21,6 @@ import (
 	"context"
 	"expvar"
 	"log/slog"
-	"sync/atomic"
 	"time"
 )
 
@@ -62,11 +61,10 @@ func init() {
 // target. The zero value is not usable: use New.
 type Policy struct {
 	idle, storm int
+	handshakes  func() int64  // gateway.Handshakes
 	setGC       func(int) int // debug.SetGCPercent
 	freeOS      func()        // debug.FreeOSMemory
 	log         *slog.Logger
-
-	handshakes atomic.Int64
 
 	// Step's state (one goroutine: Run's, or a test's).
 	seen       int64
@@ -77,16 +75,13 @@ type Policy struct {
 	quietSince time.Time
 }
 
-// New returns a policy that sets idle outside storms and storm during
-// them through setGC, and calls freeOS once as each storm ends. It sets
+// New returns a policy that reads the count of completed handshakes
+// from handshakes, sets idle outside storms and storm during them
+// through setGC, and calls freeOS once as each storm ends. It sets
 // nothing until a storm.
-func New(idle, storm int, setGC func(int) int, freeOS func(), log *slog.Logger) *Policy {
-	return &Policy{idle: idle, storm: storm, setGC: setGC, freeOS: freeOS, log: log}
+func New(idle, storm int, handshakes func() int64, setGC func(int) int, freeOS func(), log *slog.Logger) *Policy {
+	return &Policy{idle: idle, storm: storm, handshakes: handshakes, setGC: setGC, freeOS: freeOS, log: log}
 }
-
-// Handshake counts one completed handshake: the gateway's hook, an
-// atomic add on its handshake path.
-func (p *Policy) Handshake() { p.handshakes.Add(1) }
 
 // Run steps the policy every Tick until ctx ends, then sets the idle
 // target back if a storm's was set.
@@ -111,7 +106,7 @@ func (p *Policy) Run(ctx context.Context) {
 // Step looks at the handshakes since the last step and enters or leaves
 // a storm. The first call only takes the count.
 func (p *Policy) Step(now time.Time) {
-	n := p.handshakes.Load()
+	n := p.handshakes()
 	if p.at.IsZero() {
 		p.seen, p.at = n, now
 		return

@@ -77,9 +77,6 @@ type assembly struct {
 	bundle  func() (*pki.Bundle, error)
 	// draining makes /readyz fail once shutdown began (Host.Serve).
 	draining *atomic.Bool
-	// gatewayHandshake is called after each of the gateway role's
-	// handshakes (Options.GatewayHandshake; nil: none).
-	gatewayHandshake func()
 
 	siblings []*store.Store // pools opened beside st, closed with the host
 	closers  []func()       // other connections closed with the host
@@ -136,7 +133,6 @@ func Assemble(cfg *config.Config, st *store.Store, log *slog.Logger, builtIn bui
 	if ov.Now != nil {
 		a.now = ov.Now
 	}
-	a.gatewayHandshake = ov.gatewayHandshake
 	defer func() {
 		if err != nil {
 			closeAll(a.siblings)
@@ -504,7 +500,7 @@ func (a *assembly) gatewayRole() (*gateway.Gateway, error) {
 	return gateway.New(gateway.Options{Config: a.cfg.Gateway, NodeCARoots: roots, Bundle: a.bundle,
 		TunnelsPerNode: perNode, TunnelsPerGateway: perGateway,
 		Store: gwStore, Notifier: a.notifier, Log: a.log.With("role", "gateway"), TrustVersion: a.cfg.PKI.TrustVersion,
-		Work: work, OnHandshake: a.gatewayHandshake,
+		Work: work,
 		OnResolve: func(ctx context.Context, node, instanceID string, refs []string) (map[string]string, error) {
 			return instances.ResolveUserData(ctx, db.New(gwStore.Pool()), a.secrets, node, instanceID, refs)
 		}})

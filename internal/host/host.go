@@ -80,10 +80,6 @@ type Options struct {
 	// (builtin.All in the main).
 	Plugins   builtin.Plugins
 	Overrides Overrides
-	// GatewayHandshake, when set, is called after each mutual-TLS
-	// handshake the gateway role completes (gateway.Options.OnHandshake):
-	// the process's collector policy counts them (internal/gctarget).
-	GatewayHandshake func()
 }
 
 // Overrides replace parts of the host, for tests of the envelope: a gate
@@ -93,10 +89,6 @@ type Overrides struct {
 	Gate     rpc.Gate
 	Services func(*api.Services)
 	Now      func() time.Time
-
-	// gatewayHandshake is Options.GatewayHandshake, carried to Assemble
-	// by New (not an override).
-	gatewayHandshake func()
 }
 
 // New loads nothing itself: it opens the store, migrates (unless skipped),
@@ -112,7 +104,6 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger, opt Options)
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
 	}
-	opt.Overrides.gatewayHandshake = opt.GatewayHandshake
 	h, err := Assemble(cfg, st, log, opt.Plugins, opt.Overrides)
 	if err != nil {
 		st.Close()
