@@ -101,17 +101,25 @@ func refused(t *testing.T, w *world, url string, n joined, tickets tls.ClientSes
 	assert.NotContains(t, err.Error(), "status code", "refused in the handshake, not at the upgrade")
 }
 
+// ticketAndRestart gives a node a session ticket from the deployment's
+// gateway (a full handshake) and starts another gateway with the same
+// bundle and roots, as a restart does: its verified-chain cache is empty.
+func ticketAndRestart(t *testing.T) (*world, joined, *resumptions, string) {
+	t.Helper()
+	w := setup(t)
+	n := w.newNode(t)
+	tickets := &resumptions{ClientSessionCache: tls.NewLRUClientSessionCache(agent.TicketCacheSize)}
+	assert.False(t, session(t, w, w.gwURL, n, tickets), "the first session is a full handshake")
+	_, url := startGateway(t, w, config.PEM{}, nil)
+	return w, n, tickets, url
+}
+
 // A daemon resuming its TLS session on a restarted gateway (an empty
 // verified-chain cache) is accepted without its chain verified again: the
 // ticket opened under a key bound to the same roots. Its node is still
 // checked against the revocation set: revoked, it cannot resume.
 func TestResumedSessionSkipsTheChainVerification(t *testing.T) {
-	w := setup(t)
-	n := w.newNode(t)
-	tickets := &resumptions{ClientSessionCache: tls.NewLRUClientSessionCache(agent.TicketCacheSize)}
-	assert.False(t, session(t, w, w.gwURL, n, tickets), "the first session is a full handshake")
-
-	_, url := startGateway(t, w, config.PEM{}, nil)
+	w, n, tickets, url := ticketAndRestart(t)
 	before := chainStats()
 	conn, resumed, err := dialResuming(t.Context(), url, w.bundle, n, tickets)
 	require.NoError(t, err)
@@ -140,12 +148,7 @@ func TestResumedSessionSkipsTheChainVerification(t *testing.T) {
 // resumed on, a daemon's full handshake (its tickets gone) finds its chain
 // in the cache instead of verifying it.
 func TestResumedChainIsRememberedAsVerified(t *testing.T) {
-	w := setup(t)
-	n := w.newNode(t)
-	tickets := &resumptions{ClientSessionCache: tls.NewLRUClientSessionCache(agent.TicketCacheSize)}
-	assert.False(t, session(t, w, w.gwURL, n, tickets), "the first session is a full handshake")
-
-	_, url := startGateway(t, w, config.PEM{}, nil)
+	w, n, tickets, url := ticketAndRestart(t)
 	before := chainStats()
 	assert.True(t, session(t, w, url, n, tickets), "resumed on the restarted gateway")
 	assert.Equal(t, chainCounts{resumed: 1}, chainStats().since(before))
