@@ -8,7 +8,7 @@
 // figures into docs/benchmarks.md and docs/benchmarks-notes.md (the
 // section "Gateway sessions").
 //
-//	go run ./tools/sessionload [-n 10000] [-runs 3] [-dials 64] [-pin=true] [-database $SERVICE_DATABASE_URL]
+//	go run ./tools/sessionload [-n 10000] [-runs 3] [-dials 64] [-pin=true] [-cpuprofile DIR] [-database $SERVICE_DATABASE_URL]
 //
 // With -pin (the default on two cores or more) the gateway runs on core 0
 // and this process, the daemons' side, on the others (taskset), so that
@@ -30,6 +30,11 @@
 // default; GOGC in the environment wins): at Go's default 100 the
 // collector took 8 to 10 % of this process's CPU in a reconnect storm, at
 // 400 3 % (docs/benchmarks-notes.md, "storm-aware collector target").
+// Its daemons' sessions (daemon.go) do the daemon's protocol work and
+// leave out the costs that come of playing them all in one process.
+//
+// -cpuprofile DIR (default $GATEWAY_PROFILES) keeps this process's CPU
+// profile of each storm, load-<run>-full, -resumed and -drops.
 package main
 
 import (
@@ -628,7 +633,16 @@ gateway.sessionTicketDays: 7; docs/gateway.md), full handshakes first on odd run
 resuming first on even ones; then every daemon drops its session and comes back to the
 running gateway with a full handshake (a network blip, a fleet-wide daemon restart: the
 gateway has verified each client chain before and remembers it). The load tool dials
-with the daemon's TLS configuration (agent.MTLSConfig) and reconnects with its delays.
+with the daemon's TLS configuration (agent.MTLSConfig, each node its own ticket cache) and
+reconnects with its delays (agent.Run's: at once after a session that lasted, then 200 ms
+doubling to 1 s, jittered). What it does differently from a daemon, since it plays all of
+them on one core, is its own side's cost, not the gateway's work: it runs each handshake on
+the session's goroutine over a TCP connection it dials itself and writes the upgrade request
+as net/http does (no Transport per dial), encodes the hello once per node and the status
+(no instances) once for all, bounds each step with a deadline on the connection rather
+than a context, and keeps at most %d handshakes in flight (daemons on their own machines
+would not queue). The gateway sees the same TCP connections, TLS 1.3 handshakes (hybrid
+key exchange, client certificates, resumption), upgrade requests, hellos and statuses.
 
 Goals: at most 24 KiB per idle session (worst run %.1f KiB: %s); all %d back within 10 s of
 a restart (with full handshakes, the default: worst run %s: %s; resuming, with
@@ -714,7 +728,7 @@ gives; a resumed session holds more (the row after the second restart, odd runs)
 			}
 			return fmt.Sprintf("%d / %d", r.varsFull["statusWrites"], r.varsFull["statusSkipped"])
 		}),
-		worstPer, verdict(worstPer <= 24), n, worstBack.Round(10*time.Millisecond), verdict(allBack && worstBack <= 10*time.Second),
+		dials, worstPer, verdict(worstPer <= 24), n, worstBack.Round(10*time.Millisecond), verdict(allBack && worstBack <= 10*time.Second),
 		worstResumed.Round(10*time.Millisecond), cpuBudget, n, 10000.0/float64(n), n)
 }
 
