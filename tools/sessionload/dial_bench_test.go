@@ -179,4 +179,3 @@ func selfSigned(t testing.TB) tls.Certificate {
 	require.NoError(t, err)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 }
-
