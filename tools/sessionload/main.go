@@ -642,7 +642,9 @@ as net/http does (no Transport per dial), encodes the hello once per node and th
 (no instances) once for all, bounds each step with a deadline on the connection rather
 than a context, and keeps at most %d handshakes in flight (daemons on their own machines
 would not queue). The gateway sees the same TCP connections, TLS 1.3 handshakes (hybrid
-key exchange, client certificates, resumption), upgrade requests, hellos and statuses.
+key exchange, client certificates, resumption), upgrade requests, hellos and statuses; it
+sends no ping with each heartbeat, as the daemon does, so the gateway's pongs are not in
+the figures.
 
 Goals: at most 24 KiB per idle session (worst run %.1f KiB: %s); all %d back within 10 s of
 a restart (with full handshakes, the default: worst run %s: %s; resuming, with
