@@ -25,6 +25,14 @@ import (
 // on it and then finds the real resource (a replay), and it is what the
 // decision resolves the new object to.
 func (s *Service) QueueDraftRequire(p *store.Pipeline, draft iam.Resource, c *iam.Caller, action string, target iam.Resource) (func(ctx context.Context) (iam.DraftOutcome, error), bool) {
+	// The target must be known without reading it (the tenant, the draft,
+	// the fleet): a create decided on another object (a sandbox volume on
+	// its pool) is admitted before its transaction, as without a head.
+	inDraft := context.WithValue(context.Background(), writtenDraftKey{}, draft)
+	t, err := s.resolve(inDraft, db.New(noReads{}), target)
+	if target.Type != s.prefix+"fleet" && err != nil {
+		return nil, false
+	}
 	arg, err := s.resourceParams(draft)
 	if err != nil {
 		return func(context.Context) (iam.DraftOutcome, error) { return iam.DraftOutcome{}, err }, true
@@ -44,8 +52,7 @@ func (s *Service) QueueDraftRequire(p *store.Pipeline, draft iam.Resource, c *ia
 	// project it is a member of: the refusal's last read, queued too when
 	// the target is known without reading (the tenant, the draft).
 	var member readMember
-	inDraft := context.WithValue(context.Background(), writtenDraftKey{}, draft)
-	if t, err := s.resolve(inDraft, db.New(noReads{}), target); read && err == nil && t.id != "" && t.parentType != "" {
+	if read && target.Type != s.prefix+"fleet" && t.id != "" && t.parentType != "" {
 		member.arg = s.memberParams(c, t, false)
 		p.Queue(func(q *db.Queries) { member.ok, member.err = q.IAMProjectMember(context.Background(), member.arg) })
 	}
