@@ -266,10 +266,11 @@ func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session, head bool)
 // out after BEGIN in the pipeline of the method's first statements, and
 // the decision is made when their results came, before the method sees
 // any. A refusal fails the transaction (what the method's statements did
-// is rolled back) and is the call's answer (Settle); so is any outcome
-// the head cannot decide (a real resource holds the id, the decision
-// needs more reads), after which the call runs again admitted as admit
-// does without a head.
+// is rolled back) and is the call's answer (settle). A retry finds the
+// real resource there and the method answers it, undecided, as in admit.
+// What the head cannot decide (the decision needs another read) fails the
+// transaction too, and the call runs again admitted as admit does without
+// a head.
 func (g *Gate) admitInTx(ctx context.Context, hd HeadDrafter, call *rpc.Call, s *Session, draft, target Resource) (context.Context, bool) {
 	m := call.Method
 	h := &store.Head{}

@@ -261,7 +261,7 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 		Method: m, Input: in, Fields: obj, Request: r,
 		RequestID: meta.RequestID, Traceparent: meta.Traceparent,
 		Credential: bearer(r.Header.Get("Authorization")),
-		InTx:       m.Kind != api.KindPublic && h.Store != nil,
+		InTx:       m.Kind != api.KindPublic && store.TakesHeads(h.Store),
 	}
 	if h.Precheck != nil {
 		if err := h.Precheck(ctx, call); err != nil {

@@ -25,6 +25,14 @@ type Head struct {
 	taken atomic.Bool
 }
 
+// TakesHeads reports whether t's transactions take the head their
+// context carries (a Store's do): a head another transactor would drop
+// must not be relied on.
+func TakesHeads(t any) bool {
+	_, ok := t.(*Store)
+	return ok
+}
+
 type headKey struct{}
 
 // WithHead returns ctx carrying h for the next transaction begun with it;
