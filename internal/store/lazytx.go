@@ -341,9 +341,6 @@ func (t *lazyTx) Conn() *pgx.Conn { return t.conn.Conn() }
 // rolled back and its error returned (errRolledBack: the connection is
 // clean).
 func (t *lazyTx) Commit(ctx context.Context) error {
-	if t.direct() {
-		return t.tx.Commit(ctx)
-	}
 	if t.head != nil {
 		// The head is checked before anything commits: it goes out, with
 		// what is held, in a pipeline of its own.
