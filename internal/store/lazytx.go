@@ -336,7 +336,9 @@ func (t *lazyTx) LargeObjects() pgx.LargeObjects {
 
 func (t *lazyTx) Conn() *pgx.Conn { return t.conn.Conn() }
 
-// Commit ends the transaction; one that never began has nothing to commit.
+// Commit ends the transaction; one that never began has nothing to commit
+// (a head it carries is still sent and checked first, never with the
+// COMMIT: a refused head rolls the transaction back).
 // Held writes travel with the COMMIT; when one fails the transaction is
 // rolled back and its error returned (errRolledBack: the connection is
 // clean).
