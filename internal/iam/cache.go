@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"sync"
 	"time"
+
+	"computeplane/internal/store"
 )
 
 // Cache windows of the specification's Limits table.
@@ -63,7 +65,19 @@ func (c *Cached) PutDraftRequire(ctx context.Context, draft Resource, caller *Ca
 	return DraftOutcome{Drafted: true, Refusal: c.Port.Require(ctx, caller, action, target)}, nil
 }
 
-var _ DraftRequirer = (*Cached)(nil)
+// QueueDraftRequire implements HeadDrafter when the port does; nothing of
+// it is cached.
+func (c *Cached) QueueDraftRequire(p *store.Pipeline, draft Resource, caller *Caller, action string, target Resource) (func(ctx context.Context) (DraftOutcome, error), bool) {
+	if hd, ok := c.Port.(HeadDrafter); ok {
+		return hd.QueueDraftRequire(p, draft, caller, action, target)
+	}
+	return nil, false
+}
+
+var (
+	_ DraftRequirer = (*Cached)(nil)
+	_ HeadDrafter   = (*Cached)(nil)
+)
 
 // credKey is the SHA-256 of a credential and its source address: the
 // cache holds no token, and computing it costs no allocation.

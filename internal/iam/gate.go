@@ -74,7 +74,7 @@ func (g *Gate) Admit(ctx context.Context, call *rpc.Call) (context.Context, erro
 	}
 	s := &Session{Caller: caller, Resource: res, gate: g}
 	if m.Resource.Draft {
-		return g.admit(ctx, call, s)
+		return g.admit(ctx, call, s, true)
 	}
 	if err := g.decide(ctx, m, caller, res); err != nil {
 		// Only a refusal asks whether the object is another tenant's, so
@@ -159,7 +159,9 @@ func (g *Gate) visible(ctx context.Context, m *api.Method, res Resource) error {
 // draft when the method decides on the new object itself), and a refusal
 // drops the draft so nothing is left. A retry of a create whose derived id
 // already exists is answered by the method without a second decision.
-func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session) (context.Context, error) {
+// With head, a port that can (HeadDrafter) does all this at the head of
+// the call's transaction instead (admitInTx).
+func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session, head bool) (context.Context, error) {
 	m, caller := call.Method, s.Caller
 	tenant := s.Resource.TenantID
 	if t := str(call.Fields["tenantId"]); t != "" {
@@ -186,6 +188,13 @@ func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session) (context.C
 		target := s.Resource
 		if m.Resource.Creates == m.Resource.Type {
 			target = draft
+		}
+		// A delegated caller's decision reads its delegation: the head
+		// could not decide it.
+		if hd, ok := g.Port.(HeadDrafter); ok && head && call.InTx && m.Kind == api.KindMutation && caller.DelegationID == "" {
+			if ctx, ok := g.admitInTx(ctx, hd, call, s, draft, target); ok {
+				return ctx, nil
+			}
 		}
 		// The draft is written first: it never touches a real resource, so
 		// only a retry (the id is real) pays for reading what exists. A
@@ -252,6 +261,88 @@ func (g *Gate) admit(ctx context.Context, call *rpc.Call, s *Session) (context.C
 	return withCaller(ctx, s), nil
 }
 
+// admitInTx puts the create's admission at the head of the call's
+// transaction (store.Head): the draft's write and the decision's reads go
+// out after BEGIN in the pipeline of the method's first statements, and
+// the decision is made when their results came, before the method sees
+// any. A refusal fails the transaction (what the method's statements did
+// is rolled back) and is the call's answer (settle). A retry finds the
+// real resource there and the method answers it, undecided, as in admit.
+// What the head cannot decide (the decision needs another read) fails the
+// transaction too, and the call runs again admitted as admit does without
+// a head.
+func (g *Gate) admitInTx(ctx context.Context, hd HeadDrafter, call *rpc.Call, s *Session, draft, target Resource) (context.Context, bool) {
+	m := call.Method
+	h := &store.Head{}
+	outcome, ok := hd.QueueDraftRequire(&h.Pipeline, draft, s.Caller, m.Action, target)
+	if !ok {
+		return nil, false
+	}
+	p := &pendingAdmission{before: *s}
+	h.Check = func(ctx context.Context) error {
+		out, err := outcome(ctx)
+		switch {
+		case err == nil && !out.Drafted && out.Existing != nil:
+			// A retry: the method answers what exists, and nothing is
+			// decided, as admit does.
+			s.Replay, s.Resource, s.Draft = true, *out.Existing, nil
+			p.decided = true
+			return nil
+		case errors.Is(err, ErrNeedsReads) || err == nil && !out.Drafted:
+			return errUndecided
+		case err != nil:
+			p.refusal = g.refusal(err)
+		default:
+			p.refusal = g.decision(m, target, out.Refusal)
+		}
+		p.decided = true
+		return p.refusal
+	}
+	s.Draft, s.Resource, s.pending = &draft, draft, p
+	ctx = rpc.WithSettle(withCaller(ctx, s), func(ctx context.Context, err error) (context.Context, bool, error) {
+		return g.settle(ctx, call, err)
+	})
+	return store.WithHead(ctx, h), true
+}
+
+// pendingAdmission is a create's admission put at the head of its
+// transaction (admitInTx), decided once the head's results came.
+type pendingAdmission struct {
+	decided bool
+	refusal error   // the decision's refusal, nil when admitted
+	before  Session // the session as admission found it
+}
+
+// errUndecided fails a transaction whose head could not decide the call.
+var errUndecided = errors.New("iam: the admission is made again without a head")
+
+// settle is rpc.Settle for a call admitted at the head of its
+// transaction, which failed with err: a refusal is the answer (the
+// method's own error, which the refusal caused, is not), an admitted
+// call's error stands, and a call the head did not decide (it could not,
+// or the transaction ended before the head's results came) is admitted as
+// it was before heads (a retry of the create then finds its object and
+// replays it) and runs again.
+func (g *Gate) settle(ctx context.Context, call *rpc.Call, err error) (context.Context, bool, error) {
+	s := SessionFromContext(ctx)
+	if s == nil || s.pending == nil {
+		return ctx, false, err
+	}
+	p := s.pending
+	switch {
+	case p.decided && p.refusal != nil:
+		return ctx, false, p.refusal
+	case p.decided:
+		return ctx, false, err
+	}
+	again := p.before
+	actx, aerr := g.admit(store.WithHead(ctx, nil), call, &again, false)
+	if aerr != nil {
+		return ctx, false, aerr
+	}
+	return actx, true, nil
+}
+
 func (g *Gate) dropDraft(ctx context.Context, d Resource) {
 	// Best effort: a draft left by a crash is only a draft, never decided
 	// on as real, and a retry writes it again.
@@ -261,7 +352,8 @@ func (g *Gate) dropDraft(ctx context.Context, d Resource) {
 // Finish implements rpc.Finisher: a create that failed after admission
 // drops its draft; one that committed made it real in its transaction.
 func (g *Gate) Finish(ctx context.Context, err error) {
-	if s := SessionFromContext(ctx); s != nil && s.Draft != nil && err != nil {
+	// A draft written in the call's transaction went with its rollback.
+	if s := SessionFromContext(ctx); s != nil && s.Draft != nil && s.pending == nil && err != nil {
 		g.dropDraft(ctx, *s.Draft)
 	}
 }
@@ -414,6 +506,8 @@ type Session struct {
 	// returns what exists, and no decision was made.
 	Replay bool
 	gate   *Gate
+	// pending is an admission at the head of the call's transaction.
+	pending *pendingAdmission
 }
 
 // MakeReal writes the admitted draft as a real resource in the call's

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"computeplane/internal/store"
 )
 
 // Credential is what a caller presented, with the address the host verified.
@@ -117,12 +119,30 @@ type DraftRequirer interface {
 	PutDraftRequire(ctx context.Context, draft Resource, c *Caller, action string, target Resource) (DraftOutcome, error)
 }
 
+// HeadDrafter is a DraftRequirer whose projection is in the call's own
+// database: the draft's write and what the decision reads are queued on p,
+// which the gate puts at the head of the call's transaction's first
+// pipeline (store.Head), and outcome answers as PutDraftRequire would once
+// p's results came. ok false: this port cannot (nothing was queued).
+// outcome answers ErrNeedsReads when the decision needs a read p did not
+// carry: the gate then admits the call the way it did without a head.
+type HeadDrafter interface {
+	QueueDraftRequire(p *store.Pipeline, draft Resource, c *Caller, action string, target Resource) (outcome func(ctx context.Context) (DraftOutcome, error), ok bool)
+}
+
+// ErrNeedsReads is a HeadDrafter's decision that needs more than its head
+// read (a delegation, a project membership, a parent resource).
+var ErrNeedsReads = errors.New("iam: the decision needs reads its head did not carry")
+
 // DraftOutcome is what PutDraftRequire did. Drafted false (a real
 // resource holds the id) leaves the decision unmade and Refusal nil;
 // Drafted true carries Require's answer in Refusal (nil: allowed).
 type DraftOutcome struct {
 	Drafted bool
 	Refusal error
+	// Existing is, with Drafted false, the real resource holding the id
+	// when the port read it (a HeadDrafter does).
+	Existing *Resource
 }
 
 // Projection is the authorization projection and its relationships. Writes

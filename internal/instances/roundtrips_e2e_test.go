@@ -15,7 +15,7 @@ import (
 
 // maxRoundTrips is what instances.create makes today (fleettest.RoundTripGoal is
 // the most it may): the test fails above it.
-const maxRoundTrips = 4
+const maxRoundTrips = 3
 
 // TestCreateRoundTrips: instances.create, counted on the wire by computed
 // (compute_rpc_db_round_trips), makes at most maxRoundTrips round trips,

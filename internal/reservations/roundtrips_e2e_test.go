@@ -13,7 +13,7 @@ import (
 
 // maxRoundTrips is what reservations.create makes today (fleettest.RoundTripGoal is
 // the most it may): the test fails above it.
-const maxRoundTrips = 5
+const maxRoundTrips = 4
 
 // TestCreateRoundTrips: reservations.create, counted on the wire by
 // computed (compute_rpc_db_round_trips), makes at most maxRoundTrips round

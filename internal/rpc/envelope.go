@@ -59,6 +59,10 @@ type Call struct {
 	// Credential is the bearer token, "" when none was presented.
 	Credential string
 	Request    *http.Request
+	// InTx says the method runs in a transaction the envelope opens after
+	// Admit, so that a gate may put its decision at the head of it
+	// (Settle).
+	InTx bool
 }
 
 // TenantID is the input's tenantId, "" for methods that take none.
@@ -79,6 +83,22 @@ type Gate interface {
 // when the transaction committed.
 type Finisher interface {
 	Finish(ctx context.Context, err error)
+}
+
+// Settle is how a gate that put its decision on a call at the head of the
+// call's transaction (store.Head), where it is known only once that ran,
+// answers the call after the transaction failed with err: the call's
+// error, or again with the context to run the transaction once more in
+// (the gate admitted the call by its own round trips, the head having left
+// it undecided). The gate registers it in the call's context (WithSettle),
+// so that a gate wrapping another needs to know nothing of it.
+type Settle func(ctx context.Context, err error) (_ context.Context, again bool, _ error)
+
+type settleKey struct{}
+
+// WithSettle returns ctx carrying the call's Settle.
+func WithSettle(ctx context.Context, s Settle) context.Context {
+	return context.WithValue(ctx, settleKey{}, s)
 }
 
 // Transactor runs a function in one transaction.
@@ -241,6 +261,7 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 		Method: m, Input: in, Fields: obj, Request: r,
 		RequestID: meta.RequestID, Traceparent: meta.Traceparent,
 		Credential: bearer(r.Header.Get("Authorization")),
+		InTx:       m.Kind != api.KindPublic && store.TakesHeads(h.Store),
 	}
 	if h.Precheck != nil {
 		if err := h.Precheck(ctx, call); err != nil {
@@ -265,17 +286,26 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 	// One unit of work: a mutation's events are held and written with its
 	// audit row in one statement just before commit; what it asks to wake
 	// and its continuation act after the commit.
-	u, err := uow.Run(ctx, h.Store, m.Kind == api.KindRead, func(ctx context.Context, u *uow.Unit) error {
-		ctx = store.ContextWithTx(ctx, u.Tx)
-		var err error
-		if out, err = invoke(ctx, m, h.Services, in); err != nil || m.Kind != api.KindMutation {
-			return err
+	run := func(ctx context.Context) (*uow.Unit, error) {
+		return uow.Run(ctx, h.Store, m.Kind == api.KindRead, func(ctx context.Context, u *uow.Unit) error {
+			ctx = store.ContextWithTx(ctx, u.Tx)
+			var err error
+			if out, err = invoke(ctx, m, h.Services, in); err != nil || m.Kind != api.KindMutation {
+				return err
+			}
+			if h.Audit != nil {
+				return h.Audit(ctx, u.Tx, call, u)
+			}
+			return nil // uow.Run writes the events
+		})
+	}
+	u, err := run(ctx)
+	if settle, ok := ctx.Value(settleKey{}).(Settle); ok && err != nil {
+		var again bool
+		if ctx, again, err = settle(ctx, err); again {
+			u, err = run(ctx)
 		}
-		if h.Audit != nil {
-			return h.Audit(ctx, u.Tx, call, u)
-		}
-		return nil // uow.Run writes the events
-	})
+	}
 	if err != nil || m.Kind != api.KindMutation {
 		return out, err
 	}

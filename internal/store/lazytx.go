@@ -33,6 +33,10 @@ type lazyTx struct {
 	scans      map[*pgx.QueuedQuery]func(pgx.Row) error
 	savepoints int  // savepoints begun (their names)
 	committed  bool // COMMIT went out in a pipeline
+	// head goes out after BEGIN, in the first pipeline (WithHead).
+	head *Head
+	// failed is the head's refusal: the transaction takes nothing more.
+	failed error
 }
 
 var _ pgx.Tx = (*lazyTx)(nil)
@@ -42,6 +46,9 @@ var _ pgx.Tx = (*lazyTx)(nil)
 // The results it returns start at b's first statement; a held write's
 // failure is its error.
 func (t *lazyTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
+	if t.failed != nil {
+		return nil, t.failed
+	}
 	if t.tx != nil && len(t.later) == 0 {
 		return t.tx.SendBatch(ctx, b), nil
 	}
@@ -55,6 +62,11 @@ func (t *lazyTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, erro
 			nb.Queue(setLimits, limits...)
 			skip++
 		}
+	}
+	head := t.head
+	t.head = nil
+	if head != nil {
+		nb.QueuedQueries = append(nb.QueuedQueries, head.batch.QueuedQueries...)
 	}
 	held, scans := t.later, t.scans
 	skip -= len(held)
@@ -71,6 +83,15 @@ func (t *lazyTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, erro
 	for range skip {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
+			return nil, err
+		}
+	}
+	if head != nil {
+		head.read(br)
+		if err := head.Check(ctx); err != nil {
+			// What ran after the head is rolled back with the transaction.
+			_ = br.Close()
+			t.failed = err
 			return nil, err
 		}
 	}
@@ -97,7 +118,7 @@ func (t *lazyTx) pipeline(ctx context.Context, sql string, args []any) (pgx.Batc
 }
 
 // direct reports whether a statement can go straight to pgx's transaction.
-func (t *lazyTx) direct() bool { return t.tx != nil && len(t.later) == 0 }
+func (t *lazyTx) direct() bool { return t.tx != nil && len(t.later) == 0 && t.failed == nil }
 
 // flush begins, and sends the held writes, for the calls that cannot
 // carry them (a savepoint, COPY).
@@ -105,7 +126,7 @@ func (t *lazyTx) flush(ctx context.Context) error {
 	if t.direct() {
 		return nil
 	}
-	if t.tx == nil && len(t.later) == 0 {
+	if t.tx == nil && len(t.later) == 0 && t.head == nil {
 		tx, err := t.conn.BeginTx(ctx, t.opts)
 		if err != nil {
 			return err
@@ -315,11 +336,28 @@ func (t *lazyTx) LargeObjects() pgx.LargeObjects {
 
 func (t *lazyTx) Conn() *pgx.Conn { return t.conn.Conn() }
 
-// Commit ends the transaction; one that never began has nothing to commit.
+// Commit ends the transaction; one that never began has nothing to commit
+// (a head it carries is still sent and checked first, never with the
+// COMMIT: a refused head rolls the transaction back).
 // Held writes travel with the COMMIT; when one fails the transaction is
 // rolled back and its error returned (errRolledBack: the connection is
 // clean).
 func (t *lazyTx) Commit(ctx context.Context) error {
+	if t.head != nil {
+		// The head is checked before anything commits: it goes out, with
+		// what is held, in a pipeline of its own.
+		if err := t.flush(ctx); err != nil && t.failed == nil {
+			return err
+		}
+	}
+	if t.failed != nil {
+		if t.tx != nil {
+			if err := t.tx.Rollback(ctx); err != nil {
+				return errors.Join(t.failed, err)
+			}
+		}
+		return errRolledBack{t.failed}
+	}
 	if t.direct() {
 		return t.tx.Commit(ctx)
 	}
@@ -412,6 +450,8 @@ func withLazyTx(ctx context.Context, pool *pgxpool.Pool, readOnly bool, fn func(
 	tx := &lazyTx{conn: conn, opts: pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite}}
 	if readOnly {
 		tx.opts.AccessMode = pgx.ReadOnly
+	} else {
+		tx.head = takeHead(ctx)
 	}
 	done := false
 	defer func() {

@@ -56,11 +56,7 @@ func (p *Pipeline) Send(ctx context.Context, tx Batcher) error {
 		return nil
 	}
 	br := tx.SendBatch(ctx, &p.batch)
-	r := &replay{br: br}
-	q := db.New(r)
-	for _, run := range p.runs {
-		run(q)
-	}
+	p.read(br)
 	err := br.Close()
 	p.batch, p.runs = pgx.Batch{}, nil
 	return err
@@ -104,6 +100,8 @@ func (c *capture) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
 
 // replay hands each queued function the next result of the pipeline.
 type replay struct{ br pgx.BatchResults }
+
+func newReplay(br pgx.BatchResults) *db.Queries { return db.New(&replay{br: br}) }
 
 func (r *replay) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
 	return r.br.Exec()

@@ -99,7 +99,7 @@ func (s *Service) decide(ctx context.Context, c *iam.Caller, action string, r ia
 		return denied("resource type %q lacks the prefix %q", r.Type, s.prefix)
 	}
 	verb := action[strings.LastIndexByte(action, ':')+1:]
-	q := s.st.Queries()
+	q := s.queries(ctx)
 
 	if err := s.allowed(ctx, q, c, verb, r); err != nil {
 		return err
@@ -226,7 +226,12 @@ func (s *Service) resolve(ctx context.Context, q *db.Queries, r iam.Resource) (t
 	if r.Parent != nil {
 		t.parentType, t.parentID = r.Parent.Type, r.Parent.ID
 	}
-	if r.ID != "" {
+	if d, ok := ctx.Value(writtenDraftKey{}).(iam.Resource); ok && d.Type == r.Type && d.ID == r.ID && r.ID != "" {
+		t.tenant, t.owner = d.TenantID, d.Owner
+		if d.Parent != nil && d.Parent.Type != "" && d.Parent.ID != "" { // as resourceParams writes it
+			t.parentType, t.parentID = d.Parent.Type, d.Parent.ID
+		}
+	} else if r.ID != "" {
 		row, err := q.IAMGetResource(ctx, db.IAMGetResourceParams{Type: r.Type, ID: r.ID})
 		switch {
 		case err == nil:
@@ -269,10 +274,27 @@ func (s *Service) roleOf(ctx context.Context, q *db.Queries, tenant, identity st
 // projectMember reports whether the caller is a member of a project of the
 // resource's tenant that contains the resource (or, with self, is it).
 func (s *Service) projectMember(ctx context.Context, q *db.Queries, c *iam.Caller, t target, self bool) (bool, error) {
-	if t.id == "" {
+	// Without a parent only the resource itself can be the project
+	// (IAMProjectMember's chain): nothing to read.
+	if t.id == "" || t.parentType == "" && !self {
 		return false, nil
 	}
-	ok, err := q.IAMProjectMember(ctx, db.IAMProjectMemberParams{
+	arg := s.memberParams(c, t, self)
+	var ok bool
+	var err error
+	if r, read := ctx.Value(readMemberKey{}).(readMember); read && r.arg == arg {
+		ok, err = r.ok, r.err
+	} else {
+		ok, err = q.IAMProjectMember(ctx, arg)
+	}
+	if err != nil {
+		return false, unavailable(err)
+	}
+	return ok, nil
+}
+
+func (s *Service) memberParams(c *iam.Caller, t target, self bool) db.IAMProjectMemberParams {
+	return db.IAMProjectMemberParams{
 		TenantID:    t.tenant,
 		ProjectType: s.prefix + "project",
 		IncludeSelf: self,
@@ -281,11 +303,7 @@ func (s *Service) projectMember(ctx context.Context, q *db.Queries, c *iam.Calle
 		ID:          t.id,
 		ParentType:  t.parentType,
 		ParentID:    t.parentID,
-	})
-	if err != nil {
-		return false, unavailable(err)
 	}
-	return ok, nil
 }
 
 // checkDelegation holds the delegation's listed actions for confirmation:

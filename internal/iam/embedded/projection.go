@@ -82,6 +82,12 @@ func (p projection) Get(ctx context.Context, r iam.Ref) (*iam.Resource, error) {
 	if err != nil {
 		return nil, wrapStore(err)
 	}
+	return resourceOf(row)
+}
+
+// resourceOf is the projection's row as a resource.
+func resourceOf(row db.IamResource) (*iam.Resource, error) {
+	r := iam.Ref{Type: row.Type, ID: row.ID}
 	out := &iam.Resource{Type: row.Type, ID: row.ID, TenantID: row.TenantID, Owner: row.OwnerID.String, Draft: row.Draft}
 	if row.ParentType.Valid {
 		out.Parent = &iam.Ref{Type: row.ParentType.String, ID: row.ParentID.String}
