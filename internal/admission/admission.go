@@ -10,6 +10,8 @@
 //     adds to everyone's latency, so the call beyond the limit is refused
 //     at once and the admitted ones keep their latency. The limit adapts
 //     to latency (gradient.go) between a floor and a ceiling, or is fixed;
+//     with a slot wait (room.go), a call over the limit first waits a
+//     little for a slot, newest first, so that a burst is not refused;
 //   - the wait before admission (queue.go, in the manner of CoDel): a
 //     call that waited in the socket and for the CPU past a bound is
 //     refused, the bound tightening to a target once a queue has stood
@@ -50,6 +52,13 @@ type Limits struct {
 	Adaptive    bool
 	MinInFlight int
 	Tolerance   float64
+	// SlotWait is how long a call over the in-flight limit waits for a
+	// slot (newest first) before it is refused; 0 refuses it at once.
+	// SlotWaiters bounds the calls waiting (default 4 x MaxInFlight: a
+	// burst of a few ms at the peak rate); past it a call is refused at
+	// once.
+	SlotWait    time.Duration
+	SlotWaiters int
 	// MaxQueue bounds an admitted call's wait for a database connection;
 	// 0 leaves the store's AcquireTimeout.
 	MaxQueue time.Duration
@@ -101,11 +110,13 @@ type Controller struct {
 	limit    atomic.Int64 // the in-flight limit now; 0: none
 	adapt    *gradient    // nil: the limit is fixed
 	queue    *queueCheck  // nil: no check of the wait before admission
+	room     *room        // nil: a call over the limit is refused at once
 	global   *rate.Limiter
 
 	mu      sync.Mutex
 	buckets map[string]*rate.Limiter
 	now     func() time.Time
+	after   func(time.Duration) <-chan time.Time // the slot wait's timer
 
 	refusalsMu sync.RWMutex
 	refusals   map[refusalKey]*api.Error // see refusal
@@ -122,7 +133,7 @@ func New(l Limits) *Controller {
 	if l.QueueTarget > 0 && l.QueueInterval <= 0 {
 		l.QueueInterval = DefaultQueueInterval
 	}
-	c := &Controller{limits: l, buckets: map[string]*rate.Limiter{}, now: time.Now}
+	c := &Controller{limits: l, buckets: map[string]*rate.Limiter{}, now: time.Now, after: time.After}
 	if l.QueueTarget > 0 {
 		c.queue = newQueueCheck(l.QueueTarget, l.QueueInterval, c.now())
 	}
@@ -132,6 +143,13 @@ func New(l Limits) *Controller {
 			c.adapt = newGradient(max(1, l.MinInFlight), l.MaxInFlight, l.Tolerance, c.now())
 			c.limit.Store(c.adapt.current())
 		}
+	}
+	if l.MaxInFlight > 0 && l.SlotWait > 0 {
+		if l.SlotWaiters <= 0 {
+			l.SlotWaiters = 4 * l.MaxInFlight
+			c.limits.SlotWaiters = l.SlotWaiters
+		}
+		c.room = newRoom(l.SlotWait, l.SlotWaiters)
 	}
 	if l.GlobalRate > 0 {
 		c.global = rate.NewLimiter(rate.Limit(l.GlobalRate), max(1, l.GlobalBurst))
@@ -184,7 +202,9 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	n := c.inFlight.Add(1)
 	if limit := c.limit.Load(); limit > 0 && n > limit {
 		c.inFlight.Add(-1)
-		return Ticket{}, c.refusal(refusedInFlight, limit)
+		if c.room == nil || !c.room.enter(c.takeSlot, c.after) {
+			return Ticket{}, c.refusal(refusedInFlight, limit)
+		}
 	}
 	t := Ticket{held: true}
 	if c.adapt != nil {
@@ -193,10 +213,25 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	return t, nil
 }
 
+// takeSlot takes a slot if one is free (the room's check under its lock):
+// never past the limit, whatever races it.
+func (c *Controller) takeSlot() bool {
+	for {
+		n, limit := c.inFlight.Load(), c.limit.Load()
+		if n >= limit {
+			return false
+		}
+		if c.inFlight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
 // Full reports whether a call arriving now would be refused for the
 // in-flight limit, and the refusal it would get, so that it can be
 // answered before anything is done for it (rpc.Handler.RefuseEarly:
-// before routing, the request id's context, the body). Only without the
+// before routing, the request id's context, the body): the limit is
+// reached and, with a slot wait, the room is full too. Only without the
 // wait check, whose state follows every call's wait: with it, calls go to
 // EnterAt. Full takes no slot; a call it lets through is admitted or
 // refused by EnterAt as before.
@@ -205,10 +240,18 @@ func (c *Controller) Full() (*api.Error, bool) {
 		return nil, false
 	}
 	limit := c.limit.Load()
-	if limit <= 0 || c.inFlight.Load() < limit {
+	if limit <= 0 || c.inFlight.Load() < limit || (c.room != nil && !c.room.full()) {
 		return nil, false
 	}
 	return c.refusal(refusedInFlight, limit), true
+}
+
+// Waiting is the number of calls waiting for a slot (Limits.SlotWait).
+func (c *Controller) Waiting() int {
+	if c == nil || c.room == nil {
+		return 0
+	}
+	return c.room.len()
 }
 
 // Refusals of EnterAt, cached by refusal: the in-flight limit's by the
@@ -267,7 +310,14 @@ func (c *Controller) Leave(t Ticket, err error) {
 	if c == nil || !t.held {
 		return
 	}
-	n := c.inFlight.Add(-1) + 1
+	var n int64
+	if c.room != nil {
+		// The slot goes to the newest waiter while the count is within
+		// the limit (it may have shrunk below the calls in flight).
+		c.room.leave(func() bool { n = c.inFlight.Load(); return n <= c.limit.Load() }, func() { n = c.inFlight.Add(-1) + 1 })
+	} else {
+		n = c.inFlight.Add(-1) + 1
+	}
 	if c.adapt != nil {
 		now := c.now()
 		c.limit.Store(c.adapt.sample(now, now.Sub(t.start), int(n), errors.Is(err, store.ErrBusy)))
