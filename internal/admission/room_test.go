@@ -198,3 +198,33 @@ func TestAShrunkenLimitIsNotHandedOver(t *testing.T) {
 	timers.expire()
 	assert.Zero(t, c.InFlight())
 }
+
+// TestTheAdaptiveLimitTimesACallFromItsSlot: with a slot wait, the time a
+// call waited for its slot (and before it, since its arrival) is not the
+// latency the adaptive limit follows: counted, it shrank the limit, which
+// made calls wait longer still.
+func TestTheAdaptiveLimitTimesACallFromItsSlot(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var mu sync.Mutex
+	now := t0
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	c := New(Limits{MaxInFlight: 1, Adaptive: true, MinInFlight: 1, SlotWait: time.Hour})
+	c.now = clock
+	held, err := c.EnterAt(t0)
+	require.NoError(t, err)
+	out := make(chan entered, 1)
+	before := c.Waiting()
+	go func() {
+		tk, err := c.EnterAt(t0.Add(-time.Second)) // arrived a second ago
+		out <- entered{"waiter", tk, err}
+	}()
+	require.Eventually(t, func() bool { return c.Waiting() > before }, 5*time.Second, time.Millisecond)
+	mu.Lock()
+	now = t0.Add(300 * time.Millisecond) // the wait in the room
+	mu.Unlock()
+	c.Leave(held, nil)
+	got := <-out
+	require.NoError(t, got.err)
+	assert.Equal(t, t0.Add(300*time.Millisecond), got.tk.start, "timed from its slot, not from its arrival")
+	c.Leave(got.tk, nil)
+}
