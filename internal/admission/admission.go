@@ -186,8 +186,8 @@ func (c *Controller) admits() bool {
 // waiting for the CPU) counts as latency and shrinks the limit; but a
 // shrunken limit shortens no such queue, since a refused call costs its
 // read and answer too: at 150 % of the peak it refused calls the server
-// could have served (docs/benchmarks-notes.md, "Refusing early"). With a
-// slot wait (SlotWait) it times them from the slot, as with the check.
+// could have served (docs/benchmarks-notes.md, "Refusing early"). A call
+// that waited for a slot (SlotWait) is timed from the slot.
 func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	if !c.admits() {
 		return Ticket{}, nil
@@ -206,17 +206,15 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 		if c.room == nil || !c.room.enter(c.takeSlot, c.after) {
 			return Ticket{}, c.refusal(refusedInFlight, limit)
 		}
+		// A call that waited in the room is timed from its slot: that
+		// wait is the limit's own doing, and counted as latency it
+		// shrank the limit, which made calls wait longer still
+		// (secrets.put at 150 % fell from 1.1 to 0.7-0.8 of its peak,
+		// its limit at the floor).
+		start = c.now()
 	}
 	t := Ticket{held: true}
 	if c.adapt != nil {
-		if c.room != nil {
-			// With a slot wait the limit follows the time from the slot:
-			// a wait in the room (or the socket) is the limit's doing,
-			// and counted as latency it shrank the limit, which made
-			// calls wait longer still (secrets.put at 150 % fell from
-			// 1.1 to 0.7-0.8 of its peak, its limit at the floor).
-			start = c.now()
-		}
 		t.start = start
 	}
 	return t, nil
