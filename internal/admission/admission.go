@@ -203,7 +203,7 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	n := c.inFlight.Add(1)
 	if limit := c.limit.Load(); limit > 0 && n > limit {
 		c.inFlight.Add(-1)
-		if c.room == nil || !c.room.enter(c.takeSlot, c.after) {
+		if c.room == nil || !c.room.enter(&c.inFlight, &c.limit, c.after) {
 			return Ticket{}, c.refusal(refusedInFlight, limit)
 		}
 		// A call that waited in the room is timed from its slot: that
@@ -218,20 +218,6 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 		t.start = start
 	}
 	return t, nil
-}
-
-// takeSlot takes a slot if one is free (the room's check under its lock):
-// never past the limit, whatever races it.
-func (c *Controller) takeSlot() bool {
-	for {
-		n, limit := c.inFlight.Load(), c.limit.Load()
-		if n >= limit {
-			return false
-		}
-		if c.inFlight.CompareAndSwap(n, n+1) {
-			return true
-		}
-	}
 }
 
 // Full reports whether a call arriving now would be refused for the
@@ -319,9 +305,7 @@ func (c *Controller) Leave(t Ticket, err error) {
 	}
 	var n int64
 	if c.room != nil {
-		// The slot goes to the newest waiter while the count is within
-		// the limit (it may have shrunk below the calls in flight).
-		c.room.leave(func() bool { n = c.inFlight.Load(); return n <= c.limit.Load() }, func() { n = c.inFlight.Add(-1) + 1 })
+		n = c.room.leave(&c.inFlight, &c.limit) // to the newest waiter, if any
 	} else {
 		n = c.inFlight.Add(-1) + 1
 	}

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -46,14 +47,14 @@ func (r *room) len() int {
 // full reports whether a call over the limit would be refused at once.
 func (r *room) full() bool { return r.len() >= r.size }
 
-// enter waits for a slot: take is tried under the room's lock first (a
-// slot freed since the caller found none), then the call waits, newest
-// first, until leave hands it a slot or wait passes. It reports whether
-// the call holds a slot. after is the timer, a parameter so that tests
-// decide when the wait passes.
-func (r *room) enter(take func() bool, after func(time.Duration) <-chan time.Time) bool {
+// enter waits for one of limit's slots, inFlight counting those taken: a
+// free one is taken under the room's lock first (freed since the caller
+// found none), then the call waits, newest first, until leave hands it a
+// slot or wait passes. It reports whether the call holds a slot. after is
+// the timer, a parameter so that tests decide when the wait passes.
+func (r *room) enter(inFlight, limit *atomic.Int64, after func(time.Duration) <-chan time.Time) bool {
 	r.mu.Lock()
-	if take() {
+	if takeSlot(inFlight, limit) {
 		r.mu.Unlock()
 		return true
 	}
@@ -82,21 +83,36 @@ func (r *room) enter(take func() bool, after func(time.Duration) <-chan time.Tim
 	return true
 }
 
-// leave is a slot's release: handOver reports whether the slot may go to
-// a waiter (the in-flight count is within the limit without it); if so
-// and one waits, the newest gets it and leave reports true (the slot
-// stays taken); otherwise release gives it back, under the room's lock, so
-// that a call between its check and its wait cannot miss it.
-func (r *room) leave(handOver func() bool, release func()) bool {
+// leave gives back a slot and returns the calls in flight before it
+// left. The newest waiter gets the slot (it stays taken) while the count
+// is within the limit (the limit may have shrunk below the calls in
+// flight); otherwise it is freed, under the room's lock, so that a call
+// between its check and its wait cannot miss it.
+func (r *room) leave(inFlight, limit *atomic.Int64) int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if n := len(r.waiters); n > 0 && handOver() {
-		w := r.waiters[n-1]
-		r.waiters[n-1] = nil
-		r.waiters = r.waiters[:n-1]
-		w.slot <- struct{}{}
-		return true
+	if k := len(r.waiters); k > 0 {
+		if n := inFlight.Load(); n <= limit.Load() {
+			w := r.waiters[k-1]
+			r.waiters[k-1] = nil
+			r.waiters = r.waiters[:k-1]
+			w.slot <- struct{}{}
+			return n
+		}
 	}
-	release()
-	return false
+	return inFlight.Add(-1) + 1
+}
+
+// takeSlot takes one of limit's slots if one is free: never past the
+// limit, whatever races it.
+func takeSlot(inFlight, limit *atomic.Int64) bool {
+	for {
+		n, l := inFlight.Load(), limit.Load()
+		if n >= l {
+			return false
+		}
+		if inFlight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }

@@ -228,3 +228,18 @@ func TestTheAdaptiveLimitTimesACallFromItsSlot(t *testing.T) {
 	assert.Equal(t, t0.Add(300*time.Millisecond), got.tk.start, "timed from its slot, not from its arrival")
 	c.Leave(got.tk, nil)
 }
+
+// TestASlotWaitCostsNothingWhileNoneWaits: with the room on, a call that
+// finds a slot allocates nothing (the path of every call below the limit).
+func TestASlotWaitCostsNothingWhileNoneWaits(t *testing.T) {
+	c := New(Limits{MaxInFlight: 4, Adaptive: true, SlotWait: time.Second})
+	arrived := time.Now()
+	allocs := testing.AllocsPerRun(1000, func() {
+		tk, err := c.EnterAt(arrived)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Leave(tk, nil)
+	})
+	assert.Zero(t, allocs)
+}
