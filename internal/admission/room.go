@@ -21,7 +21,9 @@ import (
 // lasting overload the room stays full and the calls served are those
 // that waited least, while the oldest run out their wait and are refused;
 // after a burst the room empties within the wait. A full room (as many
-// waiters as size) refuses at the door, cheaply (Controller.Full).
+// waiters as size) refuses at the door, cheaply (Controller.Full). Off by
+// default: on a loaded machine it did not reliably raise goodput (same
+// notes); a slot handed over idles until its waiter is scheduled.
 type room struct {
 	wait time.Duration
 	size int
