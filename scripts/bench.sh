@@ -26,15 +26,33 @@
 #   COMMIT_DELAY=50 COMMIT_SIBLINGS=5 scripts/bench.sh   # group commit on the durable cluster
 #   NOTIFIER_BENCH=1 scripts/bench.sh   # and the notifier section at the end
 #   WEBHOOK_BENCH=0 scripts/bench.sh    # without the webhook section
+#
+# Section (c) alone (ONLY=shed: no (a), (b), notifier or webhook runs; the
+# figures go to OUT, by default a temporary file printed at the end):
+#
+#   ONLY=shed scripts/bench.sh                          # both methods
+#   ONLY=shed SHED_METHODS=sites.get scripts/bench.sh   # sites.get only
+#   ONLY=shed READ_PEAK=9000 PUT_PEAK=1100 scripts/bench.sh   # no search: these peaks
+#   COMPUTED=/tmp/computed-base ONLY=shed ... # another build of the server (A/B)
+#   RAW_DIR=/tmp/raw ONLY=shed ...   # keep each loadbench JSON (the search's steps)
+#   SHED_CONFIG='admission: {adaptive: true, maxQueueMs: 100, slotWaitMs: 100}' ONLY=shed ...   # another "shedding on"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLIENTS=${CLIENTS:-32}
 SECONDS_PER_RUN=${BENCH_SECONDS:-10}
-OUT=${OUT:-docs/benchmarks.md}
+ONLY=${ONLY:-}
+SHED_METHODS=${SHED_METHODS:-sites.get secrets.put}
 COMMIT_DELAY=${COMMIT_DELAY:-0}       # microseconds (PostgreSQL's default: 0)
 COMMIT_SIBLINGS=${COMMIT_SIBLINGS:-5} # PostgreSQL's default
 work=$(mktemp -d)
+if [[ $ONLY == shed ]]; then OUT=${OUT:-$work/bench.md}; else OUT=${OUT:-docs/benchmarks.md}; fi
+if [[ $ONLY != "" && $ONLY != shed ]]; then echo "ONLY=$ONLY: only ONLY=shed is known" >&2; exit 2; fi
+shed_runs() { [[ " $SHED_METHODS " == *" $1 "* ]]; } # whether (c) runs method $1
+keep() { # name json: keeps a loadbench result under RAW_DIR, prints it
+	if [[ -n "${RAW_DIR:-}" ]]; then mkdir -p "$RAW_DIR" && printf '%s\n' "$2" >"$RAW_DIR/$1.json"; fi
+	printf '%s\n' "$2"
+}
 bin=$(dirname "$(ls /usr/lib/postgresql/*/bin/pgbench | sort -V | tail -n1)")
 durable_dir=""
 dev_postmaster=""
@@ -117,7 +135,7 @@ durable_settings=$(psql_url "$durable_url" -F' ' -c "select name, setting, coale
 	awk '{u=$3; if (u=="8kB") {printf "%s %d kB, ", $1, $2*8} else {printf "%s %s%s, ", $1, $2, (u==""?"":" " u)}}' | sed 's/, $//')
 
 export SERVICE_SECRET=${SERVICE_SECRET:-bench-secret-0123456789abcdefghijklmnopqrstuvwxyz}
-go build -o "$work/computed" ./cmd/computed
+if [[ -n "${COMPUTED:-}" ]]; then cp "$COMPUTED" "$work/computed"; else go build -o "$work/computed" ./cmd/computed; fi
 go build -o "$work/loadbench" ./tools/loadbench
 SERVICE_DATABASE_URL=$db_url "$work/computed" migrate
 SERVICE_DATABASE_URL=$durable_url "$work/computed" migrate
@@ -171,6 +189,10 @@ site=$(curl -fs -X POST "$api/sites/create" -H 'X-Service: 1' -H 'Content-Type: 
 	-H "Authorization: Bearer $token" \
 	-d '{"tenantId":"bench","kind":"custom","region":"eu-west","idempotencyKey":"bench-site"}' |
 	python3 -c 'import json,sys; print(json.load(sys.stdin)["data"]["siteId"])')
+if [[ $ONLY == shed ]]; then # (c) alone
+	stop_server
+	: >"$OUT"
+else
 profile sites.get
 read_rpc=$(run_rpc -method sites.get -site "$site")
 stop_server
@@ -226,31 +248,50 @@ sites.get $(json "$read_rpc" rateLimited), secrets.put $(json "$put_rpc" rateLim
 MD
 	if [[ -f docs/benchmarks-notes.md ]]; then echo; cat docs/benchmarks-notes.md; fi
 } >"$OUT"
+fi
 
 # --- (c) Load shedding and latency at half load (internal/admission) -------
 # Open-loop runs (tools/loadbench -rate: calls start on schedule whatever
 # the answers, latency counted from the scheduled start) against the peaks
 # measured above: at half the peak, and at 150 % of the peak with shedding
-# on (the default admission: adaptive in-flight limit and queue bound) and
+# on (adaptive in-flight limit and queue bound; SHED_CONFIG) and
 # off (no in-flight limit, the queue bound at the store's own 2 s), each
 # group on a fresh server; sites.get on the dev cluster, secrets.put on the
 # durable one. Appends to $OUT.
-printf 'admission: {adaptive: true, maxQueueMs: 100}\n' >"$work/shed.yaml"
+shed_default='admission: {adaptive: true, maxQueueMs: 100}'
+printf '%s\n' "${SHED_CONFIG:-$shed_default}" >"$work/shed.yaml"
 printf 'admission: {maxInFlight: 0}\n' >"$work/noshed.yaml"
 rate_of() { python3 -c "print(f'{$1*$2:.0f}')"; }
 load_shed=$(loadavg)
 # The peaks these runs are judged against come from the same open-loop
-# generator (loadbench -search: the arrival rate rises by 25 % per 3 s step
-# until goodput stops rising or p99 passes 100 ms, then two bisections),
-# on a server without shedding, not from the closed loop of (a).
-start_server "$db_url" "$work/noshed.yaml"
-cur_token=$token
-read_search=$(on_gen "$work/loadbench" -url "$api" -token "$cur_token" -tenant bench -method sites.get -site "$site" -search -search-from 1000)
-stop_server
-start_server "$durable_url" "$work/noshed.yaml"
-cur_token=$dtoken
-put_search=$(on_gen "$work/loadbench" -url "$api" -token "$cur_token" -tenant bench -method secrets.put -search -search-from 300)
-stop_server
+# generator (loadbench -search, tools/loadbench/search.go: the arrival rate
+# rises by 25 % per 3 s step while the server sustains it, goodput at least
+# 0.97 of the rate and p99 within 100 ms, a failing step tried once more,
+# then two bisections), on a server without shedding, not from the closed
+# loop of (a). READ_PEAK and PUT_PEAK skip the search.
+none='{}'
+read_search=$none put_search=$none half_read=$none over_read_on=$none over_read_off=$none
+half_put=$none over_put_on=$none over_put_off=$none
+if shed_runs sites.get; then
+	if [[ -n "${READ_PEAK:-}" ]]; then
+		read_search="{\"perSecond\": $READ_PEAK, \"peakMethod\": \"given (READ_PEAK)\"}"
+	else
+		start_server "$db_url" "$work/noshed.yaml"
+		cur_token=$token
+		read_search=$(keep read_search "$(on_gen "$work/loadbench" -url "$api" -token "$cur_token" -tenant bench -method sites.get -site "$site" -search -search-from 2000)")
+		stop_server
+	fi
+fi
+if shed_runs secrets.put; then
+	if [[ -n "${PUT_PEAK:-}" ]]; then
+		put_search="{\"perSecond\": $PUT_PEAK, \"peakMethod\": \"given (PUT_PEAK)\"}"
+	else
+		start_server "$durable_url" "$work/noshed.yaml"
+		cur_token=$dtoken
+		put_search=$(keep put_search "$(on_gen "$work/loadbench" -url "$api" -token "$cur_token" -tenant bench -method secrets.put -search -search-from 300)")
+		stop_server
+	fi
+fi
 read_peak=$(json "$read_search" perSecond)
 put_peak=$(json "$put_search" perSecond)
 # Run-queue wait (/proc/<pid>/task/*/schedstat, second field: ns runnable
@@ -277,36 +318,48 @@ waited() { # database URL, command...: runs it, then prints "server_s_per_s post
 	s1=$(schedwait "$server_pid"); p1=$(schedwait $(cluster_pids "$url")); t1=$(date +%s%N)
 	python3 -c "print(f'{($s1-$s0)/($t1-$t0):.2f} {max(0,$p1-$p0)/($t1-$t0):.2f}')" >&3
 }
-start_server "$db_url" "$work/shed.yaml"
-cur_token=$token
-half_read=$(waited "$db_url" run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 0.5)" 3>"$work/wait_read")
-over_read_on=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)")
-stop_server
-start_server "$db_url" "$work/noshed.yaml"
-over_read_off=$(run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)")
-stop_server
-start_server "$durable_url" "$work/shed.yaml"
-cur_token=$dtoken
-half_put=$(waited "$durable_url" run_open -method secrets.put -rate "$(rate_of "$put_peak" 0.5)" 3>"$work/wait_put")
-over_put_on=$(run_open -method secrets.put -rate "$(rate_of "$put_peak" 1.5)")
-stop_server
-start_server "$durable_url" "$work/noshed.yaml"
-over_put_off=$(run_open -method secrets.put -rate "$(rate_of "$put_peak" 1.5)")
-stop_server
+echo "0 0" >"$work/wait_read"; echo "0 0" >"$work/wait_put"
+for f in on_read off_read on_put off_put; do echo "0 0" >"$work/wait_$f"; done
+if shed_runs sites.get; then
+	start_server "$db_url" "$work/shed.yaml"
+	cur_token=$token
+	half_read=$(keep half_read "$(waited "$db_url" run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 0.5)" 3>"$work/wait_read")")
+	over_read_on=$(keep over_read_on "$(waited "$db_url" run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)" 3>"$work/wait_on_read")")
+	stop_server
+	start_server "$db_url" "$work/noshed.yaml"
+	over_read_off=$(keep over_read_off "$(waited "$db_url" run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)" 3>"$work/wait_off_read")")
+	stop_server
+fi
+if shed_runs secrets.put; then
+	start_server "$durable_url" "$work/shed.yaml"
+	cur_token=$dtoken
+	half_put=$(keep half_put "$(waited "$durable_url" run_open -method secrets.put -rate "$(rate_of "$put_peak" 0.5)" 3>"$work/wait_put")")
+	over_put_on=$(keep over_put_on "$(waited "$durable_url" run_open -method secrets.put -rate "$(rate_of "$put_peak" 1.5)" 3>"$work/wait_on_put")")
+	stop_server
+	start_server "$durable_url" "$work/noshed.yaml"
+	over_put_off=$(keep over_put_off "$(waited "$durable_url" run_open -method secrets.put -rate "$(rate_of "$put_peak" 1.5)" 3>"$work/wait_off_put")")
+	stop_server
+fi
 # The same half-load rates through pgbench -R (its latency also counts from
 # the schedule): what PostgreSQL, the disk's flush and the shared core give
 # any client, against which the API's half-load p99 is read. pgbench gets
 # as many connections as the server's pool (4 per server core, 8 to 32):
 # more would queue more transactions on the same 64 rows and WAL flush.
 pool=$(($(taskset -c "${server_cpus:-0-$((ncpu - 1))}" nproc) * 4)); pool=$((pool < 8 ? 8 : pool > 32 ? 32 : pool))
-read -r _ half_sel_p50 half_sel_p99 < <(run_pgbench "$db_url" -S -R "$(rate_of "$read_peak" 0.5)" -c "$pool")
-read -r _ half_sql_p50 half_sql_p99 < <(run_pgbench "$durable_url" -f scripts/bench/secrets_put.sql -R "$(rate_of "$put_peak" 0.5)" -c "$pool")
+half_sel_p50=- half_sel_p99=- half_sql_p50=- half_sql_p99=-
+if shed_runs sites.get; then
+	if [[ $ONLY == shed ]]; then "$bin/pgbench" -i -q -s 10 "$db_url" >/dev/null 2>&1; fi
+	read -r _ half_sel_p50 half_sel_p99 < <(run_pgbench "$db_url" -S -R "$(rate_of "$read_peak" 0.5)" -c "$pool")
+fi
+if shed_runs secrets.put; then
+	read -r _ half_sql_p50 half_sql_p99 < <(run_pgbench "$durable_url" -f scripts/bench/secrets_put.sql -R "$(rate_of "$put_peak" 0.5)" -c "$pool")
+fi
 load_shed_end=$(loadavg)
 row() { # label result
 	printf '| %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n' "$1" "$(json "$2" rate)" "$(json "$2" perSecond)" \
 		"$(json "$2" p50Ms)" "$(json "$2" p99Ms)" "$(json "$2" rateLimited)" "$(json "$2" errors)" "$(json "$2" lateP99Ms)"
 }
-goodput() { python3 -c "print(f'{$(json "$1" perSecond)/$2:.2f}')"; }
+goodput() { python3 -c "p=$2; print(f'{$(json "$1" perSecond)/p:.2f}' if p else 'n/a')"; }
 p99x() { python3 -c "h=$(json "$2" p99Ms); print(f'{$(json "$1" p99Ms)/h:.1f}' if h else 'n/a')"; }
 {
 	cat <<MD
@@ -319,9 +372,9 @@ start, ${SECONDS_PER_RUN} s after a 2 s warm-up) against the peaks above (sites.
 $(printf '%.0f' "$read_peak")/s on the dev cluster, secrets.put $(printf '%.0f' "$put_peak")/s on the durable cluster,
 each found by loadbench's open-loop search on a server without shedding: $(json "$read_search" peakMethod);
 the generator's own CPU per call in that search: sites.get $(json "$read_search" cpuUsPerCall) µs, secrets.put $(json "$put_search" cpuUsPerCall) µs),
-each group on a fresh server. Shedding on is \`admission: {adaptive: true, maxQueueMs: 100}\`
-(an in-flight limit following latency between the pool's size and 4 x the pool, a
-100 ms bound on the pool wait); off is \`admission: {maxInFlight: 0}\` (no limit, the
+each group on a fresh server. Shedding on is \`$(sed 's/^admission: //' "$work/shed.yaml")\`
+(by default an in-flight limit following latency between the pool's size and 4 x the pool,
+a 100 ms bound on the pool wait); off is \`admission: {maxInFlight: 0}\` (no limit, the
 store's own 2 s wait). Goals: at
 150 % goodput at least 0.9 of the peak and p99 of admitted calls under 4 x its
 half-load value; at half load p99 of a read at most 5 ms and of a mutation at
@@ -345,7 +398,9 @@ threads: time runnable but not running, because the core ran something
 else; /proc/PID/task/*/schedstat): sites.get server $(cut -d' ' -f1 "$work/wait_read"), PostgreSQL
 $(cut -d' ' -f2 "$work/wait_read"); secrets.put server $(cut -d' ' -f1 "$work/wait_put"), PostgreSQL $(cut -d' ' -f2 "$work/wait_put"). On a core of its
 own the server's would be near 0; well above 0.01 the half-load p99 measures
-the machine as much as the server.
+the machine as much as the server. The same during the 150 % runs (server, PostgreSQL;
+shedding on, then off): sites.get $(cat "$work/wait_on_read"), $(cat "$work/wait_off_read");
+secrets.put $(cat "$work/wait_on_put"), $(cat "$work/wait_off_put").
 
 | At 150 % | Goodput / peak | p99 / half-load p99 |
 |---|---:|---:|
@@ -363,7 +418,7 @@ MD
 # server each run, compared run by run. pgbench adds what the coalesced
 # sender avoids: the same statements with a NOTIFY inside every transaction.
 # Appends its table to $OUT.
-if [[ "${NOTIFIER_BENCH:-}" == 1 ]]; then
+if [[ "${NOTIFIER_BENCH:-}" == 1 && $ONLY != shed ]]; then
 	rounds=${NOTIFIER_ROUNDS:-3}
 	load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 	cur_token=$token
@@ -431,7 +486,7 @@ fi
 # local https receiver: the time from the API's answer to the receiver, with
 # the notifier waking the engine after commit and with the engine polling
 # once a second. Appends its table to $OUT.
-if [[ "${WEBHOOK_BENCH:-1}" == 1 ]]; then
+if [[ "${WEBHOOK_BENCH:-1}" == 1 && $ONLY != shed ]]; then
 go test -run '^$' -bench CommitToDelivery -benchtime "${WEBHOOK_EVENTS:-300}x" ./internal/webhooks >"$work/webhook.out" 2>&1
 {
 	cat <<MD

@@ -21,6 +21,10 @@ type Admission struct {
 	Adaptive         bool
 	MinInFlight      int
 	LatencyTolerance float64
+	// SlotWait is how long a call over the in-flight limit waits for a
+	// slot, newest first, before it is refused (0, the default: refused
+	// at once; internal/admission room.go). Needs an in-flight limit.
+	SlotWait time.Duration
 	// MaxQueue bounds an admitted call's wait for a database connection;
 	// past it the call is shed. 0 (the default) leaves the store's own
 	// 2 s, after which the call answers UNAVAILABLE.
@@ -81,6 +85,10 @@ const (
 	DefaultQueueInterval = 100 * time.Millisecond
 )
 
+// MaxSlotWaitMs bounds admission.slotWaitMs: a wait for a slot is a
+// burst's few milliseconds, not a queue.
+const MaxSlotWaitMs = 1000
+
 // MaxQueueLimit is the store's own wait for a connection
 // (store.AcquireTimeout); a queue bound must be below it.
 const MaxQueueLimit = 2000
@@ -90,6 +98,7 @@ type fileAdmission struct {
 	Adaptive         *bool                          `yaml:"adaptive"`
 	MinInFlight      *int                           `yaml:"minInFlight"`
 	LatencyTolerance *float64                       `yaml:"latencyTolerance"`
+	SlotWaitMs       *int                           `yaml:"slotWaitMs"`
 	MaxQueueMs       *int                           `yaml:"maxQueueMs"`
 	QueueTargetMs    *int                           `yaml:"queueTargetMs"`
 	QueueIntervalMs  *int                           `yaml:"queueIntervalMs"`
@@ -139,6 +148,15 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 	a.LatencyTolerance = deref(fa.LatencyTolerance, 2)
 	if a.LatencyTolerance < 1 || a.LatencyTolerance > 100 {
 		return b.errorf("admission.latencyTolerance", "must be from 1 to 100 (how many times its long average the recent latency may reach)")
+	}
+	if fa.SlotWaitMs != nil {
+		if *fa.SlotWaitMs < 0 || *fa.SlotWaitMs > MaxSlotWaitMs {
+			return b.errorf("admission.slotWaitMs", "must be from 0 to %d (0: a call over the in-flight limit is refused at once)", MaxSlotWaitMs)
+		}
+		if a.MaxInFlight == 0 && *fa.SlotWaitMs > 0 {
+			return b.errorf("admission.slotWaitMs", "needs an in-flight limit (admission.maxInFlight not 0)")
+		}
+		a.SlotWait = time.Duration(*fa.SlotWaitMs) * time.Millisecond
 	}
 	if fa.MaxQueueMs != nil {
 		if *fa.MaxQueueMs < 0 || *fa.MaxQueueMs >= MaxQueueLimit {

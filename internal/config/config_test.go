@@ -145,7 +145,7 @@ capacity:
   usageEvery: 10m
   spotNoticeMs: 30000
 shutdown: {unreadyMs: 3000}
-admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, latencyTolerance: 1.5, maxQueueMs: 80, queueTargetMs: 5, queueIntervalMs: 200, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000, maxConnections: 500}
+admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, latencyTolerance: 1.5, slotWaitMs: 20, maxQueueMs: 80, queueTargetMs: 5, queueIntervalMs: 200, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000, maxConnections: 500}
 scheduler:
   plugins: [gpu-affinity]
   weights: {pack: 1, spread: 0.5}
@@ -229,7 +229,7 @@ func TestFullFile(t *testing.T) {
 			Placer: PlacerPoolLease, MaxBatch: 16, MaxAttempts: 5,
 			RollupEvery: time.Minute, UsageEvery: 10 * time.Minute, SpotNoticeMs: 30000,
 		},
-		Admission: Admission{MaxInFlight: 48, Adaptive: true, MinInFlight: 12, LatencyTolerance: 1.5, MaxQueue: 80 * time.Millisecond,
+		Admission: Admission{MaxInFlight: 48, Adaptive: true, MinInFlight: 12, LatencyTolerance: 1.5, SlotWait: 20 * time.Millisecond, MaxQueue: 80 * time.Millisecond,
 			QueueTarget: 5 * time.Millisecond, QueueInterval: 200 * time.Millisecond,
 			TenantRate: 200, TenantBurst: 400, Tenants: map[string]AdmissionBucket{"bigco": {Rate: 1000, Burst: 2000}, "tiny": {Rate: 1, Burst: 1}},
 			GlobalRate: 5000, GlobalBurst: 10000, MaxConnections: 500},
@@ -655,6 +655,9 @@ func TestInvalid(t *testing.T) {
 		{"admission latencyTolerance below 1", "admission: {adaptive: true, latencyTolerance: 0.5}", nil, "admission.latencyTolerance", "from 1 to 100"},
 		{"admission maxQueueMs negative", "admission: {maxQueueMs: -1}", nil, "admission.maxQueueMs", "from 0 to 1999"},
 		{"admission maxQueueMs the store's wait", "admission: {maxQueueMs: 2000}", nil, "admission.maxQueueMs", "from 0 to 1999"},
+		{"admission slotWaitMs negative", "admission: {slotWaitMs: -1}", nil, "admission.slotWaitMs", "from 0 to 1000"},
+		{"admission slotWaitMs too long", "admission: {slotWaitMs: 1001}", nil, "admission.slotWaitMs", "from 0 to 1000"},
+		{"admission slotWaitMs without a limit", "admission: {maxInFlight: 0, slotWaitMs: 20}", nil, "admission.slotWaitMs", "needs an in-flight limit"},
 		{"admission queueTargetMs negative", "admission: {queueTargetMs: -1}", nil, "admission.queueTargetMs", "from 0 to 1000"},
 		{"admission queueTargetMs not below the interval", "admission: {queueTargetMs: 100}", nil, "admission.queueTargetMs", "below admission.queueIntervalMs"},
 		{"admission queueIntervalMs without a target", "admission: {queueIntervalMs: 100}", nil, "admission.queueIntervalMs", "needs admission.queueTargetMs"},

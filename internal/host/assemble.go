@@ -564,7 +564,7 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 func admissionLimits(o config.Admission, poolConns int) admission.Limits {
 	l := admission.Limits{
 		MaxInFlight: o.MaxInFlight, Adaptive: o.Adaptive, MinInFlight: o.MinInFlight,
-		Tolerance: o.LatencyTolerance, MaxQueue: o.MaxQueue,
+		Tolerance: o.LatencyTolerance, MaxQueue: o.MaxQueue, SlotWait: o.SlotWait,
 		QueueTarget: o.QueueTarget, QueueInterval: o.QueueInterval,
 		TenantRate: o.TenantRate, TenantBurst: o.TenantBurst,
 		GlobalRate: o.GlobalRate, GlobalBurst: o.GlobalBurst,

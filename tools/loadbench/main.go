@@ -3,8 +3,8 @@
 // a fixed concurrency (a closed loop), with -rate at a fixed arrival rate
 // (an open loop: calls start on schedule whether or not earlier ones
 // answered, so queueing shows, and latency counts from the scheduled
-// start), or with -search the peak found by an open loop whose rate rises
-// until goodput stops rising or p99 passes a bound. scripts/bench.sh runs
+// start), or with -search the sustained peak found by an open loop whose
+// rate rises while the server keeps up with it (search.go). scripts/bench.sh runs
 // it next to pgbench on the same database and writes docs/benchmarks.md.
 //
 // It speaks HTTP/1.1 itself (httpwire.go, gen.go): requests encoded once,
@@ -173,56 +173,6 @@ func jsonObject(kv ...string) string {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
-}
-
-// searchPeak finds the server's peak with the open loop: rates from from,
-// each step times the previous, each run for d after the previous one's
-// answers are all in. It stops at the first rate whose goodput is not
-// above the best so far (by more than 2 %) or whose p99 passes bound, and
-// then tries two rates between the last good one and that one (bisection).
-// The peak is the best goodput of a rate within bound.
-func (g *generator) searchPeak(from, step float64, d, bound time.Duration) Result {
-	var best Result
-	var steps []Result
-	cpu0 := cpuTime()
-	try := func(r float64) Result {
-		res := g.openLoop(r, d)
-		steps = append(steps, res)
-		if res.P99Ms <= float64(bound.Microseconds())/1000 && res.PerSecond > best.PerSecond {
-			best = res
-		}
-		return res
-	}
-	g.openLoop(from, time.Second) // warm-up
-	good, bad := from, 0.0
-	for r := from; bad == 0; r *= step {
-		prev := best.PerSecond
-		res := try(r)
-		within := res.P99Ms <= float64(bound.Microseconds())/1000
-		if !within || res.PerSecond <= prev*1.02 {
-			bad = r
-			break
-		}
-		good = r
-	}
-	for range 2 {
-		mid := (good + bad) / 2
-		res := try(mid)
-		if res.P99Ms <= float64(bound.Microseconds())/1000 && res.PerSecond >= 0.97*mid {
-			good = mid
-		} else {
-			bad = mid
-		}
-	}
-	var sent int64
-	for _, s := range steps {
-		sent += s.sent()
-	}
-	best.CPUUsPerCall = float64((cpuTime() - cpu0).Microseconds()) / float64(max(1, sent))
-	best.Steps = steps
-	best.P99BoundMs = float64(bound.Microseconds()) / 1000
-	best.PeakMethod = fmt.Sprintf("open-loop search: from %.0f/s, x%.2f per %s step, stop when goodput rises < 2 %% or p99 > %s, then 2 bisections; peak = best goodput within the bound", from, step, d, bound)
-	return best
 }
 
 // cpuTime is the process's CPU time so far (user and system).
