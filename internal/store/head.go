@@ -3,8 +3,6 @@ package store
 import (
 	"context"
 	"sync/atomic"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Head is work a call's gate puts at the head of the call's transaction:
@@ -49,13 +47,4 @@ func takeHead(ctx context.Context) *Head {
 		return nil
 	}
 	return h
-}
-
-// read hands each queued function its result from br, where they come
-// next.
-func (p *Pipeline) read(br pgx.BatchResults) {
-	q := newReplay(br)
-	for _, run := range p.runs {
-		run(q)
-	}
 }

@@ -101,7 +101,14 @@ func (c *capture) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
 // replay hands each queued function the next result of the pipeline.
 type replay struct{ br pgx.BatchResults }
 
-func newReplay(br pgx.BatchResults) *db.Queries { return db.New(&replay{br: br}) }
+// read hands each queued function its result from br, where they come
+// next (Send, and a transaction's head).
+func (p *Pipeline) read(br pgx.BatchResults) {
+	q := db.New(&replay{br: br})
+	for _, run := range p.runs {
+		run(q)
+	}
+}
 
 func (r *replay) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
 	return r.br.Exec()

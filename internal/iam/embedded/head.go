@@ -87,7 +87,7 @@ func (s *Service) QueueDraftRequire(p *store.Pipeline, draft iam.Resource, c *ia
 		}
 		ctx = context.WithValue(ctx, noReadsKey{}, true)
 		refusal := s.decide(ctx, c, action, target)
-		if errors.Is(refusal, errNeedsReads) {
+		if errors.Is(refusal, iam.ErrNeedsReads) {
 			return iam.DraftOutcome{}, iam.ErrNeedsReads
 		}
 		return iam.DraftOutcome{Drafted: true, Refusal: refusal}, nil
@@ -112,7 +112,7 @@ type writtenDraftKey struct{}
 type noReadsKey struct{}
 
 // queries is what a decision reads with: the pool, or nothing when it is
-// made on a head's results (a read then answers errNeedsReads).
+// made on a head's results (a read then answers iam.ErrNeedsReads).
 func (s *Service) queries(ctx context.Context) *db.Queries {
 	if ctx.Value(noReadsKey{}) != nil {
 		return db.New(noReads{})
@@ -120,23 +120,23 @@ func (s *Service) queries(ctx context.Context) *db.Queries {
 	return s.st.Queries()
 }
 
-var errNeedsReads = errors.New("iam: the decision needs a read the head did not carry")
-
 // noReads refuses every statement: see queries.
 type noReads struct{}
 
 func (noReads) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
-	return pgconn.CommandTag{}, errNeedsReads
+	return pgconn.CommandTag{}, iam.ErrNeedsReads
 }
 
-func (noReads) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errNeedsReads }
+func (noReads) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, iam.ErrNeedsReads
+}
 
 func (noReads) QueryRow(context.Context, string, ...any) pgx.Row { return noRow{} }
 
 func (noReads) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
-	return pgx.FailedBatchResults(b, errNeedsReads)
+	return pgx.FailedBatchResults(b, iam.ErrNeedsReads)
 }
 
 type noRow struct{}
 
-func (noRow) Scan(...any) error { return errNeedsReads }
+func (noRow) Scan(...any) error { return iam.ErrNeedsReads }
