@@ -300,10 +300,12 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 		})
 	}
 	u, err := run(ctx)
-	if settle, ok := ctx.Value(settleKey{}).(Settle); ok && err != nil {
-		var again bool
-		if ctx, again, err = settle(ctx, err); again {
-			u, err = run(ctx)
+	if err != nil { // only a failed call looks for a gate's settle
+		if settle, ok := ctx.Value(settleKey{}).(Settle); ok {
+			var again bool
+			if ctx, again, err = settle(ctx, err); again {
+				u, err = run(ctx)
+			}
 		}
 	}
 	if err != nil || m.Kind != api.KindMutation {
