@@ -162,14 +162,17 @@ foreign-clients: ## Generate and compile an oapi-codegen Go client and openapi-t
 
 .PHONY: bench-sessions
 bench-sessions: $(SECRET_FILE) ## Gateway benchmark: 10,000 daemon sessions, memory per session, reconnect time and the gateway's CPU per session, 3 runs, the gateway and the load tool pinned to separate cores (writes docs/benchmarks.md)
+	@scripts/settle.sh
 	@$(SERVICE_ENV); ulimit -n "$$(ulimit -Hn)"; go run ./tools/sessionload -n $${SESSIONS:-10000} -runs $${ROUNDS:-3}
 
 .PHONY: bench-instances
 bench-instances: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: instances.create to running over 100 real VMs (writes docs/benchmarks.md)
+	@scripts/settle.sh
 	@$(SERVICE_ENV); go run ./tools/instancebench -runs $${RUNS:-100} -images $(IMAGES_DIR)
 
 .PHONY: bench-sandboxes
 bench-sandboxes: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## VM benchmark: sandboxes.create to running, warm claim, cold boot (and a bare qemu boot) and restore, 3 rounds of 100 of each (writes docs/benchmarks.md)
+	@scripts/settle.sh
 	@$(SERVICE_ENV); go run ./tools/sandboxbench -runs $${RUNS:-100} -rounds $${ROUNDS:-3} -images $(IMAGES_DIR)
 
 .PHONY: bench-network
@@ -182,6 +185,7 @@ bench-tunnels: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Tunnel benchmark: op
 
 .PHONY: bench
 bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks
+	@scripts/settle.sh
 	NOTIFIER_BENCH=$${NOTIFIER_BENCH:-1} scripts/bench.sh
 	@$(SERVICE_ENV); go test -run='^$$' -bench=. -benchtime=2s ./...
 
