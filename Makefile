@@ -184,7 +184,7 @@ bench-tunnels: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Tunnel benchmark: op
 	@$(SERVICE_ENV); TUNNELBENCH_OUT=$(CURDIR)/docs/benchmarks.md TUNNELBENCH_NOTES=$(CURDIR)/docs/benchmarks-notes.md go test -tags tunnelbench -count=1 -v -timeout 60m -run TestTunnelBenchmark ./internal/tunnels
 
 .PHONY: bench
-bench: $(SECRET_FILE) ## Load benchmark (API vs pgbench, writes docs/benchmarks.md), then go benchmarks
+bench: $(SECRET_FILE) $(IMAGES_DIR)/minimal.json ## Load benchmark (API vs pgbench, the creates' round trips; writes docs/benchmarks.md), then go benchmarks
 	@scripts/settle.sh
 	NOTIFIER_BENCH=$${NOTIFIER_BENCH:-1} scripts/bench.sh
 	@$(SERVICE_ENV); go test -run='^$$' -bench=. -benchtime=2s ./...

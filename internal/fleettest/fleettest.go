@@ -4,6 +4,7 @@
 package fleettest
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -426,9 +427,31 @@ func (f *Fleet) FewestRoundTrips(method, node string, tries int, call func(i int
 // (issue 26; docs/benchmarks.md).
 const RoundTripGoal = 8
 
-// AtMostRoundTrips holds a call's round trips n at most, what the method
-// makes today, and never above RoundTripGoal.
-func AtMostRoundTrips(t *testing.T, n, most int, msgAndArgs ...any) {
+// AtMostRoundTrips holds the round trips n of the call label names at
+// most, what the method makes today, and never above RoundTripGoal; it
+// records them (RecordRoundTrips).
+func AtMostRoundTrips(t *testing.T, label string, n, most int) {
 	t.Helper()
-	assert.LessOrEqual(t, n, min(most, RoundTripGoal), msgAndArgs...)
+	RecordRoundTrips(t, label, n)
+	assert.LessOrEqual(t, n, min(most, RoundTripGoal), label)
+}
+
+// RoundTripsOutEnv names a file to which RecordRoundTrips appends each
+// count, one "label<TAB>count" line: scripts/roundtrips.sh collects them
+// for the figures of `make bench` (docs/benchmarks.md).
+const RoundTripsOutEnv = "ROUNDTRIPS_OUT"
+
+// RecordRoundTrips logs the round trips n of the call label names and,
+// with RoundTripsOutEnv set, appends them to that file.
+func RecordRoundTrips(t *testing.T, label string, n int) {
+	t.Helper()
+	t.Logf("%s: %d round trips", label, n)
+	path := os.Getenv(RoundTripsOutEnv)
+	if path == "" {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	require.NoError(t, err)
+	_, err = fmt.Fprintf(f, "%s\t%d\n", label, n)
+	require.NoError(t, errors.Join(err, f.Close()))
 }

@@ -34,7 +34,7 @@ func TestCreateRoundTrips(t *testing.T) {
 		made, err = create(t, f, pool, fmt.Sprintf("r%d", i), 1, client.ReservationsCreateInputPriorityOnDemand, 0)
 		require.NoError(t, err)
 	})
-	fleettest.AtMostRoundTrips(t, n, maxRoundTrips, "a reservation of one unit")
+	fleettest.AtMostRoundTrips(t, "reservations.create (1 unit)", n, maxRoundTrips)
 	for _, count := range []int64{1, 2} {
 		key := fmt.Sprintf("many-%d", count)
 		made, err = create(t, f, pool, key, count, client.ReservationsCreateInputPriorityOnDemand, 0)

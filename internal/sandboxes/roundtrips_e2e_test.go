@@ -53,12 +53,12 @@ func TestCreateRoundTrips(t *testing.T) {
 
 	var made client.Sandbox
 	n := f.FewestRoundTrips("sandboxes.create", node, 3, func(i int) { made = create(fmt.Sprintf("s%d", i), cold) })
-	fleettest.AtMostRoundTrips(t, n, maxRoundTrips)
+	fleettest.AtMostRoundTrips(t, "sandboxes.create (cold, network none)", n, maxRoundTrips)
 	assert.Equal(t, "cold", string(made.Timings.How))
 	assert.Equal(t, 1, f.Events("sandbox.created", made.SandboxId))
 
 	replay := f.CallRoundTrips("sandboxes.create", func() { assert.Equal(t, made.SandboxId, create("s2", cold).SandboxId) })
-	t.Logf("sandboxes.create replayed: %d round trips", replay)
+	fleettest.RecordRoundTrips(t, "sandboxes.create, replayed (same key)", replay)
 	assert.LessOrEqual(t, replay, n)
 
 }
@@ -106,9 +106,9 @@ func TestWarmClaimWaitRoundTrips(t *testing.T) {
 	assert.Equal(t, "creating", string(at.State))
 	var waited client.Sandbox
 	trips := f.CallRoundTrips("sandboxes.create", func() { waited = claim("waited", 30000) })
-	t.Logf("a warm claim: %d round trips answered at once, %d waiting until it runs", atOnce, trips)
+	fleettest.RecordRoundTrips(t, "sandboxes.create, a warm claim waiting until it runs", trips)
 	assert.Equal(t, "running", string(waited.State))
 	assert.False(t, waited.ReadyAt.Null)
 	assert.Equal(t, atOnce+1, trips, "the read after the commit only")
-	fleettest.AtMostRoundTrips(t, atOnce, maxWarmClaimRoundTrips)
+	fleettest.AtMostRoundTrips(t, "sandboxes.create, a warm claim answered at once", atOnce, maxWarmClaimRoundTrips)
 }
