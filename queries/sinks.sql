@@ -26,12 +26,12 @@ WHERE c.after_xid = sqlc.arg(from_xid)::text::xid8 AND c.after_seq = sqlc.arg(fr
 
 -- ListAuditCommitted reads audit rows in visibility order after a cursor
 -- (xid, id), only from transactions below visibility_frontier(), as
--- ListOutboxCommitted does for the outbox.
+-- ListOutboxCommitted does for the outbox (through the view, as there).
 -- name: ListAuditCommitted :many
 SELECT id, xid::text AS xid, at, tenant_id, identity_id, identity_kind, agent_id, delegation_id,
        method, resource_type, resource_id, request_id, traceparent, outcome
 FROM audit_log
-WHERE xid < visibility_frontier()
+WHERE xid < (SELECT frontier FROM visibility_frontier_now)
   AND (xid, id) > (sqlc.arg(after_xid)::text::xid8, sqlc.arg(after_id)::bigint)
 ORDER BY audit_log.xid, audit_log.id -- the column, not the text alias
 LIMIT sqlc.arg(max_rows);

@@ -752,6 +752,10 @@ type UsageWindow struct {
 	QuantityUnits   pgtype.Int8
 }
 
+type VisibilityFrontierNow struct {
+	Frontier interface{}
+}
+
 type VmSubnet struct {
 	PoolID    string
 	Network   string

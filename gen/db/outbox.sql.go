@@ -35,7 +35,7 @@ func (q *Queries) InsertEvents(ctx context.Context, arg InsertEventsParams) erro
 const listOutboxCommitted = `-- name: ListOutboxCommitted :many
 SELECT seq, xid::text AS xid, id, type, source, subject, tenant_id, time, data
 FROM outbox
-WHERE xid < visibility_frontier()
+WHERE xid < (SELECT frontier FROM visibility_frontier_now)
   AND (xid, seq) > ($1::text::xid8, $2::bigint)
   AND ($3::text = '' OR tenant_id = $3)
 ORDER BY outbox.xid, outbox.seq -- the column, not the text alias: "10" sorts before "9"
@@ -65,6 +65,10 @@ type ListOutboxCommittedRow struct {
 // (xid, seq): only rows below visibility_frontier() (every transaction of
 // this database older than it has finished), which can no longer change,
 // so a reader never passes a row that commits later. An empty tenant reads every tenant.
+// The frontier is read from the view visibility_frontier_now (00076), not
+// through the function: the function's body was planned again at every
+// call (0.4 ms, most of this statement's 0.5 to 1 ms, run after every
+// commit with events), the view's is planned once with the statement.
 func (q *Queries) ListOutboxCommitted(ctx context.Context, arg ListOutboxCommittedParams) ([]ListOutboxCommittedRow, error) {
 	rows, err := q.db.Query(ctx, listOutboxCommitted,
 		arg.AfterXid,

@@ -188,7 +188,7 @@ const listAuditCommitted = `-- name: ListAuditCommitted :many
 SELECT id, xid::text AS xid, at, tenant_id, identity_id, identity_kind, agent_id, delegation_id,
        method, resource_type, resource_id, request_id, traceparent, outcome
 FROM audit_log
-WHERE xid < visibility_frontier()
+WHERE xid < (SELECT frontier FROM visibility_frontier_now)
   AND (xid, id) > ($1::text::xid8, $2::bigint)
 ORDER BY audit_log.xid, audit_log.id -- the column, not the text alias
 LIMIT $3
@@ -219,7 +219,7 @@ type ListAuditCommittedRow struct {
 
 // ListAuditCommitted reads audit rows in visibility order after a cursor
 // (xid, id), only from transactions below visibility_frontier(), as
-// ListOutboxCommitted does for the outbox.
+// ListOutboxCommitted does for the outbox (through the view, as there).
 func (q *Queries) ListAuditCommitted(ctx context.Context, arg ListAuditCommittedParams) ([]ListAuditCommittedRow, error) {
 	rows, err := q.db.Query(ctx, listAuditCommitted, arg.AfterXid, arg.AfterID, arg.MaxRows)
 	if err != nil {

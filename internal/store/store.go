@@ -69,6 +69,17 @@ const (
 	applicationName    = "computed"
 )
 
+// PingAfterIdle is how long a connection may sit idle in a pool before
+// the pool pings it (a round trip) when handing it out. pgxpool pings
+// after 1 s, which puts an extra round trip (and a goroutine) on the
+// path of every call of a process that serves less than one call a
+// second per connection: instances.create in make bench-instances paid
+// 0.25 ms at p50 and up to 3 ms for it (docs/benchmarks-notes.md).
+// A connection the server closed in the meantime fails its call, which
+// is answered UNAVAILABLE with a retry hint (as for any connection the
+// server drops in use, which no ping catches either) and is replaced.
+const PingAfterIdle = 5 * time.Second
+
 // Open connects to the database at url (a postgres:// URL or a key=value
 // string, as pgx accepts) and checks that it answers. The pool size comes
 // from pool_max_conns in the URL when present.
@@ -87,6 +98,8 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if !strings.Contains(url, "pool_max_conn_idle_time") {
 		cfg.MaxConnIdleTime = poolMaxConnIdle
 	}
+	// Every pool made from cfg (the read pool, the siblings) inherits it.
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > PingAfterIdle }
 	if _, ok := cfg.ConnConfig.RuntimeParams[applicationNameKey]; !ok {
 		cfg.ConnConfig.RuntimeParams[applicationNameKey] = applicationName
 	}
