@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"computeplane/gen/api"
 )
 
 // Arrival timing: the in-flight limit judges a call by how long it took
@@ -55,6 +57,7 @@ type ArrivalConn struct {
 	raw     syscall.RawConn // nil: no kernel timestamps
 	armed   atomic.Bool     // the next bytes read start a request
 	arrived atomic.Int64    // unix ns of the current request's arrival, 0: taken
+	checked atomic.Int64    // the same, once Controller.CheckWait admitted the request; 0: not checked
 	oob     [64]byte
 }
 
@@ -149,10 +152,50 @@ func ArrivalContext(ctx context.Context, c net.Conn) context.Context {
 // connection did not record it (not through ArrivalListener, or a second
 // request read in the same read as the first).
 func Arrived(ctx context.Context, now time.Time) time.Time {
+	t, _ := ArrivedChecked(ctx, now)
+	return t
+}
+
+// ArrivedChecked is Arrived, and whether Controller.CheckWait already
+// judged the request's wait (then EnterChecked admits it, not EnterAt).
+func ArrivedChecked(ctx context.Context, now time.Time) (time.Time, bool) {
 	if ac, ok := ctx.Value(arrivalKey{}).(*ArrivalConn); ok {
-		if t := ac.take(); !t.IsZero() && t.Before(now) {
-			return t
+		if ns := ac.checked.Swap(0); ns != 0 {
+			return earlier(time.Unix(0, ns), now), true
+		}
+		if t := ac.take(); !t.IsZero() {
+			return earlier(t, now), false
 		}
 	}
+	return now, false
+}
+
+// earlier is t unless it is not before now (a clock step).
+func earlier(t, now time.Time) time.Time {
+	if t.Before(now) {
+		return t
+	}
 	return now
+}
+
+// CheckWaitOf runs c.CheckWait on the arrival of the request served under
+// ctx, taking it: a call let through is marked checked, so that the
+// envelope admits it with EnterChecked (ArrivedChecked) and its wait is
+// judged once. A request whose arrival was not recorded is let through
+// unjudged (EnterAt times it from now, as before).
+func CheckWaitOf(ctx context.Context, c *Controller, now time.Time) (*api.Error, bool) {
+	ac, ok := ctx.Value(arrivalKey{}).(*ArrivalConn)
+	if !ok || !c.ChecksWait() {
+		return nil, false
+	}
+	t := ac.take()
+	if t.IsZero() {
+		return nil, false
+	}
+	t = earlier(t, now)
+	if se, refused := c.CheckWait(t); refused {
+		return se, true
+	}
+	ac.checked.Store(t.UnixNano())
+	return nil, false
 }

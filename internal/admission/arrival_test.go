@@ -156,3 +156,47 @@ func TestQueueBeforeAdmissionShrinksTheLimit(t *testing.T) {
 	run(20, 20*time.Millisecond)
 	assert.Less(t, c.Limit(), before, "limit %d after queueing, %d before", c.Limit(), before)
 }
+
+// The early path's wait check (CheckWaitOf) judges a call's wait once:
+// it takes the arrival, refuses a late call while a share is refused,
+// and marks a call it lets through as checked, so that the envelope
+// admits it with EnterChecked (ArrivedChecked) instead of judging it
+// again with EnterAt.
+func TestCheckWaitOfJudgesTheWaitOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := New(Limits{QueueTarget: 5 * time.Millisecond})
+	c.now = func() time.Time { return now }
+	c.queue = newQueueCheck(5*time.Millisecond, DefaultQueueInterval, now)
+	c.queue.share = 1
+	held, err := c.EnterAt(now) // something in flight: late calls may be refused
+	require.NoError(t, err)
+
+	ac := &ArrivalConn{}
+	ctx := ArrivalContext(t.Context(), ac)
+	ac.arrived.Store(now.Add(-50 * time.Millisecond).UnixNano())
+	se, refused := CheckWaitOf(ctx, c, now)
+	require.True(t, refused, "waited 50 ms, a share of 1")
+	requireLimited(t, se, InFlightRetryAfter.Milliseconds())
+	_, checked := ArrivedChecked(ctx, now)
+	assert.False(t, checked, "a refused call is not marked")
+
+	arrived := now.Add(-2 * time.Millisecond)
+	ac.arrived.Store(arrived.UnixNano())
+	_, refused = CheckWaitOf(ctx, c, now)
+	require.False(t, refused, "within the target")
+	got, checked := ArrivedChecked(ctx, now)
+	assert.True(t, checked)
+	assert.Equal(t, arrived, got)
+	got, checked = ArrivedChecked(ctx, now)
+	assert.False(t, checked, "once")
+	assert.Equal(t, now, got)
+
+	// A request whose arrival was not recorded goes on unjudged.
+	_, refused = CheckWaitOf(ctx, c, now)
+	assert.False(t, refused)
+	// Nor does anything happen with the check off.
+	ac.arrived.Store(now.Add(-time.Second).UnixNano())
+	_, refused = CheckWaitOf(ctx, New(Limits{MaxInFlight: 4}), now)
+	assert.False(t, refused)
+	c.Leave(held, nil)
+}
