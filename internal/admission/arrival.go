@@ -107,17 +107,26 @@ func (c *ArrivalConn) recv(p []byte) (n int, at int64, err error) {
 	return n, timestampNS(c.oob[:oobn]), nil
 }
 
-// timestampNS finds SCM_TIMESTAMPNS in control messages (0: none).
+// timestampNS finds SCM_TIMESTAMPNS in control messages (0: none). It
+// walks the headers in place: syscall.ParseSocketControlMessage allocates
+// a slice per call, on every request's first read.
 func timestampNS(oob []byte) int64 {
-	msgs, err := syscall.ParseSocketControlMessage(oob)
-	if err != nil {
-		return 0
-	}
-	for _, m := range msgs {
-		if m.Header.Level == syscall.SOL_SOCKET && m.Header.Type == syscall.SCM_TIMESTAMPNS && len(m.Data) >= int(unsafe.Sizeof(syscall.Timespec{})) {
-			ts := (*syscall.Timespec)(unsafe.Pointer(&m.Data[0]))
-			return ts.Nano()
+	const hdr = syscall.SizeofCmsghdr
+	for len(oob) >= hdr {
+		h := (*syscall.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		n := int(h.Len)
+		if n < hdr || n > len(oob) {
+			return 0
 		}
+		data := oob[syscall.CmsgLen(0):n]
+		if h.Level == syscall.SOL_SOCKET && h.Type == syscall.SCM_TIMESTAMPNS && len(data) >= int(unsafe.Sizeof(syscall.Timespec{})) {
+			return (*syscall.Timespec)(unsafe.Pointer(&data[0])).Nano()
+		}
+		next := syscall.CmsgSpace(n - syscall.CmsgLen(0))
+		if next >= len(oob) {
+			return 0
+		}
+		oob = oob[next:]
 	}
 	return 0
 }

@@ -6,8 +6,10 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -199,4 +201,22 @@ func TestCheckWaitOfJudgesTheWaitOnce(t *testing.T) {
 	_, refused = CheckWaitOf(ctx, New(Limits{MaxInFlight: 4}), now)
 	assert.False(t, refused)
 	c.Leave(held, nil)
+}
+
+// timestampNS finds the kernel's timestamp among control messages in
+// place, without allocating, and gives 0 for none or a truncated buffer.
+func TestTimestampNSParsesInPlace(t *testing.T) {
+	ts := syscall.Timespec{Sec: 1000, Nsec: 42}
+	msg := make([]byte, syscall.CmsgSpace(int(unsafe.Sizeof(ts))))
+	h := (*syscall.Cmsghdr)(unsafe.Pointer(&msg[0]))
+	h.Level, h.Type = syscall.SOL_SOCKET, syscall.SCM_TIMESTAMPNS
+	h.SetLen(syscall.CmsgLen(int(unsafe.Sizeof(ts))))
+	*(*syscall.Timespec)(unsafe.Pointer(&msg[syscall.CmsgLen(0)])) = ts
+	oob := append(syscall.UnixRights(3), msg...) // another message first
+
+	assert.Equal(t, ts.Nano(), timestampNS(oob))
+	assert.Zero(t, timestampNS(syscall.UnixRights(3)), "none")
+	assert.Zero(t, timestampNS(oob[:len(oob)-4]), "truncated")
+	assert.Zero(t, timestampNS(nil))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { timestampNS(oob) }))
 }

@@ -12,13 +12,13 @@ func (c *Controller) Register(reg prometheus.Registerer) error {
 	}
 	gauges := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "admission_in_flight", Help: "Calls holding an in-flight slot of the admission controller.",
+			Name: "compute_admission_in_flight", Help: "Calls holding an in-flight slot of the admission controller.",
 		}, func() float64 { return float64(c.InFlight()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "admission_in_flight_limit", Help: "The admission controller's in-flight limit now (0: none).",
+			Name: "compute_admission_in_flight_limit", Help: "The admission controller's in-flight limit now (0: none).",
 		}, func() float64 { return float64(c.Limit()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "admission_wait_refused_share", Help: "Share of the calls that waited past admission.queueTargetMs refused now.",
+			Name: "compute_admission_wait_refused_share", Help: "Share of the calls that waited past admission.queueTargetMs refused now.",
 		}, c.WaitShare),
 	}
 	for _, g := range gauges {
