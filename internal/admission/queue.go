@@ -26,11 +26,9 @@ import (
 // cost CPU too, leave the server exactly the calls it can serve, with a
 // queue of about the target; at half load, with the process descheduled
 // now and then, the share stays 0 and nothing is refused. The first law
-// refused every call past the target once a queue had stood; on a core
-// shared with other work every call that arrived while the process was
-// descheduled was then refused, though the server would have served it,
-// and it served 0.2 to 0.4 of what it served without shedding
-// (docs/benchmarks-notes.md, "Shedding only the excess").
+// refused every call past the target once a queue had stood one interval
+// (and every call past the interval always): a stall of 80 ms at half load
+// was enough (docs/benchmarks-notes.md, "Shedding only the excess").
 //
 // A call is never refused for its wait while nothing is in flight: then
 // the server is not serving anything (its CPU goes to reading and

@@ -183,10 +183,9 @@ func TestQueueCheckAt150PercentRefusesOnlyTheExcess(t *testing.T) {
 
 // On a core shared with other work (the server descheduled 6 ms in every
 // 16), at 108 % of what it serves and with a refusal costing 0.6 of a call
-// served (as measured on this machine), the check refuses only the
-// excess: every call that arrived while the process was descheduled waits
-// past the target, but refusing all of them (the first law) refuses calls
-// the server would have served.
+// served (as measured on this machine under load), the check refuses only
+// the excess although every call that arrived while the process was
+// descheduled waits past the target.
 func TestQueueCheckOnASharedCoreRefusesOnlyTheExcess(t *testing.T) {
 	start := time.Unix(1000, 0)
 	run := simRun{load: 1.08, serve: 134 * time.Microsecond, refuse: 80 * time.Microsecond,
@@ -199,7 +198,8 @@ func TestQueueCheckOnASharedCoreRefusesOnlyTheExcess(t *testing.T) {
 }
 
 // Below the capacity nothing is refused: at half load, at 90 % on a shared
-// core, and at half load with a stall of 80 ms every second.
+// core, and at half load with a stall of 80 ms every second (the first law
+// refused 973 calls there: the stall's queue stood one interval).
 func TestQueueCheckBelowCapacityRefusesNothing(t *testing.T) {
 	start := time.Unix(1000, 0)
 	for _, run := range []simRun{
