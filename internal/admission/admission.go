@@ -12,10 +12,10 @@
 //     to latency (gradient.go) between a floor and a ceiling, or is fixed;
 //     with a slot wait (room.go), a call over the limit first waits a
 //     little for a slot, newest first, so that a burst is not refused;
-//   - the wait before admission (queue.go, in the manner of CoDel): a
-//     call that waited in the socket and for the CPU past a bound is
-//     refused, the bound tightening to a target once a queue has stood
-//     for an interval; the calls served are then the newest;
+//   - the wait before admission (queue.go, in the manner of CoDel and
+//     PIE): while calls keep waiting in the socket and for the CPU past a
+//     target, a share of those that did is refused, as large as the
+//     server needs to keep up;
 //   - the queue bound: an admitted call that waits longer than this for a
 //     database connection is shed too (store.WithAcquireBound), instead
 //     of queueing for the store's full AcquireTimeout;
@@ -63,8 +63,9 @@ type Limits struct {
 	// 0 leaves the store's AcquireTimeout.
 	MaxQueue time.Duration
 	// QueueTarget turns on the check of a call's wait before admission
-	// (queue.go): past QueueInterval a call is refused, past QueueTarget
-	// once a queue has stood for an interval. 0: no check. QueueInterval
+	// (queue.go): while a queue stands past QueueTarget, judged over each
+	// QueueInterval, a share of the calls that waited past it is refused.
+	// 0: no check. QueueInterval
 	// 0 means DefaultQueueInterval. With the check on, the adaptive limit
 	// times a call from its admission: the wait before it is the check's.
 	QueueTarget   time.Duration
@@ -90,8 +91,8 @@ type Bucket struct {
 // before the adaptive limit shrinks.
 const DefaultTolerance = 2.0
 
-// DefaultQueueInterval is how long a queue must stand before the wait
-// bound tightens to the target, and the bound otherwise: CoDel's 100 ms.
+// DefaultQueueInterval is the interval over which the wait check judges a
+// standing queue and moves its share: CoDel's 100 ms.
 const DefaultQueueInterval = 100 * time.Millisecond
 
 // maxTenants bounds the buckets kept; past it, buckets that are full
@@ -180,25 +181,59 @@ func (c *Controller) admits() bool {
 
 // EnterAt is Enter for a call that arrived at arrived (Arrived). With the
 // wait check on (QueueTarget), a call that waited too long since it
-// arrived is refused, and the adaptive limit times calls from their
-// admission. Without it the adaptive limit times them from their arrival,
-// so that time queued in the server before admission (in the socket,
-// waiting for the CPU) counts as latency and shrinks the limit; but a
-// shrunken limit shortens no such queue, since a refused call costs its
-// read and answer too: at 150 % of the peak it refused calls the server
-// could have served (docs/benchmarks-notes.md, "Refusing early"). A call
-// that waited for a slot (SlotWait) is timed from the slot.
+// arrived may be refused (queue.go), and the adaptive limit times calls
+// from their admission. Without it the adaptive limit times them from
+// their arrival, so that time queued in the server before admission (in
+// the socket, waiting for the CPU) counts as latency and shrinks the
+// limit; but a shrunken limit shortens no such queue, since a refused call
+// costs its read and answer too: at 150 % of the peak it refused calls the
+// server could have served (docs/benchmarks-notes.md, "Refusing early").
+// A call that waited for a slot (SlotWait) is timed from the slot.
 func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	if !c.admits() {
 		return Ticket{}, nil
 	}
-	start := arrived
 	if c.queue != nil {
 		now := c.now()
 		if bound, ok := c.queue.admit(now, now.Sub(arrived), c.inFlight.Load() > 0); !ok {
 			return Ticket{}, c.refusal(refusedWait, bound.Milliseconds())
 		}
-		start = now
+	}
+	return c.enter(arrived)
+}
+
+// EnterChecked is EnterAt for a call whose wait CheckWait already
+// admitted (ArrivedChecked): the wait is not judged twice.
+func (c *Controller) EnterChecked(arrived time.Time) (Ticket, error) {
+	if !c.admits() {
+		return Ticket{}, nil
+	}
+	return c.enter(arrived)
+}
+
+// CheckWait judges the wait of a call that arrived at arrived, for the
+// early path (rpc.Handler.RefuseEarly: before routing, the request id's
+// context, the body): the refusal, or false when the call may go on (to
+// EnterChecked). With the wait check off it admits everything.
+func (c *Controller) CheckWait(arrived time.Time) (*api.Error, bool) {
+	if c == nil || c.queue == nil {
+		return nil, false
+	}
+	now := c.now()
+	if bound, ok := c.queue.admit(now, now.Sub(arrived), c.inFlight.Load() > 0); !ok {
+		return c.refusal(refusedWait, bound.Milliseconds()), true
+	}
+	return nil, false
+}
+
+// ChecksWait reports whether the wait check is on.
+func (c *Controller) ChecksWait() bool { return c != nil && c.queue != nil }
+
+// enter takes an in-flight slot for a call that arrived at arrived.
+func (c *Controller) enter(arrived time.Time) (Ticket, error) {
+	start := arrived
+	if c.queue != nil {
+		start = c.now() // the wait before admission is the check's
 	}
 	n := c.inFlight.Add(1)
 	if limit := c.limit.Load(); limit > 0 && n > limit {
@@ -224,12 +259,11 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 // in-flight limit, and the refusal it would get, so that it can be
 // answered before anything is done for it (rpc.Handler.RefuseEarly:
 // before routing, the request id's context, the body): the limit is
-// reached and, with a slot wait, the room is full too. Only without the
-// wait check, whose state follows every call's wait: with it, calls go to
-// EnterAt. Full takes no slot; a call it lets through is admitted or
-// refused by EnterAt as before.
+// reached and, with a slot wait, the room is full too. Full takes no
+// slot; a call it lets through is admitted or refused by EnterAt (or
+// EnterChecked) as before.
 func (c *Controller) Full() (*api.Error, bool) {
-	if c == nil || c.queue != nil {
+	if c == nil {
 		return nil, false
 	}
 	limit := c.limit.Load()
@@ -315,10 +349,19 @@ func (c *Controller) Leave(t Ticket, err error) {
 	}
 }
 
-// Overloaded reports whether the wait check is in its overloaded mode
-// (calls refused past QueueTarget rather than QueueInterval).
+// Overloaded reports whether the wait check refuses calls now (a share
+// of those that waited past QueueTarget).
 func (c *Controller) Overloaded() bool {
 	return c != nil && c.queue != nil && c.queue.isOverloaded()
+}
+
+// WaitShare is the share of the calls past QueueTarget the wait check
+// refuses now (0 with the check off).
+func (c *Controller) WaitShare() float64 {
+	if c == nil || c.queue == nil {
+		return 0
+	}
+	return c.queue.refusedShare()
 }
 
 // InFlight is the number of calls holding a slot.

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"computeplane/gen/api"
 )
 
 // Arrival timing: the in-flight limit judges a call by how long it took
@@ -55,6 +57,7 @@ type ArrivalConn struct {
 	raw     syscall.RawConn // nil: no kernel timestamps
 	armed   atomic.Bool     // the next bytes read start a request
 	arrived atomic.Int64    // unix ns of the current request's arrival, 0: taken
+	checked atomic.Int64    // the same, once Controller.CheckWait admitted the request; 0: not checked
 	oob     [64]byte
 }
 
@@ -104,17 +107,26 @@ func (c *ArrivalConn) recv(p []byte) (n int, at int64, err error) {
 	return n, timestampNS(c.oob[:oobn]), nil
 }
 
-// timestampNS finds SCM_TIMESTAMPNS in control messages (0: none).
+// timestampNS finds SCM_TIMESTAMPNS in control messages (0: none). It
+// walks the headers in place: syscall.ParseSocketControlMessage allocates
+// a slice per call, on every request's first read.
 func timestampNS(oob []byte) int64 {
-	msgs, err := syscall.ParseSocketControlMessage(oob)
-	if err != nil {
-		return 0
-	}
-	for _, m := range msgs {
-		if m.Header.Level == syscall.SOL_SOCKET && m.Header.Type == syscall.SCM_TIMESTAMPNS && len(m.Data) >= int(unsafe.Sizeof(syscall.Timespec{})) {
-			ts := (*syscall.Timespec)(unsafe.Pointer(&m.Data[0]))
-			return ts.Nano()
+	const hdr = syscall.SizeofCmsghdr
+	for len(oob) >= hdr {
+		h := (*syscall.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		n := int(h.Len)
+		if n < hdr || n > len(oob) {
+			return 0
 		}
+		data := oob[syscall.CmsgLen(0):n]
+		if h.Level == syscall.SOL_SOCKET && h.Type == syscall.SCM_TIMESTAMPNS && len(data) >= int(unsafe.Sizeof(syscall.Timespec{})) {
+			return (*syscall.Timespec)(unsafe.Pointer(&data[0])).Nano()
+		}
+		next := syscall.CmsgSpace(n - syscall.CmsgLen(0))
+		if next >= len(oob) {
+			return 0
+		}
+		oob = oob[next:]
 	}
 	return 0
 }
@@ -149,10 +161,50 @@ func ArrivalContext(ctx context.Context, c net.Conn) context.Context {
 // connection did not record it (not through ArrivalListener, or a second
 // request read in the same read as the first).
 func Arrived(ctx context.Context, now time.Time) time.Time {
+	t, _ := ArrivedChecked(ctx, now)
+	return t
+}
+
+// ArrivedChecked is Arrived, and whether Controller.CheckWait already
+// judged the request's wait (then EnterChecked admits it, not EnterAt).
+func ArrivedChecked(ctx context.Context, now time.Time) (time.Time, bool) {
 	if ac, ok := ctx.Value(arrivalKey{}).(*ArrivalConn); ok {
-		if t := ac.take(); !t.IsZero() && t.Before(now) {
-			return t
+		if ns := ac.checked.Swap(0); ns != 0 {
+			return earlier(time.Unix(0, ns), now), true
+		}
+		if t := ac.take(); !t.IsZero() {
+			return earlier(t, now), false
 		}
 	}
+	return now, false
+}
+
+// earlier is t unless it is not before now (a clock step).
+func earlier(t, now time.Time) time.Time {
+	if t.Before(now) {
+		return t
+	}
 	return now
+}
+
+// CheckWaitOf runs c.CheckWait on the arrival of the request served under
+// ctx, taking it: a call let through is marked checked, so that the
+// envelope admits it with EnterChecked (ArrivedChecked) and its wait is
+// judged once. A request whose arrival was not recorded is let through
+// unjudged (EnterAt times it from now, as before).
+func CheckWaitOf(ctx context.Context, c *Controller, now time.Time) (*api.Error, bool) {
+	ac, ok := ctx.Value(arrivalKey{}).(*ArrivalConn)
+	if !ok || !c.ChecksWait() {
+		return nil, false
+	}
+	t := ac.take()
+	if t.IsZero() {
+		return nil, false
+	}
+	t = earlier(t, now)
+	if se, refused := c.CheckWait(t); refused {
+		return se, true
+	}
+	ac.checked.Store(t.UnixNano())
+	return nil, false
 }

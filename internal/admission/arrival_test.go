@@ -6,8 +6,10 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -155,4 +157,66 @@ func TestQueueBeforeAdmissionShrinksTheLimit(t *testing.T) {
 	before := c.Limit()
 	run(20, 20*time.Millisecond)
 	assert.Less(t, c.Limit(), before, "limit %d after queueing, %d before", c.Limit(), before)
+}
+
+// The early path's wait check (CheckWaitOf) judges a call's wait once:
+// it takes the arrival, refuses a late call while a share is refused,
+// and marks a call it lets through as checked, so that the envelope
+// admits it with EnterChecked (ArrivedChecked) instead of judging it
+// again with EnterAt.
+func TestCheckWaitOfJudgesTheWaitOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := New(Limits{QueueTarget: 5 * time.Millisecond})
+	c.now = func() time.Time { return now }
+	c.queue = newQueueCheck(5*time.Millisecond, DefaultQueueInterval, now)
+	c.queue.share = 1
+	held, err := c.EnterAt(now) // something in flight: late calls may be refused
+	require.NoError(t, err)
+
+	ac := &ArrivalConn{}
+	ctx := ArrivalContext(t.Context(), ac)
+	ac.arrived.Store(now.Add(-50 * time.Millisecond).UnixNano())
+	se, refused := CheckWaitOf(ctx, c, now)
+	require.True(t, refused, "waited 50 ms, a share of 1")
+	requireLimited(t, se, InFlightRetryAfter.Milliseconds())
+	_, checked := ArrivedChecked(ctx, now)
+	assert.False(t, checked, "a refused call is not marked")
+
+	arrived := now.Add(-2 * time.Millisecond)
+	ac.arrived.Store(arrived.UnixNano())
+	_, refused = CheckWaitOf(ctx, c, now)
+	require.False(t, refused, "within the target")
+	got, checked := ArrivedChecked(ctx, now)
+	assert.True(t, checked)
+	assert.Equal(t, arrived, got)
+	got, checked = ArrivedChecked(ctx, now)
+	assert.False(t, checked, "once")
+	assert.Equal(t, now, got)
+
+	// A request whose arrival was not recorded goes on unjudged.
+	_, refused = CheckWaitOf(ctx, c, now)
+	assert.False(t, refused)
+	// Nor does anything happen with the check off.
+	ac.arrived.Store(now.Add(-time.Second).UnixNano())
+	_, refused = CheckWaitOf(ctx, New(Limits{MaxInFlight: 4}), now)
+	assert.False(t, refused)
+	c.Leave(held, nil)
+}
+
+// timestampNS finds the kernel's timestamp among control messages in
+// place, without allocating, and gives 0 for none or a truncated buffer.
+func TestTimestampNSParsesInPlace(t *testing.T) {
+	ts := syscall.Timespec{Sec: 1000, Nsec: 42}
+	msg := make([]byte, syscall.CmsgSpace(int(unsafe.Sizeof(ts))))
+	h := (*syscall.Cmsghdr)(unsafe.Pointer(&msg[0]))
+	h.Level, h.Type = syscall.SOL_SOCKET, syscall.SCM_TIMESTAMPNS
+	h.SetLen(syscall.CmsgLen(int(unsafe.Sizeof(ts))))
+	*(*syscall.Timespec)(unsafe.Pointer(&msg[syscall.CmsgLen(0)])) = ts
+	oob := append(syscall.UnixRights(3), msg...) // another message first
+
+	assert.Equal(t, ts.Nano(), timestampNS(oob))
+	assert.Zero(t, timestampNS(syscall.UnixRights(3)), "none")
+	assert.Zero(t, timestampNS(oob[:len(oob)-4]), "truncated")
+	assert.Zero(t, timestampNS(nil))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { timestampNS(oob) }))
 }

@@ -30,9 +30,10 @@ type Admission struct {
 	// 2 s, after which the call answers UNAVAILABLE.
 	MaxQueue time.Duration
 	// QueueTarget turns on the check of a call's wait before admission
-	// (in the socket and for the CPU; in the manner of CoDel): past
-	// QueueInterval a call is refused, past QueueTarget once a queue has
-	// stood for a whole interval. 0 (the default): no check.
+	// (in the socket and for the CPU; internal/admission queue.go): while
+	// a queue stands past QueueTarget (judged each QueueInterval), a share
+	// of the calls that waited past it is refused, as large as the server
+	// needs. 0 (the default): no check.
 	QueueTarget   time.Duration
 	QueueInterval time.Duration
 	// TenantRate is calls per second per tenant and api process (0, the

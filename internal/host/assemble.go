@@ -346,6 +346,10 @@ func (a *assembly) apiRole() (*rpc.Handler, *events.Watch, error) {
 		return nil, nil, err
 	}
 	internalAPI := a.internalAPI
+	admit := admission.New(admissionLimits(cfg.Admission, int(a.st.Pool().Config().MaxConns)))
+	if err := admit.Register(a.reg.Prometheus()); err != nil {
+		return nil, nil, err
+	}
 	envelope := &rpc.Handler{
 		BasePath: cfg.BasePath,
 		Services: a.services,
@@ -357,7 +361,7 @@ func (a *assembly) apiRole() (*rpc.Handler, *events.Watch, error) {
 		Metrics:  rpcMetrics,
 		Audit:    audit.Record,
 		// Calls beyond what the pool and CPUs can run are shed at once.
-		Admission: admission.New(admissionLimits(cfg.Admission, int(a.st.Pool().Config().MaxConns))),
+		Admission: admit,
 		// Waits re-read when what they wait on is reported changed.
 		Wakes: notifier,
 		// A committed mutation may have written outbox rows: wake their

@@ -217,7 +217,12 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 	}
 	// Shed before reading the body: a refused call costs next to nothing.
 	// Timed from the call's arrival on its connection, not from now.
-	ticket, err := h.Admission.EnterAt(admission.Arrived(ctx, h.now()))
+	var ticket admission.Ticket
+	if arrived, checked := admission.ArrivedChecked(ctx, h.now()); checked {
+		ticket, err = h.Admission.EnterChecked(arrived) // RefuseEarly judged its wait
+	} else {
+		ticket, err = h.Admission.EnterAt(arrived)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -6,12 +6,14 @@ import (
 	"strings"
 
 	"computeplane/gen/api"
+	"computeplane/internal/admission"
 	"computeplane/internal/reqmeta"
 )
 
 // RefuseEarly wraps the whole HTTP surface (next) so that, while the
-// in-flight limit is reached, a call to the envelope is refused before
-// anything else is done for it: no forwarding-header resolution, routing,
+// in-flight limit is reached or when the wait check (queueTargetMs)
+// refuses the call for its wait since its arrival, a call to the envelope
+// is refused before anything else is done for it: no forwarding-header resolution, routing,
 // context values, body read or error formatting. At 150 % of the peak
 // rate most calls are refusals, and a refusal that costs about what a
 // served call does leaves little for the calls served
@@ -35,13 +37,20 @@ func (h *Handler) RefuseEarly(next http.Handler, isPreviewHost func(host string)
 		return next
 	}
 	prefix := h.BasePath + "/"
+	checksWait := h.Admission.ChecksWait()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, prefix) {
-			if se, full := h.Admission.Full(); full {
+			se, refused := h.Admission.Full()
+			if refused || checksWait {
 				if m := api.Lookup(r.URL.Path[len(h.BasePath):]); m != nil && checkHeaders(r) == nil &&
 					(isPreviewHost == nil || !isPreviewHost(r.Host)) {
-					h.refuse(w, r, m, se)
-					return
+					if !refused { // the wait is judged only for a call the limit lets through
+						se, refused = admission.CheckWaitOf(r.Context(), h.Admission, h.now())
+					}
+					if refused {
+						h.refuse(w, r, m, se)
+						return
+					}
 				}
 			}
 		}
