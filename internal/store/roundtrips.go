@@ -26,8 +26,9 @@ func countRoundTrip(ctx context.Context) {
 	}
 }
 
-// roundTripTracer is the pools' pgx tracer.
-type roundTripTracer struct{}
+// roundTripTracer is the pools' pgx tracer: it counts round trips, and
+// tells the pools a statement found its server gone (reset.go).
+type roundTripTracer struct{ pools *poolSet }
 
 var (
 	_ pgx.QueryTracer = roundTripTracer{}
@@ -39,13 +40,19 @@ func (roundTripTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 	return ctx
 }
 
-func (roundTripTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r roundTripTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	r.pools.fault(ctx, d.Err)
+}
 
 func (roundTripTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	countRoundTrip(ctx)
 	return ctx
 }
 
-func (roundTripTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r roundTripTracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.pools.fault(ctx, d.Err)
+}
 
-func (roundTripTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (r roundTripTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchEndData) {
+	r.pools.fault(ctx, d.Err)
+}

@@ -54,6 +54,9 @@ type Store struct {
 	// take a READ ONLY transaction on pool.
 	reads   *pgxpool.Pool
 	queries *db.Queries
+	// pools is every pool opened from the same Open, reset together
+	// when a statement finds the server gone (reset.go).
+	pools *poolSet
 }
 
 // Pool bounds used when the URL does not set pool_max_conns. Every call of
@@ -77,7 +80,9 @@ const (
 // 0.25 ms at p50 and up to 3 ms for it (docs/benchmarks-notes.md).
 // A connection the server closed in the meantime fails its call, which
 // is answered UNAVAILABLE with a retry hint (as for any connection the
-// server drops in use, which no ping catches either) and is replaced.
+// server drops in use, which no ping catches either), and that fault
+// resets every pool (reset.go): after a restart or a failover one call
+// fails, not one per idle connection.
 const PingAfterIdle = 5 * time.Second
 
 // Open connects to the database at url (a postgres:// URL or a key=value
@@ -92,8 +97,9 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = int32(min(max(poolConnsPerCPU*runtime.GOMAXPROCS(0), minPoolConns), maxPoolConns))
 	}
+	pools := newPoolSet()
 	if cfg.ConnConfig.Tracer == nil {
-		cfg.ConnConfig.Tracer = roundTripTracer{}
+		cfg.ConnConfig.Tracer = roundTripTracer{pools: pools}
 	}
 	if !strings.Contains(url, "pool_max_conn_idle_time") {
 		cfg.MaxConnIdleTime = poolMaxConnIdle
@@ -116,7 +122,9 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	return &Store{pool: pool, reads: reads, queries: db.New(pool)}, nil
+	pools.add(pool)
+	pools.add(reads)
+	return &Store{pool: pool, reads: reads, queries: db.New(pool), pools: pools}, nil
 }
 
 // Sibling opens a second pool to the same database, of at most maxConns
@@ -131,7 +139,8 @@ func (s *Store) Sibling(ctx context.Context, name string, maxConns int32) (*Stor
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s pool: %w", name, err)
 	}
-	return &Store{pool: pool, queries: db.New(pool)}, nil
+	s.pools.add(pool) // its tracer is s's: a fault anywhere resets both
+	return &Store{pool: pool, queries: db.New(pool), pools: s.pools}, nil
 }
 
 // Close closes every connection; it waits for connections in use to be
