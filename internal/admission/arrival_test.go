@@ -220,3 +220,36 @@ func TestTimestampNSParsesInPlace(t *testing.T) {
 	assert.Zero(t, timestampNS(nil))
 	assert.Zero(t, testing.AllocsPerRun(100, func() { timestampNS(oob) }))
 }
+
+// FuzzTimestampNS: the in-place walk of control messages never panics nor
+// reads past its input, and where the standard library parses the input it
+// finds the same timestamp (the first SCM_TIMESTAMPNS, or none).
+func FuzzTimestampNS(f *testing.F) {
+	ts := syscall.Timespec{Sec: 1000, Nsec: 42}
+	msg := make([]byte, syscall.CmsgSpace(int(unsafe.Sizeof(ts))))
+	h := (*syscall.Cmsghdr)(unsafe.Pointer(&msg[0]))
+	h.Level, h.Type = syscall.SOL_SOCKET, syscall.SCM_TIMESTAMPNS
+	h.SetLen(syscall.CmsgLen(int(unsafe.Sizeof(ts))))
+	*(*syscall.Timespec)(unsafe.Pointer(&msg[syscall.CmsgLen(0)])) = ts
+	f.Add(msg)
+	f.Add(append(syscall.UnixRights(3), msg...))
+	f.Add(syscall.UnixRights(3, 4))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, oob []byte) {
+		got := timestampNS(oob)
+		msgs, err := syscall.ParseSocketControlMessage(oob)
+		if err != nil {
+			return // malformed: the walk stops at the bad header, no reference to compare
+		}
+		var want int64
+		for _, m := range msgs {
+			if m.Header.Level == syscall.SOL_SOCKET && m.Header.Type == syscall.SCM_TIMESTAMPNS && len(m.Data) >= int(unsafe.Sizeof(syscall.Timespec{})) {
+				want = (*syscall.Timespec)(unsafe.Pointer(&m.Data[0])).Nano()
+				break
+			}
+		}
+		if got != want {
+			t.Fatalf("timestampNS = %d, the standard parser's first timestamp %d", got, want)
+		}
+	})
+}
