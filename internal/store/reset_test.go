@@ -26,17 +26,21 @@ func TestServerGoneResetsEveryPool(t *testing.T) {
 	s, err := store.Open(t.Context(), url+"&pool_max_conns=4")
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
-	call := func(readOnly bool) error {
+	call := func(readOnly bool, held func()) error {
 		return s.WithTx(t.Context(), readOnly, func(ctx context.Context, tx pgx.Tx) error {
 			var one int
-			return tx.QueryRow(ctx, "select 1 from pg_sleep(0.05)").Scan(&one)
+			err := tx.QueryRow(ctx, "select 1").Scan(&one)
+			held()
+			return err
 		})
 	}
-	// Four connections in each pool, idle.
-	var wg sync.WaitGroup
+	// Four connections in each pool, idle: eight calls each hold their
+	// connection until all eight hold one.
+	var inside, wg sync.WaitGroup
+	inside.Add(8)
 	for range 4 {
 		for _, readOnly := range []bool{false, true} {
-			wg.Go(func() { assert.NoError(t, call(readOnly)) })
+			wg.Go(func() { assert.NoError(t, call(readOnly, func() { inside.Done(); inside.Wait() })) })
 		}
 	}
 	wg.Wait()
@@ -57,7 +61,7 @@ func TestServerGoneResetsEveryPool(t *testing.T) {
 
 	var failed []error
 	for i := range 8 {
-		if err := call(i%2 == 1); err != nil {
+		if err := call(i%2 == 1, func() {}); err != nil {
 			assert.True(t, store.Unavailable(err), "a dead connection's call answers as unavailable: %v", err)
 			failed = append(failed, err)
 		}
