@@ -318,6 +318,9 @@ if shed_runs secrets.put; then
 fi
 read_peak=$(json "$read_search" perSecond)
 put_peak=$(json "$put_search" perSecond)
+# The searches ran the core flat out: the runs below start once it is
+# idle again (the load average printed with them lags by a minute).
+scripts/settle.sh
 # Run-queue wait (/proc/<pid>/task/*/schedstat, second field: ns runnable
 # but not running) of the server and of PostgreSQL during the half-load
 # runs: time the core was given to something else, inside every latency.
