@@ -90,9 +90,16 @@ func Unavailable(err error) bool {
 	var netErr net.Error
 	return errors.As(err, &connectErr) ||
 		errors.As(err, &netErr) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.ECONNREFUSED) || socketLost(err) ||
 		pgconn.Timeout(err) || isClosedConn(err)
+}
+
+// socketLost reports whether err is the connection's socket ending under
+// a statement: closed or reset by the server, or cut short.
+func socketLost(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, pgconn.ErrConnClosed)
 }
 
 // isClosedConn matches pgx's answers on a connection that an earlier fault
