@@ -40,6 +40,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -99,6 +100,9 @@ func main() {
 	work, err := os.MkdirTemp("", "sessionload")
 	check(err)
 	defer os.RemoveAll(work)
+	// The gateways' logs go to GATEWAY_LOGS when set (kept), else into
+	// the run's own directory.
+	logs := cmpOr(os.Getenv("GATEWAY_LOGS"), work)
 	if *computed == "" {
 		*computed = filepath.Join(work, "computed")
 		run(exec.Command("go", "build", "-o", *computed, "./cmd/computed"))
@@ -116,13 +120,14 @@ func main() {
 	bundle, _, err := pki.Init(filepath.Join(work, "pki.json"), secret, "bench.local")
 	check(err)
 	nodes := makeNodes(ctx, dbURL, bundle, *n)
+	postmaster = serverPid(ctx, dbURL)
 
 	port, err := benchkit.FreePort()
 	check(err)
 	cfg := filepath.Join(work, "gateway.yaml")
 	check(os.WriteFile(cfg, []byte(fmt.Sprintf("gateway: {url: \"https://127.0.0.1:%d\", region: bench, listen: \"127.0.0.1:%d\", maxStreams: %d, drainDelayMs: 0, sessionTicketDays: 7}\n",
 		port, port, *n+100)), 0o600))
-	env = append(env, "SERVICE_CONFIG="+cfg, "SERVICE_ROLES=gateway", "SERVICE_LOG_LEVEL=warn")
+	env = append(env, "SERVICE_CONFIG="+cfg, "SERVICE_ROLES=gateway", "SERVICE_LOG_LEVEL="+cmpOr(os.Getenv("GATEWAY_LOG_LEVEL"), "warn"))
 	if g := os.Getenv("GATEWAY_GOGC"); g != "" {
 		env = append(env, "GOGC="+g)
 	}
@@ -137,7 +142,7 @@ func main() {
 
 	var results []result
 	for r := 1; r <= *runs; r++ {
-		res := once(r, *n, *dials, *computed, env, work, port, pprofAddr, roots, nodes)
+		res := once(r, *n, *dials, *computed, env, logs, port, pprofAddr, roots, nodes)
 		results = append(results, res)
 		log.Printf("run %d: %.1f KiB per session (heap %.1f, stacks %.1f), cold %s, back %s resuming (%s with full handshakes), %d of %d at the end",
 			r, res.perSession, res.heapPer, res.stackPer, res.cold.Round(time.Millisecond), res.back.Round(time.Millisecond), res.backFull.Round(time.Millisecond), res.final, *n)
@@ -204,7 +209,7 @@ type result struct {
 // SIGKILL and a restart, and the time until all are back.
 func once(r, n, dials int, computed string, env []string, work string, port int, pprofAddr string, roots *x509.CertPool, nodes []*node) result {
 	var res result
-	gw := startGateway(computed, env, filepath.Join(work, fmt.Sprintf("gateway-%d.log", r)), port)
+	gw := startGateway(computed, env, filepath.Join(work, fmt.Sprintf("gateway-%d.log", r)), port, nil)
 	time.Sleep(2 * time.Second)
 	res.before = rssKiB(gw.Process.Pid)
 	heap0, stack0, g0 := memStats(pprofAddr)
@@ -270,11 +275,14 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 			loadProfile = f
 		}
 		self0 := selfCPU()
+		tl := startTimeline(int64(n), welcomed, dialing)
 		check(gw.Process.Kill())
 		_, _ = gw.Process.Wait()
 		restarted := time.Now()
-		gw = startGateway(computed, env, filepath.Join(work, fmt.Sprintf("gateway-%d-%s.log", r, label)), port)
+		tl.exec = restarted.Sub(tl.killed)
+		gw = startGateway(computed, env, filepath.Join(work, fmt.Sprintf("gateway-%d-%s.log", r, label)), port, func(pid int) { tl.gwPid.Store(int64(pid)) })
 		listening := time.Since(restarted) // the process's own start, before any session
+		tl.listen = time.Since(tl.killed)
 		startCPU := cpuTime(gw.Process.Pid)
 		profiled := make(chan struct{})
 		if d := os.Getenv("GATEWAY_PROFILES"); d != "" {
@@ -290,6 +298,8 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 		}
 		waitAll(welcomed, int64(n), 300*time.Second)
 		back := time.Since(restarted)
+		timeline := tl.stop()
+		log.Printf("run %d: timeline of the restart (%s), since the SIGKILL: %s\n%s", r, label, timeline, tl.series())
 		// The gateway's CPU time (its start and every session's handshake,
 		// hello, row and welcome): the figure a loaded machine disturbs least.
 		cpu := cpuTime(gw.Process.Pid)
@@ -548,10 +558,19 @@ func (nd *node) session(port int, hc *http.Client, welcomed *atomic.Int64, diali
 		}
 	}
 	defer release()
+	dialsStarted.Add(1)
+	defer func() {
+		if slot {
+			dialsFailed.Add(1) // no welcome
+		}
+	}()
 	dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
 	conn, _, err := websocket.Dial(dctx, fmt.Sprintf("wss://127.0.0.1:%d%s", port, agentproto.SessionPath), &websocket.DialOptions{HTTPClient: hc})
 	dcancel()
 	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			dialsRefused.Add(1)
+		}
 		return false
 	}
 	defer conn.CloseNow()
@@ -579,6 +598,7 @@ func (nd *node) session(port int, hc *http.Client, welcomed *atomic.Int64, diali
 	nd.drop = cancel
 	nd.mu.Unlock()
 	welcomed.Add(1)
+	welcomes.Add(1)
 	defer welcomed.Add(-1)
 	status := agentproto.Message{Type: agentproto.TypeStatus, Status: &agentproto.Status{Instances: []agentproto.InstanceStatus{}}}
 	// The daemon sends its status at once after the welcome, then every
@@ -616,6 +636,23 @@ func waitAll(c *atomic.Int64, n int64, limit time.Duration) time.Duration {
 	return time.Since(start)
 }
 
+// serverPid is the PostgreSQL server's process (the parent of a
+// backend's), 0 when it is not on this machine.
+func serverPid(ctx context.Context, dbURL string) int {
+	conn, err := pgx.Connect(ctx, dbURL)
+	check(err)
+	defer conn.Close(ctx)
+	var pid int
+	check(conn.QueryRow(ctx, "select pg_backend_pid()").Scan(&pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
 // makeNodes writes a site, a pool and n ready nodes, and issues each a
 // node certificate.
 func makeNodes(ctx context.Context, dbURL string, b *pki.Bundle, n int) []*node {
@@ -650,7 +687,9 @@ func makeNodes(ctx context.Context, dbURL string, b *pki.Bundle, n int) []*node 
 	return nodes
 }
 
-func startGateway(bin string, env []string, logPath string, port int) *exec.Cmd {
+// startGateway starts a gateway and returns once it listens on port;
+// started, when not nil, is told the process id as soon as it runs.
+func startGateway(bin string, env []string, logPath string, port int, started func(pid int)) *exec.Cmd {
 	logf, err := os.Create(logPath)
 	check(err)
 	cmd := exec.Command(bin, "serve")
@@ -661,6 +700,9 @@ func startGateway(bin string, env []string, logPath string, port int) *exec.Cmd 
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	check(cmd.Start())
+	if started != nil {
+		started(cmd.Process.Pid)
+	}
 	for i := 0; i < 300; i++ {
 		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 100*time.Millisecond); err == nil {
 			_ = c.Close()
