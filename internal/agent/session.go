@@ -424,7 +424,7 @@ func (a *Agent) dialMTLS(ctx context.Context, gw agentproto.Gateway) (*websocket
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: false}}
 	conn, resp, err := websocket.Dial(ctx, "wss://"+u.Host+agentproto.SessionPath, &websocket.DialOptions{HTTPClient: hc})
 	if err != nil {
-		keepTicket(tc.ClientSessionCache, serverName, ticket, err)
+		KeepTicket(tc.ClientSessionCache, serverName, ticket, err)
 	}
 	if err != nil && resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
 		err = fmt.Errorf("%w: %v", errBusy, err)

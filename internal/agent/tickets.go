@@ -38,7 +38,7 @@ func (t *ticketCache) reset() {
 	t.c = nil
 }
 
-// keepTicket puts back the session ticket (saved, cached under key before
+// KeepTicket puts back the session ticket (saved, cached under key before
 // the dial) that a failed dial made crypto/tls drop, when the dial failed
 // on the transport: the connection reset, closed or timed out, as happens
 // to the handshakes a gateway has accepted in the moment it goes down.
@@ -48,7 +48,8 @@ func (t *ticketCache) reset() {
 // restarting gateway just then came back with a full handshake. A
 // gateway's alert, or the daemon's own check of the gateway's
 // certificate, still drops it; so does a ticket replaced meanwhile.
-func keepTicket(cache tls.ClientSessionCache, key string, saved *tls.ClientSessionState, err error) {
+// tools/sessionload's own dial calls it as the daemon's does.
+func KeepTicket(cache tls.ClientSessionCache, key string, saved *tls.ClientSessionState, err error) {
 	if saved == nil || !transportFailure(err) {
 		return
 	}

@@ -94,7 +94,7 @@ func (w *ticketWorld) ticket() *tls.ClientSessionState {
 }
 
 // A gateway going down resets the handshakes it accepted: crypto/tls
-// drops the ticket the daemon offered, and keepTicket puts it back, so
+// drops the ticket the daemon offered, and KeepTicket puts it back, so
 // the daemon resumes on the restarted gateway. A gateway's alert still
 // costs the ticket.
 func TestATicketOutlivesAHandshakeTheConnectionCut(t *testing.T) {
@@ -109,7 +109,7 @@ func TestATicketOutlivesAHandshakeTheConnectionCut(t *testing.T) {
 	require.Error(t, err)
 	require.Nil(t, w.ticket(), "crypto/tls drops the ticket of a failed resumption")
 	assert.True(t, transportFailure(err), "a reset: %v", err)
-	keepTicket(w.tc.ClientSessionCache, w.tc.ServerName, saved, err)
+	KeepTicket(w.tc.ClientSessionCache, w.tc.ServerName, saved, err)
 	require.NotNil(t, w.ticket(), "the ticket is back")
 	resumed, err = w.dial(t, w.gateway)
 	require.NoError(t, err)
@@ -119,13 +119,13 @@ func TestATicketOutlivesAHandshakeTheConnectionCut(t *testing.T) {
 	_, err = w.dial(t, w.alert)
 	require.Error(t, err)
 	assert.False(t, transportFailure(err), "an alert: %v", err)
-	keepTicket(w.tc.ClientSessionCache, w.tc.ServerName, saved, err)
+	KeepTicket(w.tc.ClientSessionCache, w.tc.ServerName, saved, err)
 	assert.Nil(t, w.ticket(), "an alert drops the ticket")
 
 	// A ticket issued meanwhile is not replaced by the saved one.
 	_, err = w.dial(t, w.gateway)
 	require.NoError(t, err)
 	fresh := w.ticket()
-	keepTicket(w.tc.ClientSessionCache, w.tc.ServerName, saved, io.EOF)
+	KeepTicket(w.tc.ClientSessionCache, w.tc.ServerName, saved, io.EOF)
 	assert.Same(t, fresh, w.ticket())
 }

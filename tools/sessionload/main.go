@@ -8,7 +8,7 @@
 // figures into docs/benchmarks.md and docs/benchmarks-notes.md (the
 // section "Gateway sessions").
 //
-//	go run ./tools/sessionload [-n 10000] [-runs 3] [-dials 64] [-pin=true] [-database $SERVICE_DATABASE_URL]
+//	go run ./tools/sessionload [-n 10000] [-runs 3] [-dials 64] [-pin=true] [-cpuprofile DIR] [-database $SERVICE_DATABASE_URL]
 //
 // With -pin (the default on two cores or more) the gateway runs on core 0
 // and this process, the daemons' side, on the others (taskset), so that
@@ -30,6 +30,11 @@
 // default; GOGC in the environment wins): at Go's default 100 the
 // collector took 8 to 10 % of this process's CPU in a reconnect storm, at
 // 400 3 % (docs/benchmarks-notes.md, "storm-aware collector target").
+// Its daemons' sessions (daemon.go) do the daemon's protocol work and
+// leave out the costs that come of playing them all in one process.
+//
+// -cpuprofile DIR (default $GATEWAY_PROFILES) keeps this process's CPU
+// profile of each storm, load-<run>-full, -resumed and -drops.
 package main
 
 import (
@@ -40,12 +45,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
-	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -63,11 +66,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/jackc/pgx/v5"
 
-	"computeplane/internal/agent"
-	"computeplane/internal/agentproto"
 	"computeplane/internal/ids"
 	"computeplane/internal/pki"
 	"computeplane/tools/benchkit"
@@ -84,6 +84,7 @@ func main() {
 	runs := flag.Int("runs", 3, "runs (a fresh gateway each), reported side by side for their spread")
 	pin := flag.Bool("pin", runtime.NumCPU() >= 2, "run the gateway on core 0 and the load tool on the others (taskset)")
 	gogc := flag.Int("gogc", 400, "this process's collector target (the daemons' side; GOGC in the environment wins); not the gateway's")
+	profiles := flag.String("cpuprofile", os.Getenv("GATEWAY_PROFILES"), "a directory for this process's CPU profiles of each storm (load-<run>-full, -resumed, -drops); GATEWAY_PROFILES, the default, also keeps the gateway's there")
 	dials := flag.Int("dials", 64, "handshakes in flight at once (daemons on their own machines do not share this one's CPU; unbounded, the load tool's own TLS work starves the handshakes past the gateway's timeout)")
 	flag.Parse()
 	if os.Getenv("GOGC") == "" {
@@ -119,7 +120,9 @@ func main() {
 	run(cmd)
 	bundle, _, err := pki.Init(filepath.Join(work, "pki.json"), secret, "bench.local")
 	check(err)
-	nodes := makeNodes(ctx, dbURL, bundle, *n)
+	roots := x509.NewCertPool()
+	roots.AddCert(bundle.ServingCA.Cert)
+	nodes := makeNodes(ctx, dbURL, bundle, roots, *n)
 	postmaster = serverPid(ctx, dbURL)
 
 	port, err := benchkit.FreePort()
@@ -137,12 +140,10 @@ func main() {
 	check(err)
 	pprofAddr := fmt.Sprintf("127.0.0.1:%d", pprofPort)
 	env = append(env, "SERVICE_PPROF_ADDR="+pprofAddr)
-	roots := x509.NewCertPool()
-	roots.AddCert(bundle.ServingCA.Cert)
 
 	var results []result
 	for r := 1; r <= *runs; r++ {
-		res := once(r, *n, *dials, *computed, env, logs, port, pprofAddr, roots, nodes)
+		res := once(r, *n, *dials, *computed, env, logs, port, pprofAddr, *profiles, nodes)
 		results = append(results, res)
 		log.Printf("run %d: %.1f KiB per session (heap %.1f, stacks %.1f), cold %s, back %s resuming (%s with full handshakes), %d of %d at the end",
 			r, res.perSession, res.heapPer, res.stackPer, res.cold.Round(time.Millisecond), res.back.Round(time.Millisecond), res.backFull.Round(time.Millisecond), res.final, *n)
@@ -207,8 +208,9 @@ type result struct {
 
 // once runs one gateway with n sessions: memory when idle, then a
 // SIGKILL and a restart, and the time until all are back.
-func once(r, n, dials int, computed string, env []string, work string, port int, pprofAddr string, roots *x509.CertPool, nodes []*node) result {
+func once(r, n, dials int, computed string, env []string, work string, port int, pprofAddr, profiles string, nodes []*node) result {
 	var res result
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	gw := startGateway(computed, env, filepath.Join(work, fmt.Sprintf("gateway-%d.log", r)), port, nil)
 	time.Sleep(2 * time.Second)
 	res.before = rssKiB(gw.Process.Pid)
@@ -228,7 +230,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	var wg sync.WaitGroup
 	for _, nd := range nodes {
 		wg.Add(1)
-		go func() { defer wg.Done(); nd.hold(port, roots, welcomed, dialing, stop) }()
+		go func() { defer wg.Done(); nd.hold(addr, welcomed, dialing, stop) }()
 	}
 	res.cold = waitAll(welcomed, int64(n), 300*time.Second)
 	log.Printf("run %d: %d sessions welcomed in %s", r, welcomed.Load(), res.cold)
@@ -265,15 +267,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 				nd.forget()
 			}
 		}
-		var loadProfile *os.File
-		if d := os.Getenv("GATEWAY_PROFILES"); d != "" {
-			// This process's CPU in the storm: the daemons' side, on the
-			// same cores.
-			f, err := os.Create(filepath.Join(d, fmt.Sprintf("load-%d-%s", r, label)))
-			check(err)
-			check(pprof.StartCPUProfile(f))
-			loadProfile = f
-		}
+		stopProfile := profileLoad(profiles, r, label)
 		self0 := selfCPU()
 		tl := startTimeline(int64(n), welcomed, dialing)
 		check(gw.Process.Kill())
@@ -304,10 +298,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 		// hello, row and welcome): the figure a loaded machine disturbs least.
 		cpu := cpuTime(gw.Process.Pid)
 		self := selfCPU() - self0
-		if loadProfile != nil {
-			pprof.StopCPUProfile()
-			_ = loadProfile.Close()
-		}
+		stopProfile()
 		<-profiled
 		// The sessions' first statuses (sent at once after the welcome,
 		// as the daemon does) are in by now.
@@ -356,6 +347,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	for _, nd := range nodes {
 		nd.forget()
 	}
+	stopProfile := profileLoad(profiles, r, "drops")
 	cpu0, self0 := cpuTime(gw.Process.Pid), selfCPU()
 	kicked := time.Now()
 	for _, nd := range nodes {
@@ -367,6 +359,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	waitAll(welcomed, int64(n), 300*time.Second)
 	res.rejoin, res.rejoinFinal = time.Since(kicked), welcomed.Load()
 	res.cpuRejoin, res.loadRejoin = cpuTime(gw.Process.Pid)-cpu0, selfCPU()-self0
+	stopProfile()
 	time.Sleep(time.Second)
 	res.varsRejoin = gatewayVars(pprofAddr)
 	log.Printf("run %d: back after every daemon dropped its session in %s, %d of %d, gateway CPU %s, load tool CPU %s, counters %v",
@@ -376,6 +369,22 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	_, _ = gw.Process.Wait()
 	wg.Wait()
 	return res
+}
+
+// profileLoad starts a CPU profile of this process, the daemons' side,
+// into dir/load-<run>-<label> (nothing without dir), and answers the
+// function that ends it.
+func profileLoad(dir string, r int, label string) func() {
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("load-%d-%s", r, label)))
+	check(err)
+	check(pprof.StartCPUProfile(f))
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
 }
 
 func cmpOr(v, def string) string {
@@ -485,149 +494,6 @@ func memStats(addr string) (heap, stack, goroutines int64) {
 	return heap, stack, goroutines
 }
 
-// node is one daemon of the run: its id, certificate and TLS session
-// tickets.
-type node struct {
-	id   string
-	cert tls.Certificate
-
-	mu      sync.Mutex
-	tickets tls.ClientSessionCache
-	drop    context.CancelFunc // ends the session held now (kick)
-}
-
-// kick ends the node's session from the daemon's side, as a network
-// blip or a daemon restart does: it reconnects with its delays to the
-// same, running gateway.
-func (nd *node) kick() {
-	nd.mu.Lock()
-	defer nd.mu.Unlock()
-	if nd.drop != nil {
-		nd.drop()
-	}
-}
-
-// forget drops the node's session tickets: its next dial is a full
-// handshake.
-func (nd *node) forget() {
-	nd.mu.Lock()
-	defer nd.mu.Unlock()
-	nd.tickets = tls.NewLRUClientSessionCache(agent.TicketCacheSize)
-}
-
-// hold keeps one session: dial, hello, welcome, a status every 5 s, and
-// on any end a jittered reconnect as the daemon's after a dropped session
-// (agent.BackoffMin doubling to agent.DrainRetryMax, plus up to half).
-// Each dial is the daemon's (agent.MTLSConfig with the node's ticket
-// cache, a transport of its own).
-func (nd *node) hold(port int, roots *x509.CertPool, welcomed *atomic.Int64, dialing chan struct{}, stop <-chan struct{}) {
-	backoff := agent.BackoffMin
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		nd.mu.Lock()
-		tickets := nd.tickets
-		nd.mu.Unlock()
-		tc := agent.MTLSConfig(roots, "127.0.0.1", func() *tls.Certificate { return &nd.cert }, tickets)
-		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
-		if nd.session(port, hc, welcomed, dialing, stop) {
-			backoff = agent.BackoffMin
-		}
-		time.Sleep(backoff + time.Duration(mathrand.Int64N(int64(backoff/2)+1)))
-		backoff = min(2*backoff, agent.DrainRetryMax)
-	}
-}
-
-func (nd *node) session(port int, hc *http.Client, welcomed *atomic.Int64, dialing chan struct{}, stop <-chan struct{}) bool {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	// A slot from the dial until the welcome (or a failure).
-	select {
-	case dialing <- struct{}{}:
-	case <-stop:
-		return false
-	}
-	slot := true
-	release := func() {
-		if slot {
-			slot = false
-			<-dialing
-		}
-	}
-	defer release()
-	dialsStarted.Add(1)
-	defer func() {
-		if slot {
-			dialsFailed.Add(1) // no welcome
-		}
-	}()
-	dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
-	conn, _, err := websocket.Dial(dctx, fmt.Sprintf("wss://127.0.0.1:%d%s", port, agentproto.SessionPath), &websocket.DialOptions{HTTPClient: hc})
-	dcancel()
-	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			dialsRefused.Add(1)
-		}
-		return false
-	}
-	defer conn.CloseNow()
-	send := func(m agentproto.Message) error {
-		b, _ := json.Marshal(m)
-		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
-		defer wcancel()
-		return conn.Write(wctx, websocket.MessageText, b)
-	}
-	if send(agentproto.Message{Type: agentproto.TypeHello, Hello: &agentproto.Hello{NodeID: nd.id, ProtocolMin: 1, ProtocolMax: 1,
-		AgentVersion: "sessionload", Transport: agentproto.TransportMTLS, Inventory: agentproto.Inventory{VCPU: 1, MemoryMiB: 1024, Runtime: "recording"}}}) != nil {
-		return false
-	}
-	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
-	_, b, err := conn.Read(rctx)
-	rcancel()
-	if err != nil {
-		return false
-	}
-	if m, err := agentproto.Decode(b); err != nil || m.Type != agentproto.TypeWelcome {
-		return false
-	}
-	release()
-	nd.mu.Lock()
-	nd.drop = cancel
-	nd.mu.Unlock()
-	welcomed.Add(1)
-	welcomes.Add(1)
-	defer welcomed.Add(-1)
-	status := agentproto.Message{Type: agentproto.TypeStatus, Status: &agentproto.Status{Instances: []agentproto.InstanceStatus{}}}
-	// The daemon sends its status at once after the welcome, then every
-	// heartbeat (agent: session, heartbeat).
-	if send(status) != nil {
-		return true
-	}
-	go func() {
-		t := time.NewTicker(5 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-stop:
-				cancel()
-				return
-			case <-t.C:
-				_ = send(status)
-			}
-		}
-	}()
-	for {
-		if _, _, err := conn.Read(ctx); err != nil {
-			return true
-		}
-	}
-}
-
 func waitAll(c *atomic.Int64, n int64, limit time.Duration) time.Duration {
 	start := time.Now()
 	for c.Load() < n && time.Since(start) < limit {
@@ -655,7 +521,7 @@ func serverPid(ctx context.Context, dbURL string) int {
 
 // makeNodes writes a site, a pool and n ready nodes, and issues each a
 // node certificate.
-func makeNodes(ctx context.Context, dbURL string, b *pki.Bundle, n int) []*node {
+func makeNodes(ctx context.Context, dbURL string, b *pki.Bundle, roots *x509.CertPool, n int) []*node {
 	conn, err := pgx.Connect(ctx, dbURL)
 	check(err)
 	defer conn.Close(ctx)
@@ -677,8 +543,7 @@ func makeNodes(ctx context.Context, dbURL string, b *pki.Bundle, n int) []*node 
 		check(err)
 		cert, err := b.IssueNode(csr, id)
 		check(err)
-		nodes[i] = &node{id: id, cert: tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}}
-		nodes[i].forget()
+		nodes[i] = newNode(id, tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}, roots)
 		rows[i] = []any{id, pool, site, "host-" + strconv.Itoa(i), "ready", []byte("{}"), 0, 0, 0}
 	}
 	_, err = conn.CopyFrom(ctx, pgx.Identifier{"nodes"},
@@ -799,7 +664,18 @@ gateway.sessionTicketDays: 7; docs/gateway.md), full handshakes first on odd run
 resuming first on even ones; then every daemon drops its session and comes back to the
 running gateway with a full handshake (a network blip, a fleet-wide daemon restart: the
 gateway has verified each client chain before and remembers it). The load tool dials
-with the daemon's TLS configuration (agent.MTLSConfig) and reconnects with its delays.
+with the daemon's TLS configuration (agent.MTLSConfig, each node its own ticket cache) and
+reconnects with its delays (agent.Run's: at once after a session that lasted, then 200 ms
+doubling to 1 s, jittered). What it does differently from a daemon, since it plays all of
+them on one core, is its own side's cost, not the gateway's work: it runs each handshake on
+the session's goroutine over a TCP connection it dials itself and writes the upgrade request
+as net/http does (no Transport per dial), encodes the hello once per node and the status
+(no instances) once for all, bounds each step with a deadline on the connection rather
+than a context, and keeps at most %d handshakes in flight (daemons on their own machines
+would not queue). The gateway sees the same TCP connections, TLS 1.3 handshakes (hybrid
+key exchange, client certificates, resumption), upgrade requests, hellos and statuses; it
+sends no ping with each heartbeat, as the daemon does, so the gateway's pongs are not in
+the figures.
 
 Goals: at most 24 KiB per idle session (worst run %.1f KiB: %s); all %d back within 10 s of
 a restart (with full handshakes, the default: worst run %s: %s; resuming, with
@@ -885,7 +761,7 @@ gives; a resumed session holds more (the row after the second restart, odd runs)
 			}
 			return fmt.Sprintf("%d / %d", r.varsFull["statusWrites"], r.varsFull["statusSkipped"])
 		}),
-		worstPer, verdict(worstPer <= 24), n, worstBack.Round(10*time.Millisecond), verdict(allBack && worstBack <= 10*time.Second),
+		dials, worstPer, verdict(worstPer <= 24), n, worstBack.Round(10*time.Millisecond), verdict(allBack && worstBack <= 10*time.Second),
 		worstResumed.Round(10*time.Millisecond), cpuBudget, n, 10000.0/float64(n), n)
 }
 
