@@ -196,26 +196,10 @@ func (g *Gateway) leaseName() string { return "gateway/" + g.id }
 
 func (g *Gateway) q() *db.Queries { return db.New(g.o.Store.Pool()) }
 
-// Start opens the mutual-TLS listener, takes the lease, writes the
-// gateway's row and starts the loops; it accepts connections once all of
-// that is done, and returns then.
+// Start takes the lease, writes the gateway's row, opens the mutual-TLS
+// listener and starts the loops. It returns once the listener is open.
 func (g *Gateway) Start(ctx context.Context) error {
 	g.ctx, g.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	// Bound before the database is read (lease, revocations, trust
-	// version): a daemon that dials meanwhile, as a restarted gateway's
-	// daemons do, waits in the kernel's accept queue instead of being
-	// refused into its backoff (agent.Run: 200 ms doubling). Nothing is
-	// accepted, so no handshake runs, until all of it is loaded.
-	ln, err := net.Listen("tcp", g.o.Config.Listen)
-	if err != nil {
-		return fmt.Errorf("gateway listener: %w (gateway.listen or SERVICE_GATEWAY_LISTEN moves it)", err)
-	}
-	started := false
-	defer func() {
-		if !started {
-			_ = ln.Close() // the queued dials are reset: their daemons keep their tickets
-		}
-	}()
 	if a := g.o.Config.InternalListen; a != "" {
 		u, err := g.serveInternal(a)
 		if err != nil {
@@ -234,11 +218,14 @@ func (g *Gateway) Start(ctx context.Context) error {
 		return fmt.Errorf("gateway: trust version: %w", err)
 	}
 	g.trustVersion = int(tv)
+	ln, err := net.Listen("tcp", g.o.Config.Listen)
+	if err != nil {
+		return fmt.Errorf("gateway listener: %w (gateway.listen or SERVICE_GATEWAY_LISTEN moves it)", err)
+	}
 	g.ln = ln
 	if err := g.setTicketKeys(g.currentTrust()); err != nil {
 		return fmt.Errorf("gateway: session ticket keys: %w", err)
 	}
-	started = true
 	g.lis = &listener{g: g, ln: ln, tls: g.tlsConfig(), conns: map[net.Conn]struct{}{}}
 	g.wg.Add(4)
 	go func() { defer g.wg.Done(); g.hellos.run(g.ctx) }()

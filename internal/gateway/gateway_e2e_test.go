@@ -53,15 +53,6 @@ type world struct {
 
 func setup(t *testing.T) *world {
 	t.Helper()
-	w := setupUnstarted(t)
-	require.NoError(t, w.gw.Start(t.Context()))
-	t.Cleanup(w.gw.Drain)
-	return w
-}
-
-// setupUnstarted is setup's world with its gateway not started.
-func setupUnstarted(t *testing.T) *world {
-	t.Helper()
 	dir := t.TempDir()
 	pkiFile := filepath.Join(dir, "pki.json")
 	b, _, err := pki.Init(pkiFile, testenv.TestSecret, "test.local")
@@ -75,6 +66,8 @@ func setupUnstarted(t *testing.T) *world {
 	require.NotNil(t, gw)
 	env.Host.Notifier().Start()
 	t.Cleanup(env.Host.Notifier().Close)
+	require.NoError(t, gw.Start(t.Context()))
+	t.Cleanup(gw.Drain)
 	c := env.Client(t, computeclient.WithToken(env.Key(t, "acme", "ann", "owner")))
 	site, err := c.SitesCreate(t.Context(), &client.SitesCreateInput{TenantId: "acme", Kind: client.SitesCreateInputKindCustom, Region: "eu", IdempotencyKey: "s"})
 	require.NoError(t, err)
