@@ -204,6 +204,8 @@ type result struct {
 	rejoinFinal           int64
 	cpuRejoin, loadRejoin time.Duration
 	varsRejoin            map[string]int64
+	// Each restart's timeline from the SIGKILL (timeline.go).
+	timelineFull, timelineResumed timelineSummary
 }
 
 // once runs one gateway with n sessions: memory when idle, then a
@@ -261,6 +263,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	// Two restarts: the daemons' tickets dropped first (every session a
 	// full handshake), then with the tickets their sessions got (each
 	// resumes), the comparison in the same run.
+	timelines := map[string]timelineSummary{}
 	restart := func(label string, forget bool) (time.Duration, int64, time.Duration, time.Duration, time.Duration, map[string]int64) {
 		if forget {
 			for _, nd := range nodes {
@@ -293,6 +296,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 		waitAll(welcomed, int64(n), 300*time.Second)
 		back := time.Since(restarted)
 		timeline := tl.stop()
+		timelines[label] = timeline
 		log.Printf("run %d: timeline of the restart (%s), since the SIGKILL: %s\n%s", r, label, timeline, tl.series())
 		// The gateway's CPU time (its start and every session's handshake,
 		// hello, row and welcome): the figure a loaded machine disturbs least.
@@ -323,6 +327,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 	first()
 	time.Sleep(3 * time.Second) // every session past its welcome, its ticket read
 	second()
+	res.timelineFull, res.timelineResumed = timelines["full"], timelines["resumed"]
 	// The memory of the sessions after the second restart (resumed ones
 	// on odd runs, full handshakes on even ones: a resumed ClientHello
 	// carries the ticket, and the ticket the certificate), over the first
@@ -656,7 +661,7 @@ is shared).
 
 %s |
 %s|
-%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s
+%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s
 Each run restarts its gateway twice (SIGKILL, then a new process on the same port): once
 with the daemons' TLS session tickets dropped, so every session is a full handshake, once
 with the tickets their sessions got, so each resumes (the gateway runs with
@@ -676,6 +681,12 @@ would not queue). The gateway sees the same TCP connections, TLS 1.3 handshakes 
 key exchange, client certificates, resumption), upgrade requests, hellos and statuses; it
 sends no ping with each heartbeat, as the daemon does, so the gateway's pongs are not in
 the figures.
+
+"All back" is timed from the new gateway's exec (the killed one reaped) to the last
+session's welcome; the timeline rows count from the SIGKILL (exec, the first successful
+probe of the port, half and all of the sessions welcomed again), and the row after them
+splits the storm from listening to all back between the three processes on the two cores:
+the gateway (its core), the load tool (the other) and PostgreSQL (either).
 
 Goals: at most 24 KiB per idle session (worst run %.1f KiB: %s); all %d back within 10 s of
 a restart (with full handshakes, the default: worst run %s: %s; resuming, with
@@ -706,6 +717,18 @@ gives; a resumed session holds more (the row after the second restart, odd runs)
 		}),
 		row("all back after SIGKILL and a restart, resuming", func(r result) string {
 			return fmt.Sprintf("%s (%d)", r.back.Round(10*time.Millisecond), r.final)
+		}),
+		row("restart timeline since the SIGKILL, full; resuming: new gateway's exec / listening / half back / all back", func(r result) string {
+			tl := func(t timelineSummary) string {
+				return fmt.Sprintf("%.2f / %.2f / %.1f / %.1f s", t.exec.Seconds(), t.listen.Seconds(), t.half.Seconds(), t.all.Seconds())
+			}
+			return tl(r.timelineFull) + "; " + tl(r.timelineResumed)
+		}),
+		row("from listening to all back, full; resuming: share of its core used by the gateway / the load tool, CPU per session back of the gateway / the load tool / PostgreSQL", func(r result) string {
+			tl := func(t timelineSummary) string {
+				return fmt.Sprintf("%.0f / %.0f %%, %.2f / %.2f / %.2f ms", 100*t.gatewayShare, 100*t.loadShare, t.perSession[0], t.perSession[1], t.perSession[2])
+			}
+			return tl(r.timelineFull) + "; " + tl(r.timelineResumed)
 		}),
 		row("**restarted gateway's CPU per session back, less its start: full / resuming**", func(r result) string {
 			per := func(d, start time.Duration, k int64) string {
