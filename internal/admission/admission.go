@@ -49,8 +49,9 @@ type Limits struct {
 	MaxInFlight int
 	// Adaptive lets the in-flight limit follow the wait for a database
 	// connection between MinInFlight and MaxInFlight (waitlimit.go): it
-	// shrinks when every acquire of an interval waited past
-	// AcquireTarget (0 means DefaultAcquireTarget), and grows otherwise.
+	// shrinks while every acquire of two intervals in a row waited past
+	// AcquireTarget (0 means DefaultAcquireTarget), and grows after an
+	// interval in which some acquire did not.
 	Adaptive      bool
 	MinInFlight   int
 	AcquireTarget time.Duration
@@ -92,7 +93,7 @@ type Bucket struct {
 // adaptive limit lets stand: a few calls' worth of queue at the pool, so
 // that a connection given back is taken at once, not after a new call
 // is read and decided.
-const DefaultAcquireTarget = 2 * time.Millisecond
+const DefaultAcquireTarget = 5 * time.Millisecond
 
 // DefaultQueueInterval is the interval over which the wait check judges a
 // standing queue and moves its share: CoDel's 100 ms.

@@ -12,10 +12,16 @@ import (
 // queue; the limit decides how long that queue gets, so it moves on that
 // queue alone. While some acquire of an interval is quick (within the
 // target), no queue stands: the limit grows by a tenth, and so goes back
-// to its ceiling once a burst has drained. When every acquire of an
-// interval waited past the target, the queue stood the whole interval:
-// the limit is cut to the calls then in flight times target / shortest
-// wait (at most halving), which shortens the queue to about the target.
+// to its ceiling once a burst has drained. When every acquire of two
+// intervals in a row waited past the target, the second's shortest wait
+// no shorter than the first's, a queue stands and is not draining: the
+// limit is cut to the calls then in flight times target / shortest wait
+// (at most halving), which shortens the queue to about the target. One
+// interval is not enough (as in queue.go): a process short of CPU (a
+// shared machine) holds its connections longer while it waits to run,
+// and a burst after it was descheduled makes every acquire wait for a
+// while; both drain by themselves, and cutting then refused calls at
+// half load.
 //
 // The limit it replaces followed each call's whole latency (Gradient2 of
 // Netflix's concurrency-limits). Under CPU saturation every call's
@@ -35,6 +41,7 @@ type waitLimit struct {
 	minWait time.Duration // the shortest acquire wait of the interval
 	seen    bool          // an acquire ended in the interval
 	busiest int           // the most calls in flight at an acquire of the interval
+	prevMin time.Duration // the previous interval's shortest wait; 0: no queue stood in it
 }
 
 // acquireInterval is the interval over which a standing queue is judged:
@@ -81,16 +88,26 @@ func (w *waitLimit) acquired(now time.Time, wait time.Duration, inFlight int) in
 // closeInterval moves the limit after the interval that ended and starts
 // the next.
 func (w *waitLimit) closeInterval(now time.Time) {
-	if w.seen && w.minWait > w.target {
+	stood := w.seen && w.minWait > w.target
+	switch {
+	case !w.seen:
+		// No acquire ended: an idle process, or every call stuck on
+		// its connection or waiting for one. Either way, no news.
+	case stood && w.prevMin > 0 && w.minWait >= w.prevMin:
 		used := math.Min(w.limit, float64(w.busiest))
 		cut := math.Max(maxCut, float64(w.target)/float64(w.minWait))
 		w.limit = math.Max(w.min, math.Min(w.limit, used*cut))
-	} else {
+	case !stood:
 		w.limit = math.Min(w.max, w.limit+math.Max(1, w.limit*growth))
+	}
+	w.prevMin = 0
+	if stood {
+		w.prevMin = w.minWait
 	}
 	w.seen, w.minWait, w.busiest = false, 0, 0
 	w.end = w.end.Add(acquireInterval)
 	if !now.Before(w.end) {
-		w.end = now.Add(acquireInterval) // idle intervals: no queue stood
+		w.end = now.Add(acquireInterval) // the intervals between saw no acquire
+		w.prevMin = 0
 	}
 }

@@ -8,10 +8,12 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-// The limit starts at its ceiling, is cut after an interval in which
-// every acquire waited past the target (to the calls in flight times
-// target / shortest wait, at most halving), never below the floor, and
-// grows back by a tenth per interval once some acquire is quick again.
+// The limit starts at its ceiling, is cut after two intervals in a row in
+// which every acquire waited past the target, the second's shortest wait
+// no shorter (to the calls in flight times target / shortest wait, at
+// most halving), never below the floor, is left alone while such a queue
+// drains, and grows back by a tenth per interval once some acquire is
+// quick again.
 func TestWaitLimitFollowsAStandingQueueAtThePool(t *testing.T) {
 	now := time.Unix(1000, 0)
 	// Intervals end at 101 ms, 201 ms...: the first call of each
@@ -26,13 +28,18 @@ func TestWaitLimitFollowsAStandingQueueAtThePool(t *testing.T) {
 		}
 		return l
 	}
-	// Waits past the target all interval long, 100 calls in flight: the
-	// next interval's first acquire cuts to 100 x 2/3.
+	// Waits past the target all interval long, 100 calls in flight.
 	interval(3*time.Millisecond, 100)
+	assert.Equal(t, int64(256), interval(3*time.Millisecond, 100), "one standing interval is not enough")
+	// The second: cut to 100 x 2/3.
 	assert.InDelta(t, 66, interval(3*time.Millisecond, 60), 1)
 	// The same wait, 60 in flight: 60 x 2/3; then a long wait: halved.
 	assert.InDelta(t, 40, interval(40*time.Millisecond, 60), 1)
-	assert.InDelta(t, 20, interval(40*time.Millisecond, 60), 1)
+	assert.InDelta(t, 20, interval(30*time.Millisecond, 60), 1)
+	// A queue that stands but drains (each interval's shortest wait
+	// shorter than the one before) is left to drain.
+	assert.InDelta(t, 20, interval(20*time.Millisecond, 60), 1)
+	assert.InDelta(t, 20, interval(10*time.Millisecond, 60), 1)
 	for range 20 {
 		interval(40*time.Millisecond, int(w.current()))
 	}

@@ -18,8 +18,9 @@ type Admission struct {
 	// Adaptive (off by default) lets the limit follow the wait for a
 	// database connection between MinInFlight (AutoInFlight, the
 	// default: the pool's size) and MaxInFlight: it shrinks while every
-	// acquire of an interval waits past AcquireTarget, and grows
-	// otherwise (internal/admission waitlimit.go).
+	// acquire of two intervals in a row waits past AcquireTarget, and
+	// grows after an interval in which some acquire did not
+	// (internal/admission waitlimit.go).
 	Adaptive      bool
 	MinInFlight   int
 	AcquireTarget time.Duration
@@ -92,7 +93,7 @@ const AdaptiveInFlightPerConn = 64
 // connection the adaptive limit lets stand, and its bound (below the
 // limit's 100 ms interval).
 const (
-	DefaultAcquireTargetMs = 2
+	DefaultAcquireTargetMs = 5
 	MaxAcquireTargetMs     = 50
 )
 

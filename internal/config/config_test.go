@@ -64,7 +64,7 @@ func TestDefaults(t *testing.T) {
 			Placer: PlacerInline, MaxBatch: 64, MaxAttempts: 3,
 			RollupEvery: 5 * time.Minute, UsageEvery: 5 * time.Minute, SpotNoticeMs: 120000,
 		},
-		Admission: Admission{MaxInFlight: AutoInFlight, MinInFlight: AutoInFlight, AcquireTarget: 2 * time.Millisecond, MaxConnections: DefaultMaxConnections},
+		Admission: Admission{MaxInFlight: AutoInFlight, MinInFlight: AutoInFlight, AcquireTarget: 5 * time.Millisecond, MaxConnections: DefaultMaxConnections},
 		Scheduler: Scheduler{TopN: 5},
 		Clock:     ClockDatabase,
 		Log:       Log{Level: "warn"},
