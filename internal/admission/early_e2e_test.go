@@ -79,7 +79,9 @@ func rawPost(t *testing.T, hc *http.Client, url, token, body string) (int, strin
 // connection until the queue bound sheds them (50 ms, past the 1 ms
 // target): the adaptive limit comes down from its ceiling (above every
 // call the test makes) to the calls in flight, and the next call is
-// refused on the early path, RATE_LIMITED with retryAfterMs and
+// refused (in front of the envelope while the limit is reached,
+// rpc.Handler.RefuseEarly; the envelope's own check answers the same for
+// a call that raced it), RATE_LIMITED with retryAfterMs and
 // Retry-After through the generated client, before its body is read (a
 // malformed one is refused, not answered INVALID_INPUT) and with nothing
 // written. Once the lock is gone the acquires are quick again and the
