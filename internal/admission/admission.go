@@ -9,7 +9,9 @@
 //     database pool and the CPUs are busy, another call in flight only
 //     adds to everyone's latency, so the call beyond the limit is refused
 //     at once and the admitted ones keep their latency. The limit adapts
-//     to latency (gradient.go) between a floor and a ceiling, or is fixed;
+//     to the wait for a database connection (waitlimit.go: the store
+//     reports each acquire's wait, store.AcquireObserver) between a floor
+//     and a ceiling, or is fixed;
 //     with a slot wait (room.go), a call over the limit first waits a
 //     little for a slot, newest first, so that a burst is not refused;
 //   - the wait before admission (queue.go, in the manner of CoDel and
@@ -45,13 +47,14 @@ type Limits struct {
 	// MaxInFlight is the most calls this process runs at once: the
 	// limit itself, or with Adaptive its ceiling.
 	MaxInFlight int
-	// Adaptive lets the in-flight limit follow latency between
-	// MinInFlight and MaxInFlight; Tolerance is how far the recent
-	// latency may rise over its long average before the limit shrinks
-	// (at least 1; 0 means DefaultTolerance).
-	Adaptive    bool
-	MinInFlight int
-	Tolerance   float64
+	// Adaptive lets the in-flight limit follow the wait for a database
+	// connection between MinInFlight and MaxInFlight (waitlimit.go): it
+	// shrinks while every acquire of two intervals in a row waited past
+	// AcquireTarget (0 means DefaultAcquireTarget), and grows after an
+	// interval in which some acquire did not.
+	Adaptive      bool
+	MinInFlight   int
+	AcquireTarget time.Duration
 	// SlotWait is how long a call over the in-flight limit waits for a
 	// slot (newest first) before it is refused; 0 refuses it at once.
 	// SlotWaiters bounds the calls waiting (default 4 x MaxInFlight: a
@@ -66,8 +69,7 @@ type Limits struct {
 	// (queue.go): while a queue stands past QueueTarget, judged over each
 	// QueueInterval, a share of the calls that waited past it is refused.
 	// 0: no check. QueueInterval
-	// 0 means DefaultQueueInterval. With the check on, the adaptive limit
-	// times a call from its admission: the wait before it is the check's.
+	// 0 means DefaultQueueInterval.
 	QueueTarget   time.Duration
 	QueueInterval time.Duration
 	// TenantRate is calls per second per tenant; TenantBurst the bucket's
@@ -87,9 +89,11 @@ type Bucket struct {
 	Burst int
 }
 
-// DefaultTolerance lets the recent latency reach twice its long average
-// before the adaptive limit shrinks.
-const DefaultTolerance = 2.0
+// DefaultAcquireTarget is the wait for a database connection the
+// adaptive limit lets stand: a few calls' worth of queue at the pool, so
+// that a connection given back is taken at once, not after a new call
+// is read and decided.
+const DefaultAcquireTarget = 5 * time.Millisecond
 
 // DefaultQueueInterval is the interval over which the wait check judges a
 // standing queue and moves its share: CoDel's 100 ms.
@@ -109,7 +113,7 @@ type Controller struct {
 	limits   Limits
 	inFlight atomic.Int64
 	limit    atomic.Int64 // the in-flight limit now; 0: none
-	adapt    *gradient    // nil: the limit is fixed
+	adapt    *waitLimit   // nil: the limit is fixed
 	queue    *queueCheck  // nil: no check of the wait before admission
 	room     *room        // nil: a call over the limit is refused at once
 	global   *rate.Limiter
@@ -128,8 +132,8 @@ func New(l Limits) *Controller {
 	if l.TenantRate > 0 && l.TenantBurst < 1 {
 		l.TenantBurst = 1
 	}
-	if l.Tolerance < 1 {
-		l.Tolerance = DefaultTolerance
+	if l.AcquireTarget <= 0 {
+		l.AcquireTarget = DefaultAcquireTarget
 	}
 	if l.QueueTarget > 0 && l.QueueInterval <= 0 {
 		l.QueueInterval = DefaultQueueInterval
@@ -141,7 +145,7 @@ func New(l Limits) *Controller {
 	if l.MaxInFlight > 0 {
 		c.limit.Store(int64(l.MaxInFlight))
 		if l.Adaptive {
-			c.adapt = newGradient(max(1, l.MinInFlight), l.MaxInFlight, l.Tolerance, c.now())
+			c.adapt = newWaitLimit(max(1, l.MinInFlight), l.MaxInFlight, l.AcquireTarget, c.now())
 			c.limit.Store(c.adapt.current())
 		}
 	}
@@ -159,19 +163,16 @@ func New(l Limits) *Controller {
 }
 
 // Ticket is an admitted call's slot, to give back with Leave.
-type Ticket struct {
-	start time.Time
-	held  bool
-}
+type Ticket struct{ held bool }
 
 // Enter takes an in-flight slot, to give back with Leave once the call's
-// work is done, or answers RATE_LIMITED (and holds nothing). The call is
-// timed from now; EnterAt times it from its arrival.
+// work is done, or answers RATE_LIMITED (and holds nothing). EnterAt is
+// Enter for a call whose wait before admission is judged.
 func (c *Controller) Enter() (Ticket, error) {
 	if !c.admits() {
 		return Ticket{}, nil
 	}
-	return c.EnterAt(c.now())
+	return c.enter()
 }
 
 // admits reports whether Enter has anything to check.
@@ -181,14 +182,7 @@ func (c *Controller) admits() bool {
 
 // EnterAt is Enter for a call that arrived at arrived (Arrived). With the
 // wait check on (QueueTarget), a call that waited too long since it
-// arrived may be refused (queue.go), and the adaptive limit times calls
-// from their admission. Without it the adaptive limit times them from
-// their arrival, so that time queued in the server before admission (in
-// the socket, waiting for the CPU) counts as latency and shrinks the
-// limit; but a shrunken limit shortens no such queue, since a refused call
-// costs its read and answer too: at 150 % of the peak it refused calls the
-// server could have served (docs/benchmarks-notes.md, "Refusing early").
-// A call that waited for a slot (SlotWait) is timed from the slot.
+// arrived may be refused (queue.go).
 func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 	if !c.admits() {
 		return Ticket{}, nil
@@ -199,7 +193,7 @@ func (c *Controller) EnterAt(arrived time.Time) (Ticket, error) {
 			return Ticket{}, c.refusal(refusedWait, bound.Milliseconds())
 		}
 	}
-	return c.enter(arrived)
+	return c.enter()
 }
 
 // EnterChecked is EnterAt for a call whose wait CheckWait already
@@ -208,7 +202,7 @@ func (c *Controller) EnterChecked(arrived time.Time) (Ticket, error) {
 	if !c.admits() {
 		return Ticket{}, nil
 	}
-	return c.enter(arrived)
+	return c.enter()
 }
 
 // CheckWait judges the wait of a call that arrived at arrived, for the
@@ -229,30 +223,16 @@ func (c *Controller) CheckWait(arrived time.Time) (*api.Error, bool) {
 // ChecksWait reports whether the wait check is on.
 func (c *Controller) ChecksWait() bool { return c != nil && c.queue != nil }
 
-// enter takes an in-flight slot for a call that arrived at arrived.
-func (c *Controller) enter(arrived time.Time) (Ticket, error) {
-	start := arrived
-	if c.queue != nil {
-		start = c.now() // the wait before admission is the check's
-	}
+// enter takes an in-flight slot.
+func (c *Controller) enter() (Ticket, error) {
 	n := c.inFlight.Add(1)
 	if limit := c.limit.Load(); limit > 0 && n > limit {
 		c.inFlight.Add(-1)
 		if c.room == nil || !c.room.enter(&c.inFlight, &c.limit, c.after) {
 			return Ticket{}, c.refusal(refusedInFlight, limit)
 		}
-		// A call that waited in the room is timed from its slot: that
-		// wait is the limit's own doing, and counted as latency it
-		// shrank the limit, which made calls wait longer still
-		// (secrets.put at 150 % fell from 1.1 to 0.7-0.8 of its peak,
-		// its limit at the floor).
-		start = c.now()
 	}
-	t := Ticket{held: true}
-	if c.adapt != nil {
-		t.start = start
-	}
-	return t, nil
+	return Ticket{held: true}, nil
 }
 
 // Full reports whether a call arriving now would be refused for the
@@ -330,23 +310,35 @@ func queued(bound time.Duration) error {
 	return limited(InFlightRetryAfter, "the server is overloaded: the call waited more than %d ms before it could start; retry later", bound.Milliseconds())
 }
 
-// Leave gives back the slot of an Enter that succeeded. err is how the
-// call ended: one shed for the queue bound (or the store's busy pool)
-// tells the adaptive limit to shrink.
-func (c *Controller) Leave(t Ticket, err error) {
+// Leave gives back the slot of an Enter that succeeded.
+func (c *Controller) Leave(t Ticket) {
 	if c == nil || !t.held {
 		return
 	}
-	var n int64
 	if c.room != nil {
-		n = c.room.leave(&c.inFlight, &c.limit) // to the newest waiter, if any
+		c.room.leave(&c.inFlight, &c.limit) // to the newest waiter, if any
 	} else {
-		n = c.inFlight.Add(-1) + 1
+		c.inFlight.Add(-1)
 	}
-	if c.adapt != nil {
-		now := c.now()
-		c.limit.Store(c.adapt.sample(now, now.Sub(t.start), int(n), errors.Is(err, store.ErrBusy)))
+}
+
+// AcquireObserver is what the store reports an admitted call's waits for
+// a database connection to (store.WithAcquireObserver): the controller
+// with an adaptive limit, nil otherwise.
+func (c *Controller) AcquireObserver() store.AcquireObserver {
+	if c == nil || c.adapt == nil {
+		return nil
 	}
+	return c
+}
+
+// Acquired moves the adaptive limit on one wait for a database
+// connection (store.AcquireObserver).
+func (c *Controller) Acquired(wait time.Duration) {
+	if c == nil || c.adapt == nil {
+		return
+	}
+	c.limit.Store(c.adapt.acquired(c.now(), wait, int(c.inFlight.Load())))
 }
 
 // Overloaded reports whether the wait check refuses calls now (a share

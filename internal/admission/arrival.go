@@ -13,10 +13,10 @@ import (
 	"computeplane/gen/api"
 )
 
-// Arrival timing: the in-flight limit judges a call by how long it took
-// from its arrival, not from when its handler started, so that time spent
-// queued in the server before admission (in the socket, waiting for the
-// CPU to read and parse it) counts. A call's arrival is the kernel's
+// Arrival timing: the wait check (queue.go) judges a call by how long it
+// waited since its arrival, not since its handler started, so that time
+// spent queued in the server before admission (in the socket, waiting for
+// the CPU to read and parse it) counts. A call's arrival is the kernel's
 // receive time of its first bytes (SO_TIMESTAMPNS on the socket, read with
 // recvmsg on the first read after an answer); where the kernel gives none,
 // the time of that read.

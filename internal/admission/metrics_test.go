@@ -30,7 +30,7 @@ func TestRegisterExposesTheLawsState(t *testing.T) {
 		"compute_admission_in_flight_limit":    4,
 		"compute_admission_wait_refused_share": 0.25,
 	}, got)
-	c.Leave(tk, nil)
+	c.Leave(tk)
 	var nilController *Controller
 	assert.NoError(t, nilController.Register(reg))
 }

@@ -75,18 +75,18 @@ func TestACallOverTheLimitWaitsForASlotNewestFirst(t *testing.T) {
 	require.Equal(t, 2, c.Waiting(), "both wait: neither is refused")
 	require.Empty(t, out)
 
-	c.Leave(held, nil)
+	c.Leave(held)
 	got := <-out
 	require.NoError(t, got.err)
 	assert.Equal(t, "newer", got.name, "last in, first out")
 	assert.Equal(t, 1, c.InFlight(), "the slot was handed over, not freed")
 	assert.Equal(t, 1, c.Waiting())
 
-	c.Leave(got.tk, nil)
+	c.Leave(got.tk)
 	got = <-out
 	require.NoError(t, got.err)
 	assert.Equal(t, "older", got.name)
-	c.Leave(got.tk, nil)
+	c.Leave(got.tk)
 	assert.Zero(t, c.InFlight())
 	assert.Zero(t, c.Waiting())
 }
@@ -103,7 +103,7 @@ func TestASlotWaitEndsInARefusal(t *testing.T) {
 	got := <-out
 	requireLimited(t, got.err, InFlightRetryAfter.Milliseconds())
 	assert.Zero(t, c.Waiting())
-	c.Leave(held, nil)
+	c.Leave(held)
 	assert.Zero(t, c.InFlight())
 }
 
@@ -125,7 +125,7 @@ func TestAFullRoomRefusesAtTheDoor(t *testing.T) {
 	requireLimited(t, err, InFlightRetryAfter.Milliseconds())
 	timers.expire()
 	<-out
-	c.Leave(held, nil)
+	c.Leave(held)
 	assert.Zero(t, c.InFlight())
 }
 
@@ -139,7 +139,7 @@ func TestNoSlotWaitRefusesAtOnce(t *testing.T) {
 	assert.Zero(t, c.Waiting())
 	_, full := c.Full()
 	assert.True(t, full)
-	c.Leave(held, nil)
+	c.Leave(held)
 }
 
 // TestSlotWaitHoldsTheLimitUnderRacingCallers: however callers race with
@@ -167,7 +167,7 @@ func TestSlotWaitHoldsTheLimitUnderRacingCallers(t *testing.T) {
 				}
 				admitted.Add(1)
 				inside.Add(-1)
-				c.Leave(tk, nil)
+				c.Leave(tk)
 			}
 		})
 	}
@@ -187,46 +187,16 @@ func TestAShrunkenLimitIsNotHandedOver(t *testing.T) {
 	out := make(chan entered, 1)
 	enterAsync(t, c, "waiter", out)
 	c.limit.Store(1) // as the gradient would
-	c.Leave(a, nil)
+	c.Leave(a)
 	assert.Equal(t, 1, c.InFlight(), "freed: 2 in flight was over the limit of 1")
 	assert.Equal(t, 1, c.Waiting())
-	c.Leave(b, nil)
+	c.Leave(b)
 	got := <-out
 	require.NoError(t, got.err, "the count is within the limit: handed over")
 	assert.Equal(t, 1, c.InFlight())
-	c.Leave(got.tk, nil)
+	c.Leave(got.tk)
 	timers.expire()
 	assert.Zero(t, c.InFlight())
-}
-
-// TestTheAdaptiveLimitTimesACallFromItsSlot: with a slot wait, the time a
-// call waited for its slot (and before it, since its arrival) is not the
-// latency the adaptive limit follows: counted, it shrank the limit, which
-// made calls wait longer still.
-func TestTheAdaptiveLimitTimesACallFromItsSlot(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	var mu sync.Mutex
-	now := t0
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c := New(Limits{MaxInFlight: 1, Adaptive: true, MinInFlight: 1, SlotWait: time.Hour})
-	c.now = clock
-	held, err := c.EnterAt(t0)
-	require.NoError(t, err)
-	out := make(chan entered, 1)
-	before := c.Waiting()
-	go func() {
-		tk, err := c.EnterAt(t0.Add(-time.Second)) // arrived a second ago
-		out <- entered{"waiter", tk, err}
-	}()
-	require.Eventually(t, func() bool { return c.Waiting() > before }, 5*time.Second, time.Millisecond)
-	mu.Lock()
-	now = t0.Add(300 * time.Millisecond) // the wait in the room
-	mu.Unlock()
-	c.Leave(held, nil)
-	got := <-out
-	require.NoError(t, got.err)
-	assert.Equal(t, t0.Add(300*time.Millisecond), got.tk.start, "timed from its slot, not from its arrival")
-	c.Leave(got.tk, nil)
 }
 
 // TestASlotWaitCostsNothingWhileNoneWaits: with the room on, a call that
@@ -239,7 +209,7 @@ func TestASlotWaitCostsNothingWhileNoneWaits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Leave(tk, nil)
+		c.Leave(tk)
 	})
 	assert.Zero(t, allocs)
 }

@@ -12,15 +12,18 @@ type Admission struct {
 	// MaxInFlight is the most calls one api process runs at once: the
 	// ceiling of the adaptive limit, or the limit when Adaptive is off.
 	// 0 turns the limit off, AutoInFlight (the default) is
-	// InFlightPerConn times the api's database pool.
+	// InFlightPerConn times the api's database pool, or
+	// AdaptiveInFlightPerConn times it for the adaptive limit.
 	MaxInFlight int
-	// Adaptive (off by default) lets the limit follow latency between
-	// MinInFlight (AutoInFlight, the default: the pool's size) and
-	// MaxInFlight; LatencyTolerance is how far the recent latency may
-	// rise over its long average before the limit shrinks.
-	Adaptive         bool
-	MinInFlight      int
-	LatencyTolerance float64
+	// Adaptive (off by default) lets the limit follow the wait for a
+	// database connection between MinInFlight (AutoInFlight, the
+	// default: the pool's size) and MaxInFlight: it shrinks while every
+	// acquire of two intervals in a row waits past AcquireTarget, and
+	// grows after an interval in which some acquire did not
+	// (internal/admission waitlimit.go).
+	Adaptive      bool
+	MinInFlight   int
+	AcquireTarget time.Duration
 	// SlotWait is how long a call over the in-flight limit waits for a
 	// slot, newest first, before it is refused (0, the default: refused
 	// at once; internal/admission room.go). Needs an in-flight limit.
@@ -78,6 +81,22 @@ const AutoInFlight = -1
 // connection, and past that another call in flight only queues.
 const InFlightPerConn = 4
 
+// AdaptiveInFlightPerConn is the default ceiling of the adaptive limit
+// per connection of the pool: the limit starts there and comes down by
+// itself when a queue stands at the pool, so the ceiling only bounds a
+// burst, which a shared machine's stalls make large (after a stall of
+// 80 ms at 4,000 calls/s, about 250 calls are in flight at once:
+// internal/admission, TestWaitLimitRefusesNothingBelowCapacity).
+const AdaptiveInFlightPerConn = 64
+
+// DefaultAcquireTargetMs and MaxAcquireTargetMs: the wait for a database
+// connection the adaptive limit lets stand, and its bound (below the
+// limit's 100 ms interval).
+const (
+	DefaultAcquireTargetMs = 5
+	MaxAcquireTargetMs     = 50
+)
+
 // The wait check's bounds: the target is a few calls' worth of queue, the
 // interval long enough to tell a standing queue from a burst.
 const (
@@ -98,7 +117,8 @@ type fileAdmission struct {
 	MaxInFlight      *int                           `yaml:"maxInFlight"`
 	Adaptive         *bool                          `yaml:"adaptive"`
 	MinInFlight      *int                           `yaml:"minInFlight"`
-	LatencyTolerance *float64                       `yaml:"latencyTolerance"`
+	LatencyTolerance *float64                       `yaml:"latencyTolerance"` // refused: see admission
+	AcquireTargetMs  *int                           `yaml:"acquireTargetMs"`
 	SlotWaitMs       *int                           `yaml:"slotWaitMs"`
 	MaxQueueMs       *int                           `yaml:"maxQueueMs"`
 	QueueTargetMs    *int                           `yaml:"queueTargetMs"`
@@ -126,10 +146,15 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 		}
 		a.MaxInFlight = *fa.MaxInFlight
 	}
+	if fa.LatencyTolerance != nil {
+		// The limit that followed latency sank to its floor under CPU
+		// saturation (docs/benchmarks-notes.md, 2026-11-29, wt-shed3).
+		return b.errorf("admission.latencyTolerance", "is no longer an option: the adaptive limit follows the wait for a database connection (admission.acquireTargetMs), not latency")
+	}
 	a.Adaptive = deref(fa.Adaptive, false)
 	if a.MaxInFlight == 0 || !a.Adaptive {
 		// The adaptive settings mean nothing without an adaptive limit.
-		for name, set := range map[string]bool{"minInFlight": fa.MinInFlight != nil, "latencyTolerance": fa.LatencyTolerance != nil} {
+		for name, set := range map[string]bool{"minInFlight": fa.MinInFlight != nil, "acquireTargetMs": fa.AcquireTargetMs != nil} {
 			if set {
 				return b.errorf("admission."+name, "needs an adaptive in-flight limit (admission.adaptive true and admission.maxInFlight not 0)")
 			}
@@ -146,10 +171,11 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 		}
 		a.MinInFlight = *fa.MinInFlight
 	}
-	a.LatencyTolerance = deref(fa.LatencyTolerance, 2)
-	if a.LatencyTolerance < 1 || a.LatencyTolerance > 100 {
-		return b.errorf("admission.latencyTolerance", "must be from 1 to 100 (how many times its long average the recent latency may reach)")
+	acquireTarget := deref(fa.AcquireTargetMs, DefaultAcquireTargetMs)
+	if acquireTarget < 1 || acquireTarget > MaxAcquireTargetMs {
+		return b.errorf("admission.acquireTargetMs", "must be from 1 to %d (the wait for a database connection the adaptive limit lets stand)", MaxAcquireTargetMs)
 	}
+	a.AcquireTarget = time.Duration(acquireTarget) * time.Millisecond
 	if fa.SlotWaitMs != nil {
 		if *fa.SlotWaitMs < 0 || *fa.SlotWaitMs > MaxSlotWaitMs {
 			return b.errorf("admission.slotWaitMs", "must be from 0 to %d (0: a call over the in-flight limit is refused at once)", MaxSlotWaitMs)

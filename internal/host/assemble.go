@@ -568,13 +568,16 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 func admissionLimits(o config.Admission, poolConns int) admission.Limits {
 	l := admission.Limits{
 		MaxInFlight: o.MaxInFlight, Adaptive: o.Adaptive, MinInFlight: o.MinInFlight,
-		Tolerance: o.LatencyTolerance, MaxQueue: o.MaxQueue, SlotWait: o.SlotWait,
+		AcquireTarget: o.AcquireTarget, MaxQueue: o.MaxQueue, SlotWait: o.SlotWait,
 		QueueTarget: o.QueueTarget, QueueInterval: o.QueueInterval,
 		TenantRate: o.TenantRate, TenantBurst: o.TenantBurst,
 		GlobalRate: o.GlobalRate, GlobalBurst: o.GlobalBurst,
 	}
 	if l.MaxInFlight == config.AutoInFlight {
 		l.MaxInFlight = config.InFlightPerConn * poolConns
+		if l.Adaptive {
+			l.MaxInFlight = config.AdaptiveInFlightPerConn * poolConns
+		}
 	}
 	if l.MinInFlight == config.AutoInFlight {
 		l.MinInFlight = min(poolConns, l.MaxInFlight)

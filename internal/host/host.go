@@ -364,7 +364,8 @@ func (h *Host) Serve(ctx context.Context, ready func() error) error {
 	// At most admission.maxConnections are served at once: the rest
 	// wait in the kernel's accept queue.
 	bounded, connState := server.BoundConns(ln, server.ConnLimits{MaxConns: h.cfg.Admission.MaxConnections}, nil)
-	// Calls are timed for admission from their arrival on the socket.
+	// The wait check (admission.queueTargetMs) judges a call's wait from
+	// its arrival on the socket.
 	ln = admission.ArrivalListener(bounded)
 	srv := &http.Server{
 		Handler:           bounded.Handler(h.handler),

@@ -84,7 +84,7 @@ func newRefusedBench(b testing.TB) *sitesGetBench {
 	s := newSitesGetBench(b, testenv.WithEnv("SERVICE_CONFIG", testenv.ConfigFile(b, "admission: {maxInFlight: 1}\n")))
 	ticket, err := s.env.Host.Admission().Enter()
 	require.NoError(b, err)
-	b.Cleanup(func() { s.env.Host.Admission().Leave(ticket, nil) })
+	b.Cleanup(func() { s.env.Host.Admission().Leave(ticket) })
 	return s
 }
 

@@ -229,7 +229,7 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 	holding := true // until a wait gives the slot back
 	defer func() {
 		if holding {
-			h.Admission.Leave(ticket, err)
+			h.Admission.Leave(ticket)
 		}
 		err = admission.Shed(err) // past the queue bound: RATE_LIMITED
 	}()
@@ -260,8 +260,10 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 	// are derived (store.limitsOf).
 	ctx, cancel := context.WithTimeout(ctx, h.callTimeout())
 	defer cancel()
-	// Shed a call that would wait long for a database connection.
+	// Shed a call that would wait long for a database connection; its
+	// waits move the adaptive in-flight limit.
 	ctx = store.WithAcquireBound(ctx, h.Admission.MaxQueue())
+	ctx = store.WithAcquireObserver(ctx, h.Admission.AcquireObserver())
 	call := &Call{
 		Method: m, Input: in, Fields: obj, Request: r,
 		RequestID: meta.RequestID, Traceparent: meta.Traceparent,
@@ -325,9 +327,10 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 		// transaction, within the call's deadline. A wait is no load: it
 		// gives its slot back.
 		holding = false
-		h.Admission.Leave(ticket, nil)
-		// Committed: its re-reads wait as long as the store lets them.
-		return then(store.WithAcquireBound(ctx, 0))
+		h.Admission.Leave(ticket)
+		// Committed: its re-reads wait as long as the store lets them,
+		// and are no admitted call's.
+		return then(store.WithAcquireObserver(store.WithAcquireBound(ctx, 0), nil))
 	}
 	return out, nil
 }

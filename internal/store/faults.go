@@ -38,15 +38,24 @@ func WithAcquireBound(ctx context.Context, d time.Duration) context.Context {
 }
 
 // acquire takes a connection of pool within ctx's acquire bound, or
-// answers ErrBusy (ErrQueueBound past a bound of WithAcquireBound).
+// answers ErrBusy (ErrQueueBound past a bound of WithAcquireBound), and
+// reports the wait to ctx's AcquireObserver.
 func acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	wait, bounded := AcquireTimeout, false
 	if d, ok := ctx.Value(acquireBoundKey{}).(time.Duration); ok && d > 0 && d < AcquireTimeout {
 		wait, bounded = d, true
 	}
 	actx, cancel := context.WithTimeout(ctx, wait)
+	obs := acquireObserver(ctx)
+	var start time.Time
+	if obs != nil {
+		start = time.Now()
+	}
 	conn, err := pool.Acquire(actx)
 	cancel()
+	if obs != nil {
+		obs.Acquired(time.Since(start))
+	}
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
 			if bounded {
