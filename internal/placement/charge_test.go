@@ -96,4 +96,3 @@ func TestChargesAreOneStatement(t *testing.T) {
 	assert.Contains(t, err.Error(), "pool "+f.pool+" is no longer offered to tenant acme")
 	assert.Equal(t, map[string]int64{"vcpu": 1, "memoryMiB": 512, "diskGiB": 1, "instances": 1}, used())
 }
-
