@@ -18,7 +18,9 @@ import (
 )
 
 // deleter answers secrets.delete without a store: a mutation that commits.
-type deleter struct{ api.UnimplementedSecretsService }
+type deleter struct {
+	api.UnimplementedSecretsService
+}
 
 func (deleter) Delete(context.Context, *api.SecretsDeleteInput) (*api.SecretDeleted, error) {
 	return &api.SecretDeleted{Deleted: true}, nil
