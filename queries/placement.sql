@@ -130,6 +130,31 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resour
   AND offered AND used + sqlc.arg(amount) <= max
 RETURNING used;
 
+-- name: ChargeQuotas :many
+-- An admission's charges in one statement: adds amounts[i] to the tenant's
+-- used of resources[i] in a pool where it stays within max and the pool is
+-- still offered to the tenant, and returns the position (1-based) of each
+-- charge made: a position missing is a charge refused (no row, no longer
+-- offered, or max reached), which the caller answers by rolling back. The
+-- rows are locked first in the arrays' order (the callers send them in the
+-- order of placement.Resources, as Release refunds them), so that
+-- concurrent admissions and releases lock a tenant's rows in one order.
+WITH asked AS (
+    SELECT i AS ord, (sqlc.arg(resources)::text[])[i] AS resource, (sqlc.arg(amounts)::bigint[])[i] AS amount
+    FROM generate_subscripts(sqlc.arg(resources)::text[], 1) AS i
+), locked AS MATERIALIZED (
+    SELECT q.resource, a.amount, a.ord
+    FROM quotas q JOIN asked a ON a.resource = q.resource
+    WHERE q.tenant_id = sqlc.arg(tenant_id) AND q.pool_id = sqlc.arg(pool_id)
+    ORDER BY a.ord
+    FOR UPDATE OF q
+)
+UPDATE quotas q SET used = q.used + l.amount, updated_at = now()
+FROM locked l
+WHERE q.tenant_id = sqlc.arg(tenant_id) AND q.pool_id = sqlc.arg(pool_id) AND q.resource = l.resource
+  AND q.offered AND q.used + l.amount <= q.max
+RETURNING l.ord AS charged;
+
 -- name: RefundQuota :exec
 UPDATE quotas SET used = used - sqlc.arg(amount), updated_at = now()
 WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resource = sqlc.arg(resource);

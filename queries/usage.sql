@@ -1,10 +1,17 @@
--- OpenAllocation returns nothing: the caller made its id, and the write
+-- OpenAllocations opens several allocations (one owner's meters) in one
+-- statement; the arrays go in parallel, one row per index, and a project
+-- of '' is none. It returns nothing: the caller made the ids, and the write
 -- travels with the call's next statement (store.Later).
--- name: OpenAllocation :exec
+-- name: OpenAllocations :exec
 INSERT INTO allocations (allocation_id, tenant_id, project_id, meter, quantity_micro, tags, owner_type, owner_id, started_at, rolled_until)
-VALUES (sqlc.arg(allocation_id), sqlc.arg(tenant_id), sqlc.narg(project_id), sqlc.arg(meter), sqlc.arg(quantity_micro), sqlc.arg(tags),
-        sqlc.arg(owner_type), sqlc.arg(owner_id), coalesce(sqlc.narg(at)::timestamptz, now()),
-        date_trunc('hour', coalesce(sqlc.narg(at)::timestamptz, now())));
+SELECT a.allocation_id, a.tenant_id, nullif(a.project_id, ''), a.meter, a.quantity_micro, a.tags::jsonb, a.owner_type, a.owner_id,
+       coalesce(sqlc.narg(at)::timestamptz, now()), date_trunc('hour', coalesce(sqlc.narg(at)::timestamptz, now()))
+FROM (
+    SELECT unnest(sqlc.arg(allocation_ids)::text[]) AS allocation_id, unnest(sqlc.arg(tenant_ids)::text[]) AS tenant_id,
+        unnest(sqlc.arg(project_ids)::text[]) AS project_id, unnest(sqlc.arg(meters)::text[]) AS meter,
+        unnest(sqlc.arg(quantities_micro)::bigint[]) AS quantity_micro, unnest(sqlc.arg(tags)::text[]) AS tags,
+        unnest(sqlc.arg(owner_types)::text[]) AS owner_type, unnest(sqlc.arg(owner_ids)::text[]) AS owner_id
+) a;
 
 -- name: CloseAllocation :one
 -- Ends an open allocation at at (the transaction's time by default), never

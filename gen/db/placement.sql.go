@@ -77,6 +77,64 @@ func (q *Queries) BookNode(ctx context.Context, arg BookNodeParams) (int64, erro
 	return result.RowsAffected(), nil
 }
 
+const chargeQuotas = `-- name: ChargeQuotas :many
+WITH asked AS (
+    SELECT i AS ord, ($3::text[])[i] AS resource, ($4::bigint[])[i] AS amount
+    FROM generate_subscripts($3::text[], 1) AS i
+), locked AS MATERIALIZED (
+    SELECT q.resource, a.amount, a.ord
+    FROM quotas q JOIN asked a ON a.resource = q.resource
+    WHERE q.tenant_id = $1 AND q.pool_id = $2
+    ORDER BY a.ord
+    FOR UPDATE OF q
+)
+UPDATE quotas q SET used = q.used + l.amount, updated_at = now()
+FROM locked l
+WHERE q.tenant_id = $1 AND q.pool_id = $2 AND q.resource = l.resource
+  AND q.offered AND q.used + l.amount <= q.max
+RETURNING l.ord AS charged
+`
+
+type ChargeQuotasParams struct {
+	TenantID  string
+	PoolID    string
+	Resources []string
+	Amounts   []int64
+}
+
+// An admission's charges in one statement: adds amounts[i] to the tenant's
+// used of resources[i] in a pool where it stays within max and the pool is
+// still offered to the tenant, and returns the position (1-based) of each
+// charge made: a position missing is a charge refused (no row, no longer
+// offered, or max reached), which the caller answers by rolling back. The
+// rows are locked first in the arrays' order (the callers send them in the
+// order of placement.Resources, as Release refunds them), so that
+// concurrent admissions and releases lock a tenant's rows in one order.
+func (q *Queries) ChargeQuotas(ctx context.Context, arg ChargeQuotasParams) ([]pgtype.Int4, error) {
+	rows, err := q.db.Query(ctx, chargeQuotas,
+		arg.TenantID,
+		arg.PoolID,
+		arg.Resources,
+		arg.Amounts,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []pgtype.Int4
+	for rows.Next() {
+		var charged pgtype.Int4
+		if err := rows.Scan(&charged); err != nil {
+			return nil, err
+		}
+		items = append(items, charged)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const claimQueued = `-- name: ClaimQueued :many
 SELECT item_id, request, attempts FROM placement_queue
 WHERE pool_id = $1 AND state = 'queued'

@@ -427,38 +427,45 @@ func (q *Queries) MarkRolled(ctx context.Context, arg MarkRolledParams) error {
 	return err
 }
 
-const openAllocation = `-- name: OpenAllocation :exec
+const openAllocations = `-- name: OpenAllocations :exec
 INSERT INTO allocations (allocation_id, tenant_id, project_id, meter, quantity_micro, tags, owner_type, owner_id, started_at, rolled_until)
-VALUES ($1, $2, $3, $4, $5, $6,
-        $7, $8, coalesce($9::timestamptz, now()),
-        date_trunc('hour', coalesce($9::timestamptz, now())))
+SELECT a.allocation_id, a.tenant_id, nullif(a.project_id, ''), a.meter, a.quantity_micro, a.tags::jsonb, a.owner_type, a.owner_id,
+       coalesce($1::timestamptz, now()), date_trunc('hour', coalesce($1::timestamptz, now()))
+FROM (
+    SELECT unnest($2::text[]) AS allocation_id, unnest($3::text[]) AS tenant_id,
+        unnest($4::text[]) AS project_id, unnest($5::text[]) AS meter,
+        unnest($6::bigint[]) AS quantity_micro, unnest($7::text[]) AS tags,
+        unnest($8::text[]) AS owner_type, unnest($9::text[]) AS owner_id
+) a
 `
 
-type OpenAllocationParams struct {
-	AllocationID  string
-	TenantID      string
-	ProjectID     pgtype.Text
-	Meter         string
-	QuantityMicro int64
-	Tags          []byte
-	OwnerType     string
-	OwnerID       string
-	At            *time.Time
+type OpenAllocationsParams struct {
+	At              *time.Time
+	AllocationIds   []string
+	TenantIds       []string
+	ProjectIds      []string
+	Meters          []string
+	QuantitiesMicro []int64
+	Tags            []string
+	OwnerTypes      []string
+	OwnerIds        []string
 }
 
-// OpenAllocation returns nothing: the caller made its id, and the write
+// OpenAllocations opens several allocations (one owner's meters) in one
+// statement; the arrays go in parallel, one row per index, and a project
+// of ” is none. It returns nothing: the caller made the ids, and the write
 // travels with the call's next statement (store.Later).
-func (q *Queries) OpenAllocation(ctx context.Context, arg OpenAllocationParams) error {
-	_, err := q.db.Exec(ctx, openAllocation,
-		arg.AllocationID,
-		arg.TenantID,
-		arg.ProjectID,
-		arg.Meter,
-		arg.QuantityMicro,
-		arg.Tags,
-		arg.OwnerType,
-		arg.OwnerID,
+func (q *Queries) OpenAllocations(ctx context.Context, arg OpenAllocationsParams) error {
+	_, err := q.db.Exec(ctx, openAllocations,
 		arg.At,
+		arg.AllocationIds,
+		arg.TenantIds,
+		arg.ProjectIds,
+		arg.Meters,
+		arg.QuantitiesMicro,
+		arg.Tags,
+		arg.OwnerTypes,
+		arg.OwnerIds,
 	)
 	return err
 }

@@ -442,15 +442,10 @@ const TopicProviderInstances = "provider-instances"
 // memory (and GPU-hours) while it holds them.
 func openUsage(ctx context.Context, tx pgx.Tx, r db.Instance) error {
 	owner := usage.Owner{Type: ResourceType, ID: r.InstanceID}
-	for meter, perHour := range map[string]int64{
-		"instance.vcpu.hours":       int64(r.Vcpu) * 1_000_000,
-		"instance.memory.gib.hours": r.MemoryMib * 1_000_000 / 1024,
-	} {
-		if _, err := usage.Open(ctx, tx, usage.Allocation{TenantID: r.TenantID, Meter: meter, PerHour: perHour, Owner: owner}); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := usage.OpenAll(ctx, tx,
+		usage.Allocation{TenantID: r.TenantID, Meter: "instance.vcpu.hours", PerHour: int64(r.Vcpu) * 1_000_000, Owner: owner},
+		usage.Allocation{TenantID: r.TenantID, Meter: "instance.memory.gib.hours", PerHour: r.MemoryMib * 1_000_000 / 1024, Owner: owner})
+	return err
 }
 
 // load reads an instance of tenant.

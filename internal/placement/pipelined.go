@@ -2,7 +2,6 @@ package placement
 
 import (
 	"context"
-	"errors"
 
 	"github.com/jackc/pgx/v5"
 
@@ -113,26 +112,18 @@ func (e *Engine) admitThen(ctx context.Context, tx pgx.Tx, req Request, then fun
 	return b, p.Send(ctx, tx)
 }
 
-// queueCharge queues the charges cs (as charge sends them) in p; after
-// the pipeline is sent, refused is the first charge refused (-1: none) and
-// failed a database error.
+// queueCharge queues the charges cs (as charge sends them, one statement)
+// in p; after the pipeline is sent, refused is the first charge refused
+// (-1: none) and failed a database error.
 func queueCharge(ctx context.Context, p *store.Pipeline, tenant, pool string, cs []charge) (refused *int, failed *error) {
-	params := make([]db.ChargeQuotaParams, len(cs))
-	for i, c := range cs {
-		params[i] = db.ChargeQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource, Amount: c.amount}
-	}
+	params := chargeParams(tenant, pool, cs)
 	r, f := -1, error(nil)
 	p.Queue(func(q *db.Queries) {
-		r, f = -1, nil
-		q.ChargeQuota(ctx, params).QueryRow(func(i int, _ int64, err error) {
-			switch {
-			case f != nil || r >= 0:
-			case errors.Is(err, pgx.ErrNoRows):
-				r = i
-			case err != nil:
-				f = err
-			}
-		})
+		charged, err := q.ChargeQuotas(ctx, params)
+		r, f = -1, err
+		if err == nil {
+			r = firstRefused(cs, charged)
+		}
 	})
 	return &r, &f
 }

@@ -390,28 +390,44 @@ func charges(held Shape, req Request) []charge {
 	return out
 }
 
-// charge charges cs in one batch, in the order of Resources, so that
-// concurrent admissions lock a tenant's quota rows in one order; the first
-// charge refused names the refusal.
+// charge charges cs in one statement (ChargeQuotas), in the order of
+// Resources, so that concurrent admissions lock a tenant's quota rows in
+// one order; the first charge refused names the refusal.
 func (e *Engine) charge(ctx context.Context, q *db.Queries, tenant, pool string, cs []charge) error {
-	params := make([]db.ChargeQuotaParams, len(cs))
+	charged, err := q.ChargeQuotas(ctx, chargeParams(tenant, pool, cs))
+	if err != nil {
+		return err
+	}
+	if i := firstRefused(cs, charged); i >= 0 {
+		return quotaExceeded(ctx, q, tenant, pool, cs[i])
+	}
+	return nil
+}
+
+// chargeParams is cs as ChargeQuotas takes them.
+func chargeParams(tenant, pool string, cs []charge) db.ChargeQuotasParams {
+	p := db.ChargeQuotasParams{TenantID: tenant, PoolID: pool, Resources: make([]string, len(cs)), Amounts: make([]int64, len(cs))}
 	for i, c := range cs {
-		params[i] = db.ChargeQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource, Amount: c.amount}
+		p.Resources[i], p.Amounts[i] = c.resource, c.amount
 	}
-	refused, failed := -1, error(nil)
-	q.ChargeQuota(ctx, params).QueryRow(func(i int, _ int64, err error) {
-		switch {
-		case failed != nil || refused >= 0:
-		case errors.Is(err, pgx.ErrNoRows):
-			refused = i
-		case err != nil:
-			failed = err
+	return p
+}
+
+// firstRefused is the index in cs of the first charge ChargeQuotas did not
+// make (charged holds the 1-based positions it made), -1 when it made all.
+func firstRefused(cs []charge, charged []pgtype.Int4) int {
+	made := make([]bool, len(cs))
+	for _, c := range charged {
+		if i := int(c.Int32) - 1; c.Valid && i >= 0 && i < len(cs) {
+			made[i] = true
 		}
-	})
-	if failed != nil || refused < 0 {
-		return failed
 	}
-	return quotaExceeded(ctx, q, tenant, pool, cs[refused])
+	for i, ok := range made {
+		if !ok {
+			return i
+		}
+	}
+	return -1
 }
 
 // refusalOfQuota names the first charge of cs the tenant's quota refuses,

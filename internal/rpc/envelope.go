@@ -122,7 +122,10 @@ type Handler struct {
 	// the events alone.
 	Audit func(ctx context.Context, tx pgx.Tx, call *Call, u *uow.Unit) error
 	// AfterCommit runs after a mutation committed, outside its transaction
-	// (the notifier's wake-ups, among them u's); nil does nothing.
+	// (the notifier's wake-ups, among them u's); nil does nothing. A call
+	// that waits (a continuation) runs it before its wait; any other runs
+	// it once its answer was written to the connection, when ctx may be
+	// done (serveAnswered).
 	AfterCommit func(ctx context.Context, call *Call, u *uow.Unit)
 	// Wakes lets a wait (ThenWait) re-read as soon as the row it waits on
 	// is reported changed, between its backoff's re-reads; nil waits by
@@ -181,10 +184,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		name = m.FullName
 	}
 	var trips atomic.Int64
-	data, err := h.serve(store.CountRoundTrips(ctx, &trips), r, m, meta)
+	data, after, err := h.serve(store.CountRoundTrips(ctx, &trips), r, m, meta)
 	status, code := http.StatusOK, metrics.CodeOK
 	if err == nil {
-		err = writeData(w, data)
+		err = writeData(w, data, after != nil)
 	}
 	if err != nil {
 		var c api.Code
@@ -194,6 +197,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			status, c = WriteError(w, log.With("requestId", meta.RequestID), err)
 		}
 		code = string(c)
+	}
+	if after != nil {
+		// The answer goes out first: the work the wakes start (a spec sent
+		// to its daemon, which starts a VM; the outbox's consumers) would
+		// otherwise compete with it on its way to the caller.
+		_ = http.NewResponseController(w).Flush()
+		after()
 	}
 	h.Metrics.Observe(name, code, status, h.now().Sub(start))
 	h.Metrics.RoundTrips(name, trips.Load())
@@ -205,7 +215,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, meta reqmeta.Meta) (_ any, err error) {
+// serve runs the call. after, when not nil, is the committed mutation's
+// AfterCommit, for the caller to run once the answer is written.
+func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, meta reqmeta.Meta) (_ any, after func(), err error) {
+	out, err := h.serveAnswered(ctx, r, m, meta, &after)
+	return out, after, err
+}
+
+// serveAnswered is serve; a committed mutation that does not wait sets
+// *after to its AfterCommit instead of running it.
+func (h *Handler) serveAnswered(ctx context.Context, r *http.Request, m *api.Method, meta reqmeta.Meta, after *func()) (_ any, err error) {
 	if m == nil {
 		return nil, api.Errorf(api.CodeNotFound, "no method at %s", r.URL.Path)
 	}
@@ -318,11 +337,16 @@ func (h *Handler) serve(ctx context.Context, r *http.Request, m *api.Method, met
 	if err != nil || m.Kind != api.KindMutation {
 		return out, err
 	}
+	then := u.Continuation()
 	if h.AfterCommit != nil {
+		if then == nil {
+			*after = func() { h.AfterCommit(ctx, call, u) }
+			return out, nil
+		}
 		// Before any wait: the wake-ups start the work waited for.
 		h.AfterCommit(ctx, call, u)
 	}
-	if then := u.Continuation(); then != nil {
+	if then != nil {
 		// The Waiting convention: re-read after commit, outside the
 		// transaction, within the call's deadline. A wait is no load: it
 		// gives its slot back.
@@ -488,7 +512,7 @@ var (
 // the error to answer instead, with nothing written. Outputs of the
 // catalog's types encode with their generated EncodeJSON; anything else (a
 // continuation's answer of another type) with encoding/json.
-func writeData(w http.ResponseWriter, data any) error {
+func writeData(w http.ResponseWriter, data any, flushed bool) error {
 	e := encoders.Get().(*jx.Encoder)
 	e.Reset()
 	defer func() {
@@ -511,6 +535,11 @@ func writeData(w http.ResponseWriter, data any) error {
 	h := w.Header()
 	h["Content-Type"] = headerJSON
 	h["Cache-Control"] = headerNoStore
+	if flushed {
+		// Flushed before the handler returns, the answer keeps its length
+		// (net/http would otherwise send it chunked).
+		h["Content-Length"] = []string{strconv.Itoa(len(e.Bytes()))}
+	}
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(e.Bytes())
 	return nil

@@ -481,15 +481,10 @@ func (a *admission) attach(ctx context.Context) error {
 // openUsage starts a sandbox's metering while it holds its VM.
 func openUsage(ctx context.Context, tx pgx.Tx, sbx db.Sandbox, vm db.Instance) error {
 	owner := usage.Owner{Type: ResourceType, ID: sbx.SandboxID}
-	for meter, perHour := range map[string]int64{
-		"sandbox.vcpu.hours":       int64(vm.Vcpu) * 1_000_000,
-		"sandbox.memory.gib.hours": vm.MemoryMib * 1_000_000 / 1024,
-	} {
-		if _, err := usage.Open(ctx, tx, usage.Allocation{TenantID: sbx.TenantID, Meter: meter, PerHour: perHour, Owner: owner}); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := usage.OpenAll(ctx, tx,
+		usage.Allocation{TenantID: sbx.TenantID, Meter: "sandbox.vcpu.hours", PerHour: int64(vm.Vcpu) * 1_000_000, Owner: owner},
+		usage.Allocation{TenantID: sbx.TenantID, Meter: "sandbox.memory.gib.hours", PerHour: vm.MemoryMib * 1_000_000 / 1024, Owner: owner})
+	return err
 }
 
 // load reads a sandbox of tenant with its VM.

@@ -28,7 +28,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"computeplane/gen/api"
 	"computeplane/gen/db"
@@ -75,36 +74,58 @@ var meters = func() map[string]bool {
 // Open starts an allocation in tx, the transaction of the change that makes
 // the work billable, and returns its id (alloc_...).
 func Open(ctx context.Context, tx pgx.Tx, a Allocation) (string, error) {
-	switch {
-	case !meters[a.Meter]:
-		return "", fmt.Errorf("usage: %q is not a meter of catalog/meters.yaml", a.Meter)
-	case a.TenantID == "" || a.Owner.Type == "" || a.Owner.ID == "":
-		return "", errors.New("usage: an allocation needs a tenant and an owner")
-	case a.PerHour < 0:
-		return "", errors.New("usage: a quantity per hour is at least 0")
-	}
-	tags := map[string]string{}
-	for k, v := range a.Tags {
-		tags[k] = v
-	}
-	if a.ProjectID != "" {
-		tags[TagProject] = a.ProjectID
-	}
-	raw, err := json.Marshal(tags)
+	opened, err := OpenAll(ctx, tx, a)
 	if err != nil {
 		return "", err
 	}
-	var at *time.Time
-	if !a.At.IsZero() {
-		at = &a.At
+	return opened[0], nil
+}
+
+// OpenAll starts allocations that begin at the same time (one owner's
+// meters) in tx, in one statement, and returns their ids in the order of
+// as.
+func OpenAll(ctx context.Context, tx pgx.Tx, as ...Allocation) ([]string, error) {
+	if len(as) == 0 {
+		return nil, nil
 	}
-	id := ids.New("alloc")
-	// Nothing is read back: the row goes out with the call's next statement.
-	err = db.New(store.Later(tx)).OpenAllocation(ctx, db.OpenAllocationParams{
-		AllocationID: id, TenantID: a.TenantID, ProjectID: pgtype.Text{String: a.ProjectID, Valid: a.ProjectID != ""},
-		Meter: a.Meter, QuantityMicro: a.PerHour, Tags: raw, OwnerType: a.Owner.Type, OwnerID: a.Owner.ID, At: at,
-	})
-	return id, err
+	n := len(as)
+	p := db.OpenAllocationsParams{AllocationIds: make([]string, n), TenantIds: make([]string, n), ProjectIds: make([]string, n),
+		Meters: make([]string, n), QuantitiesMicro: make([]int64, n), Tags: make([]string, n), OwnerTypes: make([]string, n), OwnerIds: make([]string, n)}
+	for i, a := range as {
+		switch {
+		case !meters[a.Meter]:
+			return nil, fmt.Errorf("usage: %q is not a meter of catalog/meters.yaml", a.Meter)
+		case a.TenantID == "" || a.Owner.Type == "" || a.Owner.ID == "":
+			return nil, errors.New("usage: an allocation needs a tenant and an owner")
+		case a.PerHour < 0:
+			return nil, errors.New("usage: a quantity per hour is at least 0")
+		case !a.At.Equal(as[0].At):
+			return nil, errors.New("usage: allocations opened together start at the same time")
+		}
+		tags := map[string]string{}
+		for k, v := range a.Tags {
+			tags[k] = v
+		}
+		if a.ProjectID != "" {
+			tags[TagProject] = a.ProjectID
+		}
+		raw, err := json.Marshal(tags)
+		if err != nil {
+			return nil, err
+		}
+		p.AllocationIds[i], p.TenantIds[i], p.ProjectIds[i] = ids.New("alloc"), a.TenantID, a.ProjectID
+		p.Meters[i], p.QuantitiesMicro[i], p.Tags[i] = a.Meter, a.PerHour, string(raw)
+		p.OwnerTypes[i], p.OwnerIds[i] = a.Owner.Type, a.Owner.ID
+	}
+	if !as[0].At.IsZero() {
+		at := as[0].At
+		p.At = &at
+	}
+	// Nothing is read back: the rows go out with the call's next statement.
+	if err := db.New(store.Later(tx)).OpenAllocations(ctx, p); err != nil {
+		return nil, err
+	}
+	return p.AllocationIds, nil
 }
 
 // Close ends an open allocation at at (zero: the transaction's time), in

@@ -134,6 +134,69 @@ func TestOpenRefusesUnknownMeterAndCloseTwice(t *testing.T) {
 	require.ErrorContains(t, err, "not open")
 }
 
+// TestOpenAllIsOneStatement: one owner's allocations (an instance's vCPU
+// and memory) are opened by one statement, each row as Open writes it
+// (project none or given, tags, start at the given time or the
+// transaction's); allocations of different starts are refused.
+func TestOpenAllIsOneStatement(t *testing.T) {
+	t.Parallel()
+	st := dbtest.NewStore(t)
+	conn, statements := dbtest.StatementConn(t, st)
+	ctx := t.Context()
+	owner := usage.Owner{Type: "instance", ID: "i1"}
+	txn, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	before := statements.Load() // BEGIN
+	ids, err := usage.OpenAll(ctx, txn,
+		usage.Allocation{TenantID: "acme", Meter: "instance.vcpu.hours", PerHour: 2 * usage.Micro, Owner: owner},
+		usage.Allocation{TenantID: "acme", ProjectID: "prj_0000000000000000000000000a", Meter: "instance.memory.gib.hours", PerHour: usage.Micro / 2,
+			Owner: owner, Tags: map[string]string{"k": "v"}})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), statements.Load()-before, "two allocations, one statement")
+	var now time.Time
+	require.NoError(t, txn.QueryRow(ctx, `select now()`).Scan(&now))
+	require.NoError(t, txn.Commit(ctx))
+	require.Len(t, ids, 2)
+
+	type row struct {
+		Meter   string
+		Project *string
+		PerHour int64
+		Tags    map[string]string
+		Start   time.Time
+		Rolled  time.Time
+	}
+	read := func(id string) row {
+		var r row
+		require.NoError(t, st.Pool().QueryRow(ctx, `select meter, project_id, quantity_micro, tags, started_at, rolled_until
+			from allocations where allocation_id = $1 and owner_type = 'instance' and owner_id = 'i1' and tenant_id = 'acme' and ended_at is null`, id).
+			Scan(&r.Meter, &r.Project, &r.PerHour, &r.Tags, &r.Start, &r.Rolled))
+		return r
+	}
+	vcpu, mem := read(ids[0]), read(ids[1])
+	assert.Equal(t, "instance.vcpu.hours", vcpu.Meter)
+	assert.Nil(t, vcpu.Project)
+	assert.Equal(t, int64(2*usage.Micro), vcpu.PerHour)
+	assert.Equal(t, map[string]string{}, vcpu.Tags)
+	assert.True(t, now.Equal(vcpu.Start), "the transaction's time")
+	assert.True(t, now.Truncate(time.Hour).Equal(vcpu.Rolled))
+	assert.Equal(t, "instance.memory.gib.hours", mem.Meter)
+	require.NotNil(t, mem.Project)
+	assert.Equal(t, "prj_0000000000000000000000000a", *mem.Project)
+	assert.Equal(t, map[string]string{"k": "v", usage.TagProject: "prj_0000000000000000000000000a"}, mem.Tags)
+
+	id := open(t, st, usage.Allocation{TenantID: "acme", Meter: api.MeterNodeHours, Owner: owner, At: at(0, 15)})
+	assert.True(t, at(0, 15).Equal(read(id).Start), "a given start")
+	assert.True(t, at(0, 0).Equal(read(id).Rolled))
+	err = st.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := usage.OpenAll(ctx, tx,
+			usage.Allocation{TenantID: "acme", Meter: api.MeterNodeHours, Owner: owner, At: at(0, 15)},
+			usage.Allocation{TenantID: "acme", Meter: api.MeterNodeHours, Owner: owner})
+		return err
+	})
+	require.ErrorContains(t, err, "start at the same time")
+}
+
 // flaky fails its first calls with UNAVAILABLE, then passes them to the
 // real bridge.
 type flaky struct {
