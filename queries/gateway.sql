@@ -178,6 +178,15 @@ SELECT * FROM node_specs WHERE node_id = sqlc.arg(node_id);
 SELECT s.node_id, s.generation, s.body FROM node_specs s JOIN nodes n USING (node_id)
 WHERE n.session_gateway = sqlc.arg(gateway_id) AND s.generation > n.observed_generation;
 
+-- PendingSpecsOf is PendingSpecs for the nodes whose sessions just
+-- opened on the gateway: their rows by key, where PendingSpecs reads every
+-- session of the gateway (a storm of reconnects would read them all once
+-- per batch of hellos).
+-- name: PendingSpecsOf :many
+SELECT s.node_id, s.generation, s.body FROM node_specs s JOIN nodes n USING (node_id)
+WHERE s.node_id = ANY(sqlc.arg(node_ids)::text[]) AND n.session_gateway = sqlc.arg(gateway_id)
+  AND s.generation > n.observed_generation;
+
 -- name: InsertCommand :one
 INSERT INTO node_commands (command_id, node_id, kind, args, state, created_by, expires_at)
 VALUES (sqlc.arg(command_id), sqlc.arg(node_id), sqlc.arg(kind), sqlc.arg(args), 'pending', sqlc.arg(created_by), sqlc.arg(expires_at))
@@ -194,6 +203,17 @@ FROM nodes n
 WHERE c.node_id = n.node_id AND n.session_gateway = sqlc.arg(gateway_id)
   AND c.state = 'pending' AND c.expires_at > now()
   AND c.command_id IN (SELECT command_id FROM node_commands WHERE state = 'pending' ORDER BY created_at LIMIT sqlc.arg(max)::int FOR UPDATE SKIP LOCKED)
+RETURNING c.*;
+
+-- PendingCommandsOf is PendingCommands for the nodes whose sessions just
+-- opened on the gateway (node_commands_open_idx by node).
+-- name: PendingCommandsOf :many
+UPDATE node_commands c SET state = 'sent', attempts = attempts + 1, sent_at = now()
+FROM nodes n
+WHERE c.node_id = n.node_id AND n.session_gateway = sqlc.arg(gateway_id)
+  AND c.state = 'pending' AND c.expires_at > now()
+  AND c.command_id IN (SELECT command_id FROM node_commands WHERE state = 'pending' AND node_id = ANY(sqlc.arg(node_ids)::text[])
+                       ORDER BY created_at LIMIT sqlc.arg(max)::int FOR UPDATE SKIP LOCKED)
 RETURNING c.*;
 
 -- FinishCommand writes a command's result and returns its kind; no row

@@ -803,6 +803,57 @@ func (q *Queries) PendingCommands(ctx context.Context, arg PendingCommandsParams
 	return items, nil
 }
 
+const pendingCommandsOf = `-- name: PendingCommandsOf :many
+UPDATE node_commands c SET state = 'sent', attempts = attempts + 1, sent_at = now()
+FROM nodes n
+WHERE c.node_id = n.node_id AND n.session_gateway = $1
+  AND c.state = 'pending' AND c.expires_at > now()
+  AND c.command_id IN (SELECT command_id FROM node_commands WHERE state = 'pending' AND node_id = ANY($2::text[])
+                       ORDER BY created_at LIMIT $3::int FOR UPDATE SKIP LOCKED)
+RETURNING c.command_id, c.node_id, c.kind, c.args, c.state, c.attempts, c.created_by, c.created_at, c.sent_at, c.expires_at, c.finished_at, c.result
+`
+
+type PendingCommandsOfParams struct {
+	GatewayID pgtype.Text
+	NodeIds   []string
+	Max       int32
+}
+
+// PendingCommandsOf is PendingCommands for the nodes whose sessions just
+// opened on the gateway (node_commands_open_idx by node).
+func (q *Queries) PendingCommandsOf(ctx context.Context, arg PendingCommandsOfParams) ([]NodeCommand, error) {
+	rows, err := q.db.Query(ctx, pendingCommandsOf, arg.GatewayID, arg.NodeIds, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []NodeCommand
+	for rows.Next() {
+		var i NodeCommand
+		if err := rows.Scan(
+			&i.CommandID,
+			&i.NodeID,
+			&i.Kind,
+			&i.Args,
+			&i.State,
+			&i.Attempts,
+			&i.CreatedBy,
+			&i.CreatedAt,
+			&i.SentAt,
+			&i.ExpiresAt,
+			&i.FinishedAt,
+			&i.Result,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const pendingSpecs = `-- name: PendingSpecs :many
 SELECT s.node_id, s.generation, s.body FROM node_specs s JOIN nodes n USING (node_id)
 WHERE n.session_gateway = $1 AND s.generation > n.observed_generation
@@ -825,6 +876,47 @@ func (q *Queries) PendingSpecs(ctx context.Context, gatewayID pgtype.Text) ([]Pe
 	var items []PendingSpecsRow
 	for rows.Next() {
 		var i PendingSpecsRow
+		if err := rows.Scan(&i.NodeID, &i.Generation, &i.Body); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const pendingSpecsOf = `-- name: PendingSpecsOf :many
+SELECT s.node_id, s.generation, s.body FROM node_specs s JOIN nodes n USING (node_id)
+WHERE s.node_id = ANY($1::text[]) AND n.session_gateway = $2
+  AND s.generation > n.observed_generation
+`
+
+type PendingSpecsOfParams struct {
+	NodeIds   []string
+	GatewayID pgtype.Text
+}
+
+type PendingSpecsOfRow struct {
+	NodeID     string
+	Generation int64
+	Body       []byte
+}
+
+// PendingSpecsOf is PendingSpecs for the nodes whose sessions just
+// opened on the gateway: their rows by key, where PendingSpecs reads every
+// session of the gateway (a storm of reconnects would read them all once
+// per batch of hellos).
+func (q *Queries) PendingSpecsOf(ctx context.Context, arg PendingSpecsOfParams) ([]PendingSpecsOfRow, error) {
+	rows, err := q.db.Query(ctx, pendingSpecsOf, arg.NodeIds, arg.GatewayID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []PendingSpecsOfRow
+	for rows.Next() {
+		var i PendingSpecsOfRow
 		if err := rows.Scan(&i.NodeID, &i.Generation, &i.Body); err != nil {
 			return nil, err
 		}

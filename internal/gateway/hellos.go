@@ -53,6 +53,8 @@ var (
 	statChainsCached   = new(expvar.Int) // client chains found verified before (chaincache.go)
 	statChainsResumed  = new(expvar.Int) // client chains of resumed sessions, not verified again (tickets.go)
 	statHandshakes     = new(expvar.Int) // mutual-TLS handshakes completed (Handshakes)
+	statDispatches     = new(expvar.Int) // reads of every session's pending specs and commands
+	statDispatchOpened = new(expvar.Int) // reads of the pending specs and commands of sessions just opened
 )
 
 // Handshakes is the count of mutual-TLS handshakes this process's
@@ -72,6 +74,8 @@ func init() {
 	stats.Set("chainsCached", statChainsCached)
 	stats.Set("chainsResumed", statChainsResumed)
 	stats.Set("handshakes", statHandshakes)
+	stats.Set("dispatches", statDispatches)
+	stats.Set("dispatchesOpened", statDispatchOpened)
 }
 
 // openReq is one hello waiting for its session row.

@@ -308,7 +308,7 @@ func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate
 		SessionEpoch: epoch, Protocol: proto, GatewayID: g.id, Gateways: gws, HeartbeatMS: HeartbeatMS, TrustVersion: g.trustVersion,
 	}})
 	g.o.Log.Info("session open", "node", node, "transport", transport, "epoch", epoch, "resumed", resumed)
-	g.o.Notifier.Wake(Topic(g.id)) // its pending spec and commands
+	g.opened.add(node) // its pending spec and commands (dispatchOpened)
 	return s
 }
 
