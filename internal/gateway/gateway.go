@@ -94,6 +94,8 @@ type Gateway struct {
 	bursts *burstPool  // goroutines the sessions' message bursts run on (bursts.go)
 	// goroutines the connections' handshakes run on (bursts.go)
 	handshakes *burstPool
+	// turns bounds the handshakes computing at once (handshakes.go)
+	turns *turns
 
 	mu       sync.Mutex
 	sessions map[string]*session // by node id
@@ -115,6 +117,8 @@ type Gateway struct {
 	// hellos gathers the session rows of hellos arriving together
 	// (hellos.go).
 	hellos *helloBatcher
+	// touchedAt is when touch last ran (unix nanoseconds).
+	touchedAt atomic.Int64
 	// opened is the nodes whose sessions opened, for their pending specs
 	// and commands (dispatchOpened).
 	opened openedNodes
@@ -160,6 +164,7 @@ func New(o Options) (*Gateway, error) {
 		bursts: newBurstPool(burstWorkers, burstLinger), handshakes: newBurstPool(handshakeWorkers, handshakeLinger)}
 	g.hellos = newHelloBatcher(g)
 	g.opened.wake = make(chan struct{}, 1)
+	g.turns = newTurns(handshakeBound())
 	if !o.NodeCARoots.IsZero() {
 		g.roots, err = newReloading("node CA roots", rootsReader(o.NodeCARoots), o.Now, o.Log)
 	} else {
@@ -425,13 +430,21 @@ func (g *Gateway) leaseLoop() {
 func (g *Gateway) touch(ctx context.Context) {
 	now := g.o.Now()
 	since, silent := now.Add(-2*RenewEvery).UnixNano(), now.Add(-SilentAfter).UnixNano()
+	// A session opened since the last touch is not written: its open set
+	// the row's last_seen_at less than a renewal ago, and the next touch
+	// writes it. After a restart every session is new, and the storm's
+	// touches would otherwise write every row the hellos just wrote (at
+	// 10,000 sessions, 0.5 to 0.9 s of PostgreSQL's CPU a touch).
+	prev := g.touchedAt.Swap(now.UnixNano())
 	var heard []string
 	var gone []*session
 	g.mu.Lock()
 	for id, s := range g.sessions {
 		switch seen := s.lastSeen.Load(); {
 		case seen > since:
-			heard = append(heard, id)
+			if s.opened < prev {
+				heard = append(heard, id)
+			}
 		case seen < silent:
 			gone = append(gone, s)
 		}

@@ -55,6 +55,10 @@ var (
 	statHandshakes     = new(expvar.Int) // mutual-TLS handshakes completed (Handshakes)
 	statDispatches     = new(expvar.Int) // reads of every session's pending specs and commands
 	statDispatchOpened = new(expvar.Int) // reads of the pending specs and commands of sessions just opened
+	// Gauges of the handshakes' turns (handshakes.go): slots held
+	// (computing) and handshakes waiting for one.
+	statHandshaking      = new(expvar.Int)
+	statHandshakeWaiting = new(expvar.Int)
 )
 
 // Handshakes is the count of mutual-TLS handshakes this process's
@@ -76,6 +80,8 @@ func init() {
 	stats.Set("handshakes", statHandshakes)
 	stats.Set("dispatches", statDispatches)
 	stats.Set("dispatchesOpened", statDispatchOpened)
+	stats.Set("handshaking", statHandshaking)
+	stats.Set("handshakesWaiting", statHandshakeWaiting)
 }
 
 // openReq is one hello waiting for its session row.

@@ -416,3 +416,25 @@ func TestOpeningSessionsReadsTheirOwnPendingWorkNotEverySessions(t *testing.T) {
 		}
 	}
 }
+
+// The renewal's touch does not write the row of a session opened since
+// the touch before (its open wrote last_seen_at); the next touch does.
+// After a restart, every session is such a session.
+func TestATouchSkipsTheRowsOfSessionsOpenedSinceTheLastOne(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	n := w.newNode(t)
+	conn := w.session(t, n)
+	rowVersion := func() string {
+		var xmin string
+		require.NoError(t, w.env.Store.Pool().QueryRow(t.Context(), `select xmin::text from nodes where node_id = $1`, n.nodeID).Scan(&xmin))
+		return xmin
+	}
+	handled(t, conn)
+	v0 := rowVersion()
+	w.gw.Touch(t.Context())
+	assert.Equal(t, v0, rowVersion(), "opened since the last touch: not written")
+	handled(t, conn) // heard from
+	w.gw.Touch(t.Context())
+	assert.NotEqual(t, v0, rowVersion(), "opened before the last touch and heard from: written")
+}
