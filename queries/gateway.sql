@@ -181,11 +181,16 @@ WHERE n.session_gateway = sqlc.arg(gateway_id) AND s.generation > n.observed_gen
 -- PendingSpecsOf is PendingSpecs for the nodes whose sessions just
 -- opened on the gateway: their rows by key, where PendingSpecs reads every
 -- session of the gateway (a storm of reconnects would read them all once
--- per batch of hellos).
+-- per batch of hellos). It starts from the array (unnest), so that the
+-- plan, custom or generic, looks each node up by key: with "node_id =
+-- ANY(...)" a generic plan read the whole tables once in a while (3 ms a
+-- call instead of 0.04 at 2,000 sessions).
 -- name: PendingSpecsOf :many
-SELECT s.node_id, s.generation, s.body FROM node_specs s JOIN nodes n USING (node_id)
-WHERE s.node_id = ANY(sqlc.arg(node_ids)::text[]) AND n.session_gateway = sqlc.arg(gateway_id)
-  AND s.generation > n.observed_generation;
+SELECT s.node_id, s.generation, s.body
+FROM unnest(sqlc.arg(node_ids)::text[]) AS o(node_id)
+JOIN node_specs s ON s.node_id = o.node_id
+JOIN nodes n ON n.node_id = o.node_id
+WHERE n.session_gateway = sqlc.arg(gateway_id) AND s.generation > n.observed_generation;
 
 -- name: InsertCommand :one
 INSERT INTO node_commands (command_id, node_id, kind, args, state, created_by, expires_at)
