@@ -566,8 +566,7 @@ func (g *Gateway) dispatchOpened(nodes []string) {
 	statDispatchOpened.Add(1)
 	ctx, cancel := context.WithTimeout(g.ctx, RenewEvery)
 	defer cancel()
-	gw := pgtype.Text{String: g.id, Valid: true}
-	specs, err := g.q().PendingSpecsOf(ctx, db.PendingSpecsOfParams{NodeIds: nodes, GatewayID: gw})
+	specs, err := g.q().PendingSpecsOf(ctx, nodes)
 	if err != nil {
 		g.o.Log.Warn("gateway: pending specs", "error", err.Error())
 		return
@@ -577,7 +576,7 @@ func (g *Gateway) dispatchOpened(nodes []string) {
 			s.sendSpec(sp.Generation, sp.Body)
 		}
 	}
-	cmds, err := g.q().PendingCommandsOf(ctx, db.PendingCommandsOfParams{GatewayID: gw, NodeIds: nodes, Max: 1000})
+	cmds, err := g.q().PendingCommandsOf(ctx, db.PendingCommandsOfParams{NodeIds: nodes, Max: 1000})
 	if err != nil {
 		g.o.Log.Warn("gateway: pending commands", "error", err.Error())
 		return
