@@ -53,6 +53,12 @@ var (
 	statChainsCached   = new(expvar.Int) // client chains found verified before (chaincache.go)
 	statChainsResumed  = new(expvar.Int) // client chains of resumed sessions, not verified again (tickets.go)
 	statHandshakes     = new(expvar.Int) // mutual-TLS handshakes completed (Handshakes)
+	statDispatches     = new(expvar.Int) // reads of every session's pending specs and commands
+	statDispatchOpened = new(expvar.Int) // reads of the pending specs and commands of sessions just opened
+	// Gauges of the handshakes' turns (handshakes.go): slots held
+	// (computing) and handshakes waiting for one.
+	statHandshaking      = new(expvar.Int)
+	statHandshakeWaiting = new(expvar.Int)
 )
 
 // Handshakes is the count of mutual-TLS handshakes this process's
@@ -72,6 +78,10 @@ func init() {
 	stats.Set("chainsCached", statChainsCached)
 	stats.Set("chainsResumed", statChainsResumed)
 	stats.Set("handshakes", statHandshakes)
+	stats.Set("dispatches", statDispatches)
+	stats.Set("dispatchesOpened", statDispatchOpened)
+	stats.Set("handshaking", statHandshaking)
+	stats.Set("handshakesWaiting", statHandshakeWaiting)
 }
 
 // openReq is one hello waiting for its session row.

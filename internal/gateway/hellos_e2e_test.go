@@ -6,17 +6,20 @@ package gateway_test
 
 import (
 	"context"
+	"encoding/json"
 	"expvar"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"computeplane/internal/agentproto"
 	"computeplane/internal/gateway"
+	"computeplane/internal/nodework"
 )
 
 // gatewayStat reads one of the process's gateway counters (expvar).
@@ -350,4 +353,88 @@ func TestAHelloTheDatabaseRefusesFailsAlone(t *testing.T) {
 		}
 		assert.Equal(t, agentproto.TypeWelcome, replies[i].Type, "node %d, in a batch with the refused hello: %+v", i, replies[i].Error)
 	}
+}
+
+// A session that opens has its node's pending spec and commands sent, read
+// for that node alone: the sessions of a storm of reconnects do not each
+// run the read of every session of the gateway (PendingSpecs, whose join
+// grows with the sessions). Only the loop's tick (every Poll) reads them
+// all. Not parallel: it reads the process's counters.
+func TestOpeningSessionsReadsTheirOwnPendingWorkNotEverySessions(t *testing.T) {
+	w := setup(t)
+	const nodes = 8
+	var ns []joined
+	for range nodes {
+		n := w.newNode(t)
+		w.session(t, n).CloseNow() // joining -> ready
+		ns = append(ns, n)
+	}
+	require.Eventually(t, func() bool { return w.gw.Sessions() == 0 }, 10*time.Second, 20*time.Millisecond)
+
+	// While the first node is out of session: a spec and a command for it.
+	var gen int64
+	var cmdID string
+	require.NoError(t, w.env.Store.WithTx(t.Context(), false, func(ctx context.Context, tx pgx.Tx) (err error) {
+		if gen, _, err = nodework.PutSpec(ctx, tx, ns[0].nodeID, agentproto.SpecBody{}); err != nil {
+			return err
+		}
+		c, _, err := nodework.EnqueueCommand(ctx, tx, ns[0].nodeID, agentproto.CommandEcho, json.RawMessage(`{"say":"hi"}`), "test", time.Minute, time.Now())
+		cmdID = c.CommandID
+		return err
+	}))
+
+	all0, opened0 := gatewayStat("dispatches"), gatewayStat("dispatchesOpened")
+	start := time.Now()
+	conns := make([]*websocket.Conn, nodes)
+	for i, n := range ns {
+		conns[i] = w.session(t, n)
+		if i > 0 {
+			handled(t, conns[i]) // the session is open and its wake-up given
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the dispatch loop's turn
+	elapsed := time.Since(start)
+	all, opened := gatewayStat("dispatches")-all0, gatewayStat("dispatchesOpened")-opened0
+	t.Logf("%d sessions opened one after another in %v: %d reads of every session, %d of the opened ones", nodes, elapsed, all, opened)
+	assert.LessOrEqual(t, all, int64(elapsed/gateway.Poll)+1, "only the loop's ticks read every session")
+	assert.Positive(t, opened)
+
+	// The first node's spec and command reached it.
+	var gotSpec, gotCmd bool
+	for !gotSpec || !gotCmd {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		m, err := recv(ctx, conns[0])
+		cancel()
+		require.NoError(t, err)
+		switch m.Type {
+		case agentproto.TypeSpec:
+			assert.Equal(t, gen, m.Spec.Generation)
+			gotSpec = true
+		case agentproto.TypeCommand:
+			assert.Equal(t, cmdID, m.Command.ID)
+			gotCmd = true
+		}
+	}
+}
+
+// The renewal's touch does not write the row of a session opened since
+// the touch before (its open wrote last_seen_at); the next touch does.
+// After a restart, every session is such a session.
+func TestATouchSkipsTheRowsOfSessionsOpenedSinceTheLastOne(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	n := w.newNode(t)
+	conn := w.session(t, n)
+	rowVersion := func() string {
+		var xmin string
+		require.NoError(t, w.env.Store.Pool().QueryRow(t.Context(), `select xmin::text from nodes where node_id = $1`, n.nodeID).Scan(&xmin))
+		return xmin
+	}
+	handled(t, conn)
+	v0 := rowVersion()
+	w.gw.Touch(t.Context())
+	assert.Equal(t, v0, rowVersion(), "opened since the last touch: not written")
+	handled(t, conn) // heard from
+	w.gw.Touch(t.Context())
+	assert.NotEqual(t, v0, rowVersion(), "opened before the last touch and heard from: written")
 }

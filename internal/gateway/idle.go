@@ -46,9 +46,24 @@ type recordConn struct {
 	left    int // bytes of the current record's body still to read
 	records int // headers read: which record is the current one
 	length  int // the current record's body length
+	// turn is the connection's part in the handshakes' turns while its
+	// handshake runs (handshakes.go), nil after.
+	turn *handshakeTurn
 }
 
 func (c *recordConn) Read(b []byte) (int, error) {
+	if c.turn == nil {
+		return c.read(b)
+	}
+	c.turn.beforeRead()
+	n, err := c.read(b)
+	if err == nil {
+		err = c.turn.afterRead()
+	}
+	return n, err
+}
+
+func (c *recordConn) read(b []byte) (int, error) {
 	if c.left == 0 {
 		// The next record's header, alone: its length bounds the reads
 		// that follow.

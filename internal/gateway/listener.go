@@ -88,7 +88,11 @@ func (l *listener) handle(raw net.Conn) {
 	tc := tls.Server(rec, l.tls)
 	_ = raw.SetDeadline(time.Now().Add(HandshakeTimeout))
 	ctx, cancel := context.WithTimeout(l.g.ctx, HandshakeTimeout)
+	// The handshake computes only in its turns (handshakes.go).
+	rec.turn = &handshakeTurn{t: l.g.turns, ctx: ctx}
 	err := tc.HandshakeContext(ctx)
+	rec.turn.done()
+	rec.turn = nil
 	cancel()
 	if err != nil {
 		l.track(raw, false)

@@ -50,6 +50,7 @@ type session struct {
 	sentGen  atomic.Int64
 	specMu   sync.Mutex   // a spec's send, after the check of sentGen
 	lastSeen atomic.Int64 // unix nanoseconds
+	opened   int64        // unix nanoseconds; set before the session is published
 	endOnce  sync.Once
 
 	// mux carries tunnel streams when the daemon offered them (nil
@@ -287,7 +288,8 @@ func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate
 		s.mux = tunnel.NewMux(conn, true, nil)
 	}
 	s.sentGen.Store(h.ObservedGeneration)
-	s.lastSeen.Store(g.o.Now().UnixNano())
+	s.opened = g.o.Now().UnixNano()
+	s.lastSeen.Store(s.opened)
 	g.mu.Lock()
 	old := g.sessions[node]
 	if old != nil && old.epoch > epoch {
@@ -308,7 +310,7 @@ func (g *Gateway) open(conn *websocket.Conn, node string, cert *x509.Certificate
 		SessionEpoch: epoch, Protocol: proto, GatewayID: g.id, Gateways: gws, HeartbeatMS: HeartbeatMS, TrustVersion: g.trustVersion,
 	}})
 	g.o.Log.Info("session open", "node", node, "transport", transport, "epoch", epoch, "resumed", resumed)
-	g.o.Notifier.Wake(Topic(g.id)) // its pending spec and commands
+	g.opened.add(node) // its pending spec and commands (dispatchOpened)
 	return s
 }
 
