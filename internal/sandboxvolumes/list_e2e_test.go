@@ -55,6 +55,16 @@ func TestListScopesAndQuota(t *testing.T) {
 	// Past the pool's diskGiB quota: QUOTA_EXCEEDED, nothing left behind.
 	_, err = create(ann, pools[1], "a3", 2)
 	assert.Equal(t, "QUOTA_EXCEEDED", testenv.APIError(t, err).Code)
+	// A growth past it too (the charge comes before the host's booking):
+	// QUOTA_EXCEEDED, the volume and the quota as they were.
+	_, err = ann.SandboxVolumesResize(ctx, &client.SandboxVolumesResizeInput{TenantId: tenant, VolumeId: a2.VolumeId, SizeGiB: 4})
+	assert.Equal(t, "QUOTA_EXCEEDED", testenv.APIError(t, err).Code)
+	got, err := ann.SandboxVolumesGet(ctx, &client.SandboxVolumesGetInput{TenantId: tenant, VolumeId: a2.VolumeId})
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, got.Data.SizeGiB)
+	q, err := ann.QuotasGet(ctx, &client.QuotasGetInput{TenantId: tenant, PoolId: pools[1], Resource: client.QuotasGetInputResourceDiskGiB})
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, q.Data.Used)
 
 	names := func(c *computeclient.Client, in client.SandboxVolumesListInput) []string {
 		t.Helper()
