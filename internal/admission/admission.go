@@ -19,7 +19,7 @@
 //     target, a share of those that did is refused, as large as the
 //     server needs to keep up;
 //   - the queue bound: an admitted call that waits longer than this for a
-//     database connection is shed too (store.WithAcquireBound), instead
+//     database connection is shed too (store.WithAcquireRules), instead
 //     of queueing for the store's full AcquireTimeout;
 //   - calls per second per tenant (a token bucket per tenant and api
 //     process, golang.org/x/time/rate, with per-tenant overrides): one
@@ -323,7 +323,7 @@ func (c *Controller) Leave(t Ticket) {
 }
 
 // AcquireObserver is what the store reports an admitted call's waits for
-// a database connection to (store.WithAcquireObserver): the controller
+// a database connection to (store.WithAcquireRules): the controller
 // with an adaptive limit, nil otherwise.
 func (c *Controller) AcquireObserver() store.AcquireObserver {
 	if c == nil || c.adapt == nil {

@@ -281,8 +281,7 @@ func (h *Handler) serveAnswered(ctx context.Context, r *http.Request, m *api.Met
 	defer cancel()
 	// Shed a call that would wait long for a database connection; its
 	// waits move the adaptive in-flight limit.
-	ctx = store.WithAcquireBound(ctx, h.Admission.MaxQueue())
-	ctx = store.WithAcquireObserver(ctx, h.Admission.AcquireObserver())
+	ctx = store.WithAcquireRules(ctx, h.Admission.MaxQueue(), h.Admission.AcquireObserver())
 	call := &Call{
 		Method: m, Input: in, Fields: obj, Request: r,
 		RequestID: meta.RequestID, Traceparent: meta.Traceparent,
@@ -354,7 +353,7 @@ func (h *Handler) serveAnswered(ctx context.Context, r *http.Request, m *api.Met
 		h.Admission.Leave(ticket)
 		// Committed: its re-reads wait as long as the store lets them,
 		// and are no admitted call's.
-		return then(store.WithAcquireObserver(store.WithAcquireBound(ctx, 0), nil))
+		return then(store.WithAcquireRules(ctx, 0, nil))
 	}
 	return out, nil
 }

@@ -20,33 +20,46 @@ import (
 var ErrBusy = errors.New("store: every connection is busy")
 
 // ErrQueueBound is returned, wrapped, when no connection came free within
-// the bound the caller set with WithAcquireBound (admission's queue
+// the bound the caller set with WithAcquireRules (admission's queue
 // bound): the call is shed early rather than wait the full
 // AcquireTimeout. It is an ErrBusy too.
 var ErrQueueBound = fmt.Errorf("%w: past the queue bound", ErrBusy)
 
-type acquireBoundKey struct{}
+// acquireRules are what a caller set for its calls' waits for a free
+// connection: a bound shorter than AcquireTimeout (admission's queue
+// bound), and whom each wait is reported to (admission's limit). One
+// context value for both: the envelope sets them together on every call,
+// and acquire reads them on every connection it takes.
+type acquireRules struct {
+	bound    time.Duration
+	observer AcquireObserver
+}
 
-// WithAcquireBound bounds the waits of ctx's calls for a free connection
-// to d when d is shorter than AcquireTimeout; 0 lifts a bound set
-// earlier.
-func WithAcquireBound(ctx context.Context, d time.Duration) context.Context {
-	if d <= 0 && ctx.Value(acquireBoundKey{}) == nil {
+type acquireRulesKey struct{}
+
+// WithAcquireRules bounds the waits of ctx's calls for a free connection
+// to bound when it is shorter than AcquireTimeout, and reports each wait
+// to o; 0 and nil lift what was set earlier.
+func WithAcquireRules(ctx context.Context, bound time.Duration, o AcquireObserver) context.Context {
+	if bound <= 0 && o == nil && ctx.Value(acquireRulesKey{}) == nil {
 		return ctx
 	}
-	return context.WithValue(ctx, acquireBoundKey{}, d)
+	return context.WithValue(ctx, acquireRulesKey{}, &acquireRules{bound: bound, observer: o})
 }
 
 // acquire takes a connection of pool within ctx's acquire bound, or
-// answers ErrBusy (ErrQueueBound past a bound of WithAcquireBound), and
-// reports the wait to ctx's AcquireObserver.
+// answers ErrBusy (ErrQueueBound past the bound of WithAcquireRules), and
+// reports the wait to its AcquireObserver.
 func acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	wait, bounded := AcquireTimeout, false
-	if d, ok := ctx.Value(acquireBoundKey{}).(time.Duration); ok && d > 0 && d < AcquireTimeout {
-		wait, bounded = d, true
+	var obs AcquireObserver
+	if r, ok := ctx.Value(acquireRulesKey{}).(*acquireRules); ok {
+		if r.bound > 0 && r.bound < AcquireTimeout {
+			wait, bounded = r.bound, true
+		}
+		obs = r.observer
 	}
 	actx, cancel := context.WithTimeout(ctx, wait)
-	obs := acquireObserver(ctx)
 	var start time.Time
 	if obs != nil {
 		start = time.Now()
