@@ -34,7 +34,8 @@
 #   ONLY=shed SHED_METHODS=sites.get scripts/bench.sh   # sites.get only
 #   ONLY=shed READ_PEAK=9000 PUT_PEAK=1100 scripts/bench.sh   # no search: these peaks
 #   COMPUTED=/tmp/computed-base ONLY=shed ... # another build of the server (A/B)
-#   RAW_DIR=/tmp/raw ONLY=shed ...   # keep each loadbench JSON (the search's steps)
+#   RAW_DIR=/tmp/raw ONLY=shed ...   # keep each loadbench JSON (the search's steps),
+#                                    # the half-load runs' timelines and the server's log
 #   SHED_CONFIG='admission: {adaptive: true, maxQueueMs: 100}' ONLY=shed ...   # another "shedding on" (here the one before 2026-11-29)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +68,7 @@ cleanup() {
 		rm -rf "$durable_dir"
 	fi
 	if [[ -n "$dev_postmaster" ]]; then taskset -a -cp "0-$(($(nproc) - 1))" "$dev_postmaster" >/dev/null 2>&1 || true; fi
+	if [[ -n "${RAW_DIR:-}" && -f "$work/server.log" ]]; then cp "$work/server.log" "$RAW_DIR/server.log"; fi
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -91,6 +93,15 @@ else
 	pinning="not pinned: load generator, server and PostgreSQL share the $ncpu cores"
 fi
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+# With autogroup on, each session (the server's, each PostgreSQL cluster's
+# pg_ctl, each other shell's) shares the CPU as one group and nice works
+# only within a group: a niced build in another session still takes its
+# group's share and runs whole slices on the server's core.
+case "$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null)" in
+1) autogroup="autogroup on (kernel.sched_autogroup_enabled 1: each session one group; nice works only within a session)" ;;
+0) autogroup="autogroup off (kernel.sched_autogroup_enabled 0: threads share the CPU by their nice values)" ;;
+*) autogroup="no autogroup setting" ;;
+esac
 
 base_url=$(scripts/devdb.sh start)
 psql_url() { local u=$1; shift; "$bin/psql" "$u" -v ON_ERROR_STOP=1 -qAt "$@"; }
@@ -323,6 +334,12 @@ if shed_runs secrets.put; then
 fi
 read_peak=$(json "$read_search" perSecond)
 put_peak=$(json "$put_search" perSecond)
+# The searches left dead rows and dirty buffers behind (secrets.put's
+# search rewrote its 64 rows thousands of times): vacuum and checkpoint
+# both databases now, so that autovacuum and the checkpointer do not run
+# on the server's core during the runs below (pgbench vacuums before each
+# of its runs for the same reason).
+for u in "$db_url" "$durable_url"; do psql_url "$u" -c "VACUUM (ANALYZE)" -c "CHECKPOINT"; done
 # The searches ran the core flat out: the runs below start once it is
 # idle again (the load average printed with them lags by a minute).
 scripts/settle.sh
@@ -351,11 +368,32 @@ waited() { # database URL, command...: runs it, then prints "server_s_per_s post
 	python3 -c "print(f'{($s1-$s0)/($t1-$t0):.2f} {max(0,$p1-$p0)/($t1-$t0):.2f}')" >&3
 }
 echo "0 0" >"$work/wait_read"; echo "0 0" >"$work/wait_put"
+# Each half-load call's due time and latency (loadbench -timeline, kept
+# under RAW_DIR): whether the calls over the goal cluster in a few stalls
+# (the core given to something else for milliseconds) or spread out (a
+# queue in the server).
+timeline() { mkdir -p "${RAW_DIR:-$work}" && echo "-timeline ${RAW_DIR:-$work}/$1.timeline"; }
+slow_windows() { # timeline file, goal ms: how the calls over the goal fall in 100 ms windows
+	python3 - "$1" "$2" <<'PY'
+import sys
+path, goal = sys.argv[1], float(sys.argv[2])
+try:
+    rows = [l.split() for l in open(path).read().splitlines()[1:]]
+except OSError:
+    print("no timeline"); sys.exit()
+calls = [(float(d), float(t)) for d, t, s in rows if s == "200"]
+slow = [(d, t) for d, t in calls if t > goal]
+windows = {int(d * 10) for d, _ in slow}
+total = max(1, int(max((d for d, _ in calls), default=0) * 10) + 1)
+worst = max((t for _, t in slow), default=0)
+print(f"{len(slow)} of {len(calls)} calls over {goal:g} ms, in {len(windows)} of {total} windows of 100 ms (slowest {worst:.1f} ms)")
+PY
+}
 for f in on_read off_read on_put off_put; do echo "0 0" >"$work/wait_$f"; done
 if shed_runs sites.get; then
 	start_server "$db_url" "$work/shed.yaml"
 	cur_token=$token
-	half_read=$(keep half_read "$(waited "$db_url" run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 0.5)" 3>"$work/wait_read")")
+	half_read=$(keep half_read "$(waited "$db_url" run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 0.5)" $(timeline half_read) 3>"$work/wait_read")")
 	over_read_on=$(keep over_read_on "$(waited "$db_url" run_open -method sites.get -site "$site" -rate "$(rate_of "$read_peak" 1.5)" 3>"$work/wait_on_read")")
 	stop_server
 	start_server "$db_url" "$work/noshed.yaml"
@@ -365,7 +403,7 @@ fi
 if shed_runs secrets.put; then
 	start_server "$durable_url" "$work/shed.yaml"
 	cur_token=$dtoken
-	half_put=$(keep half_put "$(waited "$durable_url" run_open -method secrets.put -rate "$(rate_of "$put_peak" 0.5)" 3>"$work/wait_put")")
+	half_put=$(keep half_put "$(waited "$durable_url" run_open -method secrets.put -rate "$(rate_of "$put_peak" 0.5)" $(timeline half_put) 3>"$work/wait_put")")
 	over_put_on=$(keep over_put_on "$(waited "$durable_url" run_open -method secrets.put -rate "$(rate_of "$put_peak" 1.5)" 3>"$work/wait_on_put")")
 	stop_server
 	start_server "$durable_url" "$work/noshed.yaml"
@@ -441,7 +479,11 @@ threads: time runnable but not running, because the core ran something
 else; /proc/PID/task/*/schedstat): sites.get server $(cut -d' ' -f1 "$work/wait_read"), PostgreSQL
 $(cut -d' ' -f2 "$work/wait_read"); secrets.put server $(cut -d' ' -f1 "$work/wait_put"), PostgreSQL $(cut -d' ' -f2 "$work/wait_put"). On a core of its
 own the server's would be near 0; well above 0.01 the half-load p99 measures
-the machine as much as the server. The same during the 150 % runs (server, PostgreSQL;
+the machine as much as the server. The scheduler: ${autogroup}. Where the
+half-load calls over their goal fell (loadbench -timeline): sites.get
+$(slow_windows "${RAW_DIR:-$work}/half_read.timeline" 5); secrets.put $(slow_windows "${RAW_DIR:-$work}/half_put.timeline" 10).
+A few windows holding them all is a stall of the core (calls answered
+together after it); calls over the goal in most windows, a queue. The same during the 150 % runs (server, PostgreSQL;
 shedding on, then off): sites.get $(cat "$work/wait_on_read"), $(cat "$work/wait_off_read");
 secrets.put $(cat "$work/wait_on_put"), $(cat "$work/wait_off_put").
 

@@ -51,6 +51,16 @@ type phase struct {
 	firstErr string
 	late     []time.Duration // how late the generator handed each call out
 	dropped  int64           // arrivals with no connection to take them
+
+	timeline []callTime // open loop with -timeline: every answered call
+}
+
+// callTime is one answered call: when it was due (from the phase's start)
+// and how long it took, to see whether the slow calls of a run cluster in
+// time (a stall of a process) or spread out (a queue).
+type callTime struct {
+	due, took time.Duration
+	status    int
 }
 
 func newGenerator(addr string, req *requestTemplate, maxConns int, timeout time.Duration) *generator {
@@ -128,6 +138,9 @@ func (ph *phase) record(at, done time.Time, r *response, err error) {
 	defer ph.pending.Done()
 	ph.mu.Lock()
 	defer ph.mu.Unlock()
+	if ph.timeline != nil && err == nil {
+		ph.timeline = append(ph.timeline, callTime{due: at.Sub(ph.start), took: done.Sub(at), status: r.Status})
+	}
 	switch {
 	case err != nil:
 		ph.fail(fmt.Sprint("transport: ", err))
@@ -161,12 +174,15 @@ func (ph *phase) fail(msg string) {
 // sleeps until the next is due and then hands out every call due by then
 // (the runtime's timers wake it up to about a millisecond late), each with
 // its own scheduled time.
-func (g *generator) openLoop(rate float64, d time.Duration) Result {
+func (g *generator) openLoop(rate float64, d time.Duration, timeline bool) Result {
 	interval := time.Duration(float64(time.Second) / rate)
 	n := int(rate * d.Seconds())
 	start := time.Now()
 	ph := &phase{start: start, end: start.Add(d), late: make([]time.Duration, 0, n)}
 	ph.ok = make([]time.Duration, 0, n)
+	if timeline {
+		ph.timeline = make([]callTime, 0, n)
+	}
 	ph.pending.Add(n)
 	for i := 0; i < n; i++ {
 		at := start.Add(time.Duration(i) * interval)
@@ -200,7 +216,28 @@ func (g *generator) openLoop(rate float64, d time.Duration) Result {
 	res := ph.result(d)
 	res.Rate = rate
 	res.Conns = int(g.conns.Load())
+	res.timeline = ph.timeline
 	return res
+}
+
+// writeTimeline writes one line per answered call, in the order they were
+// due: seconds from the run's start, latency in milliseconds, HTTP status.
+func writeTimeline(path string, calls []callTime) error {
+	slices.SortFunc(calls, func(a, b callTime) int { return int(a.due - b.due) })
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	fmt.Fprintln(w, "dueS tookMs status")
+	for _, c := range calls {
+		fmt.Fprintf(w, "%.6f %.3f %d\n", c.due.Seconds(), float64(c.took.Microseconds())/1000, c.status)
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // closedLoop runs conc callers for d, each sending its next call when the

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -135,11 +137,26 @@ func TestGeneratorAgainstNetHTTP(t *testing.T) {
 	require.NoError(t, err)
 	g := newGenerator(u.Host, req, 64, 5*time.Second)
 	defer g.close()
-	res := g.openLoop(500, time.Second)
+	res := g.openLoop(500, time.Second, true)
 	assert.Zero(t, res.Errors)
 	assert.Equal(t, int64(500), res.Calls+res.RateLimited)
 	assert.Positive(t, res.RateLimited)
 	assert.Positive(t, res.Calls)
+	// The timeline holds every answered call, each status as counted.
+	require.Len(t, res.timeline, 500)
+	byStatus := map[int]int64{}
+	for _, c := range res.timeline {
+		byStatus[c.status]++
+		assert.Positive(t, c.took)
+	}
+	assert.Equal(t, map[int]int64{200: res.Calls, 429: res.RateLimited}, byStatus)
+	path := filepath.Join(t.TempDir(), "timeline")
+	require.NoError(t, writeTimeline(path, res.timeline))
+	written, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(written)), "\n")
+	require.Len(t, lines, 501)
+	assert.Equal(t, "dueS tookMs status", lines[0])
 	res = g.closedLoop(4, 300*time.Millisecond)
 	assert.Zero(t, res.Errors)
 	assert.Positive(t, res.Calls)

@@ -63,6 +63,8 @@ type Result struct {
 	Steps      []Result `json:"steps,omitempty"`
 	P99BoundMs float64  `json:"p99BoundMs,omitempty"`
 	PeakMethod string   `json:"peakMethod,omitempty"`
+
+	timeline []callTime // -timeline: the measured run's calls
 }
 
 func main() {
@@ -84,6 +86,7 @@ func main() {
 	bound := flag.Duration("p99-bound", 100*time.Millisecond, "search: a rate whose p99 passes this is past the peak")
 	canned := flag.String("canned", "", "serve a canned answer on this address (a trivial server to measure the generator against)")
 	cpuprofile := flag.String("cpuprofile", "", "write the generator's CPU profile here")
+	timeline := flag.String("timeline", "", "open loop: write each answered call of the measured run here (due s, latency ms, status)")
 	flag.Parse()
 	generatorGC()
 	if *cpuprofile != "" {
@@ -118,9 +121,9 @@ func main() {
 	case *search:
 		res = g.searchPeak(*from, *step, *stepDur, *bound)
 	case *rate > 0:
-		g.openLoop(*rate, *warm) // warm-up: connections opened, server warm
+		g.openLoop(*rate, *warm, false) // warm-up: connections opened, server warm
 		cpu0 = cpuTime()
-		res = g.openLoop(*rate, *dur)
+		res = g.openLoop(*rate, *dur, *timeline != "")
 	default:
 		g.closedLoop(*conc, *warm)
 		cpu0 = cpuTime()
@@ -130,6 +133,11 @@ func main() {
 		res.CPUUsPerCall = float64((cpuTime() - cpu0).Microseconds()) / float64(res.sent())
 	}
 	g.close()
+	if *timeline != "" {
+		if err := writeTimeline(*timeline, res.timeline); err != nil {
+			fail(err)
+		}
+	}
 	res.Method = *method
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		fail(err)

@@ -91,9 +91,9 @@ func (g *generator) searchPeak(from, step float64, d, bound time.Duration) Resul
 	var best Result
 	var steps []Result
 	cpu0 := cpuTime()
-	g.openLoop(from, time.Second) // warm-up
+	g.openLoop(from, time.Second, false) // warm-up
 	for r, ok := s.next(); ok; r, ok = s.next() {
-		res := g.openLoop(r, d)
+		res := g.openLoop(r, d, false)
 		steps = append(steps, res)
 		if s.sustained(r, res) && res.PerSecond > best.PerSecond {
 			best = res
