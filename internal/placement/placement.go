@@ -30,6 +30,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/config"
 	"computeplane/internal/ids"
+	"computeplane/internal/store"
 )
 
 // Quota resources.
@@ -242,16 +243,11 @@ func (e *Engine) book(ctx context.Context, q *db.Queries, req Request, exclude s
 // no other node has room, nothing moves (CAPACITY_UNAVAILABLE).
 func (e *Engine) Move(ctx context.Context, tx pgx.Tx, bookingID, toNode string) (*Booking, error) {
 	q := db.New(tx)
-	r, err := q.ReleaseBooking(ctx, bookingID)
+	r, err := q.ReleaseBooking(ctx, bookingID) // and its node's amounts
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, api.Errorf(api.CodeNotFound, "booking %s is not held", bookingID)
 	}
 	if err != nil {
-		return nil, err
-	}
-	if err := q.UnbookNode(ctx, db.UnbookNodeParams{
-		NodeID: r.NodeID, Vcpu: r.Vcpu, MemoryMib: r.MemoryMib, DiskGib: r.DiskGib, Gpus: r.Gpus,
-	}); err != nil {
 		return nil, err
 	}
 	req := Request{
@@ -320,27 +316,20 @@ func (e *Engine) refusal(ctx context.Context, q *db.Queries, req Request) error 
 // tenant's quota, in tx. extra refunds the counted resources the admission
 // charged besides the shape (as Request.Count). Releasing a booking twice
 // is NOT_FOUND the second time.
+//
+// The booking and its node are one statement (ReleaseBooking), the
+// refunds another (RefundQuotas), held to travel with tx's next statement
+// or its COMMIT (store.Later): a release costs one round trip.
 func (e *Engine) Release(ctx context.Context, tx pgx.Tx, bookingID string, extra map[string]int64) error {
-	q := db.New(tx)
-	r, err := q.ReleaseBooking(ctx, bookingID)
+	r, err := db.New(tx).ReleaseBooking(ctx, bookingID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return api.Errorf(api.CodeNotFound, "booking %s is not held", bookingID)
 	}
 	if err != nil {
 		return err
 	}
-	if err := q.UnbookNode(ctx, db.UnbookNodeParams{
-		NodeID: r.NodeID, Vcpu: r.Vcpu, MemoryMib: r.MemoryMib, DiskGib: r.DiskGib, Gpus: r.Gpus,
-	}); err != nil {
-		return err
-	}
 	held := Shape{VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, GPUs: r.Gpus}
-	for _, c := range charges(held, Request{Whole: r.Whole, Count: extra}) {
-		if err := q.RefundQuota(ctx, db.RefundQuotaParams{TenantID: r.TenantID, PoolID: r.PoolID, Resource: c.resource, Amount: c.amount}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return refund(ctx, tx, r.TenantID, r.PoolID, charges(held, Request{Whole: r.Whole, Count: extra}))
 }
 
 // ChargeCount charges counted resources alone, in tx: work that runs in
@@ -350,15 +339,22 @@ func (e *Engine) ChargeCount(ctx context.Context, tx pgx.Tx, tenant, pool string
 	return e.charge(ctx, db.New(tx), tenant, pool, charges(Shape{}, Request{Count: count}))
 }
 
-// RefundCount gives back what ChargeCount charged.
+// RefundCount gives back what ChargeCount charged, held as Release's
+// refunds are.
 func (e *Engine) RefundCount(ctx context.Context, tx pgx.Tx, tenant, pool string, count map[string]int64) error {
-	q := db.New(tx)
-	for _, c := range charges(Shape{}, Request{Count: count}) {
-		if err := q.RefundQuota(ctx, db.RefundQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource, Amount: c.amount}); err != nil {
-			return err
-		}
+	return refund(ctx, tx, tenant, pool, charges(Shape{}, Request{Count: count}))
+}
+
+// refund gives cs back in one statement (RefundQuotas), which locks the
+// rows in the order of Resources as a charge does. Nothing is read back,
+// so it is held (store.Later): a refund that fails (past what is used)
+// fails tx's next statement or its COMMIT instead, and the call with it.
+func refund(ctx context.Context, tx pgx.Tx, tenant, pool string, cs []charge) error {
+	if len(cs) == 0 {
+		return nil
 	}
-	return nil
+	p := chargeParams(tenant, pool, cs)
+	return db.New(store.Later(tx)).RefundQuotas(ctx, db.RefundQuotasParams(p))
 }
 
 type charge struct {
