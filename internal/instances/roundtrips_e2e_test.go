@@ -17,9 +17,10 @@ import (
 // the most it may): the test fails above it.
 const maxRoundTrips = 3
 
-// maxDeleteRoundTrips is what instances.delete makes today: the release's
-// refunds and the usage's end travel with the statements after them.
-const maxDeleteRoundTrips = 7
+// maxDeleteRoundTrips is what instances.delete makes today: the booking's
+// release travels with the desired state and the node's spec reads, the
+// refunds and the usage's end with the statements after them.
+const maxDeleteRoundTrips = 5
 
 // TestCreateRoundTrips: instances.create, counted on the wire by computed
 // (compute_rpc_db_round_trips), makes at most maxRoundTrips round trips,

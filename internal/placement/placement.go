@@ -319,17 +319,48 @@ func (e *Engine) refusal(ctx context.Context, q *db.Queries, req Request) error 
 //
 // The booking and its node are one statement (ReleaseBooking), the
 // refunds another (RefundQuotas), held to travel with tx's next statement
-// or its COMMIT (store.Later): a release costs one round trip.
+// or its COMMIT (store.Later): a release costs one round trip, none of its
+// own when the caller queues it with its next statements (QueueRelease).
 func (e *Engine) Release(ctx context.Context, tx pgx.Tx, bookingID string, extra map[string]int64) error {
-	r, err := db.New(tx).ReleaseBooking(ctx, bookingID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return api.Errorf(api.CodeNotFound, "booking %s is not held", bookingID)
-	}
-	if err != nil {
+	var p store.Pipeline
+	r := e.QueueRelease(ctx, &p, bookingID, extra)
+	if err := p.Send(ctx, tx); err != nil {
 		return err
 	}
-	held := Shape{VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, GPUs: r.Gpus}
-	return refund(ctx, tx, r.TenantID, r.PoolID, charges(held, Request{Whole: r.Whole, Count: extra}))
+	return r.Refund(ctx, tx)
+}
+
+// Released is a release queued in the caller's pipeline (QueueRelease).
+type Released struct {
+	id    string
+	extra map[string]int64
+	row   db.ReleaseBookingRow
+	err   error
+}
+
+// QueueRelease queues in p the statement of Release that gives a
+// booking's capacity back to its node, so that it travels with the
+// caller's statements after it (an instance's deletion: its desired state
+// and its node's spec reads); Refund, once p is sent, refunds the quota.
+func (e *Engine) QueueRelease(ctx context.Context, p *store.Pipeline, bookingID string, extra map[string]int64) *Released {
+	r := &Released{id: bookingID, extra: extra}
+	p.Queue(func(q *db.Queries) { r.row, r.err = q.ReleaseBooking(ctx, bookingID) })
+	return r
+}
+
+// Refund refunds, in tx, what the released booking held and the counted
+// resources given to QueueRelease, held as Release's refunds are. A
+// booking not held (released already) is NOT_FOUND.
+func (r *Released) Refund(ctx context.Context, tx pgx.Tx) error {
+	if errors.Is(r.err, pgx.ErrNoRows) {
+		return api.Errorf(api.CodeNotFound, "booking %s is not held", r.id)
+	}
+	if r.err != nil {
+		return r.err
+	}
+	b := r.row
+	held := Shape{VCPU: b.Vcpu, MemoryMiB: b.MemoryMib, DiskGiB: b.DiskGib, GPUs: b.Gpus}
+	return refund(ctx, tx, b.TenantID, b.PoolID, charges(held, Request{Whole: b.Whole, Count: r.extra}))
 }
 
 // ChargeCount charges counted resources alone, in tx: work that runs in
