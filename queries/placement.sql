@@ -105,30 +105,26 @@ SELECT sqlc.arg(booking_id), booked.node_id, sqlc.arg(pool_id), sqlc.arg(tenant_
        tstzrange(now(), sqlc.narg(until)::timestamptz)
 FROM booked;
 
--- name: UnbookNode :exec
-UPDATE nodes SET
-    booked_vcpu = booked_vcpu - sqlc.arg(vcpu)::integer,
-    booked_memory_mib = booked_memory_mib - sqlc.arg(memory_mib)::bigint,
-    booked_disk_gib = booked_disk_gib - sqlc.arg(disk_gib)::bigint,
-    booked_gpus = booked_gpus - sqlc.arg(gpus)::integer,
-    updated_at = now()
-WHERE node_id = sqlc.arg(node_id);
-
 -- name: ReleaseBooking :one
--- Closes a live booking's range now and returns what it held.
-UPDATE bookings SET released = true, during = tstzrange(lower(during), greatest(lower(during), now()))
-WHERE booking_id = sqlc.arg(booking_id) AND NOT released
-RETURNING node_id, pool_id, tenant_id, owner_type, owner_id, whole, vcpu, memory_mib, disk_gib, gpus;
-
--- name: ChargeQuota :batchone
--- Adds amount to a tenant's used in a pool if it stays within max and the
--- pool is still offered to the tenant; no row returns otherwise. Sent as
--- one batch per admission, in resource order, so it costs one round trip
--- and concurrent admissions lock a tenant's rows in one order.
-UPDATE quotas SET used = used + sqlc.arg(amount), updated_at = now()
-WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resource = sqlc.arg(resource)
-  AND offered AND used + sqlc.arg(amount) <= max
-RETURNING used;
+-- Closes a live booking's range now, gives its amounts back to its node and
+-- returns what it held, in one statement. The booking's row is locked
+-- before the node's (the node's UPDATE joins the booking's RETURNING), the
+-- order BookNode's admission and a second release of the booking take.
+WITH released AS (
+    UPDATE bookings SET released = true, during = tstzrange(lower(during), greatest(lower(during), now()))
+    WHERE booking_id = sqlc.arg(booking_id) AND NOT released
+    RETURNING node_id, pool_id, tenant_id, owner_type, owner_id, whole, vcpu, memory_mib, disk_gib, gpus
+), unbooked AS (
+    UPDATE nodes n SET
+        booked_vcpu = n.booked_vcpu - r.vcpu,
+        booked_memory_mib = n.booked_memory_mib - r.memory_mib,
+        booked_disk_gib = n.booked_disk_gib - r.disk_gib,
+        booked_gpus = n.booked_gpus - r.gpus,
+        updated_at = now()
+    FROM released r
+    WHERE n.node_id = r.node_id
+)
+SELECT node_id, pool_id, tenant_id, owner_type, owner_id, whole, vcpu, memory_mib, disk_gib, gpus FROM released;
 
 -- name: ChargeQuotas :many
 -- An admission's charges in one statement: adds amounts[i] to the tenant's
@@ -137,7 +133,7 @@ RETURNING used;
 -- charge made: a position missing is a charge refused (no row, no longer
 -- offered, or max reached), which the caller answers by rolling back. The
 -- rows are locked first in the arrays' order (the callers send them in the
--- order of placement.Resources, as Release refunds them), so that
+-- order of placement.Resources, as RefundQuotas locks them), so that
 -- concurrent admissions and releases lock a tenant's rows in one order.
 WITH asked AS (
     SELECT i AS ord, (sqlc.arg(resources)::text[])[i] AS resource, (sqlc.arg(amounts)::bigint[])[i] AS amount
@@ -155,9 +151,27 @@ WHERE q.tenant_id = sqlc.arg(tenant_id) AND q.pool_id = sqlc.arg(pool_id) AND q.
   AND q.offered AND q.used + l.amount <= q.max
 RETURNING l.ord AS charged;
 
--- name: RefundQuota :exec
-UPDATE quotas SET used = used - sqlc.arg(amount), updated_at = now()
-WHERE tenant_id = sqlc.arg(tenant_id) AND pool_id = sqlc.arg(pool_id) AND resource = sqlc.arg(resource);
+-- name: RefundQuotas :exec
+-- Gives back charges in one statement: subtracts amounts[i] from the
+-- tenant's used of resources[i] in a pool. The rows are locked first in the
+-- arrays' order, as ChargeQuotas locks them (the callers send both in the
+-- order of placement.Resources), so that a refund and a charge of one
+-- tenant never wait for each other in a cycle. A resource with no row
+-- refunds nothing; a refund past what is used fails the statement (the
+-- table's CHECK: used is never below 0).
+WITH asked AS (
+    SELECT i AS ord, (sqlc.arg(resources)::text[])[i] AS resource, (sqlc.arg(amounts)::bigint[])[i] AS amount
+    FROM generate_subscripts(sqlc.arg(resources)::text[], 1) AS i
+), locked AS MATERIALIZED (
+    SELECT q.resource, a.amount, a.ord
+    FROM quotas q JOIN asked a ON a.resource = q.resource
+    WHERE q.tenant_id = sqlc.arg(tenant_id) AND q.pool_id = sqlc.arg(pool_id)
+    ORDER BY a.ord
+    FOR UPDATE OF q
+)
+UPDATE quotas q SET used = q.used - l.amount, updated_at = now()
+FROM locked l
+WHERE q.tenant_id = sqlc.arg(tenant_id) AND q.pool_id = sqlc.arg(pool_id) AND q.resource = l.resource;
 
 -- name: GetQuota :one
 SELECT tenant_id, pool_id, resource, max, used, offered FROM quotas

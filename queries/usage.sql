@@ -23,8 +23,11 @@ RETURNING *;
 -- name: GetAllocation :one
 SELECT * FROM allocations WHERE allocation_id = sqlc.arg(allocation_id);
 
--- name: OpenAllocationsOf :many
-SELECT * FROM allocations WHERE owner_type = sqlc.arg(owner_type) AND owner_id = sqlc.arg(owner_id) AND ended_at IS NULL;
+-- name: CloseAllocationsOf :exec
+-- Ends every open allocation of an owner at at (the transaction's time by
+-- default), each never before it started, in one statement.
+UPDATE allocations SET ended_at = greatest(started_at, coalesce(sqlc.narg(at)::timestamptz, now())), dirty = true
+WHERE owner_type = sqlc.arg(owner_type) AND owner_id = sqlc.arg(owner_id) AND ended_at IS NULL;
 
 -- name: TenantsToRoll :many
 -- Tenants with allocations the rollup has hours or changes to window for,

@@ -108,7 +108,7 @@ type ChargeQuotasParams struct {
 // charge made: a position missing is a charge refused (no row, no longer
 // offered, or max reached), which the caller answers by rolling back. The
 // rows are locked first in the arrays' order (the callers send them in the
-// order of placement.Resources, as Release refunds them), so that
+// order of placement.Resources, as RefundQuotas locks them), so that
 // concurrent admissions and releases lock a tenant's rows in one order.
 func (q *Queries) ChargeQuotas(ctx context.Context, arg ChargeQuotasParams) ([]pgtype.Int4, error) {
 	rows, err := q.db.Query(ctx, chargeQuotas,
@@ -665,32 +665,62 @@ func (q *Queries) QueuedPools(ctx context.Context) ([]string, error) {
 	return items, nil
 }
 
-const refundQuota = `-- name: RefundQuota :exec
-UPDATE quotas SET used = used - $1, updated_at = now()
-WHERE tenant_id = $2 AND pool_id = $3 AND resource = $4
+const refundQuotas = `-- name: RefundQuotas :exec
+WITH asked AS (
+    SELECT i AS ord, ($3::text[])[i] AS resource, ($4::bigint[])[i] AS amount
+    FROM generate_subscripts($3::text[], 1) AS i
+), locked AS MATERIALIZED (
+    SELECT q.resource, a.amount, a.ord
+    FROM quotas q JOIN asked a ON a.resource = q.resource
+    WHERE q.tenant_id = $1 AND q.pool_id = $2
+    ORDER BY a.ord
+    FOR UPDATE OF q
+)
+UPDATE quotas q SET used = q.used - l.amount, updated_at = now()
+FROM locked l
+WHERE q.tenant_id = $1 AND q.pool_id = $2 AND q.resource = l.resource
 `
 
-type RefundQuotaParams struct {
-	Amount   int64
-	TenantID string
-	PoolID   string
-	Resource string
+type RefundQuotasParams struct {
+	TenantID  string
+	PoolID    string
+	Resources []string
+	Amounts   []int64
 }
 
-func (q *Queries) RefundQuota(ctx context.Context, arg RefundQuotaParams) error {
-	_, err := q.db.Exec(ctx, refundQuota,
-		arg.Amount,
+// Gives back charges in one statement: subtracts amounts[i] from the
+// tenant's used of resources[i] in a pool. The rows are locked first in the
+// arrays' order, as ChargeQuotas locks them (the callers send both in the
+// order of placement.Resources), so that a refund and a charge of one
+// tenant never wait for each other in a cycle. A resource with no row
+// refunds nothing; a refund past what is used fails the statement (the
+// table's CHECK: used is never below 0).
+func (q *Queries) RefundQuotas(ctx context.Context, arg RefundQuotasParams) error {
+	_, err := q.db.Exec(ctx, refundQuotas,
 		arg.TenantID,
 		arg.PoolID,
-		arg.Resource,
+		arg.Resources,
+		arg.Amounts,
 	)
 	return err
 }
 
 const releaseBooking = `-- name: ReleaseBooking :one
-UPDATE bookings SET released = true, during = tstzrange(lower(during), greatest(lower(during), now()))
-WHERE booking_id = $1 AND NOT released
-RETURNING node_id, pool_id, tenant_id, owner_type, owner_id, whole, vcpu, memory_mib, disk_gib, gpus
+WITH released AS (
+    UPDATE bookings SET released = true, during = tstzrange(lower(during), greatest(lower(during), now()))
+    WHERE booking_id = $1 AND NOT released
+    RETURNING node_id, pool_id, tenant_id, owner_type, owner_id, whole, vcpu, memory_mib, disk_gib, gpus
+), unbooked AS (
+    UPDATE nodes n SET
+        booked_vcpu = n.booked_vcpu - r.vcpu,
+        booked_memory_mib = n.booked_memory_mib - r.memory_mib,
+        booked_disk_gib = n.booked_disk_gib - r.disk_gib,
+        booked_gpus = n.booked_gpus - r.gpus,
+        updated_at = now()
+    FROM released r
+    WHERE n.node_id = r.node_id
+)
+SELECT node_id, pool_id, tenant_id, owner_type, owner_id, whole, vcpu, memory_mib, disk_gib, gpus FROM released
 `
 
 type ReleaseBookingRow struct {
@@ -706,7 +736,10 @@ type ReleaseBookingRow struct {
 	Gpus      int32
 }
 
-// Closes a live booking's range now and returns what it held.
+// Closes a live booking's range now, gives its amounts back to its node and
+// returns what it held, in one statement. The booking's row is locked
+// before the node's (the node's UPDATE joins the booking's RETURNING), the
+// order BookNode's admission and a second release of the booking take.
 func (q *Queries) ReleaseBooking(ctx context.Context, bookingID string) (ReleaseBookingRow, error) {
 	row := q.db.QueryRow(ctx, releaseBooking, bookingID)
 	var i ReleaseBookingRow
@@ -723,33 +756,4 @@ func (q *Queries) ReleaseBooking(ctx context.Context, bookingID string) (Release
 		&i.Gpus,
 	)
 	return i, err
-}
-
-const unbookNode = `-- name: UnbookNode :exec
-UPDATE nodes SET
-    booked_vcpu = booked_vcpu - $1::integer,
-    booked_memory_mib = booked_memory_mib - $2::bigint,
-    booked_disk_gib = booked_disk_gib - $3::bigint,
-    booked_gpus = booked_gpus - $4::integer,
-    updated_at = now()
-WHERE node_id = $5
-`
-
-type UnbookNodeParams struct {
-	Vcpu      int32
-	MemoryMib int64
-	DiskGib   int64
-	Gpus      int32
-	NodeID    string
-}
-
-func (q *Queries) UnbookNode(ctx context.Context, arg UnbookNodeParams) error {
-	_, err := q.db.Exec(ctx, unbookNode,
-		arg.Vcpu,
-		arg.MemoryMib,
-		arg.DiskGib,
-		arg.Gpus,
-		arg.NodeID,
-	)
-	return err
 }

@@ -121,6 +121,24 @@ func (q *Queries) CloseAllocation(ctx context.Context, arg CloseAllocationParams
 	return i, err
 }
 
+const closeAllocationsOf = `-- name: CloseAllocationsOf :exec
+UPDATE allocations SET ended_at = greatest(started_at, coalesce($1::timestamptz, now())), dirty = true
+WHERE owner_type = $2 AND owner_id = $3 AND ended_at IS NULL
+`
+
+type CloseAllocationsOfParams struct {
+	At        *time.Time
+	OwnerType string
+	OwnerID   string
+}
+
+// Ends every open allocation of an owner at at (the transaction's time by
+// default), each never before it started, in one statement.
+func (q *Queries) CloseAllocationsOf(ctx context.Context, arg CloseAllocationsOfParams) error {
+	_, err := q.db.Exec(ctx, closeAllocationsOf, arg.At, arg.OwnerType, arg.OwnerID)
+	return err
+}
+
 const countedToRoll = `-- name: CountedToRoll :many
 SELECT counted_id, tenant_id, project_id, instance_id, meter, hour_start, quantity, windowed, windows FROM counted_usage
 WHERE tenant_id = $1 AND quantity > windowed AND hour_start < $2::timestamptz
@@ -468,48 +486,6 @@ func (q *Queries) OpenAllocations(ctx context.Context, arg OpenAllocationsParams
 		arg.OwnerIds,
 	)
 	return err
-}
-
-const openAllocationsOf = `-- name: OpenAllocationsOf :many
-SELECT allocation_id, tenant_id, project_id, meter, quantity_micro, tags, owner_type, owner_id, started_at, ended_at, rolled_until, dirty FROM allocations WHERE owner_type = $1 AND owner_id = $2 AND ended_at IS NULL
-`
-
-type OpenAllocationsOfParams struct {
-	OwnerType string
-	OwnerID   string
-}
-
-func (q *Queries) OpenAllocationsOf(ctx context.Context, arg OpenAllocationsOfParams) ([]Allocation, error) {
-	rows, err := q.db.Query(ctx, openAllocationsOf, arg.OwnerType, arg.OwnerID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []Allocation
-	for rows.Next() {
-		var i Allocation
-		if err := rows.Scan(
-			&i.AllocationID,
-			&i.TenantID,
-			&i.ProjectID,
-			&i.Meter,
-			&i.QuantityMicro,
-			&i.Tags,
-			&i.OwnerType,
-			&i.OwnerID,
-			&i.StartedAt,
-			&i.EndedAt,
-			&i.RolledUntil,
-			&i.Dirty,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
 
 const pendingWindows = `-- name: PendingWindows :many

@@ -567,21 +567,24 @@ func (s *Service) Delete(ctx context.Context, in *api.InstancesDeleteInput) (*ap
 // End asks for a live instance's deletion in tx: its booking (or its
 // reservation unit), quota and usage are returned at once, its node's spec
 // drops it, instance.deleted is written (for instances of this group).
+//
+// The booking's release, the desired state and the node's spec reads go
+// in one pipeline; the refunds and the usage's end are held and travel
+// with the spec's write.
 func End(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Instance) (db.Instance, error) {
-	q := db.New(tx)
 	counted := map[string]int64{placement.ResourceInstances: 1}
 	if r.Kind != KindVPS {
 		counted = map[string]int64{placement.ResourceSandboxes: 1}
 	}
+	var p store.Pipeline
+	var released *placement.Released
 	switch {
 	case Provider(r):
 		if err := placer.RefundCount(ctx, tx, r.TenantID, r.PoolID, ProviderCharge(r)); err != nil {
 			return r, err
 		}
 	case r.BookingID.Valid:
-		if err := placer.Release(ctx, tx, r.BookingID.String, counted); err != nil {
-			return r, err
-		}
+		released = placer.QueueRelease(ctx, &p, r.BookingID.String, counted)
 	case r.ReservationBookingID.Valid:
 		if err := placer.RefundCount(ctx, tx, r.TenantID, r.PoolID, counted); err != nil {
 			return r, err
@@ -590,11 +593,34 @@ func End(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Instance
 	if err := usage.CloseOwner(ctx, tx, usage.Owner{Type: ResourceType, ID: r.InstanceID}, time.Time{}); err != nil {
 		return r, err
 	}
-	r, err := q.SetInstanceDesired(ctx, db.SetInstanceDesiredParams{InstanceID: r.InstanceID, DesiredState: StateDeleted})
-	if err != nil {
+	var ended db.Instance
+	var endErr error
+	p.Queue(func(q *db.Queries) {
+		ended, endErr = q.SetInstanceDesired(ctx, db.SetInstanceDesiredParams{InstanceID: r.InstanceID, DesiredState: StateDeleted})
+	})
+	var spec *nodework.SpecReads
+	queued := r.NodeID // its node's spec, read after the desired state
+	if queued.Valid {
+		spec = nodework.QueueSpec(ctx, &p, queued.String)
+	}
+	if err := p.Send(ctx, tx); err != nil {
 		return r, err
 	}
-	if r.NodeID.Valid {
+	if released != nil {
+		if err := released.Refund(ctx, tx); err != nil {
+			return r, err
+		}
+	}
+	if endErr != nil {
+		return r, endErr
+	}
+	r = ended
+	switch {
+	case r.NodeID.Valid && r.NodeID == queued:
+		if err := spec.Push(ctx, tx); err != nil {
+			return r, err
+		}
+	case r.NodeID.Valid: // the row the caller read named another node
 		if err := nodework.PushSpec(ctx, tx, r.NodeID.String); err != nil {
 			return r, err
 		}

@@ -17,10 +17,16 @@ import (
 // the most it may): the test fails above it.
 const maxRoundTrips = 3
 
+// maxDeleteRoundTrips is what instances.delete makes today: the booking's
+// release travels with the desired state and the node's spec reads, the
+// refunds and the usage's end with the statements after them.
+const maxDeleteRoundTrips = 5
+
 // TestCreateRoundTrips: instances.create, counted on the wire by computed
 // (compute_rpc_db_round_trips), makes at most maxRoundTrips round trips,
 // placed on a node (a daemon with the recording runtime) or in a
-// reservation's unit; a replay of the same key makes fewer.
+// reservation's unit; a replay of the same key makes fewer. instances.delete
+// of either makes at most maxDeleteRoundTrips, and gives the quota back.
 func TestCreateRoundTrips(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs computed and compute-agent")
@@ -42,7 +48,11 @@ func TestCreateRoundTrips(t *testing.T) {
 	create("warm-up", "") // the caller's decision is cached from here on
 
 	var made client.Instance
-	n := f.FewestRoundTrips("instances.create", node, 3, func(i int) { made = create(fmt.Sprintf("i%d", i), "") })
+	var placed []string
+	n := f.FewestRoundTrips("instances.create", node, 3, func(i int) {
+		made = create(fmt.Sprintf("i%d", i), "")
+		placed = append(placed, made.InstanceId)
+	})
 	fleettest.AtMostRoundTrips(t, "instances.create (placed, network none)", n, maxRoundTrips)
 	assert.Equal(t, "pending", string(made.State))
 	assert.Equal(t, 1, f.Events("instance.created", made.InstanceId))
@@ -54,7 +64,30 @@ func TestCreateRoundTrips(t *testing.T) {
 	res, err := f.C.ReservationsCreate(t.Context(), &client.ReservationsCreateInput{TenantId: fleettest.Tenant, PoolId: pool, Flavor: "small",
 		Count: client.NewOptInt64(3), IdempotencyKey: "r1"})
 	require.NoError(t, err)
-	n = f.FewestRoundTrips("instances.create", node, 3, func(i int) { made = create(fmt.Sprintf("in-reservation-%d", i), res.Data.ReservationId) })
+	var inUnits []string
+	n = f.FewestRoundTrips("instances.create", node, 3, func(i int) {
+		made = create(fmt.Sprintf("in-reservation-%d", i), res.Data.ReservationId)
+		inUnits = append(inUnits, made.InstanceId)
+	})
 	fleettest.AtMostRoundTrips(t, "instances.create (in a reservation's unit)", n, maxRoundTrips)
 	assert.Equal(t, res.Data.ReservationId, made.ReservationId.Value)
+
+	used := func(resource string) (n int64) {
+		require.NoError(t, f.DB.QueryRow(t.Context(), `select coalesce(sum(used), 0) from quotas where tenant_id = $1 and pool_id = $2 and resource = $3`,
+			fleettest.Tenant, pool, resource).Scan(&n))
+		return n
+	}
+	instancesBefore := used("instances")
+	del := func(ids []string) func(i int) {
+		return func(i int) {
+			_, err := f.C.InstancesDelete(t.Context(), &client.InstancesDeleteInput{TenantId: fleettest.Tenant, InstanceId: ids[i]})
+			require.NoError(t, err)
+		}
+	}
+	n = f.FewestRoundTrips("instances.delete", node, 3, del(placed))
+	fleettest.AtMostRoundTrips(t, "instances.delete (placed)", n, maxDeleteRoundTrips)
+	n = f.FewestRoundTrips("instances.delete", node, 3, del(inUnits))
+	fleettest.AtMostRoundTrips(t, "instances.delete (in a reservation's unit)", n, maxDeleteRoundTrips)
+	assert.Equal(t, instancesBefore-6, used("instances"), "each delete gave its instance back")
+	assert.Equal(t, 1, f.Events("instance.deleted", placed[0]))
 }

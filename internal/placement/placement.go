@@ -30,6 +30,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/config"
 	"computeplane/internal/ids"
+	"computeplane/internal/store"
 )
 
 // Quota resources.
@@ -242,16 +243,11 @@ func (e *Engine) book(ctx context.Context, q *db.Queries, req Request, exclude s
 // no other node has room, nothing moves (CAPACITY_UNAVAILABLE).
 func (e *Engine) Move(ctx context.Context, tx pgx.Tx, bookingID, toNode string) (*Booking, error) {
 	q := db.New(tx)
-	r, err := q.ReleaseBooking(ctx, bookingID)
+	r, err := q.ReleaseBooking(ctx, bookingID) // and its node's amounts
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, api.Errorf(api.CodeNotFound, "booking %s is not held", bookingID)
 	}
 	if err != nil {
-		return nil, err
-	}
-	if err := q.UnbookNode(ctx, db.UnbookNodeParams{
-		NodeID: r.NodeID, Vcpu: r.Vcpu, MemoryMib: r.MemoryMib, DiskGib: r.DiskGib, Gpus: r.Gpus,
-	}); err != nil {
 		return nil, err
 	}
 	req := Request{
@@ -320,27 +316,51 @@ func (e *Engine) refusal(ctx context.Context, q *db.Queries, req Request) error 
 // tenant's quota, in tx. extra refunds the counted resources the admission
 // charged besides the shape (as Request.Count). Releasing a booking twice
 // is NOT_FOUND the second time.
+//
+// The booking and its node are one statement (ReleaseBooking), the
+// refunds another (RefundQuotas), held to travel with tx's next statement
+// or its COMMIT (store.Later): a release costs one round trip, none of its
+// own when the caller queues it with its next statements (QueueRelease).
 func (e *Engine) Release(ctx context.Context, tx pgx.Tx, bookingID string, extra map[string]int64) error {
-	q := db.New(tx)
-	r, err := q.ReleaseBooking(ctx, bookingID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return api.Errorf(api.CodeNotFound, "booking %s is not held", bookingID)
-	}
-	if err != nil {
+	var p store.Pipeline
+	r := e.QueueRelease(ctx, &p, bookingID, extra)
+	if err := p.Send(ctx, tx); err != nil {
 		return err
 	}
-	if err := q.UnbookNode(ctx, db.UnbookNodeParams{
-		NodeID: r.NodeID, Vcpu: r.Vcpu, MemoryMib: r.MemoryMib, DiskGib: r.DiskGib, Gpus: r.Gpus,
-	}); err != nil {
-		return err
+	return r.Refund(ctx, tx)
+}
+
+// Released is a release queued in the caller's pipeline (QueueRelease).
+type Released struct {
+	id    string
+	extra map[string]int64
+	row   db.ReleaseBookingRow
+	err   error
+}
+
+// QueueRelease queues in p the statement of Release that gives a
+// booking's capacity back to its node, so that it travels with the
+// caller's statements after it (an instance's deletion: its desired state
+// and its node's spec reads); Refund, once p is sent, refunds the quota.
+func (e *Engine) QueueRelease(ctx context.Context, p *store.Pipeline, bookingID string, extra map[string]int64) *Released {
+	r := &Released{id: bookingID, extra: extra}
+	p.Queue(func(q *db.Queries) { r.row, r.err = q.ReleaseBooking(ctx, bookingID) })
+	return r
+}
+
+// Refund refunds, in tx, what the released booking held and the counted
+// resources given to QueueRelease, held as Release's refunds are. A
+// booking not held (released already) is NOT_FOUND.
+func (r *Released) Refund(ctx context.Context, tx pgx.Tx) error {
+	if errors.Is(r.err, pgx.ErrNoRows) {
+		return api.Errorf(api.CodeNotFound, "booking %s is not held", r.id)
 	}
-	held := Shape{VCPU: r.Vcpu, MemoryMiB: r.MemoryMib, DiskGiB: r.DiskGib, GPUs: r.Gpus}
-	for _, c := range charges(held, Request{Whole: r.Whole, Count: extra}) {
-		if err := q.RefundQuota(ctx, db.RefundQuotaParams{TenantID: r.TenantID, PoolID: r.PoolID, Resource: c.resource, Amount: c.amount}); err != nil {
-			return err
-		}
+	if r.err != nil {
+		return r.err
 	}
-	return nil
+	b := r.row
+	held := Shape{VCPU: b.Vcpu, MemoryMiB: b.MemoryMib, DiskGiB: b.DiskGib, GPUs: b.Gpus}
+	return refund(ctx, tx, b.TenantID, b.PoolID, charges(held, Request{Whole: b.Whole, Count: r.extra}))
 }
 
 // ChargeCount charges counted resources alone, in tx: work that runs in
@@ -350,15 +370,22 @@ func (e *Engine) ChargeCount(ctx context.Context, tx pgx.Tx, tenant, pool string
 	return e.charge(ctx, db.New(tx), tenant, pool, charges(Shape{}, Request{Count: count}))
 }
 
-// RefundCount gives back what ChargeCount charged.
+// RefundCount gives back what ChargeCount charged, held as Release's
+// refunds are.
 func (e *Engine) RefundCount(ctx context.Context, tx pgx.Tx, tenant, pool string, count map[string]int64) error {
-	q := db.New(tx)
-	for _, c := range charges(Shape{}, Request{Count: count}) {
-		if err := q.RefundQuota(ctx, db.RefundQuotaParams{TenantID: tenant, PoolID: pool, Resource: c.resource, Amount: c.amount}); err != nil {
-			return err
-		}
+	return refund(ctx, tx, tenant, pool, charges(Shape{}, Request{Count: count}))
+}
+
+// refund gives cs back in one statement (RefundQuotas), which locks the
+// rows in the order of Resources as a charge does. Nothing is read back,
+// so it is held (store.Later): a refund that fails (past what is used)
+// fails tx's next statement or its COMMIT instead, and the call with it.
+func refund(ctx context.Context, tx pgx.Tx, tenant, pool string, cs []charge) error {
+	if len(cs) == 0 {
+		return nil
 	}
-	return nil
+	p := chargeParams(tenant, pool, cs)
+	return db.New(store.Later(tx)).RefundQuotas(ctx, db.RefundQuotasParams(p))
 }
 
 type charge struct {

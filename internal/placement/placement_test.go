@@ -172,7 +172,7 @@ func TestConstraintsRefuseOverCommit(t *testing.T) {
 // database shows nothing over capacity or quota, counters equal to the
 // live bookings, and no overlapping whole-node bookings. The guarantees
 // are the constraints of TestConstraintsRefuseOverCommit: with them
-// dropped, a BookNode or ChargeQuota whose condition were wrong would
+// dropped, a BookNode or ChargeQuotas whose condition were wrong would
 // over-commit here and checkInvariants would count it.
 func TestConcurrentAdmissionsNeverOverCommit(t *testing.T) {
 	t.Parallel()

@@ -14,12 +14,13 @@ import (
 // trip: reads that do not depend on each other's answers (a create's
 // idempotency read with its pool and flavor), or a write with the reads
 // that follow it. Statements are queued as a function that makes calls on
-// the *db.Queries it is given, each call unconditional (a :batch query is
-// its statements); it is called twice, once to learn the statements and
-// their arguments, and once after Send to read their results through the
-// generated code (so the scanning is sqlc's own). It must do nothing else,
-// and what it assigns on the first call (zero values and an error) must
-// not be read by a function queued after it.
+// the *db.Queries it is given, each call unconditional; it is called
+// twice, once to learn the statements and their arguments, and once after
+// Send to read their results through the generated code (so the scanning
+// is sqlc's own). It must do nothing else, and what it assigns on the
+// first call (zero values and an error) must not be read by a function
+// queued after it. queries/ has no :batch query (rows of one kind are one
+// statement over arrays), so a pipeline takes none.
 //
 // Statements run in order on one connection. A statement that fails (not
 // one that finds no rows) fails those after it, as in any transaction.
@@ -76,13 +77,6 @@ func (c *capture) keep(sql string, args []any) {
 	c.n++
 }
 
-func (c *capture) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
-	for _, qq := range b.QueuedQueries {
-		c.keep(qq.SQL, qq.Arguments)
-	}
-	return pgx.FailedBatchResults(b, errCaptured)
-}
-
 func (c *capture) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	c.keep(sql, args)
 	return pgconn.CommandTag{}, errCaptured
@@ -121,13 +115,3 @@ func (r *replay) Query(context.Context, string, ...any) (pgx.Rows, error) {
 func (r *replay) QueryRow(context.Context, string, ...any) pgx.Row {
 	return r.br.QueryRow()
 }
-
-// SendBatch reads a :batch query's results from the pipeline's; closing
-// them leaves the pipeline open for the statements after.
-func (r *replay) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults {
-	return inner{r.br}
-}
-
-type inner struct{ pgx.BatchResults }
-
-func (inner) Close() error { return nil }

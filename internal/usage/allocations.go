@@ -145,16 +145,13 @@ func Close(ctx context.Context, tx pgx.Tx, allocationID string, at time.Time) er
 }
 
 // CloseOwner ends every open allocation of an owner (an instance deleted,
-// a volume released), in tx.
+// a volume released), in tx, in one statement. Nothing is read back, so
+// it is held (store.Later) to travel with tx's next statement or its
+// COMMIT.
 func CloseOwner(ctx context.Context, tx pgx.Tx, o Owner, at time.Time) error {
-	open, err := db.New(tx).OpenAllocationsOf(ctx, db.OpenAllocationsOfParams{OwnerType: o.Type, OwnerID: o.ID})
-	if err != nil {
-		return err
+	var when *time.Time
+	if !at.IsZero() {
+		when = &at
 	}
-	for _, a := range open {
-		if err := Close(ctx, tx, a.AllocationID, at); err != nil {
-			return err
-		}
-	}
-	return nil
+	return db.New(store.Later(tx)).CloseAllocationsOf(ctx, db.CloseAllocationsOfParams{OwnerType: o.Type, OwnerID: o.ID, At: when})
 }

@@ -261,3 +261,57 @@ func TestHandoverSurvivesBillingOutage(t *testing.T) {
 	require.NoError(t, st.Pool().QueryRow(t.Context(), `select count(*) from iam.usage_records`).Scan(&billed))
 	assert.Equal(t, 10, billed)
 }
+
+// TestCloseOwnerIsOneStatement: an owner's open allocations (here 3) are
+// ended by one statement, each at the given time but never before it
+// started, or at the transaction's time; what another owner has open and
+// what the owner closed before stay as they were; closing again closes
+// nothing and is no error. Under a store transaction the statement is held
+// and travels with the COMMIT: ending them costs no round trip of its own.
+func TestCloseOwnerIsOneStatement(t *testing.T) {
+	t.Parallel()
+	st := dbtest.NewStore(t)
+	conn, statements := dbtest.StatementConn(t, st)
+	ctx := t.Context()
+	owner, other := usage.Owner{Type: "instance", ID: "i1"}, usage.Owner{Type: "instance", ID: "i2"}
+	early := open(t, st, usage.Allocation{TenantID: "acme", Meter: api.MeterInstanceVcpuHours, PerHour: usage.Micro, Owner: owner, At: at(0, 0)})
+	late := open(t, st, usage.Allocation{TenantID: "acme", Meter: api.MeterInstanceMemoryGibHours, PerHour: usage.Micro, Owner: owner, At: at(3, 0)})
+	closed := open(t, st, usage.Allocation{TenantID: "acme", Meter: api.MeterInstanceVcpuHours, PerHour: usage.Micro, Owner: owner, At: at(0, 0)})
+	tx(t, st, func(ctx context.Context, tx pgx.Tx) error { return usage.Close(ctx, tx, closed, at(0, 30)) })
+	theirs := open(t, st, usage.Allocation{TenantID: "acme", Meter: api.MeterInstanceVcpuHours, PerHour: usage.Micro, Owner: other, At: at(0, 0)})
+	third := open(t, st, usage.Allocation{TenantID: "acme", Meter: api.MeterNodeHours, PerHour: usage.Micro, Owner: owner, At: at(0, 0)})
+
+	ended := func(id string) (end *time.Time, dirty bool) {
+		require.NoError(t, st.Pool().QueryRow(ctx, `select ended_at, dirty from allocations where allocation_id = $1`, id).Scan(&end, &dirty))
+		return end, dirty
+	}
+	txn, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	before := statements.Load()
+	require.NoError(t, usage.CloseOwner(ctx, txn, owner, at(2, 0)))
+	assert.Equal(t, int64(1), statements.Load()-before, "3 allocations, one statement")
+	require.NoError(t, txn.Commit(ctx))
+	for id, want := range map[string]time.Time{early: at(2, 0), late: at(3, 0), third: at(2, 0), closed: at(0, 30)} {
+		end, dirty := ended(id)
+		require.NotNil(t, end, id)
+		assert.True(t, want.Equal(*end), "%s ended at %v, want %v", id, *end, want)
+		assert.True(t, dirty, "the rollup sees the end")
+	}
+	end, _ := ended(theirs)
+	assert.Nil(t, end, "another owner's allocation stays open")
+
+	// Again: nothing open, nothing closed, no error; the transaction's time.
+	tx(t, st, func(ctx context.Context, tx pgx.Tx) error { return usage.CloseOwner(ctx, tx, owner, time.Time{}) })
+	end, _ = ended(early)
+	assert.True(t, at(2, 0).Equal(*end))
+	var trips atomic.Int64
+	var now time.Time
+	require.NoError(t, st.WithTx(store.CountRoundTrips(ctx, &trips), false, func(ctx context.Context, tx pgx.Tx) error {
+		return usage.CloseOwner(ctx, tx, other, time.Time{})
+	}))
+	assert.EqualValues(t, 1, trips.Load(), "BEGIN, the held close and the COMMIT: one round trip")
+	require.NoError(t, st.Pool().QueryRow(ctx, `select now()`).Scan(&now))
+	end, _ = ended(theirs)
+	require.NotNil(t, end)
+	assert.WithinDuration(t, now, *end, time.Minute, "the transaction's time")
+}
