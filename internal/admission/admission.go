@@ -55,11 +55,6 @@ type Limits struct {
 	Adaptive      bool
 	MinInFlight   int
 	AcquireTarget time.Duration
-	// RunQueueTarget lets the adaptive limit follow the process's queue
-	// for the CPU too (runqueue.go): it shrinks while the median wait of
-	// runnable goroutines stood past RunQueueTarget two intervals in a
-	// row. 0: the run queue is not judged.
-	RunQueueTarget time.Duration
 	// SlotWait is how long a call over the in-flight limit waits for a
 	// slot (newest first) before it is refused; 0 refuses it at once.
 	// SlotWaiters bounds the calls waiting (default 4 x MaxInFlight: a
@@ -151,9 +146,6 @@ func New(l Limits) *Controller {
 		c.limit.Store(int64(l.MaxInFlight))
 		if l.Adaptive {
 			c.adapt = newWaitLimit(max(1, l.MinInFlight), l.MaxInFlight, l.AcquireTarget, c.now())
-			if l.RunQueueTarget > 0 {
-				c.adapt.runWait, c.adapt.runTarget = newRunQueue().median, l.RunQueueTarget
-			}
 			c.limit.Store(c.adapt.current())
 		}
 	}

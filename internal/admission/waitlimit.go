@@ -42,12 +42,6 @@ type waitLimit struct {
 	seen    bool          // an acquire ended in the interval
 	busiest int           // the most calls in flight at an acquire of the interval
 	prevMin time.Duration // the previous interval's shortest wait; 0: no queue stood in it
-
-	// The run queue (runqueue.go), judged the same way by its median
-	// wait over an interval: nil, not judged.
-	runWait   func() (time.Duration, bool)
-	runTarget time.Duration
-	prevRun   time.Duration // the previous interval's median run-queue wait past runTarget; 0: none
 }
 
 // acquireInterval is the interval over which a standing queue is judged:
@@ -92,34 +86,21 @@ func (w *waitLimit) acquired(now time.Time, wait time.Duration, inFlight int) in
 }
 
 // closeInterval moves the limit after the interval that ended and starts
-// the next. Either queue standing two intervals in a row, not draining,
-// cuts the limit: the pool's by the shortest acquire wait, the run
-// queue's by its median wait (a median, not a minimum: some goroutine of
-// an interval always runs at once, while a CPU queue keeps most of them
-// waiting). Only an interval where neither stood grows it.
+// the next.
 func (w *waitLimit) closeInterval(now time.Time) {
 	stood := w.seen && w.minWait > w.target
-	var run time.Duration
-	if w.runWait != nil {
-		if m, ok := w.runWait(); ok && m > w.runTarget {
-			run = m
-		}
-	}
-	used := math.Min(w.limit, float64(w.busiest))
 	switch {
 	case !w.seen:
 		// No acquire ended: an idle process, or every call stuck on
 		// its connection or waiting for one. Either way, no news.
 	case stood && w.prevMin > 0 && w.minWait >= w.prevMin:
+		used := math.Min(w.limit, float64(w.busiest))
 		cut := math.Max(maxCut, float64(w.target)/float64(w.minWait))
 		w.limit = math.Max(w.min, math.Min(w.limit, used*cut))
-	case run > 0 && w.prevRun > 0 && run >= w.prevRun:
-		cut := math.Max(maxCut, float64(w.runTarget)/float64(run))
-		w.limit = math.Max(w.min, math.Min(w.limit, used*cut))
-	case !stood && run == 0:
+	case !stood:
 		w.limit = math.Min(w.max, w.limit+math.Max(1, w.limit*growth))
 	}
-	w.prevMin, w.prevRun = 0, run
+	w.prevMin = 0
 	if stood {
 		w.prevMin = w.minWait
 	}
@@ -127,6 +108,6 @@ func (w *waitLimit) closeInterval(now time.Time) {
 	w.end = w.end.Add(acquireInterval)
 	if !now.Before(w.end) {
 		w.end = now.Add(acquireInterval) // the intervals between saw no acquire
-		w.prevMin, w.prevRun = 0, 0
+		w.prevMin = 0
 	}
 }

@@ -24,11 +24,6 @@ type Admission struct {
 	Adaptive      bool
 	MinInFlight   int
 	AcquireTarget time.Duration
-	// RunQueueTarget lets the adaptive limit follow the process's queue
-	// for the CPU as well: it shrinks while the median wait of runnable
-	// goroutines stands past it two intervals in a row (0: not judged;
-	// internal/admission runqueue.go).
-	RunQueueTarget time.Duration
 	// SlotWait is how long a call over the in-flight limit waits for a
 	// slot, newest first, before it is refused (0, the default: refused
 	// at once; internal/admission room.go). Needs an in-flight limit.
@@ -102,14 +97,6 @@ const (
 	MaxAcquireTargetMs     = 50
 )
 
-// DefaultRunQueueTargetMs and MaxRunQueueTargetMs: the median wait of the
-// process's runnable goroutines the adaptive limit lets stand (0 turns
-// the judgement off), and its bound.
-const (
-	DefaultRunQueueTargetMs = 0
-	MaxRunQueueTargetMs     = 50
-)
-
 // The wait check's bounds: the target is a few calls' worth of queue, the
 // interval long enough to tell a standing queue from a burst.
 const (
@@ -132,7 +119,6 @@ type fileAdmission struct {
 	MinInFlight      *int                           `yaml:"minInFlight"`
 	LatencyTolerance *float64                       `yaml:"latencyTolerance"` // refused: see admission
 	AcquireTargetMs  *int                           `yaml:"acquireTargetMs"`
-	RunQueueTargetMs *int                           `yaml:"runQueueTargetMs"`
 	SlotWaitMs       *int                           `yaml:"slotWaitMs"`
 	MaxQueueMs       *int                           `yaml:"maxQueueMs"`
 	QueueTargetMs    *int                           `yaml:"queueTargetMs"`
@@ -168,7 +154,7 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 	a.Adaptive = deref(fa.Adaptive, false)
 	if a.MaxInFlight == 0 || !a.Adaptive {
 		// The adaptive settings mean nothing without an adaptive limit.
-		for name, set := range map[string]bool{"minInFlight": fa.MinInFlight != nil, "acquireTargetMs": fa.AcquireTargetMs != nil, "runQueueTargetMs": fa.RunQueueTargetMs != nil} {
+		for name, set := range map[string]bool{"minInFlight": fa.MinInFlight != nil, "acquireTargetMs": fa.AcquireTargetMs != nil} {
 			if set {
 				return b.errorf("admission."+name, "needs an adaptive in-flight limit (admission.adaptive true and admission.maxInFlight not 0)")
 			}
@@ -190,13 +176,6 @@ func (b *builder) admission(fc *fileConfig, c *Config) error {
 		return b.errorf("admission.acquireTargetMs", "must be from 1 to %d (the wait for a database connection the adaptive limit lets stand)", MaxAcquireTargetMs)
 	}
 	a.AcquireTarget = time.Duration(acquireTarget) * time.Millisecond
-	runTarget := deref(fa.RunQueueTargetMs, DefaultRunQueueTargetMs)
-	if runTarget < 0 || runTarget > MaxRunQueueTargetMs {
-		return b.errorf("admission.runQueueTargetMs", "must be from 0 to %d (the median wait of runnable goroutines the adaptive limit lets stand; 0: not judged)", MaxRunQueueTargetMs)
-	}
-	if a.Adaptive {
-		a.RunQueueTarget = time.Duration(runTarget) * time.Millisecond
-	}
 	if fa.SlotWaitMs != nil {
 		if *fa.SlotWaitMs < 0 || *fa.SlotWaitMs > MaxSlotWaitMs {
 			return b.errorf("admission.slotWaitMs", "must be from 0 to %d (0: a call over the in-flight limit is refused at once)", MaxSlotWaitMs)

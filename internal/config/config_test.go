@@ -145,7 +145,7 @@ capacity:
   usageEvery: 10m
   spotNoticeMs: 30000
 shutdown: {unreadyMs: 3000}
-admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, acquireTargetMs: 3, runQueueTargetMs: 2, slotWaitMs: 20, maxQueueMs: 80, queueTargetMs: 5, queueIntervalMs: 200, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000, maxConnections: 500}
+admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, acquireTargetMs: 3, slotWaitMs: 20, maxQueueMs: 80, queueTargetMs: 5, queueIntervalMs: 200, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000, maxConnections: 500}
 scheduler:
   plugins: [gpu-affinity]
   weights: {pack: 1, spread: 0.5}
@@ -229,7 +229,7 @@ func TestFullFile(t *testing.T) {
 			Placer: PlacerPoolLease, MaxBatch: 16, MaxAttempts: 5,
 			RollupEvery: time.Minute, UsageEvery: 10 * time.Minute, SpotNoticeMs: 30000,
 		},
-		Admission: Admission{MaxInFlight: 48, Adaptive: true, MinInFlight: 12, AcquireTarget: 3 * time.Millisecond, RunQueueTarget: 2 * time.Millisecond, SlotWait: 20 * time.Millisecond, MaxQueue: 80 * time.Millisecond,
+		Admission: Admission{MaxInFlight: 48, Adaptive: true, MinInFlight: 12, AcquireTarget: 3 * time.Millisecond, SlotWait: 20 * time.Millisecond, MaxQueue: 80 * time.Millisecond,
 			QueueTarget: 5 * time.Millisecond, QueueInterval: 200 * time.Millisecond,
 			TenantRate: 200, TenantBurst: 400, Tenants: map[string]AdmissionBucket{"bigco": {Rate: 1000, Burst: 2000}, "tiny": {Rate: 1, Burst: 1}},
 			GlobalRate: 5000, GlobalBurst: 10000, MaxConnections: 500},
@@ -654,9 +654,6 @@ func TestInvalid(t *testing.T) {
 		{"admission minInFlight zero", "admission: {adaptive: true, minInFlight: 0}", nil, "admission.minInFlight", "at least 1"},
 		{"admission acquireTargetMs zero", "admission: {adaptive: true, acquireTargetMs: 0}", nil, "admission.acquireTargetMs", "from 1 to 50"},
 		{"admission acquireTargetMs too long", "admission: {adaptive: true, acquireTargetMs: 51}", nil, "admission.acquireTargetMs", "from 1 to 50"},
-		{"admission runQueueTargetMs without a limit", "admission: {adaptive: false, runQueueTargetMs: 2}", nil, "admission.runQueueTargetMs", "needs an adaptive"},
-		{"admission runQueueTargetMs negative", "admission: {adaptive: true, runQueueTargetMs: -1}", nil, "admission.runQueueTargetMs", "from 0 to 50"},
-		{"admission runQueueTargetMs too long", "admission: {adaptive: true, runQueueTargetMs: 51}", nil, "admission.runQueueTargetMs", "from 0 to 50"},
 		{"admission latencyTolerance, the old limit's", "admission: {adaptive: true, latencyTolerance: 2}", nil, "admission.latencyTolerance", "no longer an option"},
 		{"admission maxQueueMs negative", "admission: {maxQueueMs: -1}", nil, "admission.maxQueueMs", "from 0 to 1999"},
 		{"admission maxQueueMs the store's wait", "admission: {maxQueueMs: 2000}", nil, "admission.maxQueueMs", "from 0 to 1999"},

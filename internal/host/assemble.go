@@ -568,7 +568,7 @@ func (a *assembly) routes(envelope *rpc.Handler, watch *events.Watch, gwRole *ga
 func admissionLimits(o config.Admission, poolConns int) admission.Limits {
 	l := admission.Limits{
 		MaxInFlight: o.MaxInFlight, Adaptive: o.Adaptive, MinInFlight: o.MinInFlight,
-		AcquireTarget: o.AcquireTarget, RunQueueTarget: o.RunQueueTarget, MaxQueue: o.MaxQueue, SlotWait: o.SlotWait,
+		AcquireTarget: o.AcquireTarget, MaxQueue: o.MaxQueue, SlotWait: o.SlotWait,
 		QueueTarget: o.QueueTarget, QueueInterval: o.QueueInterval,
 		TenantRate: o.TenantRate, TenantBurst: o.TenantBurst,
 		GlobalRate: o.GlobalRate, GlobalBurst: o.GlobalBurst,
