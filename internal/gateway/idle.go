@@ -64,10 +64,11 @@ const recordApplicationData = 23
 // records: crypto/tls writes the server's flight in one write that
 // starts with the plaintext ServerHello (or HelloRetryRequest), so such a
 // write comes after the flight, which the daemon needs; what comes after
-// it (the session ticket, written when the client's certificate is in, or
-// an alert) the daemon does not wait for. It goes out with the next
-// write, the upgrade's answer (one write and one segment less a
-// session), or when the handshake fails (release), before the close.
+// it (the session ticket of a full handshake, written when the client's
+// certificate is in, or an alert) the daemon does not wait for. It goes
+// out with the next write, the upgrade's answer (one write and one
+// segment less a full handshake), or when the handshake fails (release),
+// before the close. A resumed handshake's ticket is in its flight.
 func (c *recordConn) Write(b []byte) (int, error) {
 	if c.turn != nil && len(b) > 0 && b[0] == recordApplicationData {
 		if c.held == nil {
