@@ -50,7 +50,7 @@ type recordConn struct {
 	// handshake runs (handshakes.go), nil after.
 	turn *handshakeTurn
 	// held is what the handshake wrote after its flight (the session
-	// ticket, or an alert), sent with the next write (send); nil when
+	// ticket, or an alert), sent with the next write (Write); nil when
 	// nothing is held. A pointer: the connection lives as long as its
 	// session, and 64 bytes is its size class.
 	held *[]byte

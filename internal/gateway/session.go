@@ -545,7 +545,9 @@ func (s *session) handle(b []byte) bool {
 	frame := fnv64a(b)
 	if s.repeatsStatus(frame) {
 		// The last status's frame again (a heartbeat): it decodes to the
-		// status whose hash is lastStatus, which status would skip.
+		// status whose hash is lastStatus, which status would skip. (A
+		// frame crafted to collide could only drop its own daemon's
+		// message.)
 		s.lastSeen.Store(s.g.o.Now().UnixNano())
 		statStatusSkipped.Add(1)
 		return true
