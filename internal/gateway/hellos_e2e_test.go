@@ -230,6 +230,17 @@ func TestAnUnchangedStatusAfterAReconnectIsNotWrittenAgain(t *testing.T) {
 	var avail int64
 	require.NoError(t, pool.QueryRow(t.Context(), `select volume_available_bytes from nodes where node_id = $1`, n.nodeID).Scan(&avail))
 	assert.EqualValues(t, 2, avail)
+	// The same one again on this session (a heartbeat, its frame repeated):
+	// skipped; then the first again, changed: written.
+	reportedLongAgo()
+	send(t, conn, status(2))
+	handled(t, conn)
+	assert.False(t, written(), "a heartbeat repeating the status")
+	send(t, conn, status(1))
+	handled(t, conn)
+	assert.True(t, written(), "changed back")
+	send(t, conn, status(2))
+	handled(t, conn)
 
 	// A hello naming another observed generation than the row's: the row
 	// holds the hello's now, so the same status is written again.

@@ -42,13 +42,55 @@ const tlsRecordHeader = 5
 type recordConn struct {
 	net.Conn
 	header  [tlsRecordHeader]byte
-	got     int // bytes of the current header read
-	left    int // bytes of the current record's body still to read
-	records int // headers read: which record is the current one
-	length  int // the current record's body length
+	got     uint8 // bytes of the current header read
+	left    int32 // bytes of the current record's body still to read
+	length  int32 // the current record's body length
+	records int   // headers read: which record is the current one
 	// turn is the connection's part in the handshakes' turns while its
 	// handshake runs (handshakes.go), nil after.
 	turn *handshakeTurn
+	// held is what the handshake wrote after its flight (the session
+	// ticket, or an alert), sent with the next write (Write); nil when
+	// nothing is held. A pointer: the connection lives as long as its
+	// session, and 64 bytes is its size class.
+	held *[]byte
+}
+
+// recordApplicationData is the type of a TLS record that is encrypted
+// under TLS 1.3 (every record after the ServerHello's, whatever it holds).
+const recordApplicationData = 23
+
+// Write holds, while the handshake runs, a write that is all encrypted
+// records: crypto/tls writes the server's flight in one write that
+// starts with the plaintext ServerHello (or HelloRetryRequest), so such a
+// write comes after the flight, which the daemon needs; what comes after
+// it (the session ticket of a full handshake, written when the client's
+// certificate is in, or an alert) the daemon does not wait for. It goes
+// out with the next write, the upgrade's answer (one write and one
+// segment less a full handshake), or when the handshake fails (release),
+// before the close. A resumed handshake's ticket is in its flight.
+func (c *recordConn) Write(b []byte) (int, error) {
+	if c.turn != nil && len(b) > 0 && b[0] == recordApplicationData {
+		if c.held == nil {
+			c.held = new([]byte)
+		}
+		*c.held = append(*c.held, b...)
+		return len(b), nil
+	}
+	if c.held == nil {
+		return c.Conn.Write(b)
+	}
+	held := *c.held
+	c.held = nil
+	n, err := c.Conn.Write(append(held, b...))
+	return max(0, n-len(held)), err
+}
+
+// release writes what the handshake held (a failed handshake's alert).
+func (c *recordConn) release() {
+	if c.held != nil {
+		_, _ = c.Write(nil)
+	}
 }
 
 func (c *recordConn) Read(b []byte) (int, error) {
@@ -67,19 +109,19 @@ func (c *recordConn) read(b []byte) (int, error) {
 	if c.left == 0 {
 		// The next record's header, alone: its length bounds the reads
 		// that follow.
-		n, err := c.Conn.Read(b[:min(len(b), tlsRecordHeader-c.got)])
+		n, err := c.Conn.Read(b[:min(len(b), tlsRecordHeader-int(c.got))])
 		copy(c.header[c.got:], b[:n])
-		c.got += n
+		c.got += uint8(n)
 		if c.got == tlsRecordHeader {
 			c.got = 0
-			c.left = int(c.header[3])<<8 | int(c.header[4])
+			c.left = int32(c.header[3])<<8 | int32(c.header[4])
 			c.records++
 			c.length = c.left
 		}
 		return n, err
 	}
-	n, err := c.Conn.Read(b[:min(len(b), c.left)])
-	c.left -= n
+	n, err := c.Conn.Read(b[:min(len(b), int(c.left))])
+	c.left -= int32(n)
 	return n, err
 }
 
@@ -105,7 +147,7 @@ func (c *plainConn) Read(b []byte) (int, error) {
 		c.seen, c.consumed = c.rec.records, 0
 	}
 	c.consumed += n
-	c.drained.Store(n < len(b) || err != nil || c.consumed >= c.rec.length-tls13Overhead)
+	c.drained.Store(n < len(b) || err != nil || c.consumed >= int(c.rec.length)-tls13Overhead)
 	return n, err
 }
 

@@ -81,19 +81,7 @@ func (l *listener) close() {
 // handle runs the handshake and the upgrade request, then the session.
 func (l *listener) handle(raw net.Conn) {
 	l.track(raw, true)
-	// crypto/tls reads one record at a time from recordConn, and the
-	// upgrade and frames are read through plainConn: together they tell
-	// an idle session when it may wait on the socket (idle.go).
-	rec := &recordConn{Conn: raw}
-	tc := tls.Server(rec, l.tls)
-	_ = raw.SetDeadline(time.Now().Add(HandshakeTimeout))
-	ctx, cancel := context.WithTimeout(l.g.ctx, HandshakeTimeout)
-	// The handshake computes only in its turns (handshakes.go).
-	rec.turn = &handshakeTurn{t: l.g.turns, ctx: ctx}
-	err := tc.HandshakeContext(ctx)
-	rec.turn.done()
-	rec.turn = nil
-	cancel()
+	tc, rec, err := l.handshake(raw)
 	if err != nil {
 		l.track(raw, false)
 		_ = raw.Close()
@@ -122,6 +110,28 @@ func (l *listener) handle(raw net.Conn) {
 	if !w.hijacked {
 		_ = tc.Close()
 	}
+}
+
+// handshake runs the TLS handshake on raw, within HandshakeTimeout; a
+// failed one has sent its alert when it returns.
+func (l *listener) handshake(raw net.Conn) (*tls.Conn, *recordConn, error) {
+	// crypto/tls reads one record at a time from recordConn, and the
+	// upgrade and frames are read through plainConn: together they tell
+	// an idle session when it may wait on the socket (idle.go).
+	rec := &recordConn{Conn: raw}
+	tc := tls.Server(rec, l.tls)
+	_ = raw.SetDeadline(time.Now().Add(HandshakeTimeout))
+	ctx, cancel := context.WithTimeout(l.g.ctx, HandshakeTimeout)
+	defer cancel()
+	// The handshake computes only in its turns (handshakes.go).
+	rec.turn = &handshakeTurn{t: l.g.turns, ctx: ctx}
+	err := tc.HandshakeContext(ctx)
+	rec.turn.done()
+	rec.turn = nil
+	if err != nil {
+		rec.release()
+	}
+	return tc, rec, err
 }
 
 // upgradeWriter is the http.ResponseWriter of one upgrade request on a

@@ -194,6 +194,10 @@ type result struct {
 	startCPUFull, startCPUResumed time.Duration
 	// This process's CPU time (the daemons' side) over the same window.
 	loadFull, loadResumed time.Duration
+	// The restarted gateway's read and write system calls from its
+	// listening to all back (/proc/<pid>/io): exact where the CPU
+	// figures move with the machine's load.
+	sysFull, sysResumed [2]int64
 	// The restarted gateway's own counters (expvar; nil from a gateway
 	// without them).
 	varsFull, varsResumed map[string]int64
@@ -281,6 +285,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 		listening := time.Since(restarted) // the process's own start, before any session
 		tl.listen = time.Since(tl.killed)
 		startCPU := cpuTime(gw.Process.Pid)
+		sys0 := sysCalls(gw.Process.Pid)
 		profiled := make(chan struct{})
 		if d := os.Getenv("GATEWAY_PROFILES"); d != "" {
 			// The restarted gateway's CPU during the reconnect storm.
@@ -301,6 +306,13 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 		// The gateway's CPU time (its start and every session's handshake,
 		// hello, row and welcome): the figure a loaded machine disturbs least.
 		cpu := cpuTime(gw.Process.Pid)
+		sys := sysCalls(gw.Process.Pid)
+		sys = [2]int64{sys[0] - sys0[0], sys[1] - sys0[1]}
+		if label == "full" {
+			res.sysFull = sys
+		} else {
+			res.sysResumed = sys
+		}
 		self := selfCPU() - self0
 		stopProfile()
 		<-profiled
@@ -593,6 +605,25 @@ func cpuTime(pid int) time.Duration {
 	return d
 }
 
+var sysRe = regexp.MustCompile(`(?m)^sysc([rw]): (\d+)$`)
+
+// sysCalls is a process's read and write system calls so far
+// (/proc/<pid>/io: syscr, syscw).
+func sysCalls(pid int) [2]int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	check(err)
+	var v [2]int64
+	for _, m := range sysRe.FindAllSubmatch(b, -1) {
+		n, _ := strconv.ParseInt(string(m[2]), 10, 64)
+		if string(m[1]) == "r" {
+			v[0] = n
+		} else {
+			v[1] = n
+		}
+	}
+	return v
+}
+
 func rssKiB(pid int) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	check(err)
@@ -661,7 +692,7 @@ is shared).
 
 %s |
 %s|
-%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s
+%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s
 Each run restarts its gateway twice (SIGKILL, then a new process on the same port): once
 with the daemons' TLS session tickets dropped, so every session is a full handshake, once
 with the tickets their sessions got, so each resumes (the gateway runs with
@@ -750,6 +781,12 @@ gives; a resumed session holds more (the row after the second restart, odd runs)
 				return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000/float64(max(k, 1)))
 			}
 			return per(r.loadFull, r.finalFull) + " / " + per(r.loadResumed, r.final)
+		}),
+		row("restarted gateway's read / write system calls per session back, from listening: full; resuming", func(r result) string {
+			per := func(v [2]int64, k int64) string {
+				return fmt.Sprintf("%.2f / %.2f", float64(v[0])/float64(max(k, 1)), float64(v[1])/float64(max(k, 1)))
+			}
+			return per(r.sysFull, r.finalFull) + "; " + per(r.sysResumed, r.final)
 		}),
 		row("restarted gateway: database round trips per hello (session rows), full / resuming", func(r result) string {
 			per := func(v map[string]int64) string {
