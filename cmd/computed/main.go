@@ -352,8 +352,12 @@ const GatewayGCPercent = 20
 // sites.get), so at the default 100 it collected every 1.5 s at 2,400
 // calls/s, each cycle's mark phase taking tens of milliseconds on the one
 // core the benchmark gives it: 1 to 2 % of the time, inside the p99 of an
-// open-loop run. At 400 a cycle comes about every 6 s, for a heap goal
-// near 125 MB. GOGC in the environment wins; GOMEMLIMIT still caps the heap.
+// open-loop run. At 400 the heap goal is five times the live heap: with
+// about 13 MB live at 4,700 sites.get a second (2026-11-29, gctrace) a
+// cycle still came every 0.8 to 1.5 s (10 to 34 ms of mark), and the
+// half-load runs with GOGC off were not faster beyond the machine's
+// noise (docs/benchmarks-notes.md, that morning's lead section). GOGC in
+// the environment wins; GOMEMLIMIT still caps the heap.
 const APIGCPercent = 400
 
 // processGC sets the collector's target for the roles this process runs.
