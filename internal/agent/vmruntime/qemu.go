@@ -31,7 +31,11 @@ const BootTimeout = 90 * time.Second
 // QEMU runs each instance as a qemu VM (internal/qemu) under Dir/vms/<id>.
 // VMs outlive the daemon: a new QEMU re-attaches to the ones running.
 type QEMU struct {
-	Dir string
+	// applying is set while Apply converges, resuming are the resumes it
+	// started (r.mu).
+	applying bool
+	resuming []*vmState
+	Dir      string
 	// VolumeDir is the node's volume store (<serial>.raw files): volumes
 	// of a spec attach from there.
 	VolumeDir string
@@ -118,6 +122,10 @@ type vmState struct {
 	// saved is the spec as instance.json holds it: a spec that repeats it
 	// (every instance's, at each spec of the node) writes nothing.
 	saved []byte
+	// acked is set while the Apply that resumed the VM waits for the
+	// resume (ResumeGrace): the resume closes it instead of signalling a
+	// change, since that Apply's acknowledgement reports it.
+	acked chan struct{}
 }
 
 // NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
@@ -301,6 +309,7 @@ func (r *QEMU) Apply(ctx context.Context, _ int64, spec agentproto.SpecBody) ([]
 	var errs []error
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.applying, r.resuming = true, nil
 	if err := r.setOverlays(spec.Networks); err != nil {
 		errs = append(errs, err)
 	}
@@ -321,7 +330,53 @@ func (r *QEMU) Apply(ctx context.Context, _ int64, spec agentproto.SpecBody) ([]
 			}
 		}
 	}
+	r.applying = false
+	r.awaitResumes(ctx)
 	return r.observeLocked(), errors.Join(errs...)
+}
+
+// ResumeGrace is how long Apply waits for the resumes it started (a warm
+// instance claimed, a paused sandbox resumed) before it returns.
+const ResumeGrace = 50 * time.Millisecond
+
+// awaitResumes waits, r.mu released, up to ResumeGrace for the resumes
+// this Apply started (r.resuming) to check out (r.mu held). Someone waits
+// for each, and a resume takes milliseconds: so the daemon's
+// acknowledgement of the spec, which follows Apply, reports the VM
+// running, and the control plane writes one status for the claim instead
+// of a "starting" one during the resume and a "running" one after it,
+// queued behind the first on the node's session, both on the claim's 2
+// cores. A resume that takes longer is acknowledged starting and reports
+// running when it ends, as before.
+func (r *QEMU) awaitResumes(ctx context.Context) {
+	waits := r.resuming
+	r.resuming = nil
+	if len(waits) == 0 {
+		return
+	}
+	chans := make([]chan struct{}, len(waits))
+	for i, st := range waits {
+		chans[i] = st.acked
+	}
+	r.mu.Unlock()
+	t := time.NewTimer(ResumeGrace)
+wait:
+	for _, c := range chans {
+		select {
+		case <-c:
+		case <-t.C:
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	t.Stop()
+	r.mu.Lock()
+	for i, st := range waits {
+		if st.acked == chans[i] {
+			st.acked = nil // still resuming: it signals a change when it ends
+		}
+	}
 }
 
 // remove forgets an instance and ends its VM in the background (r.mu
@@ -779,6 +834,12 @@ func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 		gn = guestNet(st.wired) // the claim's new address
 	}
 	st.cancel, st.state, st.err = cancel, "starting", ""
+	var acked chan struct{}
+	if r.applying {
+		acked = make(chan struct{})
+		st.acked = acked
+		r.resuming = append(r.resuming, st)
+	}
 	go func() {
 		defer cancel()
 		t := startTimings("resume")
@@ -793,7 +854,23 @@ func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		// The Apply that started it may still wait for it (awaitResumes):
+		// then its acknowledgement reports what this resume ends in.
+		waited := acked != nil && st.acked == acked
+		if waited {
+			st.acked = nil
+		}
+		changed := func() {
+			if waited {
+				close(acked)
+			} else {
+				r.changed()
+			}
+		}
 		if r.vms[id] != st || st.vm != vm {
+			if waited {
+				close(acked) // nothing of this resume to report
+			}
 			return
 		}
 		st.cancel = nil
@@ -812,7 +889,7 @@ func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 			}
 			r.catchUp(id, st)
 		}
-		r.changed()
+		changed()
 	}()
 }
 
