@@ -335,8 +335,37 @@ func (r *QEMU) Apply(ctx context.Context, _ int64, spec agentproto.SpecBody) ([]
 	return r.observeLocked(), errors.Join(errs...)
 }
 
-// ResumeGrace is how long Apply waits for the resumes it started (a warm
-// instance claimed, a paused sandbox resumed) before it returns.
+// awaited registers a start that someone waits for (a resume, a restore)
+// with the Apply in progress, if any (r.mu held). The start calls done,
+// r.mu held, when it ended (changed) or was superseded: it tells the
+// waiting Apply, whose acknowledgement then reports it, or else signals a
+// change as any start's end does.
+func (r *QEMU) awaited(st *vmState) (done func(changed bool)) {
+	if !r.applying {
+		return func(changed bool) {
+			if changed {
+				r.changed()
+			}
+		}
+	}
+	acked := make(chan struct{})
+	st.acked = acked
+	r.resuming = append(r.resuming, st)
+	return func(changed bool) {
+		if st.acked == acked {
+			st.acked = nil
+			close(acked)
+			return
+		}
+		if changed {
+			r.changed()
+		}
+	}
+}
+
+// ResumeGrace is how long Apply waits for the resumes and restores it
+// started (a warm instance claimed, a paused sandbox resumed, a sandbox
+// restored from a snapshot) before it returns.
 const ResumeGrace = 50 * time.Millisecond
 
 // awaitResumes waits, r.mu released, up to ResumeGrace for the resumes
@@ -624,6 +653,16 @@ func (r *QEMU) boot(id string, st *vmState) {
 	st.forceGone, st.qmpFailures = false, 0
 	st.boots++
 	boot := st.boots
+	done := func(changed bool) {
+		if changed {
+			r.changed()
+		}
+	}
+	if how == "restore" {
+		// A restore is waited for, as a resume is (a pooled qemu's takes
+		// milliseconds): Apply's acknowledgement may report its end.
+		done = r.awaited(st)
+	}
 	holders := r.released(id, vs.Volumes, r.netFor(vs))
 	go func() {
 		defer cancel()
@@ -636,6 +675,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 		// The network first: qemu opens the VM's tap by name.
 		r.mu.Lock()
 		if r.vms[id] != st || st.boots != boot {
+			done(false)
 			r.mu.Unlock()
 			return // removed or stopped meanwhile
 		}
@@ -709,6 +749,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 			if vm != nil {
 				_ = vm.Kill() // removed or stopped meanwhile
 			}
+			done(false)
 			return
 		}
 		st.cancel = nil
@@ -726,7 +767,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 			}
 			r.catchUp(id, st)
 		}
-		r.changed()
+		done(true)
 	}()
 }
 
@@ -834,12 +875,7 @@ func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 		gn = guestNet(st.wired) // the claim's new address
 	}
 	st.cancel, st.state, st.err = cancel, "starting", ""
-	var acked chan struct{}
-	if r.applying {
-		acked = make(chan struct{})
-		st.acked = acked
-		r.resuming = append(r.resuming, st)
-	}
+	done := r.awaited(st)
 	go func() {
 		defer cancel()
 		t := startTimings("resume")
@@ -854,23 +890,8 @@ func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		// The Apply that started it may still wait for it (awaitResumes):
-		// then its acknowledgement reports what this resume ends in.
-		waited := acked != nil && st.acked == acked
-		if waited {
-			st.acked = nil
-		}
-		changed := func() {
-			if waited {
-				close(acked)
-			} else {
-				r.changed()
-			}
-		}
 		if r.vms[id] != st || st.vm != vm {
-			if waited {
-				close(acked) // nothing of this resume to report
-			}
+			done(false) // nothing of this resume to report
 			return
 		}
 		st.cancel = nil
@@ -889,7 +910,7 @@ func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 			}
 			r.catchUp(id, st)
 		}
-		changed()
+		done(true)
 	}()
 }
 

@@ -102,6 +102,30 @@ func TestAClaimIsAcknowledgedRunningWhenItsResumeChecksOut(t *testing.T) {
 	waitState(t, r2, "a", StateRunning)
 }
 
+// TestARestoreIsAcknowledgedRunningWhenItChecksOut: a restore is waited
+// for as a resume is, so the acknowledgement reports it running (one
+// status), and a boot is not (it takes seconds).
+func TestARestoreIsAcknowledgedRunningWhenItChecksOut(t *testing.T) {
+	l := &fakeLauncher{}
+	r := newRuntime(t, l)
+	restored := inst("r", StateRunning)
+	restored.Restore = "snap_1"
+	restored.Identity = &agentproto.SpecIdentity{Generation: 1, Hostname: "restored", MachineID: "m-r"}
+	drain(r)
+	st := apply(t, r, restored)
+	assert.Equal(t, StateRunning, st["r"].State, "acknowledged running")
+	require.NotNil(t, st["r"].Timings)
+	assert.Equal(t, "restore", st["r"].Timings.How)
+	select {
+	case <-r.Changes():
+		t.Fatal("a change signalled although the acknowledgement reported the restore")
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	st = apply(t, r, restored, inst("b", StateRunning))
+	assert.Equal(t, "starting", st["b"].State, "a boot is not waited for")
+}
+
 func TestASandboxsColdBootIsCheckedByItsIdentitysAnswer(t *testing.T) {
 	l := &fakeLauncher{}
 	r := newRuntime(t, l)
