@@ -48,6 +48,21 @@ RETURNING i.*;
 SELECT * FROM instances WHERE kind = 'warm' AND template_id = sqlc.arg(template_id) AND desired_state <> 'deleted'
 ORDER BY created_at DESC, instance_id DESC;
 
+-- name: SandboxesJobDue :one
+-- Whether the sandboxes reconciler has anything to do: a sandbox past its
+-- TTL, or a template whose warm pool is off (a failed warm instance,
+-- fewer healthy than warm.min, more than warm.max, a deleted template
+-- that still has some). One statement, so that a pass with nothing to do
+-- costs one round trip instead of a fenced transaction per template.
+SELECT EXISTS (SELECT 1 FROM sandboxes s WHERE s.deleted_at IS NULL AND s.expires_at <= now())::boolean AS expired,
+    EXISTS (SELECT 1 FROM sandbox_templates t
+            CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE w.state <> 'failed') AS healthy,
+                                       count(*) FILTER (WHERE w.state = 'failed') AS failed
+                                FROM instances w
+                                WHERE w.kind = 'warm' AND w.template_id = t.template_id AND w.desired_state <> 'deleted') p
+            WHERE (t.deleted AND p.healthy + p.failed > 0)
+               OR (NOT t.deleted AND (p.failed > 0 OR p.healthy < t.warm_min OR p.healthy > t.warm_max)))::boolean AS warm;
+
 -- name: WarmTemplates :many
 -- Templates whose warm pool the reconciler looks at: live ones, and
 -- deleted ones that still have warm instances.

@@ -1067,6 +1067,34 @@ func (q *Queries) SandboxReady(ctx context.Context, arg SandboxReadyParams) (San
 	return i, err
 }
 
+const sandboxesJobDue = `-- name: SandboxesJobDue :one
+SELECT EXISTS (SELECT 1 FROM sandboxes s WHERE s.deleted_at IS NULL AND s.expires_at <= now())::boolean AS expired,
+    EXISTS (SELECT 1 FROM sandbox_templates t
+            CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE w.state <> 'failed') AS healthy,
+                                       count(*) FILTER (WHERE w.state = 'failed') AS failed
+                                FROM instances w
+                                WHERE w.kind = 'warm' AND w.template_id = t.template_id AND w.desired_state <> 'deleted') p
+            WHERE (t.deleted AND p.healthy + p.failed > 0)
+               OR (NOT t.deleted AND (p.failed > 0 OR p.healthy < t.warm_min OR p.healthy > t.warm_max)))::boolean AS warm
+`
+
+type SandboxesJobDueRow struct {
+	Expired bool
+	Warm    bool
+}
+
+// Whether the sandboxes reconciler has anything to do: a sandbox past its
+// TTL, or a template whose warm pool is off (a failed warm instance,
+// fewer healthy than warm.min, more than warm.max, a deleted template
+// that still has some). One statement, so that a pass with nothing to do
+// costs one round trip instead of a fenced transaction per template.
+func (q *Queries) SandboxesJobDue(ctx context.Context) (SandboxesJobDueRow, error) {
+	row := q.db.QueryRow(ctx, sandboxesJobDue)
+	var i SandboxesJobDueRow
+	err := row.Scan(&i.Expired, &i.Warm)
+	return i, err
+}
+
 const sandboxesReadyOfStatus = `-- name: SandboxesReadyOfStatus :many
 UPDATE sandboxes s SET ready_at = i.identity_ready_at
 FROM instances i

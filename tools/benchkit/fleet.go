@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,6 +35,7 @@ type Fleet struct {
 	DB       *pgx.Conn
 	PoolID   string
 	Node     string
+	DBName   string // the fleet's database, as PostgreSQL's backends name it
 
 	name    string
 	owner   string // the vmowner mark of the qemu processes it starts
@@ -62,6 +64,9 @@ func StartFleet(ctx context.Context, name, database, imagesDir string) *Fleet {
 	}
 	dbURL, drop, err := FreshDatabase(ctx, database, name)
 	f.check(err)
+	if u, err := url.Parse(dbURL); err == nil {
+		f.DBName = strings.TrimPrefix(u.Path, "/")
+	}
 	f.defer_(drop)
 	pkiFile := filepath.Join(f.Work, "pki.json")
 	_, _, err = pki.Init(pkiFile, benchSecret, "bench.local")
@@ -120,6 +125,14 @@ func (f *Fleet) Close() {
 		f.deleteAll()
 	}
 	left := vmowner.WaitGone(f.owner, 60*time.Second)
+	if keep := os.Getenv("BENCHKIT_KEEP_LOGS"); keep != "" && f.Work != "" {
+		// The processes' logs outlive the run (a trace's other half).
+		for _, l := range []string{"computed.log", "agent.log"} {
+			if b, err := os.ReadFile(filepath.Join(f.Work, l)); err == nil {
+				_ = os.WriteFile(filepath.Join(keep, f.name+"-"+l), b, 0o600)
+			}
+		}
+	}
 	for _, fn := range slices.Backward(f.cleanup) {
 		fn()
 	}
@@ -199,6 +212,10 @@ func deleteEach[T any](warn func(string, error), what string, list func() ([]T, 
 		warn("delete "+id, err)
 	}
 }
+
+// Sched is SchedByGroup of the fleet's processes and its database's
+// backends.
+func (f *Fleet) Sched() map[string]Sched { return SchedByGroup(f.owner, f.DBName) }
 
 func (f *Fleet) defer_(fn func()) { f.cleanup = append(f.cleanup, fn) }
 

@@ -34,6 +34,7 @@ func main() {
 	out := flag.String("out", "docs/benchmarks.md", "the benchmarks page")
 	notes := flag.String("notes", "docs/benchmarks-notes.md", "the notes page make bench appends")
 	flag.Parse()
+	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	ctx := context.Background()
 	if _, err := (&images.Dir{Path: *imagesDir}).Get(ctx, "computeplane/minimal"); err != nil {
 		log.Fatalf("instancebench: %v (run make images)", err)
@@ -94,8 +95,8 @@ func main() {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		log.Printf("run %d: total %s (admission %s, delivery %s, host %s)", i+1, t3.Sub(t0).Round(time.Millisecond),
-			t1.Sub(t0).Round(time.Millisecond), t2.Sub(t1).Round(time.Millisecond), t3.Sub(t2).Round(time.Millisecond))
+		log.Printf("run %d: total %s (admission %s, delivery %s, host %s) %s created at %s", i+1, t3.Sub(t0).Round(time.Millisecond),
+			t1.Sub(t0).Round(time.Millisecond), t2.Sub(t1).Round(time.Millisecond), t3.Sub(t2).Round(time.Millisecond), id, t0.UTC().Format("15:04:05.000000"))
 	}
 	cp := make([]time.Duration, len(admit))
 	for i := range admit {

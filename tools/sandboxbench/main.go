@@ -12,6 +12,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,10 +31,25 @@ import (
 	"computeplane/tools/benchkit"
 )
 
+var slowestN *int
+
 // series is one kind of start's figures.
 type series struct {
 	name                 string
 	total, control, host []time.Duration
+	claims               []claim
+}
+
+// claim is one create's timeline, from the client's clock and the
+// sandbox's row (the same host's clock): the call reaching the server
+// (created_at), the VM taken (placed_at), the status that found it ready
+// begun (ready_at), the answer back; with the daemon's host share and
+// what the scheduler says of the fleet's processes meanwhile.
+type claim struct {
+	n                                     int
+	total, toServer, placed, ready, reply time.Duration
+	host                                  time.Duration
+	sched                                 string
 }
 
 func main() {
@@ -43,8 +60,10 @@ func main() {
 	out := flag.String("out", "docs/benchmarks.md", "the benchmarks page")
 	notes := flag.String("notes", "docs/benchmarks-notes.md", "the notes page make bench appends")
 	only := flag.String("only", "", "run only this kind: warm, restore or cold (while iterating; the report then has that kind's rows only)")
+	slowestN = flag.Int("slowest", 5, "the slowest warm claims of all rounds traced by phase in the report")
 	restorePool := flag.Int("restore-pool", -1, "the agent's --restore-pool (qemus started ahead per snapshot); -1 leaves its default (an A/B: 0 against 1)")
 	flag.Parse()
+	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	if *restorePool >= 0 {
 		benchkit.AgentArgs = append(benchkit.AgentArgs, "--restore-pool", strconv.Itoa(*restorePool))
 	}
@@ -69,6 +88,7 @@ func main() {
 	create := func(in client.SandboxesCreateInput, s *series) client.Sandbox {
 		n++
 		in.TenantId, in.IdempotencyKey, in.Wait = "bench", "k"+strconv.Itoa(n), client.NewOptWait(client.Wait{TimeoutMs: 30000})
+		s0, p0 := f.Sched(), benchkit.CPUPressure()
 		t0 := time.Now()
 		res, err := f.C.SandboxesCreate(ctx, &in)
 		total := time.Since(t0)
@@ -83,13 +103,19 @@ func main() {
 			sb = g.Data
 		}
 		total = time.Since(t0)
+		s1, p1 := f.Sched(), benchkit.CPUPressure()
 		if sb.State != "running" || sb.Timings.HostReadyMs.Null {
 			f.Fatal(fmt.Sprintf("sandbox %s is %s (%v)", sb.SandboxId, sb.State, sb.Error))
 		}
 		host := time.Duration(sb.Timings.HostReadyMs.Value) * time.Millisecond
 		if s != nil {
 			s.total, s.host, s.control = append(s.total, total), append(s.host, host), append(s.control, max(total-host, 0))
-			log.Printf("%s %d: %s (host %s; the database saw it ready after %d ms)", s.name, len(s.total), total.Round(time.Millisecond), host, sb.Timings.ReadyMs.Value)
+			var created, placed, ready time.Time
+			check(f.DB.QueryRow(ctx, `select created_at, placed_at, ready_at from sandboxes where sandbox_id = $1`, sb.SandboxId).Scan(&created, &placed, &ready))
+			s.claims = append(s.claims, claim{n: len(s.total), total: total, toServer: created.Sub(t0), placed: placed.Sub(created),
+				ready: ready.Sub(placed), reply: t0.Add(total).Sub(ready), host: host, sched: benchkit.SchedDelta(s0, s1)})
+			log.Printf("%s %d: %s (host %s; the database saw it ready after %d ms) %s started %s", s.name, len(s.total), total.Round(time.Millisecond), host, sb.Timings.ReadyMs.Value, sb.SandboxId, t0.UTC().Format("15:04:05.000000"))
+			log.Printf("  sched (ms ran/waited): %s; machine's CPU pressure %.1f ms", benchkit.SchedDelta(s0, s1), float64(p1-p0)/1e6)
 		}
 		return sb
 	}
@@ -241,6 +267,7 @@ status written, the wait noticing it).
 		}
 		return "missed"
 	}
+	slowest(&b, all, *slowestN)
 	w, wc, rs, cb := worst(0, total), worst(0, control), worst(1, total), worst(2, total)
 	fmt.Fprintf(&b, `
 Goals (issue 26), judged on the worst round: a warm claim p99 at most 15 ms end to end (%s: %s)
@@ -250,3 +277,39 @@ p99 at most 1.5 s (%s: %s).
 `, w, verdict(w, 15*time.Millisecond), wc, verdict(wc, 10*time.Millisecond), rs, verdict(rs, 150*time.Millisecond), cb, verdict(cb, 1500*time.Millisecond))
 	return b.String()
 }
+
+// slowest writes the n slowest warm claims of all rounds by phase: where
+// a tail claim's time went, and whether the fleet's processes ran (work)
+// or waited for a CPU (contention) meanwhile.
+func slowest(b *strings.Builder, all [][]*series, n int) {
+	type ranked struct {
+		c     claim
+		round int
+	}
+	var rk []ranked
+	for r, rs := range all {
+		for _, c := range rs[0].claims {
+			rk = append(rk, ranked{c, r + 1})
+		}
+	}
+	if n <= 0 || len(rk) == 0 {
+		return
+	}
+	slices.SortFunc(rk, func(a, b ranked) int { return cmp.Compare(b.c.total, a.c.total) })
+	fmt.Fprintf(b, `
+The %d slowest warm claims by phase (from the client's clock and the sandbox's row: the call
+reaching the server, the VM claimed, the status that found it ready begun, the answer back; the
+host's share is inside "claimed to ready"); then, per process of the fleet, CPU time used / time
+spent runnable waiting for a CPU during the claim (/proc/<pid>/task/*/schedstat, ms):
+
+| round | claim | end to end | to the server | to claimed | claimed to ready | host | ready to answer | ran / waited (ms) |
+|---:|---:|---:|---:|---:|---:|---:|---:|---|
+`, min(n, len(rk)))
+	for _, x := range rk[:min(n, len(rk))] {
+		c := x.c
+		fmt.Fprintf(b, "| %d | %d | %s | %s | %s | %s | %s | %s | %s |\n", x.round, c.n, ms(c.total), ms(c.toServer), ms(c.placed), ms(c.ready),
+			ms(c.host), ms(c.reply), c.sched)
+	}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }

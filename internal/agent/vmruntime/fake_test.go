@@ -116,6 +116,7 @@ type fakeVM struct {
 	userData  string                // as RunUserData got it
 
 	readyGate chan struct{} // Ready waits for it
+	callGate  chan struct{} // a guest request waits for it
 	saveGate  chan struct{} // SaveState waits for it
 	killGate  chan struct{} // Kill waits for it
 	saving    chan struct{} // closed when SaveState is entered
@@ -272,7 +273,17 @@ func (v *fakeVM) Ready(ctx context.Context) (guestproto.Ready, error) {
 	return guestproto.Ready{BootID: "boot"}, nil
 }
 
-func (v *fakeVM) Call(_ context.Context, r guestproto.Request) (guestproto.Response, error) {
+func (v *fakeVM) Call(ctx context.Context, r guestproto.Request) (guestproto.Response, error) {
+	v.mu.Lock()
+	gate := v.callGate
+	v.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return guestproto.Response{}, ctx.Err()
+		}
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.requests = append(v.requests, r.Op)

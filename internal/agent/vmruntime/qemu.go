@@ -31,7 +31,11 @@ const BootTimeout = 90 * time.Second
 // QEMU runs each instance as a qemu VM (internal/qemu) under Dir/vms/<id>.
 // VMs outlive the daemon: a new QEMU re-attaches to the ones running.
 type QEMU struct {
-	Dir string
+	// applying is set while Apply converges, resuming are the resumes it
+	// started (r.mu).
+	applying bool
+	resuming []*vmState
+	Dir      string
 	// VolumeDir is the node's volume store (<serial>.raw files): volumes
 	// of a spec attach from there.
 	VolumeDir string
@@ -118,6 +122,10 @@ type vmState struct {
 	// saved is the spec as instance.json holds it: a spec that repeats it
 	// (every instance's, at each spec of the node) writes nothing.
 	saved []byte
+	// acked is set while the Apply that resumed the VM waits for the
+	// resume (ResumeGrace): the resume closes it instead of signalling a
+	// change, since that Apply's acknowledgement reports it.
+	acked chan struct{}
 }
 
 // NewQEMU re-attaches to the VMs under dir. accel is kvm or tcg (the
@@ -301,6 +309,7 @@ func (r *QEMU) Apply(ctx context.Context, _ int64, spec agentproto.SpecBody) ([]
 	var errs []error
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.applying, r.resuming = true, nil
 	if err := r.setOverlays(spec.Networks); err != nil {
 		errs = append(errs, err)
 	}
@@ -321,7 +330,82 @@ func (r *QEMU) Apply(ctx context.Context, _ int64, spec agentproto.SpecBody) ([]
 			}
 		}
 	}
+	r.applying = false
+	r.awaitResumes(ctx)
 	return r.observeLocked(), errors.Join(errs...)
+}
+
+// awaited registers a start that someone waits for (a resume, a restore)
+// with the Apply in progress, if any (r.mu held). The start calls done,
+// r.mu held, when it ended (changed) or was superseded: it tells the
+// waiting Apply, whose acknowledgement then reports it, or else signals a
+// change as any start's end does.
+func (r *QEMU) awaited(st *vmState) (done func(changed bool)) {
+	if !r.applying {
+		return func(changed bool) {
+			if changed {
+				r.changed()
+			}
+		}
+	}
+	acked := make(chan struct{})
+	st.acked = acked
+	r.resuming = append(r.resuming, st)
+	return func(changed bool) {
+		if st.acked == acked {
+			st.acked = nil
+			close(acked)
+			return
+		}
+		if changed {
+			r.changed()
+		}
+	}
+}
+
+// ResumeGrace is how long Apply waits for the resumes and restores it
+// started (a warm instance claimed, a paused sandbox resumed, a sandbox
+// restored from a snapshot) before it returns.
+const ResumeGrace = 50 * time.Millisecond
+
+// awaitResumes waits, r.mu released, up to ResumeGrace for the resumes
+// this Apply started (r.resuming) to check out (r.mu held). Someone waits
+// for each, and a resume takes milliseconds: so the daemon's
+// acknowledgement of the spec, which follows Apply, reports the VM
+// running, and the control plane writes one status for the claim instead
+// of a "starting" one during the resume and a "running" one after it,
+// queued behind the first on the node's session, both on the claim's 2
+// cores. A resume that takes longer is acknowledged starting and reports
+// running when it ends, as before.
+func (r *QEMU) awaitResumes(ctx context.Context) {
+	waits := r.resuming
+	r.resuming = nil
+	if len(waits) == 0 {
+		return
+	}
+	chans := make([]chan struct{}, len(waits))
+	for i, st := range waits {
+		chans[i] = st.acked
+	}
+	r.mu.Unlock()
+	t := time.NewTimer(ResumeGrace)
+wait:
+	for _, c := range chans {
+		select {
+		case <-c:
+		case <-t.C:
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	t.Stop()
+	r.mu.Lock()
+	for i, st := range waits {
+		if st.acked == chans[i] {
+			st.acked = nil // still resuming: it signals a change when it ends
+		}
+	}
 }
 
 // remove forgets an instance and ends its VM in the background (r.mu
@@ -569,6 +653,16 @@ func (r *QEMU) boot(id string, st *vmState) {
 	st.forceGone, st.qmpFailures = false, 0
 	st.boots++
 	boot := st.boots
+	done := func(changed bool) {
+		if changed {
+			r.changed()
+		}
+	}
+	if how == "restore" {
+		// A restore is waited for, as a resume is (a pooled qemu's takes
+		// milliseconds): Apply's acknowledgement may report its end.
+		done = r.awaited(st)
+	}
 	holders := r.released(id, vs.Volumes, r.netFor(vs))
 	go func() {
 		defer cancel()
@@ -581,6 +675,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 		// The network first: qemu opens the VM's tap by name.
 		r.mu.Lock()
 		if r.vms[id] != st || st.boots != boot {
+			done(false)
 			r.mu.Unlock()
 			return // removed or stopped meanwhile
 		}
@@ -654,6 +749,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 			if vm != nil {
 				_ = vm.Kill() // removed or stopped meanwhile
 			}
+			done(false)
 			return
 		}
 		st.cancel = nil
@@ -671,7 +767,7 @@ func (r *QEMU) boot(id string, st *vmState) {
 			}
 			r.catchUp(id, st)
 		}
-		r.changed()
+		done(true)
 	}()
 }
 
@@ -779,6 +875,7 @@ func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 		gn = guestNet(st.wired) // the claim's new address
 	}
 	st.cancel, st.state, st.err = cancel, "starting", ""
+	done := r.awaited(st)
 	go func() {
 		defer cancel()
 		t := startTimings("resume")
@@ -794,6 +891,7 @@ func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if r.vms[id] != st || st.vm != vm {
+			done(false) // nothing of this resume to report
 			return
 		}
 		st.cancel = nil
@@ -812,7 +910,7 @@ func (r *QEMU) restart(id string, st *vmState, identity, newNet bool) {
 			}
 			r.catchUp(id, st)
 		}
-		r.changed()
+		done(true)
 	}()
 }
 

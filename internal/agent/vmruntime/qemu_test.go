@@ -57,6 +57,75 @@ func TestDesiredRunningFromNothingBoots(t *testing.T) {
 	assert.Empty(t, vm.Calls())
 }
 
+// TestAClaimIsAcknowledgedRunningWhenItsResumeChecksOut: Apply waits a
+// little (ResumeGrace) for the resumes it starts, so that the spec's
+// acknowledgement reports a claimed VM running (one status for the claim,
+// no change signalled after it); a resume still going after the grace is
+// acknowledged starting and signals its end, as a boot does.
+func TestAClaimIsAcknowledgedRunningWhenItsResumeChecksOut(t *testing.T) {
+	claim := inst("a", StateRunning)
+	claim.Identity = &agentproto.SpecIdentity{Generation: 2, Hostname: "claimed", MachineID: "m-2"}
+
+	l := &fakeLauncher{}
+	r := newRuntime(t, l)
+	apply(t, r, inst("a", StatePaused))
+	waitState(t, r, "a", StatePaused)
+	drain(r)
+	st := apply(t, r, claim)
+	assert.Equal(t, StateRunning, st["a"].State, "acknowledged running")
+	assert.Equal(t, int64(2), st["a"].Identity)
+	select {
+	case <-r.Changes():
+		t.Fatal("a change signalled although the acknowledgement reported the resume")
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	// A guest that answers only after the grace.
+	l2 := &fakeLauncher{}
+	r2 := newRuntime(t, l2)
+	apply(t, r2, inst("a", StatePaused))
+	waitState(t, r2, "a", StatePaused)
+	vm := l2.vm(t, "a")
+	gate := make(chan struct{})
+	vm.mu.Lock()
+	vm.callGate = gate
+	vm.mu.Unlock()
+	drain(r2)
+	st = apply(t, r2, claim)
+	assert.Equal(t, "starting", st["a"].State, "acknowledged starting after the grace")
+	close(gate)
+	select {
+	case <-r2.Changes():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no change signalled when the resume ended after the grace")
+	}
+	waitState(t, r2, "a", StateRunning)
+}
+
+// TestARestoreIsAcknowledgedRunningWhenItChecksOut: a restore is waited
+// for as a resume is, so the acknowledgement reports it running (one
+// status), and a boot is not (it takes seconds).
+func TestARestoreIsAcknowledgedRunningWhenItChecksOut(t *testing.T) {
+	l := &fakeLauncher{}
+	r := newRuntime(t, l)
+	restored := inst("r", StateRunning)
+	restored.Restore = "snap_1"
+	restored.Identity = &agentproto.SpecIdentity{Generation: 1, Hostname: "restored", MachineID: "m-r"}
+	drain(r)
+	st := apply(t, r, restored)
+	assert.Equal(t, StateRunning, st["r"].State, "acknowledged running")
+	require.NotNil(t, st["r"].Timings)
+	assert.Equal(t, "restore", st["r"].Timings.How)
+	select {
+	case <-r.Changes():
+		t.Fatal("a change signalled although the acknowledgement reported the restore")
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	st = apply(t, r, restored, inst("b", StateRunning))
+	assert.Equal(t, "starting", st["b"].State, "a boot is not waited for")
+}
+
 func TestASandboxsColdBootIsCheckedByItsIdentitysAnswer(t *testing.T) {
 	l := &fakeLauncher{}
 	r := newRuntime(t, l)
@@ -97,7 +166,7 @@ func TestTransitionsOfABootedInstance(t *testing.T) {
 		name     string
 		from     string
 		to       []agentproto.InstanceSpec // the spec applied
-		returned string                    // the state Apply returns
+		returned string                    // the state Apply returns (a resume's guest answers at once here)
 		state    string                    // the state it settles in ("" gone)
 		calls    []string
 		requests []string // guest requests after the boot's
@@ -105,7 +174,7 @@ func TestTransitionsOfABootedInstance(t *testing.T) {
 		{name: "running to paused", from: StateRunning, to: []agentproto.InstanceSpec{inst("a", StatePaused)},
 			returned: StatePaused, state: StatePaused, calls: []string{"pause"}},
 		{name: "paused to running resumes and checks", from: StatePaused, to: []agentproto.InstanceSpec{inst("a", StateRunning)},
-			returned: "starting", state: StateRunning, calls: []string{"pause", "nice", "resume"}, requests: []string{guestproto.OpPing}},
+			returned: StateRunning, state: StateRunning, calls: []string{"pause", "nice", "resume"}, requests: []string{guestproto.OpPing}},
 		{name: "running to stopped", from: StateRunning, to: []agentproto.InstanceSpec{inst("a", StateStopped)},
 			returned: StateStopped, state: StateStopped, calls: []string{"stop"}},
 		{name: "paused to stopped", from: StatePaused, to: []agentproto.InstanceSpec{inst("a", StateStopped)},
@@ -120,9 +189,9 @@ func TestTransitionsOfABootedInstance(t *testing.T) {
 			return in
 		}()}, returned: "starting", state: StateRunning, calls: []string{"reset"}, requests: []string{guestproto.OpIdentity}},
 		{name: "a warm instance claimed", from: StatePaused, to: []agentproto.InstanceSpec{withIdentity(inst("a", StateRunning))},
-			returned: "starting", state: StateRunning, calls: []string{"pause", "nice", "resume"}, requests: []string{guestproto.OpIdentity}},
+			returned: StateRunning, state: StateRunning, calls: []string{"pause", "nice", "resume"}, requests: []string{guestproto.OpIdentity}},
 		{name: "a running instance given a new identity", from: StateRunning, to: []agentproto.InstanceSpec{withIdentity(inst("a", StateRunning))},
-			returned: "starting", state: StateRunning, calls: []string{"resume"}, requests: []string{guestproto.OpIdentity}},
+			returned: StateRunning, state: StateRunning, calls: []string{"resume"}, requests: []string{guestproto.OpIdentity}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
