@@ -320,10 +320,14 @@ cluster_pids() { # database URL: its postmaster and the postmaster's children
 # generator's core rather than the server's (SHED_PG_CPUS chooses): on a
 # core of its own the server's half-load latency is its own, not its wait
 # behind PostgreSQL's backends on a shared core. On a quiet machine
-# (2026-11-29) sites.get's half-load p99 was 4.2 and 4.5 ms so, 6.0 to
-# 7.7 ms with PostgreSQL on the server's core (docs/benchmarks-notes.md,
-# that morning's lead section). The peaks are searched with the same
-# placement; (a), (b) and what follows keep PostgreSQL with the server.
+# (2026-11-29, autogroup off) sites.get's half-load p99 was 4.2 and 4.5
+# ms so, 6.0 to 7.7 ms with PostgreSQL on the server's core. With
+# autogroup on, PostgreSQL (its own session's group) gets only half of
+# the generator's core while the generator is busy: the same run's
+# half-load p99 rose to 7.0 ms (sites.get) and 23 ms (secrets.put)
+# (docs/benchmarks-notes.md, that morning's lead sections). The peaks are
+# searched with the same placement; (a), (b) and what follows keep
+# PostgreSQL with the server.
 pin_postgres() { # cpus
 	local u p
 	for u in "$db_url" "$durable_url"; do
