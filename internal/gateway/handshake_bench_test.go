@@ -79,7 +79,11 @@ func benchNodeCert(b *testing.B, bundle *pki.Bundle, key *ecdsa.PrivateKey, now 
 	return cert
 }
 
-func BenchmarkMutualHandshake(b *testing.B) {
+// handshakeConfigs gives the two handshake benchmarks their server and
+// client configurations, one pair per key exchange compared: the gateway's
+// serving certificate, a node certificate of the node CA, TLS 1.3, client
+// certificates asked; session tickets off unless tickets.
+func handshakeConfigs(b *testing.B, tickets bool) map[string][2]*tls.Config {
 	bundle, err := pki.Generate("test.local")
 	if err != nil {
 		b.Fatal(err)
@@ -92,15 +96,25 @@ func BenchmarkMutualHandshake(b *testing.B) {
 	cert := benchNodeCert(b, bundle, key, time.Now())
 	sroots := x509.NewCertPool()
 	sroots.AddCert(bundle.ServingCA.Cert)
-	for _, kx := range []struct {
-		name   string
-		curves []tls.CurveID
-	}{{"X25519MLKEM768", []tls.CurveID{tls.X25519MLKEM768}}, {"X25519", []tls.CurveID{tls.X25519}}} {
-		b.Run(kx.name, func(b *testing.B) {
-			sc := &tls.Config{MinVersion: tls.VersionTLS13, ClientAuth: tls.RequireAnyClientCert, Certificates: []tls.Certificate{serving},
-				SessionTicketsDisabled: true, CurvePreferences: kx.curves}
-			cc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: sroots, ServerName: "127.0.0.1", CurvePreferences: kx.curves,
-				Certificates: []tls.Certificate{{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}}}
+	configs := map[string][2]*tls.Config{}
+	for name, curves := range map[string][]tls.CurveID{"X25519MLKEM768": {tls.X25519MLKEM768}, "X25519": {tls.X25519}} {
+		sc := &tls.Config{MinVersion: tls.VersionTLS13, ClientAuth: tls.RequireAnyClientCert, Certificates: []tls.Certificate{serving},
+			SessionTicketsDisabled: !tickets, CurvePreferences: curves}
+		cc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: sroots, ServerName: "127.0.0.1", CurvePreferences: curves,
+			Certificates: []tls.Certificate{{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}}}
+		if tickets {
+			cc.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+		}
+		configs[name] = [2]*tls.Config{sc, cc}
+	}
+	return configs
+}
+
+func BenchmarkMutualHandshake(b *testing.B) {
+	configs := handshakeConfigs(b, false)
+	for _, name := range []string{"X25519MLKEM768", "X25519"} {
+		sc, cc := configs[name][0], configs[name][1]
+		b.Run(name, func(b *testing.B) {
 			var server time.Duration // the server side's CPU, on a thread of its own
 			for b.Loop() {
 				c1, c2 := net.Pipe()
@@ -132,28 +146,10 @@ func BenchmarkMutualHandshake(b *testing.B) {
 // or chain), with each key exchange, for what a resuming session's
 // ~0.6 ms is made of (docs/benchmarks-notes.md).
 func BenchmarkResumedHandshake(b *testing.B) {
-	bundle, err := pki.Generate("test.local")
-	if err != nil {
-		b.Fatal(err)
-	}
-	serving, err := bundle.IssueServing([]string{"127.0.0.1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	cert := benchNodeCert(b, bundle, key, time.Now())
-	sroots := x509.NewCertPool()
-	sroots.AddCert(bundle.ServingCA.Cert)
-	for _, kx := range []struct {
-		name   string
-		curves []tls.CurveID
-	}{{"X25519MLKEM768", []tls.CurveID{tls.X25519MLKEM768}}, {"X25519", []tls.CurveID{tls.X25519}}} {
-		b.Run(kx.name, func(b *testing.B) {
-			sc := &tls.Config{MinVersion: tls.VersionTLS13, ClientAuth: tls.RequireAnyClientCert, Certificates: []tls.Certificate{serving},
-				CurvePreferences: kx.curves}
-			cc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: sroots, ServerName: "127.0.0.1", CurvePreferences: kx.curves,
-				Certificates:       []tls.Certificate{{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}},
-				ClientSessionCache: tls.NewLRUClientSessionCache(1)}
+	configs := handshakeConfigs(b, true)
+	for _, name := range []string{"X25519MLKEM768", "X25519"} {
+		sc, cc := configs[name][0], configs[name][1]
+		b.Run(name, func(b *testing.B) {
 			// Over loopback TCP: a resumed server writes its ticket in
 			// its flight, which a net.Pipe would hold until the client
 			// read it.
