@@ -122,6 +122,7 @@ type Config struct {
 	Capacity  Capacity
 	Admission Admission
 	Shutdown  Shutdown
+	Memory    Memory
 	Scheduler Scheduler
 	Clock     Clock
 	Log       Log
