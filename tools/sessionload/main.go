@@ -718,7 +718,12 @@ the figures.
 session's welcome; the timeline rows count from the SIGKILL (exec, the first successful
 probe of the port, half and all of the sessions welcomed again), and the row after them
 splits the storm from listening to all back between the three processes on the two cores:
-the gateway (its core), the load tool (the other) and PostgreSQL (either).
+the gateway (its core), the load tool (the other) and PostgreSQL (either); the next says how
+busy each core was (what the three leave is other processes or idle). Each daemon's own
+restart is timed too: when it saw its session end, its first dial, the dial that was
+welcomed, and its welcome. The daemons queue for the load tool's dial slots, which stand in
+for the gateway's own queue of a real fleet: a first dial long after the session's end with
+a short welcomed dial says the gateway's rate, not the daemons' schedule, brought them back.
 
 Goals: at most 24 KiB per idle session (worst run %.1f KiB: %s); all %d back within 10 s of
 a restart (with full handshakes, the default: worst run %s: %s; resuming, with
