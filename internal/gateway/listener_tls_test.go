@@ -3,12 +3,16 @@ package gateway
 import (
 	"bufio"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -19,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"computeplane/internal/agent"
 	"computeplane/internal/config"
 	"computeplane/internal/pki"
 )
@@ -153,4 +158,42 @@ func TestARefusedHandshakeStillSendsItsAlert(t *testing.T) {
 // writes adds a pointer, and the struct stays in the 64-byte size class.
 func TestARecordConnStaysInItsSizeClass(t *testing.T) {
 	assert.LessOrEqual(t, unsafe.Sizeof(recordConn{}), uintptr(64))
+}
+
+// gateway.tls may hold an Ed25519 serving key (PKCS#8): the gateway signs
+// its handshakes with it and a daemon's TLS configuration accepts it
+// (docs/gateway.md; what it saves: BenchmarkServingSignature).
+func TestAnEd25519ServingCertificateFromGatewayTLS(t *testing.T) {
+	w := newHandshakeWorld(t, nil)
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(9), Subject: pkix.Name{CommonName: "gateway"},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, w.bundle.ServingCA.Cert, pub, w.bundle.ServingCA.Key)
+	require.NoError(t, err)
+	pk8, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	kp := &config.KeyPair{Cert: config.PEM{Inline: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))},
+		Key: config.PEM{Inline: string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: pk8}))}}
+	cert, err := newReloading("gateway.tls", keyPairReader(kp), time.Now, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	w.l.g.cert = cert
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	done := w.serve(t, ln)
+	roots := x509.NewCertPool()
+	roots.AddCert(w.bundle.ServingCA.Cert)
+	tc, err := tls.Dial("tcp", ln.Addr().String(), agent.MTLSConfig(roots, "127.0.0.1", func() *tls.Certificate { return &w.cert }, nil))
+	require.NoError(t, err)
+	defer tc.Close()
+	_, err = io.WriteString(tc, "GET /v1/session HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	require.Positive(t, <-done, "the handshake and the upgrade")
+	st := tc.ConnectionState()
+	assert.Equal(t, x509.Ed25519, st.PeerCertificates[0].PublicKeyAlgorithm)
+	assert.Equal(t, tls.X25519MLKEM768, st.CurveID)
 }

@@ -35,7 +35,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
@@ -78,6 +77,9 @@ type node struct {
 	mu   sync.Mutex
 	tls  *tls.Config        // agent.MTLSConfig with the node's ticket cache
 	drop context.CancelFunc // ends the session held now (kick)
+
+	// This daemon's part in the restart being timed (timeline.go).
+	restart daemonTimes
 }
 
 func newNode(id string, cert tls.Certificate, roots *x509.CertPool) *node {
@@ -112,7 +114,7 @@ func (nd *node) forget() {
 // hold keeps one session and reconnects as agent.Run does with one
 // gateway: at once after a session that lasted agent.ShortSession,
 // otherwise after agent.BackoffMin doubling to agent.DrainRetryMax (the
-// cap for a minute after a dropped session), plus up to half.
+// cap for a minute after a dropped session), jittered (agent.RetryDelay).
 func (nd *node) hold(addr string, welcomed *atomic.Int64, dialing chan struct{}, stop <-chan struct{}) {
 	backoff := agent.BackoffMin
 	for {
@@ -125,7 +127,7 @@ func (nd *node) hold(addr string, welcomed *atomic.Int64, dialing chan struct{},
 			backoff = agent.BackoffMin
 			continue
 		}
-		time.Sleep(backoff + time.Duration(mathrand.Int64N(int64(backoff/2)+1)))
+		time.Sleep(agent.RetryDelay(backoff))
 		backoff = min(2*backoff, agent.DrainRetryMax)
 	}
 }
@@ -139,6 +141,7 @@ func (nd *node) session(addr string, welcomed *atomic.Int64, dialing chan struct
 	case <-stop:
 		return 0
 	}
+	dialAt := nd.restart.dialed()
 	slot := true
 	release := func() {
 		if slot {
@@ -186,7 +189,9 @@ func (nd *node) session(addr string, welcomed *atomic.Int64, dialing chan struct
 	nd.mu.Unlock()
 	welcomed.Add(1)
 	welcomes.Add(1)
+	nd.restart.welcomed(dialAt)
 	defer welcomed.Add(-1)
+	defer nd.restart.lost()
 	start := time.Now()
 	send := func() error {
 		_ = raw.SetWriteDeadline(time.Now().Add(agent.WriteTimeout))

@@ -276,7 +276,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 		}
 		stopProfile := profileLoad(profiles, r, label)
 		self0 := selfCPU()
-		tl := startTimeline(int64(n), welcomed, dialing)
+		tl := startTimeline(int64(n), welcomed, dialing, nodes)
 		check(gw.Process.Kill())
 		_, _ = gw.Process.Wait()
 		restarted := time.Now()
@@ -303,6 +303,7 @@ func once(r, n, dials int, computed string, env []string, work string, port int,
 		timeline := tl.stop()
 		timelines[label] = timeline
 		log.Printf("run %d: timeline of the restart (%s), since the SIGKILL: %s\n%s", r, label, timeline, tl.series())
+		log.Printf("run %d: the daemons of the restart (%s): %s", r, label, timeline.daemons)
 		// The gateway's CPU time (its start and every session's handshake,
 		// hello, row and welcome): the figure a loaded machine disturbs least.
 		cpu := cpuTime(gw.Process.Pid)
@@ -692,7 +693,7 @@ is shared).
 
 %s |
 %s|
-%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s
+%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s
 Each run restarts its gateway twice (SIGKILL, then a new process on the same port): once
 with the daemons' TLS session tickets dropped, so every session is a full handshake, once
 with the tickets their sessions got, so each resumes (the gateway runs with
@@ -717,7 +718,12 @@ the figures.
 session's welcome; the timeline rows count from the SIGKILL (exec, the first successful
 probe of the port, half and all of the sessions welcomed again), and the row after them
 splits the storm from listening to all back between the three processes on the two cores:
-the gateway (its core), the load tool (the other) and PostgreSQL (either).
+the gateway (its core), the load tool (the other) and PostgreSQL (either); the next says how
+busy each core was (what the three leave is other processes or idle). Each daemon's own
+restart is timed too: when it saw its session end, its first dial, the dial that was
+welcomed, and its welcome. The daemons queue for the load tool's dial slots, which stand in
+for the gateway's own queue of a real fleet: a first dial long after the session's end with
+a short welcomed dial says the gateway's rate, not the daemons' schedule, brought them back.
 
 Goals: at most 24 KiB per idle session (worst run %.1f KiB: %s); all %d back within 10 s of
 a restart (with full handshakes, the default: worst run %s: %s; resuming, with
@@ -758,6 +764,20 @@ gives; a resumed session holds more (the row after the second restart, odd runs)
 		row("from listening to all back, full; resuming: share of its core used by the gateway / the load tool, CPU per session back of the gateway / the load tool / PostgreSQL", func(r result) string {
 			tl := func(t timelineSummary) string {
 				return fmt.Sprintf("%.0f / %.0f %%, %.2f / %.2f / %.2f ms", 100*t.gatewayShare, 100*t.loadShare, t.perSession[0], t.perSession[1], t.perSession[2])
+			}
+			return tl(r.timelineFull) + "; " + tl(r.timelineResumed)
+		}),
+		row("from listening to all back, full; resuming: core 0 / core 1 busy (by anything; what the gateway and the load tool leave is others' or idle)", func(r result) string {
+			tl := func(t timelineSummary) string {
+				return fmt.Sprintf("%.0f / %.0f %%", 100*t.coreBusy[0], 100*t.coreBusy[1])
+			}
+			return tl(r.timelineFull) + "; " + tl(r.timelineResumed)
+		}),
+		row("each daemon's restart, full; resuming: p50 / p90 / last, s since the SIGKILL: its session seen lost, its first dial, the dial that was welcomed, back", func(r result) string {
+			tl := func(t timelineSummary) string {
+				d := t.daemons
+				f := func(v [4]float64) string { return fmt.Sprintf("%.2f / %.2f / %.2f", v[1], v[2], v[3]) }
+				return fmt.Sprintf("%s, %s, %s, %s", f(d.lost), f(d.first), f(d.last), f(d.back))
 			}
 			return tl(r.timelineFull) + "; " + tl(r.timelineResumed)
 		}),

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -20,6 +21,101 @@ var dialsStarted, dialsFailed, dialsRefused atomic.Int64
 // fall after a kill as each daemon sees its end; this only grows).
 var welcomes atomic.Int64
 
+// restartAt is the SIGKILL of the restart being timed, in Unix
+// nanoseconds (0: none), for each daemon's own times (daemonTimes).
+var restartAt atomic.Int64
+
+// daemonTimes is one daemon's restart, in nanoseconds since the SIGKILL
+// (0: not yet): when it saw its session end, when it started its first
+// dial (a dial slot taken), when it started the dial that was welcomed,
+// and the welcome. They say whether the daemons' reconnect schedule or
+// the gateway's rate brings them back.
+type daemonTimes struct{ lostAt, firstDial, lastDial, backAt atomic.Int64 }
+
+// sinceRestart is the time since the timed restart's SIGKILL (at least
+// 1 ns), 0 without one.
+func sinceRestart() int64 {
+	k := restartAt.Load()
+	if k == 0 {
+		return 0
+	}
+	return max(time.Now().UnixNano()-k, 1)
+}
+
+func (d *daemonTimes) lost() {
+	if t := sinceRestart(); t > 0 {
+		d.lostAt.CompareAndSwap(0, t)
+	}
+}
+
+// dialed notes a dial's start and answers its time (0: no restart timed).
+func (d *daemonTimes) dialed() int64 {
+	t := sinceRestart()
+	if t > 0 {
+		d.firstDial.CompareAndSwap(0, t)
+	}
+	return t
+}
+
+// welcomed notes the welcome of the dial started at dialAt.
+func (d *daemonTimes) welcomed(dialAt int64) {
+	if t := sinceRestart(); t > 0 && dialAt > 0 && d.backAt.CompareAndSwap(0, t) {
+		d.lastDial.Store(dialAt)
+	}
+}
+
+func (d *daemonTimes) reset() {
+	d.lostAt.Store(0)
+	d.firstDial.Store(0)
+	d.lastDial.Store(0)
+	d.backAt.Store(0)
+}
+
+// daemonSpread summarises the daemons' times of one restart: for each
+// (lost, first dial, welcomed dial, back, and that dial's duration) the
+// 10th, 50th and 90th percentile and the last, in seconds since the
+// SIGKILL, over the daemons that came back.
+type daemonSpread struct {
+	lost, first, last, back, dial [4]float64
+	count                         int
+}
+
+func spreadOf(nodes []*node) daemonSpread {
+	var ds daemonSpread
+	var lost, first, last, back, dial []int64
+	for _, nd := range nodes {
+		t := &nd.restart
+		if t.backAt.Load() == 0 {
+			continue
+		}
+		lost = append(lost, t.lostAt.Load())
+		first = append(first, t.firstDial.Load())
+		last = append(last, t.lastDial.Load())
+		back = append(back, t.backAt.Load())
+		dial = append(dial, t.backAt.Load()-t.lastDial.Load())
+	}
+	ds.count = len(back)
+	q := func(v []int64) [4]float64 {
+		var out [4]float64
+		if len(v) == 0 {
+			return out
+		}
+		slices.Sort(v)
+		for i, p := range []float64{0.1, 0.5, 0.9, 1} {
+			out[i] = float64(v[min(int(p*float64(len(v))), len(v)-1)]) / 1e9
+		}
+		return out
+	}
+	ds.lost, ds.first, ds.last, ds.back, ds.dial = q(lost), q(first), q(last), q(back), q(dial)
+	return ds
+}
+
+func (ds daemonSpread) String() string {
+	f := func(v [4]float64) string { return fmt.Sprintf("%.2f / %.2f / %.2f / %.2f", v[0], v[1], v[2], v[3]) }
+	return fmt.Sprintf("%d daemons back, p10 / p50 / p90 / last, s since the SIGKILL: session seen lost %s; first dial %s; the dial welcomed started %s; back %s; that dial's own time %s",
+		ds.count, f(ds.lost), f(ds.first), f(ds.last), f(ds.back), f(ds.dial))
+}
+
 // timeline samples one restart's storm from the SIGKILL: the sessions
 // back, the handshakes in flight (the -dials slots taken), the dial
 // attempts and both sides' CPU, so that the wall time of "all back"
@@ -32,6 +128,7 @@ type timeline struct {
 	gwPid   atomic.Int64 // the restarted gateway, once started
 	killed  time.Time
 	samples []sample
+	nodes   []*node
 	done    chan struct{}
 	stopped chan struct{}
 
@@ -53,8 +150,12 @@ type sample struct {
 
 const tick = 100 * time.Millisecond
 
-func startTimeline(n int64, welcomed *atomic.Int64, dialing chan struct{}) *timeline {
-	t := &timeline{n: n, welcome: welcomed, dialing: dialing, killed: time.Now(), done: make(chan struct{}), stopped: make(chan struct{})}
+func startTimeline(n int64, welcomed *atomic.Int64, dialing chan struct{}, nodes []*node) *timeline {
+	for _, nd := range nodes {
+		nd.restart.reset()
+	}
+	t := &timeline{n: n, welcome: welcomed, dialing: dialing, nodes: nodes, killed: time.Now(), done: make(chan struct{}), stopped: make(chan struct{})}
+	restartAt.Store(t.killed.UnixNano())
 	s0, f0, r0, w0 := dialsStarted.Load(), dialsFailed.Load(), dialsRefused.Load(), welcomes.Load()
 	go func() {
 		defer close(t.stopped)
@@ -84,7 +185,10 @@ func startTimeline(n int64, welcomed *atomic.Int64, dialing chan struct{}) *time
 func (t *timeline) stop() timelineSummary {
 	close(t.done)
 	<-t.stopped
-	return t.summary()
+	restartAt.Store(0)
+	s := t.summary()
+	s.daemons = spreadOf(t.nodes)
+	return s
 }
 
 // timelineSummary is what a restart's timeline says, all since the
@@ -102,6 +206,7 @@ type timelineSummary struct {
 	meanInFlight                           float64
 	failedBefore, failedAfter              int64
 	firstFull                              time.Duration // the first sample with every slot taken
+	daemons                                daemonSpread
 }
 
 func (t *timeline) summary() timelineSummary {
