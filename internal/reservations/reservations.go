@@ -509,7 +509,7 @@ func (s *Service) Cancel(ctx context.Context, in *api.ReservationsCancelInput) (
 //
 // Its instances and bookings are read in one pipeline; the bookings'
 // releases and the final state go in another, the refunds, the items'
-// drop and the usage's end held after it (store.Later): three round trips
+// drop and the usage's end held after it (store.Later): two round trips
 // for a reservation whose units run no instance, whatever its count.
 func (s *Service) finish(ctx context.Context, tx pgx.Tx, r db.Reservation, state, reason string) (db.Reservation, error) {
 	var reads store.Pipeline
