@@ -92,6 +92,11 @@ WHERE s.sandbox_id = sqlc.arg(sandbox_id);
 -- name: GetSandboxForUpdate :one
 SELECT * FROM sandboxes WHERE sandbox_id = sqlc.arg(sandbox_id) FOR UPDATE;
 
+-- GetSandboxVMForUpdate is a sandbox's VM's row, locked: it follows
+-- GetSandboxForUpdate in one pipeline (the sandbox's row locked first).
+-- name: GetSandboxVMForUpdate :one
+SELECT * FROM instances WHERE instance_id = (SELECT s.instance_id FROM sandboxes s WHERE s.sandbox_id = sqlc.arg(sandbox_id)) FOR UPDATE;
+
 -- name: ListSandboxes :many
 SELECT * FROM sandboxes
 WHERE tenant_id = sqlc.arg(tenant_id)

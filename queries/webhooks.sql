@@ -94,25 +94,10 @@ SET state = 'pending', attempts = 0, next_attempt_at = sqlc.arg(now)::timestampt
 WHERE delivery_id = sqlc.arg(delivery_id) AND state IN ('delivered', 'dead', 'cancelled')
 RETURNING *;
 
--- name: LockWebhookFanout :one
--- The fan-out's place, locked for its transaction; no row when another
--- fan-out holds it (that one does the work).
-SELECT after_xid::text AS after_xid, after_seq FROM webhook_fanout WHERE id = 'webhooks' FOR UPDATE SKIP LOCKED;
-
 -- name: MoveWebhookFanout :exec
 UPDATE webhook_fanout
 SET after_xid = sqlc.arg(after_xid)::text::xid8, after_seq = sqlc.arg(after_seq), updated_at = now()
 WHERE id = 'webhooks';
-
--- name: ListFanoutWebhooks :many
--- The active webhooks of the tenants of a batch of events, held (KEY
--- SHARE) so that none is deleted before the deliveries referencing it
--- are inserted.
-SELECT webhook_id, tenant_id, events, since_snapshot
-FROM webhooks
-WHERE active AND tenant_id = ANY(sqlc.arg(tenant_ids)::text[])
-ORDER BY tenant_id, created_at, webhook_id
-FOR KEY SHARE;
 
 -- name: InsertFanoutDeliveries :execrows
 -- One pending delivery per (webhook, event), due at once; a row that
@@ -211,15 +196,6 @@ WHERE delivery_id = sqlc.arg(delivery_id) AND claim_token = sqlc.arg(claim_token
 SELECT coalesce(min(event_time), sqlc.arg(now)::timestamptz)::timestamptz AS oldest
 FROM webhook_deliveries WHERE state = 'pending';
 
--- name: OutboxCommittedAfter :one
--- Whether rows this statement sees (committed) lie after the fan-out's
--- place although the reader did not take them yet: an older transaction
--- still running holds them back, and the fan-out looks again soon.
-SELECT EXISTS (
-    SELECT 1 FROM outbox
-    WHERE (xid, seq) > (sqlc.arg(after_xid)::text::xid8, sqlc.arg(after_seq)::bigint)
-) AS held;
-
 -- ReleaseClaims gives back every live claim. The delivery engine runs under
 -- one lease; a new holder calls it first, since the claims it finds were
 -- made under an older epoch whose holder can no longer record a result.
@@ -227,3 +203,41 @@ SELECT EXISTS (
 UPDATE webhook_deliveries
 SET claimed_until = NULL, claim_token = NULL, updated_at = sqlc.arg(now)::timestamptz
 WHERE state = 'pending' AND claimed_until IS NOT NULL AND claimed_until > sqlc.arg(now)::timestamptz;
+
+-- name: FanoutBatch :many
+-- A fan-out's batch in one statement, instead of four (the place's lock, the
+-- outbox's read as ListOutboxCommitted, the webhooks' read, the held check): the
+-- fan-out's place, locked for its transaction (no row at all when another
+-- fan-out holds it); up to max_rows committed outbox rows after it, in the
+-- order ListOutboxCommitted reads them (no outbox columns, one row, when
+-- none); with each, the active webhooks of its tenant as JSON (held KEY
+-- SHARE, so that none is deleted before the deliveries referencing it are
+-- inserted); and held: whether rows after the place wait behind an older
+-- transaction still running (the fan-out looks again soon).
+WITH cur AS (
+    SELECT after_xid, after_seq FROM webhook_fanout WHERE id = 'webhooks' FOR UPDATE SKIP LOCKED
+), frontier AS (
+    SELECT frontier FROM visibility_frontier_now
+), batch AS (
+    SELECT o.seq, o.xid, o.id, o.type, o.source, o.subject, o.tenant_id, o.time, o.data
+    FROM outbox o, cur
+    WHERE o.xid < (SELECT frontier FROM frontier)
+      AND (o.xid, o.seq) > (cur.after_xid, cur.after_seq)
+    ORDER BY o.xid, o.seq
+    LIMIT sqlc.arg(max_rows)
+), hooks AS (
+    SELECT w.webhook_id, w.tenant_id, w.events, w.since_snapshot, w.created_at
+    FROM webhooks w
+    WHERE w.active AND w.tenant_id IN (SELECT DISTINCT b.tenant_id FROM batch b)
+    FOR KEY SHARE
+)
+SELECT EXISTS (
+           SELECT 1 FROM outbox o, cur
+           WHERE (o.xid, o.seq) > (cur.after_xid, cur.after_seq) AND o.xid >= (SELECT frontier FROM frontier)
+       )::boolean AS held,
+       b.seq, coalesce(b.xid::text, '')::text AS xid, b.id, b.type, b.source, b.subject, b.tenant_id, b.time, b.data,
+       (SELECT coalesce(json_agg(json_build_object('id', h.webhook_id, 'events', h.events, 'since', h.since_snapshot)
+                                 ORDER BY h.created_at, h.webhook_id), '[]')
+        FROM hooks h WHERE h.tenant_id = b.tenant_id)::jsonb AS hooks
+FROM cur LEFT JOIN batch b ON true
+ORDER BY b.xid, b.seq;

@@ -342,6 +342,65 @@ func (q *Queries) GetSandboxForUpdate(ctx context.Context, sandboxID string) (Sa
 	return i, err
 }
 
+const getSandboxVMForUpdate = `-- name: GetSandboxVMForUpdate :one
+SELECT instance_id, tenant_id, pool_id, node_id, booking_id, flavor, image_id, boot, name, user_data, vcpu, memory_mib, disk_gib, desired_state, state, error, reboots, version, created_by, idem_request, created_at, updated_at, ready_at, deleted_at, reservation_id, reservation_booking_id, kind, template_id, hostname, machine_id, env, identity_generation, reported_identity, memory_file, restore_snapshot, volumes, host_timings, identity_ready_at, provider_machine, provider_offer, provider_attempts, provider_next_at, network, net_address, egress_policy FROM instances WHERE instance_id = (SELECT s.instance_id FROM sandboxes s WHERE s.sandbox_id = $1) FOR UPDATE
+`
+
+// GetSandboxVMForUpdate is a sandbox's VM's row, locked: it follows
+// GetSandboxForUpdate in one pipeline (the sandbox's row locked first).
+func (q *Queries) GetSandboxVMForUpdate(ctx context.Context, sandboxID string) (Instance, error) {
+	row := q.db.QueryRow(ctx, getSandboxVMForUpdate, sandboxID)
+	var i Instance
+	err := row.Scan(
+		&i.InstanceID,
+		&i.TenantID,
+		&i.PoolID,
+		&i.NodeID,
+		&i.BookingID,
+		&i.Flavor,
+		&i.ImageID,
+		&i.Boot,
+		&i.Name,
+		&i.UserData,
+		&i.Vcpu,
+		&i.MemoryMib,
+		&i.DiskGib,
+		&i.DesiredState,
+		&i.State,
+		&i.Error,
+		&i.Reboots,
+		&i.Version,
+		&i.CreatedBy,
+		&i.IdemRequest,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ReadyAt,
+		&i.DeletedAt,
+		&i.ReservationID,
+		&i.ReservationBookingID,
+		&i.Kind,
+		&i.TemplateID,
+		&i.Hostname,
+		&i.MachineID,
+		&i.Env,
+		&i.IdentityGeneration,
+		&i.ReportedIdentity,
+		&i.MemoryFile,
+		&i.RestoreSnapshot,
+		&i.Volumes,
+		&i.HostTimings,
+		&i.IdentityReadyAt,
+		&i.ProviderMachine,
+		&i.ProviderOffer,
+		&i.ProviderAttempts,
+		&i.ProviderNextAt,
+		&i.Network,
+		&i.NetAddress,
+		&i.EgressPolicy,
+	)
+	return i, err
+}
+
 const getSandboxWithVM = `-- name: GetSandboxWithVM :one
 SELECT s.sandbox_id, s.tenant_id, s.template_id, s.from_snapshot, s.instance_id, s.pool_id, s.node_id, s.how, s.max_ttl_seconds, s.expires_at, s.created_by, s.idem_request, s.created_at, s.placed_at, s.ready_at, s.deleted_at, s.delete_reason, i.instance_id, i.tenant_id, i.pool_id, i.node_id, i.booking_id, i.flavor, i.image_id, i.boot, i.name, i.user_data, i.vcpu, i.memory_mib, i.disk_gib, i.desired_state, i.state, i.error, i.reboots, i.version, i.created_by, i.idem_request, i.created_at, i.updated_at, i.ready_at, i.deleted_at, i.reservation_id, i.reservation_booking_id, i.kind, i.template_id, i.hostname, i.machine_id, i.env, i.identity_generation, i.reported_identity, i.memory_file, i.restore_snapshot, i.volumes, i.host_timings, i.identity_ready_at, i.provider_machine, i.provider_offer, i.provider_attempts, i.provider_next_at, i.network, i.net_address, i.egress_policy FROM sandboxes s JOIN instances i ON i.instance_id = s.instance_id
 WHERE s.sandbox_id = $1

@@ -632,22 +632,6 @@ func End(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Instance
 		Data: api.InstanceDeletedPayload{InstanceID: r.InstanceID}})
 }
 
-// EndReservation deletes the instances running in a reservation that is
-// ending (ended, cancelled, preempted, failed), in the transaction that
-// ends it.
-func EndReservation(ctx context.Context, tx pgx.Tx, placer *placement.Engine, reservationID string) error {
-	rows, err := db.New(tx).ReservationInstances(ctx, pgtype.Text{String: reservationID, Valid: true})
-	if err != nil {
-		return err
-	}
-	for _, r := range rows {
-		if _, err := End(ctx, tx, placer, r); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // reservationUnit is the unit of a reservation an instance takes.
 type reservationUnit struct{ booking, node string }
 

@@ -143,12 +143,16 @@ func (r *SpecReads) push(ctx context.Context, tx pgx.Tx, members bool) error {
 	}
 	topic := TopicOf(inputs.SessionGateway)
 	if topic != TopicAll {
-		// Not offered from a savepoint (OfferLater): the gateway would
-		// send a generation that is not there, then skip the next one,
-		// which has its number.
-		notify.OfferLater(ctx, tx, topic, offer)
+		// In place of the gateway's wake: a gateway in this process takes
+		// the spec and sends it, without the wake's read of every pending
+		// spec and command (which would find this one sent); one in
+		// another process is woken and reads it. Not offered from a
+		// savepoint (the gateway would send a generation that is not
+		// there, then skip the next one, which has its number): woken.
+		notify.OfferInstead(ctx, tx, topic, offer)
+	} else {
+		notify.Later(ctx, topic)
 	}
-	notify.Later(ctx, topic)
 	if !members {
 		return nil
 	}

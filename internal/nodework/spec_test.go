@@ -14,7 +14,8 @@ import (
 // TestASpecIsOfferedOnlyFromTheOutermostTransaction: a spec pushed in the
 // transaction itself is offered to its gateway with the generation the
 // commit wrote; one pushed in a savepoint that is rolled back is not
-// offered (its generation is undone, the offer would not be).
+// offered (its generation is undone, the offer would not be) and its
+// gateway is woken instead; the offer stands for the gateway's wake.
 func TestASpecIsOfferedOnlyFromTheOutermostTransaction(t *testing.T) {
 	st := fixture(t)
 	ctx := t.Context()
@@ -33,6 +34,7 @@ func TestASpecIsOfferedOnlyFromTheOutermostTransaction(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Empty(t, u.Offers(), "a rolled-back savepoint's spec is not offered")
+	assert.Equal(t, []string{nodework.GatewayTopic("gw-1")}, u.Wakes(), "its gateway is woken instead")
 	var gens int
 	require.NoError(t, st.Pool().QueryRow(ctx, `select count(*) from node_specs where node_id = 'n1'`).Scan(&gens))
 	assert.Zero(t, gens, "the savepoint's spec was rolled back")
@@ -44,6 +46,8 @@ func TestASpecIsOfferedOnlyFromTheOutermostTransaction(t *testing.T) {
 	offers := u.Offers()
 	require.Len(t, offers, 1)
 	assert.Equal(t, nodework.GatewayTopic("gw-1"), offers[0].Topic)
+	assert.True(t, offers[0].Instead, "offered in place of the gateway's wake")
+	assert.Empty(t, u.Wakes(), "no wake besides the offer")
 	offer, ok := offers[0].Value.(*nodework.SpecOffer)
 	require.True(t, ok)
 	var gen int64

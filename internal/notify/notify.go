@@ -368,6 +368,25 @@ func OfferLater(ctx context.Context, tx pgx.Tx, topic string, v any) {
 	}
 }
 
+// OfferInstead offers v, as OfferLater does, in place of a wake of topic:
+// once the unit committed, a taker of topic in this process gets v and
+// the topic is not woken for it (the taker has what the wake would make
+// its subscriber read back); with no taker here the topic is woken as
+// Later wakes it, so that the subscribers of other processes read it. From
+// a savepoint nothing is offered and the topic is woken. Only for a topic
+// whose taker, when it is in this process, is the one subscriber the wake
+// is for (a gateway's topic: its dispatch loop takes and subscribes).
+func OfferInstead(ctx context.Context, tx pgx.Tx, topic string, v any) {
+	u := uow.From(ctx)
+	switch {
+	case u == nil:
+	case store.Outermost(tx):
+		u.OfferInsteadAfter(topic, v)
+	default:
+		u.WakeAfter(topic)
+	}
+}
+
 // taker is one Take's function (a pointer, so that its cancel removes
 // that one).
 type taker struct{ fn func(any) }
@@ -402,8 +421,10 @@ func (n *Notifier) Take(topic string, fn func(v any)) (cancel func()) {
 
 // WakeUnit hands, after u committed, the values it offered to their
 // takers (OfferLater), then wakes the topics it asked for (Later) and
-// returns them.
+// those offered instead of a wake that no taker here took (OfferInstead),
+// and returns them.
 func (n *Notifier) WakeUnit(u *uow.Unit) []string {
+	var untaken []string
 	if offers := u.Offers(); len(offers) > 0 {
 		for _, o := range offers {
 			n.mu.Lock()
@@ -412,9 +433,17 @@ func (n *Notifier) WakeUnit(u *uow.Unit) []string {
 			for _, t := range takers {
 				t.fn(o.Value)
 			}
+			if o.Instead && len(takers) == 0 {
+				untaken = append(untaken, o.Topic)
+			}
 		}
 	}
 	topics := u.Wakes()
+	for _, t := range untaken {
+		if !slices.Contains(topics, t) {
+			topics = append(topics, t)
+		}
+	}
 	for _, t := range topics {
 		n.Wake(t)
 	}

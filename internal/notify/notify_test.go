@@ -351,3 +351,52 @@ func TestNothingIsOfferedFromASavepoint(t *testing.T) {
 		t.Fatal("the topic was not woken")
 	}
 }
+
+// An offer made instead of a wake (OfferInstead) wakes no one when a
+// taker here took it, and the topic (returned by WakeUnit, so that the
+// caller may wake it elsewhere) when none did; one made from a savepoint
+// is not offered and the topic is woken.
+func TestAnOfferInsteadOfAWake(t *testing.T) {
+	n := open(t, dbtest.URL(t), &config.Notifier{Kind: config.NotifierNone})
+	st := dbtest.NewStore(t)
+	wake, stop := n.Subscribe("gateway/g1")
+	defer stop()
+	woken := func() bool {
+		select {
+		case <-wake:
+			return true
+		case <-time.After(100 * time.Millisecond):
+			return false
+		}
+	}
+	offer := func(v string, savepoint bool) []string {
+		u, err := uow.Run(t.Context(), st, false, func(ctx context.Context, u *uow.Unit) error {
+			if !savepoint {
+				notify.OfferInstead(ctx, u.Tx, "gateway/g1", v)
+				return nil
+			}
+			sp, err := u.Tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			notify.OfferInstead(ctx, sp, "gateway/g1", v)
+			return sp.Commit(ctx)
+		})
+		require.NoError(t, err)
+		return n.WakeUnit(u)
+	}
+
+	var got []any
+	cancel := n.Take("gateway/g1", func(v any) { got = append(got, v) })
+	assert.Empty(t, offer("spec 1", false), "taken: no topic to wake")
+	assert.Equal(t, []any{"spec 1"}, got)
+	assert.False(t, woken(), "taken: not woken")
+
+	assert.Equal(t, []string{"gateway/g1"}, offer("spec 2", true))
+	assert.Equal(t, []any{"spec 1"}, got, "nothing offered from a savepoint")
+	assert.True(t, woken(), "from a savepoint: woken")
+
+	cancel()
+	assert.Equal(t, []string{"gateway/g1"}, offer("spec 3", false))
+	assert.True(t, woken(), "no taker: woken")
+}

@@ -500,37 +500,69 @@ func (s *Service) Cancel(ctx context.Context, in *api.ReservationsCancelInput) (
 	if err := write(ctx, tx, api.EventReservationCancelled, r, api.ReservationCancelledPayload{ReservationID: r.ReservationID}); err != nil {
 		return nil, err
 	}
-	return output(ctx, q, r)
+	return outputWith(r, nil), nil // finish released every booking: no node is left to read
 }
 
 // finish deletes the instances running in a reservation, releases its
 // bookings (refunding quota), drops its queued placement items, closes its
 // usage and sets its final state.
+//
+// Its instances and bookings are read in one pipeline; the bookings'
+// releases and the final state go in another, the refunds, the items'
+// drop and the usage's end held after it (store.Later): two round trips
+// for a reservation whose units run no instance, whatever its count.
 func (s *Service) finish(ctx context.Context, tx pgx.Tx, r db.Reservation, state, reason string) (db.Reservation, error) {
-	q := db.New(tx)
+	var reads store.Pipeline
+	var vms []db.Instance
+	var bookings []string
+	var vmsErr, bookingsErr error
+	reads.Queue(func(q *db.Queries) {
+		vms, vmsErr = q.ReservationInstances(ctx, pgtype.Text{String: r.ReservationID, Valid: true})
+	})
+	reads.Queue(func(q *db.Queries) { bookings, bookingsErr = q.ReservationBookings(ctx, r.ReservationID) })
+	if err := reads.Send(ctx, tx); err != nil {
+		return r, err
+	}
+	if err := errors.Join(vmsErr, bookingsErr); err != nil {
+		return r, err
+	}
 	// The instances running in its units go with it.
-	if err := instances.EndReservation(ctx, tx, s.Placer, r.ReservationID); err != nil {
-		return r, err
-	}
-	bookings, err := q.ReservationBookings(ctx, r.ReservationID)
-	if err != nil {
-		return r, err
-	}
-	for _, b := range bookings {
-		if err := s.Placer.Release(ctx, tx, b, nil); err != nil {
+	for _, vm := range vms {
+		if _, err := instances.End(ctx, tx, s.Placer, vm); err != nil {
 			return r, err
 		}
 	}
+	var p store.Pipeline
+	released := make([]*placement.Released, len(bookings))
+	for i, b := range bookings {
+		released[i] = s.Placer.QueueRelease(ctx, &p, b, nil)
+	}
+	var ended db.Reservation
+	var endedErr error
+	p.Queue(func(q *db.Queries) {
+		ended, endedErr = q.SetReservationState(ctx, db.SetReservationStateParams{ReservationID: r.ReservationID, State: state,
+			Error: pgtype.Text{String: reason, Valid: reason != ""}})
+	})
+	if err := p.Send(ctx, tx); err != nil {
+		return r, err
+	}
+	for _, rel := range released {
+		if err := rel.Refund(ctx, tx); err != nil {
+			return r, err
+		}
+	}
+	if endedErr != nil {
+		return r, endedErr
+	}
 	for _, item := range r.PlacementItems {
-		if _, err := tx.Exec(ctx, `UPDATE placement_queue SET state = 'failed' WHERE item_id = $1 AND state = 'queued'`, item); err != nil {
+		if _, err := store.Later(tx).Exec(ctx, `UPDATE placement_queue SET state = 'failed' WHERE item_id = $1 AND state = 'queued'`, item); err != nil {
 			return r, err
 		}
 	}
 	if err := usage.CloseOwner(ctx, tx, usage.Owner{Type: ResourceType, ID: r.ReservationID}, time.Time{}); err != nil {
 		return r, err
 	}
-	return q.SetReservationState(ctx, db.SetReservationStateParams{ReservationID: r.ReservationID, State: state,
-		Error: pgtype.Text{String: reason, Valid: reason != ""}})
+	return ended, nil
 }
 
 // waited follows the Waiting convention: after commit, until it is no

@@ -32,7 +32,7 @@ func (s *Service) guest(ctx context.Context, tenant, sandbox, kind string, args 
 	if err != nil {
 		return err
 	}
-	r, vm, err := load(ctx, q, tenant, sandbox, false)
+	r, vm, err := load(ctx, q, tenant, sandbox)
 	if err != nil {
 		return err
 	}
@@ -160,7 +160,7 @@ func (s *Service) WriteFile(ctx context.Context, in *api.SandboxesWriteFileInput
 // group reaches it): NOT_FOUND for another tenant's or an absent one,
 // INVALID_STATE for one not running.
 func RunningVM(ctx context.Context, q *db.Queries, tenant, sandbox string) (instanceID, nodeID string, err error) {
-	r, vm, err := load(ctx, q, tenant, sandbox, false)
+	r, vm, err := load(ctx, q, tenant, sandbox)
 	if err != nil {
 		return "", "", err
 	}

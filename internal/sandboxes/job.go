@@ -107,7 +107,11 @@ func (j *Job) expire(ctx context.Context, tx pgx.Tx) error {
 		if err != nil {
 			return err
 		}
-		if _, _, err := end(ctx, tx, j.Service.Placer, r, vm, "expired"); err != nil {
+		snaps, err := q.UnkeptSnapshots(ctx, r.SandboxID)
+		if err != nil {
+			return err
+		}
+		if _, _, err := end(ctx, tx, j.Service.Placer, r, vm, snaps, "expired"); err != nil {
 			return err
 		}
 	}

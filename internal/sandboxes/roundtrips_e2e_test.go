@@ -18,13 +18,21 @@ import (
 // the most it may): the test fails above it.
 const maxRoundTrips = 5
 
+// maxDeleteRoundTrips is what sandboxes.delete makes today: the sandbox's
+// row, its VM's and its unkept snapshots are read in one pipeline, the
+// VM's end (instances.End) is another, the attachments' release and the
+// usage's end are held for the sandbox's own write (9 before).
+const maxDeleteRoundTrips = 6
+
 // maxWarmClaimRoundTrips is what a warm claim answered at once makes
 // today; waiting until it runs makes one more.
 const maxWarmClaimRoundTrips = 3
 
 // TestCreateRoundTrips: sandboxes.create, counted on the wire by computed
 // (compute_rpc_db_round_trips), makes at most maxRoundTrips round trips
-// when it places a cold VM (a daemon with the recording runtime runs it).
+// when it places a cold VM (a daemon with the recording runtime runs it);
+// sandboxes.delete of one makes at most maxDeleteRoundTrips and gives the
+// quota back.
 func TestCreateRoundTrips(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs computed and compute-agent")
@@ -52,7 +60,11 @@ func TestCreateRoundTrips(t *testing.T) {
 	create("warm-up", cold) // the caller's decision is cached from here on
 
 	var made client.Sandbox
-	n := f.FewestRoundTrips("sandboxes.create", node, 3, func(i int) { made = create(fmt.Sprintf("s%d", i), cold) })
+	var ids []string
+	n := f.FewestRoundTrips("sandboxes.create", node, 3, func(i int) {
+		made = create(fmt.Sprintf("s%d", i), cold)
+		ids = append(ids, made.SandboxId)
+	})
 	fleettest.AtMostRoundTrips(t, "sandboxes.create (cold, network none)", n, maxRoundTrips)
 	assert.Equal(t, "cold", string(made.Timings.How))
 	assert.Equal(t, 1, f.Events("sandbox.created", made.SandboxId))
@@ -61,6 +73,19 @@ func TestCreateRoundTrips(t *testing.T) {
 	fleettest.RecordRoundTrips(t, "sandboxes.create, replayed (same key)", replay)
 	assert.LessOrEqual(t, replay, n)
 
+	used := func() (n int64) {
+		require.NoError(t, f.DB.QueryRow(t.Context(), `select coalesce(sum(used), 0) from quotas where tenant_id = $1 and pool_id = $2 and resource = 'sandboxes'`,
+			tenant, pool).Scan(&n))
+		return n
+	}
+	before := used()
+	n = f.FewestRoundTrips("sandboxes.delete", node, 3, func(i int) {
+		_, err := f.C.SandboxesDelete(t.Context(), &client.SandboxesDeleteInput{TenantId: tenant, SandboxId: ids[i]})
+		require.NoError(t, err)
+	})
+	fleettest.AtMostRoundTrips(t, "sandboxes.delete (cold, network none)", n, maxDeleteRoundTrips)
+	assert.Equal(t, before-3, used(), "each delete gave its sandbox back")
+	assert.Equal(t, 1, f.Events("sandbox.deleted", ids[0]))
 }
 
 // TestWarmClaimWaitRoundTrips: a warm claim that waits for its sandbox to

@@ -488,21 +488,35 @@ func openUsage(ctx context.Context, tx pgx.Tx, sbx db.Sandbox, vm db.Instance) e
 }
 
 // load reads a sandbox of tenant with its VM.
-func load(ctx context.Context, q *db.Queries, tenant, id string, forUpdate bool) (db.Sandbox, db.Instance, error) {
-	get := q.GetSandbox
-	if forUpdate {
-		get = q.GetSandboxForUpdate
-	}
-	r, err := get(ctx, id)
+func load(ctx context.Context, q *db.Queries, tenant, id string) (db.Sandbox, db.Instance, error) {
+	r, err := q.GetSandbox(ctx, id)
 	if r, err = store.Visible(r, err, r.TenantID == tenant, notFound(id)); err != nil {
 		return db.Sandbox{}, db.Instance{}, err
 	}
-	getVM := q.GetInstance
-	if forUpdate {
-		getVM = q.GetInstanceForUpdate
-	}
-	vm, err := getVM(ctx, r.InstanceID)
+	vm, err := q.GetInstance(ctx, r.InstanceID)
 	return r, vm, err
+}
+
+// lock reads a sandbox of tenant and its VM's row, both locked (the
+// sandbox's first), in one pipeline; then queues in it what the caller
+// reads after them (nil: nothing).
+func lock(ctx context.Context, tx pgx.Tx, tenant, id string, then func(*store.Pipeline)) (db.Sandbox, db.Instance, error) {
+	var p store.Pipeline
+	var r db.Sandbox
+	var vm db.Instance
+	var err, vmErr error
+	p.Queue(func(q *db.Queries) { r, err = q.GetSandboxForUpdate(ctx, id) })
+	p.Queue(func(q *db.Queries) { vm, vmErr = q.GetSandboxVMForUpdate(ctx, id) })
+	if then != nil {
+		then(&p)
+	}
+	if err := p.Send(ctx, tx); err != nil {
+		return db.Sandbox{}, db.Instance{}, err
+	}
+	if r, err = store.Visible(r, err, r.TenantID == tenant, notFound(id)); err != nil {
+		return db.Sandbox{}, db.Instance{}, err
+	}
+	return r, vm, vmErr
 }
 
 // state is what a sandbox is, from its row and its VM's: creating until
@@ -579,7 +593,7 @@ func (s *Service) Get(ctx context.Context, in *api.SandboxesGetInput) (*api.Sand
 	if err != nil {
 		return nil, err
 	}
-	r, vm, err := load(ctx, q, in.TenantID, in.SandboxID, false)
+	r, vm, err := load(ctx, q, in.TenantID, in.SandboxID)
 	if err != nil {
 		return nil, err
 	}
@@ -639,7 +653,7 @@ func (s *Service) desire(ctx context.Context, tenant, id, desired string, wait *
 	if err != nil {
 		return nil, err
 	}
-	r, vm, err := load(ctx, q, tenant, id, true)
+	r, vm, err := lock(ctx, tx, tenant, id, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -673,11 +687,11 @@ func (s *Service) desire(ctx context.Context, tenant, id, desired string, wait *
 
 // Extend answers sandboxes.extend.
 func (s *Service) Extend(ctx context.Context, in *api.SandboxesExtendInput) (*api.Sandbox, error) {
-	_, _, q, err := iam.CallFromContext(ctx)
+	_, tx, q, err := iam.CallFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	r, vm, err := load(ctx, q, in.TenantID, in.SandboxID, true)
+	r, vm, err := lock(ctx, tx, in.TenantID, in.SandboxID, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -703,7 +717,7 @@ func (s *Service) SetEgressPolicy(ctx context.Context, in *api.SandboxesSetEgres
 	if err != nil {
 		return nil, err
 	}
-	r, vm, err := load(ctx, q, in.TenantID, in.SandboxID, true)
+	r, vm, err := lock(ctx, tx, in.TenantID, in.SandboxID, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -734,12 +748,20 @@ func (s *Service) Delete(ctx context.Context, in *api.SandboxesDeleteInput) (*ap
 	if err != nil {
 		return nil, err
 	}
-	r, vm, err := load(ctx, q, in.TenantID, in.SandboxID, true)
+	// The snapshots that go with it are read with the rows it locks.
+	var snaps []db.SandboxSnapshot
+	var snapsErr error
+	r, vm, err := lock(ctx, tx, in.TenantID, in.SandboxID, func(p *store.Pipeline) {
+		p.Queue(func(q *db.Queries) { snaps, snapsErr = q.UnkeptSnapshots(ctx, in.SandboxID) })
+	})
 	if err != nil {
 		return nil, err
 	}
 	if r.DeletedAt == nil {
-		if r, vm, err = end(ctx, tx, s.Placer, r, vm, "deleted"); err != nil {
+		if snapsErr != nil {
+			return nil, snapsErr
+		}
+		if r, vm, err = end(ctx, tx, s.Placer, r, vm, snaps, "deleted"); err != nil {
 			return nil, err
 		}
 	}
@@ -747,8 +769,11 @@ func (s *Service) Delete(ctx context.Context, in *api.SandboxesDeleteInput) (*ap
 }
 
 // end deletes a live sandbox in tx: its VM (capacity and quota back), its
-// attachments, its snapshots without keep, its usage; sandbox.deleted.
-func end(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Sandbox, vm db.Instance, reason string) (db.Sandbox, db.Instance, error) {
+// attachments, its snapshots without keep (snaps, UnkeptSnapshots read
+// after its row was locked), its usage; sandbox.deleted. The attachments'
+// release and the usage's end are held (store.Later) and travel with the
+// sandbox's own write.
+func end(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Sandbox, vm db.Instance, snaps []db.SandboxSnapshot, reason string) (db.Sandbox, db.Instance, error) {
 	q := db.New(tx)
 	var err error
 	if vm.DesiredState != instances.StateDeleted {
@@ -756,11 +781,7 @@ func end(ctx context.Context, tx pgx.Tx, placer *placement.Engine, r db.Sandbox,
 			return r, vm, err
 		}
 	}
-	if err := q.ReleaseAttachments(ctx, r.SandboxID); err != nil {
-		return r, vm, err
-	}
-	snaps, err := q.UnkeptSnapshots(ctx, r.SandboxID)
-	if err != nil {
+	if err := db.New(store.Later(tx)).ReleaseAttachments(ctx, r.SandboxID); err != nil {
 		return r, vm, err
 	}
 	for _, sn := range snaps {

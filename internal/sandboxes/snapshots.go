@@ -94,7 +94,7 @@ func (s Snapshots) Create(ctx context.Context, in *api.SandboxSnapshotsCreateInp
 		return s.waited(ctx, q, existing, in.Wait)
 	}
 	id, fp := k.ID, k.Fingerprint
-	sbx, vm, err := load(ctx, q, in.TenantID, in.SandboxID, true)
+	sbx, vm, err := lock(ctx, tx, in.TenantID, in.SandboxID, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -144,12 +144,16 @@ func newClient(t *testing.T, f *fleettest.Fleet, key string) *computeclient.Clie
 	return c
 }
 
-func TestTunnelReauthorizerLimitsAndRestarts(t *testing.T) {
+// tunnelFleet starts a fleet with tunnels.limits limits and a qemu
+// compute-agent, and a running sandbox (a TCG VM) on it; it returns the
+// fleet, the agent and the sandbox's id.
+func tunnelFleet(t *testing.T, limits string) (*fleettest.Fleet, *fleettest.Agent, string) {
+	t.Helper()
 	im := qemutest.Image(t)
 	// A notifier: revocations are pushed (the identity inbox is woken at
 	// the event's commit), not waited for.
 	f := fleettest.Start(t, fmt.Sprintf("images: {dir: %q}\nnotifier: {kind: postgres}\n", filepath.Dir(filepath.Dir(im.Location))),
-		fleettest.TunnelLimits("{openPerNode: 2, idleTimeoutMs: 4000, tunnelsPerMinute: 60}"))
+		fleettest.TunnelLimits(limits))
 	pool := f.Pool(client.PoolsCreateInputClassVpsHost, "small", 1, 256)
 	agent := f.Join(pool, "--runtime", "qemu", "--accel", "tcg", "--vcpu", "8", "--memory-mib", "4096", "--disk-gib", "1000")
 	t.Cleanup(func() {
@@ -170,6 +174,12 @@ func TestTunnelReauthorizerLimitsAndRestarts(t *testing.T) {
 		require.NoError(t, err)
 		return g.Data.State == "running"
 	}, 120*time.Second, 100*time.Millisecond)
+	return f, agent, id
+}
+
+func TestTunnelReauthorizerAndLimits(t *testing.T) {
+	f, _, id := tunnelFleet(t, "{openPerNode: 2, idleTimeoutMs: 4000, tunnelsPerMinute: 60}")
+	ctx := t.Context()
 
 	t.Run("a revoked key's tunnel closes within a second", func(t *testing.T) {
 		key := f.CreateKey(fleettest.Tenant, "dev", "owner")
@@ -247,6 +257,15 @@ func TestTunnelReauthorizerLimitsAndRestarts(t *testing.T) {
 		require.NoError(t, c.ws.Close(websocket.StatusNormalClosure, ""))
 		require.NoError(t, a.ws.Close(websocket.StatusNormalClosure, ""))
 	})
+
+}
+
+// TestTunnelsAcrossRestarts runs on a fleet of its own with no idle
+// timeout (the default, an hour): a tunnel waiting on a slow TCG guest
+// across a restart must end for the restart's reason, never for idleness.
+func TestTunnelsAcrossRestarts(t *testing.T) {
+	f, agent, id := tunnelFleet(t, "{openPerNode: 2, tunnelsPerMinute: 60}")
+	ctx := t.Context()
 
 	t.Run("a restarted daemon's tunnels end and reopen", func(t *testing.T) {
 		// computectl port-forward to a server in the sandbox (busybox

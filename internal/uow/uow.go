@@ -38,10 +38,12 @@ type Unit struct {
 }
 
 // Offer is a value for the taker of a topic in this process, handed over
-// once the unit committed (notify.OfferLater).
+// once the unit committed (notify.OfferLater). Instead: the offer stands
+// for the topic's wake (notify.OfferInstead).
 type Offer struct {
-	Topic string
-	Value any
+	Topic   string
+	Value   any
+	Instead bool
 }
 
 type key struct{}
@@ -146,7 +148,15 @@ func (u *Unit) Wakes() []string {
 func (u *Unit) OfferAfter(topic string, v any) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.offers = append(u.offers, Offer{topic, v})
+	u.offers = append(u.offers, Offer{Topic: topic, Value: v})
+}
+
+// OfferInsteadAfter is OfferAfter for an offer that stands for topic's
+// wake: the topic is woken after the commit only if no taker takes v.
+func (u *Unit) OfferInsteadAfter(topic string, v any) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.offers = append(u.offers, Offer{Topic: topic, Value: v, Instead: true})
 }
 
 // Offers returns the values to hand over after the commit, and forgets

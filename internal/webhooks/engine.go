@@ -149,6 +149,26 @@ func (e *Engine) tx(ctx context.Context, fence Fence, fn func(q *db.Queries) err
 	})
 }
 
+// txLater is tx that also gives fn the queries whose writes are held
+// for the transaction's next statement or its COMMIT (store.Later).
+func (e *Engine) txLater(ctx context.Context, fence Fence, fn func(q, later *db.Queries) error) error {
+	return e.store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
+		if fence != nil {
+			if err := fence(ctx, tx); err != nil {
+				return err
+			}
+		}
+		return fn(db.New(tx), db.New(store.Later(tx)))
+	})
+}
+
+// fanoutRow is an outbox row of a fan-out's batch with the active
+// webhooks of its tenant (FanoutBatch's JSON).
+type fanoutRow struct {
+	outbox.Row
+	hooks []byte
+}
+
 // FanOut reads up to limit committed outbox rows after its durable cursor
 // and queues, in the same transaction that moves the cursor, one pending
 // delivery due now per active webhook of the event's tenant whose patterns
@@ -161,51 +181,31 @@ func (e *Engine) FanOut(ctx context.Context, fence Fence, limit int) (int, error
 	}
 	read := 0
 	var queued int64
-	err := e.tx(ctx, fence, func(q *db.Queries) error {
-		cur, err := q.LockWebhookFanout(ctx)
-		if errors.Is(err, pgx.ErrNoRows) {
+	err := e.txLater(ctx, fence, func(q, later *db.Queries) error {
+		// One statement: the place (locked), the rows after it, their
+		// tenants' active webhooks and whether rows wait behind it.
+		batch, err := q.FanoutBatch(ctx, int32(limit))
+		if err != nil {
+			return err
+		}
+		if len(batch) == 0 {
 			return nil // another fan-out is at work
 		}
-		if err != nil {
-			return err
-		}
-		pos := outbox.Position{Xid: cur.AfterXid, Seq: cur.AfterSeq}
-		rows, err := outbox.Committed(ctx, q, "", pos, int32(limit))
-		if err != nil {
-			return err
-		}
-		if len(rows) < limit {
-			// Committed rows the reader may not take yet (an older
-			// transaction still runs): Run looks again soon.
-			if len(rows) > 0 {
-				pos = rows[len(rows)-1].Position
+		var rows []fanoutRow
+		for _, b := range batch {
+			if b.Seq.Valid {
+				rows = append(rows, fanoutRow{Row: outbox.Row{Position: outbox.Position{Xid: b.Xid, Seq: b.Seq.Int64},
+					Event: outbox.Envelope(db.ListOutboxCommittedRow{Seq: b.Seq.Int64, Xid: b.Xid, ID: b.ID.String, Type: b.Type.String,
+						Source: b.Source.String, Subject: b.Subject.String, TenantID: b.TenantID.String, Time: *b.Time, Data: b.Data})},
+					hooks: b.Hooks})
 			}
-			xid := pos.Xid
-			if xid == "" {
-				xid = "0"
-			}
-			held, err := q.OutboxCommittedAfter(ctx, db.OutboxCommittedAfterParams{AfterXid: xid, AfterSeq: pos.Seq})
-			if err != nil {
-				return err
-			}
-			e.heldBack.Store(held)
-		} else {
-			e.heldBack.Store(true) // a full page: more to read
 		}
+		// Fewer rows than limit: committed rows the reader may not take
+		// yet (an older transaction still runs) make Run look again soon;
+		// a full page: more to read.
+		e.heldBack.Store(len(rows) == limit || batch[0].Held)
 		if len(rows) == 0 {
 			return nil
-		}
-		var tenants []string
-		seen := map[string]bool{}
-		for _, r := range rows {
-			if !seen[r.Event.TenantID] {
-				seen[r.Event.TenantID] = true
-				tenants = append(tenants, r.Event.TenantID)
-			}
-		}
-		hooks, err := q.ListFanoutWebhooks(ctx, tenants)
-		if err != nil {
-			return err
 		}
 		type hook struct {
 			id     string
@@ -213,12 +213,26 @@ func (e *Engine) FanOut(ctx context.Context, fence Fence, limit int) (int, error
 			since  snapshot
 		}
 		byTenant := map[string][]hook{}
-		for _, h := range hooks {
-			sn, err := parseSnapshot(h.SinceSnapshot)
-			if err != nil {
+		for _, r := range rows {
+			if _, ok := byTenant[r.Event.TenantID]; ok {
+				continue
+			}
+			var hs []struct {
+				ID     string   `json:"id"`
+				Events []string `json:"events"`
+				Since  string   `json:"since"`
+			}
+			if err := json.Unmarshal(r.hooks, &hs); err != nil {
 				return err
 			}
-			byTenant[h.TenantID] = append(byTenant[h.TenantID], hook{id: h.WebhookID, events: h.Events, since: sn})
+			byTenant[r.Event.TenantID] = []hook{}
+			for _, h := range hs {
+				sn, err := parseSnapshot(h.Since)
+				if err != nil {
+					return err
+				}
+				byTenant[r.Event.TenantID] = append(byTenant[r.Event.TenantID], hook{id: h.ID, events: h.Events, since: sn})
+			}
 		}
 		now := e.now()
 		var p db.InsertFanoutDeliveriesParams
@@ -260,8 +274,9 @@ func (e *Engine) FanOut(ctx context.Context, fence Fence, limit int) (int, error
 				return err
 			}
 		}
+		// The place moves with the COMMIT.
 		last := rows[len(rows)-1].Position
-		if err := q.MoveWebhookFanout(ctx, db.MoveWebhookFanoutParams{AfterXid: last.Xid, AfterSeq: last.Seq}); err != nil {
+		if err := later.MoveWebhookFanout(ctx, db.MoveWebhookFanoutParams{AfterXid: last.Xid, AfterSeq: last.Seq}); err != nil {
 			return err
 		}
 		read = len(rows)
