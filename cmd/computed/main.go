@@ -347,17 +347,17 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) {
 const GatewayGCPercent = 20
 
 // APIGCPercent is the collector's target on a process that serves the api
-// role without the gateway's, above its heap floor (memory.heapFloorMiB).
-// Its live heap is small (10 to 25 MB under load in make bench) and every
-// call allocates (about 9 KB for a cached sites.get), so at the default
-// 100 it collected every 1.5 s at 2,400 calls/s, and at 400 still every
-// 0.8 to 1.5 s at 5,000 (2026-11-29, gctrace), each cycle's mark phase a
-// stall of about 20 ms on the one core the benchmark gives it. With
-// PostgreSQL off that core, those stalls were the half-load p99 (GOGC
-// off: 1.8 to 2.4 ms, 400: 11 to 15 ms; docs/benchmarks-notes.md), so
-// the floor keeps the goal at 256 MB or more; this percentage rules
-// over a live heap the floor cannot hold. GOGC in the environment wins;
-// GOMEMLIMIT still caps the heap.
+// role without the gateway's. Its live heap is small (about 25 MB under
+// load in make bench) and every call allocates (about 9 KB for a cached
+// sites.get), so at the default 100 it collected every 1.5 s at 2,400
+// calls/s, each cycle's mark phase taking tens of milliseconds on the one
+// core the benchmark gives it: 1 to 2 % of the time, inside the p99 of an
+// open-loop run. At 400 the heap goal is five times the live heap: with
+// about 13 MB live at 4,700 sites.get a second (2026-11-29, gctrace) a
+// cycle still came every 0.8 to 1.5 s (10 to 34 ms of mark), and the
+// half-load runs with GOGC off were not faster beyond the machine's
+// noise (docs/benchmarks-notes.md, that morning's lead section). GOGC in
+// the environment wins; GOMEMLIMIT still caps the heap.
 const APIGCPercent = 400
 
 // processGC sets the collector's target for the roles this process runs.
@@ -365,10 +365,8 @@ const APIGCPercent = 400
 // ends: while handshakes (the gateway's count, gateway.Handshakes) come
 // at a reconnect storm's rate the target is raised to
 // gctarget.StormPercent, then set back and the storm's garbage returned
-// to the OS (internal/gctarget). On a process that serves the api role
-// it keeps the heap goal at memory.heapFloorMiB or more until ctx ends.
-// It says whether it started the storm policy: not elsewhere, and not
-// whenever GOGC is set (nor the floor then).
+// to the OS (internal/gctarget). It says whether it started the policy:
+// not elsewhere, and not whenever GOGC is set.
 func processGC(ctx context.Context, cfg *config.Config, getenv func(string) string, handshakes func() int64, log *slog.Logger) (stormPolicy bool) {
 	if getenv("GOGC") != "" {
 		return false
@@ -381,18 +379,7 @@ func processGC(ctx context.Context, cfg *config.Config, getenv func(string) stri
 		return true
 	case slices.Contains(cfg.Roles, config.RoleAPI) && !slices.Contains(cfg.Roles, config.RoleGateway):
 		debug.SetGCPercent(APIGCPercent)
-		log.Info("api process: collector target raised", "gcPercent", APIGCPercent, "heapFloorMiB", cfg.Memory.HeapFloor>>20)
-		startHeapFloor(ctx, cfg, APIGCPercent)
-	case slices.Contains(cfg.Roles, config.RoleAPI):
-		startHeapFloor(ctx, cfg, 100) // the runtime's default percentage
+		log.Info("api process: collector target raised", "gcPercent", APIGCPercent)
 	}
 	return false
-}
-
-// startHeapFloor keeps an api process's heap goal at memory.heapFloorMiB
-// or more (internal/gctarget, floor.go), base the percentage above it.
-func startHeapFloor(ctx context.Context, cfg *config.Config, base int) {
-	if cfg.Memory.HeapFloor > 0 {
-		gctarget.StartFloor(ctx, uint64(cfg.Memory.HeapFloor), base, debug.SetGCPercent)
-	}
 }

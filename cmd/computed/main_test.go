@@ -657,39 +657,6 @@ func TestProcessGCFollowsRoles(t *testing.T) {
 	}
 }
 
-// A heap floor raises the target of a process that serves the api role
-// so that the goal reaches it, never below the role's percentage; it
-// leaves other processes, and any process whose GOGC is set, alone.
-func TestProcessGCKeepsTheApisHeapFloor(t *testing.T) {
-	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	const floor = 1 << 30 // far above this test's live heap
-	for _, tc := range []struct {
-		roles   []config.Role
-		gogc    string
-		floor   int64
-		atLeast int // the percentage is above it
-		exactly int // or exactly this
-	}{
-		{[]config.Role{config.RoleAPI}, "", floor, APIGCPercent, 0},
-		{[]config.Role{config.RoleAPI, config.RoleGateway}, "", floor, 100, 0},
-		{[]config.Role{config.RoleAPI}, "", 1 << 20, 0, APIGCPercent}, // under the live heap: the percentage rules
-		{[]config.Role{config.RoleAPI}, "150", floor, 0, 100},
-		{[]config.Role{config.RoleControllers}, "", floor, 0, 100},
-		{[]config.Role{config.RoleGateway}, "", floor, 0, GatewayGCPercent},
-	} {
-		debug.SetGCPercent(100)
-		ctx, cancel := context.WithCancel(context.Background())
-		processGC(ctx, &config.Config{Roles: tc.roles, Memory: config.Memory{HeapFloor: tc.floor}}, gogcEnv(tc.gogc), func() int64 { return 0 }, quiet)
-		if tc.exactly != 0 {
-			assert.Equal(t, tc.exactly, gcPercent(), "roles %v, GOGC %q, floor %d", tc.roles, tc.gogc, tc.floor)
-		} else {
-			assert.Greater(t, gcPercent(), tc.atLeast, "roles %v, floor %d", tc.roles, tc.floor)
-		}
-		cancel()
-	}
-}
-
 // A gateway-only process raises its collector target while handshakes
 // come at a storm's rate and lowers it again after.
 func TestGatewayOnlyProcessRaisesItsTargetInAHandshakeStorm(t *testing.T) {

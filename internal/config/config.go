@@ -122,7 +122,6 @@ type Config struct {
 	Capacity  Capacity
 	Admission Admission
 	Shutdown  Shutdown
-	Memory    Memory
 	Scheduler Scheduler
 	Clock     Clock
 	Log       Log

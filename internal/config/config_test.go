@@ -73,7 +73,6 @@ func TestDefaults(t *testing.T) {
 		Host:      "0.0.0.0",
 		Port:      3000,
 		Roles:     []Role{RoleAPI, RoleControllers, RoleScheduler, RoleSinks, RoleIAM},
-		Memory:    Memory{HeapFloor: DefaultHeapFloorMiB << 20},
 	}
 	require.Equal(t, want, c)
 	require.True(t, c.HasRole(RoleAPI))
@@ -146,7 +145,6 @@ capacity:
   usageEvery: 10m
   spotNoticeMs: 30000
 shutdown: {unreadyMs: 3000}
-memory: {heapFloorMiB: 128}
 admission: {maxInFlight: 48, adaptive: true, minInFlight: 12, acquireTargetMs: 3, slotWaitMs: 20, maxQueueMs: 80, queueTargetMs: 5, queueIntervalMs: 200, tenantRate: 200, tenantBurst: 400, tenants: {bigco: {rate: 1000}, tiny: {rate: 1, burst: 1}}, globalRate: 5000, maxConnections: 500}
 scheduler:
   plugins: [gpu-affinity]
@@ -244,31 +242,8 @@ func TestFullFile(t *testing.T) {
 		Host:      "127.0.0.1",
 		Port:      8080,
 		Roles:     []Role{RoleAPI, RoleSinks, RoleGateway},
-		Memory:    Memory{HeapFloor: 128 << 20},
 	}
 	require.Equal(t, want, c)
-}
-
-// The heap floor's default follows the roles: an api process without
-// the gateway's has one, others none; set, it is what was set.
-func TestHeapFloorDefault(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		roles, file string
-		want        int64
-	}{
-		{"api", "", DefaultHeapFloorMiB << 20},
-		{"api,iam", "", DefaultHeapFloorMiB << 20},
-		{"api,gateway", "", 0},
-		{"gateway", "", 0},
-		{"controllers", "", 0},
-		{"api", "memory: {heapFloorMiB: 0}", 0},
-		{"api,gateway", "memory: {heapFloorMiB: 64}", 64 << 20},
-	} {
-		c, err := run(tc.file, map[string]string{EnvRoles: tc.roles, EnvGatewayURL: "https://gw.example.com"})
-		require.NoError(t, err, tc.roles)
-		assert.Equal(t, tc.want, c.Memory.HeapFloor, "roles %s, %q", tc.roles, tc.file)
-	}
 }
 
 func TestJSONFile(t *testing.T) {
@@ -698,8 +673,6 @@ func TestInvalid(t *testing.T) {
 		{"admission tenant burst zero", "admission: {tenants: {acme: {rate: 3, burst: 0}}}", nil, "admission.tenants.acme.burst", "at least 1"},
 		{"shutdown unreadyMs negative", "shutdown: {unreadyMs: -1}", nil, "shutdown.unreadyMs", "from 0 to 60000"},
 		{"shutdown unreadyMs too long", "shutdown: {unreadyMs: 60001}", nil, "shutdown.unreadyMs", "from 0 to 60000"},
-		{"memory heapFloorMiB negative", "memory: {heapFloorMiB: -1}", nil, "memory.heapFloorMiB", "from 0 to 65536"},
-		{"memory heapFloorMiB too large", "memory: {heapFloorMiB: 65537}", nil, "memory.heapFloorMiB", "from 0 to 65536"},
 		{"admission tenant unknown option", "admission: {tenants: {acme: {rate: 3, size: 4}}}", nil, "admission.tenants.acme.size", "unknown option"},
 		{"capacity maxAttempts", "capacity: {maxAttempts: 0}", nil, "capacity.maxAttempts", "at least 1"},
 		{"capacity rollupEvery duration", "capacity: {rollupEvery: 5}", nil, "capacity.rollupEvery", "must be a string"},

@@ -46,7 +46,6 @@ type fileConfig struct {
 	Capacity        *fileCapacity       `yaml:"capacity"`
 	Admission       *fileAdmission      `yaml:"admission"`
 	Shutdown        *fileShutdown       `yaml:"shutdown"`
-	Memory          *fileMemory         `yaml:"memory"`
 	Scheduler       *fileScheduler      `yaml:"scheduler"`
 	Clock           *string             `yaml:"clock"`
 	Log             *fileLog            `yaml:"log"`

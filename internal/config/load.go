@@ -180,7 +180,7 @@ func (b *builder) build(fc *fileConfig) (*Config, error) {
 	steps := []func(*fileConfig, *Config) error{
 		b.core, b.iam, b.lists, b.plugins, b.tunnels, b.pki, b.notifier, b.sinks,
 		b.proxies, b.gateway, b.downloads, b.images, b.bootstrap, b.supportBundles, b.secrets, b.webhooks, b.capacity, b.admission, b.shutdown,
-		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles, b.memory,
+		b.scheduler, b.misc, b.workers, b.metrics, b.listen, b.roles,
 	}
 	// Every step runs: a problem in one option does not hide another's.
 	for _, step := range steps {
