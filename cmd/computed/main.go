@@ -354,10 +354,12 @@ const GatewayGCPercent = 20
 // core the benchmark gives it: 1 to 2 % of the time, inside the p99 of an
 // open-loop run. At 400 the heap goal is five times the live heap: with
 // about 13 MB live at 4,700 sites.get a second (2026-11-29, gctrace) a
-// cycle still came every 0.8 to 1.5 s (10 to 34 ms of mark), and the
-// half-load runs with GOGC off were not faster beyond the machine's
-// noise (docs/benchmarks-notes.md, that morning's lead section). GOGC in
-// the environment wins; GOMEMLIMIT still caps the heap.
+// cycle still came every 0.8 to 1.5 s, each a stall of about 20 ms on
+// that core: with PostgreSQL off it, those stalls are the half-load p99.
+// A larger heap did not help: a floor of 256 MB under the target made
+// fewer stalls but longer ones (40 to 70 ms), and the p99 worse
+// (docs/benchmarks-notes.md, "a heap floor"). GOGC in the environment
+// wins; GOMEMLIMIT still caps the heap.
 const APIGCPercent = 400
 
 // processGC sets the collector's target for the roles this process runs.
