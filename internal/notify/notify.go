@@ -364,7 +364,7 @@ func Later(ctx context.Context, topic string) {
 // alone makes the subscriber read what did.
 func OfferLater(ctx context.Context, tx pgx.Tx, topic string, v any) {
 	if u := uow.From(ctx); u != nil && store.Outermost(tx) {
-		u.OfferAfter(topic, v)
+		u.OfferAfter(uow.Offer{Topic: topic, Value: v})
 	}
 }
 
@@ -381,7 +381,7 @@ func OfferInstead(ctx context.Context, tx pgx.Tx, topic string, v any) {
 	switch {
 	case u == nil:
 	case store.Outermost(tx):
-		u.OfferInsteadAfter(topic, v)
+		u.OfferAfter(uow.Offer{Topic: topic, Value: v, Instead: true})
 	default:
 		u.WakeAfter(topic)
 	}

@@ -143,20 +143,12 @@ func (u *Unit) Wakes() []string {
 	return w
 }
 
-// OfferAfter asks for v to be handed to topic's taker once the unit has
-// committed.
-func (u *Unit) OfferAfter(topic string, v any) {
+// OfferAfter asks for o.Value to be handed to o.Topic's taker once the
+// unit has committed (with o.Instead, in place of the topic's wake).
+func (u *Unit) OfferAfter(o Offer) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.offers = append(u.offers, Offer{Topic: topic, Value: v})
-}
-
-// OfferInsteadAfter is OfferAfter for an offer that stands for topic's
-// wake: the topic is woken after the commit only if no taker takes v.
-func (u *Unit) OfferInsteadAfter(topic string, v any) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.offers = append(u.offers, Offer{Topic: topic, Value: v, Instead: true})
+	u.offers = append(u.offers, o)
 }
 
 // Offers returns the values to hand over after the commit, and forgets

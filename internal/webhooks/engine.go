@@ -138,15 +138,9 @@ func NewEngine(st *store.Store, o Options, eo EngineOptions) (*Engine, error) {
 	}, nil
 }
 
+// tx runs fn in a transaction, after the fence when there is one.
 func (e *Engine) tx(ctx context.Context, fence Fence, fn func(q *db.Queries) error) error {
-	return e.store.WithTx(ctx, false, func(ctx context.Context, tx pgx.Tx) error {
-		if fence != nil {
-			if err := fence(ctx, tx); err != nil {
-				return err
-			}
-		}
-		return fn(db.New(tx))
-	})
+	return e.txLater(ctx, fence, func(q, _ *db.Queries) error { return fn(q) })
 }
 
 // txLater is tx that also gives fn the queries whose writes are held
