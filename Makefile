@@ -8,7 +8,7 @@ SECRET_FILE := .service/secret
 
 # Fuzz targets run by fuzz-short (and so by test): space-separated
 # <package>:<FuzzName> entries, e.g. ./internal/wire:FuzzDecode.
-FUZZ_TARGETS ?= ./internal/rpc:FuzzDecoders ./internal/admission:FuzzTimestampNS ./internal/agent/egressproxy:FuzzPeekName ./internal/wire:FuzzParseObject ./internal/wire:FuzzParseFastMatches ./internal/config:FuzzLoadFile ./internal/reqmeta:FuzzRequestID ./internal/reqmeta:FuzzTraceparent ./internal/secrets:FuzzParseReference ./internal/cursor:FuzzOpen ./internal/ids:FuzzDerive ./internal/iam:FuzzSourceIP ./internal/guest:FuzzDecodeRequest ./internal/guestproto:FuzzReader ./internal/providers:FuzzCheckConfig ./internal/profiles:FuzzCheck ./tools/loadbench:FuzzReadResponse
+FUZZ_TARGETS ?= ./internal/rpc:FuzzDecoders ./internal/admission:FuzzTimestampNS ./internal/agent/egressproxy:FuzzPeekName ./internal/wire:FuzzParseObject ./internal/wire:FuzzParseFastMatches ./internal/wire:FuzzPatternAgreesWithRegexp ./internal/config:FuzzLoadFile ./internal/reqmeta:FuzzRequestID ./internal/reqmeta:FuzzTraceparent ./internal/secrets:FuzzParseReference ./internal/cursor:FuzzOpen ./internal/ids:FuzzDerive ./internal/iam:FuzzSourceIP ./internal/guest:FuzzDecodeRequest ./internal/guestproto:FuzzReader ./internal/providers:FuzzCheckConfig ./internal/profiles:FuzzCheck ./tools/loadbench:FuzzReadResponse
 FUZZ_TIME ?= 10s
 
 # SERVICE_ENV runs first in recipes that need the service's environment.

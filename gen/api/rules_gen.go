@@ -2,69 +2,66 @@
 
 package api
 
-import (
-	wire "computeplane/internal/wire"
-	"regexp"
-)
+import wire "computeplane/internal/wire"
 
 // Patterns of the shapes of catalog/shapes.yaml.
 var (
 	// TenantId: Tenant identifier.
-	ShapeTenantId = regexp.MustCompile("^[A-Za-z0-9._:-]{1,128}$")
+	ShapeTenantId = wire.MustPattern("^[A-Za-z0-9._:-]{1,128}$")
 	// Name63: Lowercase DNS-like name.
-	ShapeName63 = regexp.MustCompile("^[a-z0-9][a-z0-9._-]{0,62}$")
+	ShapeName63 = wire.MustPattern("^[a-z0-9][a-z0-9._-]{0,62}$")
 	// PoolId: Pool identifier.
-	ShapePoolId = regexp.MustCompile("^pool_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapePoolId = wire.MustPattern("^pool_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// SiteId: Site identifier.
-	ShapeSiteId = regexp.MustCompile("^site_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeSiteId = wire.MustPattern("^site_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// TemplateId: Sandbox template identifier.
-	ShapeTemplateId = regexp.MustCompile("^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeTemplateId = wire.MustPattern("^sbxt_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// VolumeId: Sandbox volume identifier.
-	ShapeVolumeId = regexp.MustCompile("^vol_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeVolumeId = wire.MustPattern("^vol_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// AccountId: Provider account identifier.
-	ShapeAccountId = regexp.MustCompile("^pacct_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeAccountId = wire.MustPattern("^pacct_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// BootstrapId: Provider bootstrap identifier.
-	ShapeBootstrapId = regexp.MustCompile("^pbs_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeBootstrapId = wire.MustPattern("^pbs_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// ProjectId: Project identifier.
-	ShapeProjectId = regexp.MustCompile("^prj_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeProjectId = wire.MustPattern("^prj_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// WebhookId: Webhook identifier.
-	ShapeWebhookId = regexp.MustCompile("^whk_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeWebhookId = wire.MustPattern("^whk_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// DeliveryId: Webhook delivery identifier.
-	ShapeDeliveryId = regexp.MustCompile("^dlv_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeDeliveryId = wire.MustPattern("^dlv_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// ProfileId: Profile identifier.
-	ShapeProfileId = regexp.MustCompile("^[a-z0-9](?:[a-z0-9._-]{0,126}[a-z0-9])?$")
+	ShapeProfileId = wire.MustPattern("^[a-z0-9](?:[a-z0-9._-]{0,126}[a-z0-9])?$")
 	// Region: Region name.
-	ShapeRegion = regexp.MustCompile("^[a-z][a-z0-9-]{0,62}$")
+	ShapeRegion = wire.MustPattern("^[a-z][a-z0-9-]{0,62}$")
 	// RuntimeName: Runtime or provider name.
-	ShapeRuntimeName = regexp.MustCompile("^[a-z][a-z0-9-]{0,63}$")
+	ShapeRuntimeName = wire.MustPattern("^[a-z][a-z0-9-]{0,63}$")
 	// ImageId: Image identifier.
-	ShapeImageId = regexp.MustCompile("^[A-Za-z0-9][A-Za-z0-9._@:/-]{0,199}$")
+	ShapeImageId = wire.MustPattern("^[A-Za-z0-9][A-Za-z0-9._@:/-]{0,199}$")
 	// IdemKeyA: Idempotency key (narrow alphabet).
-	ShapeIdemKeyA = regexp.MustCompile("^[A-Za-z0-9._:-]{1,128}$")
+	ShapeIdemKeyA = wire.MustPattern("^[A-Za-z0-9._:-]{1,128}$")
 	// IdemKeyB: Idempotency key (wide alphabet).
-	ShapeIdemKeyB = regexp.MustCompile("^[A-Za-z0-9._~:/+=-]{1,128}$")
+	ShapeIdemKeyB = wire.MustPattern("^[A-Za-z0-9._~:/+=-]{1,128}$")
 	// SecretName: Secret name.
-	ShapeSecretName = regexp.MustCompile("^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+	ShapeSecretName = wire.MustPattern("^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 	// MeterName: Usage meter name.
-	ShapeMeterName = regexp.MustCompile("^[a-z][a-z0-9_.-]{0,127}$")
+	ShapeMeterName = wire.MustPattern("^[a-z][a-z0-9_.-]{0,127}$")
 	// NodeId: Node identifier.
-	ShapeNodeId = regexp.MustCompile("^node_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeNodeId = wire.MustPattern("^node_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// InstanceId: Instance identifier.
-	ShapeInstanceId = regexp.MustCompile("^inst_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeInstanceId = wire.MustPattern("^inst_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// ReservationId: Reservation identifier.
-	ShapeReservationId = regexp.MustCompile("^rsv_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeReservationId = wire.MustPattern("^rsv_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// WorkflowId: Workflow identifier.
-	ShapeWorkflowId = regexp.MustCompile("^wf_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeWorkflowId = wire.MustPattern("^wf_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// IdentityId: Identity identifier.
-	ShapeIdentityId = regexp.MustCompile("^[A-Za-z0-9._:@-]{1,128}$")
+	ShapeIdentityId = wire.MustPattern("^[A-Za-z0-9._:@-]{1,128}$")
 	// SandboxId: Sandbox identifier.
-	ShapeSandboxId = regexp.MustCompile("^sbx_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeSandboxId = wire.MustPattern("^sbx_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// SnapshotId: Sandbox snapshot identifier.
-	ShapeSnapshotId = regexp.MustCompile("^snap_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeSnapshotId = wire.MustPattern("^snap_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// SupportBundleId: Support bundle identifier.
-	ShapeSupportBundleId = regexp.MustCompile("^sbun_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeSupportBundleId = wire.MustPattern("^sbun_[0-9a-hjkmnp-tv-z]{26,52}$")
 	// TunnelId: Tunnel identifier.
-	ShapeTunnelId = regexp.MustCompile("^tun_[0-9a-hjkmnp-tv-z]{26,52}$")
+	ShapeTunnelId = wire.MustPattern("^tun_[0-9a-hjkmnp-tv-z]{26,52}$")
 )
 
 // Rules of the input fields, built once.
@@ -81,7 +78,7 @@ var (
 	}
 	ruleGPUsModel = &wire.StringRule{
 		MaxLength: 32,
-		Pattern:   regexp.MustCompile("^[A-Za-z0-9-]{1,32}$"),
+		Pattern:   wire.MustPattern("^[A-Za-z0-9-]{1,32}$"),
 	}
 	ruleGPUsCount = &wire.IntRule{
 		HasMax: true,
@@ -125,7 +122,7 @@ var (
 	}
 	ruleOfferQueryGPUModel = &wire.StringRule{
 		MaxLength: 32,
-		Pattern:   regexp.MustCompile("^[A-Za-z0-9-]{1,32}$"),
+		Pattern:   wire.MustPattern("^[A-Za-z0-9-]{1,32}$"),
 	}
 	ruleOfferQueryMinGpus = &wire.IntRule{
 		HasMax: true,
@@ -160,7 +157,7 @@ var (
 	ruleTunnelTargetKind = &wire.StringRule{Enum: []string{"instance", "sandbox"}}
 	ruleTunnelTargetID   = &wire.StringRule{
 		MaxLength: 64,
-		Pattern:   regexp.MustCompile("^(inst|sbx)_[0-9a-hjkmnp-tv-z]{26,52}$"),
+		Pattern:   wire.MustPattern("^(inst|sbx)_[0-9a-hjkmnp-tv-z]{26,52}$"),
 	}
 	ruleVolumeMountVolumeID = &wire.StringRule{
 		MaxLength: 56,
@@ -175,7 +172,7 @@ var (
 	ruleVolumeMountMountPath = &wire.StringRule{
 		MaxLength: 255,
 		MinLength: 2,
-		Pattern:   regexp.MustCompile("^/[A-Za-z0-9._/-]{1,254}$"),
+		Pattern:   wire.MustPattern("^/[A-Za-z0-9._/-]{1,254}$"),
 	}
 	ruleWaitTimeoutMs = &wire.IntRule{
 		HasMax: true,
@@ -206,11 +203,11 @@ var (
 	}
 	ruleEventsListInputTypesItem = &wire.StringRule{
 		MaxLength: 128,
-		Pattern:   regexp.MustCompile("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
+		Pattern:   wire.MustPattern("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
 	}
 	ruleEventsListInputCursor = &wire.StringRule{
 		MaxLength: 256,
-		Pattern:   regexp.MustCompile("^[A-Za-z0-9._:-]{1,256}$"),
+		Pattern:   wire.MustPattern("^[A-Za-z0-9._:-]{1,256}$"),
 	}
 	ruleEventsListInputLimit = &wire.IntRule{
 		HasMax: true,
@@ -486,12 +483,12 @@ var (
 		Words:     "a node id: node_ and 26 to 52 lowercase letters and digits (no i, l, o, u)",
 	}
 	ruleNodesLabelInputSet = &wire.CountRule{
-		KeyPattern: regexp.MustCompile("^[a-z0-9]([a-z0-9./-]{0,61}[a-z0-9])?$"),
+		KeyPattern: wire.MustPattern("^[a-z0-9]([a-z0-9./-]{0,61}[a-z0-9])?$"),
 		Max:        64,
 	}
 	ruleNodesLabelInputSetValue = &wire.StringRule{
 		MaxLength: 63,
-		Pattern:   regexp.MustCompile("^[A-Za-z0-9._-]{0,63}$"),
+		Pattern:   wire.MustPattern("^[A-Za-z0-9._-]{0,63}$"),
 	}
 	ruleNodesLabelInputRemove           = &wire.CountRule{Max: 64}
 	ruleNodesLabelInputRemoveItem       = &wire.StringRule{MaxLength: 63}
@@ -517,7 +514,7 @@ var (
 	}
 	ruleExampleNotesDeleteInputNoteID = &wire.StringRule{
 		MaxLength: 31,
-		Pattern:   regexp.MustCompile("^note_[0-9a-z]{26}$"),
+		Pattern:   wire.MustPattern("^note_[0-9a-z]{26}$"),
 	}
 	rulePoolsCreateInputTenantID = &wire.StringRule{
 		MaxLength: 128,
@@ -1154,7 +1151,7 @@ var (
 		Min:    int64(60),
 	}
 	ruleSandboxTemplatesCreateInputEnv = &wire.CountRule{
-		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		KeyPattern: wire.MustPattern("^[A-Z_][A-Z0-9_]{0,63}$"),
 		Max:        64,
 	}
 	ruleSandboxTemplatesCreateInputEnvValue = &wire.StringRule{}
@@ -1212,7 +1209,7 @@ var (
 		Min:    int64(60),
 	}
 	ruleSandboxTemplatesUpdateInputEnv = &wire.CountRule{
-		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		KeyPattern: wire.MustPattern("^[A-Z_][A-Z0-9_]{0,63}$"),
 		Max:        64,
 	}
 	ruleSandboxTemplatesUpdateInputEnvValue = &wire.StringRule{}
@@ -1326,7 +1323,7 @@ var (
 		Min:    int64(60),
 	}
 	ruleSandboxesCreateInputEnv = &wire.CountRule{
-		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		KeyPattern: wire.MustPattern("^[A-Z_][A-Z0-9_]{0,63}$"),
 		Max:        64,
 	}
 	ruleSandboxesCreateInputEnvValue       = &wire.StringRule{}
@@ -1417,13 +1414,13 @@ var (
 	}
 	ruleSandboxesExecInputArgvItem = &wire.StringRule{MaxLength: 4096}
 	ruleSandboxesExecInputEnv      = &wire.CountRule{
-		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		KeyPattern: wire.MustPattern("^[A-Z_][A-Z0-9_]{0,63}$"),
 		Max:        64,
 	}
 	ruleSandboxesExecInputEnvValue = &wire.StringRule{}
 	ruleSandboxesExecInputDir      = &wire.StringRule{
 		MaxLength: 255,
-		Pattern:   regexp.MustCompile("^/[^\\x00]{0,254}$"),
+		Pattern:   wire.MustPattern("^/[^\\x00]{0,254}$"),
 	}
 	ruleSandboxesExecInputStdin     = &wire.StringRule{MaxLength: 1048576}
 	ruleSandboxesExecInputTimeoutMs = &wire.IntRule{
@@ -1445,7 +1442,7 @@ var (
 	ruleSandboxesReadFileInputPath = &wire.StringRule{
 		MaxLength: 4096,
 		MinLength: 2,
-		Pattern:   regexp.MustCompile("^/[^\\x00]+$"),
+		Pattern:   wire.MustPattern("^/[^\\x00]+$"),
 	}
 	ruleSandboxesWriteFileInputTenantID = &wire.StringRule{
 		MaxLength: 128,
@@ -1460,7 +1457,7 @@ var (
 	ruleSandboxesWriteFileInputPath = &wire.StringRule{
 		MaxLength: 4096,
 		MinLength: 2,
-		Pattern:   regexp.MustCompile("^/[^\\x00]+$"),
+		Pattern:   wire.MustPattern("^/[^\\x00]+$"),
 	}
 	ruleSandboxesWriteFileInputContentBase64 = &wire.StringRule{MaxLength: 5592408}
 	ruleSandboxesWriteFileInputMode          = &wire.IntRule{
@@ -1485,13 +1482,13 @@ var (
 	}
 	ruleSandboxesStartProcessInputArgvItem = &wire.StringRule{MaxLength: 4096}
 	ruleSandboxesStartProcessInputEnv      = &wire.CountRule{
-		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		KeyPattern: wire.MustPattern("^[A-Z_][A-Z0-9_]{0,63}$"),
 		Max:        64,
 	}
 	ruleSandboxesStartProcessInputEnvValue = &wire.StringRule{}
 	ruleSandboxesStartProcessInputDir      = &wire.StringRule{
 		MaxLength: 255,
-		Pattern:   regexp.MustCompile("^/[^\\x00]{0,254}$"),
+		Pattern:   wire.MustPattern("^/[^\\x00]{0,254}$"),
 	}
 	ruleSandboxesListProcessesInputTenantID = &wire.StringRule{
 		MaxLength: 128,
@@ -1668,7 +1665,7 @@ var (
 	}
 	ruleSitesListInputCursor = &wire.StringRule{
 		MaxLength: 256,
-		Pattern:   regexp.MustCompile("^[A-Za-z0-9._:-]{1,256}$"),
+		Pattern:   wire.MustPattern("^[A-Za-z0-9._:-]{1,256}$"),
 	}
 	ruleSitesGetInputTenantID = &wire.StringRule{
 		MaxLength: 128,
@@ -1812,7 +1809,7 @@ var (
 	}
 	ruleTunnelsOpenInputArgvItem = &wire.StringRule{MaxLength: 4096}
 	ruleTunnelsOpenInputEnv      = &wire.CountRule{
-		KeyPattern: regexp.MustCompile("^[A-Z_][A-Z0-9_]{0,63}$"),
+		KeyPattern: wire.MustPattern("^[A-Z_][A-Z0-9_]{0,63}$"),
 		Max:        64,
 	}
 	ruleTunnelsOpenInputEnvValue = &wire.StringRule{}
@@ -1864,7 +1861,7 @@ var (
 	}
 	ruleTunnelsIssueSshCertificateInputAccount = &wire.StringRule{
 		MaxLength: 32,
-		Pattern:   regexp.MustCompile("^[a-z_][a-z0-9_-]{0,31}$"),
+		Pattern:   wire.MustPattern("^[a-z_][a-z0-9_-]{0,31}$"),
 	}
 	ruleUsageListInputTenantID = &wire.StringRule{
 		MaxLength: 128,
@@ -1897,7 +1894,7 @@ var (
 	}
 	ruleUsageListInputCursor = &wire.StringRule{
 		MaxLength: 256,
-		Pattern:   regexp.MustCompile("^[A-Za-z0-9_-]{1,256}$"),
+		Pattern:   wire.MustPattern("^[A-Za-z0-9_-]{1,256}$"),
 	}
 	ruleUsageExportInputTenantID = &wire.StringRule{
 		MaxLength: 128,
@@ -1935,7 +1932,7 @@ var (
 	}
 	ruleWebhooksCreateInputEventsItem = &wire.StringRule{
 		MaxLength: 128,
-		Pattern:   regexp.MustCompile("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
+		Pattern:   wire.MustPattern("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
 	}
 	ruleWebhooksCreateInputDescription = &wire.StringRule{MaxLength: 256}
 	ruleWebhooksListInputTenantID      = &wire.StringRule{
@@ -1970,7 +1967,7 @@ var (
 	}
 	ruleWebhooksUpdateInputEventsItem = &wire.StringRule{
 		MaxLength: 128,
-		Pattern:   regexp.MustCompile("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
+		Pattern:   wire.MustPattern("^(\\*|[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(\\.\\*)?)$"),
 	}
 	ruleWebhooksUpdateInputDescription    = &wire.StringRule{MaxLength: 256}
 	ruleWebhooksRotateSecretInputTenantID = &wire.StringRule{

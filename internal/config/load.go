@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"computeplane/internal/blob"
+	"computeplane/internal/wire"
 )
 
 // Load reads the file named by SERVICE_CONFIG (when set), applies the
@@ -163,16 +164,16 @@ func (b *builder) applyEnv(fc *fileConfig, getenv func(string) string) {
 
 // Shapes of the specification.
 var (
-	tenantIDRe   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-	runtimeRe    = regexp.MustCompile(`^[a-z][a-z0-9-]{0,63}$`) // RuntimeName: plugin, module, driver ... ids
-	name63Re     = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-	regionRe     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
-	workerIDRe   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-	typePrefixRe = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
-	accountRe    = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`) // POSIX user name
+	tenantIDRe   = wire.MustPattern(`^[A-Za-z0-9._:-]{1,128}$`)
+	runtimeRe    = wire.MustPattern(`^[a-z][a-z0-9-]{0,63}$`) // RuntimeName: plugin, module, driver ... ids
+	name63Re     = wire.MustPattern(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	regionRe     = wire.MustPattern(`^[a-z][a-z0-9-]{0,62}$`)
+	workerIDRe   = wire.MustPattern(`^[A-Za-z0-9._:-]{1,128}$`)
+	typePrefixRe = wire.MustPattern(`^[a-z][a-z0-9-]{0,31}$`)
+	accountRe    = wire.MustPattern(`^[a-z_][a-z0-9_-]{0,31}$`) // POSIX user name
 	// A DNS name of at least two labels, lowercase (tunnels.previewDomain).
-	domainRe   = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-	dnsLabelRe = regexp.MustCompile(`^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+	domainRe   = wire.MustPattern(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	dnsLabelRe = wire.MustPattern(`^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
 )
 
 func (b *builder) build(fc *fileConfig) (*Config, error) {
@@ -375,7 +376,7 @@ func cmpOr(a, b string) string {
 
 // checkNames validates a list of ids: shape, no duplicates. Every bad
 // entry is reported; the error is nil (the problems are kept).
-func (b *builder) checkNames(option string, names []string, re *regexp.Regexp, shape string) ([]string, error) {
+func (b *builder) checkNames(option string, names []string, re wire.Pattern, shape string) ([]string, error) {
 	seen := map[string]bool{}
 	for i, n := range names {
 		opt := fmt.Sprintf("%s[%d]", option, i)
@@ -514,7 +515,7 @@ func (b *builder) cloud(fc *fileConfig, c *Config) error {
 // pluginIDRe is a plugin id: a route segment, the middle part of the
 // plugin's actions and a Go identifier stem of its generated code at once
 // (tools/catalogc), hence narrower than RuntimeName.
-var pluginIDRe = regexp.MustCompile(`^[a-z][a-z0-9]{0,31}$`)
+var pluginIDRe = wire.MustPattern(`^[a-z][a-z0-9]{0,31}$`)
 
 var sha256Re = regexp.MustCompile(`^[0-9a-f]{64}$`)
 

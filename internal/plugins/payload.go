@@ -9,6 +9,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"computeplane/gen/api"
+	"computeplane/internal/wire"
 )
 
 // payloadSchemas are the compiled payload schemas of the plugins' event
@@ -17,6 +18,8 @@ import (
 var payloadSchemas = sync.OnceValues(func() (map[string]*jsonschema.Schema, error) {
 	out := map[string]*jsonschema.Schema{}
 	c := jsonschema.NewCompiler()
+	// Patterns as compact matchers where they can be (wire.MustPattern says why).
+	c.UseRegexpEngine(func(src string) (jsonschema.Regexp, error) { return wire.CompilePattern(src) })
 	c.DefaultDraft(jsonschema.Draft2020)
 	for _, e := range api.EventTypes {
 		if e.Plugin == "" || e.PayloadSchema == "" {

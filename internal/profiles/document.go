@@ -15,6 +15,7 @@ import (
 	"golang.org/x/text/message"
 
 	"computeplane/catalog"
+	"computeplane/internal/wire"
 )
 
 // Phases of a step, in the order a profile runs them.
@@ -98,6 +99,8 @@ var schema = func() *jsonschema.Schema {
 		panic("profiles: catalog/profile.schema.json is not JSON: " + err.Error())
 	}
 	c := jsonschema.NewCompiler()
+	// Patterns as compact matchers where they can be (wire.MustPattern says why).
+	c.UseRegexpEngine(func(src string) (jsonschema.Regexp, error) { return wire.CompilePattern(src) })
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.AssertFormat()
 	const url = "urn:computeplane:profile"

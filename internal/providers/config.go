@@ -12,6 +12,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
+
+	"computeplane/internal/wire"
 )
 
 // Issue is one problem of a config, as details.issues lists them.
@@ -144,6 +146,8 @@ func compile(m Manifest) (*schema, error) {
 		return nil, fmt.Errorf("the config schema is not JSON: %w", err)
 	}
 	c := jsonschema.NewCompiler()
+	// Patterns as compact matchers where they can be (wire.MustPattern says why).
+	c.UseRegexpEngine(func(src string) (jsonschema.Regexp, error) { return wire.CompilePattern(src) })
 	c.DefaultDraft(jsonschema.Draft2020)
 	url := "urn:computeplane:provider:" + m.Name
 	if err := c.AddResource(url, doc); err != nil {

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -220,7 +219,7 @@ func Required(path string, iss *Issues) { iss.Add(path, "is required") }
 type StringRule struct {
 	MinLength int // in characters (runes)
 	MaxLength int // 0: unbounded
-	Pattern   *regexp.Regexp
+	Pattern   Pattern
 	// Words says what Pattern accepts, for the message; "" names the
 	// pattern alone.
 	Words string
@@ -389,7 +388,7 @@ func Object(v any, path string, iss *Issues) (map[string]any, bool) {
 // CountRule bounds the entries of an array or a map and the keys of a map.
 type CountRule struct {
 	Min, Max   int // Max 0: unbounded
-	KeyPattern *regexp.Regexp
+	KeyPattern Pattern
 }
 
 // Array checks that v is an array within r.

@@ -606,7 +606,7 @@ func (g *generator) regexpRef(p string) jen.Code {
 			return jen.Id("Shape" + sh.Name)
 		}
 	}
-	return jen.Qual("regexp", "MustCompile").Call(jen.Lit(p))
+	return jen.Qual(wirePkg, "MustPattern").Call(jen.Lit(p))
 }
 
 // rulesFile holds the shape patterns and every rule the decoders use.
@@ -619,7 +619,7 @@ func (g *generator) rulesFile() *jen.File {
 				continue
 			}
 			d.Comment(sh.Name + ": " + sh.Description)
-			d.Id("Shape"+sh.Name).Op("=").Qual("regexp", "MustCompile").Call(jen.Lit(sh.Pattern))
+			d.Id("Shape"+sh.Name).Op("=").Qual(wirePkg, "MustPattern").Call(jen.Lit(sh.Pattern))
 		}
 	})
 	if len(g.rules) > 0 {

@@ -280,21 +280,21 @@ func TestRules(t *testing.T) {
 	t.Parallel()
 	files := generate(t, "full")
 	requireSnippets(t, files["rules_gen.go"],
-		"// TenantId: Tenant identifier.\nShapeTenantId = regexp.MustCompile(\"^[a-z0-9-]{1,64}$\")",
-		"ShapeName = regexp.MustCompile(",
+		"// TenantId: Tenant identifier.\nShapeTenantId = wire.MustPattern(\"^[a-z0-9-]{1,64}$\")",
+		"ShapeName = wire.MustPattern(",
 		"ruleThingsCreateInputTenantID = &wire.StringRule{ MaxLength: 64, Pattern: ShapeTenantId, }",
 		"ruleThingsCreateInputName = &wire.StringRule{ MaxLength: 20, Pattern: ShapeName, }",
-		"ruleThingsCreateInputProjectID = &wire.StringRule{ MaxLength: 40, Pattern: regexp.MustCompile(\"^prj_[a-z0-9]+$\"), }",
+		"ruleThingsCreateInputProjectID = &wire.StringRule{ MaxLength: 40, Pattern: wire.MustPattern(\"^prj_[a-z0-9]+$\"), }",
 		"ruleThingsCreateInputKind = &wire.StringRule{Enum: []string{\"shared\", \"dedicated\", \"custom\"}}",
 		"ruleThingsCreateInputCount = &wire.IntRule{ HasMax: true, HasMin: true, Max: int64(10), Min: int64(1), }",
 		"ruleThingsCreateInputWeight = &wire.FloatRule{ HasMin: true, Min: -1.5, }",
 		"ruleThingsCreateInputRatio = &wire.FloatRule{ HasMax: true, HasMin: true, Max: 1.0, Min: 0.0, }",
-		"ruleThingsCreateInputLabels = &wire.CountRule{ KeyPattern: regexp.MustCompile(\"^[a-z]+$\"), Max: 8, }",
+		"ruleThingsCreateInputLabels = &wire.CountRule{ KeyPattern: wire.MustPattern(\"^[a-z]+$\"), Max: 8, }",
 		"ruleThingsCreateInputTags = &wire.CountRule{ Max: 4, Min: 0, }",
 		"ruleThingsCreateInputTagsItem = &wire.StringRule{MinLength: 1}",
 		"ruleThingsCreateInputMatrixItemItem = &wire.IntRule{ HasMin: true, Min: int64(0), }",
-		"ruleThingsListInputCursor = &wire.StringRule{ MaxLength: 256, Pattern: regexp.MustCompile(\"^[A-Za-z0-9]{1,256}$\"), }",
-		"ruleMountPath = &wire.StringRule{ MaxLength: 255, MinLength: 2, Pattern: regexp.MustCompile(\"^/[a-z/]+$\"), }",
+		"ruleThingsListInputCursor = &wire.StringRule{ MaxLength: 256, Pattern: wire.MustPattern(\"^[A-Za-z0-9]{1,256}$\"), }",
+		"ruleMountPath = &wire.StringRule{ MaxLength: 255, MinLength: 2, Pattern: wire.MustPattern(\"^/[a-z/]+$\"), }",
 	)
 	// A shape without a pattern has no variable.
 	require.NotContains(t, string(files["rules_gen.go"]), "ShapeCursor")
