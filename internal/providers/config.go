@@ -34,14 +34,14 @@ var secretLike = regexp.MustCompile(`(?i)(token|secret|password|key)$`)
 func SecretLike(name string) bool { return secretLike.MatchString(name) }
 
 // envName is what env:// may name.
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+var envName = wire.MustPattern(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 // vaultPath is what vault:// may name: a path and an optional #field.
-var vaultPath = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}(#[A-Za-z0-9._-]{1,64})?$`)
+var vaultPath = wire.MustPattern(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}(#[A-Za-z0-9._-]{1,64})?$`)
 
 // secretPath is what secret:// may name (secrets.ParseReference has the
 // final word when it is resolved).
-var secretPath = regexp.MustCompile(`^(tenants/[A-Za-z0-9._:-]{1,128}|fleet)/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var secretPath = wire.MustPattern(`^(tenants/[A-Za-z0-9._:-]{1,128}|fleet)/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // CheckReference says what is wrong with v as a reference ("" when it is
 // a well-formed secret://, vault:// or env:// reference).

@@ -104,6 +104,14 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if !strings.Contains(url, "pool_max_conn_idle_time") {
 		cfg.MaxConnIdleTime = poolMaxConnIdle
 	}
+	// Statements run in pgx's default mode, which caches prepared
+	// statements and never reads the description cache; pgx would still
+	// give each connection an empty 512-entry map for it, pointers the
+	// collector marks on every cycle. (A statement sent in the describe
+	// mode would now fail at once, not run uncached.)
+	if !strings.Contains(url, "description_cache_capacity") {
+		cfg.ConnConfig.DescriptionCacheCapacity = 0
+	}
 	// Every pool made from cfg (the read pool, the siblings) inherits it.
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > PingAfterIdle }
 	if _, ok := cfg.ConnConfig.RuntimeParams[applicationNameKey]; !ok {

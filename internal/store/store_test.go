@@ -376,3 +376,29 @@ func TestReadWriteTargetSessionAttrs(t *testing.T) {
 	}))
 	require.Equal(t, 2, n)
 }
+
+// A pool's connections keep no description cache (statements run in pgx's
+// caching mode, which never reads it), unless the URL asks for one; the
+// statement cache stays.
+func TestConnectionsHoldNoDescriptionCache(t *testing.T) {
+	t.Parallel()
+	url := dbtest.EmptyURL(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	for url, want := range map[string]int{url: 0, url + sep + "description_cache_capacity=64": 64} {
+		s := open(t, url)
+		conn, err := s.Pool().Acquire(t.Context())
+		require.NoError(t, err)
+		t.Cleanup(conn.Release) // before the store's Close, which waits for it
+		cfg := conn.Conn().Config()
+		require.Equal(t, want, cfg.DescriptionCacheCapacity)
+		require.Equal(t, 512, cfg.StatementCacheCapacity)
+		for range 2 { // prepared once, then taken from the statement cache
+			var n int
+			require.NoError(t, conn.QueryRow(t.Context(), "select $1::int + 1", 41).Scan(&n))
+			require.Equal(t, 42, n)
+		}
+	}
+}

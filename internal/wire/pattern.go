@@ -50,19 +50,24 @@ func CompilePattern(src string) (Pattern, error) {
 }
 
 // shape matches ^(alt|alt...)$ where each alternative is a sequence of
-// single-character classes, each taken a fixed number of times but at most
-// one, whose count lies in a range. The string's length in runes then fixes
-// that count, so an alternative matches or not in one pass, with no
-// backtracking, exactly as the regexp would.
+// single-character classes, each taken a number of times within a range.
+// An alternative is matched in one pass, with no backtracking, exactly as
+// the regexp would, in one of two ways:
+//   - by length: at most one element's count varies, so the string's length
+//     in runes fixes it;
+//   - greedily: each element whose count varies is the last, or is followed
+//     by an element of at least one character from a class disjoint from
+//     its own, so its run ends at the first character outside its class.
 type shape struct {
 	src  string
 	alts []shapeSeq
 }
 
 type shapeSeq struct {
-	elems []shapeElem
-	fixed int // runes taken by the elements of fixed count
-	vary  int // index of the element whose count varies, -1 if none
+	elems  []shapeElem
+	fixed  int  // runes taken by the elements of fixed count
+	vary   int  // by length: the element whose count varies, -1 if none
+	greedy bool // matched greedily, not by length
 }
 
 type shapeElem struct {
@@ -89,6 +94,20 @@ func (c *runeClass) has(r rune) bool {
 		}
 	}
 	return false
+}
+
+func (c *runeClass) disjoint(d *runeClass) bool {
+	if c.ascii[0]&d.ascii[0] != 0 || c.ascii[1]&d.ascii[1] != 0 {
+		return false
+	}
+	for i := 0; i+1 < len(c.high); i += 2 {
+		for j := 0; j+1 < len(d.high); j += 2 {
+			if c.high[i] <= d.high[j+1] && d.high[j] <= c.high[i+1] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // classOf builds a runeClass from syntax's sorted range pairs.
@@ -124,15 +143,17 @@ func shapeOf(src string, re *syntax.Regexp) (*shape, bool) {
 	for _, elems := range alts {
 		seq := shapeSeq{elems: elems, vary: -1}
 		for i, e := range elems {
+			seq.fixed += e.min
 			if e.min == e.max {
-				seq.fixed += e.min
 				continue
 			}
 			if seq.vary >= 0 {
-				return nil, false // two counts that vary: the length does not fix them
+				seq.greedy = true // two counts that vary: the length does not fix them
 			}
 			seq.vary = i
-			seq.fixed += e.min
+		}
+		if seq.greedy && !delimited(elems) {
+			return nil, false
 		}
 		sh.alts = append(sh.alts, seq)
 	}
@@ -203,6 +224,19 @@ func seqsOf(re *syntax.Regexp) ([][]shapeElem, bool) {
 	return nil, false
 }
 
+// delimited reports whether every element of varying count in elems ends
+// where its class does: it is the last, or the next element takes at least
+// one character of a class disjoint from its own.
+func delimited(elems []shapeElem) bool {
+	for i, e := range elems[:len(elems)-1] {
+		next := &elems[i+1]
+		if e.min != e.max && (next.min == 0 || !e.class.disjoint(&next.class)) {
+			return false
+		}
+	}
+	return true
+}
+
 func capAlts(alts [][]shapeElem) ([][]shapeElem, bool) {
 	return alts, len(alts) <= maxShapeAlts
 }
@@ -260,6 +294,9 @@ func (sh *shape) MatchString(s string) bool {
 
 // match reports whether s, of n runes, matches the sequence.
 func (q *shapeSeq) match(s string, n int) bool {
+	if q.greedy {
+		return q.matchGreedy(s)
+	}
 	varying := 0
 	if q.vary < 0 {
 		if n != q.fixed {
@@ -280,10 +317,7 @@ func (q *shapeSeq) match(s string, n int) bool {
 			count = varying
 		}
 		for range count {
-			r, w := rune(s[pos]), 1
-			if r >= utf8.RuneSelf {
-				r, w = utf8.DecodeRuneInString(s[pos:])
-			}
+			r, w := nextRune(s, pos)
 			if !e.class.has(r) {
 				return false
 			}
@@ -291,4 +325,35 @@ func (q *shapeSeq) match(s string, n int) bool {
 		}
 	}
 	return true
+}
+
+// matchGreedy takes each element's run while its class lasts, up to its
+// count's maximum; delimited makes that the only way to match.
+func (q *shapeSeq) matchGreedy(s string) bool {
+	pos := 0
+	for i := range q.elems {
+		e := &q.elems[i]
+		count := 0
+		for pos < len(s) && (e.max < 0 || count < e.max) {
+			r, w := nextRune(s, pos)
+			if !e.class.has(r) {
+				break
+			}
+			pos += w
+			count++
+		}
+		if count < e.min {
+			return false
+		}
+	}
+	return pos == len(s)
+}
+
+// nextRune decodes the rune at s[pos:], as regexp does: an invalid byte is
+// utf8.RuneError, one byte wide.
+func nextRune(s string, pos int) (rune, int) {
+	if r := rune(s[pos]); r < utf8.RuneSelf {
+		return r, 1
+	}
+	return utf8.DecodeRuneInString(s[pos:])
 }

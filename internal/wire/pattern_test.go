@@ -15,14 +15,14 @@ import (
 	"computeplane/internal/wire"
 )
 
-// catalogPatterns are the patterns gen/api and internal/config compile
+// catalogPatterns are the patterns gen/api and the packages below compile
 // with MustPattern, read from their source so that a pattern added there is
 // tested without a list to keep.
 func catalogPatterns(t testing.TB) []string {
 	t.Helper()
 	var out []string
 	seen := map[string]bool{}
-	for _, file := range []string{"../../gen/api/rules_gen.go", "../config/load.go"} {
+	for _, file := range []string{"../../gen/api/rules_gen.go", "../config/load.go", "../providers/config.go", "../iam/embedded/service.go"} {
 		src, err := os.ReadFile(file)
 		require.NoError(t, err)
 		for _, m := range regexp.MustCompile("MustPattern\\((\"(?:[^\"\\\\]|\\\\.)*\"|`[^`]*`)\\)").FindAllStringSubmatch(string(src), -1) {
@@ -51,8 +51,13 @@ var trickyPatterns = []string{
 	`^()ab$`,
 	`^(a|bc|)$`,
 	`^[é-ü]{1,3}z$`,
-	`^(?i)abc$`,                      // case folding: a regexp
-	`^a{1,3}b{1,3}$`,                 // two counts that vary: a regexp
+	`^(?i)abc$`,         // case folding: a regexp
+	`^a{1,3}b{1,3}$`,    // two counts that vary, delimited: greedy
+	`^a{1,3}[ab]{1,3}$`, // two counts that vary, not delimited: a regexp
+	`^a+b?c+$`,          // an optional element after a varying one: a regexp
+	`^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}(#[A-Za-z0-9._-]{1,64})?$`,
+	`^(tenants/[A-Za-z0-9._:-]{1,128}|fleet)/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`,
+	`^[é-ü]{1,3}[a-z]+[^a-zé-ü]{2,}$`,
 	`^(ab)+$`,                        // a repeated group: a regexp
 	`abc`,                            // unanchored: a regexp
 	`^a|b$`,                          // anchors inside the alternatives: a regexp
@@ -67,7 +72,7 @@ func TestCatalogPatternsAreShapes(t *testing.T) {
 		assert.Equal(t, want, isRegexp, "pattern %s", p)
 	}
 	for p, want := range map[string]bool{
-		`^(?i)abc$`: true, `^a{1,3}b{1,3}$`: true, `^(ab)+$`: true, `abc`: true,
+		`^(?i)abc$`: true, `^a{1,3}b{1,3}$`: false, `^a{1,3}[ab]{1,3}$`: true, `^a+b?c+$`: true, `^(ab)+$`: true, `abc`: true,
 		`^a|b$`: true, `^(ab|cd)(ef|gh)(ij|kl)(mn|op)$`: true, `^(a|b)(c|d)$`: false, `^(a|bc|)$`: false, `^/[^\x00]+$`: false,
 	} {
 		_, isRegexp := wire.MustPattern(p).(*regexp.Regexp)
@@ -132,7 +137,9 @@ func TestPatternsAgreeWithRegexp(t *testing.T) {
 func matchingSamples(p string) []string {
 	ids := strings.Repeat("0", 26)
 	out := []string{"a", "a1", "A", "AB_9", "/a", "/x/y", "*", "a.b", "a.*", "ab", "abccdd", "xzy", "ézz", "é", "cd", "bc", "a" + ids,
-		"acdde", "bbcddee", "éz", "ééüz", "ABC", "aBc", "abefijmn", "cdghklop"}
+		"acdde", "bbcddee", "éz", "ééüz", "ABC", "aBc", "abefijmn", "cdghklop",
+		"aaa", "aab", "abbb", "aaab", "ac", "abc", "aaccc", "ab/c.d#x", "a#b", "tenants/t1/x", "fleet/x", "tenants//x", "fleet/", "éaz!!", "üüüzz..", "é1",
+		"compute:sites:get", "compute:a:b-1", "0123456789abcdef", "0123456789abcdeu"}
 	if i := strings.Index(p, "_["); i > 0 && strings.HasPrefix(p, "^") {
 		prefix := strings.Trim(p[1:i+1], "()")
 		for _, alt := range strings.Split(prefix, "|") {

@@ -16,7 +16,6 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 	"computeplane/gen/db"
 	"computeplane/internal/iam"
 	"computeplane/internal/store"
+	"computeplane/internal/wire"
 )
 
 // Defaults used when New is given empty values.
@@ -68,10 +68,10 @@ var b32 = base32.NewEncoding(crockford).WithPadding(base32.NoPadding)
 
 // Shapes of the names this service accepts.
 var (
-	tenantPattern   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-	identityPattern = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,128}$`)
-	actionPattern   = regexp.MustCompile(`^compute:[a-z][a-z0-9-]{0,63}:[a-z][a-z0-9-]{0,63}$`)
-	keyIDPattern    = regexp.MustCompile(`^[0-9a-hjkmnp-tv-z]{16}$`)
+	tenantPattern   = wire.MustPattern(`^[A-Za-z0-9._:-]{1,128}$`)
+	identityPattern = wire.MustPattern(`^[A-Za-z0-9._:@-]{1,128}$`)
+	actionPattern   = wire.MustPattern(`^compute:[a-z][a-z0-9-]{0,63}:[a-z][a-z0-9-]{0,63}$`)
+	keyIDPattern    = wire.MustPattern(`^[0-9a-hjkmnp-tv-z]{16}$`)
 )
 
 // Service is the embedded identity service.
