@@ -347,20 +347,22 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) {
 const GatewayGCPercent = 20
 
 // APIGCPercent is the collector's target on a process that serves the api
-// role without the gateway's. Its live heap is small (about 25 MB under
-// load in make bench) and every call allocates (about 9 KB for a cached
-// sites.get), so at the default 100 it collected every 1.5 s at 2,400
-// calls/s, each cycle's mark phase taking tens of milliseconds on the one
-// core the benchmark gives it: 1 to 2 % of the time, inside the p99 of an
-// open-loop run. At 400 the heap goal is five times the live heap: with
-// about 13 MB live at 4,700 sites.get a second (2026-11-29, gctrace) a
-// cycle still came every 0.8 to 1.5 s, each a stall of about 20 ms on
-// that core: with PostgreSQL off it, those stalls are the half-load p99.
-// A larger heap did not help: a floor of 256 MB under the target made
-// fewer stalls but longer ones (40 to 70 ms), and the p99 worse
-// (docs/benchmarks-notes.md, "a heap floor"). GOGC in the environment
-// wins; GOMEMLIMIT still caps the heap.
-const APIGCPercent = 400
+// role without the gateway's. Every call allocates (about 7.6 KB for a
+// cached sites.get, net/http's share included) and the benchmark gives the
+// process one core, so each cycle's mark phase is a stall of the calls
+// beside it (about 10 to 15 ms at half load): those stalls are the
+// half-load p99 (docs/benchmarks-notes.md, "The collector's mark"). The
+// live heap is small: about 3 MB at rest and 4 to 6 MB under load since
+// the catalog's patterns stopped being regexps (2026-11-29; 6 MB at rest
+// and 7 to 9 under load before). At 600 the heap goal is seven times the
+// live heap, where 400 had it with the larger live heap: the same memory
+// and as many cycles, each with less to mark. A larger heap did not help:
+// a floor of 256 MB under the target made fewer stalls but longer ones (40
+// to 70 ms, most of each after its mark ended: the sweep of the larger
+// heap, by the timelines), and the p99
+// worse (docs/benchmarks-notes.md, "a heap floor"). GOGC in the
+// environment wins; GOMEMLIMIT still caps the heap.
+const APIGCPercent = 600
 
 // processGC sets the collector's target for the roles this process runs.
 // On a gateway-only process it also starts the storm policy until ctx
