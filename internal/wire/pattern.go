@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"fmt"
 	"regexp"
 	"regexp/syntax"
 	"slices"
@@ -33,11 +32,11 @@ func MustPattern(src string) Pattern {
 	return p
 }
 
-// CompilePattern is MustPattern answering an error.
+// CompilePattern is MustPattern answering an error, regexp.Compile's own.
 func CompilePattern(src string) (Pattern, error) {
-	re, err := syntax.Parse(src, syntax.Perl)
+	re, err := syntax.Parse(src, syntax.Perl) // what regexp.Compile parses with
 	if err != nil {
-		return nil, fmt.Errorf("pattern %q: %w", src, err)
+		return nil, err
 	}
 	if sh, ok := shapeOf(src, re); ok {
 		return sh, nil

@@ -88,7 +88,8 @@ func TestPatternStringIsItsSource(t *testing.T) {
 
 func TestPatternRejectsBadSyntax(t *testing.T) {
 	_, err := wire.CompilePattern(`^[a-z$`)
-	require.ErrorContains(t, err, "missing closing ]")
+	_, want := regexp.Compile(`^[a-z$`)
+	require.Equal(t, want, err)
 	assert.Panics(t, func() { wire.MustPattern(`(`) })
 }
 
