@@ -82,6 +82,13 @@ func (g *generator) close() {
 	g.wg.Wait()
 }
 
+// closeConns closes every connection, so that the next run opens what its
+// rate needs, as a fresh generator would.
+func (g *generator) closeConns() {
+	g.close()
+	g.jobs = make(chan job, cap(g.jobs))
+}
+
 // serve runs one connection: take a job, send it, read its answer.
 func (g *generator) serve() {
 	defer g.conns.Add(-1)

@@ -192,3 +192,45 @@ func FuzzReadResponse(f *testing.F) {
 		}
 	})
 }
+
+// A search step the server cannot keep up with opens every connection the
+// generator may; the steps after it start again from none, so that a
+// lower rate is not measured on a server still holding the overload's
+// connections.
+func TestAnOverloadedStepLeavesNoConnectionsToTheNext(t *testing.T) {
+	busy := make(chan struct{}, 4) // four calls at once, 2 ms each: about 1,600/s here
+	mux := http.NewServeMux()
+	mux.HandleFunc("/api/compute/canned", func(w http.ResponseWriter, r *http.Request) {
+		busy <- struct{}{}
+		time.Sleep(2 * time.Millisecond)
+		<-busy
+		_, _ = w.Write([]byte(`{"data":{}}`))
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	u, _ := url.Parse("http://" + ln.Addr().String() + "/api/compute")
+	req, err := requestFor("canned", u, "", "", "")
+	require.NoError(t, err)
+	const maxConns = 128
+	g := newGenerator(u.Host, req, maxConns, 5*time.Second)
+	defer g.close()
+	res := g.searchPeak(200, 4, 400*time.Millisecond, 100*time.Millisecond)
+	overloaded, checked := false, 0
+	for _, st := range res.Steps {
+		if overloaded && st.PerSecond >= sustainedShare*st.Rate && st.P99Ms <= 100 {
+			assert.Less(t, st.Conns, maxConns/2, "a sustained step at %.0f/s after an overload", st.Rate)
+			checked++
+		}
+		overloaded = overloaded || st.Conns == maxConns
+	}
+	for _, st := range res.Steps {
+		t.Logf("%.0f/s: %.0f/s p99 %.1f ms, %d conns", st.Rate, st.PerSecond, st.P99Ms, st.Conns)
+	}
+	require.True(t, overloaded, "no step opened every connection")
+	require.Positive(t, checked, "no step after the overload was sustained, so the test shows nothing")
+	assert.Positive(t, res.PerSecond)
+}
