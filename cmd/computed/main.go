@@ -349,20 +349,19 @@ const GatewayGCPercent = 20
 // APIGCPercent is the collector's target on a process that serves the api
 // role without the gateway's. Every call allocates (about 7.6 KB for a
 // cached sites.get, net/http's share included) and the benchmark gives the
-// process one core, so each cycle's mark phase is a stall of the calls
-// beside it (about 10 to 15 ms at half load): those stalls are the
-// half-load p99 (docs/benchmarks-notes.md, "The collector's mark"). The
-// live heap is small: about 3 MB at rest and 4 to 6 MB under load since
-// the catalog's patterns stopped being regexps (2026-11-29; 6 MB at rest
-// and 7 to 9 under load before). At 600 the heap goal is seven times the
-// live heap, where 400 had it with the larger live heap: the same memory
-// and as many cycles, each with less to mark. A larger heap did not help:
-// a floor of 256 MB under the target made fewer stalls but longer ones (40
-// to 70 ms, most of each after its mark ended: the sweep of the larger
-// heap, by the timelines), and the p99
+// process one core, so each cycle's mark phase fills that core for about
+// 10 ms and stalls the calls beside it: those stalls are the half-load p99
+// (docs/benchmarks-notes.md, "The collector's mark"). At 400 the heap goal
+// is five times the live heap, about 3 MB at rest and 5 to 10 MB under
+// load since the catalog's patterns stopped being regexps (2026-11-29).
+// Larger targets did not help: 600 and 1000 at 6,300 sites.get a second
+// made fewer but longer stalls, during which the load generator opened
+// more connections, each adding to the next mark, and the p99 was no
+// better in interleaved runs; a floor of 256 MB made stalls of 40 to 70
+// ms, most of each after its mark (the larger heap's sweep), and the p99
 // worse (docs/benchmarks-notes.md, "a heap floor"). GOGC in the
 // environment wins; GOMEMLIMIT still caps the heap.
-const APIGCPercent = 600
+const APIGCPercent = 400
 
 // processGC sets the collector's target for the roles this process runs.
 // On a gateway-only process it also starts the storm policy until ctx
