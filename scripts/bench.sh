@@ -309,8 +309,11 @@ load_shed=$(loadavg)
 # generator (loadbench -search, tools/loadbench/search.go: the arrival rate
 # rises by 25 % per 3 s step while the server sustains it, goodput at least
 # 0.97 of the rate and p99 within 100 ms, a failing step tried once more,
-# then two bisections), on a server without shedding, not from the closed
-# loop of (a). READ_PEAK and PUT_PEAK skip the search.
+# then two bisections; after a failing step every connection is closed and
+# the generator warmed up again, so that the next step does not run on the
+# thousands of connections an overload opened), on a server without
+# shedding, not from the closed loop of (a). READ_PEAK and PUT_PEAK skip the
+# search.
 cluster_pids() { # database URL: its postmaster and the postmaster's children
 	local pm
 	pm=$(as_pg head -n1 "$(psql_url "$1" -c 'show data_directory')/postmaster.pid")
