@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -517,7 +516,7 @@ func (b *builder) cloud(fc *fileConfig, c *Config) error {
 // (tools/catalogc), hence narrower than RuntimeName.
 var pluginIDRe = wire.MustPattern(`^[a-z][a-z0-9]{0,31}$`)
 
-var sha256Re = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var sha256Re = wire.MustPattern(`^[0-9a-f]{64}$`)
 
 // plugins checks the shape of each plugin entry; whether its binary is
 // there and matches its checksum is the host's check (host.CheckBuilt).
@@ -1275,8 +1274,8 @@ func (b *builder) iamAuthentication(fa *fileIAMAuthentication, c *Config) error 
 }
 
 var (
-	envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
-	claimRe   = regexp.MustCompile(`^[A-Za-z0-9_.:/-]{1,64}$`)
+	envNameRe = wire.MustPattern(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	claimRe   = wire.MustPattern(`^[A-Za-z0-9_.:/-]{1,64}$`)
 )
 
 // loopbackHost reports whether host is localhost or a loopback address.
