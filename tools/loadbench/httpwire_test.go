@@ -108,8 +108,7 @@ func TestEnvelopeError(t *testing.T) {
 // length, a 429 with its hints, a streamed (chunked) answer, each counted
 // as it should be, open and closed loop.
 func TestGeneratorAgainstNetHTTP(t *testing.T) {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/api/compute/canned", func(w http.ResponseWriter, r *http.Request) {
+	u, req := cannedServer(t, func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		switch {
 		case r.Header.Get("X-Service") != "1" || string(body) != "{}":
@@ -126,15 +125,6 @@ func TestGeneratorAgainstNetHTTP(t *testing.T) {
 			_, _ = w.Write([]byte(`{"data":{}}`))
 		}
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-
-	u, _ := url.Parse("http://" + ln.Addr().String() + "/api/compute")
-	req, err := requestFor("canned", u, "", "", "")
-	require.NoError(t, err)
 	g := newGenerator(u.Host, req, 64, 5*time.Second)
 	defer g.close()
 	res := g.openLoop(500, time.Second, true)
@@ -199,13 +189,37 @@ func FuzzReadResponse(f *testing.F) {
 // connections.
 func TestAnOverloadedStepLeavesNoConnectionsToTheNext(t *testing.T) {
 	busy := make(chan struct{}, 4) // four calls at once, 2 ms each: about 1,600/s here
-	mux := http.NewServeMux()
-	mux.HandleFunc("/api/compute/canned", func(w http.ResponseWriter, r *http.Request) {
+	u, req := cannedServer(t, func(w http.ResponseWriter, r *http.Request) {
 		busy <- struct{}{}
 		time.Sleep(2 * time.Millisecond)
 		<-busy
 		_, _ = w.Write([]byte(`{"data":{}}`))
 	})
+	const maxConns = 128
+	g := newGenerator(u.Host, req, maxConns, 5*time.Second)
+	defer g.close()
+	const bound = 100 * time.Millisecond
+	res := g.searchPeak(200, 4, 400*time.Millisecond, bound)
+	search := newPeakSearch(200, 4, 0, bound) // for its verdict on a step
+	overloaded, checked := false, 0
+	for _, st := range res.Steps {
+		if overloaded && search.sustained(st.Rate, st) {
+			assert.Less(t, st.Conns, maxConns/2, "a sustained step at %.0f/s after an overload", st.Rate)
+			checked++
+		}
+		overloaded = overloaded || st.Conns == maxConns
+	}
+	require.True(t, overloaded, "no step opened every connection: %+v", res.Steps)
+	require.Positive(t, checked, "no step after the overload was sustained, so the test shows nothing: %+v", res.Steps)
+	assert.Positive(t, res.PerSecond)
+}
+
+// cannedServer serves handler at the "canned" call on loopback with
+// net/http, and answers its URL and the generator's request for it.
+func cannedServer(t *testing.T, handler http.HandlerFunc) (*url.URL, *requestTemplate) {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/api/compute/canned", handler)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -215,22 +229,5 @@ func TestAnOverloadedStepLeavesNoConnectionsToTheNext(t *testing.T) {
 	u, _ := url.Parse("http://" + ln.Addr().String() + "/api/compute")
 	req, err := requestFor("canned", u, "", "", "")
 	require.NoError(t, err)
-	const maxConns = 128
-	g := newGenerator(u.Host, req, maxConns, 5*time.Second)
-	defer g.close()
-	res := g.searchPeak(200, 4, 400*time.Millisecond, 100*time.Millisecond)
-	overloaded, checked := false, 0
-	for _, st := range res.Steps {
-		if overloaded && st.PerSecond >= sustainedShare*st.Rate && st.P99Ms <= 100 {
-			assert.Less(t, st.Conns, maxConns/2, "a sustained step at %.0f/s after an overload", st.Rate)
-			checked++
-		}
-		overloaded = overloaded || st.Conns == maxConns
-	}
-	for _, st := range res.Steps {
-		t.Logf("%.0f/s: %.0f/s p99 %.1f ms, %d conns", st.Rate, st.PerSecond, st.P99Ms, st.Conns)
-	}
-	require.True(t, overloaded, "no step opened every connection")
-	require.Positive(t, checked, "no step after the overload was sustained, so the test shows nothing")
-	assert.Positive(t, res.PerSecond)
+	return u, req
 }
